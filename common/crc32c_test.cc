@@ -1,0 +1,41 @@
+#include "common/crc32c.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace mmserve {
+namespace {
+
+TEST_CASE("CRC32C matches the RFC 3720 check values", "[crc32c]") {
+  CHECK(Crc32c("123456789", 9) == 0xE3069283u);
+  std::vector<uint8_t> zeros(32, 0), ones(32, 0xff), inc(32);
+  for (int i = 0; i < 32; ++i) inc[i] = static_cast<uint8_t>(i);
+  CHECK(Crc32c(zeros.data(), 32) == 0x8A9136AAu);
+  CHECK(Crc32c(ones.data(), 32) == 0x62A8AB43u);
+  CHECK(Crc32c(inc.data(), 32) == 0x46DD794Eu);
+  CHECK(Crc32c("", 0) == 0u);
+}
+
+TEST_CASE("Crc32cExtend over pieces equals one pass over the whole", "[crc32c]") {
+  std::mt19937 rng(7);
+  std::vector<uint8_t> buf(10007);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  uint32_t whole = Crc32c(buf.data(), buf.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{4096}, buf.size()}) {
+    uint32_t crc = Crc32cExtend(0, buf.data(), cut);
+    crc = Crc32cExtend(crc, buf.data() + cut, buf.size() - cut);
+    CHECK(crc == whole);
+  }
+}
+
+TEST_CASE("CRC32C detects a single flipped bit", "[crc32c]") {
+  std::vector<uint8_t> buf(1 << 16, 0x5a);
+  uint32_t before = Crc32c(buf.data(), buf.size());
+  buf[12345] ^= 0x10;
+  CHECK(Crc32c(buf.data(), buf.size()) != before);
+}
+
+}  // namespace
+}  // namespace mmserve
