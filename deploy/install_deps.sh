@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mmserve builds and tests with. Idempotent and
+# quiet when nothing is missing; safe to run before every build.
+#
+#   deploy/install_deps.sh          # install what is missing
+#   deploy/install_deps.sh --check  # list what is missing, exit 1 if any
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap          # Bazel 4.2, runs offline with third_party/ stubs
+  g++
+  python3                  # deploy/test_summary.py
+  protobuf-compiler        # protoc
+  protobuf-compiler-grpc   # grpc_cpp_plugin
+  libprotobuf-dev
+  libgrpc++-dev
+  libabsl-dev
+  libucx-dev               # UCX 1.13: transfer/
+  ucx-utils                # ucx_perftest, the transfer benchmark's baseline
+  libnuma-dev              # UCX's static archives need libnuma.a
+  libstb-dev               # stb_image
+  catch2                   # Catch2 v2 (header-only)
+  libxxhash-dev            # XXH3 content hashes
+  libopenblas-dev          # CPU GEMM
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "installed" ]] || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+if [[ "${1:-}" == "--check" ]]; then
+  echo "missing: ${missing[*]}"
+  exit 1
+fi
+
+echo "install_deps: installing ${missing[*]}"
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps: done"
