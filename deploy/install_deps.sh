@@ -22,6 +22,7 @@ packages=(
   catch2                   # Catch2 v2 (header-only)
   libxxhash-dev            # XXH3 content hashes
   libopenblas-dev          # CPU GEMM
+  nlohmann-json3-dev       # JSON: config.json, tokenizer.json, safetensors headers
 )
 
 missing=()
