@@ -1,0 +1,320 @@
+#include "model/model_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace mmserve::model {
+namespace {
+
+using nlohmann::json;
+
+// Reads typed fields from one JSON object, naming `origin` and the field in
+// every error.
+class Fields {
+ public:
+  Fields(const json& obj, std::string origin) : obj_(obj), origin_(std::move(origin)) {}
+
+  absl::Status Int(const char* key, int* out, bool required = true) const {
+    return Get(key, required, [&](const json& v) {
+      if (!v.is_number_integer()) return false;
+      *out = v.get<int>();
+      return true;
+    });
+  }
+  absl::Status Int64(const char* key, int64_t* out) const {
+    return Get(key, false, [&](const json& v) {
+      if (!v.is_number_integer()) return false;
+      *out = v.get<int64_t>();
+      return true;
+    });
+  }
+  absl::Status Double(const char* key, double* out, bool required = false) const {
+    return Get(key, required, [&](const json& v) {
+      if (!v.is_number()) return false;
+      *out = v.get<double>();
+      return true;
+    });
+  }
+  absl::Status Bool(const char* key, bool* out) const {
+    return Get(key, false, [&](const json& v) {
+      if (!v.is_boolean()) return false;
+      *out = v.get<bool>();
+      return true;
+    });
+  }
+  absl::Status String(const char* key, std::string* out) const {
+    return Get(key, false, [&](const json& v) {
+      if (!v.is_string()) return false;
+      *out = v.get<std::string>();
+      return true;
+    });
+  }
+  // An int or a list of ints (eos_token_id is either).
+  absl::Status IntList(const char* key, std::vector<int>* out) const {
+    return Get(key, false, [&](const json& v) {
+      out->clear();
+      if (v.is_number_integer()) {
+        out->push_back(v.get<int>());
+        return true;
+      }
+      if (!v.is_array()) return false;
+      for (const json& e : v) {
+        if (!e.is_number_integer()) return false;
+        out->push_back(e.get<int>());
+      }
+      return true;
+    });
+  }
+
+  absl::Status Error(const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(origin_, ": ", what));
+  }
+  const json& obj() const { return obj_; }
+
+ private:
+  template <typename F>
+  absl::Status Get(const char* key, bool required, F&& read) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) {
+      return required ? Error(absl::StrCat("missing \"", key, "\"")) : absl::OkStatus();
+    }
+    if (!read(*it)) return Error(absl::StrCat("\"", key, "\" has the wrong type: ", it->dump()));
+    return absl::OkStatus();
+  }
+
+  const json& obj_;
+  std::string origin_;
+};
+
+absl::StatusOr<json> ParseObject(const std::string& text, const std::string& origin) {
+  json obj = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (obj.is_discarded() || !obj.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not a JSON object"));
+  }
+  return obj;
+}
+
+absl::Status ParseText(const Fields& f, TextConfig* t) {
+  RETURN_IF_ERROR(f.Int("vocab_size", &t->vocab_size));
+  RETURN_IF_ERROR(f.Int("hidden_size", &t->hidden_size));
+  RETURN_IF_ERROR(f.Int("intermediate_size", &t->intermediate_size));
+  RETURN_IF_ERROR(f.Int("num_hidden_layers", &t->num_hidden_layers));
+  RETURN_IF_ERROR(f.Int("num_attention_heads", &t->num_attention_heads));
+  t->num_key_value_heads = t->num_attention_heads;
+  RETURN_IF_ERROR(f.Int("num_key_value_heads", &t->num_key_value_heads, false));
+  RETURN_IF_ERROR(f.Int("max_position_embeddings", &t->max_position_embeddings, false));
+  RETURN_IF_ERROR(f.Double("rms_norm_eps", &t->rms_norm_eps));
+  RETURN_IF_ERROR(f.Double("rope_theta", &t->rope_theta));
+  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &t->tie_word_embeddings));
+  RETURN_IF_ERROR(f.String("hidden_act", &t->hidden_act));
+  auto rs = f.obj().find("rope_scaling");
+  if (rs != f.obj().end() && rs->is_object()) {
+    Fields scaling(*rs, "rope_scaling");
+    std::string type;
+    RETURN_IF_ERROR(scaling.String("type", &type));
+    if (type.empty()) RETURN_IF_ERROR(scaling.String("rope_type", &type));
+    RETURN_IF_ERROR(scaling.IntList("mrope_section", &t->mrope_section));
+    if (type != "mrope" && type != "default" && !type.empty()) {
+      return f.Error(absl::StrCat("rope_scaling type \"", type, "\" is not supported"));
+    }
+  }
+  // Consistency: the shapes every kernel relies on.
+  if (t->vocab_size <= 0 || t->hidden_size <= 0 || t->num_hidden_layers <= 0 ||
+      t->intermediate_size <= 0 || t->num_attention_heads <= 0 || t->num_key_value_heads <= 0) {
+    return f.Error("sizes and counts must be positive");
+  }
+  if (t->hidden_size % t->num_attention_heads != 0) {
+    return f.Error(absl::StrCat("hidden_size ", t->hidden_size,
+                                " is not a multiple of num_attention_heads ",
+                                t->num_attention_heads));
+  }
+  if (t->num_attention_heads % t->num_key_value_heads != 0) {
+    return f.Error(absl::StrCat("num_attention_heads ", t->num_attention_heads,
+                                " is not a multiple of num_key_value_heads ",
+                                t->num_key_value_heads));
+  }
+  if (t->head_dim() % 2 != 0) return f.Error("head_dim must be even for rotary embeddings");
+  if (!t->mrope_section.empty()) {
+    int sum = 0;
+    for (int s : t->mrope_section) sum += s;
+    if (t->mrope_section.size() != 3 || sum != t->head_dim() / 2) {
+      return f.Error(absl::StrCat("mrope_section must be 3 sections summing to head_dim / 2 = ",
+                                  t->head_dim() / 2, ", got sum ", sum));
+    }
+  }
+  if (t->hidden_act != "silu") {
+    return f.Error(absl::StrCat("hidden_act \"", t->hidden_act, "\" is not supported (silu)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseVision(const Fields& f, VisionConfig* v) {
+  RETURN_IF_ERROR(f.Int("depth", &v->depth));
+  RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
+  RETURN_IF_ERROR(f.Int("num_heads", &v->num_heads));
+  RETURN_IF_ERROR(f.Int("mlp_ratio", &v->mlp_ratio, false));
+  RETURN_IF_ERROR(f.Int("in_chans", &v->in_channels, false));
+  RETURN_IF_ERROR(f.Int("in_channels", &v->in_channels, false));
+  RETURN_IF_ERROR(f.Int("hidden_size", &v->hidden_size));
+  RETURN_IF_ERROR(f.Int("patch_size", &v->patch_size, false));
+  RETURN_IF_ERROR(f.Int("spatial_merge_size", &v->spatial_merge_size, false));
+  RETURN_IF_ERROR(f.Int("temporal_patch_size", &v->temporal_patch_size, false));
+  RETURN_IF_ERROR(f.String("hidden_act", &v->hidden_act));
+  if (v->depth <= 0 || v->embed_dim <= 0 || v->num_heads <= 0 || v->patch_size <= 0 ||
+      v->spatial_merge_size <= 0 || v->temporal_patch_size <= 0 ||
+      v->embed_dim % v->num_heads != 0) {
+    return f.Error("vision_config: sizes must be positive and embed_dim divisible by num_heads");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTokens(const Fields& f, SpecialTokenIds* t) {
+  RETURN_IF_ERROR(f.Int("bos_token_id", &t->bos, false));
+  RETURN_IF_ERROR(f.IntList("eos_token_id", &t->eos));
+  RETURN_IF_ERROR(f.Int("vision_start_token_id", &t->vision_start, false));
+  RETURN_IF_ERROR(f.Int("vision_end_token_id", &t->vision_end, false));
+  RETURN_IF_ERROR(f.Int("image_token_id", &t->image_pad, false));
+  RETURN_IF_ERROR(f.Int("video_token_id", &t->video_pad, false));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& origin) {
+  ASSIGN_OR_RETURN(json root, ParseObject(text, origin));
+  Fields top(root, origin);
+  ModelConfig cfg;
+  auto arch = root.find("architectures");
+  if (arch != root.end() && arch->is_array() && !arch->empty() && (*arch)[0].is_string()) {
+    cfg.architecture = (*arch)[0].get<std::string>();
+  }
+  RETURN_IF_ERROR(top.String("model_type", &cfg.model_type));
+  RETURN_IF_ERROR(top.String("torch_dtype", &cfg.torch_dtype));
+  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2") {
+    return top.Error(
+        absl::StrCat("model_type \"", cfg.model_type, "\" is not supported (qwen2_vl, qwen2)"));
+  }
+  // Newer transformers nest the text settings in "text_config"; older ones
+  // keep them at the top level. Token ids may sit in either place.
+  auto text_it = root.find("text_config");
+  const json& text_obj = (text_it != root.end() && text_it->is_object()) ? *text_it : root;
+  RETURN_IF_ERROR(ParseText(Fields(text_obj, origin), &cfg.text));
+  RETURN_IF_ERROR(ParseTokens(Fields(text_obj, origin), &cfg.tokens));
+  if (&text_obj != &root) RETURN_IF_ERROR(ParseTokens(top, &cfg.tokens));
+  if (cfg.torch_dtype.empty())
+    RETURN_IF_ERROR(Fields(text_obj, origin).String("torch_dtype", &cfg.torch_dtype));
+
+  auto vis = root.find("vision_config");
+  if (vis != root.end() && vis->is_object()) {
+    VisionConfig v;
+    RETURN_IF_ERROR(ParseVision(Fields(*vis, origin + " vision_config"), &v));
+    if (v.hidden_size != cfg.text.hidden_size) {
+      return top.Error(absl::StrCat("vision_config.hidden_size ", v.hidden_size,
+                                    " differs from the language hidden_size ",
+                                    cfg.text.hidden_size));
+    }
+    cfg.vision = v;
+  } else if (cfg.model_type == "qwen2_vl") {
+    return top.Error("qwen2_vl config has no \"vision_config\"");
+  }
+  if (cfg.vision && cfg.text.mrope_section.empty()) {
+    return top.Error("a vision model needs rope_scaling.mrope_section");
+  }
+  return cfg;
+}
+
+absl::StatusOr<GenerationDefaults> ParseGenerationConfig(const std::string& text,
+                                                         const std::string& origin) {
+  ASSIGN_OR_RETURN(json root, ParseObject(text, origin));
+  Fields f(root, origin);
+  GenerationDefaults g;
+  double d;
+  int i;
+  if (root.contains("temperature")) {
+    RETURN_IF_ERROR(f.Double("temperature", &d));
+    g.temperature = static_cast<float>(d);
+  }
+  if (root.contains("top_p")) {
+    RETURN_IF_ERROR(f.Double("top_p", &d));
+    g.top_p = static_cast<float>(d);
+  }
+  if (root.contains("top_k")) {
+    RETURN_IF_ERROR(f.Int("top_k", &i));
+    g.top_k = i;
+  }
+  if (root.contains("repetition_penalty")) {
+    RETURN_IF_ERROR(f.Double("repetition_penalty", &d));
+    g.repetition_penalty = static_cast<float>(d);
+  }
+  RETURN_IF_ERROR(f.IntList("eos_token_id", &g.eos_token_ids));
+  return g;
+}
+
+absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& text,
+                                                           const std::string& origin) {
+  ASSIGN_OR_RETURN(json root, ParseObject(text, origin));
+  Fields f(root, origin);
+  PreprocessorConfig p;
+  RETURN_IF_ERROR(f.Int64("min_pixels", &p.min_pixels));
+  RETURN_IF_ERROR(f.Int64("max_pixels", &p.max_pixels));
+  // Newer processors spell the bounds as size.shortest_edge / longest_edge.
+  auto size = root.find("size");
+  if (size != root.end() && size->is_object()) {
+    Fields s(*size, origin + " size");
+    RETURN_IF_ERROR(s.Int64("shortest_edge", &p.min_pixels));
+    RETURN_IF_ERROR(s.Int64("longest_edge", &p.max_pixels));
+    RETURN_IF_ERROR(s.Int64("min_pixels", &p.min_pixels));
+    RETURN_IF_ERROR(s.Int64("max_pixels", &p.max_pixels));
+  }
+  RETURN_IF_ERROR(f.Int("patch_size", &p.patch_size, false));
+  RETURN_IF_ERROR(f.Int("merge_size", &p.merge_size, false));
+  RETURN_IF_ERROR(f.Int("temporal_patch_size", &p.temporal_patch_size, false));
+  RETURN_IF_ERROR(f.Double("rescale_factor", &p.rescale_factor));
+  for (const char* key : {"image_mean", "image_std"}) {
+    auto it = root.find(key);
+    if (it == root.end()) continue;
+    if (!it->is_array() || it->size() != 3) return f.Error(absl::StrCat(key, " must be 3 numbers"));
+    auto& dst = std::string(key) == "image_mean" ? p.image_mean : p.image_std;
+    for (int c = 0; c < 3; ++c) {
+      if (!(*it)[c].is_number()) return f.Error(absl::StrCat(key, " must be 3 numbers"));
+      dst[c] = (*it)[c].get<float>();
+    }
+  }
+  if (p.min_pixels <= 0 || p.max_pixels < p.min_pixels || p.patch_size <= 0 || p.merge_size <= 0) {
+    return f.Error("need 0 < min_pixels <= max_pixels and positive patch/merge sizes");
+  }
+  for (float s : p.image_std) {
+    if (!(s > 0)) return f.Error("image_std must be positive");
+  }
+  return p;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfig(text, config_path));
+  const std::string gen_path = dir + "/generation_config.json";
+  if (auto gen = ReadFile(gen_path); gen.ok()) {
+    ASSIGN_OR_RETURN(cfg.generation, ParseGenerationConfig(*gen, gen_path));
+  }
+  const std::string pre_path = dir + "/preprocessor_config.json";
+  if (auto pre = ReadFile(pre_path); pre.ok()) {
+    ASSIGN_OR_RETURN(cfg.preprocessor, ParsePreprocessorConfig(*pre, pre_path));
+  }
+  if (cfg.tokens.eos.empty()) cfg.tokens.eos = cfg.generation.eos_token_ids;
+  return cfg;
+}
+
+}  // namespace mmserve::model

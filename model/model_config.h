@@ -1,0 +1,113 @@
+// The model directory's JSON configs, parsed and checked: config.json
+// (Qwen2-VL text and vision settings), generation_config.json (sampling
+// defaults) and preprocessor_config.json (image preprocessing).
+//
+//   ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig("/models/Qwen2-VL-2B"));
+//   int head_dim = cfg.text.head_dim();
+//
+// Both config.json layouts are read: the older one with text settings at the
+// top level, and the newer one with a "text_config" object. A missing or
+// inconsistent value is an InvalidArgumentError naming the file and the field
+// (e.g. mrope_section that does not sum to head_dim / 2).
+#ifndef MMSERVE_MODEL_MODEL_CONFIG_H_
+#define MMSERVE_MODEL_MODEL_CONFIG_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mmserve::model {
+
+struct TextConfig {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  // M-RoPE sections (temporal, height, width) in rotary pairs; they sum to
+  // head_dim / 2. Empty for plain 1-D RoPE.
+  std::vector<int> mrope_section;
+  bool tie_word_embeddings = false;
+  std::string hidden_act = "silu";
+
+  int head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+struct VisionConfig {
+  int depth = 0;
+  int embed_dim = 0;
+  int num_heads = 0;
+  int mlp_ratio = 4;
+  int in_channels = 3;
+  // Width of the merger's output: the language model's hidden size.
+  int hidden_size = 0;
+  int patch_size = 14;
+  int spatial_merge_size = 2;
+  int temporal_patch_size = 2;
+  std::string hidden_act = "quick_gelu";
+};
+
+struct SpecialTokenIds {
+  int bos = -1;
+  std::vector<int> eos;  // any of these ends generation
+  int vision_start = -1;
+  int vision_end = -1;
+  int image_pad = -1;  // "image_token_id": one per image embedding token
+  int video_pad = -1;
+};
+
+// Defaults from generation_config.json; unset when the file leaves them out.
+struct GenerationDefaults {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int> top_k;
+  std::optional<float> repetition_penalty;
+  std::vector<int> eos_token_ids;
+};
+
+// preprocessor_config.json of a Qwen2-VL image processor.
+struct PreprocessorConfig {
+  int64_t min_pixels = 56 * 56;
+  int64_t max_pixels = 28 * 28 * 1280;
+  int patch_size = 14;
+  int merge_size = 2;
+  int temporal_patch_size = 2;
+  std::array<float, 3> image_mean = {0.48145466f, 0.4578275f, 0.40821073f};
+  std::array<float, 3> image_std = {0.26862954f, 0.26130258f, 0.27577711f};
+  double rescale_factor = 1.0 / 255.0;
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "Qwen2VLForConditionalGeneration"
+  std::string model_type;    // e.g. "qwen2_vl"
+  std::string torch_dtype;   // dtype the weights were saved in ("bfloat16", ...)
+  TextConfig text;
+  std::optional<VisionConfig> vision;  // absent for text-only Qwen2 models
+  SpecialTokenIds tokens;
+  GenerationDefaults generation;
+  std::optional<PreprocessorConfig> preprocessor;
+};
+
+// Parses config.json text. `origin` names it in errors.
+[[nodiscard]] absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json,
+                                                           const std::string& origin);
+[[nodiscard]] absl::StatusOr<GenerationDefaults> ParseGenerationConfig(const std::string& json,
+                                                                       const std::string& origin);
+[[nodiscard]] absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& json,
+                                                                         const std::string& origin);
+
+// Reads config.json (required), generation_config.json and
+// preprocessor_config.json (optional) from a model directory.
+[[nodiscard]] absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+
+}  // namespace mmserve::model
+
+#endif  // MMSERVE_MODEL_MODEL_CONFIG_H_

@@ -1,0 +1,141 @@
+#include "model/model_config.h"
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace mmserve::model {
+namespace {
+
+using nlohmann::json;
+
+// The shape of Qwen2-VL-2B-Instruct's config.json (older flat layout).
+json Qwen2Vl2bConfig() {
+  return json::parse(R"({
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "bos_token_id": 151643, "eos_token_id": 151645,
+    "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656,
+    "hidden_act": "silu", "hidden_size": 1536, "intermediate_size": 8960,
+    "max_position_embeddings": 32768, "model_type": "qwen2_vl",
+    "num_attention_heads": 12, "num_hidden_layers": 28, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "vocab_size": 151936,
+    "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16,
+      "in_chans": 3, "hidden_size": 1536, "patch_size": 14, "spatial_merge_size": 2,
+      "temporal_patch_size": 2},
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}
+  })");
+}
+
+TEST_CASE("a Qwen2-VL-2B config.json parses with every field", "[config]") {
+  auto cfg = ParseModelConfig(Qwen2Vl2bConfig().dump(), "config.json");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->architecture == "Qwen2VLForConditionalGeneration");
+  CHECK(cfg->torch_dtype == "bfloat16");
+  CHECK(cfg->text.head_dim() == 128);
+  CHECK(cfg->text.num_key_value_heads == 2);
+  CHECK(cfg->text.mrope_section == std::vector<int>{16, 24, 24});
+  CHECK(cfg->text.rope_theta == 1000000.0);
+  CHECK(cfg->text.tie_word_embeddings);
+  REQUIRE(cfg->vision.has_value());
+  CHECK(cfg->vision->embed_dim == 1280);
+  CHECK(cfg->vision->hidden_act == "quick_gelu");
+  CHECK(cfg->tokens.image_pad == 151655);
+  CHECK(cfg->tokens.eos == std::vector<int>{151645});
+}
+
+TEST_CASE("the newer text_config layout reads the same values", "[config]") {
+  json flat = Qwen2Vl2bConfig();
+  json nested = {{"model_type", "qwen2_vl"},
+                 {"architectures", flat["architectures"]},
+                 {"vision_config", flat["vision_config"]},
+                 {"image_token_id", 151655},
+                 {"text_config", flat}};
+  nested["text_config"].erase("vision_config");
+  nested["text_config"].erase("image_token_id");
+  auto cfg = ParseModelConfig(nested.dump(), "config.json");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->text.hidden_size == 1536);
+  CHECK(cfg->text.mrope_section == std::vector<int>{16, 24, 24});
+  CHECK(cfg->tokens.image_pad == 151655);
+  CHECK(cfg->torch_dtype == "bfloat16");
+}
+
+TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* expect;
+  };
+  std::vector<Case> cases = {
+      {"missing field", [](json& j) { j.erase("hidden_size"); }, "missing \"hidden_size\""},
+      {"wrong type", [](json& j) { j["num_hidden_layers"] = "28"; },
+       "\"num_hidden_layers\" has the wrong type"},
+      {"mrope sum",
+       [](json& j) {
+         j["rope_scaling"]["mrope_section"] = {16, 24, 16};
+       },
+       "summing to head_dim / 2 = 64, got sum 56"},
+      {"gqa ratio", [](json& j) { j["num_key_value_heads"] = 5; },
+       "num_attention_heads 12 is not a multiple of num_key_value_heads 5"},
+      {"heads", [](json& j) { j["num_attention_heads"] = 7; },
+       "hidden_size 1536 is not a multiple of num_attention_heads 7"},
+      {"model type", [](json& j) { j["model_type"] = "llava"; },
+       "model_type \"llava\" is not supported"},
+      {"rope type", [](json& j) { j["rope_scaling"]["type"] = "yarn"; },
+       "rope_scaling type \"yarn\" is not supported"},
+      {"vision width", [](json& j) { j["vision_config"]["hidden_size"] = 1024; },
+       "vision_config.hidden_size 1024 differs"},
+      {"no vision", [](json& j) { j.erase("vision_config"); }, "has no \"vision_config\""},
+      {"activation", [](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act \"gelu\""},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    json j = Qwen2Vl2bConfig();
+    c.edit(j);
+    auto cfg = ParseModelConfig(j.dump(), "m/config.json");
+    REQUIRE_FALSE(cfg.ok());
+    CHECK(cfg.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(cfg.status().message().find(c.expect) != absl::string_view::npos);
+    CHECK(cfg.status().message().find("m/config.json") != absl::string_view::npos);
+  }
+  CHECK_FALSE(ParseModelConfig("not json", "x").ok());
+}
+
+TEST_CASE("generation_config accepts eos as an int or a list", "[config]") {
+  auto g = ParseGenerationConfig(R"({"eos_token_id": [151645, 151643], "temperature": 0.01,
+                                    "top_k": 1, "top_p": 0.001})",
+                                 "generation_config.json");
+  REQUIRE(g.ok());
+  CHECK(g->eos_token_ids == std::vector<int>{151645, 151643});
+  CHECK(*g->top_k == 1);
+  CHECK(*g->temperature == Approx(0.01f));
+  CHECK_FALSE(g->repetition_penalty.has_value());
+  auto single = ParseGenerationConfig(R"({"eos_token_id": 7})", "g");
+  REQUIRE(single.ok());
+  CHECK(single->eos_token_ids == std::vector<int>{7});
+}
+
+TEST_CASE("preprocessor_config reads both pixel-bound spellings and rejects bad bounds",
+          "[config]") {
+  auto old_style = ParsePreprocessorConfig(
+      R"({"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2,
+          "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]})",
+      "p");
+  REQUIRE(old_style.ok());
+  CHECK(old_style->max_pixels == 12845056);
+  CHECK(old_style->image_mean[1] == 0.5f);
+  auto new_style =
+      ParsePreprocessorConfig(R"({"size": {"shortest_edge": 3136, "longest_edge": 50176}})", "p");
+  REQUIRE(new_style.ok());
+  CHECK(new_style->min_pixels == 3136);
+  CHECK(new_style->max_pixels == 50176);
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"min_pixels": 100, "max_pixels": 10})", "p").ok());
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"image_std": [0.5, 0, 0.5]})", "p").ok());
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"image_mean": [0.5]})", "p").ok());
+}
+
+}  // namespace
+}  // namespace mmserve::model
