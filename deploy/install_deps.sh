@@ -23,6 +23,7 @@ packages=(
   libxxhash-dev            # XXH3 content hashes
   libopenblas-dev          # CPU GEMM
   nlohmann-json3-dev       # JSON: config.json, tokenizer.json, safetensors headers
+  libicu-dev               # Unicode categories and NFC for the tokenizer
 )
 
 missing=()
