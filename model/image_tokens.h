@@ -1,0 +1,47 @@
+// How many tokens an image becomes, from its width and height alone: the
+// Qwen2-VL image processor's smart resize, shared by the router (to size the
+// language side's receive buffer before the image is decoded) and the
+// encoder (to resize).
+//
+//   ASSIGN_OR_RETURN(ImageGrid g, SmartResize(1920, 1080, cfg));
+//   int tokens = g.num_tokens();  // (grid_h * grid_w) / merge^2
+//
+// The arithmetic follows transformers' smart_resize exactly, including
+// Python's round-half-to-even. Thread-safe (pure functions).
+#ifndef MMSERVE_MODEL_IMAGE_TOKENS_H_
+#define MMSERVE_MODEL_IMAGE_TOKENS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace mmserve::model {
+
+struct ImageGridParams {
+  int patch_size = 14;
+  int merge_size = 2;
+  int temporal_patch_size = 2;
+  int64_t min_pixels = 56 * 56;
+  int64_t max_pixels = 28 * 28 * 1280;
+};
+
+struct ImageGrid {
+  int resized_height = 0;
+  int resized_width = 0;
+  int grid_t = 1;  // one temporal patch for a still image
+  int grid_h = 0;  // patches down
+  int grid_w = 0;  // patches across
+  int merge_size = 2;
+
+  int64_t num_patches() const { return static_cast<int64_t>(grid_t) * grid_h * grid_w; }
+  int64_t num_tokens() const { return num_patches() / (merge_size * merge_size); }
+};
+
+// InvalidArgument for a non-positive size or an aspect ratio above 200 (as
+// the reference rejects).
+[[nodiscard]] absl::StatusOr<ImageGrid> SmartResize(int64_t width, int64_t height,
+                                                    const ImageGridParams& params);
+
+}  // namespace mmserve::model
+
+#endif  // MMSERVE_MODEL_IMAGE_TOKENS_H_
