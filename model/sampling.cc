@@ -1,0 +1,135 @@
+#include "model/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace mmserve::model {
+namespace {
+
+int32_t Argmax(absl::Span<const float> logits) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+// log_softmax normaliser: max + log(sum(exp(x - max))).
+double LogSumExp(absl::Span<const float> x) {
+  float m = *std::max_element(x.begin(), x.end());
+  if (!std::isfinite(m)) return m;
+  double sum = 0;
+  for (float v : x) sum += std::exp(static_cast<double>(v) - m);
+  return m + std::log(sum);
+}
+
+void FillLogprobs(absl::Span<const float> logits, const SamplingParams& p, SampleResult* r) {
+  if (p.logprobs < 0) return;
+  const double lse = LogSumExp(logits);
+  r->logprob = static_cast<float>(logits[r->token] - lse);
+  if (p.logprobs == 0) return;
+  const int n = std::min<int>(p.logprobs, static_cast<int>(logits.size()));
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  for (int i = 0; i < n; ++i) {
+    r->top.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse)});
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
+  auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    return bad("temperature must be >= 0, got ", p.temperature);
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return bad("top_p must be in (0, 1], got ", p.top_p);
+  if (p.top_k < 0) return bad("top_k must be >= 0 (0 disables it), got ", p.top_k);
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p must be in [0, 1], got ", p.min_p);
+  if (p.max_tokens < 1) return bad("max_tokens must be >= 1, got ", p.max_tokens);
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) {
+    return bad("min_tokens must be in [0, max_tokens], got ", p.min_tokens);
+  }
+  if (p.logprobs > kMaxLogprobs || p.logprobs < -1) {
+    return bad("logprobs must be in [0, ", kMaxLogprobs, "], got ", p.logprobs);
+  }
+  if (p.stop.size() > kMaxStopStrings) {
+    return bad("at most ", kMaxStopStrings, " stop strings, got ", p.stop.size());
+  }
+  for (const std::string& s : p.stop) {
+    if (s.empty() || s.size() > kMaxStopStringBytes) {
+      return bad("stop strings must be 1 to ", kMaxStopStringBytes, " bytes");
+    }
+  }
+  for (int32_t id : p.stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return bad("stop_token_ids: ", id, " is outside the vocabulary [0, ", vocab_size, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+SampleResult Sample(absl::Span<const float> logits, const SamplingParams& p, SamplerState* state) {
+  SampleResult r;
+  if (p.greedy()) {
+    r.token = Argmax(logits);
+    FillLogprobs(logits, p, &r);
+    return r;
+  }
+  // Candidates sorted by logit (descending, ties by id), then truncated.
+  const int vocab = static_cast<int>(logits.size());
+  std::vector<int32_t> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  int keep = vocab;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    keep = p.top_k;
+    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), by_logit);
+  } else {
+    std::sort(idx.begin(), idx.end(), by_logit);
+  }
+  // Tempered probabilities of the kept candidates.
+  const double inv_t = 1.0 / p.temperature;
+  const double top = logits[idx[0]] * inv_t;
+  std::vector<double> prob(keep);
+  double sum = 0;
+  for (int i = 0; i < keep; ++i) sum += prob[i] = std::exp(logits[idx[i]] * inv_t - top);
+  for (double& q : prob) q /= sum;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    int n = 0;
+    while (n < keep && cum < p.top_p) cum += prob[n++];
+    keep = std::max(n, 1);
+  }
+  if (p.min_p > 0.0f) {
+    const double floor = p.min_p * prob[0];
+    int n = 1;
+    while (n < keep && prob[n] >= floor) ++n;
+    keep = n;
+  }
+  double total = 0;
+  for (int i = 0; i < keep; ++i) total += prob[i];
+  double u = state->Uniform() * total;
+  int pick = keep - 1;
+  for (int i = 0; i < keep; ++i) {
+    u -= prob[i];
+    if (u < 0) {
+      pick = i;
+      break;
+    }
+  }
+  r.token = idx[pick];
+  FillLogprobs(logits, p, &r);
+  return r;
+}
+
+}  // namespace mmserve::model

@@ -1,0 +1,81 @@
+// Token sampling for one request's logits: greedy, temperature, top-k, top-p
+// (nucleus), min-p, with a per-request seeded generator so the same seed gives
+// the same tokens whatever else shares the batch.
+//
+//   SamplingParams p;  p.temperature = 0.7f;  p.top_p = 0.9f;  p.seed = 42;
+//   RETURN_IF_ERROR(ValidateSamplingParams(p, vocab_size));
+//   SamplerState state(p.seed);
+//   SampleResult r = Sample(logits, p, &state);   // r.token, r.logprob
+//
+// Filters apply in vLLM's order: temperature, then top-k, top-p and min-p on
+// the tempered distribution. Log probabilities are reported from the raw
+// logits (log_softmax before any processing), as vLLM does by default.
+// Thread-safe (pure functions over the caller's state).
+#ifndef MMSERVE_MODEL_SAMPLING_H_
+#define MMSERVE_MODEL_SAMPLING_H_
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace mmserve::model {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;        // (0, 1]; 1 = off
+  int top_k = 0;             // 0 = off
+  float min_p = 0.0f;        // [0, 1]; 0 = off
+  uint64_t seed = 0;
+  int max_tokens = 16;
+  int min_tokens = 0;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = -1;  // -1: none; 0: the sampled token's only; n: plus top n
+  bool skip_special_tokens = true;
+
+  bool greedy() const { return temperature == 0.0f || top_k == 1; }
+};
+
+// Limits checked at the service edge.
+inline constexpr int kMaxLogprobs = 20;
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStringBytes = 256;
+
+// InvalidArgument naming the field and its allowed range.
+[[nodiscard]] absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size);
+
+// A request's random stream. Copyable so a request can move between
+// processes (prefill -> decode) with its position.
+class SamplerState {
+ public:
+  explicit SamplerState(uint64_t seed) : rng_(seed) {}
+  // Uniform in [0, 1).
+  double Uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;           // of `token` (when logprobs >= 0)
+  std::vector<TokenLogprob> top;  // `logprobs` most likely, most likely first
+};
+
+// Samples one token from `logits` (length vocab). Greedy picks the lowest id
+// among equal maxima, as torch.argmax does.
+SampleResult Sample(absl::Span<const float> logits, const SamplingParams& p, SamplerState* state);
+
+}  // namespace mmserve::model
+
+#endif  // MMSERVE_MODEL_SAMPLING_H_
