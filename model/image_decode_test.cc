@@ -2,19 +2,17 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "common/file.h"
 
 namespace mmserve::model {
 namespace {
 
 std::string Read(const std::string& name) {
-  std::ifstream in("model/testdata/images/" + name, std::ios::binary);
-  REQUIRE(in.good());
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto bytes = ReadFileToString("model/testdata/images/" + name);
+  REQUIRE(bytes.ok());
+  return *bytes;
 }
 
 int MaxAbsDiff(const RgbImage& img, const std::string& want) {

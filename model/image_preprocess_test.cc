@@ -3,20 +3,18 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
+
+#include "common/file.h"
 
 namespace mmserve::model {
 namespace {
 
 std::string Read(const std::string& name) {
-  std::ifstream in("model/testdata/images/" + name, std::ios::binary);
-  REQUIRE(in.good());
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto bytes = ReadFileToString("model/testdata/images/" + name);
+  REQUIRE(bytes.ok());
+  return *bytes;
 }
 
 // Cases written by tools/gen_image_goldens.py from transformers 4.57.6's
