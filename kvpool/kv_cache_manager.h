@@ -84,6 +84,8 @@ class KvCacheManager {
   int block_size() const { return pool_.block_size(); }
   int num_blocks() const { return pool_.num_blocks(); }
   int num_free_blocks() const { return pool_.num_free_blocks(); }
+  // Live block tables (allocated, not yet freed).
+  int num_tables() const { return num_live_tables_; }
   // Blocks needed to hold `num_tokens` tokens.
   int BlocksFor(int64_t num_tokens) const {
     return static_cast<int>((num_tokens + block_size() - 1) / block_size());
