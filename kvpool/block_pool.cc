@@ -43,6 +43,7 @@ void BlockPool::Evict(int32_t i) {
   if (!b.cached) return;
   cached_.erase(b.key.hash);
   b.cached = false;
+  b.uid = 0;
   ++num_evictions_;
 }
 
@@ -68,13 +69,14 @@ void BlockPool::Release(BlockId id) {
   LinkAfter(b.cached ? head_prev_ : sentinel(), id.value);
 }
 
-std::optional<BlockId> BlockPool::FindCached(const BlockKey& key,
+std::optional<BlockId> BlockPool::FindCached(const BlockKey& key, uint64_t parent_uid,
                                              absl::Span<const TokenId> tokens) const {
   auto it = cached_.find(key.hash);
   if (it == cached_.end()) return std::nullopt;
   const BlockId id = it->second;
   const Block& b = blocks_[id.value];
-  if (b.key.parent_hash != key.parent_hash || b.key.extra_keys != key.extra_keys) {
+  if (b.parent_uid != parent_uid || b.key.parent_hash != key.parent_hash ||
+      b.key.extra_keys != key.extra_keys) {
     return std::nullopt;
   }
   const TokenId* stored = &tokens_[static_cast<size_t>(id.value) * block_size_];
@@ -85,7 +87,8 @@ std::optional<BlockId> BlockPool::FindCached(const BlockKey& key,
   return id;
 }
 
-bool BlockPool::CacheBlock(BlockId id, const BlockKey& key, absl::Span<const TokenId> tokens) {
+bool BlockPool::CacheBlock(BlockId id, const BlockKey& key, uint64_t parent_uid,
+                           absl::Span<const TokenId> tokens) {
   Block& b = blocks_[id.value];
   CHECK_GT(b.ref_count, 0) << "only in-use blocks are cached: " << id;
   CHECK_EQ(tokens.size(), static_cast<size_t>(block_size_));
@@ -93,6 +96,8 @@ bool BlockPool::CacheBlock(BlockId id, const BlockKey& key, absl::Span<const Tok
   if (!cached_.try_emplace(key.hash, id).second) return false;
   b.cached = true;
   b.key = key;
+  b.uid = next_uid_++;
+  b.parent_uid = parent_uid;
   std::copy(tokens.begin(), tokens.end(), &tokens_[static_cast<size_t>(id.value) * block_size_]);
   return true;
 }

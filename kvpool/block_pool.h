@@ -3,9 +3,10 @@
 //
 //   BlockPool pool(/*num_blocks=*/1024, /*block_size=*/16);
 //   std::optional<BlockId> b = pool.TakeFreeBlock();  // ref 1; its old hash is evicted
-//   pool.CacheBlock(*b, key, block_tokens);           // now findable under key.hash
+//   pool.CacheBlock(*b, key, kRootCacheUid, block_tokens);  // findable under key.hash
 //   pool.Release(*b);                                 // ref 0: free, but still cached
-//   if (auto hit = pool.FindCached(key, block_tokens)) pool.Acquire(*hit);  // reused
+//   auto hit = pool.FindCached(key, kRootCacheUid, block_tokens);
+//   if (hit) pool.Acquire(*hit);                      // reused: ref 1, off the free list
 //
 // Free list: every block with ref count 0, in the order it will be reused.
 // Blocks holding no cached content go to the front (reusing them loses
@@ -15,7 +16,11 @@
 // indices.
 //
 // A hit is re-checked against the block's stored tokens, parent hash and extra
-// keys, so a 64-bit hash collision can never hand out the wrong KV.
+// keys, and its parent link: every time a block enters the cache it gets a
+// fresh cache uid, and a cached block records the uid of the cached block
+// that precedes it in its sequence. A lookup walks the chain from the root,
+// so a hit means the whole prefix matched block by block, and a 64-bit hash
+// collision (of a block or of a parent) cannot hand out the wrong KV.
 //
 // Not thread-safe: owned by the scheduler thread, like the KvCacheManager
 // that wraps it.
@@ -34,6 +39,11 @@
 
 namespace mmserve {
 namespace kvpool {
+
+// Parent uid of a sequence's first block.
+inline constexpr uint64_t kRootCacheUid = 0;
+// A parent that is not (or no longer) cached: nothing chains to it.
+inline constexpr uint64_t kNoCacheUid = ~uint64_t{0};
 
 class BlockPool {
  public:
@@ -54,6 +64,8 @@ class BlockPool {
 
   int ref_count(BlockId b) const { return blocks_[b.value].ref_count; }
   bool is_cached(BlockId b) const { return blocks_[b.value].cached; }
+  // Unique to this stay of `b` in the cache; meaningless when not cached.
+  uint64_t cache_uid(BlockId b) const { return blocks_[b.value].uid; }
 
   // Takes the front block of the free list and returns it with ref count 1,
   // evicting its cached hash if it had one. nullopt when no block is free.
@@ -67,14 +79,19 @@ class BlockPool {
   // when cached, at the front otherwise). CHECKs that `b` was referenced.
   void Release(BlockId b);
 
-  // The cached block under `key.hash`, only if its parent hash, extra keys and
-  // stored tokens equal `key` and `tokens` (block_size of them).
-  std::optional<BlockId> FindCached(const BlockKey& key, absl::Span<const TokenId> tokens) const;
+  // The cached block under `key.hash`, only if its parent hash, extra keys,
+  // parent uid and stored tokens equal `key`, `parent_uid` and `tokens`
+  // (block_size of them).
+  std::optional<BlockId> FindCached(const BlockKey& key, uint64_t parent_uid,
+                                    absl::Span<const TokenId> tokens) const;
 
-  // Makes in-use block `b` findable under `key`, storing `tokens` for later
-  // re-checks. Returns false and changes nothing when `b` is already cached or
-  // another block already caches `key.hash` (identical content computed twice).
-  bool CacheBlock(BlockId b, const BlockKey& key, absl::Span<const TokenId> tokens);
+  // Makes in-use block `b` findable under `key` after the cached block with
+  // uid `parent_uid` (kRootCacheUid for a first block), storing `tokens` for
+  // later re-checks, and gives it a fresh cache uid. Returns false and
+  // changes nothing when `b` is already cached or another block already
+  // caches `key.hash` (identical content computed twice).
+  bool CacheBlock(BlockId b, const BlockKey& key, uint64_t parent_uid,
+                  absl::Span<const TokenId> tokens);
 
   // Test/debug helper: the free list holds exactly the blocks with ref count
   // 0, each once; the hash map and the blocks' cached flags agree.
@@ -87,6 +104,8 @@ class BlockPool {
     int32_t next = -1;
     bool cached = false;
     BlockKey key;
+    uint64_t uid = 0;         // cache uid while cached
+    uint64_t parent_uid = 0;  // cache uid of the preceding block
   };
 
   int32_t sentinel() const { return static_cast<int32_t>(blocks_.size()); }
@@ -104,6 +123,7 @@ class BlockPool {
   int32_t head_prev_;
   int num_free_ = 0;
   int64_t num_evictions_ = 0;
+  uint64_t next_uid_ = 1;  // 0 is kRootCacheUid
   absl::flat_hash_map<uint64_t, BlockId> cached_;
 };
 

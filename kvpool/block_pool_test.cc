@@ -35,10 +35,10 @@ TEST_CASE("a released block keeps its hash and can still be found", "[block_pool
   BlockPool pool(2, kBlockSize);
   BlockId b = *pool.TakeFreeBlock();
   auto tokens = Tokens(10);
-  REQUIRE(pool.CacheBlock(b, KeyFor(tokens), tokens));
+  REQUIRE(pool.CacheBlock(b, KeyFor(tokens), kRootCacheUid, tokens));
   pool.Release(b);
   CHECK(pool.num_free_blocks() == 2);
-  std::optional<BlockId> hit = pool.FindCached(KeyFor(tokens), tokens);
+  std::optional<BlockId> hit = pool.FindCached(KeyFor(tokens), kRootCacheUid, tokens);
   REQUIRE(hit.has_value());
   CHECK(*hit == b);
   // Acquiring the hit takes it off the free list.
@@ -53,12 +53,12 @@ TEST_CASE("uncached free blocks are reused before cached ones", "[block_pool]") 
   BlockId cached = *pool.TakeFreeBlock();
   BlockId plain = *pool.TakeFreeBlock();
   auto tokens = Tokens(10);
-  REQUIRE(pool.CacheBlock(cached, KeyFor(tokens), tokens));
+  REQUIRE(pool.CacheBlock(cached, KeyFor(tokens), kRootCacheUid, tokens));
   pool.Release(cached);
   pool.Release(plain);
   CHECK(*pool.TakeFreeBlock() == plain);
   CHECK(pool.num_evictions() == 0);
-  CHECK(pool.FindCached(KeyFor(tokens), tokens).has_value());
+  CHECK(pool.FindCached(KeyFor(tokens), kRootCacheUid, tokens).has_value());
 }
 
 TEST_CASE("cached free blocks are evicted least recently released first", "[block_pool]") {
@@ -68,7 +68,7 @@ TEST_CASE("cached free blocks are evicted least recently released first", "[bloc
   for (int i = 0; i < 3; ++i) {
     blocks.push_back(*pool.TakeFreeBlock());
     tokens.push_back(Tokens(100 * (i + 1)));
-    REQUIRE(pool.CacheBlock(blocks[i], KeyFor(tokens[i]), tokens[i]));
+    REQUIRE(pool.CacheBlock(blocks[i], KeyFor(tokens[i]), kRootCacheUid, tokens[i]));
   }
   // Release order 2, 0, 1: block 2 is the least recently used.
   pool.Release(blocks[2]);
@@ -76,8 +76,8 @@ TEST_CASE("cached free blocks are evicted least recently released first", "[bloc
   pool.Release(blocks[1]);
   CHECK(*pool.TakeFreeBlock() == blocks[2]);
   CHECK(pool.num_evictions() == 1);
-  CHECK_FALSE(pool.FindCached(KeyFor(tokens[2]), tokens[2]).has_value());
-  CHECK(pool.FindCached(KeyFor(tokens[0]), tokens[0]).has_value());
+  CHECK_FALSE(pool.FindCached(KeyFor(tokens[2]), kRootCacheUid, tokens[2]).has_value());
+  CHECK(pool.FindCached(KeyFor(tokens[0]), kRootCacheUid, tokens[0]).has_value());
   CHECK(*pool.TakeFreeBlock() == blocks[0]);
   CHECK(pool.num_evictions() == 2);
   CHECK(pool.num_cached_blocks() == 1);
@@ -90,17 +90,46 @@ TEST_CASE("a hit with the right hash but different tokens, parent or extra keys 
   BlockId b = *pool.TakeFreeBlock();
   auto tokens = Tokens(10);
   BlockKey key = KeyFor(tokens);
-  REQUIRE(pool.CacheBlock(b, key, tokens));
+  REQUIRE(pool.CacheBlock(b, key, kRootCacheUid, tokens));
   // A forged key with the same 64-bit hash stands in for a hash collision.
   auto other = Tokens(20);
-  CHECK_FALSE(pool.FindCached(key, other).has_value());
+  CHECK_FALSE(pool.FindCached(key, kRootCacheUid, other).has_value());
   BlockKey wrong_parent = key;
   wrong_parent.parent_hash ^= 1;
-  CHECK_FALSE(pool.FindCached(wrong_parent, tokens).has_value());
+  CHECK_FALSE(pool.FindCached(wrong_parent, kRootCacheUid, tokens).has_value());
   BlockKey wrong_extra = key;
   wrong_extra.extra_keys = 5;
-  CHECK_FALSE(pool.FindCached(wrong_extra, tokens).has_value());
-  CHECK(pool.FindCached(key, tokens).has_value());
+  CHECK_FALSE(pool.FindCached(wrong_extra, kRootCacheUid, tokens).has_value());
+  CHECK(pool.FindCached(key, kRootCacheUid, tokens).has_value());
+}
+
+TEST_CASE("a hit must follow the cached parent it was computed after, not just its hash",
+          "[block_pool]") {
+  BlockPool pool(3, kBlockSize);
+  BlockId parent = *pool.TakeFreeBlock();
+  BlockId child = *pool.TakeFreeBlock();
+  auto t0 = Tokens(10), t1 = Tokens(20);
+  BlockKey k0 = KeyFor(t0);
+  BlockKey k1 = MakeBlockKey(k0.hash, t1, {}, 0, kBlockSize);
+  REQUIRE(pool.CacheBlock(parent, k0, kRootCacheUid, t0));
+  REQUIRE(pool.CacheBlock(child, k1, pool.cache_uid(parent), t1));
+  CHECK(pool.FindCached(k1, pool.cache_uid(parent), t1) == child);
+  // The parent is evicted and its hash cached again by a new block: same
+  // parent hash, but not the KV the child was computed after.
+  const uint64_t old_uid = pool.cache_uid(parent);
+  pool.Release(parent);
+  BlockId reused = *pool.TakeFreeBlock();  // the uncached third block goes first
+  pool.Release(reused);
+  CHECK(pool.CacheBlock(*pool.TakeFreeBlock(), k0, kRootCacheUid, t0) == false);
+  CHECK(pool.is_cached(parent));
+  BlockId again = *pool.TakeFreeBlock();  // now the parent itself is evicted
+  CHECK(again == parent);
+  CHECK_FALSE(pool.is_cached(parent));
+  REQUIRE(pool.CacheBlock(again, k0, kRootCacheUid, t0));
+  CHECK(pool.cache_uid(again) != old_uid);
+  CHECK_FALSE(pool.FindCached(k1, pool.cache_uid(again), t1).has_value());
+  CHECK_FALSE(pool.FindCached(k1, kRootCacheUid, t1).has_value());
+  CHECK(pool.CheckInvariants().ok());
 }
 
 TEST_CASE("a second block with an already cached hash is not cached", "[block_pool]") {
@@ -108,12 +137,12 @@ TEST_CASE("a second block with an already cached hash is not cached", "[block_po
   BlockId a = *pool.TakeFreeBlock();
   BlockId b = *pool.TakeFreeBlock();
   auto tokens = Tokens(10);
-  CHECK(pool.CacheBlock(a, KeyFor(tokens), tokens));
-  CHECK_FALSE(pool.CacheBlock(b, KeyFor(tokens), tokens));
-  CHECK_FALSE(pool.CacheBlock(a, KeyFor(Tokens(30)), Tokens(30)));
+  CHECK(pool.CacheBlock(a, KeyFor(tokens), kRootCacheUid, tokens));
+  CHECK_FALSE(pool.CacheBlock(b, KeyFor(tokens), kRootCacheUid, tokens));
+  CHECK_FALSE(pool.CacheBlock(a, KeyFor(Tokens(30)), kRootCacheUid, Tokens(30)));
   CHECK(pool.is_cached(a));
   CHECK_FALSE(pool.is_cached(b));
-  CHECK(*pool.FindCached(KeyFor(tokens), tokens) == a);
+  CHECK(*pool.FindCached(KeyFor(tokens), kRootCacheUid, tokens) == a);
   CHECK(pool.CheckInvariants().ok());
 }
 
@@ -122,7 +151,7 @@ TEST_CASE("a shared block returns to the free list only when its last holder rel
   BlockPool pool(1, kBlockSize);
   BlockId b = *pool.TakeFreeBlock();
   auto tokens = Tokens(10);
-  REQUIRE(pool.CacheBlock(b, KeyFor(tokens), tokens));
+  REQUIRE(pool.CacheBlock(b, KeyFor(tokens), kRootCacheUid, tokens));
   pool.Acquire(b);
   CHECK(pool.ref_count(b) == 2);
   pool.Release(b);

@@ -27,10 +27,12 @@ PrefixHit KvCacheManager::FindCachedPrefix(const SequenceView& seq) const {
   const int max_blocks = static_cast<int>((seq.token_ids.size() - 1) / bs);
   for (int b = 0; b < max_blocks; ++b) {
     const BlockKey key = MakeBlockKey(hit.last_hash, seq.token_ids, seq.mm_spans, b, bs);
-    std::optional<BlockId> block = pool_.FindCached(key, seq.token_ids.subspan(b * bs, bs));
+    std::optional<BlockId> block =
+        pool_.FindCached(key, hit.last_uid, seq.token_ids.subspan(b * bs, bs));
     if (!block) break;
     hit.blocks.push_back(*block);
     hit.last_hash = key.hash;
+    hit.last_uid = pool_.cache_uid(*block);
   }
   hit.num_tokens = static_cast<int>(hit.blocks.size()) * bs;
   return hit;
@@ -75,6 +77,7 @@ absl::StatusOr<BlockTableId> KvCacheManager::Allocate(const SequenceView& seq, c
   }
   t.num_hashed_blocks = static_cast<int>(hit.blocks.size());
   t.last_hash = hit.last_hash;
+  t.last_uid = hit.last_uid;
   CHECK(AppendSlots(id, num_tokens)) << "CanAllocate promised enough free blocks";
   prefix_query_tokens_ += static_cast<int64_t>(seq.token_ids.size());
   prefix_hit_tokens_ += hit.num_tokens;
@@ -106,11 +109,23 @@ void KvCacheManager::CacheFullBlocks(BlockTableId id, const SequenceView& seq,
     return;
   }
   for (; t.num_hashed_blocks < full; ++t.num_hashed_blocks) {
+    if (t.last_uid == kNoCacheUid) {  // the chain left the cache: nothing more to find
+      t.num_hashed_blocks = full;
+      break;
+    }
     const int b = t.num_hashed_blocks;
     const BlockKey key = MakeBlockKey(t.last_hash, seq.token_ids, seq.mm_spans, b, bs);
-    // false: the block is already cached (a hit) or an identical block is.
-    (void)pool_.CacheBlock(t.blocks[b], key, seq.token_ids.subspan(b * bs, bs));
+    const absl::Span<const TokenId> tokens = seq.token_ids.subspan(b * bs, bs);
+    const BlockId block = t.blocks[b];
+    DCHECK(!pool_.is_cached(block));  // hit blocks are below num_hashed_blocks
+    uint64_t uid = kNoCacheUid;
+    if (pool_.CacheBlock(block, key, t.last_uid, tokens)) {
+      uid = pool_.cache_uid(block);
+    } else if (std::optional<BlockId> twin = pool_.FindCached(key, t.last_uid, tokens)) {
+      uid = pool_.cache_uid(*twin);  // identical content computed twice: chain via the twin
+    }
     t.last_hash = key.hash;
+    t.last_uid = uid;
   }
 }
 
@@ -123,6 +138,7 @@ void KvCacheManager::Free(BlockTableId id) {
   t.blocks.clear();  // keeps capacity for the next user of this slot
   t.num_hashed_blocks = 0;
   t.last_hash = kRootBlockHash;
+  t.last_uid = kRootCacheUid;
   t.live = false;
   --num_live_tables_;
   free_table_ids_.push_back(id.value);

@@ -58,6 +58,7 @@ struct PrefixHit {
   std::vector<BlockId> blocks;
   int num_tokens = 0;                   // blocks.size() * block_size
   uint64_t last_hash = kRootBlockHash;  // chain hash of the last hit block
+  uint64_t last_uid = kRootCacheUid;    // cache uid of the last hit block
 };
 
 struct KvCacheStats {
@@ -139,6 +140,10 @@ class KvCacheManager {
     std::vector<BlockId> blocks;
     int num_hashed_blocks = 0;  // leading blocks whose chain hash is known
     uint64_t last_hash = kRootBlockHash;
+    // Cache uid of the cached block with the same content as the last hashed
+    // block (kNoCacheUid once the chain is not cached: nothing after it can
+    // ever be found, so it is not cached either).
+    uint64_t last_uid = kRootCacheUid;
     bool live = false;
   };
 
