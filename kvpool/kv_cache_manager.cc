@@ -28,7 +28,7 @@ PrefixHit KvCacheManager::FindCachedPrefix(const SequenceView& seq) const {
   for (int b = 0; b < max_blocks; ++b) {
     const BlockKey key = MakeBlockKey(hit.last_hash, seq.token_ids, seq.mm_spans, b, bs);
     std::optional<BlockId> block =
-        pool_.FindCached(key, hit.last_uid, seq.token_ids.subspan(b * bs, bs));
+        pool_.FindCached(key, hit.last_uid, seq.token_ids.subspan(size_t(b) * bs, bs));
     if (!block) break;
     hit.blocks.push_back(*block);
     hit.last_hash = key.hash;
@@ -115,7 +115,7 @@ void KvCacheManager::CacheFullBlocks(BlockTableId id, const SequenceView& seq,
     }
     const int b = t.num_hashed_blocks;
     const BlockKey key = MakeBlockKey(t.last_hash, seq.token_ids, seq.mm_spans, b, bs);
-    const absl::Span<const TokenId> tokens = seq.token_ids.subspan(b * bs, bs);
+    const absl::Span<const TokenId> tokens = seq.token_ids.subspan(size_t(b) * bs, bs);
     const BlockId block = t.blocks[b];
     DCHECK(!pool_.is_cached(block));  // hit blocks are below num_hashed_blocks
     uint64_t uid = kNoCacheUid;

@@ -135,8 +135,9 @@ class Request {
   // when the request goes on).
   FinishReason AppendOutputToken(TokenId token);
 
-  // Scheduler bookkeeping: the step in which this request was last scheduled.
-  int64_t last_scheduled_step = -1;
+  // The scheduler step that last scheduled this request (-1: never).
+  int64_t last_scheduled_step() const { return last_scheduled_step_; }
+  void set_last_scheduled_step(int64_t step) { last_scheduled_step_ = step; }
 
  private:
   RequestParams params_;
@@ -146,6 +147,7 @@ class Request {
   int num_computed_tokens_ = 0;
   int num_cached_tokens_ = 0;
   int num_preemptions_ = 0;
+  int64_t last_scheduled_step_ = -1;
   RequestStatus status_ = RequestStatus::kWaiting;
   FinishReason finish_reason_ = FinishReason::kNone;
   kvpool::BlockTableId block_table_;

@@ -82,7 +82,7 @@ absl::Status Scheduler::Abort(RequestId id) {
   }
   r->Finish(RequestStatus::kAborted, FinishReason::kAborted);
   // output_ still points at it until UpdateFromOutput: keep it alive till then.
-  if (step_pending_ && r->last_scheduled_step == step_) {
+  if (step_pending_ && r->last_scheduled_step() == step_) {
     aborted_pending_.push_back(std::move(it->second));
   }
   requests_.erase(it);

@@ -141,7 +141,7 @@ void Scheduler::Emit(Request* r, int num_tokens, bool is_prefill, StepBudget& bu
     output_.num_prefill_tokens += num_tokens;
     budget.prefill_tokens = std::max(0, budget.prefill_tokens - num_tokens);
   }
-  r->last_scheduled_step = step_;
+  r->set_last_scheduled_step(step_);
 }
 
 }  // namespace scheduler
