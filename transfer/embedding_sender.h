@@ -36,8 +36,9 @@ namespace mmserve::transfer {
 struct PublishedImage {
   std::string request_id;
   uint32_t image_index = 0;
-  // Blocks of the sender's buffer holding the image; num_tokens is its length.
-  // The sender owns (and frees) them from now on.
+  // Blocks of the sender's buffer holding the image, allocated under
+  // `request_id`; num_tokens is its length. The sender owns (and frees) them
+  // from now on.
   BlockAllocation blocks;
   // The image is dropped if no transfer completes within this time.
   absl::Duration keep_for = absl::Seconds(30);
