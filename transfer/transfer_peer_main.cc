@@ -14,6 +14,7 @@
 #include <deque>
 #include <future>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,8 +80,8 @@ std::vector<Image> Images() {
 void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
   absl::Mutex mu;
   int in_flight = 0;
-  std::optional<BlockAllocation> written;  // --reuse_payload: run already holding the bytes
-  std::optional<PayloadSpec> written_spec;
+  // --reuse_payload: block runs that already hold an image's bytes -> its seed.
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> written;
   for (size_t k = 0; k < images.size(); ++k) {
     {
       absl::MutexLock lock(&mu);
@@ -92,11 +93,13 @@ void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
     absl::StatusOr<BlockAllocation> blocks = engine.allocator().AllocWait(
         image.spec.total_tokens, image.request_id, Deadline::After(absl::Seconds(60)));
     CHECK(blocks.ok()) << blocks.status();
-    const bool same = absl::GetFlag(FLAGS_reuse_payload) && written == *blocks &&
-                      written_spec->seed == image.spec.seed;
-    if (!same) WriteImage(engine.buffer(), *blocks, image.spec);
-    written = *blocks;
-    written_spec = image.spec;
+    const std::pair<uint32_t, uint32_t> run{blocks->start_block, blocks->num_blocks};
+    auto it = written.find(run);
+    if (!absl::GetFlag(FLAGS_reuse_payload) || it == written.end() ||
+        it->second != image.spec.seed) {
+      WriteImage(engine.buffer(), *blocks, image.spec);
+      written[run] = image.spec.seed;
+    }
     engine.Publish({.request_id = image.request_id,
                     .blocks = *blocks,
                     .keep_for = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))},
