@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace mmserve::model {
@@ -83,10 +85,26 @@ absl::Status LoadDense(const SafetensorsCheckpoint& ckpt, const std::string& pre
   return absl::OkStatus();
 }
 
+// Accumulates the time spent in sgemm when `seconds` is set.
+class GemmTimer {
+ public:
+  explicit GemmTimer(double* seconds) : seconds_(seconds) {}
+  ~GemmTimer() {
+    if (seconds_ != nullptr) *seconds_ += watch_.ElapsedSeconds();
+  }
+
+ private:
+  double* seconds_;
+  Stopwatch watch_;
+};
+
 // y[n][out] = x[n][in] W^T + b.
-void Dense(const DenseWeights& d, const float* x, int n, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d.out, d.in, 1.0f, x, d.in, d.w, d.in,
-              0.0f, y, d.out);
+void Dense(const DenseWeights& d, const float* x, int n, float* y, double* gemm_seconds) {
+  {
+    GemmTimer timer(gemm_seconds);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, d.out, d.in, 1.0f, x, d.in, d.w, d.in,
+                0.0f, y, d.out);
+  }
   if (d.b == nullptr) return;
   for (int r = 0; r < n; ++r) {
     for (int c = 0; c < d.out; ++c) y[static_cast<size_t>(r) * d.out + c] += d.b[c];
@@ -159,7 +177,7 @@ void Rotate(float* x, const float* cos_r, const float* sin_r, int head_dim) {
 // Bidirectional attention inside [begin, end) for every head; qkv rows are
 // [3][heads][head_dim], out rows [heads][head_dim].
 void SegmentAttention(const float* qkv, int begin, int end, int heads, int head_dim, float* out,
-                      std::vector<float>* scores) {
+                      std::vector<float>* scores, double* gemm_seconds) {
   const int e = heads * head_dim;
   const int s = end - begin;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -168,8 +186,11 @@ void SegmentAttention(const float* qkv, int begin, int end, int heads, int head_
     const float* q = qkv + static_cast<size_t>(begin) * 3 * e + h * head_dim;
     const float* k = q + e;
     const float* v = q + 2 * e;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, scale, q, 3 * e, k, 3 * e,
-                0.0f, scores->data(), s);
+    {
+      GemmTimer timer(gemm_seconds);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, head_dim, scale, q, 3 * e, k,
+                  3 * e, 0.0f, scores->data(), s);
+    }
     for (int r = 0; r < s; ++r) {
       float* row = scores->data() + static_cast<size_t>(r) * s;
       const float m = *std::max_element(row, row + s);
@@ -178,6 +199,7 @@ void SegmentAttention(const float* qkv, int begin, int end, int heads, int head_
       const float inv = 1.0f / sum;
       for (int c = 0; c < s; ++c) row[c] *= inv;
     }
+    GemmTimer timer(gemm_seconds);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, head_dim, s, 1.0f, scores->data(), s,
                 v, 3 * e, 0.0f, out + static_cast<size_t>(begin) * e + h * head_dim, e);
   }
@@ -187,6 +209,41 @@ float QuickGelu(float x) { return x / (1.0f + std::exp(-1.702f * x)); }
 float Gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 }  // namespace
+
+std::unique_ptr<VisionTower> VisionTower::CreateRandom(const VisionConfig& c, uint64_t seed) {
+  std::unique_ptr<VisionTower> t(new VisionTower());
+  t->cfg_ = c;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  auto dense = [&](DenseWeights* d, int out, int in) {
+    d->out = out;
+    d->in = in;
+    d->owned.resize(static_cast<size_t>(out) * in + out);
+    for (float& v : d->owned) v = normal(rng);
+    d->w = d->owned.data();
+    d->b = d->owned.data() + static_cast<size_t>(out) * in;
+  };
+  auto ones = [](int n) { return std::vector<float>(n, 1.0f); };
+  auto zeros = [](int n) { return std::vector<float>(n, 0.0f); };
+  const int e = c.embed_dim, mlp = e * c.mlp_ratio;
+  const int merged = e * c.spatial_merge_size * c.spatial_merge_size;
+  dense(&t->patch_embed_, e, c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size);
+  t->patch_embed_.b = nullptr;
+  t->blocks_.resize(c.depth);
+  for (Block& b : t->blocks_) {
+    b.norm1_w = b.norm2_w = ones(e);
+    b.norm1_b = b.norm2_b = zeros(e);
+    dense(&b.qkv, 3 * e, e);
+    dense(&b.proj, e, e);
+    dense(&b.fc1, mlp, e);
+    dense(&b.fc2, e, mlp);
+  }
+  t->ln_q_w_ = ones(e);
+  t->ln_q_b_ = zeros(e);
+  dense(&t->merger_fc1_, merged, merged);
+  dense(&t->merger_fc2_, c.hidden_size, merged);
+  return t;
+}
 
 absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const SafetensorsCheckpoint& ckpt,
                                                                const ModelConfig& config) {
@@ -247,14 +304,16 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
   }
   std::vector<float> x(static_cast<size_t>(n) * e), h(x.size()), attn(x.size());
   std::vector<float> qkv(static_cast<size_t>(n) * 3 * e), mlp, scores, cos_t, sin_t;
-  Dense(patch_embed_, pixels.data(), n, x.data());
+  Stopwatch total;
+  double* gemm = trace != nullptr ? &trace->gemm_seconds : nullptr;
+  Dense(patch_embed_, pixels.data(), n, x.data(), gemm);
   if (trace != nullptr) trace->patch_embed = x;
   RotaryTables(grids, c.spatial_merge_size, head_dim, &cos_t, &sin_t);
 
   for (size_t bi = 0; bi < blocks_.size(); ++bi) {
     const Block& b = blocks_[bi];
     LayerNorm(x.data(), n, e, b.norm1_w, b.norm1_b, h.data());
-    Dense(b.qkv, h.data(), n, qkv.data());
+    Dense(b.qkv, h.data(), n, qkv.data(), gemm);
     for (int r = 0; r < n; ++r) {
       for (int part = 0; part < 2; ++part) {  // q and k
         for (int hd = 0; hd < heads; ++hd) {
@@ -265,15 +324,16 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
       }
     }
     for (size_t s = 0; s + 1 < bounds.size(); ++s) {
-      SegmentAttention(qkv.data(), bounds[s], bounds[s + 1], heads, head_dim, attn.data(), &scores);
+      SegmentAttention(qkv.data(), bounds[s], bounds[s + 1], heads, head_dim, attn.data(), &scores,
+                       gemm);
     }
-    Dense(b.proj, attn.data(), n, h.data());
+    Dense(b.proj, attn.data(), n, h.data(), gemm);
     for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
     LayerNorm(x.data(), n, e, b.norm2_w, b.norm2_b, h.data());
     mlp.resize(static_cast<size_t>(n) * b.fc1.out);
-    Dense(b.fc1, h.data(), n, mlp.data());
+    Dense(b.fc1, h.data(), n, mlp.data(), gemm);
     for (float& v : mlp) v = QuickGelu(v);
-    Dense(b.fc2, mlp.data(), n, h.data());
+    Dense(b.fc2, mlp.data(), n, h.data(), gemm);
     for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
     if (bi == 0 && trace != nullptr) trace->block0 = x;
   }
@@ -281,10 +341,11 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
   LayerNorm(x.data(), n, e, ln_q_w_, ln_q_b_, h.data());
   const int tokens = n / m2;
   mlp.resize(static_cast<size_t>(tokens) * merger_fc1_.out);
-  Dense(merger_fc1_, h.data(), tokens, mlp.data());
+  Dense(merger_fc1_, h.data(), tokens, mlp.data(), gemm);
   for (float& v : mlp) v = Gelu(v);
   std::vector<float> out(static_cast<size_t>(tokens) * merger_fc2_.out);
-  Dense(merger_fc2_, mlp.data(), tokens, out.data());
+  Dense(merger_fc2_, mlp.data(), tokens, out.data(), gemm);
+  if (trace != nullptr) trace->total_seconds = total.ElapsedSeconds();
   return out;
 }
 

@@ -35,10 +35,12 @@ struct DenseWeights {
   std::vector<float> owned;  // backing store when converted from bf16/fp16
 };
 
-// Intermediate activations, for parity tests.
+// Intermediate activations and timings, for parity tests and benchmarks.
 struct VisionTrace {
   std::vector<float> patch_embed;  // [patches][embed_dim]
   std::vector<float> block0;       // output of the first block
+  double gemm_seconds = 0;         // time inside sgemm calls
+  double total_seconds = 0;        // the whole forward
 };
 
 class VisionTower {
@@ -53,6 +55,10 @@ class VisionTower {
   [[nodiscard]] absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels,
                                                            absl::Span<const ImageGrid> grids,
                                                            VisionTrace* trace = nullptr) const;
+
+  // A tower with random weights (normal, std 0.02) of the given shape, for
+  // benchmarks that need real dimensions without a checkpoint.
+  static std::unique_ptr<VisionTower> CreateRandom(const VisionConfig& config, uint64_t seed);
 
   int out_hidden() const { return merger_fc2_.out; }
 
