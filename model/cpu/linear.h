@@ -1,0 +1,54 @@
+// Linear layers on the CPU: y = x W^T + b with W in Hugging Face layout
+// ([out_features][in_features], row-major), fp32 or bf16, fp32 accumulation.
+//
+//   WeightMatrix w{DType::kBF16, tensor->data, /*rows=*/896, /*cols=*/4864};
+//   Linear(pool, x, /*m=*/num_tokens, w, /*bias=*/nullptr, y);  // y: [m][896]
+//
+// Two kernels:
+//  - kDot (default): our AVX2+FMA kernel. Every output element is the same
+//    chain of operations whatever m is, whichever rows surround it and
+//    whichever thread runs it: 8 lane accumulators, lane l summing
+//    x[k] * w[k] for k = l (mod 8) in increasing k with fused multiply-adds,
+//    then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then + bias.
+//    That makes a row's result bitwise independent of the batch it is in
+//    (batch invariance for greedy decoding). bf16 weights are widened to fp32
+//    in registers, so the mapped checkpoint is read directly.
+//  - kOpenBlas: cblas_sgemm from Debian's OpenBLAS (single-threaded calls on
+//    column blocks spread over the pool); bf16 weights are widened into an
+//    L2-sized fp32 panel first. OpenBLAS takes different code paths for
+//    different m, so rows are not batch invariant. Kept to measure against.
+//
+// Both kernels use every thread of the pool. x is [m][cols] and y [m][rows],
+// row-major and dense; bias, when given, has `rows` entries.
+// Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
+#ifndef MMSERVE_MODEL_CPU_LINEAR_H_
+#define MMSERVE_MODEL_CPU_LINEAR_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/cpu/thread_pool.h"
+#include "model/dtype.h"
+
+namespace mmserve::model::cpu {
+
+// A borrowed weight matrix (usually pointing into the mapped checkpoint).
+struct WeightMatrix {
+  DType dtype = DType::kF32;  // kF32 or kBF16
+  const void* data = nullptr;
+  int64_t rows = 0;  // out_features
+  int64_t cols = 0;  // in_features
+
+  size_t bytes() const { return static_cast<size_t>(rows * cols) * DTypeSize(dtype); }
+};
+
+enum class LinearKernel { kDot, kOpenBlas };
+
+// y[i][n] = sum_k x[i][k] * w[n][k] (+ bias[n]) for i < m, n < w.rows.
+// CHECKs that w.dtype is kF32 or kBF16.
+void Linear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias,
+            float* y, LinearKernel kernel = LinearKernel::kDot);
+
+}  // namespace mmserve::model::cpu
+
+#endif  // MMSERVE_MODEL_CPU_LINEAR_H_

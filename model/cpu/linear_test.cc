@@ -1,0 +1,112 @@
+#include "model/cpu/linear.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "model/dtype.h"
+
+namespace mmserve::model::cpu {
+namespace {
+
+// The arithmetic linear.h promises, in scalar code: 8 lane chains of fused
+// multiply-adds over k, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), + bias.
+float ReferenceDot(const float* x, const float* w, int64_t k, float bias, bool has_bias) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < k; ++i) lane[i % 8] = std::fma(x[i], w[i], lane[i % 8]);
+  float s0 = lane[0] + lane[4], s1 = lane[1] + lane[5], s2 = lane[2] + lane[6],
+        s3 = lane[3] + lane[7];
+  float v = (s0 + s2) + (s1 + s3);
+  return has_bias ? v + bias : v;
+}
+
+struct Problem {
+  int64_t m, n, k;
+  std::vector<float> x, w, bias;
+  std::vector<uint16_t> w_bf16;
+  std::vector<float> w_bf16_wide;  // the bf16 weights widened back to fp32
+
+  Problem(int64_t m_, int64_t n_, int64_t k_, uint32_t seed) : m(m_), n(n_), k(k_) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> d;
+    x.resize(m * k);
+    w.resize(n * k);
+    bias.resize(n);
+    for (float& v : x) v = d(gen);
+    for (float& v : w) v = d(gen) * 0.1f;
+    for (float& v : bias) v = d(gen);
+    for (float v : w) {
+      w_bf16.push_back(F32ToBf16(v));
+      w_bf16_wide.push_back(Bf16ToF32(w_bf16.back()));
+    }
+  }
+  WeightMatrix F32() const { return {DType::kF32, w.data(), n, k}; }
+  WeightMatrix BF16() const { return {DType::kBF16, w_bf16.data(), n, k}; }
+};
+
+TEST_CASE("the dot kernel computes exactly the documented fp32 and bf16 sums", "[linear]") {
+  ThreadPool pool(2);
+  // Shapes exercise every register-tile edge, k tails and several k blocks.
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {1, 1, 1}, {1, 5, 13}, {3, 7, 8}, {5, 50, 37}, {9, 97, 600}, {70, 49, 1030}}) {
+    Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n));
+    for (bool bf16 : {false, true}) {
+      const std::vector<float>& wref = bf16 ? p.w_bf16_wide : p.w;
+      std::vector<float> y(m * n, -1.0f);
+      Linear(pool, p.x.data(), m, bf16 ? p.BF16() : p.F32(), p.bias.data(), y.data());
+      int mismatches = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          float want = ReferenceDot(&p.x[i * k], &wref[j * k], k, p.bias[j], true);
+          if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+        }
+      }
+      INFO("m=" << m << " n=" << n << " k=" << k << " bf16=" << bf16);
+      CHECK(mismatches == 0);
+    }
+  }
+}
+
+TEST_CASE("a row's output is bitwise the same in any batch and thread count", "[linear]") {
+  Problem p(37, 130, 300, 7);
+  ThreadPool one(1), two(2);
+  for (bool bf16 : {false, true}) {
+    WeightMatrix w = bf16 ? p.BF16() : p.F32();
+    std::vector<float> all(37 * 130);
+    Linear(two, p.x.data(), 37, w, nullptr, all.data());
+    for (int64_t row : {0, 5, 36}) {
+      std::vector<float> alone(130);
+      Linear(one, &p.x[row * 300], 1, w, nullptr, alone.data());
+      CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("the OpenBLAS kernel agrees with the dot kernel to rounding", "[linear]") {
+  ThreadPool pool(2);
+  Problem p(33, 300, 257, 3);
+  for (bool bf16 : {false, true}) {
+    WeightMatrix w = bf16 ? p.BF16() : p.F32();
+    std::vector<float> a(33 * 300), b(33 * 300);
+    Linear(pool, p.x.data(), 33, w, p.bias.data(), a.data(), LinearKernel::kDot);
+    Linear(pool, p.x.data(), 33, w, p.bias.data(), b.data(), LinearKernel::kOpenBlas);
+    float worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+    INFO("bf16=" << bf16);
+    CHECK(worst < 1e-4f);  // |y| ~ 1.6: a few fp32 ulps of the 257-term sums
+  }
+}
+
+TEST_CASE("bias is optional", "[linear]") {
+  ThreadPool pool(2);
+  Problem p(2, 3, 16, 9);
+  std::vector<float> with(6), without(6);
+  Linear(pool, p.x.data(), 2, p.F32(), p.bias.data(), with.data());
+  Linear(pool, p.x.data(), 2, p.F32(), nullptr, without.data());
+  for (int i = 0; i < 6; ++i) CHECK(with[i] == without[i] + p.bias[i % 3]);
+}
+
+}  // namespace
+}  // namespace mmserve::model::cpu

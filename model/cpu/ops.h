@@ -1,0 +1,36 @@
+// Row-wise and element-wise CPU kernels of the decoder: RMSNorm, SwiGLU's
+// silu(gate) * up, residual add, and embedding-row lookup.
+//
+//   RmsNorm(pool, hidden, num_tokens, hidden_size, norm_weight, eps, normed);
+//   SiluMul(pool, gate, up, num_tokens * intermediate, act);
+//
+// Each row's (or element's) result depends only on that row's inputs, never
+// on the batch around it or the thread that computes it. fp32 throughout.
+// Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
+#ifndef MMSERVE_MODEL_CPU_OPS_H_
+#define MMSERVE_MODEL_CPU_OPS_H_
+
+#include <cstdint>
+
+#include "model/cpu/thread_pool.h"
+#include "model/dtype.h"
+
+namespace mmserve::model::cpu {
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of
+// width n (Qwen2RMSNorm). out may alias x.
+void RmsNorm(ThreadPool& pool, const float* x, int64_t rows, int64_t n, const float* weight,
+             float eps, float* out);
+
+// out[i] = gate[i] * sigmoid(gate[i]) * up[i]. out may alias gate or up.
+void SiluMul(ThreadPool& pool, const float* gate, const float* up, int64_t count, float* out);
+
+// x[i] += y[i].
+void AddInPlace(ThreadPool& pool, float* x, const float* y, int64_t count);
+
+// Widens row `row` of a [rows][n] table of `dtype` (kF32 or kBF16) into out.
+void CopyRowToF32(const void* table, DType dtype, int64_t n, int64_t row, float* out);
+
+}  // namespace mmserve::model::cpu
+
+#endif  // MMSERVE_MODEL_CPU_OPS_H_

@@ -1,0 +1,69 @@
+#include "model/cpu/ops.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+namespace mmserve::model::cpu {
+namespace {
+
+TEST_CASE("RMSNorm scales each row to unit root-mean-square times the weight", "[ops]") {
+  ThreadPool pool(2);
+  const int64_t rows = 5, n = 37;
+  std::vector<float> x(rows * n), w(n), y(rows * n);
+  for (int64_t i = 0; i < rows * n; ++i) x[i] = std::sin(0.37f * i) * (1 + i % 5);
+  for (int64_t j = 0; j < n; ++j) w[j] = 0.5f + 0.01f * j;
+  RmsNorm(pool, x.data(), rows, n, w.data(), 1e-6f, y.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < n; ++j) ss += double(x[r * n + j]) * x[r * n + j];
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (int64_t j = 0; j < n; ++j) {
+      REQUIRE(y[r * n + j] == Approx(w[j] * x[r * n + j] * inv).epsilon(1e-5));
+    }
+  }
+  // In place gives the same bits.
+  RmsNorm(pool, x.data(), rows, n, w.data(), 1e-6f, x.data());
+  CHECK(x == y);
+}
+
+TEST_CASE("RMSNorm's eps keeps an all-zero row finite", "[ops]") {
+  ThreadPool pool(1);
+  std::vector<float> x(8, 0.0f), w(8, 1.0f), y(8, 1.0f);
+  RmsNorm(pool, x.data(), 1, 8, w.data(), 1e-6f, y.data());
+  for (float v : y) CHECK(v == 0.0f);
+}
+
+TEST_CASE("SiluMul is silu(gate) * up", "[ops]") {
+  ThreadPool pool(2);
+  std::vector<float> g = {-20.0f, -1.0f, 0.0f, 0.5f, 3.0f, 40.0f}, u = {1, 2, 3, 4, 5, 6}, out(6);
+  SiluMul(pool, g.data(), u.data(), 6, out.data());
+  for (int i = 0; i < 6; ++i) {
+    double want = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+    CHECK(out[i] == Approx(want).epsilon(1e-6).margin(1e-12));
+  }
+}
+
+TEST_CASE("AddInPlace adds element-wise across chunk boundaries", "[ops]") {
+  ThreadPool pool(2);
+  const int64_t n = 40000;
+  std::vector<float> x(n, 1.0f), y(n);
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(i);
+  AddInPlace(pool, x.data(), y.data(), n);
+  for (int64_t i = 0; i < n; ++i) REQUIRE(x[i] == 1.0f + i);
+}
+
+TEST_CASE("CopyRowToF32 widens bf16 rows exactly and copies fp32 rows", "[ops]") {
+  std::vector<uint16_t> table = {F32ToBf16(1.0f), F32ToBf16(-2.0f), F32ToBf16(0.5f),
+                                 F32ToBf16(3.0f)};
+  float out[2];
+  CopyRowToF32(table.data(), DType::kBF16, 2, 1, out);
+  CHECK(out[0] == 0.5f);
+  CHECK(out[1] == 3.0f);
+  std::vector<float> t32 = {1, 2, 3, 4, 5, 6};
+  CopyRowToF32(t32.data(), DType::kF32, 3, 1, out);
+  CHECK(out[0] == 4.0f);
+}
+
+}  // namespace
+}  // namespace mmserve::model::cpu

@@ -1,0 +1,136 @@
+#include "model/qwen2_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "model/cpu/ops.h"
+#include "model/cpu/paged_attention.h"
+
+namespace mmserve::model {
+
+Qwen2Model::Qwen2Model(const TextConfig& cfg, const Qwen2Weights& weights, cpu::ThreadPool& pool,
+                       Qwen2ModelOptions options)
+    : cfg_(cfg),
+      weights_(weights),
+      pool_(pool),
+      options_(options),
+      rope_(cfg.head_dim(), cfg.rope_theta, cfg.mrope_section),
+      hidden_(cfg.hidden_size),
+      heads_(cfg.num_attention_heads),
+      kv_heads_(cfg.num_key_value_heads),
+      head_dim_(cfg.head_dim()),
+      inter_(cfg.intermediate_size) {
+  CHECK_EQ(static_cast<int64_t>(weights.layers().size()), cfg.num_hidden_layers);
+}
+
+KvCacheShape Qwen2Model::KvShape(int64_t num_blocks, int64_t block_size) const {
+  return {cfg_.num_hidden_layers, num_blocks, block_size, kv_heads_, head_dim_};
+}
+
+void Qwen2Model::Linear(const float* x, int64_t m, const cpu::WeightMatrix& w, const float* bias,
+                        float* y) {
+  cpu::Linear(pool_, x, m, w, bias, y, options_.linear_kernel);
+}
+
+absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
+                                 std::vector<float>* logits) {
+  const KvCacheShape& ks = kv.shape();
+  const KvCacheShape want = KvShape(ks.num_blocks, ks.block_size);
+  if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
+      ks.head_dim != want.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache has ", ks.num_layers, " layers x ", ks.num_kv_heads,
+                     " kv heads x head_dim ", ks.head_dim, "; the model needs ", want.num_layers,
+                     " x ", want.num_kv_heads, " x ", want.head_dim));
+  }
+  RETURN_IF_ERROR(ValidateForwardBatch(batch, {cfg_.vocab_size, ks.block_size, ks.num_blocks}));
+  const int64_t t = batch.num_tokens();
+  h_.resize(t * hidden_);
+  x_.resize(t * hidden_);
+  Embed(batch);
+  rope_.ComputeAngles(batch.positions.data(), t, &angles_);
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) Layer(l, batch, kv);
+
+  // Final norm and lm_head only for the requested rows.
+  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+  x_.resize(std::max(t, rows) * hidden_);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(&x_[i * hidden_], &h_[batch.logits_rows[i] * hidden_], hidden_ * sizeof(float));
+  }
+  cpu::RmsNorm(pool_, x_.data(), rows, hidden_, weights_.final_norm(),
+               static_cast<float>(cfg_.rms_norm_eps), x_.data());
+  logits->resize(rows * static_cast<int64_t>(cfg_.vocab_size));
+  Linear(x_.data(), rows, weights_.lm_head(), nullptr, logits->data());
+  return absl::OkStatus();
+}
+
+void Qwen2Model::Embed(const ForwardBatch& batch) {
+  const cpu::WeightMatrix& e = weights_.embed();
+  for (int64_t r = 0; r < batch.num_tokens(); ++r) {
+    cpu::CopyRowToF32(e.data, e.dtype, hidden_, batch.token_ids[r], &h_[r * hidden_]);
+  }
+  for (const EmbeddingOverride& o : batch.embedding_overrides) {
+    std::memcpy(&h_[o.row * hidden_], o.values, hidden_ * sizeof(float));
+  }
+}
+
+void Qwen2Model::Layer(int layer, const ForwardBatch& batch, KvCache& kv) {
+  const Qwen2LayerWeights& w = weights_.layers()[layer];
+  const int64_t t = batch.num_tokens();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  cpu::RmsNorm(pool_, h_.data(), t, hidden_, w.input_norm, eps, x_.data());
+  Attention(layer, batch, kv);
+  o_.resize(t * hidden_);
+  Linear(attn_.data(), t, w.o, nullptr, o_.data());
+  cpu::AddInPlace(pool_, h_.data(), o_.data(), t * hidden_);
+  cpu::RmsNorm(pool_, h_.data(), t, hidden_, w.post_norm, eps, x_.data());
+  Mlp(layer, t);
+}
+
+void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
+  const Qwen2LayerWeights& w = weights_.layers()[layer];
+  const int64_t t = batch.num_tokens();
+  const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
+  q_.resize(t * q_width);
+  k_.resize(t * kv_width);
+  v_.resize(t * kv_width);
+  attn_.resize(t * q_width);
+  Linear(x_.data(), t, w.q, w.q_bias, q_.data());
+  Linear(x_.data(), t, w.k, w.k_bias, k_.data());
+  Linear(x_.data(), t, w.v, w.v_bias, v_.data());
+  rope_.Apply(angles_, q_.data(), t, heads_);
+  rope_.Apply(angles_, k_.data(), t, kv_heads_);
+  float* key = kv.Key(layer);
+  float* value = kv.Value(layer);
+  for (int64_t r = 0; r < t; ++r) {
+    const int64_t slot = batch.slot_mapping[r];
+    std::memcpy(key + slot * kv_width, &k_[r * kv_width], kv_width * sizeof(float));
+    std::memcpy(value + slot * kv_width, &v_[r * kv_width], kv_width * sizeof(float));
+  }
+  std::vector<cpu::AttentionSequence> seqs;
+  seqs.reserve(batch.sequences.size());
+  for (const SequenceChunk& s : batch.sequences) {
+    seqs.push_back({s.query_start, s.query_len, s.context_len, s.block_table.data()});
+  }
+  const cpu::PagedKvLayer layer_kv{key, value, kv.shape().block_size, kv_heads_, head_dim_};
+  cpu::PagedAttention(pool_, q_.data(), heads_, layer_kv, seqs,
+                      static_cast<float>(std::pow(static_cast<double>(head_dim_), -0.5)),
+                      attn_.data());
+}
+
+void Qwen2Model::Mlp(int layer, int64_t num_tokens) {
+  const Qwen2LayerWeights& w = weights_.layers()[layer];
+  gate_.resize(num_tokens * inter_);
+  up_.resize(num_tokens * inter_);
+  Linear(x_.data(), num_tokens, w.gate, nullptr, gate_.data());
+  Linear(x_.data(), num_tokens, w.up, nullptr, up_.data());
+  cpu::SiluMul(pool_, gate_.data(), up_.data(), num_tokens * inter_, gate_.data());
+  o_.resize(num_tokens * hidden_);
+  Linear(gate_.data(), num_tokens, w.down, nullptr, o_.data());
+  cpu::AddInPlace(pool_, h_.data(), o_.data(), num_tokens * hidden_);
+}
+
+}  // namespace mmserve::model

@@ -1,0 +1,78 @@
+// The Qwen2 decoder on the CPU (the language model of Qwen2-VL): embedding,
+// per layer RMSNorm -> q/k/v projections (with bias) -> M-RoPE -> paged
+// grouped-query attention -> o_proj -> residual -> RMSNorm -> SwiGLU MLP ->
+// residual, then the final norm and lm_head on the rows that want logits.
+//
+//   cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
+//   Qwen2Model model(cfg.text, *weights, pool);
+//   ASSIGN_OR_RETURN(auto kv, KvCache::Create(model.KvShape(num_blocks, 16)));
+//   std::vector<float> logits;  // [batch.logits_rows.size()][vocab]
+//   RETURN_IF_ERROR(model.Forward(batch, *kv, &logits));
+//
+// One Forward is one scheduler step (see forward_batch.h): it writes each
+// row's K/V into its slot, then attends over the cache. Rows are computed
+// independently with fixed-order kernels, so a row's logits are bitwise the
+// same whatever else is in the batch (with LinearKernel::kDot).
+// Activations are fp32; weights are used as stored (F32 or BF16).
+// Thread-safety: not thread-safe; one caller drives Forward (it uses the
+// pool and member scratch buffers). The weights must outlive the model.
+#ifndef MMSERVE_MODEL_QWEN2_MODEL_H_
+#define MMSERVE_MODEL_QWEN2_MODEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "model/cpu/linear.h"
+#include "model/cpu/thread_pool.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/qwen2_weights.h"
+#include "model/rope.h"
+
+namespace mmserve::model {
+
+struct Qwen2ModelOptions {
+  cpu::LinearKernel linear_kernel = cpu::LinearKernel::kDot;
+};
+
+class Qwen2Model {
+ public:
+  Qwen2Model(const TextConfig& cfg, const Qwen2Weights& weights, cpu::ThreadPool& pool,
+             Qwen2ModelOptions options = {});
+  Qwen2Model(const Qwen2Model&) = delete;
+  Qwen2Model& operator=(const Qwen2Model&) = delete;
+
+  const TextConfig& config() const { return cfg_; }
+
+  // The cache shape this model needs for num_blocks blocks of block_size.
+  KvCacheShape KvShape(int64_t num_blocks, int64_t block_size) const;
+
+  // Runs one step. InvalidArgument if the batch fails ValidateForwardBatch
+  // or the cache does not have this model's shape; nothing is written then.
+  // On success *logits holds logits_rows.size() rows of vocab_size floats.
+  [[nodiscard]] absl::Status Forward(const ForwardBatch& batch, KvCache& kv,
+                                     std::vector<float>* logits);
+
+ private:
+  void Embed(const ForwardBatch& batch);
+  void Layer(int layer, const ForwardBatch& batch, KvCache& kv);
+  void Attention(int layer, const ForwardBatch& batch, KvCache& kv);
+  void Mlp(int layer, int64_t num_tokens);
+  void Linear(const float* x, int64_t m, const cpu::WeightMatrix& w, const float* bias, float* y);
+
+  TextConfig cfg_;
+  const Qwen2Weights& weights_;
+  cpu::ThreadPool& pool_;
+  Qwen2ModelOptions options_;
+  MRope rope_;
+  int64_t hidden_, heads_, kv_heads_, head_dim_, inter_;
+  // Scratch, resized per step: [T][...] rows.
+  std::vector<float> h_, x_, q_, k_, v_, attn_, o_, gate_, up_;
+  RopeAngles angles_;
+};
+
+}  // namespace mmserve::model
+
+#endif  // MMSERVE_MODEL_QWEN2_MODEL_H_

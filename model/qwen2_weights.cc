@@ -1,0 +1,194 @@
+#include "model/qwen2_weights.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace mmserve::model {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Looks tensors up by name and checks them against expected shapes.
+class TensorBinder {
+ public:
+  TensorBinder(const SafetensorsCheckpoint& ckpt,
+               std::vector<std::unique_ptr<std::vector<float>>>* owned)
+      : ckpt_(ckpt), owned_(owned) {}
+
+  absl::StatusOr<const TensorView*> Find(const std::string& name,
+                                         const std::vector<int64_t>& shape) const {
+    const TensorView* t = ckpt_.Find(name);
+    if (t == nullptr) {
+      return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", name,
+                                              "' (expected shape ", ShapeString(shape), ")"));
+    }
+    if (t->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ",
+                                                     ShapeString(t->shape), ", expected ",
+                                                     ShapeString(shape)));
+    }
+    if (t->dtype != DType::kF32 && t->dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "' has dtype ", DTypeName(t->dtype), ", expected F32 or BF16"));
+    }
+    return t;
+  }
+
+  absl::StatusOr<cpu::WeightMatrix> Matrix(const std::string& name, int64_t rows,
+                                           int64_t cols) const {
+    ASSIGN_OR_RETURN(const TensorView* t, Find(name, {rows, cols}));
+    return cpu::WeightMatrix{t->dtype, t->data, rows, cols};
+  }
+
+  // A 1-D tensor widened to an owned fp32 copy.
+  absl::StatusOr<const float*> Vector(const std::string& name, int64_t n) {
+    ASSIGN_OR_RETURN(const TensorView* t, Find(name, {n}));
+    auto v = std::make_unique<std::vector<float>>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      (*v)[i] = t->dtype == DType::kF32 ? reinterpret_cast<const float*>(t->data)[i]
+                                        : Bf16ToF32(reinterpret_cast<const uint16_t*>(t->data)[i]);
+    }
+    owned_->push_back(std::move(v));
+    return owned_->back()->data();
+  }
+
+ private:
+  const SafetensorsCheckpoint& ckpt_;
+  std::vector<std::unique_ptr<std::vector<float>>>* owned_;
+};
+
+absl::Status CheckDims(const TextConfig& cfg) {
+  if (cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0 || cfg.num_key_value_heads <= 0 ||
+      cfg.num_hidden_layers <= 0 || cfg.intermediate_size <= 0 || cfg.vocab_size <= 0 ||
+      cfg.hidden_size % cfg.num_attention_heads != 0 ||
+      cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text config dimensions are inconsistent: hidden ", cfg.hidden_size,
+                     ", heads ", cfg.num_attention_heads, ", kv heads ", cfg.num_key_value_heads,
+                     ", layers ", cfg.num_hidden_layers, ", intermediate ", cfg.intermediate_size,
+                     ", vocab ", cfg.vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(const SafetensorsCheckpoint& ckpt,
+                                                                 const TextConfig& cfg) {
+  RETURN_IF_ERROR(CheckDims(cfg));
+  std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
+  TensorBinder bind(ckpt, &w->owned_f32_);
+  const std::string prefix = ckpt.Find("model.language_model.embed_tokens.weight") != nullptr
+                                 ? "model.language_model."
+                                 : "model.";
+  const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+  const int64_t q_out = static_cast<int64_t>(cfg.num_attention_heads) * cfg.head_dim();
+  const int64_t kv_out = static_cast<int64_t>(cfg.num_key_value_heads) * cfg.head_dim();
+  ASSIGN_OR_RETURN(w->embed_, bind.Matrix(prefix + "embed_tokens.weight", cfg.vocab_size, hidden));
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat(prefix, "layers.", l, ".");
+    Qwen2LayerWeights lw;
+    ASSIGN_OR_RETURN(lw.input_norm, bind.Vector(p + "input_layernorm.weight", hidden));
+    ASSIGN_OR_RETURN(lw.q, bind.Matrix(p + "self_attn.q_proj.weight", q_out, hidden));
+    ASSIGN_OR_RETURN(lw.k, bind.Matrix(p + "self_attn.k_proj.weight", kv_out, hidden));
+    ASSIGN_OR_RETURN(lw.v, bind.Matrix(p + "self_attn.v_proj.weight", kv_out, hidden));
+    ASSIGN_OR_RETURN(lw.q_bias, bind.Vector(p + "self_attn.q_proj.bias", q_out));
+    ASSIGN_OR_RETURN(lw.k_bias, bind.Vector(p + "self_attn.k_proj.bias", kv_out));
+    ASSIGN_OR_RETURN(lw.v_bias, bind.Vector(p + "self_attn.v_proj.bias", kv_out));
+    ASSIGN_OR_RETURN(lw.o, bind.Matrix(p + "self_attn.o_proj.weight", hidden, q_out));
+    ASSIGN_OR_RETURN(lw.post_norm, bind.Vector(p + "post_attention_layernorm.weight", hidden));
+    ASSIGN_OR_RETURN(lw.gate, bind.Matrix(p + "mlp.gate_proj.weight", inter, hidden));
+    ASSIGN_OR_RETURN(lw.up, bind.Matrix(p + "mlp.up_proj.weight", inter, hidden));
+    ASSIGN_OR_RETURN(lw.down, bind.Matrix(p + "mlp.down_proj.weight", hidden, inter));
+    w->layers_.push_back(lw);
+  }
+  ASSIGN_OR_RETURN(w->final_norm_, bind.Vector(prefix + "norm.weight", hidden));
+  w->tied_ = cfg.tie_word_embeddings;
+  if (w->tied_) {
+    w->lm_head_ = w->embed_;
+  } else {
+    ASSIGN_OR_RETURN(w->lm_head_, bind.Matrix("lm_head.weight", cfg.vocab_size, hidden));
+  }
+  return w;
+}
+
+std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType dtype,
+                                                   uint64_t seed) {
+  CHECK_OK(CheckDims(cfg));
+  CHECK(dtype == DType::kF32 || dtype == DType::kBF16) << DTypeName(dtype);
+  std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  // Uniform on [-a, a] with a = 0.02 * sqrt(3): standard deviation 0.02.
+  auto next = [&state]() {
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    const uint32_t bits = static_cast<uint32_t>((state * 0x2545F4914F6CDD1Dull) >> 40);
+    return (static_cast<float>(bits) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * 0.034641f;
+  };
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    const size_t n = static_cast<size_t>(rows * cols);
+    if (dtype == DType::kF32) {
+      auto v = std::make_unique<std::vector<float>>(n);
+      for (float& x : *v) x = next();
+      w->owned_f32_.push_back(std::move(v));
+      return cpu::WeightMatrix{dtype, w->owned_f32_.back()->data(), rows, cols};
+    }
+    auto v = std::make_unique<std::vector<uint16_t>>(n);
+    for (uint16_t& x : *v) x = F32ToBf16(next());
+    w->owned_bf16_.push_back(std::move(v));
+    return cpu::WeightMatrix{dtype, w->owned_bf16_.back()->data(), rows, cols};
+  };
+  auto vector = [&](int64_t n, bool ones) {
+    auto v = std::make_unique<std::vector<float>>(n);
+    for (float& x : *v) x = ones ? 1.0f : next();
+    w->owned_f32_.push_back(std::move(v));
+    return static_cast<const float*>(w->owned_f32_.back()->data());
+  };
+  const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+  const int64_t q_out = static_cast<int64_t>(cfg.num_attention_heads) * cfg.head_dim();
+  const int64_t kv_out = static_cast<int64_t>(cfg.num_key_value_heads) * cfg.head_dim();
+  w->embed_ = matrix(cfg.vocab_size, hidden);
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    Qwen2LayerWeights lw;
+    lw.input_norm = vector(hidden, true);
+    lw.q = matrix(q_out, hidden);
+    lw.k = matrix(kv_out, hidden);
+    lw.v = matrix(kv_out, hidden);
+    lw.q_bias = vector(q_out, false);
+    lw.k_bias = vector(kv_out, false);
+    lw.v_bias = vector(kv_out, false);
+    lw.o = matrix(hidden, q_out);
+    lw.post_norm = vector(hidden, true);
+    lw.gate = matrix(inter, hidden);
+    lw.up = matrix(inter, hidden);
+    lw.down = matrix(hidden, inter);
+    w->layers_.push_back(lw);
+  }
+  w->final_norm_ = vector(hidden, true);
+  w->tied_ = cfg.tie_word_embeddings;
+  w->lm_head_ = w->tied_ ? w->embed_ : matrix(cfg.vocab_size, hidden);
+  return w;
+}
+
+size_t Qwen2Weights::StepWeightBytes() const {
+  size_t total = lm_head_.bytes();
+  for (const Qwen2LayerWeights& l : layers_) {
+    total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() +
+             l.down.bytes();
+  }
+  return total;
+}
+
+size_t Qwen2Weights::TotalWeightBytes() const {
+  return StepWeightBytes() + (tied_ ? 0 : embed_.bytes());
+}
+
+}  // namespace mmserve::model

@@ -1,0 +1,87 @@
+// The Qwen2 decoder's weights (the language half of Qwen2-VL), bound to
+// tensors of a mapped checkpoint or generated at random for benchmarks.
+//
+//   ASSIGN_OR_RETURN(auto ckpt, SafetensorsCheckpoint::Open(dir));
+//   ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+//   ASSIGN_OR_RETURN(auto weights, Qwen2Weights::Load(*ckpt, cfg.text));
+//   // `ckpt` must outlive `weights`: matrices point into its mapping.
+//
+// Names: transformers >= 4.52 saves Qwen2-VL's language model under
+// "model.language_model." (vision under "model.visual."); older versions and
+// plain Qwen2 use "model." (vision under "visual."). Both are accepted; the
+// prefix is chosen by where model.*embed_tokens.weight is found. lm_head is
+// "lm_head.weight", or the embedding table when tie_word_embeddings.
+//
+// F32 and BF16 matrices are used in place from the mapping (no copy); the
+// compute dtype of each matrix is its stored dtype, accumulated in fp32.
+// Norm weights and biases (a few KiB) are widened to fp32 copies. A missing
+// tensor is NotFound and a wrong shape or dtype InvalidArgument, naming the
+// tensor and expected vs actual.
+// Thread-safety: immutable after construction.
+#ifndef MMSERVE_MODEL_QWEN2_WEIGHTS_H_
+#define MMSERVE_MODEL_QWEN2_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/cpu/linear.h"
+#include "model/dtype.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+
+namespace mmserve::model {
+
+struct Qwen2LayerWeights {
+  const float* input_norm = nullptr;  // [hidden]
+  cpu::WeightMatrix q, k, v,
+      o;  // q: [heads * head_dim][hidden], k/v: [kv_heads * head_dim][hidden]
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* post_norm = nullptr;  // [hidden]
+  cpu::WeightMatrix gate, up,
+      down;  // gate/up: [intermediate][hidden], down: [hidden][intermediate]
+};
+
+class Qwen2Weights {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Qwen2Weights>> Load(
+      const SafetensorsCheckpoint& ckpt, const TextConfig& cfg);
+
+  // N(0, 0.02)-like uniform values in `dtype` (kF32 or kBF16), norms 1, for
+  // benchmarks at a model's dimensions without its checkpoint.
+  static std::unique_ptr<Qwen2Weights> Random(const TextConfig& cfg, DType dtype, uint64_t seed);
+
+  Qwen2Weights(const Qwen2Weights&) = delete;
+  Qwen2Weights& operator=(const Qwen2Weights&) = delete;
+
+  const cpu::WeightMatrix& embed() const { return embed_; }  // [vocab][hidden]
+  const std::vector<Qwen2LayerWeights>& layers() const { return layers_; }
+  const float* final_norm() const { return final_norm_; }
+  const cpu::WeightMatrix& lm_head() const { return lm_head_; }  // [vocab][hidden]
+
+  // Bytes of the matrices one decode step reads: every layer's projections
+  // plus lm_head (the embedding table is only gathered from).
+  size_t StepWeightBytes() const;
+  // Bytes of all distinct matrices (embed and lm_head once when tied).
+  size_t TotalWeightBytes() const;
+
+ private:
+  Qwen2Weights() = default;
+
+  cpu::WeightMatrix embed_;
+  std::vector<Qwen2LayerWeights> layers_;
+  const float* final_norm_ = nullptr;
+  cpu::WeightMatrix lm_head_;
+  bool tied_ = false;
+  // fp32 copies of norms and biases, and for Random() the matrices too.
+  std::vector<std::unique_ptr<std::vector<float>>> owned_f32_;
+  std::vector<std::unique_ptr<std::vector<uint16_t>>> owned_bf16_;
+};
+
+}  // namespace mmserve::model
+
+#endif  // MMSERVE_MODEL_QWEN2_WEIGHTS_H_

@@ -1,0 +1,204 @@
+#include "model/qwen2_weights.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "model/model_config.h"
+#include "model/safetensors.h"
+
+namespace mmserve::model {
+namespace {
+
+const std::string kTied = "model/testdata/models/qwen2vl-tiny-mha-tied";
+const std::string kBf16 = "model/testdata/models/qwen2vl-tiny-mqa-bf16";
+const std::string kUntied = "model/testdata/models/qwen2vl-tiny-gqa2-untied-sharded";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A copy of a one-file model directory whose safetensors header went through
+// `edit` (the data section is kept; offsets are left as they were).
+std::string EditedModel(const std::string& src, const std::function<void(nlohmann::json&)>& edit,
+                        size_t truncate_by = 0) {
+  static int counter = 0;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/w" + std::to_string(::getpid()) +
+                          "_" + std::to_string(counter++);
+  REQUIRE(std::system(("mkdir -p " + dir).c_str()) == 0);
+  WriteFile(dir + "/config.json", ReadFile(src + "/config.json"));
+  std::string st = ReadFile(src + "/model.safetensors");
+  uint64_t len;
+  std::memcpy(&len, st.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(st.substr(8, len));
+  edit(header);
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  uint64_t new_len = h.size();
+  std::string out(reinterpret_cast<const char*>(&new_len), 8);
+  out += h + st.substr(8 + len);
+  out.resize(out.size() - truncate_by);
+  WriteFile(dir + "/model.safetensors", out);
+  return dir;
+}
+
+absl::Status LoadStatus(const std::string& dir) {
+  auto cfg = LoadModelConfig(dir);
+  REQUIRE(cfg.ok());
+  auto ckpt = SafetensorsCheckpoint::Open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  return Qwen2Weights::Load(**ckpt, cfg->text).status();
+}
+
+bool Contains(const absl::Status& s, const std::string& text) {
+  return s.ToString().find(text) != std::string::npos;
+}
+
+TEST_CASE("fp32 and bf16 checkpoints load with matrices pointing into the mapping", "[weights]") {
+  for (const std::string& dir : {kTied, kBf16, kUntied}) {
+    auto cfg = LoadModelConfig(dir);
+    REQUIRE(cfg.ok());
+    auto ckpt = SafetensorsCheckpoint::Open(dir);
+    REQUIRE(ckpt.ok());
+    auto w = Qwen2Weights::Load(**ckpt, cfg->text);
+    INFO(dir << ": " << w.status());
+    REQUIRE(w.ok());
+    const std::string prefix = "model.layers.1.";
+    const TensorView* down = (*ckpt)->Find(prefix + "mlp.down_proj.weight");
+    REQUIRE(down != nullptr);
+    // No copy: the matrix is the mapped tensor.
+    CHECK((*w)->layers()[1].down.data == down->data);
+    CHECK((*w)->layers()[1].down.dtype == down->dtype);
+    CHECK((*w)->layers().size() == static_cast<size_t>(cfg->text.num_hidden_layers));
+    if (cfg->text.tie_word_embeddings) {
+      CHECK((*w)->lm_head().data == (*w)->embed().data);
+    } else {
+      CHECK((*w)->lm_head().data == (*ckpt)->Find("lm_head.weight")->data);
+    }
+    CHECK((*w)->TotalWeightBytes() <= (*ckpt)->TotalBytes());
+  }
+}
+
+TEST_CASE("the transformers >= 4.52 layout model.language_model.* loads too", "[weights]") {
+  std::string dir = EditedModel(kTied, [](nlohmann::json& h) {
+    nlohmann::json renamed;
+    for (auto& [name, v] : h.items()) {
+      std::string n = name;
+      if (n.rfind("model.", 0) == 0) n = "model.language_model." + n.substr(6);
+      if (n.rfind("visual.", 0) == 0) n = "model." + n;
+      renamed[n] = v;
+    }
+    h = renamed;
+  });
+  CHECK(LoadStatus(dir).ok());
+}
+
+TEST_CASE("a missing tensor is NotFound naming it and its expected shape", "[weights]") {
+  std::string dir = EditedModel(kTied, [](nlohmann::json& h) {
+    // Keep the data contiguous: turn the tensor into an unused name.
+    h["renamed.k_proj"] = h["model.layers.1.self_attn.k_proj.weight"];
+    h.erase("model.layers.1.self_attn.k_proj.weight");
+  });
+  absl::Status s = LoadStatus(dir);
+  CHECK(s.code() == absl::StatusCode::kNotFound);
+  CHECK(Contains(s, "model.layers.1.self_attn.k_proj.weight"));
+  CHECK(Contains(s, "[64, 64]"));
+}
+
+TEST_CASE("an untied model without lm_head.weight is NotFound", "[weights]") {
+  auto cfg = LoadModelConfig(kTied);
+  REQUIRE(cfg.ok());
+  cfg->text.tie_word_embeddings = false;
+  auto ckpt = SafetensorsCheckpoint::Open(kTied);
+  REQUIRE(ckpt.ok());
+  absl::Status s = Qwen2Weights::Load(**ckpt, cfg->text).status();
+  CHECK(s.code() == absl::StatusCode::kNotFound);
+  CHECK(Contains(s, "lm_head.weight"));
+}
+
+TEST_CASE("a wrong shape is InvalidArgument with expected vs actual", "[weights]") {
+  std::string dir = EditedModel(kTied, [](nlohmann::json& h) {
+    h["model.layers.0.mlp.up_proj.weight"]["shape"] = {64, 128};  // transposed
+  });
+  absl::Status s = LoadStatus(dir);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(s, "model.layers.0.mlp.up_proj.weight"));
+  CHECK(Contains(s, "has shape [64, 128], expected [128, 64]"));
+}
+
+TEST_CASE("a config that disagrees with the checkpoint names the first mismatching tensor",
+          "[weights]") {
+  auto cfg = LoadModelConfig(kTied);
+  REQUIRE(cfg.ok());
+  cfg->text.intermediate_size = 96;
+  auto ckpt = SafetensorsCheckpoint::Open(kTied);
+  REQUIRE(ckpt.ok());
+  absl::Status s = Qwen2Weights::Load(**ckpt, cfg->text).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(s, "model.layers.0.mlp.gate_proj.weight"));
+  CHECK(Contains(s, "expected [96, 64]"));
+}
+
+TEST_CASE("a dtype the model cannot compute in is InvalidArgument", "[weights]") {
+  // F16 has BF16's size, so the file stays valid; the loader refuses it.
+  std::string dir = EditedModel(kBf16, [](nlohmann::json& h) {
+    h["model.layers.0.self_attn.o_proj.weight"]["dtype"] = "F16";
+  });
+  absl::Status s = LoadStatus(dir);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(s, "model.layers.0.self_attn.o_proj.weight"));
+  CHECK(Contains(s, "dtype F16"));
+}
+
+TEST_CASE("an unknown dtype string and a truncated file fail when the checkpoint opens",
+          "[weights]") {
+  std::string unknown =
+      EditedModel(kBf16, [](nlohmann::json& h) { h["model.norm.weight"]["dtype"] = "F8_E4M3"; });
+  absl::Status s = LoadStatus(unknown);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(s, "model.norm.weight"));
+  std::string truncated = EditedModel(
+      kTied, [](nlohmann::json&) {}, /*truncate_by=*/100);
+  s = LoadStatus(truncated);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(s, "model.safetensors"));
+}
+
+TEST_CASE("random weights have the configured shapes and dtype", "[weights]") {
+  TextConfig cfg;
+  cfg.vocab_size = 100;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 48;
+  cfg.num_hidden_layers = 3;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 2;
+  cfg.tie_word_embeddings = true;
+  auto w = Qwen2Weights::Random(cfg, DType::kBF16, 1);
+  REQUIRE(w->layers().size() == 3);
+  CHECK(w->layers()[2].k.rows == 16);
+  CHECK(w->layers()[2].k.dtype == DType::kBF16);
+  CHECK(w->layers()[0].down.cols == 48);
+  CHECK(w->lm_head().data == w->embed().data);
+  // 3 layers x (q 32x32 + k,v 16x32 + o 32x32 + 3 x 48x32) + lm_head 100x32, 2 bytes each.
+  CHECK(w->StepWeightBytes() == size_t{2} * (3 * (1024 + 512 + 512 + 1024 + 3 * 1536) + 3200));
+}
+
+}  // namespace
+}  // namespace mmserve::model

@@ -1,0 +1,63 @@
+#include "model/rope.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "common/logging.h"
+
+namespace mmserve::model {
+
+MRope::MRope(int head_dim, double theta, std::vector<int> mrope_section) : head_dim_(head_dim) {
+  CHECK(head_dim > 0 && head_dim % 2 == 0) << "head_dim " << head_dim;
+  const int half = head_dim / 2;
+  if (!mrope_section.empty()) {
+    CHECK_EQ(std::accumulate(mrope_section.begin(), mrope_section.end(), 0), half);
+    CHECK_LE(mrope_section.size(), 3u);
+  }
+  inv_freq_.resize(half);
+  component_.assign(half, 0);
+  const float base = static_cast<float>(theta);
+  for (int j = 0; j < half; ++j) {
+    // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in fp32.
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(head_dim);
+    inv_freq_[j] = 1.0f / std::pow(base, exponent);
+  }
+  int j = 0;
+  for (size_t c = 0; c < mrope_section.size(); ++c) {
+    for (int i = 0; i < mrope_section[c]; ++i) component_[j++] = static_cast<int>(c);
+  }
+}
+
+void MRope::ComputeAngles(const int64_t* positions, int64_t num_tokens, RopeAngles* out) const {
+  const int half = head_dim_ / 2;
+  out->cos.resize(num_tokens * half);
+  out->sin.resize(num_tokens * half);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int j = 0; j < half; ++j) {
+      const float pos = static_cast<float>(positions[component_[j] * num_tokens + t]);
+      const float angle = pos * inv_freq_[j];
+      out->cos[t * half + j] = std::cos(angle);
+      out->sin[t * half + j] = std::sin(angle);
+    }
+  }
+}
+
+void MRope::Apply(const RopeAngles& angles, float* x, int64_t num_tokens, int64_t num_heads) const {
+  const int half = head_dim_ / 2;
+  CHECK_GE(static_cast<int64_t>(angles.cos.size()), num_tokens * half);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* c = angles.cos.data() + t * half;
+    const float* s = angles.sin.data() + t * half;
+    float* row = x + t * num_heads * head_dim_;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      float* v = row + h * head_dim_;
+      for (int j = 0; j < half; ++j) {
+        const float a = v[j], b = v[j + half];
+        v[j] = a * c[j] - b * s[j];
+        v[j + half] = b * c[j] + a * s[j];
+      }
+    }
+  }
+}
+
+}  // namespace mmserve::model
