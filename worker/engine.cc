@@ -1,0 +1,327 @@
+#include "worker/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "model/image_preprocess.h"
+#include "model/mrope_positions.h"
+
+namespace mmserve::worker {
+namespace {
+
+constexpr int kMaxModelLenCap = 8192;
+
+// A /proc value in kB ("VmRSS:" in /proc/self/status, "MemAvailable:" in
+// /proc/meminfo), in bytes; 0 when unreadable.
+int64_t ProcBytes(const char* file, const char* key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// A request's state outside the scheduler.
+struct LlmEngine::Live {
+  std::string id;
+  scheduler::RequestId sched_id;
+  StreamCallback callback;
+  model::SamplerState sampler{0};
+  RunnerRequestState runner;
+  model::MropePositions positions;
+  std::vector<std::vector<float>> image_embeddings;
+  std::unique_ptr<model::TextStreamer> streamer;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+LlmEngine::~LlmEngine() = default;
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineOptions& options) {
+  std::unique_ptr<LlmEngine> e(new LlmEngine());
+  RETURN_IF_ERROR(e->Load(options));
+  RETURN_IF_ERROR(e->SizeKvCache(options));
+  return e;
+}
+
+absl::Status LlmEngine::Load(const EngineOptions& options) {
+  ASSIGN_OR_RETURN(config_, model::LoadModelConfig(options.model_dir));
+  ASSIGN_OR_RETURN(tokenizer_, model::Tokenizer::FromFile(options.model_dir + "/tokenizer.json"));
+  if (tokenizer_->vocab_size() > config_.text.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", tokenizer_->vocab_size(),
+                                                   " tokens, the model's vocab_size is ",
+                                                   config_.text.vocab_size));
+  }
+  ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
+  ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text));
+  sizing_.weights_bytes = weights_->TotalWeightBytes();
+  if (config_.vision) {
+    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_));
+    sizing_.vision_bytes = checkpoint_->TotalBytes() - sizing_.weights_bytes;
+  }
+  pool_ = std::make_unique<model::cpu::ThreadPool>(
+      options.num_threads > 0 ? options.num_threads : model::cpu::ThreadPool::DefaultThreads());
+  model_ = std::make_unique<model::Qwen2Model>(config_.text, *weights_, *pool_);
+  for (int id : config_.tokens.eos) eos_ids_.push_back(id);
+  for (int id : config_.generation.eos_token_ids) {
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
+  }
+  image_pad_id_ = config_.tokens.image_pad >= 0 ? config_.tokens.image_pad
+                                                : tokenizer_->TokenToId("<|image_pad|>");
+  sizing_.max_model_len =
+      options.max_model_len > 0
+          ? options.max_model_len
+          : std::min(config_.text.max_position_embeddings > 0 ? config_.text.max_position_embeddings
+                                                              : kMaxModelLenCap,
+                     kMaxModelLenCap);
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
+  const int bs = options.block_size;
+  const int warm_tokens = options.max_num_batched_tokens;
+  const int warm_blocks = (warm_tokens + bs - 1) / bs;
+  // Warm-up: the largest step the scheduler can produce, so every scratch
+  // buffer reaches its peak before the KV budget is measured.
+  {
+    ASSIGN_OR_RETURN(auto warm_kv, model::KvCache::Create(model_->KvShape(warm_blocks, bs)));
+    model::ForwardBatch b;
+    model::SequenceChunk chunk;
+    chunk.query_len = chunk.context_len = warm_tokens;
+    for (int i = 0; i < warm_blocks; ++i) chunk.block_table.push_back(i);
+    b.sequences.push_back(chunk);
+    for (int t = 0; t < warm_tokens; ++t) {
+      b.token_ids.push_back(0);
+      b.slot_mapping.push_back(t);
+    }
+    for (int c = 0; c < 3; ++c) {
+      for (int t = 0; t < warm_tokens; ++t) b.positions.push_back(t);
+    }
+    b.logits_rows.push_back(warm_tokens - 1);
+    const int64_t rss_before = ProcBytes("/proc/self/status", "VmRSS:");
+    std::vector<float> logits;
+    RETURN_IF_ERROR(model_->Forward(b, *warm_kv, &logits));
+    sizing_.warmup_rss_growth_bytes = ProcBytes("/proc/self/status", "VmRSS:") - rss_before;
+  }
+  const size_t block_bytes = model_->KvShape(1, bs).TotalBytes();
+  size_t budget = static_cast<size_t>(options.kv_cache_bytes);
+  if (budget == 0) {
+    budget = static_cast<size_t>(ProcBytes("/proc/meminfo", "MemAvailable:") *
+                                 options.kv_memory_fraction);
+  }
+  const int num_blocks = static_cast<int>(std::min<size_t>(budget / block_bytes, INT32_MAX));
+  if (num_blocks < 2) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV budget of ", budget, " bytes holds fewer than 2 blocks of ", block_bytes, " bytes"));
+  }
+  if (static_cast<int64_t>(num_blocks) * bs < sizing_.max_model_len) {
+    LOG(WARNING) << "KV cache holds " << num_blocks * bs << " tokens; max_model_len lowered from "
+                 << sizing_.max_model_len;
+    sizing_.max_model_len = num_blocks * bs;
+  }
+  ASSIGN_OR_RETURN(kv_, model::KvCache::Create(model_->KvShape(num_blocks, bs)));
+  sizing_.num_kv_blocks = num_blocks;
+  sizing_.kv_bytes = kv_->shape().TotalBytes();
+
+  scheduler::SchedulerConfig sc;
+  sc.max_num_batched_tokens = options.max_num_batched_tokens;
+  sc.max_num_seqs = options.max_num_seqs;
+  sc.max_prefill_tokens = options.max_prefill_tokens;
+  sc.enable_chunked_prefill = options.enable_chunked_prefill;
+  sc.kv.num_blocks = num_blocks;
+  sc.kv.block_size = bs;
+  sc.kv.enable_prefix_caching = options.enable_prefix_caching;
+  ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_);
+  auto mib = [](double bytes) { return absl::StrFormat("%.1f MiB", bytes / (1 << 20)); };
+  LOG(INFO) << "engine: weights " << mib(sizing_.weights_bytes) << ", vision "
+            << mib(sizing_.vision_bytes) << ", warm-up activations "
+            << mib(sizing_.warmup_rss_growth_bytes) << ", KV " << num_blocks << " blocks x " << bs
+            << " tokens = " << mib(sizing_.kv_bytes) << ", max_model_len " << sizing_.max_model_len;
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
+                                      std::vector<int32_t>* ids) {
+  std::vector<model::ImageGrid> grids;
+  if (!request.images.empty()) {
+    if (!vision_ || !config_.preprocessor) {
+      return absl::InvalidArgumentError("this model does not accept images");
+    }
+    for (const model::RgbImage& img : request.images) {
+      ASSIGN_OR_RETURN(model::ImagePatches p, model::PreprocessImage(img, *config_.preprocessor));
+      std::vector<model::ImageGrid> one = {p.grid};
+      ASSIGN_OR_RETURN(std::vector<float> emb, vision_->Forward(p.values, one));
+      grids.push_back(p.grid);
+      live.image_embeddings.push_back(std::move(emb));
+    }
+  }
+  ASSIGN_OR_RETURN(*ids, model::ExpandImagePlaceholders(*ids, image_pad_id_, grids));
+  ASSIGN_OR_RETURN(live.positions, model::ComputeMropePositions(
+                                       *ids, image_pad_id_, grids,
+                                       config_.vision ? config_.vision->spatial_merge_size : 2));
+  // Where each image's tokens sit in the expanded prompt.
+  size_t k = 0;
+  for (size_t i = 0; i < ids->size() && k < grids.size();) {
+    if ((*ids)[i] != image_pad_id_) {
+      ++i;
+      continue;
+    }
+    const int len = static_cast<int>(grids[k].num_tokens());
+    live.runner.image_offsets.push_back(static_cast<int>(i));
+    live.runner.image_lengths.push_back(len);
+    live.runner.image_embeddings.push_back(live.image_embeddings[k].data());
+    i += len;
+    ++k;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callback) {
+  if (request.id.empty() || requests_.contains(request.id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request id \"", request.id, "\" is empty or already in use"));
+  }
+  RETURN_IF_ERROR(model::ValidateSamplingParams(request.sampling, config_.text.vocab_size));
+  std::vector<int32_t> ids = request.prompt_token_ids;
+  if (!request.prompt.empty()) {
+    if (!ids.empty()) return absl::InvalidArgumentError("give a prompt or token ids, not both");
+    ASSIGN_OR_RETURN(ids, tokenizer_->Encode(request.prompt));
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= config_.text.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is outside the vocabulary"));
+    }
+  }
+  auto live = std::make_unique<Live>();
+  RETURN_IF_ERROR(PrepareImages(request, *live, &ids));
+  const int total = static_cast<int>(ids.size()) + request.sampling.max_tokens;
+  if (total > sizing_.max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", ids.size(), " tokens) + max_tokens (", request.sampling.max_tokens,
+                     ") exceeds the context length ", sizing_.max_model_len));
+  }
+  scheduler::RequestParams p;
+  p.id = scheduler::RequestId{next_id_++};
+  p.prompt_token_ids.assign(ids.begin(), ids.end());
+  p.max_tokens = request.sampling.max_tokens;
+  p.ignore_eos = request.sampling.ignore_eos;
+  p.stop_token_ids.assign(request.sampling.stop_token_ids.begin(),
+                          request.sampling.stop_token_ids.end());
+  if (!eos_ids_.empty()) {
+    p.eos_token_id = eos_ids_.front();
+    if (!request.sampling.ignore_eos) {
+      p.stop_token_ids.insert(p.stop_token_ids.end(), eos_ids_.begin() + 1, eos_ids_.end());
+    }
+  }
+  for (size_t k = 0; k < live->runner.image_offsets.size(); ++k) {
+    // Prefix-cache keys: the image's content, so equal placeholders with
+    // different pictures never share KV.
+    const auto& emb = live->image_embeddings[k];
+    ContentHash h = HashBytes(
+        absl::string_view(reinterpret_cast<const char*>(emb.data()), emb.size() * sizeof(float)));
+    p.mm_spans.push_back({live->runner.image_offsets[k], live->runner.image_lengths[k], h});
+  }
+  live->id = request.id;
+  live->sched_id = p.id;
+  live->callback = std::move(callback);
+  live->sampler = model::SamplerState(request.sampling.seed);
+  live->runner.sampling = request.sampling;
+  live->runner.sampler = &live->sampler;
+  live->runner.eos_token_ids = request.sampling.ignore_eos ? std::vector<int32_t>() : eos_ids_;
+  live->streamer = std::make_unique<model::TextStreamer>(*tokenizer_, request.sampling);
+  live->prompt_tokens = static_cast<int>(ids.size());
+  RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
+  live->runner.prompt_positions = &live->positions;
+  by_scheduler_id_[live->sched_id.value] = live.get();
+  requests_[request.id] = std::move(live);
+  return absl::OkStatus();
+}
+
+void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
+  event.finish_reason = reason;
+  if (reason != FinishReason::kStopString) event.text += live.streamer->Finish();
+  event.prompt_tokens = live.prompt_tokens;
+  event.completion_tokens = live.completion_tokens;
+  const std::string id = live.id;
+  by_scheduler_id_.erase(live.sched_id.value);
+  StreamCallback cb = std::move(live.callback);
+  requests_.erase(id);  // `live` is gone from here on
+  cb(event);
+}
+
+absl::Status LlmEngine::Abort(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
+  RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
+  StreamEvent event;
+  event.request_id = id;
+  Finish(*it->second, FinishReason::kAbort, event);
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::Step() {
+  const scheduler::SchedulerOutput& out = scheduler_->Schedule();
+  if (out.scheduled.empty()) return scheduler_->UpdateFromOutput({}, nullptr);
+  auto lookup = [this](scheduler::RequestId id) -> RunnerRequestState* {
+    auto it = by_scheduler_id_.find(id.value);
+    return it == by_scheduler_id_.end() ? nullptr : &it->second->runner;
+  };
+  ASSIGN_OR_RETURN(std::vector<model::SampleResult> sampled,
+                   runner_->Step(out, scheduler_->kv_cache(), lookup));
+  std::vector<scheduler::TokenId> tokens(out.scheduled.size(), kvpool::kNoToken);
+  std::vector<Live*> sampling(out.scheduled.size(), nullptr);
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    if (!out.scheduled[i].samples) continue;
+    tokens[i] = sampled[i].token;
+    sampling[i] = by_scheduler_id_.at(out.scheduled[i].request->id().value);
+  }
+  std::vector<std::unique_ptr<scheduler::Request>> finished;
+  RETURN_IF_ERROR(scheduler_->UpdateFromOutput(tokens, &finished));
+  absl::flat_hash_map<uint64_t, scheduler::FinishReason> done;
+  for (const auto& r : finished) done[r->id().value] = r->finish_reason();
+
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    Live* live = sampling[i];
+    if (live == nullptr) continue;
+    StreamEvent event;
+    event.request_id = live->id;
+    event.token_ids.push_back(tokens[i]);
+    if (live->runner.sampling.logprobs >= 0) event.logprobs.push_back(sampled[i]);
+    ++live->completion_tokens;
+    ASSIGN_OR_RETURN(model::TextStreamer::Step text,
+                     live->streamer->Push(tokens[i], live->completion_tokens));
+    event.text = std::move(text.text);
+    auto d = done.find(live->sched_id.value);
+    if (text.stopped) {
+      if (d == done.end()) RETURN_IF_ERROR(scheduler_->Abort(live->sched_id));
+      event.matched_stop = text.matched_stop;
+      Finish(*live, FinishReason::kStopString, event);
+    } else if (d != done.end()) {
+      Finish(*live,
+             d->second == scheduler::FinishReason::kLength ? FinishReason::kLength
+                                                           : FinishReason::kStop,
+             event);
+    } else {
+      live->callback(event);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mmserve::worker

@@ -1,0 +1,147 @@
+// The in-process engine: one model directory served with continuous batching.
+// It owns the tokenizer, the Qwen2 language model and (for vision models) the
+// vision tower, the KV cache sized from a memory budget after a warm-up
+// forward at the largest step (seed 004), the scheduler, and each request's
+// sampler and text stream.
+//
+//   ASSIGN_OR_RETURN(auto engine, LlmEngine::Create(options));
+//   EngineRequest req{.id = "r1", .prompt = rendered_chat, .images = {rgb}};
+//   RETURN_IF_ERROR(engine->AddRequest(std::move(req), [](const StreamEvent& e) {...}));
+//   while (engine->has_unfinished()) RETURN_IF_ERROR(engine->Step());
+//
+// AddRequest validates everything a client controls (sampling values, prompt
+// length against the context, image count against placeholders, decodable
+// images) and returns InvalidArgument without side effects. Each Step
+// schedules, runs one forward, samples, and calls the stream callbacks of
+// the requests that produced text or finished. Not thread-safe: one engine
+// thread calls everything (a server posts work to it).
+#ifndef MMSERVE_WORKER_ENGINE_H_
+#define MMSERVE_WORKER_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "model/cpu/thread_pool.h"
+#include "model/image_decode.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/qwen2_model.h"
+#include "model/qwen2_weights.h"
+#include "model/safetensors.h"
+#include "model/sampling.h"
+#include "model/text_streamer.h"
+#include "model/tokenizer.h"
+#include "model/vision_tower.h"
+#include "scheduler/scheduler.h"
+#include "worker/model_runner.h"
+
+namespace mmserve::worker {
+
+struct EngineOptions {
+  std::string model_dir;
+  int block_size = 16;
+  int max_num_seqs = 32;
+  int max_num_batched_tokens = 1024;
+  std::optional<int> max_prefill_tokens;
+  bool enable_chunked_prefill = true;
+  bool enable_prefix_caching = true;
+  // Longest prompt + completion; 0 = the model's max_position_embeddings,
+  // capped at 8192.
+  int max_model_len = 0;
+  // KV cache size. 0: a fraction of the memory available after loading and
+  // warm-up (MemAvailable in /proc/meminfo).
+  int64_t kv_cache_bytes = 0;
+  double kv_memory_fraction = 0.3;
+  int num_threads = 0;  // 0: one per core
+};
+
+struct EngineRequest {
+  std::string id;
+  // Prompt text (chat already rendered); each <|image_pad|> is one image.
+  std::string prompt;
+  // Alternatively token ids (prompt must then be empty).
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<model::RgbImage> images;
+  model::SamplingParams sampling;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kStopString, kAbort };
+
+struct StreamEvent {
+  std::string request_id;
+  std::string text;                           // new text (may be empty)
+  std::vector<int32_t> token_ids;             // tokens generated this step
+  std::vector<model::SampleResult> logprobs;  // when requested
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string matched_stop;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_prompt_tokens = 0;
+};
+
+using StreamCallback = std::function<void(const StreamEvent&)>;
+
+// Memory and capacity decided at start, for logs and benchmarks.
+struct EngineSizing {
+  size_t weights_bytes = 0;
+  size_t vision_bytes = 0;
+  int64_t warmup_rss_growth_bytes = 0;
+  size_t kv_bytes = 0;
+  int num_kv_blocks = 0;
+  int max_model_len = 0;
+};
+
+class LlmEngine {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LlmEngine>> Create(
+      const EngineOptions& options);
+  ~LlmEngine();
+
+  [[nodiscard]] absl::Status AddRequest(EngineRequest request, StreamCallback callback);
+  // Aborts a live request; its callback gets a final kAbort event. NotFound
+  // for unknown ids.
+  [[nodiscard]] absl::Status Abort(const std::string& id);
+  // Runs one scheduler step.
+  [[nodiscard]] absl::Status Step();
+
+  bool has_unfinished() const { return !requests_.empty(); }
+  const model::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const model::ModelConfig& config() const { return config_; }
+  const EngineSizing& sizing() const { return sizing_; }
+  const scheduler::Scheduler& scheduler() const { return *scheduler_; }
+
+ private:
+  struct Live;
+  LlmEngine() = default;
+  absl::Status Load(const EngineOptions& options);
+  absl::Status SizeKvCache(const EngineOptions& options);
+  absl::Status PrepareImages(EngineRequest& request, Live& live, std::vector<int32_t>* ids);
+  void Finish(Live& live, FinishReason reason, StreamEvent& event);
+
+  model::ModelConfig config_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::unique_ptr<model::SafetensorsCheckpoint> checkpoint_;
+  std::unique_ptr<model::Qwen2Weights> weights_;
+  std::unique_ptr<model::VisionTower> vision_;
+  std::unique_ptr<model::cpu::ThreadPool> pool_;
+  std::unique_ptr<model::Qwen2Model> model_;
+  std::unique_ptr<model::KvCache> kv_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  EngineSizing sizing_;
+  std::vector<int32_t> eos_ids_;
+  int32_t image_pad_id_ = -1;
+  uint64_t next_id_ = 1;
+  absl::flat_hash_map<std::string, std::unique_ptr<Live>> requests_;
+  absl::flat_hash_map<uint64_t, Live*> by_scheduler_id_;
+};
+
+}  // namespace mmserve::worker
+
+#endif  // MMSERVE_WORKER_ENGINE_H_

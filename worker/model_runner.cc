@@ -1,0 +1,98 @@
+#include "worker/model_runner.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace mmserve::worker {
+namespace {
+
+// The image embedding row for prompt position `pos`, or null for text.
+const float* ImageRow(const RunnerRequestState& st, int pos, int hidden) {
+  for (size_t k = 0; k < st.image_offsets.size(); ++k) {
+    const int rel = pos - st.image_offsets[k];
+    if (rel >= 0 && rel < st.image_lengths[k]) {
+      return st.image_embeddings[k] + static_cast<size_t>(rel) * hidden;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
+    const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
+    const RunnerLookup& lookup) {
+  model::ForwardBatch& b = batch_;
+  b.token_ids.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.sequences.clear();
+  b.logits_rows.clear();
+  b.embedding_overrides.clear();
+  const int hidden = model_.config().hidden_size;
+  std::vector<int64_t> pos_t, pos_h, pos_w;
+  std::vector<RunnerRequestState*> states;
+  for (const scheduler::ScheduledRequest& s : out.scheduled) {
+    RunnerRequestState* st = lookup(s.request->id());
+    if (st == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("no runner state for request ", s.request->id().value));
+    }
+    states.push_back(st);
+    const auto tokens = s.request->token_ids();
+    const auto table = kv_manager.block_table(s.request->block_table());
+    model::SequenceChunk chunk;
+    chunk.query_start = b.num_tokens();
+    chunk.query_len = s.num_tokens;
+    chunk.context_len = s.num_computed_tokens + s.num_tokens;
+    chunk.block_table.reserve(table.size());
+    for (kvpool::BlockId id : table) chunk.block_table.push_back(id.value);
+    const model::MropePositions& pp = *st->prompt_positions;
+    const int prompt_len = static_cast<int>(pp.t.size());
+    for (int p = s.num_computed_tokens; p < chunk.context_len; ++p) {
+      const int64_t row = b.num_tokens();
+      b.token_ids.push_back(tokens[p]);
+      if (p < prompt_len) {
+        pos_t.push_back(pp.t[p]);
+        pos_h.push_back(pp.h[p]);
+        pos_w.push_back(pp.w[p]);
+        if (const float* e = ImageRow(*st, p, hidden)) b.embedding_overrides.push_back({row, e});
+      } else {
+        const int64_t q = p + pp.delta;
+        pos_t.push_back(q);
+        pos_h.push_back(q);
+        pos_w.push_back(q);
+      }
+      b.slot_mapping.push_back(kv_manager.Slot(s.request->block_table(), p));
+    }
+    if (s.samples) b.logits_rows.push_back(b.num_tokens() - 1);
+    b.sequences.push_back(std::move(chunk));
+  }
+  b.positions = pos_t;
+  b.positions.insert(b.positions.end(), pos_h.begin(), pos_h.end());
+  b.positions.insert(b.positions.end(), pos_w.begin(), pos_w.end());
+  RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
+
+  const int vocab = model_.config().vocab_size;
+  std::vector<model::SampleResult> sampled(out.scheduled.size());
+  size_t row = 0;
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const scheduler::ScheduledRequest& s = out.scheduled[i];
+    if (!s.samples) continue;
+    RunnerRequestState& st = *states[i];
+    float* logits = logits_.data() + row++ * vocab;
+    // Before min_tokens, end-of-sequence and stop tokens are not allowed.
+    if (s.request->num_output_tokens() < st.sampling.min_tokens) {
+      for (int32_t id : st.eos_token_ids) logits[id] = -std::numeric_limits<float>::infinity();
+      for (int32_t id : st.sampling.stop_token_ids) {
+        logits[id] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    sampled[i] = model::Sample(absl::MakeConstSpan(logits, vocab), st.sampling, st.sampler);
+  }
+  return sampled;
+}
+
+}  // namespace mmserve::worker

@@ -1,0 +1,67 @@
+// The model runner's step (seed 004's prepare + execute + sample): turns the
+// scheduler's decision into one ForwardBatch (token ids, M-RoPE positions,
+// slot mapping, block tables, image-embedding overrides, logits rows), runs
+// the model, and samples one token for every entry whose chunk reaches the
+// end of its known tokens.
+//
+//   ModelRunner runner(model, kv_cache);
+//   const SchedulerOutput& out = scheduler.Schedule();
+//   ASSIGN_OR_RETURN(std::vector<SampleResult> sampled,
+//                    runner.Step(out, scheduler.kv_cache(), lookup));
+//   // sampled[i] belongs to out.scheduled[i] (meaningless unless it samples)
+//
+// Per-request inputs the scheduler does not hold (sampling parameters and
+// generator, prompt positions, image embeddings) come from `lookup`.
+// Not thread-safe: one engine thread drives it.
+#ifndef MMSERVE_WORKER_MODEL_RUNNER_H_
+#define MMSERVE_WORKER_MODEL_RUNNER_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvpool/kv_cache_manager.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/mrope_positions.h"
+#include "model/qwen2_model.h"
+#include "model/sampling.h"
+#include "scheduler/scheduler_output.h"
+
+namespace mmserve::worker {
+
+// What the runner needs to know about one request.
+struct RunnerRequestState {
+  model::SamplingParams sampling;
+  model::SamplerState* sampler = nullptr;
+  // M-RoPE positions of the prompt; later tokens sit at index + delta.
+  const model::MropePositions* prompt_positions = nullptr;
+  // Image embeddings in prompt order: image k covers prompt tokens
+  // [image_offsets[k], + image_lengths[k]) with hidden_size floats each.
+  std::vector<int> image_offsets;
+  std::vector<int> image_lengths;
+  std::vector<const float*> image_embeddings;
+  std::vector<int32_t> eos_token_ids;  // masked until min_tokens are out
+};
+
+using RunnerLookup = std::function<RunnerRequestState*(scheduler::RequestId)>;
+
+class ModelRunner {
+ public:
+  // `model` and `kv` must outlive the runner.
+  ModelRunner(model::Qwen2Model& model, model::KvCache& kv) : model_(model), kv_(kv) {}
+
+  [[nodiscard]] absl::StatusOr<std::vector<model::SampleResult>> Step(
+      const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
+      const RunnerLookup& lookup);
+
+ private:
+  model::Qwen2Model& model_;
+  model::KvCache& kv_;
+  model::ForwardBatch batch_;  // reused across steps
+  std::vector<float> logits_;
+};
+
+}  // namespace mmserve::worker
+
+#endif  // MMSERVE_WORKER_MODEL_RUNNER_H_
