@@ -1,0 +1,138 @@
+// generate: streams a completion from a model directory on the CPU.
+//
+//   bazel run --config=opt //worker:generate -- --model_dir=models/shapes-demo \
+//       --image=circle.png --prompt="What shape is this?"
+//
+// The prompt is wrapped in the model's chat format (one user turn, images
+// first) unless --raw. Text streams to stdout as it is generated; a summary
+// (token counts, time to first token, decode speed, finish reason) goes to
+// stderr. Exit status 2 for bad input (with the reason), 1 for other errors.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/clock.h"
+#include "common/file.h"
+#include "model/chat_template.h"
+#include "model/image_decode.h"
+#include "worker/engine.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (required)");
+ABSL_FLAG(std::string, prompt, "", "the user's message (or the whole prompt with --raw)");
+ABSL_FLAG(std::vector<std::string>, image, {}, "image file(s), comma-separated or repeated");
+ABSL_FLAG(std::string, system, "", "system prompt (default: the model's)");
+ABSL_FLAG(bool, raw, false, "use --prompt as is, without the chat format");
+ABSL_FLAG(int, max_tokens, 128, "most tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling");
+ABSL_FLAG(int, top_k, 0, "0 = off");
+ABSL_FLAG(double, min_p, 0.0, "0 = off");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings");
+ABSL_FLAG(bool, ignore_eos, false, "keep going past end-of-sequence");
+ABSL_FLAG(int, kv_cache_mb, 0, "KV cache size in MiB (0: from free memory)");
+ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+
+namespace mmserve {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "generate: %s\n", s.ToString().c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound
+             ? 2
+             : 1;
+}
+
+const char* ReasonName(worker::FinishReason r) {
+  switch (r) {
+    case worker::FinishReason::kStop:
+      return "stop";
+    case worker::FinishReason::kLength:
+      return "length";
+    case worker::FinishReason::kStopString:
+      return "stop_string";
+    case worker::FinishReason::kAbort:
+      return "abort";
+    case worker::FinishReason::kNone:
+      break;
+  }
+  return "none";
+}
+
+int Main() {
+  worker::EngineOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (options.model_dir.empty()) return Fail(absl::InvalidArgumentError("--model_dir is required"));
+  options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_mb)) << 20;
+  options.num_threads = absl::GetFlag(FLAGS_threads);
+  auto engine = worker::LlmEngine::Create(options);
+  if (!engine.ok()) return Fail(engine.status());
+
+  worker::EngineRequest req;
+  req.id = "generate";
+  std::vector<model::ChatPart> parts;
+  for (const std::string& path : absl::GetFlag(FLAGS_image)) {
+    auto bytes = ReadFileToString(path);
+    if (!bytes.ok()) return Fail(bytes.status());
+    auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
+    if (!rgb.ok())
+      return Fail(absl::InvalidArgumentError(path + ": " + std::string(rgb.status().message())));
+    req.images.push_back(std::move(*rgb));
+    parts.push_back({model::ChatPart::Kind::kImage, ""});
+  }
+  if (absl::GetFlag(FLAGS_raw)) {
+    req.prompt = absl::GetFlag(FLAGS_prompt);
+  } else {
+    parts.push_back({model::ChatPart::Kind::kText, absl::GetFlag(FLAGS_prompt)});
+    std::vector<model::ChatMessage> chat;
+    if (!absl::GetFlag(FLAGS_system).empty()) {
+      chat.push_back({"system", {{model::ChatPart::Kind::kText, absl::GetFlag(FLAGS_system)}}});
+    }
+    chat.push_back({"user", parts});
+    auto text = model::RenderQwen2VlChat(chat, model::ChatOptions());
+    if (!text.ok()) return Fail(text.status());
+    req.prompt = *text;
+  }
+  req.sampling.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  req.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  req.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  req.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  req.sampling.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  req.sampling.seed = absl::GetFlag(FLAGS_seed);
+  req.sampling.stop = absl::GetFlag(FLAGS_stop);
+  req.sampling.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+
+  Stopwatch clock;
+  double ttft = -1;
+  worker::StreamEvent last;
+  auto on_event = [&](const worker::StreamEvent& e) {
+    if (ttft < 0 && !e.token_ids.empty()) ttft = clock.ElapsedSeconds();
+    std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+    std::fflush(stdout);
+    if (e.finish_reason != worker::FinishReason::kNone) last = e;
+  };
+  if (absl::Status s = (*engine)->AddRequest(std::move(req), on_event); !s.ok()) return Fail(s);
+  while ((*engine)->has_unfinished()) {
+    if (absl::Status s = (*engine)->Step(); !s.ok()) return Fail(s);
+  }
+  const double total = clock.ElapsedSeconds();
+  const int n = last.completion_tokens;
+  std::fprintf(stderr,
+               "\n[generate] prompt %d tokens, completion %d tokens, ttft %.1f ms, "
+               "decode %.1f tok/s, finish %s\n",
+               last.prompt_tokens, n, ttft * 1e3, n > 1 ? (n - 1) / (total - ttft) : 0.0,
+               ReasonName(last.finish_reason));
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Streams a completion from a Hugging Face Qwen2-VL directory.");
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::Main();
+}
