@@ -33,6 +33,16 @@ struct ImageGrid {
   int grid_w = 0;  // patches across
   int merge_size = 2;
 
+  // A grid from (t, h, w) patch counts, as image_grid_thw lists them.
+  static ImageGrid FromThw(int t, int h, int w, int merge_size = 2) {
+    ImageGrid g;
+    g.grid_t = t;
+    g.grid_h = h;
+    g.grid_w = w;
+    g.merge_size = merge_size;
+    return g;
+  }
+
   int64_t num_patches() const { return static_cast<int64_t>(grid_t) * grid_h * grid_w; }
   int64_t num_tokens() const { return num_patches() / (merge_size * merge_size); }
 };

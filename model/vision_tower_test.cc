@@ -34,14 +34,6 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
-ImageGrid Grid(int t, int h, int w) {
-  ImageGrid g;
-  g.grid_t = t;
-  g.grid_h = h;
-  g.grid_w = w;
-  return g;
-}
-
 TEST_CASE("vision tower matches transformers on two images in one batch", "[vision]") {
   auto pixels_file =
       SafetensorsFile::Open(std::string(kData) + "goldens/image_processor.safetensors");
@@ -49,7 +41,7 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
   std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
   std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
   pixels.insert(pixels.end(), second.begin(), second.end());
-  const std::vector<ImageGrid> grids = {Grid(1, 4, 4), Grid(1, 6, 8)};
+  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 4), ImageGrid::FromThw(1, 6, 8)};
 
   for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded",
                            "qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa8-padvocab-nested"}) {
@@ -86,9 +78,9 @@ TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") 
   auto tower = VisionTower::Load(**ckpt, *cfg);
   REQUIRE(tower.ok());
   std::vector<float> pixels(15 * 1176);
-  const std::vector<ImageGrid> grids = {Grid(1, 4, 4)};
+  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 4)};
   CHECK((*tower)->Forward(pixels, grids).status().code() == absl::StatusCode::kInvalidArgument);
-  const std::vector<ImageGrid> odd = {Grid(1, 3, 5)};
+  const std::vector<ImageGrid> odd = {ImageGrid::FromThw(1, 3, 5)};
   std::vector<float> odd_pixels(15 * 1176);
   CHECK((*tower)->Forward(odd_pixels, odd).status().code() == absl::StatusCode::kInvalidArgument);
 }
