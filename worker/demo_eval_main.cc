@@ -1,0 +1,159 @@
+// demo_eval: exact-match accuracy of the demo model on its held-out set,
+// through the C++ runtime (engine, tokenizer, image decode and preprocessing,
+// vision tower), per question type; and, when transformers' answers are
+// available (tools/demo/eval_hf.py --write-outputs), how often both runtimes
+// give the same answer.
+//
+//   bazel run --config=opt //model:demo_eval
+//   bazel run --config=opt //model:demo_eval -- --model_dir=... --eval_dir=...
+//
+// Every question is one request, all in flight together (continuous
+// batching), greedy, at most 8 new tokens, ending at <|im_end|>. The answer is
+// the decoded text without special tokens, surrounding whitespace stripped,
+// as eval_hf.py does. Prints a table, then one JSON line.
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/clock.h"
+#include "common/file.h"
+#include "model/image_decode.h"
+#include "worker/engine.h"
+
+ABSL_FLAG(std::string, model_dir, "", "model directory (default: models/shapes-demo)");
+ABSL_FLAG(std::string, eval_dir, "", "held-out set (default: tools/demo/eval_set)");
+ABSL_FLAG(std::string, hf_outputs, "",
+          "transformers' answers (default: <eval_dir>/hf_outputs.json when present)");
+ABSL_FLAG(int, limit, 0, "evaluate only the first N questions (0: all)");
+
+namespace mmserve {
+namespace {
+
+using nlohmann::json;
+
+std::string InWorkspace(const std::string& flag, const char* fallback) {
+  if (!flag.empty()) return flag;
+  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return std::string(ws != nullptr ? ws : ".") + "/" + fallback;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "demo_eval: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+struct Tally {
+  int total = 0;
+  int correct = 0;
+  int agree = 0;     // same answer as transformers
+  int compared = 0;  // questions transformers answered
+};
+
+int Main() {
+  const std::string model_dir = InWorkspace(absl::GetFlag(FLAGS_model_dir), "models/shapes-demo");
+  const std::string eval_dir = InWorkspace(absl::GetFlag(FLAGS_eval_dir), "tools/demo/eval_set");
+  auto eval_text = ReadFileToString(eval_dir + "/eval.json");
+  if (!eval_text.ok()) return Fail(eval_text.status());
+  const json eval = json::parse(*eval_text, nullptr, false);
+  if (eval.is_discarded() || !eval.contains("items")) {
+    return Fail(absl::InvalidArgumentError(eval_dir + "/eval.json: no \"items\""));
+  }
+  // transformers' answers by item id, when available.
+  std::map<int, std::string> hf;
+  std::string hf_path = absl::GetFlag(FLAGS_hf_outputs);
+  if (hf_path.empty()) hf_path = eval_dir + "/hf_outputs.json";
+  if (auto hf_text = ReadFileToString(hf_path); hf_text.ok()) {
+    const json h = json::parse(*hf_text, nullptr, false);
+    if (!h.is_discarded() && h.contains("items")) {
+      for (const json& it : h["items"]) hf[it["id"].get<int>()] = it.value("text", "");
+    }
+  }
+
+  worker::EngineOptions options;
+  options.model_dir = model_dir;
+  options.max_num_seqs = 64;
+  options.max_num_batched_tokens = 2048;
+  options.kv_cache_bytes = 256ll << 20;
+  auto engine = worker::LlmEngine::Create(options);
+  if (!engine.ok()) return Fail(engine.status());
+
+  std::map<std::string, model::RgbImage> images;
+  std::map<int, std::string> answers;
+  std::map<int, const json*> items;
+  const int limit = absl::GetFlag(FLAGS_limit);
+  for (const json& item : eval["items"]) {
+    if (limit > 0 && static_cast<int>(items.size()) >= limit) break;
+    const int id = item["id"];
+    const std::string file = item["image"];
+    if (images.count(file) == 0) {
+      auto bytes = ReadFileToString(eval_dir + "/" + file);
+      if (!bytes.ok()) return Fail(bytes.status());
+      auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
+      if (!rgb.ok()) return Fail(rgb.status());
+      images[file] = std::move(*rgb);
+    }
+    worker::EngineRequest req;
+    req.id = absl::StrFormat("q%d", id);
+    req.prompt = item["prompt"];
+    req.images.push_back(images[file]);
+    req.sampling.temperature = 0;
+    req.sampling.max_tokens = 8;
+    items[id] = &item;
+    auto on_event = [&answers, id](const worker::StreamEvent& e) { answers[id] += e.text; };
+    if (absl::Status s = (*engine)->AddRequest(std::move(req), on_event); !s.ok()) return Fail(s);
+  }
+  Stopwatch clock;
+  while ((*engine)->has_unfinished()) {
+    if (absl::Status s = (*engine)->Step(); !s.ok()) return Fail(s);
+  }
+  const double seconds = clock.ElapsedSeconds();
+
+  std::map<std::string, Tally> by_type;
+  Tally all;
+  for (const auto& [id, item] : items) {
+    const std::string got(absl::StripAsciiWhitespace(answers[id]));
+    const bool ok = got == (*item)["answer"].get<std::string>();
+    for (Tally* t : {&by_type[(*item)["qtype"]], &all}) {
+      ++t->total;
+      t->correct += ok;
+      if (auto h = hf.find(id); h != hf.end()) {
+        ++t->compared;
+        t->agree += std::string(absl::StripAsciiWhitespace(h->second)) == got;
+      }
+    }
+  }
+  std::printf("%-12s %8s %9s %10s\n", "question", "items", "accuracy", "same_as_hf");
+  std::vector<std::string> json_types;
+  for (const auto& [type, t] : by_type) {
+    std::printf("%-12s %8d %9.3f %10s\n", type.c_str(), t.total, double(t.correct) / t.total,
+                t.compared ? absl::StrFormat("%.3f", double(t.agree) / t.compared).c_str() : "-");
+    json_types.push_back(absl::StrFormat("\"%s\":%.4f", type, double(t.correct) / t.total));
+  }
+  std::printf(
+      "%-12s %8d %9.3f %10s\n\n", "all", all.total, double(all.correct) / all.total,
+      all.compared ? absl::StrFormat("%.3f", double(all.agree) / all.compared).c_str() : "-");
+  std::printf(
+      "{\"eval\":\"shapes-demo\",\"images\":%zu,\"questions\":%d,\"accuracy\":%.4f,"
+      "\"per_type\":{%s},\"hf_compared\":%d,\"hf_agreement\":%s,\"seconds\":%.1f}\n",
+      images.size(), all.total, double(all.correct) / all.total,
+      absl::StrJoin(json_types, ",").c_str(), all.compared,
+      all.compared ? absl::StrFormat("%.4f", double(all.agree) / all.compared).c_str() : "null",
+      seconds);
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::Main();
+}
