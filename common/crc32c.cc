@@ -29,10 +29,59 @@ uint32_t ExtendPortable(uint32_t crc, const uint8_t* p, size_t n) {
   return crc;
 }
 
+// Multiplies two polynomials modulo the CRC polynomial (reflected bit order,
+// x^0 in bit 31): the GF(2) arithmetic that shifts a CRC over zero bytes.
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+// x^(8 * n) mod P: multiplying a CRC register by it appends n zero bytes.
+uint32_t ShiftConstant(size_t n) {
+  uint32_t x2k = 1u << 30;  // x^1, squared into x^(2^k)
+  uint32_t p = 1u << 31;    // x^0
+  for (size_t bits = n * 8; bits != 0; bits >>= 1) {
+    if (bits & 1) p = MultModP(x2k, p);
+    x2k = MultModP(x2k, x2k);
+  }
+  return p;
+}
+
 #if defined(__x86_64__)
+// The crc32 instruction has a 3-cycle latency and a 1-cycle throughput, so
+// three independent streams over adjacent stripes run ~3x faster than one;
+// the stripes' CRCs are then shifted into place and combined (CRC is linear).
+constexpr size_t kStripe = 4096;
+
 __attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const uint8_t* p,
                                                           size_t n) {
+  static const uint32_t kShift1 = ShiftConstant(kStripe);
+  static const uint32_t kShift2 = ShiftConstant(2 * kStripe);
   uint64_t c = crc;
+  while (n >= 3 * kStripe) {
+    uint64_t c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kStripe; i += 8) {
+      uint64_t v0, v1, v2;
+      std::memcpy(&v0, p + i, 8);
+      std::memcpy(&v1, p + kStripe + i, 8);
+      std::memcpy(&v2, p + 2 * kStripe + i, 8);
+      c = _mm_crc32_u64(c, v0);
+      c1 = _mm_crc32_u64(c1, v1);
+      c2 = _mm_crc32_u64(c2, v2);
+    }
+    c = MultModP(kShift2, static_cast<uint32_t>(c)) ^ MultModP(kShift1, static_cast<uint32_t>(c1)) ^
+        static_cast<uint32_t>(c2);
+    p += 3 * kStripe;
+    n -= 3 * kStripe;
+  }
   while (n >= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);

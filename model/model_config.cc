@@ -1,10 +1,9 @@
 #include "model/model_config.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 
 namespace mmserve::model {
@@ -182,14 +181,6 @@ absl::Status ParseTokens(const Fields& f, SpecialTokenIds* t) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& origin) {
@@ -303,14 +294,14 @@ absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& te
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
-  ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
   ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfig(text, config_path));
   const std::string gen_path = dir + "/generation_config.json";
-  if (auto gen = ReadFile(gen_path); gen.ok()) {
+  if (auto gen = ReadFileToString(gen_path); gen.ok()) {
     ASSIGN_OR_RETURN(cfg.generation, ParseGenerationConfig(*gen, gen_path));
   }
   const std::string pre_path = dir + "/preprocessor_config.json";
-  if (auto pre = ReadFile(pre_path); pre.ok()) {
+  if (auto pre = ReadFileToString(pre_path); pre.ok()) {
     ASSIGN_OR_RETURN(cfg.preprocessor, ParsePreprocessorConfig(*pre, pre_path));
   }
   if (cfg.tokens.eos.empty()) cfg.tokens.eos = cfg.generation.eos_token_ids;

@@ -1,10 +1,9 @@
 #include "model/tokenizer.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "model/byte_level.h"
 #include "model/qwen2_pretokenizer.h"
@@ -89,11 +88,8 @@ bool IsWordChar(char32_t cp) { return IsLetter(cp) || IsNumber(cp) || cp == '_';
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream s;
-  s << in.rdbuf();
-  return FromJson(s.str(), path);
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return FromJson(text, path);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text,

@@ -1,0 +1,221 @@
+// transfer_bench: embeddings through the full default-then-resume protocol
+// (init, chunk write, flush/sends, notice, CRC32C verification) between this
+// process (receiver) and a transfer_peer child (sender), per profile, for
+// 1024 and 4096 tokens x 3584 hidden x bf16. Baseline: the best of
+// ucx_perftest tag_bw and ucp_put_bw for the same size and UCX_TLS, run in
+// the same invocation. Prints a table, then one JSON line.
+#include <algorithm>
+#include <cstdio>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "transfer/peer_process.h"
+#include "transfer/test_payload.h"
+#include "transfer/transfer_engine.h"
+
+ABSL_FLAG(int, iterations, 30, "timed transfers per size");
+ABSL_FLAG(int, warmup, 3, "untimed transfers per size");
+ABSL_FLAG(std::string, profiles, "shm,tcp", "profiles to run");
+ABSL_FLAG(std::string, tokens, "1024,4096", "image lengths");
+ABSL_FLAG(uint32_t, hidden, 3584, "hidden size (bf16)");
+ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
+
+namespace mmserve::transfer {
+namespace {
+
+constexpr uint32_t kBlockSize = 128;
+
+struct Result {
+  std::string profile;
+  std::string data_path;
+  uint32_t tokens = 0;
+  size_t bytes = 0;
+  double gbps = 0, p50_ms = 0, p99_ms = 0;
+  double perftest_gbps = 0;
+  std::string perftest_test;
+  bool bytes_ok = false;
+};
+
+// ucx_perftest server + client on loopback; overall bandwidth in GB/s, 0 on failure.
+double Perftest(TransportProfile profile, const std::string& test, size_t size, int iterations) {
+  static int port = 20000 + (getpid() % 5000);
+  ++port;
+  const std::string tls = std::string("UCX_TLS=") + TransportProfileTls(profile);
+  const std::string bin = absl::GetFlag(FLAGS_perftest);
+  auto server = PeerProcess::Spawn("/usr/bin/env", {tls, bin, "-p", std::to_string(port)});
+  if (!server.ok()) return 0;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(200));
+    auto client =
+        PeerProcess::Spawn("/usr/bin/env", {tls, bin, "-p", std::to_string(port), "-t", test, "-s",
+                                            std::to_string(size), "-n", std::to_string(iterations),
+                                            "-w", "2", "localhost"});
+    if (!client.ok()) return 0;
+    Deadline d = Deadline::After(absl::Seconds(120));
+    while (auto line = (*client)->ReadLine(d)) {
+      std::vector<std::string> f = absl::StrSplit(*line, ' ', absl::SkipWhitespace());
+      double mbps = 0;
+      if (f.size() >= 7 && f[0] == "Final:" && absl::SimpleAtod(f[6], &mbps)) {
+        return mbps * 1048576.0 / 1e9;  // perftest's MB is 2^20 bytes
+      }
+    }
+    if ((*client)->Wait(Deadline::After(absl::Seconds(1))) == 0) break;  // ran, no result
+  }
+  return 0;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+Result RunProtocol(TransportProfile profile, uint32_t tokens) {
+  const uint32_t hidden = absl::GetFlag(FLAGS_hidden);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const uint32_t num_blocks = 2 * ((tokens + kBlockSize - 1) / kBlockSize);
+  auto engine = TransferEngine::Create(
+      {.instance_id = "bench-lang",
+       .profile = profile,
+       .layout = {.block_size = kBlockSize, .num_blocks = num_blocks, .hidden_size = hidden},
+       .default_num_blocks = 8});
+  CHECK(engine.ok()) << engine.status();
+  auto child = PeerProcess::Spawn(
+      PeerBinaryPath(),
+      {"--role=sender", std::string("--profile=") + TransportProfileName(profile),
+       "--hidden=" + std::to_string(hidden), "--block_size=" + std::to_string(kBlockSize),
+       "--num_blocks=" + std::to_string(num_blocks), "--tokens=" + std::to_string(tokens),
+       "--repeat=" + std::to_string(warmup + iterations), "--window=2", "--reuse_payload",
+       "--timeout_ms=60000", "--seed=42"});
+  CHECK(child.ok()) << child.status();
+  Deadline d = Deadline::After(absl::Seconds(60));
+  auto info = (*child)->ReadLine(d);
+  CHECK(info && info->rfind("INFO ", 0) == 0);
+  v1::ConnectRequest peer;
+  CHECK(peer.ParseFromString(FromHex(info->substr(5))));
+  CHECK_OK((*engine)->Connect(peer));
+  (*child)->WriteLine("PEER " + ToHex((*engine)->local_info().SerializeAsString()));
+  CHECK((*child)->ReadLine(d) == std::optional<std::string>("READY"));
+
+  Result r;
+  r.profile = TransportProfileName(profile);
+  r.data_path = DataPathName((*engine)->data_path());
+  r.tokens = tokens;
+  r.bytes = size_t{tokens} * (*engine)->buffer().layout().BytesPerToken();
+  const PayloadSpec spec{.seed = 42, .total_tokens = tokens};
+  std::vector<double> ms;
+  double total_s = 0;
+  for (int k = 0; k < warmup + iterations; ++k) {
+    std::promise<absl::StatusOr<ReceivedImage>> done;
+    Stopwatch watch;
+    (*engine)->Receive(
+        {.request_id = "req-" + std::to_string(k),
+         .sender = "sender",
+         .known_tokens = tokens,
+         .timeout = absl::Seconds(60)},
+        [&done](absl::StatusOr<ReceivedImage> image) { done.set_value(std::move(image)); });
+    absl::StatusOr<ReceivedImage> image = done.get_future().get();
+    double s = watch.ElapsedSeconds();
+    CHECK(image.ok()) << image.status();
+    if (k == 0 || k == warmup + iterations - 1) {  // byte-for-byte spot checks
+      bool ok = true;
+      for (int sec = 0; sec < kNumSections; ++sec) {
+        ok = ok && image->Section(sec) == ExpectedSection((*engine)->buffer().layout(), spec, sec);
+      }
+      r.bytes_ok = (k == 0 || r.bytes_ok) && ok;
+    }
+    if (k >= warmup) {
+      ms.push_back(s * 1e3);
+      total_s += s;
+    }
+  }
+  (*child)->WriteLine("EXIT");
+  (*child)->Wait(Deadline::After(absl::Seconds(10)));
+  r.gbps = r.bytes * iterations / total_s / 1e9;
+  r.p50_ms = Percentile(ms, 0.5);
+  r.p99_ms = Percentile(ms, 0.99);
+  return r;
+}
+
+int Main() {
+  std::vector<Result> results;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_profiles), ',')) {
+    absl::StatusOr<TransportProfile> profile = ParseTransportProfile(name);
+    CHECK(profile.ok()) << profile.status();
+    for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
+      uint32_t tokens = 0;
+      CHECK(absl::SimpleAtoi(t, &tokens));
+      Result r = RunProtocol(*profile, tokens);
+      // Baseline for the same message size and transports, best of two tests.
+      const int n = std::max(5, absl::GetFlag(FLAGS_iterations));
+      double tag = Perftest(*profile, "tag_bw", r.bytes, n);
+      // Emulated puts over tcp crawl: a few iterations tell the story.
+      double put =
+          Perftest(*profile, "ucp_put_bw", r.bytes, *profile == TransportProfile::kTcp ? 3 : n);
+      r.perftest_gbps = std::max(tag, put);
+      r.perftest_test = tag >= put ? "tag_bw" : "ucp_put_bw";
+      fprintf(stderr, "%s %u tokens: protocol %.2f GB/s, tag_bw %.2f, ucp_put_bw %.2f\n",
+              r.profile.c_str(), tokens, r.gbps, tag, put);
+      results.push_back(r);
+    }
+  }
+
+  printf("%-5s %-4s %7s %10s %8s %8s %8s %13s %11s %6s %5s\n", "prof", "path", "tokens", "bytes",
+         "GB/s", "p50 ms", "p99 ms", "perftest GB/s", "perftest", "ratio", "bytes");
+  for (const Result& r : results) {
+    printf("%-5s %-4s %7u %10zu %8.2f %8.2f %8.2f %13.2f %11s %6.2f %5s\n", r.profile.c_str(),
+           r.data_path.c_str(), r.tokens, r.bytes, r.gbps, r.p50_ms, r.p99_ms, r.perftest_gbps,
+           r.perftest_test.c_str(), r.perftest_gbps > 0 ? r.gbps / r.perftest_gbps : 0,
+           r.bytes_ok ? "ok" : "BAD");
+  }
+  // JSON: per profile, the headline numbers are the largest size's; every
+  // size is listed under "sizes".
+  std::string json =
+      "{\"bench\":\"transfer\",\"hidden\":" + std::to_string(absl::GetFlag(FLAGS_hidden)) +
+      ",\"dtype\":\"bf16\"";
+  std::vector<std::string> seen;
+  for (const Result& first : results) {
+    if (std::find(seen.begin(), seen.end(), first.profile) != seen.end()) continue;
+    seen.push_back(first.profile);
+    std::string sizes;
+    const Result* head = nullptr;
+    for (const Result& r : results) {
+      if (r.profile != first.profile) continue;
+      if (head == nullptr || r.bytes > head->bytes) head = &r;
+      absl::StrAppendFormat(
+          &sizes,
+          "%s{\"tokens\":%u,\"bytes\":%zu,\"gbps\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
+          "\"perftest_gbps\":%.3f,\"perftest_test\":\"%s\",\"ratio\":%.3f,\"bytes_ok\":%s}",
+          sizes.empty() ? "" : ",", r.tokens, r.bytes, r.gbps, r.p50_ms, r.p99_ms, r.perftest_gbps,
+          r.perftest_test, r.perftest_gbps > 0 ? r.gbps / r.perftest_gbps : 0,
+          r.bytes_ok ? "true" : "false");
+    }
+    absl::StrAppendFormat(&json,
+                          ",\"%s\":{\"data_path\":\"%s\",\"tokens\":%u,\"gbps\":%.3f,"
+                          "\"perftest_gbps\":%.3f,\"ratio\":%.3f,\"sizes\":[%s]}",
+                          head->profile, head->data_path, head->tokens, head->gbps,
+                          head->perftest_gbps,
+                          head->perftest_gbps > 0 ? head->gbps / head->perftest_gbps : 0, sizes);
+  }
+  json += "}";
+  printf("%s\n", json.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve::transfer
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::transfer::Main();
+}

@@ -1,0 +1,23 @@
+#include "common/file.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace mmserve {
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  std::stringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return absl::InternalError(absl::StrCat(path, ": read failed"));
+  return s.str();
+}
+
+}  // namespace mmserve

@@ -1,0 +1,139 @@
+#include "model/image_decode.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+
+#include "common/file.h"
+
+namespace mmserve::model {
+namespace {
+
+std::string Read(const std::string& name) {
+  auto bytes = ReadFileToString("model/testdata/images/" + name);
+  REQUIRE(bytes.ok());
+  return *bytes;
+}
+
+int MaxAbsDiff(const RgbImage& img, const std::string& want) {
+  REQUIRE(img.pixels.size() == want.size());
+  int worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(int(img.pixels[i]) - int(uint8_t(want[i]))));
+  }
+  return worst;
+}
+
+TEST_CASE("lossless formats decode to exactly the reference pixels", "[image]") {
+  // Reference: PIL + transformers convert_to_rgb (tools/gen_decode_goldens.py).
+  for (const char* name :
+       {"rgb.png", "rgb.bmp", "palette.png", "gray.png", "anim.gif", "rgba.png"}) {
+    INFO(name);
+    auto img = DecodeImage(Read(name), DecodeLimits());
+    REQUIRE(img.ok());
+    CHECK(MaxAbsDiff(*img, Read(std::string(name) + ".rgb")) == 0);
+  }
+}
+
+TEST_CASE("GIF decodes its first frame only", "[image]") {
+  auto img = DecodeImage(Read("anim.gif"), DecodeLimits());
+  REQUIRE(img.ok());
+  CHECK(img->width == 32);
+  CHECK(img->height == 24);
+  // The second frame is solid yellow; the first has the scene's dark blue.
+  CHECK(img->pixels[0] == 30);
+  CHECK(img->pixels[2] == 90);
+}
+
+TEST_CASE("baseline and progressive JPEG decode close to libjpeg's pixels", "[image]") {
+  // stb_image and libjpeg-turbo use different IDCT and chroma upsampling; on
+  // these files they differ by at most 3 levels (measured), so allow 4.
+  for (const char* name : {"baseline.jpg", "progressive.jpg"}) {
+    INFO(name);
+    auto img = DecodeImage(Read(name), DecodeLimits());
+    REQUIRE(img.ok());
+    CHECK(img->width == 64);
+    CHECK(img->height == 48);
+    CHECK(MaxAbsDiff(*img, Read(std::string(name) + ".rgb")) <= 4);
+  }
+}
+
+TEST_CASE("16-bit PNG keeps the high byte of each sample", "[image]") {
+  auto img = DecodeImage(Read("gray16.png"), DecodeLimits());
+  REQUIRE(img.ok());
+  REQUIRE(img->width == 16);
+  for (int i = 0; i < 128; ++i) {
+    const int want = ((i * 4099) % 65536) >> 8;
+    REQUIRE(int(img->pixels[i * 3]) == want);
+    REQUIRE(int(img->pixels[i * 3 + 2]) == want);
+  }
+}
+
+TEST_CASE("the header is read without decoding", "[image]") {
+  auto h = ReadImageHeader(Read("rgba.png"));
+  REQUIRE(h.ok());
+  CHECK(h->format == ImageFormat::kPng);
+  CHECK(h->width == 40);
+  CHECK(h->height == 30);
+  CHECK(h->channels == 4);
+  auto j = ReadImageHeader(Read("progressive.jpg"));
+  REQUIRE(j.ok());
+  CHECK(j->format == ImageFormat::kJpeg);
+}
+
+// A PNG signature plus an IHDR chunk claiming the given size, and no data.
+std::string PngHeaderOnly(uint32_t w, uint32_t h) {
+  std::string s("\x89PNG\r\n\x1a\n", 8);
+  auto be32 = [&](uint32_t v) {
+    for (int sh = 24; sh >= 0; sh -= 8) s.push_back(static_cast<char>((v >> sh) & 0xff));
+  };
+  be32(13);
+  s += "IHDR";
+  be32(w);
+  be32(h);
+  s += std::string("\x08\x02\x00\x00\x00", 5);
+  be32(0);  // CRC (stb does not check it)
+  return s;
+}
+
+TEST_CASE("broken, empty, unknown, zero-sized and oversized images are rejected", "[image]") {
+  struct Case {
+    const char* what;
+    std::string bytes;
+    const char* expect;
+  };
+  const std::string png = Read("rgb.png"), jpg = Read("baseline.jpg"),
+                    prog = Read("progressive.jpg"), gif = Read("anim.gif"), bmp = Read("rgb.bmp");
+  std::string flipped = png;
+  for (size_t i = 60; i < flipped.size() - 20; ++i) flipped[i] ^= 0x5a;  // scramble IDAT
+  const Case cases[] = {
+      {"empty", "", "empty input"},
+      {"random bytes", "this is not an image at all", "unknown format"},
+      {"webp", std::string("RIFF\x10\0\0\0WEBPVP8 ", 16), "WebP is not supported"},
+      {"truncated PNG", png.substr(0, png.size() / 2), "corrupt or truncated PNG"},
+      {"scrambled PNG", flipped, "corrupt or truncated PNG"},
+      {"truncated JPEG", jpg.substr(0, jpg.size() * 2 / 3), "truncated JPEG"},
+      {"truncated progressive JPEG", prog.substr(0, prog.size() - 10), "truncated JPEG"},
+      {"JPEG header only", jpg.substr(0, 20), "JPEG"},
+      {"truncated GIF", gif.substr(0, 30), "GIF"},
+      {"truncated BMP", bmp.substr(0, 40), "BMP"},
+      {"zero width", PngHeaderOnly(0, 10), "PNG"},
+      {"bomb", PngHeaderOnly(10000, 10000), "exceeds the limit"},
+      {"bomb past stb's own limit", PngHeaderOnly(60000, 60000), "exceeds the limit"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    auto img = DecodeImage(c.bytes, DecodeLimits());
+    REQUIRE_FALSE(img.ok());
+    CHECK(img.status().code() == absl::StatusCode::kInvalidArgument);
+    INFO(img.status().message());
+    CHECK(img.status().message().find(c.expect) != absl::string_view::npos);
+  }
+  DecodeLimits small;
+  small.max_bytes = 100;
+  CHECK(DecodeImage(png, small).status().message().find("exceeds the limit") !=
+        absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace mmserve::model

@@ -1,0 +1,171 @@
+#include "model/image_preprocess.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common/status_macros.h"
+
+namespace mmserve::model {
+namespace {
+
+constexpr int kPrecisionBits = 32 - 8 - 2;  // PIL's 8-bit resample precision
+
+double BicubicFilter(double x) {  // Keys cubic, a = -0.5
+  constexpr double a = -0.5;
+  x = std::fabs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+// One output coordinate's source window and fixed-point weights.
+struct Taps {
+  int first = 0;
+  int count = 0;
+  std::vector<int32_t> weights;
+};
+
+// PIL precompute_coeffs + normalize_coeffs_8bpc for resizing in_size ->
+// out_size over the whole source.
+std::vector<Taps> Coefficients(int in_size, int out_size) {
+  constexpr double kSupport = 2.0;
+  const double scale = static_cast<double>(static_cast<float>(in_size)) / out_size;
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = kSupport * filter_scale;
+  std::vector<Taps> taps(out_size);
+  std::vector<double> w;
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = (xx + 0.5) * scale;
+    int xmin = static_cast<int>(center - support + 0.5);
+    int xmax = static_cast<int>(center + support + 0.5);
+    xmin = std::max(xmin, 0);
+    xmax = std::min(xmax, in_size) - xmin;
+    w.assign(xmax, 0.0);
+    double total = 0.0;
+    for (int x = 0; x < xmax; ++x) {
+      w[x] = BicubicFilter((x + xmin - center + 0.5) / filter_scale);
+      total += w[x];
+    }
+    Taps& t = taps[xx];
+    t.first = xmin;
+    t.count = xmax;
+    t.weights.resize(xmax);
+    for (int x = 0; x < xmax; ++x) {
+      const double k = total != 0.0 ? w[x] / total : w[x];
+      const double fixed = k * (1 << kPrecisionBits);
+      t.weights[x] = static_cast<int32_t>(k < 0 ? fixed - 0.5 : fixed + 0.5);
+    }
+  }
+  return taps;
+}
+
+uint8_t Clip8(int32_t acc) {
+  int32_t v = acc >> kPrecisionBits;  // arithmetic shift, as PIL's lookup table
+  return static_cast<uint8_t>(std::clamp(v, 0, 255));
+}
+
+}  // namespace
+
+RgbImage ResizeBicubic(const RgbImage& in, int width, int height) {
+  if (width == in.width && height == in.height) return in;
+  const std::vector<Taps> vert = Coefficients(in.height, height);
+  // Horizontal pass over only the rows the vertical pass reads.
+  const int row_first = vert.front().first;
+  const int row_last = vert.back().first + vert.back().count;
+  RgbImage tmp;
+  const RgbImage* src = &in;
+  int row_offset = 0;
+  if (width != in.width) {
+    const std::vector<Taps> horiz = Coefficients(in.width, width);
+    tmp.width = width;
+    tmp.height = row_last - row_first;
+    tmp.pixels.resize(static_cast<size_t>(tmp.width) * tmp.height * 3);
+    for (int y = 0; y < tmp.height; ++y) {
+      const uint8_t* row = &in.pixels[static_cast<size_t>(y + row_first) * in.width * 3];
+      uint8_t* out = &tmp.pixels[static_cast<size_t>(y) * width * 3];
+      for (int x = 0; x < width; ++x) {
+        const Taps& t = horiz[x];
+        int32_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1),
+                          1 << (kPrecisionBits - 1)};
+        for (int k = 0; k < t.count; ++k) {
+          const uint8_t* p = row + (t.first + k) * 3;
+          for (int c = 0; c < 3; ++c) acc[c] += p[c] * t.weights[k];
+        }
+        for (int c = 0; c < 3; ++c) out[x * 3 + c] = Clip8(acc[c]);
+      }
+    }
+    src = &tmp;
+    row_offset = row_first;
+  }
+  if (height == src->height && row_offset == 0) return *src;
+  RgbImage out;
+  out.width = src->width;
+  out.height = height;
+  out.pixels.resize(static_cast<size_t>(out.width) * height * 3);
+  const size_t stride = static_cast<size_t>(src->width) * 3;
+  for (int y = 0; y < height; ++y) {
+    const Taps& t = vert[y];
+    for (size_t i = 0; i < stride; ++i) {
+      int32_t acc = 1 << (kPrecisionBits - 1);
+      for (int k = 0; k < t.count; ++k) {
+        acc += src->pixels[(t.first - row_offset + k) * stride + i] * t.weights[k];
+      }
+      out.pixels[y * stride + i] = Clip8(acc);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
+                                             const PreprocessorConfig& config) {
+  ImageGridParams params;
+  params.patch_size = config.patch_size;
+  params.merge_size = config.merge_size;
+  params.temporal_patch_size = config.temporal_patch_size;
+  params.min_pixels = config.min_pixels;
+  params.max_pixels = config.max_pixels;
+  ASSIGN_OR_RETURN(ImageGrid grid, SmartResize(image.width, image.height, params));
+  const RgbImage resized = ResizeBicubic(image, grid.resized_width, grid.resized_height);
+
+  // rescale (float64 multiply, stored as float32) then normalize in float32,
+  // as transformers' rescale() and normalize() do.
+  const int w = resized.width;
+  std::vector<float> chw(static_cast<size_t>(3) * w * resized.height);
+  const size_t plane = static_cast<size_t>(w) * resized.height;
+  for (size_t i = 0; i < plane; ++i) {
+    for (int c = 0; c < 3; ++c) {
+      const float x = static_cast<float>(resized.pixels[i * 3 + c] * config.rescale_factor);
+      chw[c * plane + i] = (x - config.image_mean[c]) / config.image_std[c];
+    }
+  }
+
+  // Reference order: (t, h/m, w/m, m, m) patches x (c, tp, p, p) values; a
+  // still image repeats its one frame temporal_patch_size times.
+  const int P = config.patch_size, M = config.merge_size, T = config.temporal_patch_size;
+  ImagePatches out;
+  out.grid = grid;
+  out.patch_dim = 3 * T * P * P;
+  out.values.resize(static_cast<size_t>(grid.num_patches()) * out.patch_dim);
+  float* dst = out.values.data();
+  for (int bh = 0; bh < grid.grid_h / M; ++bh) {
+    for (int bw = 0; bw < grid.grid_w / M; ++bw) {
+      for (int mh = 0; mh < M; ++mh) {
+        for (int mw = 0; mw < M; ++mw) {
+          const int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
+          for (int c = 0; c < 3; ++c) {
+            for (int t = 0; t < T; ++t) {
+              for (int py = 0; py < P; ++py) {
+                const float* src = &chw[c * plane + static_cast<size_t>(y0 + py) * w + x0];
+                dst = std::copy(src, src + P, dst);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace mmserve::model

@@ -1,0 +1,97 @@
+// Vision tower parity with transformers 4.57.6 (model.visual in fp32) on two
+// images in one forward, for every golden model: patch embedding, the first
+// block's output and the merged embeddings.
+#include "model/vision_tower.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "model/safetensors.h"
+
+namespace mmserve::model {
+namespace {
+
+constexpr char kData[] = "model/testdata/";
+
+std::vector<float> Floats(const SafetensorsFile& f, const std::string& name) {
+  const TensorView* t = f.Find(name);
+  INFO(name);
+  REQUIRE(t != nullptr);
+  REQUIRE(t->dtype == DType::kF32);
+  std::vector<float> v(t->numel());
+  std::memcpy(v.data(), t->data, t->nbytes);
+  return v;
+}
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+ImageGrid Grid(int t, int h, int w) {
+  ImageGrid g;
+  g.grid_t = t;
+  g.grid_h = h;
+  g.grid_w = w;
+  return g;
+}
+
+TEST_CASE("vision tower matches transformers on two images in one batch", "[vision]") {
+  auto pixels_file =
+      SafetensorsFile::Open(std::string(kData) + "goldens/image_processor.safetensors");
+  REQUIRE(pixels_file.ok());
+  std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
+  std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
+  pixels.insert(pixels.end(), second.begin(), second.end());
+  const std::vector<ImageGrid> grids = {Grid(1, 4, 4), Grid(1, 6, 8)};
+
+  for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded",
+                           "qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa8-padvocab-nested"}) {
+    INFO(name);
+    const std::string dir = std::string(kData) + "models/" + name;
+    auto cfg = LoadModelConfig(dir);
+    REQUIRE(cfg.ok());
+    auto ckpt = SafetensorsCheckpoint::Open(dir);
+    REQUIRE(ckpt.ok());
+    auto tower = VisionTower::Load(**ckpt, *cfg);
+    INFO(tower.status().ToString());
+    REQUIRE(tower.ok());
+    VisionTrace trace;
+    auto out = (*tower)->Forward(pixels, grids, &trace);
+    REQUIRE(out.ok());
+    CHECK(out->size() == (4u + 12u) * cfg->text.hidden_size);
+
+    auto golden =
+        SafetensorsFile::Open(std::string(kData) + "goldens/" + name + "/mm_golden.safetensors");
+    REQUIRE(golden.ok());
+    const std::string suffix = ".fp32.square56+rect300x200";
+    // fp32 on both sides; only summation order differs.
+    CHECK(MaxAbsDiff(trace.patch_embed, Floats(**golden, "vision_patch_embed" + suffix)) < 1e-4f);
+    CHECK(MaxAbsDiff(trace.block0, Floats(**golden, "vision_block0" + suffix)) < 1e-4f);
+    CHECK(MaxAbsDiff(*out, Floats(**golden, "vision_out" + suffix)) < 1e-4f);
+  }
+}
+
+TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") {
+  const std::string dir = std::string(kData) + "models/qwen2vl-tiny-mha-tied";
+  auto cfg = LoadModelConfig(dir);
+  auto ckpt = SafetensorsCheckpoint::Open(dir);
+  REQUIRE(ckpt.ok());
+  auto tower = VisionTower::Load(**ckpt, *cfg);
+  REQUIRE(tower.ok());
+  std::vector<float> pixels(15 * 1176);
+  const std::vector<ImageGrid> grids = {Grid(1, 4, 4)};
+  CHECK((*tower)->Forward(pixels, grids).status().code() == absl::StatusCode::kInvalidArgument);
+  const std::vector<ImageGrid> odd = {Grid(1, 3, 5)};
+  std::vector<float> odd_pixels(15 * 1176);
+  CHECK((*tower)->Forward(odd_pixels, odd).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mmserve::model

@@ -1,0 +1,159 @@
+// One generation request as the scheduler tracks it: its tokens, how many of
+// them have KV computed, its limits, and where it is in its lifecycle.
+//
+//   RequestParams p;
+//   p.id = RequestId{42};
+//   p.prompt_token_ids = {151644, 872, 198};
+//   p.max_tokens = 128;
+//   p.eos_token_id = 151645;
+//   ASSERT_OK(scheduler.AddRequest(std::move(p)));
+//
+// The scheduler owns every Request; others see them as `const Request&`
+// (e.g. through SchedulerOutput) and only between scheduler calls.
+// Not thread-safe.
+#ifndef MMSERVE_SCHEDULER_REQUEST_H_
+#define MMSERVE_SCHEDULER_REQUEST_H_
+
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "kvpool/kv_cache_manager.h"
+#include "kvpool/kv_types.h"
+
+namespace mmserve {
+namespace scheduler {
+
+using kvpool::TokenId;
+
+// Caller-chosen request handle (the service maps its string ids to these).
+struct RequestId {
+  uint64_t value = 0;
+
+  bool operator==(RequestId o) const { return value == o.value; }
+  bool operator!=(RequestId o) const { return value != o.value; }
+  template <typename H>
+  friend H AbslHashValue(H h, RequestId id) {
+    return H::combine(std::move(h), id.value);
+  }
+  friend std::ostream& operator<<(std::ostream& os, RequestId id) {
+    return os << "req#" << id.value;
+  }
+};
+
+// Lifecycle, in order. Transitions:
+//   (AddRequest) -> kWaitingForMultimodal  when it has inputs not yet ready
+//   (AddRequest) -> kWaiting               otherwise
+//   kWaitingForMultimodal -> kWaiting      MarkMultimodalReady
+//   kWaiting, kPreempted  -> kRunning      admitted by Schedule (holds KV)
+//   kRunning -> kPreempted                 KV pool exhausted: KV dropped, recomputed later
+//   kRunning -> kFinished                  stop token, eos or max_tokens
+//   any non-terminal -> kAborted           Abort
+// Every status from kFinished on is terminal (IsFinished).
+enum class RequestStatus : uint8_t {
+  kWaitingForMultimodal = 0,
+  kWaiting = 1,
+  kRunning = 2,
+  kPreempted = 3,
+  kFinished = 4,
+  kAborted = 5,
+};
+
+inline bool IsFinished(RequestStatus s) { return s >= RequestStatus::kFinished; }
+const char* RequestStatusName(RequestStatus s);
+
+enum class FinishReason : uint8_t {
+  kNone = 0,     // not finished
+  kStop = 1,     // sampled a stop token id, or eos unless ignore_eos
+  kLength = 2,   // produced max_tokens
+  kAborted = 3,  // Abort
+};
+
+const char* FinishReasonName(FinishReason r);
+
+// What a client asks for. Multimodal spans must be sorted by offset, not
+// overlap, and lie inside the prompt.
+struct RequestParams {
+  RequestId id;
+  std::vector<TokenId> prompt_token_ids;
+  std::vector<kvpool::MultimodalSpan> mm_spans;
+  // False while the embeddings of mm_spans are still on their way (seed 000):
+  // the request is not schedulable until MarkMultimodalReady.
+  bool mm_inputs_ready = true;
+  int max_tokens = 16;  // output tokens, >= 1
+  std::vector<TokenId> stop_token_ids;
+  TokenId eos_token_id = kvpool::kNoToken;
+  bool ignore_eos = false;
+};
+
+class Request {
+ public:
+  Request(RequestParams params, uint64_t arrival_seq);
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  RequestId id() const { return params_.id; }
+  // Order of AddRequest calls; admission is FIFO in this order.
+  uint64_t arrival_seq() const { return arrival_seq_; }
+  RequestStatus status() const { return status_; }
+  FinishReason finish_reason() const { return finish_reason_; }
+  // The limits and spans it was added with. Its prompt_token_ids is empty:
+  // the prompt moved into token_ids().
+  const RequestParams& params() const { return params_; }
+
+  // Prompt then outputs.
+  absl::Span<const TokenId> token_ids() const { return token_ids_; }
+  absl::Span<const TokenId> prompt_token_ids() const {
+    return absl::MakeConstSpan(token_ids_).first(num_prompt_tokens_);
+  }
+  absl::Span<const TokenId> output_token_ids() const {
+    return absl::MakeConstSpan(token_ids_).subspan(num_prompt_tokens_);
+  }
+  int num_prompt_tokens() const { return num_prompt_tokens_; }
+  int num_output_tokens() const { return num_total_tokens() - num_prompt_tokens_; }
+  int num_total_tokens() const { return static_cast<int>(token_ids_.size()); }
+  // Tokens whose KV exists; catches up to num_total_tokens() step by step.
+  int num_computed_tokens() const { return num_computed_tokens_; }
+  // Tokens taken from the prefix cache at the last admission.
+  int num_cached_tokens() const { return num_cached_tokens_; }
+  int num_preemptions() const { return num_preemptions_; }
+  kvpool::BlockTableId block_table() const { return block_table_; }
+  kvpool::SequenceView sequence() const { return {token_ids_, params_.mm_spans}; }
+
+  // Mutators for the Scheduler, which enforces the transitions above.
+  void set_status(RequestStatus s) { status_ = s; }
+  void set_block_table(kvpool::BlockTableId t) { block_table_ = t; }
+  void set_num_computed_tokens(int n) { num_computed_tokens_ = n; }
+  void set_num_cached_tokens(int n) { num_cached_tokens_ = n; }
+  void CountPreemption() { ++num_preemptions_; }
+  void Finish(RequestStatus s, FinishReason r) {
+    status_ = s;
+    finish_reason_ = r;
+  }
+  // Appends a sampled token and returns the finish reason it causes (kNone
+  // when the request goes on).
+  FinishReason AppendOutputToken(TokenId token);
+
+  // The scheduler step that last scheduled this request (-1: never).
+  int64_t last_scheduled_step() const { return last_scheduled_step_; }
+  void set_last_scheduled_step(int64_t step) { last_scheduled_step_ = step; }
+
+ private:
+  RequestParams params_;
+  uint64_t arrival_seq_;
+  std::vector<TokenId> token_ids_;
+  int num_prompt_tokens_;
+  int num_computed_tokens_ = 0;
+  int num_cached_tokens_ = 0;
+  int num_preemptions_ = 0;
+  int64_t last_scheduled_step_ = -1;
+  RequestStatus status_ = RequestStatus::kWaiting;
+  FinishReason finish_reason_ = FinishReason::kNone;
+  kvpool::BlockTableId block_table_;
+};
+
+}  // namespace scheduler
+}  // namespace mmserve
+
+#endif  // MMSERVE_SCHEDULER_REQUEST_H_

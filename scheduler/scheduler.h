@@ -1,0 +1,170 @@
+// A continuous-batching scheduler in the unified style (vLLM v1, nano-vllm):
+// every request has num_computed_tokens catching up to num_total_tokens, and
+// each step hands out one token budget, so chunked prefills and decodes share
+// a step.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> s, Scheduler::Create(config));
+//   RETURN_IF_ERROR(s->AddRequest(std::move(params)));
+//   while (s->has_unfinished()) {
+//     const SchedulerOutput& out = s->Schedule();
+//     std::vector<TokenId> sampled = model_runner.Run(out);  // one per entry
+//     RETURN_IF_ERROR(s->UpdateFromOutput(sampled, &finished));
+//   }
+//
+// One step (Schedule):
+//  1. Running requests, oldest first, each get min(tokens left to compute,
+//     budget left) (and, for prefill chunks, the prefill budget left). When
+//     the KV pool cannot give a request its slots, the newest running request
+//     is preempted (recompute: KV freed, num_computed_tokens = 0, put at the
+//     front of the waiting queue) and the request retries; when it is itself
+//     the newest, it is preempted and the running pass ends.
+//  2. Unless something was preempted, waiting requests are admitted in FIFO
+//     order (preempted ones first). Requests still waiting for multimodal
+//     inputs are skipped, never waited on. Admission stops at the first ready
+//     request that does not fit the token budget, the prefill budget,
+//     max_num_seqs or the KV pool, so order is kept. A prefix-cache hit sets
+//     num_computed_tokens to the cached length. With chunked prefill, a
+//     request may start with a chunk of whatever budget is left. Without it a
+//     prompt is prefilled whole; the seed 003 lone-oversize rule admits a
+//     prompt larger than max_prefill_tokens as the step's only prefill (when
+//     it fits the token budget), and one larger than max_num_batched_tokens
+//     when nothing else is scheduled in the step. Otherwise it would starve.
+//
+// UpdateFromOutput advances num_computed_tokens, caches newly full blocks,
+// appends the sampled token of every entry that samples, and finishes
+// requests on a stop token id, eos (unless ignore_eos) or max_tokens, freeing
+// their KV.
+//
+// Invalid input (duplicate id, empty prompt, a request that could never fit
+// the whole KV pool, bad spans) is an error status, never a crash.
+//
+// Thread-compatible, not thread-safe: one engine-loop thread owns the
+// scheduler; other threads post AddRequest/Abort/MarkMultimodalReady to it.
+#ifndef MMSERVE_SCHEDULER_SCHEDULER_H_
+#define MMSERVE_SCHEDULER_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvpool/kv_cache_manager.h"
+#include "scheduler/request.h"
+#include "scheduler/scheduler_config.h"
+#include "scheduler/scheduler_output.h"
+
+namespace mmserve {
+namespace scheduler {
+
+class Scheduler {
+ public:
+  // InvalidArgument when the config does not validate.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerConfig& config);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request at the back of the waiting queue. AlreadyExists for an id
+  // that is live; InvalidArgument for an empty prompt, max_tokens < 1, a
+  // negative token id or bad multimodal spans; ResourceExhausted when prompt
+  // + max_tokens could never fit the whole KV pool.
+  [[nodiscard]] absl::Status AddRequest(RequestParams params);
+
+  // Decides the next step. Must not be called while the previous step's
+  // output is pending (CHECKed: a programming error). The reference stays
+  // valid until the next Schedule.
+  const SchedulerOutput& Schedule();
+
+  // Applies the step's results: `sampled_token_ids[i]` is the token sampled
+  // for `Schedule().scheduled[i]` (ignored unless that entry samples; use
+  // kNoToken there). Finished requests are moved into `*finished` (cleared
+  // first; may be null to drop them). InvalidArgument (and nothing changes)
+  // when the count does not match or a sampling entry has a negative token;
+  // FailedPrecondition when no step is pending and tokens were given.
+  [[nodiscard]] absl::Status UpdateFromOutput(absl::Span<const TokenId> sampled_token_ids,
+                                              std::vector<std::unique_ptr<Request>>* finished);
+
+  // Ends a request in any non-terminal state and frees everything it holds.
+  // Allowed between Schedule and UpdateFromOutput (the caller guarantees no
+  // KV write of that step is still outstanding); the entry is then skipped.
+  // NotFound for an unknown or already finished id.
+  [[nodiscard]] absl::Status Abort(RequestId id);
+
+  // The request's multimodal inputs have arrived: it becomes schedulable in
+  // its arrival position. Idempotent. NotFound for an unknown id.
+  [[nodiscard]] absl::Status MarkMultimodalReady(RequestId id);
+
+  // The live (not finished, not aborted) request with `id`, or null.
+  const Request* Find(RequestId id) const;
+  int num_running() const { return static_cast<int>(running_.size()); }
+  // Includes preempted requests and those waiting for multimodal inputs.
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  bool has_unfinished() const { return !requests_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+  // The model runner reads block tables and slots through this.
+  const kvpool::KvCacheManager& kv_cache() const { return kv_; }
+
+  // Test/debug helper: the KV manager's invariants, plus every live request
+  // is in exactly one of running/waiting with a status to match, only running
+  // requests hold a block table (with slots for their computed tokens), the
+  // waiting queue is preempted requests then fresh ones in arrival order, and
+  // running <= max_num_seqs.
+  [[nodiscard]] absl::Status CheckInvariants() const;
+
+ private:
+  // What is left of one step's budgets.
+  struct StepBudget {
+    int tokens = 0;
+    int prefill_tokens = 0;
+    bool preempted = false;
+  };
+  // How a waiting request would be admitted this step.
+  struct Admission {
+    bool admit = false;
+    bool lone_oversize = false;
+    int num_tokens = 0;  // tokens to compute this step, after the prefix hit
+    kvpool::PrefixHit hit;
+  };
+
+  explicit Scheduler(const SchedulerConfig& config);
+
+  // scheduler_step.cc
+  void ScheduleRunning(StepBudget& budget);
+  void ScheduleWaiting(StepBudget& budget);
+  Admission PlanAdmission(const Request& r, const StepBudget& budget) const;
+  void Admit(Request* r, Admission& admission, StepBudget& budget);
+  bool AppendSlotsOrPreempt(size_t index, int num_tokens, StepBudget& budget);
+  void Preempt(Request* r);
+  void Emit(Request* r, int num_tokens, bool is_prefill, StepBudget& budget);
+
+  // scheduler.cc
+  absl::Status ValidateParams(const RequestParams& params) const;
+  void FinishRequests(std::vector<std::unique_ptr<Request>>* finished);
+
+  const SchedulerConfig config_;
+  kvpool::KvCacheManager kv_;
+  // Every live request; running_ and waiting_ point into it.
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
+  // Admission order: the back is the newest, preempted first.
+  std::vector<Request*> running_;
+  // Preempted requests at the front, then fresh ones in arrival order.
+  std::deque<Request*> waiting_;
+  // The pending step: output_.scheduled[i] is scheduled_[i].
+  SchedulerOutput output_;
+  std::vector<Request*> scheduled_;
+  bool step_pending_ = false;
+  int64_t step_ = 0;
+  // Requests aborted while their step was pending, freed by UpdateFromOutput.
+  std::vector<std::unique_ptr<Request>> aborted_pending_;
+  uint64_t next_arrival_seq_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace scheduler
+}  // namespace mmserve
+
+#endif  // MMSERVE_SCHEDULER_SCHEDULER_H_

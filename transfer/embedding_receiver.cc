@@ -1,0 +1,267 @@
+#include "transfer/embedding_receiver.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/logging.h"
+
+namespace mmserve::transfer {
+
+std::string ReceivedImage::Section(int section) const {
+  std::string out = buffered_[section];
+  if (tail_ != nullptr) {
+    ByteRange r = buffer_->layout().ChunkInfo(tail_->allocation(), 0,
+                                              total_tokens_ - buffered_tokens_)[section];
+    out.append(reinterpret_cast<const char*>(buffer_->data() + r.offset), r.size);
+  }
+  return out;
+}
+
+std::optional<BlockAllocation> ReceivedImage::tail_blocks() const {
+  if (tail_ == nullptr) return std::nullopt;
+  return tail_->allocation();
+}
+
+void EmbeddingReceiver::Receive(ReceiveRequest request, Done done) {
+  Key key{request.request_id, request.image_index};
+  if (transfers_.count(key) != 0) {
+    done(absl::AlreadyExistsError(
+        absl::StrCat("image ", key.second, " of ", key.first, " is already being received")));
+    return;
+  }
+  Transfer& t = transfers_[key];
+  t.deadline = Deadline::After(request.timeout);
+  t.request = std::move(request);
+  t.done = std::move(done);
+  t.image.buffer_ = &buffer_;
+  TryAllocate(key);
+}
+
+void EmbeddingReceiver::Cancel(const std::string& request_id, const std::string& reason) {
+  std::vector<Key> keys;
+  for (const auto& [key, t] : transfers_) {
+    if (key.first == request_id) keys.push_back(key);
+  }
+  for (const Key& key : keys) Fail(key, absl::CancelledError(reason), true);
+}
+
+void EmbeddingReceiver::TryAllocate(const Key& key) {
+  auto it = transfers_.find(key);
+  if (it == transfers_.end()) return;
+  Transfer& t = it->second;
+  const uint32_t held = t.image.buffered_tokens_;
+  const bool first = held == 0 && t.total_tokens == 0;
+  absl::StatusOr<BlockAllocation> a;
+  if (first && t.request.known_tokens == 0) {
+    a = allocator_.AllocDefault(key.first);
+  } else {
+    // The remainder, or as much of it as the largest free run holds: a small
+    // pool then serves the image in several resumes.
+    const uint32_t remaining = (first ? t.request.known_tokens : t.total_tokens) - held;
+    const uint32_t fits = allocator_.largest_free_run() * allocator_.block_size();
+    a = fits == 0 ? absl::ResourceExhaustedError("embedding buffer full")
+                  : allocator_.Alloc(std::min(remaining, fits), key.first);
+  }
+  if (absl::IsResourceExhausted(a.status())) {
+    // Backpressure: wait for blocks (Tick retries) until the deadline.
+    if (std::find(waiting_.begin(), waiting_.end(), key) == waiting_.end()) {
+      waiting_.push_back(key);
+    }
+    return;
+  }
+  if (!a.ok()) {
+    Fail(key, a.status(), true);
+    return;
+  }
+  t.blocks = std::make_shared<BlockLease>(allocator_, *a, key.first);
+  t.data_in = false;
+  t.notice.reset();
+  const uint64_t tag = ChunkTag(key.first, key.second, held, 0);
+  const ChunkRanges local = buffer_.layout().ChunkInfo(*a, 0, a->num_tokens);
+  const std::string sender = t.request.sender;
+  const TransferLink::ExpectId expect =
+      link_.ExpectChunk(sender, local, tag, [this, key](absl::Status s) { OnDataIn(key, s); });
+  // `done` may have run inline (put path, or a failed post): look again.
+  it = transfers_.find(key);
+  if (it == transfers_.end() || it->second.failure) return;
+  if (expect != 0) it->second.expect = expect;
+
+  v1::EmbeddingAllocation wire;
+  wire.set_start_block(a->start_block);
+  wire.set_num_blocks(a->num_blocks);
+  wire.set_num_tokens(a->num_tokens);
+  absl::Status sent;
+  if (held == 0) {
+    v1::EmbeddingTransferInit init;
+    init.set_request_id(key.first);
+    init.set_image_index(key.second);
+    *init.mutable_allocation() = wire;
+    init.set_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(it->second.deadline.Remaining()))));
+    sent = link_.SendInit(sender, init);
+  } else {
+    v1::EmbeddingTransferResume resume;
+    resume.set_request_id(key.first);
+    resume.set_image_index(key.second);
+    *resume.mutable_allocation() = wire;
+    resume.set_sent_tokens(held);
+    sent = link_.SendResume(sender, resume);
+  }
+  if (!sent.ok()) Fail(key, sent, false);
+}
+
+void EmbeddingReceiver::OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) {
+  Key key{notice.request_id(), notice.image_index()};
+  auto it = transfers_.find(key);
+  if (it == transfers_.end() || it->second.request.sender != peer || it->second.failure) {
+    return;  // late notice of a transfer that already ended here
+  }
+  Transfer& t = it->second;
+  if (notice.status() == v1::TRANSFER_STATUS_FAILED) {
+    Fail(key, absl::UnavailableError(absl::StrCat("sender failed: ", notice.error())), false);
+    return;
+  }
+  if (t.blocks == nullptr || t.notice || notice.offset_tokens() != t.image.buffered_tokens_) {
+    Fail(key, absl::InternalError("chunk notice out of order"), true);
+    return;
+  }
+  t.notice = notice;
+  MaybeProcess(key);
+}
+
+void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status) {
+  auto it = transfers_.find(key);
+  if (it == transfers_.end()) return;
+  Transfer& t = it->second;
+  t.expect.reset();
+  if (t.failure) {
+    Release(it, *t.failure);
+    return;
+  }
+  if (!status.ok()) {
+    Fail(key, status, true);
+    return;
+  }
+  t.data_in = true;
+  MaybeProcess(key);
+}
+
+void EmbeddingReceiver::MaybeProcess(const Key& key) {
+  auto it = transfers_.find(key);
+  if (it == transfers_.end()) return;
+  Transfer& t = it->second;
+  if (!t.notice || !t.data_in) return;
+  const v1::EmbeddingChunkNotice notice = *t.notice;
+  const BlockAllocation blocks = t.blocks->allocation();
+  const uint32_t n = notice.num_tokens();
+  const uint32_t end = notice.offset_tokens() + n;
+  const bool last = notice.status() == v1::TRANSFER_STATUS_SUCCESS;
+  if (n == 0 || n > blocks.num_tokens || end > notice.total_tokens() ||
+      last != (end == notice.total_tokens()) ||
+      (t.total_tokens != 0 && t.total_tokens != notice.total_tokens())) {
+    Fail(key, absl::InternalError("chunk notice does not fit the allocation"), true);
+    return;
+  }
+  const ChunkRanges ranges = buffer_.layout().ChunkInfo(blocks, 0, n);
+  uint32_t crc = 0;
+  for (const ByteRange& r : ranges) crc = Crc32cExtend(crc, buffer_.data() + r.offset, r.size);
+  AuxRecord aux;
+  std::memcpy(&aux, buffer_.data() + ranges[kAux].offset, sizeof(aux));
+  if (crc != notice.crc32c() || aux.total_tokens != static_cast<int32_t>(notice.total_tokens()) ||
+      aux.image_index != static_cast<int32_t>(key.second)) {
+    Fail(key,
+         absl::DataLossError(absl::StrCat("chunk at token ", notice.offset_tokens(), " of ",
+                                          key.first, ": crc32c ", crc, " != ", notice.crc32c(),
+                                          " or aux mismatch")),
+         true);
+    return;
+  }
+  t.total_tokens = notice.total_tokens();
+  t.image.total_tokens_ = t.total_tokens;
+  ++t.image.num_chunks_;
+  if (t.request.on_chunk) t.request.on_chunk(notice);
+  if (transfers_.find(key) == transfers_.end()) return;  // the hook cancelled it
+  if (last) {
+    t.image.tail_ = std::move(t.blocks);
+    Transfer done = std::move(it->second);
+    transfers_.erase(it);
+    done.done(std::move(done.image));
+    return;
+  }
+  // Keep the chunk, free its blocks, and ask for the rest.
+  for (int s = 0; s < kNumSections; ++s) {
+    t.image.buffered_[s].append(reinterpret_cast<const char*>(buffer_.data() + ranges[s].offset),
+                                ranges[s].size);
+  }
+  t.image.buffered_tokens_ = end;
+  t.blocks.reset();
+  t.notice.reset();
+  t.data_in = false;
+  TryAllocate(key);
+}
+
+void EmbeddingReceiver::OnPeerFailed(const std::string& peer, const absl::Status& status) {
+  std::vector<Key> keys;
+  for (const auto& [key, t] : transfers_) {
+    if (t.request.sender == peer) keys.push_back(key);
+  }
+  for (const Key& key : keys) Fail(key, status, false);
+}
+
+void EmbeddingReceiver::Tick() {
+  std::vector<Key> expired;
+  for (const auto& [key, t] : transfers_) {
+    if (!t.failure && t.deadline.Expired()) expired.push_back(key);
+  }
+  for (const Key& key : expired) {
+    Fail(key,
+         absl::DeadlineExceededError(
+             absl::StrCat("embedding receive of ", key.first, "/", key.second, " timed out")),
+         true);
+  }
+  const uint64_t generation = allocator_.FreeGeneration();
+  if (waiting_.empty() || generation == seen_free_generation_) return;
+  seen_free_generation_ = generation;
+  std::deque<Key> retry;
+  retry.swap(waiting_);
+  for (const Key& key : retry) TryAllocate(key);  // re-queues itself when still full
+}
+
+void EmbeddingReceiver::Shutdown(const absl::Status& status) {
+  std::vector<Key> keys;
+  for (const auto& [key, t] : transfers_) keys.push_back(key);
+  for (const Key& key : keys) Fail(key, status, false);
+}
+
+void EmbeddingReceiver::Fail(const Key& key, absl::Status status, bool notify_peer) {
+  auto it = transfers_.find(key);
+  if (it == transfers_.end()) return;
+  Transfer& t = it->second;
+  if (!t.failure) t.failure = status;
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), key), waiting_.end());
+  if (notify_peer) {
+    v1::EmbeddingTransferCancel cancel;
+    cancel.set_request_id(key.first);
+    cancel.set_reason(std::string(status.message()));
+    (void)link_.SendCancel(t.request.sender, cancel);
+  }
+  if (t.expect) {
+    // Receives may still write into our blocks: free them once cancelled.
+    link_.CancelExpect(*t.expect);
+    return;
+  }
+  Release(it, *t.failure);
+}
+
+void EmbeddingReceiver::Release(std::map<Key, Transfer>::iterator it, absl::Status status) {
+  Transfer t = std::move(it->second);
+  transfers_.erase(it);
+  t.blocks.reset();
+  t.image.tail_.reset();
+  t.done(status);
+}
+
+}  // namespace mmserve::transfer

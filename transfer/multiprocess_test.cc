@@ -1,0 +1,240 @@
+// The protocol between separate processes on loopback (this test and the
+// transfer_peer helper), on both profiles, including peers killed with
+// SIGKILL before, during and after a transfer.
+#include <catch2/catch.hpp>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "transfer/peer_process.h"
+#include "transfer/test_payload.h"
+#include "transfer/transfer_engine.h"
+
+namespace mmserve::transfer {
+namespace {
+
+constexpr uint32_t kHidden = 64;
+
+struct Session {
+  std::unique_ptr<TransferEngine> engine;  // this process
+  std::unique_ptr<PeerProcess> child;
+};
+
+// Starts this side as `id` and the helper with `child_args`, and connects both.
+Session Start(TransportProfile profile, const std::string& id, uint32_t num_blocks,
+              uint32_t default_blocks, std::vector<std::string> child_args) {
+  Session s;
+  auto engine = TransferEngine::Create(
+      {.instance_id = id,
+       .profile = profile,
+       .layout = {.block_size = 16, .num_blocks = num_blocks, .hidden_size = kHidden},
+       .default_num_blocks = default_blocks});
+  REQUIRE(engine.ok());
+  s.engine = std::move(*engine);
+  child_args.push_back(std::string("--profile=") + TransportProfileName(profile));
+  child_args.push_back("--hidden=" + std::to_string(kHidden));
+  auto child = PeerProcess::Spawn(PeerBinaryPath(), child_args);
+  REQUIRE(child.ok());
+  s.child = std::move(*child);
+  Deadline d = Deadline::After(absl::Seconds(20));
+  std::optional<std::string> info = s.child->ReadLine(d);
+  REQUIRE(info.has_value());
+  REQUIRE(info->rfind("INFO ", 0) == 0);
+  v1::ConnectRequest peer;
+  REQUIRE(peer.ParseFromString(FromHex(info->substr(5))));
+  REQUIRE(s.engine->Connect(peer).ok());
+  REQUIRE(s.child->WriteLine("PEER " + ToHex(s.engine->local_info().SerializeAsString())));
+  REQUIRE(s.child->ReadLine(d) == std::optional<std::string>("READY"));
+  return s;
+}
+
+std::vector<std::string> Fields(const std::optional<std::string>& line) {
+  REQUIRE(line.has_value());
+  return absl::StrSplit(*line, ' ');
+}
+
+absl::StatusOr<ReceivedImage> ReceiveNow(TransferEngine& engine, ReceiveRequest request) {
+  auto done = std::make_shared<std::promise<absl::StatusOr<ReceivedImage>>>();
+  engine.Receive(std::move(request), [done](absl::StatusOr<ReceivedImage> image) {
+    done->set_value(std::move(image));
+  });
+  auto f = done->get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  return f.get();
+}
+
+// Fault-test timings go to the test log.
+void Report(TransportProfile profile, const char* what, const absl::Status& status,
+            absl::Duration took) {
+  std::cerr << "[fault] " << TransportProfileName(profile) << ": " << what << " -> "
+            << absl::StatusCodeToString(status.code()) << " in " << took << "\n";
+}
+
+TransportProfile AnyProfile() { return GENERATE(TransportProfile::kShm, TransportProfile::kTcp); }
+
+// How fast a survivor must notice a dead peer: tcp reports it (error mode
+// PEER); shm relies on the transfer's own deadline.
+absl::Duration Bound(TransportProfile profile, absl::Duration timeout) {
+  return profile == TransportProfile::kTcp ? absl::Seconds(2) : timeout + absl::Seconds(1);
+}
+
+TEST_CASE(
+    "separate processes move exact, default-smaller and default-larger images byte for byte") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  // Receiver here: 5 blocks of 16 tokens, default 1 block. The sender child
+  // publishes 70 (received exactly), 40 (one resume), 200 (16 + 80 + 80 + 24:
+  // several resumes, each capped by the small pool) and 10 tokens (default
+  // larger than the image).
+  Session s = Start(profile, "lang", 5, 1, {"--role=sender", "--tokens=70,40,200,10", "--seed=3"});
+  const uint32_t lengths[] = {70, 40, 200, 10};
+  const uint32_t chunks[] = {1, 2, 4, 1};
+  for (int k = 0; k < 4; ++k) {
+    INFO("image " << k);
+    PayloadSpec spec{.seed = 3u + k, .total_tokens = lengths[k]};
+    absl::StatusOr<ReceivedImage> image =
+        ReceiveNow(*s.engine, {.request_id = "req-" + std::to_string(k),
+                               .sender = "sender",
+                               .known_tokens = k == 0 ? lengths[k] : 0});
+    REQUIRE(image.ok());
+    CHECK(image->num_chunks() == chunks[k]);
+    for (int sec = 0; sec < kNumSections; ++sec) {
+      CHECK(image->Section(sec) == ExpectedSection(s.engine->buffer().layout(), spec, sec));
+    }
+  }
+  CHECK(s.engine->allocator().used_blocks() == 0);
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::string> f = Fields(s.child->ReadLine(Deadline::After(absl::Seconds(10))));
+    CHECK(f[0] == "SENT");
+    CHECK(f[2] == "0");
+  }
+  s.child->WriteLine("EXIT");
+  CHECK(s.child->Wait(Deadline::After(absl::Seconds(10))) == 0);
+}
+
+TEST_CASE("a receiver process gets images from this process byte for byte") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Session s = Start(profile, "enc", 64, 1,
+                    {"--role=receiver", "--tokens=40,200", "--num_blocks=5", "--seed=11"});
+  const uint32_t lengths[] = {40, 200};
+  std::vector<std::future<absl::Status>> sent;
+  for (int k = 0; k < 2; ++k) {
+    auto blocks = s.engine->allocator().Alloc(lengths[k], "req-" + std::to_string(k));
+    REQUIRE(blocks.ok());
+    WriteImage(s.engine->buffer(), *blocks, {.seed = 11u + k, .total_tokens = lengths[k]});
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    sent.push_back(done->get_future());
+    s.engine->Publish({.request_id = "req-" + std::to_string(k), .blocks = *blocks},
+                      [done](absl::Status st) { done->set_value(st); });
+  }
+  for (int k = 0; k < 2; ++k) {
+    std::vector<std::string> f = Fields(s.child->ReadLine(Deadline::After(absl::Seconds(20))));
+    REQUIRE(f.size() == 5);
+    CHECK(f[0] == "RECV");
+    CHECK(f[2] == "0");
+    CHECK(f[4] == "ok");
+    CHECK(sent[k].get().ok());
+  }
+  CHECK(Fields(s.child->ReadLine(Deadline::After(absl::Seconds(5))))[1] == "0");  // BLOCKS 0
+  CHECK(s.engine->allocator().used_blocks() == 0);
+}
+
+TEST_CASE("a sender killed before the transfer gives the receiver an error in time") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Session s = Start(profile, "lang", 16, 1, {"--role=sender", "--tokens=100", "--window=0"});
+  s.child->Kill();
+  const absl::Duration timeout = absl::Milliseconds(500);
+  Stopwatch watch;
+  absl::StatusOr<ReceivedImage> image =
+      ReceiveNow(*s.engine, {.request_id = "req-0", .sender = "sender", .timeout = timeout});
+  absl::Duration took = absl::Nanoseconds(watch.ElapsedNanos());
+  INFO(image.status() << " after " << took);
+  Report(profile, "sender killed before", image.status(), took);
+  CHECK((absl::IsUnavailable(image.status()) || absl::IsDeadlineExceeded(image.status())));
+  CHECK(took < Bound(profile, timeout));
+  CHECK(s.engine->allocator().used_blocks() == 0);
+}
+
+TEST_CASE("a sender killed mid-transfer gives the receiver an error in time and frees its blocks") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Session s = Start(profile, "lang", 16, 1, {"--role=sender", "--tokens=200"});
+  const absl::Duration timeout = absl::Milliseconds(800);
+  PeerProcess* child = s.child.get();
+  auto killed_at = std::make_shared<std::atomic<int64_t>>(0);
+  absl::StatusOr<ReceivedImage> image = ReceiveNow(
+      *s.engine, {.request_id = "req-0",
+                  .sender = "sender",
+                  .timeout = timeout,
+                  .on_chunk = [child, killed_at](const v1::EmbeddingChunkNotice& notice) {
+                    if (notice.offset_tokens() == 0) {  // first of several chunks
+                      child->Kill();
+                      killed_at->store(MonotonicNanos());
+                    }
+                  }});
+  absl::Duration took = absl::Nanoseconds(MonotonicNanos() - killed_at->load());
+  INFO(image.status() << " " << took << " after the kill");
+  Report(profile, "sender killed during", image.status(), took);
+  REQUIRE(killed_at->load() != 0);
+  CHECK((absl::IsUnavailable(image.status()) || absl::IsDeadlineExceeded(image.status())));
+  CHECK(took < Bound(profile, timeout));
+  CHECK(s.engine->allocator().used_blocks() == 0);
+}
+
+TEST_CASE("a sender killed after a transfer leaves the image intact and later receives fail fast") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Session s = Start(profile, "lang", 16, 4, {"--role=sender", "--tokens=40", "--seed=5"});
+  absl::StatusOr<ReceivedImage> image =
+      ReceiveNow(*s.engine, {.request_id = "req-0", .sender = "sender"});
+  REQUIRE(image.ok());
+  s.child->Kill();
+  PayloadSpec spec{.seed = 5, .total_tokens = 40};
+  CHECK(image->Section(kEmbedding) ==
+        ExpectedSection(s.engine->buffer().layout(), spec, kEmbedding));
+  image->Release();
+  const absl::Duration timeout = absl::Milliseconds(500);
+  Stopwatch watch;
+  absl::StatusOr<ReceivedImage> next =
+      ReceiveNow(*s.engine, {.request_id = "req-1", .sender = "sender", .timeout = timeout});
+  absl::Duration took = absl::Nanoseconds(watch.ElapsedNanos());
+  INFO(next.status() << " after " << took);
+  Report(profile, "sender killed after", next.status(), took);
+  CHECK((absl::IsUnavailable(next.status()) || absl::IsDeadlineExceeded(next.status())));
+  CHECK(took < Bound(profile, timeout));
+  CHECK(s.engine->allocator().used_blocks() == 0);
+}
+
+TEST_CASE("a receiver killed mid-transfer lets the sender free its blocks in time") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  const absl::Duration timeout = absl::Milliseconds(800);
+  Session s = Start(profile, "enc", 64, 1,
+                    {"--role=receiver", "--tokens=200", "--stall_after_chunk", "--timeout_ms=800"});
+  auto blocks = s.engine->allocator().Alloc(200, "req-0");
+  REQUIRE(blocks.ok());
+  WriteImage(s.engine->buffer(), *blocks, {.seed = 1, .total_tokens = 200});
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  auto sent = done->get_future();
+  s.engine->Publish({.request_id = "req-0", .blocks = *blocks, .keep_for = absl::Seconds(30)},
+                    [done](absl::Status st) { done->set_value(st); });
+  CHECK(Fields(s.child->ReadLine(Deadline::After(absl::Seconds(10))))[0] == "CHUNK");
+  s.child->Kill();
+  Stopwatch watch;
+  REQUIRE(sent.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  absl::Status status = sent.get();
+  absl::Duration took = absl::Nanoseconds(watch.ElapsedNanos());
+  INFO(status << " " << took << " after the kill");
+  Report(profile, "receiver killed during", status, took);
+  CHECK((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)));
+  CHECK(took < Bound(profile, timeout));
+  CHECK(s.engine->allocator().used_blocks() == 0);
+}
+
+}  // namespace
+}  // namespace mmserve::transfer

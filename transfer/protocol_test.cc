@@ -1,0 +1,204 @@
+// The default-then-resume protocol end to end over real UCX, with both
+// engines (encoder and language side) in this process, on both profiles.
+#include <catch2/catch.hpp>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "transfer/test_payload.h"
+#include "transfer/transfer_engine.h"
+
+namespace mmserve::transfer {
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(20);
+
+struct PairOptions {
+  uint32_t sender_blocks = 16;
+  uint32_t receiver_blocks = 16;
+  uint32_t default_blocks = 1;
+};
+
+struct Pair {
+  std::unique_ptr<TransferEngine> enc;
+  std::unique_ptr<TransferEngine> lang;
+};
+
+Pair MakePair(TransportProfile profile, const PairOptions& o) {
+  EmbeddingLayout layout{
+      .block_size = 16, .num_blocks = o.sender_blocks, .hidden_size = 24, .dtype_bytes = 2};
+  Pair p;
+  auto enc = TransferEngine::Create({.instance_id = "enc", .profile = profile, .layout = layout});
+  REQUIRE(enc.ok());
+  layout.num_blocks = o.receiver_blocks;
+  auto lang = TransferEngine::Create({.instance_id = "lang",
+                                      .profile = profile,
+                                      .layout = layout,
+                                      .default_num_blocks = o.default_blocks});
+  REQUIRE(lang.ok());
+  p.enc = std::move(*enc);
+  p.lang = std::move(*lang);
+  REQUIRE(p.enc->Connect(p.lang->local_info()).ok());
+  REQUIRE(p.lang->Connect(p.enc->local_info()).ok());
+  return p;
+}
+
+// Publishes a deterministic image on the sender; the future yields its status.
+std::future<absl::Status> Publish(TransferEngine& enc, const std::string& req,
+                                  const PayloadSpec& spec) {
+  auto blocks = enc.allocator().Alloc(spec.total_tokens, req);
+  REQUIRE(blocks.ok());
+  WriteImage(enc.buffer(), *blocks, spec);
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  enc.Publish({.request_id = req, .image_index = spec.image_index, .blocks = *blocks},
+              [done](absl::Status s) { done->set_value(s); });
+  return done->get_future();
+}
+
+std::future<absl::StatusOr<ReceivedImage>> Receive(TransferEngine& lang, ReceiveRequest request) {
+  auto done = std::make_shared<std::promise<absl::StatusOr<ReceivedImage>>>();
+  lang.Receive(std::move(request),
+               [done](absl::StatusOr<ReceivedImage> image) { done->set_value(std::move(image)); });
+  return done->get_future();
+}
+
+void CheckBytes(const ReceivedImage& image, const EmbeddingLayout& layout,
+                const PayloadSpec& spec) {
+  REQUIRE(image.total_tokens() == spec.total_tokens);
+  for (int s = 0; s < kNumSections; ++s) {
+    INFO("section " << s);
+    CHECK(image.Section(s) == ExpectedSection(layout, spec, s));
+  }
+}
+
+template <typename T>
+T Get(std::future<T>& f) {
+  REQUIRE(f.wait_for(kWait) == std::future_status::ready);
+  return f.get();
+}
+
+// Runs one image through the protocol; returns the chunks it took.
+uint32_t RoundTrip(Pair& p, uint32_t total, uint32_t known, uint64_t seed) {
+  PayloadSpec spec{.seed = seed, .total_tokens = total, .image_index = 0};
+  std::string req = "req-" + std::to_string(seed);
+  auto sent = Publish(*p.enc, req, spec);
+  auto got = Receive(*p.lang, {.request_id = req, .sender = "enc", .known_tokens = known});
+  absl::StatusOr<ReceivedImage> image = Get(got);
+  REQUIRE(image.ok());
+  CHECK(Get(sent).ok());
+  CheckBytes(*image, p.lang->buffer().layout(), spec);
+  uint32_t chunks = image->num_chunks();
+  image->Release();
+  CHECK(p.lang->allocator().used_blocks() == 0);
+  CHECK(p.enc->allocator().used_blocks() == 0);
+  return chunks;
+}
+
+TransportProfile AnyProfile() { return GENERATE(TransportProfile::kShm, TransportProfile::kTcp); }
+
+TEST_CASE("an exact allocation moves the image in one chunk, byte for byte") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Pair p = MakePair(profile, {});
+  CHECK(RoundTrip(p, 40, /*known=*/40, 1) == 1);
+}
+
+TEST_CASE("resume fetches the tail when the default allocation is too small") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Pair p = MakePair(profile, {.default_blocks = 1});
+  CHECK(RoundTrip(p, 40, /*known=*/0, 2) == 2);
+}
+
+TEST_CASE("a pool smaller than the image serves it in several resumes") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  // 3 blocks of 16 tokens; the image spans 5 blocks: 16, then 48, then 16.
+  Pair p = MakePair(profile, {.receiver_blocks = 3, .default_blocks = 1});
+  CHECK(RoundTrip(p, 80, /*known=*/0, 3) == 3);
+}
+
+TEST_CASE("a default allocation larger than the image holds it in one chunk") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Pair p = MakePair(profile, {.default_blocks = 4});
+  CHECK(RoundTrip(p, 20, /*known=*/0, 4) == 1);
+}
+
+TEST_CASE("back-to-back images reuse the freed blocks") {
+  Pair p = MakePair(TransportProfile::kShm, {.receiver_blocks = 4, .default_blocks = 2});
+  for (uint64_t seed = 10; seed < 16; ++seed) RoundTrip(p, 17 + 9 * seed, 0, seed);
+}
+
+TEST_CASE("a full pool makes a receive wait for blocks instead of failing") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Pair p = MakePair(profile, {.receiver_blocks = 2, .default_blocks = 2});
+  PayloadSpec a{.seed = 5, .total_tokens = 32, .image_index = 0};
+  PayloadSpec b{.seed = 6, .total_tokens = 20, .image_index = 0};
+  auto sent_a = Publish(*p.enc, "a", a);
+  auto sent_b = Publish(*p.enc, "b", b);
+  auto got_a = Receive(*p.lang, {.request_id = "a", .sender = "enc", .known_tokens = 32});
+  absl::StatusOr<ReceivedImage> image_a = Get(got_a);
+  REQUIRE(image_a.ok());  // holds the whole pool
+  auto got_b = Receive(*p.lang, {.request_id = "b", .sender = "enc", .known_tokens = 20});
+  Deadline d = Deadline::After(absl::Seconds(5));
+  while (p.lang->counts().waiting_for_blocks != 1 && !d.Expired())
+    absl::SleepFor(absl::Milliseconds(1));
+  CHECK(p.lang->counts().waiting_for_blocks == 1);
+  CHECK(got_b.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  image_a->Release();
+  absl::StatusOr<ReceivedImage> image_b = Get(got_b);
+  REQUIRE(image_b.ok());
+  CheckBytes(*image_b, p.lang->buffer().layout(), b);
+  CHECK(Get(sent_a).ok());
+  CHECK(Get(sent_b).ok());
+}
+
+TEST_CASE("a transfer the sender never serves times out and frees both sides") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Pair p = MakePair(profile, {});
+  auto got = Receive(*p.lang, {.request_id = "never",
+                               .sender = "enc",
+                               .known_tokens = 16,
+                               .timeout = absl::Milliseconds(200)});
+  absl::StatusOr<ReceivedImage> image = Get(got);
+  INFO(image.status());
+  CHECK(absl::IsDeadlineExceeded(image.status()));
+  CHECK(p.lang->allocator().used_blocks() == 0);
+  Deadline d = Deadline::After(absl::Seconds(5));
+  while (p.enc->counts().sending != 0 && !d.Expired()) absl::SleepFor(absl::Milliseconds(1));
+  CHECK(p.enc->counts().sending == 0);
+}
+
+TEST_CASE("cancel mid-transfer frees both sides' blocks") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  Pair p = MakePair(profile, {.default_blocks = 1});
+  PayloadSpec spec{.seed = 9, .total_tokens = 100, .image_index = 0};
+  auto sent = Publish(*p.enc, "c", spec);
+  TransferEngine* lang = p.lang.get();
+  auto got = Receive(*p.lang, {.request_id = "c", .sender = "enc", .on_chunk = [lang](auto&) {
+                                 lang->Cancel("c", "client went away");
+                               }});
+  CHECK(absl::IsCancelled(Get(got).status()));
+  // The sender may have finished the last chunk before the cancel reached it.
+  absl::Status send_status = Get(sent);
+  CHECK((send_status.ok() || absl::IsCancelled(send_status)));
+  CHECK(p.lang->allocator().used_blocks() == 0);
+  CHECK(p.enc->allocator().used_blocks() == 0);
+}
+
+TEST_CASE("connect refuses a peer on another transport profile") {
+  auto shm = TransferEngine::Create(
+      {.instance_id = "a", .profile = TransportProfile::kShm, .layout = {.hidden_size = 8}});
+  auto tcp = TransferEngine::Create(
+      {.instance_id = "b", .profile = TransportProfile::kTcp, .layout = {.hidden_size = 8}});
+  REQUIRE(shm.ok());
+  REQUIRE(tcp.ok());
+  CHECK(absl::IsInvalidArgument((*shm)->Connect((*tcp)->local_info())));
+}
+
+}  // namespace
+}  // namespace mmserve::transfer

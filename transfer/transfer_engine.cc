@@ -1,0 +1,254 @@
+#include "transfer/transfer_engine.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "transfer/ucx_request.h"
+#include "transfer/ucx_status.h"
+
+namespace mmserve::transfer {
+
+namespace {
+
+v1::TensorDtype DtypeFor(uint32_t bytes) {
+  return bytes == 4 ? v1::TENSOR_DTYPE_FLOAT32 : v1::TENSOR_DTYPE_BFLOAT16;
+}
+
+uint32_t DtypeBytes(v1::TensorDtype dtype) { return dtype == v1::TENSOR_DTYPE_FLOAT32 ? 4 : 2; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
+    const TransferEngineOptions& options) {
+  std::unique_ptr<TransferEngine> engine(new TransferEngine(options));
+  RETURN_IF_ERROR(engine->Init());
+  return engine;
+}
+
+TransferEngine::TransferEngine(const TransferEngineOptions& options)
+    : options_(options),
+      data_path_(options.data_path.value_or(
+          options.profile == TransportProfile::kShm ? DataPath::kPut : DataPath::kTag)) {}
+
+absl::Status TransferEngine::Init() {
+  ASSIGN_OR_RETURN(context_, UcxContext::Create(options_.profile));
+  allocator_ = std::make_unique<BlockAllocator>(BlockAllocatorOptions{
+      options_.layout.block_size, options_.layout.num_blocks, options_.default_num_blocks});
+  buffer_ = std::make_unique<EmbeddingBuffer>(options_.layout);
+  ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Register(*context_, buffer_->data(), buffer_->size()));
+  ASSIGN_OR_RETURN(std::string rkey, region_->PackRkey());
+  UcxWorkerOptions worker_options = options_.worker;
+  worker_options.name = options_.instance_id;
+  ASSIGN_OR_RETURN(worker_, UcxWorker::Create(*context_, worker_options));
+  sender_ =
+      std::make_unique<EmbeddingSender>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
+  receiver_ =
+      std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
+
+  local_info_.set_instance_id(options_.instance_id);
+  local_info_.mutable_ucx()->set_worker_address(worker_->address());
+  local_info_.mutable_ucx()->set_transport_profile(TransportProfileName(options_.profile));
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  local_info_.mutable_ucx()->set_host(host);
+  v1::EmbeddingBufferLayout* layout = local_info_.mutable_embedding_buffer();
+  layout->set_block_size(options_.layout.block_size);
+  layout->set_num_blocks(options_.layout.num_blocks);
+  layout->set_hidden_size(options_.layout.hidden_size);
+  layout->set_dtype(DtypeFor(options_.layout.dtype_bytes));
+  for (int s = 0; s < kNumSections; ++s) {
+    v1::RemoteRegion* region = layout->add_sections();
+    region->set_base_address(reinterpret_cast<uint64_t>(buffer_->data()) +
+                             options_.layout.SectionOffset(s));
+    region->set_length(options_.layout.TokenBytes(s) * options_.layout.total_tokens());
+    region->set_rkey(rkey);  // one registration covers all four sections
+  }
+
+  worker_->Start([this] {
+    sender_->Tick();
+    receiver_->Tick();
+  });
+  for (AmId id : {kAmInit, kAmResume, kAmCancel, kAmNotice}) {
+    RETURN_IF_ERROR(worker_->RunSync([this, id] { return RegisterAmHandler(id); }));
+  }
+  return absl::OkStatus();
+}
+
+TransferEngine::~TransferEngine() {
+  if (worker_ != nullptr) {
+    (void)worker_->RunSync([this] {
+      absl::Status shutdown = absl::CancelledError("transfer engine shut down");
+      sender_->Shutdown(shutdown);
+      receiver_->Shutdown(shutdown);
+      for (auto& [name, peer] : peers_) {
+        peer->rkey.reset();
+        if (peer->ep) peer->ep->Close(Deadline::After(absl::Milliseconds(200)));
+      }
+      for (auto& [id, requests] : expects_) {
+        for (auto& [section, request] : requests) ucp_request_cancel(worker_->get(), request);
+      }
+      while (!expects_.empty() && worker_->Progress() != 0) {
+      }
+      peers_.clear();
+      return absl::OkStatus();
+    });
+    worker_->Stop();  // no more callbacks into this engine
+    worker_.reset();
+  }
+  receiver_.reset();
+  sender_.reset();
+  region_.reset();
+}
+
+absl::Status TransferEngine::RegisterAmHandler(AmId id) {
+  am_args_[id - 1] = AmArg{this, id};
+  ucp_am_handler_param_t param = {};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.cb = &TransferEngine::OnAm;
+  param.arg = &am_args_[id - 1];
+  return UCX_CALL(ucp_worker_set_am_recv_handler(worker_->get(), &param));
+}
+
+ucs_status_t TransferEngine::OnAm(void* arg, const void* header, size_t header_length, void* data,
+                                  size_t length, const ucp_am_recv_param_t* param) {
+  auto* am = static_cast<AmArg*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    LOG(ERROR) << "control message " << am->id << " arrived as rendezvous; dropped";
+    return UCS_OK;
+  }
+  std::string peer(static_cast<const char*>(header), header_length);
+  std::string payload(static_cast<const char*>(data), length);
+  // Dispatch outside the UCX callback: handlers may start UCX operations.
+  TransferEngine* engine = am->engine;
+  AmId id = am->id;
+  engine->worker_->Post([engine, id, peer = std::move(peer), payload = std::move(payload)] {
+    engine->Dispatch(id, peer, payload);
+  });
+  return UCS_OK;
+}
+
+void TransferEngine::Dispatch(AmId id, const std::string& peer, const std::string& payload) {
+  bool parsed = false;
+  switch (id) {
+    case kAmInit: {
+      v1::EmbeddingTransferInit m;
+      if ((parsed = m.ParseFromString(payload))) sender_->OnInit(peer, m);
+      break;
+    }
+    case kAmResume: {
+      v1::EmbeddingTransferResume m;
+      if ((parsed = m.ParseFromString(payload))) sender_->OnResume(peer, m);
+      break;
+    }
+    case kAmCancel: {
+      v1::EmbeddingTransferCancel m;
+      if ((parsed = m.ParseFromString(payload))) sender_->OnCancel(peer, m);
+      break;
+    }
+    case kAmNotice: {
+      v1::EmbeddingChunkNotice m;
+      if ((parsed = m.ParseFromString(payload))) receiver_->OnNotice(peer, m);
+      break;
+    }
+  }
+  if (!parsed) LOG(ERROR) << "unparsable control message " << id << " from " << peer;
+}
+
+absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
+  if (info.ucx().transport_profile() != TransportProfileName(options_.profile)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer ", info.instance_id(), " runs transport profile '", info.ucx().transport_profile(),
+        "', this engine '", TransportProfileName(options_.profile), "'"));
+  }
+  const v1::EmbeddingBufferLayout& layout = info.embedding_buffer();
+  if (layout.hidden_size() != options_.layout.hidden_size ||
+      DtypeBytes(layout.dtype()) != options_.layout.dtype_bytes ||
+      layout.sections_size() != kNumSections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer ", info.instance_id(), " has an incompatible embedding layout"));
+  }
+  return worker_->RunSync([this, info]() -> absl::Status {
+    const std::string name = info.instance_id();
+    auto peer = std::make_unique<Peer>();
+    ASSIGN_OR_RETURN(
+        peer->ep,
+        UcxEndpoint::Create(*worker_, info.ucx().worker_address(), [this, name](absl::Status s) {
+          worker_->Post([this, name, s] { FailPeer(name, s); });
+        }));
+    const v1::EmbeddingBufferLayout& layout = info.embedding_buffer();
+    peer->layout = EmbeddingLayout{layout.block_size(), layout.num_blocks(), layout.hidden_size(),
+                                   DtypeBytes(layout.dtype())};
+    for (int s = 0; s < kNumSections; ++s) {
+      peer->section_base[s] = layout.sections(s).base_address();
+    }
+    if (data_path_ == DataPath::kPut) {
+      ASSIGN_OR_RETURN(peer->rkey,
+                       UcxRemoteKey::Unpack(peer->ep->get(), layout.sections(0).rkey()));
+    }
+    auto old = peers_.find(name);
+    if (old != peers_.end()) {
+      old->second->rkey.reset();
+      old->second->ep->Close(Deadline::After(absl::Milliseconds(100)));
+    }
+    peers_[name] = std::move(peer);
+    return absl::OkStatus();
+  });
+}
+
+void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done) {
+  worker_->Post([this, image = std::move(image), done = std::move(done)]() mutable {
+    sender_->Publish(image, std::move(done));
+  });
+}
+
+void TransferEngine::Receive(ReceiveRequest request, EmbeddingReceiver::Done done) {
+  worker_->Post([this, request = std::move(request), done = std::move(done)]() mutable {
+    receiver_->Receive(std::move(request), std::move(done));
+  });
+}
+
+void TransferEngine::Cancel(const std::string& request_id, const std::string& reason) {
+  worker_->Post([this, request_id, reason] { receiver_->Cancel(request_id, reason); });
+}
+
+TransferEngine::Counts TransferEngine::counts() {
+  Counts c;
+  (void)worker_->RunSync([&] {
+    c.sending = sender_->num_transfers();
+    c.receiving = receiver_->num_transfers();
+    c.waiting_for_blocks = receiver_->num_waiting_for_blocks();
+    return absl::OkStatus();
+  });
+  return c;
+}
+
+absl::StatusOr<TransferEngine::Peer*> TransferEngine::LivePeer(const std::string& name) {
+  auto it = peers_.find(name);
+  if (it == peers_.end()) return absl::UnavailableError(absl::StrCat("no peer '", name, "'"));
+  if (it->second->failure) return *it->second->failure;
+  return it->second.get();
+}
+
+void TransferEngine::FailPeer(const std::string& name, const absl::Status& status) {
+  auto it = peers_.find(name);
+  if (it == peers_.end() || it->second->failure) return;
+  absl::Status failure =
+      absl::UnavailableError(absl::StrCat("peer ", name, ": ", status.message()));
+  LOG(WARNING) << failure;
+  Peer& peer = *it->second;
+  peer.failure = failure;
+  peer.rkey.reset();
+  peer.ep->Close(Deadline::After(absl::ZeroDuration()));
+  sender_->OnPeerFailed(name, failure);
+  receiver_->OnPeerFailed(name, failure);
+}
+
+void TransferEngine::AbortPeer(const std::string& peer, const absl::Status& why) {
+  worker_->Post([this, peer, why] { FailPeer(peer, why); });
+}
+
+}  // namespace mmserve::transfer

@@ -1,0 +1,148 @@
+// The embedding transfer engine of one process: UCX context, worker and its
+// progress thread, the registered embedding buffer and its block allocator,
+// endpoints to peers, and both protocol halves (EmbeddingSender for the
+// encoder role, EmbeddingReceiver for the language role).
+//
+//   ASSIGN_OR_RETURN(auto engine, TransferEngine::Create({.instance_id = "prefill-0",
+//       .profile = TransportProfile::kShm, .layout = {.hidden_size = 3584}}));
+//   // exchange engine->local_info() with the peer (gRPC Connect; a pipe in tests)
+//   RETURN_IF_ERROR(engine->Connect(encoder_info));
+//   engine->Receive({.request_id = "r1", .sender = "encoder-0"}, [](auto image) {...});
+//
+// Control messages (init, resume, cancel, chunk notices) travel as UCX active
+// messages carrying serialized transfer.proto messages; the header is the
+// sending instance id. Chunk data moves per profile: kShm puts into the
+// receiver's registered blocks, flushes, then notifies; kTcp uses tagged
+// sends into receives the receiver posted on its blocks (emulated puts over
+// tcp are ~100x slower in UCX 1.13). Both profiles must match on both ends.
+//
+// Thread-safety: every public method is thread-safe; callbacks run on the
+// progress thread and must not block. Lock order: UcxWorker::mu_ and
+// BlockAllocator::mu_ are leaves, never held together. ReceivedImage and
+// allocations must not outlive the engine.
+#ifndef MMSERVE_TRANSFER_TRANSFER_ENGINE_H_
+#define MMSERVE_TRANSFER_TRANSFER_ENGINE_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/registry.pb.h"
+#include "transfer/block_allocator.h"
+#include "transfer/embedding_buffer.h"
+#include "transfer/embedding_receiver.h"
+#include "transfer/embedding_sender.h"
+#include "transfer/transfer_link.h"
+#include "transfer/ucx_context.h"
+#include "transfer/ucx_endpoint.h"
+#include "transfer/ucx_memory.h"
+#include "transfer/ucx_worker.h"
+
+namespace mmserve::transfer {
+
+struct TransferEngineOptions {
+  std::string instance_id;
+  TransportProfile profile = TransportProfile::kShm;
+  EmbeddingLayout layout;
+  // Blocks a receive takes when the image length is unknown.
+  uint32_t default_num_blocks = 8;
+  // Data path override (benchmarks); default kPut on shm, kTag on tcp.
+  std::optional<DataPath> data_path;
+  UcxWorkerOptions worker;
+};
+
+class TransferEngine : private TransferLink {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(
+      const TransferEngineOptions& options);
+  ~TransferEngine() override;
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // What a peer needs to reach this engine (its Connect argument).
+  const v1::ConnectRequest& local_info() const { return local_info_; }
+  // Creates the endpoint to `peer` (and unpacks its buffer's rkey). Replaces
+  // an earlier connection of the same instance id.
+  [[nodiscard]] absl::Status Connect(const v1::ConnectRequest& peer);
+
+  // Encoder role: offers an image whose sections are already in `image.blocks`.
+  void Publish(PublishedImage image, EmbeddingSender::Done done);
+  // Language role: receives an image into this engine's buffer.
+  void Receive(ReceiveRequest request, EmbeddingReceiver::Done done);
+  // Language role: stops the receives of `request_id` here and at the sender.
+  void Cancel(const std::string& request_id, const std::string& reason);
+
+  struct Counts {
+    size_t sending = 0;             // sender transfers alive
+    size_t receiving = 0;           // receiver transfers alive
+    size_t waiting_for_blocks = 0;  // receives queued on a full pool
+  };
+  Counts counts();
+
+  BlockAllocator& allocator() { return *allocator_; }
+  EmbeddingBuffer& buffer() { return *buffer_; }
+  DataPath data_path() const override { return data_path_; }
+  const std::string& instance_id() const { return options_.instance_id; }
+
+ private:
+  struct Peer {
+    std::unique_ptr<UcxEndpoint> ep;
+    std::unique_ptr<UcxRemoteKey> rkey;  // the peer's receive buffer (put path)
+    EmbeddingLayout layout;
+    uint64_t section_base[kNumSections] = {};
+    std::optional<absl::Status> failure;
+  };
+  enum AmId : uint16_t { kAmInit = 1, kAmResume = 2, kAmCancel = 3, kAmNotice = 4 };
+
+  explicit TransferEngine(const TransferEngineOptions& options);
+  absl::Status Init();
+  absl::Status RegisterAmHandler(AmId id);
+  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
+                           size_t length, const ucp_am_recv_param_t* param);
+  void Dispatch(AmId id, const std::string& peer, const std::string& payload);
+  absl::StatusOr<Peer*> LivePeer(const std::string& peer);
+  absl::Status SendControl(const std::string& peer, AmId id,
+                           const google::protobuf::MessageLite& message);
+  // Marks `peer` failed, force-closes its endpoint, and fails its transfers.
+  void FailPeer(const std::string& peer, const absl::Status& status);
+
+  // TransferLink (progress thread).
+  absl::Status SendInit(const std::string& peer, const v1::EmbeddingTransferInit& m) override;
+  absl::Status SendResume(const std::string& peer, const v1::EmbeddingTransferResume& m) override;
+  absl::Status SendCancel(const std::string& peer, const v1::EmbeddingTransferCancel& m) override;
+  absl::Status SendNotice(const std::string& peer, const v1::EmbeddingChunkNotice& m) override;
+  absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
+                          const BlockAllocation& remote, uint64_t tag_base, Done done) override;
+  ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
+                       Done done) override;
+  void CancelExpect(ExpectId id) override;
+  void AbortPeer(const std::string& peer, const absl::Status& why) override;
+
+  const TransferEngineOptions options_;
+  const DataPath data_path_;
+  std::unique_ptr<UcxContext> context_;
+  std::unique_ptr<BlockAllocator> allocator_;
+  std::unique_ptr<EmbeddingBuffer> buffer_;
+  std::unique_ptr<UcxMemoryRegion> region_;
+  std::unique_ptr<UcxWorker> worker_;
+  v1::ConnectRequest local_info_;
+  // Progress thread only, from here on.
+  std::unique_ptr<EmbeddingSender> sender_;
+  std::unique_ptr<EmbeddingReceiver> receiver_;
+  std::map<std::string, std::unique_ptr<Peer>> peers_;
+  // Outstanding tag receives of each ExpectChunk.
+  std::map<ExpectId, std::map<int, void*>> expects_;
+  ExpectId next_expect_ = 1;
+  // Context for each registered AM id's callback.
+  struct AmArg {
+    TransferEngine* engine;
+    AmId id;
+  };
+  AmArg am_args_[4];
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_TRANSFER_ENGINE_H_

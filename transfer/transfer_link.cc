@@ -1,0 +1,16 @@
+#include "transfer/transfer_link.h"
+
+#include "common/crc32c.h"
+
+namespace mmserve::transfer {
+
+const char* DataPathName(DataPath path) { return path == DataPath::kPut ? "put" : "tag"; }
+
+uint64_t ChunkTag(const std::string& request_id, uint32_t image_index, uint32_t offset_tokens,
+                  int section) {
+  const uint32_t id = Crc32c(request_id.data(), request_id.size()) ^ (image_index * 0x9E3779B1u);
+  return (uint64_t{id} << 32) | (uint64_t{offset_tokens & 0x3FFFFFFFu} << 2) |
+         static_cast<uint64_t>(section);
+}
+
+}  // namespace mmserve::transfer

@@ -1,0 +1,95 @@
+// The seam between the protocol state machines and the UCX engine.
+//
+// EmbeddingSender and EmbeddingReceiver (the seed 002 state machines) see the
+// wire only through TransferLink: control messages out, chunk data moved or
+// expected. Control messages in arrive through SenderControl and
+// ReceiverControl. In this package TransferEngine implements the link with UCX
+// active messages carrying the serialized transfer.proto messages; in the
+// services init/resume/cancel arrive over gRPC (Encoder service) and are fed
+// to the same SenderControl methods.
+//
+// Ordering contract (ARCHITECTURE.md 4): WriteChunk's `done` runs only once
+// the chunk is remotely complete (puts + flush, or completed two-sided sends),
+// and the sender sends its EmbeddingChunkNotice only after that. On the tag
+// data path the receiver additionally waits for its own receives.
+//
+// Everything here runs on the engine's progress thread.
+#ifndef MMSERVE_TRANSFER_TRANSFER_LINK_H_
+#define MMSERVE_TRANSFER_TRANSFER_LINK_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/transfer.pb.h"
+#include "transfer/block_allocator.h"
+#include "transfer/embedding_buffer.h"
+
+namespace mmserve::transfer {
+
+namespace v1 = ::mmserve::internal::v1;
+
+// How chunk bytes move. kPut: the sender puts into the receiver's registered
+// buffer, flushes, then notifies. kTag: the receiver posts tagged receives into
+// its allocation, the sender sends the four sections as tagged messages.
+enum class DataPath { kPut, kTag };
+const char* DataPathName(DataPath path);
+
+// Tag of one section of the chunk starting at `offset_tokens` of an image.
+uint64_t ChunkTag(const std::string& request_id, uint32_t image_index, uint32_t offset_tokens,
+                  int section);
+
+// Control messages the receiver sends to the sender.
+class SenderControl {
+ public:
+  virtual ~SenderControl() = default;
+  virtual void OnInit(const std::string& peer, const v1::EmbeddingTransferInit& init) = 0;
+  virtual void OnResume(const std::string& peer, const v1::EmbeddingTransferResume& resume) = 0;
+  virtual void OnCancel(const std::string& peer, const v1::EmbeddingTransferCancel& cancel) = 0;
+};
+
+// Control messages the sender sends to the receiver.
+class ReceiverControl {
+ public:
+  virtual ~ReceiverControl() = default;
+  virtual void OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) = 0;
+};
+
+class TransferLink {
+ public:
+  using Done = std::function<void(absl::Status)>;
+  // A handle to cancel an expected chunk's receives.
+  using ExpectId = uint64_t;
+
+  virtual ~TransferLink() = default;
+  virtual DataPath data_path() const = 0;
+
+  virtual absl::Status SendInit(const std::string& peer, const v1::EmbeddingTransferInit& m) = 0;
+  virtual absl::Status SendResume(const std::string& peer,
+                                  const v1::EmbeddingTransferResume& m) = 0;
+  virtual absl::Status SendCancel(const std::string& peer,
+                                  const v1::EmbeddingTransferCancel& m) = 0;
+  virtual absl::Status SendNotice(const std::string& peer, const v1::EmbeddingChunkNotice& m) = 0;
+
+  // Sender: writes `local` (ranges of the sender's buffer) into tokens
+  // [0, n) of `remote` in the peer's buffer, under `tag` + section. `done`
+  // runs once, on remote completion or failure; an error return means `done`
+  // will not run.
+  virtual absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
+                                  const BlockAllocation& remote, uint64_t tag_base, Done done) = 0;
+  // Receiver: readies `local` (ranges of this receive buffer) for the chunk
+  // tagged `tag_base`. On kPut `done` runs at once; on kTag when all four
+  // receives completed. Returns an id for CancelExpect.
+  virtual ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
+                               Done done) = 0;
+  // Cancels the receives of ExpectChunk; its `done` still runs (CANCELLED).
+  virtual void CancelExpect(ExpectId id) = 0;
+  // Gives up on a peer whose operations hang (shm has no error detection):
+  // force-closes its endpoint so outstanding operations complete with errors.
+  virtual void AbortPeer(const std::string& peer, const absl::Status& why) = 0;
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_TRANSFER_LINK_H_

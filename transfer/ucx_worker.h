@@ -1,0 +1,105 @@
+// A UCX worker and the one progress thread that owns it.
+//
+// UCX 1.13 emulates RMA with active messages on tcp and shm, so both sides
+// must keep progressing. Every ucp_* call on this worker (and on endpoints,
+// rkeys and requests made from it) happens on the progress thread; other
+// threads hand work to it with Post() or RunSync().
+//
+//   ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(*ctx, {.name = "prefill-0"}));
+//   worker->Post([&] { /* runs on the progress thread, may call ucp_* */ });
+//   absl::Status s = worker->RunSync([&] { return DoUcxThing(worker->get()); });
+//
+// The loop: run queued tasks, call ucp_worker_progress until it returns 0,
+// run the ticker about every `tick` (deadlines), and after `spin` of idleness
+// arm the worker and sleep in poll() on its event fd and a wake-up eventfd
+// (at most `tick`). Tasks and UCX callbacks must not block; a task may call
+// Progress() to drive UCX while it waits for something it started.
+//
+// Thread-safety: Post, RunSync, address and InProgressThread are thread-safe;
+// get() and Progress() only on the progress thread. Destruction stops the
+// thread (see Stop); the owner closes endpoints first.
+#ifndef MMSERVE_TRANSFER_UCX_WORKER_H_
+#define MMSERVE_TRANSFER_UCX_WORKER_H_
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transfer/ucx_context.h"
+
+namespace mmserve::transfer {
+
+struct UcxWorkerOptions {
+  std::string name = "worker";
+  // Busy-poll this long after the last activity before sleeping.
+  absl::Duration spin = absl::Microseconds(200);
+  // Ticker period and the longest sleep.
+  absl::Duration tick = absl::Milliseconds(1);
+};
+
+class UcxWorker {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(
+      UcxContext& context, const UcxWorkerOptions& options);
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // Starts the progress thread; `ticker` (may be empty) then runs on it about
+  // every options.tick. Call once, before Post.
+  void Start(std::function<void()> ticker);
+
+  // Stops and joins the progress thread; queued tasks never run. Call from
+  // another thread, after the owner's last RunSync.
+  void Stop();
+
+  // Queues `task` for the progress thread. Thread-safe.
+  void Post(std::function<void()> task);
+  // Runs `task` on the progress thread and returns its status; inline when
+  // called there. Thread-safe.
+  [[nodiscard]] absl::Status RunSync(std::function<absl::Status()> task);
+
+  bool InProgressThread() const;
+  // The packed worker address peers create endpoints from.
+  const std::string& address() const { return address_; }
+  UcxContext& context() const { return context_; }
+
+  // Progress thread only.
+  ucp_worker_h get() const { return worker_; }
+  // Drives UCX once; returns the number of events processed.
+  unsigned Progress();
+
+ private:
+  UcxWorker(UcxContext& context, const UcxWorkerOptions& options, ucp_worker_h worker,
+            std::string address, int wake_fd, int ucx_fd);
+  void Loop();
+  bool RunTasks();
+  void Sleep();
+
+  UcxContext& context_;
+  const UcxWorkerOptions options_;
+  ucp_worker_h worker_;
+  const std::string address_;
+  const int wake_fd_;  // eventfd other threads write to wake the loop
+  const int ucx_fd_;   // ucp_worker_get_efd
+  std::function<void()> ticker_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_UCX_WORKER_H_
