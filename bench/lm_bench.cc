@@ -5,13 +5,18 @@
 // for a model directory or random weights at named dimensions.
 //
 // Baselines measured in the same run (the machines are shared and noisy, so
-// the ratios are what to compare):
+// the ratios are what to compare, and baselines are interleaved with the
+// runs they normalize):
 //   - memory copy bandwidth (STREAM convention: bytes read + written) and
-//     read bandwidth, over both cores; tg_bandwidth_ratio = (bytes of the
-//     matrices one decode step reads / step time) / copy bandwidth;
+//     read bandwidth over all threads, in a forked child (so its buffers stay
+//     out of the peak RSS) before each chunk of decode steps; the median is
+//     the baseline. tg_bandwidth_ratio = (bytes of the matrices one decode
+//     step reads / step time) / copy bandwidth;
 //   - the GEMM library's throughput: OpenBLAS cblas_sgemm (fp32) at the MLP
-//     shape [pp x hidden] x [hidden x intermediate], and our kernel at the
-//     same shape in the benchmark dtype.
+//     shape [pp x hidden] x [hidden x intermediate] before each prefill, and
+//     our kernel at the same shape in the benchmark dtype.
+// Batch-1 and batched decode steps alternate in chunks of 16 steps so that
+// both see the same machine load; batch<B>_speedup is their throughput ratio.
 // Peak RSS is the process high-water mark from loading the weights on (the
 // baselines' buffers are freed and the mark reset first), next to
 // weights_mb + kv_mb.
@@ -20,6 +25,7 @@
 //   bazel run --config=opt //bench:lm_bench -- --model_dir=/models/Qwen2-VL-2B-Instruct
 //
 // Prints a human table, then one JSON line last.
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -179,10 +185,6 @@ int Run() {
   model::DType dtype =
       absl::GetFlag(FLAGS_dtype) == "fp32" ? model::DType::kF32 : model::DType::kBF16;
 
-  // Baselines first, then free their buffers and reset the RSS mark.
-  const bench::MemoryBandwidth bw = bench::MeasureMemoryBandwidth(pool, size_t{256} << 20, 5);
-  const double sgemm = LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size,
-                                    model::DType::kF32, cpu::LinearKernel::kOpenBlas);
   const bool rss_reset = ResetPeakRss();
 
   std::unique_ptr<model::SafetensorsCheckpoint> ckpt;
@@ -210,22 +212,42 @@ int Run() {
   };
   step({{0, 0, 16}}, 0);  // warm-up: touches the weights once
 
-  double pp_s = 0;
+  double pp_s = 0, sgemm = 0;
   for (int r = 0; r < reps; ++r) {
+    sgemm += LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size, model::DType::kF32,
+                          cpu::LinearKernel::kOpenBlas) /
+             reps;
     Stopwatch sw;
     step({{0, 0, pp}}, r + 1);
     pp_s += sw.ElapsedSeconds() / reps;
   }
-  Stopwatch tg_watch;
-  for (int i = 0; i < tg; ++i) step({{0, i, 1}}, 100 + i);
-  const double tg_s = tg_watch.ElapsedSeconds();
-  Stopwatch batch_watch;
-  for (int i = 0; i < tg; ++i) {
-    std::vector<Work> work;
-    for (int s = 0; s < batch; ++s) work.push_back({s * per_seq_blocks, i, 1});
-    step(work, 1000 + i);
+  // Decode: chunks of single-sequence steps and batched steps, alternating,
+  // each pair preceded by a bandwidth sample.
+  constexpr int kChunk = 16;
+  double tg_s = 0, batch_s = 0;
+  std::vector<double> copy_samples, read_samples;
+  for (int i0 = 0; i0 < tg; i0 += kChunk) {
+    const bench::MemoryBandwidth bw =
+        bench::MeasureMemoryBandwidthInChild(threads, size_t{128} << 20, 3);
+    copy_samples.push_back(bw.copy_bytes_per_s);
+    read_samples.push_back(bw.read_bytes_per_s);
+    const int i1 = std::min(tg, i0 + kChunk);
+    Stopwatch tg_watch;
+    for (int i = i0; i < i1; ++i) step({{0, i, 1}}, 100 + i);
+    tg_s += tg_watch.ElapsedSeconds();
+    Stopwatch batch_watch;
+    for (int i = i0; i < i1; ++i) {
+      std::vector<Work> work;
+      for (int s = 0; s < batch; ++s) work.push_back({s * per_seq_blocks, i, 1});
+      step(work, 1000 + i);
+    }
+    batch_s += batch_watch.ElapsedSeconds();
   }
-  const double batch_s = batch_watch.ElapsedSeconds();
+  std::sort(copy_samples.begin(), copy_samples.end());
+  std::sort(read_samples.begin(), read_samples.end());
+  bench::MemoryBandwidth bw;
+  bw.copy_bytes_per_s = copy_samples[copy_samples.size() / 2];
+  bw.read_bytes_per_s = read_samples[read_samples.size() / 2];
   const double peak_rss = PeakRssMb();
   const double kernel_gflops =
       LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size, dtype, kernel);
@@ -251,8 +273,11 @@ int Run() {
   std::printf("  %-28s %10.2f tok/s  (%.2f x batch 1)\n",
               absl::StrFormat("tg%d x %d sequences", tg, batch).c_str(), batch_tok_s,
               batch_tok_s / tg_tok_s);
-  std::printf("  copy bandwidth %.2f GB/s (read+write), read %.2f GB/s\n",
-              bw.copy_bytes_per_s / 1e9, bw.read_bytes_per_s / 1e9);
+  std::printf(
+      "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
+      "GB/s\n",
+      bw.copy_bytes_per_s / 1e9, copy_samples.size(), copy_samples.front() / 1e9,
+      copy_samples.back() / 1e9, bw.read_bytes_per_s / 1e9);
   std::printf("  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s\n", pp,
               cfg.intermediate_size, cfg.hidden_size, sgemm, dname, kernel_gflops);
   std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", peak_rss,

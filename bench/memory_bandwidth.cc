@@ -1,6 +1,8 @@
 #include "bench/memory_bandwidth.h"
 
 #include <immintrin.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -56,6 +58,27 @@ MemoryBandwidth MeasureMemoryBandwidth(model::cpu::ThreadPool& pool, size_t byte
   volatile float sink = sums[0];
   (void)sink;
   return best;
+}
+
+MemoryBandwidth MeasureMemoryBandwidthInChild(int threads, size_t bytes, int reps) {
+  int fds[2];
+  MemoryBandwidth result;
+  if (pipe(fds) != 0) return result;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    model::cpu::ThreadPool pool(threads);
+    const MemoryBandwidth bw = MeasureMemoryBandwidth(pool, bytes, reps);
+    const ssize_t n = write(fds[1], &bw, sizeof(bw));
+    _exit(n == sizeof(bw) ? 0 : 1);
+  }
+  close(fds[1]);
+  if (pid > 0) {
+    if (read(fds[0], &result, sizeof(result)) != sizeof(result)) result = MemoryBandwidth();
+    waitpid(pid, nullptr, 0);
+  }
+  close(fds[0]);
+  return result;
 }
 
 }  // namespace mmserve::bench

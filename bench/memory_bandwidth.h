@@ -25,6 +25,11 @@ struct MemoryBandwidth {
 
 MemoryBandwidth MeasureMemoryBandwidth(model::cpu::ThreadPool& pool, size_t bytes, int reps);
 
+// The same in a forked child with its own pool of `threads`, so that the
+// buffers never count toward this process's peak RSS. Zeros if the child
+// fails. Call it while no other thread of this process is working.
+MemoryBandwidth MeasureMemoryBandwidthInChild(int threads, size_t bytes, int reps);
+
 }  // namespace mmserve::bench
 
 #endif  // MMSERVE_BENCH_MEMORY_BANDWIDTH_H_
