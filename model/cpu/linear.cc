@@ -53,9 +53,14 @@ inline __m256 LoadTail(const uint16_t* p, int r) {
 // lanes in c8 (row stride c8_stride floats, 8 floats per (i, j)); kFirst
 // starts from zero instead of c8. The hot loop holds 12 accumulators, NR
 // weight vectors and one x vector: 16 ymm registers for the 4 x 3 tile.
+//
+// Single-row tiles (MR == 1) are memory bound and read whole rows (kc == ldw):
+// their NR rows are one contiguous run, and `ahead` is the start of the next
+// tile's run, which they prefetch at the pace they consume their own (the
+// rows are too short for the hardware prefetcher to ramp up on).
 template <int MR, int NR, typename W, bool kFirst>
 void DotTile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kc, float* c8,
-             int64_t c8_stride) {
+             int64_t c8_stride, const char* ahead) {
   __m256 acc[MR][NR];
   _Pragma("GCC unroll 4") for (int i = 0; i < MR; ++i) {
     _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) {
@@ -63,6 +68,13 @@ void DotTile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kc, f
     }
   }
   for (int64_t k = 0; k < kc; k += 8) {
+    if constexpr (MR == 1) {
+      constexpr int kBytesPerStep = NR * 8 * sizeof(W);
+      const char* p = ahead + k * NR * sizeof(W);
+      _Pragma("GCC unroll 4") for (int b = 0; b < kBytesPerStep; b += 64) {
+        _mm_prefetch(p + b, _MM_HINT_T0);
+      }
+    }
     __m256 wv[NR];
     _Pragma("GCC unroll 4") for (int j = 0; j < NR; ++j) wv[j] = LoadW(w + j * ldw + k);
     _Pragma("GCC unroll 4") for (int i = 0; i < MR; ++i) {
@@ -93,7 +105,8 @@ void DotTail(const float* x, int64_t ldx, const W* w, int64_t ldw, int r, float*
 }
 
 template <typename W>
-using DotTileFn = void (*)(const float*, int64_t, const W*, int64_t, int64_t, float*, int64_t);
+using DotTileFn = void (*)(const float*, int64_t, const W*, int64_t, int64_t, float*, int64_t,
+                           const char*);
 template <typename W>
 using DotTailFn = void (*)(const float*, int64_t, const W*, int64_t, int, float*, int64_t);
 
@@ -142,8 +155,10 @@ void DotColumns(const float* x, int64_t m, int64_t k_total, const W* w, const fl
   const int64_t c8_stride = kNb * 8;
   for (int64_t m0 = 0; m0 < m; m0 += kMb) {
     const int64_t mb = std::min(kMb, m - m0);
-    for (int64_t k0 = 0; k0 < k_total; k0 += kKb) {
-      const int64_t kc = std::min(kKb, k_total - k0);
+    // One row has no x block to keep in cache: it reads whole weight rows.
+    const int64_t kb = mb == 1 ? k_total : kKb;
+    for (int64_t k0 = 0; k0 < k_total; k0 += kb) {
+      const int64_t kc = std::min(kb, k_total - k0);
       const int64_t kc8 = kc / 8 * 8;  // the tail (k_total % 8) is in the last block
       // The tile shape changes only the grouping, never an element's sums.
       const int64_t step = mb == 1 ? kWideNr : kNr;
@@ -163,7 +178,8 @@ void DotColumns(const float* x, int64_t m, int64_t k_total, const W* w, const fl
             tile = (k0 == 0 ? Tiles<W>::kFirst : Tiles<W>::kNext)[mr - 1][nr - 1];
             tail = Tiles<W>::kTail[mr - 1][nr - 1];
           }
-          tile(xt, k_total, wt, k_total, kc8, ct, c8_stride);
+          tile(xt, k_total, wt, k_total, kc8, ct, c8_stride,
+               reinterpret_cast<const char*>(wt + nr * k_total));
           if (kc8 < kc) {
             tail(xt + kc8, k_total, wt + kc8, k_total, static_cast<int>(kc - kc8), ct, c8_stride);
           }
