@@ -98,9 +98,10 @@ void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
   k_.resize(t * kv_width);
   v_.resize(t * kv_width);
   attn_.resize(t * q_width);
-  Linear(x_.data(), t, w.q, w.q_bias, q_.data());
-  Linear(x_.data(), t, w.k, w.k_bias, k_.data());
-  Linear(x_.data(), t, w.v, w.v_bias, v_.data());
+  cpu::LinearMany(
+      pool_, x_.data(), t,
+      {{&w.q, w.q_bias, q_.data()}, {&w.k, w.k_bias, k_.data()}, {&w.v, w.v_bias, v_.data()}},
+      options_.linear_kernel);
   rope_.Apply(angles_, q_.data(), t, heads_);
   rope_.Apply(angles_, k_.data(), t, kv_heads_);
   float* key = kv.Key(layer);
@@ -125,8 +126,9 @@ void Qwen2Model::Mlp(int layer, int64_t num_tokens) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
   gate_.resize(num_tokens * inter_);
   up_.resize(num_tokens * inter_);
-  Linear(x_.data(), num_tokens, w.gate, nullptr, gate_.data());
-  Linear(x_.data(), num_tokens, w.up, nullptr, up_.data());
+  cpu::LinearMany(pool_, x_.data(), num_tokens,
+                  {{&w.gate, nullptr, gate_.data()}, {&w.up, nullptr, up_.data()}},
+                  options_.linear_kernel);
   cpu::SiluMul(pool_, gate_.data(), up_.data(), num_tokens * inter_, gate_.data());
   o_.resize(num_tokens * hidden_);
   Linear(gate_.data(), num_tokens, w.down, nullptr, o_.data());

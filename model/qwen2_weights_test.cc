@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "model/model_config.h"
 #include "model/safetensors.h"
@@ -179,6 +180,26 @@ TEST_CASE("an unknown dtype string and a truncated file fail when the checkpoint
   s = LoadStatus(truncated);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(s, "model.safetensors"));
+}
+
+std::string CopyDir(const std::string& src, const std::vector<std::string>& skip) {
+  static int counter = 0;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/c" + std::to_string(::getpid()) +
+                          "_" + std::to_string(counter++);
+  REQUIRE(std::system(("mkdir -p " + dir + " && cp -L " + src + "/* " + dir).c_str()) == 0);
+  for (const std::string& f : skip) REQUIRE(std::remove((dir + "/" + f).c_str()) == 0);
+  return dir;
+}
+
+TEST_CASE("a directory without weights, or missing a listed shard, names the missing file",
+          "[weights]") {
+  absl::Status s = LoadStatus(CopyDir(kTied, {"model.safetensors"}));
+  CHECK_FALSE(s.ok());
+  CHECK(Contains(s, "model.safetensors"));
+  s = LoadStatus(CopyDir(kUntied, {"model-00003-of-00004.safetensors"}));
+  CHECK_FALSE(s.ok());
+  CHECK(Contains(s, "model-00003-of-00004.safetensors"));
 }
 
 TEST_CASE("random weights have the configured shapes and dtype", "[weights]") {

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "model/cpu/thread_pool.h"
 #include "model/dtype.h"
@@ -44,10 +45,23 @@ struct WeightMatrix {
 
 enum class LinearKernel { kDot, kOpenBlas };
 
+// One layer of a LinearMany call: y = x w^T (+ bias).
+struct LinearJob {
+  const WeightMatrix* w = nullptr;
+  const float* bias = nullptr;  // optional, w->rows entries
+  float* y = nullptr;           // [m][w->rows]
+};
+
 // y[i][n] = sum_k x[i][k] * w[n][k] (+ bias[n]) for i < m, n < w.rows.
 // CHECKs that w.dtype is kF32 or kBF16.
 void Linear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias,
             float* y, LinearKernel kernel = LinearKernel::kDot);
+
+// Several layers that read the same x (q/k/v, gate/up) in one parallel loop;
+// each job's result is exactly what Linear would give. Every w has the same
+// cols.
+void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs,
+                LinearKernel kernel = LinearKernel::kDot);
 
 }  // namespace mmserve::model::cpu
 

@@ -99,6 +99,21 @@ TEST_CASE("the OpenBLAS kernel agrees with the dot kernel to rounding", "[linear
   }
 }
 
+TEST_CASE("LinearMany gives each job exactly Linear's result", "[linear]") {
+  ThreadPool pool(2);
+  Problem a(5, 100, 64, 1), b(5, 7, 64, 2);
+  for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kOpenBlas}) {
+    WeightMatrix wa = a.F32(), wb = b.BF16();
+    std::vector<float> ya(5 * 100), yb(5 * 7), ra(5 * 100), rb(5 * 7);
+    LinearMany(pool, a.x.data(), 5, {{&wa, a.bias.data(), ya.data()}, {&wb, nullptr, yb.data()}},
+               kernel);
+    Linear(pool, a.x.data(), 5, wa, a.bias.data(), ra.data(), kernel);
+    Linear(pool, a.x.data(), 5, wb, nullptr, rb.data(), kernel);
+    CHECK(ya == ra);
+    CHECK(yb == rb);
+  }
+}
+
 TEST_CASE("bias is optional", "[linear]") {
   ThreadPool pool(2);
   Problem p(2, 3, 16, 9);

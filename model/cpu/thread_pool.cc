@@ -60,7 +60,15 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
   wake_.notify_all();
   RunChunks();
-  while (busy_.load(std::memory_order_acquire) != 0) _mm_pause();
+  // A worker still inside a chunk may have been preempted (the cores are
+  // shared): after a short spin, yield so that it can finish.
+  for (int spins = 0; busy_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpinIterations) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
 }
 

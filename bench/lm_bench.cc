@@ -1,0 +1,307 @@
+// llama-bench style throughput of the CPU Qwen2 decoder (model/qwen2_model.h):
+//   pp<N>: one prefill step of N tokens from an empty cache (default 512);
+//   tg<N>: N decode steps of one sequence from an empty cache (default 128);
+//   batch: the same N decode steps for B sequences at once (default 32),
+// for a model directory or random weights at named dimensions.
+//
+// Baselines measured in the same run (the machines are shared and noisy, so
+// the ratios are what to compare, and baselines are interleaved with the
+// runs they normalize):
+//   - memory copy bandwidth (STREAM convention: bytes read + written) and
+//     read bandwidth over all threads, in a forked child (so its buffers stay
+//     out of the peak RSS) before each chunk of decode steps; the median is
+//     the baseline. tg_bandwidth_ratio = (bytes of the matrices one decode
+//     step reads / step time) / copy bandwidth;
+//   - the GEMM library's throughput: OpenBLAS cblas_sgemm (fp32) at the MLP
+//     shape [pp x hidden] x [hidden x intermediate] before each prefill, and
+//     our kernel at the same shape in the benchmark dtype.
+// Batch-1 and batched decode steps alternate in chunks of 16 steps so that
+// both see the same machine load; batch<B>_speedup is their throughput ratio.
+// Peak RSS is the process high-water mark from loading the weights on (the
+// baselines' buffers are freed and the mark reset first), next to
+// weights_mb + kv_mb.
+//
+//   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=bf16
+//   bazel run --config=opt //bench:lm_bench -- --model_dir=/models/Qwen2-VL-2B-Instruct
+//
+// Prints a human table, then one JSON line last.
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "bench/memory_bandwidth.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "model/cpu/linear.h"
+#include "model/cpu/thread_pool.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/qwen2_model.h"
+#include "model/qwen2_weights.h"
+#include "model/safetensors.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (overrides --dims)");
+ABSL_FLAG(std::string, dims, "qwen2-0.5b",
+          "random weights at these text dimensions: qwen2-0.5b, qwen2-vl-2b, tiny");
+ABSL_FLAG(std::string, dtype, "bf16", "random weights' dtype: bf16 or fp32");
+ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
+ABSL_FLAG(int, pp, 512, "prompt tokens of the prefill test");
+ABSL_FLAG(int, tg, 128, "decode steps of the generation tests");
+ABSL_FLAG(int, batch, 32, "concurrent sequences of the batched decode test");
+ABSL_FLAG(int, reps, 2, "repetitions of the prefill test (mean reported)");
+ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
+ABSL_FLAG(int, block_size, 16, "KV block size");
+
+namespace mmserve {
+namespace {
+
+using model::ForwardBatch;
+using model::TextConfig;
+namespace cpu = model::cpu;
+
+bool NamedDims(const std::string& name, TextConfig* cfg) {
+  cfg->rope_theta = 1000000.0;
+  cfg->rms_norm_eps = 1e-6;
+  cfg->tie_word_embeddings = true;
+  cfg->vocab_size = 151936;
+  if (name == "qwen2-0.5b") {  // Qwen/Qwen2-0.5B config.json
+    cfg->hidden_size = 896;
+    cfg->intermediate_size = 4864;
+    cfg->num_hidden_layers = 24;
+    cfg->num_attention_heads = 14;
+    cfg->num_key_value_heads = 2;
+  } else if (name == "qwen2-vl-2b") {  // Qwen/Qwen2-VL-2B-Instruct text config
+    cfg->hidden_size = 1536;
+    cfg->intermediate_size = 8960;
+    cfg->num_hidden_layers = 28;
+    cfg->num_attention_heads = 12;
+    cfg->num_key_value_heads = 2;
+    cfg->mrope_section = {16, 24, 24};
+  } else if (name == "tiny") {  // for smoke runs
+    cfg->vocab_size = 2048;
+    cfg->hidden_size = 128;
+    cfg->intermediate_size = 256;
+    cfg->num_hidden_layers = 2;
+    cfg->num_attention_heads = 4;
+    cfg->num_key_value_heads = 2;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// A sequence's share of one step: n tokens from cache position `start`, its
+// blocks starting at first_block (contiguous; the kernels do not care).
+struct Work {
+  int64_t first_block;
+  int64_t start;
+  int64_t n;
+};
+
+ForwardBatch MakeBatch(const std::vector<Work>& work, int64_t block_size, int64_t vocab,
+                       uint64_t seed) {
+  ForwardBatch b;
+  std::vector<int64_t> pos;
+  for (const Work& w : work) {
+    model::SequenceChunk chunk{b.num_tokens(), w.n, w.start + w.n, {}};
+    for (int64_t blk = 0; blk * block_size < w.start + w.n; ++blk) {
+      chunk.block_table.push_back(static_cast<int32_t>(w.first_block + blk));
+    }
+    for (int64_t i = 0; i < w.n; ++i) {
+      const int64_t p = w.start + i;
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      b.token_ids.push_back(static_cast<int32_t>((seed >> 33) % vocab));
+      pos.push_back(p);
+      b.slot_mapping.push_back((w.first_block + p / block_size) * block_size + p % block_size);
+    }
+    b.logits_rows.push_back(b.num_tokens() - 1);
+    b.sequences.push_back(std::move(chunk));
+  }
+  for (int c = 0; c < 3; ++c) b.positions.insert(b.positions.end(), pos.begin(), pos.end());
+  return b;
+}
+
+// Process memory high-water mark in MiB (VmHWM), and its reset.
+double PeakRssMb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  return static_cast<bool>(out);
+}
+
+double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, model::DType dtype,
+                    cpu::LinearKernel kernel) {
+  std::vector<float> x(m * k, 0.01f), y(m * n);
+  std::vector<float> wf(dtype == model::DType::kF32 ? n * k : 0, 0.02f);
+  std::vector<uint16_t> wb(dtype == model::DType::kBF16 ? n * k : 0, model::F32ToBf16(0.02f));
+  cpu::WeightMatrix w{dtype,
+                      dtype == model::DType::kF32 ? static_cast<const void*>(wf.data())
+                                                  : static_cast<const void*>(wb.data()),
+                      n, k};
+  cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);  // warm-up
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    Stopwatch sw;
+    cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);
+    best = std::max(best, 2.0 * m * n * k / sw.ElapsedSeconds() / 1e9);
+  }
+  return best;
+}
+
+int Run() {
+  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
+                                                       : cpu::ThreadPool::DefaultThreads();
+  const int pp = absl::GetFlag(FLAGS_pp), tg = absl::GetFlag(FLAGS_tg);
+  const int batch = absl::GetFlag(FLAGS_batch), reps = absl::GetFlag(FLAGS_reps);
+  const int64_t bs = absl::GetFlag(FLAGS_block_size);
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  const cpu::LinearKernel kernel = absl::GetFlag(FLAGS_kernel) == "openblas"
+                                       ? cpu::LinearKernel::kOpenBlas
+                                       : cpu::LinearKernel::kDot;
+  cpu::ThreadPool pool(threads);
+
+  TextConfig cfg;
+  std::string model_name = dir;
+  if (dir.empty()) {
+    model_name = absl::GetFlag(FLAGS_dims);
+    if (!NamedDims(model_name, &cfg)) LOG(FATAL) << "unknown --dims " << model_name;
+  } else {
+    auto loaded = model::LoadModelConfig(dir);
+    CHECK_OK(loaded.status());
+    cfg = loaded->text;
+  }
+  model::DType dtype =
+      absl::GetFlag(FLAGS_dtype) == "fp32" ? model::DType::kF32 : model::DType::kBF16;
+
+  const bool rss_reset = ResetPeakRss();
+
+  std::unique_ptr<model::SafetensorsCheckpoint> ckpt;
+  std::unique_ptr<model::Qwen2Weights> weights;
+  if (dir.empty()) {
+    weights = model::Qwen2Weights::Random(cfg, dtype, 1);
+  } else {
+    auto opened = model::SafetensorsCheckpoint::Open(dir);
+    CHECK_OK(opened.status());
+    ckpt = std::move(opened).value();
+    auto loaded = model::Qwen2Weights::Load(*ckpt, cfg);
+    CHECK_OK(loaded.status());
+    weights = std::move(loaded).value();
+    dtype = weights->layers()[0].q.dtype;
+  }
+  model::Qwen2Model qwen(cfg, *weights, pool, {kernel});
+  const int64_t per_seq_blocks = (std::max(pp, tg) + bs - 1) / bs;
+  auto kv_or = model::KvCache::Create(qwen.KvShape(per_seq_blocks * batch, bs));
+  CHECK_OK(kv_or.status());
+  model::KvCache& kv = **kv_or;
+  std::vector<float> logits;
+  auto step = [&](const std::vector<Work>& work, uint64_t seed) {
+    ForwardBatch b = MakeBatch(work, bs, cfg.vocab_size, seed);
+    CHECK_OK(qwen.Forward(b, kv, &logits));
+  };
+  step({{0, 0, 16}}, 0);  // warm-up: touches the weights once
+
+  double pp_s = 0, sgemm = 0;
+  for (int r = 0; r < reps; ++r) {
+    sgemm += LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size, model::DType::kF32,
+                          cpu::LinearKernel::kOpenBlas) /
+             reps;
+    Stopwatch sw;
+    step({{0, 0, pp}}, r + 1);
+    pp_s += sw.ElapsedSeconds() / reps;
+  }
+  // Decode: chunks of single-sequence steps and batched steps, alternating,
+  // each pair preceded by a bandwidth sample.
+  constexpr int kChunk = 16;
+  double tg_s = 0, batch_s = 0;
+  std::vector<double> copy_samples, read_samples;
+  for (int i0 = 0; i0 < tg; i0 += kChunk) {
+    const bench::MemoryBandwidth bw =
+        bench::MeasureMemoryBandwidthInChild(threads, size_t{128} << 20, 3);
+    copy_samples.push_back(bw.copy_bytes_per_s);
+    read_samples.push_back(bw.read_bytes_per_s);
+    const int i1 = std::min(tg, i0 + kChunk);
+    Stopwatch tg_watch;
+    for (int i = i0; i < i1; ++i) step({{0, i, 1}}, 100 + i);
+    tg_s += tg_watch.ElapsedSeconds();
+    Stopwatch batch_watch;
+    for (int i = i0; i < i1; ++i) {
+      std::vector<Work> work;
+      for (int s = 0; s < batch; ++s) work.push_back({s * per_seq_blocks, i, 1});
+      step(work, 1000 + i);
+    }
+    batch_s += batch_watch.ElapsedSeconds();
+  }
+  std::sort(copy_samples.begin(), copy_samples.end());
+  std::sort(read_samples.begin(), read_samples.end());
+  bench::MemoryBandwidth bw;
+  bw.copy_bytes_per_s = copy_samples[copy_samples.size() / 2];
+  bw.read_bytes_per_s = read_samples[read_samples.size() / 2];
+  const double peak_rss = PeakRssMb();
+  const double kernel_gflops =
+      LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size, dtype, kernel);
+
+  const double step_bytes = static_cast<double>(weights->StepWeightBytes());
+  const double params = step_bytes / model::DTypeSize(dtype);
+  const double pp_tok_s = pp / pp_s, tg_tok_s = tg / tg_s;
+  const double batch_tok_s = static_cast<double>(tg) * batch / batch_s;
+  const double tg_weight_gbs = step_bytes / (tg_s / tg) / 1e9;
+  const double pp_gflops = 2.0 * params * pp / pp_s / 1e9;
+  const double weights_mb = weights->TotalWeightBytes() / 1048576.0;
+  const double kv_mb = kv.bytes() / 1048576.0;
+  const char* dname = dtype == model::DType::kF32 ? "fp32" : "bf16";
+
+  std::printf("lm_bench: %s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step)\n",
+              model_name.c_str(), dname, threads, absl::GetFlag(FLAGS_kernel).c_str(), weights_mb,
+              step_bytes / 1048576.0);
+  std::printf("  %-28s %10.1f tok/s  (%.1f GFLOP/s, %.2f x sgemm)\n",
+              absl::StrFormat("pp%d", pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / sgemm);
+  std::printf("  %-28s %10.2f tok/s  (%.1f ms/step, %.2f GB/s of weights, %.2f x copy bw)\n",
+              absl::StrFormat("tg%d", tg).c_str(), tg_tok_s, 1e3 * tg_s / tg, tg_weight_gbs,
+              tg_weight_gbs * 1e9 / bw.copy_bytes_per_s);
+  std::printf("  %-28s %10.2f tok/s  (%.2f x batch 1)\n",
+              absl::StrFormat("tg%d x %d sequences", tg, batch).c_str(), batch_tok_s,
+              batch_tok_s / tg_tok_s);
+  std::printf(
+      "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
+      "GB/s\n",
+      bw.copy_bytes_per_s / 1e9, copy_samples.size(), copy_samples.front() / 1e9,
+      copy_samples.back() / 1e9, bw.read_bytes_per_s / 1e9);
+  std::printf("  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s\n", pp,
+              cfg.intermediate_size, cfg.hidden_size, sgemm, dname, kernel_gflops);
+  std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", peak_rss,
+              weights_mb, kv_mb, peak_rss / (weights_mb + kv_mb),
+              rss_reset ? "" : " (mark not reset: includes the baselines)");
+  std::printf(
+      "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
+      "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"
+      "\"batch%d_speedup\":%.2f,\"step_weight_mb\":%.1f,\"tg_weight_gbs\":%.3f,"
+      "\"copy_bandwidth_gbs\":%.3f,\"read_bandwidth_gbs\":%.3f,\"tg_bandwidth_ratio\":%.3f,"
+      "\"sgemm_gflops\":%.2f,\"kernel_gflops\":%.2f,\"pp_gflops\":%.2f,\"pp_vs_sgemm\":%.3f,"
+      "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f}\n",
+      model_name.c_str(), dname, threads, absl::GetFlag(FLAGS_kernel).c_str(), pp, pp_tok_s, tg,
+      tg_tok_s, 1e3 * tg_s / tg, batch, batch_tok_s, batch, batch_tok_s / tg_tok_s,
+      step_bytes / 1048576.0, tg_weight_gbs, bw.copy_bytes_per_s / 1e9, bw.read_bytes_per_s / 1e9,
+      tg_weight_gbs * 1e9 / bw.copy_bytes_per_s, sgemm, kernel_gflops, pp_gflops, pp_gflops / sgemm,
+      peak_rss, weights_mb, kv_mb, peak_rss / (weights_mb + kv_mb));
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::Run();
+}
