@@ -25,6 +25,13 @@ std::optional<BlockAllocation> ReceivedImage::tail_blocks() const {
   return tail_->allocation();
 }
 
+bool EmbeddingReceiver::expecting_data() const {
+  for (const auto& [key, t] : transfers_) {
+    if (t.blocks != nullptr && !t.notice && !t.failure) return true;
+  }
+  return false;
+}
+
 void EmbeddingReceiver::Receive(ReceiveRequest request, Done done) {
   Key key{request.request_id, request.image_index};
   if (transfers_.count(key) != 0) {

@@ -99,6 +99,8 @@ class EmbeddingReceiver : public ReceiverControl {
 
   size_t num_transfers() const { return transfers_.size(); }
   size_t num_waiting_for_blocks() const { return waiting_.size(); }
+  // Whether some transfer told its sender where to write and awaits the data.
+  bool expecting_data() const;
 
  private:
   using Key = std::pair<std::string, uint32_t>;  // request id, image index

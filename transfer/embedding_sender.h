@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "transfer/block_allocator.h"
 #include "transfer/embedding_buffer.h"
+#include "transfer/image_crc.h"
 #include "transfer/transfer_link.h"
 
 namespace mmserve::transfer {
@@ -56,7 +57,9 @@ class EmbeddingSender : public SenderControl {
 
   // Offers an image for transfer; `done` runs once with OK after the last
   // chunk's notice went out, or with the reason the image was dropped.
-  void Publish(const PublishedImage& image, Done done);
+  // `crc` is ImageCrc::Compute of the image's blocks, when the caller made it
+  // off the progress thread; else Publish computes it here.
+  void Publish(const PublishedImage& image, Done done, std::optional<ImageCrc> crc = std::nullopt);
 
   void OnInit(const std::string& peer, const v1::EmbeddingTransferInit& init) override;
   void OnResume(const std::string& peer, const v1::EmbeddingTransferResume& resume) override;
@@ -69,6 +72,8 @@ class EmbeddingSender : public SenderControl {
   void Shutdown(const absl::Status& status);
 
   size_t num_transfers() const { return transfers_.size(); }
+  // Whether UCX is moving a chunk of some transfer now.
+  bool writing() const { return num_writing_ != 0; }
 
  private:
   using Key = std::pair<std::string, uint32_t>;  // request id, image index
@@ -76,6 +81,7 @@ class EmbeddingSender : public SenderControl {
     std::string request_id;
     uint32_t image_index = 0;
     std::optional<BlockAllocation> source;  // set by Publish
+    std::optional<ImageCrc> crc;            // of `source`, set by Publish
     Done done;
     std::string peer;                       // set by init
     std::optional<BlockAllocation> target;  // receiver's current allocation
@@ -98,6 +104,7 @@ class EmbeddingSender : public SenderControl {
   EmbeddingBuffer& buffer_;
   BlockAllocator& allocator_;
   std::map<Key, Transfer> transfers_;
+  size_t num_writing_ = 0;  // transfers with `writing` set
 };
 
 }  // namespace mmserve::transfer

@@ -66,10 +66,12 @@ absl::Status TransferEngine::Init() {
     region->set_rkey(rkey);  // one registration covers all four sections
   }
 
-  worker_->Start([this] {
-    sender_->Tick();
-    receiver_->Tick();
-  });
+  worker_->Start(
+      [this] {
+        sender_->Tick();
+        receiver_->Tick();
+      },
+      [this] { return sender_->writing() || receiver_->expecting_data(); });
   for (AmId id : {kAmInit, kAmResume, kAmCancel, kAmNotice}) {
     RETURN_IF_ERROR(worker_->RunSync([this, id] { return RegisterAmHandler(id); }));
   }
@@ -200,9 +202,13 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
 }
 
 void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done) {
-  worker_->Post([this, image = std::move(image), done = std::move(done)]() mutable {
-    sender_->Publish(image, std::move(done));
-  });
+  // The checksum pass reads the whole image: do it on the caller's thread
+  // (which just wrote the bytes), not on the progress thread's send path.
+  ImageCrc crc = ImageCrc::Compute(*buffer_, image.blocks);
+  worker_->Post(
+      [this, image = std::move(image), done = std::move(done), crc = std::move(crc)]() mutable {
+        sender_->Publish(image, std::move(done), std::move(crc));
+      });
 }
 
 void TransferEngine::Receive(ReceiveRequest request, EmbeddingReceiver::Done done) {
