@@ -26,6 +26,7 @@ std::optional<BlockAllocation> ReceivedImage::tail_blocks() const {
 }
 
 bool EmbeddingReceiver::expecting_data() const {
+  if (!quarantine_.empty()) return true;  // a late put may need our progress
   for (const auto& [key, t] : transfers_) {
     if (t.blocks != nullptr && !t.notice && !t.failure) return true;
   }
@@ -84,6 +85,7 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
     return;
   }
   t.blocks = std::make_shared<BlockLease>(allocator_, *a, key.first);
+  t.handed_out = false;
   t.data_in = false;
   t.notice.reset();
   const uint64_t tag = ChunkTag(key.first, key.second, held, 0);
@@ -117,18 +119,29 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
     resume.set_sent_tokens(held);
     sent = link_.SendResume(sender, resume);
   }
-  if (!sent.ok()) Fail(key, sent, false);
+  if (!sent.ok()) {
+    Fail(key, sent, false);
+    return;
+  }
+  it->second.handed_out = true;
 }
 
 void EmbeddingReceiver::OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) {
   Key key{notice.request_id(), notice.image_index()};
+  // Any notice (they follow the writes they report; FAILED ones follow the
+  // sender's last write) ends the quarantine of this transfer's blocks.
+  quarantine_.erase(
+      std::remove_if(quarantine_.begin(), quarantine_.end(),
+                     [&](const Quarantined& q) { return q.key == key && q.sender == peer; }),
+      quarantine_.end());
   auto it = transfers_.find(key);
   if (it == transfers_.end() || it->second.request.sender != peer || it->second.failure) {
     return;  // late notice of a transfer that already ended here
   }
   Transfer& t = it->second;
   if (notice.status() == v1::TRANSFER_STATUS_FAILED) {
-    Fail(key, absl::UnavailableError(absl::StrCat("sender failed: ", notice.error())), false);
+    Fail(key, absl::UnavailableError(absl::StrCat("sender failed: ", notice.error())), false,
+         /*sender_stopped=*/true);
     return;
   }
   if (t.blocks == nullptr || t.notice || notice.offset_tokens() != t.image.buffered_tokens_) {
@@ -229,6 +242,15 @@ void EmbeddingReceiver::Tick() {
              absl::StrCat("embedding receive of ", key.first, "/", key.second, " timed out")),
          true);
   }
+  for (auto q = quarantine_.begin(); q != quarantine_.end();) {
+    if (!q->until.Expired()) {
+      ++q;
+      continue;
+    }
+    LOG(WARNING) << "freeing quarantined blocks of " << q->key.first << "/" << q->key.second
+                 << ": no word from sender " << q->sender << " within " << quarantine_limit_;
+    q = quarantine_.erase(q);
+  }
   const uint64_t generation = allocator_.FreeGeneration();
   if (waiting_.empty() || generation == seen_free_generation_) return;
   seen_free_generation_ = generation;
@@ -241,13 +263,22 @@ void EmbeddingReceiver::Shutdown(const absl::Status& status) {
   std::vector<Key> keys;
   for (const auto& [key, t] : transfers_) keys.push_back(key);
   for (const Key& key : keys) Fail(key, status, false);
+  quarantine_.clear();
 }
 
-void EmbeddingReceiver::Fail(const Key& key, absl::Status status, bool notify_peer) {
+void EmbeddingReceiver::Fail(const Key& key, absl::Status status, bool notify_peer,
+                             bool sender_stopped) {
   auto it = transfers_.find(key);
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
   if (!t.failure) t.failure = status;
+  if (link_.data_path() == DataPath::kPut && t.blocks != nullptr && t.handed_out && !t.notice &&
+      !sender_stopped) {
+    // The sender may be writing into these blocks right now (cma/posix puts
+    // cannot be revoked): keep them out of the pool until it says it stopped.
+    quarantine_.push_back(
+        {key, t.request.sender, std::move(t.blocks), Deadline::After(quarantine_limit_)});
+  }
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), key), waiting_.end());
   if (notify_peer) {
     v1::EmbeddingTransferCancel cancel;

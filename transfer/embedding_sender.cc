@@ -107,7 +107,7 @@ void EmbeddingSender::OnCancel(const std::string& peer, const v1::EmbeddingTrans
   }
   for (const Key& key : keys) {
     Fail(key, absl::CancelledError(absl::StrCat("cancelled by receiver: ", cancel.reason())),
-         false);
+         /*notify_peer=*/true);  // the acknowledgement the receiver's quarantine waits for
   }
 }
 
@@ -209,21 +209,24 @@ void EmbeddingSender::Fail(const Key& key, absl::Status status, bool notify_peer
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
   if (!t.failure) t.failure = status;
-  if (notify_peer && !t.peer.empty()) {
-    v1::EmbeddingChunkNotice notice;
-    notice.set_request_id(key.first);
-    notice.set_image_index(key.second);
-    notice.set_offset_tokens(t.sent_tokens);
-    notice.set_status(v1::TRANSFER_STATUS_FAILED);
-    notice.set_error(std::string(status.message()));
-    (void)link_.SendNotice(t.peer, notice);
-  }
+  t.notify_peer = t.notify_peer || notify_peer;
   if (!t.writing) Release(it, *t.failure);
 }
 
 void EmbeddingSender::Release(std::map<Key, Transfer>::iterator it, absl::Status status) {
   Transfer t = std::move(it->second);
   transfers_.erase(it);
+  if (!status.ok() && t.notify_peer && !t.peer.empty()) {
+    // Sent only now that UCX no longer writes into the receiver's blocks: the
+    // receiver may free blocks it quarantined for this transfer.
+    v1::EmbeddingChunkNotice notice;
+    notice.set_request_id(t.request_id);
+    notice.set_image_index(t.image_index);
+    notice.set_offset_tokens(t.sent_tokens);
+    notice.set_status(v1::TRANSFER_STATUS_FAILED);
+    notice.set_error(std::string(status.message()));
+    (void)link_.SendNotice(t.peer, notice);
+  }
   if (t.source) {
     if (absl::Status s = allocator_.Free(*t.source, t.request_id); !s.ok()) LOG(ERROR) << s;
   }

@@ -6,7 +6,10 @@
 // - aux carries the true length - and notifies TRANSFERRING (more to come) or
 // SUCCESS (last chunk). On resume(allocation, sent_tokens) it continues from
 // that offset. Its blocks are freed on success, cancel, failure, peer loss and
-// deadline, but never while UCX may still read them.
+// deadline, but never while UCX may still read them. A FAILED notice to the
+// receiver goes out only once the sender no longer writes into its blocks
+// (it also acknowledges a cancel), so the receiver can free blocks it
+// quarantined for a put-path transfer it gave up on.
 //
 //   sender.Publish({.request_id = "r1", .image_index = 0, .blocks = a,
 //                   .keep_for = absl::Seconds(30)},
@@ -88,15 +91,17 @@ class EmbeddingSender : public SenderControl {
     uint32_t sent_tokens = 0;               // offset of the next chunk
     uint32_t chunk_tokens = 0;              // tokens of the chunk being written
     uint32_t chunk_crc = 0;
-    bool writing = false;  // UCX may be reading the source blocks
+    bool writing = false;      // UCX may be reading the source blocks
+    bool notify_peer = false;  // send a FAILED notice when released
     std::optional<absl::Status> failure;
     Deadline deadline = Deadline::Never();
   };
 
   void MaybeStart(const Key& key);
   void OnChunkWritten(const Key& key, absl::Status status);
-  // Fails the transfer: tells the receiver (best effort), and releases it
-  // unless UCX still reads its blocks (then on write completion).
+  // Fails the transfer and releases it unless UCX still reads its blocks
+  // (then on write completion). With `notify_peer`, the release sends the
+  // receiver a FAILED notice: a FAILED notice always means "no longer writing".
   void Fail(const Key& key, absl::Status status, bool notify_peer);
   void Release(std::map<Key, Transfer>::iterator it, absl::Status status);
 

@@ -44,8 +44,8 @@ absl::Status TransferEngine::Init() {
   ASSIGN_OR_RETURN(worker_, UcxWorker::Create(*context_, worker_options));
   sender_ =
       std::make_unique<EmbeddingSender>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
-  receiver_ =
-      std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
+  receiver_ = std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_,
+                                                  *allocator_, options_.quarantine_limit);
 
   local_info_.set_instance_id(options_.instance_id);
   local_info_.mutable_ucx()->set_worker_address(worker_->address());
@@ -227,6 +227,7 @@ TransferEngine::Counts TransferEngine::counts() {
     c.sending = sender_->num_transfers();
     c.receiving = receiver_->num_transfers();
     c.waiting_for_blocks = receiver_->num_waiting_for_blocks();
+    c.quarantined = receiver_->num_quarantined();
     return absl::OkStatus();
   });
   return c;

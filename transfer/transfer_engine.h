@@ -50,6 +50,9 @@ struct TransferEngineOptions {
   uint32_t default_num_blocks = 8;
   // Data path override (benchmarks); default kPut on shm, kTag on tcp.
   std::optional<DataPath> data_path;
+  // Put path: how long blocks of a failed receive stay out of the pool while
+  // the sender may still write them (see EmbeddingReceiver).
+  absl::Duration quarantine_limit = absl::Seconds(1);
   UcxWorkerOptions worker;
 };
 
@@ -78,6 +81,7 @@ class TransferEngine : private TransferLink {
     size_t sending = 0;             // sender transfers alive
     size_t receiving = 0;           // receiver transfers alive
     size_t waiting_for_blocks = 0;  // receives queued on a full pool
+    size_t quarantined = 0;         // block runs held for a sender that may still write
   };
   Counts counts();
 
