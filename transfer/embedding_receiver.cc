@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
+#include "transfer/image_crc.h"
 
 namespace mmserve::transfer {
 
@@ -87,12 +88,15 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
   t.blocks = std::make_shared<BlockLease>(allocator_, *a, key.first);
   t.handed_out = false;
   t.data_in = false;
+  t.data_crc.reset();
   t.notice.reset();
   const uint64_t tag = ChunkTag(key.first, key.second, held, 0);
   const ChunkRanges local = buffer_.layout().ChunkInfo(*a, 0, a->num_tokens);
   const std::string sender = t.request.sender;
-  const TransferLink::ExpectId expect =
-      link_.ExpectChunk(sender, local, tag, [this, key](absl::Status s) { OnDataIn(key, s); });
+  const TransferLink::ExpectId expect = link_.ExpectChunk(
+      sender, local, tag, [this, key](absl::Status s, std::optional<ChunkDataCrc> crc) {
+        OnDataIn(key, s, std::move(crc));
+      });
   // `done` may have run inline (put path, or a failed post): look again.
   it = transfers_.find(key);
   if (it == transfers_.end() || it->second.failure) return;
@@ -152,7 +156,8 @@ void EmbeddingReceiver::OnNotice(const std::string& peer, const v1::EmbeddingChu
   MaybeProcess(key);
 }
 
-void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status) {
+void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status,
+                                 std::optional<ChunkDataCrc> crc) {
   auto it = transfers_.find(key);
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
@@ -166,6 +171,7 @@ void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status) {
     return;
   }
   t.data_in = true;
+  t.data_crc = std::move(crc);
   MaybeProcess(key);
 }
 
@@ -186,8 +192,12 @@ void EmbeddingReceiver::MaybeProcess(const Key& key) {
     return;
   }
   const ChunkRanges ranges = buffer_.layout().ChunkInfo(blocks, 0, n);
-  uint32_t crc = 0;
-  for (const ByteRange& r : ranges) crc = Crc32cExtend(crc, buffer_.data() + r.offset, r.size);
+  absl::StatusOr<uint32_t> computed = ChunkCrc(t, blocks, n);
+  if (!computed.ok()) {
+    Fail(key, computed.status(), true);
+    return;
+  }
+  const uint32_t crc = *computed;
   AuxRecord aux;
   std::memcpy(&aux, buffer_.data() + ranges[kAux].offset, sizeof(aux));
   if (crc != notice.crc32c() || aux.total_tokens != static_cast<int32_t>(notice.total_tokens()) ||
@@ -221,6 +231,34 @@ void EmbeddingReceiver::MaybeProcess(const Key& key) {
   t.notice.reset();
   t.data_in = false;
   TryAllocate(key);
+}
+
+absl::StatusOr<uint32_t> EmbeddingReceiver::ChunkCrc(const Transfer& t,
+                                                     const BlockAllocation& blocks,
+                                                     uint32_t n) const {
+  const ChunkRanges ranges = buffer_.layout().ChunkInfo(blocks, 0, n);
+  if (!t.data_crc) return ChunkRangesCrc(buffer_, ranges);
+  const size_t token_bytes = buffer_.layout().TokenBytes(kEmbedding);
+  const uint32_t piece = ChunkPieceTokens(token_bytes);
+  uint32_t crc = 0;
+  for (size_t j = 0; j < t.data_crc->pieces.size(); ++j) {
+    const auto [length, piece_crc] = t.data_crc->pieces[j];
+    const uint32_t begin = std::min<uint64_t>(n, j * piece);
+    const uint32_t end = std::min<uint64_t>(n, (j + 1) * piece);
+    if (length != size_t{end - begin} * token_bytes) {
+      return absl::DataLossError(absl::StrCat("embedding piece ", j, " of ", t.request.request_id,
+                                              " carried ", length, " bytes, expected ",
+                                              size_t{end - begin} * token_bytes));
+    }
+    crc = Crc32cCombine(crc, piece_crc, length);
+  }
+  if (size_t{n} > size_t{piece} * t.data_crc->pieces.size()) {
+    return absl::DataLossError("chunk longer than its pieces");
+  }
+  for (int s = kFillId; s < kNumSections; ++s) {
+    crc = Crc32cExtend(crc, buffer_.data() + ranges[s].offset, ranges[s].size);
+  }
+  return crc;
 }
 
 void EmbeddingReceiver::OnPeerFailed(const std::string& peer, const absl::Status& status) {

@@ -123,6 +123,7 @@ class EmbeddingReceiver : public ReceiverControl {
     std::optional<TransferLink::ExpectId> expect;  // receives outstanding
     bool handed_out = false;                       // the sender was told to write into `blocks`
     bool data_in = false;
+    std::optional<ChunkDataCrc> data_crc;  // with data_in, on kTag
     std::optional<v1::EmbeddingChunkNotice> notice;
     ReceivedImage image;
     std::optional<absl::Status> failure;
@@ -131,7 +132,11 @@ class EmbeddingReceiver : public ReceiverControl {
   // Allocates the next chunk's blocks and sends init/resume; queues the
   // transfer in waiting_ when the pool is full.
   void TryAllocate(const Key& key);
-  void OnDataIn(const Key& key, absl::Status status);
+  void OnDataIn(const Key& key, absl::Status status, std::optional<ChunkDataCrc> crc);
+  // CRC32C of the chunk's first `n` tokens in `blocks`, from the pieces'
+  // CRCs when the link made them (DATA_LOSS when their lengths do not fit n).
+  absl::StatusOr<uint32_t> ChunkCrc(const Transfer& t, const BlockAllocation& blocks,
+                                    uint32_t n) const;
   void MaybeProcess(const Key& key);
   // `sender_stopped`: the failure is the sender's FAILED notice, so it no
   // longer writes and nothing needs quarantine.

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "transfer/test_payload.h"
@@ -17,6 +18,8 @@ struct PairOptions {
   uint32_t sender_blocks = 16;
   uint32_t receiver_blocks = 16;
   uint32_t default_blocks = 1;
+  uint32_t hidden = 24;
+  std::optional<DataPath> data_path;
 };
 
 struct Pair {
@@ -26,15 +29,17 @@ struct Pair {
 
 Pair MakePair(TransportProfile profile, const PairOptions& o) {
   EmbeddingLayout layout{
-      .block_size = 16, .num_blocks = o.sender_blocks, .hidden_size = 24, .dtype_bytes = 2};
+      .block_size = 16, .num_blocks = o.sender_blocks, .hidden_size = o.hidden, .dtype_bytes = 2};
   Pair p;
-  auto enc = TransferEngine::Create({.instance_id = "enc", .profile = profile, .layout = layout});
+  auto enc = TransferEngine::Create(
+      {.instance_id = "enc", .profile = profile, .layout = layout, .data_path = o.data_path});
   REQUIRE(enc.ok());
   layout.num_blocks = o.receiver_blocks;
   auto lang = TransferEngine::Create({.instance_id = "lang",
                                       .profile = profile,
                                       .layout = layout,
-                                      .default_num_blocks = o.default_blocks});
+                                      .default_num_blocks = o.default_blocks,
+                                      .data_path = o.data_path});
   REQUIRE(lang.ok());
   p.enc = std::move(*enc);
   p.lang = std::move(*lang);
@@ -132,6 +137,21 @@ TEST_CASE("a default allocation larger than the image holds it in one chunk") {
   INFO("profile " << TransportProfileName(profile));
   Pair p = MakePair(profile, {.default_blocks = 4});
   CHECK(RoundTrip(p, 20, /*known=*/0, 4) == 1);
+}
+
+TEST_CASE("chunks larger than a piece arrive as several tagged pieces, byte for byte") {
+  TransportProfile profile = AnyProfile();
+  INFO("profile " << TransportProfileName(profile));
+  // 3584 bf16 = 7 KiB per token: 292-token pieces. Chunks of 320 (default
+  // allocation: pieces of 292 + 28) and 380 tokens (292 + 88 of a 384-token
+  // allocation).
+  Pair p = MakePair(profile, {.sender_blocks = 48,
+                              .receiver_blocks = 48,
+                              .default_blocks = 20,
+                              .hidden = 3584,
+                              .data_path = DataPath::kTag});
+  REQUIRE(ChunkPieceTokens(3584 * 2) == 292);
+  CHECK(RoundTrip(p, 700, /*known=*/0, 31) == 2);
 }
 
 TEST_CASE("back-to-back images reuse the freed blocks") {

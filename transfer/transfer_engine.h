@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "proto/registry.pb.h"
 #include "transfer/block_allocator.h"
+#include "transfer/checksum_worker.h"
 #include "transfer/embedding_buffer.h"
 #include "transfer/embedding_receiver.h"
 #include "transfer/embedding_sender.h"
@@ -120,7 +121,7 @@ class TransferEngine : private TransferLink {
   absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
                           const BlockAllocation& remote, uint64_t tag_base, Done done) override;
   ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
-                       Done done) override;
+                       ExpectDone done) override;
   void CancelExpect(ExpectId id) override;
   void AbortPeer(const std::string& peer, const absl::Status& why) override;
 
@@ -131,6 +132,8 @@ class TransferEngine : private TransferLink {
   std::unique_ptr<EmbeddingBuffer> buffer_;
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
+  // Checksums of landed pieces (kTag); results are posted to worker_.
+  std::unique_ptr<ChecksumWorker> checksum_;
   v1::ConnectRequest local_info_;
   // Progress thread only, from here on.
   std::unique_ptr<EmbeddingSender> sender_;
