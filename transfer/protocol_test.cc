@@ -241,6 +241,7 @@ TEST_CASE("a chunk whose bytes do not match its checksum is rejected and frees b
   // buffer, so the second chunk's bytes on the wire no longer match it.
   ByteRange r = p.enc->buffer().layout().ChunkInfo(*blocks, 100, 1)[section];
   p.enc->buffer().data()[r.offset + r.size / 2] ^= 0x40;
+  (void)p.enc->counts();  // a round trip to the sender's thread: orders the flip before its reads
   int chunks = 0;
   auto got = Receive(*p.lang, {.request_id = "bad",
                                .sender = "enc",
