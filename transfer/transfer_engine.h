@@ -15,6 +15,10 @@
 // receiver's registered blocks, flushes, then notifies; kTcp uses tagged
 // sends into receives the receiver posted on its blocks (emulated puts over
 // tcp are ~100x slower in UCX 1.13). Both profiles must match on both ends.
+// On the tag path the embedding travels in 2 MiB pieces that a checksum
+// thread verifies as they land. The progress thread never sleeps while a
+// chunk is in flight (UCX 1.13 shm puts need the target's progress and do not
+// wake an armed worker).
 //
 // Thread-safety: every public method is thread-safe; callbacks run on the
 // progress thread and must not block. Lock order: UcxWorker::mu_ and
