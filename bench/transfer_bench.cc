@@ -27,6 +27,7 @@ ABSL_FLAG(int, warmup, 3, "untimed transfers per size");
 ABSL_FLAG(std::string, profiles, "shm,tcp", "profiles to run");
 ABSL_FLAG(std::string, tokens, "1024,4096", "image lengths");
 ABSL_FLAG(uint32_t, hidden, 3584, "hidden size (bf16)");
+ABSL_FLAG(std::string, data_path, "", "put or tag on both ends (default: the profile's)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 
 namespace mmserve::transfer {
@@ -88,7 +89,8 @@ Result RunProtocol(TransportProfile profile, uint32_t tokens) {
       {.instance_id = "bench-lang",
        .profile = profile,
        .layout = {.block_size = kBlockSize, .num_blocks = num_blocks, .hidden_size = hidden},
-       .default_num_blocks = 8});
+       .default_num_blocks = 8,
+       .data_path = ParseDataPath(absl::GetFlag(FLAGS_data_path))});
   CHECK(engine.ok()) << engine.status();
   auto child = PeerProcess::Spawn(
       PeerBinaryPath(),
@@ -96,7 +98,7 @@ Result RunProtocol(TransportProfile profile, uint32_t tokens) {
        "--hidden=" + std::to_string(hidden), "--block_size=" + std::to_string(kBlockSize),
        "--num_blocks=" + std::to_string(num_blocks), "--tokens=" + std::to_string(tokens),
        "--repeat=" + std::to_string(warmup + iterations), "--window=2", "--reuse_payload",
-       "--timeout_ms=60000", "--seed=42"});
+       "--timeout_ms=60000", "--seed=42", "--data_path=" + absl::GetFlag(FLAGS_data_path)});
   CHECK(child.ok()) << child.status();
   Deadline d = Deadline::After(absl::Seconds(60));
   auto info = (*child)->ReadLine(d);

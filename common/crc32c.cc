@@ -55,6 +55,29 @@ uint32_t ShiftConstant(size_t n) {
   return p;
 }
 
+// x^(2^k) mod P for k = 0..63: ShiftBytes multiplies the few it needs.
+struct PowerTable {
+  uint32_t x2k[64];
+  PowerTable() {
+    uint32_t p = 1u << 30;  // x^1
+    for (int k = 0; k < 64; ++k) {
+      x2k[k] = p;
+      p = MultModP(p, p);
+    }
+  }
+};
+
+// x^(8 * n) mod P, by the set bits of 8n.
+uint32_t ShiftBytes(size_t n) {
+  static const PowerTable table;
+  uint32_t p = 1u << 31;  // x^0
+  uint64_t bits = uint64_t{n} * 8;
+  for (int k = 0; bits != 0; ++k, bits >>= 1) {
+    if (bits & 1) p = MultModP(table.x2k[k], p);
+  }
+  return p;
+}
+
 #if defined(__x86_64__)
 // The crc32 instruction has a 3-cycle latency and a 1-cycle throughput, so
 // three independent streams over adjacent stripes run ~3x faster than one;
@@ -113,6 +136,11 @@ bool Crc32cIsHardwareAccelerated() {
 #else
   return false;
 #endif
+}
+
+uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2) {
+  // Pre- and post-conditioning cancel out (as in zlib's crc32_combine).
+  return MultModP(ShiftBytes(len2), crc1) ^ crc2;
 }
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {

@@ -30,6 +30,17 @@ TEST_CASE("Crc32cExtend over pieces equals one pass over the whole", "[crc32c]")
   }
 }
 
+TEST_CASE("Crc32cCombine of two pieces' CRCs equals the CRC of both", "[crc32c]") {
+  std::mt19937 rng(3);
+  std::vector<uint8_t> buf(300000);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{4096}, size_t{123457}, buf.size()}) {
+    INFO("cut " << cut);
+    CHECK(Crc32cCombine(Crc32c(buf.data(), cut), Crc32c(buf.data() + cut, buf.size() - cut),
+                        buf.size() - cut) == Crc32c(buf.data(), buf.size()));
+  }
+}
+
 TEST_CASE("CRC32C detects a single flipped bit", "[crc32c]") {
   std::vector<uint8_t> buf(1 << 16, 0x5a);
   uint32_t before = Crc32c(buf.data(), buf.size());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
+#include "transfer/image_crc.h"
 
 namespace mmserve::transfer {
 
@@ -23,6 +24,14 @@ std::string ReceivedImage::Section(int section) const {
 std::optional<BlockAllocation> ReceivedImage::tail_blocks() const {
   if (tail_ == nullptr) return std::nullopt;
   return tail_->allocation();
+}
+
+bool EmbeddingReceiver::expecting_data() const {
+  if (!quarantine_.empty()) return true;  // a late put may need our progress
+  for (const auto& [key, t] : transfers_) {
+    if (t.blocks != nullptr && !t.notice && !t.failure) return true;
+  }
+  return false;
 }
 
 void EmbeddingReceiver::Receive(ReceiveRequest request, Done done) {
@@ -77,13 +86,17 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
     return;
   }
   t.blocks = std::make_shared<BlockLease>(allocator_, *a, key.first);
+  t.handed_out = false;
   t.data_in = false;
+  t.data_crc.reset();
   t.notice.reset();
   const uint64_t tag = ChunkTag(key.first, key.second, held, 0);
   const ChunkRanges local = buffer_.layout().ChunkInfo(*a, 0, a->num_tokens);
   const std::string sender = t.request.sender;
-  const TransferLink::ExpectId expect =
-      link_.ExpectChunk(sender, local, tag, [this, key](absl::Status s) { OnDataIn(key, s); });
+  const TransferLink::ExpectId expect = link_.ExpectChunk(
+      sender, local, tag, [this, key](absl::Status s, std::optional<ChunkDataCrc> crc) {
+        OnDataIn(key, s, std::move(crc));
+      });
   // `done` may have run inline (put path, or a failed post): look again.
   it = transfers_.find(key);
   if (it == transfers_.end() || it->second.failure) return;
@@ -110,18 +123,29 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
     resume.set_sent_tokens(held);
     sent = link_.SendResume(sender, resume);
   }
-  if (!sent.ok()) Fail(key, sent, false);
+  if (!sent.ok()) {
+    Fail(key, sent, false);
+    return;
+  }
+  it->second.handed_out = true;
 }
 
 void EmbeddingReceiver::OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) {
   Key key{notice.request_id(), notice.image_index()};
+  // Any notice (they follow the writes they report; FAILED ones follow the
+  // sender's last write) ends the quarantine of this transfer's blocks.
+  quarantine_.erase(
+      std::remove_if(quarantine_.begin(), quarantine_.end(),
+                     [&](const Quarantined& q) { return q.key == key && q.sender == peer; }),
+      quarantine_.end());
   auto it = transfers_.find(key);
   if (it == transfers_.end() || it->second.request.sender != peer || it->second.failure) {
     return;  // late notice of a transfer that already ended here
   }
   Transfer& t = it->second;
   if (notice.status() == v1::TRANSFER_STATUS_FAILED) {
-    Fail(key, absl::UnavailableError(absl::StrCat("sender failed: ", notice.error())), false);
+    Fail(key, absl::UnavailableError(absl::StrCat("sender failed: ", notice.error())), false,
+         /*sender_stopped=*/true);
     return;
   }
   if (t.blocks == nullptr || t.notice || notice.offset_tokens() != t.image.buffered_tokens_) {
@@ -132,7 +156,8 @@ void EmbeddingReceiver::OnNotice(const std::string& peer, const v1::EmbeddingChu
   MaybeProcess(key);
 }
 
-void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status) {
+void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status,
+                                 std::optional<ChunkDataCrc> crc) {
   auto it = transfers_.find(key);
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
@@ -146,6 +171,7 @@ void EmbeddingReceiver::OnDataIn(const Key& key, absl::Status status) {
     return;
   }
   t.data_in = true;
+  t.data_crc = std::move(crc);
   MaybeProcess(key);
 }
 
@@ -166,8 +192,12 @@ void EmbeddingReceiver::MaybeProcess(const Key& key) {
     return;
   }
   const ChunkRanges ranges = buffer_.layout().ChunkInfo(blocks, 0, n);
-  uint32_t crc = 0;
-  for (const ByteRange& r : ranges) crc = Crc32cExtend(crc, buffer_.data() + r.offset, r.size);
+  absl::StatusOr<uint32_t> computed = ChunkCrc(t, blocks, n);
+  if (!computed.ok()) {
+    Fail(key, computed.status(), true);
+    return;
+  }
+  const uint32_t crc = *computed;
   AuxRecord aux;
   std::memcpy(&aux, buffer_.data() + ranges[kAux].offset, sizeof(aux));
   if (crc != notice.crc32c() || aux.total_tokens != static_cast<int32_t>(notice.total_tokens()) ||
@@ -203,6 +233,34 @@ void EmbeddingReceiver::MaybeProcess(const Key& key) {
   TryAllocate(key);
 }
 
+absl::StatusOr<uint32_t> EmbeddingReceiver::ChunkCrc(const Transfer& t,
+                                                     const BlockAllocation& blocks,
+                                                     uint32_t n) const {
+  const ChunkRanges ranges = buffer_.layout().ChunkInfo(blocks, 0, n);
+  if (!t.data_crc) return ChunkRangesCrc(buffer_, ranges);
+  const size_t token_bytes = buffer_.layout().TokenBytes(kEmbedding);
+  const uint32_t piece = ChunkPieceTokens(token_bytes);
+  uint32_t crc = 0;
+  for (size_t j = 0; j < t.data_crc->pieces.size(); ++j) {
+    const auto [length, piece_crc] = t.data_crc->pieces[j];
+    const uint32_t begin = std::min<uint64_t>(n, j * piece);
+    const uint32_t end = std::min<uint64_t>(n, (j + 1) * piece);
+    if (length != size_t{end - begin} * token_bytes) {
+      return absl::DataLossError(absl::StrCat("embedding piece ", j, " of ", t.request.request_id,
+                                              " carried ", length, " bytes, expected ",
+                                              size_t{end - begin} * token_bytes));
+    }
+    crc = Crc32cCombine(crc, piece_crc, length);
+  }
+  if (size_t{n} > size_t{piece} * t.data_crc->pieces.size()) {
+    return absl::DataLossError("chunk longer than its pieces");
+  }
+  for (int s = kFillId; s < kNumSections; ++s) {
+    crc = Crc32cExtend(crc, buffer_.data() + ranges[s].offset, ranges[s].size);
+  }
+  return crc;
+}
+
 void EmbeddingReceiver::OnPeerFailed(const std::string& peer, const absl::Status& status) {
   std::vector<Key> keys;
   for (const auto& [key, t] : transfers_) {
@@ -222,6 +280,15 @@ void EmbeddingReceiver::Tick() {
              absl::StrCat("embedding receive of ", key.first, "/", key.second, " timed out")),
          true);
   }
+  for (auto q = quarantine_.begin(); q != quarantine_.end();) {
+    if (!q->until.Expired()) {
+      ++q;
+      continue;
+    }
+    LOG(WARNING) << "freeing quarantined blocks of " << q->key.first << "/" << q->key.second
+                 << ": no word from sender " << q->sender << " within " << quarantine_limit_;
+    q = quarantine_.erase(q);
+  }
   const uint64_t generation = allocator_.FreeGeneration();
   if (waiting_.empty() || generation == seen_free_generation_) return;
   seen_free_generation_ = generation;
@@ -234,13 +301,22 @@ void EmbeddingReceiver::Shutdown(const absl::Status& status) {
   std::vector<Key> keys;
   for (const auto& [key, t] : transfers_) keys.push_back(key);
   for (const Key& key : keys) Fail(key, status, false);
+  quarantine_.clear();
 }
 
-void EmbeddingReceiver::Fail(const Key& key, absl::Status status, bool notify_peer) {
+void EmbeddingReceiver::Fail(const Key& key, absl::Status status, bool notify_peer,
+                             bool sender_stopped) {
   auto it = transfers_.find(key);
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
   if (!t.failure) t.failure = status;
+  if (link_.data_path() == DataPath::kPut && t.blocks != nullptr && t.handed_out && !t.notice &&
+      !sender_stopped) {
+    // The sender may be writing into these blocks right now (cma/posix puts
+    // cannot be revoked): keep them out of the pool until it says it stopped.
+    quarantine_.push_back(
+        {key, t.request.sender, std::move(t.blocks), Deadline::After(quarantine_limit_)});
+  }
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), key), waiting_.end());
   if (notify_peer) {
     v1::EmbeddingTransferCancel cancel;

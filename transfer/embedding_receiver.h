@@ -15,7 +15,13 @@
 //
 // Errors: DEADLINE_EXCEEDED (timeout, incl. waiting for blocks), UNAVAILABLE
 // (peer lost or the sender failed), DATA_LOSS (checksum or aux mismatch),
-// CANCELLED. A failed transfer holds no blocks once its callback ran.
+// CANCELLED. A failed transfer holds no blocks once its callback ran, except
+// on the put data path: blocks the sender was told to write and whose chunk
+// notice never came may still receive its (one-sided, unrevocable) writes, so
+// they stay quarantined - not reusable - until the sender's FAILED notice or
+// any later notice of that transfer says it stopped writing, or at most
+// `quarantine_limit` (a sender stops writing by its own deadline, ~100 ms
+// after the receiver's).
 // Not thread-safe: every method runs on the engine's progress thread.
 #ifndef MMSERVE_TRANSFER_EMBEDDING_RECEIVER_H_
 #define MMSERVE_TRANSFER_EMBEDDING_RECEIVER_H_
@@ -28,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -81,8 +88,9 @@ class EmbeddingReceiver : public ReceiverControl {
  public:
   using Done = std::function<void(absl::StatusOr<ReceivedImage>)>;
 
-  EmbeddingReceiver(TransferLink& link, EmbeddingBuffer& buffer, BlockAllocator& allocator)
-      : link_(link), buffer_(buffer), allocator_(allocator) {}
+  EmbeddingReceiver(TransferLink& link, EmbeddingBuffer& buffer, BlockAllocator& allocator,
+                    absl::Duration quarantine_limit = absl::Seconds(1))
+      : link_(link), buffer_(buffer), allocator_(allocator), quarantine_limit_(quarantine_limit) {}
   EmbeddingReceiver(const EmbeddingReceiver&) = delete;
   EmbeddingReceiver& operator=(const EmbeddingReceiver&) = delete;
 
@@ -99,6 +107,10 @@ class EmbeddingReceiver : public ReceiverControl {
 
   size_t num_transfers() const { return transfers_.size(); }
   size_t num_waiting_for_blocks() const { return waiting_.size(); }
+  // Block runs of failed put-path transfers held until their sender stops.
+  size_t num_quarantined() const { return quarantine_.size(); }
+  // Whether some transfer told its sender where to write and awaits the data.
+  bool expecting_data() const;
 
  private:
   using Key = std::pair<std::string, uint32_t>;  // request id, image index
@@ -109,7 +121,9 @@ class EmbeddingReceiver : public ReceiverControl {
     uint32_t total_tokens = 0;  // from the first notice
     std::shared_ptr<BlockLease> blocks;
     std::optional<TransferLink::ExpectId> expect;  // receives outstanding
+    bool handed_out = false;                       // the sender was told to write into `blocks`
     bool data_in = false;
+    std::optional<ChunkDataCrc> data_crc;  // with data_in, on kTag
     std::optional<v1::EmbeddingChunkNotice> notice;
     ReceivedImage image;
     std::optional<absl::Status> failure;
@@ -118,9 +132,15 @@ class EmbeddingReceiver : public ReceiverControl {
   // Allocates the next chunk's blocks and sends init/resume; queues the
   // transfer in waiting_ when the pool is full.
   void TryAllocate(const Key& key);
-  void OnDataIn(const Key& key, absl::Status status);
+  void OnDataIn(const Key& key, absl::Status status, std::optional<ChunkDataCrc> crc);
+  // CRC32C of the chunk's first `n` tokens in `blocks`, from the pieces'
+  // CRCs when the link made them (DATA_LOSS when their lengths do not fit n).
+  absl::StatusOr<uint32_t> ChunkCrc(const Transfer& t, const BlockAllocation& blocks,
+                                    uint32_t n) const;
   void MaybeProcess(const Key& key);
-  void Fail(const Key& key, absl::Status status, bool notify_peer);
+  // `sender_stopped`: the failure is the sender's FAILED notice, so it no
+  // longer writes and nothing needs quarantine.
+  void Fail(const Key& key, absl::Status status, bool notify_peer, bool sender_stopped = false);
   void Release(std::map<Key, Transfer>::iterator it, absl::Status status);
 
   TransferLink& link_;
@@ -128,6 +148,14 @@ class EmbeddingReceiver : public ReceiverControl {
   BlockAllocator& allocator_;
   std::map<Key, Transfer> transfers_;
   std::deque<Key> waiting_;  // FIFO of transfers waiting for blocks
+  struct Quarantined {
+    Key key;
+    std::string sender;
+    std::shared_ptr<BlockLease> blocks;
+    Deadline until;
+  };
+  const absl::Duration quarantine_limit_;
+  std::vector<Quarantined> quarantine_;
   uint64_t seen_free_generation_ = 0;
 };
 

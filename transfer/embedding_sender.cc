@@ -4,19 +4,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/crc32c.h"
 #include "common/logging.h"
 
 namespace mmserve::transfer {
 namespace {
 
 constexpr absl::Duration kSenderGrace = absl::Milliseconds(100);
-
-uint32_t ChunkCrc(const EmbeddingBuffer& buffer, const ChunkRanges& ranges) {
-  uint32_t crc = 0;
-  for (const ByteRange& r : ranges) crc = Crc32cExtend(crc, buffer.data() + r.offset, r.size);
-  return crc;
-}
 
 }  // namespace
 
@@ -27,7 +20,7 @@ EmbeddingSender::~EmbeddingSender() {
   }
 }
 
-void EmbeddingSender::Publish(const PublishedImage& image, Done done) {
+void EmbeddingSender::Publish(const PublishedImage& image, Done done, std::optional<ImageCrc> crc) {
   Key key{image.request_id, image.image_index};
   auto it = transfers_.find(key);
   if (it != transfers_.end() && it->second.source) {
@@ -43,6 +36,8 @@ void EmbeddingSender::Publish(const PublishedImage& image, Done done) {
     it->second.deadline = Deadline::After(image.keep_for);
   }
   it->second.source = image.blocks;
+  it->second.crc = crc && crc->image() == image.blocks ? *std::move(crc)
+                                                       : ImageCrc::Compute(buffer_, image.blocks);
   it->second.done = std::move(done);
   MaybeStart(key);
 }
@@ -112,7 +107,7 @@ void EmbeddingSender::OnCancel(const std::string& peer, const v1::EmbeddingTrans
   }
   for (const Key& key : keys) {
     Fail(key, absl::CancelledError(absl::StrCat("cancelled by receiver: ", cancel.reason())),
-         false);
+         /*notify_peer=*/true);  // the acknowledgement the receiver's quarantine waits for
   }
 }
 
@@ -160,14 +155,18 @@ void EmbeddingSender::MaybeStart(const Key& key) {
   const uint32_t n = std::min(total - t.sent_tokens, t.target->num_tokens);
   const ChunkRanges local = buffer_.layout().ChunkInfo(*t.source, t.sent_tokens, n);
   t.chunk_tokens = n;
-  t.chunk_crc = ChunkCrc(buffer_, local);
+  t.chunk_crc = t.crc->Chunk(buffer_, t.sent_tokens, n);
   t.writing = true;
+  ++num_writing_;
   absl::Status s =
       link_.WriteChunk(t.peer, local, *t.target, ChunkTag(key.first, key.second, t.sent_tokens, 0),
                        [this, key](absl::Status status) { OnChunkWritten(key, status); });
   if (!s.ok()) {
     auto again = transfers_.find(key);
-    if (again != transfers_.end()) again->second.writing = false;
+    if (again != transfers_.end()) {
+      again->second.writing = false;
+      --num_writing_;
+    }
     Fail(key, s, true);
   }
 }
@@ -177,6 +176,7 @@ void EmbeddingSender::OnChunkWritten(const Key& key, absl::Status status) {
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
   t.writing = false;
+  --num_writing_;
   if (t.failure) {
     Release(it, *t.failure);
     return;
@@ -209,21 +209,24 @@ void EmbeddingSender::Fail(const Key& key, absl::Status status, bool notify_peer
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
   if (!t.failure) t.failure = status;
-  if (notify_peer && !t.peer.empty()) {
-    v1::EmbeddingChunkNotice notice;
-    notice.set_request_id(key.first);
-    notice.set_image_index(key.second);
-    notice.set_offset_tokens(t.sent_tokens);
-    notice.set_status(v1::TRANSFER_STATUS_FAILED);
-    notice.set_error(std::string(status.message()));
-    (void)link_.SendNotice(t.peer, notice);
-  }
+  t.notify_peer = t.notify_peer || notify_peer;
   if (!t.writing) Release(it, *t.failure);
 }
 
 void EmbeddingSender::Release(std::map<Key, Transfer>::iterator it, absl::Status status) {
   Transfer t = std::move(it->second);
   transfers_.erase(it);
+  if (!status.ok() && t.notify_peer && !t.peer.empty()) {
+    // Sent only now that UCX no longer writes into the receiver's blocks: the
+    // receiver may free blocks it quarantined for this transfer.
+    v1::EmbeddingChunkNotice notice;
+    notice.set_request_id(t.request_id);
+    notice.set_image_index(t.image_index);
+    notice.set_offset_tokens(t.sent_tokens);
+    notice.set_status(v1::TRANSFER_STATUS_FAILED);
+    notice.set_error(std::string(status.message()));
+    (void)link_.SendNotice(t.peer, notice);
+  }
   if (t.source) {
     if (absl::Status s = allocator_.Free(*t.source, t.request_id); !s.ok()) LOG(ERROR) << s;
   }

@@ -6,7 +6,10 @@
 // - aux carries the true length - and notifies TRANSFERRING (more to come) or
 // SUCCESS (last chunk). On resume(allocation, sent_tokens) it continues from
 // that offset. Its blocks are freed on success, cancel, failure, peer loss and
-// deadline, but never while UCX may still read them.
+// deadline, but never while UCX may still read them. A FAILED notice to the
+// receiver goes out only once the sender no longer writes into its blocks
+// (it also acknowledges a cancel), so the receiver can free blocks it
+// quarantined for a put-path transfer it gave up on.
 //
 //   sender.Publish({.request_id = "r1", .image_index = 0, .blocks = a,
 //                   .keep_for = absl::Seconds(30)},
@@ -29,6 +32,7 @@
 #include "common/clock.h"
 #include "transfer/block_allocator.h"
 #include "transfer/embedding_buffer.h"
+#include "transfer/image_crc.h"
 #include "transfer/transfer_link.h"
 
 namespace mmserve::transfer {
@@ -56,7 +60,9 @@ class EmbeddingSender : public SenderControl {
 
   // Offers an image for transfer; `done` runs once with OK after the last
   // chunk's notice went out, or with the reason the image was dropped.
-  void Publish(const PublishedImage& image, Done done);
+  // `crc` is ImageCrc::Compute of the image's blocks, when the caller made it
+  // off the progress thread; else Publish computes it here.
+  void Publish(const PublishedImage& image, Done done, std::optional<ImageCrc> crc = std::nullopt);
 
   void OnInit(const std::string& peer, const v1::EmbeddingTransferInit& init) override;
   void OnResume(const std::string& peer, const v1::EmbeddingTransferResume& resume) override;
@@ -69,6 +75,8 @@ class EmbeddingSender : public SenderControl {
   void Shutdown(const absl::Status& status);
 
   size_t num_transfers() const { return transfers_.size(); }
+  // Whether UCX is moving a chunk of some transfer now.
+  bool writing() const { return num_writing_ != 0; }
 
  private:
   using Key = std::pair<std::string, uint32_t>;  // request id, image index
@@ -76,21 +84,24 @@ class EmbeddingSender : public SenderControl {
     std::string request_id;
     uint32_t image_index = 0;
     std::optional<BlockAllocation> source;  // set by Publish
+    std::optional<ImageCrc> crc;            // of `source`, set by Publish
     Done done;
     std::string peer;                       // set by init
     std::optional<BlockAllocation> target;  // receiver's current allocation
     uint32_t sent_tokens = 0;               // offset of the next chunk
     uint32_t chunk_tokens = 0;              // tokens of the chunk being written
     uint32_t chunk_crc = 0;
-    bool writing = false;  // UCX may be reading the source blocks
+    bool writing = false;      // UCX may be reading the source blocks
+    bool notify_peer = false;  // send a FAILED notice when released
     std::optional<absl::Status> failure;
     Deadline deadline = Deadline::Never();
   };
 
   void MaybeStart(const Key& key);
   void OnChunkWritten(const Key& key, absl::Status status);
-  // Fails the transfer: tells the receiver (best effort), and releases it
-  // unless UCX still reads its blocks (then on write completion).
+  // Fails the transfer and releases it unless UCX still reads its blocks
+  // (then on write completion). With `notify_peer`, the release sends the
+  // receiver a FAILED notice: a FAILED notice always means "no longer writing".
   void Fail(const Key& key, absl::Status status, bool notify_peer);
   void Release(std::map<Key, Transfer>::iterator it, absl::Status status);
 
@@ -98,6 +109,7 @@ class EmbeddingSender : public SenderControl {
   EmbeddingBuffer& buffer_;
   BlockAllocator& allocator_;
   std::map<Key, Transfer> transfers_;
+  size_t num_writing_ = 0;  // transfers with `writing` set
 };
 
 }  // namespace mmserve::transfer

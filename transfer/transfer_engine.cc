@@ -42,10 +42,11 @@ absl::Status TransferEngine::Init() {
   UcxWorkerOptions worker_options = options_.worker;
   worker_options.name = options_.instance_id;
   ASSIGN_OR_RETURN(worker_, UcxWorker::Create(*context_, worker_options));
+  if (data_path_ == DataPath::kTag) checksum_ = std::make_unique<ChecksumWorker>();
   sender_ =
       std::make_unique<EmbeddingSender>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
-  receiver_ =
-      std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
+  receiver_ = std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_,
+                                                  *allocator_, options_.quarantine_limit);
 
   local_info_.set_instance_id(options_.instance_id);
   local_info_.mutable_ucx()->set_worker_address(worker_->address());
@@ -66,10 +67,12 @@ absl::Status TransferEngine::Init() {
     region->set_rkey(rkey);  // one registration covers all four sections
   }
 
-  worker_->Start([this] {
-    sender_->Tick();
-    receiver_->Tick();
-  });
+  worker_->Start(
+      [this] {
+        sender_->Tick();
+        receiver_->Tick();
+      },
+      [this] { return sender_->writing() || receiver_->expecting_data(); });
   for (AmId id : {kAmInit, kAmResume, kAmCancel, kAmNotice}) {
     RETURN_IF_ERROR(worker_->RunSync([this, id] { return RegisterAmHandler(id); }));
   }
@@ -94,6 +97,10 @@ TransferEngine::~TransferEngine() {
       peers_.clear();
       return absl::OkStatus();
     });
+    // Finish queued piece checksums; their results (posted to the progress
+    // thread) then complete the cancelled receives before it stops.
+    checksum_.reset();
+    (void)worker_->RunSync([] { return absl::OkStatus(); });
     worker_->Stop();  // no more callbacks into this engine
     worker_.reset();
   }
@@ -200,9 +207,13 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
 }
 
 void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done) {
-  worker_->Post([this, image = std::move(image), done = std::move(done)]() mutable {
-    sender_->Publish(image, std::move(done));
-  });
+  // The checksum pass reads the whole image: do it on the caller's thread
+  // (which just wrote the bytes), not on the progress thread's send path.
+  ImageCrc crc = ImageCrc::Compute(*buffer_, image.blocks);
+  worker_->Post(
+      [this, image = std::move(image), done = std::move(done), crc = std::move(crc)]() mutable {
+        sender_->Publish(image, std::move(done), std::move(crc));
+      });
 }
 
 void TransferEngine::Receive(ReceiveRequest request, EmbeddingReceiver::Done done) {
@@ -221,6 +232,7 @@ TransferEngine::Counts TransferEngine::counts() {
     c.sending = sender_->num_transfers();
     c.receiving = receiver_->num_transfers();
     c.waiting_for_blocks = receiver_->num_waiting_for_blocks();
+    c.quarantined = receiver_->num_quarantined();
     return absl::OkStatus();
   });
   return c;

@@ -15,6 +15,10 @@
 // receiver's registered blocks, flushes, then notifies; kTcp uses tagged
 // sends into receives the receiver posted on its blocks (emulated puts over
 // tcp are ~100x slower in UCX 1.13). Both profiles must match on both ends.
+// On the tag path the embedding travels in 2 MiB pieces that a checksum
+// thread verifies as they land. The progress thread never sleeps while a
+// chunk is in flight (UCX 1.13 shm puts need the target's progress and do not
+// wake an armed worker).
 //
 // Thread-safety: every public method is thread-safe; callbacks run on the
 // progress thread and must not block. Lock order: UcxWorker::mu_ and
@@ -31,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "proto/registry.pb.h"
 #include "transfer/block_allocator.h"
+#include "transfer/checksum_worker.h"
 #include "transfer/embedding_buffer.h"
 #include "transfer/embedding_receiver.h"
 #include "transfer/embedding_sender.h"
@@ -50,6 +55,9 @@ struct TransferEngineOptions {
   uint32_t default_num_blocks = 8;
   // Data path override (benchmarks); default kPut on shm, kTag on tcp.
   std::optional<DataPath> data_path;
+  // Put path: how long blocks of a failed receive stay out of the pool while
+  // the sender may still write them (see EmbeddingReceiver).
+  absl::Duration quarantine_limit = absl::Seconds(1);
   UcxWorkerOptions worker;
 };
 
@@ -78,6 +86,7 @@ class TransferEngine : private TransferLink {
     size_t sending = 0;             // sender transfers alive
     size_t receiving = 0;           // receiver transfers alive
     size_t waiting_for_blocks = 0;  // receives queued on a full pool
+    size_t quarantined = 0;         // block runs held for a sender that may still write
   };
   Counts counts();
 
@@ -116,7 +125,7 @@ class TransferEngine : private TransferLink {
   absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
                           const BlockAllocation& remote, uint64_t tag_base, Done done) override;
   ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
-                       Done done) override;
+                       ExpectDone done) override;
   void CancelExpect(ExpectId id) override;
   void AbortPeer(const std::string& peer, const absl::Status& why) override;
 
@@ -127,6 +136,8 @@ class TransferEngine : private TransferLink {
   std::unique_ptr<EmbeddingBuffer> buffer_;
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
+  // Checksums of landed pieces (kTag); results are posted to worker_.
+  std::unique_ptr<ChecksumWorker> checksum_;
   v1::ConnectRequest local_info_;
   // Progress thread only, from here on.
   std::unique_ptr<EmbeddingSender> sender_;

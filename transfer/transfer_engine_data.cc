@@ -1,5 +1,6 @@
 // TransferEngine's wire operations: control messages as active messages and
 // the two chunk data paths (put + flush, or tagged send/receive).
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -77,14 +78,24 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
   }
   ucp_ep_h ep = peer->ep->get();
   if (data_path_ == DataPath::kTag) {
-    auto join = std::make_shared<Join>(kNumSections, std::move(done));
-    for (int s = 0; s < kNumSections; ++s) {
-      const void* src = buffer_->data() + local[s].offset;
+    // Sections 1..3 as one message each; the embedding as pieces (see
+    // ChunkPieceTokens), as many as the receiver's allocation has.
+    const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
+    const uint32_t piece = ChunkPieceTokens(token_bytes);
+    const uint32_t pieces = (remote.num_tokens + piece - 1) / piece;
+    auto join = std::make_shared<Join>(kNumSections - 1 + pieces, std::move(done));
+    auto send = [&](const uint8_t* src, size_t size, uint64_t tag) {
       StartUcxOp(
-          [&](const ucp_request_param_t& p) {
-            return ucp_tag_send_nbx(ep, src, local[s].size, tag_base + s, &p);
-          },
+          [&](const ucp_request_param_t& p) { return ucp_tag_send_nbx(ep, src, size, tag, &p); },
           [join](absl::Status st) { join->Complete(st); });
+    };
+    for (int s = kFillId; s < kNumSections; ++s) {
+      send(buffer_->data() + local[s].offset, local[s].size, tag_base + s);
+    }
+    for (uint32_t j = 0; j < pieces; ++j) {
+      const uint32_t begin = std::min(n, j * piece), end = std::min(n, (j + 1) * piece);
+      send(buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes,
+           size_t{end - begin} * token_bytes, tag_base + (uint64_t{j * piece} << 2));
     }
     return absl::OkStatus();
   }
@@ -109,29 +120,72 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
 
 TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
                                                    const ChunkRanges& local, uint64_t tag_base,
-                                                   Done done) {
+                                                   ExpectDone done) {
   if (data_path_ == DataPath::kPut) {
-    done(absl::OkStatus());  // the notice follows the flush: nothing to post
+    done(absl::OkStatus(), std::nullopt);  // the notice follows the flush: nothing to post
     return 0;
   }
   const ExpectId id = next_expect_++;
-  auto join = std::make_shared<Join>(kNumSections, std::move(done));
-  for (int s = 0; s < kNumSections; ++s) {
-    void* dst = buffer_->data() + local[s].offset;
+  const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
+  const uint32_t piece = ChunkPieceTokens(token_bytes);
+  const uint32_t tokens = static_cast<uint32_t>(local[kEmbedding].size / token_bytes);
+  const uint32_t pieces = (tokens + piece - 1) / piece;
+  struct State {
+    int remaining;
+    absl::Status status;
+    ChunkDataCrc crc;
+    ExpectDone done;
+    void Complete(const absl::Status& s) {
+      if (!s.ok() && status.ok()) status = s;
+      if (--remaining == 0) {
+        if (status.ok()) {
+          done(status, std::move(crc));
+        } else {
+          done(status, std::nullopt);
+        }
+      }
+    }
+  };
+  auto state = std::make_shared<State>();
+  state->remaining = kNumSections - 1 + pieces;
+  state->crc.pieces.resize(pieces);
+  state->done = std::move(done);
+  // Receive `index` (section 1..3, or kNumSections + piece) into [dst, dst + size).
+  auto post = [&](int index, uint8_t* dst, size_t size, uint64_t tag) {
     void* request = StartUcxTagRecv(
         [&](const ucp_request_param_t& p) {
-          return ucp_tag_recv_nbx(worker_->get(), dst, local[s].size, tag_base + s, ~uint64_t{0},
-                                  &p);
+          return ucp_tag_recv_nbx(worker_->get(), dst, size, tag, ~uint64_t{0}, &p);
         },
-        [this, id, s, join](absl::Status st, size_t) {
+        [this, id, index, dst, state](absl::Status st, size_t length) {
           auto it = expects_.find(id);
           if (it != expects_.end()) {
-            it->second.erase(s);
+            it->second.erase(index);
             if (it->second.empty()) expects_.erase(it);
           }
-          join->Complete(st);
+          if (!st.ok() || index < kNumSections) {
+            state->Complete(st);
+            return;
+          }
+          // A piece landed: checksum it on the checksum thread while UCX
+          // moves the next one; the result comes back to this thread.
+          const size_t j = index - kNumSections;
+          checksum_->Submit(dst, length, [this, state, j, length](uint32_t crc) {
+            worker_->Post([state, j, length, crc] {
+              state->crc.pieces[j] = {length, crc};
+              state->Complete(absl::OkStatus());
+            });
+          });
         });
-    if (request != nullptr) expects_[id][s] = request;
+    if (request != nullptr) expects_[id][index] = request;
+  };
+  for (int s = kFillId; s < kNumSections; ++s) {
+    post(s, buffer_->data() + local[s].offset, local[s].size, tag_base + s);
+  }
+  for (uint32_t j = 0; j < pieces; ++j) {
+    const uint32_t begin = j * piece, end = std::min(tokens, begin + piece);
+    post(kNumSections + static_cast<int>(j),
+         buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes,
+         size_t{end - begin} * token_bytes, tag_base + (uint64_t{begin} << 2));
   }
   auto it = expects_.find(id);
   if (it != expects_.end() && it->second.empty()) expects_.erase(it);

@@ -1,10 +1,22 @@
 #include "transfer/transfer_link.h"
 
+#include <algorithm>
+
 #include "common/crc32c.h"
 
 namespace mmserve::transfer {
 
 const char* DataPathName(DataPath path) { return path == DataPath::kPut ? "put" : "tag"; }
+
+std::optional<DataPath> ParseDataPath(const std::string& name) {
+  if (name == "put") return DataPath::kPut;
+  if (name == "tag") return DataPath::kTag;
+  return std::nullopt;
+}
+
+uint32_t ChunkPieceTokens(size_t embedding_token_bytes) {
+  return static_cast<uint32_t>(std::max<size_t>(1, kChunkPieceBytes / embedding_token_bytes));
+}
 
 uint64_t ChunkTag(const std::string& request_id, uint32_t image_index, uint32_t offset_tokens,
                   int section) {

@@ -19,7 +19,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "proto/transfer.pb.h"
@@ -35,6 +38,8 @@ namespace v1 = ::mmserve::internal::v1;
 // its allocation, the sender sends the four sections as tagged messages.
 enum class DataPath { kPut, kTag };
 const char* DataPathName(DataPath path);
+// "put" or "tag"; anything else is nullopt.
+std::optional<DataPath> ParseDataPath(const std::string& name);
 
 // Tag of one section of the chunk starting at `offset_tokens` of an image.
 uint64_t ChunkTag(const std::string& request_id, uint32_t image_index, uint32_t offset_tokens,
@@ -56,9 +61,26 @@ class ReceiverControl {
   virtual void OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) = 0;
 };
 
+// The kTag data path moves a chunk's embedding section as pieces of
+// ChunkPieceTokens tokens, each its own tagged message, so the receiver can
+// checksum piece i while piece i+1 is in flight. Both ends derive the pieces
+// from the receiver's allocation: piece j covers tokens [j * p, (j + 1) * p)
+// of it, clipped to the chunk (trailing pieces may be empty), and is tagged
+// ChunkTag(..., chunk offset + j * p, kEmbedding).
+inline constexpr size_t kChunkPieceBytes = size_t{2} << 20;
+uint32_t ChunkPieceTokens(size_t embedding_token_bytes);
+
+// What the link learned of a chunk's bytes as they landed (kTag): CRC32C
+// and length of each embedding piece, in order. The receiver checks the
+// lengths against the notice and combines the CRCs instead of re-reading.
+struct ChunkDataCrc {
+  std::vector<std::pair<size_t, uint32_t>> pieces;  // (bytes received, crc32c)
+};
+
 class TransferLink {
  public:
   using Done = std::function<void(absl::Status)>;
+  using ExpectDone = std::function<void(absl::Status, std::optional<ChunkDataCrc>)>;
   // A handle to cancel an expected chunk's receives.
   using ExpectId = uint64_t;
 
@@ -79,10 +101,11 @@ class TransferLink {
   virtual absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
                                   const BlockAllocation& remote, uint64_t tag_base, Done done) = 0;
   // Receiver: readies `local` (ranges of this receive buffer) for the chunk
-  // tagged `tag_base`. On kPut `done` runs at once; on kTag when all four
-  // receives completed. Returns an id for CancelExpect.
+  // tagged `tag_base`. On kPut `done` runs at once (no CRCs); on kTag when
+  // every receive completed and its piece was checksummed. Returns an id for
+  // CancelExpect.
   virtual ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
-                               Done done) = 0;
+                               ExpectDone done) = 0;
   // Cancels the receives of ExpectChunk; its `done` still runs (CANCELLED).
   virtual void CancelExpect(ExpectId id) = 0;
   // Gives up on a peer whose operations hang (shm has no error detection):

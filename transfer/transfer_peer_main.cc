@@ -44,6 +44,7 @@ ABSL_FLAG(uint32_t, timeout_ms, 5000, "receiver: per-transfer deadline");
 ABSL_FLAG(uint32_t, repeat, 1, "repeat the image list this often");
 ABSL_FLAG(uint32_t, window, 2, "sender: images published ahead");
 ABSL_FLAG(bool, stall_after_chunk, false, "receiver: block after the first chunk (fault tests)");
+ABSL_FLAG(std::string, data_path, "", "put or tag (default: the profile's)");
 ABSL_FLAG(bool, reuse_payload, false, "sender: write each block run once (benchmarks)");
 
 namespace mmserve::transfer {
@@ -153,7 +154,8 @@ int Main() {
                  .num_blocks = absl::GetFlag(FLAGS_num_blocks),
                  .hidden_size = absl::GetFlag(FLAGS_hidden),
                  .dtype_bytes = 2},
-      .default_num_blocks = absl::GetFlag(FLAGS_default_blocks)};
+      .default_num_blocks = absl::GetFlag(FLAGS_default_blocks),
+      .data_path = ParseDataPath(absl::GetFlag(FLAGS_data_path))};
   absl::StatusOr<std::unique_ptr<TransferEngine>> engine = TransferEngine::Create(options);
   CHECK(engine.ok()) << engine.status();
   Say("INFO " + ToHex((*engine)->local_info().SerializeAsString()));

@@ -1,6 +1,7 @@
 #include "transfer/ucx_worker.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -74,9 +75,10 @@ UcxWorker::~UcxWorker() {
   close(wake_fd_);
 }
 
-void UcxWorker::Start(std::function<void()> ticker) {
+void UcxWorker::Start(std::function<void()> ticker, std::function<bool()> active) {
   CHECK(!thread_.joinable()) << "UcxWorker::Start called twice";
   ticker_ = std::move(ticker);
+  active_ = std::move(active);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -141,6 +143,12 @@ void UcxWorker::Loop() {
     }
     if (busy) {
       last_activity = now;
+    } else if (active_ && active_()) {
+      // A transfer is in flight: its data may need this side's progress
+      // without waking the event fd (shm RMA in UCX 1.13), so never sleep;
+      // yield the core to other runnable threads instead.
+      last_activity = now;
+      sched_yield();
     } else if (now - last_activity > spin_ns) {
       Sleep();  // keeps sleeping each round until something happens
     }
