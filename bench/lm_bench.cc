@@ -160,129 +160,146 @@ double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, mode
   return best;
 }
 
-int Run() {
-  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
-                                                       : cpu::ThreadPool::DefaultThreads();
-  const int pp = absl::GetFlag(FLAGS_pp), tg = absl::GetFlag(FLAGS_tg);
-  const int batch = absl::GetFlag(FLAGS_batch), reps = absl::GetFlag(FLAGS_reps);
-  const int64_t bs = absl::GetFlag(FLAGS_block_size);
-  const std::string dir = absl::GetFlag(FLAGS_model_dir);
-  const cpu::LinearKernel kernel = absl::GetFlag(FLAGS_kernel) == "openblas"
-                                       ? cpu::LinearKernel::kOpenBlas
-                                       : cpu::LinearKernel::kDot;
-  cpu::ThreadPool pool(threads);
+struct Options {
+  int threads, pp, tg, batch, reps;
+  int64_t block_size;
+  std::string model_dir, model_name, kernel_name;
+  cpu::LinearKernel kernel;
+  model::DType dtype;
+};
 
+Options ReadFlags() {
+  Options o;
+  o.threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
+                                               : cpu::ThreadPool::DefaultThreads();
+  o.pp = absl::GetFlag(FLAGS_pp);
+  o.tg = absl::GetFlag(FLAGS_tg);
+  o.batch = absl::GetFlag(FLAGS_batch);
+  o.reps = absl::GetFlag(FLAGS_reps);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  o.model_dir = absl::GetFlag(FLAGS_model_dir);
+  o.model_name = o.model_dir.empty() ? absl::GetFlag(FLAGS_dims) : o.model_dir;
+  o.kernel_name = absl::GetFlag(FLAGS_kernel);
+  o.kernel = o.kernel_name == "openblas" ? cpu::LinearKernel::kOpenBlas : cpu::LinearKernel::kDot;
+  o.dtype = absl::GetFlag(FLAGS_dtype) == "fp32" ? model::DType::kF32 : model::DType::kBF16;
+  return o;
+}
+
+// The weights, from the directory or random (then `ckpt` stays empty).
+struct BenchModel {
   TextConfig cfg;
-  std::string model_name = dir;
-  if (dir.empty()) {
-    model_name = absl::GetFlag(FLAGS_dims);
-    if (!NamedDims(model_name, &cfg)) LOG(FATAL) << "unknown --dims " << model_name;
-  } else {
-    auto loaded = model::LoadModelConfig(dir);
-    CHECK_OK(loaded.status());
-    cfg = loaded->text;
-  }
-  model::DType dtype =
-      absl::GetFlag(FLAGS_dtype) == "fp32" ? model::DType::kF32 : model::DType::kBF16;
-
-  const bool rss_reset = ResetPeakRss();
-
   std::unique_ptr<model::SafetensorsCheckpoint> ckpt;
   std::unique_ptr<model::Qwen2Weights> weights;
-  if (dir.empty()) {
-    weights = model::Qwen2Weights::Random(cfg, dtype, 1);
-  } else {
-    auto opened = model::SafetensorsCheckpoint::Open(dir);
-    CHECK_OK(opened.status());
-    ckpt = std::move(opened).value();
-    auto loaded = model::Qwen2Weights::Load(*ckpt, cfg);
-    CHECK_OK(loaded.status());
-    weights = std::move(loaded).value();
-    dtype = weights->layers()[0].q.dtype;
+};
+
+BenchModel LoadBenchModel(Options& o) {
+  BenchModel m;
+  if (o.model_dir.empty()) {
+    if (!NamedDims(o.model_name, &m.cfg)) LOG(FATAL) << "unknown --dims " << o.model_name;
+    m.weights = model::Qwen2Weights::Random(m.cfg, o.dtype, 1);
+    return m;
   }
-  model::Qwen2Model qwen(cfg, *weights, pool, {kernel});
-  const int64_t per_seq_blocks = (std::max(pp, tg) + bs - 1) / bs;
-  auto kv_or = model::KvCache::Create(qwen.KvShape(per_seq_blocks * batch, bs));
+  auto cfg = model::LoadModelConfig(o.model_dir);
+  CHECK_OK(cfg.status());
+  m.cfg = cfg->text;
+  auto opened = model::SafetensorsCheckpoint::Open(o.model_dir);
+  CHECK_OK(opened.status());
+  m.ckpt = std::move(opened).value();
+  auto loaded = model::Qwen2Weights::Load(*m.ckpt, m.cfg);
+  CHECK_OK(loaded.status());
+  m.weights = std::move(loaded).value();
+  o.dtype = m.weights->layers()[0].q.dtype;
+  return m;
+}
+
+struct Results {
+  double pp_s = 0, sgemm = 0, tg_s = 0, batch_s = 0, kernel_gflops = 0;
+  double peak_rss = 0, kv_mb = 0;
+  bool rss_reset = false;
+  std::vector<double> copy_samples, read_samples;  // sorted
+  double copy() const { return copy_samples[copy_samples.size() / 2]; }
+  double read() const { return read_samples[read_samples.size() / 2]; }
+};
+
+// pp (each rep preceded by an sgemm baseline), then decode in chunks of
+// single-sequence and batched steps, each pair preceded by a bandwidth sample.
+void RunSteps(const Options& o, const TextConfig& cfg, model::Qwen2Model& qwen,
+              cpu::ThreadPool& pool, Results* r) {
+  const int64_t per_seq_blocks = (std::max(o.pp, o.tg) + o.block_size - 1) / o.block_size;
+  auto kv_or = model::KvCache::Create(qwen.KvShape(per_seq_blocks * o.batch, o.block_size));
   CHECK_OK(kv_or.status());
   model::KvCache& kv = **kv_or;
+  r->kv_mb = kv.bytes() / 1048576.0;
   std::vector<float> logits;
   auto step = [&](const std::vector<Work>& work, uint64_t seed) {
-    ForwardBatch b = MakeBatch(work, bs, cfg.vocab_size, seed);
+    ForwardBatch b = MakeBatch(work, o.block_size, cfg.vocab_size, seed);
     CHECK_OK(qwen.Forward(b, kv, &logits));
   };
   step({{0, 0, 16}}, 0);  // warm-up: touches the weights once
-
-  double pp_s = 0, sgemm = 0;
-  for (int r = 0; r < reps; ++r) {
-    sgemm += LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size, model::DType::kF32,
-                          cpu::LinearKernel::kOpenBlas) /
-             reps;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    r->sgemm += LinearGflops(pool, o.pp, cfg.intermediate_size, cfg.hidden_size, model::DType::kF32,
+                             cpu::LinearKernel::kOpenBlas) /
+                o.reps;
     Stopwatch sw;
-    step({{0, 0, pp}}, r + 1);
-    pp_s += sw.ElapsedSeconds() / reps;
+    step({{0, 0, o.pp}}, rep + 1);
+    r->pp_s += sw.ElapsedSeconds() / o.reps;
   }
-  // Decode: chunks of single-sequence steps and batched steps, alternating,
-  // each pair preceded by a bandwidth sample.
   constexpr int kChunk = 16;
-  double tg_s = 0, batch_s = 0;
-  std::vector<double> copy_samples, read_samples;
-  for (int i0 = 0; i0 < tg; i0 += kChunk) {
+  for (int i0 = 0; i0 < o.tg; i0 += kChunk) {
     const bench::MemoryBandwidth bw =
-        bench::MeasureMemoryBandwidthInChild(threads, size_t{128} << 20, 3);
-    copy_samples.push_back(bw.copy_bytes_per_s);
-    read_samples.push_back(bw.read_bytes_per_s);
-    const int i1 = std::min(tg, i0 + kChunk);
+        bench::MeasureMemoryBandwidthInChild(o.threads, size_t{128} << 20, 3);
+    r->copy_samples.push_back(bw.copy_bytes_per_s);
+    r->read_samples.push_back(bw.read_bytes_per_s);
+    const int i1 = std::min(o.tg, i0 + kChunk);
     Stopwatch tg_watch;
     for (int i = i0; i < i1; ++i) step({{0, i, 1}}, 100 + i);
-    tg_s += tg_watch.ElapsedSeconds();
+    r->tg_s += tg_watch.ElapsedSeconds();
     Stopwatch batch_watch;
     for (int i = i0; i < i1; ++i) {
       std::vector<Work> work;
-      for (int s = 0; s < batch; ++s) work.push_back({s * per_seq_blocks, i, 1});
+      for (int s = 0; s < o.batch; ++s) work.push_back({s * per_seq_blocks, i, 1});
       step(work, 1000 + i);
     }
-    batch_s += batch_watch.ElapsedSeconds();
+    r->batch_s += batch_watch.ElapsedSeconds();
   }
-  std::sort(copy_samples.begin(), copy_samples.end());
-  std::sort(read_samples.begin(), read_samples.end());
-  bench::MemoryBandwidth bw;
-  bw.copy_bytes_per_s = copy_samples[copy_samples.size() / 2];
-  bw.read_bytes_per_s = read_samples[read_samples.size() / 2];
-  const double peak_rss = PeakRssMb();
-  const double kernel_gflops =
-      LinearGflops(pool, pp, cfg.intermediate_size, cfg.hidden_size, dtype, kernel);
+  std::sort(r->copy_samples.begin(), r->copy_samples.end());
+  std::sort(r->read_samples.begin(), r->read_samples.end());
+  r->peak_rss = PeakRssMb();
+}
 
-  const double step_bytes = static_cast<double>(weights->StepWeightBytes());
-  const double params = step_bytes / model::DTypeSize(dtype);
-  const double pp_tok_s = pp / pp_s, tg_tok_s = tg / tg_s;
-  const double batch_tok_s = static_cast<double>(tg) * batch / batch_s;
-  const double tg_weight_gbs = step_bytes / (tg_s / tg) / 1e9;
-  const double pp_gflops = 2.0 * params * pp / pp_s / 1e9;
-  const double weights_mb = weights->TotalWeightBytes() / 1048576.0;
-  const double kv_mb = kv.bytes() / 1048576.0;
-  const char* dname = dtype == model::DType::kF32 ? "fp32" : "bf16";
+void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
+            const Results& r) {
+  const double step_bytes = static_cast<double>(weights.StepWeightBytes());
+  const double params = step_bytes / model::DTypeSize(o.dtype);
+  const double pp_tok_s = o.pp / r.pp_s, tg_tok_s = o.tg / r.tg_s;
+  const double batch_tok_s = static_cast<double>(o.tg) * o.batch / r.batch_s;
+  const double tg_weight_gbs = step_bytes / (r.tg_s / o.tg) / 1e9;
+  const double pp_gflops = 2.0 * params * o.pp / r.pp_s / 1e9;
+  const double weights_mb = weights.TotalWeightBytes() / 1048576.0;
+  const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
+  const char* dname = o.dtype == model::DType::kF32 ? "fp32" : "bf16";
 
   std::printf("lm_bench: %s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step)\n",
-              model_name.c_str(), dname, threads, absl::GetFlag(FLAGS_kernel).c_str(), weights_mb,
+              o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), weights_mb,
               step_bytes / 1048576.0);
   std::printf("  %-28s %10.1f tok/s  (%.1f GFLOP/s, %.2f x sgemm)\n",
-              absl::StrFormat("pp%d", pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / sgemm);
+              absl::StrFormat("pp%d", o.pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / r.sgemm);
   std::printf("  %-28s %10.2f tok/s  (%.1f ms/step, %.2f GB/s of weights, %.2f x copy bw)\n",
-              absl::StrFormat("tg%d", tg).c_str(), tg_tok_s, 1e3 * tg_s / tg, tg_weight_gbs,
-              tg_weight_gbs * 1e9 / bw.copy_bytes_per_s);
+              absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
+              tg_weight_gbs * 1e9 / r.copy());
   std::printf("  %-28s %10.2f tok/s  (%.2f x batch 1)\n",
-              absl::StrFormat("tg%d x %d sequences", tg, batch).c_str(), batch_tok_s,
+              absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s,
               batch_tok_s / tg_tok_s);
   std::printf(
       "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
       "GB/s\n",
-      bw.copy_bytes_per_s / 1e9, copy_samples.size(), copy_samples.front() / 1e9,
-      copy_samples.back() / 1e9, bw.read_bytes_per_s / 1e9);
-  std::printf("  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s\n", pp,
-              cfg.intermediate_size, cfg.hidden_size, sgemm, dname, kernel_gflops);
-  std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", peak_rss,
-              weights_mb, kv_mb, peak_rss / (weights_mb + kv_mb),
-              rss_reset ? "" : " (mark not reset: includes the baselines)");
+      r.copy() / 1e9, r.copy_samples.size(), r.copy_samples.front() / 1e9,
+      r.copy_samples.back() / 1e9, r.read() / 1e9);
+  std::printf("  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s\n", o.pp,
+              cfg.intermediate_size, cfg.hidden_size, r.sgemm, dname, r.kernel_gflops);
+  std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", r.peak_rss,
+              weights_mb, r.kv_mb, rss_ratio,
+              r.rss_reset ? "" : " (mark not reset: includes start-up)");
   std::printf(
       "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
       "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"
@@ -290,11 +307,24 @@ int Run() {
       "\"copy_bandwidth_gbs\":%.3f,\"read_bandwidth_gbs\":%.3f,\"tg_bandwidth_ratio\":%.3f,"
       "\"sgemm_gflops\":%.2f,\"kernel_gflops\":%.2f,\"pp_gflops\":%.2f,\"pp_vs_sgemm\":%.3f,"
       "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f}\n",
-      model_name.c_str(), dname, threads, absl::GetFlag(FLAGS_kernel).c_str(), pp, pp_tok_s, tg,
-      tg_tok_s, 1e3 * tg_s / tg, batch, batch_tok_s, batch, batch_tok_s / tg_tok_s,
-      step_bytes / 1048576.0, tg_weight_gbs, bw.copy_bytes_per_s / 1e9, bw.read_bytes_per_s / 1e9,
-      tg_weight_gbs * 1e9 / bw.copy_bytes_per_s, sgemm, kernel_gflops, pp_gflops, pp_gflops / sgemm,
-      peak_rss, weights_mb, kv_mb, peak_rss / (weights_mb + kv_mb));
+      o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
+      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, batch_tok_s / tg_tok_s,
+      step_bytes / 1048576.0, tg_weight_gbs, r.copy() / 1e9, r.read() / 1e9,
+      tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops, pp_gflops, pp_gflops / r.sgemm,
+      r.peak_rss, weights_mb, r.kv_mb, rss_ratio);
+}
+
+int Run() {
+  Options o = ReadFlags();
+  cpu::ThreadPool pool(o.threads);
+  Results r;
+  r.rss_reset = ResetPeakRss();
+  BenchModel m = LoadBenchModel(o);
+  model::Qwen2Model qwen(m.cfg, *m.weights, pool, {o.kernel});
+  RunSteps(o, m.cfg, qwen, pool, &r);
+  r.kernel_gflops =
+      LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype, o.kernel);
+  Report(o, m.cfg, *m.weights, r);
   return 0;
 }
 

@@ -18,6 +18,15 @@
 //    L2-sized fp32 panel first. OpenBLAS takes different code paths for
 //    different m, so rows are not batch invariant. Kept to measure against.
 //
+// Why kDot is the default (measured on the 2-core AVX2 EPYC, per core, CPU
+// time, best of runs; the machine is shared so absolute numbers wander):
+// one row (decode) streams weights at ~1.5-2x OpenBLAS (which also needs a
+// widening pass for bf16); at 32 rows the two are about equal (~55-70 vs
+// ~60 GFLOP/s); at 512 rows (prefill) OpenBLAS is faster (~85 vs ~70
+// GFLOP/s). kDot is kept everywhere for batch invariance, which OpenBLAS
+// does not give (a row's result changes with m from m = 5 on); pick
+// kOpenBlas per model (Qwen2ModelOptions) when prefill speed matters more.
+//
 // Both kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
 // Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
