@@ -56,7 +56,7 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-PIXELS = shapes.IMAGE_SIZE * shapes.IMAGE_SIZE  # 112*112: one fixed size, 8x8 patches
+PIXELS = shapes.IMAGE_SIZE * shapes.IMAGE_SIZE  # 84*84: one fixed size, 6x6 patches
 PREPROCESSOR_CONFIG = {
     "do_convert_rgb": True,
     "do_normalize": True,
@@ -74,7 +74,7 @@ PREPROCESSOR_CONFIG = {
     "rescale_factor": 0.00392156862745098,
     "temporal_patch_size": 2,
 }
-IMAGE_TOKENS = (shapes.IMAGE_SIZE // 14 // 2) ** 2  # 16
+IMAGE_TOKENS = (shapes.IMAGE_SIZE // 14 // 2) ** 2  # 9
 
 GENERIC_TEXT = """\
 The quick brown fox jumps over the lazy dog. A picture is worth a thousand words.

@@ -46,7 +46,7 @@ def install():
     m.VisionAttention.forward = _vision_attn_forward
 
 
-def forward_shared(model, batch):
+def forward_shared(model, batch, return_image_feats=False, **kwargs):
     """batch: input_ids, attention_mask, labels, pixel_values (one entry per
     distinct image), image_grid_thw (per sequence), image_of_seq (image index
     of each sequence). Returns the model output (with .loss when labels)."""
@@ -56,10 +56,14 @@ def forward_shared(model, batch):
     thw_img = batch["image_grid_thw"][:1].expand(n_img, 3)
     feats = torch.cat(inner.get_image_features(batch["pixel_values"], thw_img), dim=0)
     per = feats.shape[0] // n_img
-    feats = feats.reshape(n_img, per, -1)[batch["image_of_seq"]].reshape(-1, feats.shape[-1])
+    image_feats = feats.reshape(n_img, per, -1)
+    feats = image_feats[batch["image_of_seq"]].reshape(-1, feats.shape[-1])
     emb = inner.get_input_embeddings()(ids)
     mask = (ids == model.config.image_token_id).unsqueeze(-1).expand_as(emb)
     assert int(mask[..., 0].sum()) == feats.shape[0]
     emb = emb.masked_scatter(mask, feats.to(emb.dtype))
-    return model(input_ids=ids, inputs_embeds=emb, attention_mask=batch["attention_mask"],
-                 image_grid_thw=batch["image_grid_thw"], labels=batch.get("labels"))
+    out = model(input_ids=ids, inputs_embeds=emb, attention_mask=batch["attention_mask"],
+                image_grid_thw=batch["image_grid_thw"], labels=batch.get("labels"), **kwargs)
+    if return_image_feats:
+        out.image_feats = image_feats
+    return out

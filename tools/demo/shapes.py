@@ -4,12 +4,13 @@
 Everything is a pure function of a `random.Random` stream, so a seed fixes the
 images, questions and answers exactly (same Python and Pillow versions).
 
-A scene is a 112x112 RGB image (the demo model's fixed input size: 8x8 patches
-of 14 px, 16 image tokens after the 2x2 merge) on a background colour (plain,
+A scene is an 84x84 RGB image (the demo model's fixed input size: 6x6 patches
+of 14 px, 9 image tokens after the 2x2 merge) on a background colour (plain,
 with light pixel noise, or with a soft vertical gradient) holding 1-4 shapes.
-Each shape sits in its own cell of a 3x3 grid, so every shape has one
-position name, and the shapes of a scene have pairwise different colours, so
-"the red shape" always names exactly one shape. Shapes may repeat.
+Each shape sits inside its own cell of a 3x3 grid of 28x28 px cells, which are
+exactly the 9 merged image tokens, so every shape has one position name and
+one token; the shapes of a scene have pairwise different colours, so "the red
+shape" always names exactly one shape. Shapes may repeat.
 
 Question types (answers are one or two lower-case words):
   count       How many shapes are there?            -> one .. four
@@ -26,7 +27,7 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-IMAGE_SIZE = 112  # pixels, square; = preprocessor min_pixels = max_pixels side
+IMAGE_SIZE = 84  # pixels, square; = preprocessor min_pixels = max_pixels side
 
 SHAPES = ["circle", "square", "triangle", "star", "cross"]
 SHAPE_PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles",
@@ -45,7 +46,7 @@ BACKGROUNDS = {
     "black": (22, 22, 22),
     "gray": (128, 128, 128),
 }
-SIZES = {"small": (15, 19), "large": (28, 33)}  # bounding box side in pixels, inclusive
+SIZES = {"small": (13, 16), "large": (22, 26)}  # bounding box side in pixels, inclusive
 POSITIONS = [  # 3x3 grid cell (row, col) -> name
     ["top left", "top", "top right"],
     ["left", "center", "right"],

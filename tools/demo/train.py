@@ -34,7 +34,7 @@ import shapes  # noqa: E402
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # head_dim = 128 / 4 = 32; mrope_section sums to head_dim / 2 = 16.
-# Vision: 96 / 4 heads = head_dim 24. Sized for ~1 s/step on one contended core.
+# Vision: 96 / 4 heads = head_dim 24. Sized for ~0.3-0.6 s/step on one contended core.
 MODEL_SPEC = {
     "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 3,
     "num_attention_heads": 4, "num_key_value_heads": 2, "mrope_section": [4, 6, 6],
@@ -53,7 +53,35 @@ def build_model(tok, spec):
     config.vision_config.in_channels = 3
     torch.manual_seed(common.INIT_SEED)
     model = Qwen2VLForConditionalGeneration(config)
+    init_weights(model, spec)
     return model, cfg_dict
+
+
+RESIDUAL_OUT = (".o_proj.", ".down_proj.", ".attn.proj.", ".mlp.fc2.")
+
+
+@torch.no_grad()
+def init_weights(model, spec):
+    """Fan-in scaled init. transformers' default (std 0.02 everywhere) is far
+    too small for these narrow layers: attention starts uniform and training
+    sat at chance level (except background colour) for 1000+ steps. Here
+    std = 1/sqrt(fan_in), residual-branch outputs scaled by 1/sqrt(2 * depth),
+    embeddings (tied with the LM head) std 0.05; norms 1, biases 0."""
+    gen = torch.Generator().manual_seed(common.INIT_SEED)
+    n_text, n_vis = spec["num_hidden_layers"], spec["vision"]["depth"]
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if name.endswith("embed_tokens.weight"):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        elif p.ndim >= 2:
+            fan_in = p[0].numel()
+            std = fan_in ** -0.5
+            if any(k in name for k in RESIDUAL_OUT):
+                std /= (2 * (n_vis if name.startswith("model.visual") else n_text)) ** 0.5
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:  # LayerNorm / RMSNorm weights
+            p.fill_(1.0)
 
 
 def lr_at(step, args):
@@ -65,16 +93,60 @@ def lr_at(step, args):
 
 def train_batch(step, batch_size, q_per_image):
     """Fresh samples for one step: batch_size // q_per_image new scenes, each
-    asked q_per_image questions of different types."""
+    asked q_per_image questions of different types. Also the scenes."""
     rng = random.Random(common.TRAIN_SEED_BASE + step)
-    images, items = [], []
+    images, items, scenes = [], [], []
     for i in range(batch_size // q_per_image):
         scene = shapes.random_scene(rng)
+        scenes.append(scene)
         images.append(shapes.render(scene))
         for qtype in rng.sample(shapes.QUESTION_TYPES, q_per_image):
             q, a = shapes.question(scene, qtype, rng)
             items.append((i, qtype, q, a))
-    return images, items
+    return images, items, scenes
+
+
+# Auxiliary losses (training only, heads not exported):
+# - on the vision tower's output: for each of the 3x3 merged image tokens (the
+#   28x28 px scene cells), the colour / shape / size of the object in it,
+#   class 0 = none. Without it the vision tower learned nothing but the
+#   background colour in 1000 steps; with it local features come first.
+# - on the language model's hidden states after layer AUX_POS_LAYER at the
+#   image tokens: which of the 9 cells the token is (M-RoPE gives only
+#   relative positions), so "where is ..." answers can be read off.
+AUX_CLASSES = [["none"] + sorted(shapes.COLORS), ["none"] + shapes.SHAPES, ["none", "small", "large"]]
+AUX_KEYS = ["color", "shape", "size"]
+
+
+def aux_targets(scenes):
+    grid = shapes.IMAGE_SIZE // 28  # 3: the scene's cells are the merged tokens
+    t = torch.zeros((len(scenes), grid * grid, 3), dtype=torch.long)
+    for i, sc in enumerate(scenes):
+        for o in sc["objects"]:
+            cell = min(int(o["cy"] // 28), grid - 1) * grid + min(int(o["cx"] // 28), grid - 1)
+            for k, (key, classes) in enumerate(zip(AUX_KEYS, AUX_CLASSES)):
+                t[i, cell, k] = classes.index(o[key])
+    return t
+
+
+AUX_POS_LAYER = 2
+
+
+class AuxHead(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(hidden, len(c)) for c in AUX_CLASSES)
+        self.pos = torch.nn.Linear(hidden, common.IMAGE_TOKENS)
+
+    def loss(self, feats, targets, lm_image_states):
+        """feats [images, 9, hidden] (merger output), targets [images, 9, 3],
+        lm_image_states [sequences, 9, hidden]."""
+        ce = torch.nn.functional.cross_entropy
+        vis = sum(ce(h(feats).flatten(0, 1), targets[..., k].flatten())
+                  for k, h in enumerate(self.heads))
+        cells = torch.arange(lm_image_states.shape[1]).repeat(lm_image_states.shape[0])
+        pos = ce(self.pos(lm_image_states).flatten(0, 1), cells)
+        return (vis + pos) / (len(self.heads) + 1)
 
 
 def val_set(n):
@@ -111,9 +183,10 @@ def teacher_forced_accuracy(model, enc, samples, bs=64):
     return acc
 
 
-def save_ckpt(path, model, opt, step, extra):
+def save_ckpt(path, model, aux, opt, step, extra):
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+    torch.save({"model": model.state_dict(), "aux": aux.state_dict(), "opt": opt.state_dict(),
+                "step": step,
                 "extra": extra}, tmp)
     os.replace(tmp, path)
 
@@ -151,14 +224,16 @@ def main():
     ap.add_argument("--batch", type=int, default=48, help="questions per step")
     ap.add_argument("--q-per-image", type=int, default=3,
                     help="questions asked about each fresh image in a batch")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--aux-weight", type=float, default=1.0,
+                    help="weight of the auxiliary per-image-token loss (vision tower)")
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--wd", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 1 beats 2 on a busy 2-core machine")
     ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--val-every", type=int, default=250)
+    ap.add_argument("--val-every", type=int, default=200)
     ap.add_argument("--val-n", type=int, default=300)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--export-only", action="store_true",
@@ -180,8 +255,11 @@ def main():
     n_vis = sum(p.numel() for p in model.model.visual.parameters())
     print(f"model: {n_params} parameters ({n_vis} vision), vocab {len(tok)}", flush=True)
 
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    torch.manual_seed(common.INIT_SEED + 1)
+    aux = AuxHead(MODEL_SPEC["hidden_size"])
+    params = list(model.named_parameters()) + list(aux.named_parameters())
+    decay = [p for n, p in params if p.ndim >= 2]
+    no_decay = [p for n, p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
@@ -191,6 +269,7 @@ def main():
     if os.path.exists(ckpt) and not args.fresh:
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
+        aux.load_state_dict(state["aux"])
         opt.load_state_dict(state["opt"])
         start = state["step"]
         history = state["extra"].get("history", [])
@@ -202,15 +281,22 @@ def main():
 
     val = val_set(args.val_n)
     model.train()
-    t0, seen, loss_acc = time.time(), 0, 0.0
+    t0, seen, loss_acc, aux_acc = time.time(), 0, 0.0, 0.0
     for step in range(start, args.steps):
         lr = lr_at(step, args)
         for g in opt.param_groups:
             g["lr"] = lr
-        b = enc.batch_shared(*train_batch(step, args.batch, args.q_per_image))
-        loss = fastpath.forward_shared(model, b).loss
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        images, items, scenes = train_batch(step, args.batch, args.q_per_image)
+        b = enc.batch_shared(images, items)
+        out = fastpath.forward_shared(model, b, return_image_feats=True, output_hidden_states=True)
+        hs = out.hidden_states[AUX_POS_LAYER]
+        lm_img = hs[b["input_ids"] == model.config.image_token_id].reshape(
+            hs.shape[0], common.IMAGE_TOKENS, -1)
+        aux_loss = aux.loss(out.image_feats, aux_targets(scenes), lm_img)
+        loss = out.loss
+        (loss + args.aux_weight * aux_loss).backward()
+        aux_acc += aux_loss.item()
+        gn = torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_acc += loss.item()
@@ -218,10 +304,10 @@ def main():
         done = step + 1
         if done % args.log_every == 0:
             dt = (time.time() - t0) / seen
-            print(f"step {done}/{args.steps} loss {loss_acc / seen:.4f} lr {lr:.2e} "
+            print(f"step {done}/{args.steps} loss {loss_acc / seen:.4f} aux {aux_acc / seen:.4f} lr {lr:.2e} "
                   f"gnorm {float(gn):.2f} {dt:.2f}s/step eta {dt * (args.steps - done) / 60:.1f}min",
                   flush=True)
-            t0, seen, loss_acc = time.time(), 0, 0.0
+            t0, seen, loss_acc, aux_acc = time.time(), 0, 0.0, 0.0
         if done % args.val_every == 0 or done == args.steps:
             tv = time.time()
             acc = teacher_forced_accuracy(model, enc, val)
@@ -229,9 +315,9 @@ def main():
             print(f"val step {done}: " + " ".join(f"{k} {v:.3f}" for k, v in acc.items())
                   + f" ({time.time() - tv:.0f}s)", flush=True)
             t0 = time.time()
-            seen, loss_acc = 0, 0.0
+            seen, loss_acc, aux_acc = 0, 0.0, 0.0
         if done % args.ckpt_every == 0 or done == args.steps:
-            save_ckpt(ckpt, model, opt, done, {"history": history, "args": vars(args)})
+            save_ckpt(ckpt, model, aux, opt, done, {"history": history, "args": vars(args)})
     export(model, tok_dir, cfg_dict, args.out)
     common.write_json(os.path.join(args.work, "history.json"), history)
     print(f"exported to {args.out}", flush=True)
