@@ -11,7 +11,9 @@ Stages (one command does all of them):
   4. export in Hugging Face layout to --out (default models/shapes-demo).
 
   nice -n 19 python tools/demo/train.py --steps 4000 --work /tmp/shapes-demo-work
+  nice -n 19 python tools/demo/train.py --steps 7000 --work /tmp/shapes-demo-work  # resumes
   python tools/demo/train.py --export-only --work /tmp/shapes-demo-work   # latest ckpt -> --out
+(the committed model: both commands, see tools/demo/README.md)
 """
 
 import argparse
