@@ -66,14 +66,20 @@ int Main() {
   if (eval.is_discarded() || !eval.contains("items")) {
     return Fail(absl::InvalidArgumentError(eval_dir + "/eval.json: no \"items\""));
   }
-  // transformers' answers by item id, when available.
+  // transformers' answers (text and generated token ids) by item id.
   std::map<int, std::string> hf;
+  std::map<int, std::vector<int32_t>> hf_ids;
   std::string hf_path = absl::GetFlag(FLAGS_hf_outputs);
   if (hf_path.empty()) hf_path = eval_dir + "/hf_outputs.json";
   if (auto hf_text = ReadFileToString(hf_path); hf_text.ok()) {
     const json h = json::parse(*hf_text, nullptr, false);
-    if (!h.is_discarded() && h.contains("items")) {
-      for (const json& it : h["items"]) hf[it["id"].get<int>()] = it.value("text", "");
+    const char* key = h.contains("outputs") ? "outputs" : "items";
+    if (!h.is_discarded() && h.contains(key)) {
+      for (const json& it : h[key]) {
+        hf[it["id"].get<int>()] = it.value("text", "");
+        if (it.contains("token_ids"))
+          hf_ids[it["id"].get<int>()] = it["token_ids"].get<std::vector<int32_t>>();
+      }
     }
   }
 
@@ -87,6 +93,7 @@ int Main() {
 
   std::map<std::string, model::RgbImage> images;
   std::map<int, std::string> answers;
+  std::map<int, std::vector<int32_t>> answer_ids;
   std::map<int, const json*> items;
   const int limit = absl::GetFlag(FLAGS_limit);
   for (const json& item : eval["items"]) {
@@ -107,7 +114,10 @@ int Main() {
     req.sampling.temperature = 0;
     req.sampling.max_tokens = 8;
     items[id] = &item;
-    auto on_event = [&answers, id](const worker::StreamEvent& e) { answers[id] += e.text; };
+    auto on_event = [&answers, &answer_ids, id](const worker::StreamEvent& e) {
+      answers[id] += e.text;
+      answer_ids[id].insert(answer_ids[id].end(), e.token_ids.begin(), e.token_ids.end());
+    };
     if (absl::Status s = (*engine)->AddRequest(std::move(req), on_event); !s.ok()) return Fail(s);
   }
   Stopwatch clock;
@@ -125,8 +135,12 @@ int Main() {
       ++t->total;
       t->correct += ok;
       if (auto h = hf.find(id); h != hf.end()) {
+        // Same answer text, and the same generated ids when transformers
+        // recorded them.
         ++t->compared;
-        t->agree += std::string(absl::StripAsciiWhitespace(h->second)) == got;
+        auto ids = hf_ids.find(id);
+        t->agree += std::string(absl::StripAsciiWhitespace(h->second)) == got &&
+                    (ids == hf_ids.end() || ids->second == answer_ids[id]);
       }
     }
   }
