@@ -37,6 +37,8 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402  (the texts)
+import qwen2vl_layout  # noqa: E402
+from qwen2vl_layout import CHAT_TEMPLATE, QWEN2_SPLIT_REGEX  # noqa: E402
 import vision_goldens  # noqa: E402
 from golden_util import (SPECIAL_TOKENS, generate_greedy, greedy_config,  # noqa: E402
                          load_model, sha256_file, special_ids, versions, write_json,
@@ -45,51 +47,12 @@ from golden_util import (SPECIAL_TOKENS, generate_greedy, greedy_config,  # noqa
 SEED = 20240607
 BPE_VOCAB_SIZE = 2048  # merges + 256 byte symbols; added tokens come after
 
-# The pre-tokenizer regex of Qwen2's tokenizer.json, verbatim.
-QWEN2_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
 # Appended after the BPE vocabulary in this order, like Qwen2-VL (151643..):
 # see golden_util.SPECIAL_TOKENS.
 
-# Qwen2-VL-Instruct's chat template, verbatim (tokenizer_config.json).
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
-    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
-    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 # Preprocessor config shipped with the tiny models: real Qwen2-VL values except
 # max_pixels, kept small so pixel goldens stay small (<= 64 patches an image).
-PREPROCESSOR_CONFIG = {
-    "do_convert_rgb": True,
-    "do_normalize": True,
-    "do_rescale": True,
-    "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_processor_type": "Qwen2VLImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "max_pixels": 12544,  # 28*28*16
-    "merge_size": 2,
-    "min_pixels": 3136,  # 56*56, the real default
-    "patch_size": 14,
-    "processor_class": "Qwen2VLProcessor",
-    "resample": 3,
-    "rescale_factor": 0.00392156862745098,
-    "temporal_patch_size": 2,
-}
+PREPROCESSOR_CONFIG = qwen2vl_layout.preprocessor_config(min_pixels=3136, max_pixels=12544)
 
 # The tiny models. head_dim = hidden / heads; sum(mrope_section) = head_dim / 2.
 MODEL_SPECS = [
@@ -333,52 +296,10 @@ def init_params(model, seed):
 
 def flat_config(spec, vocab_size, ids):
     """config.json the way the real Qwen2-VL checkpoints write it."""
-    v = spec["vision"]
-    return {
-        "architectures": ["Qwen2VLForConditionalGeneration"],
-        "attention_dropout": 0.0,
-        "bos_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|im_end|>"],
-        "hidden_act": "silu",
-        "hidden_size": spec["hidden_size"],
-        "image_token_id": ids["<|image_pad|>"],
-        "initializer_range": 0.02,
-        "intermediate_size": spec["intermediate_size"],
-        "max_position_embeddings": 32768,
-        "max_window_layers": NUM_LAYERS,
-        "model_type": "qwen2_vl",
-        "num_attention_heads": spec["num_attention_heads"],
-        "num_hidden_layers": NUM_LAYERS,
-        "num_key_value_heads": spec["num_key_value_heads"],
-        "rms_norm_eps": spec["rms_norm_eps"],
-        "rope_scaling": {"mrope_section": spec["mrope_section"], "type": "mrope"},
-        "rope_theta": spec["rope_theta"],
-        "sliding_window": 32768,
-        "tie_word_embeddings": spec["tie_word_embeddings"],
-        "torch_dtype": spec["dtype"],
-        "transformers_version": transformers.__version__,
-        "use_cache": True,
-        "use_sliding_window": False,
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_config": {
-            "depth": v["depth"],
-            "embed_dim": v["embed_dim"],
-            "hidden_act": "quick_gelu",
-            "hidden_size": spec["hidden_size"],
-            "in_chans": 3,
-            "mlp_ratio": v["mlp_ratio"],
-            "model_type": "qwen2_vl",
-            "num_heads": v["num_heads"],
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "spatial_patch_size": 14,
-            "temporal_patch_size": 2,
-        },
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_token_id": ids["<|vision_pad|>"],
-        "vocab_size": vocab_size,
-    }
+    return qwen2vl_layout.flat_config(
+        spec, vocab_size, ids, num_hidden_layers=NUM_LAYERS, max_position_embeddings=32768,
+        rms_norm_eps=spec["rms_norm_eps"], rope_theta=spec["rope_theta"], sliding_window=32768,
+        tie_word_embeddings=spec["tie_word_embeddings"], torch_dtype=spec["dtype"])
 
 
 def model_vocab_size(spec, tok_len):

@@ -12,11 +12,16 @@ Seeds (all different, see README.md):
 import json
 import os
 import random
+import sys
 
 import numpy as np
 import torch
 
 import shapes
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import qwen2vl_layout  # noqa: E402  (tools/qwen2vl_layout.py)
+from qwen2vl_layout import CHAT_TEMPLATE, QWEN2_SPLIT_REGEX, SPECIAL_TOKENS  # noqa: E402,F401
 
 TOKENIZER_SEED = 11
 INIT_SEED = 12
@@ -26,54 +31,8 @@ EVAL_SEED = 20261122
 assert EVAL_SEED not in range(TRAIN_SEED_BASE, 2 * TRAIN_SEED_BASE)
 assert len({TOKENIZER_SEED, INIT_SEED, VAL_SEED, EVAL_SEED}) == 4
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
-    "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
-    "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>",
-]
-
-# The pre-tokenizer regex of Qwen2's tokenizer.json, verbatim.
-QWEN2_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# Qwen2-VL-Instruct's chat template, verbatim.
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
-    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
-    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 PIXELS = shapes.IMAGE_SIZE * shapes.IMAGE_SIZE  # 84*84: one fixed size, 6x6 patches
-PREPROCESSOR_CONFIG = {
-    "do_convert_rgb": True,
-    "do_normalize": True,
-    "do_rescale": True,
-    "do_resize": True,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_processor_type": "Qwen2VLImageProcessor",
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "max_pixels": PIXELS,
-    "merge_size": 2,
-    "min_pixels": PIXELS,
-    "patch_size": 14,
-    "processor_class": "Qwen2VLProcessor",
-    "resample": 3,
-    "rescale_factor": 0.00392156862745098,
-    "temporal_patch_size": 2,
-}
+PREPROCESSOR_CONFIG = qwen2vl_layout.preprocessor_config(min_pixels=PIXELS, max_pixels=PIXELS)
 IMAGE_TOKENS = (shapes.IMAGE_SIZE // 14 // 2) ** 2  # 9
 
 GENERIC_TEXT = """\
@@ -270,53 +229,10 @@ class Encoder:
 
 def flat_config(spec, vocab_size, ids):
     """config.json the way the real Qwen2-VL checkpoints write it (flat)."""
-    import transformers
-    v = spec["vision"]
-    return {
-        "architectures": ["Qwen2VLForConditionalGeneration"],
-        "attention_dropout": 0.0,
-        "bos_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|im_end|>"],
-        "hidden_act": "silu",
-        "hidden_size": spec["hidden_size"],
-        "image_token_id": ids["<|image_pad|>"],
-        "initializer_range": 0.02,
-        "intermediate_size": spec["intermediate_size"],
-        "max_position_embeddings": 4096,
-        "max_window_layers": spec["num_hidden_layers"],
-        "model_type": "qwen2_vl",
-        "num_attention_heads": spec["num_attention_heads"],
-        "num_hidden_layers": spec["num_hidden_layers"],
-        "num_key_value_heads": spec["num_key_value_heads"],
-        "rms_norm_eps": 1e-6,
-        "rope_scaling": {"mrope_section": spec["mrope_section"], "type": "mrope"},
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "tie_word_embeddings": True,
-        "torch_dtype": "float32",
-        "transformers_version": transformers.__version__,
-        "use_cache": True,
-        "use_sliding_window": False,
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_config": {
-            "depth": v["depth"],
-            "embed_dim": v["embed_dim"],
-            "hidden_act": "quick_gelu",
-            "hidden_size": spec["hidden_size"],
-            "in_chans": 3,
-            "mlp_ratio": v["mlp_ratio"],
-            "model_type": "qwen2_vl",
-            "num_heads": v["num_heads"],
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "spatial_patch_size": 14,
-            "temporal_patch_size": 2,
-        },
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_token_id": ids["<|vision_pad|>"],
-        "vocab_size": vocab_size,
-    }
+    return qwen2vl_layout.flat_config(
+        spec, vocab_size, ids, num_hidden_layers=spec["num_hidden_layers"],
+        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0,
+        sliding_window=4096, tie_word_embeddings=True, torch_dtype="float32")
 
 
 def generation_config(ids):
