@@ -14,7 +14,14 @@
 //     step reads / step time) / copy bandwidth;
 //   - the GEMM library's throughput: OpenBLAS cblas_sgemm (fp32) at the MLP
 //     shape [pp x hidden] x [hidden x intermediate] before each prefill, and
-//     our kernel at the same shape in the benchmark dtype.
+//     our kernel at the same shape in the benchmark dtype, and with `batch`
+//     rows;
+//   - the compute roofline: fused multiply-add FLOP/s on every thread.
+// A batched decode step is compute bound (2 FLOPs per parameter per
+// sequence) while a single one is bandwidth bound, so batch<B>_speedup can
+// be at most tg_step x FLOP rate / (2 x parameters): reported as
+// batch_gemm_ceiling (at our kernel's rate for `batch` rows) and
+// batch_peak_ceiling (at the FMA peak).
 // Batch-1 and batched decode steps alternate in chunks of 16 steps so that
 // both see the same machine load; batch<B>_speedup is their throughput ratio.
 // Peak RSS is the process high-water mark from loading the weights on (the
@@ -28,6 +35,7 @@
 #include <algorithm>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +158,12 @@ double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, mode
                       dtype == model::DType::kF32 ? static_cast<const void*>(wf.data())
                                                   : static_cast<const void*>(wb.data()),
                       n, k};
+  // bf16 runs on panels, as Qwen2Weights holds it.
+  std::optional<cpu::PanelWeights> packed;
+  if (dtype == model::DType::kBF16) {
+    packed = cpu::PanelWeights::Pack(pool, w);
+    w = packed->matrix();
+  }
   cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);  // warm-up
   double best = 0;
   for (int r = 0; r < 3; ++r) {
@@ -214,6 +228,7 @@ BenchModel LoadBenchModel(Options& o) {
 
 struct Results {
   double pp_s = 0, sgemm = 0, tg_s = 0, batch_s = 0, kernel_gflops = 0;
+  double kernel_batch_gflops = 0, fma_peak_gflops = 0;
   double peak_rss = 0, kv_mb = 0;
   bool rss_reset = false;
   std::vector<double> copy_samples, read_samples;  // sorted
@@ -278,6 +293,13 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   const double weights_mb = weights.TotalWeightBytes() / 1048576.0;
   const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
   const char* dname = o.dtype == model::DType::kF32 ? "fp32" : "bf16";
+  // The batched speedup if a batched step cost only its matrix FLOPs (2 per
+  // parameter per sequence) at our kernel's rate for that many rows, and at
+  // the FMA peak: decode of one sequence is bound by weight bandwidth, the
+  // batch by compute, so these bound batch<B>_speedup from above.
+  const double tg_step_s = r.tg_s / o.tg;
+  const double gemm_ceiling = tg_step_s * r.kernel_batch_gflops * 1e9 / (2.0 * params);
+  const double peak_ceiling = tg_step_s * r.fma_peak_gflops * 1e9 / (2.0 * params);
 
   std::printf("lm_bench: %s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step)\n",
               o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), weights_mb,
@@ -287,31 +309,38 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   std::printf("  %-28s %10.2f tok/s  (%.1f ms/step, %.2f GB/s of weights, %.2f x copy bw)\n",
               absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
               tg_weight_gbs * 1e9 / r.copy());
-  std::printf("  %-28s %10.2f tok/s  (%.2f x batch 1)\n",
-              absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s,
-              batch_tok_s / tg_tok_s);
+  std::printf(
+      "  %-28s %10.2f tok/s  (%.2f x batch 1; bound %.2f x at our kernel's %.1f GFLOP/s for %d "
+      "rows, %.2f x at the FMA peak)\n",
+      absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s,
+      batch_tok_s / tg_tok_s, gemm_ceiling, r.kernel_batch_gflops, o.batch, peak_ceiling);
   std::printf(
       "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
       "GB/s\n",
       r.copy() / 1e9, r.copy_samples.size(), r.copy_samples.front() / 1e9,
       r.copy_samples.back() / 1e9, r.read() / 1e9);
-  std::printf("  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s\n", o.pp,
-              cfg.intermediate_size, cfg.hidden_size, r.sgemm, dname, r.kernel_gflops);
+  std::printf(
+      "  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s; FMA peak %.1f "
+      "GFLOP/s\n",
+      o.pp, cfg.intermediate_size, cfg.hidden_size, r.sgemm, dname, r.kernel_gflops,
+      r.fma_peak_gflops);
   std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", r.peak_rss,
               weights_mb, r.kv_mb, rss_ratio,
               r.rss_reset ? "" : " (mark not reset: includes start-up)");
   std::printf(
       "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
       "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"
-      "\"batch%d_speedup\":%.2f,\"step_weight_mb\":%.1f,\"tg_weight_gbs\":%.3f,"
+      "\"batch%d_speedup\":%.2f,\"batch_gemm_ceiling\":%.2f,\"batch_peak_ceiling\":%.2f,"
+      "\"kernel_batch_gflops\":%.2f,\"fma_peak_gflops\":%.2f,\"step_weight_mb\":%.1f,\"tg_weight_"
+      "gbs\":%.3f,"
       "\"copy_bandwidth_gbs\":%.3f,\"read_bandwidth_gbs\":%.3f,\"tg_bandwidth_ratio\":%.3f,"
       "\"sgemm_gflops\":%.2f,\"kernel_gflops\":%.2f,\"pp_gflops\":%.2f,\"pp_vs_sgemm\":%.3f,"
       "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f}\n",
       o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
-      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, batch_tok_s / tg_tok_s,
-      step_bytes / 1048576.0, tg_weight_gbs, r.copy() / 1e9, r.read() / 1e9,
-      tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops, pp_gflops, pp_gflops / r.sgemm,
-      r.peak_rss, weights_mb, r.kv_mb, rss_ratio);
+      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, batch_tok_s / tg_tok_s, gemm_ceiling,
+      peak_ceiling, r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
+      r.copy() / 1e9, r.read() / 1e9, tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops,
+      pp_gflops, pp_gflops / r.sgemm, r.peak_rss, weights_mb, r.kv_mb, rss_ratio);
 }
 
 int Run() {
@@ -324,6 +353,9 @@ int Run() {
   RunSteps(o, m.cfg, qwen, pool, &r);
   r.kernel_gflops =
       LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype, o.kernel);
+  r.kernel_batch_gflops =
+      LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype, o.kernel);
+  r.fma_peak_gflops = bench::MeasureFmaPeakGflops(pool, 3);
   Report(o, m.cfg, *m.weights, r);
   return 0;
 }

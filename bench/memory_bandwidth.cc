@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -79,6 +80,34 @@ MemoryBandwidth MeasureMemoryBandwidthInChild(int threads, size_t bytes, int rep
   }
   close(fds[0]);
   return result;
+}
+
+double MeasureFmaPeakGflops(model::cpu::ThreadPool& pool, int reps) {
+  constexpr int64_t kIterations = 20'000'000;
+  constexpr int kChains = 12;
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    std::atomic<int64_t> sink{0};
+    Stopwatch sw;
+    pool.ParallelFor(pool.num_threads(), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        __m256 acc[kChains];
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c + t));
+        const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+        for (int64_t i = 0; i < kIterations; ++i) {
+          _Pragma("GCC unroll 12") for (int c = 0; c < kChains; ++c) {
+            acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+          }
+        }
+        __m256 sum = acc[0];
+        for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+        sink += static_cast<int64_t>(_mm256_cvtss_f32(sum));  // keeps the loop alive
+      }
+    });
+    const double flops = 2.0 * 8 * kChains * kIterations * pool.num_threads();
+    best = std::max(best, flops / sw.ElapsedSeconds() / 1e9);
+  }
+  return best;
 }
 
 }  // namespace mmserve::bench

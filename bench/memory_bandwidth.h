@@ -30,6 +30,11 @@ MemoryBandwidth MeasureMemoryBandwidth(model::cpu::ThreadPool& pool, size_t byte
 // fails. Call it while no other thread of this process is working.
 MemoryBandwidth MeasureMemoryBandwidthInChild(int threads, size_t bytes, int reps);
 
+// The compute roofline: fp32 FLOP/s of 256-bit fused multiply-adds on every
+// thread of the pool (12 independent chains per thread, registers only, so
+// neither memory nor latency limits it), best of `reps`.
+double MeasureFmaPeakGflops(model::cpu::ThreadPool& pool, int reps);
+
 }  // namespace mmserve::bench
 
 #endif  // MMSERVE_BENCH_MEMORY_BANDWIDTH_H_

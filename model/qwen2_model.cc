@@ -70,7 +70,7 @@ absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
 void Qwen2Model::Embed(const ForwardBatch& batch) {
   const cpu::WeightMatrix& e = weights_.embed();
   for (int64_t r = 0; r < batch.num_tokens(); ++r) {
-    cpu::CopyRowToF32(e.data, e.dtype, hidden_, batch.token_ids[r], &h_[r * hidden_]);
+    cpu::WeightRowToF32(e, batch.token_ids[r], &h_[r * hidden_]);
   }
   for (const EmbeddingOverride& o : batch.embedding_overrides) {
     std::memcpy(&h_[o.row * hidden_], o.values, hidden_ * sizeof(float));

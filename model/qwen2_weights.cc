@@ -2,11 +2,13 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "model/cpu/thread_pool.h"
 
 namespace mmserve::model {
 namespace {
@@ -116,7 +118,44 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(const Safetenso
   } else {
     ASSIGN_OR_RETURN(w->lm_head_, bind.Matrix("lm_head.weight", cfg.vocab_size, hidden));
   }
+  w->PackBf16([&ckpt](const void* data) {
+    // Every matrix came from a tensor; find it by its first byte.
+    for (const std::string& name : ckpt.Names()) {
+      const TensorView* t = ckpt.Find(name);
+      if (t->data == data) {
+        ckpt.ReleasePages(*t);
+        return;
+      }
+    }
+  });
   return w;
+}
+
+void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {
+  cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
+  // Packs one matrix in place of its row-major original, once per distinct
+  // source (embed and a tied lm_head share one), then lets the source go.
+  absl::flat_hash_map<const void*, cpu::WeightMatrix> done;
+  auto pack = [&](cpu::WeightMatrix* m) {
+    if (m->dtype != DType::kBF16 || m->layout != cpu::WeightLayout::kRows) return;
+    const void* source = m->data;
+    auto it = done.find(source);
+    if (it == done.end()) {
+      packed_.push_back(cpu::PanelWeights::Pack(pool, *m));
+      it = done.emplace(source, packed_.back().matrix()).first;
+      release(source);
+    }
+    *m = it->second;
+  };
+  for (Qwen2LayerWeights& l : layers_) {
+    for (cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      pack(m);
+    }
+  }
+  // An untied embedding is only gathered from: it stays row-major (only the
+  // rows looked up become resident). A tied one is read from the panels.
+  pack(&lm_head_);
+  if (tied_) pack(&embed_);
 }
 
 std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType dtype,
@@ -175,6 +214,15 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
   w->final_norm_ = vector(hidden, true);
   w->tied_ = cfg.tie_word_embeddings;
   w->lm_head_ = w->tied_ ? w->embed_ : matrix(cfg.vocab_size, hidden);
+  if (dtype == DType::kBF16) {
+    // The row-major originals are freed once packed, except an untied
+    // embedding (see PackBf16).
+    w->PackBf16([&w](const void* data) {
+      for (auto& v : w->owned_bf16_) {
+        if (v != nullptr && v->data() == data) v.reset();
+      }
+    });
+  }
   return w;
 }
 

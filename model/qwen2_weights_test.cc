@@ -72,7 +72,8 @@ bool Contains(const absl::Status& s, const std::string& text) {
   return s.ToString().find(text) != std::string::npos;
 }
 
-TEST_CASE("fp32 and bf16 checkpoints load with matrices pointing into the mapping", "[weights]") {
+TEST_CASE("fp32 matrices point into the mapping; bf16 ones are packed with the same values",
+          "[weights]") {
   for (const std::string& dir : {kTied, kBf16, kUntied}) {
     auto cfg = LoadModelConfig(dir);
     REQUIRE(cfg.ok());
@@ -84,14 +85,31 @@ TEST_CASE("fp32 and bf16 checkpoints load with matrices pointing into the mappin
     const std::string prefix = "model.layers.1.";
     const TensorView* down = (*ckpt)->Find(prefix + "mlp.down_proj.weight");
     REQUIRE(down != nullptr);
-    // No copy: the matrix is the mapped tensor.
-    CHECK((*w)->layers()[1].down.data == down->data);
-    CHECK((*w)->layers()[1].down.dtype == down->dtype);
+    const cpu::WeightMatrix& m = (*w)->layers()[1].down;
+    CHECK(m.dtype == down->dtype);
     CHECK((*w)->layers().size() == static_cast<size_t>(cfg->text.num_hidden_layers));
+    if (down->dtype == DType::kF32) {
+      // No copy: the matrix is the mapped tensor.
+      CHECK(m.data == down->data);
+      CHECK(m.layout == cpu::WeightLayout::kRows);
+    } else {
+      CHECK(m.layout == cpu::WeightLayout::kPanels);
+      // Every row reads back as the checkpoint's (the mapping stays valid
+      // after its pages were dropped: they come back from the file).
+      std::vector<float> got(m.cols), want(m.cols);
+      const cpu::WeightMatrix mapped{DType::kBF16, down->data, m.rows, m.cols};
+      for (int64_t r = 0; r < m.rows; ++r) {
+        cpu::WeightRowToF32(m, r, got.data());
+        cpu::WeightRowToF32(mapped, r, want.data());
+        REQUIRE(got == want);
+      }
+    }
     if (cfg->text.tie_word_embeddings) {
       CHECK((*w)->lm_head().data == (*w)->embed().data);
     } else {
-      CHECK((*w)->lm_head().data == (*ckpt)->Find("lm_head.weight")->data);
+      const TensorView* head = (*ckpt)->Find("lm_head.weight");
+      CHECK(((*w)->lm_head().data == head->data) == (head->dtype == DType::kF32));
+      CHECK((*w)->embed().layout == cpu::WeightLayout::kRows);
     }
     CHECK((*w)->TotalWeightBytes() <= (*ckpt)->TotalBytes());
   }
@@ -217,8 +235,10 @@ TEST_CASE("random weights have the configured shapes and dtype", "[weights]") {
   CHECK(w->layers()[2].k.dtype == DType::kBF16);
   CHECK(w->layers()[0].down.cols == 48);
   CHECK(w->lm_head().data == w->embed().data);
-  // 3 layers x (q 32x32 + k,v 16x32 + o 32x32 + 3 x 48x32) + lm_head 100x32, 2 bytes each.
-  CHECK(w->StepWeightBytes() == size_t{2} * (3 * (1024 + 512 + 512 + 1024 + 3 * 1536) + 3200));
+  CHECK(w->layers()[2].k.layout == cpu::WeightLayout::kPanels);
+  // 3 layers x (q 32x32 + k,v 16x32 + o 32x32 + 3 x 48x32) + lm_head 100x32
+  // stored as 7 panels of 16 rows (112x32), 2 bytes each.
+  CHECK(w->StepWeightBytes() == size_t{2} * (3 * (1024 + 512 + 512 + 1024 + 3 * 1536) + 3584));
 }
 
 }  // namespace

@@ -243,4 +243,15 @@ size_t SafetensorsCheckpoint::TotalBytes() const {
   return total;
 }
 
+void SafetensorsCheckpoint::ReleasePages(const TensorView& tensor) const {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(tensor.data);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + tensor.nbytes) / page * page;
+  if (last > first) {
+    // Advice only: on failure the pages simply stay resident.
+    ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+}
+
 }  // namespace mmserve::model

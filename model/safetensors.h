@@ -87,6 +87,11 @@ class SafetensorsCheckpoint {
   // Bytes of tensor data over all shards.
   size_t TotalBytes() const;
 
+  // Drops the resident pages wholly inside the tensor's bytes (a consumer
+  // that copied or repacked the tensor no longer needs them in memory). The
+  // mapping stays valid: touching the bytes again reads them from the file.
+  void ReleasePages(const TensorView& tensor) const;
+
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   absl::flat_hash_map<std::string, const TensorView*> index_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -197,28 +198,192 @@ void DotColumns(const float* x, int64_t m, int64_t k_total, const W* w, const fl
   }
 }
 
+// ---- kPanels ----
+
+// Panel kernel blocks: k in kPanelKb steps (a 6-row x tile of 6 KiB stays in
+// L1 while the task's panels, 4 x 8 KiB, stay in L2), and tasks of
+// kPanelsPerTask panels (64 output columns).
+constexpr int64_t kPanelKb = 256;
+constexpr int64_t kPanelsPerTask = 4;
+constexpr int kPanelMr = 6;
+// One row reads kRowPanels panels at once: 8 independent chains cover the
+// fused multiply-add latency and keep four weight streams in flight.
+constexpr int kRowPanels = 4;
+
+inline void WidenPanelStep(const uint16_t* p, __m256i mask, __m256* lo, __m256* hi) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  *lo = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+  *hi = _mm256_castsi256_ps(_mm256_and_si256(raw, mask));
+}
+
+// c[i][0:16] (+)= x[i][0:kc] times the panel's 16 rows over the same k, for
+// MR rows of x (row stride ldx) and c (row stride ldc); kFirst starts from 0.
+// 12 accumulators, the widened panel step (2) and a broadcast x (1), plus
+// the mask: the 16 ymm registers.
+template <int MR, bool kFirst>
+void PanelTile(const float* x, int64_t ldx, const uint16_t* panel, int64_t kc, float* c,
+               int64_t ldc) {
+  __m256 acc[MR][2];
+  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+    acc[i][0] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc);
+    acc[i][1] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8);
+  }
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 lo, hi;
+    WidenPanelStep(panel + k * kPanelRows, mask, &lo, &hi);
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);
+      acc[i][0] = _mm256_fmadd_ps(xv, lo, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(xv, hi, acc[i][1]);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
+  }
+}
+
+using PanelTileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+template <bool kFirst>
+constexpr std::array<PanelTileFn, kPanelMr> PanelTiles() {
+  return {&PanelTile<1, kFirst>, &PanelTile<2, kFirst>, &PanelTile<3, kFirst>,
+          &PanelTile<4, kFirst>, &PanelTile<5, kFirst>, &PanelTile<6, kFirst>};
+}
+constexpr std::array<PanelTileFn, kPanelMr> kPanelFirst = PanelTiles<true>();
+constexpr std::array<PanelTileFn, kPanelMr> kPanelNext = PanelTiles<false>();
+
+// One row of x against NP consecutive panels over the whole of k: c[p][0:16].
+template <int NP>
+void PanelRow(const float* x, const uint16_t* panels, int64_t k_total, float* c, int64_t ldc) {
+  __m256 acc[NP][2];
+  _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
+    acc[p][0] = _mm256_setzero_ps();
+    acc[p][1] = _mm256_setzero_ps();
+  }
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t panel_stride = k_total * kPanelRows;
+  for (int64_t k = 0; k < k_total; ++k) {
+    const __m256 xv = _mm256_broadcast_ss(x + k);
+    _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
+      __m256 lo, hi;
+      WidenPanelStep(panels + p * panel_stride + k * kPanelRows, mask, &lo, &hi);
+      acc[p][0] = _mm256_fmadd_ps(xv, lo, acc[p][0]);
+      acc[p][1] = _mm256_fmadd_ps(xv, hi, acc[p][1]);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
+    _mm256_storeu_ps(c + p * ldc, acc[p][0]);
+    _mm256_storeu_ps(c + p * ldc + 8, acc[p][1]);
+  }
+}
+
+using PanelRowFn = void (*)(const float*, const uint16_t*, int64_t, float*, int64_t);
+constexpr std::array<PanelRowFn, kRowPanels> kPanelRowFns = {&PanelRow<1>, &PanelRow<2>,
+                                                             &PanelRow<3>, &PanelRow<4>};
+
+// Output columns of panels [p0, p1) of one job, for every row. Full panels
+// write straight into y; a last partial panel goes through a 16-wide
+// scratch from which its real columns are copied.
+void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, int64_t p1) {
+  const WeightMatrix& w = *job.w;
+  const int64_t n = w.rows, k_total = w.cols;
+  const uint16_t* panels = static_cast<const uint16_t*>(w.data);
+  const bool partial = p1 * kPanelRows > n;
+  thread_local std::vector<float> scratch;
+  if (partial) scratch.assign(m * kPanelRows, 0.0f);
+  // Where panel p's 16 columns of row i go: y + i * ldc(p) + 16 p, or scratch.
+  auto out = [&](int64_t p, int64_t* ldc) {
+    if (partial && p == p1 - 1) {
+      *ldc = kPanelRows;
+      return scratch.data();
+    }
+    *ldc = n;
+    return job.y + p * kPanelRows;
+  };
+  if (m == 1) {
+    for (int64_t p = p0; p < p1;) {
+      // Full panels in groups of kRowPanels; the partial one alone.
+      int np = static_cast<int>(std::min<int64_t>(kRowPanels, p1 - p));
+      if (partial && p + np == p1 && np > 1) --np;
+      int64_t ldc;
+      float* c = out(p, &ldc);
+      (void)ldc;  // consecutive panels' columns are kPanelRows apart in y
+      kPanelRowFns[np - 1](x, panels + p * k_total * kPanelRows, k_total, c, kPanelRows);
+      p += np;
+    }
+  } else {
+    for (int64_t k0 = 0; k0 < k_total; k0 += kPanelKb) {
+      const int64_t kc = std::min(kPanelKb, k_total - k0);
+      const auto& tiles = k0 == 0 ? kPanelFirst : kPanelNext;
+      for (int64_t i0 = 0; i0 < m; i0 += kPanelMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kPanelMr, m - i0));
+        for (int64_t p = p0; p < p1; ++p) {
+          int64_t ldc;
+          float* c = out(p, &ldc);
+          tiles[mr - 1](x + i0 * k_total + k0, k_total, panels + (p * k_total + k0) * kPanelRows,
+                        kc, c + i0 * ldc, ldc);
+        }
+      }
+    }
+  }
+  if (partial) {
+    const int64_t first = (p1 - 1) * kPanelRows, cols = n - first;
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(job.y + i * n + first, &scratch[i * kPanelRows], cols * sizeof(float));
+    }
+  }
+  if (job.bias != nullptr) {
+    const int64_t c0 = p0 * kPanelRows, c1 = std::min(n, p1 * kPanelRows);
+    for (int64_t i = 0; i < m; ++i) {
+      float* yrow = job.y + i * n;
+      for (int64_t j = c0; j < c1; ++j) yrow[j] += job.bias[j];
+    }
+  }
+}
+
+// ---- kRows ----
+
+int64_t NumPanels(const WeightMatrix& w) { return w.stored_rows() / kPanelRows; }
+
 // Every job's column blocks form one task list, so a step's q/k/v (or
 // gate/up) projections share one parallel loop.
 void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs) {
-  std::vector<int64_t> first_block(jobs.size() + 1, 0);
+  std::vector<int64_t> first_task(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
-    first_block[j + 1] = first_block[j] + (jobs[j].w->rows + kNb - 1) / kNb;
+    const WeightMatrix& w = *jobs[j].w;
+    const int64_t tasks = w.layout == WeightLayout::kPanels
+                              ? (NumPanels(w) + kPanelsPerTask - 1) / kPanelsPerTask
+                              : (w.rows + kNb - 1) / kNb;
+    first_task[j + 1] = first_task[j] + tasks;
   }
-  pool.ParallelFor(first_block.back(), 1, [&](int64_t begin, int64_t end) {
+  pool.ParallelFor(first_task.back(), 1, [&](int64_t begin, int64_t end) {
     size_t j = 0;
     for (int64_t b = begin; b < end; ++b) {
-      while (b >= first_block[j + 1]) ++j;
+      while (b >= first_task[j + 1]) ++j;
       const LinearJob& job = jobs[j];
-      const int64_t n = job.w->rows, n0 = (b - first_block[j]) * kNb;
-      if (job.w->dtype == DType::kF32) {
-        DotColumns(x, m, job.w->cols, static_cast<const float*>(job.w->data), job.bias, job.y, n,
-                   n0, std::min(kNb, n - n0));
+      const WeightMatrix& w = *job.w;
+      const int64_t task = b - first_task[j];
+      if (w.layout == WeightLayout::kPanels) {
+        const int64_t p0 = task * kPanelsPerTask;
+        PanelColumns(x, m, job, p0, std::min(NumPanels(w), p0 + kPanelsPerTask));
+        continue;
+      }
+      const int64_t n = w.rows, n0 = task * kNb;
+      if (w.dtype == DType::kF32) {
+        DotColumns(x, m, w.cols, static_cast<const float*>(w.data), job.bias, job.y, n, n0,
+                   std::min(kNb, n - n0));
       } else {
-        DotColumns(x, m, job.w->cols, static_cast<const uint16_t*>(job.w->data), job.bias, job.y, n,
-                   n0, std::min(kNb, n - n0));
+        DotColumns(x, m, w.cols, static_cast<const uint16_t*>(w.data), job.bias, job.y, n, n0,
+                   std::min(kNb, n - n0));
       }
     }
   });
+}
+
+// Rows [n0, n0 + rows) of w widened to fp32, row-major, into out.
+void WidenRows(const WeightMatrix& w, int64_t n0, int64_t rows, float* out) {
+  for (int64_t r = 0; r < rows; ++r) WeightRowToF32(w, n0 + r, out + r * w.cols);
 }
 
 void BlasLinear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w,
@@ -241,8 +406,7 @@ void BlasLinear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix&
         wp = static_cast<const float*>(w.data) + n0 * k;
       } else {
         panel.resize(cols * k);
-        const uint16_t* src = static_cast<const uint16_t*>(w.data) + n0 * k;
-        for (int64_t i = 0; i < cols * k; ++i) panel[i] = Bf16ToF32(src[i]);
+        WidenRows(w, n0, cols, panel.data());
         wp = panel.data();
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
@@ -259,6 +423,58 @@ void BlasLinear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix&
 
 }  // namespace
 
+void PanelWeights::Free::operator()(uint16_t* p) const { std::free(p); }
+
+PanelWeights PanelWeights::Pack(ThreadPool& pool, const WeightMatrix& w) {
+  CHECK(w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows)
+      << "PanelWeights packs row-major BF16 matrices, not " << DTypeName(w.dtype);
+  PanelWeights packed;
+  packed.matrix_ = w;
+  packed.matrix_.layout = WeightLayout::kPanels;
+  const int64_t k = w.cols, panels = NumPanels(packed.matrix_);
+  const size_t bytes = (packed.matrix_.bytes() + 4095) / 4096 * 4096;
+  packed.data_.reset(static_cast<uint16_t*>(std::aligned_alloc(4096, bytes)));
+  CHECK(packed.data_ != nullptr) << "out of memory packing " << bytes << " bytes";
+  uint16_t* dst = packed.data_.get();
+  const uint16_t* src = static_cast<const uint16_t*>(w.data);
+  pool.ParallelFor(panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      uint16_t* out = dst + p * k * kPanelRows;
+      for (int64_t half = 0; half < 2; ++half) {
+        for (int64_t l = 0; l < kPanelRows / 2; ++l) {
+          const int64_t row = p * kPanelRows + half * (kPanelRows / 2) + l;
+          const int64_t at = 2 * l + half;
+          if (row >= w.rows) {
+            for (int64_t kk = 0; kk < k; ++kk) out[kk * kPanelRows + at] = 0;
+            continue;
+          }
+          const uint16_t* r = src + row * k;
+          for (int64_t kk = 0; kk < k; ++kk) out[kk * kPanelRows + at] = r[kk];
+        }
+      }
+    }
+  });
+  packed.matrix_.data = dst;
+  return packed;
+}
+
+void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out) {
+  if (w.layout == WeightLayout::kRows) {
+    if (w.dtype == DType::kF32) {
+      std::memcpy(out, static_cast<const float*>(w.data) + row * w.cols, w.cols * sizeof(float));
+    } else {
+      const uint16_t* src = static_cast<const uint16_t*>(w.data) + row * w.cols;
+      for (int64_t k = 0; k < w.cols; ++k) out[k] = Bf16ToF32(src[k]);
+    }
+    return;
+  }
+  const int64_t l = row % kPanelRows;
+  const uint16_t* src = static_cast<const uint16_t*>(w.data) +
+                        (row / kPanelRows) * w.cols * kPanelRows + 2 * (l % (kPanelRows / 2)) +
+                        l / (kPanelRows / 2);
+  for (int64_t k = 0; k < w.cols; ++k) out[k] = Bf16ToF32(src[k * kPanelRows]);
+}
+
 void Linear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias,
             float* y, LinearKernel kernel) {
   LinearMany(pool, x, m, {{&w, bias, y}}, kernel);
@@ -269,6 +485,7 @@ void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<L
   for (const LinearJob& job : jobs) {
     CHECK(job.w->dtype == DType::kF32 || job.w->dtype == DType::kBF16)
         << "Linear supports F32 and BF16 weights, not " << DTypeName(job.w->dtype);
+    CHECK(job.w->layout == WeightLayout::kRows || job.w->dtype == DType::kBF16);
     CHECK_EQ(job.w->cols, jobs[0].w->cols);
   }
   if (m <= 0 || jobs.empty()) return;

@@ -1,33 +1,49 @@
-// Linear layers on the CPU: y = x W^T + b with W in Hugging Face layout
-// ([out_features][in_features], row-major), fp32 or bf16, fp32 accumulation.
+// Linear layers on the CPU: y = x W^T + b with W [out_features][in_features]
+// (Hugging Face's orientation), fp32 or bf16, fp32 accumulation.
 //
 //   WeightMatrix w{DType::kBF16, tensor->data, /*rows=*/896, /*cols=*/4864};
-//   Linear(pool, x, /*m=*/num_tokens, w, /*bias=*/nullptr, y);  // y: [m][896]
+//   PanelWeights packed = PanelWeights::Pack(pool, w);  // once, at load
+//   Linear(pool, x, /*m=*/num_tokens, packed.matrix(), /*bias=*/nullptr, y);
 //
-// Two kernels:
-//  - kDot (default): our AVX2+FMA kernel. Every output element is the same
-//    chain of operations whatever m is, whichever rows surround it and
-//    whichever thread runs it: 8 lane accumulators, lane l summing
-//    x[k] * w[k] for k = l (mod 8) in increasing k with fused multiply-adds,
-//    then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then + bias.
-//    That makes a row's result bitwise independent of the batch it is in
-//    (batch invariance for greedy decoding). bf16 weights are widened to fp32
-//    in registers, so the mapped checkpoint is read directly.
+// Weights come in two layouts:
+//  - kRows: row-major as in the checkpoint, fp32 or bf16, used in place from
+//    the mapping. fp32 checkpoints stay this way: fp32 is the compute dtype,
+//    so their weights are never copied.
+//  - kPanels (bf16): repacked once by PanelWeights::Pack into panels of 16
+//    rows stored k-major, so one 32-byte load holds 16 outputs' weights for
+//    one k and widens to fp32 with one shift and one and. Qwen2Weights packs
+//    every bf16 matrix and drops the mapped pages it came from, so memory
+//    stays at one copy.
+//
+// Kernels (LinearKernel):
+//  - kDot (default), on kPanels: a 6-row x 16-column register tile of outer
+//    products (broadcast x, panel row of w), cache-blocked in k. Every output
+//    element is the single chain acc = fma(x[i][k], w[n][k], acc) over
+//    k = 0, 1, ..., cols - 1 from acc = 0, then + bias. One row (decode)
+//    streams four panels at a time.
+//  - kDot on kRows: a dot-product kernel with 8 lane accumulators, lane l
+//    summing x[k] * w[k] for k = l (mod 8) in increasing k with fused
+//    multiply-adds, then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)),
+//    then + bias. bf16 is widened in registers.
+//  In both, an element's chain does not depend on m, on the rows around it or
+//  on the thread that runs it: a row's result is bitwise the same in any
+//  batch (batch invariance for greedy decoding).
 //  - kOpenBlas: cblas_sgemm from Debian's OpenBLAS (single-threaded calls on
-//    column blocks spread over the pool); bf16 weights are widened into an
-//    L2-sized fp32 panel first. OpenBLAS takes different code paths for
-//    different m, so rows are not batch invariant. Kept to measure against.
+//    column blocks spread over the pool); bf16 weights (either layout) are
+//    widened into an L2-sized fp32 block first. OpenBLAS takes different
+//    code paths for different m, so rows are not batch invariant. Kept to
+//    measure against.
 //
-// Why kDot is the default (measured on the 2-core AVX2 EPYC, per core, CPU
-// time, best of runs; the machine is shared so absolute numbers wander):
-// one row (decode) streams weights at ~1.5-2x OpenBLAS (which also needs a
-// widening pass for bf16); at 32 rows the two are about equal (~55-70 vs
-// ~60 GFLOP/s); at 512 rows (prefill) OpenBLAS is faster (~85 vs ~70
-// GFLOP/s). kDot is kept everywhere for batch invariance, which OpenBLAS
-// does not give (a row's result changes with m from m = 5 on); pick
-// kOpenBlas per model (Qwen2ModelOptions) when prefill speed matters more.
+// Why our kernels and not OpenBLAS (bench:linear_bench at Qwen2-0.5B shapes,
+// 2 threads on the 2-core AVX2+FMA EPYC, which has no AVX-512 or BF16
+// instructions; Debian's OpenBLAS has no bf16 GEMM, so its figures are sgemm
+// on fp32 copies of the weights; 2026-11-22): bf16 panels ran at 150-180
+// GFLOP/s for 32 rows (1.3-1.5x sgemm) and 170-187 for 512 rows (1.04-1.18x
+// sgemm, against an FMA peak of ~205), and one row at 4-11x sgemm's rate
+// (half the bytes, no widening pass). Row-major bf16 reached 80-95 at 32 and
+// 512 rows. Only kDot is batch invariant.
 //
-// Both kernels use every thread of the pool. x is [m][cols] and y [m][rows],
+// All kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
 // Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
 #ifndef MMSERVE_MODEL_CPU_LINEAR_H_
@@ -35,6 +51,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/cpu/thread_pool.h"
@@ -42,15 +59,57 @@
 
 namespace mmserve::model::cpu {
 
-// A borrowed weight matrix (usually pointing into the mapped checkpoint).
+enum class WeightLayout {
+  kRows,    // [rows][cols], row-major (Hugging Face)
+  kPanels,  // bf16 panels of 16 rows, see PanelWeights
+};
+
+// Rows of one panel of the kPanels layout.
+inline constexpr int64_t kPanelRows = 16;
+
+// A borrowed weight matrix (pointing into the mapped checkpoint, or into a
+// PanelWeights).
 struct WeightMatrix {
   DType dtype = DType::kF32;  // kF32 or kBF16
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
+  WeightLayout layout = WeightLayout::kRows;
 
-  size_t bytes() const { return static_cast<size_t>(rows * cols) * DTypeSize(dtype); }
+  // Rows as stored: kPanels pads the last panel to 16 rows with zeros.
+  int64_t stored_rows() const {
+    return layout == WeightLayout::kRows ? rows : (rows + kPanelRows - 1) / kPanelRows * kPanelRows;
+  }
+  size_t bytes() const { return static_cast<size_t>(stored_rows() * cols) * DTypeSize(dtype); }
 };
+
+// A bf16 matrix repacked into the kPanels layout, owning its memory.
+// Panel p holds rows [16p, 16p + 16); within it, for each k in order, 16
+// values as 8 pairs (row 16p + l, row 16p + l + 8), l = 0..7, each pair one
+// 32-bit word with the first row in the low half. A 256-bit load of one k is
+// then the eight low rows after a 16-bit left shift and the eight high rows
+// after masking the low halves off.
+//
+//   PanelWeights packed = PanelWeights::Pack(pool, mapped);  // mapped: kRows bf16
+//   Linear(pool, x, m, packed.matrix(), bias, y);
+class PanelWeights {
+ public:
+  // CHECKs that w is bf16 in the kRows layout. Uses the pool's threads.
+  static PanelWeights Pack(ThreadPool& pool, const WeightMatrix& w);
+
+  const WeightMatrix& matrix() const { return matrix_; }
+
+ private:
+  struct Free {
+    void operator()(uint16_t* p) const;
+  };
+  std::unique_ptr<uint16_t, Free> data_;
+  WeightMatrix matrix_;
+};
+
+// out[0:cols] = row `row` of w widened to fp32, in either layout (embedding
+// lookups in a table that is also a packed lm_head).
+void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 
 enum class LinearKernel { kDot, kOpenBlas };
 

@@ -22,6 +22,13 @@ float ReferenceDot(const float* x, const float* w, int64_t k, float bias, bool h
   return has_bias ? v + bias : v;
 }
 
+// The panel kernel's arithmetic: one fused multiply-add chain over k, + bias.
+float ReferenceChain(const float* x, const float* w, int64_t k, float bias, bool has_bias) {
+  float acc = 0;
+  for (int64_t i = 0; i < k; ++i) acc = std::fma(x[i], w[i], acc);
+  return has_bias ? acc + bias : acc;
+}
+
 struct Problem {
   int64_t m, n, k;
   std::vector<float> x, w, bias;
@@ -69,11 +76,61 @@ TEST_CASE("the dot kernel computes exactly the documented fp32 and bf16 sums", "
   }
 }
 
+TEST_CASE("the panel kernel computes exactly one fma chain per output", "[linear]") {
+  ThreadPool pool(2);
+  // Partial last panels (n % 16), every row-tile height (m up to 13 covers
+  // 6 + 6 + 1), one-row groups of 1-4 panels, several k blocks (k > 256).
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
+                                                            {1, 5, 13},
+                                                            {1, 16, 7},
+                                                            {1, 100, 300},
+                                                            {2, 17, 8},
+                                                            {6, 64, 33},
+                                                            {7, 80, 600},
+                                                            {13, 97, 257},
+                                                            {40, 130, 1030}}) {
+    Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 7));
+    PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+    REQUIRE(packed.matrix().layout == WeightLayout::kPanels);
+    REQUIRE(packed.matrix().stored_rows() == (n + 15) / 16 * 16);
+    for (bool has_bias : {false, true}) {
+      std::vector<float> y(m * n, -1.0f);
+      Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
+      int mismatches = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
+          if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+        }
+      }
+      INFO("m=" << m << " n=" << n << " k=" << k << " bias=" << has_bias);
+      CHECK(mismatches == 0);
+    }
+  }
+}
+
+TEST_CASE("WeightRowToF32 reads rows of every layout exactly", "[linear]") {
+  ThreadPool pool(2);
+  Problem p(1, 37, 19, 4);
+  std::vector<float> f32_row(19);
+  WeightRowToF32(p.F32(), 5, f32_row.data());
+  CHECK(f32_row == std::vector<float>(&p.w[5 * 19], &p.w[5 * 19] + 19));
+  PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+  std::vector<float> row(19), from_rows(19);
+  for (int64_t r = 0; r < 37; ++r) {
+    WeightRowToF32(packed.matrix(), r, row.data());
+    WeightRowToF32(p.BF16(), r, from_rows.data());
+    CHECK(row == std::vector<float>(&p.w_bf16_wide[r * 19], &p.w_bf16_wide[r * 19] + 19));
+    CHECK(row == from_rows);
+  }
+}
+
 TEST_CASE("a row's output is bitwise the same in any batch and thread count", "[linear]") {
   Problem p(37, 130, 300, 7);
   ThreadPool one(1), two(2);
-  for (bool bf16 : {false, true}) {
-    WeightMatrix w = bf16 ? p.BF16() : p.F32();
+  PanelWeights packed = PanelWeights::Pack(two, p.BF16());
+  for (int layout = 0; layout < 3; ++layout) {
+    WeightMatrix w = layout == 0 ? p.F32() : layout == 1 ? p.BF16() : packed.matrix();
     std::vector<float> all(37 * 130);
     Linear(two, p.x.data(), 37, w, nullptr, all.data());
     for (int64_t row : {0, 5, 36}) {
@@ -87,30 +144,37 @@ TEST_CASE("a row's output is bitwise the same in any batch and thread count", "[
 TEST_CASE("the OpenBLAS kernel agrees with the dot kernel to rounding", "[linear]") {
   ThreadPool pool(2);
   Problem p(33, 300, 257, 3);
-  for (bool bf16 : {false, true}) {
-    WeightMatrix w = bf16 ? p.BF16() : p.F32();
+  PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+  for (int layout = 0; layout < 3; ++layout) {
+    WeightMatrix w = layout == 0 ? p.F32() : layout == 1 ? p.BF16() : packed.matrix();
     std::vector<float> a(33 * 300), b(33 * 300);
     Linear(pool, p.x.data(), 33, w, p.bias.data(), a.data(), LinearKernel::kDot);
     Linear(pool, p.x.data(), 33, w, p.bias.data(), b.data(), LinearKernel::kOpenBlas);
     float worst = 0;
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-    INFO("bf16=" << bf16);
+    INFO("layout=" << layout);
     CHECK(worst < 1e-4f);  // |y| ~ 1.6: a few fp32 ulps of the 257-term sums
   }
 }
 
 TEST_CASE("LinearMany gives each job exactly Linear's result", "[linear]") {
   ThreadPool pool(2);
-  Problem a(5, 100, 64, 1), b(5, 7, 64, 2);
+  Problem a(5, 100, 64, 1), b(5, 7, 64, 2), c(5, 90, 64, 3);
+  PanelWeights packed = PanelWeights::Pack(pool, c.BF16());
   for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kOpenBlas}) {
-    WeightMatrix wa = a.F32(), wb = b.BF16();
-    std::vector<float> ya(5 * 100), yb(5 * 7), ra(5 * 100), rb(5 * 7);
-    LinearMany(pool, a.x.data(), 5, {{&wa, a.bias.data(), ya.data()}, {&wb, nullptr, yb.data()}},
+    WeightMatrix wa = a.F32(), wb = b.BF16(), wc = packed.matrix();
+    std::vector<float> ya(5 * 100), yb(5 * 7), yc(5 * 90), ra(5 * 100), rb(5 * 7), rc(5 * 90);
+    LinearMany(pool, a.x.data(), 5,
+               {{&wa, a.bias.data(), ya.data()},
+                {&wb, nullptr, yb.data()},
+                {&wc, c.bias.data(), yc.data()}},
                kernel);
     Linear(pool, a.x.data(), 5, wa, a.bias.data(), ra.data(), kernel);
     Linear(pool, a.x.data(), 5, wb, nullptr, rb.data(), kernel);
+    Linear(pool, a.x.data(), 5, wc, c.bias.data(), rc.data(), kernel);
     CHECK(ya == ra);
     CHECK(yb == rb);
+    CHECK(yc == rc);
   }
 }
 

@@ -51,14 +51,4 @@ void AddInPlace(ThreadPool& pool, float* x, const float* y, int64_t count) {
   });
 }
 
-void CopyRowToF32(const void* table, DType dtype, int64_t n, int64_t row, float* out) {
-  if (dtype == DType::kF32) {
-    std::memcpy(out, static_cast<const float*>(table) + row * n, n * sizeof(float));
-    return;
-  }
-  CHECK(dtype == DType::kBF16) << "unsupported embedding dtype " << DTypeName(dtype);
-  const uint16_t* src = static_cast<const uint16_t*>(table) + row * n;
-  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(src[i]);
-}
-
 }  // namespace mmserve::model::cpu

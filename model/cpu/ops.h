@@ -13,7 +13,6 @@
 #include <cstdint>
 
 #include "model/cpu/thread_pool.h"
-#include "model/dtype.h"
 
 namespace mmserve::model::cpu {
 
@@ -27,9 +26,6 @@ void SiluMul(ThreadPool& pool, const float* gate, const float* up, int64_t count
 
 // x[i] += y[i].
 void AddInPlace(ThreadPool& pool, float* x, const float* y, int64_t count);
-
-// Widens row `row` of a [rows][n] table of `dtype` (kF32 or kBF16) into out.
-void CopyRowToF32(const void* table, DType dtype, int64_t n, int64_t row, float* out);
 
 }  // namespace mmserve::model::cpu
 

@@ -53,17 +53,5 @@ TEST_CASE("AddInPlace adds element-wise across chunk boundaries", "[ops]") {
   for (int64_t i = 0; i < n; ++i) REQUIRE(x[i] == 1.0f + i);
 }
 
-TEST_CASE("CopyRowToF32 widens bf16 rows exactly and copies fp32 rows", "[ops]") {
-  std::vector<uint16_t> table = {F32ToBf16(1.0f), F32ToBf16(-2.0f), F32ToBf16(0.5f),
-                                 F32ToBf16(3.0f)};
-  float out[2];
-  CopyRowToF32(table.data(), DType::kBF16, 2, 1, out);
-  CHECK(out[0] == 0.5f);
-  CHECK(out[1] == 3.0f);
-  std::vector<float> t32 = {1, 2, 3, 4, 5, 6};
-  CopyRowToF32(t32.data(), DType::kF32, 3, 1, out);
-  CHECK(out[0] == 4.0f);
-}
-
 }  // namespace
 }  // namespace mmserve::model::cpu

@@ -1,0 +1,139 @@
+// Throughput of the CPU linear kernels (model/cpu/linear.h) at the shapes a
+// Qwen2 decoder step runs, for one decode row, a 32-row decode batch and a
+// 512-row prefill, against OpenBLAS cblas_sgemm on fp32 copies of the same
+// weights, measured in the same run (interleaved, best of --reps).
+//
+//   bazel run --config=opt //bench:linear_bench -- --dims=qwen2-0.5b
+//
+// Columns: GFLOP/s of our kernel on bf16 panels (how Qwen2Weights holds bf16
+// checkpoints), on row-major bf16 and fp32 weights, of sgemm, and the ratio
+// panels / sgemm. One-row rows also give the bf16 weight bytes streamed per
+// second. Prints a human table, then one JSON line last.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "model/cpu/linear.h"
+#include "model/cpu/thread_pool.h"
+#include "model/dtype.h"
+
+ABSL_FLAG(std::string, dims, "qwen2-0.5b", "shapes of: qwen2-0.5b or qwen2-vl-2b");
+ABSL_FLAG(std::string, rows, "1,32,512", "x rows (m) to measure");
+ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
+ABSL_FLAG(int, reps, 5, "timed repetitions per kernel (best reported)");
+
+namespace mmserve {
+namespace {
+
+namespace cpu = model::cpu;
+
+struct Shape {
+  const char* name;
+  int64_t n, k;  // out_features, in_features
+};
+
+std::vector<Shape> Shapes(const std::string& dims) {
+  if (dims == "qwen2-vl-2b") {
+    return {{"qkv", 1536 + 2 * 256, 1536},
+            {"o", 1536, 1536},
+            {"gate_up", 2 * 8960, 1536},
+            {"down", 1536, 8960}};
+  }
+  CHECK(dims == "qwen2-0.5b") << "unknown --dims " << dims;
+  return {{"qkv", 896 + 2 * 128, 896},
+          {"o", 896, 896},
+          {"gate_up", 2 * 4864, 896},
+          {"down", 896, 4864},
+          {"lm_head", 151936, 896}};
+}
+
+struct Row {
+  std::string shape;
+  int64_t m, n, k;
+  double bf16 = 0, bf16_rows = 0, f32 = 0, sgemm = 0;  // GFLOP/s
+};
+
+// Best GFLOP/s of `reps` calls (one untimed call first).
+double Time(cpu::ThreadPool& pool, const std::vector<float>& x, int64_t m,
+            const cpu::WeightMatrix& w, std::vector<float>& y, cpu::LinearKernel kernel, int reps) {
+  cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    Stopwatch sw;
+    cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);
+    best = std::max(best, 2.0 * m * w.rows * w.cols / sw.ElapsedSeconds() / 1e9);
+  }
+  return best;
+}
+
+int Run() {
+  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
+                                                       : cpu::ThreadPool::DefaultThreads();
+  const int reps = absl::GetFlag(FLAGS_reps);
+  cpu::ThreadPool pool(threads);
+  std::vector<int64_t> ms;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
+    ms.push_back(std::stoll(std::string(s)));
+  }
+  std::vector<Row> rows;
+  for (const Shape& shape : Shapes(absl::GetFlag(FLAGS_dims))) {
+    // Random-ish weights of both dtypes, same values.
+    std::vector<float> wf(shape.n * shape.k);
+    std::vector<uint16_t> wb(wf.size());
+    uint32_t state = 12345;
+    for (size_t i = 0; i < wf.size(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      wb[i] = model::F32ToBf16((static_cast<int32_t>(state >> 8) - (1 << 23)) * 1e-9f);
+      wf[i] = model::Bf16ToF32(wb[i]);
+    }
+    const cpu::WeightMatrix w16{model::DType::kBF16, wb.data(), shape.n, shape.k};
+    const cpu::WeightMatrix w32{model::DType::kF32, wf.data(), shape.n, shape.k};
+    const cpu::PanelWeights panels = cpu::PanelWeights::Pack(pool, w16);
+    for (int64_t m : ms) {
+      std::vector<float> x(m * shape.k), y(m * shape.n);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.01f - 0.4f;
+      Row row{shape.name, m, shape.n, shape.k};
+      row.sgemm = Time(pool, x, m, w32, y, cpu::LinearKernel::kOpenBlas, reps);
+      row.bf16 = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.bf16_rows = Time(pool, x, m, w16, y, cpu::LinearKernel::kDot, reps);
+      row.f32 = Time(pool, x, m, w32, y, cpu::LinearKernel::kDot, reps);
+      rows.push_back(row);
+    }
+  }
+  std::printf("linear_bench: %s, %d threads (GFLOP/s, best of %d)\n",
+              absl::GetFlag(FLAGS_dims).c_str(), threads, reps);
+  std::printf("  %-8s %5s %7s %6s %10s %10s %9s %9s %9s %10s\n", "shape", "m", "n", "k",
+              "bf16 panel", "bf16 rows", "f32 rows", "sgemm", "panel/sg", "panel GB/s");
+  std::vector<std::string> json;
+  for (const Row& r : rows) {
+    const double gbs = r.bf16 / (2.0 * r.m) * 2.0;  // weight bytes per second (bf16)
+    std::printf("  %-8s %5lld %7lld %6lld %10.1f %10.1f %9.1f %9.1f %9.2f %10.2f\n",
+                r.shape.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
+                static_cast<long long>(r.k), r.bf16, r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm,
+                r.m == 1 ? gbs : 0.0);
+    json.push_back(absl::StrFormat(
+        "{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
+        "\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%.2f,\"sgemm_gflops\":%.2f,"
+        "\"panels_vs_sgemm\":%.3f}",
+        r.shape, r.m, r.n, r.k, r.bf16, r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm));
+  }
+  std::printf("{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"rows\":[%s]}\n",
+              absl::GetFlag(FLAGS_dims).c_str(), threads, absl::StrJoin(json, ",").c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::Run();
+}
