@@ -48,7 +48,7 @@ ChunkRanges EmbeddingLayout::ChunkInfo(const BlockAllocation& allocation, uint32
 }
 
 EmbeddingBuffer::EmbeddingBuffer(const EmbeddingLayout& layout)
-    : layout_(layout), size_(layout.total_bytes()) {
+    : layout_(layout), size_(layout.total_bytes()), owned_(true) {
   CHECK_GT(layout.hidden_size, 0u);
   CHECK_GT(size_, 0u);
   // Anonymous pages: page-aligned, zeroed, and registrable with UCX.
@@ -57,6 +57,15 @@ EmbeddingBuffer::EmbeddingBuffer(const EmbeddingLayout& layout)
   data_ = static_cast<uint8_t*>(p);
 }
 
-EmbeddingBuffer::~EmbeddingBuffer() { munmap(data_, size_); }
+EmbeddingBuffer::EmbeddingBuffer(const EmbeddingLayout& layout, uint8_t* memory)
+    : layout_(layout), size_(layout.total_bytes()), data_(memory), owned_(false) {
+  CHECK_GT(layout.hidden_size, 0u);
+  CHECK_GT(size_, 0u);
+  CHECK_EQ(reinterpret_cast<uintptr_t>(memory) % 64, 0u) << "embedding buffer misaligned";
+}
+
+EmbeddingBuffer::~EmbeddingBuffer() {
+  if (owned_) munmap(data_, size_);
+}
 
 }  // namespace mmserve::transfer

@@ -12,8 +12,10 @@
 //   ChunkRanges r = buf.layout().ChunkInfo(allocation, /*offset_tokens=*/0, 1024);
 //   std::memcpy(buf.data() + r[kEmbedding].offset, src, r[kEmbedding].size);
 //
-// The memory is page-aligned and zeroed; EmbeddingBuffer is not thread-safe by
-// itself: callers write a token range only while they hold its blocks.
+// The memory is page-aligned and zeroed, or memory the caller lends (the
+// transfer engine lends UCX-allocated shared memory). EmbeddingBuffer is not
+// thread-safe by itself: callers write a token range only while they hold its
+// blocks.
 #ifndef MMSERVE_TRANSFER_EMBEDDING_BUFFER_H_
 #define MMSERVE_TRANSFER_EMBEDDING_BUFFER_H_
 
@@ -62,10 +64,13 @@ struct EmbeddingLayout {
                         uint32_t num_tokens) const;
 };
 
-// Owns the page-aligned memory of one buffer.
+// The memory of one buffer: owned (anonymous pages) or lent by the caller.
 class EmbeddingBuffer {
  public:
   explicit EmbeddingBuffer(const EmbeddingLayout& layout);
+  // Uses `memory` (at least layout.total_bytes(), 64-byte aligned), which
+  // must outlive the buffer.
+  EmbeddingBuffer(const EmbeddingLayout& layout, uint8_t* memory);
   ~EmbeddingBuffer();
   EmbeddingBuffer(const EmbeddingBuffer&) = delete;
   EmbeddingBuffer& operator=(const EmbeddingBuffer&) = delete;
@@ -79,6 +84,7 @@ class EmbeddingBuffer {
   EmbeddingLayout layout_;
   size_t size_;
   uint8_t* data_;
+  bool owned_;
 };
 
 }  // namespace mmserve::transfer

@@ -239,7 +239,7 @@ absl::StatusOr<uint32_t> EmbeddingReceiver::ChunkCrc(const Transfer& t,
   const ChunkRanges ranges = buffer_.layout().ChunkInfo(blocks, 0, n);
   if (!t.data_crc) return ChunkRangesCrc(buffer_, ranges);
   const size_t token_bytes = buffer_.layout().TokenBytes(kEmbedding);
-  const uint32_t piece = ChunkPieceTokens(token_bytes);
+  const uint32_t piece = ChunkPieceTokens(token_bytes, link_.data_path());
   uint32_t crc = 0;
   for (size_t j = 0; j < t.data_crc->pieces.size(); ++j) {
     const auto [length, piece_crc] = t.data_crc->pieces[j];

@@ -139,19 +139,23 @@ TEST_CASE("a default allocation larger than the image holds it in one chunk") {
   CHECK(RoundTrip(p, 20, /*known=*/0, 4) == 1);
 }
 
-TEST_CASE("chunks larger than a piece arrive as several tagged pieces, byte for byte") {
+TEST_CASE("chunks larger than a piece arrive as several pieces, byte for byte") {
   TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  // 3584 bf16 = 7 KiB per token: 292-token pieces. Chunks of 320 (default
-  // allocation: pieces of 292 + 28) and 380 tokens (292 + 88 of a 384-token
-  // allocation).
+  DataPath path = GENERATE(DataPath::kTag, DataPath::kPut);
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(path));
+  // 3584 bf16 = 7 KiB per token: 292-token pieces on kTag (2 MiB), 146 on
+  // kPut (1 MiB). The 700-token image comes as chunks of 320 (the default
+  // allocation: pieces of 292 + 28, or 146 + 146 + 28) and 380 tokens of a
+  // 384-token allocation (292 + 88 or 146 + 146 + 88: a short last piece).
   Pair p = MakePair(profile, {.sender_blocks = 48,
                               .receiver_blocks = 48,
                               .default_blocks = 20,
                               .hidden = 3584,
-                              .data_path = DataPath::kTag});
-  REQUIRE(ChunkPieceTokens(3584 * 2) == 292);
+                              .data_path = path});
+  REQUIRE(ChunkPieceTokens(3584 * 2, path) == (path == DataPath::kTag ? 292u : 146u));
   CHECK(RoundTrip(p, 700, /*known=*/0, 31) == 2);
+  // A chunk shorter than its allocation leaves trailing pieces empty.
+  CHECK(RoundTrip(p, 150, /*known=*/0, 32) == 1);
 }
 
 TEST_CASE("back-to-back images reuse the freed blocks") {

@@ -36,8 +36,11 @@ absl::Status TransferEngine::Init() {
   ASSIGN_OR_RETURN(context_, UcxContext::Create(options_.profile));
   allocator_ = std::make_unique<BlockAllocator>(BlockAllocatorOptions{
       options_.layout.block_size, options_.layout.num_blocks, options_.default_num_blocks});
-  buffer_ = std::make_unique<EmbeddingBuffer>(options_.layout);
-  ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Register(*context_, buffer_->data(), buffer_->size()));
+  // UCX allocates the buffer: on shm a shared segment peers map, so their puts
+  // are one direct copy (see UcxMemoryRegion::Allocate).
+  ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Allocate(*context_, options_.layout.total_bytes()));
+  buffer_ =
+      std::make_unique<EmbeddingBuffer>(options_.layout, static_cast<uint8_t*>(region_->address()));
   ASSIGN_OR_RETURN(std::string rkey, region_->PackRkey());
   UcxWorkerOptions worker_options = options_.worker;
   worker_options.name = options_.instance_id;
@@ -106,6 +109,7 @@ TransferEngine::~TransferEngine() {
   }
   receiver_.reset();
   sender_.reset();
+  buffer_.reset();
   region_.reset();
 }
 
@@ -206,10 +210,11 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
   });
 }
 
-void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done) {
+void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done,
+                             std::optional<ImageCrc> crc) {
   // The checksum pass reads the whole image: do it on the caller's thread
   // (which just wrote the bytes), not on the progress thread's send path.
-  ImageCrc crc = ImageCrc::Compute(*buffer_, image.blocks);
+  if (!crc || !(crc->image() == image.blocks)) crc = ImageCrc::Compute(*buffer_, image.blocks);
   worker_->Post(
       [this, image = std::move(image), done = std::move(done), crc = std::move(crc)]() mutable {
         sender_->Publish(image, std::move(done), std::move(crc));

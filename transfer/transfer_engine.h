@@ -12,13 +12,17 @@
 // Control messages (init, resume, cancel, chunk notices) travel as UCX active
 // messages carrying serialized transfer.proto messages; the header is the
 // sending instance id. Chunk data moves per profile: kShm puts into the
-// receiver's registered blocks, flushes, then notifies; kTcp uses tagged
-// sends into receives the receiver posted on its blocks (emulated puts over
-// tcp are ~100x slower in UCX 1.13). Both profiles must match on both ends.
-// On the tag path the embedding travels in 2 MiB pieces that a checksum
-// thread verifies as they land. The progress thread never sleeps while a
-// chunk is in flight (UCX 1.13 shm puts need the target's progress and do not
-// wake an armed worker).
+// receiver's buffer, which UCX allocated as a shared-memory segment the
+// sender maps, so each put is one memcpy (into registered private memory UCX
+// 1.13 would emulate puts with active messages: two copies, ~3x slower here);
+// kTcp uses tagged sends into receives the receiver posted on its blocks
+// (emulated puts over tcp are ~100x slower in UCX 1.13). Both profiles must
+// match on both ends. On both paths the embedding moves in pieces (see
+// ChunkPieceTokens) that the receiver checksums as they land, so verifying a
+// chunk overlaps writing it: on kTag a checksum thread takes each piece, on
+// kPut the progress thread does (the data lands without it). The progress
+// thread never sleeps while a chunk is in flight (UCX 1.13 emulated RMA needs
+// the target's progress and does not wake an armed worker).
 //
 // Thread-safety: every public method is thread-safe; callbacks run on the
 // progress thread and must not block. Lock order: UcxWorker::mu_ and
@@ -39,6 +43,7 @@
 #include "transfer/embedding_buffer.h"
 #include "transfer/embedding_receiver.h"
 #include "transfer/embedding_sender.h"
+#include "transfer/image_crc.h"
 #include "transfer/transfer_link.h"
 #include "transfer/ucx_context.h"
 #include "transfer/ucx_endpoint.h"
@@ -76,7 +81,11 @@ class TransferEngine : private TransferLink {
   [[nodiscard]] absl::Status Connect(const v1::ConnectRequest& peer);
 
   // Encoder role: offers an image whose sections are already in `image.blocks`.
-  void Publish(PublishedImage image, EmbeddingSender::Done done);
+  // `crc` is the image's ImageCrc if the producer has it (computed while it
+  // wrote the bytes, or earlier for the same bytes in the same blocks);
+  // otherwise Publish computes it on the calling thread.
+  void Publish(PublishedImage image, EmbeddingSender::Done done,
+               std::optional<ImageCrc> crc = std::nullopt);
   // Language role: receives an image into this engine's buffer.
   void Receive(ReceiveRequest request, EmbeddingReceiver::Done done);
   // Language role: stops the receives of `request_id` here and at the sender.
@@ -133,8 +142,8 @@ class TransferEngine : private TransferLink {
   const DataPath data_path_;
   std::unique_ptr<UcxContext> context_;
   std::unique_ptr<BlockAllocator> allocator_;
+  std::unique_ptr<UcxMemoryRegion> region_;  // owns buffer_'s memory
   std::unique_ptr<EmbeddingBuffer> buffer_;
-  std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
   // Checksums of landed pieces (kTag); results are posted to worker_.
   std::unique_ptr<ChecksumWorker> checksum_;

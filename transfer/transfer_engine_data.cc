@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "transfer/transfer_engine.h"
@@ -81,7 +82,7 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
     // Sections 1..3 as one message each; the embedding as pieces (see
     // ChunkPieceTokens), as many as the receiver's allocation has.
     const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
-    const uint32_t piece = ChunkPieceTokens(token_bytes);
+    const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
     const uint32_t pieces = (remote.num_tokens + piece - 1) / piece;
     auto join = std::make_shared<Join>(kNumSections - 1 + pieces, std::move(done));
     auto send = [&](const uint8_t* src, size_t size, uint64_t tag) {
@@ -99,41 +100,73 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
     }
     return absl::OkStatus();
   }
-  // Put path: four puts, then a flush; remote completion = flush completion.
+  // Put path: sections 1..3, then the embedding piece by piece (laid out as
+  // on kTag, but smaller); each piece is followed by a flush and, once the flush
+  // completed, by a tagged 8-byte "landed" message carrying its byte count,
+  // so the receiver checksums piece j while piece j+1 is written. With a
+  // shared-memory target each put is one memcpy into the receiver's segment.
+  // `done` runs when the last flush (which also covers sections 1..3) and
+  // every landed message completed.
   const ChunkRanges remote_ranges = peer->layout.ChunkInfo(remote, 0, n);
-  auto join = std::make_shared<Join>(kNumSections + 1, std::move(done));
+  const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
+  const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
+  const uint32_t pieces = (remote.num_tokens + piece - 1) / piece;
+  auto join =
+      std::make_shared<Join>(kNumSections - 1 + 3 * static_cast<int>(pieces), std::move(done));
   ucp_rkey_h rkey = peer->rkey->get();
-  for (int s = 0; s < kNumSections; ++s) {
-    const void* src = buffer_->data() + local[s].offset;
-    const uint64_t dst =
-        peer->section_base[s] + remote_ranges[s].offset - peer->layout.SectionOffset(s);
+  auto put = [&](const uint8_t* src, size_t size, int section, size_t offset) {
+    const uint64_t dst = peer->section_base[section] + remote_ranges[section].offset -
+                         peer->layout.SectionOffset(section) + offset;
     StartUcxOp(
-        [&](const ucp_request_param_t& p) {
-          return ucp_put_nbx(ep, src, local[s].size, dst, rkey, &p);
-        },
+        [&](const ucp_request_param_t& p) { return ucp_put_nbx(ep, src, size, dst, rkey, &p); },
         [join](absl::Status st) { join->Complete(st); });
+  };
+  for (int s = kFillId; s < kNumSections; ++s) {
+    put(buffer_->data() + local[s].offset, local[s].size, s, 0);
   }
-  StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(ep, &p); },
-             [join](absl::Status st) { join->Complete(st); });
+  for (uint32_t j = 0; j < pieces; ++j) {
+    const uint32_t begin = std::min(n, j * piece), end = std::min(n, (j + 1) * piece);
+    const size_t bytes = size_t{end - begin} * token_bytes;
+    if (bytes == 0) {
+      join->Complete(absl::OkStatus());  // nothing to put
+    } else {
+      put(buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes, bytes,
+          kEmbedding, size_t{begin} * token_bytes);
+    }
+    const uint64_t tag = tag_base + (uint64_t{j * piece} << 2);
+    StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(ep, &p); },
+               [join, ep, tag, bytes](absl::Status st) {
+                 join->Complete(st);
+                 if (!st.ok()) {
+                   join->Complete(st);  // no landed message after a failed flush
+                   return;
+                 }
+                 auto landed = std::make_shared<uint64_t>(bytes);
+                 StartUcxOp(
+                     [&](const ucp_request_param_t& p) {
+                       return ucp_tag_send_nbx(ep, landed.get(), sizeof(uint64_t), tag, &p);
+                     },
+                     [join, landed](absl::Status sent) { join->Complete(sent); });
+               });
+  }
   return absl::OkStatus();
 }
 
 TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
                                                    const ChunkRanges& local, uint64_t tag_base,
                                                    ExpectDone done) {
-  if (data_path_ == DataPath::kPut) {
-    done(absl::OkStatus(), std::nullopt);  // the notice follows the flush: nothing to post
-    return 0;
-  }
   const ExpectId id = next_expect_++;
   const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
-  const uint32_t piece = ChunkPieceTokens(token_bytes);
+  const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
   const uint32_t tokens = static_cast<uint32_t>(local[kEmbedding].size / token_bytes);
   const uint32_t pieces = (tokens + piece - 1) / piece;
+  const bool put = data_path_ == DataPath::kPut;
   struct State {
     int remaining;
     absl::Status status;
     ChunkDataCrc crc;
+    std::vector<uint64_t> landed;    // kPut: the byte count each landed message carries
+    std::vector<uint64_t> capacity;  // kPut: the bytes of the allocation each piece spans
     ExpectDone done;
     void Complete(const absl::Status& s) {
       if (!s.ok() && status.ok()) status = s;
@@ -147,16 +180,21 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
     }
   };
   auto state = std::make_shared<State>();
-  state->remaining = kNumSections - 1 + pieces;
+  // kTag: sections 1..3 and every piece; kPut: a landed message per piece
+  // (sections 1..3 are covered by the notice that follows the last flush).
+  state->remaining = (put ? 0 : kNumSections - 1) + static_cast<int>(pieces);
   state->crc.pieces.resize(pieces);
+  state->landed.resize(put ? pieces : 0);
+  state->capacity.resize(put ? pieces : 0);
   state->done = std::move(done);
-  // Receive `index` (section 1..3, or kNumSections + piece) into [dst, dst + size).
-  auto post = [&](int index, uint8_t* dst, size_t size, uint64_t tag) {
+  // Receives `index` (section 1..3, or kNumSections + piece j) into
+  // [into, into + size); a piece's bytes are at `piece` (kTag: into).
+  auto post = [&](int index, void* into, size_t size, uint64_t tag, const uint8_t* piece) {
     void* request = StartUcxTagRecv(
         [&](const ucp_request_param_t& p) {
-          return ucp_tag_recv_nbx(worker_->get(), dst, size, tag, ~uint64_t{0}, &p);
+          return ucp_tag_recv_nbx(worker_->get(), into, size, tag, ~uint64_t{0}, &p);
         },
-        [this, id, index, dst, state](absl::Status st, size_t length) {
+        [this, id, index, piece, state, put](absl::Status st, size_t length) {
           auto it = expects_.find(id);
           if (it != expects_.end()) {
             it->second.erase(index);
@@ -166,10 +204,25 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
             state->Complete(st);
             return;
           }
+          const size_t j = index - kNumSections;
+          if (put) {
+            // Piece j is in place (the sender flushed before saying so):
+            // checksum it on this thread, after this callback, while the
+            // sender writes the next piece.
+            const uint64_t bytes = state->landed[j];
+            if (length != sizeof(uint64_t) || bytes > state->capacity[j]) {
+              state->Complete(absl::DataLossError("malformed piece-landed message"));
+              return;
+            }
+            worker_->Post([state, j, piece, bytes] {
+              state->crc.pieces[j] = {bytes, Crc32c(piece, bytes)};
+              state->Complete(absl::OkStatus());
+            });
+            return;
+          }
           // A piece landed: checksum it on the checksum thread while UCX
           // moves the next one; the result comes back to this thread.
-          const size_t j = index - kNumSections;
-          checksum_->Submit(dst, length, [this, state, j, length](uint32_t crc) {
+          checksum_->Submit(piece, length, [this, state, j, length](uint32_t crc) {
             worker_->Post([state, j, length, crc] {
               state->crc.pieces[j] = {length, crc};
               state->Complete(absl::OkStatus());
@@ -178,14 +231,23 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
         });
     if (request != nullptr) expects_[id][index] = request;
   };
-  for (int s = kFillId; s < kNumSections; ++s) {
-    post(s, buffer_->data() + local[s].offset, local[s].size, tag_base + s);
+  if (!put) {
+    for (int s = kFillId; s < kNumSections; ++s) {
+      uint8_t* dst = buffer_->data() + local[s].offset;
+      post(s, dst, local[s].size, tag_base + s, dst);
+    }
   }
   for (uint32_t j = 0; j < pieces; ++j) {
     const uint32_t begin = j * piece, end = std::min(tokens, begin + piece);
-    post(kNumSections + static_cast<int>(j),
-         buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes,
-         size_t{end - begin} * token_bytes, tag_base + (uint64_t{begin} << 2));
+    uint8_t* dst = buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes;
+    const uint64_t tag = tag_base + (uint64_t{begin} << 2);
+    const int index = kNumSections + static_cast<int>(j);
+    if (put) {
+      state->capacity[j] = size_t{end - begin} * token_bytes;
+      post(index, &state->landed[j], sizeof(uint64_t), tag, dst);
+    } else {
+      post(index, dst, size_t{end - begin} * token_bytes, tag, dst);
+    }
   }
   auto it = expects_.find(id);
   if (it != expects_.end() && it->second.empty()) expects_.erase(it);

@@ -14,8 +14,9 @@ std::optional<DataPath> ParseDataPath(const std::string& name) {
   return std::nullopt;
 }
 
-uint32_t ChunkPieceTokens(size_t embedding_token_bytes) {
-  return static_cast<uint32_t>(std::max<size_t>(1, kChunkPieceBytes / embedding_token_bytes));
+uint32_t ChunkPieceTokens(size_t embedding_token_bytes, DataPath path) {
+  const size_t bytes = path == DataPath::kPut ? kPutPieceBytes : kTagPieceBytes;
+  return static_cast<uint32_t>(std::max<size_t>(1, bytes / embedding_token_bytes));
 }
 
 uint64_t ChunkTag(const std::string& request_id, uint32_t image_index, uint32_t offset_tokens,

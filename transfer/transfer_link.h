@@ -61,16 +61,21 @@ class ReceiverControl {
   virtual void OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) = 0;
 };
 
-// The kTag data path moves a chunk's embedding section as pieces of
-// ChunkPieceTokens tokens, each its own tagged message, so the receiver can
-// checksum piece i while piece i+1 is in flight. Both ends derive the pieces
-// from the receiver's allocation: piece j covers tokens [j * p, (j + 1) * p)
-// of it, clipped to the chunk (trailing pieces may be empty), and is tagged
-// ChunkTag(..., chunk offset + j * p, kEmbedding).
-inline constexpr size_t kChunkPieceBytes = size_t{2} << 20;
-uint32_t ChunkPieceTokens(size_t embedding_token_bytes);
+// Both data paths move a chunk's embedding section as pieces of
+// ChunkPieceTokens tokens, so the receiver checksums piece i while piece i+1
+// is in flight: on kTag each piece is its own tagged message; on kPut each is
+// a put, a flush, then an 8-byte tagged "landed" message with its byte count.
+// Both ends derive the pieces from the receiver's allocation: piece j covers
+// tokens [j * p, (j + 1) * p) of it, clipped to the chunk (trailing pieces may
+// be empty), and is tagged ChunkTag(..., chunk offset + j * p, kEmbedding).
+// Pieces are smaller on kPut, where a piece costs a flush of a few us but the
+// receiver's checksum of the last one is the tail of every chunk; tcp
+// messages want to be large.
+inline constexpr size_t kTagPieceBytes = size_t{2} << 20;
+inline constexpr size_t kPutPieceBytes = size_t{1} << 20;
+uint32_t ChunkPieceTokens(size_t embedding_token_bytes, DataPath path);
 
-// What the link learned of a chunk's bytes as they landed (kTag): CRC32C
+// What the link learned of a chunk's bytes as they landed: CRC32C
 // and length of each embedding piece, in order. The receiver checks the
 // lengths against the notice and combines the CRCs instead of re-reading.
 struct ChunkDataCrc {
@@ -101,9 +106,9 @@ class TransferLink {
   virtual absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
                                   const BlockAllocation& remote, uint64_t tag_base, Done done) = 0;
   // Receiver: readies `local` (ranges of this receive buffer) for the chunk
-  // tagged `tag_base`. On kPut `done` runs at once (no CRCs); on kTag when
-  // every receive completed and its piece was checksummed. Returns an id for
-  // CancelExpect.
+  // tagged `tag_base`. `done` runs when every piece landed (kTag: and the
+  // other sections) and was checksummed. Returns an id for CancelExpect (0
+  // when `done` already ran).
   virtual ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
                                ExpectDone done) = 0;
   // Cancels the receives of ExpectChunk; its `done` still runs (CANCELLED).

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "transfer/image_crc.h"
 #include "transfer/peer_process.h"
 #include "transfer/test_payload.h"
 #include "transfer/transfer_engine.h"
@@ -45,7 +46,8 @@ ABSL_FLAG(uint32_t, repeat, 1, "repeat the image list this often");
 ABSL_FLAG(uint32_t, window, 2, "sender: images published ahead");
 ABSL_FLAG(bool, stall_after_chunk, false, "receiver: block after the first chunk (fault tests)");
 ABSL_FLAG(std::string, data_path, "", "put or tag (default: the profile's)");
-ABSL_FLAG(bool, reuse_payload, false, "sender: write each block run once (benchmarks)");
+ABSL_FLAG(bool, reuse_payload, false,
+          "sender: write (and checksum) each block run once (benchmarks)");
 
 namespace mmserve::transfer {
 namespace {
@@ -81,8 +83,9 @@ std::vector<Image> Images() {
 void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
   absl::Mutex mu;
   int in_flight = 0;
-  // --reuse_payload: block runs that already hold an image's bytes -> its seed.
-  std::map<std::pair<uint32_t, uint32_t>, uint64_t> written;
+  // --reuse_payload: block runs that already hold an image's bytes -> its seed
+  // and checksum (an encoder computes it as it writes the embedding).
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, ImageCrc>> written;
   for (size_t k = 0; k < images.size(); ++k) {
     {
       absl::MutexLock lock(&mu);
@@ -96,19 +99,29 @@ void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
     CHECK(blocks.ok()) << blocks.status();
     const std::pair<uint32_t, uint32_t> run{blocks->start_block, blocks->num_blocks};
     auto it = written.find(run);
-    if (!absl::GetFlag(FLAGS_reuse_payload) || it == written.end() ||
-        it->second != image.spec.seed) {
+    std::optional<ImageCrc> crc;
+    if (absl::GetFlag(FLAGS_reuse_payload)) {
+      if (it == written.end() || it->second.first != image.spec.seed) {
+        WriteImage(engine.buffer(), *blocks, image.spec);
+        it = written
+                 .insert_or_assign(run, std::make_pair(image.spec.seed,
+                                                       ImageCrc::Compute(engine.buffer(), *blocks)))
+                 .first;
+      }
+      crc = it->second.second;
+    } else {
       WriteImage(engine.buffer(), *blocks, image.spec);
-      written[run] = image.spec.seed;
     }
-    engine.Publish({.request_id = image.request_id,
-                    .blocks = *blocks,
-                    .keep_for = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))},
-                   [&mu, &in_flight, k](absl::Status s) {
-                     Say("SENT " + std::to_string(k) + " " + std::to_string(s.raw_code()));
-                     absl::MutexLock lock(&mu);
-                     --in_flight;
-                   });
+    engine.Publish(
+        {.request_id = image.request_id,
+         .blocks = *blocks,
+         .keep_for = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))},
+        [&mu, &in_flight, k](absl::Status s) {
+          Say("SENT " + std::to_string(k) + " " + std::to_string(s.raw_code()));
+          absl::MutexLock lock(&mu);
+          --in_flight;
+        },
+        std::move(crc));
   }
   absl::MutexLock lock(&mu);
   auto idle = [&] { return in_flight == 0; };

@@ -1,6 +1,8 @@
 // Registered memory and remote keys.
 //
 //   ASSIGN_OR_RETURN(auto region, UcxMemoryRegion::Register(*ctx, buf.data(), buf.size()));
+//   // or let UCX allocate it (shared memory on the shm profile, see Allocate):
+//   ASSIGN_OR_RETURN(auto region, UcxMemoryRegion::Allocate(*ctx, 64 << 20));
 //   ASSIGN_OR_RETURN(std::string rkey, region->PackRkey());   // travels to the peer
 //   ...on the peer, progress thread:
 //   ASSIGN_OR_RETURN(auto remote, UcxRemoteKey::Unpack(ep->get(), rkey));
@@ -26,6 +28,15 @@ class UcxMemoryRegion {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxMemoryRegion>> Register(
       UcxContext& context, void* address, size_t length);
+  // Allocates `length` bytes through UCX (UCX_ALLOC_PRIO: a SysV or POSIX
+  // shared-memory segment when the context has those transports, else mmap)
+  // and registers them. A peer on the same host maps a shared segment from the
+  // rkey, so its puts become one memcpy straight into this memory; into
+  // registered private memory UCX 1.13 emulates them with active messages
+  // (copied twice, and only while this side progresses). The memory is
+  // released with the region; its initial contents are unspecified.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxMemoryRegion>> Allocate(
+      UcxContext& context, size_t length);
   ~UcxMemoryRegion();
   UcxMemoryRegion(const UcxMemoryRegion&) = delete;
   UcxMemoryRegion& operator=(const UcxMemoryRegion&) = delete;
