@@ -8,6 +8,9 @@
 //         peer fails its operations within ~0.1 s. Works across hosts.
 //   kShm: shared memory (posix, sysv, cma) + self; error mode NONE (PEER would
 //         disable shm in UCX 1.13), so a dead peer is caught by our deadlines.
+//         Same host and same IPC namespace: the transfer engine's buffer is a
+//         SysV segment its peers attach (containers: `ipc: host` or a shared
+//         `ipc:` mode in docker-compose).
 // Transports are set per context with ucp_config_modify, never through the
 // environment, so both profiles can live in one process. The context outlives
 // every worker, endpoint and registration made from it. Thread-safe
