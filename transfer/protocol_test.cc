@@ -153,6 +153,10 @@ TEST_CASE("chunks larger than a piece arrive as several pieces, byte for byte") 
                               .hidden = 3584,
                               .data_path = path});
   REQUIRE(ChunkPieceTokens(3584 * 2, path) == (path == DataPath::kTag ? 292u : 146u));
+  // On shm the receiver's buffer is a segment the sender maps: puts are memcpys.
+  absl::StatusOr<bool> direct = p.enc->DirectPuts("lang");
+  REQUIRE(direct.ok());
+  CHECK(*direct == (path == DataPath::kPut && profile == TransportProfile::kShm));
   CHECK(RoundTrip(p, 700, /*known=*/0, 31) == 2);
   // A chunk shorter than its allocation leaves trailing pieces empty.
   CHECK(RoundTrip(p, 150, /*known=*/0, 32) == 1);

@@ -199,6 +199,17 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
     if (data_path_ == DataPath::kPut) {
       ASSIGN_OR_RETURN(peer->rkey,
                        UcxRemoteKey::Unpack(peer->ep->get(), layout.sections(0).rkey()));
+      // Mapped means each put is one memcpy into the peer's segment; else
+      // UCX emulates puts with active messages (tcp, or shm peers that cannot
+      // attach each other's segments, e.g. containers in separate IPC
+      // namespaces).
+      void* mapped = nullptr;
+      peer->direct_puts = ucp_rkey_ptr(peer->rkey->get(), peer->section_base[0], &mapped) == UCS_OK;
+      if (!peer->direct_puts && options_.profile == TransportProfile::kShm) {
+        LOG(WARNING) << "puts to " << name
+                     << " are emulated by UCX (its buffer cannot be mapped here: same IPC "
+                        "namespace?); expect a fraction of shm bandwidth";
+      }
     }
     auto old = peers_.find(name);
     if (old != peers_.end()) {
@@ -208,6 +219,16 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
     peers_[name] = std::move(peer);
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<bool> TransferEngine::DirectPuts(const std::string& peer) {
+  bool direct = false;
+  RETURN_IF_ERROR(worker_->RunSync([&]() -> absl::Status {
+    ASSIGN_OR_RETURN(Peer * p, LivePeer(peer));
+    direct = p->direct_puts;
+    return absl::OkStatus();
+  }));
+  return direct;
 }
 
 void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done,

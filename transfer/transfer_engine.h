@@ -80,6 +80,10 @@ class TransferEngine : private TransferLink {
   // an earlier connection of the same instance id.
   [[nodiscard]] absl::Status Connect(const v1::ConnectRequest& peer);
 
+  // Whether puts to `peer` are plain memcpys into its mapped buffer (kPut
+  // with a shared-memory peer) rather than emulated by UCX.
+  [[nodiscard]] absl::StatusOr<bool> DirectPuts(const std::string& peer);
+
   // Encoder role: offers an image whose sections are already in `image.blocks`.
   // `crc` is the image's ImageCrc if the producer has it (computed while it
   // wrote the bytes, or earlier for the same bytes in the same blocks);
@@ -108,6 +112,7 @@ class TransferEngine : private TransferLink {
   struct Peer {
     std::unique_ptr<UcxEndpoint> ep;
     std::unique_ptr<UcxRemoteKey> rkey;  // the peer's receive buffer (put path)
+    bool direct_puts = false;            // rkey maps the peer's buffer here
     EmbeddingLayout layout;
     uint64_t section_base[kNumSections] = {};
     std::optional<absl::Status> failure;
