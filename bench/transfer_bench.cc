@@ -53,7 +53,6 @@ struct Result {
   std::string profile;
   std::string data_path;
   uint32_t tokens = 0;
-  int window = 1;
   size_t bytes = 0;
   double gbps = 0, p50_ms = 0, p99_ms = 0;
   double perftest_gbps = 0;
@@ -117,7 +116,8 @@ Result RunProtocol(TransportProfile profile, uint32_t tokens) {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int iterations = absl::GetFlag(FLAGS_iterations);
   const int window = std::max(1, absl::GetFlag(FLAGS_window));
-  // Room for `window` images in flight on each side.
+  // Room for `window` images in flight on each side, plus the last image,
+  // held until its bytes are checked.
   const uint32_t num_blocks = (window + 1) * ((tokens + kBlockSize - 1) / kBlockSize);
   auto engine = TransferEngine::Create(
       {.instance_id = "bench-lang",
@@ -148,7 +148,6 @@ Result RunProtocol(TransportProfile profile, uint32_t tokens) {
   r.profile = TransportProfileName(profile);
   r.data_path = DataPathName((*engine)->data_path());
   r.tokens = tokens;
-  r.window = window;
   r.bytes = size_t{tokens} * (*engine)->buffer().layout().BytesPerToken();
   const PayloadSpec spec{.seed = 42, .total_tokens = tokens};
   const int total = warmup + iterations;
