@@ -1,10 +1,13 @@
 #include "common/crc32c.h"
 
 #include <cstring>
+#include <initializer_list>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #include <nmmintrin.h>
+#include <wmmintrin.h>
 #endif
 
 namespace mmserve {
@@ -78,6 +81,16 @@ uint32_t ShiftBytes(size_t n) {
   return p;
 }
 
+// x^bits mod P.
+uint32_t XPow(uint64_t bits) {
+  static const PowerTable table;
+  uint32_t p = 1u << 31;  // x^0
+  for (int k = 0; bits != 0; ++k, bits >>= 1) {
+    if (bits & 1) p = MultModP(table.x2k[k], p);
+  }
+  return p;
+}
+
 #if defined(__x86_64__)
 // The crc32 instruction has a 3-cycle latency and a 1-cycle throughput, so
 // three independent streams over adjacent stripes run ~3x faster than one;
@@ -120,36 +133,185 @@ __attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const ui
   return c32;
 }
 
+// Carry-less multiplication folding (Intel, "Fast CRC Computation for
+// Generic Polynomials Using PCLMULQDQ"): eight 16-byte accumulators walk the
+// data 128 bytes at a time; each step multiplies an accumulator by x^1024
+// modulo P (two pclmulqdq against 32-bit constants) and adds the next block,
+// which keeps the accumulator congruent to everything it has absorbed. The
+// accumulators are then folded into one, whose 16 bytes the crc32 instruction
+// reduces. In the reflected bit order a 64 x 32-bit carry-less product comes
+// out multiplied by x^33, hence the "- 33" in the constants.
+constexpr size_t kFoldBlock = 128;
+// Below this the setup (and the final folds) cost more than they save.
+constexpr size_t kFoldMin = 512;
+
+// Constants that move a 16-byte accumulator `distance` bits further on: its
+// first 8 bytes (the higher powers) by x^(distance + 64), the last 8 by
+// x^distance.
+__attribute__((target("sse4.2,pclmul"))) __m128i FoldKeys(uint64_t distance) {
+  return _mm_set_epi64x(static_cast<int64_t>(XPow(distance - 33)),
+                        static_cast<int64_t>(XPow(distance + 64 - 33)));
+}
+
+__attribute__((target("sse4.2,pclmul"))) inline __m128i Fold(__m128i x, __m128i keys) {
+  return _mm_xor_si128(_mm_clmulepi64_si128(x, keys, 0x00), _mm_clmulepi64_si128(x, keys, 0x11));
+}
+
+// Requires n >= kFoldBlock.
+__attribute__((target("sse4.2,pclmul"))) uint32_t ExtendFolding(uint32_t crc, const uint8_t* p,
+                                                                size_t n) {
+  static const __m128i kKeys1024 = FoldKeys(1024);
+  static const __m128i kKeys128 = FoldKeys(128);
+  __m128i x[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) x[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + i);
+  // The running CRC stands in for the 32 highest powers of the first block.
+  x[0] = _mm_xor_si128(x[0], _mm_cvtsi32_si128(static_cast<int>(crc)));
+  p += kFoldBlock;
+  n -= kFoldBlock;
+  while (n >= kFoldBlock) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      x[i] = _mm_xor_si128(Fold(x[i], kKeys1024),
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + i));
+    }
+    p += kFoldBlock;
+    n -= kFoldBlock;
+  }
+  __m128i a = x[0];
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) a = _mm_xor_si128(Fold(a, kKeys128), x[i]);
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(a)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(a, 1)));
+  return ExtendHardware(static_cast<uint32_t>(c), p, n);
+}
+
+// The same with 256-bit vpclmulqdq: each ymm accumulator holds two of the
+// eight 16-byte lanes (twice the bytes per instruction).
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) inline __m256i Fold256(__m256i x,
+                                                                                __m256i keys) {
+  return _mm256_xor_si256(_mm256_clmulepi64_epi128(x, keys, 0x00),
+                          _mm256_clmulepi64_epi128(x, keys, 0x11));
+}
+
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) uint32_t ExtendFolding256(uint32_t crc,
+                                                                                   const uint8_t* p,
+                                                                                   size_t n) {
+  static const __m128i kKeys1024 = FoldKeys(1024);
+  static const __m128i kKeys128 = FoldKeys(128);
+  const __m256i keys = _mm256_broadcastsi128_si256(kKeys1024);
+  __m256i x[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + i);
+  x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  p += kFoldBlock;
+  n -= kFoldBlock;
+  while (n >= kFoldBlock) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      x[i] = _mm256_xor_si256(Fold256(x[i], keys),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + i));
+    }
+    p += kFoldBlock;
+    n -= kFoldBlock;
+  }
+  __m128i a = _mm256_castsi256_si128(x[0]);
+  a = _mm_xor_si128(Fold(a, kKeys128), _mm256_extracti128_si256(x[0], 1));
+#pragma GCC unroll 4
+  for (int i = 1; i < 4; ++i) {
+    a = _mm_xor_si128(Fold(a, kKeys128), _mm256_castsi256_si128(x[i]));
+    a = _mm_xor_si128(Fold(a, kKeys128), _mm256_extracti128_si256(x[i], 1));
+  }
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(a)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(a, 1)));
+  return ExtendHardware(static_cast<uint32_t>(c), p, n);
+}
+
 bool HasSse42() {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
   return (ecx & bit_SSE4_2) != 0;
 }
+
+bool HasPclmul() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  return (ecx & bit_SSE4_2) != 0 && (ecx & bit_PCLMUL) != 0;
+}
+
+bool HasVpclmul() {
+  unsigned eax, ebx, ecx, edx;
+  if (!HasPclmul() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if ((ebx & bit_AVX2) == 0 || (ecx & (1u << 10)) == 0) return false;  // AVX2, VPCLMULQDQ
+  // The OS must save ymm state: OSXSAVE, then XCR0's SSE and AVX bits.
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & bit_OSXSAVE) == 0) return false;
+  uint32_t xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 6) == 6;
+}
+
 #endif
 
 }  // namespace
 
-bool Crc32cIsHardwareAccelerated() {
+bool Crc32cHasPath(Crc32cPath path) {
 #if defined(__x86_64__)
-  static const bool has = HasSse42();
-  return has;
-#else
+  static const bool sse42 = HasSse42(), pclmul = HasPclmul(), vpclmul = HasVpclmul();
+  switch (path) {
+    case Crc32cPath::kPortable:
+      return true;
+    case Crc32cPath::kCrc32:
+      return sse42;
+    case Crc32cPath::kFold128:
+      return pclmul;
+    case Crc32cPath::kFold256:
+      return vpclmul;
+  }
   return false;
+#else
+  return path == Crc32cPath::kPortable;
 #endif
 }
+
+Crc32cPath Crc32cBestPath() {
+  static const Crc32cPath best = [] {
+    for (Crc32cPath p : {Crc32cPath::kFold256, Crc32cPath::kFold128, Crc32cPath::kCrc32}) {
+      if (Crc32cHasPath(p)) return p;
+    }
+    return Crc32cPath::kPortable;
+  }();
+  return best;
+}
+
+bool Crc32cIsHardwareAccelerated() { return Crc32cBestPath() != Crc32cPath::kPortable; }
 
 uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2) {
   // Pre- and post-conditioning cancel out (as in zlib's crc32_combine).
   return MultModP(ShiftBytes(len2), crc1) ^ crc2;
 }
 
-uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+uint32_t Crc32cExtendWith(Crc32cPath path, uint32_t crc, const void* data, size_t size) {
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
 #if defined(__x86_64__)
-  if (Crc32cIsHardwareAccelerated()) return ~ExtendHardware(crc, p, size);
+  switch (path) {
+    case Crc32cPath::kPortable:
+      break;
+    case Crc32cPath::kFold256:
+      if (size >= kFoldMin) return ~ExtendFolding256(crc, p, size);
+      return ~ExtendHardware(crc, p, size);
+    case Crc32cPath::kFold128:
+      if (size >= kFoldMin) return ~ExtendFolding(crc, p, size);
+      return ~ExtendHardware(crc, p, size);
+    case Crc32cPath::kCrc32:
+      return ~ExtendHardware(crc, p, size);
+  }
 #endif
   return ~ExtendPortable(crc, p, size);
+}
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+  return Crc32cExtendWith(Crc32cBestPath(), crc, data, size);
 }
 
 }  // namespace mmserve

@@ -4,8 +4,10 @@
 //   crc = Crc32cExtend(crc, more, more_len);  // same as Crc32c over both
 //   crc = Crc32cCombine(Crc32c(a, na), Crc32c(b, nb), nb);  // same as over a + b
 //
-// Uses the SSE4.2 crc32 instruction when the CPU has it (checked once at run
-// time), else a table. Thread-safe.
+// Picks the fastest implementation the CPU has, once at run time: carry-less
+// multiplication folding (vpclmulqdq on ymm, else pclmulqdq) for buffers of
+// 512 bytes and more, the SSE4.2 crc32 instruction below that, else a table.
+// Thread-safe.
 #ifndef MMSERVE_COMMON_CRC32C_H_
 #define MMSERVE_COMMON_CRC32C_H_
 
@@ -23,8 +25,15 @@ inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, d
 // len2 = |B|, without reading the bytes (a few GF(2) multiplications).
 uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2);
 
-// True when the hardware path is in use (for logs and benchmarks).
+// True when a hardware path is in use (for logs and benchmarks).
 bool Crc32cIsHardwareAccelerated();
+
+// The implementations, for tests and benchmarks; Crc32cExtend uses the best.
+enum class Crc32cPath { kPortable, kCrc32, kFold128, kFold256 };
+bool Crc32cHasPath(Crc32cPath path);
+Crc32cPath Crc32cBestPath();
+// Crc32cExtend through `path`, which must be one the CPU has.
+uint32_t Crc32cExtendWith(Crc32cPath path, uint32_t crc, const void* data, size_t size);
 
 }  // namespace mmserve
 
