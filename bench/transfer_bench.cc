@@ -3,18 +3,21 @@
 // process (receiver) and a transfer_peer child (sender), per profile, for
 // 1024 and 4096 tokens x 3584 hidden x bf16. Baseline: the best of
 // ucx_perftest tag_bw and ucp_put_bw for the same size, UCX_TLS and endpoint
-// error mode (tcp: peer error handling, perftest -e), run in the same
-// invocation; for tcp also tag_bw without error handling (perftest_no_err_gbps,
-// ratio_no_err), which measures 0-40% faster here. Prints a table, then one
-// JSON line.
+// error mode (tcp: peer error handling, perftest -e); for tcp also tag_bw
+// without error handling (perftest_no_err_gbps, ratio_no_err).
 //
-// GB/s is streaming bandwidth: image bytes over the wall time of the timed
-// transfers, with --window receives in flight (as perftest's bandwidth tests
-// keep operations outstanding); p50/p99 are per-image latencies from Receive
-// to the verified image. --window=1 gives one-at-a-time figures. The sender
-// writes (and checksums) each payload once and republishes it, as an encoder
-// computes the checksum while it writes the embedding; the receiver verifies
-// every chunk inside the timed window.
+// Each size runs --rounds rounds of --iterations timed transfers, each round
+// followed by its perftest runs: on this shared VM both swing 2x between
+// seconds, so alternating lets each pair see the same noise. gbps and
+// perftest_gbps are medians over rounds, ratio their quotient, round_ratios
+// each round's own. Prints a table, then one JSON line.
+//
+// GB/s is streaming bandwidth: image bytes over the wall time of a round's
+// transfers, with --window receives in flight; p50/p99 are per-image
+// latencies from Receive to the verified image, over all rounds. --window=1
+// gives one-at-a-time figures. The sender writes (and checksums) each payload
+// once and republishes it, as an encoder computes the checksum while it writes
+// the embedding; the receiver verifies every chunk inside the timed window.
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -33,7 +36,10 @@
 #include "transfer/test_payload.h"
 #include "transfer/transfer_engine.h"
 
-ABSL_FLAG(int, iterations, 30, "timed transfers per size");
+ABSL_FLAG(int, rounds, 5,
+          "rounds per size, each --iterations timed transfers followed by the ucx_perftest "
+          "baselines; figures are medians over rounds");
+ABSL_FLAG(int, iterations, 30, "timed transfers per size and round");
 ABSL_FLAG(int, warmup, 3, "untimed transfers per size");
 ABSL_FLAG(int, window, 1,
           "receives in flight at once (ucx_perftest's bandwidth tests keep several "
@@ -42,6 +48,9 @@ ABSL_FLAG(std::string, profiles, "shm,tcp", "profiles to run");
 ABSL_FLAG(std::string, tokens, "1024,4096", "image lengths");
 ABSL_FLAG(uint32_t, hidden, 3584, "hidden size (bf16)");
 ABSL_FLAG(std::string, data_path, "", "put or tag on both ends (default: the profile's)");
+ABSL_FLAG(int64_t, spin_us, -1,
+          "progress threads (both ends) busy-poll this long after the last activity "
+          "(default: UcxWorkerOptions')");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 
 namespace mmserve::transfer {
@@ -49,16 +58,17 @@ namespace {
 
 constexpr uint32_t kBlockSize = 128;
 
+// One size on one profile, over all rounds.
 struct Result {
   std::string profile;
   std::string data_path;
   uint32_t tokens = 0;
   size_t bytes = 0;
-  double gbps = 0, p50_ms = 0, p99_ms = 0;
-  double perftest_gbps = 0;
-  std::string perftest_test;
-  // tcp: tag_bw without peer error handling (faster, not the profile's setup).
-  double perftest_no_err_gbps = 0;
+  // Per round: the protocol's GB/s, the best perftest test's GB/s and its
+  // name, and (tcp) tag_bw without peer error handling.
+  std::vector<double> gbps, perftest_gbps, perftest_no_err_gbps;
+  std::vector<std::string> perftest_test;
+  std::vector<double> ms;  // every timed image's latency
   bool bytes_ok = false;
 };
 
@@ -111,109 +121,186 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-Result RunProtocol(TransportProfile profile, uint32_t tokens) {
-  const uint32_t hidden = absl::GetFlag(FLAGS_hidden);
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  const int iterations = absl::GetFlag(FLAGS_iterations);
-  const int window = std::max(1, absl::GetFlag(FLAGS_window));
-  // Room for `window` images in flight on each side, plus the last image,
-  // held until its bytes are checked.
-  const uint32_t num_blocks = (window + 1) * ((tokens + kBlockSize - 1) / kBlockSize);
-  auto engine = TransferEngine::Create(
-      {.instance_id = "bench-lang",
-       .profile = profile,
-       .layout = {.block_size = kBlockSize, .num_blocks = num_blocks, .hidden_size = hidden},
-       .default_num_blocks = 8,
-       .data_path = ParseDataPath(absl::GetFlag(FLAGS_data_path))});
-  CHECK(engine.ok()) << engine.status();
-  auto child = PeerProcess::Spawn(
-      PeerBinaryPath(),
-      {"--role=sender", std::string("--profile=") + TransportProfileName(profile),
-       "--hidden=" + std::to_string(hidden), "--block_size=" + std::to_string(kBlockSize),
-       "--num_blocks=" + std::to_string(num_blocks), "--tokens=" + std::to_string(tokens),
-       "--repeat=" + std::to_string(warmup + iterations), "--window=" + std::to_string(window),
-       "--reuse_payload", "--timeout_ms=60000", "--seed=42",
-       "--data_path=" + absl::GetFlag(FLAGS_data_path)});
-  CHECK(child.ok()) << child.status();
-  Deadline d = Deadline::After(absl::Seconds(60));
-  auto info = (*child)->ReadLine(d);
-  CHECK(info && info->rfind("INFO ", 0) == 0);
-  v1::ConnectRequest peer;
-  CHECK(peer.ParseFromString(FromHex(info->substr(5))));
-  CHECK_OK((*engine)->Connect(peer));
-  (*child)->WriteLine("PEER " + ToHex((*engine)->local_info().SerializeAsString()));
-  CHECK((*child)->ReadLine(d) == std::optional<std::string>("READY"));
+double Median(std::vector<double> v) { return v.empty() ? 0 : Percentile(std::move(v), 0.5); }
 
-  Result r;
-  r.profile = TransportProfileName(profile);
-  r.data_path = DataPathName((*engine)->data_path());
-  r.tokens = tokens;
-  r.bytes = size_t{tokens} * (*engine)->buffer().layout().BytesPerToken();
-  const PayloadSpec spec{.seed = 42, .total_tokens = tokens};
-  const int total = warmup + iterations;
-  // Up to `window` receives in flight; each completion records its latency,
-  // spot-checks the first and last image byte for byte, and frees its blocks.
-  absl::Mutex mu;
-  int in_flight = 0, finished = 0;
-  bool bytes_ok = true;
-  std::optional<ReceivedImage> last;
-  std::vector<double> ms;
-  Stopwatch wall;
-  double timed_start_s = 0;
-  for (int k = 0; k < total; ++k) {
-    {
-      absl::MutexLock lock(&mu);
-      auto room = [&] { return in_flight < window; };
-      mu.Await(absl::Condition(&room));
-      if (k == warmup) {
-        // Timing starts once the warm-up transfers have drained.
-        auto drained = [&] { return in_flight == 0; };
-        mu.Await(absl::Condition(&drained));
-        timed_start_s = wall.ElapsedSeconds();
+// This process as the receiver, a transfer_peer child as the sender of
+// `total` images of `tokens` tokens, received in batches by Run.
+class ProtocolRun {
+ public:
+  ProtocolRun(TransportProfile profile, uint32_t tokens, int total)
+      : spec_{.seed = 42, .total_tokens = tokens}, total_(total) {
+    const uint32_t hidden = absl::GetFlag(FLAGS_hidden);
+    const int window = Window();
+    // Room for `window` images in flight on each side, plus the last image,
+    // held until its bytes are checked.
+    const uint32_t num_blocks = (window + 1) * ((tokens + kBlockSize - 1) / kBlockSize);
+    TransferEngineOptions options{
+        .instance_id = "bench-lang",
+        .profile = profile,
+        .layout = {.block_size = kBlockSize, .num_blocks = num_blocks, .hidden_size = hidden},
+        .default_num_blocks = 8,
+        .data_path = ParseDataPath(absl::GetFlag(FLAGS_data_path))};
+    const int64_t spin_us = absl::GetFlag(FLAGS_spin_us);
+    if (spin_us >= 0) options.worker.spin = absl::Microseconds(spin_us);
+    auto engine = TransferEngine::Create(options);
+    CHECK(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    auto child = PeerProcess::Spawn(
+        PeerBinaryPath(),
+        {"--role=sender", std::string("--profile=") + TransportProfileName(profile),
+         "--hidden=" + std::to_string(hidden), "--block_size=" + std::to_string(kBlockSize),
+         "--num_blocks=" + std::to_string(num_blocks), "--tokens=" + std::to_string(tokens),
+         "--repeat=" + std::to_string(total), "--window=" + std::to_string(window),
+         "--reuse_payload", "--timeout_ms=600000", "--seed=42",
+         "--data_path=" + absl::GetFlag(FLAGS_data_path), "--spin_us=" + std::to_string(spin_us)});
+    CHECK(child.ok()) << child.status();
+    child_ = *std::move(child);
+    Deadline d = Deadline::After(absl::Seconds(60));
+    auto info = child_->ReadLine(d);
+    CHECK(info && info->rfind("INFO ", 0) == 0);
+    v1::ConnectRequest peer;
+    CHECK(peer.ParseFromString(FromHex(info->substr(5))));
+    CHECK_OK(engine_->Connect(peer));
+    child_->WriteLine("PEER " + ToHex(engine_->local_info().SerializeAsString()));
+    CHECK(child_->ReadLine(d) == std::optional<std::string>("READY"));
+  }
+
+  static int Window() { return std::max(1, absl::GetFlag(FLAGS_window)); }
+  std::string data_path() const { return DataPathName(engine_->data_path()); }
+  size_t bytes() const {
+    return size_t{spec_.total_tokens} * engine_->buffer().layout().BytesPerToken();
+  }
+
+  // Receives the next `count` images, up to --window in flight, and returns
+  // the wall time from the first Receive until the last completed; adds each
+  // image's latency (Receive to verified image) to `ms` if not null. The
+  // first and the last image are checked byte for byte (the last one after
+  // the clock stopped).
+  double Run(int count, std::vector<double>* ms) {
+    CHECK_LE(next_ + count, total_);
+    const int window = Window();
+    int in_flight = 0, finished = 0;
+    Stopwatch wall;
+    for (int i = 0; i < count; ++i) {
+      const int k = next_++;
+      {
+        absl::MutexLock lock(&mu_);
+        auto room = [&] { return in_flight < window; };
+        mu_.Await(absl::Condition(&room));
+        ++in_flight;
       }
-      ++in_flight;
-    }
-    auto watch = std::make_shared<Stopwatch>();
-    (*engine)->Receive({.request_id = "req-" + std::to_string(k),
+      auto watch = std::make_shared<Stopwatch>();
+      engine_->Receive({.request_id = "req-" + std::to_string(k),
                         .sender = "sender",
-                        .known_tokens = tokens,
+                        .known_tokens = spec_.total_tokens,
                         .timeout = absl::Seconds(60)},
                        [&, k, watch](absl::StatusOr<ReceivedImage> image) {
                          const double s = watch->ElapsedSeconds();
                          CHECK(image.ok()) << image.status();
                          bool ok = true;
                          std::optional<ReceivedImage> keep;
-                         if (k == 0) {  // byte-for-byte spot check (a warm-up transfer)
-                           ok = SameBytes(*image, (*engine)->buffer().layout(), spec);
-                         } else if (k == total - 1) {
-                           keep = *std::move(image);  // checked after the clock stops
+                         if (k == 0) {
+                           ok = SameBytes(*image, engine_->buffer().layout(), spec_);
+                         } else if (k == total_ - 1) {
+                           keep = *std::move(image);  // checked in Finish
                          }
                          if (!keep) image->Release();
-                         absl::MutexLock lock(&mu);
-                         bytes_ok = bytes_ok && ok;
-                         if (keep) last = std::move(keep);
-                         if (k >= warmup) ms.push_back(s * 1e3);
+                         absl::MutexLock lock(&mu_);
+                         bytes_ok_ = bytes_ok_ && ok;
+                         if (keep) last_ = std::move(keep);
+                         if (ms != nullptr) ms->push_back(s * 1e3);
                          --in_flight;
                          ++finished;
                        });
+    }
+    absl::MutexLock lock(&mu_);
+    auto all = [&] { return finished == count; };
+    mu_.Await(absl::Condition(&all));
+    return wall.ElapsedSeconds();
   }
-  {
-    absl::MutexLock lock(&mu);
-    auto all = [&] { return finished == total; };
-    mu.Await(absl::Condition(&all));
+
+  // After all `total` images: checks the last one, stops the child; true if
+  // every checked image matched.
+  bool Finish() {
+    CHECK_EQ(next_, total_);
+    absl::MutexLock lock(&mu_);
+    if (last_) {
+      bytes_ok_ = bytes_ok_ && SameBytes(*last_, engine_->buffer().layout(), spec_);
+      last_->Release();
+      last_.reset();
+    }
+    child_->WriteLine("EXIT");
+    child_->Wait(Deadline::After(absl::Seconds(10)));
+    return bytes_ok_;
   }
-  const double timed_s = wall.ElapsedSeconds() - timed_start_s;
-  if (last) {
-    bytes_ok = bytes_ok && SameBytes(*last, (*engine)->buffer().layout(), spec);
-    last->Release();
+
+ private:
+  const PayloadSpec spec_;
+  const int total_;
+  std::unique_ptr<TransferEngine> engine_;
+  std::unique_ptr<PeerProcess> child_;
+  int next_ = 0;
+  absl::Mutex mu_;
+  bool bytes_ok_ = true;
+  std::optional<ReceivedImage> last_;
+};
+
+// Rounds of: --iterations timed transfers through the protocol, then the
+// ucx_perftest baselines for the same size, transports and endpoint error
+// mode (best of tag_bw and ucp_put_bw). On a shared VM both swing 2x from
+// one second to the next; alternating them lets each round's pair see the
+// same spell of noise, and medians over rounds damp the rest.
+Result Measure(TransportProfile profile, uint32_t tokens) {
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int iterations = std::max(1, absl::GetFlag(FLAGS_iterations));
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  const bool tcp = profile == TransportProfile::kTcp;
+  ProtocolRun run(profile, tokens, warmup + rounds * iterations);
+  Result r;
+  r.profile = TransportProfileName(profile);
+  r.data_path = run.data_path();
+  r.tokens = tokens;
+  r.bytes = run.bytes();
+  run.Run(warmup, nullptr);
+  // Emulated puts over tcp crawl (< 0.1 GB/s): measured once, a few
+  // iterations tell the story.
+  const double tcp_put = tcp ? Perftest(profile, "ucp_put_bw", r.bytes, 3, true) : 0;
+  for (int round = 0; round < rounds; ++round) {
+    const double s = run.Run(iterations, &r.ms);
+    r.gbps.push_back(r.bytes * iterations / s / 1e9);
+    const int n = std::max(5, iterations);
+    const double tag = Perftest(profile, "tag_bw", r.bytes, n, /*peer_errors=*/tcp);
+    const double put = tcp ? tcp_put : Perftest(profile, "ucp_put_bw", r.bytes, n, false);
+    r.perftest_gbps.push_back(std::max(tag, put));
+    r.perftest_test.push_back(tag >= put ? "tag_bw" : "ucp_put_bw");
+    if (tcp) r.perftest_no_err_gbps.push_back(Perftest(profile, "tag_bw", r.bytes, n, false));
+    fprintf(stderr, "%s %u tokens, round %d: protocol %.2f GB/s, tag_bw %.2f, ucp_put_bw %.2f%s\n",
+            r.profile.c_str(), tokens, round, r.gbps.back(), tag, put,
+            tcp ? absl::StrFormat(", tag_bw without peer error handling %.2f",
+                                  r.perftest_no_err_gbps.back())
+                      .c_str()
+                : "");
   }
-  r.bytes_ok = bytes_ok;
-  (*child)->WriteLine("EXIT");
-  (*child)->Wait(Deadline::After(absl::Seconds(10)));
-  r.gbps = r.bytes * iterations / timed_s / 1e9;
-  r.p50_ms = Percentile(ms, 0.5);
-  r.p99_ms = Percentile(ms, 0.99);
+  r.bytes_ok = run.Finish();
   return r;
+}
+
+// The test that was best in most rounds.
+std::string BestTest(const Result& r) {
+  const auto tag = std::count(r.perftest_test.begin(), r.perftest_test.end(), "tag_bw");
+  return 2 * tag >= static_cast<long>(r.perftest_test.size()) ? "tag_bw" : "ucp_put_bw";
+}
+
+std::vector<double> Ratios(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) out.push_back(b[i] > 0 ? a[i] / b[i] : 0);
+  return out;
+}
+
+std::string JsonList(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) absl::StrAppendFormat(&s, "%s%.3f", i ? "," : "", v[i]);
+  return s + "]";
 }
 
 int Main() {
@@ -224,38 +311,30 @@ int Main() {
     for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
       uint32_t tokens = 0;
       CHECK(absl::SimpleAtoi(t, &tokens));
-      Result r = RunProtocol(*profile, tokens);
-      // Baseline for the same message size, transports and endpoint error
-      // mode as the profile, best of two tests.
-      const int n = std::max(5, absl::GetFlag(FLAGS_iterations));
-      const bool tcp = *profile == TransportProfile::kTcp;
-      double tag = Perftest(*profile, "tag_bw", r.bytes, n, /*peer_errors=*/tcp);
-      // Emulated puts over tcp crawl: a few iterations tell the story.
-      double put = Perftest(*profile, "ucp_put_bw", r.bytes, tcp ? 3 : n, /*peer_errors=*/tcp);
-      r.perftest_gbps = std::max(tag, put);
-      r.perftest_test = tag >= put ? "tag_bw" : "ucp_put_bw";
-      if (tcp) r.perftest_no_err_gbps = Perftest(*profile, "tag_bw", r.bytes, n, false);
-      fprintf(stderr,
-              "%s %u tokens: protocol %.2f GB/s, tag_bw %.2f, ucp_put_bw %.2f, tag_bw without "
-              "peer error handling %.2f\n",
-              r.profile.c_str(), tokens, r.gbps, tag, put, r.perftest_no_err_gbps);
-      results.push_back(r);
+      results.push_back(Measure(*profile, tokens));
     }
   }
 
-  printf("%-5s %-4s %7s %10s %8s %8s %8s %13s %11s %6s %5s\n", "prof", "path", "tokens", "bytes",
-         "GB/s", "p50 ms", "p99 ms", "perftest GB/s", "perftest", "ratio", "bytes");
+  printf("%-5s %-4s %7s %10s %8s %8s %8s %13s %11s %6s %11s %5s\n", "prof", "path", "tokens",
+         "bytes", "GB/s", "p50 ms", "p99 ms", "perftest GB/s", "perftest", "ratio", "min-max",
+         "bytes");
   for (const Result& r : results) {
-    printf("%-5s %-4s %7u %10zu %8.2f %8.2f %8.2f %13.2f %11s %6.2f %5s\n", r.profile.c_str(),
-           r.data_path.c_str(), r.tokens, r.bytes, r.gbps, r.p50_ms, r.p99_ms, r.perftest_gbps,
-           r.perftest_test.c_str(), r.perftest_gbps > 0 ? r.gbps / r.perftest_gbps : 0,
-           r.bytes_ok ? "ok" : "BAD");
+    const double gbps = Median(r.gbps), perftest = Median(r.perftest_gbps);
+    const std::vector<double> ratios = Ratios(r.gbps, r.perftest_gbps);
+    printf("%-5s %-4s %7u %10zu %8.2f %8.2f %8.2f %13.2f %11s %6.2f %5.2f-%5.2f %5s\n",
+           r.profile.c_str(), r.data_path.c_str(), r.tokens, r.bytes, gbps, Percentile(r.ms, 0.5),
+           Percentile(r.ms, 0.99), perftest, BestTest(r).c_str(),
+           perftest > 0 ? gbps / perftest : 0, *std::min_element(ratios.begin(), ratios.end()),
+           *std::max_element(ratios.begin(), ratios.end()), r.bytes_ok ? "ok" : "BAD");
   }
   // JSON: per profile, the headline numbers are the largest size's; every
-  // size is listed under "sizes".
-  std::string json =
-      "{\"bench\":\"transfer\",\"hidden\":" + std::to_string(absl::GetFlag(FLAGS_hidden)) +
-      ",\"dtype\":\"bf16\",\"window\":" + std::to_string(std::max(1, absl::GetFlag(FLAGS_window)));
+  // size is listed under "sizes". gbps and perftest_gbps are medians over
+  // rounds, ratio their quotient; round_ratios are each round's own.
+  std::string json = absl::StrFormat(
+      "{\"bench\":\"transfer\",\"hidden\":%u,\"dtype\":\"bf16\",\"window\":%d,\"rounds\":%d,"
+      "\"iterations\":%d",
+      absl::GetFlag(FLAGS_hidden), ProtocolRun::Window(), std::max(1, absl::GetFlag(FLAGS_rounds)),
+      std::max(1, absl::GetFlag(FLAGS_iterations)));
   std::vector<std::string> seen;
   for (const Result& first : results) {
     if (std::find(seen.begin(), seen.end(), first.profile) != seen.end()) continue;
@@ -265,24 +344,28 @@ int Main() {
     for (const Result& r : results) {
       if (r.profile != first.profile) continue;
       if (head == nullptr || r.bytes > head->bytes) head = &r;
+      const double gbps = Median(r.gbps), perftest = Median(r.perftest_gbps);
+      std::string no_err;
+      if (!r.perftest_no_err_gbps.empty()) {
+        const double p = Median(r.perftest_no_err_gbps);
+        no_err = absl::StrFormat(",\"perftest_no_err_gbps\":%.3f,\"ratio_no_err\":%.3f", p,
+                                 p > 0 ? gbps / p : 0);
+      }
       absl::StrAppendFormat(
           &sizes,
           "%s{\"tokens\":%u,\"bytes\":%zu,\"gbps\":%.3f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
-          "\"perftest_gbps\":%.3f,\"perftest_test\":\"%s\",\"ratio\":%.3f%s,\"bytes_ok\":%s}",
-          sizes.empty() ? "" : ",", r.tokens, r.bytes, r.gbps, r.p50_ms, r.p99_ms, r.perftest_gbps,
-          r.perftest_test, r.perftest_gbps > 0 ? r.gbps / r.perftest_gbps : 0,
-          r.perftest_no_err_gbps > 0
-              ? absl::StrFormat(",\"perftest_no_err_gbps\":%.3f,\"ratio_no_err\":%.3f",
-                                r.perftest_no_err_gbps, r.gbps / r.perftest_no_err_gbps)
-              : "",
-          r.bytes_ok ? "true" : "false");
+          "\"perftest_gbps\":%.3f,\"perftest_test\":\"%s\",\"ratio\":%.3f,\"round_ratios\":%s%s,"
+          "\"bytes_ok\":%s}",
+          sizes.empty() ? "" : ",", r.tokens, r.bytes, gbps, Percentile(r.ms, 0.5),
+          Percentile(r.ms, 0.99), perftest, BestTest(r), perftest > 0 ? gbps / perftest : 0,
+          JsonList(Ratios(r.gbps, r.perftest_gbps)), no_err, r.bytes_ok ? "true" : "false");
     }
+    const double gbps = Median(head->gbps), perftest = Median(head->perftest_gbps);
     absl::StrAppendFormat(&json,
                           ",\"%s\":{\"data_path\":\"%s\",\"tokens\":%u,\"gbps\":%.3f,"
                           "\"perftest_gbps\":%.3f,\"ratio\":%.3f,\"sizes\":[%s]}",
-                          head->profile, head->data_path, head->tokens, head->gbps,
-                          head->perftest_gbps,
-                          head->perftest_gbps > 0 ? head->gbps / head->perftest_gbps : 0, sizes);
+                          head->profile, head->data_path, head->tokens, gbps, perftest,
+                          perftest > 0 ? gbps / perftest : 0, sizes);
   }
   json += "}";
   printf("%s\n", json.c_str());

@@ -46,6 +46,9 @@ ABSL_FLAG(uint32_t, repeat, 1, "repeat the image list this often");
 ABSL_FLAG(uint32_t, window, 2, "sender: images published ahead");
 ABSL_FLAG(bool, stall_after_chunk, false, "receiver: block after the first chunk (fault tests)");
 ABSL_FLAG(std::string, data_path, "", "put or tag (default: the profile's)");
+ABSL_FLAG(int64_t, spin_us, -1,
+          "progress thread busy-polls this long after the last activity (default: "
+          "UcxWorkerOptions')");
 ABSL_FLAG(bool, reuse_payload, false,
           "sender: write (and checksum) each block run once (benchmarks)");
 
@@ -169,6 +172,9 @@ int Main() {
                  .dtype_bytes = 2},
       .default_num_blocks = absl::GetFlag(FLAGS_default_blocks),
       .data_path = ParseDataPath(absl::GetFlag(FLAGS_data_path))};
+  if (absl::GetFlag(FLAGS_spin_us) >= 0) {
+    options.worker.spin = absl::Microseconds(absl::GetFlag(FLAGS_spin_us));
+  }
   absl::StatusOr<std::unique_ptr<TransferEngine>> engine = TransferEngine::Create(options);
   CHECK(engine.ok()) << engine.status();
   Say("INFO " + ToHex((*engine)->local_info().SerializeAsString()));
