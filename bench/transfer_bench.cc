@@ -47,7 +47,7 @@ ABSL_FLAG(int, window, 1,
 ABSL_FLAG(std::string, profiles, "shm,tcp", "profiles to run");
 ABSL_FLAG(std::string, tokens, "1024,4096", "image lengths");
 ABSL_FLAG(uint32_t, hidden, 3584, "hidden size (bf16)");
-ABSL_FLAG(std::string, data_path, "", "put or tag on both ends (default: the profile's)");
+ABSL_FLAG(std::string, data_path, "", "put, tag or get on both ends (default: the profile's)");
 ABSL_FLAG(int64_t, spin_us, -1,
           "progress threads (both ends) busy-poll this long after the last activity "
           "(default: UcxWorkerOptions')");

@@ -186,33 +186,43 @@ __attribute__((target("sse4.2,pclmul"))) uint32_t ExtendFolding(uint32_t crc, co
   return ExtendHardware(static_cast<uint32_t>(c), p, n);
 }
 
-// The same with 256-bit vpclmulqdq: each ymm accumulator holds two of the
-// eight 16-byte lanes (twice the bytes per instruction).
 __attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) inline __m256i Fold256(__m256i x,
                                                                                 __m256i keys) {
   return _mm256_xor_si256(_mm256_clmulepi64_epi128(x, keys, 0x00),
                           _mm256_clmulepi64_epi128(x, keys, 0x11));
 }
 
-__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) uint32_t ExtendFolding256(uint32_t crc,
-                                                                                   const uint8_t* p,
-                                                                                   size_t n) {
+// ExtendFolding with 256-bit vpclmulqdq: each ymm accumulator holds two of
+// the eight 16-byte lanes (twice the bytes per instruction). With kCopy it
+// also stores every block it folds at `dst`: the copy and the
+// checksum share one read of the source.
+template <bool kCopy>
+__attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) uint32_t Folding256(uint32_t crc,
+                                                                             uint8_t* dst,
+                                                                             const uint8_t* p,
+                                                                             size_t n) {
   static const __m128i kKeys1024 = FoldKeys(1024);
   static const __m128i kKeys128 = FoldKeys(128);
   const __m256i keys = _mm256_broadcastsi128_si256(kKeys1024);
   __m256i x[4];
 #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + i);
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + i);
+    if (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst) + i, x[i]);
+  }
   x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128(static_cast<int>(crc))));
   p += kFoldBlock;
+  if (kCopy) dst += kFoldBlock;
   n -= kFoldBlock;
   while (n >= kFoldBlock) {
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
-      x[i] = _mm256_xor_si256(Fold256(x[i], keys),
-                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + i));
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + i);
+      if (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst) + i, v);
+      x[i] = _mm256_xor_si256(Fold256(x[i], keys), v);
     }
     p += kFoldBlock;
+    if (kCopy) dst += kFoldBlock;
     n -= kFoldBlock;
   }
   __m128i a = _mm256_castsi256_si128(x[0]);
@@ -224,6 +234,10 @@ __attribute__((target("sse4.2,pclmul,avx2,vpclmulqdq"))) uint32_t ExtendFolding2
   }
   uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(a)));
   c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(a, 1)));
+  if (kCopy) {
+    std::memcpy(dst, p, n);
+    p = dst;
+  }
   return ExtendHardware(static_cast<uint32_t>(c), p, n);
 }
 
@@ -298,7 +312,7 @@ uint32_t Crc32cExtendWith(Crc32cPath path, uint32_t crc, const void* data, size_
     case Crc32cPath::kPortable:
       break;
     case Crc32cPath::kFold256:
-      if (size >= kFoldMin) return ~ExtendFolding256(crc, p, size);
+      if (size >= kFoldMin) return ~Folding256<false>(crc, nullptr, p, size);
       return ~ExtendHardware(crc, p, size);
     case Crc32cPath::kFold128:
       if (size >= kFoldMin) return ~ExtendFolding(crc, p, size);
@@ -312,6 +326,21 @@ uint32_t Crc32cExtendWith(Crc32cPath path, uint32_t crc, const void* data, size_
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
   return Crc32cExtendWith(Crc32cBestPath(), crc, data, size);
+}
+
+uint32_t Crc32cCopyWith(Crc32cPath path, void* dst, const void* src, size_t size, uint32_t crc) {
+#if defined(__x86_64__)
+  if (path == Crc32cPath::kFold256 && size >= kFoldMin) {
+    return ~Folding256<true>(~crc, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src),
+                             size);
+  }
+#endif
+  std::memcpy(dst, src, size);
+  return Crc32cExtendWith(path, crc, dst, size);
+}
+
+uint32_t Crc32cCopy(void* dst, const void* src, size_t size, uint32_t crc) {
+  return Crc32cCopyWith(Crc32cBestPath(), dst, src, size, crc);
 }
 
 }  // namespace mmserve

@@ -21,6 +21,11 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 
 inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
 
+// Copies `size` bytes from `src` to `dst` (not overlapping) and returns
+// Crc32cExtend(crc, src, size), reading the source once where the CPU allows
+// (vpclmulqdq), else copying and then checksumming the copy.
+uint32_t Crc32cCopy(void* dst, const void* src, size_t size, uint32_t crc = 0);
+
 // The CRC32C of A followed by B, from crc1 = Crc32c(A), crc2 = Crc32c(B) and
 // len2 = |B|, without reading the bytes (a few GF(2) multiplications).
 uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2);
@@ -34,6 +39,7 @@ bool Crc32cHasPath(Crc32cPath path);
 Crc32cPath Crc32cBestPath();
 // Crc32cExtend through `path`, which must be one the CPU has.
 uint32_t Crc32cExtendWith(Crc32cPath path, uint32_t crc, const void* data, size_t size);
+uint32_t Crc32cCopyWith(Crc32cPath path, void* dst, const void* src, size_t size, uint32_t crc);
 
 }  // namespace mmserve
 

@@ -1,5 +1,6 @@
 #include "common/crc32c.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <random>
 #include <string>
@@ -94,6 +95,32 @@ TEST_CASE("Every CRC32C implementation this CPU has agrees with the reference", 
   }
   CHECK(paths >= 1);
   CHECK(Crc32cHasPath(Crc32cBestPath()));
+}
+
+TEST_CASE("Crc32cCopy copies exactly and returns the source's CRC on every path", "[crc32c]") {
+  std::mt19937 rng(9);
+  std::vector<uint8_t> src(20000);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (Crc32cPath path :
+       {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold128, Crc32cPath::kFold256}) {
+    if (!Crc32cHasPath(path)) continue;
+    for (size_t n : {size_t{0}, size_t{5}, size_t{511}, size_t{512}, size_t{640}, size_t{641},
+                     size_t{4096 + 77}, size_t{19000}}) {
+      for (size_t offset : {size_t{0}, size_t{3}}) {
+        INFO("path " << static_cast<int>(path) << " length " << n << " offset " << offset);
+        std::vector<uint8_t> dst(n + 2, 0xee);  // one guard byte each side
+        const uint8_t* p = src.data() + offset;
+        CHECK(Crc32cCopyWith(path, dst.data() + 1, p, n, 0x0badf00du) ==
+              Reference(p, n, 0x0badf00du));
+        CHECK(std::equal(p, p + n, dst.begin() + 1));
+        CHECK(dst.front() == 0xee);
+        CHECK(dst.back() == 0xee);
+      }
+    }
+  }
+  std::vector<uint8_t> dst(src.size());
+  CHECK(Crc32cCopy(dst.data(), src.data(), src.size()) == Crc32c(src.data(), src.size()));
+  CHECK(dst == src);
 }
 
 TEST_CASE("The folding paths catch a flipped bit anywhere in a block", "[crc32c]") {

@@ -90,17 +90,21 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
   t.data_in = false;
   t.data_crc.reset();
   t.notice.reset();
-  const uint64_t tag = ChunkTag(key.first, key.second, held, 0);
-  const ChunkRanges local = buffer_.layout().ChunkInfo(*a, 0, a->num_tokens);
   const std::string sender = t.request.sender;
-  const TransferLink::ExpectId expect = link_.ExpectChunk(
-      sender, local, tag, [this, key](absl::Status s, std::optional<ChunkDataCrc> crc) {
-        OnDataIn(key, s, std::move(crc));
-      });
-  // `done` may have run inline (put path, or a failed post): look again.
-  it = transfers_.find(key);
-  if (it == transfers_.end() || it->second.failure) return;
-  if (expect != 0) it->second.expect = expect;
+  t.reads = link_.data_path() == DataPath::kGet && link_.CanRead(sender);
+  if (!t.reads) {
+    const uint64_t tag = ChunkTag(key.first, key.second, held, 0);
+    const ChunkRanges local = buffer_.layout().ChunkInfo(*a, 0, a->num_tokens);
+    const TransferLink::ExpectId expect = link_.ExpectChunk(
+        sender, local, tag, [this, key](absl::Status s, std::optional<ChunkDataCrc> crc) {
+          OnDataIn(key, s, std::move(crc));
+        });
+    // `done` may have run inline (put path, or a failed post): look again.
+    it = transfers_.find(key);
+    if (it == transfers_.end() || it->second.failure) return;
+    if (expect != 0) it->second.expect = expect;
+  }
+  const bool reads = it->second.reads;
 
   v1::EmbeddingAllocation wire;
   wire.set_start_block(a->start_block);
@@ -114,6 +118,7 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
     *init.mutable_allocation() = wire;
     init.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(it->second.deadline.Remaining()))));
+    init.set_receiver_reads(reads);
     sent = link_.SendInit(sender, init);
   } else {
     v1::EmbeddingTransferResume resume;
@@ -121,6 +126,7 @@ void EmbeddingReceiver::TryAllocate(const Key& key) {
     resume.set_image_index(key.second);
     *resume.mutable_allocation() = wire;
     resume.set_sent_tokens(held);
+    resume.set_receiver_reads(reads);
     sent = link_.SendResume(sender, resume);
   }
   if (!sent.ok()) {
@@ -153,6 +159,34 @@ void EmbeddingReceiver::OnNotice(const std::string& peer, const v1::EmbeddingChu
     return;
   }
   t.notice = notice;
+  if (t.reads) {
+    ReadChunk(key);
+    return;
+  }
+  MaybeProcess(key);
+}
+
+void EmbeddingReceiver::ReadChunk(const Key& key) {
+  Transfer& t = transfers_.find(key)->second;
+  const v1::EmbeddingChunkNotice& notice = *t.notice;
+  const BlockAllocation blocks = t.blocks->allocation();
+  const uint32_t n = notice.num_tokens();
+  if (!notice.has_source() || n == 0 || n > blocks.num_tokens) {
+    Fail(key, absl::InternalError("chunk notice without a readable source"), true);
+    return;
+  }
+  const BlockAllocation source{notice.source().start_block(), notice.source().num_blocks(),
+                               notice.source().num_tokens()};
+  absl::StatusOr<ChunkDataCrc> crc =
+      link_.ReadChunk(t.request.sender, source, notice.offset_tokens(), n,
+                      buffer_.layout().ChunkInfo(blocks, 0, n));
+  if (!crc.ok()) {
+    Fail(key, crc.status(), true);
+    return;
+  }
+  ++chunks_read_;
+  t.data_in = true;
+  t.data_crc = *std::move(crc);
   MaybeProcess(key);
 }
 
@@ -215,6 +249,15 @@ void EmbeddingReceiver::MaybeProcess(const Key& key) {
   if (t.request.on_chunk) t.request.on_chunk(notice);
   if (transfers_.find(key) == transfers_.end()) return;  // the hook cancelled it
   if (last) {
+    if (t.reads) {
+      // The sender may free its blocks now.
+      v1::EmbeddingTransferDone read;
+      read.set_request_id(key.first);
+      read.set_image_index(key.second);
+      if (absl::Status s = link_.SendDone(t.request.sender, read); !s.ok()) {
+        LOG(WARNING) << "done for " << key.first << "/" << key.second << ": " << s;
+      }
+    }
     t.image.tail_ = std::move(t.blocks);
     Transfer done = std::move(it->second);
     transfers_.erase(it);
@@ -310,8 +353,8 @@ void EmbeddingReceiver::Fail(const Key& key, absl::Status status, bool notify_pe
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
   if (!t.failure) t.failure = status;
-  if (link_.data_path() == DataPath::kPut && t.blocks != nullptr && t.handed_out && !t.notice &&
-      !sender_stopped) {
+  if (link_.data_path() != DataPath::kTag && !t.reads && t.blocks != nullptr && t.handed_out &&
+      !t.notice && !sender_stopped) {
     // The sender may be writing into these blocks right now (cma/posix puts
     // cannot be revoked): keep them out of the pool until it says it stopped.
     quarantine_.push_back(

@@ -22,6 +22,14 @@
 // any later notice of that transfer says it stopped writing, or at most
 // `quarantine_limit` (a sender stops writing by its own deadline, ~100 ms
 // after the receiver's).
+//
+// On the kGet data path the receiver reads chunks itself when it can map the
+// sender's buffer (TransferLink::CanRead; asked per init/resume with
+// receiver_reads): the notice names the sender's blocks, the receiver copies
+// the chunk into its allocation - checksumming as it copies - verifies it, and
+// answers with resume, or with done after the last chunk so the sender frees
+// its blocks. Nothing writes into its blocks then, so nothing is quarantined.
+// With a sender it cannot map it falls back to the put path.
 // Not thread-safe: every method runs on the engine's progress thread.
 #ifndef MMSERVE_TRANSFER_EMBEDDING_RECEIVER_H_
 #define MMSERVE_TRANSFER_EMBEDDING_RECEIVER_H_
@@ -109,6 +117,8 @@ class EmbeddingReceiver : public ReceiverControl {
   size_t num_waiting_for_blocks() const { return waiting_.size(); }
   // Block runs of failed put-path transfers held until their sender stops.
   size_t num_quarantined() const { return quarantine_.size(); }
+  // Chunks read out of senders' buffers so far (kGet).
+  uint64_t num_chunks_read() const { return chunks_read_; }
   // Whether some transfer told its sender where to write and awaits the data.
   bool expecting_data() const;
 
@@ -122,8 +132,9 @@ class EmbeddingReceiver : public ReceiverControl {
     std::shared_ptr<BlockLease> blocks;
     std::optional<TransferLink::ExpectId> expect;  // receives outstanding
     bool handed_out = false;                       // the sender was told to write into `blocks`
+    bool reads = false;  // kGet: this chunk is read out of the sender's buffer here
     bool data_in = false;
-    std::optional<ChunkDataCrc> data_crc;  // with data_in, on kTag
+    std::optional<ChunkDataCrc> data_crc;  // with data_in: the pieces' CRCs
     std::optional<v1::EmbeddingChunkNotice> notice;
     ReceivedImage image;
     std::optional<absl::Status> failure;
@@ -133,6 +144,8 @@ class EmbeddingReceiver : public ReceiverControl {
   // transfer in waiting_ when the pool is full.
   void TryAllocate(const Key& key);
   void OnDataIn(const Key& key, absl::Status status, std::optional<ChunkDataCrc> crc);
+  // kGet: copies the noticed chunk out of the sender's buffer, then processes it.
+  void ReadChunk(const Key& key);
   // CRC32C of the chunk's first `n` tokens in `blocks`, from the pieces'
   // CRCs when the link made them (DATA_LOSS when their lengths do not fit n).
   absl::StatusOr<uint32_t> ChunkCrc(const Transfer& t, const BlockAllocation& blocks,
@@ -157,6 +170,7 @@ class EmbeddingReceiver : public ReceiverControl {
   const absl::Duration quarantine_limit_;
   std::vector<Quarantined> quarantine_;
   uint64_t seen_free_generation_ = 0;
+  uint64_t chunks_read_ = 0;
 };
 
 }  // namespace mmserve::transfer

@@ -56,6 +56,7 @@ void EmbeddingSender::OnInit(const std::string& peer, const v1::EmbeddingTransfe
   }
   Transfer& t = it->second;
   t.peer = peer;
+  t.reader = init.receiver_reads();
   if (init.allocation().num_tokens() == 0) {
     Fail(key, absl::InvalidArgumentError("init with an empty allocation"), true);
     return;
@@ -87,6 +88,15 @@ void EmbeddingSender::OnResume(const std::string& peer, const v1::EmbeddingTrans
     return;
   }
   Transfer& t = it->second;
+  if (t.lent) {
+    // The receiver read the lent chunk; the resume asks for the next one.
+    if (resume.sent_tokens() != t.sent_tokens) {
+      Fail(key, absl::FailedPreconditionError("resume out of order"), true);
+      return;
+    }
+    t.lent = false;
+    --num_lent_;
+  }
   if (t.writing || t.target || !t.source || resume.sent_tokens() >= t.source->num_tokens ||
       resume.allocation().num_tokens() == 0) {
     Fail(key, absl::FailedPreconditionError("resume out of order"), true);
@@ -95,7 +105,21 @@ void EmbeddingSender::OnResume(const std::string& peer, const v1::EmbeddingTrans
   t.target = BlockAllocation{resume.allocation().start_block(), resume.allocation().num_blocks(),
                              resume.allocation().num_tokens()};
   t.sent_tokens = resume.sent_tokens();
+  t.reader = resume.receiver_reads();
   MaybeStart(key);
+}
+
+void EmbeddingSender::OnDone(const std::string& peer, const v1::EmbeddingTransferDone& done) {
+  Key key{done.request_id(), done.image_index()};
+  auto it = transfers_.find(key);
+  // Unknown: the loan already ended here (deadline, cancel); nothing to free.
+  if (it == transfers_.end() || it->second.peer != peer) return;
+  Transfer& t = it->second;
+  if (!t.lent || t.sent_tokens != t.source->num_tokens) {
+    Fail(key, absl::FailedPreconditionError("done before the last chunk was lent"), true);
+    return;
+  }
+  Release(it, absl::OkStatus());
 }
 
 void EmbeddingSender::OnCancel(const std::string& peer, const v1::EmbeddingTransferCancel& cancel) {
@@ -150,12 +174,16 @@ void EmbeddingSender::MaybeStart(const Key& key) {
   auto it = transfers_.find(key);
   if (it == transfers_.end()) return;
   Transfer& t = it->second;
-  if (!t.source || !t.target || t.writing || t.failure) return;
+  if (!t.source || !t.target || t.writing || t.lent || t.failure) return;
   const uint32_t total = t.source->num_tokens;
   const uint32_t n = std::min(total - t.sent_tokens, t.target->num_tokens);
-  const ChunkRanges local = buffer_.layout().ChunkInfo(*t.source, t.sent_tokens, n);
   t.chunk_tokens = n;
   t.chunk_crc = t.crc->Chunk(buffer_, t.sent_tokens, n);
+  if (t.reader) {
+    Lend(key);
+    return;
+  }
+  const ChunkRanges local = buffer_.layout().ChunkInfo(*t.source, t.sent_tokens, n);
   t.writing = true;
   ++num_writing_;
   absl::Status s =
@@ -185,23 +213,45 @@ void EmbeddingSender::OnChunkWritten(const Key& key, absl::Status status) {
     Fail(key, status, true);
     return;
   }
-  const uint32_t total = t.source->num_tokens;
-  const bool last = t.sent_tokens + t.chunk_tokens == total;
-  v1::EmbeddingChunkNotice notice;
-  notice.set_request_id(key.first);
-  notice.set_image_index(key.second);
-  notice.set_offset_tokens(t.sent_tokens);
-  notice.set_num_tokens(t.chunk_tokens);
-  notice.set_total_tokens(total);
-  notice.set_status(last ? v1::TRANSFER_STATUS_SUCCESS : v1::TRANSFER_STATUS_TRANSFERRING);
-  notice.set_crc32c(t.chunk_crc);
-  if (absl::Status s = link_.SendNotice(t.peer, notice); !s.ok()) {
+  const bool last = t.sent_tokens + t.chunk_tokens == t.source->num_tokens;
+  if (absl::Status s = link_.SendNotice(t.peer, ChunkNotice(key, t)); !s.ok()) {
     Fail(key, s, false);
     return;
   }
   t.sent_tokens += t.chunk_tokens;
   t.target.reset();
   if (last) Release(it, absl::OkStatus());
+}
+
+v1::EmbeddingChunkNotice EmbeddingSender::ChunkNotice(const Key& key, const Transfer& t) const {
+  const uint32_t total = t.source->num_tokens;
+  v1::EmbeddingChunkNotice notice;
+  notice.set_request_id(key.first);
+  notice.set_image_index(key.second);
+  notice.set_offset_tokens(t.sent_tokens);
+  notice.set_num_tokens(t.chunk_tokens);
+  notice.set_total_tokens(total);
+  notice.set_status(t.sent_tokens + t.chunk_tokens == total ? v1::TRANSFER_STATUS_SUCCESS
+                                                            : v1::TRANSFER_STATUS_TRANSFERRING);
+  notice.set_crc32c(t.chunk_crc);
+  return notice;
+}
+
+void EmbeddingSender::Lend(const Key& key) {
+  Transfer& t = transfers_.find(key)->second;
+  v1::EmbeddingChunkNotice notice = ChunkNotice(key, t);
+  v1::EmbeddingAllocation* source = notice.mutable_source();
+  source->set_start_block(t.source->start_block);
+  source->set_num_blocks(t.source->num_blocks);
+  source->set_num_tokens(t.source->num_tokens);
+  t.lent = true;
+  ++num_lent_;
+  if (absl::Status s = link_.SendNotice(t.peer, notice); !s.ok()) {
+    Fail(key, s, false);
+    return;
+  }
+  t.sent_tokens += t.chunk_tokens;
+  t.target.reset();
 }
 
 void EmbeddingSender::Fail(const Key& key, absl::Status status, bool notify_peer) {
@@ -216,6 +266,7 @@ void EmbeddingSender::Fail(const Key& key, absl::Status status, bool notify_peer
 void EmbeddingSender::Release(std::map<Key, Transfer>::iterator it, absl::Status status) {
   Transfer t = std::move(it->second);
   transfers_.erase(it);
+  if (t.lent) --num_lent_;
   if (!status.ok() && t.notify_peer && !t.peer.empty()) {
     // Sent only now that UCX no longer writes into the receiver's blocks: the
     // receiver may free blocks it quarantined for this transfer.

@@ -11,12 +11,21 @@
 // (it also acknowledges a cancel), so the receiver can free blocks it
 // quarantined for a put-path transfer it gave up on.
 //
+// When the receiver reads (init/resume with receiver_reads, the kGet data
+// path) the sender writes nothing: for each chunk it sends the notice at once,
+// naming its blocks as the chunk's `source`, and lends the blocks until the
+// receiver's resume (it read the chunk and wants the next) or done (it read
+// the last). Cancel, failure, peer loss and the deadline end a loan like any
+// transfer; the receiver verifies what it read, so a loan ended under it
+// shows up there as a checksum error, never as a crash.
+//
 //   sender.Publish({.request_id = "r1", .image_index = 0, .blocks = a,
 //                   .keep_for = absl::Seconds(30)},
 //                  [](absl::Status s) { /* SUCCESS, or why the image was dropped */ });
 //
 // A transfer's state moves forward only:
-//   kWaitingInit/kWaitingData -> kWriting -> (kWaitingResume -> kWriting)* -> done.
+//   kWaitingInit/kWaitingData -> kWriting -> (kWaitingResume -> kWriting)* -> done,
+// with kLent in place of kWriting when the receiver reads.
 // Not thread-safe: every method runs on the engine's progress thread.
 #ifndef MMSERVE_TRANSFER_EMBEDDING_SENDER_H_
 #define MMSERVE_TRANSFER_EMBEDDING_SENDER_H_
@@ -59,7 +68,8 @@ class EmbeddingSender : public SenderControl {
   ~EmbeddingSender() override;
 
   // Offers an image for transfer; `done` runs once with OK after the last
-  // chunk's notice went out, or with the reason the image was dropped.
+  // chunk's notice went out (when the receiver reads: after it said it read
+  // the last chunk), or with the reason the image was dropped.
   // `crc` is ImageCrc::Compute of the image's blocks, when the caller made it
   // off the progress thread; else Publish computes it here.
   void Publish(const PublishedImage& image, Done done, std::optional<ImageCrc> crc = std::nullopt);
@@ -67,6 +77,7 @@ class EmbeddingSender : public SenderControl {
   void OnInit(const std::string& peer, const v1::EmbeddingTransferInit& init) override;
   void OnResume(const std::string& peer, const v1::EmbeddingTransferResume& resume) override;
   void OnCancel(const std::string& peer, const v1::EmbeddingTransferCancel& cancel) override;
+  void OnDone(const std::string& peer, const v1::EmbeddingTransferDone& done) override;
   // Fails every transfer to `peer` (its endpoint reported an error).
   void OnPeerFailed(const std::string& peer, const absl::Status& status);
   // Expires transfers past their deadline.
@@ -77,6 +88,8 @@ class EmbeddingSender : public SenderControl {
   size_t num_transfers() const { return transfers_.size(); }
   // Whether UCX is moving a chunk of some transfer now.
   bool writing() const { return num_writing_ != 0; }
+  // Whether some receiver may be reading lent blocks now.
+  bool lending() const { return num_lent_ != 0; }
 
  private:
   using Key = std::pair<std::string, uint32_t>;  // request id, image index
@@ -91,7 +104,9 @@ class EmbeddingSender : public SenderControl {
     uint32_t sent_tokens = 0;               // offset of the next chunk
     uint32_t chunk_tokens = 0;              // tokens of the chunk being written
     uint32_t chunk_crc = 0;
+    bool reader = false;       // the receiver reads the next chunk (receiver_reads)
     bool writing = false;      // UCX may be reading the source blocks
+    bool lent = false;         // the receiver may be reading the source blocks
     bool notify_peer = false;  // send a FAILED notice when released
     std::optional<absl::Status> failure;
     Deadline deadline = Deadline::Never();
@@ -99,6 +114,10 @@ class EmbeddingSender : public SenderControl {
 
   void MaybeStart(const Key& key);
   void OnChunkWritten(const Key& key, absl::Status status);
+  // The notice of the chunk MaybeStart set up (t.sent_tokens, t.chunk_tokens).
+  v1::EmbeddingChunkNotice ChunkNotice(const Key& key, const Transfer& t) const;
+  // Receiver reads: sends the notice with the source and lends the blocks.
+  void Lend(const Key& key);
   // Fails the transfer and releases it unless UCX still reads its blocks
   // (then on write completion). With `notify_peer`, the release sends the
   // receiver a FAILED notice: a FAILED notice always means "no longer writing".
@@ -110,6 +129,7 @@ class EmbeddingSender : public SenderControl {
   BlockAllocator& allocator_;
   std::map<Key, Transfer> transfers_;
   size_t num_writing_ = 0;  // transfers with `writing` set
+  size_t num_lent_ = 0;     // transfers with `lent` set
 };
 
 }  // namespace mmserve::transfer

@@ -29,20 +29,29 @@ struct Session {
 };
 
 // Starts this side as `id` and the helper with `child_args`, and connects both.
-Session Start(TransportProfile profile, const std::string& id, uint32_t num_blocks,
+// A profile and the data path both processes use.
+struct Setup {
+  TransportProfile profile;
+  DataPath path;
+};
+
+Session Start(const Setup& setup, const std::string& id, uint32_t num_blocks,
               uint32_t default_blocks, std::vector<std::string> child_args,
               absl::Duration quarantine_limit = kQuarantine) {
   Session s;
+  const TransportProfile profile = setup.profile;
   auto engine = TransferEngine::Create(
       {.instance_id = id,
        .profile = profile,
        .layout = {.block_size = 16, .num_blocks = num_blocks, .hidden_size = kHidden},
        .default_num_blocks = default_blocks,
+       .data_path = setup.path,
        .quarantine_limit = quarantine_limit});
   REQUIRE(engine.ok());
   s.engine = std::move(*engine);
   child_args.push_back(std::string("--profile=") + TransportProfileName(profile));
   child_args.push_back("--hidden=" + std::to_string(kHidden));
+  child_args.push_back(std::string("--data_path=") + DataPathName(setup.path));
   auto child = PeerProcess::Spawn(PeerBinaryPath(), child_args);
   REQUIRE(child.ok());
   s.child = std::move(*child);
@@ -89,7 +98,12 @@ bool BlocksFreedWithin(TransferEngine& engine, absl::Duration bound) {
   return engine.allocator().used_blocks() == 0;
 }
 
-TransportProfile AnyProfile() { return GENERATE(TransportProfile::kShm, TransportProfile::kTcp); }
+// Both profiles with their default data paths, and shm with puts too.
+Setup AnySetup() {
+  return GENERATE(values<Setup>({{TransportProfile::kShm, DataPath::kGet},
+                                 {TransportProfile::kShm, DataPath::kPut},
+                                 {TransportProfile::kTcp, DataPath::kTag}}));
+}
 
 // How fast a survivor must notice a dead peer: tcp reports it (error mode
 // PEER); shm relies on the transfer's own deadline.
@@ -99,13 +113,14 @@ absl::Duration Bound(TransportProfile profile, absl::Duration timeout) {
 
 TEST_CASE(
     "separate processes move exact, default-smaller and default-larger images byte for byte") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
+  const Setup setup = AnySetup();
+  const TransportProfile profile = setup.profile;
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
   // Receiver here: 5 blocks of 16 tokens, default 1 block. The sender child
   // publishes 70 (received exactly), 40 (one resume), 200 (16 + 80 + 80 + 24:
   // several resumes, each capped by the small pool) and 10 tokens (default
   // larger than the image).
-  Session s = Start(profile, "lang", 5, 1, {"--role=sender", "--tokens=70,40,200,10", "--seed=3"});
+  Session s = Start(setup, "lang", 5, 1, {"--role=sender", "--tokens=70,40,200,10", "--seed=3"});
   const uint32_t lengths[] = {70, 40, 200, 10};
   const uint32_t chunks[] = {1, 2, 4, 1};
   for (int k = 0; k < 4; ++k) {
@@ -132,9 +147,10 @@ TEST_CASE(
 }
 
 TEST_CASE("a receiver process gets images from this process byte for byte") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Session s = Start(profile, "enc", 64, 1,
+  const Setup setup = AnySetup();
+  const TransportProfile profile = setup.profile;
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
+  Session s = Start(setup, "enc", 64, 1,
                     {"--role=receiver", "--tokens=40,200", "--num_blocks=5", "--seed=11"});
   const uint32_t lengths[] = {40, 200};
   std::vector<std::future<absl::Status>> sent;
@@ -160,9 +176,10 @@ TEST_CASE("a receiver process gets images from this process byte for byte") {
 }
 
 TEST_CASE("a sender killed before the transfer gives the receiver an error in time") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Session s = Start(profile, "lang", 16, 1, {"--role=sender", "--tokens=100", "--window=0"});
+  const Setup setup = AnySetup();
+  const TransportProfile profile = setup.profile;
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
+  Session s = Start(setup, "lang", 16, 1, {"--role=sender", "--tokens=100", "--window=0"});
   s.child->Kill();
   const absl::Duration timeout = absl::Milliseconds(500);
   Stopwatch watch;
@@ -177,9 +194,10 @@ TEST_CASE("a sender killed before the transfer gives the receiver an error in ti
 }
 
 TEST_CASE("a sender killed mid-transfer gives the receiver an error in time and frees its blocks") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Session s = Start(profile, "lang", 16, 1, {"--role=sender", "--tokens=200"});
+  const Setup setup = AnySetup();
+  const TransportProfile profile = setup.profile;
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
+  Session s = Start(setup, "lang", 16, 1, {"--role=sender", "--tokens=200"});
   const absl::Duration timeout = absl::Milliseconds(800);
   PeerProcess* child = s.child.get();
   auto killed_at = std::make_shared<std::atomic<int64_t>>(0);
@@ -203,9 +221,10 @@ TEST_CASE("a sender killed mid-transfer gives the receiver an error in time and 
 }
 
 TEST_CASE("a sender killed after a transfer leaves the image intact and later receives fail fast") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Session s = Start(profile, "lang", 16, 4, {"--role=sender", "--tokens=40", "--seed=5"});
+  const Setup setup = AnySetup();
+  const TransportProfile profile = setup.profile;
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
+  Session s = Start(setup, "lang", 16, 4, {"--role=sender", "--tokens=40", "--seed=5"});
   absl::StatusOr<ReceivedImage> image =
       ReceiveNow(*s.engine, {.request_id = "req-0", .sender = "sender"});
   REQUIRE(image.ok());
@@ -227,10 +246,11 @@ TEST_CASE("a sender killed after a transfer leaves the image intact and later re
 }
 
 TEST_CASE("a receiver killed mid-transfer lets the sender free its blocks in time") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
+  const Setup setup = AnySetup();
+  const TransportProfile profile = setup.profile;
+  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
   const absl::Duration timeout = absl::Milliseconds(800);
-  Session s = Start(profile, "enc", 64, 1,
+  Session s = Start(setup, "enc", 64, 1,
                     {"--role=receiver", "--tokens=200", "--stall_after_chunk", "--timeout_ms=800"});
   auto blocks = s.engine->allocator().Alloc(200, "req-0");
   REQUIRE(blocks.ok());
@@ -260,7 +280,7 @@ TEST_CASE("a timed-out put-path receive quarantines its blocks while a stopped s
   const bool sender_resumes = GENERATE(true, false);
   INFO("sender resumes: " << sender_resumes);
   const absl::Duration limit = sender_resumes ? absl::Seconds(5) : absl::Milliseconds(300);
-  Session s = Start(TransportProfile::kShm, "lang", 16, 1,
+  Session s = Start({TransportProfile::kShm, DataPath::kPut}, "lang", 16, 1,
                     {"--role=sender", "--tokens=40", "--seed=7"}, limit);
   REQUIRE(kill(s.child->pid(), SIGSTOP) == 0);
   absl::StatusOr<ReceivedImage> image = ReceiveNow(*s.engine, {.request_id = "req-0",
@@ -287,6 +307,31 @@ TEST_CASE("a timed-out put-path receive quarantines its blocks while a stopped s
     s.child->Kill();
   }
   CHECK(s.engine->counts().quarantined == 0);
+}
+
+TEST_CASE("a timed-out read-path receive frees its blocks at once; the stopped sender recovers") {
+  // kGet: nothing writes into this process's blocks, so nothing is
+  // quarantined. The sender, stopped past the receive's deadline, then sees
+  // the init and the cancel, lends and ends the loan without anyone reading.
+  Session s = Start({TransportProfile::kShm, DataPath::kGet}, "lang", 16, 1,
+                    {"--role=sender", "--tokens=40", "--seed=7"});
+  REQUIRE(kill(s.child->pid(), SIGSTOP) == 0);
+  absl::StatusOr<ReceivedImage> image = ReceiveNow(*s.engine, {.request_id = "req-0",
+                                                               .sender = "sender",
+                                                               .known_tokens = 40,
+                                                               .timeout = absl::Milliseconds(200)});
+  CHECK(absl::IsDeadlineExceeded(image.status()));
+  CHECK(s.engine->counts().quarantined == 0);
+  CHECK(s.engine->allocator().used_blocks() == 0);
+  REQUIRE(kill(s.child->pid(), SIGCONT) == 0);
+  std::vector<std::string> f = Fields(s.child->ReadLine(Deadline::After(absl::Seconds(5))));
+  INFO(absl::StrJoin(f, " "));
+  REQUIRE(f.size() == 3);
+  CHECK(f[0] == "SENT");
+  // Dropped by the cancel, or by its own deadline if its ticker ran first.
+  CHECK((f[2] == std::to_string(static_cast<int>(absl::StatusCode::kCancelled)) ||
+         f[2] == std::to_string(static_cast<int>(absl::StatusCode::kDeadlineExceeded))));
+  CHECK(s.engine->counts().chunks_read == 0);
 }
 
 }  // namespace

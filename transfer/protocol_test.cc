@@ -108,69 +108,103 @@ bool BlocksFreedWithin(TransferEngine& engine, absl::Duration bound) {
   return engine.allocator().used_blocks() == 0;
 }
 
-TransportProfile AnyProfile() { return GENERATE(TransportProfile::kShm, TransportProfile::kTcp); }
+// A profile and the data path both engines use.
+struct Setup {
+  TransportProfile profile;
+  DataPath path;
+};
+
+// Every profile with each of its data paths. On tcp, kGet cannot map the
+// sender's buffer and falls back to (emulated) puts per transfer.
+Setup AnySetup() {
+  return GENERATE(values<Setup>({{TransportProfile::kShm, DataPath::kGet},
+                                 {TransportProfile::kShm, DataPath::kPut},
+                                 {TransportProfile::kTcp, DataPath::kTag},
+                                 {TransportProfile::kTcp, DataPath::kGet}}));
+}
+
+Pair MakePair(const Setup& setup, PairOptions o) {
+  if (!o.data_path) o.data_path = setup.path;
+  return MakePair(setup.profile, o);
+}
+
+// Whether the receiver reads chunks itself with this setup.
+bool Reads(const Setup& setup) {
+  return setup.path == DataPath::kGet && setup.profile == TransportProfile::kShm;
+}
 
 TEST_CASE("an exact allocation moves the image in one chunk, byte for byte") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Pair p = MakePair(profile, {});
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
+  Pair p = MakePair(setup, {});
   CHECK(RoundTrip(p, 40, /*known=*/40, 1) == 1);
 }
 
 TEST_CASE("resume fetches the tail when the default allocation is too small") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Pair p = MakePair(profile, {.default_blocks = 1});
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
+  Pair p = MakePair(setup, {.default_blocks = 1});
   CHECK(RoundTrip(p, 40, /*known=*/0, 2) == 2);
 }
 
 TEST_CASE("a pool smaller than the image serves it in several resumes") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
   // 3 blocks of 16 tokens; the image spans 5 blocks: 16, then 48, then 16.
-  Pair p = MakePair(profile, {.receiver_blocks = 3, .default_blocks = 1});
+  Pair p = MakePair(setup, {.receiver_blocks = 3, .default_blocks = 1});
   CHECK(RoundTrip(p, 80, /*known=*/0, 3) == 3);
 }
 
 TEST_CASE("a default allocation larger than the image holds it in one chunk") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Pair p = MakePair(profile, {.default_blocks = 4});
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
+  Pair p = MakePair(setup, {.default_blocks = 4});
   CHECK(RoundTrip(p, 20, /*known=*/0, 4) == 1);
 }
 
 TEST_CASE("chunks larger than a piece arrive as several pieces, byte for byte") {
-  TransportProfile profile = AnyProfile();
-  DataPath path = GENERATE(DataPath::kTag, DataPath::kPut);
-  INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(path));
+  const Setup setup = AnySetup();
+  const DataPath path = setup.path;
+  INFO("profile " << TransportProfileName(setup.profile) << " data path " << DataPathName(path));
   // 3584 bf16 = 7 KiB per token: 292-token pieces on kTag (2 MiB), 146 on
-  // kPut (1 MiB). The 700-token image comes as chunks of 320 (the default
-  // allocation: pieces of 292 + 28, or 146 + 146 + 28) and 380 tokens of a
-  // 384-token allocation (292 + 88 or 146 + 146 + 88: a short last piece).
-  Pair p = MakePair(profile, {.sender_blocks = 48,
-                              .receiver_blocks = 48,
-                              .default_blocks = 20,
-                              .hidden = 3584,
-                              .data_path = path});
+  // kPut and kGet (1 MiB). The 700-token image comes as chunks of 320 (the
+  // default allocation: pieces of 292 + 28, or 146 + 146 + 28) and 380 tokens
+  // of a 384-token allocation (292 + 88 or 146 + 146 + 88: a short last piece).
+  Pair p = MakePair(
+      setup, {.sender_blocks = 48, .receiver_blocks = 48, .default_blocks = 20, .hidden = 3584});
   REQUIRE(ChunkPieceTokens(3584 * 2, path) == (path == DataPath::kTag ? 292u : 146u));
-  // On shm the receiver's buffer is a segment the sender maps: puts are memcpys.
+  // On shm each side's buffer is a segment the other maps: puts are memcpys,
+  // and kGet reads are too.
   absl::StatusOr<bool> direct = p.enc->DirectPuts("lang");
   REQUIRE(direct.ok());
-  CHECK(*direct == (path == DataPath::kPut && profile == TransportProfile::kShm));
+  CHECK(*direct == (path != DataPath::kTag && setup.profile == TransportProfile::kShm));
+  absl::StatusOr<bool> readable = p.lang->DirectPuts("enc");
+  REQUIRE(readable.ok());
+  CHECK(*readable == (path != DataPath::kTag && setup.profile == TransportProfile::kShm));
   CHECK(RoundTrip(p, 700, /*known=*/0, 31) == 2);
   // A chunk shorter than its allocation leaves trailing pieces empty.
   CHECK(RoundTrip(p, 150, /*known=*/0, 32) == 1);
+  // kGet read all three chunks here; every other setup had them written.
+  CHECK(p.lang->counts().chunks_read == (Reads(setup) ? 3u : 0u));
 }
 
 TEST_CASE("back-to-back images reuse the freed blocks") {
-  Pair p = MakePair(TransportProfile::kShm, {.receiver_blocks = 4, .default_blocks = 2});
+  const DataPath path = GENERATE(DataPath::kGet, DataPath::kPut);
+  INFO("data path " << DataPathName(path));
+  Pair p = MakePair(TransportProfile::kShm,
+                    {.receiver_blocks = 4, .default_blocks = 2, .data_path = path});
   for (uint64_t seed = 10; seed < 16; ++seed) RoundTrip(p, 17 + 9 * seed, 0, seed);
 }
 
 TEST_CASE("a full pool makes a receive wait for blocks instead of failing") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Pair p = MakePair(profile, {.receiver_blocks = 2, .default_blocks = 2});
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
+  Pair p = MakePair(setup, {.receiver_blocks = 2, .default_blocks = 2});
   PayloadSpec a{.seed = 5, .total_tokens = 32, .image_index = 0};
   PayloadSpec b{.seed = 6, .total_tokens = 20, .image_index = 0};
   auto sent_a = Publish(*p.enc, "a", a);
@@ -193,9 +227,10 @@ TEST_CASE("a full pool makes a receive wait for blocks instead of failing") {
 }
 
 TEST_CASE("a transfer the sender never serves times out and frees both sides") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Pair p = MakePair(profile, {});
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
+  Pair p = MakePair(setup, {});
   auto got = Receive(*p.lang, {.request_id = "never",
                                .sender = "enc",
                                .known_tokens = 16,
@@ -210,9 +245,10 @@ TEST_CASE("a transfer the sender never serves times out and frees both sides") {
 }
 
 TEST_CASE("cancel mid-transfer frees both sides' blocks") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
-  Pair p = MakePair(profile, {.default_blocks = 1});
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
+  Pair p = MakePair(setup, {.default_blocks = 1});
   PayloadSpec spec{.seed = 9, .total_tokens = 100, .image_index = 0};
   auto sent = Publish(*p.enc, "c", spec);
   TransferEngine* lang = p.lang.get();
@@ -228,15 +264,16 @@ TEST_CASE("cancel mid-transfer frees both sides' blocks") {
 }
 
 TEST_CASE("a chunk whose bytes do not match its checksum is rejected and frees both sides") {
-  TransportProfile profile = AnyProfile();
-  INFO("profile " << TransportProfileName(profile));
+  const Setup setup = AnySetup();
+  INFO("profile " << TransportProfileName(setup.profile) << " data path "
+                  << DataPathName(setup.path));
   // A 16-token default allocation and a 160-token pool: the image comes in 3
   // chunks (16, 160, 24); the second is corrupted (its embedding, or its aux
   // record) inside a checksum unit the sender does not re-read
   // (ImageCrc::kUnitTokens), so the sender is left waiting for a resume.
   const int section = GENERATE(kEmbedding, kAux);
   INFO("section " << section);
-  Pair p = MakePair(profile, {.receiver_blocks = 10, .default_blocks = 1});
+  Pair p = MakePair(setup, {.receiver_blocks = 10, .default_blocks = 1});
   PayloadSpec spec{.seed = 21, .total_tokens = 200, .image_index = 0};
   auto blocks = p.enc->allocator().Alloc(spec.total_tokens, "bad");
   REQUIRE(blocks.ok());

@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
 TransferEngine::TransferEngine(const TransferEngineOptions& options)
     : options_(options),
       data_path_(options.data_path.value_or(
-          options.profile == TransportProfile::kShm ? DataPath::kPut : DataPath::kTag)) {}
+          options.profile == TransportProfile::kShm ? DataPath::kGet : DataPath::kTag)) {}
 
 absl::Status TransferEngine::Init() {
   ASSIGN_OR_RETURN(context_, UcxContext::Create(options_.profile));
@@ -75,8 +75,8 @@ absl::Status TransferEngine::Init() {
         sender_->Tick();
         receiver_->Tick();
       },
-      [this] { return sender_->writing() || receiver_->expecting_data(); });
-  for (AmId id : {kAmInit, kAmResume, kAmCancel, kAmNotice}) {
+      [this] { return sender_->writing() || sender_->lending() || receiver_->expecting_data(); });
+  for (AmId id : {kAmInit, kAmResume, kAmCancel, kAmNotice, kAmDone}) {
     RETURN_IF_ERROR(worker_->RunSync([this, id] { return RegisterAmHandler(id); }));
   }
   return absl::OkStatus();
@@ -165,6 +165,11 @@ void TransferEngine::Dispatch(AmId id, const std::string& peer, const std::strin
       if ((parsed = m.ParseFromString(payload))) receiver_->OnNotice(peer, m);
       break;
     }
+    case kAmDone: {
+      v1::EmbeddingTransferDone m;
+      if ((parsed = m.ParseFromString(payload))) sender_->OnDone(peer, m);
+      break;
+    }
   }
   if (!parsed) LOG(ERROR) << "unparsable control message " << id << " from " << peer;
 }
@@ -196,7 +201,7 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
     for (int s = 0; s < kNumSections; ++s) {
       peer->section_base[s] = layout.sections(s).base_address();
     }
-    if (data_path_ == DataPath::kPut) {
+    if (data_path_ != DataPath::kTag) {
       ASSIGN_OR_RETURN(peer->rkey,
                        UcxRemoteKey::Unpack(peer->ep->get(), layout.sections(0).rkey()));
       // Mapped means each put is one memcpy into the peer's segment; else
@@ -205,10 +210,14 @@ absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
       // namespaces).
       void* mapped = nullptr;
       peer->direct_puts = ucp_rkey_ptr(peer->rkey->get(), peer->section_base[0], &mapped) == UCS_OK;
-      if (!peer->direct_puts && options_.profile == TransportProfile::kShm) {
+      if (peer->direct_puts) {
+        // One registration covers the four sections, in one mapping.
+        peer->mapped = static_cast<const uint8_t*>(mapped) - peer->layout.SectionOffset(0);
+      } else if (options_.profile == TransportProfile::kShm) {
         LOG(WARNING) << "puts to " << name
-                     << " are emulated by UCX (its buffer cannot be mapped here: same IPC "
-                        "namespace?); expect a fraction of shm bandwidth";
+                     << " are emulated by UCX and chunks from it cannot be read here (its "
+                        "buffer cannot be mapped: same IPC namespace?); expect a fraction of shm "
+                        "bandwidth";
       }
     }
     auto old = peers_.find(name);
@@ -259,6 +268,7 @@ TransferEngine::Counts TransferEngine::counts() {
     c.receiving = receiver_->num_transfers();
     c.waiting_for_blocks = receiver_->num_waiting_for_blocks();
     c.quarantined = receiver_->num_quarantined();
+    c.chunks_read = receiver_->num_chunks_read();
     return absl::OkStatus();
   });
   return c;

@@ -15,6 +15,9 @@
 // receiver's buffer, which UCX allocated as a shared-memory segment the
 // sender maps, so each put is one memcpy (into registered private memory UCX
 // 1.13 would emulate puts with active messages: two copies, ~3x slower here);
+// kGet (the kShm default) turns that around: the receiver maps the sender's
+// segment and copies each chunk out itself, checksumming as it copies, so the
+// bytes are read once, by the core that keeps them (see DataPath);
 // kTcp uses tagged sends into receives the receiver posted on its blocks
 // (emulated puts over tcp are ~100x slower in UCX 1.13). Both profiles must
 // match on both ends. On both paths the embedding moves in pieces (see
@@ -58,7 +61,7 @@ struct TransferEngineOptions {
   EmbeddingLayout layout;
   // Blocks a receive takes when the image length is unknown.
   uint32_t default_num_blocks = 8;
-  // Data path override (benchmarks); default kPut on shm, kTag on tcp.
+  // Data path override (benchmarks); default kGet on shm, kTag on tcp.
   std::optional<DataPath> data_path;
   // Put path: how long blocks of a failed receive stay out of the pool while
   // the sender may still write them (see EmbeddingReceiver).
@@ -80,8 +83,9 @@ class TransferEngine : private TransferLink {
   // an earlier connection of the same instance id.
   [[nodiscard]] absl::Status Connect(const v1::ConnectRequest& peer);
 
-  // Whether puts to `peer` are plain memcpys into its mapped buffer (kPut
-  // with a shared-memory peer) rather than emulated by UCX.
+  // Whether `peer`'s buffer is mapped here (shared memory, ucp_rkey_ptr):
+  // then puts to it are plain memcpys (kPut) and this engine reads chunks out
+  // of it (kGet); otherwise UCX emulates puts and kGet falls back to kPut.
   [[nodiscard]] absl::StatusOr<bool> DirectPuts(const std::string& peer);
 
   // Encoder role: offers an image whose sections are already in `image.blocks`.
@@ -100,6 +104,7 @@ class TransferEngine : private TransferLink {
     size_t receiving = 0;           // receiver transfers alive
     size_t waiting_for_blocks = 0;  // receives queued on a full pool
     size_t quarantined = 0;         // block runs held for a sender that may still write
+    uint64_t chunks_read = 0;       // chunks this receiver copied out of senders' buffers (kGet)
   };
   Counts counts();
 
@@ -111,13 +116,16 @@ class TransferEngine : private TransferLink {
  private:
   struct Peer {
     std::unique_ptr<UcxEndpoint> ep;
-    std::unique_ptr<UcxRemoteKey> rkey;  // the peer's receive buffer (put path)
+    std::unique_ptr<UcxRemoteKey> rkey;  // the peer's buffer (kPut, kGet)
     bool direct_puts = false;            // rkey maps the peer's buffer here
+    // Where the peer's buffer (offset 0) is mapped here, when direct_puts.
+    const uint8_t* mapped = nullptr;
     EmbeddingLayout layout;
     uint64_t section_base[kNumSections] = {};
     std::optional<absl::Status> failure;
   };
-  enum AmId : uint16_t { kAmInit = 1, kAmResume = 2, kAmCancel = 3, kAmNotice = 4 };
+  enum AmId : uint16_t { kAmInit = 1, kAmResume = 2, kAmCancel = 3, kAmNotice = 4, kAmDone = 5 };
+  static constexpr int kNumAmIds = 5;
 
   explicit TransferEngine(const TransferEngineOptions& options);
   absl::Status Init();
@@ -136,11 +144,16 @@ class TransferEngine : private TransferLink {
   absl::Status SendResume(const std::string& peer, const v1::EmbeddingTransferResume& m) override;
   absl::Status SendCancel(const std::string& peer, const v1::EmbeddingTransferCancel& m) override;
   absl::Status SendNotice(const std::string& peer, const v1::EmbeddingChunkNotice& m) override;
+  absl::Status SendDone(const std::string& peer, const v1::EmbeddingTransferDone& m) override;
   absl::Status WriteChunk(const std::string& peer, const ChunkRanges& local,
                           const BlockAllocation& remote, uint64_t tag_base, Done done) override;
   ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
                        ExpectDone done) override;
   void CancelExpect(ExpectId id) override;
+  bool CanRead(const std::string& peer) override;
+  absl::StatusOr<ChunkDataCrc> ReadChunk(const std::string& peer, const BlockAllocation& source,
+                                         uint32_t offset, uint32_t n,
+                                         const ChunkRanges& local) override;
   void AbortPeer(const std::string& peer, const absl::Status& why) override;
 
   const TransferEngineOptions options_;
@@ -165,7 +178,7 @@ class TransferEngine : private TransferLink {
     TransferEngine* engine;
     AmId id;
   };
-  AmArg am_args_[4];
+  AmArg am_args_[kNumAmIds];
 };
 
 }  // namespace mmserve::transfer

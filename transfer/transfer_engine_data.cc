@@ -1,6 +1,8 @@
 // TransferEngine's wire operations: control messages as active messages and
-// the two chunk data paths (put + flush, or tagged send/receive).
+// the chunk data paths (put + flush, tagged send/receive, or reads out of a
+// mapped sender buffer).
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +67,54 @@ absl::Status TransferEngine::SendCancel(const std::string& peer,
 absl::Status TransferEngine::SendNotice(const std::string& peer,
                                         const v1::EmbeddingChunkNotice& m) {
   return SendControl(peer, kAmNotice, m);
+}
+
+absl::Status TransferEngine::SendDone(const std::string& peer, const v1::EmbeddingTransferDone& m) {
+  return SendControl(peer, kAmDone, m);
+}
+
+bool TransferEngine::CanRead(const std::string& name) {
+  auto it = peers_.find(name);
+  return it != peers_.end() && !it->second->failure && it->second->mapped != nullptr;
+}
+
+absl::StatusOr<ChunkDataCrc> TransferEngine::ReadChunk(const std::string& name,
+                                                       const BlockAllocation& source,
+                                                       uint32_t offset, uint32_t n,
+                                                       const ChunkRanges& local) {
+  ASSIGN_OR_RETURN(Peer * peer, LivePeer(name));
+  if (peer->mapped == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the buffer of ", name, " is not mapped here; cannot read from it"));
+  }
+  if (size_t{source.start_block} + source.num_blocks > peer->layout.num_blocks ||
+      source.num_tokens > size_t{source.num_blocks} * peer->layout.block_size ||
+      size_t{offset} + n > source.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk source (blocks ", source.start_block, "+",
+                                                   source.num_blocks, ", tokens ", offset, "+", n,
+                                                   ") is outside ", name, "'s buffer"));
+  }
+  const ChunkRanges remote = peer->layout.ChunkInfo(source, offset, n);
+  for (int s = 0; s < kNumSections; ++s) {
+    if (remote[s].size != local[s].size) {
+      return absl::InvalidArgumentError("chunk source and destination differ in size");
+    }
+  }
+  // The embedding in pieces, each copied and checksummed in one pass.
+  ChunkDataCrc crc;
+  const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
+  const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
+  for (uint32_t begin = 0; begin < n; begin += piece) {
+    const size_t at = size_t{begin} * token_bytes;
+    const size_t bytes = size_t{std::min(n - begin, piece)} * token_bytes;
+    crc.pieces.emplace_back(bytes,
+                            Crc32cCopy(buffer_->data() + local[kEmbedding].offset + at,
+                                       peer->mapped + remote[kEmbedding].offset + at, bytes));
+  }
+  for (int s = kFillId; s < kNumSections; ++s) {
+    std::memcpy(buffer_->data() + local[s].offset, peer->mapped + remote[s].offset, local[s].size);
+  }
+  return crc;
 }
 
 absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRanges& local,
@@ -160,7 +210,7 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
   const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
   const uint32_t tokens = static_cast<uint32_t>(local[kEmbedding].size / token_bytes);
   const uint32_t pieces = (tokens + piece - 1) / piece;
-  const bool put = data_path_ == DataPath::kPut;
+  const bool put = data_path_ != DataPath::kTag;  // kGet falls back to kPut
   struct State {
     int remaining;
     absl::Status status;

@@ -6,16 +6,27 @@
 
 namespace mmserve::transfer {
 
-const char* DataPathName(DataPath path) { return path == DataPath::kPut ? "put" : "tag"; }
+const char* DataPathName(DataPath path) {
+  switch (path) {
+    case DataPath::kPut:
+      return "put";
+    case DataPath::kTag:
+      return "tag";
+    case DataPath::kGet:
+      return "get";
+  }
+  return "?";
+}
 
 std::optional<DataPath> ParseDataPath(const std::string& name) {
   if (name == "put") return DataPath::kPut;
   if (name == "tag") return DataPath::kTag;
+  if (name == "get") return DataPath::kGet;
   return std::nullopt;
 }
 
 uint32_t ChunkPieceTokens(size_t embedding_token_bytes, DataPath path) {
-  const size_t bytes = path == DataPath::kPut ? kPutPieceBytes : kTagPieceBytes;
+  const size_t bytes = path == DataPath::kTag ? kTagPieceBytes : kPutPieceBytes;
   return static_cast<uint32_t>(std::max<size_t>(1, bytes / embedding_token_bytes));
 }
 

@@ -11,7 +11,9 @@
 // Ordering contract (ARCHITECTURE.md 4): WriteChunk's `done` runs only once
 // the chunk is remotely complete (puts + flush, or completed two-sided sends),
 // and the sender sends its EmbeddingChunkNotice only after that. On the tag
-// data path the receiver additionally waits for its own receives.
+// data path the receiver additionally waits for its own receives. When the
+// receiver reads (kGet), the notice comes first and carries where the chunk
+// is; the data is complete once the receiver's own ReadChunk returned.
 //
 // Everything here runs on the engine's progress thread.
 #ifndef MMSERVE_TRANSFER_TRANSFER_LINK_H_
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/transfer.pb.h"
 #include "transfer/block_allocator.h"
 #include "transfer/embedding_buffer.h"
@@ -36,9 +39,15 @@ namespace v1 = ::mmserve::internal::v1;
 // How chunk bytes move. kPut: the sender puts into the receiver's registered
 // buffer, flushes, then notifies. kTag: the receiver posts tagged receives into
 // its allocation, the sender sends the four sections as tagged messages.
-enum class DataPath { kPut, kTag };
+// kGet: the receiver copies the chunk out of the sender's buffer itself,
+// checksumming as it copies (one pass over the bytes, on the core that goes on
+// to use them), when that buffer is mapped into its address space (same host
+// and IPC namespace; ucp_rkey_ptr); with a sender it cannot map it falls back
+// to kPut for that transfer. The receiver chooses per transfer (init/resume
+// receiver_reads); senders follow whatever it asks.
+enum class DataPath { kPut, kTag, kGet };
 const char* DataPathName(DataPath path);
-// "put" or "tag"; anything else is nullopt.
+// "put", "tag" or "get"; anything else is nullopt.
 std::optional<DataPath> ParseDataPath(const std::string& name);
 
 // Tag of one section of the chunk starting at `offset_tokens` of an image.
@@ -52,6 +61,7 @@ class SenderControl {
   virtual void OnInit(const std::string& peer, const v1::EmbeddingTransferInit& init) = 0;
   virtual void OnResume(const std::string& peer, const v1::EmbeddingTransferResume& resume) = 0;
   virtual void OnCancel(const std::string& peer, const v1::EmbeddingTransferCancel& cancel) = 0;
+  virtual void OnDone(const std::string& peer, const v1::EmbeddingTransferDone& done) = 0;
 };
 
 // Control messages the sender sends to the receiver.
@@ -98,6 +108,7 @@ class TransferLink {
   virtual absl::Status SendCancel(const std::string& peer,
                                   const v1::EmbeddingTransferCancel& m) = 0;
   virtual absl::Status SendNotice(const std::string& peer, const v1::EmbeddingChunkNotice& m) = 0;
+  virtual absl::Status SendDone(const std::string& peer, const v1::EmbeddingTransferDone& m) = 0;
 
   // Sender: writes `local` (ranges of the sender's buffer) into tokens
   // [0, n) of `remote` in the peer's buffer, under `tag` + section. `done`
@@ -113,6 +124,15 @@ class TransferLink {
                                ExpectDone done) = 0;
   // Cancels the receives of ExpectChunk; its `done` still runs (CANCELLED).
   virtual void CancelExpect(ExpectId id) = 0;
+  // Receiver (kGet): whether `peer`'s buffer is mapped here, so ReadChunk works.
+  virtual bool CanRead(const std::string& peer) = 0;
+  // Receiver (kGet): copies tokens [offset, offset + n) of `source` (blocks of
+  // the peer's buffer) into `local` (ranges of this buffer for n tokens),
+  // checksumming the embedding piece by piece as it copies (pieces as on
+  // kPut). Returns when done; an error leaves `local` partly written.
+  virtual absl::StatusOr<ChunkDataCrc> ReadChunk(const std::string& peer,
+                                                 const BlockAllocation& source, uint32_t offset,
+                                                 uint32_t n, const ChunkRanges& local) = 0;
   // Gives up on a peer whose operations hang (shm has no error detection):
   // force-closes its endpoint so outstanding operations complete with errors.
   virtual void AbortPeer(const std::string& peer, const absl::Status& why) = 0;

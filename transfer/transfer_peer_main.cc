@@ -45,7 +45,7 @@ ABSL_FLAG(uint32_t, timeout_ms, 5000, "receiver: per-transfer deadline");
 ABSL_FLAG(uint32_t, repeat, 1, "repeat the image list this often");
 ABSL_FLAG(uint32_t, window, 2, "sender: images published ahead");
 ABSL_FLAG(bool, stall_after_chunk, false, "receiver: block after the first chunk (fault tests)");
-ABSL_FLAG(std::string, data_path, "", "put or tag (default: the profile's)");
+ABSL_FLAG(std::string, data_path, "", "put, tag or get (default: the profile's)");
 ABSL_FLAG(int64_t, spin_us, -1,
           "progress thread busy-polls this long after the last activity (default: "
           "UcxWorkerOptions')");
