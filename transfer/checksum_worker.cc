@@ -17,9 +17,9 @@ ChecksumWorker::~ChecksumWorker() {
 }
 
 void ChecksumWorker::Submit(const uint8_t* data, size_t size,
-                            std::function<void(uint32_t crc)> done) {
+                            std::function<void(uint32_t crc)> done, uint8_t* copy_to) {
   absl::MutexLock lock(&mu_);
-  jobs_.push_back({data, size, std::move(done)});
+  jobs_.push_back({data, size, std::move(done), copy_to});
 }
 
 void ChecksumWorker::Loop() {
@@ -35,7 +35,8 @@ void ChecksumWorker::Loop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    job.done(Crc32c(job.data, job.size));
+    job.done(job.copy_to != nullptr ? Crc32cCopy(job.copy_to, job.data, job.size)
+                                    : Crc32c(job.data, job.size));
   }
 }
 

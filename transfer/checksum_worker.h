@@ -1,9 +1,11 @@
 // One thread that computes CRC32C of byte ranges off the progress thread, so
 // a chunk arriving in pieces is verified piece by piece while UCX moves the
-// next one (on this 2-core machine the verify pass was ~40% of a shm chunk).
+// next one (on this 2-core machine the verify pass was ~40% of a shm chunk),
+// or that copies and checksums pieces a chunk read is split into (kGet).
 //
 //   ChecksumWorker crc;
 //   crc.Submit(data, size, [](uint32_t c) { /* runs on the worker thread */ });
+//   crc.Submit(src, size, [](uint32_t c) { ... }, /*copy_to=*/dst);  // copy too
 //
 // Jobs run in submission order. Thread-safe. The destructor finishes queued
 // jobs, then joins; the memory a job reads must stay valid until its `done`.
@@ -28,13 +30,17 @@ class ChecksumWorker {
   ChecksumWorker(const ChecksumWorker&) = delete;
   ChecksumWorker& operator=(const ChecksumWorker&) = delete;
 
-  void Submit(const uint8_t* data, size_t size, std::function<void(uint32_t crc)> done);
+  // Checksums [data, data + size); with `copy_to`, also copies the bytes
+  // there in the same pass (Crc32cCopy). `done` gets the CRC of the bytes.
+  void Submit(const uint8_t* data, size_t size, std::function<void(uint32_t crc)> done,
+              uint8_t* copy_to = nullptr);
 
  private:
   struct Job {
     const uint8_t* data;
     size_t size;
     std::function<void(uint32_t)> done;
+    uint8_t* copy_to;
   };
   void Loop();
 

@@ -45,7 +45,7 @@ absl::Status TransferEngine::Init() {
   UcxWorkerOptions worker_options = options_.worker;
   worker_options.name = options_.instance_id;
   ASSIGN_OR_RETURN(worker_, UcxWorker::Create(*context_, worker_options));
-  if (data_path_ == DataPath::kTag) checksum_ = std::make_unique<ChecksumWorker>();
+  if (data_path_ != DataPath::kPut) checksum_ = std::make_unique<ChecksumWorker>();
   sender_ =
       std::make_unique<EmbeddingSender>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
   receiver_ = std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_,

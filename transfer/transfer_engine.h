@@ -163,7 +163,8 @@ class TransferEngine : private TransferLink {
   std::unique_ptr<UcxMemoryRegion> region_;  // owns buffer_'s memory
   std::unique_ptr<EmbeddingBuffer> buffer_;
   std::unique_ptr<UcxWorker> worker_;
-  // Checksums of landed pieces (kTag); results are posted to worker_.
+  // Checksums of landed pieces (kTag; results are posted to worker_), and the
+  // second core of a chunk read (kGet).
   std::unique_ptr<ChecksumWorker> checksum_;
   v1::ConnectRequest local_info_;
   // Progress thread only, from here on.

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -100,20 +101,44 @@ absl::StatusOr<ChunkDataCrc> TransferEngine::ReadChunk(const std::string& name,
       return absl::InvalidArgumentError("chunk source and destination differ in size");
     }
   }
-  // The embedding in pieces, each copied and checksummed in one pass.
-  ChunkDataCrc crc;
+  // The embedding in pieces, each copied and checksummed in one pass: the
+  // checksum thread takes every other piece, this thread the rest, so two
+  // cores copy (one alone reaches about half of what two do here). Waits for
+  // the checksum thread's pieces before returning.
   const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
   const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
-  for (uint32_t begin = 0; begin < n; begin += piece) {
-    const size_t at = size_t{begin} * token_bytes;
-    const size_t bytes = size_t{std::min(n - begin, piece)} * token_bytes;
-    crc.pieces.emplace_back(bytes,
-                            Crc32cCopy(buffer_->data() + local[kEmbedding].offset + at,
-                                       peer->mapped + remote[kEmbedding].offset + at, bytes));
+  const uint32_t pieces = (n + piece - 1) / piece;
+  ChunkDataCrc crc;
+  crc.pieces.resize(pieces);
+  absl::Mutex mu;
+  uint32_t pending = 0;
+  auto at = [&](uint32_t j) { return size_t{j} * piece * token_bytes; };
+  auto bytes = [&](uint32_t j) { return size_t{std::min(n - j * piece, piece)} * token_bytes; };
+  uint8_t* dst = buffer_->data() + local[kEmbedding].offset;
+  const uint8_t* src = peer->mapped + remote[kEmbedding].offset;
+  for (uint32_t j = 1; j < pieces; j += 2) {
+    {
+      absl::MutexLock lock(&mu);
+      ++pending;
+    }
+    checksum_->Submit(
+        src + at(j), bytes(j),
+        [&, j](uint32_t c) {
+          absl::MutexLock lock(&mu);
+          crc.pieces[j] = {bytes(j), c};
+          --pending;
+        },
+        dst + at(j));
+  }
+  for (uint32_t j = 0; j < pieces; j += 2) {
+    crc.pieces[j] = {bytes(j), Crc32cCopy(dst + at(j), src + at(j), bytes(j))};
   }
   for (int s = kFillId; s < kNumSections; ++s) {
     std::memcpy(buffer_->data() + local[s].offset, peer->mapped + remote[s].offset, local[s].size);
   }
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](uint32_t* left) { return *left == 0; }, &pending));
   return crc;
 }
 

@@ -45,14 +45,15 @@ namespace mmserve::transfer {
 
 struct UcxWorkerOptions {
   std::string name = "worker";
-  // Busy-poll this long after the last activity before sleeping. Long enough
-  // to bridge the gap between back-to-back transfers: a sleeping thread is
-  // woken by the peer's signal onto the waker's core (a sync wake-up; on these
-  // VMs the idle vCPU looks preempted), where it then runs its copy while the
-  // peer's own progress thread waits. Traced on the shm bench at 7 MiB per
-  // image: with 200 us the receiver was off-CPU for most puts in half of the
-  // images (p50 1.2-1.3 ms per image); with 2 ms, p50 0.54-0.75 ms.
-  absl::Duration spin = absl::Milliseconds(2);
+  // Busy-poll this long after the last activity before sleeping. A trade:
+  // a sleeping thread is woken by the peer's signal onto the waker's core (a
+  // sync wake-up; on these VMs the idle vCPU looks preempted), while spinning
+  // threads take cores from work. Measured on the shm bench, 7 MiB images one
+  // at a time: with kGet (the shm default; the receiver's two threads copy)
+  // 200 us gave 0.86-1.20 of ucx_perftest and 2 ms 0.55-1.05; with kPut, 2 ms
+  // halved the per-image p50 (1.2 -> 0.6 ms), since a sleeping sender woken
+  // onto the receiver's core made it checksum late. tcp: no difference.
+  absl::Duration spin = absl::Microseconds(200);
   // Ticker period and the longest sleep.
   absl::Duration tick = absl::Milliseconds(1);
 };
