@@ -20,10 +20,11 @@
 // bytes are read once, by the core that keeps them (see DataPath);
 // kTcp uses tagged sends into receives the receiver posted on its blocks
 // (emulated puts over tcp are ~100x slower in UCX 1.13). Both profiles must
-// match on both ends. On both paths the embedding moves in pieces (see
+// match on both ends. On every path the embedding moves in pieces (see
 // ChunkPieceTokens) that the receiver checksums as they land, so verifying a
 // chunk overlaps writing it: on kTag a checksum thread takes each piece, on
-// kPut the progress thread does (the data lands without it). The progress
+// kPut the progress thread does (the data lands without it), on kGet the
+// progress thread and the checksum thread copy alternate pieces. The progress
 // thread never sleeps while a chunk is in flight (UCX 1.13 emulated RMA needs
 // the target's progress and does not wake an armed worker).
 //
