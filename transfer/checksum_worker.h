@@ -1,7 +1,6 @@
-// One thread that computes CRC32C of byte ranges off the progress thread, so
-// a chunk arriving in pieces is verified piece by piece while UCX moves the
-// next one (on this 2-core machine the verify pass was ~40% of a shm chunk),
-// or that copies and checksums pieces a chunk read is split into (kGet).
+// One thread that computes CRC32C of byte ranges off the progress thread, or
+// copies and checksums them in one pass: the second core of a kGet chunk
+// read, which copies every other piece.
 //
 //   ChecksumWorker crc;
 //   crc.Submit(data, size, [](uint32_t c) { /* runs on the worker thread */ });

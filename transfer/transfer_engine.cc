@@ -45,7 +45,7 @@ absl::Status TransferEngine::Init() {
   UcxWorkerOptions worker_options = options_.worker;
   worker_options.name = options_.instance_id;
   ASSIGN_OR_RETURN(worker_, UcxWorker::Create(*context_, worker_options));
-  if (data_path_ != DataPath::kPut) checksum_ = std::make_unique<ChecksumWorker>();
+  if (data_path_ == DataPath::kGet) checksum_ = std::make_unique<ChecksumWorker>();
   sender_ =
       std::make_unique<EmbeddingSender>(static_cast<TransferLink&>(*this), *buffer_, *allocator_);
   receiver_ = std::make_unique<EmbeddingReceiver>(static_cast<TransferLink&>(*this), *buffer_,
@@ -100,8 +100,9 @@ TransferEngine::~TransferEngine() {
       peers_.clear();
       return absl::OkStatus();
     });
-    // Finish queued piece checksums; their results (posted to the progress
-    // thread) then complete the cancelled receives before it stops.
+    // ReadChunk waits for its pieces, so the checksum thread is idle. Tasks
+    // the cancelled receives posted (piece completions) run before the
+    // progress thread stops.
     checksum_.reset();
     (void)worker_->RunSync([] { return absl::OkStatus(); });
     worker_->Stop();  // no more callbacks into this engine

@@ -22,9 +22,9 @@
 // (emulated puts over tcp are ~100x slower in UCX 1.13). Both profiles must
 // match on both ends. On every path the embedding moves in pieces (see
 // ChunkPieceTokens) that the receiver checksums as they land, so verifying a
-// chunk overlaps writing it: on kTag a checksum thread takes each piece, on
-// kPut the progress thread does (the data lands without it), on kGet the
-// progress thread and the checksum thread copy alternate pieces. The progress
+// chunk overlaps writing it: on kTag and kPut the progress thread checksums
+// each piece as it lands, on kGet the progress thread and a checksum thread
+// copy and checksum alternate pieces. The progress
 // thread never sleeps while a chunk is in flight (UCX 1.13 emulated RMA needs
 // the target's progress and does not wake an armed worker).
 //
@@ -164,8 +164,7 @@ class TransferEngine : private TransferLink {
   std::unique_ptr<UcxMemoryRegion> region_;  // owns buffer_'s memory
   std::unique_ptr<EmbeddingBuffer> buffer_;
   std::unique_ptr<UcxWorker> worker_;
-  // Checksums of landed pieces (kTag; results are posted to worker_), and the
-  // second core of a chunk read (kGet).
+  // The second core of a chunk read (kGet).
   std::unique_ptr<ChecksumWorker> checksum_;
   v1::ConnectRequest local_info_;
   // Progress thread only, from here on.

@@ -295,13 +295,16 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
             });
             return;
           }
-          // A piece landed: checksum it on the checksum thread while UCX
-          // moves the next one; the result comes back to this thread.
-          checksum_->Submit(piece, length, [this, state, j, length](uint32_t crc) {
-            worker_->Post([state, j, length, crc] {
-              state->crc.pieces[j] = {length, crc};
-              state->Complete(absl::OkStatus());
-            });
+          // A piece landed: checksum it here and now, while the bytes the
+          // kernel just copied in are in this core's cache (the next piece
+          // keeps arriving in the socket buffer meanwhile). On tcp both
+          // cores are busy with the two kernel copies; a checksum thread
+          // reading on the other core measured 0.06-0.2 lower against
+          // perftest at 7 MiB. Completion runs after this callback.
+          const uint32_t crc = Crc32c(piece, length);
+          worker_->Post([state, j, length, crc] {
+            state->crc.pieces[j] = {length, crc};
+            state->Complete(absl::OkStatus());
           });
         });
     if (request != nullptr) expects_[id][index] = request;
