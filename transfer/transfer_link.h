@@ -71,10 +71,11 @@ class ReceiverControl {
   virtual void OnNotice(const std::string& peer, const v1::EmbeddingChunkNotice& notice) = 0;
 };
 
-// Both data paths move a chunk's embedding section as pieces of
+// Every data path moves a chunk's embedding section as pieces of
 // ChunkPieceTokens tokens, so the receiver checksums piece i while piece i+1
 // is in flight: on kTag each piece is its own tagged message; on kPut each is
-// a put, a flush, then an 8-byte tagged "landed" message with its byte count.
+// a put, a flush, then an 8-byte tagged "landed" message with its byte count;
+// kGet reads kPut's pieces, alternately on two threads.
 // Both ends derive the pieces from the receiver's allocation: piece j covers
 // tokens [j * p, (j + 1) * p) of it, clipped to the chunk (trailing pieces may
 // be empty), and is tagged ChunkTag(..., chunk offset + j * p, kEmbedding).
