@@ -1,10 +1,10 @@
 // crc32c_bench: CRC32C throughput of every implementation this CPU has
-// (table, crc32 instruction, pclmulqdq and vpclmulqdq folding) and of the
+// (table, crc32 instruction, vpclmulqdq folding) and of the
 // fused copy + checksum (Crc32cCopy), on one thread, for buffers that stay in
 // L2 (256 KiB), in L3 (7 MiB, the 1024-token embedding transfer_bench moves)
 // and that do not (28 MiB). Baselines in the same run: memcpy of the same
 // buffer (the copy the receiver of a chunk does anyway) and a plain read
-// (sum of 64-bit words). Best of --reps timings of --bytes_per_rep each.
+// (sum of 64-bit words). Best of --reps timings of --gib_per_rep each.
 // Prints a table, then one JSON line.
 #include <algorithm>
 #include <cstdint>
@@ -46,8 +46,6 @@ const char* PathName(Crc32cPath path) {
       return "table";
     case Crc32cPath::kCrc32:
       return "crc32";
-    case Crc32cPath::kFold128:
-      return "fold128";
     case Crc32cPath::kFold256:
       return "fold256";
   }
@@ -57,8 +55,7 @@ const char* PathName(Crc32cPath path) {
 int Main() {
   const std::vector<size_t> sizes = {size_t{256} << 10, size_t{7} << 20, size_t{28} << 20};
   std::vector<Crc32cPath> paths;
-  for (Crc32cPath p :
-       {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold128, Crc32cPath::kFold256}) {
+  for (Crc32cPath p : {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold256}) {
     if (Crc32cHasPath(p)) paths.push_back(p);
   }
   volatile uint64_t sink = 0;

@@ -5,8 +5,9 @@
 //   crc = Crc32cCombine(Crc32c(a, na), Crc32c(b, nb), nb);  // same as over a + b
 //
 // Picks the fastest implementation the CPU has, once at run time: carry-less
-// multiplication folding (vpclmulqdq on ymm, else pclmulqdq) for buffers of
-// 512 bytes and more, the SSE4.2 crc32 instruction below that, else a table.
+// multiplication folding (vpclmulqdq on ymm) for buffers of 512 bytes and
+// more, the SSE4.2 crc32 instruction below that or without vpclmulqdq, else a
+// table.
 // Thread-safe.
 #ifndef MMSERVE_COMMON_CRC32C_H_
 #define MMSERVE_COMMON_CRC32C_H_
@@ -34,7 +35,7 @@ uint32_t Crc32cCombine(uint32_t crc1, uint32_t crc2, size_t len2);
 bool Crc32cIsHardwareAccelerated();
 
 // The implementations, for tests and benchmarks; Crc32cExtend uses the best.
-enum class Crc32cPath { kPortable, kCrc32, kFold128, kFold256 };
+enum class Crc32cPath { kPortable, kCrc32, kFold256 };
 bool Crc32cHasPath(Crc32cPath path);
 Crc32cPath Crc32cBestPath();
 // Crc32cExtend through `path`, which must be one the CPU has.

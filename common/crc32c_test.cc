@@ -80,8 +80,7 @@ TEST_CASE("Every CRC32C implementation this CPU has agrees with the reference", 
                                  640, 641, 767, 768, 769, 1023, 1024, 1025, 12288, 12289};
   for (int i = 0; i < 40; ++i) lengths.push_back(rng() % 39000);
   int paths = 0;
-  for (Crc32cPath path :
-       {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold128, Crc32cPath::kFold256}) {
+  for (Crc32cPath path : {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold256}) {
     if (!Crc32cHasPath(path)) continue;
     ++paths;
     for (size_t n : lengths) {
@@ -101,8 +100,7 @@ TEST_CASE("Crc32cCopy copies exactly and returns the source's CRC on every path"
   std::mt19937 rng(9);
   std::vector<uint8_t> src(20000);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
-  for (Crc32cPath path :
-       {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold128, Crc32cPath::kFold256}) {
+  for (Crc32cPath path : {Crc32cPath::kPortable, Crc32cPath::kCrc32, Crc32cPath::kFold256}) {
     if (!Crc32cHasPath(path)) continue;
     for (size_t n : {size_t{0}, size_t{5}, size_t{511}, size_t{512}, size_t{640}, size_t{641},
                      size_t{4096 + 77}, size_t{19000}}) {
@@ -123,10 +121,10 @@ TEST_CASE("Crc32cCopy copies exactly and returns the source's CRC on every path"
   CHECK(dst == src);
 }
 
-TEST_CASE("The folding paths catch a flipped bit anywhere in a block", "[crc32c]") {
+TEST_CASE("The folding path catches a flipped bit anywhere in a block", "[crc32c]") {
   std::vector<uint8_t> buf(4096 + 77, 0);
-  for (Crc32cPath path : {Crc32cPath::kFold128, Crc32cPath::kFold256}) {
-    if (!Crc32cHasPath(path)) continue;
+  const Crc32cPath path = Crc32cPath::kFold256;
+  if (Crc32cHasPath(path)) {
     const uint32_t clean = Crc32cExtendWith(path, 0, buf.data(), buf.size());
     for (size_t bit :
          {size_t{0}, size_t{63}, size_t{64}, size_t{127}, size_t{1000}, size_t{8 * 4096 + 5}}) {
