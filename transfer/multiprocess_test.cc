@@ -272,6 +272,17 @@ TEST_CASE("a receiver killed mid-transfer lets the sender free its blocks in tim
   CHECK(s.engine->allocator().used_blocks() == 0);
 }
 
+// SIGSTOPs the child sender (which has published req-0, 40 tokens) and runs
+// a 200 ms receive of it, which times out; the child stays stopped.
+absl::Status ReceiveFromStoppedSender(Session& s) {
+  REQUIRE(kill(s.child->pid(), SIGSTOP) == 0);
+  return ReceiveNow(*s.engine, {.request_id = "req-0",
+                                .sender = "sender",
+                                .known_tokens = 40,
+                                .timeout = absl::Milliseconds(200)})
+      .status();
+}
+
 TEST_CASE("a timed-out put-path receive quarantines its blocks while a stopped sender may write") {
   // shm: the sender puts into this process's blocks and cannot be revoked.
   // The child has published the image; SIGSTOP keeps it from seeing our init
@@ -282,12 +293,7 @@ TEST_CASE("a timed-out put-path receive quarantines its blocks while a stopped s
   const absl::Duration limit = sender_resumes ? absl::Seconds(5) : absl::Milliseconds(300);
   Session s = Start({TransportProfile::kShm, DataPath::kPut}, "lang", 16, 1,
                     {"--role=sender", "--tokens=40", "--seed=7"}, limit);
-  REQUIRE(kill(s.child->pid(), SIGSTOP) == 0);
-  absl::StatusOr<ReceivedImage> image = ReceiveNow(*s.engine, {.request_id = "req-0",
-                                                               .sender = "sender",
-                                                               .known_tokens = 40,
-                                                               .timeout = absl::Milliseconds(200)});
-  CHECK(absl::IsDeadlineExceeded(image.status()));
+  CHECK(absl::IsDeadlineExceeded(ReceiveFromStoppedSender(s)));
   CHECK(s.engine->counts().quarantined == 1);
   CHECK(s.engine->allocator().used_blocks() == 3);  // 40 tokens in 16-token blocks
   Stopwatch watch;
@@ -315,12 +321,7 @@ TEST_CASE("a timed-out read-path receive frees its blocks at once; the stopped s
   // the init and the cancel, lends and ends the loan without anyone reading.
   Session s = Start({TransportProfile::kShm, DataPath::kGet}, "lang", 16, 1,
                     {"--role=sender", "--tokens=40", "--seed=7"});
-  REQUIRE(kill(s.child->pid(), SIGSTOP) == 0);
-  absl::StatusOr<ReceivedImage> image = ReceiveNow(*s.engine, {.request_id = "req-0",
-                                                               .sender = "sender",
-                                                               .known_tokens = 40,
-                                                               .timeout = absl::Milliseconds(200)});
-  CHECK(absl::IsDeadlineExceeded(image.status()));
+  CHECK(absl::IsDeadlineExceeded(ReceiveFromStoppedSender(s)));
   CHECK(s.engine->counts().quarantined == 0);
   CHECK(s.engine->allocator().used_blocks() == 0);
   REQUIRE(kill(s.child->pid(), SIGCONT) == 0);
