@@ -1,9 +1,11 @@
 // The protocol between separate processes on loopback (this test and the
 // transfer_peer helper), on both profiles, including peers killed with
 // SIGKILL before, during and after a transfer.
+#include <dirent.h>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -272,10 +274,44 @@ TEST_CASE("a receiver killed mid-transfer lets the sender free its blocks in tim
   CHECK(s.engine->allocator().used_blocks() == 0);
 }
 
-// SIGSTOPs the child sender (which has published req-0, 40 tokens) and runs
-// a 200 ms receive of it, which times out; the child stays stopped.
+// SIGSTOPs `pid` and waits until every thread of it is stopped: kill()
+// returns before a thread running on another core has stopped, and a sender
+// that still sees our init in that window would serve it.
+void StopProcess(pid_t pid) {
+  REQUIRE(kill(pid, SIGSTOP) == 0);
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  Deadline d = Deadline::After(absl::Seconds(5));
+  for (;;) {
+    bool all_stopped = true;
+    DIR* dir = opendir(tasks.c_str());
+    REQUIRE(dir != nullptr);
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream stat(tasks + "/" + e->d_name + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      // The state follows the parenthesised command name.
+      const size_t close = line.rfind(')');
+      const char state = close + 2 < line.size() ? line[close + 2] : '?';
+      all_stopped = all_stopped && (state == 'T' || state == 't');
+    }
+    closedir(dir);
+    if (all_stopped) return;
+    REQUIRE(!d.Expired());
+    absl::SleepFor(absl::Microseconds(100));
+  }
+}
+
+// Once the child sender (started with --say_published) has published req-0
+// (40 tokens), SIGSTOPs it and runs a 200 ms receive of it, which times out;
+// the child stays stopped. Stopping it before it published would let the
+// cancel reach it before the image, which it would then keep for its full
+// keep_for.
 absl::Status ReceiveFromStoppedSender(Session& s) {
-  REQUIRE(kill(s.child->pid(), SIGSTOP) == 0);
+  std::vector<std::string> f = Fields(s.child->ReadLine(Deadline::After(absl::Seconds(5))));
+  REQUIRE(f.size() == 2);
+  REQUIRE(f[0] == "PUBLISHED");
+  StopProcess(s.child->pid());
   return ReceiveNow(*s.engine, {.request_id = "req-0",
                                 .sender = "sender",
                                 .known_tokens = 40,
@@ -292,7 +328,7 @@ TEST_CASE("a timed-out put-path receive quarantines its blocks while a stopped s
   INFO("sender resumes: " << sender_resumes);
   const absl::Duration limit = sender_resumes ? absl::Seconds(5) : absl::Milliseconds(300);
   Session s = Start({TransportProfile::kShm, DataPath::kPut}, "lang", 16, 1,
-                    {"--role=sender", "--tokens=40", "--seed=7"}, limit);
+                    {"--role=sender", "--tokens=40", "--seed=7", "--say_published"}, limit);
   CHECK(absl::IsDeadlineExceeded(ReceiveFromStoppedSender(s)));
   CHECK(s.engine->counts().quarantined == 1);
   CHECK(s.engine->allocator().used_blocks() == 3);  // 40 tokens in 16-token blocks
@@ -320,7 +356,7 @@ TEST_CASE("a timed-out read-path receive frees its blocks at once; the stopped s
   // quarantined. The sender, stopped past the receive's deadline, then sees
   // the init and the cancel, lends and ends the loan without anyone reading.
   Session s = Start({TransportProfile::kShm, DataPath::kGet}, "lang", 16, 1,
-                    {"--role=sender", "--tokens=40", "--seed=7"});
+                    {"--role=sender", "--tokens=40", "--seed=7", "--say_published"});
   CHECK(absl::IsDeadlineExceeded(ReceiveFromStoppedSender(s)));
   CHECK(s.engine->counts().quarantined == 0);
   CHECK(s.engine->allocator().used_blocks() == 0);

@@ -49,6 +49,9 @@ ABSL_FLAG(std::string, data_path, "", "put, tag or get (default: the profile's)"
 ABSL_FLAG(int64_t, spin_us, -1,
           "progress thread busy-polls this long after the last activity (default: "
           "UcxWorkerOptions')");
+ABSL_FLAG(bool, say_published, false,
+          "sender: print PUBLISHED <k> once image k is queued to the engine (tests that "
+          "stop this process must not stop it before)");
 ABSL_FLAG(bool, reuse_payload, false,
           "sender: write (and checksum) each block run once (benchmarks)");
 
@@ -125,6 +128,9 @@ void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
           --in_flight;
         },
         std::move(crc));
+    // Publish queued it to the progress thread ahead of any init that
+    // arrives from now on.
+    if (absl::GetFlag(FLAGS_say_published)) Say("PUBLISHED " + std::to_string(k));
   }
   absl::MutexLock lock(&mu);
   auto idle = [&] { return in_flight == 0; };
