@@ -24,6 +24,7 @@ packages=(
   libopenblas-dev          # CPU GEMM
   nlohmann-json3-dev       # JSON: config.json, tokenizer.json, safetensors headers
   libicu-dev               # Unicode categories and NFC for the tokenizer
+  libcpp-httplib-dev       # HTTP: /metrics and the OpenAI-compatible endpoint
 )
 
 missing=()
