@@ -20,4 +20,12 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return s.str();
 }
 
+std::string ModelIdFromDir(const std::string& dir) {
+  size_t end = dir.size();
+  while (end > 1 && dir[end - 1] == '/') --end;
+  const size_t slash = dir.rfind('/', end - 1);
+  return dir.substr(slash == std::string::npos ? 0 : slash + 1,
+                    end - (slash == std::string::npos ? 0 : slash + 1));
+}
+
 }  // namespace mmserve

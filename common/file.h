@@ -15,6 +15,10 @@ namespace mmserve {
 
 [[nodiscard]] absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// The last component of a directory path, trailing slashes ignored: the id a
+// model directory is served under ("/models/Qwen2-VL-2B/" -> "Qwen2-VL-2B").
+std::string ModelIdFromDir(const std::string& dir);
+
 }  // namespace mmserve
 
 #endif  // MMSERVE_COMMON_FILE_H_

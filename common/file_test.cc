@@ -24,5 +24,12 @@ TEST_CASE("a missing file is NOT_FOUND naming the path", "[file]") {
   CHECK(got.status().message().find("/nonexistent/dir/x.json") != absl::string_view::npos);
 }
 
+TEST_CASE("ModelIdFromDir takes the directory's last component") {
+  CHECK(ModelIdFromDir("/models/Qwen2-VL-2B") == "Qwen2-VL-2B");
+  CHECK(ModelIdFromDir("/models/Qwen2-VL-2B//") == "Qwen2-VL-2B");
+  CHECK(ModelIdFromDir("shapes-demo") == "shapes-demo");
+  CHECK(ModelIdFromDir("/") == "/");
+}
+
 }  // namespace
 }  // namespace mmserve

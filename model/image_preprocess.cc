@@ -117,15 +117,19 @@ RgbImage ResizeBicubic(const RgbImage& in, int width, int height) {
   return out;
 }
 
-absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
-                                             const PreprocessorConfig& config) {
+ImageGridParams GridParamsFor(const PreprocessorConfig& config) {
   ImageGridParams params;
   params.patch_size = config.patch_size;
   params.merge_size = config.merge_size;
   params.temporal_patch_size = config.temporal_patch_size;
   params.min_pixels = config.min_pixels;
   params.max_pixels = config.max_pixels;
-  ASSIGN_OR_RETURN(ImageGrid grid, SmartResize(image.width, image.height, params));
+  return params;
+}
+
+absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
+                                             const PreprocessorConfig& config) {
+  ASSIGN_OR_RETURN(ImageGrid grid, SmartResize(image.width, image.height, GridParamsFor(config)));
   const RgbImage resized = ResizeBicubic(image, grid.resized_width, grid.resized_height);
 
   // rescale (float64 multiply, stored as float32) then normalize in float32,

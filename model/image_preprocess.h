@@ -36,6 +36,10 @@ struct ImagePatches {
 [[nodiscard]] absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
                                                            const PreprocessorConfig& config);
 
+// The smart-resize parameters of `config` (what the router needs to count an
+// image's tokens from its header).
+ImageGridParams GridParamsFor(const PreprocessorConfig& config);
+
 }  // namespace mmserve::model
 
 #endif  // MMSERVE_MODEL_IMAGE_PREPROCESS_H_

@@ -43,6 +43,7 @@ struct LlmEngine::Live {
   RunnerRequestState runner;
   model::MropePositions positions;
   std::vector<std::vector<float>> image_embeddings;
+  std::vector<std::optional<ContentHash>> image_keys;  // per image; unset: hash the floats
   std::unique_ptr<model::TextStreamer> streamer;
   int prompt_tokens = 0;
   int completion_tokens = 0;
@@ -68,7 +69,7 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
   ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text));
   sizing_.weights_bytes = weights_->TotalWeightBytes();
-  if (config_.vision) {
+  if (config_.vision && options.load_vision) {
     ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_));
     sizing_.vision_bytes = checkpoint_->TotalBytes() - sizing_.weights_bytes;
   }
@@ -157,7 +158,24 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
 absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
                                       std::vector<int32_t>* ids) {
   std::vector<model::ImageGrid> grids;
-  if (!request.images.empty()) {
+  if (!request.image_embeddings.empty()) {
+    if (!request.images.empty()) {
+      return absl::InvalidArgumentError("give images or image embeddings, not both");
+    }
+    if (!config_.vision) return absl::InvalidArgumentError("this model does not accept images");
+    const size_t hidden = static_cast<size_t>(config_.text.hidden_size);
+    for (ImageEmbedding& e : request.image_embeddings) {
+      if (e.grid.num_tokens() <= 0 ||
+          e.values.size() != static_cast<size_t>(e.grid.num_tokens()) * hidden) {
+        return absl::InvalidArgumentError(absl::StrCat("image embedding holds ", e.values.size(),
+                                                       " floats; its grid needs ",
+                                                       e.grid.num_tokens(), " tokens of ", hidden));
+      }
+      grids.push_back(e.grid);
+      live.image_keys.push_back(e.key);
+      live.image_embeddings.push_back(std::move(e.values));
+    }
+  } else if (!request.images.empty()) {
     if (!vision_ || !config_.preprocessor) {
       return absl::InvalidArgumentError("this model does not accept images");
     }
@@ -166,6 +184,7 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
       std::vector<model::ImageGrid> one = {p.grid};
       ASSIGN_OR_RETURN(std::vector<float> emb, vision_->Forward(p.values, one));
       grids.push_back(p.grid);
+      live.image_keys.push_back(std::nullopt);
       live.image_embeddings.push_back(std::move(emb));
     }
   }
@@ -210,6 +229,14 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   }
   auto live = std::make_unique<Live>();
   RETURN_IF_ERROR(PrepareImages(request, *live, &ids));
+  if (request.max_tokens_to_context) {
+    request.sampling.max_tokens = sizing_.max_model_len - static_cast<int>(ids.size());
+    if (request.sampling.max_tokens < std::max(1, request.sampling.min_tokens)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt (", ids.size(), " tokens) leaves no room below the context length ",
+                       sizing_.max_model_len));
+    }
+  }
   const int total = static_cast<int>(ids.size()) + request.sampling.max_tokens;
   if (total > sizing_.max_model_len) {
     return absl::InvalidArgumentError(
@@ -233,8 +260,10 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     // Prefix-cache keys: the image's content, so equal placeholders with
     // different pictures never share KV.
     const auto& emb = live->image_embeddings[k];
-    ContentHash h = HashBytes(
-        absl::string_view(reinterpret_cast<const char*>(emb.data()), emb.size() * sizeof(float)));
+    ContentHash h = live->image_keys[k].has_value()
+                        ? *live->image_keys[k]
+                        : HashBytes(absl::string_view(reinterpret_cast<const char*>(emb.data()),
+                                                      emb.size() * sizeof(float)));
     p.mm_spans.push_back({live->runner.image_offsets[k], live->runner.image_lengths[k], h});
   }
   live->id = request.id;

@@ -27,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/hash.h"
 #include "model/cpu/thread_pool.h"
 #include "model/image_decode.h"
 #include "model/kv_cache.h"
@@ -59,6 +60,20 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.3;
   int num_threads = 0;  // 0: one per core
+  // Load the vision tower (vision models). A language service whose images
+  // arrive as embeddings from an encoder service sets this false and passes
+  // EngineRequest::image_embeddings instead of images.
+  bool load_vision = true;
+};
+
+// An image encoded elsewhere (the encoder service): its patch grid and its
+// merged-token embeddings, grid.num_tokens() rows of hidden_size floats.
+struct ImageEmbedding {
+  model::ImageGrid grid;
+  std::vector<float> values;
+  // Prefix-cache key of the image's content (e.g. the hash of its encoded
+  // bytes); unset: a hash of `values`.
+  std::optional<ContentHash> key;
 };
 
 struct EngineRequest {
@@ -68,7 +83,12 @@ struct EngineRequest {
   // Alternatively token ids (prompt must then be empty).
   std::vector<int32_t> prompt_token_ids;
   std::vector<model::RgbImage> images;
+  // Alternatively, images already encoded (images must then be empty).
+  std::vector<ImageEmbedding> image_embeddings;
   model::SamplingParams sampling;
+  // sampling.max_tokens is a placeholder: generate up to the context length
+  // (max_model_len minus the expanded prompt).
+  bool max_tokens_to_context = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kStopString, kAbort };

@@ -1,0 +1,62 @@
+#include "model/sampling_proto.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace mmserve::model {
+
+absl::StatusOr<SamplingParams> SamplingFromProto(const mmserve::v1::SamplingParams& in,
+                                                 const ModelConfig& config, int max_model_len,
+                                                 bool* max_tokens_to_context) {
+  const GenerationDefaults& g = config.generation;
+  SamplingParams p;
+  p.temperature = in.has_temperature() ? in.temperature() : g.temperature.value_or(1.0f);
+  p.top_p = in.has_top_p() ? in.top_p() : g.top_p.value_or(1.0f);
+  p.top_k = in.has_top_k() ? in.top_k() : g.top_k.value_or(0);
+  p.min_p = in.has_min_p() ? in.min_p() : 0.0f;
+  if (in.has_seed()) {
+    p.seed = in.seed();
+  } else {
+    std::random_device rd;
+    p.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  *max_tokens_to_context = !in.has_max_tokens();
+  if (in.has_max_tokens()) {
+    if (in.max_tokens() < 1 || in.max_tokens() > static_cast<uint32_t>(max_model_len)) {
+      return absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", max_model_len,
+                                                     "] (the context length), got ",
+                                                     in.max_tokens()));
+    }
+    p.max_tokens = static_cast<int>(in.max_tokens());
+  } else {
+    p.max_tokens = max_model_len;
+  }
+  if (in.min_tokens() > static_cast<uint32_t>(max_model_len)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_tokens must be at most max_tokens, got ", in.min_tokens()));
+  }
+  p.min_tokens = static_cast<int>(in.min_tokens());
+  p.stop.assign(in.stop().begin(), in.stop().end());
+  for (uint32_t id : in.stop_token_ids()) {
+    if (id >= static_cast<uint32_t>(config.text.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop_token_ids: ", id, " is outside the vocabulary [0, ", config.text.vocab_size, ")"));
+    }
+    p.stop_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  p.ignore_eos = in.ignore_eos();
+  if (in.has_logprobs()) {
+    if (in.logprobs() > static_cast<uint32_t>(kMaxLogprobs)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", in.logprobs()));
+    }
+    p.logprobs = static_cast<int>(in.logprobs());
+  }
+  p.skip_special_tokens = in.has_skip_special_tokens() ? in.skip_special_tokens() : true;
+  RETURN_IF_ERROR(ValidateSamplingParams(p, config.text.vocab_size));
+  return p;
+}
+
+}  // namespace mmserve::model

@@ -1,0 +1,83 @@
+#include "model/sampling_proto.h"
+
+#include <catch2/catch.hpp>
+
+namespace mmserve::model {
+namespace {
+
+ModelConfig Config() {
+  ModelConfig c;
+  c.text.vocab_size = 100;
+  c.generation.temperature = 0.5f;
+  c.generation.top_k = 7;
+  return c;
+}
+
+TEST_CASE("unset fields take generation_config defaults, then the documented ones") {
+  bool to_context = false;
+  auto p = SamplingFromProto(mmserve::v1::SamplingParams(), Config(), 64, &to_context);
+  REQUIRE(p.ok());
+  CHECK(p->temperature == 0.5f);
+  CHECK(p->top_k == 7);
+  CHECK(p->top_p == 1.0f);
+  CHECK(p->min_p == 0.0f);
+  CHECK(p->logprobs == -1);
+  CHECK(p->skip_special_tokens);
+  CHECK(to_context);
+  CHECK(p->max_tokens == 64);
+}
+
+TEST_CASE("set fields are kept, including zero temperature and an explicit seed") {
+  mmserve::v1::SamplingParams in;
+  in.set_temperature(0);
+  in.set_seed(42);
+  in.set_max_tokens(8);
+  in.add_stop("\n");
+  in.add_stop_token_ids(5);
+  in.set_logprobs(3);
+  in.set_skip_special_tokens(false);
+  bool to_context = true;
+  auto p = SamplingFromProto(in, Config(), 64, &to_context);
+  REQUIRE(p.ok());
+  CHECK(p->greedy());
+  CHECK(p->seed == 42);
+  CHECK(p->max_tokens == 8);
+  CHECK_FALSE(to_context);
+  CHECK(p->stop == std::vector<std::string>{"\n"});
+  CHECK(p->stop_token_ids == std::vector<int32_t>{5});
+  CHECK(p->logprobs == 3);
+  CHECK_FALSE(p->skip_special_tokens);
+}
+
+TEST_CASE("out-of-range values are refused with the field's name, never clamped") {
+  auto refuse = [](auto set, const char* field) {
+    mmserve::v1::SamplingParams in;
+    set(in);
+    bool to_context = false;
+    auto p = SamplingFromProto(in, Config(), 64, &to_context);
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(p.status().message().find(field) != absl::string_view::npos);
+  };
+  refuse([](auto& in) { in.set_temperature(-1); }, "temperature");
+  refuse([](auto& in) { in.set_temperature(std::numeric_limits<float>::quiet_NaN()); },
+         "temperature");
+  refuse([](auto& in) { in.set_top_p(0); }, "top_p");
+  refuse([](auto& in) { in.set_top_p(1.5f); }, "top_p");
+  refuse([](auto& in) { in.set_top_k(-2); }, "top_k");
+  refuse([](auto& in) { in.set_min_p(2); }, "min_p");
+  refuse([](auto& in) { in.set_max_tokens(0); }, "max_tokens");
+  refuse([](auto& in) { in.set_max_tokens(65); }, "max_tokens");
+  refuse([](auto& in) { in.set_logprobs(21); }, "logprobs");
+  refuse([](auto& in) { in.add_stop_token_ids(100); }, "stop_token_ids");
+  refuse([](auto& in) { in.add_stop(""); }, "stop");
+  refuse(
+      [](auto& in) {
+        in.set_max_tokens(4);
+        in.set_min_tokens(5);
+      },
+      "min_tokens");
+}
+
+}  // namespace
+}  // namespace mmserve::model
