@@ -1,0 +1,382 @@
+#include "encoder_service/encoder_core.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "model/image_preprocess.h"
+
+namespace mmserve::encoder {
+namespace {
+
+void ToProto(const ContentHash& h, mmserve::v1::ContentHash* out) {
+  out->set_high(h.high);
+  out->set_low(h.low);
+}
+
+}  // namespace
+
+struct EncoderCore::Job {
+  std::string request_id;
+  std::string transfer_id;
+  std::vector<EncodeJob::Image> images;
+  EncodeDone done;
+  std::atomic<bool> over{false};  // done ran (success, failure or cancel)
+  absl::Mutex mu;
+  v1::EncodeResponse response ABSL_GUARDED_BY(mu);
+  size_t remaining ABSL_GUARDED_BY(mu) = 0;
+};
+
+EncoderCore::EncoderCore(const EncoderCoreOptions& options, transfer::TransferEngine& engine,
+                         metrics::Registry& metrics)
+    : options_(options), engine_(engine), metrics_(metrics), cache_(options.cache_bytes) {
+  images_encoded_ = &metrics_.GetCounter("mmserve_encoder_images_encoded_total",
+                                         "Images run through the vision tower.");
+  cache_hits_ = &metrics_.GetCounter("mmserve_encoder_cache_hits_total",
+                                     "Images whose embeddings came from the cache.");
+  cache_misses_ = &metrics_.GetCounter("mmserve_encoder_cache_misses_total",
+                                       "Images not found in the embedding cache.");
+  bad_images_ = &metrics_.GetCounter("mmserve_encoder_bad_images_total",
+                                     "Images refused (undecodable, oversized, bad hash).");
+  transfer_bytes_ = &metrics_.GetCounter("mmserve_encoder_transfer_bytes_total",
+                                         "Embedding bytes of images whose transfer completed.");
+  tower_seconds_ = &metrics_.GetHistogram(
+      "mmserve_encoder_tower_seconds", "Vision tower time per batch.", metrics::LatencyBuckets());
+  batch_images_ = &metrics_.GetHistogram(
+      "mmserve_encoder_batch_images", "Images per vision tower batch.", {1, 2, 4, 8, 16, 32, 64});
+  transfer_seconds_ = &metrics_.GetHistogram(
+      "mmserve_encoder_transfer_seconds",
+      "From publishing an image to its transfer's end (waiting for the receiver included).",
+      metrics::LatencyBuckets());
+}
+
+EncoderCore::~EncoderCore() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<EncoderCore>> EncoderCore::Create(const EncoderCoreOptions& options,
+                                                                 transfer::TransferEngine& engine,
+                                                                 metrics::Registry& metrics) {
+  std::unique_ptr<EncoderCore> core(new EncoderCore(options, engine, metrics));
+  RETURN_IF_ERROR(core->Load());
+  for (int i = 0; i < std::max(1, options.decode_threads); ++i) {
+    core->threads_.emplace_back([c = core.get()] { c->DecodeLoop(); });
+  }
+  core->threads_.emplace_back([c = core.get()] { c->TowerLoop(); });
+  core->threads_.emplace_back([c = core.get()] { c->PublishLoop(); });
+  return core;
+}
+
+absl::Status EncoderCore::Load() {
+  ASSIGN_OR_RETURN(config_, model::LoadModelConfig(options_.model_dir));
+  if (!config_.vision || !config_.preprocessor) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options_.model_dir, " is not a vision model (no vision_config or preprocessor_config)"));
+  }
+  ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options_.model_dir));
+  ASSIGN_OR_RETURN(tower_, model::VisionTower::Load(*checkpoint_, config_));
+  const transfer::EmbeddingLayout& layout = engine_.buffer().layout();
+  if (layout.hidden_size != static_cast<uint32_t>(tower_->out_hidden()) ||
+      layout.dtype_bytes != sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "send buffer holds ", layout.hidden_size, " x ", layout.dtype_bytes,
+        "-byte values per token; the tower produces ", tower_->out_hidden(), " floats"));
+  }
+  return absl::OkStatus();
+}
+
+void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
+  auto job = std::make_shared<Job>();
+  job->request_id = std::move(request.request_id);
+  job->transfer_id = std::move(request.transfer_id);
+  job->images = std::move(request.images);
+  job->done = std::move(done);
+  const size_t n = job->images.size();
+  for (size_t i = 0; i < n; ++i) {
+    const EncodeJob::Image& image = job->images[i];
+    if (HashBytes(image.data) != image.hash) {
+      bad_images_->Increment();
+      EncodeDone d = std::move(job->done);
+      d(absl::InvalidArgumentError(
+          absl::StrCat("image ", image.image_index, ": content hash does not match its bytes")));
+      return;
+    }
+  }
+  {
+    absl::MutexLock lock(&job->mu);
+    job->remaining = n;
+    for (size_t i = 0; i < n; ++i) {
+      v1::EncodedImage* e = job->response.add_images();
+      e->set_image_index(job->images[i].image_index);
+      ToProto(job->images[i].hash, e->mutable_content_hash());
+    }
+  }
+  if (n == 0) {
+    job->over = true;
+    EncodeDone d = std::move(job->done);
+    d(v1::EncodeResponse());
+    return;
+  }
+  pending_ += n;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      for (size_t i = 0; i < n; ++i) {
+        Work w{job, i, {}, cache_.Lookup(job->images[i].hash)};
+        if (w.encoded != nullptr) {
+          cache_hits_->Increment();
+          {
+            absl::MutexLock jl(&job->mu);
+            job->response.mutable_images(static_cast<int>(i))->set_cache_hit(true);
+          }
+          publish_queue_.push_back(std::move(w));
+        } else {
+          cache_misses_->Increment();
+          decode_queue_.push_back(std::move(w));
+        }
+      }
+      return;
+    }
+  }
+  pending_ -= n;
+  job->over = true;
+  job->done(absl::CancelledError("the encoder is shutting down"));
+}
+
+void EncoderCore::Cancel(const std::string& transfer_id) {
+  std::vector<std::pair<std::shared_ptr<Job>, size_t>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto* q : {&decode_queue_, &tower_queue_, &publish_queue_}) {
+      for (auto it = q->begin(); it != q->end();) {
+        if (it->job->transfer_id == transfer_id) {
+          dropped.emplace_back(it->job, it->slot);
+          it = q->erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  for (auto& [job, slot] : dropped) Complete(job, slot, absl::CancelledError("cancelled"));
+}
+
+void EncoderCore::Shutdown() {
+  std::vector<Work> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+    for (auto* q : {&decode_queue_, &tower_queue_, &publish_queue_}) {
+      for (Work& w : *q) dropped.push_back(std::move(w));
+      q->clear();
+    }
+  }
+  for (Work& w : dropped) {
+    Complete(w.job, w.slot, absl::CancelledError("the encoder is shutting down"));
+  }
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::Status status) {
+  --pending_;
+  EncodeDone done;
+  absl::StatusOr<v1::EncodeResponse> result;
+  {
+    absl::MutexLock lock(&job->mu);
+    if (job->over) return;
+    if (!status.ok()) {
+      result = std::move(status);
+    } else if (--job->remaining == 0) {
+      result = job->response;
+    } else {
+      return;
+    }
+    job->over = true;
+    done = std::move(job->done);
+  }
+  done(std::move(result));
+}
+
+void EncoderCore::DecodeLoop() {
+  for (;;) {
+    Work w;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](EncoderCore* c)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->decode_queue_.empty(); },
+          this));
+      if (stopping_) return;
+      w = std::move(decode_queue_.front());
+      decode_queue_.pop_front();
+    }
+    if (w.job->over) {
+      Complete(w.job, w.slot, absl::CancelledError("job over"));
+      continue;
+    }
+    const EncodeJob::Image& image = w.job->images[w.slot];
+    absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(image.data, options_.decode_limits);
+    absl::StatusOr<model::ImagePatches> patches =
+        rgb.ok() ? model::PreprocessImage(*rgb, *config_.preprocessor)
+                 : absl::StatusOr<model::ImagePatches>(rgb.status());
+    if (!patches.ok()) {
+      bad_images_->Increment();
+      Complete(w.job, w.slot,
+               absl::InvalidArgumentError(
+                   absl::StrCat("image ", image.image_index, ": ", patches.status().message())));
+      continue;
+    }
+    w.patches = std::move(*patches);
+    absl::MutexLock lock(&mu_);
+    tower_queue_.push_back(std::move(w));
+  }
+}
+
+void EncoderCore::TowerLoop() {
+  for (;;) {
+    std::vector<Work> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](EncoderCore* c)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->tower_queue_.empty(); },
+          this));
+      if (stopping_) return;
+      int64_t patches = 0;
+      while (!tower_queue_.empty()) {
+        const int64_t next = tower_queue_.front().patches.grid.num_patches();
+        if (!batch.empty() && patches + next > options_.max_batch_patches) break;
+        patches += next;
+        batch.push_back(std::move(tower_queue_.front()));
+        tower_queue_.pop_front();
+      }
+    }
+    RunBatch(batch);
+  }
+}
+
+void EncoderCore::RunBatch(std::vector<Work>& batch) {
+  std::vector<float> pixels;
+  std::vector<model::ImageGrid> grids;
+  std::vector<Work*> live;
+  for (Work& w : batch) {
+    if (w.job->over) {
+      Complete(w.job, w.slot, absl::CancelledError("job over"));
+      continue;
+    }
+    pixels.insert(pixels.end(), w.patches.values.begin(), w.patches.values.end());
+    grids.push_back(w.patches.grid);
+    live.push_back(&w);
+  }
+  if (live.empty()) return;
+  Stopwatch clock;
+  absl::StatusOr<std::vector<float>> out = tower_->Forward(pixels, grids);
+  tower_seconds_->Observe(clock.ElapsedSeconds());
+  batch_images_->Observe(static_cast<double>(live.size()));
+  const size_t hidden = static_cast<size_t>(tower_->out_hidden());
+  size_t row = 0;
+  std::vector<Work> ready;
+  for (Work* w : live) {
+    if (!out.ok()) {
+      Complete(w->job, w->slot, out.status());
+      continue;
+    }
+    auto encoded = std::make_shared<EncodedImage>();
+    encoded->grid = w->patches.grid;
+    const size_t rows = static_cast<size_t>(encoded->grid.num_tokens());
+    encoded->embedding.assign(out->begin() + row * hidden, out->begin() + (row + rows) * hidden);
+    row += rows;
+    images_encoded_->Increment();
+    cache_.Insert(w->job->images[w->slot].hash, encoded);
+    w->encoded = std::move(encoded);
+    w->patches = {};
+    ready.push_back(std::move(*w));
+  }
+  absl::MutexLock lock(&mu_);
+  for (Work& w : ready) publish_queue_.push_back(std::move(w));
+}
+
+void EncoderCore::PublishLoop() {
+  for (;;) {
+    Work w;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](EncoderCore* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return c->stopping_ || !c->publish_queue_.empty();
+          },
+          this));
+      if (stopping_) return;
+      w = std::move(publish_queue_.front());
+      publish_queue_.pop_front();
+    }
+    Publish(w);
+  }
+}
+
+void EncoderCore::Publish(Work& w) {
+  if (w.job->over) {
+    Complete(w.job, w.slot, absl::CancelledError("job over"));
+    return;
+  }
+  const EncodedImage& e = *w.encoded;
+  const EncodeJob::Image& image = w.job->images[w.slot];
+  const uint32_t n = static_cast<uint32_t>(e.grid.num_tokens());
+  transfer::BlockAllocator& allocator = engine_.allocator();
+  absl::StatusOr<transfer::BlockAllocation> blocks =
+      allocator.AllocWait(n, w.job->transfer_id, Deadline::After(options_.block_wait));
+  if (!blocks.ok()) {
+    Complete(
+        w.job, w.slot,
+        absl::ResourceExhaustedError(absl::StrCat(
+            "image ", image.image_index, ": no send buffer blocks: ", blocks.status().message())));
+    return;
+  }
+  // The four sections: embeddings, fill ids (from the content hash, so that
+  // prefix caching sees the image's content), M-RoPE positions within the
+  // image (t, row, column of merged patches), aux.
+  transfer::EmbeddingBuffer& buffer = engine_.buffer();
+  const transfer::ChunkRanges r = buffer.layout().ChunkInfo(*blocks, 0, n);
+  uint8_t* base = buffer.data();
+  std::memcpy(base + r[transfer::kEmbedding].offset, e.embedding.data(),
+              r[transfer::kEmbedding].size);
+  const int merge = e.grid.merge_size;
+  const int cols = e.grid.grid_w / merge;
+  const int per_t = (e.grid.grid_h / merge) * cols;
+  const int32_t fill = static_cast<int32_t>(image.hash.low & 0x7fffffff);
+  auto* fill_ids = reinterpret_cast<int32_t*>(base + r[transfer::kFillId].offset);
+  auto* mrope = reinterpret_cast<int32_t*>(base + r[transfer::kMrope].offset);
+  auto* aux = reinterpret_cast<transfer::AuxRecord*>(base + r[transfer::kAux].offset);
+  for (uint32_t t = 0; t < n; ++t) {
+    const int k = static_cast<int>(t);
+    fill_ids[t] = fill;
+    mrope[3 * t] = k / per_t;
+    mrope[3 * t + 1] = (k % per_t) / cols;
+    mrope[3 * t + 2] = k % cols;
+    aux[t] = {static_cast<int32_t>(n), static_cast<int32_t>(image.image_index), 0};
+  }
+  {
+    absl::MutexLock lock(&w.job->mu);
+    v1::EncodedImage* out = w.job->response.mutable_images(static_cast<int>(w.slot));
+    out->set_num_tokens(n);
+    out->set_grid_t(e.grid.grid_t);
+    out->set_grid_h(e.grid.grid_h);
+    out->set_grid_w(e.grid.grid_w);
+  }
+  const size_t bytes = size_t{n} * buffer.layout().BytesPerToken();
+  auto started = std::make_shared<Stopwatch>();
+  engine_.Publish({.request_id = w.job->transfer_id,
+                   .image_index = image.image_index,
+                   .blocks = *blocks,
+                   .keep_for = options_.keep_for},
+                  [this, bytes, started](absl::Status s) {
+                    transfer_seconds_->Observe(started->ElapsedSeconds());
+                    if (s.ok()) transfer_bytes_->Increment(static_cast<double>(bytes));
+                  });
+  Complete(w.job, w.slot, absl::OkStatus());
+}
+
+}  // namespace mmserve::encoder

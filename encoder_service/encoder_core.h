@@ -1,0 +1,152 @@
+// The encoder's work: images in, embeddings published for transfer out.
+//
+//   ASSIGN_OR_RETURN(auto core, EncoderCore::Create(options, engine, registry));
+//   core->Encode({.request_id = "r1", .transfer_id = "r1@encoder-0#1", .images = {...}},
+//                [](absl::StatusOr<v1::EncodeResponse> r) { ... });
+//
+// Each image flows through three stages, each on its own threads so that no
+// gRPC thread ever decodes or runs the tower:
+//   1. cache lookup (caller's thread; a hit skips 2),
+//   2. decode + preprocess on `decode_threads` workers,
+//   3. the vision tower on one thread, over batches of queued images from any
+//      requests under a patch budget (`max_batch_patches`),
+// then the publisher copies the embedding into send-buffer blocks (waiting
+// for blocks when the buffer is full: backpressure) and offers it to the
+// transfer engine under the job's transfer id. `done` runs once, when every
+// image of the job is published or the first one failed (INVALID_ARGUMENT
+// with the decoder's reason for a bad image, RESOURCE_EXHAUSTED when no send
+// blocks freed up in time, CANCELLED after Cancel or shutdown). Published
+// images are dropped by the transfer engine if no receiver takes them within
+// `keep_for`. Thread-safe.
+#ifndef MMSERVE_ENCODER_SERVICE_ENCODER_CORE_H_
+#define MMSERVE_ENCODER_SERVICE_ENCODER_CORE_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/hash.h"
+#include "common/metrics.h"
+#include "encoder_service/embedding_cache.h"
+#include "model/image_decode.h"
+#include "model/image_preprocess.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/vision_tower.h"
+#include "proto/encoder.pb.h"
+#include "transfer/transfer_engine.h"
+
+namespace mmserve::encoder {
+
+namespace v1 = ::mmserve::internal::v1;
+
+struct EncoderCoreOptions {
+  std::string model_dir;
+  int decode_threads = 1;
+  // Patches the tower takes in one forward (at least one image per batch).
+  int64_t max_batch_patches = 16384;
+  size_t cache_bytes = size_t{256} << 20;
+  model::DecodeLimits decode_limits;
+  // How long a published image waits for its receiver.
+  absl::Duration keep_for = absl::Seconds(30);
+  // How long publishing waits for send-buffer blocks.
+  absl::Duration block_wait = absl::Seconds(30);
+};
+
+struct EncodeJob {
+  std::string request_id;
+  // Request id the images are published (and transferred) under.
+  std::string transfer_id;
+  struct Image {
+    uint32_t image_index = 0;
+    std::string data;
+    ContentHash hash;
+  };
+  std::vector<Image> images;
+};
+
+using EncodeDone = std::function<void(absl::StatusOr<v1::EncodeResponse>)>;
+
+class EncoderCore {
+ public:
+  // `engine` and `metrics` must outlive the core.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<EncoderCore>> Create(
+      const EncoderCoreOptions& options, transfer::TransferEngine& engine,
+      metrics::Registry& metrics);
+  ~EncoderCore();
+  EncoderCore(const EncoderCore&) = delete;
+  EncoderCore& operator=(const EncoderCore&) = delete;
+
+  // Validates (hashes match the bytes) and queues the job; never blocks.
+  void Encode(EncodeJob job, EncodeDone done);
+  // Stops a job's images that have not been published yet (done gets
+  // CANCELLED). Published ones are the transfer engine's to drop.
+  void Cancel(const std::string& transfer_id);
+  // Fails queued work with CANCELLED and joins the threads.
+  void Shutdown();
+
+  const model::ModelConfig& config() const { return config_; }
+  // Floats per embedding token (the language model's hidden size).
+  int hidden_size() const { return tower_->out_hidden(); }
+  // Images queued or in a stage, and the embedding cache.
+  size_t num_pending() const { return pending_.load(); }
+  EmbeddingCache::Stats cache_stats() const { return cache_.stats(); }
+
+ private:
+  struct Job;
+  struct Work {
+    std::shared_ptr<Job> job;
+    size_t slot = 0;  // index into job's images
+    model::ImagePatches patches;
+    std::shared_ptr<const EncodedImage> encoded;
+  };
+
+  EncoderCore(const EncoderCoreOptions& options, transfer::TransferEngine& engine,
+              metrics::Registry& metrics);
+  absl::Status Load();
+  void DecodeLoop();
+  void TowerLoop();
+  void PublishLoop();
+  void RunBatch(std::vector<Work>& batch);
+  void Publish(Work& work);
+  // Records one image's outcome; runs done when the job is complete.
+  void Complete(const std::shared_ptr<Job>& job, size_t slot, absl::Status status);
+
+  const EncoderCoreOptions options_;
+  transfer::TransferEngine& engine_;
+  metrics::Registry& metrics_;
+  model::ModelConfig config_;
+  std::unique_ptr<model::SafetensorsCheckpoint> checkpoint_;
+  std::unique_ptr<model::VisionTower> tower_;
+  EmbeddingCache cache_;
+  std::atomic<size_t> pending_{0};
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Work> decode_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Work> tower_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Work> publish_queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+
+  metrics::Counter* images_encoded_;
+  metrics::Counter* cache_hits_;
+  metrics::Counter* cache_misses_;
+  metrics::Counter* bad_images_;
+  metrics::Counter* transfer_bytes_;
+  metrics::Histogram* tower_seconds_;
+  metrics::Histogram* batch_images_;
+  metrics::Histogram* transfer_seconds_;
+};
+
+}  // namespace mmserve::encoder
+
+#endif  // MMSERVE_ENCODER_SERVICE_ENCODER_CORE_H_

@@ -1,0 +1,161 @@
+// encoder: the encoder service process. Loads only the vision tower of a
+// model directory, serves the Encoder gRPC service, and sends embeddings to
+// language instances over UCX.
+//
+//   bazel run --config=opt //encoder_service:encoder -- \
+//       --model_dir=models/shapes-demo --port=50061 --metrics_port=9161 \
+//       --router=localhost:50051 --instance_id=encoder-0
+//
+// SIGTERM/SIGINT: stops accepting, finishes what is queued (up to
+// --drain_seconds), deregisters, and frees every block before exiting.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/grpc_server.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "common/registry_client.h"
+#include "encoder_service/encoder_core.h"
+#include "encoder_service/encoder_service.h"
+#include "transfer/transfer_engine.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (Qwen2-VL)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
+ABSL_FLAG(int, port, 50061, "gRPC port (0: pick one; the chosen port is printed)");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: pick one; -1: off)");
+ABSL_FLAG(std::string, advertise, "", "host:port the router should call (default host:port)");
+ABSL_FLAG(std::string, instance_id, "encoder-0", "unique instance id");
+ABSL_FLAG(std::string, router, "", "router's host:port to register with (empty: do not)");
+ABSL_FLAG(std::string, profile, "shm", "UCX transport profile: shm (same host) or tcp");
+ABSL_FLAG(uint32_t, block_size, 128, "embedding buffer: tokens per block");
+ABSL_FLAG(uint32_t, num_blocks, 256, "embedding buffer: blocks in the send buffer");
+ABSL_FLAG(int, cache_mb, 256, "embedding cache size in MiB (0: off)");
+ABSL_FLAG(int, decode_threads, 1, "image decode and preprocessing threads");
+ABSL_FLAG(int64_t, max_batch_patches, 16384, "patches per vision tower batch");
+ABSL_FLAG(int, keep_for_seconds, 30, "how long a published image waits for its receiver");
+ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long in-flight work may take");
+
+namespace mmserve::encoder {
+namespace {
+
+int Main() {
+  BlockTerminationSignals();
+  if (absl::GetFlag(FLAGS_model_dir).empty()) {
+    std::fprintf(stderr, "encoder: --model_dir is required\n");
+    return 2;
+  }
+  auto profile = transfer::ParseTransportProfile(absl::GetFlag(FLAGS_profile));
+  if (!profile.ok()) {
+    std::fprintf(stderr, "encoder: %s\n", profile.status().ToString().c_str());
+    return 2;
+  }
+  const std::string id = absl::GetFlag(FLAGS_instance_id);
+  auto config = model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir));
+  if (!config.ok()) {
+    std::fprintf(stderr, "encoder: %s\n", config.status().ToString().c_str());
+    return 1;
+  }
+  transfer::TransferEngineOptions topts;
+  topts.instance_id = id;
+  topts.profile = *profile;
+  topts.layout.block_size = absl::GetFlag(FLAGS_block_size);
+  topts.layout.num_blocks = absl::GetFlag(FLAGS_num_blocks);
+  topts.layout.hidden_size = static_cast<uint32_t>(config->text.hidden_size);
+  topts.layout.dtype_bytes = sizeof(float);
+  topts.default_num_blocks = 1;
+  auto engine = transfer::TransferEngine::Create(topts);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "encoder: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  metrics::Registry registry;
+  EncoderCoreOptions copts;
+  copts.model_dir = absl::GetFlag(FLAGS_model_dir);
+  copts.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  copts.max_batch_patches = absl::GetFlag(FLAGS_max_batch_patches);
+  copts.cache_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_cache_mb))) << 20;
+  copts.keep_for = absl::Seconds(absl::GetFlag(FLAGS_keep_for_seconds));
+  auto core = EncoderCore::Create(copts, **engine, registry);
+  if (!core.ok()) {
+    std::fprintf(stderr, "encoder: %s\n", core.status().ToString().c_str());
+    return 1;
+  }
+  transfer::TransferEngine& eng = **engine;
+  registry.AddGaugeCallback("mmserve_encoder_embedding_blocks_used", "Send buffer blocks in use.",
+                            {}, [&eng] { return eng.allocator().used_blocks(); });
+  registry.AddGaugeCallback("mmserve_encoder_embedding_blocks_free", "Send buffer blocks free.", {},
+                            [&eng] { return eng.allocator().free_blocks(); });
+  registry.AddGaugeCallback("mmserve_encoder_queue_length", "Images queued or being encoded.", {},
+                            [c = core->get()] { return static_cast<double>(c->num_pending()); });
+  registry.AddGaugeCallback("mmserve_encoder_cache_entries", "Images in the embedding cache.", {},
+                            [c = core->get()] { return c->cache_stats().entries; });
+  registry.AddGaugeCallback("mmserve_encoder_transfers_active", "Sender transfers alive.", {},
+                            [&eng] { return static_cast<double>(eng.counts().sending); });
+
+  EncoderService service(id, **core, eng, registry);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  auto server = StartGrpcServer(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), {&service});
+  if (!server.ok()) {
+    std::fprintf(stderr, "encoder: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto ms = metrics::MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
+    if (!ms.ok()) {
+      std::fprintf(stderr, "encoder: %s\n", ms.status().ToString().c_str());
+      return 1;
+    }
+    metrics_server = std::move(*ms);
+  }
+  const std::string advertise = absl::GetFlag(FLAGS_advertise).empty()
+                                    ? absl::StrCat(host, ":", (*server)->port())
+                                    : absl::GetFlag(FLAGS_advertise);
+  std::unique_ptr<RegistryClient> reg;
+  if (!absl::GetFlag(FLAGS_router).empty()) {
+    internal::v1::InstanceInfo info;
+    info.set_instance_id(id);
+    info.set_role(internal::v1::INSTANCE_ROLE_ENCODER);
+    info.set_grpc_address(advertise);
+    info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
+    *info.mutable_ucx() = eng.local_info().ucx();
+    info.set_tp_size(1);
+    info.mutable_capacity()->set_embedding_blocks_total(topts.layout.num_blocks);
+    info.mutable_capacity()->set_embedding_block_size(topts.layout.block_size);
+    reg = std::make_unique<RegistryClient>(RegistryClientOptions{
+        .router = absl::GetFlag(FLAGS_router), .instance = info, .load = [&service] {
+          return service.Load();
+        }});
+    reg->Start();
+  }
+  (*server)->SetServing(true);
+  // One machine-readable line for launchers (stdout), then logs on stderr.
+  std::printf("READY encoder %s grpc=%s metrics=%d\n", id.c_str(), advertise.c_str(),
+              metrics_server ? metrics_server->port() : -1);
+  std::fflush(stdout);
+
+  const int sig = WaitForTerminationSignal();
+  LOG(INFO) << "encoder " << id << ": signal " << sig << ", draining";
+  service.SetAccepting(false);
+  if (reg) reg->Stop();
+  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
+  (*core)->Shutdown();
+  core->reset();
+  engine->reset();  // fails what is left, frees every block
+  LOG(INFO) << "encoder " << id << ": stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve::encoder
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::encoder::Main();
+}
