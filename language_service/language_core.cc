@@ -1,0 +1,642 @@
+#include "language_service/language_core.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "model/chat_template.h"
+#include "model/sampling_proto.h"
+#include "proto/encoder.grpc.pb.h"
+
+namespace mmserve::language {
+namespace {
+
+constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
+
+mmserve::v1::FinishReason ToProto(worker::FinishReason r) {
+  switch (r) {
+    case worker::FinishReason::kStop:
+      return mmserve::v1::FINISH_REASON_STOP;
+    case worker::FinishReason::kLength:
+      return mmserve::v1::FINISH_REASON_LENGTH;
+    case worker::FinishReason::kStopString:
+      return mmserve::v1::FINISH_REASON_STOP_STRING;
+    case worker::FinishReason::kAbort:
+      return mmserve::v1::FINISH_REASON_ABORT;
+    case worker::FinishReason::kNone:
+      break;
+  }
+  return mmserve::v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// The prompt text: the chat rendered with the model's template, or the raw
+// text. Image parts become one placeholder each; their count must match.
+absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request, int* num_images) {
+  *num_images = 0;
+  if (request.has_chat()) {
+    std::vector<model::ChatMessage> messages;
+    for (const mmserve::v1::ChatMessage& m : request.chat().messages()) {
+      model::ChatMessage cm;
+      cm.role = m.role();
+      for (const mmserve::v1::ContentPart& p : m.content()) {
+        if (p.has_image()) {
+          cm.parts.push_back({model::ChatPart::Kind::kImage, ""});
+          ++*num_images;
+        } else {
+          cm.parts.push_back({model::ChatPart::Kind::kText, p.text()});
+        }
+      }
+      messages.push_back(std::move(cm));
+    }
+    model::ChatOptions opts;
+    opts.add_generation_prompt =
+        !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
+    return model::RenderQwen2VlChat(messages, opts);
+  }
+  if (request.has_raw()) {
+    const std::string& text = request.raw().text();
+    for (size_t at = text.find(model::kQwen2VlImagePlaceholder); at != std::string::npos;
+         at = text.find(model::kQwen2VlImagePlaceholder, at + 1)) {
+      ++*num_images;
+    }
+    return text;
+  }
+  return absl::InvalidArgumentError("the request has no prompt (chat or raw)");
+}
+
+}  // namespace
+
+struct LanguageCore::Connection {
+  std::string address;
+  enum class State { kNone, kConnecting, kConnected } state = State::kNone;
+  // (request id, image) waiting for the connection.
+  std::vector<std::pair<std::string, size_t>> waiting;
+};
+
+struct LanguageCore::Request {
+  std::string id;
+  worker::EngineRequest engine_request;  // prompt, sampling; embeddings filled on arrival
+  RequestSink sink;
+  enum class ImageState { kConnecting, kReceiving, kArrived, kLost };
+  struct Image {
+    v1::PromptImage meta;
+    ImageState state = ImageState::kConnecting;
+    Stopwatch started;
+    worker::ImageEmbedding embedding;
+  };
+  std::vector<Image> images;
+  bool in_engine = false;
+  bool aborting = false;
+  bool include_usage = true;
+  uint32_t image_tokens = 0;
+  Stopwatch since_submit;
+  double multimodal_ms = 0;
+  double admitted_at_s = -1;
+  double last_token_at_s = -1;
+  std::optional<Deadline> lost_deadline;
+
+  const std::string& TransferId(size_t k) const {
+    return images[k].meta.transfer_id().empty() ? id : images[k].meta.transfer_id();
+  }
+};
+
+LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
+                           metrics::Registry& metrics)
+    : options_(options), transfer_(transfer) {
+  resumes_ = &metrics.GetCounter("mmserve_language_resumes_total",
+                                 "Embedding transfers that needed more than one chunk.");
+  transfer_bytes_ =
+      &metrics.GetCounter("mmserve_language_transfer_bytes_total", "Embedding bytes received.");
+  lost_images_ = &metrics.GetCounter("mmserve_language_lost_images_total",
+                                     "Images whose encoder failed during the transfer.");
+  images_received_ =
+      &metrics.GetCounter("mmserve_language_images_received_total", "Images fully received.");
+  transfer_seconds_ = &metrics.GetHistogram("mmserve_language_transfer_seconds",
+                                            "From asking for an image to holding all of it.",
+                                            metrics::LatencyBuckets());
+  ttft_seconds_ = &metrics.GetHistogram("mmserve_language_ttft_seconds", "Submit to first token.",
+                                        metrics::LatencyBuckets());
+  itl_seconds_ = &metrics.GetHistogram("mmserve_language_itl_seconds",
+                                       "Gap between consecutive tokens of a request.",
+                                       metrics::LatencyBuckets());
+  e2e_seconds_ = &metrics.GetHistogram("mmserve_language_e2e_seconds", "Submit to last token.",
+                                       metrics::LatencyBuckets());
+  step_seconds_ = &metrics.GetHistogram("mmserve_language_step_seconds",
+                                        "One engine step (schedule, forward, sample).",
+                                        metrics::LatencyBuckets());
+}
+
+absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
+    const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
+    metrics::Registry& metrics) {
+  std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
+  worker::EngineOptions eo = options.engine;
+  eo.load_vision = false;
+  ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo));
+  const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
+  if (core->config().vision &&
+      (layout.hidden_size != static_cast<uint32_t>(core->config().text.hidden_size) ||
+       layout.dtype_bytes != sizeof(float))) {
+    return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
+  }
+  core->UpdateLoad();
+  core->loop_ = std::thread([c = core.get()] { c->Loop(); });
+  core->connector_ = std::thread([c = core.get()] { c->ConnectLoop(); });
+  return core;
+}
+
+LanguageCore::~LanguageCore() { Shutdown(); }
+
+void LanguageCore::Post(Task task) {
+  absl::MutexLock lock(&mu_);
+  inbox_.push_back(std::move(task));
+}
+
+absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
+  if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
+  if (!request.decode().instance_id().empty()) {
+    return absl::InvalidArgumentError("role both hands no KV to a decode instance");
+  }
+  int num_placeholders = 0;
+  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &num_placeholders));
+  if (num_placeholders != request.images_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", num_placeholders,
+                                                   " image parts but the request describes ",
+                                                   request.images_size(), " images"));
+  }
+  if (request.images_size() > 0 && !config().vision) {
+    return absl::InvalidArgumentError("this model does not accept images");
+  }
+  auto r = std::make_unique<Request>();
+  r->id = request.request_id();
+  r->sink = std::move(sink);
+  r->engine_request.id = r->id;
+  r->engine_request.prompt = std::move(prompt);
+  if (request.has_raw() && request.raw().token_ids_size() > 0) {
+    if (!request.raw().text().empty()) {
+      return absl::InvalidArgumentError("give raw text or token ids, not both");
+    }
+    r->engine_request.prompt_token_ids.assign(request.raw().token_ids().begin(),
+                                              request.raw().token_ids().end());
+  }
+  ASSIGN_OR_RETURN(
+      r->engine_request.sampling,
+      model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
+                               &r->engine_request.max_tokens_to_context));
+  r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
+  for (const v1::PromptImage& image : request.images()) {
+    if (image.encoder_id().empty() || image.encoder_address().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("image ", image.image_index(), " names no encoder"));
+    }
+    Request::Image im;
+    im.meta = image;
+    r->images.push_back(std::move(im));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
+    if (!ids_.emplace(r->id, true).second) {
+      return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
+    }
+  }
+  Post([this, req = std::shared_ptr<Request>(std::move(r))]() mutable {
+    auto owned = std::make_unique<Request>(std::move(*req));
+    Request& rr = *owned;
+    requests_[rr.id] = std::move(owned);
+    for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
+    MaybeAdmit(rr);
+  });
+  return absl::OkStatus();
+}
+
+void LanguageCore::Abort(const std::string& request_id, const std::string& reason) {
+  Post([this, request_id, reason] {
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return;
+    Request& r = *it->second;
+    if (r.in_engine) {
+      r.aborting = true;
+      engine_->Abort(request_id).IgnoreError();  // its event ends the request
+      return;
+    }
+    End(request_id, absl::CancelledError(reason));
+  });
+}
+
+bool LanguageCore::Retry(const v1::ImageRetry& retry) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ids_.count(retry.request_id()) == 0) return false;
+  }
+  Post([this, retry] {
+    auto it = requests_.find(retry.request_id());
+    if (it == requests_.end()) return;
+    Request& r = *it->second;
+    for (const v1::PromptImage& image : retry.images()) {
+      const size_t k = image.image_index();
+      if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
+      if (r.images[k].state != Request::ImageState::kLost) {
+        // The router moved an image whose source has not failed here (yet):
+        // its other unfinished images from that source are lost with it.
+        LoseImages(r, r.TransferId(k), absl::UnavailableError("moved by the router"));
+      }
+      r.images[k].meta = image;
+      r.images[k].started = Stopwatch();
+      StartImage(r, k);
+    }
+    bool lost = false;
+    for (const auto& im : r.images) lost |= im.state == Request::ImageState::kLost;
+    if (!lost) r.lost_deadline.reset();
+  });
+  return true;
+}
+
+void LanguageCore::StartImage(Request& r, size_t k) {
+  Request::Image& im = r.images[k];
+  im.state = Request::ImageState::kConnecting;
+  auto& conn = connections_[im.meta.encoder_id()];
+  if (conn == nullptr) conn = std::make_unique<Connection>();
+  if (conn->address != im.meta.encoder_address()) {
+    conn->address = im.meta.encoder_address();
+    conn->state = Connection::State::kNone;
+  }
+  switch (conn->state) {
+    case Connection::State::kConnected:
+      StartReceive(r, k);
+      return;
+    case Connection::State::kConnecting:
+      conn->waiting.emplace_back(r.id, k);
+      return;
+    case Connection::State::kNone:
+      conn->state = Connection::State::kConnecting;
+      conn->waiting.emplace_back(r.id, k);
+      absl::MutexLock lock(&mu_);
+      connects_.emplace_back(im.meta.encoder_id(), conn->address);
+      return;
+  }
+}
+
+void LanguageCore::ConnectLoop() {
+  for (;;) {
+    std::pair<std::string, std::string> job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](LanguageCore* c)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->connects_.empty(); },
+          this));
+      if (stopping_) return;
+      job = connects_.front();
+      connects_.pop_front();
+    }
+    auto stub = v1::Encoder::NewStub(InternalChannel(job.second));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoNanoseconds(options_.connect_timeout));
+    v1::ConnectResponse resp;
+    grpc::Status gs = stub->Connect(&ctx, transfer_.local_info(), &resp);
+    absl::Status status;
+    if (!gs.ok()) {
+      status = absl::UnavailableError(absl::StrCat("connect to encoder ", job.first, " at ",
+                                                   job.second, ": ", gs.error_message()));
+    } else if (resp.instance_id() != job.first) {
+      status = absl::UnavailableError(
+          absl::StrCat("encoder at ", job.second, " is ", resp.instance_id(), ", not ", job.first));
+    } else {
+      v1::ConnectRequest peer;
+      peer.set_instance_id(resp.instance_id());
+      *peer.mutable_ucx() = resp.ucx();
+      *peer.mutable_embedding_buffer() = resp.embedding_buffer();
+      status = transfer_.Connect(peer);
+    }
+    if (status.ok()) LOG(INFO) << "connected to encoder " << job.first << " at " << job.second;
+    Post([this, job, status] { OnConnected(job.first, job.second, status); });
+  }
+}
+
+void LanguageCore::OnConnected(const std::string& encoder, const std::string& address,
+                               absl::Status status) {
+  auto& conn = connections_[encoder];
+  if (conn == nullptr || conn->address != address) return;  // superseded
+  conn->state = status.ok() ? Connection::State::kConnected : Connection::State::kNone;
+  std::vector<std::pair<std::string, size_t>> waiting = std::move(conn->waiting);
+  conn->waiting.clear();
+  for (const auto& [id, k] : waiting) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    if (k >= r.images.size() || r.images[k].state != Request::ImageState::kConnecting ||
+        r.images[k].meta.encoder_id() != encoder) {
+      continue;
+    }
+    if (status.ok()) {
+      StartReceive(r, k);
+    } else {
+      LoseImages(r, r.TransferId(k), status);
+    }
+  }
+}
+
+void LanguageCore::StartReceive(Request& r, size_t k) {
+  Request::Image& im = r.images[k];
+  im.state = Request::ImageState::kReceiving;
+  transfer::ReceiveRequest rr;
+  rr.request_id = r.TransferId(k);
+  rr.image_index = static_cast<uint32_t>(k);
+  rr.sender = im.meta.encoder_id();
+  rr.known_tokens = im.meta.num_tokens();
+  rr.timeout = options_.transfer_timeout;
+  transfer_.Receive(std::move(rr), [this, id = r.id, k, tid = r.TransferId(k)](
+                                       absl::StatusOr<transfer::ReceivedImage> image) {
+    auto shared = std::make_shared<absl::StatusOr<transfer::ReceivedImage>>(std::move(image));
+    Post([this, id, k, tid, shared] { OnImage(id, k, tid, std::move(*shared)); });
+  });
+}
+
+void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
+                           absl::StatusOr<transfer::ReceivedImage> image) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (k >= r.images.size() || r.TransferId(k) != transfer_id ||
+      r.images[k].state != Request::ImageState::kReceiving) {
+    return;  // a superseded source
+  }
+  if (!image.ok()) {
+    if (image.status().code() == absl::StatusCode::kUnavailable ||
+        image.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      // The encoder may be gone: reconnect before its next use.
+      auto c = connections_.find(r.images[k].meta.encoder_id());
+      if (c != connections_.end() && c->second->state == Connection::State::kConnected) {
+        c->second->state = Connection::State::kNone;
+      }
+    }
+    LoseImages(r, transfer_id, image.status());
+    return;
+  }
+  // The grid from the M-RoPE section (t, row, column of each merged token):
+  // exact whether or not the router could pre-size the image.
+  const uint32_t n = image->total_tokens();
+  const std::string mrope = image->Section(transfer::kMrope);
+  const std::string emb = image->Section(transfer::kEmbedding);
+  image->Release();
+  int32_t t_max = 0, h_max = 0, w_max = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    int32_t p[3];
+    std::memcpy(p, mrope.data() + 12 * i, 12);
+    t_max = std::max(t_max, p[0]);
+    h_max = std::max(h_max, p[1]);
+    w_max = std::max(w_max, p[2]);
+  }
+  const int merge = config().vision ? config().vision->spatial_merge_size : 2;
+  worker::ImageEmbedding& e = r.images[k].embedding;
+  e.grid = model::ImageGrid::FromThw(t_max + 1, (h_max + 1) * merge, (w_max + 1) * merge, merge);
+  if (e.grid.num_tokens() != static_cast<int64_t>(n)) {
+    LoseImages(r, transfer_id,
+               absl::DataLossError(absl::StrCat("image ", k, ": M-RoPE section of ", n,
+                                                " tokens does not describe a grid")));
+    return;
+  }
+  e.values.resize(emb.size() / sizeof(float));
+  std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
+  const auto& h = r.images[k].meta.content_hash();
+  e.key = ContentHash{h.high(), h.low()};
+  r.images[k].state = Request::ImageState::kArrived;
+  r.image_tokens += n;
+  images_received_->Increment();
+  transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
+  transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
+  if (image->num_chunks() > 1) resumes_->Increment(image->num_chunks() - 1);
+  MaybeAdmit(r);
+}
+
+void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why) {
+  v1::TokenBatch batch;
+  batch.set_request_id(r.id);
+  bool cancel = false;
+  for (size_t j = 0; j < r.images.size(); ++j) {
+    Request::Image& im = r.images[j];
+    if (r.TransferId(j) != transfer_id || im.state == Request::ImageState::kArrived ||
+        im.state == Request::ImageState::kLost) {
+      continue;
+    }
+    cancel |= im.state == Request::ImageState::kReceiving;
+    im.state = Request::ImageState::kLost;
+    batch.add_lost_images(static_cast<uint32_t>(j));
+  }
+  if (cancel) transfer_.Cancel(transfer_id, std::string(why.message()));
+  if (batch.lost_images_size() == 0) return;
+  lost_images_->Increment(batch.lost_images_size());
+  batch.set_lost_reason(std::string(why.message()));
+  LOG(WARNING) << "request " << r.id << ": lost " << batch.lost_images_size() << " image(s) from "
+               << transfer_id << ": " << why;
+  if (!r.lost_deadline) r.lost_deadline = Deadline::After(options_.lost_image_timeout);
+  r.sink.on_batch(std::move(batch));
+}
+
+void LanguageCore::MaybeAdmit(Request& r) {
+  for (const auto& im : r.images) {
+    if (im.state != Request::ImageState::kArrived) return;
+  }
+  r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
+  for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
+  const std::string id = r.id;
+  absl::Status s = engine_->AddRequest(std::move(r.engine_request),
+                                       [this](const worker::StreamEvent& e) { OnEvent(e); });
+  if (!s.ok()) {
+    End(id, s);
+    return;
+  }
+  r.in_engine = true;
+  r.admitted_at_s = r.since_submit.ElapsedSeconds();
+}
+
+void LanguageCore::OnEvent(const worker::StreamEvent& e) {
+  auto it = requests_.find(e.request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (r.aborting) {
+    End(r.id, absl::CancelledError("aborted"));
+    return;
+  }
+  const double now = r.since_submit.ElapsedSeconds();
+  if (!e.token_ids.empty()) {
+    if (r.last_token_at_s < 0) {
+      ttft_seconds_->Observe(now);
+    } else {
+      itl_seconds_->Observe(now - r.last_token_at_s);
+    }
+    r.last_token_at_s = now;
+  }
+  v1::TokenBatch b;
+  b.set_request_id(r.id);
+  b.set_text(e.text);
+  for (int32_t t : e.token_ids) b.add_token_ids(static_cast<uint32_t>(t));
+  const model::Tokenizer& tok = engine_->tokenizer();
+  for (const model::SampleResult& s : e.logprobs) {
+    mmserve::v1::PositionLogprobs* pl = b.add_logprobs();
+    pl->mutable_sampled()->set_token_id(static_cast<uint32_t>(s.token));
+    pl->mutable_sampled()->set_logprob(s.logprob);
+    pl->mutable_sampled()->set_text(tok.Decode({s.token}, false).value_or(""));
+    for (const model::TokenLogprob& t : s.top) {
+      mmserve::v1::TokenLogprob* tl = pl->add_top();
+      tl->set_token_id(static_cast<uint32_t>(t.token));
+      tl->set_logprob(t.logprob);
+      tl->set_text(tok.Decode({t.token}, false).value_or(""));
+    }
+  }
+  if (e.finish_reason != worker::FinishReason::kNone) {
+    b.set_finish_reason(ToProto(e.finish_reason));
+    b.set_matched_stop(e.matched_stop);
+    if (r.include_usage) {
+      mmserve::v1::Usage* u = b.mutable_usage();
+      u->set_prompt_tokens(static_cast<uint32_t>(e.prompt_tokens));
+      u->set_completion_tokens(static_cast<uint32_t>(e.completion_tokens));
+      u->set_cached_prompt_tokens(static_cast<uint32_t>(e.cached_prompt_tokens));
+      u->set_image_tokens(r.image_tokens);
+    }
+    b.set_seed(r.engine_request.sampling.seed);
+    mmserve::v1::RequestTiming* t = b.mutable_timing();
+    t->set_multimodal_ms(r.multimodal_ms);
+    t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3 - r.multimodal_ms));
+    t->set_e2e_ms(now * 1e3);
+    e2e_seconds_->Observe(now);
+  }
+  const bool final = e.finish_reason != worker::FinishReason::kNone;
+  r.sink.on_batch(std::move(b));
+  if (final) End(r.id, absl::OkStatus());
+}
+
+void LanguageCore::End(const std::string& id, absl::Status status) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  std::unique_ptr<Request> r = std::move(it->second);
+  requests_.erase(it);
+  if (r->in_engine && !status.ok() && !r->aborting) engine_->Abort(id).IgnoreError();
+  std::set<std::string> cancel;
+  for (size_t k = 0; k < r->images.size(); ++k) {
+    if (r->images[k].state == Request::ImageState::kReceiving) cancel.insert(r->TransferId(k));
+  }
+  for (const std::string& t : cancel) transfer_.Cancel(t, std::string(status.message()));
+  {
+    absl::MutexLock lock(&mu_);
+    ids_.erase(id);
+  }
+  r->sink.on_end(std::move(status));
+}
+
+void LanguageCore::CheckLostDeadlines() {
+  std::vector<std::string> expired;
+  for (const auto& [id, r] : requests_) {
+    if (r->lost_deadline && r->lost_deadline->Expired()) expired.push_back(id);
+  }
+  for (const std::string& id : expired) {
+    End(id, absl::UnavailableError("an image's encoder failed and no other encoder took over"));
+  }
+}
+
+void LanguageCore::Loop() {
+  for (;;) {
+    std::deque<Task> tasks;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!engine_->has_unfinished()) {
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](LanguageCore* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return c->stopping_ || !c->inbox_.empty();
+                                 },
+                                 this),
+                             kIdleWait);
+      }
+      if (stopping_) break;
+      tasks.swap(inbox_);
+    }
+    for (Task& t : tasks) t();
+    CheckLostDeadlines();
+    if (engine_->has_unfinished()) {
+      Stopwatch clock;
+      absl::Status s = engine_->Step();
+      step_seconds_->Observe(clock.ElapsedSeconds());
+      if (!s.ok()) {
+        LOG(ERROR) << "engine step failed: " << s;
+        std::vector<std::string> live;
+        for (const auto& [id, r] : requests_) {
+          if (r->in_engine) live.push_back(id);
+        }
+        for (const std::string& id : live) End(id, absl::InternalError(s.message()));
+      }
+    }
+    UpdateLoad();
+  }
+  // Shutting down: run what was posted (transfer results free their blocks),
+  // then end every request.
+  std::deque<Task> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    tasks.swap(inbox_);
+  }
+  for (Task& t : tasks) t();
+  std::vector<std::string> live;
+  for (const auto& [id, r] : requests_) live.push_back(id);
+  for (const std::string& id : live) {
+    End(id, absl::UnavailableError("the language instance is shutting down"));
+  }
+}
+
+void LanguageCore::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+  if (connector_.joinable()) connector_.join();
+}
+
+void LanguageCore::UpdateLoad() {
+  v1::LoadReport load;
+  load.set_instance_id(options_.instance_id);
+  const scheduler::Scheduler& s = engine_->scheduler();
+  load.set_running(static_cast<uint32_t>(s.num_running()));
+  load.set_waiting(static_cast<uint32_t>(requests_.size()) -
+                   static_cast<uint32_t>(s.num_running()));
+  uint64_t outstanding = 0;
+  for (const auto& [id, r] : requests_) {
+    if (!r->in_engine) outstanding += r->engine_request.prompt.size() / 4 + 1;
+  }
+  load.set_outstanding_tokens(outstanding + static_cast<uint64_t>(s.num_waiting()) * 64);
+  load.set_kv_blocks_free(static_cast<uint32_t>(s.kv_cache().num_free_blocks()));
+  load.set_embedding_blocks_free(transfer_.allocator().free_blocks());
+  load.set_accepting(true);
+  absl::MutexLock lock(&load_mu_);
+  load_ = std::move(load);
+}
+
+v1::LoadReport LanguageCore::Load() const {
+  absl::MutexLock lock(&load_mu_);
+  return load_;
+}
+
+v1::Capacity LanguageCore::Capacity() const {
+  v1::Capacity c;
+  c.set_kv_blocks_total(static_cast<uint32_t>(engine_->sizing().num_kv_blocks));
+  c.set_kv_block_size(static_cast<uint32_t>(engine_->scheduler().kv_cache().block_size()));
+  c.set_embedding_blocks_total(transfer_.allocator().num_blocks());
+  c.set_embedding_block_size(transfer_.allocator().block_size());
+  c.set_max_model_len(static_cast<uint32_t>(engine_->sizing().max_model_len));
+  return c;
+}
+
+size_t LanguageCore::num_requests() const {
+  absl::MutexLock lock(&const_cast<LanguageCore*>(this)->mu_);
+  return ids_.size();
+}
+
+}  // namespace mmserve::language

@@ -1,0 +1,146 @@
+// The language instance's work (role both): requests in, tokens out, with
+// image embeddings arriving over UCX from encoder services.
+//
+//   ASSIGN_OR_RETURN(auto core, LanguageCore::Create(options, transfer_engine, registry));
+//   RETURN_IF_ERROR(core->Submit(prefill_request, {.on_batch = ..., .on_end = ...}));
+//
+// One loop thread owns the engine (scheduler, KV cache, model) and every
+// request's state; everything else posts closures to it. A request whose
+// embeddings are still in flight waits outside the engine: the loop never
+// blocks on a transfer (seed 000's principle inside one process) and keeps
+// stepping the requests that are ready. Per image: connect to its encoder
+// (once per encoder, on the connector thread), receive its embedding (exact
+// allocation when the router pre-sized it, else default-then-resume), derive
+// its grid from the M-RoPE section, free the blocks. When an image's source
+// fails (lost peer, deadline, corrupt data), the request reports the lost
+// images in its stream (TokenBatch.lost_images) and waits up to
+// `lost_image_timeout` for Retry with new sources. Sinks run on the loop
+// thread and must not block. Thread-safe.
+#ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
+#define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "proto/language.pb.h"
+#include "proto/registry.pb.h"
+#include "transfer/transfer_engine.h"
+#include "worker/engine.h"
+
+namespace mmserve::language {
+
+namespace v1 = ::mmserve::internal::v1;
+
+struct LanguageCoreOptions {
+  std::string instance_id;
+  worker::EngineOptions engine;
+  // One image's transfer, from init to its last chunk.
+  absl::Duration transfer_timeout = absl::Seconds(30);
+  // How long a request with lost images waits for the router's retry.
+  absl::Duration lost_image_timeout = absl::Seconds(10);
+  // The encoder Connect call.
+  absl::Duration connect_timeout = absl::Seconds(3);
+};
+
+// A request's outputs, called on the loop thread. on_batch for every batch
+// (tokens, or lost images); on_end exactly once: OK after the batch that
+// carried finish_reason, or the error that ended the request.
+struct RequestSink {
+  std::function<void(v1::TokenBatch)> on_batch;
+  std::function<void(absl::Status)> on_end;
+};
+
+class LanguageCore {
+ public:
+  // `transfer` and `metrics` must outlive the core.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LanguageCore>> Create(
+      const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
+      metrics::Registry& metrics);
+  ~LanguageCore();
+  LanguageCore(const LanguageCore&) = delete;
+  LanguageCore& operator=(const LanguageCore&) = delete;
+
+  // Checks what can be checked at once (chat, image parts against `images`,
+  // sampling, a duplicate id) and queues the request; on error nothing was
+  // queued and the sink is never called.
+  [[nodiscard]] absl::Status Submit(const v1::PrefillRequest& request, RequestSink sink);
+  // Ends the request with CANCELLED (its sink's on_end) and frees everything
+  // it holds, here and at its encoders. Unknown ids are ignored.
+  void Abort(const std::string& request_id, const std::string& reason);
+  // New sources for lost images; false when the request is unknown.
+  bool Retry(const v1::ImageRetry& retry);
+  // Ends every request with UNAVAILABLE and stops the loop. Idempotent.
+  void Shutdown();
+
+  v1::LoadReport Load() const;
+  v1::Capacity Capacity() const;
+  const model::ModelConfig& config() const { return engine_->config(); }
+  // Live requests (waiting for images or in the engine).
+  size_t num_requests() const;
+
+ private:
+  struct Request;
+  struct Connection;
+  using Task = std::function<void()>;
+
+  LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
+               metrics::Registry& metrics);
+  void Post(Task task);
+  void Loop();
+  void ConnectLoop();
+  // Loop thread only, from here on.
+  void StartImage(Request& r, size_t k);
+  void StartReceive(Request& r, size_t k);
+  void OnConnected(const std::string& encoder, const std::string& address, absl::Status status);
+  void OnImage(const std::string& id, size_t k, const std::string& transfer_id,
+               absl::StatusOr<transfer::ReceivedImage> image);
+  void LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why);
+  void MaybeAdmit(Request& r);
+  void OnEvent(const worker::StreamEvent& e);
+  void End(const std::string& id, absl::Status status);
+  void CheckLostDeadlines();
+  void UpdateLoad();
+
+  const LanguageCoreOptions options_;
+  transfer::TransferEngine& transfer_;
+  std::unique_ptr<worker::LlmEngine> engine_;
+
+  absl::Mutex mu_;
+  std::deque<Task> inbox_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<std::string, std::string>> connects_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Ids known to the loop (Submit refuses duplicates; Retry answers known).
+  std::map<std::string, bool> ids_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex load_mu_;
+  v1::LoadReport load_ ABSL_GUARDED_BY(load_mu_);
+
+  // Loop thread only.
+  std::map<std::string, std::unique_ptr<Request>> requests_;
+  std::map<std::string, std::unique_ptr<Connection>> connections_;
+
+  metrics::Counter* resumes_;
+  metrics::Counter* transfer_bytes_;
+  metrics::Counter* lost_images_;
+  metrics::Counter* images_received_;
+  metrics::Histogram* transfer_seconds_;
+  metrics::Histogram* ttft_seconds_;
+  metrics::Histogram* itl_seconds_;
+  metrics::Histogram* e2e_seconds_;
+  metrics::Histogram* step_seconds_;
+
+  std::thread loop_;
+  std::thread connector_;
+};
+
+}  // namespace mmserve::language
+
+#endif  // MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
