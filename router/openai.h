@@ -72,7 +72,8 @@ struct OpenAiChatRequest {
 
 // What a reply needs besides the GenerateResponse stream.
 struct CompletionContext {
-  std::string model;           // echoed as "model"
+  // Echoed as "model": the served model's id (the client may have named none).
+  std::string model;
   int64_t created = 0;         // unix seconds, echoed as "created"
   bool logprobs = false;       // the request asked for logprobs
   bool include_usage = false;  // streams only: send the usage chunk
