@@ -1,0 +1,164 @@
+// OpenAI-compatible Chat Completions mapped onto the public proto, the way
+// vLLM's server does it. Pure functions and small value classes, no I/O.
+//
+//   // POST /v1/chat/completions
+//   ASSIGN_OR_RETURN(OpenAiChatRequest chat, ParseChatCompletionRequest(body, limits));
+//   CompletionContext ctx{chat.model, absl::ToUnixSeconds(absl::Now()),
+//                         chat.request.sampling().has_logprobs(), chat.include_usage};
+//   if (!chat.stream) {
+//     ChatCompletionBuilder reply(ctx);
+//     for (const GenerateResponse& r : stream) reply.Add(r);
+//     Send(200, "application/json", reply.Json());
+//   } else {
+//     ChatCompletionStream sse(ctx);  // Content-Type: text/event-stream
+//     for (const GenerateResponse& r : stream) Send(sse.OnResponse(r));
+//     // on a gRPC error after the first byte: Send(sse.OnError(status));
+//   }
+//   // on an error before any byte: Send(HttpStatusFor(s.code()), ErrorJson(s));
+//
+// Fields read from the request: model, messages (role system/user/assistant,
+// "developer" as system; content a string or a list of text and image_url
+// parts, images only as data: URLs with base64), stream,
+// stream_options.include_usage, temperature, top_p, top_k (-1 = off, as in
+// vLLM), min_p, seed, max_tokens / max_completion_tokens (the latter wins),
+// stop, stop_token_ids, ignore_eos, min_tokens, logprobs + top_logprobs,
+// skip_special_tokens, add_generation_prompt, n (1 only). Fields that change
+// nothing at their neutral value (presence_penalty 0, frequency_penalty 0,
+// repetition_penalty 1, n 1, logit_bias {}, tools [], response_format text,
+// ...) are accepted there and refused elsewhere; user, metadata and other
+// unknown fields are ignored, as vLLM does. Value ranges (temperature >= 0,
+// ...) are left to the router's SamplingParams validation, so both APIs
+// refuse the same values with the same reasons; only values the proto cannot
+// hold (negative counts, non-integers) are refused here.
+//
+// Thread-safety: free functions are thread-safe; a builder or stream object
+// belongs to one request and is not thread-safe.
+#ifndef MMSERVE_ROUTER_OPENAI_H_
+#define MMSERVE_ROUTER_OPENAI_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/inference.pb.h"
+
+namespace mmserve::router {
+
+struct OpenAiLimits {
+  size_t max_body_bytes = 64 << 20;   // whole JSON body
+  size_t max_image_bytes = 20 << 20;  // one decoded image
+  int max_images = 16;                // images per request
+};
+
+struct OpenAiChatRequest {
+  mmserve::v1::GenerateRequest request;
+  bool stream = false;
+  // stream_options.include_usage: send a usage chunk before [DONE].
+  bool include_usage = false;
+  // The model as the client named it ("" when absent); also in request.model.
+  std::string model;
+};
+
+// Parses a POST /v1/chat/completions body. Every refusal is
+// INVALID_ARGUMENT with a reason naming the field ("messages[1].content[0]:
+// ..."). request.stream always asks for usage (the non-streamed reply needs
+// it); request_id is left empty for the router to assign.
+[[nodiscard]] absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(
+    absl::string_view json_body, const OpenAiLimits& limits);
+
+// What a reply needs besides the GenerateResponse stream.
+struct CompletionContext {
+  // Echoed as "model": the served model's id (the client may have named none).
+  std::string model;
+  int64_t created = 0;         // unix seconds, echoed as "created"
+  bool logprobs = false;       // the request asked for logprobs
+  bool include_usage = false;  // streams only: send the usage chunk
+};
+
+// OpenAI's finish_reason for ours: STOP and STOP_STRING -> "stop", LENGTH ->
+// "length", ABORT -> "abort" (as vLLM); "" while unfinished.
+std::string OpenAiFinishReason(mmserve::v1::FinishReason reason);
+
+// Collects a whole GenerateResponse stream into one chat.completion body.
+class ChatCompletionBuilder {
+ public:
+  explicit ChatCompletionBuilder(CompletionContext ctx) : ctx_(std::move(ctx)) {}
+
+  void Add(const mmserve::v1::GenerateResponse& response);
+  // Whether a response with a finish reason has arrived.
+  bool finished() const { return finish_reason_ != mmserve::v1::FINISH_REASON_UNSPECIFIED; }
+  // The "chat.completion" object: id "chatcmpl-<request_id>", choices[0]
+  // with message {role, content}, finish_reason, logprobs (null unless
+  // requested), and usage.
+  std::string Json() const;
+
+ private:
+  CompletionContext ctx_;
+  std::string request_id_;
+  std::string text_;
+  google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs_;
+  mmserve::v1::FinishReason finish_reason_ = mmserve::v1::FINISH_REASON_UNSPECIFIED;
+  std::string matched_stop_;
+  mmserve::v1::Usage usage_;
+};
+
+// One "chat.completion.chunk" for one GenerateResponse: delta.role
+// "assistant" when `first`, delta.content the response's text, logprobs when
+// requested, finish_reason on the final response (null before), and
+// "usage": null when ctx.include_usage (OpenAI's shape: usage comes in its
+// own last chunk).
+std::string ChatCompletionChunkJson(const CompletionContext& ctx,
+                                    const mmserve::v1::GenerateResponse& response, bool first);
+// The usage chunk sent after the final chunk when include_usage: empty
+// choices and the usage object.
+std::string ChatCompletionUsageChunkJson(const CompletionContext& ctx,
+                                         const std::string& request_id,
+                                         const mmserve::v1::Usage& usage);
+
+// "data: <json>\n\n".
+std::string SseEvent(absl::string_view json);
+// "data: [DONE]\n\n", the stream's last event.
+std::string SseDone();
+
+// Turns a GenerateResponse stream into SSE events.
+class ChatCompletionStream {
+ public:
+  explicit ChatCompletionStream(CompletionContext ctx) : ctx_(std::move(ctx)) {}
+
+  // The events for one response (possibly none): the first call opens with
+  // the role; a response with nothing to say sends nothing; the final
+  // response ends with its finish chunk, the usage chunk when requested, and
+  // [DONE].
+  std::string OnResponse(const mmserve::v1::GenerateResponse& response);
+  // An error after the stream began (HTTP status already sent): an event
+  // holding ErrorJson(status), then [DONE], as vLLM does.
+  std::string OnError(const absl::Status& status);
+  bool done() const { return done_; }
+
+ private:
+  CompletionContext ctx_;
+  bool first_ = true;
+  bool done_ = false;
+};
+
+// HTTP status for a Status code: INVALID_ARGUMENT 400, NOT_FOUND 404,
+// RESOURCE_EXHAUSTED 429, CANCELLED 499, UNIMPLEMENTED 501, UNAVAILABLE 503,
+// DEADLINE_EXCEEDED 504, OK 200, anything else 500.
+int HttpStatusFor(absl::StatusCode code);
+
+// {"error":{"message":..., "type":..., "param":null, "code":<http status>}}.
+// type is OpenAI's "invalid_request_error" for 400s, "not_found_error",
+// "rate_limit_error", "server_error" for 5xx and "cancelled" for 499.
+std::string ErrorJson(const absl::Status& status);
+
+// GET /v1/models: {"object":"list","data":[{"id", "object":"model",
+// "created", "owned_by":"mmserve", "max_model_len"}, ...]}.
+std::string ModelsJson(const mmserve::v1::ListModelsResponse& models, int64_t created = 0);
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_OPENAI_H_

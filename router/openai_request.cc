@@ -1,0 +1,365 @@
+// ParseChatCompletionRequest: the request half of router/openai.h.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "router/data_url.h"
+#include "router/openai.h"
+
+namespace mmserve::router {
+namespace {
+
+using json = nlohmann::json;
+using mmserve::v1::ChatMessage;
+using mmserve::v1::ContentPart;
+using mmserve::v1::SamplingParams;
+
+absl::Status FieldError(absl::string_view field, absl::string_view reason) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
+}
+
+// The value of obj[key], or nullptr when absent or JSON null (clients send
+// null for "unset").
+const json* Find(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<bool> GetBool(const json& v, absl::string_view field) {
+  if (!v.is_boolean()) return FieldError(field, "must be a boolean");
+  return v.get<bool>();
+}
+
+absl::StatusOr<std::string> GetString(const json& v, absl::string_view field) {
+  if (!v.is_string()) return FieldError(field, "must be a string");
+  return v.get<std::string>();
+}
+
+absl::StatusOr<double> GetNumber(const json& v, absl::string_view field) {
+  if (!v.is_number()) return FieldError(field, "must be a number");
+  double d = v.get<double>();
+  if (!std::isfinite(d)) return FieldError(field, "must be finite");
+  return d;
+}
+
+// An integer in [min, max]; integral floats such as 5.0 count as integers
+// (pydantic, behind vLLM and the openai package, accepts them too).
+absl::StatusOr<int64_t> GetInteger(const json& v, absl::string_view field, int64_t min,
+                                   int64_t max) {
+  int64_t value;
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(max)) {
+      return FieldError(field, absl::StrCat("must be at most ", max));
+    }
+    value = static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    value = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (!std::isfinite(d) || std::trunc(d) != d) return FieldError(field, "must be an integer");
+    if (d < -9.2e18 || d > 9.2e18) return FieldError(field, "is out of range");
+    value = static_cast<int64_t>(d);
+  } else {
+    return FieldError(field, "must be an integer");
+  }
+  if (value < min) return FieldError(field, absl::StrCat("must be at least ", min));
+  if (value > max) return FieldError(field, absl::StrCat("must be at most ", max));
+  return value;
+}
+
+constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
+
+// Fields accepted only at the value that changes nothing.
+absl::Status CheckNeutralFields(const json& body) {
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (const json* v = Find(body, key)) {
+      ASSIGN_OR_RETURN(double d, GetNumber(*v, key));
+      if (d != 0) return FieldError(key, "values other than 0 are not supported");
+    }
+  }
+  if (const json* v = Find(body, "repetition_penalty")) {
+    ASSIGN_OR_RETURN(double d, GetNumber(*v, "repetition_penalty"));
+    if (d != 1) return FieldError("repetition_penalty", "values other than 1 are not supported");
+  }
+  for (const char* key : {"n", "best_of"}) {
+    if (const json* v = Find(body, key)) {
+      ASSIGN_OR_RETURN(int64_t count, GetInteger(*v, key, 1, 128));
+      if (count != 1) return FieldError(key, "only 1 choice per request is supported");
+    }
+  }
+  for (const char* key : {"use_beam_search", "echo"}) {
+    if (const json* v = Find(body, key)) {
+      ASSIGN_OR_RETURN(bool on, GetBool(*v, key));
+      if (on) return FieldError(key, "is not supported");
+    }
+  }
+  if (const json* v = Find(body, "logit_bias")) {
+    if (!v->is_object()) return FieldError("logit_bias", "must be an object");
+    if (!v->empty()) return FieldError("logit_bias", "is not supported");
+  }
+  for (const char* key : {"tools", "functions"}) {
+    if (const json* v = Find(body, key)) {
+      if (!v->is_array()) return FieldError(key, "must be an array");
+      if (!v->empty()) return FieldError(key, "tool calling is not supported");
+    }
+  }
+  for (const char* key : {"tool_choice", "function_call"}) {
+    if (const json* v = Find(body, key)) {
+      if (!(v->is_string() && (*v == "none" || *v == "auto"))) {
+        return FieldError(key, "tool calling is not supported");
+      }
+    }
+  }
+  if (const json* v = Find(body, "response_format")) {
+    const json* type = v->is_object() ? Find(*v, "type") : nullptr;
+    if (type == nullptr || *type != "text") {
+      return FieldError("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+  if (const json* v = Find(body, "modalities")) {
+    if (!v->is_array()) return FieldError("modalities", "must be an array");
+    for (const json& m : *v) {
+      if (m != "text") return FieldError("modalities", "only \"text\" output is supported");
+    }
+  }
+  for (const char* key : {"audio", "prediction"}) {
+    if (Find(body, key) != nullptr) return FieldError(key, "is not supported");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseImagePart(const json& part, const std::string& field, const OpenAiLimits& limits,
+                            ContentPart* out) {
+  const json* image_url = Find(part, "image_url");
+  if (image_url == nullptr) return FieldError(field, "image_url part without \"image_url\"");
+  std::string url_field = field + ".image_url";
+  const json* url = image_url;
+  if (image_url->is_object()) {
+    url_field += ".url";
+    url = Find(*image_url, "url");
+    if (url == nullptr) return FieldError(url_field, "missing");
+  }
+  ASSIGN_OR_RETURN(std::string text, GetString(*url, url_field));
+  if (absl::StartsWithIgnoreCase(text, "http://") || absl::StartsWithIgnoreCase(text, "https://")) {
+    return FieldError(url_field, "remote image URLs are not fetched; send a data: URL");
+  }
+  absl::StatusOr<DataUrl> data = ParseDataUrl(text, limits.max_image_bytes);
+  if (!data.ok()) return FieldError(url_field, data.status().message());
+  if (!absl::StartsWith(data->mime_type, "image/")) {
+    return FieldError(url_field, absl::StrCat("media type \"", data->mime_type,
+                                              "\" is not an image (data:image/...;base64,...)"));
+  }
+  if (data->data.empty()) return FieldError(url_field, "empty image");
+  mmserve::v1::Image* image = out->mutable_image();
+  image->set_data(std::move(data->data));
+  image->set_mime_type(std::move(data->mime_type));
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiLimits& limits,
+                          int* images, ChatMessage* out) {
+  if (!m.is_object()) return FieldError(field, "must be an object");
+  const json* role_json = Find(m, "role");
+  if (role_json == nullptr) return FieldError(field + ".role", "missing");
+  ASSIGN_OR_RETURN(std::string role, GetString(*role_json, field + ".role"));
+  if (role == "developer") role = "system";  // OpenAI's newer name for system
+  if (role == "tool" || role == "function") {
+    return FieldError(field + ".role",
+                      absl::StrCat("role \"", role, "\" is not supported (no tool calling)"));
+  }
+  if (role != "system" && role != "user" && role != "assistant") {
+    return FieldError(field + ".role",
+                      absl::StrCat("unknown role \"", role, "\" (system, user or assistant)"));
+  }
+  out->set_role(role);
+  if (const json* calls = Find(m, "tool_calls"); calls != nullptr && !calls->empty()) {
+    return FieldError(field + ".tool_calls", "tool calling is not supported");
+  }
+
+  const std::string content_field = field + ".content";
+  const json* content = Find(m, "content");
+  if (content == nullptr) {
+    // An assistant turn may be empty; anyone else must say something.
+    if (role == "assistant") return absl::OkStatus();
+    return FieldError(content_field, "missing");
+  }
+  if (content->is_string()) {
+    out->add_content()->set_text(content->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!content->is_array()) {
+    return FieldError(content_field, "must be a string or a list of content parts");
+  }
+  for (size_t j = 0; j < content->size(); ++j) {
+    const json& part = (*content)[j];
+    std::string part_field = absl::StrCat(content_field, "[", j, "]");
+    if (!part.is_object()) return FieldError(part_field, "must be an object");
+    const json* type_json = Find(part, "type");
+    if (type_json == nullptr) return FieldError(part_field + ".type", "missing");
+    ASSIGN_OR_RETURN(std::string type, GetString(*type_json, part_field + ".type"));
+    if (type == "text") {
+      const json* text = Find(part, "text");
+      if (text == nullptr) return FieldError(part_field + ".text", "missing");
+      ASSIGN_OR_RETURN(std::string s, GetString(*text, part_field + ".text"));
+      out->add_content()->set_text(std::move(s));
+    } else if (type == "image_url") {
+      if (role == "assistant") {
+        return FieldError(part_field, "assistant messages may not hold images");
+      }
+      if (++*images > limits.max_images) {
+        return FieldError(part_field, absl::StrCat("too many images: at most ", limits.max_images,
+                                                   " per request"));
+      }
+      RETURN_IF_ERROR(ParseImagePart(part, part_field, limits, out->add_content()));
+    } else {
+      return FieldError(
+          part_field + ".type",
+          absl::StrCat("content part type \"", type, "\" is not supported (text or image_url)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const json& body, SamplingParams* s) {
+  if (const json* v = Find(body, "temperature")) {
+    ASSIGN_OR_RETURN(double d, GetNumber(*v, "temperature"));
+    s->set_temperature(static_cast<float>(d));
+  }
+  if (const json* v = Find(body, "top_p")) {
+    ASSIGN_OR_RETURN(double d, GetNumber(*v, "top_p"));
+    s->set_top_p(static_cast<float>(d));
+  }
+  if (const json* v = Find(body, "top_k")) {
+    ASSIGN_OR_RETURN(int64_t k, GetInteger(*v, "top_k", std::numeric_limits<int32_t>::min(),
+                                           std::numeric_limits<int32_t>::max()));
+    if (k != -1) s->set_top_k(static_cast<int32_t>(k));  // vLLM's -1 means off
+  }
+  if (const json* v = Find(body, "min_p")) {
+    ASSIGN_OR_RETURN(double d, GetNumber(*v, "min_p"));
+    s->set_min_p(static_cast<float>(d));
+  }
+  if (const json* v = Find(body, "seed")) {
+    if (v->is_number_integer() && !v->is_number_unsigned() && v->get<int64_t>() < 0) {
+      return FieldError("seed", "must be a non-negative integer");
+    }
+    if (v->is_number_unsigned()) {
+      s->set_seed(v->get<uint64_t>());
+    } else {
+      ASSIGN_OR_RETURN(int64_t seed, GetInteger(*v, "seed", 0, INT64_MAX));
+      s->set_seed(static_cast<uint64_t>(seed));
+    }
+  }
+  // max_completion_tokens is OpenAI's current name and wins over the
+  // deprecated max_tokens, as in vLLM.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (const json* v = Find(body, key)) {
+      ASSIGN_OR_RETURN(int64_t n, GetInteger(*v, key, 0, kUint32Max));
+      s->set_max_tokens(static_cast<uint32_t>(n));
+    }
+  }
+  if (const json* v = Find(body, "stop")) {
+    if (v->is_string()) {
+      s->add_stop(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (size_t i = 0; i < v->size(); ++i) {
+        ASSIGN_OR_RETURN(std::string stop, GetString((*v)[i], absl::StrCat("stop[", i, "]")));
+        s->add_stop(std::move(stop));
+      }
+    } else {
+      return FieldError("stop", "must be a string or a list of strings");
+    }
+  }
+  if (const json* v = Find(body, "stop_token_ids")) {
+    if (!v->is_array()) return FieldError("stop_token_ids", "must be a list of integers");
+    for (size_t i = 0; i < v->size(); ++i) {
+      ASSIGN_OR_RETURN(int64_t id,
+                       GetInteger((*v)[i], absl::StrCat("stop_token_ids[", i, "]"), 0, kUint32Max));
+      s->add_stop_token_ids(static_cast<uint32_t>(id));
+    }
+  }
+  if (const json* v = Find(body, "ignore_eos")) {
+    ASSIGN_OR_RETURN(bool b, GetBool(*v, "ignore_eos"));
+    s->set_ignore_eos(b);
+  }
+  if (const json* v = Find(body, "min_tokens")) {
+    ASSIGN_OR_RETURN(int64_t n, GetInteger(*v, "min_tokens", 0, kUint32Max));
+    s->set_min_tokens(static_cast<uint32_t>(n));
+  }
+  if (const json* v = Find(body, "skip_special_tokens")) {
+    ASSIGN_OR_RETURN(bool b, GetBool(*v, "skip_special_tokens"));
+    s->set_skip_special_tokens(b);
+  }
+  bool logprobs = false;
+  if (const json* v = Find(body, "logprobs")) {
+    ASSIGN_OR_RETURN(logprobs, GetBool(*v, "logprobs"));
+  }
+  int64_t top_logprobs = 0;
+  if (const json* v = Find(body, "top_logprobs")) {
+    ASSIGN_OR_RETURN(top_logprobs, GetInteger(*v, "top_logprobs", 0, kUint32Max));
+    if (top_logprobs > 0 && !logprobs) {
+      return FieldError("top_logprobs", "requires \"logprobs\": true");
+    }
+  }
+  if (logprobs) s->set_logprobs(static_cast<uint32_t>(top_logprobs));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(absl::string_view json_body,
+                                                             const OpenAiLimits& limits) {
+  if (json_body.size() > limits.max_body_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request body of ", json_body.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   limits.max_body_bytes));
+  }
+  json body = json::parse(json_body.begin(), json_body.end(), nullptr,
+                          /*allow_exceptions=*/false);
+  if (body.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
+  if (!body.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
+
+  OpenAiChatRequest out;
+  mmserve::v1::GenerateRequest& request = out.request;
+  if (const json* v = Find(body, "model")) {
+    ASSIGN_OR_RETURN(out.model, GetString(*v, "model"));
+    request.set_model(out.model);
+  }
+  if (const json* v = Find(body, "stream")) {
+    ASSIGN_OR_RETURN(out.stream, GetBool(*v, "stream"));
+  }
+  if (const json* v = Find(body, "stream_options")) {
+    if (!out.stream) return FieldError("stream_options", "only allowed with \"stream\": true");
+    if (!v->is_object()) return FieldError("stream_options", "must be an object");
+    if (const json* u = Find(*v, "include_usage")) {
+      ASSIGN_OR_RETURN(out.include_usage, GetBool(*u, "stream_options.include_usage"));
+    }
+  }
+  request.mutable_stream()->set_include_usage(true);
+  RETURN_IF_ERROR(CheckNeutralFields(body));
+
+  const json* messages = Find(body, "messages");
+  if (messages == nullptr) return FieldError("messages", "missing");
+  if (!messages->is_array()) return FieldError("messages", "must be a list of messages");
+  if (messages->empty()) return FieldError("messages", "must not be empty");
+  mmserve::v1::Chat* chat = request.mutable_chat();
+  int images = 0;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    RETURN_IF_ERROR(ParseMessage((*messages)[i], absl::StrCat("messages[", i, "]"), limits, &images,
+                                 chat->add_messages()));
+  }
+  if (const json* v = Find(body, "add_generation_prompt")) {
+    ASSIGN_OR_RETURN(bool b, GetBool(*v, "add_generation_prompt"));
+    chat->set_add_generation_prompt(b);
+  }
+  RETURN_IF_ERROR(ParseSampling(body, request.mutable_sampling()));
+  return out;
+}
+
+}  // namespace mmserve::router

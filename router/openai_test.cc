@@ -1,0 +1,590 @@
+#include "router/openai.h"
+
+#include <stb/stb_image.h>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace mmserve::router {
+namespace {
+
+using json = nlohmann::json;
+using mmserve::v1::GenerateResponse;
+
+// A real 3x2 RGB PNG: rows red, green, blue.
+const std::string& TinyPng() {
+  static const std::string png(
+      "\x89\x50\x4e\x47\x0d\x0a\x1a\x0a\x00\x00\x00\x0d\x49\x48\x44\x52\x00\x00\x00\x03\x00\x00"
+      "\x00\x02\x08\x02\x00\x00\x00\x12\x16\xf1\x4d\x00\x00\x00\x10\x49\x44\x41\x54\x78\x9c\x63"
+      "\xf8\xcf\xc0\xc0\x00\xc1\x70\x16\x00\x3b\xd8\x05\xfb\xde\x10\x37\x65\x00\x00\x00\x00\x49"
+      "\x45\x4e\x44\xae\x42\x60\x82",
+      73);
+  return png;
+}
+
+std::string PngDataUrl() { return "data:image/png;base64," + absl::Base64Escape(TinyPng()); }
+
+OpenAiLimits TestLimits() {
+  OpenAiLimits limits;
+  limits.max_body_bytes = 1 << 20;
+  limits.max_image_bytes = 1000;
+  limits.max_images = 2;
+  return limits;
+}
+
+OpenAiChatRequest MustParse(const json& body) {
+  absl::StatusOr<OpenAiChatRequest> r = ParseChatCompletionRequest(body.dump(), TestLimits());
+  INFO(body.dump());
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return *std::move(r);
+}
+
+// The INVALID_ARGUMENT message for a body that must be refused.
+std::string RefusalFor(const std::string& body, const OpenAiLimits& limits = TestLimits()) {
+  absl::StatusOr<OpenAiChatRequest> r = ParseChatCompletionRequest(body, limits);
+  INFO(body);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(r.status().message());
+}
+
+json UserSays(const std::string& text) {
+  return {{"model", "shapes-demo"}, {"messages", {{{"role", "user"}, {"content", text}}}}};
+}
+
+TEST_CASE("a plain chat with every sampling field maps onto GenerateRequest", "[openai]") {
+  json body = {
+      {"model", "shapes-demo"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}},
+        {{"role", "user"}, {"content", "Hi"}},
+        {{"role", "assistant"}, {"content", "Hello."}},
+        {{"role", "user"}, {"content", "Where is the square?"}}}},
+      {"temperature", 0.5},
+      {"top_p", 0.9},
+      {"top_k", 20},
+      {"min_p", 0.05},
+      {"seed", 1234},
+      {"max_tokens", 64},
+      {"stop", {"\n\n", "END"}},
+      {"stop_token_ids", {151645, 7}},
+      {"ignore_eos", true},
+      {"min_tokens", 3},
+      {"logprobs", true},
+      {"top_logprobs", 5},
+      {"skip_special_tokens", false},
+  };
+  OpenAiChatRequest r = MustParse(body);
+  CHECK(r.model == "shapes-demo");
+  CHECK_FALSE(r.stream);
+  CHECK_FALSE(r.include_usage);
+  const mmserve::v1::GenerateRequest& req = r.request;
+  CHECK(req.model() == "shapes-demo");
+  CHECK(req.request_id().empty());
+  CHECK(req.stream().include_usage());
+  REQUIRE(req.chat().messages_size() == 4);
+  CHECK(req.chat().messages(0).role() == "system");
+  CHECK(req.chat().messages(0).content(0).text() == "Be brief.");
+  CHECK(req.chat().messages(2).role() == "assistant");
+  CHECK(req.chat().messages(3).content(0).text() == "Where is the square?");
+  CHECK_FALSE(req.chat().has_add_generation_prompt());
+
+  const mmserve::v1::SamplingParams& s = req.sampling();
+  CHECK(s.temperature() == 0.5f);
+  CHECK(s.top_p() == 0.9f);
+  CHECK(s.top_k() == 20);
+  CHECK(s.min_p() == 0.05f);
+  CHECK(s.seed() == 1234);
+  CHECK(s.max_tokens() == 64);
+  CHECK(std::vector<std::string>(s.stop().begin(), s.stop().end()) ==
+        std::vector<std::string>{"\n\n", "END"});
+  CHECK(std::vector<uint32_t>(s.stop_token_ids().begin(), s.stop_token_ids().end()) ==
+        std::vector<uint32_t>{151645, 7});
+  CHECK(s.ignore_eos());
+  CHECK(s.min_tokens() == 3);
+  CHECK(s.has_logprobs());
+  CHECK(s.logprobs() == 5);
+  CHECK(s.has_skip_special_tokens());
+  CHECK_FALSE(s.skip_special_tokens());
+}
+
+TEST_CASE("unset fields stay unset so the model's defaults apply", "[openai]") {
+  OpenAiChatRequest r = MustParse(UserSays("hi"));
+  const mmserve::v1::SamplingParams& s = r.request.sampling();
+  CHECK_FALSE(s.has_temperature());
+  CHECK_FALSE(s.has_top_p());
+  CHECK_FALSE(s.has_top_k());
+  CHECK_FALSE(s.has_seed());
+  CHECK_FALSE(s.has_max_tokens());
+  CHECK_FALSE(s.has_logprobs());
+  CHECK_FALSE(s.has_skip_special_tokens());
+  CHECK(s.stop_size() == 0);
+
+  // JSON null is "unset" too, as clients send it.
+  json body = UserSays("hi");
+  for (const char* key : {"temperature", "top_p", "seed", "max_tokens", "stop", "stream",
+                          "stream_options", "logprobs", "tools", "n", "presence_penalty"}) {
+    body[key] = nullptr;
+  }
+  OpenAiChatRequest with_nulls = MustParse(body);
+  CHECK(with_nulls.request.sampling().ByteSizeLong() == 0);
+}
+
+TEST_CASE("an image part round-trips a real PNG through base64", "[openai]") {
+  json body = {
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", "What colour is the top row?"}},
+           {{"type", "image_url"}, {"image_url", {{"url", PngDataUrl()}, {"detail", "auto"}}}},
+           {{"type", "text"}, {"text", "Answer in one word."}}}}}}},
+  };
+  OpenAiChatRequest r = MustParse(body);
+  CHECK(r.model.empty());
+  CHECK(r.request.model().empty());
+  const mmserve::v1::ChatMessage& m = r.request.chat().messages(0);
+  REQUIRE(m.content_size() == 3);
+  CHECK(m.content(0).text() == "What colour is the top row?");
+  REQUIRE(m.content(1).has_image());
+  CHECK(m.content(1).image().mime_type() == "image/png");
+  CHECK(m.content(1).image().data() == TinyPng());
+  CHECK(m.content(2).text() == "Answer in one word.");
+
+  // The bytes decode to the picture that was sent.
+  const std::string& data = m.content(1).image().data();
+  int w = 0, h = 0, channels = 0;
+  unsigned char* pixels =
+      stbi_load_from_memory(reinterpret_cast<const unsigned char*>(data.data()),
+                            static_cast<int>(data.size()), &w, &h, &channels, 3);
+  REQUIRE(pixels != nullptr);
+  CHECK(w == 3);
+  CHECK(h == 2);
+  CHECK((pixels[0] == 255 && pixels[1] == 0 && pixels[2] == 0));  // red
+  CHECK((pixels[3] == 0 && pixels[4] == 255 && pixels[5] == 0));  // green
+  CHECK((pixels[6] == 0 && pixels[7] == 0 && pixels[8] == 255));  // blue
+  stbi_image_free(pixels);
+
+  // image_url given directly as a string is accepted too.
+  json short_form = {
+      {"messages",
+       {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", PngDataUrl()}}}}}}}};
+  CHECK(MustParse(short_form).request.chat().messages(0).content(0).image().data() == TinyPng());
+}
+
+TEST_CASE("streaming flags, vLLM conventions and neutral fields", "[openai]") {
+  json body = UserSays("hi");
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  body["max_tokens"] = 10;
+  body["max_completion_tokens"] = 20;  // the current name wins
+  body["top_k"] = -1;                  // vLLM's "off"
+  body["stop"] = "STOP";
+  body["seed"] = 18446744073709551615ULL;
+  body["logprobs"] = true;  // no top_logprobs: the sampled token only
+  body["add_generation_prompt"] = false;
+  // Accepted at their neutral values; the rest are ignored like vLLM does.
+  body["n"] = 1;
+  body["presence_penalty"] = 0;
+  body["frequency_penalty"] = 0.0;
+  body["repetition_penalty"] = 1.0;
+  body["logit_bias"] = json::object();
+  body["tools"] = json::array();
+  body["tool_choice"] = "none";
+  body["response_format"] = {{"type", "text"}};
+  body["user"] = "alice";
+  body["metadata"] = {{"k", "v"}};
+  body["parallel_tool_calls"] = false;
+  body["some_future_field"] = 3;
+  body["messages"].push_back({{"role", "developer"}, {"content", "be nice"}});
+  body["messages"].push_back({{"role", "assistant"}, {"content", nullptr}});
+
+  OpenAiChatRequest r = MustParse(body);
+  CHECK(r.stream);
+  CHECK(r.include_usage);
+  const mmserve::v1::SamplingParams& s = r.request.sampling();
+  CHECK(s.max_tokens() == 20);
+  CHECK_FALSE(s.has_top_k());
+  CHECK(s.stop_size() == 1);
+  CHECK(s.stop(0) == "STOP");
+  CHECK(s.seed() == 18446744073709551615ULL);
+  CHECK(s.has_logprobs());
+  CHECK(s.logprobs() == 0);
+  CHECK(r.request.chat().has_add_generation_prompt());
+  CHECK_FALSE(r.request.chat().add_generation_prompt());
+  CHECK(r.request.chat().messages(1).role() == "system");
+  CHECK(r.request.chat().messages(2).role() == "assistant");
+  CHECK(r.request.chat().messages(2).content_size() == 0);
+
+  // Integral floats count as integers.
+  json floats = UserSays("hi");
+  floats["max_tokens"] = 8.0;
+  CHECK(MustParse(floats).request.sampling().max_tokens() == 8);
+}
+
+TEST_CASE("every malformed or unsupported request is INVALID_ARGUMENT naming the field",
+          "[openai]") {
+  const std::string png = PngDataUrl();
+  auto with = [](const std::string& key, const json& value) {
+    json body = UserSays("hi");
+    body[key] = value;
+    return body.dump();
+  };
+  auto user_content = [](const json& content) {
+    return json{{"messages", {{{"role", "user"}, {"content", content}}}}}.dump();
+  };
+  auto image = [](const std::string& url) {
+    return json{{"type", "image_url"}, {"image_url", {{"url", url}}}};
+  };
+  struct Case {
+    std::string body;
+    std::string reason;  // substring of the message
+  };
+  std::vector<Case> cases = {
+      {"{not json", "not valid JSON"},
+      {"[1, 2]", "must be a JSON object"},
+      {"{}", "messages: missing"},
+      {R"({"messages": []})", "messages: must not be empty"},
+      {R"({"messages": "hi"})", "messages: must be a list"},
+      {R"({"messages": [3]})", "messages[0]: must be an object"},
+      {R"({"messages": [{"content": "hi"}]})", "messages[0].role: missing"},
+      {R"({"messages": [{"role": 1, "content": "hi"}]})", "messages[0].role: must be a string"},
+      {R"({"messages": [{"role": "robot", "content": "hi"}]})",
+       "messages[0].role: unknown role \"robot\""},
+      {R"({"messages": [{"role": "tool", "content": "42"}]})", "no tool calling"},
+      {R"({"messages": [{"role": "user"}]})", "messages[0].content: missing"},
+      {R"({"messages": [{"role": "user", "content": 5}]})",
+       "messages[0].content: must be a string or a list"},
+      {R"({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]})",
+       "messages[0].tool_calls: tool calling is not supported"},
+      {user_content({"hi"}), "messages[0].content[0]: must be an object"},
+      {user_content({{{"text", "hi"}}}), "messages[0].content[0].type: missing"},
+      {user_content({{{"type", "input_audio"}}}),
+       "content part type \"input_audio\" is not supported"},
+      {user_content({{{"type", "text"}}}), "messages[0].content[0].text: missing"},
+      {user_content({{{"type", "text"}, {"text", 7}}}),
+       "messages[0].content[0].text: must be a string"},
+      {user_content({{{"type", "image_url"}}}), "image_url part without"},
+      {user_content({{{"type", "image_url"}, {"image_url", json::object()}}}),
+       "messages[0].content[0].image_url.url: missing"},
+      {user_content(json::array({image("https://example.com/cat.png")})),
+       "messages[0].content[0].image_url.url: remote image URLs are not fetched; send a data: URL"},
+      {user_content(json::array({image("HTTP://example.com/cat.png")})),
+       "remote image URLs are not fetched"},
+      {user_content(json::array({image("file:///etc/passwd")})), "not a data: URL"},
+      {user_content(json::array({image("data:image/png;base64,iVBOR!!!")})),
+       "invalid base64 character"},
+      {user_content(json::array({image("data:text/plain;base64,aGk=")})), "is not an image"},
+      {user_content(json::array({image("data:image/png,rawbytes")})), "must be base64"},
+      {user_content(json::array({image("data:image/png;base64,")})), "empty image"},
+      {user_content(json::array({image(png), image(png), image(png)})),
+       "messages[0].content[2]: too many images: at most 2"},
+      {user_content(json::array(
+           {image("data:image/png;base64," + absl::Base64Escape(std::string(1001, 'x')))})),
+       "exceeds the limit of 1000"},
+      {json{{"messages", {{{"role", "assistant"}, {"content", json::array({image(png)})}}}}}.dump(),
+       "assistant messages may not hold images"},
+      {with("model", 5), "model: must be a string"},
+      {with("stream", "yes"), "stream: must be a boolean"},
+      {with("stream_options", {{"include_usage", true}}), "stream_options: only allowed with"},
+      {with("temperature", "hot"), "temperature: must be a number"},
+      {with("top_p", json::array()), "top_p: must be a number"},
+      {with("top_k", 1.5), "top_k: must be an integer"},
+      {with("top_k", 1LL << 40), "top_k: must be at most"},
+      {with("min_p", true), "min_p: must be a number"},
+      {with("seed", -1), "seed: must be a non-negative integer"},
+      {with("seed", "42"), "seed: must be an integer"},
+      {with("max_tokens", -1), "max_tokens: must be at least 0"},
+      {with("max_tokens", "10"), "max_tokens: must be an integer"},
+      {with("max_completion_tokens", 1LL << 33), "max_completion_tokens: must be at most"},
+      {with("stop", 5), "stop: must be a string or a list of strings"},
+      {with("stop", {"a", 1}), "stop[1]: must be a string"},
+      {with("stop_token_ids", 3), "stop_token_ids: must be a list of integers"},
+      {with("stop_token_ids", {1, -2}), "stop_token_ids[1]: must be at least 0"},
+      {with("ignore_eos", "true"), "ignore_eos: must be a boolean"},
+      {with("min_tokens", -3), "min_tokens: must be at least 0"},
+      {with("skip_special_tokens", 1), "skip_special_tokens: must be a boolean"},
+      {with("logprobs", 1), "logprobs: must be a boolean"},
+      {with("top_logprobs", 3), "top_logprobs: requires \"logprobs\": true"},
+      {with("add_generation_prompt", "no"), "add_generation_prompt: must be a boolean"},
+      {with("n", 2), "n: only 1 choice per request is supported"},
+      {with("best_of", 3), "best_of: only 1 choice"},
+      {with("presence_penalty", 0.5), "presence_penalty: values other than 0 are not supported"},
+      {with("frequency_penalty", -1), "frequency_penalty: values other than 0 are not supported"},
+      {with("repetition_penalty", 1.1), "repetition_penalty: values other than 1"},
+      {with("logit_bias", {{"1", 5}}), "logit_bias: is not supported"},
+      {with("tools", {{{"type", "function"}}}), "tools: tool calling is not supported"},
+      {with("tool_choice", "required"), "tool_choice: tool calling is not supported"},
+      {with("response_format", {{"type", "json_object"}}), "response_format: only"},
+      {with("use_beam_search", true), "use_beam_search: is not supported"},
+      {with("modalities", {"text", "audio"}), "modalities: only \"text\""},
+      {with("audio", {{"voice", "alloy"}}), "audio: is not supported"},
+  };
+  for (const Case& c : cases) {
+    std::string message = RefusalFor(c.body);
+    INFO(c.body);
+    INFO(message);
+    CHECK(absl::StrContains(message, c.reason));
+  }
+
+  // The body limit applies before parsing.
+  OpenAiLimits tiny = TestLimits();
+  tiny.max_body_bytes = 10;
+  CHECK(RefusalFor(UserSays("hello there").dump(), tiny) ==
+        absl::StrCat("request body of ", UserSays("hello there").dump().size(),
+                     " bytes exceeds the limit of 10"));
+}
+
+GenerateResponse Step(const std::string& text) {
+  GenerateResponse r;
+  r.set_request_id("r42");
+  r.set_text(text);
+  return r;
+}
+
+GenerateResponse Final(const std::string& text, mmserve::v1::FinishReason reason) {
+  GenerateResponse r = Step(text);
+  r.set_finish_reason(reason);
+  r.mutable_usage()->set_prompt_tokens(30);
+  r.mutable_usage()->set_completion_tokens(4);
+  r.mutable_usage()->set_cached_prompt_tokens(16);
+  return r;
+}
+
+void AddLogprob(GenerateResponse* r, uint32_t id, const std::string& text, float logprob) {
+  mmserve::v1::PositionLogprobs* p = r->add_logprobs();
+  p->mutable_sampled()->set_token_id(id);
+  p->mutable_sampled()->set_text(text);
+  p->mutable_sampled()->set_logprob(logprob);
+  mmserve::v1::TokenLogprob* alt = p->add_top();
+  alt->set_token_id(id);
+  alt->set_text(text);
+  alt->set_logprob(logprob);
+  alt = p->add_top();
+  alt->set_token_id(id + 1);
+  alt->set_text("x");
+  alt->set_logprob(-3.5f);
+}
+
+TEST_CASE("the non-streamed reply accumulates the whole stream", "[openai]") {
+  ChatCompletionBuilder builder(CompletionContext{"shapes-demo", 1700000000, false, false});
+  builder.Add(Step("top "));
+  CHECK_FALSE(builder.finished());
+  builder.Add(Step(""));
+  GenerateResponse last = Final("left", mmserve::v1::FINISH_REASON_STOP_STRING);
+  last.set_matched_stop("\n");
+  builder.Add(last);
+  CHECK(builder.finished());
+
+  json j = json::parse(builder.Json());
+  CHECK(j["id"] == "chatcmpl-r42");
+  CHECK(j["object"] == "chat.completion");
+  CHECK(j["created"] == 1700000000);
+  CHECK(j["model"] == "shapes-demo");
+  REQUIRE(j["choices"].size() == 1);
+  const json& choice = j["choices"][0];
+  CHECK(choice["index"] == 0);
+  CHECK(choice["message"] == json{{"role", "assistant"}, {"content", "top left"}});
+  CHECK(choice["finish_reason"] == "stop");
+  CHECK(choice["stop_reason"] == "\n");
+  CHECK(choice["logprobs"].is_null());
+  CHECK(j["usage"] == json{{"prompt_tokens", 30},
+                           {"completion_tokens", 4},
+                           {"total_tokens", 34},
+                           {"prompt_tokens_details", {{"cached_tokens", 16}}}});
+  // Keys come in OpenAI's order, not sorted.
+  CHECK(
+      absl::StartsWith(builder.Json(), "{\"id\":\"chatcmpl-r42\",\"object\":\"chat.completion\""));
+}
+
+TEST_CASE("finish reasons map to OpenAI's words", "[openai]") {
+  CHECK(OpenAiFinishReason(mmserve::v1::FINISH_REASON_STOP) == "stop");
+  CHECK(OpenAiFinishReason(mmserve::v1::FINISH_REASON_STOP_STRING) == "stop");
+  CHECK(OpenAiFinishReason(mmserve::v1::FINISH_REASON_LENGTH) == "length");
+  CHECK(OpenAiFinishReason(mmserve::v1::FINISH_REASON_ABORT) == "abort");
+  CHECK(OpenAiFinishReason(mmserve::v1::FINISH_REASON_UNSPECIFIED).empty());
+
+  ChatCompletionBuilder builder(CompletionContext{"m", 1, false, false});
+  builder.Add(Final("a b c d", mmserve::v1::FINISH_REASON_LENGTH));
+  json j = json::parse(builder.Json());
+  CHECK(j["choices"][0]["finish_reason"] == "length");
+  CHECK(j["choices"][0]["stop_reason"].is_null());
+
+  // A stream that never finished reports null, not a made-up reason.
+  ChatCompletionBuilder unfinished(CompletionContext{"m", 1, false, false});
+  unfinished.Add(Step("a"));
+  CHECK(json::parse(unfinished.Json())["choices"][0]["finish_reason"].is_null());
+}
+
+TEST_CASE("logprobs come back in OpenAI's shape when requested", "[openai]") {
+  ChatCompletionBuilder builder(CompletionContext{"m", 1, true, false});
+  GenerateResponse a = Step("Hi");
+  AddLogprob(&a, 10, "Hi", -0.25f);
+  GenerateResponse b = Final("\xc3\xa9", mmserve::v1::FINISH_REASON_STOP);
+  AddLogprob(&b, 20, "\xc3\xa9", -std::numeric_limits<float>::infinity());
+  builder.Add(a);
+  builder.Add(b);
+  json content = json::parse(builder.Json())["choices"][0]["logprobs"]["content"];
+  REQUIRE(content.size() == 2);
+  CHECK(content[0]["token"] == "Hi");
+  CHECK(content[0]["logprob"] == -0.25);
+  CHECK(content[0]["bytes"] == json{72, 105});
+  REQUIRE(content[0]["top_logprobs"].size() == 2);
+  CHECK(content[0]["top_logprobs"][1] == json{{"token", "x"}, {"logprob", -3.5}, {"bytes", {120}}});
+  CHECK(content[1]["token"] == "\xc3\xa9");
+  CHECK(content[1]["bytes"] == json{0xc3, 0xa9});
+  CHECK(content[1]["logprob"] == -9999.0);  // -inf has no JSON form
+}
+
+// Splits an SSE body into its data payloads, checking the framing.
+std::vector<std::string> SsePayloads(const std::string& sse) {
+  std::vector<std::string> out;
+  REQUIRE((sse.empty() || absl::EndsWith(sse, "\n\n")));
+  for (absl::string_view event : absl::StrSplit(sse, "\n\n", absl::SkipEmpty())) {
+    REQUIRE(absl::StartsWith(event, "data: "));
+    out.emplace_back(event.substr(6));
+  }
+  return out;
+}
+
+TEST_CASE("a stream opens with the role, sends deltas, ends with finish, usage and [DONE]",
+          "[openai]") {
+  CompletionContext ctx{"shapes-demo", 1700000000, false, true};
+  ChatCompletionStream stream(ctx);
+  std::vector<std::string> events;
+  for (const GenerateResponse& r : {Step(""), Step("top"), Step(""), Step(" left"),
+                                    Final("", mmserve::v1::FINISH_REASON_STOP)}) {
+    for (std::string& e : SsePayloads(stream.OnResponse(r))) events.push_back(std::move(e));
+  }
+  CHECK(stream.done());
+  // role, "top", " left", finish, usage, [DONE]: the empty step said nothing.
+  REQUIRE(events.size() == 6);
+  std::vector<json> chunks;
+  for (size_t i = 0; i + 1 < events.size(); ++i) chunks.push_back(json::parse(events[i]));
+  CHECK(events.back() == "[DONE]");
+
+  for (size_t i = 0; i < 4; ++i) {
+    INFO(i);
+    CHECK(chunks[i]["id"] == "chatcmpl-r42");
+    CHECK(chunks[i]["object"] == "chat.completion.chunk");
+    CHECK(chunks[i]["created"] == 1700000000);
+    CHECK(chunks[i]["model"] == "shapes-demo");
+    CHECK(chunks[i]["usage"].is_null());
+    CHECK(chunks[i].contains("usage"));  // null, present: include_usage was asked
+    CHECK(chunks[i]["choices"][0]["index"] == 0);
+  }
+  CHECK(chunks[0]["choices"][0]["delta"] == json{{"role", "assistant"}, {"content", ""}});
+  CHECK(chunks[0]["choices"][0]["finish_reason"].is_null());
+  CHECK(chunks[1]["choices"][0]["delta"] == json{{"content", "top"}});
+  CHECK(chunks[2]["choices"][0]["delta"] == json{{"content", " left"}});
+  CHECK(chunks[3]["choices"][0]["delta"] == json::object());
+  CHECK(chunks[3]["choices"][0]["finish_reason"] == "stop");
+  CHECK(chunks[4]["choices"] == json::array());
+  CHECK(chunks[4]["usage"]["total_tokens"] == 34);
+
+  // Nothing after [DONE].
+  CHECK(stream.OnResponse(Step("late")).empty());
+  CHECK(stream.OnError(absl::UnavailableError("gone")).empty());
+}
+
+TEST_CASE("a stream without include_usage has no usage at all", "[openai]") {
+  ChatCompletionStream stream(CompletionContext{"m", 1, false, false});
+  std::string sse = stream.OnResponse(Step("Hello"));
+  sse += stream.OnResponse(Final(" world", mmserve::v1::FINISH_REASON_LENGTH));
+  std::vector<std::string> events = SsePayloads(sse);
+  REQUIRE(events.size() == 3);
+  json first = json::parse(events[0]);
+  json last = json::parse(events[1]);
+  CHECK(first["choices"][0]["delta"] == json{{"role", "assistant"}, {"content", "Hello"}});
+  CHECK_FALSE(first.contains("usage"));
+  CHECK(last["choices"][0]["delta"] == json{{"content", " world"}});
+  CHECK(last["choices"][0]["finish_reason"] == "length");
+  CHECK_FALSE(last.contains("usage"));
+  CHECK(events[2] == "[DONE]");
+}
+
+TEST_CASE("stream chunks carry logprobs when requested", "[openai]") {
+  CompletionContext ctx{"m", 1, true, false};
+  GenerateResponse r = Step("A");
+  AddLogprob(&r, 5, "A", -0.5f);
+  json chunk = json::parse(ChatCompletionChunkJson(ctx, r, /*first=*/false));
+  CHECK(chunk["choices"][0]["logprobs"]["content"][0]["token"] == "A");
+  ctx.logprobs = false;
+  chunk = json::parse(ChatCompletionChunkJson(ctx, r, /*first=*/false));
+  CHECK(chunk["choices"][0]["logprobs"].is_null());
+}
+
+TEST_CASE("an error mid-stream becomes an error event, then [DONE]", "[openai]") {
+  ChatCompletionStream stream(CompletionContext{"m", 1, false, false});
+  CHECK(SsePayloads(stream.OnResponse(Step("par"))).size() == 1);
+  std::vector<std::string> events =
+      SsePayloads(stream.OnError(absl::UnavailableError("language instance lost")));
+  REQUIRE(events.size() == 2);
+  json error = json::parse(events[0]);
+  CHECK(error["error"]["message"] == "language instance lost");
+  CHECK(error["error"]["code"] == 503);
+  CHECK(events[1] == "[DONE]");
+  CHECK(stream.done());
+}
+
+TEST_CASE("SSE framing", "[openai]") {
+  CHECK(SseEvent("{\"a\":1}") == "data: {\"a\":1}\n\n");
+  CHECK(SseDone() == "data: [DONE]\n\n");
+}
+
+TEST_CASE("status codes map to HTTP statuses and OpenAI error bodies", "[openai]") {
+  CHECK(HttpStatusFor(absl::StatusCode::kOk) == 200);
+  CHECK(HttpStatusFor(absl::StatusCode::kInvalidArgument) == 400);
+  CHECK(HttpStatusFor(absl::StatusCode::kNotFound) == 404);
+  CHECK(HttpStatusFor(absl::StatusCode::kResourceExhausted) == 429);
+  CHECK(HttpStatusFor(absl::StatusCode::kCancelled) == 499);
+  CHECK(HttpStatusFor(absl::StatusCode::kUnimplemented) == 501);
+  CHECK(HttpStatusFor(absl::StatusCode::kUnavailable) == 503);
+  CHECK(HttpStatusFor(absl::StatusCode::kDeadlineExceeded) == 504);
+  CHECK(HttpStatusFor(absl::StatusCode::kInternal) == 500);
+  CHECK(HttpStatusFor(absl::StatusCode::kFailedPrecondition) == 500);
+  CHECK(HttpStatusFor(absl::StatusCode::kUnknown) == 500);
+
+  json j = json::parse(ErrorJson(absl::InvalidArgumentError("temperature: must be a number")));
+  CHECK(j == json{{"error",
+                   {{"message", "temperature: must be a number"},
+                    {"type", "invalid_request_error"},
+                    {"param", nullptr},
+                    {"code", 400}}}});
+  CHECK(json::parse(ErrorJson(absl::NotFoundError("model x")))["error"]["type"] ==
+        "not_found_error");
+  CHECK(json::parse(ErrorJson(absl::ResourceExhaustedError("busy")))["error"]["type"] ==
+        "rate_limit_error");
+  CHECK(json::parse(ErrorJson(absl::DeadlineExceededError("late")))["error"]["code"] == 504);
+  // A message that is not valid UTF-8 still makes valid JSON.
+  CHECK_NOTHROW(json::parse(ErrorJson(absl::InternalError("bad \xff byte"))));
+}
+
+TEST_CASE("GET /v1/models lists every model card", "[openai]") {
+  mmserve::v1::ListModelsResponse models;
+  CHECK(json::parse(ModelsJson(models)) == json{{"object", "list"}, {"data", json::array()}});
+  mmserve::v1::ModelCard* card = models.add_models();
+  card->set_id("shapes-demo");
+  card->set_max_model_len(4096);
+  models.add_models()->set_id("other");
+  json j = json::parse(ModelsJson(models, 1700000000));
+  CHECK(j["object"] == "list");
+  REQUIRE(j["data"].size() == 2);
+  CHECK(j["data"][0] == json{{"id", "shapes-demo"},
+                             {"object", "model"},
+                             {"created", 1700000000},
+                             {"owned_by", "mmserve"},
+                             {"root", "shapes-demo"},
+                             {"max_model_len", 4096}});
+  CHECK(j["data"][1]["id"] == "other");
+}
+
+}  // namespace
+}  // namespace mmserve::router
