@@ -1,0 +1,551 @@
+#include "router/generate_call.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "model/chat_template.h"
+#include "model/image_preprocess.h"
+#include "model/sampling_proto.h"
+#include "scheduler/placement.h"
+
+namespace mmserve::router {
+namespace {
+
+constexpr size_t kMaxRequestIdBytes = 128;
+std::atomic<uint64_t> next_request{1};
+
+std::string AssignId() {
+  static const uint64_t salt = static_cast<uint64_t>(MonotonicNanos());
+  return absl::StrFormat("req-%x-%d", salt & 0xffffff, next_request.fetch_add(1));
+}
+
+// Every image of the request in order of appearance.
+std::vector<const mmserve::v1::Image*> Images(const mmserve::v1::GenerateRequest& r) {
+  std::vector<const mmserve::v1::Image*> out;
+  if (r.has_chat()) {
+    for (const auto& m : r.chat().messages()) {
+      for (const auto& p : m.content()) {
+        if (p.has_image()) out.push_back(&p.image());
+      }
+    }
+  } else if (r.has_raw()) {
+    for (const auto& im : r.raw().images()) out.push_back(&im);
+  }
+  return out;
+}
+
+absl::Status Invalid(absl::string_view why) { return absl::InvalidArgumentError(why); }
+
+}  // namespace
+
+absl::Status ValidateRequest(const RouterOptions& options,
+                             const mmserve::v1::GenerateRequest& request) {
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return Invalid(absl::StrCat("request_id is longer than ", kMaxRequestIdBytes, " bytes"));
+  }
+  if (!request.model().empty() && request.model() != options.model_id) {
+    return Invalid(absl::StrCat("unknown model \"", request.model(), "\"; this server serves \"",
+                                options.model_id, "\""));
+  }
+  if (request.has_chat()) {
+    if (request.chat().messages().empty()) return Invalid("chat.messages is empty");
+    for (int i = 0; i < request.chat().messages_size(); ++i) {
+      const auto& m = request.chat().messages(i);
+      if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+        return Invalid(absl::StrCat("chat.messages[", i, "].role \"", m.role(),
+                                    "\" is not system, user or assistant"));
+      }
+      for (const auto& p : m.content()) {
+        if (p.has_image() && m.role() != "user") {
+          return Invalid(absl::StrCat("chat.messages[", i, "]: only user messages hold images"));
+        }
+        if (p.part_case() == mmserve::v1::ContentPart::PART_NOT_SET) {
+          return Invalid(absl::StrCat("chat.messages[", i, "] has an empty content part"));
+        }
+      }
+    }
+  } else if (request.has_raw()) {
+    const auto& raw = request.raw();
+    if (raw.token_ids_size() > 0 && (!raw.text().empty() || raw.images_size() > 0)) {
+      return Invalid("raw: give text (with images) or token_ids, not both");
+    }
+    if (raw.token_ids_size() == 0 && raw.text().empty()) return Invalid("raw.text is empty");
+    for (uint32_t id : raw.token_ids()) {
+      if (id >= static_cast<uint32_t>(options.config.text.vocab_size)) {
+        return Invalid(absl::StrCat("raw.token_ids: ", id, " is outside the vocabulary"));
+      }
+    }
+    int placeholders = 0;
+    for (size_t at = raw.text().find(model::kQwen2VlImagePlaceholder); at != std::string::npos;
+         at = raw.text().find(model::kQwen2VlImagePlaceholder, at + 1)) {
+      ++placeholders;
+    }
+    if (placeholders != raw.images_size()) {
+      return Invalid(absl::StrCat("raw.text has ", placeholders, " image placeholders but ",
+                                  raw.images_size(), " images were sent"));
+    }
+  } else {
+    return Invalid("the request has no input: set chat or raw");
+  }
+  const auto images = Images(request);
+  if (static_cast<int>(images.size()) > options.max_images) {
+    return Invalid(
+        absl::StrCat(images.size(), " images; at most ", options.max_images, " per request"));
+  }
+  if (!images.empty() && !options.config.vision) {
+    return Invalid("this model does not accept images");
+  }
+  for (size_t k = 0; k < images.size(); ++k) {
+    const std::string& data = images[k]->data();
+    if (data.empty()) return Invalid(absl::StrCat("image ", k, " is empty"));
+    if (data.size() > options.max_image_bytes) {
+      return Invalid(absl::StrCat("image ", k, " has ", data.size(), " bytes; at most ",
+                                  options.max_image_bytes));
+    }
+  }
+  bool to_context = false;
+  RETURN_IF_ERROR(model::SamplingFromProto(request.sampling(), options.config,
+                                           options.max_model_len, &to_context)
+                      .status());
+  return absl::OkStatus();
+}
+
+// One Encode call (an attempt at some of the request's images on one encoder).
+struct GenerateCall::Encode {
+  std::string encoder_id;
+  std::vector<size_t> images;
+  grpc::ClientContext ctx;
+  internal::v1::EncodeRequest request;
+  internal::v1::EncodeResponse response;
+  bool done = false;
+};
+
+// The Prefill stream from the language instance.
+class GenerateCall::PrefillStream final : public grpc::ClientReadReactor<internal::v1::TokenBatch> {
+ public:
+  PrefillStream(std::shared_ptr<GenerateCall> call, std::chrono::system_clock::time_point deadline)
+      : call_(std::move(call)) {
+    ctx_.set_deadline(deadline);
+  }
+  // `self` keeps the stream alive until gRPC is done with it (OnDone).
+  void Begin(std::shared_ptr<PrefillStream> self, internal::v1::Language::Stub& stub,
+             const internal::v1::PrefillRequest& request) {
+    self_ = std::move(self);
+    request_ = request;
+    stub.async()->Prefill(&ctx_, &request_, this);
+    StartRead(&batch_);
+    StartCall();
+  }
+  void Cancel() { ctx_.TryCancel(); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    call_->OnBatch(batch_);
+    StartRead(&batch_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    call_->OnLanguageDone(status);
+    call_.reset();
+    self_.reset();  // may destroy this
+  }
+
+ private:
+  std::shared_ptr<GenerateCall> call_;
+  std::shared_ptr<PrefillStream> self_;
+  grpc::ClientContext ctx_;
+  internal::v1::PrefillRequest request_;
+  internal::v1::TokenBatch batch_;
+};
+
+GenerateCall::GenerateCall(const RouterContext& context, mmserve::v1::GenerateRequest request,
+                           CallSink sink, std::chrono::system_clock::time_point deadline)
+    : context_(context),
+      request_(std::move(request)),
+      id_(request_.request_id().empty() ? AssignId() : request_.request_id()),
+      deadline_(deadline),
+      sink_(std::move(sink)) {
+  request_.set_request_id(id_);
+}
+
+GenerateCall::~GenerateCall() = default;
+
+std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
+                                                  mmserve::v1::GenerateRequest request,
+                                                  CallSink sink,
+                                                  std::chrono::system_clock::time_point deadline) {
+  std::shared_ptr<GenerateCall> call(
+      new GenerateCall(context, std::move(request), std::move(sink), deadline));
+  absl::Status s = call->Prepare();
+  {
+    absl::MutexLock lock(&call->mu_);
+    if (s.ok()) {
+      call->Run();
+    } else {
+      call->End(std::move(s));
+    }
+  }
+  call->RunDeferred();
+  return call;
+}
+
+absl::Status GenerateCall::Prepare() {
+  const RouterOptions& o = context_.options;
+  RETURN_IF_ERROR(ValidateRequest(o, request_));
+  const auto images = Images(request_);
+  absl::MutexLock lock(&mu_);
+  images_.resize(images.size());
+  for (size_t k = 0; k < images.size(); ++k) {
+    const std::string& data = images[k]->data();
+    images_[k].hash = HashBytes(data);
+    if (!o.presize) continue;
+    // The exact token count from the header, with the encoder's smart resize.
+    absl::StatusOr<model::ImageHeader> h = model::ReadImageHeader(data);
+    if (!h.ok()) return Invalid(absl::StrCat("image ", k, ": ", h.status().message()));
+    if (static_cast<int64_t>(h->width) * h->height > o.max_image_pixels) {
+      return Invalid(absl::StrCat("image ", k, " is ", h->width, "x", h->height,
+                                  " pixels; at most ", o.max_image_pixels, " pixels"));
+    }
+    absl::StatusOr<model::ImageGrid> g =
+        model::SmartResize(h->width, h->height, model::GridParamsFor(*o.config.preprocessor));
+    if (!g.ok()) return Invalid(absl::StrCat("image ", k, ": ", g.status().message()));
+    images_[k].grid = *g;
+  }
+  return absl::OkStatus();
+}
+
+void GenerateCall::Run() {
+  router_seconds_ = clock_.ElapsedSeconds();
+  const auto candidates = context_.instances->Healthy(Role::kLanguage);
+  if (candidates.empty()) {
+    End(absl::UnavailableError("no healthy language instance"));
+    return;
+  }
+  std::vector<uint64_t> loads;
+  for (const auto& c : candidates) {
+    loads.push_back(static_cast<uint64_t>(std::max<int64_t>(0, c->inflight.load())) +
+                    context_.instances->LastLoad(c->id).outstanding_tokens());
+  }
+  language_ = candidates[scheduler::LeastLoaded(loads)];
+  placed_tokens_ = 64;
+  for (const Image& im : images_) placed_tokens_ += im.grid ? im.grid->num_tokens() : 64;
+  language_->inflight += placed_tokens_;
+
+  internal::v1::PrefillRequest prefill;
+  prefill.set_request_id(id_);
+  prefill.set_model(context_.options.model_id);
+  if (request_.has_chat()) {
+    *prefill.mutable_chat() = request_.chat();
+    for (auto& m : *prefill.mutable_chat()->mutable_messages()) {
+      for (auto& p : *m.mutable_content()) {
+        if (p.has_image()) p.mutable_image()->clear_data();
+      }
+    }
+  } else {
+    *prefill.mutable_raw() = request_.raw();
+    for (auto& im : *prefill.mutable_raw()->mutable_images()) im.clear_data();
+  }
+  *prefill.mutable_sampling() = request_.sampling();
+  *prefill.mutable_stream() = request_.stream();
+  prefill.set_priority(request_.priority());
+  std::vector<size_t> all(images_.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  std::vector<internal::v1::PromptImage> described;
+  if (!Dispatch(all, &described)) return;
+  for (auto& d : described) *prefill.add_images() = std::move(d);
+  auto stream = std::make_shared<PrefillStream>(shared_from_this(), deadline_);
+  stream_ = stream;
+  Defer([stream, lang = language_, prefill = std::move(prefill)] {
+    stream->Begin(stream, *lang->language, prefill);
+  });
+}
+
+bool GenerateCall::Dispatch(const std::vector<size_t>& images,
+                            std::vector<internal::v1::PromptImage>* out) {
+  if (images.empty()) return true;
+  const auto encoders = context_.instances->Healthy(Role::kEncoder);
+  std::map<std::string, std::unique_ptr<Encode>> by_encoder;
+  for (size_t k : images) {
+    Image& im = images_[k];
+    if (++im.attempts > kMaxAttempts) {
+      End(absl::UnavailableError(
+          absl::StrCat("image ", k, " failed on ", kMaxAttempts, " encoders")));
+      return false;
+    }
+    std::vector<std::string> ids;
+    std::vector<std::shared_ptr<Instance>> usable;
+    for (const auto& e : encoders) {
+      if (im.failed_encoders.count(e->id) == 0) {
+        ids.push_back(e->id);
+        usable.push_back(e);
+      }
+    }
+    const size_t pick = scheduler::RendezvousPick(im.hash, ids);
+    if (pick == scheduler::kNoCandidate) {
+      End(absl::UnavailableError(absl::StrCat("no healthy encoder for image ", k)));
+      return false;
+    }
+    const std::shared_ptr<Instance>& enc = usable[pick];
+    auto& encode = by_encoder[enc->id];
+    if (encode == nullptr) {
+      encode = std::make_unique<Encode>();
+      encode->encoder_id = enc->id;
+      encode->request.set_request_id(absl::StrCat(id_, "@", enc->id, "#", next_attempt_++));
+      encode->request.set_model(context_.options.model_id);
+    }
+    encode->images.push_back(k);
+    im.encoder_id = enc->id;
+    im.transfer_id = encode->request.request_id();
+    const mmserve::v1::Image& source = *Images(request_)[k];
+    internal::v1::EncodeImage* ei = encode->request.add_images();
+    ei->set_image_index(static_cast<uint32_t>(k));
+    *ei->mutable_image() = source;
+    ei->mutable_content_hash()->set_high(im.hash.high);
+    ei->mutable_content_hash()->set_low(im.hash.low);
+    internal::v1::PromptImage pi;
+    pi.set_image_index(static_cast<uint32_t>(k));
+    pi.mutable_content_hash()->set_high(im.hash.high);
+    pi.mutable_content_hash()->set_low(im.hash.low);
+    if (im.grid) {
+      pi.set_num_tokens(static_cast<uint32_t>(im.grid->num_tokens()));
+      pi.set_grid_t(static_cast<uint32_t>(im.grid->grid_t));
+      pi.set_grid_h(static_cast<uint32_t>(im.grid->grid_h));
+      pi.set_grid_w(static_cast<uint32_t>(im.grid->grid_w));
+    }
+    pi.set_encoder_id(enc->id);
+    pi.set_encoder_address(enc->address);
+    pi.set_transfer_id(im.transfer_id);
+    out->push_back(std::move(pi));
+  }
+  for (auto& [eid, encode] : by_encoder) {
+    std::shared_ptr<Instance> enc = context_.instances->Get(eid);
+    if (enc == nullptr) continue;  // removed meanwhile: its down event re-dispatches
+    encode->ctx.set_deadline(deadline_);
+    Encode* raw = encode.get();
+    encodes_.push_back(std::move(encode));
+    Defer([enc, raw, self = shared_from_this()] {
+      enc->encoder->async()->Encode(&raw->ctx, &raw->request, &raw->response,
+                                    [self, raw](grpc::Status s) { self->OnEncoded(raw, s); });
+    });
+  }
+  return true;
+}
+
+void GenerateCall::Redispatch(std::vector<size_t> images, const std::string& failed_encoder,
+                              const std::string& why) {
+  if (ended_ || first_token_) return;
+  LOG(WARNING) << "request " << id_ << ": " << images.size() << " image(s) leave encoder "
+               << failed_encoder << ": " << why;
+  for (size_t k : images) images_[k].failed_encoders.insert(failed_encoder);
+  std::vector<internal::v1::PromptImage> described;
+  if (!Dispatch(images, &described)) return;
+  auto retry = std::make_shared<internal::v1::ImageRetry>();
+  retry->set_request_id(id_);
+  for (auto& d : described) *retry->add_images() = std::move(d);
+  auto ctx = std::make_shared<grpc::ClientContext>();
+  ctx->set_deadline(deadline_);
+  auto ack = std::make_shared<internal::v1::ImageRetryAck>();
+  Defer([lang = language_, ctx, retry, ack] {
+    lang->language->async()->RetryImages(ctx.get(), retry.get(), ack.get(),
+                                         [ctx, retry, ack](grpc::Status s) {
+                                           if (!s.ok())
+                                             LOG(WARNING) << "RetryImages: " << s.error_message();
+                                         });
+  });
+}
+
+void GenerateCall::OnEncoded(Encode* encode, const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedOnEncoded(encode, status);
+  }
+  RunDeferred();
+}
+
+void GenerateCall::LockedOnEncoded(Encode* encode, const grpc::Status& status) {
+  encode->done = true;
+  if (ended_) return;
+  if (status.ok()) {
+    for (const auto& e : encode->response.images()) cached_images_ += e.cache_hit() ? 1 : 0;
+    return;
+  }
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    End(FromGrpcStatus(status));
+    return;
+  }
+  // Images whose current source is still this attempt move elsewhere.
+  std::vector<size_t> moving;
+  for (size_t k : encode->images) {
+    if (images_[k].transfer_id == encode->request.request_id()) moving.push_back(k);
+  }
+  Redispatch(moving, encode->encoder_id, status.error_message());
+}
+
+void GenerateCall::OnBatch(const internal::v1::TokenBatch& batch) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedOnBatch(batch);
+  }
+  RunDeferred();
+}
+
+void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
+  if (ended_) return;
+  if (batch.lost_images_size() > 0) {
+    std::map<std::string, std::vector<size_t>> by_encoder;
+    for (uint32_t k : batch.lost_images()) {
+      if (k < images_.size()) by_encoder[images_[k].encoder_id].push_back(k);
+    }
+    for (auto& [eid, ks] : by_encoder) Redispatch(ks, eid, batch.lost_reason());
+    return;
+  }
+  const double now = clock_.ElapsedSeconds();
+  mmserve::v1::GenerateResponse r;
+  r.set_request_id(id_);
+  r.set_text(batch.text());
+  if (request_.stream().include_token_ids()) *r.mutable_token_ids() = batch.token_ids();
+  *r.mutable_logprobs() = batch.logprobs();
+  completion_tokens_ += static_cast<uint32_t>(batch.token_ids_size());
+  if (batch.token_ids_size() > 0) {
+    metrics::Registry& m = *context_.metrics;
+    if (!first_token_) {
+      m.GetHistogram("mmserve_router_ttft_seconds", "Time to first token at the router.",
+                     metrics::LatencyBuckets())
+          .Observe(now);
+    } else {
+      m.GetHistogram("mmserve_router_itl_seconds", "Gap between streamed token batches.",
+                     metrics::LatencyBuckets())
+          .Observe(now - last_token_s_);
+    }
+    first_token_ = true;
+    last_token_s_ = now;
+  }
+  if (batch.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
+    finished_ = true;
+    r.set_finish_reason(batch.finish_reason());
+    r.set_matched_stop(batch.matched_stop());
+    if (batch.has_usage()) {
+      *r.mutable_usage() = batch.usage();
+      r.mutable_usage()->set_cached_images(cached_images_);
+    }
+    r.set_seed(batch.seed());
+    if (request_.stream().include_timing()) {
+      *r.mutable_timing() = batch.timing();
+      r.mutable_timing()->set_e2e_ms(now * 1e3);
+    }
+  }
+  Defer(
+      [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });
+}
+
+void GenerateCall::OnLanguageDone(const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedOnLanguageDone(status);
+  }
+  RunDeferred();
+}
+
+void GenerateCall::LockedOnLanguageDone(const grpc::Status& status) {
+  stream_.reset();
+  if (ended_) return;
+  if (status.ok()) {
+    End(finished_ ? absl::OkStatus()
+                  : absl::InternalError("the language stream ended without a final response"));
+    return;
+  }
+  absl::Status s = FromGrpcStatus(status);
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::UNKNOWN) {
+    s = absl::UnavailableError(
+        absl::StrCat("language instance ", language_->id, " failed: ", status.error_message()));
+  }
+  End(std::move(s));
+}
+
+void GenerateCall::Cancel(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedCancel(reason);
+  }
+  RunDeferred();
+}
+
+void GenerateCall::LockedCancel(const std::string& reason) {
+  if (!ended_) End(absl::CancelledError(reason));
+}
+
+void GenerateCall::OnInstanceDown(const std::string& instance_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedOnInstanceDown(instance_id);
+  }
+  RunDeferred();
+}
+
+void GenerateCall::LockedOnInstanceDown(const std::string& instance_id) {
+  if (ended_) return;
+  if (language_ != nullptr && language_->id == instance_id) {
+    End(absl::UnavailableError(absl::StrCat("language instance ", instance_id, " is down")));
+    return;
+  }
+  std::vector<size_t> moving;
+  for (size_t k = 0; k < images_.size(); ++k) {
+    if (images_[k].encoder_id == instance_id) moving.push_back(k);
+  }
+  if (!moving.empty()) Redispatch(moving, instance_id, "the encoder is down");
+}
+
+void GenerateCall::End(absl::Status status) {
+  if (ended_) return;
+  ended_ = true;
+  for (auto& e : encodes_) {
+    if (!e->done) Defer([raw = e.get(), self = shared_from_this()] { raw->ctx.TryCancel(); });
+  }
+  if (stream_ != nullptr && !status.ok()) {
+    // The stream object lives until its OnDone, which cannot run before this
+    // call's reference inside it is dropped there.
+    Defer([stream = stream_] { stream->Cancel(); });
+  }
+  if (language_ != nullptr) language_->inflight -= placed_tokens_;
+  const double e2e = clock_.ElapsedSeconds();
+  metrics::Registry& m = *context_.metrics;
+  m.GetCounter("mmserve_router_requests_total", "Generate calls by final gRPC code.",
+               {{"code", absl::StatusCodeToString(status.code())}})
+      .Increment();
+  m.GetHistogram("mmserve_router_e2e_seconds", "Generate latency, receipt to end.",
+                 metrics::LatencyBuckets())
+      .Observe(e2e);
+  m.GetHistogram("mmserve_router_overhead_seconds",
+                 "Time in the router before dispatch (validation, hashing, pre-sizing).",
+                 metrics::LatencyBuckets())
+      .Observe(router_seconds_);
+  LOG(INFO) << "request " << id_ << ": " << (status.ok() ? "OK" : status.ToString()) << ", "
+            << images_.size() << " images, " << completion_tokens_ << " tokens, "
+            << absl::StrFormat("%.1f ms", e2e * 1e3)
+            << (language_ ? absl::StrCat(", on ", language_->id) : "");
+  Defer([sink = std::move(sink_), status = std::move(status)]() mutable {
+    sink.on_end(std::move(status));
+  });
+}
+
+void GenerateCall::Defer(std::function<void()> action) { deferred_.push_back(std::move(action)); }
+
+void GenerateCall::RunDeferred() {
+  for (;;) {
+    std::vector<std::function<void()>> actions;
+    {
+      absl::MutexLock lock(&mu_);
+      actions.swap(deferred_);
+    }
+    if (actions.empty()) return;
+    for (auto& a : actions) a();
+  }
+}
+
+}  // namespace mmserve::router

@@ -1,0 +1,179 @@
+#include "router/instance_table.h"
+
+#include <chrono>
+
+#include "common/grpc_server.h"
+#include "common/logging.h"
+
+namespace mmserve::router {
+
+InstanceTable::~InstanceTable() { Stop(); }
+
+void InstanceTable::Upsert(const iv1::InstanceInfo& info) {
+  absl::MutexLock lock(&mu_);
+  Entry& e = entries_[info.instance_id()];
+  if (e.instance == nullptr || e.instance->address != info.grpc_address()) {
+    auto inst = std::make_shared<Instance>();
+    inst->id = info.instance_id();
+    inst->role = info.role() == iv1::INSTANCE_ROLE_ENCODER ? Role::kEncoder : Role::kLanguage;
+    inst->address = info.grpc_address();
+    inst->info = info;
+    inst->channel = InternalChannel(info.grpc_address());
+    if (inst->role == Role::kEncoder) {
+      inst->encoder = iv1::Encoder::NewStub(inst->channel);
+    } else {
+      inst->language = iv1::Language::NewStub(inst->channel);
+    }
+    if (e.healthy) MarkDown(info.instance_id(), e);
+    e.instance = std::move(inst);
+    e.failures = 0;
+    LOG(INFO) << "instance " << info.instance_id() << " at " << info.grpc_address() << " ("
+              << iv1::InstanceRole_Name(info.role()) << ")";
+  }
+}
+
+bool InstanceTable::Report(const iv1::LoadReport& load) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(load.instance_id());
+  if (it == entries_.end()) return false;
+  it->second.load = load;
+  return true;
+}
+
+void InstanceTable::Remove(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  if (it->second.healthy) MarkDown(id, it->second);
+  entries_.erase(it);
+  LOG(INFO) << "instance " << id << " deregistered";
+}
+
+std::vector<std::shared_ptr<Instance>> InstanceTable::Healthy(Role role) const {
+  std::vector<std::shared_ptr<Instance>> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : entries_) {
+    if (e.healthy && e.instance->role == role) out.push_back(e.instance);
+  }
+  return out;
+}
+
+std::shared_ptr<Instance> InstanceTable::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : it->second.instance;
+}
+
+iv1::LoadReport InstanceTable::LastLoad(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  return it == entries_.end() ? iv1::LoadReport() : it->second.load;
+}
+
+bool InstanceTable::IsHealthy(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  return it != entries_.end() && it->second.healthy;
+}
+
+void InstanceTable::SetDownListener(std::function<void(const std::string&)> listener) {
+  absl::MutexLock lock(&mu_);
+  on_down_ = std::move(listener);
+}
+
+void InstanceTable::Start() {
+  poller_ = std::thread([this] { PollLoop(); });
+}
+
+void InstanceTable::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (poller_.joinable()) poller_.join();
+}
+
+void InstanceTable::MarkDown(const std::string& id, Entry& e) {
+  e.healthy = false;
+  down_events_.push_back(id);
+  LOG(WARNING) << "instance " << id << " is unhealthy";
+}
+
+void InstanceTable::PollLoop() {
+  for (;;) {
+    std::vector<std::shared_ptr<Instance>> all;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.poll_interval)) return;
+      for (const auto& [id, e] : entries_) all.push_back(e.instance);
+    }
+    // Poll every instance concurrently: one slow instance must not delay the
+    // detection of another.
+    struct Poll {
+      grpc::ClientContext ctx;
+      iv1::LoadReport load;
+      grpc::Status status;
+      bool done = false;
+    };
+    std::vector<std::unique_ptr<Poll>> polls;
+    absl::Mutex pmu;
+    int outstanding = 0;
+    for (const auto& inst : all) {
+      auto p = std::make_unique<Poll>();
+      p->ctx.set_deadline(std::chrono::system_clock::now() +
+                          absl::ToChronoNanoseconds(options_.poll_timeout));
+      iv1::LoadRequest req;
+      Poll* raw = p.get();
+      {
+        absl::MutexLock l(&pmu);
+        ++outstanding;
+      }
+      auto cb = [raw, &pmu, &outstanding](grpc::Status s) {
+        absl::MutexLock l(&pmu);
+        raw->status = std::move(s);
+        raw->done = true;
+        --outstanding;
+      };
+      if (inst->role == Role::kEncoder) {
+        inst->encoder->async()->GetLoad(&p->ctx, &req, &p->load, cb);
+      } else {
+        inst->language->async()->GetLoad(&p->ctx, &req, &p->load, cb);
+      }
+      polls.push_back(std::move(p));
+    }
+    {
+      absl::MutexLock l(&pmu);
+      pmu.Await(absl::Condition(
+          +[](int* n) { return *n == 0; }, &outstanding));
+    }
+    std::vector<std::string> down;
+    std::function<void(const std::string&)> listener;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < all.size(); ++i) {
+        auto it = entries_.find(all[i]->id);
+        if (it == entries_.end() || it->second.instance != all[i]) continue;
+        Entry& e = it->second;
+        const Poll& p = *polls[i];
+        if (p.status.ok() && p.load.instance_id() == all[i]->id) {
+          e.failures = 0;
+          e.load = p.load;
+          const bool ok = p.load.accepting();
+          if (ok && !e.healthy) LOG(INFO) << "instance " << all[i]->id << " is healthy";
+          if (!ok && e.healthy) MarkDown(all[i]->id, e);
+          e.healthy = ok;
+        } else if (++e.failures >= options_.down_after && e.healthy) {
+          MarkDown(all[i]->id, e);
+        }
+      }
+      down.swap(down_events_);
+      listener = on_down_;
+    }
+    if (listener) {
+      for (const std::string& id : down) listener(id);
+    }
+  }
+}
+
+}  // namespace mmserve::router

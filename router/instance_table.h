@@ -1,0 +1,101 @@
+// The router's view of every instance: registered through Registry (or given
+// by flags), polled with GetLoad every `poll_interval`, and healthy while the
+// poll succeeds and the instance accepts work. An instance that misses
+// `down_after` polls in a row (or deregisters) leaves placement at once and
+// the down listener hears of it, so calls that used it can move on.
+//
+//   InstanceTable table({.poll_interval = absl::Milliseconds(250)});
+//   table.SetDownListener([&](const Instance& i) { calls.OnInstanceDown(i); });
+//   table.Start();
+//   for (const auto& e : table.Healthy(Role::kEncoder)) ...
+//
+// Thread-safe.
+#ifndef MMSERVE_ROUTER_INSTANCE_TABLE_H_
+#define MMSERVE_ROUTER_INSTANCE_TABLE_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/encoder.grpc.pb.h"
+#include "proto/language.grpc.pb.h"
+#include "proto/registry.grpc.pb.h"
+
+namespace mmserve::router {
+
+namespace iv1 = ::mmserve::internal::v1;
+
+enum class Role { kEncoder, kLanguage };
+
+struct Instance {
+  std::string id;
+  Role role = Role::kEncoder;
+  std::string address;
+  iv1::InstanceInfo info;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<iv1::Encoder::Stub> encoder;    // role kEncoder
+  std::unique_ptr<iv1::Language::Stub> language;  // role kLanguage
+  // Work the router has placed there and not yet seen finish (tokens).
+  std::atomic<int64_t> inflight{0};
+};
+
+struct InstanceTableOptions {
+  absl::Duration poll_interval = absl::Milliseconds(250);
+  absl::Duration poll_timeout = absl::Milliseconds(500);
+  int down_after = 2;
+};
+
+class InstanceTable {
+ public:
+  explicit InstanceTable(const InstanceTableOptions& options) : options_(options) {}
+  ~InstanceTable();
+  InstanceTable(const InstanceTable&) = delete;
+  InstanceTable& operator=(const InstanceTable&) = delete;
+
+  // Adds or refreshes an instance (Registry.Register, or a flag). A new
+  // address replaces the channel. Healthy from its first good poll on.
+  void Upsert(const iv1::InstanceInfo& info);
+  // Heartbeat: false when the instance is unknown (it should register again).
+  bool Report(const iv1::LoadReport& load);
+  void Remove(const std::string& id);
+
+  // Healthy instances of a role, in id order.
+  std::vector<std::shared_ptr<Instance>> Healthy(Role role) const;
+  std::shared_ptr<Instance> Get(const std::string& id) const;
+  iv1::LoadReport LastLoad(const std::string& id) const;
+  bool IsHealthy(const std::string& id) const;
+
+  void SetDownListener(std::function<void(const std::string& id)> listener);
+  void Start();
+  void Stop();
+
+ private:
+  struct Entry {
+    std::shared_ptr<Instance> instance;
+    iv1::LoadReport load;
+    bool healthy = false;
+    int failures = 0;
+  };
+  void PollLoop();
+  void MarkDown(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const InstanceTableOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_down_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> down_events_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread poller_;
+};
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_INSTANCE_TABLE_H_

@@ -1,0 +1,165 @@
+// router: the public entry point. Serves mmserve.v1.Inference (gRPC) and the
+// OpenAI-compatible HTTP API, places every request on encoder and language
+// instances (registered through Registry, or given by flags), and streams
+// tokens back.
+//
+//   bazel run --config=opt //router:router -- --model_dir=models/shapes-demo \
+//       --port=50051 --http_port=8000
+//
+// Reads only the model's configs (config.json, preprocessor_config.json,
+// generation_config.json): enough to validate requests and pre-size images.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file.h"
+#include "common/grpc_server.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "router/generate_call.h"
+#include "router/http_frontend.h"
+#include "router/instance_table.h"
+#include "router/router_service.h"
+
+ABSL_FLAG(std::string, model_dir, "", "the served model's directory (configs are read)");
+ABSL_FLAG(std::string, model_id, "", "id clients use (default: the directory's name)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
+ABSL_FLAG(int, port, 50051, "gRPC port (public API and Registry)");
+ABSL_FLAG(int, http_port, 8000, "OpenAI-compatible HTTP port (-1: off, 0: pick one)");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: pick one; -1: off)");
+ABSL_FLAG(std::vector<std::string>, encoders, {},
+          "static encoders as id=host:port (in addition to registered ones)");
+ABSL_FLAG(std::vector<std::string>, languages, {},
+          "static language instances (role both) as id=host:port");
+ABSL_FLAG(bool, presize, true,
+          "read image headers and send exact token counts (off: the resume path sizes them)");
+ABSL_FLAG(int, max_images, 16, "images per request");
+ABSL_FLAG(int, max_image_mb, 20, "bytes per image, MiB");
+ABSL_FLAG(int, max_model_len, 0, "context length clients are held to (0: the model's, <= 8192)");
+ABSL_FLAG(int, poll_ms, 250, "instance health poll interval");
+ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running calls may take");
+
+namespace mmserve::router {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "router: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+absl::Status AddStatic(InstanceTable& table, const std::vector<std::string>& specs,
+                       iv1::InstanceRole role) {
+  for (const std::string& spec : specs) {
+    std::vector<std::string> parts = absl::StrSplit(spec, absl::MaxSplits('=', 1));
+    if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("expected id=host:port, got \"", spec, "\""));
+    }
+    iv1::InstanceInfo info;
+    info.set_instance_id(parts[0]);
+    info.set_grpc_address(parts[1]);
+    info.set_role(role);
+    table.Upsert(info);
+  }
+  return absl::OkStatus();
+}
+
+int Main() {
+  BlockTerminationSignals();
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  if (dir.empty()) {
+    std::fprintf(stderr, "router: --model_dir is required\n");
+    return 2;
+  }
+  auto config = model::LoadModelConfig(dir);
+  if (!config.ok()) return Fail(config.status());
+  RouterContext context;
+  context.options.model_id =
+      absl::GetFlag(FLAGS_model_id).empty() ? ModelIdFromDir(dir) : absl::GetFlag(FLAGS_model_id);
+  context.options.config = *config;
+  int max_len = absl::GetFlag(FLAGS_max_model_len);
+  if (max_len <= 0) {
+    max_len = config->text.max_position_embeddings > 0
+                  ? std::min(config->text.max_position_embeddings, 8192)
+                  : 8192;
+  }
+  context.options.max_model_len = max_len;
+  context.options.presize = absl::GetFlag(FLAGS_presize);
+  context.options.max_images = absl::GetFlag(FLAGS_max_images);
+  context.options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))}
+                                    << 20;
+  if (config->vision && !config->preprocessor) {
+    return Fail(absl::InvalidArgumentError(dir + ": vision model without preprocessor_config"));
+  }
+  metrics::Registry registry;
+  InstanceTable table({.poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms))});
+  if (auto s = AddStatic(table, absl::GetFlag(FLAGS_encoders), iv1::INSTANCE_ROLE_ENCODER);
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (auto s = AddStatic(table, absl::GetFlag(FLAGS_languages), iv1::INSTANCE_ROLE_BOTH); !s.ok()) {
+    return Fail(s);
+  }
+  context.instances = &table;
+  context.metrics = &registry;
+  CallTracker tracker;
+  table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
+  registry.AddGaugeCallback("mmserve_router_calls_live", "Generate calls in flight.", {},
+                            [&tracker] { return static_cast<double>(tracker.size()); });
+  registry.AddGaugeCallback(
+      "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", "encoder"}},
+      [&table] { return static_cast<double>(table.Healthy(Role::kEncoder).size()); });
+  registry.AddGaugeCallback(
+      "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", "language"}},
+      [&table] { return static_cast<double>(table.Healthy(Role::kLanguage).size()); });
+  table.Start();
+
+  InferenceService inference(context, tracker);
+  RegistryService registry_service(table);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  auto server = StartGrpcServer(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                                {&inference, &registry_service});
+  if (!server.ok()) return Fail(server.status());
+  std::unique_ptr<HttpFrontend> http;
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    auto h = HttpFrontend::Start(context, tracker, host, absl::GetFlag(FLAGS_http_port));
+    if (!h.ok()) return Fail(h.status());
+    http = std::move(*h);
+  }
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto ms = metrics::MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
+    if (!ms.ok()) return Fail(ms.status());
+    metrics_server = std::move(*ms);
+  }
+  (*server)->SetServing(true);
+  std::printf("READY router %s grpc=%s:%d http=%d metrics=%d\n", context.options.model_id.c_str(),
+              host.c_str(), (*server)->port(), http ? http->port() : -1,
+              metrics_server ? metrics_server->port() : -1);
+  std::fflush(stdout);
+
+  const int sig = WaitForTerminationSignal();
+  LOG(INFO) << "router: signal " << sig << ", draining";
+  (*server)->SetServing(false);
+  const Deadline drain = Deadline::After(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
+  while (tracker.size() > 0 && !drain.Expired()) absl::SleepFor(absl::Milliseconds(20));
+  tracker.CancelAll("the router is shutting down");
+  if (http) http->Stop();
+  (*server)->Shutdown(absl::Seconds(1));
+  table.Stop();
+  LOG(INFO) << "router: stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve::router
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::router::Main();
+}
