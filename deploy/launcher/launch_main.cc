@@ -1,0 +1,117 @@
+// mmserve_launch: runs router + encoders + language (role both) on this
+// machine and supervises them: a child that dies is restarted; SIGTERM or
+// SIGINT stops every child (each drains and frees its blocks) and exits.
+//
+//   bazel-bin/deploy/launcher/mmserve_launch --model_dir=models/shapes-demo \
+//       --encoders=1 --profile=shm --port=50051 --http_port=8000
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "deploy/launcher/local_stack.h"
+
+ABSL_FLAG(std::string, model_dir, "", "model directory (default: models/shapes-demo)");
+ABSL_FLAG(std::string, bin_dir, "", "bazel-bin of the build (default: found from this binary)");
+ABSL_FLAG(std::string, log_dir, "", "where each process's log goes (default: a temp dir)");
+ABSL_FLAG(int, encoders, 1, "encoder processes");
+ABSL_FLAG(std::string, profile, "shm", "UCX transport profile: shm or tcp");
+ABSL_FLAG(std::string, host, "127.0.0.1", "address every service listens on");
+ABSL_FLAG(int, port, 50051, "router gRPC port");
+ABSL_FLAG(int, http_port, 8000, "router OpenAI-compatible HTTP port (-1: off)");
+ABSL_FLAG(bool, restart, true, "restart a child that dies");
+
+namespace mmserve::launcher {
+namespace {
+
+std::string SelfBinDir() {
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string exe(self, n > 0 ? n : 0);
+  // <bin>/deploy/launcher/mmserve_launch
+  for (int i = 0; i < 3; ++i) exe = exe.substr(0, exe.rfind('/'));
+  return exe;
+}
+
+int Main() {
+  BlockTerminationSignals();
+  StackOptions o;
+  o.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfBinDir() : absl::GetFlag(FLAGS_bin_dir);
+  o.model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (o.model_dir.empty()) {
+    std::fprintf(stderr, "mmserve_launch: --model_dir is required\n");
+    return 2;
+  }
+  o.log_dir = absl::GetFlag(FLAGS_log_dir);
+  if (o.log_dir.empty()) {
+    char tmpl[] = "/tmp/mmserve-logs-XXXXXX";
+    o.log_dir = mkdtemp(tmpl);
+  }
+  o.encoders = absl::GetFlag(FLAGS_encoders);
+  o.profile = absl::GetFlag(FLAGS_profile);
+  o.host = absl::GetFlag(FLAGS_host);
+  o.router_port = absl::GetFlag(FLAGS_port);
+  o.http_port = absl::GetFlag(FLAGS_http_port);
+  auto stack = LocalStack::Start(o);
+  if (!stack.ok()) {
+    std::fprintf(stderr, "mmserve_launch: %s\n", stack.status().ToString().c_str());
+    return 1;
+  }
+  LocalStack& s = **stack;
+  std::printf("mmserve is up (logs in %s)\n", o.log_dir.c_str());
+  std::printf("  gRPC  %s   (mmserve.v1.Inference)\n", s.router_address().c_str());
+  if (s.http_port() > 0) {
+    std::printf("  HTTP  http://%s:%d/v1/chat/completions\n", o.host.c_str(), s.http_port());
+  }
+  for (int i = 0; i < s.num_encoders(); ++i) {
+    std::printf("  %s at %s, metrics :%d\n", s.encoder(i).id.c_str(),
+                s.encoder(i).grpc_address().c_str(), s.encoder(i).metrics_port());
+  }
+  std::printf("  %s at %s, metrics :%d\n", s.language().id.c_str(),
+              s.language().grpc_address().c_str(), s.language().metrics_port());
+  std::printf("  router metrics :%d\n", s.router().metrics_port());
+  std::printf("READY launcher stack grpc=%s http=%d\n", s.router_address().c_str(), s.http_port());
+  std::fflush(stdout);
+
+  // Supervise until SIGTERM/SIGINT.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  const struct timespec tick = {0, 500 * 1000 * 1000};
+  for (;;) {
+    const int sig = sigtimedwait(&set, nullptr, &tick);
+    if (sig == SIGTERM || sig == SIGINT) break;
+    for (const std::string& name : s.Exited()) {
+      std::fprintf(stderr, "mmserve_launch: %s exited\n", name.c_str());
+      if (!absl::GetFlag(FLAGS_restart)) continue;
+      absl::Status st = absl::OkStatus();
+      if (name.rfind("encoder-", 0) == 0) {
+        st = s.StartEncoder(std::stoi(name.substr(8)));
+      } else if (name.rfind("language-", 0) == 0) {
+        st = s.StartLanguage();
+      } else {
+        std::fprintf(stderr, "mmserve_launch: the router died; stopping\n");
+        s.Stop();
+        return 1;
+      }
+      std::fprintf(stderr, "mmserve_launch: restart %s: %s\n", name.c_str(), st.ToString().c_str());
+    }
+  }
+  std::fprintf(stderr, "mmserve_launch: stopping\n");
+  s.Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace mmserve::launcher
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::launcher::Main();
+}

@@ -1,0 +1,90 @@
+// A whole topology on this machine: router, N encoders and one language
+// instance (role both), started in order, each registering with the router,
+// and supervised until Stop. deploy/serve.sh and the end-to-end tests use it.
+//
+//   ASSIGN_OR_RETURN(auto stack, LocalStack::Start({.bin_dir = "bazel-bin",
+//                                                   .model_dir = "models/shapes-demo",
+//                                                   .encoders = 2}));
+//   // stack->router_address(): the public gRPC API; stack->http_port(): OpenAI HTTP
+//   stack->encoder(1).process->Signal(SIGKILL);   // fault tests
+//   stack->Stop();                                // SIGTERM everything, reap
+//
+// Not thread-safe.
+#ifndef MMSERVE_DEPLOY_LAUNCHER_LOCAL_STACK_H_
+#define MMSERVE_DEPLOY_LAUNCHER_LOCAL_STACK_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "deploy/launcher/child_process.h"
+
+namespace mmserve::launcher {
+
+struct StackOptions {
+  // Where the binaries are, in Bazel's layout: <bin_dir>/router/router,
+  // <bin_dir>/encoder_service/encoder, <bin_dir>/language_service/language.
+  std::string bin_dir;
+  std::string model_dir;
+  std::string log_dir = "/tmp";
+  int encoders = 1;
+  std::string profile = "shm";
+  std::string host = "127.0.0.1";
+  int router_port = 0;  // 0: any free port
+  int http_port = 0;    // 0: any free port, -1: off
+  std::vector<std::string> router_args;
+  std::vector<std::string> encoder_args;
+  std::vector<std::string> language_args;
+  absl::Duration ready_timeout = absl::Seconds(120);
+};
+
+struct Service {
+  std::string id;
+  std::unique_ptr<ChildProcess> process;
+  ReadyLine ready;
+  std::string grpc_address() const;
+  int metrics_port() const;
+};
+
+class LocalStack {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LocalStack>> Start(
+      const StackOptions& options);
+  ~LocalStack();
+
+  const std::string& router_address() const { return router_address_; }
+  int http_port() const { return http_port_; }
+  Service& router() { return router_; }
+  Service& encoder(int i) { return encoders_[i]; }
+  Service& language() { return language_; }
+  int num_encoders() const { return static_cast<int>(encoders_.size()); }
+
+  // (Re)starts encoder `i` or the language instance (after a kill).
+  [[nodiscard]] absl::Status StartEncoder(int i);
+  [[nodiscard]] absl::Status StartLanguage();
+  // Waits until the router reports this many healthy instances.
+  [[nodiscard]] absl::Status WaitHealthy(int encoders, int languages, absl::Duration timeout);
+  // Names of children that exited on their own since the last call.
+  std::vector<std::string> Exited();
+  // SIGTERM to every child (router first, so no new work arrives), SIGKILL
+  // after `grace`. Idempotent.
+  void Stop(absl::Duration grace = absl::Seconds(15));
+
+ private:
+  explicit LocalStack(const StackOptions& options) : options_(options) {}
+  absl::StatusOr<Service> Launch(const std::string& name, const std::string& binary,
+                                 std::vector<std::string> args);
+
+  const StackOptions options_;
+  Service router_;
+  std::vector<Service> encoders_;
+  Service language_;
+  std::string router_address_;
+  int http_port_ = -1;
+};
+
+}  // namespace mmserve::launcher
+
+#endif  // MMSERVE_DEPLOY_LAUNCHER_LOCAL_STACK_H_
