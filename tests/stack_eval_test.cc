@@ -1,0 +1,150 @@
+// The demo evaluation through the whole stack (router, encoder, language as
+// separate processes, real gRPC and UCX) against the in-process engine: every
+// answer and every generated token id identical, on the shm and tcp
+// profiles, through gRPC and the OpenAI HTTP API, with and without the
+// router's pre-sizing (the default-then-resume path).
+#include <catch2/catch.hpp>
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/grpc_server.h"
+#include "model/image_decode.h"
+#include "tests/stack_harness.h"
+#include "worker/engine.h"
+
+namespace mmserve::testing {
+namespace {
+
+struct Reference {
+  std::vector<std::string> text;
+  std::vector<std::vector<int32_t>> ids;
+};
+
+// The in-process engine's answers, as //model:demo_eval computes them.
+const Reference& InProcess(const DemoSet& set) {
+  static Reference* ref = [&set] {
+    auto* r = new Reference;
+    worker::EngineOptions o;
+    o.model_dir = DemoModelDir();
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = 2048;
+    o.kv_cache_bytes = 64ll << 20;
+    auto engine = worker::LlmEngine::Create(o);
+    REQUIRE(engine.ok());
+    std::map<std::string, model::RgbImage> rgb;
+    r->text.resize(set.items.size());
+    r->ids.resize(set.items.size());
+    for (size_t i = 0; i < set.items.size(); ++i) {
+      const DemoItem& item = set.items[i];
+      if (!rgb.count(item.image_file)) {
+        rgb[item.image_file] =
+            model::DecodeImage(set.images.at(item.image_file), model::DecodeLimits()).value();
+      }
+      worker::EngineRequest req;
+      req.id = absl::StrFormat("q%d", i);
+      req.prompt = item.prompt;
+      req.images.push_back(rgb[item.image_file]);
+      req.sampling.temperature = 0;
+      req.sampling.max_tokens = 8;
+      REQUIRE((*engine)
+                  ->AddRequest(std::move(req),
+                               [r, i](const worker::StreamEvent& e) {
+                                 r->text[i] += e.text;
+                                 r->ids[i].insert(r->ids[i].end(), e.token_ids.begin(),
+                                                  e.token_ids.end());
+                               })
+                  .ok());
+    }
+    while ((*engine)->has_unfinished()) REQUIRE((*engine)->Step().ok());
+    return r;
+  }();
+  return *ref;
+}
+
+const DemoSet& Demo() {
+  static DemoSet* set = new DemoSet(LoadDemoSet(EvalDir()));
+  return *set;
+}
+
+// Asks the first `n` questions over gRPC, 16 in flight; checks each against
+// the in-process engine and returns the accuracy.
+double EvalGrpc(launcher::LocalStack& stack, int n) {
+  const DemoSet& set = Demo();
+  const Reference& ref = InProcess(set);
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  std::vector<Answer> answers(n);
+  ParallelFor(n, 16,
+              [&](int i) { answers[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], {}), {}); });
+  int correct = 0, same = 0;
+  for (int i = 0; i < n; ++i) {
+    INFO("question " << i << ": " << answers[i].status);
+    REQUIRE(answers[i].status.ok());
+    if (answers[i].text == ref.text[i] && answers[i].token_ids == ref.ids[i]) ++same;
+    if (absl::StripAsciiWhitespace(answers[i].text) == set.items[i].answer) ++correct;
+  }
+  CHECK(same == n);
+  return static_cast<double>(correct) / n;
+}
+
+TEST_CASE(
+    "all 1500 demo questions through the router over gRPC (shm) match the in-process "
+    "engine, with zero resumes, and 200 through the HTTP API") {
+  const DemoSet& set = Demo();
+  REQUIRE(set.items.size() == 1500);
+  const Reference& ref = InProcess(set);
+  int ref_correct = 0;
+  for (size_t i = 0; i < set.items.size(); ++i) {
+    ref_correct += absl::StripAsciiWhitespace(ref.text[i]) == set.items[i].answer;
+  }
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+  REQUIRE(stack.ok());
+  const double accuracy = EvalGrpc(**stack, 1500);
+  CHECK(accuracy == Approx(static_cast<double>(ref_correct) / 1500));
+  CHECK(accuracy >= 0.98);  // the model card's 0.981
+  CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_resumes_total") == 0);
+  CHECK(ScrapeMetric((*stack)->language().metrics_port(),
+                     "mmserve_language_images_received_total") == 1500);
+
+  std::vector<Answer> http(200);
+  ParallelFor(200, 8, [&](int i) { http[i] = AskHttp((*stack)->http_port(), set, set.items[i]); });
+  for (int i = 0; i < 200; ++i) {
+    INFO("HTTP question " << i << ": " << http[i].status);
+    REQUIRE(http[i].status.ok());
+    CHECK(http[i].text == ref.text[i]);
+  }
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE("200 demo questions over the tcp profile match the in-process engine") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "tcp"));
+  REQUIRE(stack.ok());
+  CHECK(EvalGrpc(**stack, 200) >= 0.95);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE(
+    "with pre-sizing off, the default-then-resume path runs end to end with the same "
+    "answers") {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.router_args = {"--presize=false"};
+  // 4-token blocks and a one-block default: every 9-token demo image arrives
+  // in two chunks (4 tokens, then a resume for the remaining 5).
+  o.language_args.push_back("--embedding_block_size=4");
+  o.language_args.push_back("--default_blocks=1");
+  o.encoder_args.push_back("--block_size=4");
+  auto stack = launcher::LocalStack::Start(o);
+  REQUIRE(stack.ok());
+  CHECK(EvalGrpc(**stack, 200) >= 0.95);
+  CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_resumes_total") == 400);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+}  // namespace
+}  // namespace mmserve::testing

@@ -1,0 +1,202 @@
+#include "tests/stack_harness.h"
+
+#include <httplib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/file.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+
+namespace mmserve::testing {
+
+std::string RunfilesRoot() {
+  if (const char* srcdir = std::getenv("TEST_SRCDIR")) return absl::StrCat(srcdir, "/mmserve");
+  if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY")) {
+    // bazel run: binaries sit in this binary's runfiles.
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    return absl::StrCat(std::string(self, n > 0 ? n : 0), ".runfiles/mmserve");
+  }
+  return ".";
+}
+
+std::string DemoModelDir() { return RunfilesRoot() + "/models/shapes-demo"; }
+std::string EvalDir() { return RunfilesRoot() + "/tools/demo/eval_set"; }
+
+DemoSet LoadDemoSet(const std::string& eval_dir) {
+  DemoSet set;
+  auto text = ReadFileToString(eval_dir + "/eval.json");
+  if (!text.ok()) return set;
+  const nlohmann::json eval = nlohmann::json::parse(*text);
+  for (const auto& it : eval["items"]) {
+    DemoItem item;
+    item.id = it["id"];
+    item.image_file = it["image"];
+    item.question = it["question"];
+    item.prompt = it["prompt"];
+    item.answer = it["answer"];
+    if (set.images.count(item.image_file) == 0) {
+      set.images[item.image_file] = ReadFileToString(eval_dir + "/" + item.image_file).value();
+    }
+    set.items.push_back(std::move(item));
+  }
+  return set;
+}
+
+mmserve::v1::GenerateRequest DemoRequest(const DemoSet& set, const DemoItem& item,
+                                         const AskOptions& options) {
+  mmserve::v1::GenerateRequest req;
+  auto* msg = req.mutable_chat()->add_messages();
+  msg->set_role("user");
+  msg->add_content()->mutable_image()->set_data(set.images.at(item.image_file));
+  msg->add_content()->set_text(item.question);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(options.max_tokens);
+  req.mutable_sampling()->set_ignore_eos(options.ignore_eos);
+  req.mutable_stream()->set_include_token_ids(true);
+  return req;
+}
+
+Answer AskGrpc(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRequest& request,
+               const AskOptions& options) {
+  Answer a;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options.deadline));
+  auto reader = stub.Generate(&ctx, request);
+  mmserve::v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    ++a.responses;
+    a.text += r.text();
+    for (uint32_t t : r.token_ids()) a.token_ids.push_back(static_cast<int32_t>(t));
+    if (r.has_usage() && r.usage().cached_images() > 0) a.cache_hit_reported = true;
+    if (options.cancel_after > 0 && a.responses == options.cancel_after) ctx.TryCancel();
+  }
+  a.status = FromGrpcStatus(reader->Finish());
+  return a;
+}
+
+Answer AskHttp(int port, const DemoSet& set, const DemoItem& item) {
+  Answer a;
+  nlohmann::json body;
+  body["messages"] = nlohmann::json::array(
+      {{{"role", "user"},
+        {"content", nlohmann::json::array(
+                        {{{"type", "image_url"},
+                          {"image_url",
+                           {{"url", "data:image/png;base64," +
+                                        absl::Base64Escape(set.images.at(item.image_file))}}}},
+                         {{"type", "text"}, {"text", item.question}}})}}});
+  body["temperature"] = 0;
+  body["max_tokens"] = 8;
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto res = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  if (!res) {
+    a.status = absl::UnavailableError("no HTTP response");
+    return a;
+  }
+  const nlohmann::json reply = nlohmann::json::parse(res->body, nullptr, false);
+  if (res->status != 200 || reply.is_discarded()) {
+    a.status = absl::UnknownError(absl::StrCat("HTTP ", res->status, ": ", res->body));
+    return a;
+  }
+  a.text = reply["choices"][0]["message"]["content"].get<std::string>();
+  return a;
+}
+
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) fn(i);
+    });
+  }
+  for (auto& t : pool) t.join();
+}
+
+double ScrapeMetric(int port, const std::string& name, const std::string& labels) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(5, 0);
+  auto res = cli.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  double total = 0;
+  bool found = false;
+  std::istringstream in(res->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    const std::string key = line.substr(0, space);
+    const std::string metric = key.substr(0, key.find('{'));
+    if (metric != name) continue;
+    if (!labels.empty() && key.find(labels) == std::string::npos) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(space + 1), &v)) {
+      total += v;
+      found = true;
+    }
+  }
+  return found ? total : -1;
+}
+
+bool Leaks::zero() const {
+  return language_embedding_blocks_used == 0 && language_kv_blocks_used == 0 &&
+         language_requests_live == 0 && encoder_embedding_blocks_used == 0 &&
+         router_calls_live == 0;
+}
+
+std::string Leaks::ToString() const {
+  return absl::StrCat("language embedding blocks ", language_embedding_blocks_used,
+                      ", language KV blocks ", language_kv_blocks_used, ", language requests ",
+                      language_requests_live, ", encoder embedding blocks ",
+                      encoder_embedding_blocks_used, ", router calls ", router_calls_live);
+}
+
+Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout) {
+  const Deadline deadline = Deadline::After(timeout);
+  Leaks l;
+  do {
+    const int lp = stack.language().metrics_port();
+    l.language_embedding_blocks_used = ScrapeMetric(lp, "mmserve_language_embedding_blocks_used");
+    l.language_kv_blocks_used = ScrapeMetric(lp, "mmserve_language_kv_blocks_used");
+    l.language_requests_live = ScrapeMetric(lp, "mmserve_language_requests_live");
+    l.encoder_embedding_blocks_used = 0;
+    for (int i = 0; i < stack.num_encoders(); ++i) {
+      if (!stack.encoder(i).process || !stack.encoder(i).process->alive()) continue;
+      l.encoder_embedding_blocks_used +=
+          ScrapeMetric(stack.encoder(i).metrics_port(), "mmserve_encoder_embedding_blocks_used");
+    }
+    l.router_calls_live = ScrapeMetric(stack.router().metrics_port(), "mmserve_router_calls_live");
+    if (l.zero()) return l;
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (!deadline.Expired());
+  return l;
+}
+
+launcher::StackOptions TestStackOptions(int encoders, const std::string& profile) {
+  launcher::StackOptions o;
+  o.bin_dir = RunfilesRoot();
+  o.model_dir = DemoModelDir();
+  const char* out = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  o.log_dir = out != nullptr ? out : "/tmp";
+  o.encoders = encoders;
+  o.profile = profile;
+  o.http_port = 0;
+  o.language_args = {"--kv_cache_mb=64", "--threads=1"};
+  o.encoder_args = {"--keep_for_seconds=5"};
+  return o;
+}
+
+}  // namespace mmserve::testing

@@ -1,0 +1,97 @@
+// Helpers for end-to-end tests and benchmarks of a LocalStack: the demo
+// evaluation set, one-question gRPC calls, HTTP calls, metric scrapes.
+//
+//   DemoSet demo = LoadDemoSet(EvalDir());
+//   Answer a = AskGrpc(*stub, demo.items[0], {.deadline = absl::Seconds(30)});
+//   double used = ScrapeMetric(port, "mmserve_language_embedding_blocks_used");
+//
+// Thread-safe (AskGrpc may run on many threads with one stub).
+#ifndef MMSERVE_TESTS_STACK_HARNESS_H_
+#define MMSERVE_TESTS_STACK_HARNESS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "deploy/launcher/local_stack.h"
+#include "proto/inference.grpc.pb.h"
+
+namespace mmserve::testing {
+
+// Runfiles root of a test (its binaries, model and eval set), or the
+// workspace when run with `bazel run`.
+std::string RunfilesRoot();
+std::string DemoModelDir();
+std::string EvalDir();
+
+struct DemoItem {
+  int id = 0;
+  std::string image_file;
+  std::string question;
+  std::string prompt;  // the rendered chat, as the in-process engine takes it
+  std::string answer;  // the expected answer
+};
+
+struct DemoSet {
+  std::vector<DemoItem> items;
+  std::map<std::string, std::string> images;  // file -> encoded bytes
+};
+
+DemoSet LoadDemoSet(const std::string& eval_dir);
+
+struct Answer {
+  absl::Status status;
+  std::string text;
+  std::vector<int32_t> token_ids;
+  int responses = 0;
+  bool cache_hit_reported = false;
+};
+
+struct AskOptions {
+  absl::Duration deadline = absl::Seconds(60);
+  int max_tokens = 8;
+  bool ignore_eos = false;
+  // Cancel the call after this many responses (0: never).
+  int cancel_after = 0;
+};
+
+// The demo question as a chat: system default, user [image, question];
+// greedy, ids included.
+mmserve::v1::GenerateRequest DemoRequest(const DemoSet& set, const DemoItem& item,
+                                         const AskOptions& options);
+Answer AskGrpc(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRequest& request,
+               const AskOptions& options);
+// POST /v1/chat/completions (non-streamed) on 127.0.0.1:port; the answer's
+// text, or the error with its HTTP status in the message.
+Answer AskHttp(int port, const DemoSet& set, const DemoItem& item);
+
+// Runs `fn(i)` for i in [0, n) on `threads` threads.
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn);
+
+// A metric's value from a Prometheus endpoint (sum over label sets matching
+// `labels`, e.g. "code=\"OK\""); -1 when unreachable or absent.
+double ScrapeMetric(int port, const std::string& name, const std::string& labels = "");
+
+// Every service's blocks and live requests, once they settle (or the last
+// reading after `timeout`): what leak checks assert to be zero.
+struct Leaks {
+  double language_embedding_blocks_used = -1;
+  double language_kv_blocks_used = -1;
+  double language_requests_live = -1;
+  double encoder_embedding_blocks_used = 0;  // sum over live encoders
+  double router_calls_live = -1;
+  bool zero() const;
+  std::string ToString() const;
+};
+Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout);
+
+// Options for a test stack: binaries from the runfiles, logs in the test's
+// output directory.
+launcher::StackOptions TestStackOptions(int encoders, const std::string& profile);
+
+}  // namespace mmserve::testing
+
+#endif  // MMSERVE_TESTS_STACK_HARNESS_H_
