@@ -239,13 +239,22 @@ bool LanguageCore::Retry(const v1::ImageRetry& retry) {
     auto it = requests_.find(retry.request_id());
     if (it == requests_.end()) return;
     Request& r = *it->second;
+    std::set<size_t> moving;
+    for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
     for (const v1::PromptImage& image : retry.images()) {
       const size_t k = image.image_index();
       if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
       if (r.images[k].state != Request::ImageState::kLost) {
-        // The router moved an image whose source has not failed here (yet):
-        // its other unfinished images from that source are lost with it.
-        LoseImages(r, r.TransferId(k), absl::UnavailableError("moved by the router"));
+        // The router moved an image whose source has not failed here: stop
+        // that transfer; its other unfinished images not moved with it are
+        // lost with it.
+        const std::string old = r.TransferId(k);
+        for (size_t j = 0; j < r.images.size(); ++j) {
+          if (moving.count(j) && r.TransferId(j) == old) {
+            r.images[j].state = Request::ImageState::kLost;
+          }
+        }
+        LoseImages(r, old, absl::UnavailableError("moved by the router"));
       }
       r.images[k].meta = image;
       r.images[k].started = Stopwatch();
@@ -420,21 +429,21 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
 void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why) {
   v1::TokenBatch batch;
   batch.set_request_id(r.id);
-  bool cancel = false;
   for (size_t j = 0; j < r.images.size(); ++j) {
     Request::Image& im = r.images[j];
     if (r.TransferId(j) != transfer_id || im.state == Request::ImageState::kArrived ||
         im.state == Request::ImageState::kLost) {
       continue;
     }
-    cancel |= im.state == Request::ImageState::kReceiving;
     im.state = Request::ImageState::kLost;
     batch.add_lost_images(static_cast<uint32_t>(j));
   }
-  if (cancel) transfer_.Cancel(transfer_id, std::string(why.message()));
+  // Cancelling an unknown or finished transfer is harmless.
+  transfer_.Cancel(transfer_id, std::string(why.message()));
   if (batch.lost_images_size() == 0) return;
   lost_images_->Increment(batch.lost_images_size());
   batch.set_lost_reason(std::string(why.message()));
+  batch.set_lost_transfer_id(transfer_id);
   LOG(WARNING) << "request " << r.id << ": lost " << batch.lost_images_size() << " image(s) from "
                << transfer_id << ": " << why;
   if (!r.lost_deadline) r.lost_deadline = Deadline::After(options_.lost_image_timeout);

@@ -277,13 +277,18 @@ bool GenerateCall::Dispatch(const std::vector<size_t>& images,
           absl::StrCat("image ", k, " failed on ", kMaxAttempts, " encoders")));
       return false;
     }
+    // Healthy encoders this image has not failed on; else any healthy one
+    // (a failure may have been transient), still bounded by kMaxAttempts.
     std::vector<std::string> ids;
     std::vector<std::shared_ptr<Instance>> usable;
-    for (const auto& e : encoders) {
-      if (im.failed_encoders.count(e->id) == 0) {
-        ids.push_back(e->id);
-        usable.push_back(e);
+    for (bool allow_failed : {false, true}) {
+      for (const auto& e : encoders) {
+        if (allow_failed || im.failed_encoders.count(e->id) == 0) {
+          ids.push_back(e->id);
+          usable.push_back(e);
+        }
       }
+      if (!usable.empty()) break;
     }
     const size_t pick = scheduler::RendezvousPick(im.hash, ids);
     if (pick == scheduler::kNoCandidate) {
@@ -399,7 +404,10 @@ void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
   if (batch.lost_images_size() > 0) {
     std::map<std::string, std::vector<size_t>> by_encoder;
     for (uint32_t k : batch.lost_images()) {
-      if (k < images_.size()) by_encoder[images_[k].encoder_id].push_back(k);
+      // A report about a source already replaced is stale.
+      if (k < images_.size() && images_[k].transfer_id == batch.lost_transfer_id()) {
+        by_encoder[images_[k].encoder_id].push_back(k);
+      }
     }
     for (auto& [eid, ks] : by_encoder) Redispatch(ks, eid, batch.lost_reason());
     return;

@@ -9,63 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/grpc_server.h"
-#include "model/image_decode.h"
 #include "tests/stack_harness.h"
-#include "worker/engine.h"
 
 namespace mmserve::testing {
 namespace {
-
-struct Reference {
-  std::vector<std::string> text;
-  std::vector<std::vector<int32_t>> ids;
-};
-
-// The in-process engine's answers, as //model:demo_eval computes them.
-const Reference& InProcess(const DemoSet& set) {
-  static Reference* ref = [&set] {
-    auto* r = new Reference;
-    worker::EngineOptions o;
-    o.model_dir = DemoModelDir();
-    o.max_num_seqs = 64;
-    o.max_num_batched_tokens = 2048;
-    o.kv_cache_bytes = 64ll << 20;
-    auto engine = worker::LlmEngine::Create(o);
-    REQUIRE(engine.ok());
-    std::map<std::string, model::RgbImage> rgb;
-    r->text.resize(set.items.size());
-    r->ids.resize(set.items.size());
-    for (size_t i = 0; i < set.items.size(); ++i) {
-      const DemoItem& item = set.items[i];
-      if (!rgb.count(item.image_file)) {
-        rgb[item.image_file] =
-            model::DecodeImage(set.images.at(item.image_file), model::DecodeLimits()).value();
-      }
-      worker::EngineRequest req;
-      req.id = absl::StrFormat("q%d", i);
-      req.prompt = item.prompt;
-      req.images.push_back(rgb[item.image_file]);
-      req.sampling.temperature = 0;
-      req.sampling.max_tokens = 8;
-      REQUIRE((*engine)
-                  ->AddRequest(std::move(req),
-                               [r, i](const worker::StreamEvent& e) {
-                                 r->text[i] += e.text;
-                                 r->ids[i].insert(r->ids[i].end(), e.token_ids.begin(),
-                                                  e.token_ids.end());
-                               })
-                  .ok());
-    }
-    while ((*engine)->has_unfinished()) REQUIRE((*engine)->Step().ok());
-    return r;
-  }();
-  return *ref;
-}
-
-const DemoSet& Demo() {
-  static DemoSet* set = new DemoSet(LoadDemoSet(EvalDir()));
-  return *set;
-}
 
 // Asks the first `n` questions over gRPC, 16 in flight; checks each against
 // the in-process engine and returns the accuracy.

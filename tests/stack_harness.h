@@ -41,6 +41,16 @@ struct DemoSet {
 };
 
 DemoSet LoadDemoSet(const std::string& eval_dir);
+// The demo set from EvalDir(), loaded once.
+const DemoSet& Demo();
+
+// The in-process engine's answers to every demo question (greedy, 8 tokens),
+// as //model:demo_eval computes them; computed once.
+struct Reference {
+  std::vector<std::string> text;
+  std::vector<std::vector<int32_t>> ids;
+};
+const Reference& InProcess(const DemoSet& set);
 
 struct Answer {
   absl::Status status;

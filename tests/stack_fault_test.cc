@@ -1,0 +1,281 @@
+// The stack under faults and bad input, with real processes: encoder
+// affinity and caching, cancellation and deadlines, hostile requests through
+// gRPC and HTTP, SIGKILL of an encoder and of the language instance. After
+// each, every surviving process holds zero blocks and zero requests.
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "tests/stack_harness.h"
+
+namespace mmserve::testing {
+namespace {
+
+using mmserve::v1::GenerateRequest;
+
+void CheckNoLeaks(launcher::LocalStack& stack) {
+  const Leaks leaks = WaitForNoLeaks(stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE("with two encoders the same image always reaches the same encoder and hits its cache") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(2, "shm"));
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  // 40 distinct images (one question each), then the same 40 again.
+  std::vector<int> items;
+  for (size_t i = 0; i < set.items.size() && items.size() < 40; i += 6) items.push_back(i);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Answer> a(items.size());
+    ParallelFor(static_cast<int>(items.size()), 8, [&](int k) {
+      a[k] = AskGrpc(*stub, DemoRequest(set, set.items[items[k]], {}), {});
+    });
+    for (const Answer& x : a) {
+      REQUIRE(x.status.ok());
+      CHECK(x.cache_hit_reported == (round == 1));
+    }
+  }
+  double hits = 0, misses = 0;
+  for (int e = 0; e < 2; ++e) {
+    const int port = (*stack)->encoder(e).metrics_port();
+    const double h = ScrapeMetric(port, "mmserve_encoder_cache_hits_total");
+    const double m = ScrapeMetric(port, "mmserve_encoder_cache_misses_total");
+    INFO("encoder " << e << ": " << h << " hits, " << m << " misses");
+    CHECK(h == m);  // each image's second use went where its first did
+    CHECK(m > 0);   // both encoders got work
+    hits += h;
+    misses += m;
+  }
+  CHECK(hits == 40);
+  CHECK(misses == 40);
+  CheckNoLeaks(**stack);
+}
+
+TEST_CASE("cancelled streams and expired deadlines free every block on every process") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  std::vector<Answer> a(13);
+  ParallelFor(13, 13, [&](int i) {
+    AskOptions o;
+    o.max_tokens = 3000;
+    o.ignore_eos = true;
+    if (i < 6) {
+      o.cancel_after = 3;  // cancel mid-stream
+    } else if (i < 12) {
+      o.deadline = absl::Milliseconds(300 + 100 * i);  // expires mid-stream
+    } else {
+      o.max_tokens = 8;  // an ordinary request alongside
+      o.ignore_eos = false;
+    }
+    a[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], o), o);
+  });
+  for (int i = 0; i < 6; ++i) CHECK(a[i].status.code() == absl::StatusCode::kCancelled);
+  for (int i = 6; i < 12; ++i) {
+    INFO(a[i].status);
+    CHECK(a[i].status.code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  CHECK(a[12].status.ok());
+  CHECK(a[12].text == InProcess(set).text[12]);
+  CheckNoLeaks(**stack);
+}
+
+std::string PixelBomb(const std::string& png) {
+  // IHDR width and height (bytes 16..23) set to 30000 x 30000.
+  std::string bomb = png;
+  const unsigned char dims[8] = {0, 0, 0x75, 0x30, 0, 0, 0x75, 0x30};
+  bomb.replace(16, 8, reinterpret_cast<const char*>(dims), 8);
+  return bomb;
+}
+
+TEST_CASE("bad input gets INVALID_ARGUMENT with a reason and leaves other requests alone") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const std::string png = set.images.at(set.items[0].image_file);
+
+  // A long good request runs through all of it.
+  Answer good;
+  std::thread background([&] {
+    AskOptions o;
+    o.max_tokens = 400;
+    o.ignore_eos = true;
+    good = AskGrpc(*stub, DemoRequest(set, set.items[1], o), o);
+  });
+
+  struct Case {
+    const char* name;
+    std::function<void(GenerateRequest&)> mutate;
+    const char* reason;
+  };
+  auto image_data = [](GenerateRequest& r) {
+    return r.mutable_chat()->mutable_messages(0)->mutable_content(0)->mutable_image();
+  };
+  const std::vector<Case> cases = {
+      {"empty image", [&](GenerateRequest& r) { image_data(r)->clear_data(); }, "empty"},
+      {"non-image bytes",
+       [&](GenerateRequest& r) { image_data(r)->set_data("this is not an image at all"); },
+       "image 0"},
+      {"truncated PNG", [&](GenerateRequest& r) { image_data(r)->set_data(png.substr(0, 100)); },
+       "image 0"},
+      {"pixel bomb header", [&](GenerateRequest& r) { image_data(r)->set_data(PixelBomb(png)); },
+       "pixels"},
+      {"too many images",
+       [&](GenerateRequest& r) {
+         auto* m = r.mutable_chat()->mutable_messages(0);
+         for (int i = 0; i < 16; ++i) m->add_content()->mutable_image()->set_data(png);
+       },
+       "at most 16"},
+      {"prompt longer than the context",
+       [&](GenerateRequest& r) {
+         std::string words;
+         for (int i = 0; i < 6000; ++i) words += "square circle ";
+         r.mutable_chat()->mutable_messages(0)->mutable_content(1)->set_text(words);
+       },
+       "context length"},
+      {"negative temperature",
+       [](GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); }, "temperature"},
+      {"top_p above 1", [](GenerateRequest& r) { r.mutable_sampling()->set_top_p(2); }, "top_p"},
+      {"zero max_tokens", [](GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(0); },
+       "max_tokens"},
+      {"unknown model", [](GenerateRequest& r) { r.set_model("gpt-9"); }, "unknown model"},
+      {"unknown role",
+       [](GenerateRequest& r) { r.mutable_chat()->mutable_messages(0)->set_role("robot"); },
+       "role"},
+      {"no input", [](GenerateRequest& r) { r.clear_chat(); }, "no input"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      GenerateRequest r = DemoRequest(set, set.items[0], {});
+      c.mutate(r);
+      Answer a = AskGrpc(*stub, r, {});
+      INFO(a.status);
+      CHECK(a.status.code() == absl::StatusCode::kInvalidArgument);
+      CHECK(a.status.message().find(c.reason) != absl::string_view::npos);
+    }
+  }
+  // The same through HTTP: JSON errors with HTTP statuses.
+  httplib::Client http("127.0.0.1", (*stack)->http_port());
+  auto res = http.Post("/v1/chat/completions", "{not json", "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 400);
+  CHECK(res->body.find("\"error\"") != std::string::npos);
+  res = http.Post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"hi"}],"temperature":-2})",
+                  "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 400);
+  CHECK(res->body.find("temperature") != std::string::npos);
+
+  background.join();
+  INFO(good.status);
+  CHECK(good.status.ok());
+  CHECK(good.token_ids.size() == 400);
+  CheckNoLeaks(**stack);
+}
+
+TEST_CASE("SIGKILL of one of two encoders mid-load: every request still gets the right answer") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(2, "shm"));
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  const Reference& ref = InProcess(set);
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const int n = 300;
+  std::vector<Answer> a(n);
+  std::atomic<int> done{0};
+  std::thread killer([&] {
+    while (done.load() < 40) absl::SleepFor(absl::Milliseconds(2));
+    (*stack)->encoder(0).process->Signal(SIGKILL);
+  });
+  ParallelFor(n, 8, [&](int i) {
+    a[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], {}), {});
+    ++done;
+  });
+  killer.join();
+  for (int i = 0; i < n; ++i) {
+    INFO("question " << i << ": " << a[i].status);
+    REQUIRE(a[i].status.ok());
+    CHECK(a[i].text == ref.text[i]);
+    CHECK(a[i].token_ids == ref.ids[i]);
+  }
+  CHECK(!(*stack)->encoder(0).process->alive());
+  CheckNoLeaks(**stack);
+}
+
+TEST_CASE(
+    "SIGKILL of the language instance: UNAVAILABLE within 2 s, the router stays up, and a "
+    "restarted instance serves again") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  std::atomic<int> streaming{0};
+  std::atomic<int64_t> killed_at{0};
+  std::vector<Answer> a(4);
+  std::vector<int64_t> ended_at(4);
+  std::thread killer([&] {
+    while (streaming.load() < 4) absl::SleepFor(absl::Milliseconds(2));
+    killed_at = MonotonicNanos();
+    (*stack)->language().process->Signal(SIGKILL);
+  });
+  ParallelFor(4, 4, [&](int i) {
+    AskOptions o;
+    o.max_tokens = 3000;
+    o.ignore_eos = true;
+    o.cancel_after = 0;
+    GenerateRequest r = DemoRequest(set, set.items[i], o);
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, r);
+    mmserve::v1::GenerateResponse resp;
+    bool counted = false;
+    while (reader->Read(&resp)) {
+      if (!counted) {
+        counted = true;
+        ++streaming;
+      }
+    }
+    a[i].status = FromGrpcStatus(reader->Finish());
+    ended_at[i] = MonotonicNanos();
+  });
+  killer.join();
+  for (int i = 0; i < 4; ++i) {
+    INFO(a[i].status);
+    CHECK(a[i].status.code() == absl::StatusCode::kUnavailable);
+    CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
+  }
+  // The router is up and stops placing on the dead instance.
+  const Deadline d = Deadline::After(absl::Seconds(3));
+  mmserve::v1::ListModelsResponse models;
+  do {
+    grpc::ClientContext ctx;
+    models.Clear();
+    REQUIRE(stub->ListModels(&ctx, {}, &models).ok());
+  } while (models.models(0).prefill_instances() != 0 && !d.Expired());
+  CHECK(models.models(0).prefill_instances() == 0);
+  Stopwatch clock;
+  Answer refused = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
+  CHECK(refused.status.code() == absl::StatusCode::kUnavailable);
+  CHECK(clock.ElapsedSeconds() < 1.0);
+
+  REQUIRE((*stack)->StartLanguage().ok());
+  REQUIRE((*stack)->WaitHealthy(1, 1, absl::Seconds(30)).ok());
+  Answer again = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
+  INFO(again.status);
+  CHECK(again.status.ok());
+  CHECK(again.text == InProcess(set).text[0]);
+  CheckNoLeaks(**stack);
+}
+
+}  // namespace
+}  // namespace mmserve::testing
