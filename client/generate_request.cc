@@ -6,9 +6,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 
@@ -122,8 +122,9 @@ std::string FinalSummary(const mmserve::v1::GenerateResponse& response) {
   if (response.has_timing()) {
     const mmserve::v1::RequestTiming& t = response.timing();
     absl::StrAppend(&out, absl::StrFormat(" ttft_ms=%.1f e2e_ms=%.1f", t.ttft_ms(), t.e2e_ms()));
-    if (t.multimodal_ms() > 0)
+    if (t.multimodal_ms() > 0) {
       absl::StrAppend(&out, absl::StrFormat(" multimodal_ms=%.1f", t.multimodal_ms()));
+    }
   }
   absl::StrAppend(&out, " seed=", response.seed());
   return out;

@@ -61,8 +61,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Regist
 MetricsServer::MetricsServer(std::unique_ptr<httplib::Server> server, int port)
     : server_(std::move(server)), port_(port) {
   thread_ = std::thread([this] {
-    if (!server_->listen_after_bind())
+    if (!server_->listen_after_bind()) {
       LOG(ERROR) << "metrics server on port " << port_ << " failed";
+    }
     listen_returned_.store(true);
   });
   // httplib's stop() does nothing until the accept loop has started, so wait

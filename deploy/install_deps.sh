@@ -25,6 +25,8 @@ packages=(
   nlohmann-json3-dev       # JSON: config.json, tokenizer.json, safetensors headers
   libicu-dev               # Unicode categories and NFC for the tokenizer
   libcpp-httplib-dev       # HTTP: /metrics and the OpenAI-compatible endpoint
+  python3-grpcio           # the Python client (client/python) and its test
+  python3-protobuf
 )
 
 missing=()
