@@ -27,6 +27,7 @@ packages=(
   libcpp-httplib-dev       # HTTP: /metrics and the OpenAI-compatible endpoint
   python3-grpcio           # the Python client (client/python) and its test
   python3-protobuf
+  curl                     # deploy/serve_test.sh asks the HTTP API
 )
 
 missing=()

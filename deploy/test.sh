@@ -28,6 +28,13 @@ else
   extra+=("static link smoke=failed")
 fi
 
+echo "== ./deploy/serve.sh: start, answer over gRPC and HTTP, reflection, SIGTERM, nothing left"
+if deploy/serve_test.sh; then
+  extra+=("serve.sh smoke=passed")
+else
+  extra+=("serve.sh smoke=failed")
+fi
+
 echo "== CUDA backend compiles (--config=cuda)"
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 if [[ -x "$nvcc" ]] || command -v nvcc >/dev/null; then

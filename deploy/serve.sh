@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Starts the whole mmserve stack on this machine: router + encoder(s) +
+# language (role both), with the bundled demo model unless told otherwise.
+# Installs missing packages, builds optimised binaries, starts the processes
+# through the launcher (deploy/launcher), waits until every service is
+# healthy, prints the addresses and a client call, and on Ctrl-C or SIGTERM
+# stops every child (each drains and frees its blocks).
+#
+#   ./deploy/serve.sh [--model_dir=DIR] [--encoders=N] [--profile=shm|tcp]
+#                     [--port=50051] [--http_port=8000]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+model_dir="$root/models/shapes-demo"
+encoders=1
+profile=shm
+port=50051
+http_port=8000
+for arg in "$@"; do
+  case "$arg" in
+    --model_dir=*) model_dir="${arg#*=}" ;;
+    --encoders=*) encoders="${arg#*=}" ;;
+    --profile=*) profile="${arg#*=}" ;;
+    --port=*) port="${arg#*=}" ;;
+    --http_port=*) http_port="${arg#*=}" ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "serve.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+model_dir=$(cd "$model_dir" && pwd)
+
+deploy/install_deps.sh
+cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
+mkdir -p "$cache"
+# MMSERVE_SERVE_OPT=0 builds the default (unoptimised) configuration: the
+# test suite uses it to reuse what `bazel test` already built.
+config=(--config=opt)
+[[ "${MMSERVE_SERVE_OPT:-1}" == 0 ]] && config=()
+echo "serve.sh: building ${config[*]:-default} binaries"
+bazel build --disk_cache="$cache" "${config[@]}" --color=no --curses=no \
+  //router:router //encoder_service:encoder //language_service:language \
+  //deploy/launcher:mmserve_launch //client:cli 2>&1 | grep -vE '^(INFO|Loading|Analyzing|\[)' || true
+bin=$(bazel info "${config[@]}" bazel-bin 2>/dev/null)
+for b in router/router encoder_service/encoder language_service/language \
+         deploy/launcher/mmserve_launch client/cli; do
+  [[ -x "$bin/$b" ]] || { echo "serve.sh: $bin/$b was not built" >&2; exit 1; }
+done
+
+logs=$(mktemp -d /tmp/mmserve-logs-XXXXXX)
+out="$logs/launcher.out"
+"$bin/deploy/launcher/mmserve_launch" --bin_dir="$bin" --model_dir="$model_dir" \
+  --encoders="$encoders" --profile="$profile" --port="$port" --http_port="$http_port" \
+  --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
+launcher=$!
+stop() {
+  kill -TERM "$launcher" 2>/dev/null || true
+  wait "$launcher" 2>/dev/null || true
+  echo "serve.sh: stopped (logs in $logs)"
+}
+trap 'stop; exit 0' INT TERM
+
+until grep -q '^READY launcher' "$out" 2>/dev/null; do
+  if ! kill -0 "$launcher" 2>/dev/null; then
+    echo "serve.sh: the stack did not start:" >&2
+    tail -n 30 "$logs"/*.log >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+grep -v '^READY' "$out"
+addr=$(sed -n 's/^READY launcher stack grpc=\([^ ]*\).*/\1/p' "$out")
+cat <<TXT
+
+Ask it (gRPC, streaming):
+  $bin/client/cli --address=$addr --image=$root/tools/demo/eval_set/0000.png --prompt="How many shapes are in the picture?"
+Or over HTTP (OpenAI-compatible):
+  curl -s http://127.0.0.1:$http_port/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8}'
+Ctrl-C stops everything.
+TXT
+echo "READY serve.sh grpc=$addr http=$http_port"
+wait "$launcher"
