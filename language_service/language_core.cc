@@ -99,6 +99,7 @@ struct LanguageCore::Request {
   double multimodal_ms = 0;
   double admitted_at_s = -1;
   double last_token_at_s = -1;
+  double first_token_at_s = -1;
   std::optional<Deadline> lost_deadline;
 
   const std::string& TransferId(size_t k) const {
@@ -478,6 +479,7 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
   const double now = r.since_submit.ElapsedSeconds();
   if (!e.token_ids.empty()) {
     if (r.last_token_at_s < 0) {
+      r.first_token_at_s = now;
       ttft_seconds_->Observe(now);
     } else {
       itl_seconds_->Observe(now - r.last_token_at_s);
@@ -515,6 +517,7 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     mmserve::v1::RequestTiming* t = b.mutable_timing();
     t->set_multimodal_ms(r.multimodal_ms);
     t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3 - r.multimodal_ms));
+    t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
     t->set_e2e_ms(now * 1e3);
     e2e_seconds_->Observe(now);
   }

@@ -430,6 +430,7 @@ void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
                      metrics::LatencyBuckets())
           .Observe(now - last_token_s_);
     }
+    if (!first_token_) first_token_s_ = now;
     first_token_ = true;
     last_token_s_ = now;
   }
@@ -445,6 +446,7 @@ void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
     if (request_.stream().include_timing()) {
       *r.mutable_timing() = batch.timing();
       r.mutable_timing()->set_e2e_ms(now * 1e3);
+      r.mutable_timing()->set_ttft_ms(first_token_s_ * 1e3);
     }
   }
   Defer(

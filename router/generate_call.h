@@ -141,6 +141,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the final batch arrived
   bool first_token_ ABSL_GUARDED_BY(mu_) = false;
   double last_token_s_ ABSL_GUARDED_BY(mu_) = 0;
+  double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t cached_images_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   double router_seconds_ = 0;  // time spent in the router before dispatch
