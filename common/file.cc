@@ -24,8 +24,8 @@ std::string ModelIdFromDir(const std::string& dir) {
   size_t end = dir.size();
   while (end > 1 && dir[end - 1] == '/') --end;
   const size_t slash = dir.rfind('/', end - 1);
-  return dir.substr(slash == std::string::npos ? 0 : slash + 1,
-                    end - (slash == std::string::npos ? 0 : slash + 1));
+  const size_t begin = slash == std::string::npos ? 0 : slash + 1;
+  return begin < end ? dir.substr(begin, end - begin) : dir;
 }
 
 }  // namespace mmserve

@@ -87,7 +87,7 @@ TEST_CASE(
   auto stack = launcher::LocalStack::Start(o);
   REQUIRE(stack.ok());
   CHECK(EvalGrpc(**stack, 200) >= 0.95);
-  CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_resumes_total") == 400);
+  CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_resumes_total") == 200);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
