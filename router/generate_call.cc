@@ -290,10 +290,15 @@ bool GenerateCall::Dispatch(const std::vector<size_t>& images,
       }
       if (!usable.empty()) break;
     }
-    const size_t pick = scheduler::RendezvousPick(im.hash, ids);
+    size_t pick = scheduler::RendezvousPick(im.hash, ids);
     if (pick == scheduler::kNoCandidate) {
       End(absl::UnavailableError(absl::StrCat("no healthy encoder for image ", k)));
       return false;
+    }
+    std::vector<uint64_t> queued;
+    for (const auto& e : usable) queued.push_back(context_.instances->LastLoad(e->id).waiting());
+    if (queued[pick] >= static_cast<uint64_t>(context_.options.encoder_saturation)) {
+      pick = scheduler::LeastLoaded(queued);  // affinity yields to load
     }
     const std::shared_ptr<Instance>& enc = usable[pick];
     auto& encode = by_encoder[enc->id];

@@ -51,6 +51,9 @@ struct RouterOptions {
   // allocates the default and resumes).
   bool presize = true;
   int max_images = 16;
+  // An image's affinity encoder counts as saturated with this many images
+  // queued (its last load report); the least loaded encoder takes it then.
+  int encoder_saturation = 32;
   size_t max_image_bytes = size_t{20} << 20;
   int64_t max_image_pixels = 89478485;
   // Deadline of calls that come without one.

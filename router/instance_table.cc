@@ -9,9 +9,11 @@ namespace mmserve::router {
 
 InstanceTable::~InstanceTable() { Stop(); }
 
-void InstanceTable::Upsert(const iv1::InstanceInfo& info) {
+void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[info.instance_id()];
+  e.registered = registered;
+  if (registered) e.heartbeat_due = absl::Now() + options_.heartbeat_timeout;
   if (e.instance == nullptr || e.instance->address != info.grpc_address()) {
     auto inst = std::make_shared<Instance>();
     inst->id = info.instance_id();
@@ -37,6 +39,7 @@ bool InstanceTable::Report(const iv1::LoadReport& load) {
   auto it = entries_.find(load.instance_id());
   if (it == entries_.end()) return false;
   it->second.load = load;
+  if (it->second.registered) it->second.heartbeat_due = absl::Now() + options_.heartbeat_timeout;
   return true;
 }
 
@@ -159,7 +162,7 @@ void InstanceTable::PollLoop() {
         if (p.status.ok() && p.load.instance_id() == all[i]->id) {
           e.failures = 0;
           e.load = p.load;
-          const bool ok = p.load.accepting();
+          const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
           if (ok && !e.healthy) LOG(INFO) << "instance " << all[i]->id << " is healthy";
           if (!ok && e.healthy) MarkDown(all[i]->id, e);
           e.healthy = ok;

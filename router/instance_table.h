@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/encoder.grpc.pb.h"
@@ -51,6 +52,7 @@ struct InstanceTableOptions {
   absl::Duration poll_interval = absl::Milliseconds(250);
   absl::Duration poll_timeout = absl::Milliseconds(500);
   int down_after = 2;
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
 };
 
 class InstanceTable {
@@ -61,8 +63,10 @@ class InstanceTable {
   InstanceTable& operator=(const InstanceTable&) = delete;
 
   // Adds or refreshes an instance (Registry.Register, or a flag). A new
-  // address replaces the channel. Healthy from its first good poll on.
-  void Upsert(const iv1::InstanceInfo& info);
+  // address replaces the channel. Healthy from its first good poll on; a
+  // registered instance also leaves placement when its heartbeats stop for
+  // `heartbeat_timeout`.
+  void Upsert(const iv1::InstanceInfo& info, bool registered = false);
   // Heartbeat: false when the instance is unknown (it should register again).
   bool Report(const iv1::LoadReport& load);
   void Remove(const std::string& id);
@@ -83,6 +87,8 @@ class InstanceTable {
     iv1::LoadReport load;
     bool healthy = false;
     int failures = 0;
+    bool registered = false;
+    absl::Time heartbeat_due = absl::InfiniteFuture();
   };
   void PollLoop();
   void MarkDown(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

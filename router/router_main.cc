@@ -40,6 +40,8 @@ ABSL_FLAG(std::vector<std::string>, languages, {},
 ABSL_FLAG(bool, presize, true,
           "read image headers and send exact token counts (off: the resume path sizes them)");
 ABSL_FLAG(int, max_images, 16, "images per request");
+ABSL_FLAG(int, encoder_saturation, 32,
+          "queued images at which an image's affinity encoder yields to the least loaded");
 ABSL_FLAG(int, max_image_mb, 20, "bytes per image, MiB");
 ABSL_FLAG(int, max_model_len, 0, "context length clients are held to (0: the model's, <= 8192)");
 ABSL_FLAG(int, poll_ms, 250, "instance health poll interval");
@@ -91,6 +93,7 @@ int Main() {
   context.options.max_model_len = max_len;
   context.options.presize = absl::GetFlag(FLAGS_presize);
   context.options.max_images = absl::GetFlag(FLAGS_max_images);
+  context.options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
   context.options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))}
                                     << 20;
   if (config->vision && !config->preprocessor) {

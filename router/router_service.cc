@@ -231,7 +231,7 @@ grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext*
     return Answer(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                     "this router places encoder and role-both instances"));
   }
-  table_.Upsert(info);
+  table_.Upsert(info, /*registered=*/true);
   response->set_heartbeat_interval_s(1);
   return Answer(ctx, grpc::Status::OK);
 }
