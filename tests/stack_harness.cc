@@ -26,49 +26,11 @@ namespace mmserve::testing {
 
 std::string RunfilesRoot() {
   if (const char* srcdir = std::getenv("TEST_SRCDIR")) return absl::StrCat(srcdir, "/mmserve");
-  if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY")) {
-    // bazel run: binaries sit in this binary's runfiles.
-    char self[4096] = {};
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    return absl::StrCat(std::string(self, n > 0 ? n : 0), ".runfiles/mmserve");
-  }
-  return ".";
-}
-
-const Reference& InProcess(const DemoSet& set) {
-  static Reference* ref = [&set] {
-    auto* r = new Reference;
-    worker::EngineOptions o;
-    o.model_dir = DemoModelDir();
-    o.max_num_seqs = 64;
-    o.max_num_batched_tokens = 2048;
-    o.kv_cache_bytes = 64ll << 20;
-    auto engine = worker::LlmEngine::Create(o);
-    CHECK_OK(engine.status());
-    std::map<std::string, model::RgbImage> rgb;
-    r->text.resize(set.items.size());
-    r->ids.resize(set.items.size());
-    for (size_t i = 0; i < set.items.size(); ++i) {
-      const DemoItem& item = set.items[i];
-      if (!rgb.count(item.image_file)) {
-        rgb[item.image_file] =
-            model::DecodeImage(set.images.at(item.image_file), model::DecodeLimits()).value();
-      }
-      worker::EngineRequest req;
-      req.id = absl::StrFormat("q%d", i);
-      req.prompt = item.prompt;
-      req.images.push_back(rgb[item.image_file]);
-      req.sampling.temperature = 0;
-      req.sampling.max_tokens = 8;
-      CHECK_OK((*engine)->AddRequest(std::move(req), [r, i](const worker::StreamEvent& e) {
-        r->text[i] += e.text;
-        r->ids[i].insert(r->ids[i].end(), e.token_ids.begin(), e.token_ids.end());
-      }));
-    }
-    while ((*engine)->has_unfinished()) CHECK_OK((*engine)->Step());
-    return r;
-  }();
-  return *ref;
+  // bazel run, or the binary started by hand: its own runfiles tree.
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string runfiles = absl::StrCat(std::string(self, n > 0 ? n : 0), ".runfiles/mmserve");
+  return access(runfiles.c_str(), F_OK) == 0 ? runfiles : ".";
 }
 
 std::string DemoModelDir() { return RunfilesRoot() + "/models/shapes-demo"; }
