@@ -39,6 +39,9 @@ EncoderCore::EncoderCore(const EncoderCoreOptions& options, transfer::TransferEn
                                      "Images whose embeddings came from the cache.");
   cache_misses_ = &metrics_.GetCounter("mmserve_encoder_cache_misses_total",
                                        "Images not found in the embedding cache.");
+  coalesced_ = &metrics_.GetCounter(
+      "mmserve_encoder_coalesced_total",
+      "Images another request was encoding at the time (encoded once for both).");
   bad_images_ = &metrics_.GetCounter("mmserve_encoder_bad_images_total",
                                      "Images refused (undecodable, oversized, bad hash).");
   transfer_bytes_ = &metrics_.GetCounter("mmserve_encoder_transfer_bytes_total",
@@ -123,17 +126,25 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       for (size_t i = 0; i < n; ++i) {
-        Work w{job, i, {}, cache_.Lookup(job->images[i].hash)};
-        if (w.encoded != nullptr) {
-          cache_hits_->Increment();
+        const ContentHash& hash = job->images[i].hash;
+        Work w{{job, i}, cache_.Lookup(hash)};
+        auto inflight = inflight_.find(hash);
+        if (w.encoded != nullptr || inflight != inflight_.end()) {
           {
             absl::MutexLock jl(&job->mu);
             job->response.mutable_images(static_cast<int>(i))->set_cache_hit(true);
           }
-          publish_queue_.push_back(std::move(w));
+          if (w.encoded != nullptr) {
+            cache_hits_->Increment();
+            publish_queue_.push_back(std::move(w));
+          } else {
+            coalesced_->Increment();
+            inflight->second.push_back(std::move(w.waiter));
+          }
         } else {
           cache_misses_->Increment();
-          decode_queue_.push_back(std::move(w));
+          inflight_[hash].push_back(std::move(w.waiter));
+          decode_queue_.push_back(ImageWork{hash, job->images[i].data, {}});
         }
       }
       return;
@@ -145,35 +156,68 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
 }
 
 void EncoderCore::Cancel(const std::string& transfer_id) {
-  std::vector<std::pair<std::shared_ptr<Job>, size_t>> dropped;
+  std::vector<Waiter> dropped;
   {
     absl::MutexLock lock(&mu_);
-    for (auto* q : {&decode_queue_, &tower_queue_, &publish_queue_}) {
-      for (auto it = q->begin(); it != q->end();) {
+    // Images in the pipeline keep going while someone else waits for them
+    // (the pipeline drops the rest when they reach the next stage).
+    for (auto& [hash, waiters] : inflight_) {
+      for (auto it = waiters.begin(); it != waiters.end();) {
         if (it->job->transfer_id == transfer_id) {
-          dropped.emplace_back(it->job, it->slot);
-          it = q->erase(it);
+          dropped.push_back(std::move(*it));
+          it = waiters.erase(it);
         } else {
           ++it;
         }
       }
     }
+    for (auto it = publish_queue_.begin(); it != publish_queue_.end();) {
+      if (it->waiter.job->transfer_id == transfer_id) {
+        dropped.push_back(std::move(it->waiter));
+        it = publish_queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
-  for (auto& [job, slot] : dropped) Complete(job, slot, absl::CancelledError("cancelled"));
+  for (Waiter& w : dropped) Complete(w.job, w.slot, absl::CancelledError("cancelled"));
+}
+
+std::vector<EncoderCore::Waiter> EncoderCore::TakeWaiters(const ContentHash& hash) {
+  absl::MutexLock lock(&mu_);
+  auto it = inflight_.find(hash);
+  if (it == inflight_.end()) return {};
+  std::vector<Waiter> out = std::move(it->second);
+  inflight_.erase(it);
+  return out;
+}
+
+bool EncoderCore::Wanted(const ContentHash& hash) {
+  absl::MutexLock lock(&mu_);
+  auto it = inflight_.find(hash);
+  if (it == inflight_.end()) return false;
+  for (const Waiter& w : it->second) {
+    if (!w.job->over) return true;
+  }
+  return false;
 }
 
 void EncoderCore::Shutdown() {
-  std::vector<Work> dropped;
+  std::vector<Waiter> dropped;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ && threads_.empty()) return;
     stopping_ = true;
-    for (auto* q : {&decode_queue_, &tower_queue_, &publish_queue_}) {
-      for (Work& w : *q) dropped.push_back(std::move(w));
-      q->clear();
+    for (auto& [hash, waiters] : inflight_) {
+      for (Waiter& w : waiters) dropped.push_back(std::move(w));
     }
+    inflight_.clear();
+    for (Work& w : publish_queue_) dropped.push_back(std::move(w.waiter));
+    decode_queue_.clear();
+    tower_queue_.clear();
+    publish_queue_.clear();
   }
-  for (Work& w : dropped) {
+  for (Waiter& w : dropped) {
     Complete(w.job, w.slot, absl::CancelledError("the encoder is shutting down"));
   }
   for (std::thread& t : threads_) t.join();
@@ -202,7 +246,7 @@ void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::S
 
 void EncoderCore::DecodeLoop() {
   for (;;) {
-    Work w;
+    ImageWork w;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -213,23 +257,26 @@ void EncoderCore::DecodeLoop() {
       w = std::move(decode_queue_.front());
       decode_queue_.pop_front();
     }
-    if (w.job->over) {
-      Complete(w.job, w.slot, absl::CancelledError("job over"));
+    if (!Wanted(w.hash)) {
+      for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
       continue;
     }
-    const EncodeJob::Image& image = w.job->images[w.slot];
-    absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(image.data, options_.decode_limits);
+    absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(w.data, options_.decode_limits);
     absl::StatusOr<model::ImagePatches> patches =
         rgb.ok() ? model::PreprocessImage(*rgb, *config_.preprocessor)
                  : absl::StatusOr<model::ImagePatches>(rgb.status());
     if (!patches.ok()) {
-      bad_images_->Increment();
-      Complete(w.job, w.slot,
-               absl::InvalidArgumentError(
-                   absl::StrCat("image ", image.image_index, ": ", patches.status().message())));
+      for (Waiter& x : TakeWaiters(w.hash)) {
+        bad_images_->Increment();
+        Complete(
+            x.job, x.slot,
+            absl::InvalidArgumentError(absl::StrCat("image ", x.job->images[x.slot].image_index,
+                                                    ": ", patches.status().message())));
+      }
       continue;
     }
     w.patches = std::move(*patches);
+    w.data.clear();
     absl::MutexLock lock(&mu_);
     tower_queue_.push_back(std::move(w));
   }
@@ -237,7 +284,7 @@ void EncoderCore::DecodeLoop() {
 
 void EncoderCore::TowerLoop() {
   for (;;) {
-    std::vector<Work> batch;
+    std::vector<ImageWork> batch;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -258,13 +305,13 @@ void EncoderCore::TowerLoop() {
   }
 }
 
-void EncoderCore::RunBatch(std::vector<Work>& batch) {
+void EncoderCore::RunBatch(std::vector<ImageWork>& batch) {
   std::vector<float> pixels;
   std::vector<model::ImageGrid> grids;
-  std::vector<Work*> live;
-  for (Work& w : batch) {
-    if (w.job->over) {
-      Complete(w.job, w.slot, absl::CancelledError("job over"));
+  std::vector<ImageWork*> live;
+  for (ImageWork& w : batch) {
+    if (!Wanted(w.hash)) {
+      for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
       continue;
     }
     pixels.insert(pixels.end(), w.patches.values.begin(), w.patches.values.end());
@@ -278,10 +325,9 @@ void EncoderCore::RunBatch(std::vector<Work>& batch) {
   batch_images_->Observe(static_cast<double>(live.size()));
   const size_t hidden = static_cast<size_t>(tower_->out_hidden());
   size_t row = 0;
-  std::vector<Work> ready;
-  for (Work* w : live) {
+  for (ImageWork* w : live) {
     if (!out.ok()) {
-      Complete(w->job, w->slot, out.status());
+      for (Waiter& x : TakeWaiters(w->hash)) Complete(x.job, x.slot, out.status());
       continue;
     }
     auto encoded = std::make_shared<EncodedImage>();
@@ -290,13 +336,12 @@ void EncoderCore::RunBatch(std::vector<Work>& batch) {
     encoded->embedding.assign(out->begin() + row * hidden, out->begin() + (row + rows) * hidden);
     row += rows;
     images_encoded_->Increment();
-    cache_.Insert(w->job->images[w->slot].hash, encoded);
-    w->encoded = std::move(encoded);
-    w->patches = {};
-    ready.push_back(std::move(*w));
+    cache_.Insert(w->hash, encoded);
+    // The cache holds it now; whoever asked meanwhile publishes it.
+    std::vector<Waiter> waiters = TakeWaiters(w->hash);
+    absl::MutexLock lock(&mu_);
+    for (Waiter& x : waiters) publish_queue_.push_back(Work{std::move(x), encoded});
   }
-  absl::MutexLock lock(&mu_);
-  for (Work& w : ready) publish_queue_.push_back(std::move(w));
 }
 
 void EncoderCore::PublishLoop() {
@@ -318,19 +363,19 @@ void EncoderCore::PublishLoop() {
 }
 
 void EncoderCore::Publish(Work& w) {
-  if (w.job->over) {
-    Complete(w.job, w.slot, absl::CancelledError("job over"));
+  if (w.waiter.job->over) {
+    Complete(w.waiter.job, w.waiter.slot, absl::CancelledError("job over"));
     return;
   }
   const EncodedImage& e = *w.encoded;
-  const EncodeJob::Image& image = w.job->images[w.slot];
+  const EncodeJob::Image& image = w.waiter.job->images[w.waiter.slot];
   const uint32_t n = static_cast<uint32_t>(e.grid.num_tokens());
   transfer::BlockAllocator& allocator = engine_.allocator();
   absl::StatusOr<transfer::BlockAllocation> blocks =
-      allocator.AllocWait(n, w.job->transfer_id, Deadline::After(options_.block_wait));
+      allocator.AllocWait(n, w.waiter.job->transfer_id, Deadline::After(options_.block_wait));
   if (!blocks.ok()) {
     Complete(
-        w.job, w.slot,
+        w.waiter.job, w.waiter.slot,
         absl::ResourceExhaustedError(absl::StrCat(
             "image ", image.image_index, ": no send buffer blocks: ", blocks.status().message())));
     return;
@@ -359,8 +404,8 @@ void EncoderCore::Publish(Work& w) {
     aux[t] = {static_cast<int32_t>(n), static_cast<int32_t>(image.image_index), 0};
   }
   {
-    absl::MutexLock lock(&w.job->mu);
-    v1::EncodedImage* out = w.job->response.mutable_images(static_cast<int>(w.slot));
+    absl::MutexLock lock(&w.waiter.job->mu);
+    v1::EncodedImage* out = w.waiter.job->response.mutable_images(static_cast<int>(w.waiter.slot));
     out->set_num_tokens(n);
     out->set_grid_t(e.grid.grid_t);
     out->set_grid_h(e.grid.grid_h);
@@ -368,7 +413,7 @@ void EncoderCore::Publish(Work& w) {
   }
   const size_t bytes = size_t{n} * buffer.layout().BytesPerToken();
   auto started = std::make_shared<Stopwatch>();
-  engine_.Publish({.request_id = w.job->transfer_id,
+  engine_.Publish({.request_id = w.waiter.job->transfer_id,
                    .image_index = image.image_index,
                    .blocks = *blocks,
                    .keep_for = options_.keep_for},
@@ -376,7 +421,7 @@ void EncoderCore::Publish(Work& w) {
                     transfer_seconds_->Observe(started->ElapsedSeconds());
                     if (s.ok()) transfer_bytes_->Increment(static_cast<double>(bytes));
                   });
-  Complete(w.job, w.slot, absl::OkStatus());
+  Complete(w.waiter.job, w.waiter.slot, absl::OkStatus());
 }
 
 }  // namespace mmserve::encoder

@@ -6,7 +6,8 @@
 //
 // Each image flows through three stages, each on its own threads so that no
 // gRPC thread ever decodes or runs the tower:
-//   1. cache lookup (caller's thread; a hit skips 2),
+//   1. cache lookup (caller's thread; a hit skips 2 and 3, and so does an
+//      image another request is encoding right now: it waits for that one),
 //   2. decode + preprocess on `decode_threads` workers,
 //   3. the vision tower on one thread, over batches of queued images from any
 //      requests under a patch budget (`max_batch_patches`),
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -103,10 +105,21 @@ class EncoderCore {
 
  private:
   struct Job;
-  struct Work {
+  // One image of one job, waiting for its embedding or being published.
+  struct Waiter {
     std::shared_ptr<Job> job;
-    size_t slot = 0;  // index into job's images
+    size_t slot = 0;  // index into the job's images
+  };
+  // One distinct image (by content hash) in the decode/tower pipeline, with
+  // every job slot that asked for it meanwhile (concurrent requests for the
+  // same image are encoded once).
+  struct ImageWork {
+    ContentHash hash;
+    std::string data;
     model::ImagePatches patches;
+  };
+  struct Work {
+    Waiter waiter;
     std::shared_ptr<const EncodedImage> encoded;
   };
 
@@ -116,8 +129,12 @@ class EncoderCore {
   void DecodeLoop();
   void TowerLoop();
   void PublishLoop();
-  void RunBatch(std::vector<Work>& batch);
+  void RunBatch(std::vector<ImageWork>& batch);
   void Publish(Work& work);
+  // Takes the waiters of an image leaving the pipeline.
+  std::vector<Waiter> TakeWaiters(const ContentHash& hash) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether anyone still waits for the image (else the pipeline drops it).
+  bool Wanted(const ContentHash& hash) ABSL_LOCKS_EXCLUDED(mu_);
   // Records one image's outcome; runs done when the job is complete.
   void Complete(const std::shared_ptr<Job>& job, size_t slot, absl::Status status);
 
@@ -132,14 +149,16 @@ class EncoderCore {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<Work> decode_queue_ ABSL_GUARDED_BY(mu_);
-  std::deque<Work> tower_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<ImageWork> decode_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<ImageWork> tower_queue_ ABSL_GUARDED_BY(mu_);
   std::deque<Work> publish_queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ContentHash, std::vector<Waiter>> inflight_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 
   metrics::Counter* images_encoded_;
   metrics::Counter* cache_hits_;
   metrics::Counter* cache_misses_;
+  metrics::Counter* coalesced_;
   metrics::Counter* bad_images_;
   metrics::Counter* transfer_bytes_;
   metrics::Histogram* tower_seconds_;

@@ -33,6 +33,42 @@ std::string RunfilesRoot() {
   return access(runfiles.c_str(), F_OK) == 0 ? runfiles : ".";
 }
 
+const Reference& InProcess(const DemoSet& set) {
+  static Reference* ref = [&set] {
+    auto* r = new Reference;
+    worker::EngineOptions o;
+    o.model_dir = DemoModelDir();
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = 2048;
+    o.kv_cache_bytes = 64ll << 20;
+    auto engine = worker::LlmEngine::Create(o);
+    CHECK_OK(engine.status());
+    std::map<std::string, model::RgbImage> rgb;
+    r->text.resize(set.items.size());
+    r->ids.resize(set.items.size());
+    for (size_t i = 0; i < set.items.size(); ++i) {
+      const DemoItem& item = set.items[i];
+      if (!rgb.count(item.image_file)) {
+        rgb[item.image_file] =
+            model::DecodeImage(set.images.at(item.image_file), model::DecodeLimits()).value();
+      }
+      worker::EngineRequest req;
+      req.id = absl::StrFormat("q%d", i);
+      req.prompt = item.prompt;
+      req.images.push_back(rgb[item.image_file]);
+      req.sampling.temperature = 0;
+      req.sampling.max_tokens = 8;
+      CHECK_OK((*engine)->AddRequest(std::move(req), [r, i](const worker::StreamEvent& e) {
+        r->text[i] += e.text;
+        r->ids[i].insert(r->ids[i].end(), e.token_ids.begin(), e.token_ids.end());
+      }));
+    }
+    while ((*engine)->has_unfinished()) CHECK_OK((*engine)->Step());
+    return r;
+  }();
+  return *ref;
+}
+
 std::string DemoModelDir() { return RunfilesRoot() + "/models/shapes-demo"; }
 std::string EvalDir() { return RunfilesRoot() + "/tools/demo/eval_set"; }
 
