@@ -65,56 +65,74 @@ uint8_t Clip8(int32_t acc) {
   return static_cast<uint8_t>(std::clamp(v, 0, 255));
 }
 
+// Output column x of each row in [row_first, row_first + rows) of `in`.
+RgbImage HorizontalPass(const RgbImage& in, const std::vector<Taps>& taps, int row_first,
+                        int rows) {
+  RgbImage out;
+  out.width = static_cast<int>(taps.size());
+  out.height = rows;
+  out.pixels.resize(static_cast<size_t>(out.width) * rows * 3);
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* row = &in.pixels[static_cast<size_t>(y + row_first) * in.width * 3];
+    uint8_t* dst = &out.pixels[static_cast<size_t>(y) * out.width * 3];
+    for (int x = 0; x < out.width; ++x) {
+      const Taps& t = taps[x];
+      int32_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1),
+                        1 << (kPrecisionBits - 1)};
+      const uint8_t* p = row + t.first * 3;
+      for (int k = 0; k < t.count; ++k, p += 3) {
+        const int32_t wk = t.weights[k];
+        acc[0] += p[0] * wk;
+        acc[1] += p[1] * wk;
+        acc[2] += p[2] * wk;
+      }
+      for (int c = 0; c < 3; ++c) dst[x * 3 + c] = Clip8(acc[c]);
+    }
+  }
+  return out;
+}
+
+// Output row y from rows taps[y].first - row_offset ... of `in`.
+RgbImage VerticalPass(const RgbImage& in, const std::vector<Taps>& taps, int row_offset) {
+  RgbImage out;
+  out.width = in.width;
+  out.height = static_cast<int>(taps.size());
+  out.pixels.resize(static_cast<size_t>(out.width) * out.height * 3);
+  const size_t stride = static_cast<size_t>(in.width) * 3;
+  std::vector<int32_t> acc(stride);
+  for (int y = 0; y < out.height; ++y) {
+    const Taps& t = taps[y];
+    std::fill(acc.begin(), acc.end(), 1 << (kPrecisionBits - 1));
+    for (int k = 0; k < t.count; ++k) {
+      const uint8_t* src = &in.pixels[(t.first - row_offset + k) * stride];
+      const int32_t wk = t.weights[k];
+      for (size_t i = 0; i < stride; ++i) acc[i] += src[i] * wk;
+    }
+    uint8_t* dst = &out.pixels[y * stride];
+    for (size_t i = 0; i < stride; ++i) dst[i] = Clip8(acc[i]);
+  }
+  return out;
+}
+
 }  // namespace
+
+bool ResizeVerticalFirst(int in_width, int in_height, int width, int height) {
+  return width != in_width && height < in_height && in_height - height > 2 * (in_width - width);
+}
 
 RgbImage ResizeBicubic(const RgbImage& in, int width, int height) {
   if (width == in.width && height == in.height) return in;
   const std::vector<Taps> vert = Coefficients(in.height, height);
-  // Horizontal pass over only the rows the vertical pass reads.
+  if (width == in.width) return VerticalPass(in, vert, 0);
+  const std::vector<Taps> horiz = Coefficients(in.width, width);
+  if (height == in.height) return HorizontalPass(in, horiz, 0, in.height);
+  if (ResizeVerticalFirst(in.width, in.height, width, height)) {
+    return HorizontalPass(VerticalPass(in, vert, 0), horiz, 0, height);
+  }
+  // Horizontal pass over only the rows the vertical pass reads, as PIL does.
   const int row_first = vert.front().first;
   const int row_last = vert.back().first + vert.back().count;
-  RgbImage tmp;
-  const RgbImage* src = &in;
-  int row_offset = 0;
-  if (width != in.width) {
-    const std::vector<Taps> horiz = Coefficients(in.width, width);
-    tmp.width = width;
-    tmp.height = row_last - row_first;
-    tmp.pixels.resize(static_cast<size_t>(tmp.width) * tmp.height * 3);
-    for (int y = 0; y < tmp.height; ++y) {
-      const uint8_t* row = &in.pixels[static_cast<size_t>(y + row_first) * in.width * 3];
-      uint8_t* out = &tmp.pixels[static_cast<size_t>(y) * width * 3];
-      for (int x = 0; x < width; ++x) {
-        const Taps& t = horiz[x];
-        int32_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1),
-                          1 << (kPrecisionBits - 1)};
-        for (int k = 0; k < t.count; ++k) {
-          const uint8_t* p = row + (t.first + k) * 3;
-          for (int c = 0; c < 3; ++c) acc[c] += p[c] * t.weights[k];
-        }
-        for (int c = 0; c < 3; ++c) out[x * 3 + c] = Clip8(acc[c]);
-      }
-    }
-    src = &tmp;
-    row_offset = row_first;
-  }
-  if (height == src->height && row_offset == 0) return *src;
-  RgbImage out;
-  out.width = src->width;
-  out.height = height;
-  out.pixels.resize(static_cast<size_t>(out.width) * height * 3);
-  const size_t stride = static_cast<size_t>(src->width) * 3;
-  for (int y = 0; y < height; ++y) {
-    const Taps& t = vert[y];
-    for (size_t i = 0; i < stride; ++i) {
-      int32_t acc = 1 << (kPrecisionBits - 1);
-      for (int k = 0; k < t.count; ++k) {
-        acc += src->pixels[(t.first - row_offset + k) * stride + i] * t.weights[k];
-      }
-      out.pixels[y * stride + i] = Clip8(acc);
-    }
-  }
-  return out;
+  return VerticalPass(HorizontalPass(in, horiz, row_first, row_last - row_first), vert, row_first);
 }
 
 absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
