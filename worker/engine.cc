@@ -79,12 +79,14 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
   ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text));
   sizing_.weights_bytes = weights_->TotalWeightBytes();
-  if (config_.vision) {
-    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_));
-    sizing_.vision_bytes = checkpoint_->TotalBytes() - sizing_.weights_bytes;
-  }
   pool_ = std::make_unique<model::cpu::ThreadPool>(
       options.num_threads > 0 ? options.num_threads : model::cpu::ThreadPool::DefaultThreads());
+  if (config_.vision) {
+    model::VisionTowerOptions vision_options;
+    vision_options.pool = pool_.get();
+    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_, vision_options));
+    sizing_.vision_bytes = vision_->weight_bytes();
+  }
   model_ = std::make_unique<model::Qwen2Model>(config_.text, *weights_, *pool_);
   for (int id : config_.tokens.eos) eos_ids_.push_back(id);
   for (int id : config_.generation.eos_token_ids) {
