@@ -317,14 +317,14 @@ void VisionTower::Linear(const DenseWeights& d, const float* x, int64_t rows, fl
 }
 
 // Bidirectional attention inside each segment [bounds[i], bounds[i + 1]),
-// in tasks of (head, 64 query rows) spread over the pool. qkv rows are
-// [3][heads][head_dim]; each task writes its output over its own query
-// block (read by no other task), so the result is rows of [heads][head_dim]
-// in the first third of each qkv row.
-void VisionTower::Attention(float* qkv, absl::Span<const int> bounds, VisionTrace* trace) const {
+// in tasks of (head, 64 query rows) spread over the pool. q is [n][heads *
+// head_dim]; k and v are head-major, [heads][n][head_dim], so each task's
+// keys and values are contiguous. Each task writes its output over its own
+// query block (read by no other task): q then holds the attention output.
+void VisionTower::Attention(float* q, const float* k, const float* v, int64_t n,
+                            absl::Span<const int> bounds, VisionTrace* trace) const {
   Stopwatch watch;
   const int e = cfg_.embed_dim, heads = cfg_.num_heads, hd = e / heads;
-  const int64_t stride = 3 * static_cast<int64_t>(e);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   struct Task {
     int begin, len, q0, q1, head;
@@ -343,13 +343,13 @@ void VisionTower::Attention(float* qkv, absl::Span<const int> bounds, VisionTrac
     for (int64_t ti = begin; ti < end; ++ti) {
       const Task& t = tasks[ti];
       const int m = t.q1 - t.q0, s = t.len;
-      float* q = qkv + (t.begin + t.q0) * stride + t.head * hd;
-      const float* k = qkv + t.begin * stride + e + t.head * hd;
-      const float* v = k + e;
+      float* qt = q + static_cast<int64_t>(t.begin + t.q0) * e + t.head * hd;
+      const float* kh = k + (t.head * n + t.begin) * hd;
+      const float* vh = v + (t.head * n + t.begin) * hd;
       scores.resize(static_cast<size_t>(m) * s);
       out.resize(static_cast<size_t>(m) * hd);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, s, hd, scale, q,
-                  static_cast<int>(stride), k, static_cast<int>(stride), 0.0f, scores.data(), s);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, s, hd, scale, qt, e, kh, hd, 0.0f,
+                  scores.data(), s);
       for (int r = 0; r < m; ++r) {
         float* row = scores.data() + static_cast<size_t>(r) * s;
         const float mx = *std::max_element(row, row + s);
@@ -358,10 +358,11 @@ void VisionTower::Attention(float* qkv, absl::Span<const int> bounds, VisionTrac
         const float inv = 1.0f / sum;
         for (int c = 0; c < s; ++c) row[c] *= inv;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, s, 1.0f, scores.data(), s, v,
-                  static_cast<int>(stride), 0.0f, out.data(), hd);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, s, 1.0f, scores.data(), s, vh,
+                  hd, 0.0f, out.data(), hd);
       for (int r = 0; r < m; ++r) {
-        std::memcpy(q + r * stride, out.data() + static_cast<size_t>(r) * hd, hd * sizeof(float));
+        std::memcpy(qt + static_cast<int64_t>(r) * e, out.data() + static_cast<size_t>(r) * hd,
+                    hd * sizeof(float));
       }
     }
   });
@@ -395,13 +396,16 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
   }
   Stopwatch total;
   const int64_t chunk = std::min<int64_t>(kRowChunk, n);
-  std::vector<float> x(static_cast<size_t>(n) * e), qkv(static_cast<size_t>(n) * 3 * e);
-  std::vector<float> h(static_cast<size_t>(chunk) * e), a(h.size());
+  const size_t ne = static_cast<size_t>(n) * e;
+  // x: the residual stream; q (then the attention output), k, v: see
+  // Attention. About 4 floats per patch and embed dim, plus chunk buffers.
+  std::vector<float> x(ne), q(ne), k(ne), v(ne);
+  std::vector<float> h(static_cast<size_t>(chunk) * e), qkv(h.size() * 3);
   std::vector<float> mlp(static_cast<size_t>(chunk) * mlp_dim), cos_t, sin_t;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     Linear(patch_embed_, pixels.data() + r0 * patch_in, std::min(chunk, n - r0), &x[r0 * e], trace);
   }
-  if (trace != nullptr) trace->patch_embed = x;
+  if (trace != nullptr && trace->record_activations) trace->patch_embed = x;
   RotaryTables(grids, c.spatial_merge_size, head_dim, &cos_t, &sin_t);
 
   for (size_t bi = 0; bi < blocks_.size(); ++bi) {
@@ -409,26 +413,29 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t rows = std::min(chunk, n - r0);
       LayerNorm(*pool_, &x[r0 * e], rows, e, b.norm1_w, b.norm1_b, h.data());
-      Linear(b.qkv, h.data(), rows, &qkv[r0 * 3 * e], trace);
+      Linear(b.qkv, h.data(), rows, qkv.data(), trace);
+      // Rotate q and k, then scatter: q row-major, k and v head-major.
       pool_->ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t r = r0 + begin; r < r0 + end; ++r) {
-          for (int part = 0; part < 2; ++part) {  // q and k
-            for (int hd = 0; hd < heads; ++hd) {
-              Rotate(&qkv[(r * 3 + part) * e + hd * head_dim], &cos_t[r * head_dim],
-                     &sin_t[r * head_dim], head_dim);
-            }
+        for (int64_t r = begin; r < end; ++r) {
+          const float* cos_r = &cos_t[(r0 + r) * head_dim];
+          const float* sin_r = &sin_t[(r0 + r) * head_dim];
+          float* src = &qkv[r * 3 * e];
+          for (int hd = 0; hd < heads; ++hd) {
+            Rotate(src + hd * head_dim, cos_r, sin_r, head_dim);
+            Rotate(src + e + hd * head_dim, cos_r, sin_r, head_dim);
+            const size_t at = (static_cast<size_t>(hd) * n + r0 + r) * head_dim;
+            std::memcpy(&k[at], src + e + hd * head_dim, head_dim * sizeof(float));
+            std::memcpy(&v[at], src + 2 * e + hd * head_dim, head_dim * sizeof(float));
           }
+          std::memcpy(&q[(r0 + r) * e], src, e * sizeof(float));
         }
       });
     }
-    Attention(qkv.data(), bounds, trace);
+    Attention(q.data(), k.data(), v.data(), n, bounds, trace);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t rows = std::min(chunk, n - r0);
       float* xr = &x[r0 * e];
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(&a[r * e], &qkv[(r0 + r) * 3 * e], e * sizeof(float));
-      }
-      Linear(b.proj, a.data(), rows, h.data(), trace);
+      Linear(b.proj, &q[r0 * e], rows, h.data(), trace);
       for (int64_t i = 0; i < rows * e; ++i) xr[i] += h[i];
       LayerNorm(*pool_, xr, rows, e, b.norm2_w, b.norm2_b, h.data());
       Linear(b.fc1, h.data(), rows, mlp.data(), trace);
@@ -436,16 +443,16 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
       Linear(b.fc2, mlp.data(), rows, h.data(), trace);
       for (int64_t i = 0; i < rows * e; ++i) xr[i] += h[i];
     }
-    if (bi == 0 && trace != nullptr) trace->block0 = x;
+    if (bi == 0 && trace != nullptr && trace->record_activations) trace->block0 = x;
   }
   // Merger: LayerNorm per patch, then each run of merge^2 patches as one row.
-  // qkv and x are free now: LayerNorm into qkv, fc1 into x.
-  LayerNorm(*pool_, x.data(), n, e, ln_q_w_, ln_q_b_, qkv.data());
+  // q and k are free now: LayerNorm into q, fc1 into k.
+  LayerNorm(*pool_, x.data(), n, e, ln_q_w_, ln_q_b_, q.data());
   const int64_t tokens = n / m2;
-  Linear(merger_fc1_, qkv.data(), tokens, x.data(), trace);
-  MapRows(*pool_, x.data(), tokens, merger_fc1_.out, Gelu);
+  Linear(merger_fc1_, q.data(), tokens, k.data(), trace);
+  MapRows(*pool_, k.data(), tokens, merger_fc1_.out, Gelu);
   std::vector<float> out(static_cast<size_t>(tokens) * merger_fc2_.out);
-  Linear(merger_fc2_, x.data(), tokens, out.data(), trace);
+  Linear(merger_fc2_, k.data(), tokens, out.data(), trace);
   if (trace != nullptr) trace->total_seconds = total.ElapsedSeconds();
   return out;
 }

@@ -16,8 +16,8 @@
 // mapped checkpoint and run through OpenBLAS sgemm; fp16 weights become fp32.
 // Attention is tiled (64 query rows of one head against all keys of their
 // image at a time), so its scratch memory is linear in the patch count, and
-// the MLP runs in row chunks: activations are ~5 floats per patch and embed
-// dimension (x, q/k/v) plus fixed chunk buffers.
+// the MLP runs in row chunks: activations are 4 floats per patch and embed
+// dimension (x, q, k, v) plus fixed chunk buffers.
 // Forward is const and thread-compatible (call it from one thread at a time
 // per tower, or keep one tower per thread); it uses every thread of the
 // tower's pool.
@@ -52,6 +52,7 @@ struct DenseWeights {
 
 // Intermediate activations and timings, for parity tests and benchmarks.
 struct VisionTrace {
+  bool record_activations = true;  // fill patch_embed and block0 (copies)
   std::vector<float> patch_embed;  // [patches][embed_dim]
   std::vector<float> block0;       // output of the first block
   double gemm_seconds = 0;         // time inside linear layers
@@ -98,7 +99,8 @@ class VisionTower {
   void SetPool(const VisionTowerOptions& options);
   void Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
               VisionTrace* trace) const;
-  void Attention(float* qkv, absl::Span<const int> bounds, VisionTrace* trace) const;
+  void Attention(float* q, const float* k, const float* v, int64_t n, absl::Span<const int> bounds,
+                 VisionTrace* trace) const;
 
   VisionConfig cfg_;
   std::unique_ptr<cpu::ThreadPool> own_pool_;
