@@ -147,19 +147,19 @@ absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
   const RgbImage resized = ResizeBicubic(image, grid.resized_width, grid.resized_height);
 
   // rescale (float64 multiply, stored as float32) then normalize in float32,
-  // as transformers' rescale() and normalize() do.
-  const int w = resized.width;
-  std::vector<float> chw(static_cast<size_t>(3) * w * resized.height);
-  const size_t plane = static_cast<size_t>(w) * resized.height;
-  for (size_t i = 0; i < plane; ++i) {
-    for (int c = 0; c < 3; ++c) {
-      const float x = static_cast<float>(resized.pixels[i * 3 + c] * config.rescale_factor);
-      chw[c * plane + i] = (x - config.image_mean[c]) / config.image_std[c];
+  // as transformers' rescale() and normalize() do. A value depends only on
+  // its channel and 8-bit level, so the 3 x 256 results are a table.
+  float lut[3][256];
+  for (int c = 0; c < 3; ++c) {
+    for (int level = 0; level < 256; ++level) {
+      const float x = static_cast<float>(level * config.rescale_factor);
+      lut[c][level] = (x - config.image_mean[c]) / config.image_std[c];
     }
   }
 
   // Reference order: (t, h/m, w/m, m, m) patches x (c, tp, p, p) values; a
   // still image repeats its one frame temporal_patch_size times.
+  const int w = resized.width;
   const int P = config.patch_size, M = config.merge_size, T = config.temporal_patch_size;
   ImagePatches out;
   out.grid = grid;
@@ -172,12 +172,12 @@ absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
         for (int mw = 0; mw < M; ++mw) {
           const int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
           for (int c = 0; c < 3; ++c) {
-            for (int t = 0; t < T; ++t) {
-              for (int py = 0; py < P; ++py) {
-                const float* src = &chw[c * plane + static_cast<size_t>(y0 + py) * w + x0];
-                dst = std::copy(src, src + P, dst);
-              }
+            float* first = dst;
+            for (int py = 0; py < P; ++py) {
+              const uint8_t* src = &resized.pixels[(static_cast<size_t>(y0 + py) * w + x0) * 3 + c];
+              for (int px = 0; px < P; ++px) *dst++ = lut[c][src[px * 3]];
             }
+            for (int t = 1; t < T; ++t) dst = std::copy(first, first + P * P, dst);
           }
         }
       }
