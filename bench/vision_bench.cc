@@ -1,13 +1,20 @@
-// Vision path throughput at Qwen2-VL-2B vision dimensions (random weights):
-// preprocessing (smart resize, bicubic, normalize, patchify) and the vision
-// tower, for 448x448 and 1024x1024 inputs, with the share of tower time spent
-// in GEMM. Baseline, measured in the same run: OpenBLAS sgemm GFLOP/s on a
-// tower-sized matmul, so the tower's FLOP rate is reported as a fraction of it.
+// Vision tower throughput and memory at Qwen2-VL-2B vision dimensions
+// (random weights, bf16 by default), for 448x448 and 1024x1024 inputs.
+// Baseline, measured in the same run right before each size: model/cpu's
+// bf16 panel kernel (linear_bench's kDot) on 512 rows of a tower-shaped
+// layer (fc1, 1280 -> 5120); tower_vs_kernel = tower GFLOP/s / kernel
+// GFLOP/s (every FLOP of the tower counted, attention included). Memory:
+// the tower's RSS = the growth from creating it (its weights) + the peak
+// growth during a forward (activations), over the bf16 weight bytes; freed
+// heap is handed back (malloc_trim) before each measurement so that the
+// baseline's buffers are not counted or reused.
 //
-//   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1]
-#include <cblas.h>
+//   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
+#include <malloc.h>
 
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +23,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "model/cpu/linear.h"
+#include "model/cpu/thread_pool.h"
+#include "model/dtype.h"
 #include "model/image_preprocess.h"
 #include "model/vision_tower.h"
 
@@ -24,10 +34,12 @@ namespace {
 
 using model::ImageGrid;
 using model::RgbImage;
+namespace cpu = model::cpu;
 
 struct Args {
   int depth = 32;
   int iters = 1;
+  model::DType dtype = model::DType::kBF16;
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -36,6 +48,7 @@ Args ParseArgs(int argc, char** argv) {
     std::string s = argv[i];
     if (s.rfind("--depth=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.depth);
     if (s.rfind("--iters=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.iters);
+    if (s == "--dtype=f32") a.dtype = model::DType::kF32;
   }
   return a;
 }
@@ -65,19 +78,28 @@ double TowerFlops(const model::VisionConfig& c, double n) {
          2 * tokens * merged * c.hidden_size;
 }
 
-double SgemmGflops() {
-  const int m = 1024, n = 1280, k = 5120;
-  std::vector<float> a(static_cast<size_t>(m) * k, 0.5f), b(static_cast<size_t>(n) * k, 0.25f),
-      c(static_cast<size_t>(m) * n);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1, a.data(), k, b.data(), k, 0,
-              c.data(), n);  // warm-up
-  Stopwatch w;
-  const int reps = 3;
-  for (int r = 0; r < reps; ++r) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1, a.data(), k, b.data(), k, 0,
-                c.data(), n);
+// The panel kernel on 512 rows of fc1 (1280 -> 5120, bf16), GFLOP/s.
+double KernelGflops(cpu::ThreadPool& pool) {
+  const int64_t m = 512, k = 1280, n = 5120;
+  std::vector<uint16_t> w(n * k);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = model::F32ToBf16(((i * 7919) % 97) * 1e-3f - 0.05f);
+  const cpu::PanelWeights panels =
+      cpu::PanelWeights::Pack(pool, cpu::WeightMatrix{model::DType::kBF16, w.data(), n, k});
+  std::vector<float> x(m * k, 0.25f), y(m * n);
+  cpu::Linear(pool, x.data(), m, panels.matrix(), nullptr, y.data());  // warm-up
+  const int reps = 5;
+  Stopwatch watch;
+  for (int r = 0; r < reps; ++r) cpu::Linear(pool, x.data(), m, panels.matrix(), nullptr, y.data());
+  return 2.0 * m * n * k * reps / watch.ElapsedSeconds() * 1e-9;
+}
+
+int64_t ProcStatusBytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key)) * 1024;
   }
-  return 2.0 * m * n * k * reps / w.ElapsedSeconds() * 1e-9;
+  return 0;
 }
 
 int Main(int argc, char** argv) {
@@ -88,52 +110,93 @@ int Main(int argc, char** argv) {
   cfg.num_heads = 16;
   cfg.mlp_ratio = 4;
   cfg.hidden_size = 1536;
-  auto tower = model::VisionTower::CreateRandom(cfg, 1);
   model::PreprocessorConfig pre;  // defaults: min 56*56, max 28*28*1280 pixels
+  cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
 
-  const double sgemm = SgemmGflops();
-  std::printf("vision tower: depth %d, embed %d, heads %d, out %d (random weights), fp32\n",
-              cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.hidden_size);
-  std::printf("baseline: OpenBLAS sgemm 1024x1280x5120 = %.1f GFLOP/s\n\n", sgemm);
-  std::printf("%8s %8s %7s %12s %10s %10s %9s %10s\n", "input", "patches", "tokens", "preproc_ms",
-              "tower_ms", "images/s", "gemm_%", "of_sgemm");
-  std::vector<std::string> json_rows;
-  for (int size : {448, 1024}) {
+  // Inputs first, so that the memory measured below is the tower's.
+  const std::vector<int> sizes = {448, 1024};
+  std::vector<model::ImagePatches> inputs;
+  std::vector<double> pre_ms;
+  for (int size : sizes) {
     RgbImage img = TestImage(size);
-    double pre_s = 0, tower_s = 0, gemm_s = 0;
-    int64_t patches = 0, tokens = 0;
+    Stopwatch w;
+    auto p = model::PreprocessImage(img, pre);
+    pre_ms.push_back(w.ElapsedSeconds() * 1e3);
+    if (!p.ok()) return 1;
+    inputs.push_back(std::move(*p));
+  }
+  const double kernel_first = KernelGflops(pool);
+
+  malloc_trim(0);
+  const int64_t rss0 = ProcStatusBytes("VmRSS:");
+  model::VisionTowerOptions options;
+  options.pool = &pool;
+  Stopwatch create;
+  auto tower = model::VisionTower::CreateRandom(cfg, 1, args.dtype, options);
+  const double create_s = create.ElapsedSeconds();
+  const int64_t weights_rss = ProcStatusBytes("VmRSS:") - rss0;
+  int64_t activations_peak = 0;
+  const double weight_bytes = static_cast<double>(tower->weight_bytes());
+
+  std::printf("vision tower: depth %d, embed %d, heads %d, out %d, %s weights (random, %.2f GB)\n",
+              cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.hidden_size,
+              std::string(model::DTypeName(args.dtype)).c_str(), weight_bytes * 1e-9);
+  std::printf(
+      "baseline: panel kernel, 512 rows x 1280 -> 5120 bf16 = %.1f GFLOP/s (%d threads)\n\n",
+      kernel_first, pool.num_threads());
+  std::printf("%6s %8s %7s %10s %10s %10s %8s %8s %11s %11s %9s\n", "input", "patches", "tokens",
+              "preproc_ms", "tower_ms", "images/s", "linear%", "attn%", "tower_GF/s", "kernel_GF/s",
+              "vs_kernel");
+  std::vector<std::string> json_rows;
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    const model::ImagePatches& p = inputs[si];
+    const double kernel = KernelGflops(pool);  // baseline next to each size
+    malloc_trim(0);
+    std::ofstream("/proc/self/clear_refs") << "5";  // reset the peak RSS (VmHWM)
+    const int64_t rss_before = ProcStatusBytes("VmRSS:");
+    double tower_s = 0, gemm_s = 0, attn_s = 0;
     for (int it = 0; it < args.iters; ++it) {
-      Stopwatch w;
-      auto p = model::PreprocessImage(img, pre);
-      pre_s += w.ElapsedSeconds();
-      if (!p.ok()) return 1;
       model::VisionTrace trace;
-      std::vector<ImageGrid> grids = {p->grid};
-      auto out = tower->Forward(p->values, grids, &trace);
+      trace.record_activations = false;
+      std::vector<ImageGrid> grids = {p.grid};
+      auto out = tower->Forward(p.values, grids, &trace);
       if (!out.ok()) return 1;
       tower_s += trace.total_seconds;
       gemm_s += trace.gemm_seconds;
-      patches = p->grid.num_patches();
-      tokens = p->grid.num_tokens();
+      attn_s += trace.attention_seconds;
     }
-    pre_s /= args.iters;
+    const int64_t activations = ProcStatusBytes("VmHWM:") - rss_before;
+    activations_peak = std::max(activations_peak, activations);
     tower_s /= args.iters;
     gemm_s /= args.iters;
+    attn_s /= args.iters;
+    const int64_t patches = p.grid.num_patches(), tokens = p.grid.num_tokens();
     const double gflops = TowerFlops(cfg, patches) / tower_s * 1e-9;
-    const double ips = 1.0 / (pre_s + tower_s);
-    std::printf("%8d %8lld %7lld %12.1f %10.1f %10.3f %8.1f%% %10.2f\n", size,
-                static_cast<long long>(patches), static_cast<long long>(tokens), pre_s * 1e3,
-                tower_s * 1e3, ips, 100 * gemm_s / tower_s, gflops / sgemm);
+    const double ips = 1.0 / (pre_ms[si] * 1e-3 + tower_s);
+    std::printf("%6d %8lld %7lld %10.1f %10.1f %10.3f %7.1f%% %7.1f%% %11.1f %11.1f %9.2f\n",
+                sizes[si], static_cast<long long>(patches), static_cast<long long>(tokens),
+                pre_ms[si], tower_s * 1e3, ips, 100 * gemm_s / tower_s, 100 * attn_s / tower_s,
+                gflops, kernel, gflops / kernel);
     json_rows.push_back(absl::StrFormat(
         "{\"size\":%d,\"patches\":%d,\"tokens\":%d,\"preprocess_ms\":%.1f,\"tower_ms\":%.1f,"
-        "\"images_per_s\":%.4f,\"gemm_share\":%.3f,\"tower_gflops\":%.1f,\"ratio_to_sgemm\":%.3f}",
-        size, patches, tokens, pre_s * 1e3, tower_s * 1e3, ips, gemm_s / tower_s, gflops,
-        gflops / sgemm));
+        "\"images_per_s\":%.4f,\"linear_share\":%.3f,\"attention_share\":%.3f,"
+        "\"tower_gflops\":%.1f,\"kernel_gflops\":%.1f,\"tower_vs_kernel\":%.3f,"
+        "\"activation_peak_bytes\":%d}",
+        sizes[si], patches, tokens, pre_ms[si], tower_s * 1e3, ips, gemm_s / tower_s,
+        attn_s / tower_s, gflops, kernel, gflops / kernel, activations));
   }
+  const double peak = static_cast<double>(weights_rss + activations_peak);
+  const double bf16_bytes = weight_bytes * (args.dtype == model::DType::kF32 ? 0.5 : 1.0);
   std::printf(
-      "\n{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"depth\":%d,\"sgemm_gflops\":%.1f,"
-      "\"sizes\":[%s]}\n",
-      cfg.depth, sgemm, absl::StrJoin(json_rows, ",").c_str());
+      "\ntower created in %.1f s; its RSS %.3f GB (weights %.3f GB + activations %.3f GB at "
+      "the largest input) = %.3f x the bf16 weight bytes\n",
+      create_s, peak * 1e-9, weights_rss * 1e-9, activations_peak * 1e-9, peak / bf16_bytes);
+  std::printf(
+      "{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"dtype\":\"%s\",\"depth\":%d,"
+      "\"threads\":%d,\"weight_bytes\":%.0f,\"tower_rss_bytes\":%.0f,"
+      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]}\n",
+      std::string(model::DTypeName(args.dtype)).c_str(), cfg.depth, pool.num_threads(),
+      weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str());
   return 0;
 }
 

@@ -18,7 +18,8 @@ packages=(
   libucx-dev               # UCX 1.13: transfer/
   ucx-utils                # ucx_perftest, the transfer benchmark's baseline
   libnuma-dev              # UCX's static archives need libnuma.a
-  libstb-dev               # stb_image
+  libstb-dev               # stb_image: PNG, BMP, GIF
+  libjpeg62-turbo-dev      # libjpeg-turbo: JPEG as Pillow decodes it
   catch2                   # Catch2 v2 (header-only)
   libxxhash-dev            # XXH3 content hashes
   libopenblas-dev          # CPU GEMM

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/jpeg_decode.h"
 
 namespace mmserve::model {
 namespace {
@@ -45,6 +46,13 @@ bool PngDimensions(absl::string_view b, uint32_t* w, uint32_t* h) {
   return true;
 }
 
+// A 16-bit grayscale PNG without alpha (IHDR bit depth 16, colour type 0),
+// which Pillow opens as "I;16" and clips on convert("RGB").
+bool IsGray16Png(absl::string_view b) {
+  return b.size() >= 26 && b.substr(12, 4) == "IHDR" && static_cast<uint8_t>(b[24]) == 16 &&
+         static_cast<uint8_t>(b[25]) == 0;
+}
+
 // stb_image decodes a JPEG cut short without complaint, filling in the rest.
 // A complete file has an end-of-image marker (FF D9) after its first scan:
 // entropy-coded data cannot contain one (an FF there is stuffed as FF 00).
@@ -74,6 +82,16 @@ absl::StatusOr<ImageHeader> ReadImageHeader(absl::string_view bytes) {
   if (bytes.size() > INT32_MAX) return Bad("input larger than 2 GiB");
   ImageHeader h;
   ASSIGN_OR_RETURN(h.format, DetectFormat(bytes));
+  if (h.format == ImageFormat::kJpeg) {
+    ASSIGN_OR_RETURN(internal::JpegInfo info, internal::ReadJpegInfo(bytes));
+    h.width = info.width;
+    h.height = info.height;
+    h.channels = info.components;
+    if (h.width <= 0 || h.height <= 0) {
+      return Bad(absl::StrCat("zero-sized image ", h.width, "x", h.height));
+    }
+    return h;
+  }
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   if (!stbi_info_from_memory(data, static_cast<int>(bytes.size()), &h.width, &h.height,
                              &h.channels)) {
@@ -92,6 +110,11 @@ absl::StatusOr<ImageHeader> ReadImageHeader(absl::string_view bytes) {
 }
 
 absl::StatusOr<RgbImage> DecodeImage(absl::string_view bytes, const DecodeLimits& limits) {
+  return DecodeImage(bytes, limits, DecodeOptions());
+}
+
+absl::StatusOr<RgbImage> DecodeImage(absl::string_view bytes, const DecodeLimits& limits,
+                                     const DecodeOptions& options) {
   if (static_cast<int64_t>(bytes.size()) > limits.max_bytes) {
     return Bad(absl::StrCat(bytes.size(), " bytes exceeds the limit of ", limits.max_bytes));
   }
@@ -100,20 +123,50 @@ absl::StatusOr<RgbImage> DecodeImage(absl::string_view bytes, const DecodeLimits
     return Bad(absl::StrCat(h.width, "x", h.height, " exceeds the limit of ", limits.max_pixels,
                             " pixels"));
   }
-  if (h.format == ImageFormat::kJpeg && !JpegHasEndMarker(bytes)) {
-    return Bad("truncated JPEG (no end-of-image marker)");
+  RgbImage img;
+  if (h.format == ImageFormat::kJpeg) {
+    if (!JpegHasEndMarker(bytes)) return Bad("truncated JPEG (no end-of-image marker)");
+    internal::JpegInfo info;
+    RETURN_IF_ERROR(internal::DecodeJpeg(bytes, &info, &img.pixels));
+    if (info.width != h.width || info.height != h.height) {
+      return Bad("decoded size differs from the header");
+    }
+    img.width = info.width;
+    img.height = info.height;
+    return img;
   }
+  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+  const int size = static_cast<int>(bytes.size());
   int w = 0, hh = 0, got = 0;
-  std::unique_ptr<stbi_uc, void (*)(void*)> px(
-      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()),
-                            static_cast<int>(bytes.size()), &w, &hh, &got, 3),
-      stbi_image_free);
+  if (h.format == ImageFormat::kPng && IsGray16Png(bytes)) {
+    // Pillow: "I;16" -> RGB clips each sample to 255 (I16_RGB); kHighByte
+    // keeps the picture as stb's 16 -> 8 conversion does (sample >> 8).
+    std::unique_ptr<stbi_us, void (*)(void*)> px(
+        stbi_load_16_from_memory(data, size, &w, &hh, &got, 1), stbi_image_free);
+    if (px == nullptr) {
+      return Bad(absl::StrCat("corrupt or truncated PNG (", stbi_failure_reason(), ")"));
+    }
+    if (w != h.width || hh != h.height) return Bad("decoded size differs from the header");
+    img.width = w;
+    img.height = hh;
+    img.pixels.resize(static_cast<size_t>(w) * hh * 3);
+    const size_t n = static_cast<size_t>(w) * hh;
+    const bool clip = options.gray16 == DecodeOptions::Gray16::kClipLikePillow;
+    for (size_t i = 0; i < n; ++i) {
+      const int v = px.get()[i];
+      const uint8_t g =
+          clip ? static_cast<uint8_t>(v > 255 ? 255 : v) : static_cast<uint8_t>(v >> 8);
+      img.pixels[i * 3] = img.pixels[i * 3 + 1] = img.pixels[i * 3 + 2] = g;
+    }
+    return img;
+  }
+  std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(data, size, &w, &hh, &got, 3),
+                                               stbi_image_free);
   if (px == nullptr) {
     return Bad(absl::StrCat("corrupt or truncated ", ImageFormatName(h.format), " (",
                             stbi_failure_reason(), ")"));
   }
   if (w != h.width || hh != h.height) return Bad("decoded size differs from the header");
-  RgbImage img;
   img.width = w;
   img.height = hh;
   img.pixels.assign(px.get(), px.get() + static_cast<size_t>(w) * hh * 3);

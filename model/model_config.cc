@@ -140,9 +140,21 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
   if (!t->mrope_section.empty()) {
     int sum = 0;
     for (int s : t->mrope_section) sum += s;
-    if (t->mrope_section.size() != 3 || sum != t->head_dim() / 2) {
-      return f.Error(absl::StrCat("mrope_section must be 3 sections summing to head_dim / 2 = ",
-                                  t->head_dim() / 2, ", got sum ", sum));
+    if (t->mrope_section.size() != 3) {
+      return f.Error(absl::StrCat("rope_scaling.mrope_section must have 3 sections, got ",
+                                  t->mrope_section.size()));
+    }
+    if (sum != t->head_dim() / 2) {
+      // head_dim is not in config.json: it is hidden_size / num_attention_heads,
+      // so a wrong hidden_size shows up here first. Name all three.
+      return f.Error(absl::StrCat(
+          "hidden_size ", t->hidden_size, " / num_attention_heads ", t->num_attention_heads,
+          " gives head_dim ", t->head_dim(), ", but rope_scaling.mrope_section sums to ", sum,
+          " (head_dim ", 2 * sum, "): check hidden_size and num_attention_heads",
+          t->hidden_size != 2 * sum * t->num_attention_heads
+              ? absl::StrCat(" (hidden_size ", 2 * sum * t->num_attention_heads,
+                             " would fit mrope_section)")
+              : std::string()));
     }
   }
   if (t->hidden_act != "silu") {

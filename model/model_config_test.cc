@@ -77,7 +77,11 @@ TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
        [](json& j) {
          j["rope_scaling"]["mrope_section"] = {16, 24, 16};
        },
-       "summing to head_dim / 2 = 64, got sum 56"},
+       "head_dim 128, but rope_scaling.mrope_section sums to 56"},
+      {"wrong hidden_size", [](json& j) { j["hidden_size"] = 1152; },
+       "hidden_size 1152 / num_attention_heads 12 gives head_dim 96, but "
+       "rope_scaling.mrope_section sums to 64 (head_dim 128): check hidden_size and "
+       "num_attention_heads (hidden_size 1536 would fit mrope_section)"},
       {"gqa ratio", [](json& j) { j["num_key_value_heads"] = 5; },
        "num_attention_heads 12 is not a multiple of num_key_value_heads 5"},
       {"heads", [](json& j) { j["num_attention_heads"] = 7; },

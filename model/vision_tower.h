@@ -1,17 +1,26 @@
-// The Qwen2-VL vision tower on CPU (fp32 compute): patch embedding (the 3-D
-// convolution as one matmul), 2-D rotary embedding over each image's patch
-// grid, transformer blocks whose attention stays inside each image, and the
-// 2x2 patch merger that maps to the language model's hidden size.
+// The Qwen2-VL vision tower on CPU (fp32 activations and accumulation):
+// patch embedding (the 3-D convolution as one matmul), 2-D rotary embedding
+// over each image's patch grid, transformer blocks whose attention stays
+// inside each image, and the 2x2 patch merger that maps to the language
+// model's hidden size.
 //
 //   ASSIGN_OR_RETURN(auto tower, VisionTower::Load(*checkpoint, config));
 //   ASSIGN_OR_RETURN(std::vector<float> emb, tower->Forward(pixels, grids));
 //   // emb: [sum of grids[i].num_tokens()][config.text.hidden_size]
 //
-// Several images run in one forward (their patches concatenated in order, as
-// PreprocessImage lays them out). Weights stay in the mapped checkpoint when
-// they are fp32; bf16/fp16 weights are converted to fp32 once at load.
+// Several images of different sizes run in one forward (their patches
+// concatenated in order, as PreprocessImage lays them out); each linear layer
+// then sees every image's rows at once. bf16 weights are repacked at load
+// into model/cpu's panels (linear.h: the 6x16 AVX2 kernel) and their mapped
+// pages dropped, so memory holds one bf16 copy; fp32 weights stay in the
+// mapped checkpoint and run through OpenBLAS sgemm; fp16 weights become fp32.
+// Attention is tiled (64 query rows of one head against all keys of their
+// image at a time), so its scratch memory is linear in the patch count, and
+// the MLP runs in row chunks: activations are 4 floats per patch and embed
+// dimension (x, q, k, v) plus fixed chunk buffers.
 // Forward is const and thread-compatible (call it from one thread at a time
-// per tower, or keep one tower per thread).
+// per tower, or keep one tower per thread); it uses every thread of the
+// tower's pool.
 #ifndef MMSERVE_MODEL_VISION_TOWER_H_
 #define MMSERVE_MODEL_VISION_TOWER_H_
 
@@ -20,6 +29,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "model/cpu/linear.h"
+#include "model/cpu/thread_pool.h"
+#include "model/dtype.h"
 #include "model/image_tokens.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
@@ -30,17 +42,27 @@ namespace mmserve::model {
 struct DenseWeights {
   int out = 0;
   int in = 0;
-  const float* w = nullptr;
-  const float* b = nullptr;  // may be null
-  std::vector<float> owned;  // backing store when converted from bf16/fp16
+  cpu::WeightMatrix matrix;                            // kPanels (bf16, in `panels`) or kRows fp32
+  cpu::PanelWeights panels;                            // owns bf16 panels
+  cpu::LinearKernel kernel = cpu::LinearKernel::kDot;  // kOpenBlas for fp32
+  const float* b = nullptr;                            // may be null
+  std::vector<float> owned;       // fp32 weights converted from fp16 (or random)
+  std::vector<float> bias_owned;  // biases converted to fp32 (or random)
 };
 
 // Intermediate activations and timings, for parity tests and benchmarks.
 struct VisionTrace {
+  bool record_activations = true;  // fill patch_embed and block0 (copies)
   std::vector<float> patch_embed;  // [patches][embed_dim]
   std::vector<float> block0;       // output of the first block
-  double gemm_seconds = 0;         // time inside sgemm calls
+  double gemm_seconds = 0;         // time inside linear layers
+  double attention_seconds = 0;    // time inside attention (its GEMMs and softmax)
   double total_seconds = 0;        // the whole forward
+};
+
+struct VisionTowerOptions {
+  // Borrowed; null: the tower owns a pool of ThreadPool::DefaultThreads().
+  cpu::ThreadPool* pool = nullptr;
 };
 
 class VisionTower {
@@ -48,7 +70,8 @@ class VisionTower {
   // Reads "visual.*" (or "model.visual.*") tensors; InvalidArgument naming a
   // missing or mis-shaped tensor. `checkpoint` must outlive the tower.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<VisionTower>> Load(
-      const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);
+      const SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
+      const VisionTowerOptions& options = {});
 
   // `pixels` holds sum(num_patches) rows of 3 * temporal * patch^2 values.
   // InvalidArgument when sizes disagree with the grids.
@@ -56,11 +79,16 @@ class VisionTower {
                                                            absl::Span<const ImageGrid> grids,
                                                            VisionTrace* trace = nullptr) const;
 
-  // A tower with random weights (normal, std 0.02) of the given shape, for
-  // benchmarks that need real dimensions without a checkpoint.
-  static std::unique_ptr<VisionTower> CreateRandom(const VisionConfig& config, uint64_t seed);
+  // A tower with random weights (uniform, std 0.02) of the given shape and
+  // dtype (kF32 or kBF16), for benchmarks that need real dimensions without
+  // a checkpoint.
+  static std::unique_ptr<VisionTower> CreateRandom(const VisionConfig& config, uint64_t seed,
+                                                   DType dtype = DType::kF32,
+                                                   const VisionTowerOptions& options = {});
 
   int out_hidden() const { return merger_fc2_.out; }
+  // Bytes of the weight matrices as held (bf16 panels or fp32).
+  size_t weight_bytes() const;
 
  private:
   struct Block {
@@ -68,8 +96,15 @@ class VisionTower {
     DenseWeights qkv, proj, fc1, fc2;
   };
   VisionTower() = default;
+  void SetPool(const VisionTowerOptions& options);
+  void Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
+              VisionTrace* trace) const;
+  void Attention(float* q, const float* k, const float* v, int64_t n, absl::Span<const int> bounds,
+                 VisionTrace* trace) const;
 
   VisionConfig cfg_;
+  std::unique_ptr<cpu::ThreadPool> own_pool_;
+  cpu::ThreadPool* pool_ = nullptr;
   DenseWeights patch_embed_;
   std::vector<Block> blocks_;
   std::vector<float> ln_q_w_, ln_q_b_;

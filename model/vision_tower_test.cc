@@ -70,6 +70,46 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
   }
 }
 
+TEST_CASE("images of different sizes in one call give each image its own embeddings", "[vision]") {
+  // bf16 weights run on the panel kernel, whose rows do not depend on the
+  // batch, so batched and one-at-a-time results are identical. The first
+  // image (26 x 24 patches) spans several attention tiles and row chunks.
+  VisionConfig c;
+  c.depth = 2;
+  c.embed_dim = 64;
+  c.num_heads = 4;
+  c.mlp_ratio = 4;
+  c.hidden_size = 32;
+  auto tower = VisionTower::CreateRandom(c, 7, DType::kBF16);
+  REQUIRE(tower->weight_bytes() > 0);
+  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 26, 24), ImageGrid::FromThw(1, 4, 6),
+                                        ImageGrid::FromThw(1, 2, 2)};
+  const int patch_dim = 3 * 2 * 14 * 14;
+  std::vector<std::vector<float>> pixels;
+  std::vector<float> all;
+  uint32_t s = 12345;
+  for (const ImageGrid& g : grids) {
+    std::vector<float> p(static_cast<size_t>(g.num_patches()) * patch_dim);
+    for (float& v : p)
+      v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+    all.insert(all.end(), p.begin(), p.end());
+    pixels.push_back(std::move(p));
+  }
+  auto batched = tower->Forward(all, grids);
+  REQUIRE(batched.ok());
+  size_t at = 0;
+  for (size_t i = 0; i < grids.size(); ++i) {
+    INFO("image " << i);
+    const std::vector<ImageGrid> one = {grids[i]};
+    auto alone = tower->Forward(pixels[i], one);
+    REQUIRE(alone.ok());
+    REQUIRE(at + alone->size() <= batched->size());
+    CHECK(std::equal(alone->begin(), alone->end(), batched->begin() + at));
+    at += alone->size();
+  }
+  CHECK(at == batched->size());
+}
+
 TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") {
   const std::string dir = std::string(kData) + "models/qwen2vl-tiny-mha-tied";
   auto cfg = LoadModelConfig(dir);

@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "model/image_preprocess.h"
 #include "model/mrope_positions.h"
+#include "worker/kv_sizing.h"
 
 namespace mmserve::worker {
 namespace {
@@ -59,6 +60,16 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineOptions
 }
 
 absl::Status LlmEngine::Load(const EngineOptions& options) {
+  if (options.num_threads < 0 || options.kv_cache_bytes < 0 || options.block_size <= 0 ||
+      options.max_num_seqs <= 0 || options.max_num_batched_tokens <= 0 ||
+      options.max_model_len < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine options out of range: num_threads ", options.num_threads,
+                     " (>= 0), kv_cache_bytes ", options.kv_cache_bytes, " (>= 0), block_size ",
+                     options.block_size, " (> 0), max_num_seqs ", options.max_num_seqs,
+                     " (> 0), max_num_batched_tokens ", options.max_num_batched_tokens,
+                     " (> 0), max_model_len ", options.max_model_len, " (>= 0)"));
+  }
   ASSIGN_OR_RETURN(config_, model::LoadModelConfig(options.model_dir));
   ASSIGN_OR_RETURN(tokenizer_, model::Tokenizer::FromFile(options.model_dir + "/tokenizer.json"));
   if (tokenizer_->vocab_size() > config_.text.vocab_size) {
@@ -69,12 +80,14 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
   ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text));
   sizing_.weights_bytes = weights_->TotalWeightBytes();
-  if (config_.vision && options.load_vision) {
-    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_));
-    sizing_.vision_bytes = checkpoint_->TotalBytes() - sizing_.weights_bytes;
-  }
   pool_ = std::make_unique<model::cpu::ThreadPool>(
       options.num_threads > 0 ? options.num_threads : model::cpu::ThreadPool::DefaultThreads());
+  if (config_.vision && options.load_vision) {
+    model::VisionTowerOptions vision_options;
+    vision_options.pool = pool_.get();
+    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_, vision_options));
+    sizing_.vision_bytes = vision_->weight_bytes();
+  }
   model_ = std::make_unique<model::Qwen2Model>(config_.text, *weights_, *pool_);
   for (int id : config_.tokens.eos) eos_ids_.push_back(id);
   for (int id : config_.generation.eos_token_ids) {
@@ -117,17 +130,17 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
     RETURN_IF_ERROR(model_->Forward(b, *warm_kv, &logits));
     sizing_.warmup_rss_growth_bytes = ProcBytes("/proc/self/status", "VmRSS:") - rss_before;
   }
-  const size_t block_bytes = model_->KvShape(1, bs).TotalBytes();
-  size_t budget = static_cast<size_t>(options.kv_cache_bytes);
-  if (budget == 0) {
-    budget = static_cast<size_t>(ProcBytes("/proc/meminfo", "MemAvailable:") *
-                                 options.kv_memory_fraction);
-  }
-  const int num_blocks = static_cast<int>(std::min<size_t>(budget / block_bytes, INT32_MAX));
-  if (num_blocks < 2) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV budget of ", budget, " bytes holds fewer than 2 blocks of ", block_bytes, " bytes"));
-  }
+  KvSizingInputs in;
+  in.block_size = bs;
+  in.max_num_seqs = options.max_num_seqs;
+  in.max_model_len = sizing_.max_model_len;
+  in.block_bytes = model_->KvShape(1, bs).TotalBytes();
+  in.requested_bytes = static_cast<size_t>(options.kv_cache_bytes);
+  in.available_bytes = ProcBytes("/proc/meminfo", "MemAvailable:");
+  in.memory_fraction = options.kv_memory_fraction;
+  ASSIGN_OR_RETURN(KvSizing kv_sizing, DecideKvBlocks(in));
+  const int num_blocks = kv_sizing.num_blocks;
+  LOG(INFO) << "engine: " << kv_sizing.Describe();
   if (static_cast<int64_t>(num_blocks) * bs < sizing_.max_model_len) {
     LOG(WARNING) << "KV cache holds " << num_blocks * bs << " tokens; max_model_len lowered from "
                  << sizing_.max_model_len;

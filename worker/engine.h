@@ -55,11 +55,13 @@ struct EngineOptions {
   // Longest prompt + completion; 0 = the model's max_position_embeddings,
   // capped at 8192.
   int max_model_len = 0;
-  // KV cache size. 0: a fraction of the memory available after loading and
-  // warm-up (MemAvailable in /proc/meminfo).
+  // KV cache size. 0: what the engine can use (max_num_seqs sequences of
+  // max_model_len tokens), capped by kv_memory_fraction of the memory
+  // available after loading and warm-up (MemAvailable in /proc/meminfo).
+  // See kv_sizing.h.
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.3;
-  int num_threads = 0;  // 0: one per core
+  int num_threads = 0;  // 0: one per core; negative is InvalidArgument
   // Load the vision tower (vision models). A language service whose images
   // arrive as embeddings from an encoder service sets this false and passes
   // EngineRequest::image_embeddings instead of images.

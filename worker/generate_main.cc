@@ -14,15 +14,22 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/file.h"
 #include "model/chat_template.h"
 #include "model/image_decode.h"
+#include "model/image_tokens.h"
+#include "worker/cli_args.h"
 #include "worker/engine.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (required)");
 ABSL_FLAG(std::string, prompt, "", "the user's message (or the whole prompt with --raw)");
-ABSL_FLAG(std::vector<std::string>, image, {}, "image file(s), comma-separated or repeated");
+// Taken out of argv before absl parses it (cli_args.h): absl keeps only the
+// last value of a repeated flag. Declared for --help.
+ABSL_FLAG(std::string, image, "",
+          "an image file; repeat the flag for more images (each value is one path, commas "
+          "included)");
 ABSL_FLAG(std::string, system, "", "system prompt (default: the model's)");
 ABSL_FLAG(bool, raw, false, "use --prompt as is, without the chat format");
 ABSL_FLAG(int, max_tokens, 128, "most tokens to generate");
@@ -33,7 +40,9 @@ ABSL_FLAG(double, min_p, 0.0, "0 = off");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings");
 ABSL_FLAG(bool, ignore_eos, false, "keep going past end-of-sequence");
-ABSL_FLAG(int, kv_cache_mb, 0, "KV cache size in MiB (0: from free memory)");
+ABSL_FLAG(int, kv_cache_mb, 0,
+          "KV cache size in MiB (0: what max_num_seqs x max_model_len needs, capped by free "
+          "memory)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 
 namespace mmserve {
@@ -62,10 +71,57 @@ const char* ReasonName(worker::FinishReason r) {
   return "none";
 }
 
-int Main() {
+absl::Status BadFlag(absl::string_view what) { return absl::InvalidArgumentError(what); }
+
+// Flag values the engine would otherwise take silently or misread.
+absl::Status CheckFlags() {
+  if (absl::GetFlag(FLAGS_model_dir).empty()) return BadFlag("--model_dir is required");
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    return BadFlag(absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads),
+                                ": must be 0 (one per core) or a positive count"));
+  }
+  if (absl::GetFlag(FLAGS_kv_cache_mb) < 0) {
+    return BadFlag(absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_kv_cache_mb),
+                                ": must be 0 (automatic) or a positive size"));
+  }
+  if (absl::GetFlag(FLAGS_max_tokens) <= 0) {
+    return BadFlag(
+        absl::StrCat("--max_tokens=", absl::GetFlag(FLAGS_max_tokens), ": must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads, decodes and sizes one image; every error names the file.
+absl::StatusOr<model::RgbImage> LoadImage(const std::string& path,
+                                          const model::ModelConfig& config) {
+  auto named = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  };
+  auto bytes = ReadFileToString(path);
+  if (!bytes.ok()) {
+    std::string hint = path.find(',') != std::string::npos
+                           ? " (each --image takes one path; repeat --image for more images)"
+                           : "";
+    return absl::Status(bytes.status().code(), absl::StrCat(bytes.status().message(), hint));
+  }
+  auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
+  if (!rgb.ok()) return named(rgb.status());
+  if (config.preprocessor) {
+    model::ImageGridParams p;
+    p.patch_size = config.preprocessor->patch_size;
+    p.merge_size = config.preprocessor->merge_size;
+    p.temporal_patch_size = config.preprocessor->temporal_patch_size;
+    p.min_pixels = config.preprocessor->min_pixels;
+    p.max_pixels = config.preprocessor->max_pixels;
+    if (auto g = model::SmartResize(rgb->width, rgb->height, p); !g.ok()) return named(g.status());
+  }
+  return rgb;
+}
+
+int Main(const std::vector<std::string>& image_paths) {
+  if (absl::Status s = CheckFlags(); !s.ok()) return Fail(s);
   worker::EngineOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model_dir);
-  if (options.model_dir.empty()) return Fail(absl::InvalidArgumentError("--model_dir is required"));
   options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_mb)) << 20;
   options.num_threads = absl::GetFlag(FLAGS_threads);
   auto engine = worker::LlmEngine::Create(options);
@@ -74,12 +130,9 @@ int Main() {
   worker::EngineRequest req;
   req.id = "generate";
   std::vector<model::ChatPart> parts;
-  for (const std::string& path : absl::GetFlag(FLAGS_image)) {
-    auto bytes = ReadFileToString(path);
-    if (!bytes.ok()) return Fail(bytes.status());
-    auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
-    if (!rgb.ok())
-      return Fail(absl::InvalidArgumentError(path + ": " + std::string(rgb.status().message())));
+  for (const std::string& path : image_paths) {
+    auto rgb = LoadImage(path, (*engine)->config());
+    if (!rgb.ok()) return Fail(rgb.status());
     req.images.push_back(std::move(*rgb));
     parts.push_back({model::ChatPart::Kind::kImage, ""});
   }
@@ -133,6 +186,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Streams a completion from a Hugging Face Qwen2-VL directory.");
+  auto images = mmserve::worker::TakeRepeatedFlag(&argc, argv, "image");
+  if (!images.ok()) return mmserve::Fail(images.status());
   absl::ParseCommandLine(argc, argv);
-  return mmserve::Main();
+  return mmserve::Main(*images);
 }
