@@ -59,6 +59,10 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.3;
   int num_threads = 0;  // 0: one per core
+  // Language-model weights quantized at load: "" or "none", "int8" (one
+  // scale per output row), "int8_g32" (model::ParseQuantize; anything else
+  // is InvalidArgument from Create).
+  std::string quantize;
 };
 
 struct EngineRequest {

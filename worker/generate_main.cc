@@ -35,6 +35,9 @@ ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings");
 ABSL_FLAG(bool, ignore_eos, false, "keep going past end-of-sequence");
 ABSL_FLAG(int, kv_cache_mb, 0, "KV cache size in MiB (0: from free memory)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(std::string, quantize, "",
+          "quantize the language model's weights at load: int8 (one scale per output row) or "
+          "int8_g32 (one per 32 columns)");
 
 namespace mmserve {
 namespace {
@@ -68,6 +71,7 @@ int Main() {
   if (options.model_dir.empty()) return Fail(absl::InvalidArgumentError("--model_dir is required"));
   options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_mb)) << 20;
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.quantize = absl::GetFlag(FLAGS_quantize);
   auto engine = worker::LlmEngine::Create(options);
   if (!engine.ok()) return Fail(engine.status());
 
