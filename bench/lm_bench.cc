@@ -46,6 +46,7 @@
 //
 // Prints a human table, then one JSON line last.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -59,6 +60,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "model/cpu/linear.h"
+#include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -263,6 +265,8 @@ struct Results {
   bool rss_reset = false;
   // --dtype=int8: the bf16 comparison (step times under the same load).
   double cmp_int8_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
+  // Prefill parts timed alone (PrefillBreakdown).
+  double pp_linear_s = 0, pp_attention_s = 0;
   std::vector<double> copy_samples, read_samples;  // sorted
   double copy() const { return copy_samples[copy_samples.size() / 2]; }
   double read() const { return read_samples[read_samples.size() / 2]; }
@@ -349,6 +353,49 @@ void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& 
   }
 }
 
+// Where a prefill's time goes: the decoder layers' linear layers (the same
+// LinearMany calls as Qwen2Model, on pp rows of stand-in activations) and
+// the paged attention of every layer (a full causal chunk of pp tokens),
+// each timed alone; the rest of the step (norms, RoPE, activations, KV
+// writes, lm_head, thread hand-offs) is what remains of the measured step.
+void PrefillBreakdown(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& w,
+                      cpu::ThreadPool& pool, Results* r) {
+  const int64_t t = o.pp, hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+  const int64_t hd = cfg.head_dim(), heads = cfg.num_attention_heads;
+  const int64_t kv_heads = cfg.num_key_value_heads;
+  std::vector<float> x(t * std::max(hidden, inter), 0.01f), q(t * heads * hd, 0.02f);
+  std::vector<float> k(t * kv_heads * hd), v(t * kv_heads * hd), y1(t * inter), y2(t * inter);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = 0.001f * static_cast<float>(i % 97);
+    v[i] = 0.002f * static_cast<float>(i % 89);
+  }
+  for (int rep = 0; rep < o.reps; ++rep) {
+    Stopwatch linear_watch;
+    for (const model::Qwen2LayerWeights& l : w.layers()) {
+      cpu::LinearMany(pool, x.data(), t,
+                      {{&l.q, l.q_bias, y1.data()},
+                       {&l.k, l.k_bias, y2.data()},
+                       {&l.v, l.v_bias, y2.data() + t * kv_heads * hd}},
+                      o.kernel);
+      cpu::Linear(pool, x.data(), t, l.o, nullptr, y1.data(), o.kernel);
+      cpu::LinearMany(pool, x.data(), t,
+                      {{&l.gate, nullptr, y1.data()}, {&l.up, nullptr, y2.data()}}, o.kernel);
+      cpu::Linear(pool, x.data(), t, l.down, nullptr, y1.data(), o.kernel);
+    }
+    r->pp_linear_s += linear_watch.ElapsedSeconds() / o.reps;
+    const int64_t blocks = (t + o.block_size - 1) / o.block_size;
+    std::vector<int32_t> table(blocks);
+    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+    const cpu::PagedKvLayer kv{k.data(), v.data(), o.block_size, kv_heads, hd};
+    Stopwatch attention_watch;
+    for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+      cpu::PagedAttention(pool, q.data(), heads, kv, {{0, t, t, table.data()}},
+                          1.0f / std::sqrt(static_cast<float>(hd)), y1.data());
+    }
+    r->pp_attention_s += attention_watch.ElapsedSeconds() / o.reps;
+  }
+}
+
 // Multiply-accumulates of the decoder layers' matrices and of lm_head.
 struct ParamCounts {
   double layers = 0, lm_head = 0;
@@ -405,6 +452,13 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "bw)\n",
       absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
       tg_weight_gbs * 1e9 / r.copy(), tg_weight_gbs * 1e9 / r.read());
+  const double linear_flops = 2.0 * pc.layers * o.pp;
+  std::printf(
+      "  %-28s linear layers %.0f ms (%.1f GFLOP/s = %.3f of the FMA peak), attention %.0f ms "
+      "(%.1f GFLOP/s), the rest %.0f ms (timed alone; the rest = step - both)\n",
+      "pp breakdown", 1e3 * r.pp_linear_s, linear_flops / r.pp_linear_s / 1e9,
+      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
+      attn_flops / r.pp_attention_s / 1e9, 1e3 * (r.pp_s - r.pp_linear_s - r.pp_attention_s));
   if (compared) {
     std::printf(
         "  vs the same weights in bf16, alternating 16-step chunks: int8 %.1f ms/step, bf16 %.1f "
@@ -440,14 +494,17 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "\"sgemm_gflops\":%.2f,\"kernel_gflops\":%.2f,\"pp_gflops\":%.2f,\"pp_vs_sgemm\":%.3f,"
       "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f,"
       "\"pp_vs_fma_peak\":%.3f,\"batch_vs_peak_ceiling\":%.3f,\"batch_vs_gemm_ceiling\":%.3f,"
-      "\"tg_vs_read_bandwidth\":%.3f%s}\n",
+      "\"tg_vs_read_bandwidth\":%.3f,\"pp_linear_ms\":%.1f,\"pp_linear_vs_fma_peak\":%.3f,"
+      "\"pp_attention_ms\":%.1f,\"pp_other_ms\":%.1f%s}\n",
       o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
       1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, speedup, gemm_ceiling, peak_ceiling,
       r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
       r.copy() / 1e9, r.read() / 1e9, tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops,
       pp_gflops, pp_gflops / r.sgemm, r.peak_rss, weights_mb, r.kv_mb, rss_ratio,
       pp_gflops / r.fma_peak_gflops, speedup / peak_ceiling, speedup / gemm_ceiling,
-      tg_weight_gbs * 1e9 / r.read(),
+      tg_weight_gbs * 1e9 / r.read(), 1e3 * r.pp_linear_s,
+      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
+      1e3 * (r.pp_s - r.pp_linear_s - r.pp_attention_s),
       compared
           ? absl::StrFormat(",\"int8_vs_bf16_tg\":%.3f,\"bf16_pp_gflops\":%.2f,"
                             "\"bf16_pp_vs_fma_peak\":%.3f,\"cmp_int8_tg_step_ms\":%.2f,"
@@ -467,6 +524,7 @@ int Run() {
   model::Qwen2Model qwen(m.cfg, *m.weights, pool, {o.kernel});
   RunSteps(o, m.cfg, qwen, pool, &r);
   if (!o.quantize.empty()) CompareWithBf16(o, qwen, pool, &r);
+  PrefillBreakdown(o, m.cfg, *m.weights, pool, &r);
   r.kernel_gflops = LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype,
                                  o.kernel, o.quantize);
   r.kernel_batch_gflops = LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size,
