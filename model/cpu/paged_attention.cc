@@ -137,6 +137,10 @@ void AttendRowVec(const float* q_row, int64_t first_head, int64_t group, int64_t
   const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
   for (int64_t h = first_head; h < first_head + group; ++h) {
     const float* qh = q_row + h * kHd;
+    // The query stays in registers while the keys stream past (up to
+    // head_dim 64: 8 query + 8 accumulator registers, keys as operands).
+    __m256 qv[NC];
+    _Pragma("GCC unroll 16") for (int c = 0; c < NC; ++c) qv[c] = _mm256_loadu_ps(qh + 8 * c);
     __m256 max_v = minus_inf;
     for (int64_t j0 = 0; j0 < padded; j0 += 8) {
       __m256 acc[8];
@@ -145,8 +149,7 @@ void AttendRowVec(const float* q_row, int64_t first_head, int64_t group, int64_t
         const float* kp = kv.key + slot_of(j) * token_stride + kv_head * kHd;
         acc[t] = _mm256_setzero_ps();
         _Pragma("GCC unroll 16") for (int c = 0; c < NC; ++c) {
-          acc[t] =
-              _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), _mm256_loadu_ps(kp + 8 * c), acc[t]);
+          acc[t] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kp + 8 * c), acc[t]);
         }
       }
       __m256 s = _mm256_mul_ps(SumLanes8(acc), scale_v);
