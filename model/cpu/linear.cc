@@ -214,8 +214,9 @@ constexpr int kRowPanels = 4;
 
 // The weight formats of the panel kernels: bf16, int8 with one scale per
 // output row (applied after the chain), int8 with a scale per group of k
-// (applied to the weights inside the chain).
-enum class PanelFormat { kBf16, kI8, kI8Group };
+// (applied to the weights inside the chain), and fp32: a block of any of
+// them widened once (WidenBlock) for all the row tiles that use it.
+enum class PanelFormat { kBf16, kI8, kI8Group, kF32 };
 
 // One panel's weights as a tile reads them.
 struct PanelSource {
@@ -241,6 +242,9 @@ template <PanelFormat F>
 inline void LoadPanelStep(const void* panel, int64_t k, __m256i mask, __m256* lo, __m256* hi) {
   if constexpr (F == PanelFormat::kBf16) {
     WidenPanelStep(static_cast<const uint16_t*>(panel) + k * kPanelRows, mask, lo, hi);
+  } else if constexpr (F == PanelFormat::kF32) {
+    *lo = _mm256_loadu_ps(static_cast<const float*>(panel) + k * kPanelRows);
+    *hi = _mm256_loadu_ps(static_cast<const float*>(panel) + k * kPanelRows + 8);
   } else {
     const int8_t* p = static_cast<const int8_t*>(panel) + k * kPanelRows;
     *lo = WidenI8x8(p);
@@ -375,6 +379,26 @@ PanelSource PanelAt(const WeightMatrix& w, int64_t p) {
   return src;
 }
 
+// Steps [k0, k0 + kc) of a panel as the tiles see them (rows 0-7 then 8-15
+// of each step, int8 group scales applied, per-row scales not), into
+// out[kc][16]: the same fp32 values the tile would widen in registers, so
+// a tile over `out` computes bitwise what a tile over the panel does.
+template <PanelFormat F>
+void WidenBlock(const PanelSource& src, int64_t k0, int64_t kc, float* out) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = k0; k < k0 + kc; ++k) {
+    __m256 lo, hi;
+    LoadPanelStep<F == PanelFormat::kI8Group ? PanelFormat::kI8 : F>(src.panel, k, mask, &lo, &hi);
+    if constexpr (F == PanelFormat::kI8Group) {
+      const float* s = src.scales + (k / src.group) * kPanelRows;
+      lo = _mm256_mul_ps(lo, _mm256_loadu_ps(s));
+      hi = _mm256_mul_ps(hi, _mm256_loadu_ps(s + 8));
+    }
+    _mm256_storeu_ps(out + (k - k0) * kPanelRows, lo);
+    _mm256_storeu_ps(out + (k - k0) * kPanelRows + 8, hi);
+  }
+}
+
 // Output columns of panels [p0, p1) of one job, for every row. Full panels
 // write straight into y; a last partial panel goes through a 16-wide
 // scratch from which its real columns are copied. Per-row int8 scales and
@@ -409,16 +433,42 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       kRowFns[np - 1](x, PanelAt<F>(w, p), k_total, c, kPanelRows);
       p += np;
     }
-  } else {
+  } else if (m <= kPanelMr) {
+    // One row tile: each panel step is widened once anyway.
     for (int64_t k0 = 0; k0 < k_total; k0 += kPanelKb) {
       const int64_t kc = std::min(kPanelKb, k_total - k0);
       const auto& tiles = k0 == 0 ? kFirstTiles : kNextTiles;
+      for (int64_t p = p0; p < p1; ++p) {
+        int64_t ldc;
+        float* c = out(p, &ldc);
+        tiles[m - 1](x, k_total, PanelAt<F>(w, p), k0, kc, c, ldc);
+      }
+    }
+  } else {
+    // Several row tiles share each k block of the task's panels: widen the
+    // block to fp32 once (kPanelsPerTask x 16 KiB, in L2) and run the tiles
+    // on it, with no widening left in their inner loop.
+    static constexpr std::array<PanelTileFn, kPanelMr> kF32First =
+        PanelTiles<true, PanelFormat::kF32>();
+    static constexpr std::array<PanelTileFn, kPanelMr> kF32Next =
+        PanelTiles<false, PanelFormat::kF32>();
+    thread_local std::vector<float> wide;
+    wide.resize(static_cast<size_t>((p1 - p0) * kPanelKb * kPanelRows));
+    for (int64_t k0 = 0; k0 < k_total; k0 += kPanelKb) {
+      const int64_t kc = std::min(kPanelKb, k_total - k0);
+      for (int64_t p = p0; p < p1; ++p) {
+        WidenBlock<F>(PanelAt<F>(w, p), k0, kc, &wide[(p - p0) * kPanelKb * kPanelRows]);
+      }
+      const auto& tiles = k0 == 0 ? kF32First : kF32Next;
       for (int64_t i0 = 0; i0 < m; i0 += kPanelMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelMr, m - i0));
         for (int64_t p = p0; p < p1; ++p) {
           int64_t ldc;
           float* c = out(p, &ldc);
-          tiles[mr - 1](x + i0 * k_total, k_total, PanelAt<F>(w, p), k0, kc, c + i0 * ldc, ldc);
+          PanelSource block;
+          block.panel = &wide[(p - p0) * kPanelKb * kPanelRows];
+          // The block holds steps k0.. from its start: x is offset to match.
+          tiles[mr - 1](x + i0 * k_total + k0, k_total, block, 0, kc, c + i0 * ldc, ldc);
         }
       }
     }
