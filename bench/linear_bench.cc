@@ -29,6 +29,7 @@
 
 ABSL_FLAG(std::string, dims, "qwen2-0.5b", "shapes of: qwen2-0.5b or qwen2-vl-2b");
 ABSL_FLAG(std::string, rows, "1,32,512", "x rows (m) to measure");
+ABSL_FLAG(std::string, shapes, "", "comma-separated shape names to measure (empty: all)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
 ABSL_FLAG(int, reps, 5, "timed repetitions per kernel (best reported)");
 
@@ -88,7 +89,12 @@ int Run() {
     ms.push_back(std::stoll(std::string(s)));
   }
   std::vector<Row> rows;
+  const std::string only = absl::GetFlag(FLAGS_shapes);
+  const std::vector<std::string> wanted = absl::StrSplit(only, ',', absl::SkipEmpty());
   for (const Shape& shape : Shapes(absl::GetFlag(FLAGS_dims))) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), shape.name) == wanted.end()) {
+      continue;
+    }
     // Random-ish weights of both dtypes, same values.
     std::vector<float> wf(shape.n * shape.k);
     std::vector<uint16_t> wb(wf.size());

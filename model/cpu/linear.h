@@ -34,6 +34,9 @@
 //    multiplied by the row's scale, y = s * chain(x, q) (+ bias). Per group of
 //    g columns: the chain runs over the dequantized weights w = q * s_group
 //    (one fp32 product), exactly the weights tools/ writes for the goldens.
+//  With more than 6 rows, both widen each panel's block of 256 k steps to
+//  fp32 once per task and run every 6-row tile on that block (the same
+//  values, so the same sums), leaving only loads and FMAs in the hot loop.
 //  In all, an element's chain does not depend on m, on the rows around it or
 //  on the thread that runs it: a row's result is bitwise the same in any
 //  batch (batch invariance for greedy decoding).
