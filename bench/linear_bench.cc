@@ -6,9 +6,11 @@
 //   bazel run --config=opt //bench:linear_bench -- --dims=qwen2-0.5b
 //
 // Columns: GFLOP/s of our kernel on bf16 panels (how Qwen2Weights holds bf16
-// checkpoints), on row-major bf16 and fp32 weights, of sgemm, and the ratio
-// panels / sgemm. One-row rows also give the bf16 weight bytes streamed per
-// second. Prints a human table, then one JSON line last.
+// checkpoints), on int8 panels with one scale per output row and with one
+// per group of 32 columns (--quantize=int8), on row-major bf16 and fp32
+// weights, of sgemm, and the ratio panels / sgemm. One-row rows also give
+// the weight bytes (int8: values plus scales) streamed per second. Prints a
+// human table, then one JSON line last.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -27,6 +29,7 @@
 
 ABSL_FLAG(std::string, dims, "qwen2-0.5b", "shapes of: qwen2-0.5b or qwen2-vl-2b");
 ABSL_FLAG(std::string, rows, "1,32,512", "x rows (m) to measure");
+ABSL_FLAG(std::string, shapes, "", "comma-separated shape names to measure (empty: all)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
 ABSL_FLAG(int, reps, 5, "timed repetitions per kernel (best reported)");
 
@@ -59,6 +62,8 @@ struct Row {
   std::string shape;
   int64_t m, n, k;
   double bf16 = 0, bf16_rows = 0, f32 = 0, sgemm = 0;  // GFLOP/s
+  double i8 = 0, i8_g32 = 0;                           // GFLOP/s
+  double i8_bytes = 0, i8_g32_bytes = 0;               // per matrix
 };
 
 // Best GFLOP/s of `reps` calls (one untimed call first).
@@ -84,7 +89,12 @@ int Run() {
     ms.push_back(std::stoll(std::string(s)));
   }
   std::vector<Row> rows;
+  const std::string only = absl::GetFlag(FLAGS_shapes);
+  const std::vector<std::string> wanted = absl::StrSplit(only, ',', absl::SkipEmpty());
   for (const Shape& shape : Shapes(absl::GetFlag(FLAGS_dims))) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), shape.name) == wanted.end()) {
+      continue;
+    }
     // Random-ish weights of both dtypes, same values.
     std::vector<float> wf(shape.n * shape.k);
     std::vector<uint16_t> wb(wf.size());
@@ -97,12 +107,18 @@ int Run() {
     const cpu::WeightMatrix w16{model::DType::kBF16, wb.data(), shape.n, shape.k};
     const cpu::WeightMatrix w32{model::DType::kF32, wf.data(), shape.n, shape.k};
     const cpu::PanelWeights panels = cpu::PanelWeights::Pack(pool, w16);
+    const cpu::Int8Weights i8 = cpu::Int8Weights::Quantize(pool, w16, 0);
+    const cpu::Int8Weights i8_g32 = cpu::Int8Weights::Quantize(pool, w16, 32);
     for (int64_t m : ms) {
       std::vector<float> x(m * shape.k), y(m * shape.n);
       for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.01f - 0.4f;
       Row row{shape.name, m, shape.n, shape.k};
       row.sgemm = Time(pool, x, m, w32, y, cpu::LinearKernel::kOpenBlas, reps);
       row.bf16 = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.i8 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.i8_g32 = Time(pool, x, m, i8_g32.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.i8_bytes = static_cast<double>(i8.matrix().bytes());
+      row.i8_g32_bytes = static_cast<double>(i8_g32.matrix().bytes());
       row.bf16_rows = Time(pool, x, m, w16, y, cpu::LinearKernel::kDot, reps);
       row.f32 = Time(pool, x, m, w32, y, cpu::LinearKernel::kDot, reps);
       rows.push_back(row);
@@ -110,20 +126,28 @@ int Run() {
   }
   std::printf("linear_bench: %s, %d threads (GFLOP/s, best of %d)\n",
               absl::GetFlag(FLAGS_dims).c_str(), threads, reps);
-  std::printf("  %-8s %5s %7s %6s %10s %10s %9s %9s %9s %10s\n", "shape", "m", "n", "k",
-              "bf16 panel", "bf16 rows", "f32 rows", "sgemm", "panel/sg", "panel GB/s");
+  std::printf("  %-8s %5s %7s %6s %10s %8s %8s %10s %9s %9s %9s %22s\n", "shape", "m", "n", "k",
+              "bf16 panel", "i8 row", "i8 g32", "bf16 rows", "f32 rows", "sgemm", "panel/sg",
+              "GB/s bf16 / i8 / g32");
   std::vector<std::string> json;
   for (const Row& r : rows) {
-    const double gbs = r.bf16 / (2.0 * r.m) * 2.0;  // weight bytes per second (bf16)
-    std::printf("  %-8s %5lld %7lld %6lld %10.1f %10.1f %9.1f %9.1f %9.2f %10.2f\n",
-                r.shape.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
-                static_cast<long long>(r.k), r.bf16, r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm,
-                r.m == 1 ? gbs : 0.0);
-    json.push_back(absl::StrFormat(
-        "{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
-        "\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%.2f,\"sgemm_gflops\":%.2f,"
-        "\"panels_vs_sgemm\":%.3f}",
-        r.shape, r.m, r.n, r.k, r.bf16, r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm));
+    // Weight bytes per second: one pass over the matrix per call.
+    const double flops = 2.0 * r.m * r.n * r.k;
+    const double gbs = r.bf16 / flops * (2.0 * r.n * r.k);
+    const double i8_gbs = r.i8 / flops * r.i8_bytes, g32_gbs = r.i8_g32 / flops * r.i8_g32_bytes;
+    std::printf(
+        "  %-8s %5lld %7lld %6lld %10.1f %8.1f %8.1f %10.1f %9.1f %9.1f %9.2f %22s\n",
+        r.shape.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
+        static_cast<long long>(r.k), r.bf16, r.i8, r.i8_g32, r.bf16_rows, r.f32, r.sgemm,
+        r.bf16 / r.sgemm,
+        r.m == 1 ? absl::StrFormat("%.1f / %.1f / %.1f", gbs, i8_gbs, g32_gbs).c_str() : "");
+    json.push_back(
+        absl::StrFormat("{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
+                        "\"int8_row_scale_gflops\":%.2f,\"int8_g32_gflops\":%.2f,"
+                        "\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%.2f,\"sgemm_gflops\":%.2f,"
+                        "\"panels_vs_sgemm\":%.3f,\"int8_vs_bf16\":%.3f,\"int8_g32_vs_bf16\":%.3f}",
+                        r.shape, r.m, r.n, r.k, r.bf16, r.i8, r.i8_g32, r.bf16_rows, r.f32, r.sgemm,
+                        r.bf16 / r.sgemm, r.i8 / r.bf16, r.i8_g32 / r.bf16));
   }
   std::printf("{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"rows\":[%s]}\n",
               absl::GetFlag(FLAGS_dims).c_str(), threads, absl::StrJoin(json, ",").c_str());

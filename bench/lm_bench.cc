@@ -28,11 +28,25 @@
 // baselines' buffers are freed and the mark reset first), next to
 // weights_mb + kv_mb.
 //
+// FLOPs of a prefill of N tokens: 2 per parameter of the decoder layers per
+// token, 2 per lm_head parameter once (only the last row gets logits), and
+// the causal attention's 4 x N(N+1)/2 x heads x head_dim per layer.
+// pp_vs_fma_peak is that rate over the FMA peak.
+//
+// --dtype=int8 / int8_g32 quantizes the random bf16 weights (or the
+// checkpoint) at load, as --quantize does. Then, after the run above, the
+// same weights in bf16 are loaded and decoded in chunks alternating with
+// the int8 model's (int8_vs_bf16_tg = bf16 step time / int8 step time under
+// the same load), and prefilled once (bf16_pp_vs_fma_peak). The peak RSS is
+// taken before the bf16 weights are loaded.
+//
 //   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=bf16
+//   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=int8
 //   bazel run --config=opt //bench:lm_bench -- --model_dir=/models/Qwen2-VL-2B-Instruct
 //
 // Prints a human table, then one JSON line last.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -46,6 +60,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "model/cpu/linear.h"
+#include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -56,7 +71,9 @@
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (overrides --dims)");
 ABSL_FLAG(std::string, dims, "qwen2-0.5b",
           "random weights at these text dimensions: qwen2-0.5b, qwen2-vl-2b, tiny");
-ABSL_FLAG(std::string, dtype, "bf16", "random weights' dtype: bf16 or fp32");
+ABSL_FLAG(std::string, dtype, "bf16",
+          "weights: bf16 or fp32 (random weights' dtype), int8 or int8_g32 (quantized at load "
+          "from bf16 random weights or the checkpoint)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
 ABSL_FLAG(int, pp, 512, "prompt tokens of the prefill test");
 ABSL_FLAG(int, tg, 128, "decode steps of the generation tests");
@@ -150,7 +167,7 @@ bool ResetPeakRss() {
 }
 
 double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, model::DType dtype,
-                    cpu::LinearKernel kernel) {
+                    cpu::LinearKernel kernel, const std::string& quantize = "") {
   std::vector<float> x(m * k, 0.01f), y(m * n);
   std::vector<float> wf(dtype == model::DType::kF32 ? n * k : 0, 0.02f);
   std::vector<uint16_t> wb(dtype == model::DType::kBF16 ? n * k : 0, model::F32ToBf16(0.02f));
@@ -160,7 +177,11 @@ double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, mode
                       n, k};
   // bf16 runs on panels, as Qwen2Weights holds it.
   std::optional<cpu::PanelWeights> packed;
-  if (dtype == model::DType::kBF16) {
+  std::optional<cpu::Int8Weights> quantized;
+  if (!quantize.empty()) {
+    quantized = cpu::Int8Weights::Quantize(pool, w, quantize == "int8_g32" ? 32 : 0);
+    w = quantized->matrix();
+  } else if (dtype == model::DType::kBF16) {
     packed = cpu::PanelWeights::Pack(pool, w);
     w = packed->matrix();
   }
@@ -179,7 +200,9 @@ struct Options {
   int64_t block_size;
   std::string model_dir, model_name, kernel_name;
   cpu::LinearKernel kernel;
-  model::DType dtype;
+  model::DType dtype;      // of the random weights before quantization
+  std::string quantize;    // "", "int8", "int8_g32"
+  std::string dtype_name;  // as reported
 };
 
 Options ReadFlags() {
@@ -195,7 +218,11 @@ Options ReadFlags() {
   o.model_name = o.model_dir.empty() ? absl::GetFlag(FLAGS_dims) : o.model_dir;
   o.kernel_name = absl::GetFlag(FLAGS_kernel);
   o.kernel = o.kernel_name == "openblas" ? cpu::LinearKernel::kOpenBlas : cpu::LinearKernel::kDot;
-  o.dtype = absl::GetFlag(FLAGS_dtype) == "fp32" ? model::DType::kF32 : model::DType::kBF16;
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  o.dtype = dtype == "fp32" ? model::DType::kF32 : model::DType::kBF16;
+  if (dtype == "int8" || dtype == "int8_g32") o.quantize = dtype;
+  CHECK(dtype == "fp32" || dtype == "bf16" || !o.quantize.empty()) << "unknown --dtype " << dtype;
+  o.dtype_name = dtype;
   return o;
 }
 
@@ -206,11 +233,13 @@ struct BenchModel {
   std::unique_ptr<model::Qwen2Weights> weights;
 };
 
-BenchModel LoadBenchModel(Options& o) {
+BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
   BenchModel m;
+  auto weight_options = model::ParseQuantize(quantize);
+  CHECK_OK(weight_options.status());
   if (o.model_dir.empty()) {
     if (!NamedDims(o.model_name, &m.cfg)) LOG(FATAL) << "unknown --dims " << o.model_name;
-    m.weights = model::Qwen2Weights::Random(m.cfg, o.dtype, 1);
+    m.weights = model::Qwen2Weights::Random(m.cfg, o.dtype, 1, *weight_options);
     return m;
   }
   auto cfg = model::LoadModelConfig(o.model_dir);
@@ -219,10 +248,13 @@ BenchModel LoadBenchModel(Options& o) {
   auto opened = model::SafetensorsCheckpoint::Open(o.model_dir);
   CHECK_OK(opened.status());
   m.ckpt = std::move(opened).value();
-  auto loaded = model::Qwen2Weights::Load(*m.ckpt, m.cfg);
+  auto loaded = model::Qwen2Weights::Load(*m.ckpt, m.cfg, *weight_options);
   CHECK_OK(loaded.status());
   m.weights = std::move(loaded).value();
-  o.dtype = m.weights->layers()[0].q.dtype;
+  if (quantize.empty()) {
+    o.dtype = m.weights->layers()[0].q.dtype;
+    o.dtype_name = o.dtype == model::DType::kF32 ? "fp32" : "bf16";
+  }
   return m;
 }
 
@@ -231,6 +263,10 @@ struct Results {
   double kernel_batch_gflops = 0, fma_peak_gflops = 0;
   double peak_rss = 0, kv_mb = 0;
   bool rss_reset = false;
+  // --dtype=int8: the bf16 comparison (step times under the same load).
+  double cmp_int8_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
+  // Prefill parts timed alone (PrefillBreakdown).
+  double pp_linear_s = 0, pp_attention_s = 0;
   std::vector<double> copy_samples, read_samples;  // sorted
   double copy() const { return copy_samples[copy_samples.size() / 2]; }
   double read() const { return read_samples[read_samples.size() / 2]; }
@@ -282,17 +318,117 @@ void RunSteps(const Options& o, const TextConfig& cfg, model::Qwen2Model& qwen,
   r->peak_rss = PeakRssMb();
 }
 
+// --dtype=int8: the same weights in bf16, prefilled once and decoded in
+// chunks that alternate with the int8 model's.
+void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& pool, Results* r) {
+  o.dtype = model::DType::kBF16;
+  BenchModel m = LoadBenchModel(o, "");
+  model::Qwen2Model bf16_model(m.cfg, *m.weights, pool, {o.kernel});
+  const int64_t per_seq_blocks = (std::max(o.pp, o.tg) + o.block_size - 1) / o.block_size;
+  auto kv_int8 = model::KvCache::Create(int8_model.KvShape(per_seq_blocks, o.block_size));
+  auto kv_bf16 = model::KvCache::Create(bf16_model.KvShape(per_seq_blocks, o.block_size));
+  CHECK_OK(kv_int8.status());
+  CHECK_OK(kv_bf16.status());
+  std::vector<float> logits;
+  auto step = [&](model::Qwen2Model& qwen, model::KvCache& kv, const std::vector<Work>& work,
+                  uint64_t seed) {
+    ForwardBatch b = MakeBatch(work, o.block_size, m.cfg.vocab_size, seed);
+    CHECK_OK(qwen.Forward(b, kv, &logits));
+  };
+  step(bf16_model, **kv_bf16, {{0, 0, 16}}, 0);  // warm-up
+  for (int rep = 0; rep < o.reps; ++rep) {
+    Stopwatch sw;
+    step(bf16_model, **kv_bf16, {{0, 0, o.pp}}, rep + 1);
+    r->bf16_pp_s += sw.ElapsedSeconds() / o.reps;
+  }
+  constexpr int kChunk = 16;
+  for (int i0 = 0; i0 < o.tg; i0 += kChunk) {
+    const int i1 = std::min(o.tg, i0 + kChunk);
+    Stopwatch int8_watch;
+    for (int i = i0; i < i1; ++i) step(int8_model, **kv_int8, {{0, i, 1}}, 100 + i);
+    r->cmp_int8_tg_s += int8_watch.ElapsedSeconds();
+    Stopwatch bf16_watch;
+    for (int i = i0; i < i1; ++i) step(bf16_model, **kv_bf16, {{0, i, 1}}, 100 + i);
+    r->cmp_bf16_tg_s += bf16_watch.ElapsedSeconds();
+  }
+}
+
+// Where a prefill's time goes: the decoder layers' linear layers (the same
+// LinearMany calls as Qwen2Model, on pp rows of stand-in activations) and
+// the paged attention of every layer (a full causal chunk of pp tokens),
+// each timed alone; the rest of the step (norms, RoPE, activations, KV
+// writes, lm_head, thread hand-offs) is what remains of the measured step.
+void PrefillBreakdown(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& w,
+                      cpu::ThreadPool& pool, Results* r) {
+  const int64_t t = o.pp, hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+  const int64_t hd = cfg.head_dim(), heads = cfg.num_attention_heads;
+  const int64_t kv_heads = cfg.num_key_value_heads;
+  std::vector<float> x(t * std::max(hidden, inter), 0.01f), q(t * heads * hd, 0.02f);
+  std::vector<float> k(t * kv_heads * hd), v(t * kv_heads * hd), y1(t * inter), y2(t * inter);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = 0.001f * static_cast<float>(i % 97);
+    v[i] = 0.002f * static_cast<float>(i % 89);
+  }
+  for (int rep = 0; rep < o.reps; ++rep) {
+    Stopwatch linear_watch;
+    for (const model::Qwen2LayerWeights& l : w.layers()) {
+      cpu::LinearMany(pool, x.data(), t,
+                      {{&l.q, l.q_bias, y1.data()},
+                       {&l.k, l.k_bias, y2.data()},
+                       {&l.v, l.v_bias, y2.data() + t * kv_heads * hd}},
+                      o.kernel);
+      cpu::Linear(pool, x.data(), t, l.o, nullptr, y1.data(), o.kernel);
+      cpu::LinearMany(pool, x.data(), t,
+                      {{&l.gate, nullptr, y1.data()}, {&l.up, nullptr, y2.data()}}, o.kernel);
+      cpu::Linear(pool, x.data(), t, l.down, nullptr, y1.data(), o.kernel);
+    }
+    r->pp_linear_s += linear_watch.ElapsedSeconds() / o.reps;
+    const int64_t blocks = (t + o.block_size - 1) / o.block_size;
+    std::vector<int32_t> table(blocks);
+    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+    const cpu::PagedKvLayer kv{k.data(), v.data(), o.block_size, kv_heads, hd};
+    Stopwatch attention_watch;
+    for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+      cpu::PagedAttention(pool, q.data(), heads, kv, {{0, t, t, table.data()}},
+                          1.0f / std::sqrt(static_cast<float>(hd)), y1.data());
+    }
+    r->pp_attention_s += attention_watch.ElapsedSeconds() / o.reps;
+  }
+}
+
+// Multiply-accumulates of the decoder layers' matrices and of lm_head.
+struct ParamCounts {
+  double layers = 0, lm_head = 0;
+  double total() const { return layers + lm_head; }
+};
+ParamCounts CountParams(const model::Qwen2Weights& w) {
+  ParamCounts c;
+  for (const model::Qwen2LayerWeights& l : w.layers()) {
+    for (const cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      c.layers += static_cast<double>(m->rows) * m->cols;
+    }
+  }
+  c.lm_head = static_cast<double>(w.lm_head().rows) * w.lm_head().cols;
+  return c;
+}
+
 void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
             const Results& r) {
   const double step_bytes = static_cast<double>(weights.StepWeightBytes());
-  const double params = step_bytes / model::DTypeSize(o.dtype);
+  const ParamCounts pc = CountParams(weights);
+  const double params = pc.total();
   const double pp_tok_s = o.pp / r.pp_s, tg_tok_s = o.tg / r.tg_s;
   const double batch_tok_s = static_cast<double>(o.tg) * o.batch / r.batch_s;
   const double tg_weight_gbs = step_bytes / (r.tg_s / o.tg) / 1e9;
-  const double pp_gflops = 2.0 * params * o.pp / r.pp_s / 1e9;
+  // Prefill FLOPs: layers for every token, lm_head for the last one, causal
+  // attention (q.k and p.v over N(N+1)/2 pairs) in every layer.
+  const double attn_flops = 4.0 * cfg.num_attention_heads * cfg.head_dim() * o.pp * (o.pp + 1) /
+                            2.0 * cfg.num_hidden_layers;
+  const double pp_flops = 2.0 * pc.layers * o.pp + 2.0 * pc.lm_head + attn_flops;
+  const double pp_gflops = pp_flops / r.pp_s / 1e9;
   const double weights_mb = weights.TotalWeightBytes() / 1048576.0;
   const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
-  const char* dname = o.dtype == model::DType::kF32 ? "fp32" : "bf16";
+  const char* dname = o.dtype_name.c_str();
   // The batched speedup if a batched step cost only its matrix FLOPs (2 per
   // parameter per sequence) at our kernel's rate for that many rows, and at
   // the FMA peak: decode of one sequence is bound by weight bandwidth, the
@@ -300,20 +436,41 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   const double tg_step_s = r.tg_s / o.tg;
   const double gemm_ceiling = tg_step_s * r.kernel_batch_gflops * 1e9 / (2.0 * params);
   const double peak_ceiling = tg_step_s * r.fma_peak_gflops * 1e9 / (2.0 * params);
+  const double speedup = batch_tok_s / tg_tok_s;
+  const bool compared = !o.quantize.empty();
+  const double int8_vs_bf16_tg = compared ? r.cmp_bf16_tg_s / r.cmp_int8_tg_s : 0;
+  const double bf16_pp_gflops = compared ? pp_flops / r.bf16_pp_s / 1e9 : 0;
 
   std::printf("lm_bench: %s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step)\n",
               o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), weights_mb,
               step_bytes / 1048576.0);
-  std::printf("  %-28s %10.1f tok/s  (%.1f GFLOP/s, %.2f x sgemm)\n",
-              absl::StrFormat("pp%d", o.pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / r.sgemm);
-  std::printf("  %-28s %10.2f tok/s  (%.1f ms/step, %.2f GB/s of weights, %.2f x copy bw)\n",
-              absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
-              tg_weight_gbs * 1e9 / r.copy());
+  std::printf("  %-28s %10.1f tok/s  (%.1f GFLOP/s, %.2f x sgemm, %.3f of the FMA peak)\n",
+              absl::StrFormat("pp%d", o.pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / r.sgemm,
+              pp_gflops / r.fma_peak_gflops);
+  std::printf(
+      "  %-28s %10.2f tok/s  (%.1f ms/step, %.2f GB/s of weights, %.2f x copy bw, %.2f x read "
+      "bw)\n",
+      absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
+      tg_weight_gbs * 1e9 / r.copy(), tg_weight_gbs * 1e9 / r.read());
+  const double linear_flops = 2.0 * pc.layers * o.pp;
+  std::printf(
+      "  %-28s linear layers %.0f ms (%.1f GFLOP/s = %.3f of the FMA peak), attention %.0f ms "
+      "(%.1f GFLOP/s), the rest %.0f ms (timed alone; the rest = step - both)\n",
+      "pp breakdown", 1e3 * r.pp_linear_s, linear_flops / r.pp_linear_s / 1e9,
+      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
+      attn_flops / r.pp_attention_s / 1e9, 1e3 * (r.pp_s - r.pp_linear_s - r.pp_attention_s));
+  if (compared) {
+    std::printf(
+        "  vs the same weights in bf16, alternating 16-step chunks: int8 %.1f ms/step, bf16 %.1f "
+        "ms/step = %.2f x; bf16 pp%d %.1f GFLOP/s = %.3f of the FMA peak\n",
+        1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg, int8_vs_bf16_tg, o.pp,
+        bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops);
+  }
   std::printf(
       "  %-28s %10.2f tok/s  (%.2f x batch 1; bound %.2f x at our kernel's %.1f GFLOP/s for %d "
-      "rows, %.2f x at the FMA peak)\n",
-      absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s,
-      batch_tok_s / tg_tok_s, gemm_ceiling, r.kernel_batch_gflops, o.batch, peak_ceiling);
+      "rows, %.2f x at the FMA peak: %.2f of that ceiling)\n",
+      absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s, speedup,
+      gemm_ceiling, r.kernel_batch_gflops, o.batch, peak_ceiling, speedup / peak_ceiling);
   std::printf(
       "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
       "GB/s\n",
@@ -335,12 +492,27 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "gbs\":%.3f,"
       "\"copy_bandwidth_gbs\":%.3f,\"read_bandwidth_gbs\":%.3f,\"tg_bandwidth_ratio\":%.3f,"
       "\"sgemm_gflops\":%.2f,\"kernel_gflops\":%.2f,\"pp_gflops\":%.2f,\"pp_vs_sgemm\":%.3f,"
-      "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f}\n",
+      "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f,"
+      "\"pp_vs_fma_peak\":%.3f,\"batch_vs_peak_ceiling\":%.3f,\"batch_vs_gemm_ceiling\":%.3f,"
+      "\"tg_vs_read_bandwidth\":%.3f,\"pp_linear_ms\":%.1f,\"pp_linear_vs_fma_peak\":%.3f,"
+      "\"pp_attention_ms\":%.1f,\"pp_other_ms\":%.1f%s}\n",
       o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
-      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, batch_tok_s / tg_tok_s, gemm_ceiling,
-      peak_ceiling, r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
+      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, speedup, gemm_ceiling, peak_ceiling,
+      r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
       r.copy() / 1e9, r.read() / 1e9, tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops,
-      pp_gflops, pp_gflops / r.sgemm, r.peak_rss, weights_mb, r.kv_mb, rss_ratio);
+      pp_gflops, pp_gflops / r.sgemm, r.peak_rss, weights_mb, r.kv_mb, rss_ratio,
+      pp_gflops / r.fma_peak_gflops, speedup / peak_ceiling, speedup / gemm_ceiling,
+      tg_weight_gbs * 1e9 / r.read(), 1e3 * r.pp_linear_s,
+      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
+      1e3 * (r.pp_s - r.pp_linear_s - r.pp_attention_s),
+      compared
+          ? absl::StrFormat(",\"int8_vs_bf16_tg\":%.3f,\"bf16_pp_gflops\":%.2f,"
+                            "\"bf16_pp_vs_fma_peak\":%.3f,\"cmp_int8_tg_step_ms\":%.2f,"
+                            "\"cmp_bf16_tg_step_ms\":%.2f",
+                            int8_vs_bf16_tg, bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops,
+                            1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg)
+                .c_str()
+          : "");
 }
 
 int Run() {
@@ -348,13 +520,15 @@ int Run() {
   cpu::ThreadPool pool(o.threads);
   Results r;
   r.rss_reset = ResetPeakRss();
-  BenchModel m = LoadBenchModel(o);
+  BenchModel m = LoadBenchModel(o, o.quantize);
   model::Qwen2Model qwen(m.cfg, *m.weights, pool, {o.kernel});
   RunSteps(o, m.cfg, qwen, pool, &r);
-  r.kernel_gflops =
-      LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype, o.kernel);
-  r.kernel_batch_gflops =
-      LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype, o.kernel);
+  if (!o.quantize.empty()) CompareWithBf16(o, qwen, pool, &r);
+  PrefillBreakdown(o, m.cfg, *m.weights, pool, &r);
+  r.kernel_gflops = LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype,
+                                 o.kernel, o.quantize);
+  r.kernel_batch_gflops = LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size,
+                                       o.dtype, o.kernel, o.quantize);
   r.fma_peak_gflops = bench::MeasureFmaPeakGflops(pool, 3);
   Report(o, m.cfg, *m.weights, r);
   return 0;

@@ -43,6 +43,7 @@ ABSL_FLAG(int, max_num_seqs, 64, "most running sequences");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "token budget per step");
 ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, capped at 8192)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
 ABSL_FLAG(int, transfer_timeout_ms, 30000, "one image's embedding transfer");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running requests may take");
 
@@ -96,6 +97,7 @@ int Main() {
   copts.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   copts.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   copts.engine.num_threads = absl::GetFlag(FLAGS_threads);
+  copts.engine.quantize = absl::GetFlag(FLAGS_quantize);
   copts.transfer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
   auto core = LanguageCore::Create(copts, **transfer, registry);
   if (!core.ok()) return Fail(core.status());

@@ -1,5 +1,6 @@
 #include "model/qwen2_weights.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -82,8 +83,21 @@ absl::Status CheckDims(const TextConfig& cfg) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(const SafetensorsCheckpoint& ckpt,
-                                                                 const TextConfig& cfg) {
+absl::StatusOr<Qwen2WeightsOptions> ParseQuantize(const std::string& name) {
+  Qwen2WeightsOptions o;
+  if (name.empty() || name == "none") return o;
+  o.quantize = Quantization::kInt8;
+  if (name == "int8") return o;
+  if (name == "int8_g32") {
+    o.int8_group = 32;
+    return o;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown quantization '", name, "': expected none, int8 or int8_g32"));
+}
+
+absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
+    const SafetensorsCheckpoint& ckpt, const TextConfig& cfg, const Qwen2WeightsOptions& options) {
   RETURN_IF_ERROR(CheckDims(cfg));
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
   TensorBinder bind(ckpt, &w->owned_f32_);
@@ -118,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(const Safetenso
   } else {
     ASSIGN_OR_RETURN(w->lm_head_, bind.Matrix("lm_head.weight", cfg.vocab_size, hidden));
   }
-  w->PackBf16([&ckpt](const void* data) {
+  auto release = [&ckpt](const void* data) {
     // Every matrix came from a tensor; find it by its first byte.
     for (const std::string& name : ckpt.Names()) {
       const TensorView* t = ckpt.Find(name);
@@ -127,7 +141,9 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(const Safetenso
         return;
       }
     }
-  });
+  };
+  if (options.quantize == Quantization::kInt8) w->QuantizeInt8(options.int8_group, release);
+  w->PackBf16(release);  // what is left: an untied BF16 embedding stays row-major
   return w;
 }
 
@@ -158,8 +174,30 @@ void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {
   if (tied_) pack(&embed_);
 }
 
+void Qwen2Weights::QuantizeInt8(int64_t group, const std::function<void(const void*)>& release) {
+  cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
+  absl::flat_hash_map<const void*, cpu::WeightMatrix> done;
+  auto quantize = [&](cpu::WeightMatrix* m) {
+    if (m->layout != cpu::WeightLayout::kRows) return;
+    const void* source = m->data;
+    auto it = done.find(source);
+    if (it == done.end()) {
+      quantized_.push_back(cpu::Int8Weights::Quantize(pool, *m, group));
+      it = done.emplace(source, quantized_.back().matrix()).first;
+      release(source);
+    }
+    *m = it->second;
+  };
+  for (Qwen2LayerWeights& l : layers_) {
+    for (cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) quantize(m);
+  }
+  quantize(&lm_head_);
+  if (tied_) quantize(&embed_);
+}
+
 std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType dtype,
-                                                   uint64_t seed) {
+                                                   uint64_t seed,
+                                                   const Qwen2WeightsOptions& options) {
   CHECK_OK(CheckDims(cfg));
   CHECK(dtype == DType::kF32 || dtype == DType::kBF16) << DTypeName(dtype);
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
@@ -172,8 +210,23 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
     const uint32_t bits = static_cast<uint32_t>((state * 0x2545F4914F6CDD1Dull) >> 40);
     return (static_cast<float>(bits) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * 0.034641f;
   };
-  auto matrix = [&](int64_t rows, int64_t cols) {
+  const bool int8 = options.quantize == Quantization::kInt8;
+  std::unique_ptr<cpu::ThreadPool> pool;
+  if (int8) pool = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::DefaultThreads());
+  // Draws a matrix; quantizes it right away when asked (so that the drawn
+  // values of at most one matrix are held at a time) unless keep_rows.
+  auto matrix = [&](int64_t rows, int64_t cols, bool keep_rows = false) {
     const size_t n = static_cast<size_t>(rows * cols);
+    if (int8 && !keep_rows) {
+      std::vector<uint16_t> b(dtype == DType::kBF16 ? n : 0);
+      std::vector<float> f(dtype == DType::kF32 ? n : 0);
+      for (uint16_t& x : b) x = F32ToBf16(next());
+      for (float& x : f) x = next();
+      const cpu::WeightMatrix drawn{
+          dtype, dtype == DType::kBF16 ? static_cast<const void*>(b.data()) : f.data(), rows, cols};
+      w->quantized_.push_back(cpu::Int8Weights::Quantize(*pool, drawn, options.int8_group));
+      return w->quantized_.back().matrix();
+    }
     if (dtype == DType::kF32) {
       auto v = std::make_unique<std::vector<float>>(n);
       for (float& x : *v) x = next();
@@ -194,7 +247,8 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
   const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size;
   const int64_t q_out = static_cast<int64_t>(cfg.num_attention_heads) * cfg.head_dim();
   const int64_t kv_out = static_cast<int64_t>(cfg.num_key_value_heads) * cfg.head_dim();
-  w->embed_ = matrix(cfg.vocab_size, hidden);
+  w->tied_ = cfg.tie_word_embeddings;
+  w->embed_ = matrix(cfg.vocab_size, hidden, /*keep_rows=*/!w->tied_);
   for (int l = 0; l < cfg.num_hidden_layers; ++l) {
     Qwen2LayerWeights lw;
     lw.input_norm = vector(hidden, true);
@@ -212,9 +266,8 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
     w->layers_.push_back(lw);
   }
   w->final_norm_ = vector(hidden, true);
-  w->tied_ = cfg.tie_word_embeddings;
   w->lm_head_ = w->tied_ ? w->embed_ : matrix(cfg.vocab_size, hidden);
-  if (dtype == DType::kBF16) {
+  if (dtype == DType::kBF16 && !int8) {
     // The row-major originals are freed once packed, except an untied
     // embedding (see PackBf16).
     w->PackBf16([&w](const void* data) {

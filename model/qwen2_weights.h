@@ -18,6 +18,10 @@
 // mapped pages they came from are dropped, so they too are held once. An
 // untied BF16 embedding stays in the mapping (it is only gathered from); a
 // tied one is gathered from lm_head's panels (cpu::WeightRowToF32).
+// With Quantization::kInt8 every projection matrix and lm_head (so also a
+// tied embedding) is quantized at load to int8 panels (cpu::Int8Weights),
+// from F32 or BF16, and the mapped pages it came from are dropped; an untied
+// embedding stays as stored.
 // Norm weights and biases (a few KiB) are widened to fp32 copies. A missing
 // tensor is NotFound and a wrong shape or dtype InvalidArgument, naming the
 // tensor and expected vs actual.
@@ -39,6 +43,19 @@
 
 namespace mmserve::model {
 
+enum class Quantization { kNone, kInt8 };
+
+struct Qwen2WeightsOptions {
+  Quantization quantize = Quantization::kNone;
+  // kInt8: columns per scale; 0 = one scale per output row.
+  int64_t int8_group = 0;
+};
+
+// The --quantize flag of generate, the engine and the benchmarks: "" or
+// "none", "int8" (one scale per output row: the faster scheme, see
+// README), "int8_g32" (one scale per 32 columns). InvalidArgument otherwise.
+[[nodiscard]] absl::StatusOr<Qwen2WeightsOptions> ParseQuantize(const std::string& name);
+
 struct Qwen2LayerWeights {
   const float* input_norm = nullptr;  // [hidden]
   cpu::WeightMatrix q, k, v,
@@ -54,11 +71,14 @@ struct Qwen2LayerWeights {
 class Qwen2Weights {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Qwen2Weights>> Load(
-      const SafetensorsCheckpoint& ckpt, const TextConfig& cfg);
+      const SafetensorsCheckpoint& ckpt, const TextConfig& cfg,
+      const Qwen2WeightsOptions& options = {});
 
   // N(0, 0.02)-like uniform values in `dtype` (kF32 or kBF16), norms 1, for
-  // benchmarks at a model's dimensions without its checkpoint.
-  static std::unique_ptr<Qwen2Weights> Random(const TextConfig& cfg, DType dtype, uint64_t seed);
+  // benchmarks at a model's dimensions without its checkpoint. With kInt8,
+  // each matrix is quantized from `dtype` as soon as it is drawn.
+  static std::unique_ptr<Qwen2Weights> Random(const TextConfig& cfg, DType dtype, uint64_t seed,
+                                              const Qwen2WeightsOptions& options = {});
 
   Qwen2Weights(const Qwen2Weights&) = delete;
   Qwen2Weights& operator=(const Qwen2Weights&) = delete;
@@ -79,6 +99,9 @@ class Qwen2Weights {
   // Repacks every kRows BF16 matrix into panels; release(data) is called once
   // per source matrix that is no longer needed.
   void PackBf16(const std::function<void(const void*)>& release);
+  // Quantizes every projection and lm_head (and a tied embedding, the same
+  // matrix) to int8; release as for PackBf16.
+  void QuantizeInt8(int64_t group, const std::function<void(const void*)>& release);
 
   cpu::WeightMatrix embed_;
   std::vector<Qwen2LayerWeights> layers_;
@@ -89,6 +112,7 @@ class Qwen2Weights {
   std::vector<std::unique_ptr<std::vector<float>>> owned_f32_;
   std::vector<std::unique_ptr<std::vector<uint16_t>>> owned_bf16_;
   std::vector<cpu::PanelWeights> packed_;
+  std::vector<cpu::Int8Weights> quantized_;
 };
 
 }  // namespace mmserve::model

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/cpu/thread_pool.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 
@@ -239,6 +240,68 @@ TEST_CASE("random weights have the configured shapes and dtype", "[weights]") {
   // 3 layers x (q 32x32 + k,v 16x32 + o 32x32 + 3 x 48x32) + lm_head 100x32
   // stored as 7 panels of 16 rows (112x32), 2 bytes each.
   CHECK(w->StepWeightBytes() == size_t{2} * (3 * (1024 + 512 + 512 + 1024 + 3 * 1536) + 3584));
+}
+
+TEST_CASE("--quantize=int8 quantizes every projection and lm_head from the checkpoint values",
+          "[weights][int8]") {
+  for (const char* name : {"int8", "int8_g32"}) {
+    auto options = ParseQuantize(name);
+    REQUIRE(options.ok());
+    cpu::ThreadPool pool(1);
+    for (const std::string& dir : {kTied, kBf16, kUntied}) {
+      auto cfg = LoadModelConfig(dir);
+      REQUIRE(cfg.ok());
+      auto ckpt = SafetensorsCheckpoint::Open(dir);
+      REQUIRE(ckpt.ok());
+      auto w = Qwen2Weights::Load(**ckpt, cfg->text, *options);
+      INFO(name << " " << dir << ": " << w.status());
+      REQUIRE(w.ok());
+      for (const Qwen2LayerWeights& l : (*w)->layers()) {
+        for (const cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+          CHECK(m->dtype == DType::kI8);
+          CHECK(m->group == (options->int8_group >= m->cols ? 0 : options->int8_group));
+        }
+      }
+      CHECK((*w)->lm_head().dtype == DType::kI8);
+      // Values: exactly Int8Weights::Quantize of the tensor as stored.
+      const TensorView* down = (*ckpt)->Find("model.layers.1.mlp.down_proj.weight");
+      const cpu::WeightMatrix& m = (*w)->layers()[1].down;
+      const cpu::Int8Weights want = cpu::Int8Weights::Quantize(
+          pool, {down->dtype, down->data, m.rows, m.cols}, options->int8_group);
+      std::vector<float> a(m.cols), b(m.cols);
+      for (int64_t r = 0; r < m.rows; ++r) {
+        cpu::WeightRowToF32(m, r, a.data());
+        cpu::WeightRowToF32(want.matrix(), r, b.data());
+        REQUIRE(a == b);
+      }
+      if (cfg->text.tie_word_embeddings) {
+        CHECK((*w)->embed().data == (*w)->lm_head().data);  // gathered from the int8 table
+      } else {
+        CHECK((*w)->embed().dtype != DType::kI8);  // only gathered from: kept as stored
+      }
+    }
+  }
+  CHECK(ParseQuantize("")->quantize == Quantization::kNone);
+  CHECK(ParseQuantize("none")->quantize == Quantization::kNone);
+  CHECK(ParseQuantize("int4").status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("random int8 weights count values plus scales as their bytes", "[weights][int8]") {
+  TextConfig cfg;
+  cfg.vocab_size = 100;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 48;
+  cfg.num_hidden_layers = 3;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 2;
+  cfg.tie_word_embeddings = true;
+  auto w = Qwen2Weights::Random(cfg, DType::kBF16, 1, *ParseQuantize("int8"));
+  CHECK(w->layers()[2].k.dtype == DType::kI8);
+  CHECK(w->lm_head().data == w->embed().data);
+  // Values (1 byte) as for bf16 above, plus one fp32 scale per stored row:
+  // per layer 32 + 16 + 16 + 32 + 48 + 48 + 32 rows, lm_head 112.
+  CHECK(w->StepWeightBytes() == size_t{1} * (3 * (1024 + 512 + 512 + 1024 + 3 * 1536) + 3584) +
+                                    4 * (3 * (32 + 16 + 16 + 32 + 48 + 48 + 32) + 112));
 }
 
 }  // namespace

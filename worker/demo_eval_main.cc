@@ -6,7 +6,11 @@
 //
 //   bazel run --config=opt //model:demo_eval
 //   bazel run --config=opt //model:demo_eval -- --model_dir=... --eval_dir=...
+//   bazel run --config=opt //model:demo_eval -- --quantize=int8
 //
+// With --quantize, the same questions run first on the weights as stored and
+// the report adds the accuracy difference in points and how many answers are
+// the same.
 // Every question is one request, all in flight together (continuous
 // batching), greedy, at most 8 new tokens, ending at <|im_end|>. The answer is
 // the decoded text without special tokens, surrounding whitespace stripped,
@@ -33,6 +37,9 @@ ABSL_FLAG(std::string, eval_dir, "", "held-out set (default: tools/demo/eval_set
 ABSL_FLAG(std::string, hf_outputs, "",
           "transformers' answers (default: <eval_dir>/hf_outputs.json when present)");
 ABSL_FLAG(int, limit, 0, "evaluate only the first N questions (0: all)");
+ABSL_FLAG(std::string, quantize, "",
+          "quantize the language model at load: int8 or int8_g32 (then the weights as stored "
+          "are evaluated too, as the baseline)");
 
 namespace mmserve {
 namespace {
@@ -56,6 +63,40 @@ struct Tally {
   int agree = 0;     // same answer as transformers
   int compared = 0;  // questions transformers answered
 };
+
+struct Answers {
+  std::map<int, std::string> text;
+  std::map<int, std::vector<int32_t>> ids;
+  double seconds = 0;
+};
+
+// Every question as one request, all in flight together; greedy.
+absl::StatusOr<Answers> Evaluate(const worker::EngineOptions& options,
+                                 const std::map<int, const json*>& items,
+                                 const std::map<std::string, model::RgbImage>& images) {
+  auto engine = worker::LlmEngine::Create(options);
+  if (!engine.ok()) return engine.status();
+  Answers out;
+  for (const auto& [id, item] : items) {
+    worker::EngineRequest req;
+    req.id = absl::StrFormat("q%d", id);
+    req.prompt = (*item)["prompt"];
+    req.images.push_back(images.at((*item)["image"].get<std::string>()));
+    req.sampling.temperature = 0;
+    req.sampling.max_tokens = 8;
+    auto on_event = [&out, id = id](const worker::StreamEvent& e) {
+      out.text[id] += e.text;
+      out.ids[id].insert(out.ids[id].end(), e.token_ids.begin(), e.token_ids.end());
+    };
+    if (absl::Status s = (*engine)->AddRequest(std::move(req), on_event); !s.ok()) return s;
+  }
+  Stopwatch clock;
+  while ((*engine)->has_unfinished()) {
+    if (absl::Status s = (*engine)->Step(); !s.ok()) return s;
+  }
+  out.seconds = clock.ElapsedSeconds();
+  return out;
+}
 
 int Main() {
   const std::string model_dir = InWorkspace(absl::GetFlag(FLAGS_model_dir), "models/shapes-demo");
@@ -83,22 +124,12 @@ int Main() {
     }
   }
 
-  worker::EngineOptions options;
-  options.model_dir = model_dir;
-  options.max_num_seqs = 64;
-  options.max_num_batched_tokens = 2048;
-  options.kv_cache_bytes = 256ll << 20;
-  auto engine = worker::LlmEngine::Create(options);
-  if (!engine.ok()) return Fail(engine.status());
-
+  // The questions and their decoded images.
   std::map<std::string, model::RgbImage> images;
-  std::map<int, std::string> answers;
-  std::map<int, std::vector<int32_t>> answer_ids;
   std::map<int, const json*> items;
   const int limit = absl::GetFlag(FLAGS_limit);
   for (const json& item : eval["items"]) {
     if (limit > 0 && static_cast<int>(items.size()) >= limit) break;
-    const int id = item["id"];
     const std::string file = item["image"];
     if (images.count(file) == 0) {
       auto bytes = ReadFileToString(eval_dir + "/" + file);
@@ -107,30 +138,43 @@ int Main() {
       if (!rgb.ok()) return Fail(rgb.status());
       images[file] = std::move(*rgb);
     }
-    worker::EngineRequest req;
-    req.id = absl::StrFormat("q%d", id);
-    req.prompt = item["prompt"];
-    req.images.push_back(images[file]);
-    req.sampling.temperature = 0;
-    req.sampling.max_tokens = 8;
-    items[id] = &item;
-    auto on_event = [&answers, &answer_ids, id](const worker::StreamEvent& e) {
-      answers[id] += e.text;
-      answer_ids[id].insert(answer_ids[id].end(), e.token_ids.begin(), e.token_ids.end());
-    };
-    if (absl::Status s = (*engine)->AddRequest(std::move(req), on_event); !s.ok()) return Fail(s);
+    items[item["id"].get<int>()] = &item;
   }
-  Stopwatch clock;
-  while ((*engine)->has_unfinished()) {
-    if (absl::Status s = (*engine)->Step(); !s.ok()) return Fail(s);
+
+  worker::EngineOptions options;
+  options.model_dir = model_dir;
+  options.max_num_seqs = 64;
+  options.max_num_batched_tokens = 2048;
+  options.kv_cache_bytes = 256ll << 20;
+  options.quantize = absl::GetFlag(FLAGS_quantize);
+  const bool quantized = !options.quantize.empty() && options.quantize != "none";
+  // With --quantize, the weights as stored are evaluated first, as the
+  // baseline of the same run.
+  Answers baseline;
+  if (quantized) {
+    worker::EngineOptions plain = options;
+    plain.quantize = "";
+    auto b = Evaluate(plain, items, images);
+    if (!b.ok()) return Fail(b.status());
+    baseline = std::move(*b);
   }
-  const double seconds = clock.ElapsedSeconds();
+  auto evaluated = Evaluate(options, items, images);
+  if (!evaluated.ok()) return Fail(evaluated.status());
+  const std::map<int, std::string>& answers = evaluated->text;
+  std::map<int, std::vector<int32_t>>& answer_ids = evaluated->ids;
+  const double seconds = evaluated->seconds;
 
   std::map<std::string, Tally> by_type;
   Tally all;
+  int baseline_correct = 0, same_as_baseline = 0;
   for (const auto& [id, item] : items) {
-    const std::string got(absl::StripAsciiWhitespace(answers[id]));
+    const std::string got(absl::StripAsciiWhitespace(answers.at(id)));
     const bool ok = got == (*item)["answer"].get<std::string>();
+    if (quantized) {
+      const std::string plain(absl::StripAsciiWhitespace(baseline.text[id]));
+      baseline_correct += plain == (*item)["answer"].get<std::string>();
+      same_as_baseline += plain == got;
+    }
     for (Tally* t : {&by_type[(*item)["qtype"]], &all}) {
       ++t->total;
       t->correct += ok;
@@ -154,13 +198,28 @@ int Main() {
   std::printf(
       "%-12s %8d %9.3f %10s\n\n", "all", all.total, double(all.correct) / all.total,
       all.compared ? absl::StrFormat("%.3f", double(all.agree) / all.compared).c_str() : "-");
+  std::string quant_json;
+  if (quantized) {
+    const double base_acc = double(baseline_correct) / all.total;
+    const double acc = double(all.correct) / all.total;
+    std::printf(
+        "--quantize=%s: accuracy %.3f vs %.3f with the weights as stored (%+.1f points), same "
+        "answer on %d of %d\n\n",
+        options.quantize.c_str(), acc, base_acc, 100 * (acc - base_acc), same_as_baseline,
+        all.total);
+    quant_json = absl::StrFormat(
+        ",\"quantize\":\"%s\",\"accuracy_unquantized\":%.4f,\"accuracy_delta_points\":%.2f,"
+        "\"same_as_unquantized\":%.4f,\"seconds_unquantized\":%.1f",
+        options.quantize, base_acc, 100 * (acc - base_acc), double(same_as_baseline) / all.total,
+        baseline.seconds);
+  }
   std::printf(
       "{\"eval\":\"shapes-demo\",\"images\":%zu,\"questions\":%d,\"accuracy\":%.4f,"
-      "\"per_type\":{%s},\"hf_compared\":%d,\"hf_agreement\":%s,\"seconds\":%.1f}\n",
+      "\"per_type\":{%s},\"hf_compared\":%d,\"hf_agreement\":%s,\"seconds\":%.1f%s}\n",
       images.size(), all.total, double(all.correct) / all.total,
       absl::StrJoin(json_types, ",").c_str(), all.compared,
       all.compared ? absl::StrFormat("%.4f", double(all.agree) / all.compared).c_str() : "null",
-      seconds);
+      seconds, quant_json.c_str());
   return 0;
 }
 

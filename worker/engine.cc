@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hash.h"
@@ -77,8 +78,10 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
                                                    " tokens, the model's vocab_size is ",
                                                    config_.text.vocab_size));
   }
+  ASSIGN_OR_RETURN(const model::Qwen2WeightsOptions weight_options,
+                   model::ParseQuantize(options.quantize));
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
-  ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text));
+  ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text, weight_options));
   sizing_.weights_bytes = weights_->TotalWeightBytes();
   pool_ = std::make_unique<model::cpu::ThreadPool>(
       options.num_threads > 0 ? options.num_threads : model::cpu::ThreadPool::DefaultThreads());

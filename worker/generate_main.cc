@@ -44,6 +44,9 @@ ABSL_FLAG(int, kv_cache_mb, 0,
           "KV cache size in MiB (0: what max_num_seqs x max_model_len needs, capped by free "
           "memory)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(std::string, quantize, "",
+          "quantize the language model's weights at load: int8 (one scale per output row) or "
+          "int8_g32 (one per 32 columns)");
 
 namespace mmserve {
 namespace {
@@ -124,6 +127,7 @@ int Main(const std::vector<std::string>& image_paths) {
   options.model_dir = absl::GetFlag(FLAGS_model_dir);
   options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_mb)) << 20;
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.quantize = absl::GetFlag(FLAGS_quantize);
   auto engine = worker::LlmEngine::Create(options);
   if (!engine.ok()) return Fail(engine.status());
 

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "common/logging.h"
@@ -210,32 +212,86 @@ constexpr int kPanelMr = 6;
 // fused multiply-add latency and keep four weight streams in flight.
 constexpr int kRowPanels = 4;
 
+// The weight formats of the panel kernels: bf16, int8 with one scale per
+// output row (applied after the chain), int8 with a scale per group of k
+// (applied to the weights inside the chain), and fp32: a block of any of
+// them widened once (WidenBlock) for all the row tiles that use it.
+enum class PanelFormat { kBf16, kI8, kI8Group, kF32 };
+
+// One panel's weights as a tile reads them.
+struct PanelSource {
+  const void* panel = nullptr;    // k = 0 of the panel
+  const float* scales = nullptr;  // kI8Group: the panel's [groups][16] scales
+  int64_t group = 0;              // kI8Group: columns per scale
+};
+
 inline void WidenPanelStep(const uint16_t* p, __m256i mask, __m256* lo, __m256* hi) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   *lo = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
   *hi = _mm256_castsi256_ps(_mm256_and_si256(raw, mask));
 }
 
-// c[i][0:16] (+)= x[i][0:kc] times the panel's 16 rows over the same k, for
-// MR rows of x (row stride ldx) and c (row stride ldc); kFirst starts from 0.
-// 12 accumulators, the widened panel step (2) and a broadcast x (1), plus
-// the mask: the 16 ymm registers.
-template <int MR, bool kFirst>
-void PanelTile(const float* x, int64_t ldx, const uint16_t* panel, int64_t kc, float* c,
-               int64_t ldc) {
+inline __m256 WidenI8x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Step k of a panel widened to fp32: rows 0-7 in lo, 8-15 in hi (bf16: the
+// interleaved pairs, see PanelWeights). int8 values come unscaled.
+template <PanelFormat F>
+inline void LoadPanelStep(const void* panel, int64_t k, __m256i mask, __m256* lo, __m256* hi) {
+  if constexpr (F == PanelFormat::kBf16) {
+    WidenPanelStep(static_cast<const uint16_t*>(panel) + k * kPanelRows, mask, lo, hi);
+  } else if constexpr (F == PanelFormat::kF32) {
+    *lo = _mm256_loadu_ps(static_cast<const float*>(panel) + k * kPanelRows);
+    *hi = _mm256_loadu_ps(static_cast<const float*>(panel) + k * kPanelRows + 8);
+  } else {
+    const int8_t* p = static_cast<const int8_t*>(panel) + k * kPanelRows;
+    *lo = WidenI8x8(p);
+    *hi = WidenI8x8(p + 8);
+  }
+}
+
+// c[i][0:16] (+)= x[i][k0:k0+kc] times the panel's 16 rows over the same k,
+// for MR rows of x (row stride ldx, x points at k = 0) and c (row stride
+// ldc); kFirst starts from 0. 12 accumulators, the widened panel step (2)
+// and a broadcast x (1), plus the bf16 mask: the 16 ymm registers.
+template <int MR, bool kFirst, PanelFormat F>
+void PanelTile(const float* x, int64_t ldx, const PanelSource& src, int64_t k0, int64_t kc,
+               float* c, int64_t ldc) {
   __m256 acc[MR][2];
   _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
     acc[i][0] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc);
     acc[i][1] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + i * ldc + 8);
   }
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t k = 0; k < kc; ++k) {
-    __m256 lo, hi;
-    WidenPanelStep(panel + k * kPanelRows, mask, &lo, &hi);
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);
-      acc[i][0] = _mm256_fmadd_ps(xv, lo, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(xv, hi, acc[i][1]);
+  const int64_t k_end = k0 + kc;
+  if constexpr (F == PanelFormat::kI8Group) {
+    for (int64_t k = k0; k < k_end;) {
+      const int64_t g = k / src.group;
+      const int64_t g_end = std::min(k_end, (g + 1) * src.group);
+      const float* s = src.scales + g * kPanelRows;
+      for (; k < g_end; ++k) {
+        __m256 lo, hi;
+        LoadPanelStep<F>(src.panel, k, mask, &lo, &hi);
+        lo = _mm256_mul_ps(lo, _mm256_loadu_ps(s));
+        hi = _mm256_mul_ps(hi, _mm256_loadu_ps(s + 8));
+        _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+          const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);
+          acc[i][0] = _mm256_fmadd_ps(xv, lo, acc[i][0]);
+          acc[i][1] = _mm256_fmadd_ps(xv, hi, acc[i][1]);
+        }
+      }
+    }
+  } else {
+    for (int64_t k = k0; k < k_end; ++k) {
+      __m256 lo, hi;
+      LoadPanelStep<F>(src.panel, k, mask, &lo, &hi);
+      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+        const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);
+        acc[i][0] = _mm256_fmadd_ps(xv, lo, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(xv, hi, acc[i][1]);
+      }
     }
   }
   _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
@@ -244,32 +300,56 @@ void PanelTile(const float* x, int64_t ldx, const uint16_t* panel, int64_t kc, f
   }
 }
 
-using PanelTileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*, int64_t);
-template <bool kFirst>
+using PanelTileFn = void (*)(const float*, int64_t, const PanelSource&, int64_t, int64_t, float*,
+                             int64_t);
+template <bool kFirst, PanelFormat F>
 constexpr std::array<PanelTileFn, kPanelMr> PanelTiles() {
-  return {&PanelTile<1, kFirst>, &PanelTile<2, kFirst>, &PanelTile<3, kFirst>,
-          &PanelTile<4, kFirst>, &PanelTile<5, kFirst>, &PanelTile<6, kFirst>};
+  return {&PanelTile<1, kFirst, F>, &PanelTile<2, kFirst, F>, &PanelTile<3, kFirst, F>,
+          &PanelTile<4, kFirst, F>, &PanelTile<5, kFirst, F>, &PanelTile<6, kFirst, F>};
 }
-constexpr std::array<PanelTileFn, kPanelMr> kPanelFirst = PanelTiles<true>();
-constexpr std::array<PanelTileFn, kPanelMr> kPanelNext = PanelTiles<false>();
 
 // One row of x against NP consecutive panels over the whole of k: c[p][0:16].
-template <int NP>
-void PanelRow(const float* x, const uint16_t* panels, int64_t k_total, float* c, int64_t ldc) {
+// Panel p's values are panel_stride elements after panel 0's, its group
+// scales scale_stride floats after panel 0's.
+template <int NP, PanelFormat F>
+void PanelRow(const float* x, const PanelSource& src, int64_t k_total, float* c, int64_t ldc) {
+  using Elem = std::conditional_t<F == PanelFormat::kBf16, uint16_t, int8_t>;
+  const Elem* base = static_cast<const Elem*>(src.panel);
+  const int64_t panel_stride = k_total * kPanelRows;
   __m256 acc[NP][2];
   _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
     acc[p][0] = _mm256_setzero_ps();
     acc[p][1] = _mm256_setzero_ps();
   }
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  const int64_t panel_stride = k_total * kPanelRows;
-  for (int64_t k = 0; k < k_total; ++k) {
-    const __m256 xv = _mm256_broadcast_ss(x + k);
-    _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
-      __m256 lo, hi;
-      WidenPanelStep(panels + p * panel_stride + k * kPanelRows, mask, &lo, &hi);
-      acc[p][0] = _mm256_fmadd_ps(xv, lo, acc[p][0]);
-      acc[p][1] = _mm256_fmadd_ps(xv, hi, acc[p][1]);
+  if constexpr (F == PanelFormat::kI8Group) {
+    const int64_t groups = (k_total + src.group - 1) / src.group;
+    const int64_t scale_stride = groups * kPanelRows;
+    for (int64_t k = 0; k < k_total;) {
+      const int64_t g = k / src.group;
+      const int64_t g_end = std::min(k_total, (g + 1) * src.group);
+      const float* s = src.scales + g * kPanelRows;
+      for (; k < g_end; ++k) {
+        const __m256 xv = _mm256_broadcast_ss(x + k);
+        _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
+          __m256 lo, hi;
+          LoadPanelStep<F>(base + p * panel_stride, k, mask, &lo, &hi);
+          lo = _mm256_mul_ps(lo, _mm256_loadu_ps(s + p * scale_stride));
+          hi = _mm256_mul_ps(hi, _mm256_loadu_ps(s + p * scale_stride + 8));
+          acc[p][0] = _mm256_fmadd_ps(xv, lo, acc[p][0]);
+          acc[p][1] = _mm256_fmadd_ps(xv, hi, acc[p][1]);
+        }
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < k_total; ++k) {
+      const __m256 xv = _mm256_broadcast_ss(x + k);
+      _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
+        __m256 lo, hi;
+        LoadPanelStep<F>(base + p * panel_stride, k, mask, &lo, &hi);
+        acc[p][0] = _mm256_fmadd_ps(xv, lo, acc[p][0]);
+        acc[p][1] = _mm256_fmadd_ps(xv, hi, acc[p][1]);
+      }
     }
   }
   _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
@@ -278,17 +358,58 @@ void PanelRow(const float* x, const uint16_t* panels, int64_t k_total, float* c,
   }
 }
 
-using PanelRowFn = void (*)(const float*, const uint16_t*, int64_t, float*, int64_t);
-constexpr std::array<PanelRowFn, kRowPanels> kPanelRowFns = {&PanelRow<1>, &PanelRow<2>,
-                                                             &PanelRow<3>, &PanelRow<4>};
+using PanelRowFn = void (*)(const float*, const PanelSource&, int64_t, float*, int64_t);
+template <PanelFormat F>
+constexpr std::array<PanelRowFn, kRowPanels> PanelRows() {
+  return {&PanelRow<1, F>, &PanelRow<2, F>, &PanelRow<3, F>, &PanelRow<4, F>};
+}
+
+int64_t NumPanels(const WeightMatrix& w) { return w.stored_rows() / kPanelRows; }
+
+// Panel p of w as the kernels read it.
+template <PanelFormat F>
+PanelSource PanelAt(const WeightMatrix& w, int64_t p) {
+  PanelSource src;
+  const size_t elem = F == PanelFormat::kBf16 ? 2 : 1;
+  src.panel = static_cast<const char*>(w.data) + p * w.cols * kPanelRows * elem;
+  if constexpr (F == PanelFormat::kI8Group) {
+    src.group = w.group;
+    src.scales = w.scales + p * ((w.cols + w.group - 1) / w.group) * kPanelRows;
+  }
+  return src;
+}
+
+// Steps [k0, k0 + kc) of a panel as the tiles see them (rows 0-7 then 8-15
+// of each step, int8 group scales applied, per-row scales not), into
+// out[kc][16]: the same fp32 values the tile would widen in registers, so
+// a tile over `out` computes bitwise what a tile over the panel does.
+template <PanelFormat F>
+void WidenBlock(const PanelSource& src, int64_t k0, int64_t kc, float* out) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k = k0; k < k0 + kc; ++k) {
+    __m256 lo, hi;
+    LoadPanelStep<F == PanelFormat::kI8Group ? PanelFormat::kI8 : F>(src.panel, k, mask, &lo, &hi);
+    if constexpr (F == PanelFormat::kI8Group) {
+      const float* s = src.scales + (k / src.group) * kPanelRows;
+      lo = _mm256_mul_ps(lo, _mm256_loadu_ps(s));
+      hi = _mm256_mul_ps(hi, _mm256_loadu_ps(s + 8));
+    }
+    _mm256_storeu_ps(out + (k - k0) * kPanelRows, lo);
+    _mm256_storeu_ps(out + (k - k0) * kPanelRows + 8, hi);
+  }
+}
 
 // Output columns of panels [p0, p1) of one job, for every row. Full panels
 // write straight into y; a last partial panel goes through a 16-wide
-// scratch from which its real columns are copied.
+// scratch from which its real columns are copied. Per-row int8 scales and
+// the bias are applied last, in that order.
+template <PanelFormat F>
 void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, int64_t p1) {
+  static constexpr std::array<PanelTileFn, kPanelMr> kFirstTiles = PanelTiles<true, F>();
+  static constexpr std::array<PanelTileFn, kPanelMr> kNextTiles = PanelTiles<false, F>();
+  static constexpr std::array<PanelRowFn, kRowPanels> kRowFns = PanelRows<F>();
   const WeightMatrix& w = *job.w;
   const int64_t n = w.rows, k_total = w.cols;
-  const uint16_t* panels = static_cast<const uint16_t*>(w.data);
   const bool partial = p1 * kPanelRows > n;
   thread_local std::vector<float> scratch;
   if (partial) scratch.assign(m * kPanelRows, 0.0f);
@@ -309,20 +430,45 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       int64_t ldc;
       float* c = out(p, &ldc);
       (void)ldc;  // consecutive panels' columns are kPanelRows apart in y
-      kPanelRowFns[np - 1](x, panels + p * k_total * kPanelRows, k_total, c, kPanelRows);
+      kRowFns[np - 1](x, PanelAt<F>(w, p), k_total, c, kPanelRows);
       p += np;
     }
-  } else {
+  } else if (m <= kPanelMr) {
+    // One row tile: each panel step is widened once anyway.
     for (int64_t k0 = 0; k0 < k_total; k0 += kPanelKb) {
       const int64_t kc = std::min(kPanelKb, k_total - k0);
-      const auto& tiles = k0 == 0 ? kPanelFirst : kPanelNext;
+      const auto& tiles = k0 == 0 ? kFirstTiles : kNextTiles;
+      for (int64_t p = p0; p < p1; ++p) {
+        int64_t ldc;
+        float* c = out(p, &ldc);
+        tiles[m - 1](x, k_total, PanelAt<F>(w, p), k0, kc, c, ldc);
+      }
+    }
+  } else {
+    // Several row tiles share each k block of the task's panels: widen the
+    // block to fp32 once (kPanelsPerTask x 16 KiB, in L2) and run the tiles
+    // on it, with no widening left in their inner loop.
+    static constexpr std::array<PanelTileFn, kPanelMr> kF32First =
+        PanelTiles<true, PanelFormat::kF32>();
+    static constexpr std::array<PanelTileFn, kPanelMr> kF32Next =
+        PanelTiles<false, PanelFormat::kF32>();
+    thread_local std::vector<float> wide;
+    wide.resize(static_cast<size_t>((p1 - p0) * kPanelKb * kPanelRows));
+    for (int64_t k0 = 0; k0 < k_total; k0 += kPanelKb) {
+      const int64_t kc = std::min(kPanelKb, k_total - k0);
+      for (int64_t p = p0; p < p1; ++p) {
+        WidenBlock<F>(PanelAt<F>(w, p), k0, kc, &wide[(p - p0) * kPanelKb * kPanelRows]);
+      }
+      const auto& tiles = k0 == 0 ? kF32First : kF32Next;
       for (int64_t i0 = 0; i0 < m; i0 += kPanelMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelMr, m - i0));
         for (int64_t p = p0; p < p1; ++p) {
           int64_t ldc;
           float* c = out(p, &ldc);
-          tiles[mr - 1](x + i0 * k_total + k0, k_total, panels + (p * k_total + k0) * kPanelRows,
-                        kc, c + i0 * ldc, ldc);
+          PanelSource block;
+          block.panel = &wide[(p - p0) * kPanelKb * kPanelRows];
+          // The block holds steps k0.. from its start: x is offset to match.
+          tiles[mr - 1](x + i0 * k_total + k0, k_total, block, 0, kc, c + i0 * ldc, ldc);
         }
       }
     }
@@ -333,18 +479,33 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       std::memcpy(job.y + i * n + first, &scratch[i * kPanelRows], cols * sizeof(float));
     }
   }
-  if (job.bias != nullptr) {
+  constexpr bool kScaleRows = F == PanelFormat::kI8;
+  if (kScaleRows || job.bias != nullptr) {
     const int64_t c0 = p0 * kPanelRows, c1 = std::min(n, p1 * kPanelRows);
     for (int64_t i = 0; i < m; ++i) {
       float* yrow = job.y + i * n;
-      for (int64_t j = c0; j < c1; ++j) yrow[j] += job.bias[j];
+      for (int64_t j = c0; j < c1; ++j) {
+        float v = yrow[j];
+        if (kScaleRows) v *= w.scales[j];
+        if (job.bias != nullptr) v += job.bias[j];
+        yrow[j] = v;
+      }
     }
   }
 }
 
-// ---- kRows ----
+void PanelColumnsAny(const float* x, int64_t m, const LinearJob& job, int64_t p0, int64_t p1) {
+  const WeightMatrix& w = *job.w;
+  if (w.dtype == DType::kBF16) {
+    PanelColumns<PanelFormat::kBf16>(x, m, job, p0, p1);
+  } else if (w.group == 0) {
+    PanelColumns<PanelFormat::kI8>(x, m, job, p0, p1);
+  } else {
+    PanelColumns<PanelFormat::kI8Group>(x, m, job, p0, p1);
+  }
+}
 
-int64_t NumPanels(const WeightMatrix& w) { return w.stored_rows() / kPanelRows; }
+// ---- kRows ----
 
 // Every job's column blocks form one task list, so a step's q/k/v (or
 // gate/up) projections share one parallel loop.
@@ -366,7 +527,7 @@ void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<Li
       const int64_t task = b - first_task[j];
       if (w.layout == WeightLayout::kPanels) {
         const int64_t p0 = task * kPanelsPerTask;
-        PanelColumns(x, m, job, p0, std::min(NumPanels(w), p0 + kPanelsPerTask));
+        PanelColumnsAny(x, m, job, p0, std::min(NumPanels(w), p0 + kPanelsPerTask));
         continue;
       }
       const int64_t n = w.rows, n0 = task * kNb;
@@ -458,7 +619,72 @@ PanelWeights PanelWeights::Pack(ThreadPool& pool, const WeightMatrix& w) {
   return packed;
 }
 
+void Int8Weights::Free::operator()(void* p) const { std::free(p); }
+
+Int8Weights Int8Weights::Quantize(ThreadPool& pool, const WeightMatrix& w, int64_t group) {
+  CHECK(w.layout == WeightLayout::kRows && (w.dtype == DType::kF32 || w.dtype == DType::kBF16))
+      << "Int8Weights quantizes row-major F32 or BF16 matrices, not " << DTypeName(w.dtype);
+  CHECK_GE(group, 0);
+  Int8Weights q;
+  q.matrix_ = w;
+  q.matrix_.dtype = DType::kI8;
+  q.matrix_.layout = WeightLayout::kPanels;
+  q.matrix_.group = group >= w.cols ? 0 : group;  // one group per row is per-row
+  group = q.matrix_.group;
+  const int64_t k = w.cols, panels = NumPanels(q.matrix_);
+  const int64_t groups = group == 0 ? 1 : (k + group - 1) / group;
+  const size_t bytes = (static_cast<size_t>(q.matrix_.stored_rows() * k) + 4095) / 4096 * 4096;
+  const size_t scale_bytes =
+      (static_cast<size_t>(q.matrix_.num_scales()) * sizeof(float) + 63) / 64 * 64;
+  q.data_.reset(static_cast<int8_t*>(std::aligned_alloc(4096, bytes)));
+  q.scales_.reset(static_cast<float*>(std::aligned_alloc(64, scale_bytes)));
+  CHECK(q.data_ != nullptr && q.scales_ != nullptr) << "out of memory quantizing " << bytes;
+  int8_t* dst = q.data_.get();
+  float* scales = q.scales_.get();
+  pool.ParallelFor(panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> row_values(k);
+    for (int64_t p = begin; p < end; ++p) {
+      int8_t* out = dst + p * k * kPanelRows;
+      for (int64_t l = 0; l < kPanelRows; ++l) {
+        const int64_t row = p * kPanelRows + l;
+        const bool real = row < w.rows;
+        if (real) WeightRowToF32(w, row, row_values.data());
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t b = group == 0 ? 0 : g * group, e = group == 0 ? k : std::min(k, b + group);
+          float amax = 0;
+          for (int64_t kk = b; real && kk < e; ++kk)
+            amax = std::max(amax, std::fabs(row_values[kk]));
+          const float s = amax / 127.0f;
+          (group == 0 ? scales[row] : scales[(p * groups + g) * kPanelRows + l]) = s;
+          for (int64_t kk = b; kk < e; ++kk) {
+            float v = 0;
+            if (real && s > 0)
+              v = std::min(127.0f, std::max(-127.0f, std::nearbyint(row_values[kk] / s)));
+            out[kk * kPanelRows + l] = static_cast<int8_t>(v);
+          }
+        }
+      }
+    }
+  });
+  q.matrix_.data = dst;
+  q.matrix_.scales = scales;
+  return q;
+}
+
 void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out) {
+  if (w.dtype == DType::kI8) {
+    const int64_t p = row / kPanelRows, l = row % kPanelRows;
+    const int8_t* src = static_cast<const int8_t*>(w.data) + p * w.cols * kPanelRows + l;
+    if (w.group == 0) {
+      for (int64_t k = 0; k < w.cols; ++k) out[k] = src[k * kPanelRows] * w.scales[row];
+      return;
+    }
+    const float* s = w.scales + p * ((w.cols + w.group - 1) / w.group) * kPanelRows + l;
+    for (int64_t k = 0; k < w.cols; ++k) {
+      out[k] = src[k * kPanelRows] * s[(k / w.group) * kPanelRows];
+    }
+    return;
+  }
   if (w.layout == WeightLayout::kRows) {
     if (w.dtype == DType::kF32) {
       std::memcpy(out, static_cast<const float*>(w.data) + row * w.cols, w.cols * sizeof(float));
@@ -483,9 +709,10 @@ void Linear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, 
 void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs,
                 LinearKernel kernel) {
   for (const LinearJob& job : jobs) {
-    CHECK(job.w->dtype == DType::kF32 || job.w->dtype == DType::kBF16)
-        << "Linear supports F32 and BF16 weights, not " << DTypeName(job.w->dtype);
-    CHECK(job.w->layout == WeightLayout::kRows || job.w->dtype == DType::kBF16);
+    CHECK(job.w->dtype == DType::kF32 || job.w->dtype == DType::kBF16 ||
+          (job.w->dtype == DType::kI8 && job.w->layout == WeightLayout::kPanels))
+        << "Linear supports F32 and BF16 weights and int8 panels, not " << DTypeName(job.w->dtype);
+    CHECK(job.w->layout == WeightLayout::kRows || job.w->dtype != DType::kF32);
     CHECK_EQ(job.w->cols, jobs[0].w->cols);
   }
   if (m <= 0 || jobs.empty()) return;

@@ -1,5 +1,6 @@
 // Linear layers on the CPU: y = x W^T + b with W [out_features][in_features]
-// (Hugging Face's orientation), fp32 or bf16, fp32 accumulation.
+// (Hugging Face's orientation), fp32, bf16 or int8 weights, fp32 activations
+// and accumulation.
 //
 //   WeightMatrix w{DType::kBF16, tensor->data, /*rows=*/896, /*cols=*/4864};
 //   PanelWeights packed = PanelWeights::Pack(pool, w);  // once, at load
@@ -14,6 +15,8 @@
 //    one k and widens to fp32 with one shift and one and. Qwen2Weights packs
 //    every bf16 matrix and drops the mapped pages it came from, so memory
 //    stays at one copy.
+//  - kPanels (int8): quantized once by Int8Weights::Quantize, symmetric int8
+//    with fp32 scales, in the same 16-row k-major panels (16 bytes per k).
 //
 // Kernels (LinearKernel):
 //  - kDot (default), on kPanels: a 6-row x 16-column register tile of outer
@@ -25,7 +28,16 @@
 //    summing x[k] * w[k] for k = l (mod 8) in increasing k with fused
 //    multiply-adds, then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)),
 //    then + bias. bf16 is widened in registers.
-//  In both, an element's chain does not depend on m, on the rows around it or
+//  - kDot on int8 panels: the bf16 panel kernel with each 16-byte step
+//    widened to fp32 in registers (sign-extend, convert). Per output channel
+//    (group 0): the chain runs over the integer weights q and is then
+//    multiplied by the row's scale, y = s * chain(x, q) (+ bias). Per group of
+//    g columns: the chain runs over the dequantized weights w = q * s_group
+//    (one fp32 product), exactly the weights tools/ writes for the goldens.
+//  With more than 6 rows, both widen each panel's block of 256 k steps to
+//  fp32 once per task and run every 6-row tile on that block (the same
+//  values, so the same sums), leaving only loads and FMAs in the hot loop.
+//  In all, an element's chain does not depend on m, on the rows around it or
 //  on the thread that runs it: a row's result is bitwise the same in any
 //  batch (batch invariance for greedy decoding).
 //  - kOpenBlas: cblas_sgemm from Debian's OpenBLAS (single-threaded calls on
@@ -70,17 +82,30 @@ inline constexpr int64_t kPanelRows = 16;
 // A borrowed weight matrix (pointing into the mapped checkpoint, or into a
 // PanelWeights).
 struct WeightMatrix {
-  DType dtype = DType::kF32;  // kF32 or kBF16
+  DType dtype = DType::kF32;  // kF32, kBF16, or kI8 (kPanels only)
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
   WeightLayout layout = WeightLayout::kRows;
+  // kI8 only: the fp32 scales (see Int8Weights) and their group along k
+  // (0: one scale per output row).
+  const float* scales = nullptr;
+  int64_t group = 0;
 
   // Rows as stored: kPanels pads the last panel to 16 rows with zeros.
   int64_t stored_rows() const {
     return layout == WeightLayout::kRows ? rows : (rows + kPanelRows - 1) / kPanelRows * kPanelRows;
   }
-  size_t bytes() const { return static_cast<size_t>(stored_rows() * cols) * DTypeSize(dtype); }
+  // Scales stored for kI8: one per stored row and group.
+  int64_t num_scales() const {
+    if (dtype != DType::kI8) return 0;
+    return stored_rows() * (group == 0 ? 1 : (cols + group - 1) / group);
+  }
+  // Bytes a pass over the matrix reads: values plus scales.
+  size_t bytes() const {
+    return static_cast<size_t>(stored_rows() * cols) * DTypeSize(dtype) +
+           static_cast<size_t>(num_scales()) * sizeof(float);
+  }
 };
 
 // A bf16 matrix repacked into the kPanels layout, owning its memory.
@@ -107,8 +132,35 @@ class PanelWeights {
   WeightMatrix matrix_;
 };
 
-// out[0:cols] = row `row` of w widened to fp32, in either layout (embedding
-// lookups in a table that is also a packed lm_head).
+// A matrix quantized to symmetric int8 in the kPanels layout, owning its
+// values and scales. For each row and each group of `group` consecutive
+// columns (the whole row when group is 0), with w the row's fp32 values:
+//   s = max|w| / 127 (fp32), q = round-half-even(w / s) clamped to
+//   [-127, 127] (q = 0 when s = 0), and the dequantized weight is q * s.
+// tools/int8_goldens.py implements the same scheme. Layout: panel p holds
+// rows [16p, 16p + 16), for each k the 16 int8 values in row order; scales
+// are [stored_rows] for group 0, else [panel][group index][16].
+//
+//   Int8Weights q = Int8Weights::Quantize(pool, mapped, /*group=*/0);
+//   Linear(pool, x, m, q.matrix(), bias, y);
+class Int8Weights {
+ public:
+  // CHECKs that w is kRows F32 or BF16 and group >= 0. Uses the pool.
+  static Int8Weights Quantize(ThreadPool& pool, const WeightMatrix& w, int64_t group);
+
+  const WeightMatrix& matrix() const { return matrix_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<int8_t, Free> data_;
+  std::unique_ptr<float, Free> scales_;
+  WeightMatrix matrix_;
+};
+
+// out[0:cols] = row `row` of w widened to fp32, in any layout (embedding
+// lookups in a table that is also a packed lm_head); int8 rows are q * s.
 void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 
 enum class LinearKernel { kDot, kOpenBlas };
@@ -121,7 +173,7 @@ struct LinearJob {
 };
 
 // y[i][n] = sum_k x[i][k] * w[n][k] (+ bias[n]) for i < m, n < w.rows.
-// CHECKs that w.dtype is kF32 or kBF16.
+// CHECKs that w.dtype is kF32 or kBF16, or kI8 in panels.
 void Linear(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias,
             float* y, LinearKernel kernel = LinearKernel::kDot);
 

@@ -1,5 +1,7 @@
 #include "model/cpu/linear.h"
 
+#include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -136,6 +138,128 @@ TEST_CASE("a row's output is bitwise the same in any batch and thread count", "[
     for (int64_t row : {0, 5, 36}) {
       std::vector<float> alone(130);
       Linear(one, &p.x[row * 300], 1, w, nullptr, alone.data());
+      CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+    }
+  }
+}
+
+// The int8 scheme of linear.h in scalar code: q and s of row-major w, per
+// row (group 0) or per group of columns.
+struct Int8Reference {
+  std::vector<float> q;  // [n][k], integers
+  std::vector<float> s;  // [n][groups]
+  int64_t k, group, groups;
+
+  Int8Reference(const std::vector<float>& w, int64_t n, int64_t k_, int64_t group_)
+      : k(k_), group(group_ == 0 || group_ >= k_ ? k_ : group_) {
+    groups = (k + group - 1) / group;
+    q.resize(n * k);
+    s.resize(n * groups);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        float amax = 0;
+        for (int64_t c = g * group; c < std::min(k, (g + 1) * group); ++c) {
+          amax = std::max(amax, std::fabs(w[r * k + c]));
+        }
+        const float sc = amax / 127.0f;
+        s[r * groups + g] = sc;
+        for (int64_t c = g * group; c < std::min(k, (g + 1) * group); ++c) {
+          q[r * k + c] =
+              sc > 0 ? std::min(127.0f, std::max(-127.0f, std::nearbyint(w[r * k + c] / sc))) : 0;
+        }
+      }
+    }
+  }
+  float Scale(int64_t r, int64_t c) const { return s[r * groups + c / group]; }
+  float Dequantized(int64_t r, int64_t c) const { return q[r * k + c] * Scale(r, c); }
+};
+
+TEST_CASE("int8 quantization rounds each weight to its nearest step of max|w| / 127",
+          "[linear][int8]") {
+  ThreadPool pool(2);
+  Problem p(1, 37, 70, 11);
+  p.w[3 * 70 + 5] = 0;
+  for (int64_t c = 0; c < 70; ++c) p.w[9 * 70 + c] = 0;  // an all-zero row: scale 0
+  for (int64_t group : {0, 32, 16, 7}) {
+    INFO("group=" << group);
+    Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
+    REQUIRE(q.matrix().dtype == DType::kI8);
+    REQUIRE(q.matrix().layout == WeightLayout::kPanels);
+    const Int8Reference ref(p.w, 37, 70, group);
+    const int64_t groups = group == 0 ? 1 : (70 + group - 1) / group;
+    CHECK(q.matrix().num_scales() == 48 * groups);
+    CHECK(q.matrix().bytes() == static_cast<size_t>(48 * 70 + 48 * groups * 4));
+    std::vector<float> row(70);
+    int mismatches = 0;
+    for (int64_t r = 0; r < 37; ++r) {
+      WeightRowToF32(q.matrix(), r, row.data());
+      for (int64_t c = 0; c < 70; ++c) {
+        if (row[c] != ref.Dequantized(r, c)) ++mismatches;
+        CHECK(std::fabs(row[c] - p.w[r * 70 + c]) <= 0.5f * ref.Scale(r, c) * (1 + 1e-5f));
+      }
+    }
+    CHECK(mismatches == 0);
+    WeightRowToF32(q.matrix(), 9, row.data());
+    CHECK(row == std::vector<float>(70, 0.0f));
+  }
+  // bf16 sources quantize their widened values.
+  Int8Weights from_bf16 = Int8Weights::Quantize(pool, p.BF16(), 32);
+  const Int8Reference ref(p.w_bf16_wide, 37, 70, 32);
+  std::vector<float> row(70);
+  WeightRowToF32(from_bf16.matrix(), 20, row.data());
+  for (int64_t c = 0; c < 70; ++c) CHECK(row[c] == ref.Dequantized(20, c));
+}
+
+TEST_CASE("the int8 panel kernel computes exactly its documented chains", "[linear][int8]") {
+  ThreadPool pool(2);
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
+                                                            {1, 5, 13},
+                                                            {1, 100, 300},
+                                                            {2, 17, 40},
+                                                            {7, 80, 600},
+                                                            {13, 97, 257},
+                                                            {40, 130, 1030}}) {
+    Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 9));
+    for (int64_t group : {0, 32, 48}) {
+      Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
+      const Int8Reference ref(p.w, n, k, group);
+      const bool per_row = q.matrix().group == 0;
+      for (bool has_bias : {false, true}) {
+        std::vector<float> y(m * n, -1.0f);
+        Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
+        int mismatches = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            // Per row: s * chain(x, q) + bias. Per group: chain(x, q * s_g) + bias.
+            float acc = 0;
+            for (int64_t c = 0; c < k; ++c) {
+              const float wv = per_row ? ref.q[j * k + c] : ref.Dequantized(j, c);
+              acc = std::fma(p.x[i * k + c], wv, acc);
+            }
+            if (per_row) acc *= ref.s[j];
+            if (has_bias) acc += p.bias[j];
+            if (std::memcmp(&acc, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+          }
+        }
+        INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
+        CHECK(mismatches == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("an int8 row's output is bitwise the same in any batch and thread count",
+          "[linear][int8]") {
+  Problem p(37, 130, 300, 8);
+  ThreadPool one(1), two(2);
+  for (int64_t group : {0, 32}) {
+    Int8Weights q = Int8Weights::Quantize(two, p.F32(), group);
+    std::vector<float> all(37 * 130);
+    Linear(two, p.x.data(), 37, q.matrix(), p.bias.data(), all.data());
+    for (int64_t row : {0, 5, 36}) {
+      std::vector<float> alone(130);
+      Linear(one, &p.x[row * 300], 1, q.matrix(), p.bias.data(), alone.data());
+      INFO("group=" << group << " row=" << row);
       CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
     }
   }
