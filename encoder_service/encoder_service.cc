@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/server_stream.h"
 
 namespace mmserve::encoder {
 namespace {
@@ -25,12 +26,6 @@ class EncodeReactor final : public grpc::ServerUnaryReactor {
   EncoderCore& core_;
   const std::string transfer_id_;
 };
-
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
 
 }  // namespace
 
@@ -50,7 +45,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* ct
                                                  const v1::EncodeRequest* request,
                                                  v1::EncodeResponse* response) {
   if (!accepting_) {
-    return Answer(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder is draining"));
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder is draining"));
   }
   // The router names the transfer in the request id it sends here.
   EncodeJob job;
@@ -84,22 +79,22 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* EncoderService::StartTransfer(grpc::CallbackServerContext* ctx,
                                                         const v1::EmbeddingTransferInit*,
                                                         v1::TransferAck*) {
-  return Answer(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                  "transfer control travels as UCX active messages"));
+  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                       "transfer control travels as UCX active messages"));
 }
 
 grpc::ServerUnaryReactor* EncoderService::ResumeTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferResume*,
                                                          v1::TransferAck*) {
-  return Answer(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                  "transfer control travels as UCX active messages"));
+  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                       "transfer control travels as UCX active messages"));
 }
 
 grpc::ServerUnaryReactor* EncoderService::FinishTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferDone*,
                                                          v1::TransferAck*) {
-  return Answer(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                  "transfer control travels as UCX active messages"));
+  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                       "transfer control travels as UCX active messages"));
 }
 
 grpc::ServerUnaryReactor* EncoderService::CancelTransfer(grpc::CallbackServerContext* ctx,
@@ -107,7 +102,7 @@ grpc::ServerUnaryReactor* EncoderService::CancelTransfer(grpc::CallbackServerCon
                                                          v1::TransferAck* response) {
   core_.Cancel(request->request_id());
   response->set_accepted(true);
-  return Answer(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* EncoderService::Connect(grpc::CallbackServerContext* ctx,
@@ -122,7 +117,7 @@ grpc::ServerUnaryReactor* EncoderService::Connect(grpc::CallbackServerContext* c
     LOG(INFO) << "connected language instance " << request->instance_id() << " over "
               << request->ucx().transport_profile();
   }
-  return Answer(ctx, ToGrpcStatus(s));
+  return FinishUnary(ctx, ToGrpcStatus(s));
 }
 
 v1::LoadReport EncoderService::Load() const {
@@ -139,7 +134,7 @@ grpc::ServerUnaryReactor* EncoderService::GetLoad(grpc::CallbackServerContext* c
                                                   const v1::LoadRequest*,
                                                   v1::LoadReport* response) {
   *response = Load();
-  return Answer(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 }  // namespace mmserve::encoder

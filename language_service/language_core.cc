@@ -212,6 +212,19 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     Request& rr = *owned;
     requests_[rr.id] = std::move(owned);
     for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
+    std::vector<v1::ImageRetry> early;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = early_retries_.begin(); it != early_retries_.end();) {
+        if (it->first.request_id() == rr.id) {
+          early.push_back(std::move(it->first));
+          it = early_retries_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const v1::ImageRetry& retry : early) ApplyRetry(rr, retry);
     MaybeAdmit(rr);
   });
   return absl::OkStatus();
@@ -234,38 +247,48 @@ void LanguageCore::Abort(const std::string& request_id, const std::string& reaso
 bool LanguageCore::Retry(const v1::ImageRetry& retry) {
   {
     absl::MutexLock lock(&mu_);
-    if (ids_.count(retry.request_id()) == 0) return false;
+    if (ids_.count(retry.request_id()) == 0) {
+      // The retry may overtake the Prefill call it belongs to (separate
+      // RPCs): keep it for a while and apply it when the request arrives.
+      early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
+      while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
+        early_retries_.pop_front();
+      }
+      return true;
+    }
   }
   Post([this, retry] {
     auto it = requests_.find(retry.request_id());
-    if (it == requests_.end()) return;
-    Request& r = *it->second;
-    std::set<size_t> moving;
-    for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
-    for (const v1::PromptImage& image : retry.images()) {
-      const size_t k = image.image_index();
-      if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
-      if (r.images[k].state != Request::ImageState::kLost) {
-        // The router moved an image whose source has not failed here: stop
-        // that transfer; its other unfinished images not moved with it are
-        // lost with it.
-        const std::string old = r.TransferId(k);
-        for (size_t j = 0; j < r.images.size(); ++j) {
-          if (moving.count(j) && r.TransferId(j) == old) {
-            r.images[j].state = Request::ImageState::kLost;
-          }
-        }
-        LoseImages(r, old, absl::UnavailableError("moved by the router"));
-      }
-      r.images[k].meta = image;
-      r.images[k].started = Stopwatch();
-      StartImage(r, k);
-    }
-    bool lost = false;
-    for (const auto& im : r.images) lost |= im.state == Request::ImageState::kLost;
-    if (!lost) r.lost_deadline.reset();
+    if (it != requests_.end()) ApplyRetry(*it->second, retry);
   });
   return true;
+}
+
+void LanguageCore::ApplyRetry(Request& r, const v1::ImageRetry& retry) {
+  std::set<size_t> moving;
+  for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
+  for (const v1::PromptImage& image : retry.images()) {
+    const size_t k = image.image_index();
+    if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
+    if (r.images[k].state != Request::ImageState::kLost) {
+      // The router moved an image whose source has not failed here: stop
+      // that transfer; its other unfinished images not moved with it are
+      // lost with it.
+      const std::string old = r.TransferId(k);
+      for (size_t j = 0; j < r.images.size(); ++j) {
+        if (moving.count(j) && r.TransferId(j) == old) {
+          r.images[j].state = Request::ImageState::kLost;
+        }
+      }
+      LoseImages(r, old, absl::UnavailableError("moved by the router"));
+    }
+    r.images[k].meta = image;
+    r.images[k].started = Stopwatch();
+    StartImage(r, k);
+  }
+  bool lost = false;
+  for (const auto& im : r.images) lost |= im.state == Request::ImageState::kLost;
+  if (!lost) r.lost_deadline.reset();
 }
 
 void LanguageCore::StartImage(Request& r, size_t k) {

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "proto/language.pb.h"
 #include "proto/registry.pb.h"
@@ -76,7 +77,9 @@ class LanguageCore {
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
   // it holds, here and at its encoders. Unknown ids are ignored.
   void Abort(const std::string& request_id, const std::string& reason);
-  // New sources for lost images; false when the request is unknown.
+  // New sources for images of a request (lost ones, or ones the router
+  // moved). A retry for a request not seen yet is kept for
+  // lost_image_timeout and applied when it arrives. Always true.
   bool Retry(const v1::ImageRetry& retry);
   // Ends every request with UNAVAILABLE and stops the loop. Idempotent.
   void Shutdown();
@@ -104,6 +107,7 @@ class LanguageCore {
   void OnImage(const std::string& id, size_t k, const std::string& transfer_id,
                absl::StatusOr<transfer::ReceivedImage> image);
   void LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why);
+  void ApplyRetry(Request& r, const v1::ImageRetry& retry);
   void MaybeAdmit(Request& r);
   void OnEvent(const worker::StreamEvent& e);
   void End(const std::string& id, absl::Status status);
@@ -120,6 +124,8 @@ class LanguageCore {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Ids known to the loop (Submit refuses duplicates; Retry answers known).
   std::map<std::string, bool> ids_ ABSL_GUARDED_BY(mu_);
+  // Retries that arrived before their request, oldest first, with expiry.
+  std::deque<std::pair<v1::ImageRetry, Deadline>> early_retries_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex load_mu_;
   v1::LoadReport load_ ABSL_GUARDED_BY(load_mu_);
 

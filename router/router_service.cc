@@ -5,20 +5,14 @@
 #include <utility>
 
 #include "common/grpc_status.h"
+#include "common/server_stream.h"
 
 namespace mmserve::router {
 namespace {
 
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
-
-// One Generate stream to a client: responses leave one write at a time; the
-// reactor lives until gRPC is done (OnDone) and the call has ended, whichever
-// is last. A client cancel or deadline cancels the call.
-class GenerateReactor final : public grpc::ServerWriteReactor<mmserve::v1::GenerateResponse> {
+// One Generate stream to a client. A client cancel, deadline or broken
+// stream cancels the call.
+class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateResponse> {
  public:
   void Begin(const RouterContext& context, CallTracker& tracker,
              const mmserve::v1::GenerateRequest& request,
@@ -26,102 +20,36 @@ class GenerateReactor final : public grpc::ServerWriteReactor<mmserve::v1::Gener
     auto call = StartTrackedCall(
         context, tracker, request,
         {.on_response = [this](mmserve::v1::GenerateResponse r) { Push(std::move(r)); },
-         .on_end = [this](absl::Status s) { End(std::move(s)); }},
+         .on_end =
+             [this](absl::Status s) {
+               {
+                 absl::MutexLock lock(&mu_);
+                 ended_ = true;
+                 call_.reset();
+               }
+               End(s);  // may delete this
+             }},
         deadline);
     absl::MutexLock lock(&mu_);
     if (!ended_) call_ = std::move(call);
   }
 
-  void OnCancel() override {
+  void OnCancel() override { CancelCall("cancelled by the client"); }
+  void OnClientGone() override { CancelCall("the client stream broke"); }
+
+ private:
+  void CancelCall(const char* why) {
     std::shared_ptr<GenerateCall> call;
     {
       absl::MutexLock lock(&mu_);
       call = call_;
     }
-    if (call) call->Cancel("cancelled by the client");
+    if (call) call->Cancel(why);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::optional<mmserve::v1::GenerateResponse> next;
-    std::optional<absl::Status> finish;
-    std::shared_ptr<GenerateCall> cancel;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) {
-        gone_ = true;
-        cancel = call_;
-      }
-      if (!gone_ && !queue_.empty()) {
-        next = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-      } else if (final_ && !finished_) {
-        finish = final_;
-        finished_ = true;
-      }
-    }
-    if (cancel) cancel->Cancel("the client stream broke");
-    if (next) Write(std::move(*next));
-    if (finish) Finish(ToGrpcStatus(*finish));
-  }
-
-  void OnDone() override { Unref(); }
-
- private:
-  void Push(mmserve::v1::GenerateResponse r) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (gone_ || finished_) return;
-      if (writing_) {
-        queue_.push_back(std::move(r));
-        return;
-      }
-      writing_ = true;
-    }
-    Write(std::move(r));
-  }
-
-  void Write(mmserve::v1::GenerateResponse r) {
-    current_ = std::move(r);
-    StartWrite(&current_);
-  }
-
-  void End(absl::Status status) {
-    bool finish_now = false;
-    {
-      absl::MutexLock lock(&mu_);
-      ended_ = true;
-      call_.reset();
-      final_ = status;
-      if (!writing_ && !finished_) {
-        finished_ = true;
-        finish_now = true;
-      }
-    }
-    if (finish_now) Finish(ToGrpcStatus(status));
-    Unref();
-  }
-
-  void Unref() {
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      last = --refs_ == 0;
-    }
-    if (last) delete this;
-  }
-
-  mmserve::v1::GenerateResponse current_;
   absl::Mutex mu_;
   std::shared_ptr<GenerateCall> call_ ABSL_GUARDED_BY(mu_);
-  std::deque<mmserve::v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Status> final_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  bool gone_ ABSL_GUARDED_BY(mu_) = false;
-  int refs_ ABSL_GUARDED_BY(mu_) = 2;  // gRPC's (OnDone) and the call's (on_end)
 };
 
 }  // namespace
@@ -215,7 +143,7 @@ grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerConte
                                                        const mmserve::v1::ListModelsRequest*,
                                                        mmserve::v1::ListModelsResponse* response) {
   *response = DescribeModels(context_);
-  return Answer(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext* ctx,
@@ -224,30 +152,30 @@ grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext*
   const iv1::InstanceInfo& info = request->instance();
   if (info.instance_id().empty() || info.grpc_address().empty() ||
       info.role() == iv1::INSTANCE_ROLE_UNSPECIFIED) {
-    return Answer(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                    "instance_id, grpc_address and role are required"));
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "instance_id, grpc_address and role are required"));
   }
   if (info.role() == iv1::INSTANCE_ROLE_PREFILL || info.role() == iv1::INSTANCE_ROLE_DECODE) {
-    return Answer(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                    "this router places encoder and role-both instances"));
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                         "this router places encoder and role-both instances"));
   }
   table_.Upsert(info, /*registered=*/true);
   response->set_heartbeat_interval_s(1);
-  return Answer(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                      const iv1::HeartbeatRequest* request,
                                                      iv1::HeartbeatResponse* response) {
   response->set_known(table_.Report(request->load()));
-  return Answer(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* RegistryService::Deregister(grpc::CallbackServerContext* ctx,
                                                       const iv1::DeregisterRequest* request,
                                                       iv1::DeregisterResponse*) {
   table_.Remove(request->instance_id());
-  return Answer(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 }  // namespace mmserve::router
