@@ -346,12 +346,34 @@ bool GenerateCall::Dispatch(const std::vector<size_t>& images,
   return true;
 }
 
+void GenerateCall::MaybeSendFinal() {
+  for (const auto& e : encodes_) {
+    if (!e->done) return;
+  }
+  if (final_response_) {
+    if (final_response_->has_usage())
+      final_response_->mutable_usage()->set_cached_images(cached_images_);
+    Defer([on_response = sink_.on_response, r = std::move(*final_response_)]() mutable {
+      on_response(std::move(r));
+    });
+    final_response_.reset();
+  }
+  if (language_ok_ && !final_response_) End(absl::OkStatus());
+}
+
 void GenerateCall::Redispatch(std::vector<size_t> images, const std::string& failed_encoder,
                               const std::string& why) {
   if (ended_ || first_token_) return;
   LOG(WARNING) << "request " << id_ << ": " << images.size() << " image(s) leave encoder "
                << failed_encoder << ": " << why;
   for (size_t k : images) images_[k].failed_encoders.insert(failed_encoder);
+  // Calls still open to the failed encoder would only hold the final
+  // response back until their deadline.
+  for (auto& e : encodes_) {
+    if (!e->done && e->encoder_id == failed_encoder) {
+      Defer([raw = e.get(), self = shared_from_this()] { raw->ctx.TryCancel(); });
+    }
+  }
   std::vector<internal::v1::PromptImage> described;
   if (!Dispatch(images, &described)) return;
   auto retry = std::make_shared<internal::v1::ImageRetry>();
@@ -382,8 +404,14 @@ void GenerateCall::LockedOnEncoded(Encode* encode, const grpc::Status& status) {
   if (ended_) return;
   if (status.ok()) {
     for (const auto& e : encode->response.images()) cached_images_ += e.cache_hit() ? 1 : 0;
+  }
+  if (finished_) {
+    // The language side already has every image: only the final response's
+    // usage (cached_images) was waiting for this.
+    MaybeSendFinal();
     return;
   }
+  if (status.ok()) return;
   if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
     End(FromGrpcStatus(status));
     return;
@@ -443,16 +471,17 @@ void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
     finished_ = true;
     r.set_finish_reason(batch.finish_reason());
     r.set_matched_stop(batch.matched_stop());
-    if (batch.has_usage()) {
-      *r.mutable_usage() = batch.usage();
-      r.mutable_usage()->set_cached_images(cached_images_);
-    }
+    if (batch.has_usage()) *r.mutable_usage() = batch.usage();
     r.set_seed(batch.seed());
     if (request_.stream().include_timing()) {
       *r.mutable_timing() = batch.timing();
       r.mutable_timing()->set_e2e_ms(now * 1e3);
       r.mutable_timing()->set_ttft_ms(first_token_s_ * 1e3);
     }
+    // Held until every Encode call has answered, for cached_images.
+    final_response_ = std::move(r);
+    MaybeSendFinal();
+    return;
   }
   Defer(
       [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });
@@ -470,8 +499,12 @@ void GenerateCall::LockedOnLanguageDone(const grpc::Status& status) {
   stream_.reset();
   if (ended_) return;
   if (status.ok()) {
-    End(finished_ ? absl::OkStatus()
-                  : absl::InternalError("the language stream ended without a final response"));
+    if (!finished_) {
+      End(absl::InternalError("the language stream ended without a final response"));
+      return;
+    }
+    language_ok_ = true;
+    MaybeSendFinal();
     return;
   }
   absl::Status s = FromGrpcStatus(status);

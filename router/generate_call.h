@@ -120,6 +120,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void LockedCancel(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnInstanceDown(const std::string& instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the held final response once every Encode call has answered, and
+  // ends the call once the language stream has closed too.
+  void MaybeSendFinal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // gRPC may run reactions inline in the thread that starts or cancels a
   // call, so nothing that reaches gRPC or the sink runs under mu_: it is
   // deferred and run by the entry point once mu_ is released.
@@ -143,6 +146,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the final batch arrived
   bool first_token_ ABSL_GUARDED_BY(mu_) = false;
+  bool language_ok_ ABSL_GUARDED_BY(mu_) = false;  // the stream closed with OK
+  std::optional<mmserve::v1::GenerateResponse> final_response_ ABSL_GUARDED_BY(mu_);
   double last_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t cached_images_ ABSL_GUARDED_BY(mu_) = 0;
