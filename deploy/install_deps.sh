@@ -24,6 +24,8 @@ packages=(
   libopenblas-dev          # CPU GEMM
   nlohmann-json3-dev       # JSON: config.json, tokenizer.json, safetensors headers
   libicu-dev               # Unicode categories and NFC for the tokenizer
+  clang                    # fuzz targets (--config=fuzz, tools/fuzz/run_all.sh)
+  libclang-rt-14-dev       # libFuzzer and the sanitizer runtimes for clang 14
 )
 
 missing=()
