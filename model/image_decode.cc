@@ -53,6 +53,56 @@ bool JpegHasEndMarker(absl::string_view b) {
   return sos != absl::string_view::npos && b.find("\xff\xd9", sos + 2) != absl::string_view::npos;
 }
 
+// stb_image 2.27 (Debian's libstb) trusts the symbol counts of a JPEG
+// Huffman table: counts summing past 256 write past its tables, with bytes
+// from the file (fixed upstream in 2.28 with this same check). Every table
+// stb could read is refused here first: the walk visits each segment the
+// way stb does (fill bytes, stray bytes between segments skipped, lengths
+// followed) and, after a scan, resumes at the first marker in the
+// entropy-coded data, where stb's decoder stops too. O(size).
+bool JpegHuffmanTablesFit(absl::string_view b) {
+  auto byte = [&](size_t at) -> uint32_t {
+    return at < b.size() ? static_cast<uint8_t>(b[at]) : 0;  // stb reads 0 past the end
+  };
+  size_t pos = 2;  // after SOI
+  while (pos + 1 < b.size()) {
+    if (byte(pos) != 0xFF || byte(pos + 1) == 0xFF) {
+      ++pos;  // stray or fill byte
+      continue;
+    }
+    const uint32_t marker = byte(pos + 1);
+    if (marker == 0xD9) return true;  // end of image
+    if (marker == 0x00 || marker == 0x01 || marker == 0xD8 || (marker >= 0xD0 && marker <= 0xD7)) {
+      pos += 2;  // no length field
+      continue;
+    }
+    const size_t length = byte(pos + 2) << 8 | byte(pos + 3);
+    if (marker == 0xC4) {
+      // As stb's DHT loop: tables of (class/id, 16 counts, symbols) while
+      // bytes of the declared length remain.
+      int left = static_cast<int>(length) - 2;
+      size_t at = pos + 4;
+      while (left > 0 && at < b.size()) {
+        uint32_t symbols = 0;
+        for (int i = 0; i < 16; ++i) symbols += byte(at + 1 + i);
+        if (symbols > 256) return false;
+        at += 17 + symbols;
+        left -= 17 + static_cast<int>(symbols);
+      }
+    }
+    pos += 2 + length;
+    if (marker == 0xDA) {
+      // Entropy-coded data: an FF there is followed by 00 (stuffing) or a
+      // restart marker; the first other FF xx is the next segment.
+      while (pos + 1 < b.size() && !(byte(pos) == 0xFF && byte(pos + 1) != 0x00 &&
+                                     !(byte(pos + 1) >= 0xD0 && byte(pos + 1) <= 0xD7))) {
+        ++pos;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::string_view ImageFormatName(ImageFormat format) {
@@ -74,6 +124,9 @@ absl::StatusOr<ImageHeader> ReadImageHeader(absl::string_view bytes) {
   if (bytes.size() > INT32_MAX) return Bad("input larger than 2 GiB");
   ImageHeader h;
   ASSIGN_OR_RETURN(h.format, DetectFormat(bytes));
+  if (h.format == ImageFormat::kJpeg && !JpegHuffmanTablesFit(bytes)) {
+    return Bad("corrupt JPEG (a Huffman table with more than 256 symbols)");
+  }
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   if (!stbi_info_from_memory(data, static_cast<int>(bytes.size()), &h.width, &h.height,
                              &h.channels)) {

@@ -135,5 +135,36 @@ TEST_CASE("broken, empty, unknown, zero-sized and oversized images are rejected"
         absl::string_view::npos);
 }
 
+// Sets the 16 symbol counts of the DHT segment at `marker` (FF C4) to 0xFF.
+std::string OverfullHuffmanTable(std::string jpg, size_t marker) {
+  REQUIRE(jpg.compare(marker, 2, "\xff\xc4") == 0);
+  for (int i = 0; i < 16; ++i) jpg[marker + 5 + i] = '\xff';
+  return jpg;
+}
+
+TEST_CASE("JPEG Huffman tables of more than 256 symbols are refused before stb reads them",
+          "[image]") {
+  // stb_image 2.27 writes past its tables for such counts (found by
+  // //fuzz:image_decode_fuzzer, reproducer in fuzz/corpus).
+  const std::string jpg = Read("baseline.jpg"), prog = Read("progressive.jpg");
+  const size_t header_dht = jpg.find("\xff\xc4");
+  const size_t first_scan = prog.find("\xff\xda");
+  const size_t between_scans = prog.find("\xff\xc4", first_scan);  // before the second scan
+  REQUIRE(header_dht != std::string::npos);
+  REQUIRE(between_scans != std::string::npos);
+  for (const std::string& bad :
+       {OverfullHuffmanTable(jpg, header_dht), OverfullHuffmanTable(prog, between_scans)}) {
+    auto header = ReadImageHeader(bad);
+    REQUIRE_FALSE(header.ok());
+    CHECK(header.status().message().find("Huffman table") != absl::string_view::npos);
+    auto img = DecodeImage(bad, DecodeLimits());
+    REQUIRE_FALSE(img.ok());
+    CHECK(img.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  // Full tables (256 symbols) and the unmodified files still pass.
+  CHECK(ReadImageHeader(jpg).ok());
+  CHECK(DecodeImage(prog, DecodeLimits()).ok());
+}
+
 }  // namespace
 }  // namespace mmserve::model
