@@ -53,17 +53,23 @@ bool JpegHasEndMarker(absl::string_view b) {
   return sos != absl::string_view::npos && b.find("\xff\xd9", sos + 2) != absl::string_view::npos;
 }
 
-// stb_image 2.27 (Debian's libstb) trusts the symbol counts of a JPEG
-// Huffman table: counts summing past 256 write past its tables, with bytes
-// from the file (fixed upstream in 2.28 with this same check). Every table
-// stb could read is refused here first: the walk visits each segment the
-// way stb does (fill bytes, stray bytes between segments skipped, lengths
-// followed) and, after a scan, resumes at the first marker in the
+// stb_image 2.27 (Debian's libstb) trusts a JPEG's Huffman tables more than
+// it should, and hostile files turn that into memory errors in the encoder:
+//  - symbol counts summing past 256 write past its tables, with bytes from
+//    the file (fixed upstream in 2.28 with the same check);
+//  - a scan may use a table no DHT segment defined: stb's tables live in
+//    uninitialized heap memory, so it decodes with garbage and indexes its
+//    symbol arrays far out of bounds (reads; its assert aborts the process).
+// Both are refused before stb sees the file. The walk visits each segment
+// the way stb does (fill bytes and stray bytes between segments skipped,
+// lengths followed) and, after a scan, resumes at the first marker in the
 // entropy-coded data, where stb's decoder stops too. O(size).
-bool JpegHuffmanTablesFit(absl::string_view b) {
+absl::Status CheckJpegHuffmanTables(absl::string_view b) {
   auto byte = [&](size_t at) -> uint32_t {
     return at < b.size() ? static_cast<uint8_t>(b[at]) : 0;  // stb reads 0 past the end
   };
+  bool defined[2][4] = {};  // [DC, AC][table id]
+  bool progressive = false;
   size_t pos = 2;  // after SOI
   while (pos + 1 < b.size()) {
     if (byte(pos) != 0xFF || byte(pos + 1) == 0xFF) {
@@ -71,12 +77,13 @@ bool JpegHuffmanTablesFit(absl::string_view b) {
       continue;
     }
     const uint32_t marker = byte(pos + 1);
-    if (marker == 0xD9) return true;  // end of image
+    if (marker == 0xD9) break;  // end of image
     if (marker == 0x00 || marker == 0x01 || marker == 0xD8 || (marker >= 0xD0 && marker <= 0xD7)) {
       pos += 2;  // no length field
       continue;
     }
     const size_t length = byte(pos + 2) << 8 | byte(pos + 3);
+    if (marker == 0xC2) progressive = true;
     if (marker == 0xC4) {
       // As stb's DHT loop: tables of (class/id, 16 counts, symbols) while
       // bytes of the declared length remain.
@@ -85,9 +92,28 @@ bool JpegHuffmanTablesFit(absl::string_view b) {
       while (left > 0 && at < b.size()) {
         uint32_t symbols = 0;
         for (int i = 0; i < 16; ++i) symbols += byte(at + 1 + i);
-        if (symbols > 256) return false;
+        if (symbols > 256) return Bad("corrupt JPEG (a Huffman table with more than 256 symbols)");
+        const uint32_t table_class = byte(at) >> 4, id = byte(at) & 15;
+        if (table_class <= 1 && id <= 3) defined[table_class][id] = true;
         at += 17 + symbols;
         left -= 17 + static_cast<int>(symbols);
+      }
+    }
+    if (marker == 0xDA) {
+      // Which tables the scan decodes with, as stb picks them: baseline
+      // scans both of each component's; progressive DC first scans the DC
+      // table, AC scans the AC table, DC refinements none.
+      const uint32_t components = byte(pos + 4);
+      const uint32_t spectral_start = byte(pos + 5 + 2 * components);
+      const uint32_t approx_high = byte(pos + 7 + 2 * components) >> 4;
+      const bool uses_dc = !progressive || (spectral_start == 0 && approx_high == 0);
+      const bool uses_ac = !progressive || spectral_start > 0;
+      for (uint32_t c = 0; c < components; ++c) {
+        const uint32_t tables = byte(pos + 6 + 2 * c);
+        if ((uses_dc && (tables >> 4) <= 3 && !defined[0][tables >> 4]) ||
+            (uses_ac && (tables & 15) <= 3 && !defined[1][tables & 15])) {
+          return Bad("corrupt JPEG (a scan uses a Huffman table no DHT segment defined)");
+        }
       }
     }
     pos += 2 + length;
@@ -100,7 +126,7 @@ bool JpegHuffmanTablesFit(absl::string_view b) {
       }
     }
   }
-  return true;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -124,9 +150,7 @@ absl::StatusOr<ImageHeader> ReadImageHeader(absl::string_view bytes) {
   if (bytes.size() > INT32_MAX) return Bad("input larger than 2 GiB");
   ImageHeader h;
   ASSIGN_OR_RETURN(h.format, DetectFormat(bytes));
-  if (h.format == ImageFormat::kJpeg && !JpegHuffmanTablesFit(bytes)) {
-    return Bad("corrupt JPEG (a Huffman table with more than 256 symbols)");
-  }
+  if (h.format == ImageFormat::kJpeg) RETURN_IF_ERROR(CheckJpegHuffmanTables(bytes));
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   if (!stbi_info_from_memory(data, static_cast<int>(bytes.size()), &h.width, &h.height,
                              &h.channels)) {
