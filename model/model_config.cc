@@ -283,8 +283,9 @@ absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& te
       dst[c] = (*it)[c].get<float>();
     }
   }
-  if (p.min_pixels <= 0 || p.max_pixels < p.min_pixels || p.patch_size <= 0 || p.merge_size <= 0) {
-    return f.Error("need 0 < min_pixels <= max_pixels and positive patch/merge sizes");
+  if (p.min_pixels <= 0 || p.max_pixels < p.min_pixels || p.patch_size <= 0 || p.merge_size <= 0 ||
+      p.temporal_patch_size <= 0) {
+    return f.Error("need 0 < min_pixels <= max_pixels and positive patch/merge/temporal sizes");
   }
   for (float s : p.image_std) {
     if (!(s > 0)) return f.Error("image_std must be positive");

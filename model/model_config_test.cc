@@ -135,6 +135,10 @@ TEST_CASE("preprocessor_config reads both pixel-bound spellings and rejects bad 
   CHECK_FALSE(ParsePreprocessorConfig(R"({"min_pixels": 100, "max_pixels": 10})", "p").ok());
   CHECK_FALSE(ParsePreprocessorConfig(R"({"image_std": [0.5, 0, 0.5]})", "p").ok());
   CHECK_FALSE(ParsePreprocessorConfig(R"({"image_mean": [0.5]})", "p").ok());
+  // Found by //fuzz:model_config_fuzzer: preprocessing sizes each patch as
+  // 3 * temporal_patch_size * patch_size^2 values.
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"temporal_patch_size": 0})", "p").ok());
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"temporal_patch_size": -2})", "p").ok());
 }
 
 }  // namespace
