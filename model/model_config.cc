@@ -138,8 +138,11 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
   }
   if (t->head_dim() % 2 != 0) return f.Error("head_dim must be even for rotary embeddings");
   if (!t->mrope_section.empty()) {
-    int sum = 0;
-    for (int s : t->mrope_section) sum += s;
+    int64_t sum = 0;  // wide enough for three ints
+    for (int s : t->mrope_section) {
+      if (s < 0) return f.Error(absl::StrCat("mrope_section has a negative section ", s));
+      sum += s;
+    }
     if (t->mrope_section.size() != 3 || sum != t->head_dim() / 2) {
       return f.Error(absl::StrCat("mrope_section must be 3 sections summing to head_dim / 2 = ",
                                   t->head_dim() / 2, ", got sum ", sum));

@@ -78,6 +78,17 @@ TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
          j["rope_scaling"]["mrope_section"] = {16, 24, 16};
        },
        "summing to head_dim / 2 = 64, got sum 56"},
+      // Sums that overflowed an int, and negative sections that summed right.
+      {"mrope overflow",
+       [](json& j) {
+         j["rope_scaling"]["mrope_section"] = {2147483647, 2147483647, 66};
+       },
+       "got sum 4294967360"},
+      {"mrope negative",
+       [](json& j) {
+         j["rope_scaling"]["mrope_section"] = {-8, 24, 48};
+       },
+       "negative section -8"},
       {"gqa ratio", [](json& j) { j["num_key_value_heads"] = 5; },
        "num_attention_heads 12 is not a multiple of num_key_value_heads 5"},
       {"heads", [](json& j) { j["num_attention_heads"] = 7; },
