@@ -58,8 +58,8 @@ run_one() {
     "$bin/$name" "${args[@]}" "$dir/corpus" "fuzz/corpus/$name" >"$dir/log" 2>&1
   local rc=$?
   local runs cov ft eps
-  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$dir/log" | grep -o '[0-9]*$')
-  eps=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$dir/log" | grep -o '[0-9]*$')
+  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$dir/log" | grep -oE '[0-9]+$')
+  eps=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$dir/log" | grep -oE '[0-9]+$')
   cov=$(grep -oE 'cov: [0-9]+' "$dir/log" | tail -1 | grep -oE '[0-9]+')
   ft=$(grep -oE 'ft: [0-9]+' "$dir/log" | tail -1 | grep -oE '[0-9]+')
   local found=$(ls "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-* 2>/dev/null | head -1)
