@@ -142,6 +142,22 @@ std::string OverfullHuffmanTable(std::string jpg, size_t marker) {
   return jpg;
 }
 
+TEST_CASE(
+    "a PNG chunk declaring more bytes than the file holds is refused "
+    "before stb",
+    "[image]") {
+  // stb grew its buffer to the declared length first: 2 GiB for a 113-byte
+  // file (//fuzz:image_decode_fuzzer, reproducer in fuzz/corpus).
+  std::string png = Read("rgb.png");
+  const size_t idat = png.find("IDAT") - 4;
+  for (int i = 0; i < 4; ++i) png[idat + i] = '\x7f';
+  auto header = ReadImageHeader(png);
+  REQUIRE_FALSE(header.ok());
+  CHECK(header.status().message().find("a chunk runs past the end") != absl::string_view::npos);
+  CHECK_FALSE(DecodeImage(png, DecodeLimits()).ok());
+  CHECK(ReadImageHeader(Read("rgb.png")).ok());
+}
+
 TEST_CASE("JPEG Huffman tables stb 2.27 mishandles are refused before it reads them", "[image]") {
   // stb_image 2.27 writes past its tables for counts over 256 and decodes
   // with uninitialized tables when a scan uses an undefined one (both found
