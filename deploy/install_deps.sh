@@ -29,6 +29,8 @@ packages=(
   python3-grpcio           # the Python client (client/python) and its test
   python3-protobuf
   curl                     # deploy/serve_test.sh asks the HTTP API
+  clang                    # fuzz targets (--config=fuzz, tools/fuzz/run_all.sh)
+  libclang-rt-14-dev       # libFuzzer and the sanitizer runtimes for clang 14
 )
 
 missing=()

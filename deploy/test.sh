@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs every mmserve test on this machine: installs missing packages, builds
 # and tests everything with Bazel (CPU), compiles the CUDA backend when nvcc
-# is installed, links and runs a fully static binary, then prints one closing
-# line "tests: N passed, M failed". Exit status 0 only when all passed.
+# is installed, links and runs a fully static binary, runs the whole suite
+# again under ASan + UBSan (leaks fail), runs every fuzz target for
+# FUZZ_SECONDS (default 20) on top of its committed corpus, then prints one
+# closing line "tests: N passed, M failed". Exit status 0 only when all passed.
+# MMSERVE_SKIP_ASAN=1 / MMSERVE_SKIP_FUZZ=1 skip those steps (reported as
+# skipped, never as passed).
 #
 # Bazel keeps a disk cache under ~/.cache/mmserve so later runs are fast.
 set -uo pipefail
@@ -14,8 +18,10 @@ cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
 mkdir -p "$cache"
 flags=(--disk_cache="$cache" --test_summary=short --color=no --curses=no)
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+asan_out=$(mktemp)
+trap 'rm -f "$out" "$asan_out"' EXIT
 extra=()
+runs=()
 
 echo "== bazel test //... (CPU)"
 bazel test "${flags[@]}" //... 2>&1 | tee "$out" | grep -vE '^(\[|INFO: From|Loading|Analyzing)'
@@ -48,5 +54,29 @@ else
   echo "   nvcc not found: CUDA compile check skipped"
 fi
 
+echo "== ASan + UBSan: bazel test --config=asan //... (tools/asan/run_asan_tests.sh)"
+if [[ "${MMSERVE_SKIP_ASAN:-0}" == 1 ]]; then
+  extra+=("asan suite=skipped")
+else
+  tools/asan/run_asan_tests.sh "${flags[@]}" 2>&1 | tee "$asan_out" |
+    grep -E '^//.* (FAILED|TIMEOUT|NO STATUS|INCOMPLETE)|^Executed|^ERROR' || true
+  runs+=("--run=asan,$asan_out")
+fi
+
+echo "== fuzz targets, ${FUZZ_SECONDS:-20} s each (tools/fuzz/run_all.sh)"
+if [[ "${MMSERVE_SKIP_FUZZ:-0}" == 1 ]]; then
+  extra+=("fuzz=skipped")
+else
+  fuzz_lines=$(MMSERVE_BAZEL_CACHE="$cache" FUZZ_JOBS=2 tools/fuzz/run_all.sh "${FUZZ_SECONDS:-20}" 2>&1)
+  echo "$fuzz_lines" | sed 's/^/   /'
+  results=$(echo "$fuzz_lines" | sed -nE 's/^fuzz ([a-z0-9_]+): (passed|failed),.*/fuzz \1=\2/p')
+  if [[ -z "$results" ]]; then
+    extra+=("fuzz build=failed")
+  else
+    while IFS= read -r r; do extra+=("$r"); done <<<"$results"
+  fi
+fi
+
 echo "== summary"
-python3 deploy/test_summary.py "$(bazel info "${flags[@]}" bazel-testlogs 2>/dev/null)" "$out" "${extra[@]}"
+python3 deploy/test_summary.py "$(bazel info "${flags[@]}" bazel-testlogs 2>/dev/null)" "$out" \
+  "${runs[@]}" "${extra[@]}"

@@ -145,5 +145,63 @@ TEST_CASE("broken, empty, unknown, zero-sized and oversized images are rejected"
         absl::string_view::npos);
 }
 
+// Sets the 16 symbol counts of the DHT segment at `marker` (FF C4) to 0xFF.
+std::string OverfullHuffmanTable(std::string jpg, size_t marker) {
+  REQUIRE(jpg.compare(marker, 2, "\xff\xc4") == 0);
+  for (int i = 0; i < 16; ++i) jpg[marker + 5 + i] = '\xff';
+  return jpg;
+}
+
+TEST_CASE(
+    "a PNG chunk declaring more bytes than the file holds is refused "
+    "before stb",
+    "[image]") {
+  // stb grew its buffer to the declared length first: 2 GiB for a 113-byte
+  // file (//fuzz:image_decode_fuzzer, reproducer in fuzz/corpus).
+  std::string png = Read("rgb.png");
+  const size_t idat = png.find("IDAT") - 4;
+  for (int i = 0; i < 4; ++i) png[idat + i] = '\x7f';
+  auto header = ReadImageHeader(png);
+  REQUIRE_FALSE(header.ok());
+  CHECK(header.status().message().find("a chunk runs past the end") != absl::string_view::npos);
+  CHECK_FALSE(DecodeImage(png, DecodeLimits()).ok());
+  CHECK(ReadImageHeader(Read("rgb.png")).ok());
+}
+
+TEST_CASE("JPEG Huffman tables stb 2.27 mishandles are refused before it reads them", "[image]") {
+  // stb_image 2.27 writes past its tables for counts over 256 and decodes
+  // with uninitialized tables when a scan uses an undefined one (both found
+  // by //fuzz:image_decode_fuzzer, reproducers in fuzz/corpus).
+  const std::string jpg = Read("baseline.jpg"), prog = Read("progressive.jpg");
+  const size_t header_dht = jpg.find("\xff\xc4");
+  const size_t first_scan = prog.find("\xff\xda");
+  const size_t between_scans = prog.find("\xff\xc4", first_scan);  // before the second scan
+  REQUIRE(header_dht != std::string::npos);
+  REQUIRE(between_scans != std::string::npos);
+  for (const std::string& bad :
+       {OverfullHuffmanTable(jpg, header_dht), OverfullHuffmanTable(prog, between_scans)}) {
+    auto header = ReadImageHeader(bad);
+    REQUIRE_FALSE(header.ok());
+    CHECK(header.status().message().find("more than 256 symbols") != absl::string_view::npos);
+    auto img = DecodeImage(bad, DecodeLimits());
+    REQUIRE_FALSE(img.ok());
+    CHECK(img.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  // A scan whose components use table 3, which no DHT defines (stb would
+  // decode with uninitialized tables).
+  std::string undefined = jpg;
+  const size_t sos = undefined.find("\xff\xda");
+  REQUIRE(sos != std::string::npos);
+  const int components = static_cast<uint8_t>(undefined[sos + 4]);
+  for (int c = 0; c < components; ++c) undefined[sos + 6 + 2 * c] = '\x33';
+  auto header = ReadImageHeader(undefined);
+  REQUIRE_FALSE(header.ok());
+  CHECK(header.status().message().find("no DHT segment defined") != absl::string_view::npos);
+  CHECK_FALSE(DecodeImage(undefined, DecodeLimits()).ok());
+  // Full tables (256 symbols) and the unmodified files still pass.
+  CHECK(ReadImageHeader(jpg).ok());
+  CHECK(DecodeImage(prog, DecodeLimits()).ok());
+}
+
 }  // namespace
 }  // namespace mmserve::model

@@ -138,8 +138,11 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
   }
   if (t->head_dim() % 2 != 0) return f.Error("head_dim must be even for rotary embeddings");
   if (!t->mrope_section.empty()) {
-    int sum = 0;
-    for (int s : t->mrope_section) sum += s;
+    int64_t sum = 0;  // wide enough for three ints
+    for (int s : t->mrope_section) {
+      if (s < 0) return f.Error(absl::StrCat("mrope_section has a negative section ", s));
+      sum += s;
+    }
     if (t->mrope_section.size() != 3) {
       return f.Error(absl::StrCat("rope_scaling.mrope_section must have 3 sections, got ",
                                   t->mrope_section.size()));
@@ -295,8 +298,9 @@ absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& te
       dst[c] = (*it)[c].get<float>();
     }
   }
-  if (p.min_pixels <= 0 || p.max_pixels < p.min_pixels || p.patch_size <= 0 || p.merge_size <= 0) {
-    return f.Error("need 0 < min_pixels <= max_pixels and positive patch/merge sizes");
+  if (p.min_pixels <= 0 || p.max_pixels < p.min_pixels || p.patch_size <= 0 || p.merge_size <= 0 ||
+      p.temporal_patch_size <= 0) {
+    return f.Error("need 0 < min_pixels <= max_pixels and positive patch/merge/temporal sizes");
   }
   for (float s : p.image_std) {
     if (!(s > 0)) return f.Error("image_std must be positive");

@@ -82,6 +82,17 @@ TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
        "hidden_size 1152 / num_attention_heads 12 gives head_dim 96, but "
        "rope_scaling.mrope_section sums to 64 (head_dim 128): check hidden_size and "
        "num_attention_heads (hidden_size 1536 would fit mrope_section)"},
+      // Sums that overflowed an int, and negative sections that summed right.
+      {"mrope overflow",
+       [](json& j) {
+         j["rope_scaling"]["mrope_section"] = {2147483647, 2147483647, 66};
+       },
+       "mrope_section sums to 4294967360"},
+      {"mrope negative",
+       [](json& j) {
+         j["rope_scaling"]["mrope_section"] = {-8, 24, 48};
+       },
+       "negative section -8"},
       {"gqa ratio", [](json& j) { j["num_key_value_heads"] = 5; },
        "num_attention_heads 12 is not a multiple of num_key_value_heads 5"},
       {"heads", [](json& j) { j["num_attention_heads"] = 7; },
@@ -139,6 +150,10 @@ TEST_CASE("preprocessor_config reads both pixel-bound spellings and rejects bad 
   CHECK_FALSE(ParsePreprocessorConfig(R"({"min_pixels": 100, "max_pixels": 10})", "p").ok());
   CHECK_FALSE(ParsePreprocessorConfig(R"({"image_std": [0.5, 0, 0.5]})", "p").ok());
   CHECK_FALSE(ParsePreprocessorConfig(R"({"image_mean": [0.5]})", "p").ok());
+  // Found by //fuzz:model_config_fuzzer: preprocessing sizes each patch as
+  // 3 * temporal_patch_size * patch_size^2 values.
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"temporal_patch_size": 0})", "p").ok());
+  CHECK_FALSE(ParsePreprocessorConfig(R"({"temporal_patch_size": -2})", "p").ok());
 }
 
 }  // namespace

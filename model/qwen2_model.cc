@@ -69,8 +69,12 @@ absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
 
 void Qwen2Model::Embed(const ForwardBatch& batch) {
   const cpu::WeightMatrix& e = weights_.embed();
+  // An overridden row's id may lie outside the vocabulary (ForwardBatch
+  // allows it): never look it up.
+  std::vector<bool> overridden(batch.num_tokens(), false);
+  for (const EmbeddingOverride& o : batch.embedding_overrides) overridden[o.row] = true;
   for (int64_t r = 0; r < batch.num_tokens(); ++r) {
-    cpu::WeightRowToF32(e, batch.token_ids[r], &h_[r * hidden_]);
+    if (!overridden[r]) cpu::WeightRowToF32(e, batch.token_ids[r], &h_[r * hidden_]);
   }
   for (const EmbeddingOverride& o : batch.embedding_overrides) {
     std::memcpy(&h_[o.row * hidden_], o.values, hidden_ * sizeof(float));

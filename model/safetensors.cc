@@ -171,11 +171,22 @@ absl::Status SafetensorsFile::Parse() {
     TensorView v = std::move(tensors_[r.tensor]);
     v.data = data + r.begin;
     v.nbytes = r.end - r.begin;
+    if (reinterpret_cast<uintptr_t>(v.data) % DTypeSize(v.dtype) != 0) {
+      // Readers cast `data` to the element type: give them aligned bytes.
+      copies_.push_back(std::make_unique<uint64_t[]>((v.nbytes + 7) / 8));
+      std::memcpy(copies_.back().get(), v.data, v.nbytes);
+      v.data = reinterpret_cast<const uint8_t*>(copies_.back().get());
+    }
     index_[v.name] = ordered.size();
     ordered.push_back(std::move(v));
   }
   tensors_ = std::move(ordered);
   return absl::OkStatus();
+}
+
+bool SafetensorsFile::IsMapped(const TensorView& tensor) const {
+  const auto* begin = static_cast<const uint8_t*>(map_);
+  return map_ != nullptr && tensor.data >= begin && tensor.data < begin + map_size_;
 }
 
 const TensorView* SafetensorsFile::Find(absl::string_view name) const {
@@ -190,7 +201,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   std::ifstream index_file(index_path);
   if (!index_file.good()) {
     ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(dir + "/model.safetensors"));
-    for (const TensorView& t : file->tensors()) ckpt->index_[t.name] = &t;
+    for (const TensorView& t : file->tensors()) {
+      ckpt->index_[t.name] = &t;
+      ckpt->file_of_[&t] = file.get();
+    }
     ckpt->files_.push_back(std::move(file));
     return ckpt;
   }
@@ -216,6 +230,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
                                                 " which lacks it"));
       }
       ckpt->index_[name] = t;
+      ckpt->file_of_[t] = file.get();
     }
     ckpt->files_.push_back(std::move(file));
   }
@@ -244,6 +259,9 @@ size_t SafetensorsCheckpoint::TotalBytes() const {
 }
 
 void SafetensorsCheckpoint::ReleasePages(const TensorView& tensor) const {
+  auto file = file_of_.find(&tensor);
+  // Only mapped file pages come back from the file; a copy's would read as zeros.
+  if (file == file_of_.end() || !file->second->IsMapped(tensor)) return;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(tensor.data);
   const uintptr_t first = (begin + page - 1) / page * page;

@@ -30,6 +30,9 @@
 namespace mmserve::model {
 
 // A tensor inside a mapped file: borrowed, valid while its file is open.
+// `data` is aligned to the dtype's size: a tensor the file stores at an
+// unaligned offset (the format allows any header length) is copied once,
+// at open, into memory the file object owns.
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
@@ -59,6 +62,8 @@ class SafetensorsFile {
   // The header's "__metadata__" strings (e.g. {"format": "pt"}).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
+  // Whether `tensor`'s bytes are the mapped file's (not an aligned copy).
+  bool IsMapped(const TensorView& tensor) const;
 
  private:
   SafetensorsFile() = default;
@@ -70,6 +75,8 @@ class SafetensorsFile {
   std::vector<TensorView> tensors_;
   absl::flat_hash_map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
+  // Aligned copies of the tensors stored at unaligned offsets.
+  std::vector<std::unique_ptr<uint64_t[]>> copies_;
 };
 
 // A checkpoint directory: model.safetensors, or the shards listed in
@@ -90,11 +97,13 @@ class SafetensorsCheckpoint {
   // Drops the resident pages wholly inside the tensor's bytes (a consumer
   // that copied or repacked the tensor no longer needs them in memory). The
   // mapping stays valid: touching the bytes again reads them from the file.
+  // Aligned copies (see TensorView) are left alone.
   void ReleasePages(const TensorView& tensor) const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   absl::flat_hash_map<std::string, const TensorView*> index_;
+  absl::flat_hash_map<const TensorView*, const SafetensorsFile*> file_of_;
 };
 
 }  // namespace mmserve::model

@@ -34,6 +34,13 @@ size_t EmbeddingLayout::SectionOffset(int section) const {
 
 size_t EmbeddingLayout::total_bytes() const { return SectionOffset(kNumSections); }
 
+bool EmbeddingLayout::FitsChunk(const BlockAllocation& allocation, uint32_t offset_tokens,
+                                uint32_t num_tokens) const {
+  return size_t{allocation.start_block} + allocation.num_blocks <= num_blocks &&
+         allocation.num_tokens <= size_t{allocation.num_blocks} * block_size &&
+         size_t{offset_tokens} + num_tokens <= allocation.num_tokens;
+}
+
 ChunkRanges EmbeddingLayout::ChunkInfo(const BlockAllocation& allocation, uint32_t offset_tokens,
                                        uint32_t num_tokens) const {
   CHECK_LE(size_t{allocation.start_block} + allocation.num_blocks, size_t{num_blocks});

@@ -58,6 +58,12 @@ struct EmbeddingLayout {
   // Offset of `section`'s first byte in the buffer.
   size_t SectionOffset(int section) const;
   size_t total_bytes() const;
+  // Whether `allocation` (from the wire: a peer's) lies inside a buffer of
+  // this layout, its num_tokens inside its blocks, and tokens
+  // [offset_tokens, offset_tokens + num_tokens) inside its num_tokens: what
+  // ChunkInfo needs, checked without failing.
+  bool FitsChunk(const BlockAllocation& allocation, uint32_t offset_tokens,
+                 uint32_t num_tokens) const;
   // Byte ranges, per section, of tokens [offset_tokens, offset_tokens + num_tokens)
   // of `allocation` (CHECKs that they lie inside its blocks).
   ChunkRanges ChunkInfo(const BlockAllocation& allocation, uint32_t offset_tokens,

@@ -27,6 +27,19 @@ TEST_CASE("sections are section-major: a run of blocks is one byte range per sec
   CHECK(tail[kMrope].size == 5 * 12);
 }
 
+TEST_CASE("FitsChunk refuses allocations from the wire that ChunkInfo would CHECK-fail on") {
+  EmbeddingLayout layout{.block_size = 4, .num_blocks = 8, .hidden_size = 6, .dtype_bytes = 2};
+  CHECK(layout.FitsChunk({2, 3, 10}, 0, 10));
+  CHECK(layout.FitsChunk({2, 3, 10}, 4, 6));
+  CHECK(layout.FitsChunk({0, 8, 32}, 0, 32));
+  CHECK(layout.FitsChunk({0, 0, 0}, 0, 0));
+  CHECK_FALSE(layout.FitsChunk({6, 3, 10}, 0, 1));           // blocks past the buffer
+  CHECK_FALSE(layout.FitsChunk({0, 1, 1000}, 0, 10));        // tokens past its blocks
+  CHECK_FALSE(layout.FitsChunk({2, 3, 10}, 4, 7));           // chunk past its tokens
+  CHECK_FALSE(layout.FitsChunk({0xffffffffu, 2, 1}, 0, 1));  // no 32-bit wrap-around
+  CHECK_FALSE(layout.FitsChunk({0, 2, 8}, 0xfffffffcu, 8));
+}
+
 TEST_CASE("the buffer is page-aligned, zeroed and sized by the layout") {
   EmbeddingBuffer buf(
       EmbeddingLayout{.block_size = 128, .num_blocks = 2, .hidden_size = 64, .dtype_bytes = 4});

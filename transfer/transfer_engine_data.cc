@@ -88,9 +88,7 @@ absl::StatusOr<ChunkDataCrc> TransferEngine::ReadChunk(const std::string& name,
     return absl::FailedPreconditionError(
         absl::StrCat("the buffer of ", name, " is not mapped here; cannot read from it"));
   }
-  if (size_t{source.start_block} + source.num_blocks > peer->layout.num_blocks ||
-      source.num_tokens > size_t{source.num_blocks} * peer->layout.block_size ||
-      size_t{offset} + n > source.num_tokens) {
+  if (!peer->layout.FitsChunk(source, offset, n)) {
     return absl::InvalidArgumentError(absl::StrCat("chunk source (blocks ", source.start_block, "+",
                                                    source.num_blocks, ", tokens ", offset, "+", n,
                                                    ") is outside ", name, "'s buffer"));
@@ -147,8 +145,9 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
                                         Done done) {
   ASSIGN_OR_RETURN(Peer * peer, LivePeer(name));
   const uint32_t n = static_cast<uint32_t>(local[kFillId].size / sizeof(int32_t));
-  if (n > remote.num_tokens ||
-      size_t{remote.start_block} + remote.num_blocks > peer->layout.num_blocks) {
+  // The allocation came from the receiver's init/resume: its token count
+  // must fit its blocks too (pieces are counted from it; ChunkInfo CHECKs).
+  if (!peer->layout.FitsChunk(remote, 0, n)) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk of ", n, " tokens does not fit the receiver's allocation"));
   }

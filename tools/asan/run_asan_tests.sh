@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs Bazel tests under ASan + UBSan (--config=asan in .bazelrc: gcc,
+# -fsanitize=address,undefined, UBSan findings and leaks fail the test). The
+# config's --platform_suffix keeps its outputs and test logs in
+# bazel-out/k8-fastbuild-asan, beside the normal build's; no convenience
+# symlinks are touched (--symlink_prefix=/). Same output base on purpose: a
+# second one would load the bazel-<workspace> symlink as packages under //...
+#   tools/asan/run_asan_tests.sh [bazel test flags] [targets, default //...]
+#   tools/asan/run_asan_tests.sh --testlogs   # prints the test log folder
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+flags=(--config=asan --symlink_prefix=/)
+if [[ "${1:-}" == "--testlogs" ]]; then
+  exec bazel info "${flags[@]}" bazel-testlogs 2>/dev/null
+fi
+args=("$@")
+has_target=0
+for a in "${args[@]}"; do [[ "$a" == //* || "$a" == -//* ]] && has_target=1; done
+[[ $has_target -eq 1 ]] || args+=(//...)
+exec bazel test "${flags[@]}" "${args[@]}"
