@@ -168,39 +168,29 @@ TEST_CASE(
   CHECK(ReadImageHeader(Read("rgb.png")).ok());
 }
 
-TEST_CASE("JPEG Huffman tables stb 2.27 mishandles are refused before it reads them", "[image]") {
-  // stb_image 2.27 writes past its tables for counts over 256 and decodes
-  // with uninitialized tables when a scan uses an undefined one (both found
-  // by //fuzz:image_decode_fuzzer, reproducers in fuzz/corpus).
+TEST_CASE("hostile JPEG Huffman tables are refused by the decoder", "[image]") {
+  // Tables with more than 256 symbols and scans using a table no DHT defined
+  // (stb_image 2.27 wrote past its tables or read uninitialized ones; both
+  // found by //fuzz:image_decode_fuzzer, reproducers in fuzz/corpus). JPEG
+  // now decodes through libjpeg-turbo, which refuses both; the header read
+  // may still succeed when the bad table comes after the frame header.
   const std::string jpg = Read("baseline.jpg"), prog = Read("progressive.jpg");
   const size_t header_dht = jpg.find("\xff\xc4");
   const size_t first_scan = prog.find("\xff\xda");
   const size_t between_scans = prog.find("\xff\xc4", first_scan);  // before the second scan
   REQUIRE(header_dht != std::string::npos);
   REQUIRE(between_scans != std::string::npos);
-  for (const std::string& bad :
-       {OverfullHuffmanTable(jpg, header_dht), OverfullHuffmanTable(prog, between_scans)}) {
-    auto header = ReadImageHeader(bad);
-    REQUIRE_FALSE(header.ok());
-    CHECK(header.status().message().find("more than 256 symbols") != absl::string_view::npos);
-    auto img = DecodeImage(bad, DecodeLimits());
-    REQUIRE_FALSE(img.ok());
-    CHECK(img.status().code() == absl::StatusCode::kInvalidArgument);
-  }
-  // A scan whose components use table 3, which no DHT defines (stb would
-  // decode with uninitialized tables).
   std::string undefined = jpg;
   const size_t sos = undefined.find("\xff\xda");
   REQUIRE(sos != std::string::npos);
   const int components = static_cast<uint8_t>(undefined[sos + 4]);
   for (int c = 0; c < components; ++c) undefined[sos + 6 + 2 * c] = '\x33';
-  auto header = ReadImageHeader(undefined);
-  REQUIRE_FALSE(header.ok());
-  CHECK(header.status().message().find("no DHT segment defined") != absl::string_view::npos);
-  CHECK_FALSE(DecodeImage(undefined, DecodeLimits()).ok());
-  // Full tables (256 symbols) and the unmodified files still pass.
-  CHECK(ReadImageHeader(jpg).ok());
-  CHECK(DecodeImage(prog, DecodeLimits()).ok());
+  for (const std::string& bad : {OverfullHuffmanTable(jpg, header_dht),
+                                 OverfullHuffmanTable(prog, between_scans), undefined}) {
+    auto img = DecodeImage(bad, DecodeLimits());
+    REQUIRE_FALSE(img.ok());
+    CHECK(img.status().code() == absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace
