@@ -23,10 +23,13 @@ trap 'rm -f "$out" "$asan_out"' EXIT
 extra=()
 runs=()
 
-echo "== bazel test //... (CPU)"
+# Each step's heading carries the minutes and seconds spent so far.
+phase() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1"; }
+
+phase "bazel test //... (CPU)"
 bazel test "${flags[@]}" //... 2>&1 | tee "$out" | grep -vE '^(\[|INFO: From|Loading|Analyzing)'
 
-echo "== static link (--config=static)"
+phase "static link (--config=static)"
 if bazel test "${flags[@]}" --config=static //tests:link_smoke_test >/dev/null 2>&1; then
   extra+=("static link smoke=passed")
 else
@@ -34,14 +37,14 @@ else
   extra+=("static link smoke=failed")
 fi
 
-echo "== ./deploy/serve.sh: start, answer over gRPC and HTTP, reflection, SIGTERM, nothing left"
+phase "./deploy/serve.sh: start, answer over gRPC and HTTP, reflection, SIGTERM, nothing left"
 if deploy/serve_test.sh; then
   extra+=("serve.sh smoke=passed")
 else
   extra+=("serve.sh smoke=failed")
 fi
 
-echo "== CUDA backend compiles (--config=cuda)"
+phase "CUDA backend compiles (--config=cuda)"
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 if [[ -x "$nvcc" ]] || command -v nvcc >/dev/null; then
   if bazel build "${flags[@]}" --config=cuda //model/cuda/... >/dev/null 2>&1; then
@@ -54,7 +57,7 @@ else
   echo "   nvcc not found: CUDA compile check skipped"
 fi
 
-echo "== ASan + UBSan: bazel test --config=asan //... (tools/asan/run_asan_tests.sh)"
+phase "ASan + UBSan: bazel test --config=asan //... (tools/asan/run_asan_tests.sh)"
 if [[ "${MMSERVE_SKIP_ASAN:-0}" == 1 ]]; then
   extra+=("asan suite=skipped")
 else
@@ -63,7 +66,7 @@ else
   runs+=("--run=asan,$asan_out")
 fi
 
-echo "== fuzz targets, ${FUZZ_SECONDS:-20} s each (tools/fuzz/run_all.sh)"
+phase "fuzz targets, ${FUZZ_SECONDS:-20} s each (tools/fuzz/run_all.sh)"
 if [[ "${MMSERVE_SKIP_FUZZ:-0}" == 1 ]]; then
   extra+=("fuzz=skipped")
 else
@@ -77,6 +80,6 @@ else
   fi
 fi
 
-echo "== summary"
+phase "summary"
 python3 deploy/test_summary.py "$(bazel info "${flags[@]}" bazel-testlogs 2>/dev/null)" "$out" \
   "${runs[@]}" "${extra[@]}"
