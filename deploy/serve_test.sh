@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main command, tested as a user runs it: ./deploy/serve.sh
-# starts the stack, the CLI answers a demo question over gRPC, server
-# reflection lists the services, curl gets an answer over HTTP, SIGTERM stops
-# it, and no process, port or SysV shared-memory segment is left behind.
+# starts the stack, the CLI and the Python client answer a demo question over
+# gRPC, server reflection lists the services, curl gets an answer over HTTP,
+# SIGTERM stops it, and no process, port or SysV shared-memory segment is
+# left behind.
 # Prints "serve_test: PASS" or "serve_test: FAIL <why>"; exit status likewise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,14 @@ services=$("$bin/client/reflection_list" --address="127.0.0.1:$port" 2>&1)
 for s in mmserve.v1.Inference grpc.health.v1.Health; do
   grep -q "$s" <<<"$services" || { kill -TERM "$serve"; fail "reflection does not list $s: $services"; }
 done
+# The README's Python example, against the live stack (Debian's python3-grpcio).
+stubs=$(mktemp -d)
+client/python/gen_stubs.sh "$stubs" >/dev/null || { kill -TERM "$serve"; fail "gen_stubs.sh failed"; }
+py_answer=$(MMSERVE_STUBS_DIR="$stubs" /usr/bin/python3 client/python/mmserve_client.py \
+  --address="127.0.0.1:$port" --image=tools/demo/eval_set/0000.png \
+  --prompt="How many shapes are in the picture?" --temperature=0 2>&1)
+rm -rf "$stubs"
+[[ "$py_answer" == "two" ]] || { kill -TERM "$serve"; fail "Python client answered '$py_answer', expected 'two'"; }
 body=$(curl -s "http://127.0.0.1:$http/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}')
 grep -q '"chat.completion"' <<<"$body" || { kill -TERM "$serve"; fail "HTTP answered: $body"; }
@@ -44,4 +53,4 @@ left=$(pgrep -f "$bin/(router/router|encoder_service/encoder|language_service/la
 segments_after=$(ipcs -m | grep -c '^0x' || true)
 [[ "$segments_after" -le "$segments_before" ]] || fail "SysV segments left: $segments_before -> $segments_after"
 if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then fail "port $port still open"; fi
-echo "serve_test: PASS (answer '$answer'; $(grep -c . <<<"$services") services listed)"
+echo "serve_test: PASS (answer '$answer', Python '$py_answer'; $(grep -c . <<<"$services") services listed)"
