@@ -299,6 +299,40 @@ TEST_CASE("misuse CHECK-fails: kind, help, buckets, names, labels", "[metrics]")
   }));
 }
 
+TEST_CASE("gauge callbacks added and removed while other threads scrape", "[metrics]") {
+  Registry r;
+  std::atomic<bool> stop{false};
+  std::atomic<int> scrapes{0}, wrong{0};  // Catch2 asserts only on this thread
+  std::vector<std::thread> scrapers;
+  for (int t = 0; t < 2; ++t) {
+    scrapers.emplace_back([&] {
+      while (!stop.load()) {
+        const std::string page = r.Render();
+        // A rendered callback gauge always shows its own value.
+        for (size_t at = page.find("cb{i=\""); at != std::string::npos;
+             at = page.find("cb{i=\"", at + 1)) {
+          const size_t end = page.find('"', at + 6);
+          const std::string i = page.substr(at + 6, end - at - 6);
+          const size_t line_end = page.find('\n', at);
+          if (page.substr(end + 3, line_end - end - 3) != i) ++wrong;
+        }
+        ++scrapes;
+      }
+    });
+  }
+  for (int i = 0; i < 2000; ++i) {
+    const Labels labels = {{"i", std::to_string(i % 16)}};
+    r.RemoveGaugeCallback("cb", labels);
+    r.AddGaugeCallback("cb", "Callback.", labels, [i] { return (i % 16) * 1.0; });
+    r.GetCounter("n_total", "N.", {{"i", std::to_string(i % 64)}}).Increment();
+  }
+  stop = true;
+  for (std::thread& t : scrapers) t.join();
+  CHECK(scrapes.load() > 0);
+  CHECK(wrong.load() == 0);
+  for (int i = 0; i < 16; ++i) CHECK(r.RemoveGaugeCallback("cb", {{"i", std::to_string(i)}}));
+}
+
 TEST_CASE("concurrent updates from several threads give exact totals", "[metrics]") {
   Registry r;
   constexpr int kThreads = 4;

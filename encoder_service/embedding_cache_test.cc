@@ -1,6 +1,9 @@
 #include "encoder_service/embedding_cache.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <thread>
+#include <vector>
 
 namespace mmserve::encoder {
 namespace {
@@ -70,6 +73,43 @@ TEST_CASE("an evicted entry stays valid for whoever still holds it") {
   cache.Insert(Key(2), Image(10, 8));
   CHECK(cache.Lookup(Key(1)) == nullptr);
   CHECK(held->embedding[9] == 7);
+}
+
+TEST_CASE("threads looking up, inserting and evicting at once keep the counts exact") {
+  // Room for 8 of the 32 keys: most inserts evict, and entries are read
+  // after their eviction by the threads still holding them.
+  const size_t one = Image(64, 0)->bytes();
+  EmbeddingCache cache(8 * one);
+  constexpr int kThreads = 4;
+  constexpr int kOps = 20000;
+  std::atomic<uint64_t> lookups{0}, found{0}, wrong{0};  // Catch2 asserts only here
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t x = 88172645463325252ull + t;
+      for (int i = 0; i < kOps; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift
+        const uint64_t k = x % 32;
+        if (auto e = cache.Lookup(Key(k))) {
+          ++found;
+          // Every entry of key k holds k: never another key's value, never
+          // freed under the reader.
+          if (e->embedding.size() != 64 || e->embedding[63] != static_cast<float>(k)) ++wrong;
+        } else {
+          cache.Insert(Key(k), Image(64, static_cast<float>(k)));
+        }
+        ++lookups;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(wrong.load() == 0);
+  const auto s = cache.stats();
+  CHECK(s.hits == found.load());
+  CHECK(s.hits + s.misses == lookups.load());
+  CHECK(s.entries <= 8);
+  CHECK(s.bytes == s.entries * one);
+  CHECK(s.evictions > 0);
 }
 
 }  // namespace

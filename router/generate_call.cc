@@ -10,15 +10,11 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "model/chat_template.h"
-#include "model/image_preprocess.h"
-#include "model/sampling_proto.h"
 #include "scheduler/placement.h"
 
 namespace mmserve::router {
 namespace {
 
-constexpr size_t kMaxRequestIdBytes = 128;
 std::atomic<uint64_t> next_request{1};
 
 std::string AssignId() {
@@ -26,96 +22,7 @@ std::string AssignId() {
   return absl::StrFormat("req-%x-%d", salt & 0xffffff, next_request.fetch_add(1));
 }
 
-// Every image of the request in order of appearance.
-std::vector<const mmserve::v1::Image*> Images(const mmserve::v1::GenerateRequest& r) {
-  std::vector<const mmserve::v1::Image*> out;
-  if (r.has_chat()) {
-    for (const auto& m : r.chat().messages()) {
-      for (const auto& p : m.content()) {
-        if (p.has_image()) out.push_back(&p.image());
-      }
-    }
-  } else if (r.has_raw()) {
-    for (const auto& im : r.raw().images()) out.push_back(&im);
-  }
-  return out;
-}
-
-absl::Status Invalid(absl::string_view why) { return absl::InvalidArgumentError(why); }
-
 }  // namespace
-
-absl::Status ValidateRequest(const RouterOptions& options,
-                             const mmserve::v1::GenerateRequest& request) {
-  if (request.request_id().size() > kMaxRequestIdBytes) {
-    return Invalid(absl::StrCat("request_id is longer than ", kMaxRequestIdBytes, " bytes"));
-  }
-  if (!request.model().empty() && request.model() != options.model_id) {
-    return Invalid(absl::StrCat("unknown model \"", request.model(), "\"; this server serves \"",
-                                options.model_id, "\""));
-  }
-  if (request.has_chat()) {
-    if (request.chat().messages().empty()) return Invalid("chat.messages is empty");
-    for (int i = 0; i < request.chat().messages_size(); ++i) {
-      const auto& m = request.chat().messages(i);
-      if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
-        return Invalid(absl::StrCat("chat.messages[", i, "].role \"", m.role(),
-                                    "\" is not system, user or assistant"));
-      }
-      for (const auto& p : m.content()) {
-        if (p.has_image() && m.role() != "user") {
-          return Invalid(absl::StrCat("chat.messages[", i, "]: only user messages hold images"));
-        }
-        if (p.part_case() == mmserve::v1::ContentPart::PART_NOT_SET) {
-          return Invalid(absl::StrCat("chat.messages[", i, "] has an empty content part"));
-        }
-      }
-    }
-  } else if (request.has_raw()) {
-    const auto& raw = request.raw();
-    if (raw.token_ids_size() > 0 && (!raw.text().empty() || raw.images_size() > 0)) {
-      return Invalid("raw: give text (with images) or token_ids, not both");
-    }
-    if (raw.token_ids_size() == 0 && raw.text().empty()) return Invalid("raw.text is empty");
-    for (uint32_t id : raw.token_ids()) {
-      if (id >= static_cast<uint32_t>(options.config.text.vocab_size)) {
-        return Invalid(absl::StrCat("raw.token_ids: ", id, " is outside the vocabulary"));
-      }
-    }
-    int placeholders = 0;
-    for (size_t at = raw.text().find(model::kQwen2VlImagePlaceholder); at != std::string::npos;
-         at = raw.text().find(model::kQwen2VlImagePlaceholder, at + 1)) {
-      ++placeholders;
-    }
-    if (placeholders != raw.images_size()) {
-      return Invalid(absl::StrCat("raw.text has ", placeholders, " image placeholders but ",
-                                  raw.images_size(), " images were sent"));
-    }
-  } else {
-    return Invalid("the request has no input: set chat or raw");
-  }
-  const auto images = Images(request);
-  if (static_cast<int>(images.size()) > options.max_images) {
-    return Invalid(
-        absl::StrCat(images.size(), " images; at most ", options.max_images, " per request"));
-  }
-  if (!images.empty() && !options.config.vision) {
-    return Invalid("this model does not accept images");
-  }
-  for (size_t k = 0; k < images.size(); ++k) {
-    const std::string& data = images[k]->data();
-    if (data.empty()) return Invalid(absl::StrCat("image ", k, " is empty"));
-    if (data.size() > options.max_image_bytes) {
-      return Invalid(absl::StrCat("image ", k, " has ", data.size(), " bytes; at most ",
-                                  options.max_image_bytes));
-    }
-  }
-  bool to_context = false;
-  RETURN_IF_ERROR(model::SamplingFromProto(request.sampling(), options.config,
-                                           options.max_model_len, &to_context)
-                      .status());
-  return absl::OkStatus();
-}
 
 // One Encode call (an attempt at some of the request's images on one encoder).
 struct GenerateCall::Encode {
@@ -195,26 +102,12 @@ std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
 }
 
 absl::Status GenerateCall::Prepare() {
-  const RouterOptions& o = context_.options;
-  RETURN_IF_ERROR(ValidateRequest(o, request_));
-  const auto images = Images(request_);
+  ASSIGN_OR_RETURN(std::vector<PreparedImage> prepared, PrepareRequest(context_.options, request_));
   absl::MutexLock lock(&mu_);
-  images_.resize(images.size());
-  for (size_t k = 0; k < images.size(); ++k) {
-    const std::string& data = images[k]->data();
-    images_[k].hash = HashBytes(data);
-    if (!o.presize) continue;
-    // The exact token count from the header, with the encoder's smart resize.
-    absl::StatusOr<model::ImageHeader> h = model::ReadImageHeader(data);
-    if (!h.ok()) return Invalid(absl::StrCat("image ", k, ": ", h.status().message()));
-    if (static_cast<int64_t>(h->width) * h->height > o.max_image_pixels) {
-      return Invalid(absl::StrCat("image ", k, " is ", h->width, "x", h->height,
-                                  " pixels; at most ", o.max_image_pixels, " pixels"));
-    }
-    absl::StatusOr<model::ImageGrid> g =
-        model::SmartResize(h->width, h->height, model::GridParamsFor(*o.config.preprocessor));
-    if (!g.ok()) return Invalid(absl::StrCat("image ", k, ": ", g.status().message()));
-    images_[k].grid = *g;
+  images_.resize(prepared.size());
+  for (size_t k = 0; k < prepared.size(); ++k) {
+    images_[k].hash = prepared[k].hash;
+    images_[k].grid = prepared[k].grid;
   }
   return absl::OkStatus();
 }
@@ -311,7 +204,7 @@ bool GenerateCall::Dispatch(const std::vector<size_t>& images,
     encode->images.push_back(k);
     im.encoder_id = enc->id;
     im.transfer_id = encode->request.request_id();
-    const mmserve::v1::Image& source = *Images(request_)[k];
+    const mmserve::v1::Image& source = *RequestImages(request_)[k];
     internal::v1::EncodeImage* ei = encode->request.add_images();
     ei->set_image_index(static_cast<uint32_t>(k));
     *ei->mutable_image() = source;

@@ -40,25 +40,9 @@
 #include "model/model_config.h"
 #include "proto/inference.pb.h"
 #include "router/instance_table.h"
+#include "router/request_validation.h"
 
 namespace mmserve::router {
-
-struct RouterOptions {
-  std::string model_id;
-  model::ModelConfig config;
-  int max_model_len = 4096;
-  // Read image headers and send exact token counts (else the language side
-  // allocates the default and resumes).
-  bool presize = true;
-  int max_images = 16;
-  // An image's affinity encoder counts as saturated with this many images
-  // queued (its last load report); the least loaded encoder takes it then.
-  int encoder_saturation = 32;
-  size_t max_image_bytes = size_t{20} << 20;
-  int64_t max_image_pixels = 89478485;
-  // Deadline of calls that come without one.
-  absl::Duration default_timeout = absl::Seconds(600);
-};
 
 // What the router shares with every call.
 struct RouterContext {
@@ -155,11 +139,6 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   double router_seconds_ = 0;  // time spent in the router before dispatch
   std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
 };
-
-// Validation shared by gRPC and HTTP: the checks Start makes before any
-// backend is called.
-[[nodiscard]] absl::Status ValidateRequest(const RouterOptions& options,
-                                           const mmserve::v1::GenerateRequest& request);
 
 }  // namespace mmserve::router
 

@@ -13,7 +13,11 @@
 # becomes a regression test by copying the reproducer into
 # fuzz/corpus/<name>/ with the fix: <name>_corpus_test replays it.
 #
-# Environment: FUZZ_OUT (default ${TMPDIR:-/tmp}/mmserve_fuzz/runs),
+# The clang build has its own output base, per user and per checkout
+# (${TMPDIR:-/tmp}/mmserve_fuzz-<user>-<hash of the checkout path>), so that
+# two checkouts never share (and fight over) one.
+#
+# Environment: FUZZ_OUT (default <that folder>/runs),
 # FUZZ_JOBS (targets run at once, default 1), FUZZ_RSS_MB (default 2048),
 # MMSERVE_BAZEL_CACHE (disk cache, default ~/.cache/mmserve/bazel-disk).
 set -uo pipefail
@@ -21,7 +25,7 @@ seconds="${1:?usage: run_all.sh SECONDS [TARGET_NAME...]}"
 shift
 cd "$(dirname "$0")/../.."
 root="$PWD"
-base="${TMPDIR:-/tmp}/mmserve_fuzz"
+base="${TMPDIR:-/tmp}/mmserve_fuzz-$(id -un)-$(printf '%s' "$root" | md5sum | cut -c1-8)"
 out="${FUZZ_OUT:-$base/runs}"
 cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
 mkdir -p "$out" "$cache"

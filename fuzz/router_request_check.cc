@@ -1,0 +1,110 @@
+#include "fuzz/router_request_check.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fuzz/fuzz_check.h"
+#include "model/image_decode.h"
+#include "model/image_preprocess.h"
+#include "model/model_config.h"
+
+namespace mmserve::fuzz {
+namespace {
+
+using Prepared = absl::StatusOr<std::vector<router::PreparedImage>>;
+
+constexpr char kModelDir[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
+
+bool SameGrid(const model::ImageGrid& a, const model::ImageGrid& b) {
+  return a.resized_height == b.resized_height && a.resized_width == b.resized_width &&
+         a.grid_t == b.grid_t && a.grid_h == b.grid_h && a.grid_w == b.grid_w &&
+         a.merge_size == b.merge_size;
+}
+
+void CheckSame(const Prepared& a, const Prepared& b, const char* what) {
+  FUZZ_CHECK(a.status() == b.status()) << what << ": " << a.status() << " vs " << b.status();
+  if (!a.ok()) return;
+  FUZZ_CHECK(a->size() == b->size()) << what;
+  for (size_t k = 0; k < a->size(); ++k) {
+    FUZZ_CHECK((*a)[k].hash == (*b)[k].hash) << what << ": image " << k;
+    FUZZ_CHECK((*a)[k].grid.has_value() == (*b)[k].grid.has_value()) << what << ": image " << k;
+    if ((*a)[k].grid) {
+      FUZZ_CHECK(SameGrid(*(*a)[k].grid, *(*b)[k].grid)) << what << ": image " << k;
+    }
+  }
+}
+
+}  // namespace
+
+const router::RouterOptions& FuzzRouterOptions() {
+  static const router::RouterOptions* options = [] {
+    absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(kModelDir);
+    FUZZ_CHECK(config.ok()) << config.status() << " (run from the workspace root)";
+    FUZZ_CHECK(config->vision && config->preprocessor) << kModelDir << " is not a vision model";
+    auto* o = new router::RouterOptions();
+    o->model_id = "qwen2vl-tiny";
+    o->config = *config;
+    o->max_image_pixels = int64_t{1} << 20;
+    return o;
+  }();
+  return *options;
+}
+
+absl::Status CheckPrepareRequest(const router::RouterOptions& options,
+                                 const mmserve::v1::GenerateRequest& request) {
+  const Prepared prepared = router::PrepareRequest(options, request);
+  if (!prepared.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(prepared.status())) << prepared.status();
+    FUZZ_CHECK(!prepared.status().message().empty());
+  }
+  CheckSame(prepared, router::PrepareRequest(options, request), "second call");
+
+  mmserve::v1::GenerateRequest wire;
+  FUZZ_CHECK(wire.ParseFromString(request.SerializeAsString()));
+  CheckSame(prepared, router::PrepareRequest(options, wire), "after a wire round trip");
+
+  const absl::Status validated = router::ValidateRequest(options, request);
+  if (!validated.ok()) FUZZ_CHECK(prepared.status() == validated) << prepared.status();
+  if (prepared.ok()) FUZZ_CHECK(validated.ok()) << validated;
+
+  router::RouterOptions unsized = options;
+  unsized.presize = false;
+  const Prepared plain = router::PrepareRequest(unsized, request);
+  FUZZ_CHECK(plain.status() == validated) << plain.status() << " vs " << validated;
+  if (plain.ok()) {
+    for (const router::PreparedImage& im : *plain) FUZZ_CHECK(!im.grid.has_value());
+  }
+  if (!prepared.ok()) return prepared.status();
+
+  const std::vector<const mmserve::v1::Image*> images = router::RequestImages(request);
+  FUZZ_CHECK(prepared->size() == images.size()) << prepared->size() << " vs " << images.size();
+  FUZZ_CHECK(plain->size() == images.size());
+  model::DecodeLimits limits;
+  limits.max_pixels = options.max_image_pixels;
+  limits.max_bytes = static_cast<int64_t>(options.max_image_bytes);
+  for (size_t k = 0; k < images.size(); ++k) {
+    const router::PreparedImage& im = (*prepared)[k];
+    FUZZ_CHECK(im.hash == HashBytes(images[k]->data())) << "image " << k;
+    FUZZ_CHECK((*plain)[k].hash == im.hash) << "image " << k;
+    FUZZ_CHECK(im.grid.has_value()) << "image " << k << " accepted without a grid";
+    FUZZ_CHECK(im.grid->num_tokens() > 0) << "image " << k;
+    // What the encoder does with the image (encoder_core.cc).
+    absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(images[k]->data(), limits);
+    if (!rgb.ok()) {
+      FUZZ_CHECK(absl::IsInvalidArgument(rgb.status())) << rgb.status();
+      continue;
+    }
+    absl::StatusOr<model::ImagePatches> patches =
+        model::PreprocessImage(*rgb, *options.config.preprocessor);
+    FUZZ_CHECK(patches.ok()) << "image " << k << ": the router sized it, preprocessing refused it: "
+                             << patches.status();
+    FUZZ_CHECK(SameGrid(patches->grid, *im.grid))
+        << "image " << k << ": header grid " << im.grid->grid_h << "x" << im.grid->grid_w << " ("
+        << im.grid->num_tokens() << " tokens), decoded " << patches->grid.grid_h << "x"
+        << patches->grid.grid_w << " (" << patches->grid.num_tokens() << " tokens)";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mmserve::fuzz

@@ -1,0 +1,71 @@
+// The router's checks of a GenerateRequest, shared by the gRPC and HTTP
+// front ends: everything decided before any backend is called. Pure
+// functions, no I/O, thread-safe.
+//
+//   ASSIGN_OR_RETURN(std::vector<PreparedImage> images, PrepareRequest(options, request));
+//   // images[k].hash places image k; images[k].grid (when options.presize)
+//   // tells the language side how many embedding rows to allocate.
+//
+// Every refusal is INVALID_ARGUMENT with a reason that names the field.
+#ifndef MMSERVE_ROUTER_REQUEST_VALIDATION_H_
+#define MMSERVE_ROUTER_REQUEST_VALIDATION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/hash.h"
+#include "model/image_tokens.h"
+#include "model/model_config.h"
+#include "proto/inference.pb.h"
+
+namespace mmserve::router {
+
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+struct RouterOptions {
+  std::string model_id;
+  model::ModelConfig config;
+  int max_model_len = 4096;
+  // Read image headers and send exact token counts (else the language side
+  // allocates the default and resumes).
+  bool presize = true;
+  int max_images = 16;
+  // An image's affinity encoder counts as saturated with this many images
+  // queued (its last load report); the least loaded encoder takes it then.
+  int encoder_saturation = 32;
+  size_t max_image_bytes = size_t{20} << 20;
+  int64_t max_image_pixels = 89478485;
+  // Deadline of calls that come without one.
+  absl::Duration default_timeout = absl::Seconds(600);
+};
+
+// Every image of the request in order of appearance (chat parts or raw).
+std::vector<const mmserve::v1::Image*> RequestImages(const mmserve::v1::GenerateRequest& request);
+
+// The checks that need no image decoding: request id, model, chat roles or
+// raw text/token ids and placeholders, image count and bytes, sampling
+// values (the same SamplingFromProto the language side uses).
+[[nodiscard]] absl::Status ValidateRequest(const RouterOptions& options,
+                                           const mmserve::v1::GenerateRequest& request);
+
+struct PreparedImage {
+  ContentHash hash;
+  // The exact grid from the image header and the encoder's smart resize;
+  // empty when options.presize is off.
+  std::optional<model::ImageGrid> grid;
+};
+
+// ValidateRequest, then every image's content hash and, with
+// options.presize, its header read and pixel limit and its grid.
+[[nodiscard]] absl::StatusOr<std::vector<PreparedImage>> PrepareRequest(
+    const RouterOptions& options, const mmserve::v1::GenerateRequest& request);
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_REQUEST_VALIDATION_H_
