@@ -26,13 +26,10 @@
 // UNAVAILABLE and marks the segment broken, which wakes and fails the other
 // ranks too.
 //
-// Lifetime: rank 0 creates the segment (replacing a stale one of the same
-// name left by a crashed launch), the others open it; Join returns once every
-// rank has mapped it and the last rank to map it has unlinked the name, so
-// nothing is left in /dev/shm even if the processes are killed afterwards.
-// If a rank never arrives, Join fails with UNAVAILABLE at the deadline and
-// unlinks the name. Destruction marks the segment broken (a rank that leaves
-// takes its instance out of service) and unmaps it.
+// Lifetime: as ShmSegment (shm_segment.h): Join returns once every rank has
+// mapped the segment and its name is unlinked, so nothing is left in
+// /dev/shm; destruction marks it broken (a rank that leaves takes its
+// instance out of service).
 // Thread-safety: as Communicator (one calling thread per rank).
 #ifndef MMSERVE_WORKER_SHM_COMMUNICATOR_H_
 #define MMSERVE_WORKER_SHM_COMMUNICATOR_H_
@@ -44,10 +41,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/communicator.h"
+#include "worker/shm_segment.h"
 
 namespace mmserve::worker {
-
-inline constexpr int kMaxShmRanks = 16;
 
 struct ShmCommunicatorOptions {
   // [A-Za-z0-9_.-], 1 to 200 characters; every rank passes the same.
@@ -89,16 +85,11 @@ class ShmCommunicator final : public Communicator {
  private:
   struct Header;
 
-  ShmCommunicator(const ShmCommunicatorOptions& options, void* base, size_t bytes);
+  ShmCommunicator(const ShmCommunicatorOptions& options, std::unique_ptr<ShmSegment> segment);
 
   // Waits for every rank; UNAVAILABLE (and the segment broken) on a timeout,
   // a dead peer or a broken segment.
   absl::Status Wait();
-  // Waits until pred() holds, with Wait's failure rules (no futex: polls).
-  template <typename Pred>
-  absl::Status PollUntil(Pred pred, absl::Time deadline);
-  absl::Status CheckPeers(absl::Time deadline);
-  absl::Status Break(absl::Status why);
   // After the barrier of a call on slot set `set`: InvalidArgument (and the
   // segment broken) unless every rank published the same call size n.
   absl::Status CheckSizes(int set, int64_t n);
@@ -106,10 +97,9 @@ class ShmCommunicator final : public Communicator {
   absl::Status GatherImpl(absl::Span<const float> in, absl::Span<float> out, bool to_all);
 
   ShmCommunicatorOptions options_;
-  Header* header_;
-  size_t bytes_;
+  std::unique_ptr<ShmSegment> segment_;
+  Header* header_;      // in segment_
   uint64_t calls_ = 0;  // data calls so far: picks the slot set
-  bool broken_ = false;
 };
 
 }  // namespace mmserve::worker
