@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cstring>
 #include <string>
 
@@ -24,16 +23,6 @@ constexpr absl::Duration kPeerCheckEvery = absl::Milliseconds(50);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 
-bool ValidId(const std::string& id) {
-  if (id.empty() || id.size() > 200) return false;
-  for (char c : id) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 // The communicator's part of the segment; zeroed at creation.
@@ -51,10 +40,7 @@ std::string ShmSegmentName(const std::string& instance_id) {
 absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Join(
     const ShmCommunicatorOptions& o) {
   static_assert(sizeof(Header) <= kHeaderBytes);
-  if (!ValidId(o.instance_id)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "instance id '", o.instance_id, "' must be 1 to 200 characters of [A-Za-z0-9_.-]"));
-  }
+  if (absl::Status s = ValidateInstanceId(o.instance_id); !s.ok()) return s;
   if (o.capacity_floats < kSliceAlignFloats || o.capacity_floats > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("capacity ", o.capacity_floats, " floats is outside [16, 2^30]"));

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <new>
 
@@ -23,6 +24,16 @@ absl::Status Errno(const std::string& call) {
 }
 
 }  // namespace
+
+absl::Status ValidateInstanceId(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 200;
+  for (char c : id) {
+    ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("instance id '", id, "' must be 1 to 200 characters of [A-Za-z0-9_.-]"));
+}
 
 struct ShmSegment::Header {
   std::atomic<uint32_t> magic;  // kMagic once the rest is initialised

@@ -35,6 +35,10 @@ namespace mmserve::worker {
 
 inline constexpr int kMaxShmRanks = 16;
 
+// OK for 1 to 200 characters of [A-Za-z0-9_.-] (segment names are built
+// from instance ids); InvalidArgument otherwise.
+[[nodiscard]] absl::Status ValidateInstanceId(const std::string& id);
+
 struct ShmSegmentOptions {
   std::string name;  // "/..." (shm_open), unique per launch
   int rank = 0;
