@@ -15,6 +15,7 @@ struct Counts {
   uint32_t magic;
   uint32_t kind;
   uint64_t tokens, sequences, block_entries, logits_rows, embeddings, inline_floats;
+  int64_t kv_blocks, kv_block_size;
 };
 
 struct WireSequence {
@@ -134,7 +135,8 @@ absl::StatusOr<size_t> EncodeStep(const StepMessage& m, absl::Span<uint8_t> out)
   }
   Writer w(out);
   w.Put(Counts{kStepMagic, static_cast<uint32_t>(m.kind), b.token_ids.size(), b.sequences.size(),
-               BlockEntries(b), b.logits_rows.size(), m.embeddings.size(), m.inline_floats.size()});
+               BlockEntries(b), b.logits_rows.size(), m.embeddings.size(), m.inline_floats.size(),
+               m.kv_blocks, m.kv_block_size});
   w.Put(b.token_ids.data(), b.token_ids.size());
   w.Put(b.positions.data(), b.positions.size());
   w.Put(b.slot_mapping.data(), b.slot_mapping.size());
@@ -158,7 +160,8 @@ absl::Status DecodeStep(absl::Span<const uint8_t> in, StepMessage* m) {
   if (!r.Get(&c, 1)) return Malformed("shorter than its header");
   if (c.magic != kStepMagic) return Malformed("bad magic");
   if (c.kind != static_cast<uint32_t>(StepKind::kForward) &&
-      c.kind != static_cast<uint32_t>(StepKind::kStop)) {
+      c.kind != static_cast<uint32_t>(StepKind::kStop) &&
+      c.kind != static_cast<uint32_t>(StepKind::kAllocateKv)) {
     return Malformed(absl::StrCat("unknown kind ", c.kind));
   }
   for (uint64_t n :
@@ -166,6 +169,8 @@ absl::Status DecodeStep(absl::Span<const uint8_t> in, StepMessage* m) {
     if (n >= kMaxCount) return Malformed("count out of range");
   }
   m->kind = static_cast<StepKind>(c.kind);
+  m->kv_blocks = c.kv_blocks;
+  m->kv_block_size = c.kv_block_size;
   model::ForwardBatch& b = m->batch;
   b = model::ForwardBatch();
   std::vector<WireSequence> seqs;

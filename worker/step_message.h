@@ -34,6 +34,9 @@ namespace mmserve::worker {
 enum class StepKind : uint32_t {
   kForward = 1,  // run batch
   kStop = 2,     // leave the step loop (orderly shutdown)
+  // (Re)create the rank's KV cache: kv_blocks blocks of kv_block_size tokens
+  // (its own KV heads); the old contents are gone.
+  kAllocateKv = 3,
 };
 
 enum class EmbeddingPlacement : uint32_t {
@@ -56,6 +59,9 @@ struct StepMessage {
   model::ForwardBatch batch;
   std::vector<EmbeddingRef> embeddings;
   std::vector<float> inline_floats;
+  // kAllocateKv only.
+  int64_t kv_blocks = 0;
+  int64_t kv_block_size = 0;
 };
 
 // The message for `batch`: its arrays, and one descriptor per override. With

@@ -130,6 +130,26 @@ TEST_CASE("every truncation and corruption of a step is DataLoss, never a crash"
   CHECK(absl::IsDataLoss(DecodeStep(bad, &got)));
 }
 
+TEST_CASE("kAllocateKv and kStop carry their kind and cache size", "[step_message]") {
+  StepMessage m;
+  m.kind = StepKind::kAllocateKv;
+  m.kv_blocks = 1234;
+  m.kv_block_size = 16;
+  std::vector<uint8_t> slot(EncodedStepBytes(m));
+  REQUIRE(EncodeStep(m, absl::MakeSpan(slot)).ok());
+  StepMessage got;
+  REQUIRE(DecodeStep(slot, &got).ok());
+  CHECK(got.kind == StepKind::kAllocateKv);
+  CHECK(got.kv_blocks == 1234);
+  CHECK(got.kv_block_size == 16);
+  CHECK(got.batch.token_ids.empty());
+  m = StepMessage();
+  m.kind = StepKind::kStop;
+  REQUIRE(EncodeStep(m, absl::MakeSpan(slot)).ok());
+  REQUIRE(DecodeStep(absl::MakeConstSpan(slot.data(), EncodedStepBytes(m)), &got).ok());
+  CHECK(got.kind == StepKind::kStop);
+}
+
 TEST_CASE("a step larger than its slot is ResourceExhausted", "[step_message]") {
   const std::vector<float> image = Image();
   auto m = StepMessageFromBatch(SampleBatch(image), kHidden, EmbeddingPlacement::kInline);
