@@ -605,7 +605,11 @@ void LanguageCore::Loop() {
         for (const auto& [id, r] : requests_) {
           if (r->in_engine) live.push_back(id);
         }
-        for (const std::string& id : live) End(id, absl::InternalError(s.message()));
+        // UNAVAILABLE: a tensor-parallel rank died; the instance is out of
+        // service and every later step fails the same way.
+        const absl::Status why = absl::IsUnavailable(s) ? absl::UnavailableError(s.message())
+                                                        : absl::InternalError(s.message());
+        for (const std::string& id : live) End(id, why);
       }
     }
     UpdateLoad();
