@@ -82,6 +82,11 @@ class ShmCommunicator final : public Communicator {
   absl::Status Broadcast(absl::Span<float> data) override;
   absl::Status Barrier() override;
 
+  // Takes the instance out of service from any thread (e.g. a supervisor
+  // that saw a rank exit): every rank's current and later calls fail with
+  // UNAVAILABLE.
+  void Abort(const std::string& why) { (void)segment_->Break(absl::UnavailableError(why)); }
+
  private:
   struct Header;
 

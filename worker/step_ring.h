@@ -66,6 +66,9 @@ class StepRing {
   // slot (the ring is then broken).
   [[nodiscard]] absl::Status Next(StepMessage* m);
 
+  // As ShmCommunicator::Abort, for the ring (thread-safe).
+  void Abort(const std::string& why) { (void)segment_->Break(absl::UnavailableError(why)); }
+
   // Steps published (rank 0) or taken (other ranks) so far.
   uint64_t steps() const { return steps_; }
 

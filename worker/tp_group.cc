@@ -64,11 +64,37 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
   auto ring = StepRing::Join(ro);
   if (!ring.ok()) return ring.status();
   g->ring_ = *std::move(ring);
+  g->reaped_ = std::vector<std::atomic<bool>>(g->shards_.size());
+  g->supervisor_ = std::thread([raw = g.get()] { raw->Supervise(); });
   LOG(INFO) << "tensor-parallel instance " << o.instance_id << ": " << o.size << " ranks joined";
   return g;
 }
 
-TpGroup::~TpGroup() { StopShards(); }
+TpGroup::~TpGroup() {
+  stopping_ = true;
+  if (supervisor_.joinable()) supervisor_.join();
+  StopShards();
+}
+
+void TpGroup::Supervise() {
+  while (!stopping_.load()) {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (reaped_[i].load()) continue;
+      int status = 0;
+      if (waitpid(shards_[i], &status, WNOHANG) != shards_[i]) continue;
+      reaped_[i] = true;
+      const std::string why = absl::StrCat(
+          "tensor-parallel rank ", i + 1, " (pid ", shards_[i], ") of ", options_.instance_id,
+          WIFSIGNALED(status) ? absl::StrCat(" was killed by signal ", WTERMSIG(status))
+                              : absl::StrCat(" exited with status ", WEXITSTATUS(status)));
+      LOG(ERROR) << why << ": the instance is out of service";
+      lost_rank_ = true;
+      comm_->Abort(why);
+      ring_->Abort(why);
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
 
 void TpGroup::StopShards() {
   if (ring_ != nullptr) {
@@ -76,7 +102,9 @@ void TpGroup::StopShards() {
     if (!s.ok()) LOG(WARNING) << "stopping the shard ranks: " << s;
   }
   const absl::Time deadline = absl::Now() + options_.stop_grace;
-  for (pid_t pid : shards_) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (!reaped_.empty() && reaped_[i].load()) continue;
+    const pid_t pid = shards_[i];
     int status = 0;
     while (true) {
       const pid_t r = waitpid(pid, &status, WNOHANG);

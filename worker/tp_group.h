@@ -9,17 +9,24 @@
 //   Qwen2Model model(cfg, weights, pool, {kDot, group->comm()});
 //   ModelRunner runner(model, kv, group->ring());
 //
+// A supervisor thread reaps the shard ranks: one that exits while the group
+// runs is noticed within about 50 ms, and the communicator and ring are
+// aborted, so rank 0's step in progress (or next step) fails with
+// UNAVAILABLE instead of waiting; lost_rank() turns true.
 // Destruction sends kStop, gives each rank `stop_grace` to exit, then
 // SIGKILLs and reaps it: no rank outlives its group, and the segments'
 // names are gone once every rank joined (ShmSegment).
-// Thread-safety: the owner's one thread uses it.
+// Thread-safety: lost_rank() is thread-safe; the rest is the owner's
+// thread's.
 #ifndef MMSERVE_WORKER_TP_GROUP_H_
 #define MMSERVE_WORKER_TP_GROUP_H_
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,13 +60,19 @@ class TpGroup {
   Communicator* comm() const { return comm_.get(); }
   StepRing* ring() const { return ring_.get(); }
   const std::vector<pid_t>& shard_pids() const { return shards_; }
+  bool lost_rank() const { return lost_rank_.load(); }
 
  private:
   TpGroup() = default;
+  void Supervise();
   void StopShards();
 
   TpGroupOptions options_;
   std::vector<pid_t> shards_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> lost_rank_{false};
+  std::vector<std::atomic<bool>> reaped_;  // by the supervisor, per shard
+  std::thread supervisor_;
   std::unique_ptr<ShmCommunicator> comm_;
   std::unique_ptr<StepRing> ring_;
 };
