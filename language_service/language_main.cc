@@ -172,7 +172,7 @@ int Main() {
     info.set_grpc_address(advertise);
     info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
     *info.mutable_ucx() = eng.local_info().ucx();
-    info.set_tp_size(1);
+    info.set_tp_size(static_cast<uint32_t>(copts.engine.tp_size));
     *info.mutable_capacity() = c.Capacity();
     info.mutable_capacity()->set_max_num_seqs(static_cast<uint32_t>(copts.engine.max_num_seqs));
     info.mutable_capacity()->set_max_num_batched_tokens(

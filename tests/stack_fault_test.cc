@@ -339,19 +339,32 @@ TEST_CASE(
     CHECK(a[i].status.code() == absl::StatusCode::kUnavailable);
     CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
   }
-  // Rank 0 reaped its shard and is still up; its segments' names were
-  // unlinked when the ranks joined.
+  // The out-of-service instance leaves on its own: it drains and exits
+  // cleanly, having reaped its shard; no segment of it is left.
+  const Deadline gone = Deadline::After(absl::Seconds(20));
+  while ((*stack)->language().process->alive() && !gone.Expired()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE_FALSE((*stack)->language().process->alive());
+  CHECK((*stack)->language().process->exit_status() == 0);
   CHECK(ChildrenOf(rank0).empty());
-  CHECK(kill(rank0, 0) == 0);
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
     CHECK(e.path().filename().string().find(absl::StrCat("language-0-", rank0)) ==
           std::string::npos);
   }
-  // Later requests are refused quickly rather than hanging.
+  // Meanwhile requests are refused quickly rather than hanging.
   Stopwatch clock;
   Answer refused = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
   CHECK(refused.status.code() == absl::StatusCode::kUnavailable);
   CHECK(clock.ElapsedSeconds() < 2.0);
+  // Restarted (as the launcher does), the TP=2 instance serves again.
+  REQUIRE((*stack)->StartLanguage().ok());
+  REQUIRE((*stack)->WaitHealthy(1, 1, absl::Seconds(60)).ok());
+  Answer again = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
+  INFO(again.status);
+  CHECK(again.status.ok());
+  CHECK(again.text == InProcess(set).text[0]);
+  CheckNoLeaks(**stack);
 }
 
 }  // namespace
