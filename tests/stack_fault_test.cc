@@ -367,5 +367,63 @@ TEST_CASE(
   CheckNoLeaks(**stack);
 }
 
+// Gone, or a zombie nobody reaped yet.
+bool ProcessGone(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+TEST_CASE(
+    "SIGKILL of a TP=2 instance's rank 0: its streams end with UNAVAILABLE and the orphaned "
+    "shard rank exits on its own") {
+  launcher::StackOptions so = TestStackOptions(1, "shm");
+  so.language_args.push_back("--tp=2");
+  so.language_args.push_back("--threads=1");
+  auto stack = launcher::LocalStack::Start(so);
+  REQUIRE(stack.ok());
+  const pid_t rank0 = (*stack)->language().process->pid();
+  const std::vector<pid_t> shards = ChildrenOf(rank0);
+  REQUIRE(shards.size() == 1);
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  std::atomic<int> streaming{0};
+  std::vector<Answer> a(2);
+  std::thread killer([&] {
+    while (streaming.load() < 2) absl::SleepFor(absl::Milliseconds(2));
+    (*stack)->language().process->Signal(SIGKILL);
+  });
+  ParallelFor(2, 2, [&](int i) {
+    AskOptions o;
+    o.max_tokens = 3000;
+    o.ignore_eos = true;
+    o.cancel_after = 0;
+    GenerateRequest r = DemoRequest(set, set.items[i], o);
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, r);
+    mmserve::v1::GenerateResponse resp;
+    bool counted = false;
+    while (reader->Read(&resp)) {
+      if (!counted) {
+        counted = true;
+        ++streaming;
+      }
+    }
+    a[i].status = FromGrpcStatus(reader->Finish());
+  });
+  killer.join();
+  for (const Answer& answer : a) {
+    INFO(answer.status);
+    CHECK(answer.status.code() == absl::StatusCode::kUnavailable);
+  }
+  // The shard notices rank 0's death (its step wait checks rank 0's pid).
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  while (!ProcessGone(shards[0]) && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));
+  CHECK(ProcessGone(shards[0]));
+}
+
 }  // namespace
 }  // namespace mmserve::testing
