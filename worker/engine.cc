@@ -86,7 +86,10 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
         absl::StrCat("tensor-parallel size ", options.tp_size, " must be >= 1"));
   }
   const int threads =
-      options.num_threads > 0 ? options.num_threads : model::cpu::ThreadPool::DefaultThreads();
+      options.num_threads > 0
+          ? options.num_threads
+          // Every rank runs on this host: share the cores between them.
+          : std::max(1, model::cpu::ThreadPool::DefaultThreads() / std::max(1, options.tp_size));
   if (options.tp_size > 1) {
     weight_options.shard = {0, options.tp_size};
     // Refuse a model that does not split before any rank starts.
@@ -170,7 +173,9 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
   in.max_model_len = sizing_.max_model_len;
   in.block_bytes = model_->KvShape(1, bs).TotalBytes();
   in.requested_bytes = static_cast<size_t>(options.kv_cache_bytes);
-  in.available_bytes = ProcBytes("/proc/meminfo", "MemAvailable:");
+  // Every rank allocates a cache of num_blocks blocks of its own heads on
+  // this host: each gets its share of the memory.
+  in.available_bytes = ProcBytes("/proc/meminfo", "MemAvailable:") / std::max(1, options.tp_size);
   in.memory_fraction = options.kv_memory_fraction;
   ASSIGN_OR_RETURN(KvSizing kv_sizing, DecideKvBlocks(in));
   const int num_blocks = kv_sizing.num_blocks;

@@ -74,9 +74,12 @@ struct EngineOptions {
   // Tensor parallelism (issue 12): tp_size > 1 makes this engine rank 0 of
   // tp_size rank processes on this host. It starts ranks 1.. from
   // tp_shard_binary (//worker:tp_shard), each with num_threads threads (as
-  // rank 0), joined by the shared-memory communicator and step ring named
+  // rank 0; 0: the cores divided by tp_size), joined by the shared-memory
+  // communicator and step ring named
   // tp_instance_id (unique per launch; empty: "engine-<pid>"). Needs
   // num_key_value_heads divisible by tp_size and no quantization.
+  // kv_cache_bytes is per rank; with 0, each rank gets kv_memory_fraction of
+  // MemAvailable / tp_size.
   int tp_size = 1;
   std::string tp_shard_binary;
   std::string tp_instance_id;
