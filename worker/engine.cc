@@ -35,6 +35,19 @@ int64_t ProcBytes(const char* file, const char* key) {
   return 0;
 }
 
+// The largest step the scheduler can make, encoded (step_message.h): every
+// row an image row with its embedding inline, every sequence's block table
+// as long as max_model_len needs.
+int64_t StepSlotBytes(const EngineOptions& o, int64_t hidden, int64_t max_model_len) {
+  const int64_t rows = o.max_num_batched_tokens;
+  const int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size + 1;
+  // Per row: token id, 3 positions, slot, logits row, embedding descriptor
+  // and values; per sequence: its chunk and block table; and the header.
+  const int64_t bytes = 1024 + rows * (4 + 3 * 8 + 8 + 8 + 48 + hidden * 4) +
+                        o.max_num_seqs * (32 + blocks_per_seq * 4);
+  return (bytes + 63) / 64 * 64;
+}
+
 }  // namespace
 
 // A request's state outside the scheduler.
@@ -90,6 +103,12 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
           ? options.num_threads
           // Every rank runs on this host: share the cores between them.
           : std::max(1, model::cpu::ThreadPool::DefaultThreads() / std::max(1, options.tp_size));
+  sizing_.max_model_len =
+      options.max_model_len > 0
+          ? options.max_model_len
+          : std::min(config_.text.max_position_embeddings > 0 ? config_.text.max_position_embeddings
+                                                              : kMaxModelLenCap,
+                     kMaxModelLenCap);
   if (options.tp_size > 1) {
     weight_options.shard = {0, options.tp_size};
     // Refuse a model that does not split before any rank starts.
@@ -104,6 +123,7 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
     g.shard_binary = options.tp_shard_binary;
     g.model_dir = options.model_dir;
     g.threads_per_rank = threads;
+    g.ring_slot_bytes = StepSlotBytes(options, config_.text.hidden_size, sizing_.max_model_len);
     ASSIGN_OR_RETURN(tp_group_, TpGroup::Start(g));
   }
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
@@ -125,12 +145,6 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
   }
   image_pad_id_ = config_.tokens.image_pad >= 0 ? config_.tokens.image_pad
                                                 : tokenizer_->TokenToId("<|image_pad|>");
-  sizing_.max_model_len =
-      options.max_model_len > 0
-          ? options.max_model_len
-          : std::min(config_.text.max_position_embeddings > 0 ? config_.text.max_position_embeddings
-                                                              : kMaxModelLenCap,
-                     kMaxModelLenCap);
   return absl::OkStatus();
 }
 

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
                                      absl::StrCat("--rank=", rank),
                                      absl::StrCat("--tp=", o.size),
                                      absl::StrCat("--threads=", o.threads_per_rank),
+                                     absl::StrCat("--ring_slot_bytes=", o.ring_slot_bytes),
                                      absl::StrCat("--timeout_s=", absl::ToInt64Seconds(o.timeout))};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -61,6 +62,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
   ro.rank = 0;
   ro.world_size = o.size;
   ro.timeout = o.timeout;
+  ro.slot_bytes = o.ring_slot_bytes;
   auto ring = StepRing::Join(ro);
   if (!ring.ok()) return ring.status();
   g->ring_ = *std::move(ring);

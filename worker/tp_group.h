@@ -42,6 +42,8 @@ struct TpGroupOptions {
   std::string shard_binary;
   std::string model_dir;
   int threads_per_rank = 1;
+  // The step ring's slot: at least the largest encoded step (StepRing).
+  int64_t ring_slot_bytes = int64_t{1} << 20;
   // How long a collective waits for a live but silent peer (a shard still
   // loading its weights at the first step), and the join's deadline.
   absl::Duration timeout = absl::Seconds(120);

@@ -25,6 +25,7 @@ ABSL_FLAG(int, rank, 1, "this rank, 1..tp-1");
 ABSL_FLAG(int, tp, 2, "ranks in the instance");
 ABSL_FLAG(int, threads, 1, "compute threads of this rank");
 ABSL_FLAG(int, timeout_s, 120, "collective and join timeout, seconds");
+ABSL_FLAG(int64_t, ring_slot_bytes, int64_t{1} << 20, "step ring slot size (as rank 0's)");
 
 namespace mmserve::worker {
 namespace {
@@ -46,6 +47,7 @@ absl::Status Run() {
   ro.rank = rank;
   ro.world_size = tp;
   ro.timeout = timeout;
+  ro.slot_bytes = absl::GetFlag(FLAGS_ring_slot_bytes);
   ASSIGN_OR_RETURN(std::unique_ptr<StepRing> ring, StepRing::Join(ro));
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   ASSIGN_OR_RETURN(model::ModelConfig cfg, model::LoadModelConfig(dir));
