@@ -23,6 +23,7 @@
 #include "model/safetensors.h"
 #include "worker/fork_ranks.h"
 #include "worker/shm_communicator.h"
+#include "worker/shm_segment.h"
 
 namespace mmserve::worker {
 namespace {
@@ -66,6 +67,9 @@ Loaded Load(model::TensorParallelShard shard) {
 struct Prompt {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<float> image;  // 3 rows x hidden
+  // Where the image rows are read from: image, or a copy in the shared
+  // receive buffer.
+  const float* image_rows = nullptr;
 };
 
 Prompt MakePrompt(int64_t hidden, int64_t vocab) {
@@ -94,7 +98,8 @@ model::ForwardBatch MakeStep(const std::vector<std::vector<int32_t>>& tokens,
     }
     for (int64_t i = start; i < len; ++i) {
       if (s == 0 && i >= 2 && i < 5) {
-        b.embedding_overrides.push_back({b.num_tokens(), p.image.data() + (i - 2) * hidden});
+        const float* rows = p.image_rows != nullptr ? p.image_rows : p.image.data();
+        b.embedding_overrides.push_back({b.num_tokens(), rows + (i - 2) * hidden});
       }
       b.token_ids.push_back(tokens[s][i]);
       pos.push_back(i);
@@ -161,21 +166,45 @@ Instance JoinInstance(const std::string& id, int rank, absl::Duration timeout) {
 
 // Rank 1's whole life: join, load its shard, run steps until stop or error.
 // Exit code 0 on a kStop, 20 on UNAVAILABLE.
-int ShardRank(const std::string& id) {
+// The receive buffer every rank maps (seed 000), here holding the image.
+std::string BufferName(const std::string& id) { return "/mmserve-embbuf-" + id; }
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> JoinBuffer(const std::string& id, int rank,
+                                                       size_t bytes) {
+  ShmSegmentOptions o;
+  o.name = BufferName(id);
+  o.rank = rank;
+  o.world_size = 2;
+  o.user_bytes = bytes;
+  return ShmSegment::Join(o);
+}
+
+// buffer_bytes > 0: also map the shared receive buffer.
+int ShardRank(const std::string& id, size_t buffer_bytes = 0) {
   Instance in = JoinInstance(id, 1, absl::Seconds(30));
   if (in.comm == nullptr || in.ring == nullptr) return 10;
+  std::unique_ptr<ShmSegment> buffer;
+  absl::Span<const uint8_t> shared;
+  if (buffer_bytes > 0) {
+    auto b = JoinBuffer(id, 1, buffer_bytes);
+    if (!b.ok()) return 13;
+    buffer = *std::move(b);
+    shared = absl::MakeConstSpan(static_cast<const uint8_t*>(buffer->data()), buffer_bytes);
+  }
   Loaded l = Load({1, 2});
   model::cpu::ThreadPool pool(1);
   model::Qwen2Model m(l.cfg.text, *l.weights, pool,
                       {model::cpu::LinearKernel::kDot, in.comm.get()});
-  absl::Status s = RunShardSteps(*in.ring, m);
+  absl::Status s = RunShardSteps(*in.ring, m, shared);
   if (s.ok()) return 0;
   std::fprintf(stderr, "shard rank: %s\n", s.ToString().c_str());
   return absl::IsUnavailable(s) ? 20 : 12;
 }
 
-TEST_CASE("TP=2 through the step ring generates what one rank does, image rows included",
-          "[tp_step_loop]") {
+TEST_CASE(
+    "TP=2 through the step ring generates what one rank does, image rows inline or as "
+    "descriptors into a shared receive buffer",
+    "[tp_step_loop]") {
   // One rank first (its pool is gone before the fork).
   std::vector<std::vector<float>> want_logits;
   std::vector<int32_t> want_tokens;
@@ -197,47 +226,66 @@ TEST_CASE("TP=2 through the step ring generates what one rank does, image rows i
                 &want_logits, &want_tokens)
                 .ok());
   }
-  const std::string id = UniqueInstanceId("tp-loop");
-  const pid_t rank1 = ForkChild([&] { return ShardRank(id); });
-  Instance in = JoinInstance(id, 0, absl::Seconds(30));
-  REQUIRE(in.comm != nullptr);
-  REQUIRE(in.ring != nullptr);
-  Loaded l = Load({0, 2});
-  std::vector<std::vector<float>> got_logits;
-  std::vector<int32_t> got_tokens;
-  {
-    model::cpu::ThreadPool pool(1);
-    model::Qwen2Model m(l.cfg.text, *l.weights, pool,
-                        {model::cpu::LinearKernel::kDot, in.comm.get()});
-    auto kv = model::KvCache::Create(m.KvShape(64, kBlockSize));
-    REQUIRE(kv.ok());
-    REQUIRE(AllocateKvOnAllRanks(*in.ring, 64, kBlockSize).ok());
-    const Prompt p = MakePrompt(hidden, vocab);
-    absl::Status s = Generate(
-        p, hidden, vocab,
-        [&](const model::ForwardBatch& b, std::vector<float>* logits) {
-          return ForwardOnAllRanks(*in.ring, m, **kv, b, EmbeddingPlacement::kInline, logits);
-        },
-        &got_logits, &got_tokens);
-    INFO(s.ToString());
-    REQUIRE(s.ok());
-    REQUIRE(StopShardSteps(*in.ring).ok());
-  }
-  CHECK(WaitChild(rank1) == 0);
-  CHECK(got_tokens == want_tokens);
-  REQUIRE(got_logits.size() == want_logits.size());
-  float worst = 0;
-  for (size_t i = 0; i < got_logits.size(); ++i) {
-    REQUIRE(got_logits[i].size() == want_logits[i].size());
-    for (size_t j = 0; j < got_logits[i].size(); ++j) {
-      worst = std::max(worst, std::fabs(got_logits[i][j] - want_logits[i][j]));
+  for (EmbeddingPlacement placement :
+       {EmbeddingPlacement::kInline, EmbeddingPlacement::kSharedBuffer}) {
+    const bool shared = placement == EmbeddingPlacement::kSharedBuffer;
+    INFO((shared ? "image rows as shared-buffer descriptors" : "image rows inline"));
+    const std::string id = UniqueInstanceId("tp-loop");
+    const size_t buffer_bytes = shared ? 3 * hidden * sizeof(float) : 0;
+    const pid_t rank1 = ForkChild([&] { return ShardRank(id, buffer_bytes); });
+    Instance in = JoinInstance(id, 0, absl::Seconds(30));
+    REQUIRE(in.comm != nullptr);
+    REQUIRE(in.ring != nullptr);
+    Prompt p = MakePrompt(hidden, vocab);
+    std::unique_ptr<ShmSegment> buffer;
+    absl::Span<const uint8_t> shared_span;
+    if (shared) {
+      auto b = JoinBuffer(id, 0, buffer_bytes);
+      REQUIRE(b.ok());
+      buffer = *std::move(b);
+      float* rows = static_cast<float*>(buffer->data());
+      std::copy(p.image.begin(), p.image.end(), rows);
+      p.image_rows = rows;
+      shared_span = absl::MakeConstSpan(static_cast<const uint8_t*>(buffer->data()), buffer_bytes);
     }
+    Loaded l = Load({0, 2});
+    std::vector<std::vector<float>> got_logits;
+    std::vector<int32_t> got_tokens;
+    {
+      model::cpu::ThreadPool pool(1);
+      model::Qwen2Model m(l.cfg.text, *l.weights, pool,
+                          {model::cpu::LinearKernel::kDot, in.comm.get()});
+      auto kv = model::KvCache::Create(m.KvShape(64, kBlockSize));
+      REQUIRE(kv.ok());
+      REQUIRE(AllocateKvOnAllRanks(*in.ring, 64, kBlockSize).ok());
+      absl::Status s = Generate(
+          p, hidden, vocab,
+          [&](const model::ForwardBatch& b, std::vector<float>* logits) {
+            return ForwardOnAllRanks(*in.ring, m, **kv, b, placement, logits, shared_span);
+          },
+          &got_logits, &got_tokens);
+      INFO(s.ToString());
+      REQUIRE(s.ok());
+      REQUIRE(StopShardSteps(*in.ring).ok());
+    }
+    CHECK(WaitChild(rank1) == 0);
+    CHECK(got_tokens == want_tokens);
+    REQUIRE(got_logits.size() == want_logits.size());
+    float worst = 0;
+    for (size_t i = 0; i < got_logits.size(); ++i) {
+      REQUIRE(got_logits[i].size() == want_logits[i].size());
+      for (size_t j = 0; j < got_logits[i].size(); ++j) {
+        worst = std::max(worst, std::fabs(got_logits[i][j] - want_logits[i][j]));
+      }
+    }
+    std::printf("tp step loop (%s): %zu steps, max|dlogit| %.3g, greedy %s\n",
+                shared ? "shared buffer" : "inline", got_logits.size(), worst,
+                got_tokens == want_tokens ? "identical" : "DIFFERENT");
+    CHECK(worst <= 1e-4f);
+    CHECK(access(("/dev/shm" + StepRingName(id)).c_str(), F_OK) != 0);
+    CHECK(access(("/dev/shm" + ShmSegmentName(id)).c_str(), F_OK) != 0);
+    CHECK(access(("/dev/shm" + BufferName(id)).c_str(), F_OK) != 0);
   }
-  std::printf("tp step loop: %zu steps, max|dlogit| %.3g, greedy %s\n", got_logits.size(), worst,
-              got_tokens == want_tokens ? "identical" : "DIFFERENT");
-  CHECK(worst <= 1e-4f);
-  CHECK(access(("/dev/shm" + StepRingName(id)).c_str(), F_OK) != 0);
-  CHECK(access(("/dev/shm" + ShmSegmentName(id)).c_str(), F_OK) != 0);
 }
 
 TEST_CASE("a shard rank killed mid-decode fails rank 0's step with UNAVAILABLE, not a hang",
