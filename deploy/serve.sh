@@ -7,7 +7,8 @@
 # stops every child (each drains and frees its blocks).
 #
 #   ./deploy/serve.sh [--model_dir=DIR] [--encoders=N] [--profile=shm|tcp]
-#                     [--port=50051] [--http_port=8000]
+#                     [--port=50051] [--http_port=8000] [--tp=N]
+# --tp=N: the language instance runs as N tensor-parallel rank processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,6 +18,7 @@ encoders=1
 profile=shm
 port=50051
 http_port=8000
+tp=1
 for arg in "$@"; do
   case "$arg" in
     --model_dir=*) model_dir="${arg#*=}" ;;
@@ -24,7 +26,8 @@ for arg in "$@"; do
     --profile=*) profile="${arg#*=}" ;;
     --port=*) port="${arg#*=}" ;;
     --http_port=*) http_port="${arg#*=}" ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --tp=*) tp="${arg#*=}" ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +43,7 @@ config=(--config=opt)
 echo "serve.sh: building ${config[*]:-default} binaries"
 bazel build --disk_cache="$cache" "${config[@]}" --color=no --curses=no \
   //router:router //encoder_service:encoder //language_service:language \
-  //deploy/launcher:mmserve_launch //client:cli 2>&1 | grep -vE '^(INFO|Loading|Analyzing|\[)' || true
+  //worker:tp_shard //deploy/launcher:mmserve_launch //client:cli 2>&1 | grep -vE '^(INFO|Loading|Analyzing|\[)' || true
 bin=$(bazel info "${config[@]}" bazel-bin 2>/dev/null)
 for b in router/router encoder_service/encoder language_service/language \
          deploy/launcher/mmserve_launch client/cli; do
@@ -51,7 +54,7 @@ logs=$(mktemp -d /tmp/mmserve-logs-XXXXXX)
 out="$logs/launcher.out"
 "$bin/deploy/launcher/mmserve_launch" --bin_dir="$bin" --model_dir="$model_dir" \
   --encoders="$encoders" --profile="$profile" --port="$port" --http_port="$http_port" \
-  --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
+  --tp="$tp" --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!
 stop() {
   kill -TERM "$launcher" 2>/dev/null || true

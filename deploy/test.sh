@@ -47,10 +47,10 @@ fi
 phase "CUDA backend compiles (--config=cuda)"
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 if [[ -x "$nvcc" ]] || command -v nvcc >/dev/null; then
-  if bazel build "${flags[@]}" --config=cuda //model/cuda/... >/dev/null 2>&1; then
+  if bazel build "${flags[@]}" --config=cuda //model/cuda/... //worker/nccl/... >/dev/null 2>&1; then
     extra+=("cuda build=passed")
   else
-    bazel build "${flags[@]}" --config=cuda //model/cuda/... 2>&1 | tail -20
+    bazel build "${flags[@]}" --config=cuda //model/cuda/... //worker/nccl/... 2>&1 | tail -20
     extra+=("cuda build=failed")
   fi
 else

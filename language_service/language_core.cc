@@ -1,5 +1,8 @@
 #include "language_service/language_core.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -605,7 +608,19 @@ void LanguageCore::Loop() {
         for (const auto& [id, r] : requests_) {
           if (r->in_engine) live.push_back(id);
         }
-        for (const std::string& id : live) End(id, absl::InternalError(s.message()));
+        // UNAVAILABLE: a tensor-parallel rank died; the instance is out of
+        // service for good (every later step fails the same way), so after
+        // ending its requests it stops like on SIGTERM: it leaves the router
+        // and exits, and its supervisor (the launcher) restarts it.
+        const bool lost_rank = absl::IsUnavailable(s) && options_.engine.tp_size > 1;
+        const absl::Status why = absl::IsUnavailable(s) ? absl::UnavailableError(s.message())
+                                                        : absl::InternalError(s.message());
+        for (const std::string& id : live) End(id, why);
+        if (lost_rank && !lost_rank_reported_) {
+          lost_rank_reported_ = true;
+          LOG(ERROR) << "tensor-parallel instance lost a rank: shutting down";
+          kill(getpid(), SIGTERM);
+        }
       }
     }
     UpdateLoad();

@@ -115,6 +115,7 @@ class LanguageCore {
   void UpdateLoad();
 
   const LanguageCoreOptions options_;
+  bool lost_rank_reported_ = false;  // loop thread only
   transfer::TransferEngine& transfer_;
   std::unique_ptr<worker::LlmEngine> engine_;
 

@@ -7,6 +7,8 @@
 //
 // SIGTERM/SIGINT: stops accepting, lets running requests finish (up to
 // --drain_seconds), ends the rest with UNAVAILABLE, frees every block.
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -45,10 +47,30 @@ ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, c
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
 ABSL_FLAG(int, transfer_timeout_ms, 30000, "one image's embedding transfer");
+ABSL_FLAG(int, tp, 1,
+          "tensor-parallel ranks of this instance: this process is rank 0 and starts ranks "
+          "1..tp-1 from --tp_shard_binary on this host");
+ABSL_FLAG(std::string, tp_shard_binary, "",
+          "the //worker:tp_shard binary (default: beside this binary in bazel-bin or its "
+          "runfiles)");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running requests may take");
 
 namespace mmserve::language {
 namespace {
+
+// The tp_shard binary beside this one: in its runfiles, or in bazel-bin.
+std::string DefaultShardBinary() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "tp_shard";
+  const std::string exe(buf, n);
+  const std::string dir = exe.substr(0, exe.rfind('/'));
+  for (const std::string& c : {exe + ".runfiles/mmserve/worker/tp_shard",
+                               dir + "/../worker/tp_shard", dir + "/tp_shard"}) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return dir + "/../worker/tp_shard";
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "language: %s\n", s.ToString().c_str());
@@ -98,6 +120,13 @@ int Main() {
   copts.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   copts.engine.num_threads = absl::GetFlag(FLAGS_threads);
   copts.engine.quantize = absl::GetFlag(FLAGS_quantize);
+  copts.engine.tp_size = absl::GetFlag(FLAGS_tp);
+  if (copts.engine.tp_size > 1) {
+    copts.engine.tp_shard_binary = absl::GetFlag(FLAGS_tp_shard_binary).empty()
+                                       ? DefaultShardBinary()
+                                       : absl::GetFlag(FLAGS_tp_shard_binary);
+    copts.engine.tp_instance_id = absl::StrCat(id, "-", getpid());
+  }
   copts.transfer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
   auto core = LanguageCore::Create(copts, **transfer, registry);
   if (!core.ok()) return Fail(core.status());
@@ -143,7 +172,7 @@ int Main() {
     info.set_grpc_address(advertise);
     info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
     *info.mutable_ucx() = eng.local_info().ucx();
-    info.set_tp_size(1);
+    info.set_tp_size(static_cast<uint32_t>(copts.engine.tp_size));
     *info.mutable_capacity() = c.Capacity();
     info.mutable_capacity()->set_max_num_seqs(static_cast<uint32_t>(copts.engine.max_num_seqs));
     info.mutable_capacity()->set_max_num_batched_tokens(

@@ -17,13 +17,20 @@ Qwen2Model::Qwen2Model(const TextConfig& cfg, const Qwen2Weights& weights, cpu::
       weights_(weights),
       pool_(pool),
       options_(options),
+      parallel_(weights.shard().size > 1),
+      vocab_(VocabSliceOf(cfg.vocab_size, weights.shard())),
       rope_(cfg.head_dim(), cfg.rope_theta, cfg.mrope_section),
       hidden_(cfg.hidden_size),
-      heads_(cfg.num_attention_heads),
-      kv_heads_(cfg.num_key_value_heads),
+      heads_(cfg.num_attention_heads / weights.shard().size),
+      kv_heads_(cfg.num_key_value_heads / weights.shard().size),
       head_dim_(cfg.head_dim()),
-      inter_(cfg.intermediate_size) {
+      inter_(cfg.intermediate_size / weights.shard().size) {
   CHECK_EQ(static_cast<int64_t>(weights.layers().size()), cfg.num_hidden_layers);
+  if (parallel_) {
+    CHECK(options_.comm != nullptr) << "sharded weights need a communicator";
+    CHECK_EQ(options_.comm->world_size(), weights.shard().size);
+    CHECK_EQ(options_.comm->rank(), weights.shard().rank);
+  }
 }
 
 KvCacheShape Qwen2Model::KvShape(int64_t num_blocks, int64_t block_size) const {
@@ -52,7 +59,7 @@ absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
   x_.resize(t * hidden_);
   Embed(batch);
   rope_.ComputeAngles(batch.positions.data(), t, &angles_);
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) Layer(l, batch, kv);
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) RETURN_IF_ERROR(Layer(l, batch, kv));
 
   // Final norm and lm_head only for the requested rows.
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
@@ -62,8 +69,46 @@ absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
   }
   cpu::RmsNorm(pool_, x_.data(), rows, hidden_, weights_.final_norm(),
                static_cast<float>(cfg_.rms_norm_eps), x_.data());
+  if (parallel_) return LmHead(rows, logits);
   logits->resize(rows * static_cast<int64_t>(cfg_.vocab_size));
   Linear(x_.data(), rows, weights_.lm_head(), nullptr, logits->data());
+  return absl::OkStatus();
+}
+
+absl::Status Qwen2Model::AllReduce(std::vector<float>& v, int64_t n) {
+  if (!parallel_) return absl::OkStatus();
+  return options_.comm->AllReduceSum(absl::MakeSpan(v.data(), n));
+}
+
+absl::Status Qwen2Model::LmHead(int64_t rows, std::vector<float>* logits) {
+  // Each rank's slice padded to vocab_.padded columns, so that the gather
+  // is [rank][row][padded]; rank 0 then drops the padding.
+  const int64_t local = vocab_.end - vocab_.begin, padded = vocab_.padded;
+  const int world = options_.comm->world_size();
+  local_logits_.assign(rows * padded, 0.0f);
+  if (local > 0) {
+    o_.resize(rows * local);
+    Linear(x_.data(), rows, weights_.lm_head(), nullptr, o_.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(&local_logits_[i * padded], &o_[i * local], local * sizeof(float));
+    }
+  }
+  const bool root = options_.comm->rank() == 0;
+  gathered_.resize(root ? world * rows * padded : 0);
+  RETURN_IF_ERROR(options_.comm->Gather(local_logits_, absl::MakeSpan(gathered_)));
+  if (!root) {
+    logits->clear();
+    return absl::OkStatus();
+  }
+  const int64_t vocab = cfg_.vocab_size;
+  logits->resize(rows * vocab);
+  for (int r = 0; r < world; ++r) {
+    const VocabSlice s = VocabSliceOf(vocab, {r, world});
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(&(*logits)[i * vocab + s.begin], &gathered_[(r * rows + i) * padded],
+                  (s.end - s.begin) * sizeof(float));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -81,7 +126,7 @@ void Qwen2Model::Embed(const ForwardBatch& batch) {
   }
 }
 
-void Qwen2Model::Layer(int layer, const ForwardBatch& batch, KvCache& kv) {
+absl::Status Qwen2Model::Layer(int layer, const ForwardBatch& batch, KvCache& kv) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
   const int64_t t = batch.num_tokens();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -89,9 +134,10 @@ void Qwen2Model::Layer(int layer, const ForwardBatch& batch, KvCache& kv) {
   Attention(layer, batch, kv);
   o_.resize(t * hidden_);
   Linear(attn_.data(), t, w.o, nullptr, o_.data());
+  RETURN_IF_ERROR(AllReduce(o_, t * hidden_));
   cpu::AddInPlace(pool_, h_.data(), o_.data(), t * hidden_);
   cpu::RmsNorm(pool_, h_.data(), t, hidden_, w.post_norm, eps, x_.data());
-  Mlp(layer, t);
+  return Mlp(layer, t);
 }
 
 void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
@@ -126,7 +172,7 @@ void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
                       attn_.data());
 }
 
-void Qwen2Model::Mlp(int layer, int64_t num_tokens) {
+absl::Status Qwen2Model::Mlp(int layer, int64_t num_tokens) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
   gate_.resize(num_tokens * inter_);
   up_.resize(num_tokens * inter_);
@@ -136,7 +182,9 @@ void Qwen2Model::Mlp(int layer, int64_t num_tokens) {
   cpu::SiluMul(pool_, gate_.data(), up_.data(), num_tokens * inter_, gate_.data());
   o_.resize(num_tokens * hidden_);
   Linear(gate_.data(), num_tokens, w.down, nullptr, o_.data());
+  RETURN_IF_ERROR(AllReduce(o_, num_tokens * hidden_));
   cpu::AddInPlace(pool_, h_.data(), o_.data(), num_tokens * hidden_);
+  return absl::OkStatus();
 }
 
 }  // namespace mmserve::model

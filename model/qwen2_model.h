@@ -14,6 +14,15 @@
 // independently with fixed-order kernels, so a row's logits are bitwise the
 // same whatever else is in the batch (with LinearKernel::kDot).
 // Activations are fp32; weights are used as stored (F32 or BF16).
+//
+// Tensor parallelism (issue 12): with weights loaded for rank r of n (see
+// TensorParallelShard) and a Communicator of n ranks, each rank computes its
+// heads and its part of the MLP; o_proj's and down_proj's partial outputs
+// are all-reduced (summed in rank order), and the lm_head slices' logits are
+// gathered on rank 0. Every rank calls Forward with the same batch; the KV
+// cache of a rank holds only its KV heads (KvShape). With n == 1 (or no
+// communicator) the code path is exactly the single-rank one: no
+// collective is called and the results are bitwise the same as before.
 // Thread-safety: not thread-safe; one caller drives Forward (it uses the
 // pool and member scratch buffers). The weights must outlive the model.
 #ifndef MMSERVE_MODEL_QWEN2_MODEL_H_
@@ -30,11 +39,16 @@
 #include "model/model_config.h"
 #include "model/qwen2_weights.h"
 #include "model/rope.h"
+#include "worker/communicator.h"
 
 namespace mmserve::model {
 
 struct Qwen2ModelOptions {
   cpu::LinearKernel linear_kernel = cpu::LinearKernel::kDot;
+  // Required when the weights are sharded (shard().size > 1): the ranks of
+  // the instance, with this rank's rank and size. Borrowed; must outlive the
+  // model.
+  worker::Communicator* comm = nullptr;
 };
 
 class Qwen2Model {
@@ -46,30 +60,41 @@ class Qwen2Model {
 
   const TextConfig& config() const { return cfg_; }
 
-  // The cache shape this model needs for num_blocks blocks of block_size.
+  // The cache shape this model needs for num_blocks blocks of block_size
+  // (this rank's KV heads only).
   KvCacheShape KvShape(int64_t num_blocks, int64_t block_size) const;
 
   // Runs one step. InvalidArgument if the batch fails ValidateForwardBatch
   // or the cache does not have this model's shape; nothing is written then.
-  // On success *logits holds logits_rows.size() rows of vocab_size floats.
+  // On success *logits holds logits_rows.size() rows of vocab_size floats
+  // (on rank 0; other ranks' *logits is cleared). A failed collective
+  // returns its status (UNAVAILABLE: the instance is out of service).
   [[nodiscard]] absl::Status Forward(const ForwardBatch& batch, KvCache& kv,
                                      std::vector<float>* logits);
 
  private:
   void Embed(const ForwardBatch& batch);
-  void Layer(int layer, const ForwardBatch& batch, KvCache& kv);
+  absl::Status Layer(int layer, const ForwardBatch& batch, KvCache& kv);
   void Attention(int layer, const ForwardBatch& batch, KvCache& kv);
-  void Mlp(int layer, int64_t num_tokens);
+  absl::Status Mlp(int layer, int64_t num_tokens);
+  // Sums a row-parallel projection's partial output over the ranks.
+  absl::Status AllReduce(std::vector<float>& v, int64_t n);
+  // lm_head on rows of x_: this rank's slice, gathered into *logits.
+  absl::Status LmHead(int64_t rows, std::vector<float>* logits);
   void Linear(const float* x, int64_t m, const cpu::WeightMatrix& w, const float* bias, float* y);
 
   TextConfig cfg_;
   const Qwen2Weights& weights_;
   cpu::ThreadPool& pool_;
   Qwen2ModelOptions options_;
+  bool parallel_;  // shard().size > 1
+  VocabSlice vocab_;
   MRope rope_;
+  // This rank's heads, KV heads and intermediate width.
   int64_t hidden_, heads_, kv_heads_, head_dim_, inter_;
   // Scratch, resized per step: [T][...] rows.
   std::vector<float> h_, x_, q_, k_, v_, attn_, o_, gate_, up_;
+  std::vector<float> local_logits_, gathered_;  // tensor parallel only
   RopeAngles angles_;
 };
 

@@ -55,6 +55,10 @@ absl::StatusOr<std::vector<std::vector<std::vector<float>>>> TestRunner::Step(
   for (const auto& [id, n] : work) seqs_[id].cached += n;
   const int64_t vocab = model_.config().vocab_size;
   std::vector<std::vector<std::vector<float>>> out;
+  if (logits.empty()) {  // a tensor-parallel rank other than 0
+    out.resize(rows_of_item.size());
+    return out;
+  }
   for (const auto& [begin, end] : rows_of_item) {
     out.emplace_back();
     for (size_t r = begin; r < end; ++r) {

@@ -38,7 +38,8 @@ class TestRunner {
 
   // Feeds the next n uncached tokens of each listed sequence as one batch.
   // Result[i] holds the logits rows of work[i]: every fed row when all_rows,
-  // else only the last one; each row is vocab_size floats.
+  // else only the last one; each row is vocab_size floats. On a
+  // tensor-parallel rank other than 0 every Result[i] is empty.
   absl::StatusOr<std::vector<std::vector<std::vector<float>>>> Step(
       const std::vector<std::pair<int, int64_t>>& work, bool all_rows = false);
 

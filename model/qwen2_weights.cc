@@ -1,5 +1,6 @@
 #include "model/qwen2_weights.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -81,7 +82,50 @@ absl::Status CheckDims(const TextConfig& cfg) {
   return absl::OkStatus();
 }
 
+// Rows [begin, begin + count) of a row-major matrix, in place.
+cpu::WeightMatrix RowSlice(const cpu::WeightMatrix& m, int64_t begin, int64_t count) {
+  CHECK(m.layout == cpu::WeightLayout::kRows);
+  cpu::WeightMatrix s = m;
+  s.data = static_cast<const char*>(m.data) + begin * m.cols * DTypeSize(m.dtype);
+  s.rows = count;
+  return s;
+}
+
+// True when p points into the `bytes` bytes at base.
+bool Within(const void* p, const void* base, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const char* b = static_cast<const char*>(base);
+  return c >= b && c < b + bytes;
+}
+
 }  // namespace
+
+VocabSlice VocabSliceOf(int64_t vocab_size, const TensorParallelShard& shard) {
+  VocabSlice v;
+  v.padded = (vocab_size + shard.size - 1) / shard.size;
+  v.begin = std::min(vocab_size, shard.rank * v.padded);
+  v.end = std::min(vocab_size, v.begin + v.padded);
+  return v;
+}
+
+absl::Status CheckTensorParallel(const TextConfig& cfg, const TensorParallelShard& shard) {
+  if (shard.size < 1 || shard.rank < 0 || shard.rank >= shard.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel rank ", shard.rank, " is outside [0, ", shard.size, ")"));
+  }
+  if (cfg.num_key_value_heads % shard.size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_key_value_heads ", cfg.num_key_value_heads,
+        " is not divisible by the tensor-parallel size ", shard.size,
+        ": KV heads are split across ranks, not replicated; choose a size that divides it"));
+  }
+  if (cfg.intermediate_size % shard.size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("intermediate_size ", cfg.intermediate_size,
+                                                   " is not divisible by the tensor-parallel size ",
+                                                   shard.size));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Qwen2WeightsOptions> ParseQuantize(const std::string& name) {
   Qwen2WeightsOptions o;
@@ -99,7 +143,14 @@ absl::StatusOr<Qwen2WeightsOptions> ParseQuantize(const std::string& name) {
 absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
     const SafetensorsCheckpoint& ckpt, const TextConfig& cfg, const Qwen2WeightsOptions& options) {
   RETURN_IF_ERROR(CheckDims(cfg));
+  RETURN_IF_ERROR(CheckTensorParallel(cfg, options.shard));
+  if (options.shard.size > 1 && options.quantize != Quantization::kNone) {
+    return absl::InvalidArgumentError(
+        "int8 quantization is not supported with tensor parallelism (a column slice's per-row "
+        "scales would differ from the whole row's)");
+  }
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
+  w->shard_ = options.shard;
   TensorBinder bind(ckpt, &w->owned_f32_);
   const std::string prefix = ckpt.Find("model.language_model.embed_tokens.weight") != nullptr
                                  ? "model.language_model."
@@ -132,16 +183,19 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
   } else {
     ASSIGN_OR_RETURN(w->lm_head_, bind.Matrix("lm_head.weight", cfg.vocab_size, hidden));
   }
-  auto release = [&ckpt](const void* data) {
-    // Every matrix came from a tensor; find it by its first byte.
+  auto release = [&ckpt, &w](const void* data) {
+    if (w->ReleaseOwned(data)) return;  // a column slice's copy, once packed
+    // Every other matrix (or row slice) came from a tensor; find the one
+    // holding it.
     for (const std::string& name : ckpt.Names()) {
       const TensorView* t = ckpt.Find(name);
-      if (t->data == data) {
+      if (Within(data, t->data, t->nbytes)) {
         ckpt.ReleasePages(*t);
         return;
       }
     }
   };
+  if (w->shard_.size > 1) w->Shard(cfg, release);
   if (options.quantize == Quantization::kInt8) w->QuantizeInt8(options.int8_group, release);
   w->PackBf16(release);  // what is left: an untied BF16 embedding stays row-major
   return w;
@@ -152,6 +206,9 @@ void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {
   // Packs one matrix in place of its row-major original, once per distinct
   // source (embed and a tied lm_head share one), then lets the source go.
   absl::flat_hash_map<const void*, cpu::WeightMatrix> done;
+  // A sharded tied lm_head is a slice of the embedding, which stays
+  // row-major for lookups: its source is kept.
+  const bool keep_embed = tied_ && shard_.size > 1;
   auto pack = [&](cpu::WeightMatrix* m) {
     if (m->dtype != DType::kBF16 || m->layout != cpu::WeightLayout::kRows) return;
     const void* source = m->data;
@@ -159,7 +216,7 @@ void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {
     if (it == done.end()) {
       packed_.push_back(cpu::PanelWeights::Pack(pool, *m));
       it = done.emplace(source, packed_.back().matrix()).first;
-      release(source);
+      if (!(keep_embed && Within(source, embed_.data, embed_.bytes()))) release(source);
     }
     *m = it->second;
   };
@@ -171,7 +228,55 @@ void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {
   // An untied embedding is only gathered from: it stays row-major (only the
   // rows looked up become resident). A tied one is read from the panels.
   pack(&lm_head_);
-  if (tied_) pack(&embed_);
+  if (tied_ && !keep_embed) pack(&embed_);
+}
+
+void Qwen2Weights::Shard(const TextConfig& cfg, const std::function<void(const void*)>& release) {
+  const int64_t n = shard_.size, r = shard_.rank;
+  const int64_t head_dim = cfg.head_dim();
+  const int64_t q_rows = cfg.num_attention_heads / n * head_dim;
+  const int64_t kv_rows = cfg.num_key_value_heads / n * head_dim;
+  const int64_t inter = cfg.intermediate_size / n;
+  // Columns [begin, begin + count) of a row-major matrix, copied.
+  auto columns = [&](const cpu::WeightMatrix& m, int64_t begin, int64_t count) {
+    CHECK(m.layout == cpu::WeightLayout::kRows);
+    cpu::WeightMatrix s = m;
+    s.cols = count;
+    if (m.dtype == DType::kF32) {
+      auto v = std::make_unique<std::vector<float>>(m.rows * count);
+      const float* src = static_cast<const float*>(m.data);
+      for (int64_t i = 0; i < m.rows; ++i) {
+        std::copy_n(src + i * m.cols + begin, count, v->data() + i * count);
+      }
+      s.data = v->data();
+      owned_f32_.push_back(std::move(v));
+    } else {
+      CHECK(m.dtype == DType::kBF16) << DTypeName(m.dtype);
+      auto v = std::make_unique<std::vector<uint16_t>>(m.rows * count);
+      const uint16_t* src = static_cast<const uint16_t*>(m.data);
+      for (int64_t i = 0; i < m.rows; ++i) {
+        std::copy_n(src + i * m.cols + begin, count, v->data() + i * count);
+      }
+      s.data = v->data();
+      owned_bf16_.push_back(std::move(v));
+    }
+    release(m.data);
+    return s;
+  };
+  for (Qwen2LayerWeights& l : layers_) {
+    l.q = RowSlice(l.q, r * q_rows, q_rows);
+    l.k = RowSlice(l.k, r * kv_rows, kv_rows);
+    l.v = RowSlice(l.v, r * kv_rows, kv_rows);
+    l.q_bias += r * q_rows;
+    l.k_bias += r * kv_rows;
+    l.v_bias += r * kv_rows;
+    l.o = columns(l.o, r * q_rows, q_rows);
+    l.gate = RowSlice(l.gate, r * inter, inter);
+    l.up = RowSlice(l.up, r * inter, inter);
+    l.down = columns(l.down, r * inter, inter);
+  }
+  const VocabSlice vocab = VocabSliceOf(cfg.vocab_size, shard_);
+  lm_head_ = RowSlice(lm_head_, vocab.begin, vocab.end - vocab.begin);
 }
 
 void Qwen2Weights::QuantizeInt8(int64_t group, const std::function<void(const void*)>& release) {
@@ -199,8 +304,12 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
                                                    uint64_t seed,
                                                    const Qwen2WeightsOptions& options) {
   CHECK_OK(CheckDims(cfg));
+  CHECK_OK(CheckTensorParallel(cfg, options.shard));
   CHECK(dtype == DType::kF32 || dtype == DType::kBF16) << DTypeName(dtype);
+  CHECK(options.shard.size == 1 || options.quantize == Quantization::kNone)
+      << "int8 with tensor parallelism";
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
+  w->shard_ = options.shard;
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
   // Uniform on [-a, a] with a = 0.02 * sqrt(3): standard deviation 0.02.
   auto next = [&state]() {
@@ -267,16 +376,31 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
   }
   w->final_norm_ = vector(hidden, true);
   w->lm_head_ = w->tied_ ? w->embed_ : matrix(cfg.vocab_size, hidden);
+  auto release = [&w](const void* data) { w->ReleaseOwned(data); };
+  // The same draws as one rank, then this rank's slices of them.
+  if (w->shard_.size > 1) w->Shard(cfg, release);
   if (dtype == DType::kBF16 && !int8) {
     // The row-major originals are freed once packed, except an untied
     // embedding (see PackBf16).
-    w->PackBf16([&w](const void* data) {
-      for (auto& v : w->owned_bf16_) {
-        if (v != nullptr && v->data() == data) v.reset();
-      }
-    });
+    w->PackBf16(release);
   }
   return w;
+}
+
+bool Qwen2Weights::ReleaseOwned(const void* data) {
+  for (auto& v : owned_bf16_) {
+    if (v != nullptr && Within(data, v->data(), v->size() * sizeof(uint16_t))) {
+      v.reset();
+      return true;
+    }
+  }
+  for (auto& v : owned_f32_) {
+    if (v != nullptr && Within(data, v->data(), v->size() * sizeof(float))) {
+      v.reset();
+      return true;
+    }
+  }
+  return false;
 }
 
 size_t Qwen2Weights::StepWeightBytes() const {

@@ -45,10 +45,45 @@ namespace mmserve::model {
 
 enum class Quantization { kNone, kInt8 };
 
+// Which slices of the model one rank of a tensor-parallel instance holds
+// (issue 12; Megatron's layout). With size n and rank r:
+//  - column-parallel q/k/v (with their biases), gate and up: rank r keeps
+//    output rows [r * out / n, (r + 1) * out / n), i.e. attention heads
+//    [r * heads / n, ...) and KV heads [r * kv_heads / n, ...) (each rank's
+//    query heads use only its own KV heads), and 1/n of the MLP;
+//  - row-parallel o and down: the matching input columns; each rank's
+//    output is a partial sum that the model all-reduces;
+//  - lm_head: vocabulary rows VocabSliceOf(vocab, shard), gathered on rank 0.
+// The embedding table stays whole on every rank: it is only gathered from,
+// so only the rows looked up become resident (a tied one is lm_head's full
+// mapping; bf16 tied tables are not repacked then).
+// Row slices of row-major matrices are used in place; column slices are
+// copied (and then packed, for bf16); the full tensors' pages are released.
+struct TensorParallelShard {
+  int rank = 0;
+  int size = 1;
+};
+
+struct VocabSlice {
+  int64_t begin = 0;   // first vocabulary id of the slice
+  int64_t end = 0;     // one past the last
+  int64_t padded = 0;  // ceil(vocab / n): every rank's gather contribution
+};
+VocabSlice VocabSliceOf(int64_t vocab_size, const TensorParallelShard& shard);
+
+// InvalidArgument unless 0 <= rank < size, and num_key_value_heads and
+// intermediate_size are divisible by size (KV heads are split, never
+// replicated).
+[[nodiscard]] absl::Status CheckTensorParallel(const TextConfig& cfg,
+                                               const TensorParallelShard& shard);
+
 struct Qwen2WeightsOptions {
   Quantization quantize = Quantization::kNone;
   // kInt8: columns per scale; 0 = one scale per output row.
   int64_t int8_group = 0;
+  // size > 1: load only this rank's slices (see TensorParallelShard). Not
+  // with kInt8 (per-row scales of a column slice would differ from TP=1's).
+  TensorParallelShard shard;
 };
 
 // The --quantize flag of generate, the engine and the benchmarks: "" or
@@ -86,7 +121,9 @@ class Qwen2Weights {
   const cpu::WeightMatrix& embed() const { return embed_; }  // [vocab][hidden]
   const std::vector<Qwen2LayerWeights>& layers() const { return layers_; }
   const float* final_norm() const { return final_norm_; }
-  const cpu::WeightMatrix& lm_head() const { return lm_head_; }  // [vocab][hidden]
+  // [vocab][hidden]; with tensor parallelism, this rank's vocabulary slice.
+  const cpu::WeightMatrix& lm_head() const { return lm_head_; }
+  const TensorParallelShard& shard() const { return shard_; }
 
   // Bytes of the matrices one decode step reads: every layer's projections
   // plus lm_head (the embedding table is only gathered from).
@@ -99,6 +136,12 @@ class Qwen2Weights {
   // Repacks every kRows BF16 matrix into panels; release(data) is called once
   // per source matrix that is no longer needed.
   void PackBf16(const std::function<void(const void*)>& release);
+  // Frees the owned fp32 or bf16 matrix that holds data (a whole matrix or
+  // a row slice of it); false if no owned matrix does.
+  bool ReleaseOwned(const void* data);
+  // Replaces every matrix (and q/k/v bias) with this rank's slice; release
+  // as for PackBf16, for column-sliced sources.
+  void Shard(const TextConfig& cfg, const std::function<void(const void*)>& release);
   // Quantizes every projection and lm_head (and a tied embedding, the same
   // matrix) to int8; release as for PackBf16.
   void QuantizeInt8(int64_t group, const std::function<void(const void*)>& release);
@@ -108,6 +151,7 @@ class Qwen2Weights {
   const float* final_norm_ = nullptr;
   cpu::WeightMatrix lm_head_;
   bool tied_ = false;
+  TensorParallelShard shard_;
   // fp32 copies of norms and biases, and for Random() the matrices too.
   std::vector<std::unique_ptr<std::vector<float>>> owned_f32_;
   std::vector<std::unique_ptr<std::vector<uint16_t>>> owned_bf16_;

@@ -93,5 +93,19 @@ TEST_CASE(
   CHECK(leaks.zero());
 }
 
+TEST_CASE(
+    "200 demo questions through a TP=2 language instance (two rank processes) match the "
+    "in-process single-rank engine") {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.language_args.push_back("--tp=2");
+  o.language_args.push_back("--threads=1");
+  auto stack = launcher::LocalStack::Start(o);
+  REQUIRE(stack.ok());
+  CHECK(EvalGrpc(**stack, 200) >= 0.95);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
 }  // namespace
 }  // namespace mmserve::testing

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -275,6 +277,152 @@ TEST_CASE(
   CHECK(again.status.ok());
   CHECK(again.text == InProcess(set).text[0]);
   CheckNoLeaks(**stack);
+}
+
+// Child processes of pid (any of its threads may have started them).
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t child;
+    while (in >> child) out.push_back(child);
+  }
+  return out;
+}
+
+TEST_CASE(
+    "SIGKILL of a TP=2 instance's shard rank mid-decode: its streams end with UNAVAILABLE "
+    "within 2 s, nothing hangs, no shared-memory segment is left") {
+  launcher::StackOptions so = TestStackOptions(1, "shm");
+  so.language_args.push_back("--tp=2");
+  so.language_args.push_back("--threads=1");
+  auto stack = launcher::LocalStack::Start(so);
+  REQUIRE(stack.ok());
+  const pid_t rank0 = (*stack)->language().process->pid();
+  const std::vector<pid_t> shards = ChildrenOf(rank0);
+  REQUIRE(shards.size() == 1);
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  std::atomic<int> streaming{0};
+  std::atomic<int64_t> killed_at{0};
+  std::vector<Answer> a(4);
+  std::vector<int64_t> ended_at(4);
+  std::thread killer([&] {
+    while (streaming.load() < 4) absl::SleepFor(absl::Milliseconds(2));
+    killed_at = MonotonicNanos();
+    kill(shards[0], SIGKILL);
+  });
+  ParallelFor(4, 4, [&](int i) {
+    AskOptions o;
+    o.max_tokens = 3000;
+    o.ignore_eos = true;
+    o.cancel_after = 0;
+    GenerateRequest r = DemoRequest(set, set.items[i], o);
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, r);
+    mmserve::v1::GenerateResponse resp;
+    bool counted = false;
+    while (reader->Read(&resp)) {
+      if (!counted) {
+        counted = true;
+        ++streaming;
+      }
+    }
+    a[i].status = FromGrpcStatus(reader->Finish());
+    ended_at[i] = MonotonicNanos();
+  });
+  killer.join();
+  for (int i = 0; i < 4; ++i) {
+    INFO(a[i].status);
+    CHECK(a[i].status.code() == absl::StatusCode::kUnavailable);
+    CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
+  }
+  // The out-of-service instance leaves on its own: it drains and exits
+  // cleanly, having reaped its shard; no segment of it is left.
+  const Deadline gone = Deadline::After(absl::Seconds(20));
+  while ((*stack)->language().process->alive() && !gone.Expired()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE_FALSE((*stack)->language().process->alive());
+  CHECK((*stack)->language().process->exit_status() == 0);
+  CHECK(ChildrenOf(rank0).empty());
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    CHECK(e.path().filename().string().find(absl::StrCat("language-0-", rank0)) ==
+          std::string::npos);
+  }
+  // Meanwhile requests are refused quickly rather than hanging.
+  Stopwatch clock;
+  Answer refused = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
+  CHECK(refused.status.code() == absl::StatusCode::kUnavailable);
+  CHECK(clock.ElapsedSeconds() < 2.0);
+  // Restarted (as the launcher does), the TP=2 instance serves again.
+  REQUIRE((*stack)->StartLanguage().ok());
+  REQUIRE((*stack)->WaitHealthy(1, 1, absl::Seconds(60)).ok());
+  Answer again = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
+  INFO(again.status);
+  CHECK(again.status.ok());
+  CHECK(again.text == InProcess(set).text[0]);
+  CheckNoLeaks(**stack);
+}
+
+// Gone, or a zombie nobody reaped yet.
+bool ProcessGone(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+TEST_CASE(
+    "SIGKILL of a TP=2 instance's rank 0: its streams end with UNAVAILABLE and the orphaned "
+    "shard rank exits on its own") {
+  launcher::StackOptions so = TestStackOptions(1, "shm");
+  so.language_args.push_back("--tp=2");
+  so.language_args.push_back("--threads=1");
+  auto stack = launcher::LocalStack::Start(so);
+  REQUIRE(stack.ok());
+  const pid_t rank0 = (*stack)->language().process->pid();
+  const std::vector<pid_t> shards = ChildrenOf(rank0);
+  REQUIRE(shards.size() == 1);
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  std::atomic<int> streaming{0};
+  std::vector<Answer> a(2);
+  std::thread killer([&] {
+    while (streaming.load() < 2) absl::SleepFor(absl::Milliseconds(2));
+    (*stack)->language().process->Signal(SIGKILL);
+  });
+  ParallelFor(2, 2, [&](int i) {
+    AskOptions o;
+    o.max_tokens = 3000;
+    o.ignore_eos = true;
+    o.cancel_after = 0;
+    GenerateRequest r = DemoRequest(set, set.items[i], o);
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, r);
+    mmserve::v1::GenerateResponse resp;
+    bool counted = false;
+    while (reader->Read(&resp)) {
+      if (!counted) {
+        counted = true;
+        ++streaming;
+      }
+    }
+    a[i].status = FromGrpcStatus(reader->Finish());
+  });
+  killer.join();
+  for (const Answer& answer : a) {
+    INFO(answer.status);
+    CHECK(answer.status.code() == absl::StatusCode::kUnavailable);
+  }
+  // The shard notices rank 0's death (its step wait checks rank 0's pid).
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  while (!ProcessGone(shards[0]) && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));
+  CHECK(ProcessGone(shards[0]));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "model/image_preprocess.h"
 #include "model/mrope_positions.h"
 #include "worker/kv_sizing.h"
+#include "worker/tp_step_loop.h"
 
 namespace mmserve::worker {
 namespace {
@@ -32,6 +33,19 @@ int64_t ProcBytes(const char* file, const char* key) {
     if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key)) * 1024;
   }
   return 0;
+}
+
+// The largest step the scheduler can make, encoded (step_message.h): every
+// row an image row with its embedding inline, every sequence's block table
+// as long as max_model_len needs.
+int64_t StepSlotBytes(const EngineOptions& o, int64_t hidden, int64_t max_model_len) {
+  const int64_t rows = o.max_num_batched_tokens;
+  const int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size + 1;
+  // Per row: token id, 3 positions, slot, logits row, embedding descriptor
+  // and values; per sequence: its chunk and block table; and the header.
+  const int64_t bytes = 1024 + rows * (4 + 3 * 8 + 8 + 8 + 48 + hidden * 4) +
+                        o.max_num_seqs * (32 + blocks_per_seq * 4);
+  return (bytes + 63) / 64 * 64;
 }
 
 }  // namespace
@@ -78,32 +92,59 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
                                                    " tokens, the model's vocab_size is ",
                                                    config_.text.vocab_size));
   }
-  ASSIGN_OR_RETURN(const model::Qwen2WeightsOptions weight_options,
+  ASSIGN_OR_RETURN(model::Qwen2WeightsOptions weight_options,
                    model::ParseQuantize(options.quantize));
-  ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
-  ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text, weight_options));
-  sizing_.weights_bytes = weights_->TotalWeightBytes();
-  pool_ = std::make_unique<model::cpu::ThreadPool>(
-      options.num_threads > 0 ? options.num_threads : model::cpu::ThreadPool::DefaultThreads());
-  if (config_.vision && options.load_vision) {
-    model::VisionTowerOptions vision_options;
-    vision_options.pool = pool_.get();
-    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_, vision_options));
-    sizing_.vision_bytes = vision_->weight_bytes();
+  if (options.tp_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel size ", options.tp_size, " must be >= 1"));
   }
-  model_ = std::make_unique<model::Qwen2Model>(config_.text, *weights_, *pool_);
-  for (int id : config_.tokens.eos) eos_ids_.push_back(id);
-  for (int id : config_.generation.eos_token_ids) {
-    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
-  }
-  image_pad_id_ = config_.tokens.image_pad >= 0 ? config_.tokens.image_pad
-                                                : tokenizer_->TokenToId("<|image_pad|>");
+  const int threads =
+      options.num_threads > 0
+          ? options.num_threads
+          // Every rank runs on this host: share the cores between them.
+          : std::max(1, model::cpu::ThreadPool::DefaultThreads() / std::max(1, options.tp_size));
   sizing_.max_model_len =
       options.max_model_len > 0
           ? options.max_model_len
           : std::min(config_.text.max_position_embeddings > 0 ? config_.text.max_position_embeddings
                                                               : kMaxModelLenCap,
                      kMaxModelLenCap);
+  if (options.tp_size > 1) {
+    weight_options.shard = {0, options.tp_size};
+    // Refuse a model that does not split before any rank starts.
+    RETURN_IF_ERROR(model::CheckTensorParallel(config_.text, weight_options.shard));
+    if (weight_options.quantize != model::Quantization::kNone) {
+      return absl::InvalidArgumentError("--quantize is not supported with tensor parallelism");
+    }
+    TpGroupOptions g;
+    g.size = options.tp_size;
+    g.instance_id =
+        options.tp_instance_id.empty() ? absl::StrCat("engine-", getpid()) : options.tp_instance_id;
+    g.shard_binary = options.tp_shard_binary;
+    g.model_dir = options.model_dir;
+    g.threads_per_rank = threads;
+    g.ring_slot_bytes = StepSlotBytes(options, config_.text.hidden_size, sizing_.max_model_len);
+    ASSIGN_OR_RETURN(tp_group_, TpGroup::Start(g));
+  }
+  ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
+  ASSIGN_OR_RETURN(weights_, model::Qwen2Weights::Load(*checkpoint_, config_.text, weight_options));
+  sizing_.weights_bytes = weights_->TotalWeightBytes();
+  pool_ = std::make_unique<model::cpu::ThreadPool>(threads);
+  if (config_.vision && options.load_vision) {
+    model::VisionTowerOptions vision_options;
+    vision_options.pool = pool_.get();
+    ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_, vision_options));
+    sizing_.vision_bytes = vision_->weight_bytes();
+  }
+  model::Qwen2ModelOptions model_options;
+  if (tp_group_ != nullptr) model_options.comm = tp_group_->comm();
+  model_ = std::make_unique<model::Qwen2Model>(config_.text, *weights_, *pool_, model_options);
+  for (int id : config_.tokens.eos) eos_ids_.push_back(id);
+  for (int id : config_.generation.eos_token_ids) {
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
+  }
+  image_pad_id_ = config_.tokens.image_pad >= 0 ? config_.tokens.image_pad
+                                                : tokenizer_->TokenToId("<|image_pad|>");
   return absl::OkStatus();
 }
 
@@ -130,7 +171,14 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
     b.logits_rows.push_back(warm_tokens - 1);
     const int64_t rss_before = ProcBytes("/proc/self/status", "VmRSS:");
     std::vector<float> logits;
-    RETURN_IF_ERROR(model_->Forward(b, *warm_kv, &logits));
+    if (tp_group_ != nullptr) {
+      StepRing& ring = *tp_group_->ring();
+      RETURN_IF_ERROR(AllocateKvOnAllRanks(ring, warm_blocks, bs));
+      RETURN_IF_ERROR(
+          ForwardOnAllRanks(ring, *model_, *warm_kv, b, EmbeddingPlacement::kInline, &logits));
+    } else {
+      RETURN_IF_ERROR(model_->Forward(b, *warm_kv, &logits));
+    }
     sizing_.warmup_rss_growth_bytes = ProcBytes("/proc/self/status", "VmRSS:") - rss_before;
   }
   KvSizingInputs in;
@@ -139,7 +187,9 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
   in.max_model_len = sizing_.max_model_len;
   in.block_bytes = model_->KvShape(1, bs).TotalBytes();
   in.requested_bytes = static_cast<size_t>(options.kv_cache_bytes);
-  in.available_bytes = ProcBytes("/proc/meminfo", "MemAvailable:");
+  // Every rank allocates a cache of num_blocks blocks of its own heads on
+  // this host: each gets its share of the memory.
+  in.available_bytes = ProcBytes("/proc/meminfo", "MemAvailable:") / std::max(1, options.tp_size);
   in.memory_fraction = options.kv_memory_fraction;
   ASSIGN_OR_RETURN(KvSizing kv_sizing, DecideKvBlocks(in));
   const int num_blocks = kv_sizing.num_blocks;
@@ -150,6 +200,9 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
     sizing_.max_model_len = num_blocks * bs;
   }
   ASSIGN_OR_RETURN(kv_, model::KvCache::Create(model_->KvShape(num_blocks, bs)));
+  if (tp_group_ != nullptr) {
+    RETURN_IF_ERROR(AllocateKvOnAllRanks(*tp_group_->ring(), num_blocks, bs));
+  }
   sizing_.num_kv_blocks = num_blocks;
   sizing_.kv_bytes = kv_->shape().TotalBytes();
 
@@ -162,7 +215,8 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
   sc.kv.block_size = bs;
   sc.kv.enable_prefix_caching = options.enable_prefix_caching;
   ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
-  runner_ = std::make_unique<ModelRunner>(*model_, *kv_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_,
+                                          tp_group_ != nullptr ? tp_group_->ring() : nullptr);
   auto mib = [](double bytes) { return absl::StrFormat("%.1f MiB", bytes / (1 << 20)); };
   LOG(INFO) << "engine: weights " << mib(sizing_.weights_bytes) << ", vision "
             << mib(sizing_.vision_bytes) << ", warm-up activations "

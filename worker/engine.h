@@ -41,6 +41,7 @@
 #include "model/vision_tower.h"
 #include "scheduler/scheduler.h"
 #include "worker/model_runner.h"
+#include "worker/tp_group.h"
 
 namespace mmserve::worker {
 
@@ -70,6 +71,18 @@ struct EngineOptions {
   // arrive as embeddings from an encoder service sets this false and passes
   // EngineRequest::image_embeddings instead of images.
   bool load_vision = true;
+  // Tensor parallelism (issue 12): tp_size > 1 makes this engine rank 0 of
+  // tp_size rank processes on this host. It starts ranks 1.. from
+  // tp_shard_binary (//worker:tp_shard), each with num_threads threads (as
+  // rank 0; 0: the cores divided by tp_size), joined by the shared-memory
+  // communicator and step ring named
+  // tp_instance_id (unique per launch; empty: "engine-<pid>"). Needs
+  // num_key_value_heads divisible by tp_size and no quantization.
+  // kv_cache_bytes is per rank; with 0, each rank gets kv_memory_fraction of
+  // MemAvailable / tp_size.
+  int tp_size = 1;
+  std::string tp_shard_binary;
+  std::string tp_instance_id;
 };
 
 // An image encoded elsewhere (the encoder service): its patch grid and its
@@ -155,6 +168,7 @@ class LlmEngine {
   std::unique_ptr<model::SafetensorsCheckpoint> checkpoint_;
   std::unique_ptr<model::Qwen2Weights> weights_;
   std::unique_ptr<model::VisionTower> vision_;
+  std::unique_ptr<TpGroup> tp_group_;  // tp_size > 1
   std::unique_ptr<model::cpu::ThreadPool> pool_;
   std::unique_ptr<model::Qwen2Model> model_;
   std::unique_ptr<model::KvCache> kv_;

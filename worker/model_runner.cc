@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/tp_step_loop.h"
 
 namespace mmserve::worker {
 namespace {
@@ -73,7 +74,12 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.positions = pos_t;
   b.positions.insert(b.positions.end(), pos_h.begin(), pos_h.end());
   b.positions.insert(b.positions.end(), pos_w.begin(), pos_w.end());
-  RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
+  if (ring_ != nullptr) {
+    RETURN_IF_ERROR(
+        ForwardOnAllRanks(*ring_, model_, kv_, b, EmbeddingPlacement::kInline, &logits_));
+  } else {
+    RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
+  }
 
   const int vocab = model_.config().vocab_size;
   std::vector<model::SampleResult> sampled(out.scheduled.size());

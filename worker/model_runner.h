@@ -27,6 +27,7 @@
 #include "model/qwen2_model.h"
 #include "model/sampling.h"
 #include "scheduler/scheduler_output.h"
+#include "worker/step_ring.h"
 
 namespace mmserve::worker {
 
@@ -48,8 +49,11 @@ using RunnerLookup = std::function<RunnerRequestState*(scheduler::RequestId)>;
 
 class ModelRunner {
  public:
-  // `model` and `kv` must outlive the runner.
-  ModelRunner(model::Qwen2Model& model, model::KvCache& kv) : model_(model), kv_(kv) {}
+  // `model` and `kv` (and `ring`) must outlive the runner. With a ring (rank
+  // 0 of a tensor-parallel instance) each step is sent to the other ranks
+  // first (ForwardOnAllRanks, image rows inline).
+  ModelRunner(model::Qwen2Model& model, model::KvCache& kv, StepRing* ring = nullptr)
+      : model_(model), kv_(kv), ring_(ring) {}
 
   [[nodiscard]] absl::StatusOr<std::vector<model::SampleResult>> Step(
       const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
@@ -58,6 +62,7 @@ class ModelRunner {
  private:
   model::Qwen2Model& model_;
   model::KvCache& kv_;
+  StepRing* ring_;
   model::ForwardBatch batch_;  // reused across steps
   std::vector<float> logits_;
 };

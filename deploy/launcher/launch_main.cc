@@ -25,6 +25,8 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "address every service listens on");
 ABSL_FLAG(int, port, 50051, "router gRPC port");
 ABSL_FLAG(int, http_port, 8000, "router OpenAI-compatible HTTP port (-1: off)");
 ABSL_FLAG(bool, restart, true, "restart a child that dies");
+ABSL_FLAG(int, tp, 1,
+          "tensor-parallel ranks of the language instance (it starts its own shard ranks)");
 
 namespace mmserve::launcher {
 namespace {
@@ -57,6 +59,9 @@ int Main() {
   o.host = absl::GetFlag(FLAGS_host);
   o.router_port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
+  if (absl::GetFlag(FLAGS_tp) > 1) {
+    o.language_args.push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
+  }
   auto stack = LocalStack::Start(o);
   if (!stack.ok()) {
     std::fprintf(stderr, "mmserve_launch: %s\n", stack.status().ToString().c_str());

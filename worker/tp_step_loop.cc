@@ -1,0 +1,59 @@
+#include "worker/tp_step_loop.h"
+
+#include <memory>
+
+#include "common/status_macros.h"
+
+namespace mmserve::worker {
+
+absl::Status ForwardOnAllRanks(StepRing& ring, model::Qwen2Model& model, model::KvCache& kv,
+                               const model::ForwardBatch& batch, EmbeddingPlacement placement,
+                               std::vector<float>* logits,
+                               absl::Span<const uint8_t> shared_buffer) {
+  ASSIGN_OR_RETURN(StepMessage m, StepMessageFromBatch(batch, model.config().hidden_size, placement,
+                                                       shared_buffer));
+  RETURN_IF_ERROR(ring.Publish(m));
+  return model.Forward(batch, kv, logits);
+}
+
+absl::Status AllocateKvOnAllRanks(StepRing& ring, int64_t num_blocks, int64_t block_size) {
+  StepMessage m;
+  m.kind = StepKind::kAllocateKv;
+  m.kv_blocks = num_blocks;
+  m.kv_block_size = block_size;
+  return ring.Publish(m);
+}
+
+absl::Status StopShardSteps(StepRing& ring) {
+  StepMessage m;
+  m.kind = StepKind::kStop;
+  return ring.Publish(m);
+}
+
+absl::Status RunShardSteps(StepRing& ring, model::Qwen2Model& model,
+                           absl::Span<const uint8_t> shared_buffer) {
+  StepMessage m;
+  std::unique_ptr<model::KvCache> kv;
+  std::vector<float> logits;  // stays empty: only rank 0 gets logits
+  while (true) {
+    RETURN_IF_ERROR(ring.Next(&m));
+    switch (m.kind) {
+      case StepKind::kStop:
+        return absl::OkStatus();
+      case StepKind::kAllocateKv: {
+        kv.reset();  // the old cache goes first: both may not fit
+        ASSIGN_OR_RETURN(kv, model::KvCache::Create(model.KvShape(m.kv_blocks, m.kv_block_size)));
+        break;
+      }
+      case StepKind::kForward:
+        if (kv == nullptr) {
+          return absl::FailedPreconditionError("a forward step before any kAllocateKv");
+        }
+        RETURN_IF_ERROR(ResolveEmbeddings(shared_buffer, model.config().hidden_size, &m));
+        RETURN_IF_ERROR(model.Forward(m.batch, *kv, &logits));
+        break;
+    }
+  }
+}
+
+}  // namespace mmserve::worker

@@ -1,0 +1,56 @@
+// The step of a tensor-parallel instance on each side of the step ring.
+//
+//   // rank 0, once the KV cache is sized, and per scheduler step (instead
+//   // of model.Forward):
+//   RETURN_IF_ERROR(AllocateKvOnAllRanks(ring, num_blocks, block_size));
+//   RETURN_IF_ERROR(ForwardOnAllRanks(ring, model, kv, batch, placement, &logits));
+//   // ranks 1..n-1, their whole life after loading their shard:
+//   absl::Status why = RunShardSteps(ring, model, shared_buffer);
+//
+// Rank 0 publishes the step before running its own part, so every rank
+// enters the forward's collectives with the same batch. A rank's loop ends
+// OK on a kStop step and otherwise with the first error: UNAVAILABLE when
+// the instance is out of service (a rank died), which also fails rank 0's
+// next collective or Publish.
+// Thread-safety: each call is driven by its rank's one step thread.
+#ifndef MMSERVE_WORKER_TP_STEP_LOOP_H_
+#define MMSERVE_WORKER_TP_STEP_LOOP_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
+#include "model/qwen2_model.h"
+#include "worker/step_ring.h"
+
+namespace mmserve::worker {
+
+// Rank 0: sends `batch` to the other ranks (its image rows as `placement`
+// descriptors; kSharedBuffer needs the rows' values inside shared_buffer),
+// then runs this rank's forward. *logits as Qwen2Model::Forward on rank 0.
+[[nodiscard]] absl::Status ForwardOnAllRanks(StepRing& ring, model::Qwen2Model& model,
+                                             model::KvCache& kv, const model::ForwardBatch& batch,
+                                             EmbeddingPlacement placement,
+                                             std::vector<float>* logits,
+                                             absl::Span<const uint8_t> shared_buffer = {});
+
+// Rank 0: has the other ranks (re)create their KV caches (rank 0 creates
+// its own), before the forwards that use them.
+[[nodiscard]] absl::Status AllocateKvOnAllRanks(StepRing& ring, int64_t num_blocks,
+                                                int64_t block_size);
+
+// Rank 0: tells the other ranks to leave RunShardSteps.
+[[nodiscard]] absl::Status StopShardSteps(StepRing& ring);
+
+// Ranks 1..n-1: takes and runs steps until a kStop step (OK) or an error.
+// The rank's KV cache is created by kAllocateKv steps; a forward before the
+// first one is FailedPrecondition.
+[[nodiscard]] absl::Status RunShardSteps(StepRing& ring, model::Qwen2Model& model,
+                                         absl::Span<const uint8_t> shared_buffer = {});
+
+}  // namespace mmserve::worker
+
+#endif  // MMSERVE_WORKER_TP_STEP_LOOP_H_
