@@ -43,7 +43,8 @@ config=(--config=opt)
 echo "serve.sh: building ${config[*]:-default} binaries"
 bazel build --disk_cache="$cache" "${config[@]}" --color=no --curses=no \
   //router:router //encoder_service:encoder //language_service:language \
-  //worker:tp_shard //deploy/launcher:mmserve_launch //client:cli 2>&1 | grep -vE '^(INFO|Loading|Analyzing|\[)' || true
+  //worker:tp_shard //deploy/launcher:mmserve_launch //client:cli //client:reflection_list \
+  //client:health_probe 2>&1 | grep -vE '^(INFO|Loading|Analyzing|\[)' || true
 bin=$(bazel info "${config[@]}" bazel-bin 2>/dev/null)
 for b in router/router encoder_service/encoder language_service/language \
          deploy/launcher/mmserve_launch client/cli; do

@@ -37,9 +37,11 @@ stubs=$(mktemp -d)
 client/python/gen_stubs.sh "$stubs" >/dev/null || { kill -TERM "$serve"; fail "gen_stubs.sh failed"; }
 py_answer=$(MMSERVE_STUBS_DIR="$stubs" /usr/bin/python3 client/python/mmserve_client.py \
   --address="127.0.0.1:$port" --image=tools/demo/eval_set/0000.png \
-  --prompt="How many shapes are in the picture?" --temperature=0 2>&1)
+  --prompt="How many shapes are in the picture?" --temperature=0 2>"$stubs/stderr")
+py_err=$(cat "$stubs/stderr")
 rm -rf "$stubs"
-[[ "$py_answer" == "two" ]] || { kill -TERM "$serve"; fail "Python client answered '$py_answer', expected 'two'"; }
+[[ "$py_answer" == "two" ]] ||
+  { kill -TERM "$serve"; fail "Python client answered '$py_answer' ($py_err), expected 'two'"; }
 body=$(curl -s "http://127.0.0.1:$http/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}')
 grep -q '"chat.completion"' <<<"$body" || { kill -TERM "$serve"; fail "HTTP answered: $body"; }

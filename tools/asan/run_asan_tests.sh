@@ -10,6 +10,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 flags=(--config=asan --symlink_prefix=/)
+# Tests only: benchmarks and tools are built (and their code tested) by the
+# normal run; under ASan they would only cost a cold CI run their compile time.
+test_flags=(--build_tests_only)
 if [[ "${1:-}" == "--testlogs" ]]; then
   exec bazel info "${flags[@]}" bazel-testlogs 2>/dev/null
 fi
@@ -17,4 +20,4 @@ args=("$@")
 has_target=0
 for a in "${args[@]}"; do [[ "$a" == //* || "$a" == -//* ]] && has_target=1; done
 [[ $has_target -eq 1 ]] || args+=(//...)
-exec bazel test "${flags[@]}" "${args[@]}"
+exec bazel test "${flags[@]}" "${test_flags[@]}" "${args[@]}"
