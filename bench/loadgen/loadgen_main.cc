@@ -160,6 +160,9 @@ int Main() {
     ro.max_duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
   }
   ro.seed = spec.seed;
+  // Scripts that act during the load (fault tests) wait for this line.
+  std::printf("loadgen: sending %zu requests\n", workload->items.size());
+  std::fflush(stdout);
   std::vector<Record> records = RunLoad(**target, *workload, ro, clock);
   const Slo slo{absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms)};
   const Summary summary = Summarize(records, slo);
