@@ -1,37 +1,47 @@
 #!/usr/bin/env bash
 # Builds the mmserve container image without any registry: the services'
-# --config=static binaries (glibc is the only thing they link dynamically,
-# plus libcpp-httplib and its TLS/compression libraries), exactly the shared
-# libraries `ldd` says they and UCX's cma plugin still need, copied from this
-# Debian machine, and nothing else (no shell, no package manager), imported
-# with `docker import`. One image serves every service; the compose file
-# picks the binary.
+# binaries, exactly the shared libraries `ldd` says they need (and UCX's cma
+# plugin), copied from this Debian machine, and nothing else (no shell, no
+# package manager), imported with `docker import`. One image serves every
+# service; the compose file picks the binary.
 #
-#   deploy/build_images.sh [--tag=mmserve:latest] [--opt]
+#   deploy/build_images.sh [--tag=mmserve:latest] [--opt] [--static]
 #
-# --opt builds with --config=opt as well (slower to build, faster to run).
-# Prints the image's size. Needs a running Docker engine (deploy/compose_test.sh
-# starts one) and the Debian packages of deploy/install_deps.sh.
+# By default the binaries are the default configuration's (what `bazel test
+# //...` has built already), linked against Debian's shared gRPC, protobuf,
+# abseil, OpenBLAS and UCX: 107 MiB, the libraries stored once for all five
+# binaries. --static takes --config=static binaries instead (only glibc,
+# libstdc++ and cpp-httplib with its TLS/compression libraries stay shared):
+# 144 MiB, as each binary carries its own copy of everything, and a second
+# compile of the tree in that configuration. --opt adds --config=opt (slower
+# to build, faster to run). Prints the image's size. Needs a running Docker
+# engine (deploy/compose_test.sh starts one) and the Debian packages of
+# deploy/install_deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tag=mmserve:latest
-config=(--config=static)
+opt=""
+static=""
 for arg in "$@"; do
   case "$arg" in
     --tag=*) tag="${arg#*=}" ;;
-    --opt) config+=(--config=opt) ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --opt) opt=1 ;;
+    --static) static=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "build_images.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
+config=()
+[[ -n "$static" ]] && config+=(--config=static)
+[[ -n "$opt" ]] && config+=(--config=opt)
 docker=${DOCKER:-/usr/bin/docker}
 cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
 mkdir -p "$cache"
 
 targets=(//router:router //encoder_service:encoder //language_service:language
          //client:health_probe //client:cli)
-echo "build_images.sh: bazel build ${config[*]}"
+echo "build_images.sh: bazel build ${config[*]:-(default configuration)}"
 bazel build --disk_cache="$cache" "${config[@]}" --color=no --curses=no "${targets[@]}" 2>&1 |
   grep -vE '^(INFO|Loading|Analyzing|\[)' || true
 bin=$(bazel info "${config[@]}" bazel-bin 2>/dev/null)
@@ -56,12 +66,16 @@ for b in router/router encoder_service/encoder language_service/language client/
   copy_with_libs "$bin/$b" "/usr/local/bin/$(basename "$b")"
   strip --strip-unneeded "$root/usr/local/bin/$(basename "$b")"
 done
-# UCX's same-host transports posix and sysv are in libuct itself (linked
-# statically); cma is a plugin it loads from here at run time (the shm
-# profile). tcp needs no plugin. InfiniBand plugins are left out.
-ucx=/usr/lib/x86_64-linux-gnu/ucx
-copy_with_libs "$ucx/libuct_cma.so.0" "$ucx/libuct_cma.so.0"
-ln -sf libuct_cma.so.0 "$root$ucx/libuct_cma.so"
+# Static binaries have UCX's transports tcp, posix, sysv and self linked in;
+# its plugins (cma, InfiniBand) do not load into them (UCX warns "transport
+# 'cma' is not available" on the host too), so none is copied. Dynamic ones
+# load libuct's built-in transports from the shared library and cma from the
+# plugin directory.
+if [[ -z "$static" ]]; then
+  ucx=/usr/lib/x86_64-linux-gnu/ucx
+  copy_with_libs "$ucx/libuct_cma.so.0" "$ucx/libuct_cma.so.0"
+  ln -sf libuct_cma.so.0 "$root$ucx/libuct_cma.so"
+fi
 cat >"$root/etc/nsswitch.conf" <<'TXT'
 hosts: files dns
 TXT
@@ -73,7 +87,7 @@ echo "mmserve:x:65534:" >"$root/etc/group"
 
 tar -C "$root" -c . | "$docker" import \
   -c 'USER 65534' -c 'WORKDIR /tmp' -c 'ENV PATH=/usr/local/bin' \
-  -m "mmserve services (static binaries, $(git rev-parse --short HEAD 2>/dev/null || echo unknown))" \
+  -m "mmserve services ($([[ -n "$static" ]] && echo static || echo dynamic) binaries, $(git rev-parse --short HEAD 2>/dev/null || echo unknown))" \
   - "$tag" >/dev/null
 size=$("$docker" image inspect -f '{{.Size}}' "$tag")
 echo "build_images.sh: built $tag, $((size / 1024 / 1024)) MiB"

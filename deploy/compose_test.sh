@@ -14,6 +14,11 @@
 # then `down -v` and checks that no container, network or volume of the
 # project is left. Bounded to 10 minutes; prints its duration.
 #
+# MMSERVE_COMPOSE_IMAGE=dynamic (default) builds the image from the default
+# configuration's binaries, which `bazel test //...` has already built;
+# =static from --config=static binaries (deploy/build_images.sh --static: a
+# second compile of the tree in that configuration).
+#
 # Last line: "compose_test: PASS (...)", "compose_test: FAIL <why>" or
 # "compose_test: SKIPPED <why>" (no Docker engine can run here). Exit status
 # 0, 1 and 77 respectively.
@@ -28,6 +33,7 @@ if [[ -z "${MMSERVE_COMPOSE_TEST_BOUNDED:-}" ]]; then
 fi
 
 docker=/usr/bin/docker  # Debian's client, which matches Debian's dockerd
+dockerd=${MMSERVE_DOCKERD:-/usr/sbin/dockerd}
 compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.yml" -p "mmserve-ci-$$")
 project="mmserve-ci-$$"
 cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
@@ -55,7 +61,7 @@ fail() {
 }
 
 # 1. The engine.
-if ! [[ -x /usr/sbin/dockerd && -x $docker && -x /usr/bin/docker-compose ]]; then
+if ! [[ -x $dockerd && -x $docker && -x /usr/bin/docker-compose ]]; then
   step "installing docker.io docker-compose"
   if [[ $(id -u) != 0 ]]; then skip "docker.io/docker-compose are not installed and this is not root"; fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose >"$logs/apt.log" 2>&1 ||
@@ -64,15 +70,22 @@ fi
 if ! $docker info >/dev/null 2>&1; then
   [[ $(id -u) == 0 ]] || skip "no Docker engine answers and only root can start dockerd"
   step "starting dockerd"
-  setsid /usr/sbin/dockerd >"$logs/dockerd.log" 2>&1 &
+  setsid "$dockerd" >"$logs/dockerd.log" 2>&1 &
   started_dockerd=$!
   for _ in $(seq 1 60); do
     $docker info >/dev/null 2>&1 && break
     kill -0 "$started_dockerd" 2>/dev/null || break
     sleep 0.5
   done
-  $docker info >/dev/null 2>&1 ||
-    skip "dockerd does not start here: $(grep -iE 'error|fatal|failed' "$logs/dockerd.log" | tail -n 2 | tr '\n' ' ')"
+  if ! $docker info >/dev/null 2>&1; then
+    why="no answer within 30 s"
+    if ! kill -0 "$started_dockerd" 2>/dev/null; then
+      wait "$started_dockerd"
+      why="$dockerd exited with status $?"
+      started_dockerd=""
+    fi
+    skip "dockerd does not start here ($why): $(grep -iE 'error|fatal|failed' "$logs/dockerd.log" | tail -n 2 | tr '\n' ' ')"
+  fi
 fi
 # A container must run at all (namespaces, cgroups, overlay).
 probe=$(mktemp -d)
@@ -87,16 +100,22 @@ fi
 $docker rmi mmserve-probe:latest >/dev/null 2>&1
 
 # 2. Image and load generator.
-step "building the image (deploy/build_images.sh)"
-deploy/build_images.sh >"$logs/build_images.log" 2>&1 || { tail -n 20 "$logs/build_images.log"; fail "build_images.sh failed"; }
+image_mode=${MMSERVE_COMPOSE_IMAGE:-dynamic}
+case "$image_mode" in
+  dynamic) image_flags=(); bazel_config=() ;;
+  static) image_flags=(--static); bazel_config=(--config=static) ;;
+  *) fail "MMSERVE_COMPOSE_IMAGE must be dynamic or static, not '$image_mode'" ;;
+esac
+step "building the $image_mode image (deploy/build_images.sh ${image_flags[*]})"
+deploy/build_images.sh "${image_flags[@]}" >"$logs/build_images.log" 2>&1 || { tail -n 20 "$logs/build_images.log"; fail "build_images.sh failed"; }
 grep '^build_images.sh: built' "$logs/build_images.log"
 step "building bench/loadgen"
-# The image's configuration (--config=static), so that Bazel keeps what it
-# just built instead of switching configurations twice.
-bazel build --disk_cache="$cache" --config=static --color=no --curses=no //bench/loadgen:loadgen \
-  >"$logs/bazel.log" 2>&1 ||
+# The image's configuration, so that Bazel keeps what it just built instead
+# of switching configurations twice.
+bazel build --disk_cache="$cache" "${bazel_config[@]}" --color=no --curses=no \
+  //bench/loadgen:loadgen >"$logs/bazel.log" 2>&1 ||
   { tail -n 20 "$logs/bazel.log"; fail "bazel build //bench/loadgen:loadgen failed"; }
-loadgen="$(bazel info --config=static bazel-bin 2>/dev/null)/bench/loadgen/loadgen"
+loadgen="$(bazel info "${bazel_config[@]}" bazel-bin 2>/dev/null)/bench/loadgen/loadgen"
 
 # 3. Up, on ports nothing else here is likely to use.
 export MMSERVE_GRPC_PORT=50451 MMSERVE_HTTP_PORT=8451 MMSERVE_ROUTER_METRICS_PORT=9450
@@ -177,4 +196,4 @@ left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" 
 [[ "$left_c$left_n$left_v" == 000 ]] ||
   fail "left after down -v: $left_c containers, $left_n networks, $left_v volumes"
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
-echo "compose_test: PASS (image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); nothing left; ${SECONDS} s)"
+echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); nothing left; ${SECONDS} s)"
