@@ -47,7 +47,7 @@ Summary Summarize(const std::vector<Record>& records, const Slo& slo) {
     ttft.push_back(t);
     double per_token = 0;
     if (r.output_tokens > 1) {
-      per_token = (r.token_s.back() - r.first_token_s) * 1e3 / (r.output_tokens - 1);
+      per_token = (r.end_s - r.first_token_s) * 1e3 / (r.output_tokens - 1);
       tpot.push_back(per_token);
     }
     for (size_t i = 1; i < r.token_s.size(); ++i) {

@@ -2,7 +2,7 @@
 // and their summary in the terms of `vllm bench serve`.
 //
 //   TTFT: request sent -> first generated token arrives;
-//   TPOT: (last token - first token) / (output tokens - 1), per request;
+//   TPOT: (E2E - TTFT) / (output tokens - 1), per request;
 //   ITL:  gaps between consecutive token-carrying responses, all requests;
 //   E2E:  request sent -> stream finished;
 //   goodput: requests per second that finished OK with TTFT <= slo_ttft and

@@ -37,7 +37,7 @@ TEST_CASE("TTFT, TPOT, ITL and E2E come from the token arrival times") {
   const Summary s = Summarize({Finished(0, {0.1, 0.12, 0.16}, 0.2)}, {});
   CHECK(s.ok == 1);
   CHECK(s.ttft_ms.p50 == Approx(100));
-  CHECK(s.tpot_ms.p50 == Approx(30));  // (0.16 - 0.1) / 2
+  CHECK(s.tpot_ms.p50 == Approx(50));  // (E2E 0.2 - TTFT 0.1) / 2
   CHECK(s.itl_ms.n == 2);
   CHECK(s.itl_ms.p90 == Approx(40));
   CHECK(s.e2e_ms.p50 == Approx(200));
@@ -69,7 +69,7 @@ TEST_CASE("the JSON line holds the extras first and every percentile") {
   CHECK(j["ok"] == 1);
   CHECK(j["errors"].empty());
   CHECK(j["ttft_p99_ms"].get<double>() == Approx(100));
-  CHECK(j["tpot_p50_ms"].get<double>() == Approx(100));
+  CHECK(j["tpot_p50_ms"].get<double>() == Approx(200));  // (0.3 - 0.1) / 1
 }
 
 }  // namespace
