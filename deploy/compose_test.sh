@@ -196,4 +196,5 @@ left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" 
 [[ "$left_c$left_n$left_v" == 000 ]] ||
   fail "left after down -v: $left_c containers, $left_n networks, $left_v volumes"
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
+rm -rf "$logs"  # kept only when something failed
 echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); nothing left; ${SECONDS} s)"
