@@ -45,6 +45,10 @@ ABSL_FLAG(int, encoder_saturation, 32,
 ABSL_FLAG(int, max_image_mb, 20, "bytes per image, MiB");
 ABSL_FLAG(int, max_model_len, 0, "context length clients are held to (0: the model's, <= 8192)");
 ABSL_FLAG(int, poll_ms, 250, "instance health poll interval");
+ABSL_FLAG(int, poll_timeout_ms, 500, "one health poll's deadline");
+ABSL_FLAG(int, down_after, 2, "failed polls in a row that take an instance out of placement");
+ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
+          "a registered instance whose heartbeats stop this long leaves placement");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running calls may take");
 
 namespace mmserve::router {
@@ -100,7 +104,16 @@ int Main() {
     return Fail(absl::InvalidArgumentError(dir + ": vision model without preprocessor_config"));
   }
   metrics::Registry registry;
-  InstanceTable table({.poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms))});
+  if (absl::GetFlag(FLAGS_poll_ms) < 1 || absl::GetFlag(FLAGS_poll_timeout_ms) < 1 ||
+      absl::GetFlag(FLAGS_down_after) < 1 || absl::GetFlag(FLAGS_heartbeat_timeout_ms) < 1) {
+    return Fail(absl::InvalidArgumentError(
+        "--poll_ms, --poll_timeout_ms, --down_after and --heartbeat_timeout_ms must be >= 1"));
+  }
+  InstanceTable table(
+      {.poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms)),
+       .poll_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_poll_timeout_ms)),
+       .down_after = absl::GetFlag(FLAGS_down_after),
+       .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))});
   if (auto s = AddStatic(table, absl::GetFlag(FLAGS_encoders), iv1::INSTANCE_ROLE_ENCODER);
       !s.ok()) {
     return Fail(s);

@@ -6,7 +6,7 @@ wrapper only carries link flags. By default it links the shared objects; with
 order inside one package does not matter.
 """
 
-def system_library(name, libs, deps = [], static_extra = [], linkopts = [], visibility = None):
+def system_library(name, libs, deps = [], static_extra = [], linkopts = [], whole_archive = False, visibility = None):
     """Declares a cc_library that links system libraries.
 
     Args:
@@ -15,10 +15,15 @@ def system_library(name, libs, deps = [], static_extra = [], linkopts = [], visi
       deps: other system_library targets these libraries need.
       static_extra: extra flags only for static links (e.g. dynamic-only deps).
       linkopts: flags for both modes (e.g. -pthread).
+      whole_archive: static links take every object of the archives, not
+        only the referenced ones: for libraries that initialise themselves
+        or register parts from constructors nothing references.
       visibility: Bazel visibility.
     """
     shared = ["-l" + lib for lib in libs]
     static = ["-Wl,--start-group"] + ["-l:lib%s.a" % lib for lib in libs] + ["-Wl,--end-group"]
+    if whole_archive:
+        static = ["-Wl,--whole-archive"] + static[1:-1] + ["-Wl,--no-whole-archive"]
     native.cc_library(
         name = name,
         linkopts = select({

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -27,6 +28,12 @@ ABSL_FLAG(int, http_port, 8000, "router OpenAI-compatible HTTP port (-1: off)");
 ABSL_FLAG(bool, restart, true, "restart a child that dies");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of the language instance (it starts its own shard ranks)");
+ABSL_FLAG(std::vector<std::string>, router_flags, {},
+          "extra router flags, comma-separated (e.g. --presize=false)");
+ABSL_FLAG(std::vector<std::string>, encoder_flags, {},
+          "extra flags for every encoder, comma-separated (e.g. --cache_mb=0)");
+ABSL_FLAG(std::vector<std::string>, language_flags, {},
+          "extra language flags, comma-separated (e.g. --kv_cache_mb=64,--threads=1)");
 
 namespace mmserve::launcher {
 namespace {
@@ -59,6 +66,9 @@ int Main() {
   o.host = absl::GetFlag(FLAGS_host);
   o.router_port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
+  o.router_args = absl::GetFlag(FLAGS_router_flags);
+  o.encoder_args = absl::GetFlag(FLAGS_encoder_flags);
+  o.language_args = absl::GetFlag(FLAGS_language_flags);
   if (absl::GetFlag(FLAGS_tp) > 1) {
     o.language_args.push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
   }

@@ -1,0 +1,252 @@
+// loadgen: a load generator for one mmserve service at a time, in the style
+// of `vllm bench serve`. Arrivals are Poisson at --request_rate (or as fast
+// as --max_concurrency allows), bounded by --num_requests and --duration_s.
+// Reports TTFT, TPOT, ITL and E2E mean/p50/p90/p99, throughput, errors by
+// gRPC code and goodput under --slo_ttft_ms / --slo_tpot_ms: a human table,
+// then one JSON line (last).
+//
+//   bazel build --config=opt //bench/loadgen:loadgen
+//   # end to end through the router, the demo questions, 20 req/s:
+//   bazel-bin/bench/loadgen/loadgen --target=router --address=127.0.0.1:50051 \
+//       --num_requests=200 --request_rate=20
+//   # synthetic multimodal: 2 images of 448x448, half of them repeats:
+//   ... --dataset=synthetic --images=2 --image_width=448 --image_height=448 \
+//       --prompt_tokens=64 --output_tokens=32 --repeat_share=0.5
+//   # the OpenAI HTTP API (streamed), or a language instance directly (text):
+//   ... --target=http --address=127.0.0.1:8000
+//   ... --target=language --address=127.0.0.1:50071 --dataset=synthetic --images=0
+//
+// Checks (exit status 1 when one fails and --fail_on_error):
+//   --check=answers    demo answers against eval.json's expected answers
+//                      (accuracy reported);
+//   --check=inprocess  every demo answer (text, and token ids over gRPC)
+//                      identical to the in-process engine's;
+//   --leak_ports=P,... after the run, every block and live-request gauge on
+//                      those 127.0.0.1 /metrics ports must settle at 0.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "bench/loadgen/runner.h"
+#include "bench/loadgen/stats.h"
+#include "bench/loadgen/target.h"
+#include "bench/loadgen/workload.h"
+#include "common/clock.h"
+#include "tests/stack_harness.h"
+
+ABSL_FLAG(std::string, target, "router", "router | language | http");
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "the target's host:port");
+ABSL_FLAG(std::string, dataset, "demo", "demo | synthetic");
+ABSL_FLAG(std::string, eval_dir, "", "demo evaluation set (default: the bundled one)");
+ABSL_FLAG(int, num_requests, 200, "requests to send (at most)");
+ABSL_FLAG(double, request_rate, 0, "Poisson arrivals per second (0: no pacing)");
+ABSL_FLAG(int, max_concurrency, 0, "requests in flight at most (0: no cap)");
+ABSL_FLAG(double, duration_s, 0, "stop sending after this many seconds (0: no limit)");
+ABSL_FLAG(int, warmup, 0, "requests sent one at a time before the run, not counted");
+ABSL_FLAG(int, images, 1, "synthetic: images per request");
+ABSL_FLAG(int, image_width, 224, "synthetic: image width");
+ABSL_FLAG(int, image_height, 224, "synthetic: image height");
+ABSL_FLAG(int, prompt_tokens, 32, "synthetic: prompt words (about one token each)");
+ABSL_FLAG(int, output_tokens, 16, "synthetic: tokens generated (EOS ignored)");
+ABSL_FLAG(double, repeat_share, 0, "synthetic: share of images repeating an earlier one");
+ABSL_FLAG(uint64_t, seed, 1, "arrivals and synthetic data");
+ABSL_FLAG(double, slo_ttft_ms, 1000, "goodput SLO on TTFT");
+ABSL_FLAG(double, slo_tpot_ms, 100, "goodput SLO on TPOT");
+ABSL_FLAG(double, timeout_s, 60, "per-request deadline");
+ABSL_FLAG(std::string, check, "none", "none | answers | inprocess (demo dataset only)");
+ABSL_FLAG(std::vector<std::string>, leak_ports, {},
+          "127.0.0.1 /metrics ports whose block and live gauges must settle at 0");
+ABSL_FLAG(bool, fail_on_error, false, "exit 1 on any error, wrong answer or leak");
+ABSL_FLAG(std::string, label, "", "a label copied into the JSON line");
+
+namespace mmserve::loadgen {
+namespace {
+
+constexpr const char* kLeakGauges[] = {
+    "mmserve_language_embedding_blocks_used", "mmserve_language_kv_blocks_used",
+    "mmserve_language_requests_live", "mmserve_encoder_embedding_blocks_used",
+    "mmserve_router_calls_live"};
+
+// Sum of the leak gauges over `ports`, once zero or after 10 s.
+double SettledLeaks(const std::vector<int>& ports, std::string* detail) {
+  const Deadline deadline = Deadline::After(absl::Seconds(10));
+  double total = 0;
+  do {
+    total = 0;
+    detail->clear();
+    for (int port : ports) {
+      for (const char* gauge : kLeakGauges) {
+        const double v = testing::ScrapeMetric(port, gauge);
+        if (v > 0) {
+          total += v;
+          absl::StrAppend(detail, " :", port, " ", gauge, "=", v);
+        }
+      }
+    }
+    if (total == 0) return 0;
+    absl::SleepFor(absl::Milliseconds(200));
+  } while (!deadline.Expired());
+  return total;
+}
+
+int Main() {
+  WorkloadSpec spec;
+  spec.dataset = absl::GetFlag(FLAGS_dataset);
+  spec.num_requests = absl::GetFlag(FLAGS_num_requests) + absl::GetFlag(FLAGS_warmup);
+  spec.eval_dir =
+      absl::GetFlag(FLAGS_eval_dir).empty() ? testing::EvalDir() : absl::GetFlag(FLAGS_eval_dir);
+  spec.images = absl::GetFlag(FLAGS_images);
+  spec.image_width = absl::GetFlag(FLAGS_image_width);
+  spec.image_height = absl::GetFlag(FLAGS_image_height);
+  spec.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  spec.output_tokens = absl::GetFlag(FLAGS_output_tokens);
+  spec.repeat_share = absl::GetFlag(FLAGS_repeat_share);
+  spec.seed = absl::GetFlag(FLAGS_seed);
+  const std::string check = absl::GetFlag(FLAGS_check);
+  if (check != "none" && check != "answers" && check != "inprocess") {
+    std::fprintf(stderr, "loadgen: --check must be none, answers or inprocess\n");
+    return 2;
+  }
+  if (check != "none" && spec.dataset != "demo") {
+    std::fprintf(stderr, "loadgen: --check needs --dataset=demo\n");
+    return 2;
+  }
+  std::vector<int> leak_ports;
+  for (const std::string& p : absl::GetFlag(FLAGS_leak_ports)) {
+    int port = 0;
+    if (!absl::SimpleAtoi(p, &port) || port <= 0 || port > 65535) {
+      std::fprintf(stderr, "loadgen: bad --leak_ports entry '%s'\n", p.c_str());
+      return 2;
+    }
+    leak_ports.push_back(port);
+  }
+  auto workload = BuildWorkload(spec);
+  if (!workload.ok()) {
+    std::fprintf(stderr, "loadgen: %s\n", workload.status().ToString().c_str());
+    return 2;
+  }
+  Stopwatch clock;
+  TargetOptions to;
+  to.kind = absl::GetFlag(FLAGS_target);
+  to.address = absl::GetFlag(FLAGS_address);
+  to.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  auto target = MakeTarget(to, &clock);
+  if (!target.ok()) {
+    std::fprintf(stderr, "loadgen: %s\n", target.status().ToString().c_str());
+    return 2;
+  }
+
+  if (absl::Status c = (*target)->Connect(absl::Seconds(10)); !c.ok()) {
+    std::fprintf(stderr, "loadgen: %s (running anyway: the errors are counted)\n",
+                 c.ToString().c_str());
+  }
+  // Warm-up: the first items, one at a time, not counted.
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  Workload warm;
+  warm.items.assign(workload->items.begin(), workload->items.begin() + warmup);
+  workload->items.erase(workload->items.begin(), workload->items.begin() + warmup);
+  RunLoad(**target, warm, {.max_concurrency = 1}, clock);
+
+  RunOptions ro;
+  ro.request_rate = absl::GetFlag(FLAGS_request_rate);
+  ro.max_concurrency = absl::GetFlag(FLAGS_max_concurrency);
+  if (absl::GetFlag(FLAGS_duration_s) > 0) {
+    ro.max_duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
+  }
+  ro.seed = spec.seed;
+  // Scripts that act during the load (fault tests) wait for this line.
+  std::printf("loadgen: sending %zu requests\n", workload->items.size());
+  std::fflush(stdout);
+  std::vector<Record> records = RunLoad(**target, *workload, ro, clock);
+  const Slo slo{absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms)};
+  const Summary summary = Summarize(records, slo);
+
+  std::vector<std::pair<std::string, std::string>> extra = {
+      {"label", absl::StrCat("\"", absl::GetFlag(FLAGS_label), "\"")},
+      {"target", absl::StrCat("\"", to.kind, "\"")},
+      {"dataset", absl::StrCat("\"", spec.dataset, "\"")},
+      {"request_rate", absl::StrCat(ro.request_rate)},
+      {"max_concurrency", absl::StrCat(ro.max_concurrency)}};
+  if (spec.dataset == "synthetic") {
+    extra.push_back({"images", absl::StrCat(spec.images)});
+    extra.push_back(
+        {"image_size", absl::StrCat("\"", spec.image_width, "x", spec.image_height, "\"")});
+    extra.push_back({"prompt_tokens", absl::StrCat(spec.prompt_tokens)});
+    extra.push_back({"output_tokens", absl::StrCat(spec.output_tokens)});
+    extra.push_back({"repeat_share", absl::StrCat(spec.repeat_share)});
+  }
+  bool failed = summary.ok != summary.requests;
+  std::string first_error;
+  for (const Record& r : records) {
+    if (!r.status.ok()) {
+      first_error = r.status.ToString();
+      break;
+    }
+  }
+
+  if (check != "none") {
+    // demo_index of the first item: the warm-up took `warmup` items.
+    int correct = 0, same = 0, checked = 0;
+    const testing::Reference* ref = nullptr;
+    if (check == "inprocess") {
+      testing::DemoSet set = testing::LoadDemoSet(spec.eval_dir);
+      int max_index = 0;
+      for (const Record& r : records) {
+        max_index = std::max(max_index, workload->items[r.item].demo_index);
+      }
+      set.items.resize(std::min<size_t>(set.items.size(), max_index + 1));
+      ref = &testing::InProcess(set);
+    }
+    std::string first_mismatch;
+    for (const Record& r : records) {
+      if (!r.status.ok()) continue;
+      const int d = workload->items[r.item].demo_index;
+      ++checked;
+      if (absl::StripAsciiWhitespace(r.text) == workload->demo_answers[d]) ++correct;
+      if (ref != nullptr) {
+        const bool ids_ok = to.kind == "http" || r.token_ids == ref->ids[d];
+        if (r.text == ref->text[d] && ids_ok) {
+          ++same;
+        } else if (first_mismatch.empty()) {
+          first_mismatch =
+              absl::StrFormat("question %d: got '%s', in-process '%s'", d, r.text, ref->text[d]);
+        }
+      }
+    }
+    const double accuracy = checked > 0 ? static_cast<double>(correct) / checked : 0;
+    std::printf("answers: %d/%d correct (accuracy %.4f)\n", correct, checked, accuracy);
+    extra.push_back({"accuracy", absl::StrFormat("%.4f", accuracy)});
+    if (ref != nullptr) {
+      std::printf("identical to the in-process engine: %d/%d%s%s\n", same, checked,
+                  first_mismatch.empty() ? "" : "; first mismatch: ", first_mismatch.c_str());
+      extra.push_back({"inprocess_identical", absl::StrCat(same)});
+      extra.push_back({"checked", absl::StrCat(checked)});
+      failed |= same != checked;
+    }
+  }
+  if (!leak_ports.empty()) {
+    std::string detail;
+    const double leaked = SettledLeaks(leak_ports, &detail);
+    std::printf("leaks after the run: %s\n", leaked == 0 ? "none" : detail.c_str());
+    extra.push_back({"leaked", absl::StrCat(leaked)});
+    failed |= leaked != 0;
+  }
+  if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
+  std::printf("%s", FormatTable(summary, slo).c_str());
+  std::printf("%s\n", FormatJson(summary, slo, extra).c_str());
+  return failed && absl::GetFlag(FLAGS_fail_on_error) ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace mmserve::loadgen
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return mmserve::loadgen::Main();
+}

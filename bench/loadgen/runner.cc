@@ -1,0 +1,65 @@
+#include "bench/loadgen/runner.h"
+
+#include <random>
+
+#include "absl/synchronization/mutex.h"
+
+namespace mmserve::loadgen {
+namespace {
+
+struct Gate {
+  const int* in_flight;
+  int cap;
+  bool Open() const { return *in_flight < cap; }
+  bool Empty() const { return *in_flight == 0; }
+};
+
+}  // namespace
+
+std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunOptions& options,
+                            const Stopwatch& clock) {
+  // Records never move once sending starts: callbacks hold pointers.
+  std::vector<Record> records(workload.items.size());
+  absl::Mutex mu;
+  int in_flight = 0;  // guarded by mu
+  const Gate gate{&in_flight, options.max_concurrency};
+  std::mt19937_64 rng(options.seed);
+  std::exponential_distribution<double> gap(options.request_rate > 0 ? options.request_rate : 1);
+  const double limit_s = options.max_duration == absl::InfiniteDuration()
+                             ? 1e300
+                             : absl::ToDoubleSeconds(options.max_duration);
+  const double start_s = clock.ElapsedSeconds();
+  double next_s = start_s;
+  size_t sent = 0;
+  for (; sent < workload.items.size(); ++sent) {
+    if (options.request_rate > 0) {
+      if (sent > 0) next_s += gap(rng);
+      const double wait = next_s - clock.ElapsedSeconds();
+      if (wait > 0) absl::SleepFor(absl::Seconds(wait));
+    }
+    if (options.max_concurrency > 0) {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&gate, &Gate::Open));
+    }
+    if (clock.ElapsedSeconds() - start_s >= limit_s) break;
+    Record& r = records[sent];
+    r.item = static_cast<int>(sent);
+    r.sent_s = clock.ElapsedSeconds();
+    {
+      absl::MutexLock lock(&mu);
+      ++in_flight;
+    }
+    target.Send(workload.items[sent], &r, [&mu, &in_flight] {
+      absl::MutexLock lock(&mu);
+      --in_flight;
+    });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&gate, &Gate::Empty));
+  }
+  records.resize(sent);
+  return records;
+}
+
+}  // namespace mmserve::loadgen

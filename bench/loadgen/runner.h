@@ -1,0 +1,37 @@
+// Drives a Target with a Workload: arrivals Poisson at `request_rate` (or
+// all at once when it is 0), at most `max_concurrency` in flight (0: no
+// cap), stopping new sends after `max_duration`; waits for every sent
+// request to finish.
+//
+//   Stopwatch clock;
+//   std::vector<Record> records = RunLoad(*target, workload, {.request_rate = 20}, clock);
+//
+// Not thread-safe; one run at a time per target.
+#ifndef MMSERVE_BENCH_LOADGEN_RUNNER_H_
+#define MMSERVE_BENCH_LOADGEN_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "bench/loadgen/stats.h"
+#include "bench/loadgen/target.h"
+#include "bench/loadgen/workload.h"
+#include "common/clock.h"
+
+namespace mmserve::loadgen {
+
+struct RunOptions {
+  double request_rate = 0;  // requests per second, Poisson; 0: no pacing
+  int max_concurrency = 0;  // 0: no cap
+  absl::Duration max_duration = absl::InfiniteDuration();
+  uint64_t seed = 1;
+};
+
+// One Record per request sent, in send order.
+std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunOptions& options,
+                            const Stopwatch& clock);
+
+}  // namespace mmserve::loadgen
+
+#endif  // MMSERVE_BENCH_LOADGEN_RUNNER_H_

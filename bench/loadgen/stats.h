@@ -1,0 +1,70 @@
+// What one load run measured: per-request timings as the client saw them,
+// and their summary in the terms of `vllm bench serve`.
+//
+//   TTFT: request sent -> first generated token arrives;
+//   TPOT: (E2E - TTFT) / (output tokens - 1), per request;
+//   ITL:  gaps between consecutive token-carrying responses, all requests;
+//   E2E:  request sent -> stream finished;
+//   goodput: requests per second that finished OK with TTFT <= slo_ttft and
+//            TPOT <= slo_tpot.
+//
+// Not thread-safe: the runner fills one Record per request on the thread that
+// finishes it and hands them over when the run is done.
+#ifndef MMSERVE_BENCH_LOADGEN_STATS_H_
+#define MMSERVE_BENCH_LOADGEN_STATS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace mmserve::loadgen {
+
+struct Record {
+  int item = 0;
+  double sent_s = 0;          // since the run's start
+  double first_token_s = -1;  // -1: no token arrived
+  double end_s = 0;
+  std::vector<double> token_s;  // arrival of each token-carrying response
+  int output_tokens = 0;
+  absl::Status status;
+  std::string text;
+  std::vector<int32_t> token_ids;
+};
+
+struct Slo {
+  double ttft_ms = 1000;
+  double tpot_ms = 100;
+};
+
+struct Percentiles {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+  int n = 0;
+};
+
+struct Summary {
+  int requests = 0;
+  int ok = 0;
+  std::map<std::string, int> errors_by_code;  // gRPC code name -> count
+  double duration_s = 0;                      // first send -> last end
+  double request_rate = 0;                    // completed OK per second
+  double output_token_rate = 0;
+  double goodput = 0;  // per second
+  int64_t output_tokens = 0;
+  Percentiles ttft_ms, tpot_ms, itl_ms, e2e_ms;
+};
+
+Percentiles ComputePercentiles(std::vector<double> values);
+Summary Summarize(const std::vector<Record>& records, const Slo& slo);
+
+// The human table, and the one-line JSON (no newline) with `extra` fields
+// (already JSON-encoded values) in front.
+std::string FormatTable(const Summary& s, const Slo& slo);
+std::string FormatJson(const Summary& s, const Slo& slo,
+                       const std::vector<std::pair<std::string, std::string>>& extra);
+
+}  // namespace mmserve::loadgen
+
+#endif  // MMSERVE_BENCH_LOADGEN_STATS_H_

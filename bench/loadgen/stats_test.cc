@@ -1,0 +1,76 @@
+// Summaries of hand-made records: percentiles, TTFT/TPOT/ITL from token
+// arrival times, errors by code, goodput under the SLO.
+#include "bench/loadgen/stats.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+namespace mmserve::loadgen {
+namespace {
+
+Record Finished(double sent, std::vector<double> tokens, double end) {
+  Record r;
+  r.sent_s = sent;
+  r.first_token_s = tokens.front();
+  r.token_s = tokens;
+  r.output_tokens = static_cast<int>(tokens.size());
+  r.end_s = end;
+  return r;
+}
+
+TEST_CASE("percentiles use the nearest rank; empty input gives zeros") {
+  std::vector<double> v;
+  for (int i = 1; i <= 100; ++i) v.push_back(i);
+  const Percentiles p = ComputePercentiles(v);
+  CHECK(p.n == 100);
+  CHECK(p.mean == Approx(50.5));
+  CHECK(p.p50 == 51);  // rank round(0.5 * 99) = 50 -> value 51
+  CHECK(p.p90 == 90);
+  CHECK(p.p99 == 99);
+  const Percentiles e = ComputePercentiles({});
+  CHECK(e.n == 0);
+  CHECK(e.p99 == 0);
+}
+
+TEST_CASE("TTFT, TPOT, ITL and E2E come from the token arrival times") {
+  // Sent at 0, tokens at 0.1, 0.12, 0.16, done at 0.2.
+  const Summary s = Summarize({Finished(0, {0.1, 0.12, 0.16}, 0.2)}, {});
+  CHECK(s.ok == 1);
+  CHECK(s.ttft_ms.p50 == Approx(100));
+  CHECK(s.tpot_ms.p50 == Approx(50));  // (E2E 0.2 - TTFT 0.1) / 2
+  CHECK(s.itl_ms.n == 2);
+  CHECK(s.itl_ms.p90 == Approx(40));
+  CHECK(s.e2e_ms.p50 == Approx(200));
+  CHECK(s.output_tokens == 3);
+}
+
+TEST_CASE("errors are counted by code and excluded from latencies and goodput") {
+  Record bad;
+  bad.sent_s = 0.5;
+  bad.end_s = 2.0;
+  bad.status = absl::UnavailableError("gone");
+  Record late = Finished(0, {0.9, 1.0}, 1.0);  // TTFT 900 ms
+  const Summary s =
+      Summarize({Finished(0, {0.1, 0.15}, 0.2), late, bad}, {.ttft_ms = 500, .tpot_ms = 100});
+  CHECK(s.requests == 3);
+  CHECK(s.ok == 2);
+  CHECK(s.errors_by_code.at("UNAVAILABLE") == 1);
+  CHECK(s.duration_s == Approx(2.0));
+  CHECK(s.request_rate == Approx(1.0));
+  CHECK(s.goodput == Approx(0.5));  // only the first meets TTFT <= 500 ms
+  CHECK(s.e2e_ms.n == 2);
+}
+
+TEST_CASE("the JSON line holds the extras first and every percentile") {
+  const Summary s = Summarize({Finished(0, {0.1, 0.2}, 0.3)}, {});
+  const auto j = nlohmann::json::parse(FormatJson(s, {}, {{"target", "\"router\""}}));
+  CHECK(j["bench"] == "loadgen");
+  CHECK(j["target"] == "router");
+  CHECK(j["ok"] == 1);
+  CHECK(j["errors"].empty());
+  CHECK(j["ttft_p99_ms"].get<double>() == Approx(100));
+  CHECK(j["tpot_p50_ms"].get<double>() == Approx(200));  // (0.3 - 0.1) / 1
+}
+
+}  // namespace
+}  // namespace mmserve::loadgen

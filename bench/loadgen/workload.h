@@ -1,0 +1,77 @@
+// The requests a load run sends, built before the run starts so that
+// building them costs nothing while the clock runs.
+//
+//   demo:      the demo evaluation set's questions in order (one image each,
+//              greedy, 8 tokens), answers checkable against the in-process
+//              engine;
+//   synthetic: `images` images of `image_width` x `image_height` (random
+//              pixels, PNG), a prompt of about `prompt_tokens` words,
+//              `output_tokens` generated with EOS ignored; a share
+//              `repeat_share` of the images repeats an earlier one (encoder
+//              cache hits); `images` = 0 makes text-only requests.
+//
+//   ASSIGN_OR_RETURN(Workload w, BuildWorkload(spec));
+//   v1::GenerateRequest r = GrpcRequest(w.items[0]);
+#ifndef MMSERVE_BENCH_LOADGEN_WORKLOAD_H_
+#define MMSERVE_BENCH_LOADGEN_WORKLOAD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/inference.pb.h"
+#include "proto/language.pb.h"
+
+namespace mmserve::loadgen {
+
+struct WorkloadSpec {
+  std::string dataset = "demo";  // demo | synthetic
+  int num_requests = 100;
+  // demo: the evaluation set's directory (eval.json and the images).
+  std::string eval_dir;
+  // synthetic:
+  int images = 1;
+  int image_width = 224;
+  int image_height = 224;
+  int prompt_tokens = 32;
+  int output_tokens = 16;
+  double repeat_share = 0.0;  // [0, 1]
+  uint64_t seed = 1;
+};
+
+struct WorkItem {
+  // Image bytes, in prompt order, then the text of the user turn.
+  std::vector<const std::string*> images;
+  std::string text;
+  int max_tokens = 8;
+  bool ignore_eos = false;
+  // demo: the item's index in the evaluation set (the reference answer's);
+  // -1 for synthetic items.
+  int demo_index = -1;
+};
+
+struct Workload {
+  std::vector<WorkItem> items;
+  // Owns every distinct image the items point to.
+  std::vector<std::unique_ptr<std::string>> image_store;
+  // demo: the expected answers (eval.json's), by demo_index.
+  std::vector<std::string> demo_answers;
+};
+
+// INVALID_ARGUMENT for a bad spec; NOT_FOUND when the evaluation set is
+// missing.
+absl::StatusOr<Workload> BuildWorkload(const WorkloadSpec& spec);
+
+// The item as the router's public request (streamed, token ids included).
+v1::GenerateRequest GrpcRequest(const WorkItem& item);
+// The item as an OpenAI chat completion body (streamed, usage included).
+std::string HttpBody(const WorkItem& item);
+// A text-only item as a language instance's Prefill call (role both).
+// INVALID_ARGUMENT when the item has images (they need an encoder).
+absl::StatusOr<internal::v1::PrefillRequest> LanguageRequest(const WorkItem& item,
+                                                             const std::string& request_id);
+
+}  // namespace mmserve::loadgen
+
+#endif  // MMSERVE_BENCH_LOADGEN_WORKLOAD_H_

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# The docker-compose deployment, tested as a user runs it: installs docker.io
+# and docker-compose if missing, starts dockerd if none runs (and stops only
+# the one it started), builds the image (deploy/build_images.sh), brings
+# deploy/docker-compose.yml up under its own project name, waits for every
+# healthcheck and for the router to see 2 encoders and 1 language instance,
+# then from the host with bench/loadgen:
+#   1. 100 demo questions over gRPC and 100 over HTTP, every answer identical
+#      to the in-process engine's (token ids too over gRPC);
+#   2. 150 requests at 15 req/s, each with a new synthetic image, while one
+#      encoder container is killed (docker kill): every request must
+#      succeed; the encoder is started again, must rejoin and serve;
+#   3. no block or live request left on any service (metrics);
+# then `down -v` and checks that no container, network or volume of the
+# project is left. Bounded to 10 minutes; prints its duration.
+#
+# MMSERVE_COMPOSE_IMAGE=dynamic (default) builds the image from the default
+# configuration's binaries, which `bazel test //...` has already built;
+# =static from --config=static binaries (deploy/build_images.sh --static: a
+# second compile of the tree in that configuration).
+#
+# Last line: "compose_test: PASS (...)", "compose_test: FAIL <why>" or
+# "compose_test: SKIPPED <why>" (no Docker engine can run here). Exit status
+# 0, 1 and 77 respectively.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+if [[ -z "${MMSERVE_COMPOSE_TEST_BOUNDED:-}" ]]; then
+  MMSERVE_COMPOSE_TEST_BOUNDED=1 timeout -k 60 600 "$0" "$@"
+  rc=$?
+  [[ $rc == 124 || $rc == 137 ]] && echo "compose_test: FAIL not done within 10 minutes"
+  exit $rc
+fi
+
+docker=/usr/bin/docker  # Debian's client, which matches Debian's dockerd
+dockerd=${MMSERVE_DOCKERD:-/usr/sbin/dockerd}
+compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.yml" -p "mmserve-ci-$$")
+project="mmserve-ci-$$"
+cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
+logs=$(mktemp -d /tmp/mmserve-compose-test-XXXXXX)
+started_dockerd=""
+brought_up=""
+step() { printf '== [%3ds] %s\n' "$SECONDS" "$*"; }
+
+cleanup() {
+  if [[ -n "$brought_up" ]]; then
+    "${compose[@]}" logs --no-color >"$logs/compose.log" 2>&1 || true
+    "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  fi
+  if [[ -n "$started_dockerd" ]]; then
+    kill -TERM "$started_dockerd" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 0.2; done
+  fi
+}
+trap cleanup EXIT
+trap 'exit 1' TERM INT
+skip() { echo "compose_test: SKIPPED $* (${SECONDS} s)"; exit 77; }
+fail() {
+  echo "compose_test: FAIL $* (${SECONDS} s; logs in $logs)"
+  exit 1
+}
+
+# 1. The engine.
+if ! [[ -x $dockerd && -x $docker && -x /usr/bin/docker-compose ]]; then
+  step "installing docker.io docker-compose"
+  if [[ $(id -u) != 0 ]]; then skip "docker.io/docker-compose are not installed and this is not root"; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose >"$logs/apt.log" 2>&1 ||
+    skip "apt-get install docker.io docker-compose failed: $(tail -n 2 "$logs/apt.log" | tr '\n' ' ')"
+fi
+if ! $docker info >/dev/null 2>&1; then
+  [[ $(id -u) == 0 ]] || skip "no Docker engine answers and only root can start dockerd"
+  step "starting dockerd"
+  setsid "$dockerd" >"$logs/dockerd.log" 2>&1 &
+  started_dockerd=$!
+  for _ in $(seq 1 60); do
+    $docker info >/dev/null 2>&1 && break
+    kill -0 "$started_dockerd" 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! $docker info >/dev/null 2>&1; then
+    why="no answer within 30 s"
+    if ! kill -0 "$started_dockerd" 2>/dev/null; then
+      wait "$started_dockerd"
+      why="$dockerd exited with status $?"
+      started_dockerd=""
+    fi
+    skip "dockerd does not start here ($why): $(grep -iE 'error|fatal|failed' "$logs/dockerd.log" | tail -n 2 | tr '\n' ' ')"
+  fi
+fi
+# A container must run at all (namespaces, cgroups, overlay).
+probe=$(mktemp -d)
+cp -L /bin/true "$probe/true"
+for lib in $(ldd /bin/true | grep -o '/[^ ]*'); do mkdir -p "$probe$(dirname "$lib")"; cp -L "$lib" "$probe$lib"; done
+tar -C "$probe" -c . | $docker import - mmserve-probe:latest >/dev/null 2>"$logs/probe.log"
+rm -rf "$probe"
+if ! $docker run --rm --network none mmserve-probe:latest /true >>"$logs/probe.log" 2>&1; then
+  $docker rmi mmserve-probe:latest >/dev/null 2>&1
+  skip "a container cannot run here: $(tail -n 2 "$logs/probe.log" | tr '\n' ' ')"
+fi
+$docker rmi mmserve-probe:latest >/dev/null 2>&1
+
+# 2. Image and load generator.
+image_mode=${MMSERVE_COMPOSE_IMAGE:-dynamic}
+case "$image_mode" in
+  dynamic) image_flags=(); bazel_config=() ;;
+  static) image_flags=(--static); bazel_config=(--config=static) ;;
+  *) fail "MMSERVE_COMPOSE_IMAGE must be dynamic or static, not '$image_mode'" ;;
+esac
+step "building the $image_mode image (deploy/build_images.sh ${image_flags[*]})"
+deploy/build_images.sh "${image_flags[@]}" >"$logs/build_images.log" 2>&1 || { tail -n 20 "$logs/build_images.log"; fail "build_images.sh failed"; }
+grep '^build_images.sh: built' "$logs/build_images.log"
+step "building bench/loadgen"
+# The image's configuration, so that Bazel keeps what it just built instead
+# of switching configurations twice.
+bazel build --disk_cache="$cache" "${bazel_config[@]}" --color=no --curses=no \
+  //bench/loadgen:loadgen >"$logs/bazel.log" 2>&1 ||
+  { tail -n 20 "$logs/bazel.log"; fail "bazel build //bench/loadgen:loadgen failed"; }
+loadgen="$(bazel info "${bazel_config[@]}" bazel-bin 2>/dev/null)/bench/loadgen/loadgen"
+
+# 3. Up, on ports nothing else here is likely to use.
+export MMSERVE_GRPC_PORT=50451 MMSERVE_HTTP_PORT=8451 MMSERVE_ROUTER_METRICS_PORT=9450
+export MMSERVE_ENCODER0_METRICS_PORT=9451 MMSERVE_ENCODER1_METRICS_PORT=9452
+export MMSERVE_LANGUAGE_METRICS_PORT=9453
+metrics_ports=9450,9451,9452,9453
+step "docker-compose up (project $project)"
+brought_up=1
+"${compose[@]}" up -d >"$logs/up.log" 2>&1 || { cat "$logs/up.log"; fail "docker-compose up failed"; }
+healthy() {  # all four containers healthy and the router sees 2 + 1 instances
+  local n
+  n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
+  [[ $n == 4 ]] || return 1
+  local m
+  m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
+  grep -q '^mmserve_router_healthy_instances{role="encoder"} 2$' <<<"$m" &&
+    grep -q '^mmserve_router_healthy_instances{role="language"} 1$' <<<"$m"
+}
+for _ in $(seq 1 240); do healthy && break; sleep 0.5; done
+healthy || { "${compose[@]}" ps; fail "the stack was not healthy within 120 s"; }
+step "healthy"
+
+# 4. Answers over gRPC and HTTP against the in-process engine.
+run_loadgen() {  # name, args...
+  local name=$1
+  shift
+  "$loadgen" --eval_dir="$root/tools/demo/eval_set" --check=inprocess --fail_on_error \
+    --label="compose $name" "$@" >"$logs/$name.out" 2>&1
+  local rc=$?
+  grep -E '^(answers|identical|leaks|first error)' "$logs/$name.out" | sed "s/^/   $name: /"
+  grep -E '^(TTFT|E2E) ' "$logs/$name.out" | sed "s/^/   $name: /"
+  tail -n 1 "$logs/$name.out" >"$logs/$name.json"
+  return $rc
+}
+step "100 demo questions over gRPC"
+run_loadgen grpc --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=100 \
+  --max_concurrency=8 || fail "gRPC answers (see $logs/grpc.out)"
+step "100 demo questions over HTTP"
+run_loadgen http --target=http --address="127.0.0.1:$MMSERVE_HTTP_PORT" --num_requests=100 \
+  --max_concurrency=8 || fail "HTTP answers (see $logs/http.out)"
+
+# 5. An encoder killed during a load: fresh synthetic images (every one a
+# cache miss, so both encoders are busy when one dies).
+step "150 requests with a new 224x224 image each at 15 req/s; docker kill encoder-1 3 s into the load"
+"$loadgen" --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --dataset=synthetic \
+  --images=1 --image_width=224 --image_height=224 --prompt_tokens=16 --output_tokens=8 \
+  --num_requests=150 --request_rate=15 --fail_on_error --label="compose kill" >"$logs/kill.out" 2>&1 &
+load=$!
+for _ in $(seq 1 120); do grep -q '^loadgen: sending' "$logs/kill.out" && break; sleep 0.5; done
+sleep 3
+victim=$("${compose[@]}" ps -q encoder-1)
+$docker kill "$victim" >/dev/null || fail "docker kill encoder-1"
+wait "$load" || { grep -E '^(first error|requests|errors)' "$logs/kill.out"; fail "requests failed while an encoder was killed (see $logs/kill.out)"; }
+grep -E '^(requests|TTFT|E2E) ' "$logs/kill.out" | sed 's/^/   kill: /'
+moved=$("${compose[@]}" logs --no-color router 2>/dev/null | grep -c 'leave encoder encoder-1')
+# Requests in flight on encoder-1, or placed there before the router saw it
+# down, must have moved: otherwise the kill missed the load.
+[[ $moved -ge 1 ]] || fail "no request had images on encoder-1 when it was killed"
+images=$(curl -s "127.0.0.1:$MMSERVE_ENCODER0_METRICS_PORT/metrics" |
+  sed -n 's/^mmserve_encoder_images_encoded_total //p')
+step "every request succeeded; $moved request(s) moved images off encoder-1; encoder-0 encoded ${images:-?} images; starting encoder-1 again"
+"${compose[@]}" start encoder-1 >/dev/null 2>&1 || fail "docker-compose start encoder-1"
+for _ in $(seq 1 120); do healthy && break; sleep 0.5; done
+healthy || fail "encoder-1 did not rejoin within 60 s"
+run_loadgen rejoined --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=20 \
+  --max_concurrency=4 --leak_ports="$metrics_ports" || fail "after the restart (see $logs/rejoined.out)"
+served=$(curl -s "127.0.0.1:$MMSERVE_ENCODER1_METRICS_PORT/metrics" |
+  sed -n 's/^mmserve_encoder_images_encoded_total //p')
+step "encoder-1 rejoined and encoded ${served:-?} images; no leaks"
+
+# 6. Down, and nothing left.
+step "docker-compose down -v"
+"${compose[@]}" down -v --remove-orphans >"$logs/down.log" 2>&1 || fail "docker-compose down failed"
+brought_up=""
+left_c=$($docker ps -a --filter "label=com.docker.compose.project=$project" -q | wc -l)
+left_n=$($docker network ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
+left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
+[[ "$left_c$left_n$left_v" == 000 ]] ||
+  fail "left after down -v: $left_c containers, $left_n networks, $left_v volumes"
+size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
+rm -rf "$logs"  # kept only when something failed
+echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); nothing left; ${SECONDS} s)"
