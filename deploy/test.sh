@@ -2,11 +2,14 @@
 # Runs every mmserve test on this machine: installs missing packages, builds
 # and tests everything with Bazel (CPU), compiles the CUDA backend when nvcc
 # is installed, links and runs a fully static binary, runs the whole suite
-# again under ASan + UBSan (leaks fail), runs every fuzz target for
+# again under ASan + UBSan (leaks fail), runs transfer/ and the services'
+# threading under TSan, brings the docker-compose deployment up and tests it
+# (deploy/compose_test.sh), runs every fuzz target for
 # FUZZ_SECONDS (default 20) on top of its committed corpus, then prints one
 # closing line "tests: N passed, M failed". Exit status 0 only when all passed.
-# MMSERVE_SKIP_ASAN=1 / MMSERVE_SKIP_FUZZ=1 skip those steps (reported as
-# skipped, never as passed).
+# MMSERVE_SKIP_ASAN=1 / MMSERVE_SKIP_TSAN=1 / MMSERVE_SKIP_FUZZ=1 /
+# MMSERVE_SKIP_COMPOSE=1 skip those steps (reported as skipped, never as
+# passed).
 #
 # Bazel keeps a disk cache under ~/.cache/mmserve so later runs are fast.
 set -uo pipefail
@@ -19,7 +22,8 @@ mkdir -p "$cache"
 flags=(--disk_cache="$cache" --test_summary=short --color=no --curses=no)
 out=$(mktemp)
 asan_out=$(mktemp)
-trap 'rm -f "$out" "$asan_out"' EXIT
+tsan_out=$(mktemp)
+trap 'rm -f "$out" "$asan_out" "$tsan_out"' EXIT
 extra=()
 runs=()
 
@@ -44,6 +48,18 @@ else
   extra+=("serve.sh smoke=failed")
 fi
 
+phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill, down -v)"
+if [[ "${MMSERVE_SKIP_COMPOSE:-0}" == 1 ]]; then
+  extra+=("compose=skipped")
+else
+  deploy/compose_test.sh
+  case $? in
+    0) extra+=("compose=passed") ;;
+    77) extra+=("compose=skipped") ;;  # no Docker engine can run here: it said why
+    *) extra+=("compose=failed") ;;
+  esac
+fi
+
 phase "CUDA backend compiles (--config=cuda)"
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 if [[ -x "$nvcc" ]] || command -v nvcc >/dev/null; then
@@ -64,6 +80,22 @@ else
   tools/asan/run_asan_tests.sh "${flags[@]}" 2>&1 | tee "$asan_out" |
     grep -E '^//.* (FAILED|TIMEOUT|NO STATUS|INCOMPLETE)|^Executed|^ERROR' || true
   runs+=("--run=asan,$asan_out")
+fi
+
+phase "TSan: transfer/ and the services' threading (tools/tsan/run_tsan_tests.sh)"
+if [[ "${MMSERVE_SKIP_TSAN:-0}" == 1 ]]; then
+  extra+=("tsan suite=skipped")
+else
+  tools/tsan/run_tsan_tests.sh "${flags[@]}" >"$tsan_out" 2>&1
+  grep -E '^//.* (FAILED|TIMEOUT|NO STATUS|INCOMPLETE)|^Executed|^ERROR|^== TSan report|^run_tsan_tests' \
+    "$tsan_out" || true
+  runs+=("--run=tsan,$tsan_out")
+  # A race reported by any process fails the run even when its test passed.
+  if grep -q '^run_tsan_tests: no TSan reports' "$tsan_out"; then
+    extra+=("tsan reports=passed")
+  else
+    extra+=("tsan reports=failed")
+  fi
 fi
 
 phase "fuzz targets, ${FUZZ_SECONDS:-20} s each (tools/fuzz/run_all.sh)"
