@@ -104,7 +104,7 @@ ForwardBatch DecodeBatch(int batch, int64_t pos, int64_t blocks_per_seq, int64_t
 class Decoder {
  public:
   Decoder(const TextConfig& cfg, const model::Qwen2Weights& w, int threads,
-          worker::Communicator* comm, int64_t max_pos)
+          mmserve::Communicator* comm, int64_t max_pos)
       : cfg_(cfg), pool_(threads), model_(cfg, w, pool_, {cpu::LinearKernel::kDot, comm}) {
     blocks_per_seq_ = (max_pos + kBlockSize - 1) / kBlockSize;
     auto kv = model::KvCache::Create(model_.KvShape(blocks_per_seq_ * 16, kBlockSize));
@@ -138,7 +138,7 @@ double Median(std::vector<double> v) {
 }
 
 // Median microseconds of AllReduceSum over n floats (every rank calls it).
-double AllReduceMicros(worker::Communicator& comm, int64_t n, int reps) {
+double AllReduceMicros(mmserve::Communicator& comm, int64_t n, int reps) {
   std::vector<float> data(n, 1.0f);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {

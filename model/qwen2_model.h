@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/communicator.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
 #include "model/forward_batch.h"
@@ -39,7 +40,6 @@
 #include "model/model_config.h"
 #include "model/qwen2_weights.h"
 #include "model/rope.h"
-#include "worker/communicator.h"
 
 namespace mmserve::model {
 
@@ -48,7 +48,7 @@ struct Qwen2ModelOptions {
   // Required when the weights are sharded (shard().size > 1): the ranks of
   // the instance, with this rank's rank and size. Borrowed; must outlive the
   // model.
-  worker::Communicator* comm = nullptr;
+  mmserve::Communicator* comm = nullptr;
 };
 
 class Qwen2Model {

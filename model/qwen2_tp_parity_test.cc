@@ -50,7 +50,7 @@ struct Trace {
 
 // Three prompts prefilled in one step (every row's logits), then
 // kDecodeSteps batched greedy steps. comm: null for one rank.
-absl::StatusOr<Trace> Drive(Qwen2Model& model, worker::Communicator* comm) {
+absl::StatusOr<Trace> Drive(Qwen2Model& model, mmserve::Communicator* comm) {
   const int64_t vocab = model.config().vocab_size;
   TestRunner runner(model, /*num_blocks=*/128, /*block_size=*/4);
   std::vector<int> seqs;

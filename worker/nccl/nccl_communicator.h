@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/communicator.h"
+#include "common/communicator.h"
 #include "worker/shm_segment.h"
 
 namespace mmserve::worker {

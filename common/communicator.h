@@ -1,5 +1,5 @@
 // Collective operations among the ranks of one tensor-parallel language
-// instance (issue 12): the model's row-parallel projections sum their
+// instance: the model's row-parallel projections sum their
 // partial outputs with AllReduceSum, lm_head's vocabulary slices are
 // gathered with Gather or AllGather.
 //
@@ -11,13 +11,13 @@
 // or timed out) returns UNAVAILABLE and leaves the communicator broken: every
 // later call fails fast with UNAVAILABLE too, on every rank that notices.
 // Thread-safety: not thread-safe; one thread per rank issues the calls.
-#ifndef MMSERVE_WORKER_COMMUNICATOR_H_
-#define MMSERVE_WORKER_COMMUNICATOR_H_
+#ifndef MMSERVE_COMMON_COMMUNICATOR_H_
+#define MMSERVE_COMMON_COMMUNICATOR_H_
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
-namespace mmserve::worker {
+namespace mmserve {
 
 class Communicator {
  public:
@@ -47,6 +47,6 @@ class Communicator {
   [[nodiscard]] virtual absl::Status Barrier() = 0;
 };
 
-}  // namespace mmserve::worker
+}  // namespace mmserve
 
-#endif  // MMSERVE_WORKER_COMMUNICATOR_H_
+#endif  // MMSERVE_COMMON_COMMUNICATOR_H_
