@@ -51,6 +51,12 @@ class KvCache {
 
   float* Key(int64_t layer) { return data_.data() + (2 * layer) * shape_.LayerPlaneFloats(); }
   float* Value(int64_t layer) { return data_.data() + (2 * layer + 1) * shape_.LayerPlaneFloats(); }
+  const float* Key(int64_t layer) const {
+    return data_.data() + (2 * layer) * shape_.LayerPlaneFloats();
+  }
+  const float* Value(int64_t layer) const {
+    return data_.data() + (2 * layer + 1) * shape_.LayerPlaneFloats();
+  }
 
  private:
   explicit KvCache(const KvCacheShape& shape);

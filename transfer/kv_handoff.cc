@@ -1,0 +1,197 @@
+#include "transfer/kv_handoff.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/crc32c.h"
+#include "common/status_macros.h"
+#include "transfer/ucx_endpoint.h"
+#include "transfer/ucx_request.h"
+
+namespace mmserve::transfer {
+namespace {
+
+int64_t BlockFloats(const model::KvCacheShape& s) {
+  return s.block_size * s.num_kv_heads * s.head_dim;
+}
+
+// Byte offset of `block` of `layer`'s keys (kv = 0) or values (kv = 1).
+uint64_t BlockOffset(const model::KvCacheShape& s, int64_t layer, int kv, int64_t block) {
+  return static_cast<uint64_t>((2 * layer + kv) * s.LayerPlaneFloats() + block * BlockFloats(s)) *
+         sizeof(float);
+}
+
+absl::Status CheckBlocks(const char* side, const model::KvCacheShape& shape,
+                         const std::vector<int32_t>& blocks) {
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= shape.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("KV hand-off: ", side, " block ", b,
+                                                     " out of range [0, ", shape.num_blocks, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& blocks) {
+  const model::KvCacheShape& s = cache.shape();
+  const size_t bytes = BlockFloats(s) * sizeof(float);
+  const auto* base = reinterpret_cast<const uint8_t*>(cache.Key(0));
+  uint32_t crc = 0;
+  for (int64_t layer = 0; layer < s.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int32_t b : blocks) crc = Crc32cExtend(crc, base + BlockOffset(s, layer, kv, b), bytes);
+    }
+  }
+  return crc;
+}
+
+absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
+                               const std::vector<int32_t>& src,
+                               const model::KvCacheShape& dst_shape,
+                               const std::vector<int32_t>& dst) {
+  if (src_shape.num_layers != dst_shape.num_layers ||
+      src_shape.block_size != dst_shape.block_size ||
+      src_shape.num_kv_heads != dst_shape.num_kv_heads ||
+      src_shape.head_dim != dst_shape.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV hand-off: cache geometry differs (layers ", src_shape.num_layers, "/",
+        dst_shape.num_layers, ", block_size ", src_shape.block_size, "/", dst_shape.block_size,
+        ", kv_heads ", src_shape.num_kv_heads, "/", dst_shape.num_kv_heads, ", head_dim ",
+        src_shape.head_dim, "/", dst_shape.head_dim, ")"));
+  }
+  if (src.empty() || src.size() != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV hand-off: ", src.size(), " source blocks for ", dst.size(), " target blocks"));
+  }
+  RETURN_IF_ERROR(CheckBlocks("source", src_shape, src));
+  RETURN_IF_ERROR(CheckBlocks("target", dst_shape, dst));
+  if (std::set<int32_t>(dst.begin(), dst.end()).size() != dst.size()) {
+    return absl::InvalidArgumentError("KV hand-off: a target block appears twice");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::Create(
+    UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
+  std::unique_ptr<KvHandoffReceiver> rx(new KvHandoffReceiver());
+  ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
+  ASSIGN_OR_RETURN(rx->worker_, UcxWorker::Create(context, options));
+  // Puts UCX emulates need this side's progress: never sleep for long.
+  rx->worker_->Start(nullptr);
+  ASSIGN_OR_RETURN(rx->target_.rkey, rx->region_->PackRkey());
+  rx->target_.worker_address = rx->worker_->address();
+  rx->target_.base_address = reinterpret_cast<uint64_t>(cache.Key(0));
+  rx->target_.shape = cache.shape();
+  return rx;
+}
+
+KvHandoffReceiver::~KvHandoffReceiver() {
+  if (worker_ != nullptr) worker_->Stop();
+}
+
+absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
+    UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
+  std::unique_ptr<KvHandoffSender> tx(new KvHandoffSender(cache));
+  ASSIGN_OR_RETURN(tx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
+  ASSIGN_OR_RETURN(tx->worker_, UcxWorker::Create(context, options));
+  tx->worker_->Start(nullptr);
+  return tx;
+}
+
+KvHandoffSender::~KvHandoffSender() {
+  if (worker_ != nullptr) worker_->Stop();
+}
+
+namespace {
+
+// One Send's state, shared with the progress thread's callbacks.
+struct SendState {
+  std::unique_ptr<UcxEndpoint> ep;
+  std::unique_ptr<UcxRemoteKey> rkey;
+  absl::Status first_error;  // progress thread only until `done`
+  absl::Status result;       // set once, before `done` is notified
+  absl::Notification done;
+};
+
+}  // namespace
+
+absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
+                                               const std::vector<int32_t>& src,
+                                               const std::vector<int32_t>& dst, Deadline deadline) {
+  const model::KvCacheShape& s = cache_.shape();
+  RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst));
+  auto state = std::make_shared<SendState>();
+  const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
+  const size_t bytes = BlockFloats(s) * sizeof(float);
+  absl::Status started = worker_->RunSync([&]() -> absl::Status {
+    ASSIGN_OR_RETURN(state->ep,
+                     UcxEndpoint::Create(*worker_, target.worker_address, [state](absl::Status st) {
+                       if (state->first_error.ok()) state->first_error = st;
+                     }));
+    ASSIGN_OR_RETURN(state->rkey, UcxRemoteKey::Unpack(state->ep->get(), target.rkey));
+    ucp_ep_h ep = state->ep->get();
+    ucp_rkey_h rkey = state->rkey->get();
+    auto note = [state](absl::Status st) {
+      if (!st.ok() && state->first_error.ok()) state->first_error = st;
+    };
+    // Layer by layer, so a later version can start a layer as soon as
+    // prefill has computed it.
+    for (int64_t layer = 0; layer < s.num_layers; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (size_t i = 0; i < src.size(); ++i) {
+          const uint8_t* from = base + BlockOffset(s, layer, kv, src[i]);
+          const uint64_t to = target.base_address + BlockOffset(target.shape, layer, kv, dst[i]);
+          StartUcxOp(
+              [&](const ucp_request_param_t& p) {
+                return ucp_put_nbx(ep, from, bytes, to, rkey, &p);
+              },
+              note);
+        }
+      }
+    }
+    // The flush completes once every put is remotely complete.
+    StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(ep, &p); },
+               [state](absl::Status st) {
+                 state->result = !state->first_error.ok() ? state->first_error : st;
+                 state->done.Notify();
+               });
+    return absl::OkStatus();
+  });
+  if (!started.ok()) {
+    (void)worker_->RunSync([&] {
+      state->rkey.reset();
+      state->ep.reset();  // force-closes; nothing was put
+      return absl::OkStatus();
+    });
+    return absl::UnavailableError(absl::StrCat("KV hand-off: ", started.message()));
+  }
+  const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());
+  // Close on the progress thread; a force close completes a pending flush
+  // with an error, so `done` always fires.
+  (void)worker_->RunSync([&] {
+    state->rkey.reset();
+    state->ep->Close(in_time ? Deadline::After(absl::Milliseconds(100))
+                             : Deadline::After(absl::ZeroDuration()));
+    return absl::OkStatus();
+  });
+  // Bounded anyway: the callbacks own `state`, so giving up here is safe.
+  (void)state->done.WaitForNotificationWithTimeout(absl::Seconds(2));
+  (void)worker_->RunSync([&] {
+    state->ep.reset();
+    return absl::OkStatus();
+  });
+  if (!in_time) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("KV hand-off of ", src.size(), " blocks did not complete in time"));
+  }
+  if (!state->result.ok()) {
+    return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", state->result.message()));
+  }
+  return KvBlocksCrc(cache_, src);
+}
+
+}  // namespace mmserve::transfer

@@ -1,0 +1,113 @@
+// KV hand-off of one request's blocks, prefill -> decode, as UCX puts
+// (issue 12 item 3, first piece: the mechanics, not yet wired into
+// language_service).
+//
+// The decode side registers its whole KvCache with UCX and publishes a
+// KvHandoffTarget (worker address, rkey, base address, cache shape); it
+// allocates blocks for the request (AllocateKv). The prefill side writes the
+// request's blocks there, layer by layer (keys then values), flushes the
+// endpoint so every byte is remotely complete, and only then returns the
+// CRC32C of what it sent - the value that travels in KvCommit, after the data
+// (ARCHITECTURE.md 5: data complete before the notice). The decode side
+// recomputes KvBlocksCrc over its copies before it adopts them.
+//
+//   // decode
+//   ASSIGN_OR_RETURN(auto rx, KvHandoffReceiver::Create(*ctx, decode_cache, {.name = "decode-0"}));
+//   KvHandoffTarget target = rx->target();  // to the prefill side (Connect)
+//   // prefill
+//   ASSIGN_OR_RETURN(auto tx, KvHandoffSender::Create(*ctx, prefill_cache, {.name = "prefill-0"}));
+//   ASSIGN_OR_RETURN(uint32_t crc, tx->Send(target, {3, 4}, {17, 9}, Deadline::After(...)));
+//   // decode, on KvCommit
+//   if (KvBlocksCrc(decode_cache, {17, 9}) != crc) ... DataLoss
+//
+// Both caches must agree on layers, block size, KV heads and head dim (the
+// number of blocks may differ). The receiver's cache must outlive it, and no
+// one may write the target blocks while a hand-off into them is in flight.
+// Thread-safety: Send and target() are thread-safe; each object runs its own
+// UCX worker and progress thread.
+#ifndef MMSERVE_TRANSFER_KV_HANDOFF_H_
+#define MMSERVE_TRANSFER_KV_HANDOFF_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "model/kv_cache.h"
+#include "transfer/ucx_context.h"
+#include "transfer/ucx_memory.h"
+#include "transfer/ucx_worker.h"
+
+namespace mmserve::transfer {
+
+// What the prefill side needs to write into a decode instance's cache.
+struct KvHandoffTarget {
+  std::string worker_address;
+  std::string rkey;
+  uint64_t base_address = 0;  // the decode cache's first byte
+  model::KvCacheShape shape;
+};
+
+// CRC32C of `blocks` of `cache` in hand-off order: for each layer, its keys
+// then its values, each block in list order. Blocks must be in range.
+uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& blocks);
+
+// InvalidArgument unless `src` blocks of a cache shaped `src_shape` can be
+// written into `dst` blocks of one shaped `dst_shape` (same geometry, lists of
+// equal non-zero length, every block in range, no target block twice).
+absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
+                               const std::vector<int32_t>& src,
+                               const model::KvCacheShape& dst_shape,
+                               const std::vector<int32_t>& dst);
+
+// Decode side: exposes a KvCache to remote writes. The progress thread keeps
+// running so UCX can complete puts it emulates (tcp).
+class KvHandoffReceiver {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> Create(
+      UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options);
+  ~KvHandoffReceiver();
+  KvHandoffReceiver(const KvHandoffReceiver&) = delete;
+  KvHandoffReceiver& operator=(const KvHandoffReceiver&) = delete;
+
+  const KvHandoffTarget& target() const { return target_; }
+
+ private:
+  KvHandoffReceiver() = default;
+  std::unique_ptr<UcxMemoryRegion> region_;
+  std::unique_ptr<UcxWorker> worker_;
+  KvHandoffTarget target_;
+};
+
+// Prefill side: writes blocks of its KvCache into a receiver's.
+class KvHandoffSender {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffSender>> Create(
+      UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options);
+  ~KvHandoffSender();
+  KvHandoffSender(const KvHandoffSender&) = delete;
+  KvHandoffSender& operator=(const KvHandoffSender&) = delete;
+
+  // Writes local blocks `src[i]` into the target's `dst[i]` and returns, once
+  // the writes are remotely complete, KvBlocksCrc of the source blocks.
+  // InvalidArgument for a bad pairing (ValidateKvHandoff), DeadlineExceeded
+  // when the target does not complete the writes in time (then the endpoint
+  // is force-closed: the target blocks hold unspecified bytes and must not be
+  // adopted), Unavailable when UCX reports the peer lost. The local blocks
+  // must not change until Send returns.
+  [[nodiscard]] absl::StatusOr<uint32_t> Send(const KvHandoffTarget& target,
+                                              const std::vector<int32_t>& src,
+                                              const std::vector<int32_t>& dst, Deadline deadline);
+
+ private:
+  explicit KvHandoffSender(model::KvCache& cache) : cache_(cache) {}
+  model::KvCache& cache_;
+  std::unique_ptr<UcxMemoryRegion> region_;
+  std::unique_ptr<UcxWorker> worker_;
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_KV_HANDOFF_H_

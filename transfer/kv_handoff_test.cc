@@ -1,0 +1,155 @@
+#include "transfer/kv_handoff.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "common/clock.h"
+
+namespace mmserve::transfer {
+namespace {
+
+model::KvCacheShape Shape(int64_t blocks) {
+  return {.num_layers = 3, .num_blocks = blocks, .block_size = 4, .num_kv_heads = 2, .head_dim = 8};
+}
+
+void Fill(model::KvCache& cache, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  const model::KvCacheShape& s = cache.shape();
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    for (float* plane : {cache.Key(l), cache.Value(l)}) {
+      for (int64_t i = 0; i < s.LayerPlaneFloats(); ++i) plane[i] = dist(rng);
+    }
+  }
+}
+
+const float* Block(const model::KvCache& cache, int64_t layer, int kv, int32_t block) {
+  const model::KvCacheShape& s = cache.shape();
+  return (kv == 0 ? cache.Key(layer) : cache.Value(layer)) +
+         block * s.block_size * s.num_kv_heads * s.head_dim;
+}
+
+size_t BlockBytes(const model::KvCacheShape& s) {
+  return s.block_size * s.num_kv_heads * s.head_dim * sizeof(float);
+}
+
+bool SameBlock(const model::KvCache& a, int32_t ba, const model::KvCache& b, int32_t bb) {
+  for (int64_t l = 0; l < a.shape().num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      if (std::memcmp(Block(a, l, kv, ba), Block(b, l, kv, bb), BlockBytes(a.shape())) != 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+TransportProfile Profile(int i) { return i == 0 ? TransportProfile::kShm : TransportProfile::kTcp; }
+
+TEST_CASE("KV blocks arrive byte for byte, with the sender's CRC", "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    auto prefill_kv = model::KvCache::Create(Shape(8));
+    auto decode_kv = model::KvCache::Create(Shape(12));
+    REQUIRE(prefill_kv.ok());
+    REQUIRE(decode_kv.ok());
+    Fill(**prefill_kv, 1);
+    Fill(**decode_kv, 2);
+    // A copy of the decode cache before the hand-off: untouched blocks must stay.
+    auto before = model::KvCache::Create(Shape(12));
+    REQUIRE(before.ok());
+    Fill(**before, 2);
+
+    auto rx = KvHandoffReceiver::Create(**ctx, **decode_kv, {.name = "decode-0"});
+    REQUIRE(rx.ok());
+    auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
+    REQUIRE(tx.ok());
+
+    const std::vector<int32_t> src = {5, 1, 6, 0};
+    const std::vector<int32_t> dst = {0, 11, 3, 7};
+    auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)));
+    REQUIRE(crc.ok());
+    CHECK(*crc == KvBlocksCrc(**prefill_kv, src));
+    CHECK(*crc == KvBlocksCrc(**decode_kv, dst));
+    for (size_t i = 0; i < src.size(); ++i)
+      CHECK(SameBlock(**prefill_kv, src[i], **decode_kv, dst[i]));
+    for (int32_t b : {1, 2, 4, 5, 6, 8, 9, 10}) CHECK(SameBlock(**before, b, **decode_kv, b));
+
+    // A second request over the same pair (a fresh endpoint per hand-off).
+    auto crc2 = (*tx)->Send((*rx)->target(), {2}, {9}, Deadline::After(absl::Seconds(10)));
+    REQUIRE(crc2.ok());
+    CHECK(SameBlock(**prefill_kv, 2, **decode_kv, 9));
+    CHECK(*crc2 == KvBlocksCrc(**decode_kv, {9}));
+  }
+}
+
+TEST_CASE("Bad hand-offs are rejected before anything moves", "[kv_handoff]") {
+  auto ctx = UcxContext::Create(TransportProfile::kTcp);
+  REQUIRE(ctx.ok());
+  auto prefill_kv = model::KvCache::Create(Shape(8));
+  auto decode_kv = model::KvCache::Create(Shape(4));
+  REQUIRE(prefill_kv.ok());
+  REQUIRE(decode_kv.ok());
+  Fill(**prefill_kv, 3);
+  auto rx = KvHandoffReceiver::Create(**ctx, **decode_kv, {.name = "decode-0"});
+  REQUIRE(rx.ok());
+  auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
+  REQUIRE(tx.ok());
+  const Deadline d = Deadline::After(absl::Seconds(5));
+  auto code = [&](const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+    return (*tx)->Send((*rx)->target(), src, dst, d).status().code();
+  };
+  CHECK(code({}, {}) == absl::StatusCode::kInvalidArgument);
+  CHECK(code({1, 2}, {0}) == absl::StatusCode::kInvalidArgument);
+  CHECK(code({8}, {0}) == absl::StatusCode::kInvalidArgument);  // source out of range
+  CHECK(code({1}, {4}) == absl::StatusCode::kInvalidArgument);  // target out of range
+  CHECK(code({-1}, {0}) == absl::StatusCode::kInvalidArgument);
+  CHECK(code({1, 2}, {3, 3}) == absl::StatusCode::kInvalidArgument);
+  KvHandoffTarget other = (*rx)->target();
+  other.shape.num_kv_heads = 1;  // e.g. a TP=2 rank's shard
+  CHECK((*tx)->Send(other, {1}, {0}, d).status().code() == absl::StatusCode::kInvalidArgument);
+  // Nothing was written.
+  const model::KvCache& dk = **decode_kv;
+  for (int64_t l = 0; l < dk.shape().num_layers; ++l) {
+    for (int64_t i = 0; i < dk.shape().LayerPlaneFloats(); ++i) {
+      REQUIRE(dk.Key(l)[i] == 0.f);
+      REQUIRE(dk.Value(l)[i] == 0.f);
+    }
+  }
+}
+
+TEST_CASE("A hand-off to a decode side that is gone fails within its deadline", "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    auto prefill_kv = model::KvCache::Create(Shape(8));
+    auto decode_kv = model::KvCache::Create(Shape(8));
+    REQUIRE(prefill_kv.ok());
+    REQUIRE(decode_kv.ok());
+    KvHandoffTarget target;
+    {
+      auto rx = KvHandoffReceiver::Create(**ctx, **decode_kv, {.name = "decode-0"});
+      REQUIRE(rx.ok());
+      target = (*rx)->target();
+    }  // the decode side's worker and registration are gone
+    auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
+    REQUIRE(tx.ok());
+    Stopwatch sw;
+    auto crc = (*tx)->Send(target, {0, 1}, {2, 3}, Deadline::After(absl::Milliseconds(500)));
+    CHECK(!crc.ok());
+    CHECK(sw.ElapsedSeconds() < 5.0);  // bounded: deadline plus the close bound
+    // The sender stays usable: a live receiver still gets its blocks.
+    auto rx2 = KvHandoffReceiver::Create(**ctx, **decode_kv, {.name = "decode-1"});
+    REQUIRE(rx2.ok());
+    auto ok = (*tx)->Send((*rx2)->target(), {4}, {5}, Deadline::After(absl::Seconds(10)));
+    REQUIRE(ok.ok());
+    CHECK(SameBlock(**prefill_kv, 4, **decode_kv, 5));
+  }
+}
+
+}  // namespace
+}  // namespace mmserve::transfer
