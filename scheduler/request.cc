@@ -16,6 +16,8 @@ const char* RequestStatusName(RequestStatus s) {
       return "running";
     case RequestStatus::kPreempted:
       return "preempted";
+    case RequestStatus::kWaitingForKv:
+      return "waiting_for_kv";
     case RequestStatus::kFinished:
       return "finished";
     case RequestStatus::kAborted:

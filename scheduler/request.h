@@ -49,6 +49,9 @@ struct RequestId {
 //   kWaiting, kPreempted  -> kRunning      admitted by Schedule (holds KV)
 //   kRunning -> kPreempted                 KV pool exhausted: KV dropped, recomputed later
 //   kRunning -> kFinished                  stop token, eos or max_tokens
+//   (ReserveRemoteKv) -> kWaitingForKv     role decode: holds blocks another
+//                                          instance writes the prompt's KV into
+//   kWaitingForKv -> kRunning, kFinished   CommitRemoteKv (with the first token)
 //   any non-terminal -> kAborted           Abort
 // Every status from kFinished on is terminal (IsFinished).
 enum class RequestStatus : uint8_t {
@@ -56,8 +59,9 @@ enum class RequestStatus : uint8_t {
   kWaiting = 1,
   kRunning = 2,
   kPreempted = 3,
-  kFinished = 4,
-  kAborted = 5,
+  kWaitingForKv = 4,
+  kFinished = 5,
+  kAborted = 6,
 };
 
 inline bool IsFinished(RequestStatus s) { return s >= RequestStatus::kFinished; }

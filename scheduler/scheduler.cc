@@ -77,6 +77,10 @@ absl::Status Scheduler::Abort(RequestId id) {
     running_.erase(std::find(running_.begin(), running_.end(), r));
     kv_.Free(r->block_table());
     r->set_block_table(kvpool::BlockTableId{});
+  } else if (r->status() == RequestStatus::kWaitingForKv) {
+    waiting_for_kv_.erase(std::find(waiting_for_kv_.begin(), waiting_for_kv_.end(), r));
+    kv_.Free(r->block_table());
+    r->set_block_table(kvpool::BlockTableId{});
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
   }

@@ -97,6 +97,36 @@ class Scheduler {
   // its arrival position. Idempotent. NotFound for an unknown id.
   [[nodiscard]] absl::Status MarkMultimodalReady(RequestId id);
 
+  // Role decode (issue 12): a request whose prompt KV another instance
+  // computes. Validates `params` like AddRequest, takes the cached prefix of
+  // the prompt from this pool and allocates blocks for the rest; the request
+  // holds them in kWaitingForKv, in neither queue and never scheduled, until
+  // CommitRemoteKv or Abort. It counts against max_num_seqs from now on.
+  // ResourceExhausted (nothing changes) when the pool or max_num_seqs has no
+  // room now.
+  struct RemoteKvReservation {
+    // The blocks the prefill instance must write, in prompt order: the
+    // table's blocks after the prefix hit.
+    std::vector<kvpool::BlockId> blocks;
+    // Prompt tokens the hit covers (a multiple of the block size): their KV
+    // is here already and is not sent.
+    int num_cached_tokens = 0;
+  };
+  [[nodiscard]] absl::StatusOr<RemoteKvReservation> ReserveRemoteKv(RequestParams params);
+
+  // The prompt KV of a kWaitingForKv request has been written (and
+  // verified): it joins the running requests with `first_token`, sampled by
+  // the prefill instance, as its first output, and the prompt's full blocks
+  // are cached. When that token already finishes it (stop, eos, max_tokens
+  // 1) it is finished here, its KV freed, and moved into `*finished`
+  // (cleared first; may be null). NotFound for an unknown id,
+  // FailedPrecondition unless it waits for KV, InvalidArgument for a
+  // negative token (nothing changes on error). Not while a step is pending.
+  [[nodiscard]] absl::Status CommitRemoteKv(RequestId id, TokenId first_token,
+                                            std::vector<std::unique_ptr<Request>>* finished);
+  // Requests holding blocks in kWaitingForKv.
+  int num_waiting_for_kv() const { return static_cast<int>(waiting_for_kv_.size()); }
+
   // The live (not finished, not aborted) request with `id`, or null.
   const Request* Find(RequestId id) const;
   int num_running() const { return static_cast<int>(running_.size()); }
@@ -153,6 +183,8 @@ class Scheduler {
   std::vector<Request*> running_;
   // Preempted requests at the front, then fresh ones in arrival order.
   std::deque<Request*> waiting_;
+  // kWaitingForKv requests (role decode), reservation order.
+  std::vector<Request*> waiting_for_kv_;
   // The pending step: output_.scheduled[i] is scheduled_[i].
   SchedulerOutput output_;
   std::vector<Request*> scheduled_;

@@ -41,7 +41,7 @@ absl::Status CheckWaiting(const Request& r) {
 
 absl::Status Scheduler::CheckInvariants() const {
   RETURN_IF_ERROR(kv_.CheckInvariants());
-  if (static_cast<int>(running_.size()) > config_.max_num_seqs) {
+  if (static_cast<int>(running_.size() + waiting_for_kv_.size()) > config_.max_num_seqs) {
     return absl::InternalError(absl::StrCat(running_.size(), " running > max_num_seqs"));
   }
   absl::flat_hash_set<const Request*> seen;
@@ -64,6 +64,14 @@ absl::Status Scheduler::CheckInvariants() const {
     fresh_seen = true;
     last_fresh_arrival = r->arrival_seq();
   }
+  for (const Request* r : waiting_for_kv_) {
+    if (r->status() != RequestStatus::kWaitingForKv) return Broken(*r, "waits for KV by mistake");
+    if (!r->block_table().valid() || static_cast<int>(kv_.block_table(r->block_table()).size()) <
+                                         kv_.BlocksFor(r->num_prompt_tokens())) {
+      return Broken(*r, "waits for KV without blocks for its prompt");
+    }
+    if (!seen.insert(r).second) return Broken(*r, "listed twice");
+  }
   if (seen.size() != requests_.size()) {
     return absl::InternalError(
         absl::StrCat(requests_.size(), " live requests, ", seen.size(), " queued"));
@@ -71,9 +79,10 @@ absl::Status Scheduler::CheckInvariants() const {
   for (const auto& [id, r] : requests_) {
     if (!seen.contains(r.get())) return Broken(*r, "live but in no queue");
   }
-  if (kv_.num_tables() != static_cast<int>(running_.size())) {
-    return absl::InternalError(
-        absl::StrCat(kv_.num_tables(), " block tables for ", running_.size(), " running requests"));
+  if (kv_.num_tables() != static_cast<int>(running_.size() + waiting_for_kv_.size())) {
+    return absl::InternalError(absl::StrCat(kv_.num_tables(), " block tables for ", running_.size(),
+                                            " running requests and ", waiting_for_kv_.size(),
+                                            " waiting for KV"));
   }
   return absl::OkStatus();
 }

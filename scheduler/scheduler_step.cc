@@ -69,7 +69,7 @@ void Scheduler::Preempt(Request* r) {
 void Scheduler::ScheduleWaiting(StepBudget& budget) {
   auto it = waiting_.begin();
   while (it != waiting_.end() && budget.tokens > 0 &&
-         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+         static_cast<int>(running_.size() + waiting_for_kv_.size()) < config_.max_num_seqs) {
     Request* r = *it;
     if (r->status() == RequestStatus::kWaitingForMultimodal) {
       ++it;  // skipped, not waited on: its inputs are still in flight
