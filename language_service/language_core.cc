@@ -33,6 +33,7 @@ mmserve::v1::FinishReason ToProto(worker::FinishReason r) {
     case worker::FinishReason::kAbort:
       return mmserve::v1::FINISH_REASON_ABORT;
     case worker::FinishReason::kNone:
+    case worker::FinishReason::kHandoff:
       break;
   }
   return mmserve::v1::FINISH_REASON_UNSPECIFIED;

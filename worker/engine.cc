@@ -63,6 +63,7 @@ struct LlmEngine::Live {
   std::unique_ptr<model::TextStreamer> streamer;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  bool kv_handoff = false;
 };
 
 LlmEngine::~LlmEngine() = default;
@@ -280,6 +281,23 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
 }
 
 absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callback) {
+  scheduler::RequestParams p;
+  ASSIGN_OR_RETURN(std::unique_ptr<Live> live, Prepare(request, std::move(callback), &p));
+  if (request.kv_handoff) {
+    if (tp_group_ != nullptr) {
+      return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
+    }
+    live->kv_handoff = true;
+    p.max_tokens = 1;  // the decode engine produces the rest
+  }
+  RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
+  by_scheduler_id_[live->sched_id.value] = live.get();
+  requests_[request.id] = std::move(live);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
+    EngineRequest& request, StreamCallback callback, scheduler::RequestParams* params) {
   if (request.id.empty() || requests_.contains(request.id)) {
     return absl::InvalidArgumentError(
         absl::StrCat("request id \"", request.id, "\" is empty or already in use"));
@@ -313,7 +331,7 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
         absl::StrCat("prompt (", ids.size(), " tokens) + max_tokens (", request.sampling.max_tokens,
                      ") exceeds the context length ", sizing_.max_model_len));
   }
-  scheduler::RequestParams p;
+  scheduler::RequestParams& p = *params;
   p.id = scheduler::RequestId{next_id_++};
   p.prompt_token_ids.assign(ids.begin(), ids.end());
   p.max_tokens = request.sampling.max_tokens;
@@ -345,16 +363,16 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   live->runner.eos_token_ids = request.sampling.ignore_eos ? std::vector<int32_t>() : eos_ids_;
   live->streamer = std::make_unique<model::TextStreamer>(*tokenizer_, request.sampling);
   live->prompt_tokens = static_cast<int>(ids.size());
-  RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
   live->runner.prompt_positions = &live->positions;
-  by_scheduler_id_[live->sched_id.value] = live.get();
-  requests_[request.id] = std::move(live);
-  return absl::OkStatus();
+  return live;
 }
 
 void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
   event.finish_reason = reason;
-  if (reason != FinishReason::kStopString) event.text += live.streamer->Finish();
+  // A hand-off leaves held-back text to the decode engine's streamer.
+  if (reason != FinishReason::kStopString && reason != FinishReason::kHandoff) {
+    event.text += live.streamer->Finish();
+  }
   event.prompt_tokens = live.prompt_tokens;
   event.completion_tokens = live.completion_tokens;
   const std::string id = live.id;
@@ -390,6 +408,16 @@ absl::Status LlmEngine::Step() {
     tokens[i] = sampled[i].token;
     sampling[i] = by_scheduler_id_.at(out.scheduled[i].request->id().value);
   }
+  // Prefill-only requests: their blocks, before UpdateFromOutput frees them.
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> handoff_blocks;
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    if (sampling[i] == nullptr || !sampling[i]->kv_handoff) continue;
+    const scheduler::Request& r = *out.scheduled[i].request;
+    std::vector<int32_t>& blocks = handoff_blocks[r.id().value];
+    for (kvpool::BlockId b : scheduler_->kv_cache().block_table(r.block_table())) {
+      blocks.push_back(b.value);
+    }
+  }
   std::vector<std::unique_ptr<scheduler::Request>> finished;
   RETURN_IF_ERROR(scheduler_->UpdateFromOutput(tokens, &finished));
   absl::flat_hash_map<uint64_t, scheduler::FinishReason> done;
@@ -411,6 +439,11 @@ absl::Status LlmEngine::Step() {
       if (d == done.end()) RETURN_IF_ERROR(scheduler_->Abort(live->sched_id));
       event.matched_stop = text.matched_stop;
       Finish(*live, FinishReason::kStopString, event);
+    } else if (d != done.end() && live->kv_handoff &&
+               d->second == scheduler::FinishReason::kLength &&
+               live->runner.sampling.max_tokens > 1) {
+      event.kv_blocks = std::move(handoff_blocks[live->sched_id.value]);
+      Finish(*live, FinishReason::kHandoff, event);
     } else if (d != done.end()) {
       Finish(*live,
              d->second == scheduler::FinishReason::kLength ? FinishReason::kLength
@@ -419,6 +452,59 @@ absl::Status LlmEngine::Step() {
     } else {
       live->callback(event);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
+                                                          StreamCallback callback) {
+  if (tp_group_ != nullptr) return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
+  if (!request.images.empty() || !request.image_embeddings.empty() ||
+      std::find(request.prompt_token_ids.begin(), request.prompt_token_ids.end(), image_pad_id_) !=
+          request.prompt_token_ids.end()) {
+    return absl::InvalidArgumentError("KV hand-off of image prompts is not supported yet");
+  }
+  if (!request.prompt.empty()) {
+    return absl::InvalidArgumentError("a KV hand-off carries the prefill's token ids, not text");
+  }
+  scheduler::RequestParams p;
+  ASSIGN_OR_RETURN(std::unique_ptr<Live> live, Prepare(request, std::move(callback), &p));
+  ASSIGN_OR_RETURN(scheduler::Scheduler::RemoteKvReservation r,
+                   scheduler_->ReserveRemoteKv(std::move(p)));
+  RemoteKvBlocks out;
+  out.num_cached_tokens = r.num_cached_tokens;
+  for (kvpool::BlockId b : r.blocks) out.blocks.push_back(b.value);
+  by_scheduler_id_[live->sched_id.value] = live.get();
+  requests_[request.id] = std::move(live);
+  return out;
+}
+
+absl::Status LlmEngine::CommitRemoteKv(const std::string& id, int32_t first_token) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
+  if (first_token < 0 || first_token >= config_.text.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first token ", first_token, " is outside the vocabulary"));
+  }
+  Live& live = *it->second;
+  std::vector<std::unique_ptr<scheduler::Request>> finished;
+  RETURN_IF_ERROR(scheduler_->CommitRemoteKv(live.sched_id, first_token, &finished));
+  // Continue the prefill's random stream (one draw per non-greedy sample)
+  // and text stream (its text was streamed there).
+  if (!live.runner.sampling.greedy()) live.sampler.Uniform();
+  live.completion_tokens = 1;
+  ASSIGN_OR_RETURN(model::TextStreamer::Step text, live.streamer->Push(first_token, 1));
+  StreamEvent event;
+  event.request_id = id;
+  if (text.stopped) {
+    if (finished.empty()) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
+    event.matched_stop = text.matched_stop;
+    Finish(live, FinishReason::kStopString, event);
+  } else if (!finished.empty()) {
+    Finish(live,
+           finished[0]->finish_reason() == scheduler::FinishReason::kLength ? FinishReason::kLength
+                                                                            : FinishReason::kStop,
+           event);
   }
   return absl::OkStatus();
 }

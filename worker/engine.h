@@ -108,9 +108,16 @@ struct EngineRequest {
   // sampling.max_tokens is a placeholder: generate up to the context length
   // (max_model_len minus the expanded prompt).
   bool max_tokens_to_context = false;
+  // Role prefill (issue 12): compute the prompt's KV and sample the first
+  // token only. Unless that token already ends the request, its last event
+  // has finish_reason kHandoff and carries the prompt's blocks (kv_blocks)
+  // for a KV hand-off to a decode engine. Needs tp_size 1.
+  bool kv_handoff = false;
 };
 
-enum class FinishReason { kNone, kStop, kLength, kStopString, kAbort };
+// kHandoff: the prompt's KV and first token go to a decode engine, which
+// continues the request (EngineRequest::kv_handoff).
+enum class FinishReason { kNone, kStop, kLength, kStopString, kAbort, kHandoff };
 
 struct StreamEvent {
   std::string request_id;
@@ -122,6 +129,18 @@ struct StreamEvent {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_prompt_tokens = 0;
+  // kHandoff only: the prompt's KV blocks in prompt order (block ids of
+  // kv_cache()). Their contents stay valid until the next Step.
+  std::vector<int32_t> kv_blocks;
+};
+
+// A decode engine's blocks for a request whose prompt another engine
+// prefills (LlmEngine::ReserveRemoteKv).
+struct RemoteKvBlocks {
+  // The blocks to write, in prompt order: the prompt's blocks after the first
+  // num_cached_tokens / block_size, which this engine's prefix cache holds.
+  std::vector<int32_t> blocks;
+  int num_cached_tokens = 0;
 };
 
 using StreamCallback = std::function<void(const StreamEvent&)>;
@@ -149,6 +168,28 @@ class LlmEngine {
   // Runs one scheduler step.
   [[nodiscard]] absl::Status Step();
 
+  // Role decode (issue 12). Reserves KV blocks for a request whose prompt
+  // another engine prefills: `request` carries the prefill engine's prompt
+  // token ids (text only for now: InvalidArgument for images) and the
+  // request's sampling parameters, validated as AddRequest does; `callback`
+  // gets the request's events from its second token on.
+  // ResourceExhausted when the KV pool or max_num_seqs has no room now;
+  // FailedPrecondition with tp_size > 1. The request holds the blocks until
+  // CommitRemoteKv or Abort.
+  [[nodiscard]] absl::StatusOr<RemoteKvBlocks> ReserveRemoteKv(EngineRequest request,
+                                                               StreamCallback callback);
+  // The reserved blocks hold the prompt's KV (written and verified by the
+  // caller): the request decodes on from `first_token`, which the prefill
+  // engine sampled (and streamed). Its sampler and text stream continue as
+  // if this engine had sampled it. When that token ends the request, its
+  // final event (no tokens) comes from here. NotFound for an unknown id,
+  // FailedPrecondition when it waits for no KV, InvalidArgument for a token
+  // outside the vocabulary.
+  [[nodiscard]] absl::Status CommitRemoteKv(const std::string& id, int32_t first_token);
+
+  // The KV storage (rank 0's with tensor parallelism), for KV hand-off.
+  model::KvCache& kv_cache() { return *kv_; }
+
   bool has_unfinished() const { return !requests_.empty(); }
   const model::Tokenizer& tokenizer() const { return *tokenizer_; }
   const model::ModelConfig& config() const { return config_; }
@@ -161,6 +202,9 @@ class LlmEngine {
   absl::Status Load(const EngineOptions& options);
   absl::Status SizeKvCache(const EngineOptions& options);
   absl::Status PrepareImages(EngineRequest& request, Live& live, std::vector<int32_t>* ids);
+  // AddRequest's validation and set-up, shared with ReserveRemoteKv.
+  absl::StatusOr<std::unique_ptr<Live>> Prepare(EngineRequest& request, StreamCallback callback,
+                                                scheduler::RequestParams* params);
   void Finish(Live& live, FinishReason reason, StreamEvent& event);
 
   model::ModelConfig config_;

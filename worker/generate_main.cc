@@ -68,6 +68,8 @@ const char* ReasonName(worker::FinishReason r) {
       return "stop_string";
     case worker::FinishReason::kAbort:
       return "abort";
+    case worker::FinishReason::kHandoff:
+      return "handoff";
     case worker::FinishReason::kNone:
       break;
   }

@@ -1,0 +1,254 @@
+// Prefill/decode disaggregation inside two engines (issue 12 item 3): a
+// prefill engine computes the prompt and samples the first token, its KV
+// blocks move into a decode engine's reservation over UCX (transfer/
+// kv_handoff), and the decode engine continues. The tokens must equal
+// transformers' greedy goldens and a single engine's seeded sampling; the
+// moved blocks must equal the prefill side's byte for byte; nothing leaks.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/file.h"
+#include "transfer/kv_handoff.h"
+#include "worker/engine.h"
+
+namespace mmserve::worker {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kData[] = "model/testdata/";
+constexpr int kBlockSize = 4;
+
+std::unique_ptr<LlmEngine> MakeEngine(const std::string& model) {
+  EngineOptions o;
+  o.model_dir = std::string(kData) + "models/" + model;
+  o.block_size = kBlockSize;
+  o.max_num_batched_tokens = 32;
+  o.max_num_seqs = 8;
+  o.kv_cache_bytes = 8 << 20;
+  auto e = LlmEngine::Create(o);
+  INFO(e.status().ToString());
+  REQUIRE(e.ok());
+  return std::move(*e);
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  std::vector<int32_t> kv_blocks;
+};
+
+StreamCallback Collect(Collected* c) {
+  return [c](const StreamEvent& e) {
+    c->tokens.insert(c->tokens.end(), e.token_ids.begin(), e.token_ids.end());
+    c->text += e.text;
+    if (e.finish_reason != FinishReason::kNone) {
+      c->finish = e.finish_reason;
+      c->kv_blocks = e.kv_blocks;
+    }
+  };
+}
+
+void RunToEnd(LlmEngine& e) {
+  for (int steps = 0; e.has_unfinished(); ++steps) {
+    REQUIRE(steps < 5000);
+    REQUIRE(e.Step().ok());
+  }
+}
+
+bool SameBlock(model::KvCache& a, int32_t ba, model::KvCache& b, int32_t bb) {
+  const model::KvCacheShape& s = a.shape();
+  const int64_t floats = s.block_size * s.num_kv_heads * s.head_dim;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (std::memcmp(a.Key(l) + ba * floats, b.Key(l) + bb * floats, floats * 4) != 0) return false;
+    if (std::memcmp(a.Value(l) + ba * floats, b.Value(l) + bb * floats, floats * 4) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A prefill engine, a decode engine and the UCX hand-off between them.
+struct Pair {
+  explicit Pair(const std::string& model) : prefill(MakeEngine(model)), decode(MakeEngine(model)) {
+    auto c = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
+    REQUIRE(c.ok());
+    ctx = std::move(*c);
+    auto r = transfer::KvHandoffReceiver::Create(*ctx, decode->kv_cache(), {.name = "decode"});
+    REQUIRE(r.ok());
+    rx = std::move(*r);
+    auto t = transfer::KvHandoffSender::Create(*ctx, prefill->kv_cache(), {.name = "prefill"});
+    REQUIRE(t.ok());
+    tx = std::move(*t);
+  }
+
+  // What the router and the two services do for one request: reserve on
+  // decode, prefill (alone: its blocks are read before the next step), move
+  // the blocks not cached on decode, check them, commit. Returns the prefill
+  // side's events; the decode side's go to `decoded`.
+  Collected Handoff(const std::string& id, const std::vector<int32_t>& prompt,
+                    const model::SamplingParams& sampling, Collected* decoded,
+                    int* cached_tokens = nullptr) {
+    EngineRequest d;
+    d.id = id;
+    d.prompt_token_ids = prompt;
+    d.sampling = sampling;
+    auto reserved = decode->ReserveRemoteKv(std::move(d), Collect(decoded));
+    INFO(reserved.status().ToString());
+    REQUIRE(reserved.ok());
+    if (cached_tokens != nullptr) *cached_tokens = reserved->num_cached_tokens;
+    Collected pre;
+    EngineRequest p;
+    p.id = id;
+    p.prompt_token_ids = prompt;
+    p.sampling = sampling;
+    p.kv_handoff = true;
+    REQUIRE(prefill->AddRequest(std::move(p), Collect(&pre)).ok());
+    RunToEnd(*prefill);
+    REQUIRE(pre.finish == FinishReason::kHandoff);
+    REQUIRE(pre.tokens.size() == 1);
+    const size_t skip = reserved->num_cached_tokens / kBlockSize;
+    REQUIRE(pre.kv_blocks.size() == skip + reserved->blocks.size());
+    std::vector<int32_t> src(pre.kv_blocks.begin() + skip, pre.kv_blocks.end());
+    auto crc = tx->Send(rx->target(), src, reserved->blocks, Deadline::After(absl::Seconds(10)));
+    REQUIRE(crc.ok());
+    CHECK(*crc == transfer::KvBlocksCrc(decode->kv_cache(), reserved->blocks));
+    for (size_t i = 0; i < src.size(); ++i) {
+      CHECK(SameBlock(prefill->kv_cache(), src[i], decode->kv_cache(), reserved->blocks[i]));
+    }
+    REQUIRE(decode->CommitRemoteKv(id, pre.tokens[0]).ok());
+    return pre;
+  }
+
+  std::unique_ptr<LlmEngine> prefill;
+  std::unique_ptr<LlmEngine> decode;
+  std::unique_ptr<transfer::UcxContext> ctx;
+  std::unique_ptr<transfer::KvHandoffReceiver> rx;
+  std::unique_ptr<transfer::KvHandoffSender> tx;
+};
+
+model::SamplingParams Greedy(int n) {
+  model::SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  p.min_tokens = n;  // the goldens mask EOS for all n tokens
+  return p;
+}
+
+TEST_CASE("prefill + KV hand-off + decode gives transformers' greedy tokens", "[handoff]") {
+  for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"}) {
+    INFO(name);
+    Pair pair(name);
+    auto text = ReadFileToString(std::string(kData) + "goldens/" + name + "/lm_golden.json");
+    REQUIRE(text.ok());
+    const json g = json::parse(*text);
+    std::map<std::string, Collected> decoded;
+    std::map<std::string, std::vector<int32_t>> want, first;
+    for (const json& p : g["prompts"]) {
+      if (p["compute_dtype"] != "fp32") continue;
+      const std::string id = p["name"];
+      want[id] = p["greedy_ids"].get<std::vector<int32_t>>();
+      Collected pre =
+          pair.Handoff(id, p["input_ids"].get<std::vector<int32_t>>(), Greedy(32), &decoded[id]);
+      first[id] = pre.tokens;
+    }
+    REQUIRE(want.size() >= 7);
+    // The decode engine batches all the handed-off requests.
+    RunToEnd(*pair.decode);
+    for (const auto& [id, tokens] : want) {
+      INFO(id);
+      std::vector<int32_t> got = first[id];
+      got.insert(got.end(), decoded[id].tokens.begin(), decoded[id].tokens.end());
+      CHECK(got == tokens);
+      CHECK(decoded[id].finish == FinishReason::kLength);
+    }
+    CHECK(pair.prefill->scheduler().kv_cache().stats().num_used_blocks == 0);
+    CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
+  }
+}
+
+TEST_CASE("seeded sampling and text continue across the hand-off as in one engine", "[handoff]") {
+  Pair pair("qwen2vl-tiny-gqa2-untied-sharded");
+  auto both = MakeEngine("qwen2vl-tiny-gqa2-untied-sharded");
+  auto ids = both->tokenizer().Encode("The quick brown fox jumps over the lazy dog, and then");
+  REQUIRE(ids.ok());
+  model::SamplingParams s;
+  s.temperature = 0.9f;
+  s.top_p = 0.95f;
+  s.seed = 1234;
+  s.max_tokens = 20;
+  s.ignore_eos = true;
+  Collected one;
+  EngineRequest r;
+  r.id = "one";
+  r.prompt_token_ids = *ids;
+  r.sampling = s;
+  REQUIRE(both->AddRequest(std::move(r), Collect(&one)).ok());
+  RunToEnd(*both);
+
+  Collected decoded;
+  Collected pre = pair.Handoff("split", *ids, s, &decoded);
+  RunToEnd(*pair.decode);
+  std::vector<int32_t> got = pre.tokens;
+  got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+  CHECK(got == one.tokens);
+  CHECK(pre.text + decoded.text == one.text);
+  CHECK(decoded.finish == FinishReason::kLength);
+}
+
+TEST_CASE("a decode-side prefix hit moves only the blocks after it", "[handoff]") {
+  Pair pair("qwen2vl-tiny-mha-tied");
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 23; ++i) prompt.push_back(100 + 7 * i);
+  Collected d1, d2;
+  int cached1 = -1, cached2 = -1;
+  Collected p1 = pair.Handoff("a", prompt, Greedy(8), &d1, &cached1);
+  RunToEnd(*pair.decode);
+  Collected p2 = pair.Handoff("b", prompt, Greedy(8), &d2, &cached2);
+  RunToEnd(*pair.decode);
+  CHECK(cached1 == 0);
+  CHECK(cached2 == 20);  // 5 full blocks of 4; the last token is always computed
+  CHECK(p1.tokens == p2.tokens);
+  CHECK(d1.tokens == d2.tokens);
+  CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
+}
+
+TEST_CASE("bad reservations and commits are refused; abort frees a reservation once", "[handoff]") {
+  auto decode = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int free_before = decode->scheduler().kv_cache().num_free_blocks();
+  Collected c;
+  EngineRequest r;
+  r.id = "x";
+  r.prompt_token_ids = {5, 6, 7, 8, 9};
+  r.sampling = Greedy(4);
+  EngineRequest text = r;
+  text.prompt_token_ids.clear();
+  text.prompt = "hello";
+  CHECK(decode->ReserveRemoteKv(text, Collect(&c)).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  EngineRequest huge = r;
+  huge.sampling.max_tokens = 1 << 20;
+  huge.sampling.min_tokens = 0;
+  CHECK(decode->ReserveRemoteKv(huge, Collect(&c)).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  REQUIRE(decode->ReserveRemoteKv(r, Collect(&c)).ok());
+  CHECK(decode->ReserveRemoteKv(r, Collect(&c)).status().code() ==
+        absl::StatusCode::kInvalidArgument);  // duplicate id
+  CHECK(decode->CommitRemoteKv("nope", 1).code() == absl::StatusCode::kNotFound);
+  CHECK(decode->CommitRemoteKv("x", -3).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before - 2);
+  // The prefill side never committed (died, deadline): abort frees it.
+  REQUIRE(decode->Abort("x").ok());
+  CHECK(c.finish == FinishReason::kAbort);
+  CHECK(decode->Abort("x").code() == absl::StatusCode::kNotFound);
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before);
+  REQUIRE(decode->scheduler().CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace mmserve::worker
