@@ -386,6 +386,7 @@ absl::Status LlmEngine::Abort(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
   RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
+  commit_deadlines_.erase(id);
   StreamEvent event;
   event.request_id = id;
   Finish(*it->second, FinishReason::kAbort, event);
@@ -393,6 +394,14 @@ absl::Status LlmEngine::Abort(const std::string& id) {
 }
 
 absl::Status LlmEngine::Step() {
+  std::vector<std::string> expired;
+  for (const auto& [id, deadline] : commit_deadlines_) {
+    if (deadline.Expired()) expired.push_back(id);
+  }
+  for (const std::string& id : expired) {
+    LOG(WARNING) << "request " << id << ": no KV commit before its deadline; freeing its blocks";
+    RETURN_IF_ERROR(Abort(id));
+  }
   const scheduler::SchedulerOutput& out = scheduler_->Schedule();
   if (out.scheduled.empty()) return scheduler_->UpdateFromOutput({}, nullptr);
   auto lookup = [this](scheduler::RequestId id) -> RunnerRequestState* {
@@ -457,7 +466,8 @@ absl::Status LlmEngine::Step() {
 }
 
 absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
-                                                          StreamCallback callback) {
+                                                          StreamCallback callback,
+                                                          Deadline commit_by) {
   if (tp_group_ != nullptr) return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
   if (!request.images.empty() || !request.image_embeddings.empty() ||
       std::find(request.prompt_token_ids.begin(), request.prompt_token_ids.end(), image_pad_id_) !=
@@ -475,6 +485,7 @@ absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
   out.num_cached_tokens = r.num_cached_tokens;
   for (kvpool::BlockId b : r.blocks) out.blocks.push_back(b.value);
   by_scheduler_id_[live->sched_id.value] = live.get();
+  commit_deadlines_.emplace(request.id, commit_by);
   requests_[request.id] = std::move(live);
   return out;
 }
@@ -489,6 +500,7 @@ absl::Status LlmEngine::CommitRemoteKv(const std::string& id, int32_t first_toke
   Live& live = *it->second;
   std::vector<std::unique_ptr<scheduler::Request>> finished;
   RETURN_IF_ERROR(scheduler_->CommitRemoteKv(live.sched_id, first_token, &finished));
+  commit_deadlines_.erase(id);
   // Continue the prefill's random stream (one draw per non-greedy sample)
   // and text stream (its text was streamed there).
   if (!live.runner.sampling.greedy()) live.sampler.Uniform();

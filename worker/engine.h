@@ -27,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "common/hash.h"
 #include "model/cpu/thread_pool.h"
 #include "model/image_decode.h"
@@ -175,9 +176,13 @@ class LlmEngine {
   // gets the request's events from its second token on.
   // ResourceExhausted when the KV pool or max_num_seqs has no room now;
   // FailedPrecondition with tp_size > 1. The request holds the blocks until
-  // CommitRemoteKv or Abort.
-  [[nodiscard]] absl::StatusOr<RemoteKvBlocks> ReserveRemoteKv(EngineRequest request,
-                                                               StreamCallback callback);
+  // CommitRemoteKv, Abort, or the first Step after `commit_by` (a prefill
+  // engine that died mid-hand-off): that Step aborts it (final event kAbort)
+  // and frees its blocks.
+  [[nodiscard]] absl::StatusOr<RemoteKvBlocks> ReserveRemoteKv(
+      EngineRequest request, StreamCallback callback, Deadline commit_by = Deadline::Never());
+  // Reservations still waiting for CommitRemoteKv.
+  size_t num_pending_commits() const { return commit_deadlines_.size(); }
   // The reserved blocks hold the prompt's KV (written and verified by the
   // caller): the request decodes on from `first_token`, which the prefill
   // engine sampled (and streamed). Its sampler and text stream continue as
@@ -224,6 +229,8 @@ class LlmEngine {
   uint64_t next_id_ = 1;
   absl::flat_hash_map<std::string, std::unique_ptr<Live>> requests_;
   absl::flat_hash_map<uint64_t, Live*> by_scheduler_id_;
+  // ReserveRemoteKv requests not yet committed, by request id.
+  absl::flat_hash_map<std::string, Deadline> commit_deadlines_;
 };
 
 }  // namespace mmserve::worker

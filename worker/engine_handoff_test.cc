@@ -250,5 +250,29 @@ TEST_CASE("bad reservations and commits are refused; abort frees a reservation o
   REQUIRE(decode->scheduler().CheckInvariants().ok());
 }
 
+TEST_CASE("a reservation whose prefill never commits is freed at its deadline", "[handoff]") {
+  auto decode = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int free_before = decode->scheduler().kv_cache().num_free_blocks();
+  Collected c;
+  EngineRequest r;
+  r.id = "orphan";
+  r.prompt_token_ids = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  r.sampling = Greedy(4);
+  REQUIRE(decode->ReserveRemoteKv(r, Collect(&c), Deadline::After(absl::Milliseconds(50))).ok());
+  REQUIRE(decode->Step().ok());  // before the deadline: still held
+  CHECK(decode->num_pending_commits() == 1);
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before - 3);
+  absl::SleepFor(absl::Milliseconds(80));
+  REQUIRE(decode->Step().ok());
+  CHECK(c.finish == FinishReason::kAbort);
+  CHECK(decode->num_pending_commits() == 0);
+  CHECK_FALSE(decode->has_unfinished());
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before);
+  // A commit that arrives late is refused, and frees nothing twice.
+  CHECK(decode->CommitRemoteKv("orphan", 1).code() == absl::StatusCode::kNotFound);
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before);
+  REQUIRE(decode->scheduler().CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace mmserve::worker
