@@ -170,16 +170,16 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
     return absl::UnavailableError(absl::StrCat("KV hand-off: ", started.message()));
   }
   const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());
-  // Close on the progress thread; a force close completes a pending flush
-  // with an error, so `done` always fires.
+  // Close on the progress thread. A force close fails a pending flush on tcp;
+  // on shm (error mode none) its callback may never run, hence the bound
+  // below (the callbacks own `state`, so it is safe to return first).
   (void)worker_->RunSync([&] {
     state->rkey.reset();
     state->ep->Close(in_time ? Deadline::After(absl::Milliseconds(100))
                              : Deadline::After(absl::ZeroDuration()));
     return absl::OkStatus();
   });
-  // Bounded anyway: the callbacks own `state`, so giving up here is safe.
-  (void)state->done.WaitForNotificationWithTimeout(absl::Seconds(2));
+  (void)state->done.WaitForNotificationWithTimeout(absl::Milliseconds(500));
   (void)worker_->RunSync([&] {
     state->ep.reset();
     return absl::OkStatus();
