@@ -31,6 +31,8 @@ ABSL_FLAG(int64_t, layers, 28, "layers");
 ABSL_FLAG(int64_t, kv_heads, 2, "KV heads");
 ABSL_FLAG(int64_t, head_dim, 128, "head dim");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per block");
+ABSL_FLAG(bool, shared_kv, true,
+          "decode cache in UCX-allocated (shared on shm) memory, else a registered vector");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 
 namespace mmserve::transfer {
@@ -114,7 +116,8 @@ Result Measure(TransportProfile profile, int tokens) {
       {absl::StrCat("--profile=", TransportProfileName(profile)),
        absl::StrCat("--layers=", s.num_layers), absl::StrCat("--blocks=", blocks),
        absl::StrCat("--block_size=", s.block_size), absl::StrCat("--kv_heads=", s.num_kv_heads),
-       absl::StrCat("--head_dim=", s.head_dim)});
+       absl::StrCat("--head_dim=", s.head_dim),
+       absl::StrCat("--shared_kv=", absl::GetFlag(FLAGS_shared_kv) ? "true" : "false")});
   CHECK(peer.ok()) << peer.status();
   auto line = (*peer)->ReadLine(Deadline::After(absl::Seconds(30)));
   CHECK(line.has_value()) << "kv_handoff_peer did not start";
@@ -193,11 +196,13 @@ int Main() {
   }
   printf(
       "{\"bench\":\"kv_handoff\",\"layers\":%ld,\"kv_heads\":%ld,\"head_dim\":%ld,"
-      "\"block_size\":%ld,\"dtype\":\"fp32\",\"rounds\":%d,\"iterations\":%d,\"runs\":[%s]}\n",
+      "\"block_size\":%ld,\"dtype\":\"fp32\",\"shared_kv\":%s,\"rounds\":%d,\"iterations\":%d,"
+      "\"runs\":[%s]}\n",
       static_cast<long>(absl::GetFlag(FLAGS_layers)),
       static_cast<long>(absl::GetFlag(FLAGS_kv_heads)),
       static_cast<long>(absl::GetFlag(FLAGS_head_dim)),
-      static_cast<long>(absl::GetFlag(FLAGS_block_size)), absl::GetFlag(FLAGS_rounds),
+      static_cast<long>(absl::GetFlag(FLAGS_block_size)),
+      absl::GetFlag(FLAGS_shared_kv) ? "true" : "false", absl::GetFlag(FLAGS_rounds),
       absl::GetFlag(FLAGS_iterations), sizes.c_str());
   return 0;
 }

@@ -41,6 +41,12 @@ class KvCache {
  public:
   // InvalidArgument for a non-positive dimension.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheShape& shape);
+  // The same over `memory` the caller owns (e.g. a UCX shared-memory region
+  // peers write KV into), which must hold shape.TotalBytes() and outlive the
+  // cache; zeroed here. InvalidArgument also when `bytes` is too small.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvCache>> CreateOn(const KvCacheShape& shape,
+                                                                         void* memory,
+                                                                         size_t bytes);
 
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -49,20 +55,19 @@ class KvCache {
   int64_t num_slots() const { return shape_.num_blocks * shape_.block_size; }
   size_t bytes() const { return shape_.TotalBytes(); }
 
-  float* Key(int64_t layer) { return data_.data() + (2 * layer) * shape_.LayerPlaneFloats(); }
-  float* Value(int64_t layer) { return data_.data() + (2 * layer + 1) * shape_.LayerPlaneFloats(); }
-  const float* Key(int64_t layer) const {
-    return data_.data() + (2 * layer) * shape_.LayerPlaneFloats();
-  }
+  float* Key(int64_t layer) { return data_ + (2 * layer) * shape_.LayerPlaneFloats(); }
+  float* Value(int64_t layer) { return data_ + (2 * layer + 1) * shape_.LayerPlaneFloats(); }
+  const float* Key(int64_t layer) const { return data_ + (2 * layer) * shape_.LayerPlaneFloats(); }
   const float* Value(int64_t layer) const {
-    return data_.data() + (2 * layer + 1) * shape_.LayerPlaneFloats();
+    return data_ + (2 * layer + 1) * shape_.LayerPlaneFloats();
   }
 
  private:
-  explicit KvCache(const KvCacheShape& shape);
+  KvCache(const KvCacheShape& shape, float* memory);
 
   KvCacheShape shape_;
-  std::vector<float> data_;
+  std::vector<float> owned_;  // empty with CreateOn
+  float* data_;
 };
 
 }  // namespace mmserve::model

@@ -89,6 +89,21 @@ absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::Create(
   return rx;
 }
 
+absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::CreateWithCache(
+    UcxContext& context, const model::KvCacheShape& shape, const UcxWorkerOptions& options) {
+  std::unique_ptr<KvHandoffReceiver> rx(new KvHandoffReceiver());
+  ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Allocate(context, shape.TotalBytes()));
+  ASSIGN_OR_RETURN(rx->owned_cache_,
+                   model::KvCache::CreateOn(shape, rx->region_->address(), rx->region_->length()));
+  ASSIGN_OR_RETURN(rx->worker_, UcxWorker::Create(context, options));
+  rx->worker_->Start(nullptr);
+  ASSIGN_OR_RETURN(rx->target_.rkey, rx->region_->PackRkey());
+  rx->target_.worker_address = rx->worker_->address();
+  rx->target_.base_address = reinterpret_cast<uint64_t>(rx->owned_cache_->Key(0));
+  rx->target_.shape = shape;
+  return rx;
+}
+
 KvHandoffReceiver::~KvHandoffReceiver() {
   if (worker_ != nullptr) worker_->Stop();
 }

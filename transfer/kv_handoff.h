@@ -68,6 +68,13 @@ class KvHandoffReceiver {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> Create(
       UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options);
+  // Also creates the cache, in memory UCX allocates (a shared-memory segment
+  // on the shm profile: the sender maps it and each put is one memcpy; into
+  // private memory UCX 1.13 emulates puts with active messages).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> CreateWithCache(
+      UcxContext& context, const model::KvCacheShape& shape, const UcxWorkerOptions& options);
+  // The cache CreateWithCache made (null after Create).
+  model::KvCache* owned_cache() { return owned_cache_.get(); }
   ~KvHandoffReceiver();
   KvHandoffReceiver(const KvHandoffReceiver&) = delete;
   KvHandoffReceiver& operator=(const KvHandoffReceiver&) = delete;
@@ -77,6 +84,7 @@ class KvHandoffReceiver {
  private:
   KvHandoffReceiver() = default;
   std::unique_ptr<UcxMemoryRegion> region_;
+  std::unique_ptr<model::KvCache> owned_cache_;  // lives in region_
   std::unique_ptr<UcxWorker> worker_;
   KvHandoffTarget target_;
 };

@@ -31,14 +31,15 @@ struct Peer {
   KvHandoffTarget target;
 };
 
-Peer StartPeer(TransportProfile profile) {
+Peer StartPeer(TransportProfile profile, bool shared_kv) {
   auto p =
       PeerProcess::Spawn(PeerPath(), {absl::StrCat("--profile=", TransportProfileName(profile)),
                                       absl::StrCat("--layers=", kShape.num_layers),
                                       absl::StrCat("--blocks=", kShape.num_blocks),
                                       absl::StrCat("--block_size=", kShape.block_size),
                                       absl::StrCat("--kv_heads=", kShape.num_kv_heads),
-                                      absl::StrCat("--head_dim=", kShape.head_dim)});
+                                      absl::StrCat("--head_dim=", kShape.head_dim),
+                                      absl::StrCat("--shared_kv=", shared_kv ? "true" : "false")});
   REQUIRE(p.ok());
   Peer peer{std::move(*p), {}};
   auto line = peer.process->ReadLine(Deadline::After(absl::Seconds(10)));
@@ -89,14 +90,18 @@ TEST_CASE("KV hand-off to a decode process; a frozen or killed decode side fails
     REQUIRE(tx.ok());
 
     // A live decode process gets the blocks; its CRC matches the sender's.
-    Peer good = StartPeer(profile);
+    Peer good = StartPeer(profile, /*shared_kv=*/true);
     const std::vector<int32_t> src = Range(0, 128), dst = Range(100, 128);
     auto crc = (*tx)->Send(good.target, src, dst, Deadline::After(absl::Seconds(20)));
     REQUIRE(crc.ok());
     CHECK(*crc == PeerCrc(good, dst));
 
     // A decode process that is frozen, then killed, while the blocks move.
-    Peer bad = StartPeer(profile);
+    // Its cache is private registered memory, so UCX needs its progress to
+    // complete the puts (into a shared segment on shm they would land
+    // without it, and the hand-off would succeed; the commit RPC is what
+    // fails then).
+    Peer bad = StartPeer(profile, /*shared_kv=*/false);
     REQUIRE(kill(bad.process->pid(), SIGSTOP) == 0);
     absl::StatusOr<uint32_t> result;
     Stopwatch sw;

@@ -21,6 +21,9 @@ ABSL_FLAG(int64_t, blocks, 64, "blocks");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per block");
 ABSL_FLAG(int64_t, kv_heads, 2, "KV heads");
 ABSL_FLAG(int64_t, head_dim, 64, "head dim");
+ABSL_FLAG(bool, shared_kv, true,
+          "cache in UCX-allocated memory (KvHandoffReceiver::CreateWithCache), else a "
+          "registered KvCache");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -29,14 +32,23 @@ int main(int argc, char** argv) {
   CHECK(profile.ok()) << profile.status();
   auto ctx = UcxContext::Create(*profile);
   CHECK(ctx.ok()) << ctx.status();
-  auto cache = mmserve::model::KvCache::Create({.num_layers = absl::GetFlag(FLAGS_layers),
-                                                .num_blocks = absl::GetFlag(FLAGS_blocks),
-                                                .block_size = absl::GetFlag(FLAGS_block_size),
-                                                .num_kv_heads = absl::GetFlag(FLAGS_kv_heads),
-                                                .head_dim = absl::GetFlag(FLAGS_head_dim)});
-  CHECK(cache.ok()) << cache.status();
-  auto rx = KvHandoffReceiver::Create(**ctx, **cache, {.name = "kv-peer"});
+  const mmserve::model::KvCacheShape shape = {.num_layers = absl::GetFlag(FLAGS_layers),
+                                              .num_blocks = absl::GetFlag(FLAGS_blocks),
+                                              .block_size = absl::GetFlag(FLAGS_block_size),
+                                              .num_kv_heads = absl::GetFlag(FLAGS_kv_heads),
+                                              .head_dim = absl::GetFlag(FLAGS_head_dim)};
+  std::unique_ptr<mmserve::model::KvCache> private_cache;
+  absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> rx;
+  if (absl::GetFlag(FLAGS_shared_kv)) {
+    rx = KvHandoffReceiver::CreateWithCache(**ctx, shape, {.name = "kv-peer"});
+  } else {
+    auto cache = mmserve::model::KvCache::Create(shape);
+    CHECK(cache.ok()) << cache.status();
+    private_cache = std::move(*cache);
+    rx = KvHandoffReceiver::Create(**ctx, *private_cache, {.name = "kv-peer"});
+  }
   CHECK(rx.ok()) << rx.status();
+  mmserve::model::KvCache* cache = private_cache ? private_cache.get() : (*rx)->owned_cache();
   const KvHandoffTarget& t = (*rx)->target();
   std::cout << "TARGET " << ToHex(t.worker_address) << " " << ToHex(t.rkey) << " " << t.base_address
             << std::endl;
@@ -50,7 +62,7 @@ int main(int argc, char** argv) {
       CHECK(absl::SimpleAtoi(words[i], &b));
       blocks.push_back(b);
     }
-    std::cout << "CRC " << KvBlocksCrc(**cache, blocks) << std::endl;
+    std::cout << "CRC " << KvBlocksCrc(*cache, blocks) << std::endl;
   }
   return 0;
 }
