@@ -49,19 +49,40 @@ uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& bl
   return crc;
 }
 
+uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& blocks,
+                     int64_t first_head, int64_t num_heads) {
+  const model::KvCacheShape& s = cache.shape();
+  const size_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
+  const size_t slice_bytes = num_heads * s.head_dim * sizeof(float);
+  const size_t skip = first_head * s.head_dim * sizeof(float);
+  const auto* base = reinterpret_cast<const uint8_t*>(cache.Key(0));
+  uint32_t crc = 0;
+  for (int64_t layer = 0; layer < s.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int32_t b : blocks) {
+        const uint8_t* block = base + BlockOffset(s, layer, kv, b);
+        for (int64_t t = 0; t < s.block_size; ++t) {
+          crc = Crc32cExtend(crc, block + t * token_bytes + skip, slice_bytes);
+        }
+      }
+    }
+  }
+  return crc;
+}
+
 absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
                                const std::vector<int32_t>& src,
                                const model::KvCacheShape& dst_shape,
-                               const std::vector<int32_t>& dst) {
+                               const std::vector<int32_t>& dst, int64_t first_head) {
   if (src_shape.num_layers != dst_shape.num_layers ||
-      src_shape.block_size != dst_shape.block_size ||
-      src_shape.num_kv_heads != dst_shape.num_kv_heads ||
+      src_shape.block_size != dst_shape.block_size || first_head < 0 ||
+      first_head + dst_shape.num_kv_heads > src_shape.num_kv_heads ||
       src_shape.head_dim != dst_shape.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV hand-off: cache geometry differs (layers ", src_shape.num_layers, "/",
         dst_shape.num_layers, ", block_size ", src_shape.block_size, "/", dst_shape.block_size,
-        ", kv_heads ", src_shape.num_kv_heads, "/", dst_shape.num_kv_heads, ", head_dim ",
-        src_shape.head_dim, "/", dst_shape.head_dim, ")"));
+        ", kv_heads ", src_shape.num_kv_heads, "/", dst_shape.num_kv_heads, " from head ",
+        first_head, ", head_dim ", src_shape.head_dim, "/", dst_shape.head_dim, ")"));
   }
   if (src.empty() || src.size() != dst.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -136,9 +157,15 @@ struct SendState {
 
 absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
                                                const std::vector<int32_t>& src,
-                                               const std::vector<int32_t>& dst, Deadline deadline) {
+                                               const std::vector<int32_t>& dst, Deadline deadline,
+                                               int64_t first_head) {
   const model::KvCacheShape& s = cache_.shape();
-  RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst));
+  RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, first_head));
+  // A head slice (a tensor-parallel rank): one put per token.
+  const bool sliced = target.shape.num_kv_heads != s.num_kv_heads;
+  const size_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
+  const size_t slice_bytes = target.shape.num_kv_heads * s.head_dim * sizeof(float);
+  const size_t skip = first_head * s.head_dim * sizeof(float);
   auto state = std::make_shared<SendState>();
   const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
   const size_t bytes = BlockFloats(s) * sizeof(float);
@@ -160,11 +187,23 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
         for (size_t i = 0; i < src.size(); ++i) {
           const uint8_t* from = base + BlockOffset(s, layer, kv, src[i]);
           const uint64_t to = target.base_address + BlockOffset(target.shape, layer, kv, dst[i]);
-          StartUcxOp(
-              [&](const ucp_request_param_t& p) {
-                return ucp_put_nbx(ep, from, bytes, to, rkey, &p);
-              },
-              note);
+          if (!sliced) {
+            StartUcxOp(
+                [&](const ucp_request_param_t& p) {
+                  return ucp_put_nbx(ep, from, bytes, to, rkey, &p);
+                },
+                note);
+            continue;
+          }
+          for (int64_t t = 0; t < s.block_size; ++t) {
+            const uint8_t* f = from + t * token_bytes + skip;
+            const uint64_t d = to + t * slice_bytes;
+            StartUcxOp(
+                [&](const ucp_request_param_t& p) {
+                  return ucp_put_nbx(ep, f, slice_bytes, d, rkey, &p);
+                },
+                note);
+          }
         }
       }
     }
@@ -206,7 +245,8 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
   if (!state->result.ok()) {
     return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", state->result.message()));
   }
-  return KvBlocksCrc(cache_, src);
+  return sliced ? KvBlocksCrc(cache_, src, first_head, target.shape.num_kv_heads)
+                : KvBlocksCrc(cache_, src);
 }
 
 }  // namespace mmserve::transfer

@@ -53,14 +53,21 @@ struct KvHandoffTarget {
 // CRC32C of `blocks` of `cache` in hand-off order: for each layer, its keys
 // then its values, each block in list order. Blocks must be in range.
 uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& blocks);
+// The same over KV heads [first_head, first_head + num_heads) of each token
+// only: what a decode rank holding those heads receives (tensor parallelism),
+// so it equals that rank's KvBlocksCrc over its own blocks.
+uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& blocks,
+                     int64_t first_head, int64_t num_heads);
 
 // InvalidArgument unless `src` blocks of a cache shaped `src_shape` can be
-// written into `dst` blocks of one shaped `dst_shape` (same geometry, lists of
-// equal non-zero length, every block in range, no target block twice).
+// written into `dst` blocks of one shaped `dst_shape` (same layers, block
+// size and head dim; dst's KV heads the slice of src's that starts at
+// `first_head`; lists of equal non-zero length, every block in range, no
+// target block twice).
 absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
                                const std::vector<int32_t>& src,
                                const model::KvCacheShape& dst_shape,
-                               const std::vector<int32_t>& dst);
+                               const std::vector<int32_t>& dst, int64_t first_head = 0);
 
 // Decode side: exposes a KvCache to remote writes. The progress thread keeps
 // running so UCX can complete puts it emulates (tcp).
@@ -105,9 +112,15 @@ class KvHandoffSender {
   // is force-closed: the target blocks hold unspecified bytes and must not be
   // adopted), Unavailable when UCX reports the peer lost. The local blocks
   // must not change until Send returns.
+  //
+  // A target with fewer KV heads than this cache is one rank of a
+  // tensor-parallel decode group: it receives heads [first_head,
+  // first_head + its heads) of every token (one put per token and block
+  // instead of one per block), and the CRC is KvBlocksCrc of that slice.
   [[nodiscard]] absl::StatusOr<uint32_t> Send(const KvHandoffTarget& target,
                                               const std::vector<int32_t>& src,
-                                              const std::vector<int32_t>& dst, Deadline deadline);
+                                              const std::vector<int32_t>& dst, Deadline deadline,
+                                              int64_t first_head = 0);
 
  private:
   explicit KvHandoffSender(model::KvCache& cache) : cache_(cache) {}

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 
 namespace mmserve::transfer {
@@ -109,7 +110,13 @@ TEST_CASE("Bad hand-offs are rejected before anything moves", "[kv_handoff]") {
   CHECK(code({-1}, {0}) == absl::StatusCode::kInvalidArgument);
   CHECK(code({1, 2}, {3, 3}) == absl::StatusCode::kInvalidArgument);
   KvHandoffTarget other = (*rx)->target();
-  other.shape.num_kv_heads = 1;  // e.g. a TP=2 rank's shard
+  other.shape.head_dim = 4;
+  CHECK((*tx)->Send(other, {1}, {0}, d).status().code() == absl::StatusCode::kInvalidArgument);
+  other = (*rx)->target();
+  other.shape.num_kv_heads = 3;  // more heads than the source has
+  CHECK((*tx)->Send(other, {1}, {0}, d).status().code() == absl::StatusCode::kInvalidArgument);
+  other = (*rx)->target();
+  other.shape.num_layers = 2;
   CHECK((*tx)->Send(other, {1}, {0}, d).status().code() == absl::StatusCode::kInvalidArgument);
   // Nothing was written.
   const model::KvCache& dk = **decode_kv;
@@ -152,6 +159,62 @@ TEST_CASE("A hand-off to a decode side that is gone fails within its deadline", 
     auto ok = (*tx)->Send((*rx2)->target(), {4}, {5}, Deadline::After(absl::Seconds(10)));
     REQUIRE(ok.ok());
     CHECK(SameBlock(**prefill_kv, 4, **decode_kv, 5));
+  }
+}
+
+TEST_CASE("each rank of a TP=2 decode group receives only its own KV heads", "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    model::KvCacheShape full = Shape(8);
+    full.num_kv_heads = 4;
+    auto prefill_kv = model::KvCache::Create(full);
+    REQUIRE(prefill_kv.ok());
+    Fill(**prefill_kv, 9);
+    auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
+    REQUIRE(tx.ok());
+    model::KvCacheShape half = Shape(6);
+    half.num_kv_heads = 2;
+    const std::vector<int32_t> src = {6, 2, 5}, dst = {1, 4, 0};
+    const model::KvCacheShape& f = full;
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      CAPTURE(rank);
+      auto rx = KvHandoffReceiver::CreateWithCache(**ctx, half,
+                                                   {.name = absl::StrCat("decode-0-rank", rank)});
+      REQUIRE(rx.ok());
+      model::KvCache& kv = *(*rx)->owned_cache();
+      auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)),
+                             /*first_head=*/rank * 2);
+      REQUIRE(crc.ok());
+      CHECK(*crc == KvBlocksCrc(kv, dst));
+      CHECK(*crc == KvBlocksCrc(**prefill_kv, src, rank * 2, 2));
+      const int64_t slice = 2 * f.head_dim;
+      bool same = true;
+      for (int64_t l = 0; l < f.num_layers; ++l) {
+        for (int kvi = 0; kvi < 2; ++kvi) {
+          for (size_t i = 0; i < src.size(); ++i) {
+            for (int64_t t = 0; t < f.block_size; ++t) {
+              const float* a = Block(**prefill_kv, l, kvi, src[i]) +
+                               t * f.num_kv_heads * f.head_dim + rank * slice;
+              const float* b = Block(kv, l, kvi, dst[i]) + t * slice;
+              same = same && std::memcmp(a, b, slice * sizeof(float)) == 0;
+            }
+          }
+        }
+      }
+      CHECK(same);
+      // Blocks not handed off stay zero.
+      std::vector<float> zero(half.block_size * slice, 0.f);
+      CHECK(std::memcmp(Block(kv, 0, 0, 2), zero.data(), zero.size() * sizeof(float)) == 0);
+    }
+    // A slice that runs past the source's heads is refused.
+    auto rx = KvHandoffReceiver::CreateWithCache(**ctx, half, {.name = "decode-bad"});
+    REQUIRE(rx.ok());
+    CHECK((*tx)
+              ->Send((*rx)->target(), {0}, {0}, Deadline::After(absl::Seconds(5)), 3)
+              .status()
+              .code() == absl::StatusCode::kInvalidArgument);
   }
 }
 
