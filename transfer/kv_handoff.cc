@@ -138,16 +138,36 @@ absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
   return tx;
 }
 
+struct KvHandoffSender::Conn {
+  std::unique_ptr<UcxEndpoint> ep;
+  std::string packed_rkey;
+  std::unique_ptr<UcxRemoteKey> rkey;
+  bool failed = false;  // UCX reported the peer lost
+};
+
+void KvHandoffSender::DropConn(const std::string& address) {
+  auto it = conns_.find(address);
+  if (it == conns_.end()) return;
+  if (it->second != nullptr) {
+    it->second->rkey.reset();
+    if (it->second->ep != nullptr) it->second->ep->Close(Deadline::After(absl::ZeroDuration()));
+  }
+  conns_.erase(it);
+}
+
 KvHandoffSender::~KvHandoffSender() {
-  if (worker_ != nullptr) worker_->Stop();
+  if (worker_ == nullptr) return;
+  (void)worker_->RunSync([this] {
+    while (!conns_.empty()) DropConn(conns_.begin()->first);
+    return absl::OkStatus();
+  });
+  worker_->Stop();
 }
 
 namespace {
 
 // One Send's state, shared with the progress thread's callbacks.
 struct SendState {
-  std::unique_ptr<UcxEndpoint> ep;
-  std::unique_ptr<UcxRemoteKey> rkey;
   absl::Status first_error;  // progress thread only until `done`
   absl::Status result;       // set once, before `done` is notified
   absl::Notification done;
@@ -169,14 +189,25 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
   auto state = std::make_shared<SendState>();
   const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
   const size_t bytes = BlockFloats(s) * sizeof(float);
+  const std::string& address = target.worker_address;
   absl::Status started = worker_->RunSync([&]() -> absl::Status {
-    ASSIGN_OR_RETURN(state->ep,
-                     UcxEndpoint::Create(*worker_, target.worker_address, [state](absl::Status st) {
-                       if (state->first_error.ok()) state->first_error = st;
-                     }));
-    ASSIGN_OR_RETURN(state->rkey, UcxRemoteKey::Unpack(state->ep->get(), target.rkey));
-    ucp_ep_h ep = state->ep->get();
-    ucp_rkey_h rkey = state->rkey->get();
+    auto it = conns_.find(address);
+    if (it != conns_.end() && (it->second->failed || it->second->packed_rkey != target.rkey)) {
+      DropConn(address);  // lost, or the decode side re-registered its cache
+      it = conns_.end();
+    }
+    if (it == conns_.end()) {
+      auto conn = std::make_shared<Conn>();
+      std::weak_ptr<Conn> weak = conn;
+      ASSIGN_OR_RETURN(conn->ep, UcxEndpoint::Create(*worker_, address, [weak](absl::Status) {
+                         if (auto c = weak.lock()) c->failed = true;
+                       }));
+      ASSIGN_OR_RETURN(conn->rkey, UcxRemoteKey::Unpack(conn->ep->get(), target.rkey));
+      conn->packed_rkey = target.rkey;
+      it = conns_.emplace(address, std::move(conn)).first;
+    }
+    ucp_ep_h ep = it->second->ep->get();
+    ucp_rkey_h rkey = it->second->rkey->get();
     auto note = [state](absl::Status st) {
       if (!st.ok() && state->first_error.ok()) state->first_error = st;
     };
@@ -217,27 +248,22 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
   });
   if (!started.ok()) {
     (void)worker_->RunSync([&] {
-      state->rkey.reset();
-      state->ep.reset();  // force-closes; nothing was put
+      DropConn(address);  // nothing was put
       return absl::OkStatus();
     });
     return absl::UnavailableError(absl::StrCat("KV hand-off: ", started.message()));
   }
   const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());
-  // Close on the progress thread. A force close fails a pending flush on tcp;
-  // on shm (error mode none) its callback may never run, hence the bound
-  // below (the callbacks own `state`, so it is safe to return first).
-  (void)worker_->RunSync([&] {
-    state->rkey.reset();
-    state->ep->Close(in_time ? Deadline::After(absl::Milliseconds(100))
-                             : Deadline::After(absl::ZeroDuration()));
-    return absl::OkStatus();
-  });
-  (void)state->done.WaitForNotificationWithTimeout(absl::Milliseconds(500));
-  (void)worker_->RunSync([&] {
-    state->ep.reset();
-    return absl::OkStatus();
-  });
+  if (!in_time || !state->result.ok()) {
+    // Force-close: a pending flush fails on tcp; on shm (error mode none)
+    // its callback may never run, hence the bound (the callbacks own
+    // `state`, so returning first is safe).
+    (void)worker_->RunSync([&] {
+      DropConn(address);
+      return absl::OkStatus();
+    });
+    (void)state->done.WaitForNotificationWithTimeout(absl::Milliseconds(500));
+  }
   if (!in_time) {
     return absl::DeadlineExceededError(
         absl::StrCat("KV hand-off of ", src.size(), " blocks did not complete in time"));

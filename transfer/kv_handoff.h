@@ -29,6 +29,7 @@
 #define MMSERVE_TRANSFER_KV_HANDOFF_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,10 +124,18 @@ class KvHandoffSender {
                                               int64_t first_head = 0);
 
  private:
+  // An endpoint and the target's unpacked rkey, kept across hand-offs to the
+  // same decode side (creating them maps its segment anew on shm each time).
+  struct Conn;
   explicit KvHandoffSender(model::KvCache& cache) : cache_(cache) {}
+  // Progress thread only: force-closes and forgets the connection.
+  void DropConn(const std::string& address);
+
   model::KvCache& cache_;
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
+  // Progress thread only, by worker address.
+  std::map<std::string, std::shared_ptr<Conn>> conns_;
 };
 
 }  // namespace mmserve::transfer

@@ -79,7 +79,7 @@ TEST_CASE("KV blocks arrive byte for byte, with the sender's CRC", "[kv_handoff]
       CHECK(SameBlock(**prefill_kv, src[i], **decode_kv, dst[i]));
     for (int32_t b : {1, 2, 4, 5, 6, 8, 9, 10}) CHECK(SameBlock(**before, b, **decode_kv, b));
 
-    // A second request over the same pair (a fresh endpoint per hand-off).
+    // A second request over the same pair (the endpoint and rkey are reused).
     auto crc2 = (*tx)->Send((*rx)->target(), {2}, {9}, Deadline::After(absl::Seconds(10)));
     REQUIRE(crc2.ok());
     CHECK(SameBlock(**prefill_kv, 2, **decode_kv, 9));
