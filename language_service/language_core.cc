@@ -9,8 +9,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/chat_template.h"
@@ -105,6 +107,12 @@ struct LanguageCore::Request {
   double last_token_at_s = -1;
   double first_token_at_s = -1;
   std::optional<Deadline> lost_deadline;
+  // Role prefill: where the KV goes, and the last token sampled.
+  v1::DecodeTarget decode;
+  int32_t last_token = -1;
+  std::vector<int32_t> prompt_ids;  // engine_request's moves into the engine
+  // Role decode: the reserved blocks (after AllocateKv).
+  std::vector<int32_t> kv_blocks;
 
   const std::string& TransferId(size_t k) const {
     return images[k].meta.transfer_id().empty() ? id : images[k].meta.transfer_id();
@@ -150,6 +158,20 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
        layout.dtype_bytes != sizeof(float))) {
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
+  if (options.role != LanguageRole::kBoth) {
+    if (options.engine.tp_size > 1) {
+      return absl::UnimplementedError("roles prefill and decode need tp_size 1 for now");
+    }
+    ASSIGN_OR_RETURN(core->kv_context_, transfer::UcxContext::Create(options.kv_profile));
+    const transfer::UcxWorkerOptions wo{.name = options.instance_id + "-kv"};
+    if (options.role == LanguageRole::kDecode) {
+      ASSIGN_OR_RETURN(core->kv_receiver_, transfer::KvHandoffReceiver::Create(
+                                               *core->kv_context_, core->engine_->kv_cache(), wo));
+    } else {
+      ASSIGN_OR_RETURN(core->kv_sender_, transfer::KvHandoffSender::Create(
+                                             *core->kv_context_, core->engine_->kv_cache(), wo));
+    }
+  }
   core->UpdateLoad();
   core->loop_ = std::thread([c = core.get()] { c->Loop(); });
   core->connector_ = std::thread([c = core.get()] { c->ConnectLoop(); });
@@ -163,10 +185,40 @@ void LanguageCore::Post(Task task) {
   inbox_.push_back(std::move(task));
 }
 
+template <typename T>
+T LanguageCore::RunOnLoop(std::function<T()> f) {
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<std::optional<T>>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
+    inbox_.push_back([f = std::move(f), done, result] {
+      *result = f();
+      done->Notify();
+    });
+  }
+  done->WaitForNotification();
+  return std::move(**result);
+}
+
 absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
-  if (!request.decode().instance_id().empty()) {
-    return absl::InvalidArgumentError("role both hands no KV to a decode instance");
+  switch (options_.role) {
+    case LanguageRole::kBoth:
+      if (!request.decode().instance_id().empty()) {
+        return absl::InvalidArgumentError("role both hands no KV to a decode instance");
+      }
+      break;
+    case LanguageRole::kPrefill:
+      if (request.decode().address().empty()) {
+        return absl::InvalidArgumentError("role prefill needs the decode instance (decode)");
+      }
+      if (request.images_size() > 0) {
+        return absl::UnimplementedError("role prefill hands off text prompts only for now");
+      }
+      break;
+    case LanguageRole::kDecode:
+      return absl::FailedPreconditionError("role decode takes Decode calls, not Prefill");
   }
   int num_placeholders = 0;
   ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &num_placeholders));
@@ -195,6 +247,17 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
       model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
                                &r->engine_request.max_tokens_to_context));
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
+  if (options_.role == LanguageRole::kPrefill) {
+    // Token ids now: they travel in AllocateKv and KvCommit.
+    if (r->engine_request.prompt_token_ids.empty()) {
+      ASSIGN_OR_RETURN(r->engine_request.prompt_token_ids,
+                       engine_->tokenizer().Encode(r->engine_request.prompt));
+    }
+    r->engine_request.prompt.clear();
+    r->engine_request.kv_handoff = true;
+    r->prompt_ids = r->engine_request.prompt_token_ids;
+    r->decode = request.decode();
+  }
   for (const v1::PromptImage& image : request.images()) {
     if (image.encoder_id().empty() || image.encoder_address().empty()) {
       return absl::InvalidArgumentError(
@@ -232,6 +295,116 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     MaybeAdmit(rr);
   });
   return absl::OkStatus();
+}
+
+absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, RequestSink sink) {
+  if (options_.role != LanguageRole::kDecode) {
+    return absl::UnimplementedError("only role decode takes Decode calls (use --role=decode)");
+  }
+  if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
+  auto r = std::make_unique<Request>();
+  r->id = request.request_id();
+  r->sink = std::move(sink);
+  r->engine_request.id = r->id;
+  ASSIGN_OR_RETURN(
+      r->engine_request.sampling,
+      model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
+                               &r->engine_request.max_tokens_to_context));
+  r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
+    if (!ids_.emplace(r->id, true).second) {
+      return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
+    }
+  }
+  Post([this, req = std::shared_ptr<Request>(std::move(r))]() mutable {
+    auto owned = std::make_unique<Request>(std::move(*req));
+    requests_[owned->id] = std::move(owned);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRequest& request) {
+  if (options_.role != LanguageRole::kDecode) {
+    return absl::UnimplementedError("only role decode takes KV hand-offs (use --role=decode)");
+  }
+  if (request.prompt_token_ids_size() == 0) {
+    return absl::InvalidArgumentError("AllocateKv needs the prompt's token ids");
+  }
+  return RunOnLoop<absl::StatusOr<v1::KvAllocation>>(
+      [this, &request]() -> absl::StatusOr<v1::KvAllocation> {
+        auto it = requests_.find(request.request_id());
+        if (it == requests_.end()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("request ", request.request_id(), " has no open Decode call here"));
+        }
+        Request& r = *it->second;
+        if (r.in_engine) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("request ", r.id, " already has its KV allocated"));
+        }
+        worker::EngineRequest er = r.engine_request;
+        er.prompt_token_ids.assign(request.prompt_token_ids().begin(),
+                                   request.prompt_token_ids().end());
+        er.sampling.seed = request.seed();
+        r.engine_request.sampling.seed = request.seed();
+        ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
+                         engine_->ReserveRemoteKv(
+                             std::move(er), [this](const worker::StreamEvent& e) { OnEvent(e); },
+                             Deadline::After(options_.kv_commit_timeout)));
+        r.in_engine = true;
+        r.kv_blocks = blocks.blocks;
+        r.admitted_at_s = r.since_submit.ElapsedSeconds();
+        const transfer::KvHandoffTarget& t = kv_receiver_->target();
+        v1::KvAllocation a;
+        a.set_request_id(r.id);
+        a.set_num_tokens(static_cast<uint32_t>(request.prompt_token_ids_size()));
+        a.set_num_cached_tokens(static_cast<uint32_t>(blocks.num_cached_tokens));
+        v1::KvRankTarget* rank = a.add_ranks();
+        rank->mutable_peer()->set_worker_address(t.worker_address);
+        rank->mutable_peer()->set_transport_profile(
+            options_.kv_profile == transfer::TransportProfile::kShm ? "shm" : "tcp");
+        v1::KvLayout* l = rank->mutable_layout();
+        l->set_num_layers(static_cast<uint32_t>(t.shape.num_layers));
+        l->set_num_kv_heads(static_cast<uint32_t>(t.shape.num_kv_heads));
+        l->set_head_dim(static_cast<uint32_t>(t.shape.head_dim));
+        l->set_block_size(static_cast<uint32_t>(t.shape.block_size));
+        l->set_num_blocks(static_cast<uint32_t>(t.shape.num_blocks));
+        l->set_dtype(v1::TENSOR_DTYPE_FLOAT32);
+        l->set_tp_rank(0);
+        l->set_tp_size(1);
+        rank->mutable_kv_region()->set_base_address(t.base_address);
+        rank->mutable_kv_region()->set_length(t.shape.TotalBytes());
+        rank->mutable_kv_region()->set_rkey(t.rkey);
+        for (int32_t b : blocks.blocks) rank->add_block_ids(static_cast<uint32_t>(b));
+        return a;
+      });
+}
+
+absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
+  if (options_.role != LanguageRole::kDecode) {
+    return absl::UnimplementedError("only role decode takes KV hand-offs (use --role=decode)");
+  }
+  if (commit.rank_crc32c_size() != 1) {
+    return absl::InvalidArgumentError("KvCommit needs one CRC32C per rank (tp_size 1)");
+  }
+  return RunOnLoop<absl::Status>([this, &commit]() -> absl::Status {
+    auto it = requests_.find(commit.request_id());
+    if (it == requests_.end() || !it->second->in_engine) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
+    }
+    Request& r = *it->second;
+    const uint32_t crc = transfer::KvBlocksCrc(engine_->kv_cache(), r.kv_blocks);
+    if (crc != commit.rank_crc32c(0)) {
+      const absl::Status why = absl::DataLossError(absl::StrCat(
+          "request ", r.id, ": KV CRC32C ", crc, " != committed ", commit.rank_crc32c(0)));
+      End(r.id, why);
+      return why;
+    }
+    return engine_->CommitRemoteKv(r.id, static_cast<int32_t>(commit.first_token_id()));
+  });
 }
 
 void LanguageCore::Abort(const std::string& request_id, const std::string& reason) {
@@ -503,6 +676,11 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     End(r.id, absl::CancelledError("aborted"));
     return;
   }
+  if (options_.role == LanguageRole::kDecode && e.finish_reason == worker::FinishReason::kAbort) {
+    End(r.id, absl::DeadlineExceededError("the prefill instance did not commit the KV in time"));
+    return;
+  }
+  if (!e.token_ids.empty()) r.last_token = e.token_ids.back();
   const double now = r.since_submit.ElapsedSeconds();
   if (!e.token_ids.empty()) {
     if (r.last_token_at_s < 0) {
@@ -530,6 +708,20 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
       tl->set_text(tok.Decode({t.token}, false).value_or(""));
     }
   }
+  if (e.finish_reason == worker::FinishReason::kHandoff) {
+    absl::Status s = HandOff(r, e.kv_blocks);
+    if (!s.ok()) {
+      End(r.id, s);
+      return;
+    }
+    b.set_kv_handed_off(true);
+    mmserve::v1::RequestTiming* t = b.mutable_timing();
+    t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
+    t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+    r.sink.on_batch(std::move(b));
+    End(r.id, absl::OkStatus());
+    return;
+  }
   if (e.finish_reason != worker::FinishReason::kNone) {
     b.set_finish_reason(ToProto(e.finish_reason));
     b.set_matched_stop(e.matched_stop);
@@ -551,6 +743,61 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
   const bool final = e.finish_reason != worker::FinishReason::kNone;
   r.sink.on_batch(std::move(b));
   if (final) End(r.id, absl::OkStatus());
+}
+
+absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& blocks) {
+  const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
+  const auto grpc_deadline =
+      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
+  auto& stub = decode_stubs_[r.decode.address()];
+  if (stub == nullptr) stub = v1::Language::NewStub(InternalChannel(r.decode.address()));
+  const std::vector<int32_t>& ids = r.prompt_ids;
+  v1::KvAllocateRequest req;
+  req.set_request_id(r.id);
+  req.set_num_tokens(static_cast<uint32_t>(ids.size()));
+  req.set_max_new_tokens(static_cast<uint32_t>(r.engine_request.sampling.max_tokens));
+  for (int32_t t : ids) req.add_prompt_token_ids(static_cast<uint32_t>(t));
+  req.set_seed(r.engine_request.sampling.seed);
+  v1::KvAllocation alloc;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(grpc_deadline);
+    RETURN_IF_ERROR(FromGrpcStatus(stub->AllocateKv(&ctx, req, &alloc)));
+  }
+  if (alloc.ranks_size() != 1) {
+    return absl::UnimplementedError("the decode instance has several ranks (not yet handed to)");
+  }
+  const v1::KvRankTarget& rank = alloc.ranks(0);
+  transfer::KvHandoffTarget target;
+  target.worker_address = rank.peer().worker_address();
+  target.rkey = rank.kv_region().rkey();
+  target.base_address = rank.kv_region().base_address();
+  target.shape.num_layers = rank.layout().num_layers();
+  target.shape.num_blocks = rank.layout().num_blocks();
+  target.shape.block_size = rank.layout().block_size();
+  target.shape.num_kv_heads = rank.layout().num_kv_heads();
+  target.shape.head_dim = rank.layout().head_dim();
+  const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, target.shape.block_size);
+  if (skip > blocks.size() || blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
+    return absl::InternalError(absl::StrCat("the decode instance allocated ", rank.block_ids_size(),
+                                            " blocks after ", skip, " cached for a prompt of ",
+                                            blocks.size()));
+  }
+  std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
+  std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
+  ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline));
+  v1::KvCommit commit;
+  commit.set_request_id(r.id);
+  *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
+  commit.set_first_token_id(static_cast<uint32_t>(r.last_token));
+  commit.add_rank_crc32c(crc);
+  commit.set_seed(r.engine_request.sampling.seed);
+  v1::KvCommitAck ack;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(grpc_deadline);
+  RETURN_IF_ERROR(FromGrpcStatus(stub->CommitKv(&ctx, commit, &ack)));
+  if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
+  return absl::OkStatus();
 }
 
 void LanguageCore::End(const std::string& id, absl::Status status) {

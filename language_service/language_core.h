@@ -16,6 +16,17 @@
 // images in its stream (TokenBatch.lost_images) and waits up to
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
+//
+// Roles prefill and decode (issue 12, text prompts, tp_size 1): a decode core
+// registers a request (RegisterDecode, the Decode stream), reserves its KV
+// blocks (AllocateKv, held until CommitKv or kv_commit_timeout) and, once the
+// prefill side has written them over UCX, checks their CRC32C and decodes on
+// (CommitKv). A prefill core runs a Submit'ed request up to its first token
+// and then, on the loop thread while the prompt's blocks are still valid,
+// calls AllocateKv on the decode instance the request names, puts the blocks
+// (transfer/kv_handoff), calls CommitKv and ends the stream with
+// kv_handed_off. The hand-off blocks the loop for its duration (bounded by
+// kv_handoff_timeout): the smallest correct form, not the overlapped one.
 #ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
 #define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
 
@@ -32,8 +43,10 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "proto/language.grpc.pb.h"
 #include "proto/language.pb.h"
 #include "proto/registry.pb.h"
+#include "transfer/kv_handoff.h"
 #include "transfer/transfer_engine.h"
 #include "worker/engine.h"
 
@@ -41,8 +54,17 @@ namespace mmserve::language {
 
 namespace v1 = ::mmserve::internal::v1;
 
+enum class LanguageRole { kBoth, kPrefill, kDecode };
+
 struct LanguageCoreOptions {
   std::string instance_id;
+  LanguageRole role = LanguageRole::kBoth;
+  // Roles prefill and decode: the UCX profile of the KV hand-off.
+  transfer::TransportProfile kv_profile = transfer::TransportProfile::kShm;
+  // Role decode: how long a reservation waits for its CommitKv.
+  absl::Duration kv_commit_timeout = absl::Seconds(10);
+  // Role prefill: AllocateKv, the puts and CommitKv together.
+  absl::Duration kv_handoff_timeout = absl::Seconds(10);
   worker::EngineOptions engine;
   // One image's transfer, from init to its last chunk.
   absl::Duration transfer_timeout = absl::Seconds(30);
@@ -74,6 +96,17 @@ class LanguageCore {
   // sampling, a duplicate id) and queues the request; on error nothing was
   // queued and the sink is never called.
   [[nodiscard]] absl::Status Submit(const v1::PrefillRequest& request, RequestSink sink);
+  // Role decode: opens a request whose KV a prefill instance will hand over;
+  // `sink` gets its tokens from the second one on. Checks as Submit does.
+  [[nodiscard]] absl::Status RegisterDecode(const v1::DecodeRequest& request, RequestSink sink);
+  // Role decode: reserves the blocks of a registered request.
+  // FailedPrecondition when it is not registered or already reserved,
+  // ResourceExhausted when there is no room now.
+  [[nodiscard]] absl::StatusOr<v1::KvAllocation> AllocateKv(const v1::KvAllocateRequest& request);
+  // Role decode: the reserved blocks hold the KV; DataLoss (and the request
+  // ends) when their CRC32C differs from the commit's.
+  [[nodiscard]] absl::Status CommitKv(const v1::KvCommit& commit);
+
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
   // it holds, here and at its encoders. Unknown ids are ignored.
   void Abort(const std::string& request_id, const std::string& reason);
@@ -98,6 +131,11 @@ class LanguageCore {
   LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
                metrics::Registry& metrics);
   void Post(Task task);
+  // Runs `f` on the loop thread and waits for it; Unavailable when stopping.
+  template <typename T>
+  T RunOnLoop(std::function<T()> f);
+  // Role prefill, loop thread: hands request `r`'s KV to its decode instance.
+  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks);
   void Loop();
   void ConnectLoop();
   // Loop thread only, from here on.
@@ -118,6 +156,12 @@ class LanguageCore {
   bool lost_rank_reported_ = false;  // loop thread only
   transfer::TransferEngine& transfer_;
   std::unique_ptr<worker::LlmEngine> engine_;
+  // Roles prefill and decode.
+  std::unique_ptr<transfer::UcxContext> kv_context_;
+  std::unique_ptr<transfer::KvHandoffReceiver> kv_receiver_;  // decode
+  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;      // prefill
+  // Role prefill, loop thread only: stubs by decode address.
+  std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_;
 
   absl::Mutex mu_;
   std::deque<Task> inbox_ ABSL_GUARDED_BY(mu_);

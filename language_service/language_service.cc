@@ -23,6 +23,14 @@ class PrefillReactor final : public QueuedWriteReactor<v1::TokenBatch> {
                                .on_end = [this](absl::Status st) { Done(std::move(st)); }});
     if (!s.ok()) Done(std::move(s));
   }
+  // Role decode: the stream of a request whose KV comes from a prefill
+  // instance.
+  void StartDecode(const v1::DecodeRequest& request) {
+    absl::Status s =
+        core_.RegisterDecode(request, {.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
+                                       .on_end = [this](absl::Status st) { Done(std::move(st)); }});
+    if (!s.ok()) Done(std::move(s));
+  }
   // Ends the stream with `status` without reaching the core.
   void Refuse(absl::Status status) { Done(std::move(status)); }
 
@@ -65,28 +73,29 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
 
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
     grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request) {
-  class Refuse final : public grpc::ServerWriteReactor<v1::TokenBatch> {
-   public:
-    Refuse() {
-      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          "role both does not decode hand-offs (use --role=decode)"));
-    }
-    void OnDone() override { delete this; }
-  };
-  return new Refuse();
+  auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
+  if (accepting_) {
+    reactor->StartDecode(*request);
+  } else {
+    reactor->Refuse(absl::UnavailableError("the language instance is draining"));
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContext* ctx,
-                                                      const v1::KvAllocateRequest*,
-                                                      v1::KvAllocation*) {
-  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                       "role both takes no KV hand-offs (use --role=decode)"));
+                                                      const v1::KvAllocateRequest* request,
+                                                      v1::KvAllocation* response) {
+  absl::StatusOr<v1::KvAllocation> a = core_.AllocateKv(*request);
+  if (a.ok()) *response = std::move(*a);
+  return FinishUnary(ctx, ToGrpcStatus(a.status()));
 }
 
 grpc::ServerUnaryReactor* LanguageService::CommitKv(grpc::CallbackServerContext* ctx,
-                                                    const v1::KvCommit*, v1::KvCommitAck*) {
-  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                       "role both takes no KV hand-offs (use --role=decode)"));
+                                                    const v1::KvCommit* request,
+                                                    v1::KvCommitAck* response) {
+  absl::Status s = core_.CommitKv(*request);
+  response->set_accepted(s.ok());
+  return FinishUnary(ctx, ToGrpcStatus(s));
 }
 
 grpc::ServerUnaryReactor* LanguageService::RetryImages(grpc::CallbackServerContext* ctx,

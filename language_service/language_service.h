@@ -3,8 +3,10 @@
 // API, so an open stream holds no thread; a client cancel or deadline aborts
 // the request in the core, which frees its KV and embedding blocks.
 //
-// Decode, AllocateKv and CommitKv belong to the prefill/decode roles and
-// answer UNIMPLEMENTED in role both. Thread-safe.
+// Decode, AllocateKv and CommitKv serve role decode (LanguageCore's
+// RegisterDecode/AllocateKv/CommitKv) and answer UNIMPLEMENTED in the
+// other roles; Prefill in role prefill ends its stream once the KV is handed
+// off (kv_handed_off). Thread-safe.
 #ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_SERVICE_H_
 #define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_SERVICE_H_
 
