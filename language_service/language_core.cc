@@ -320,7 +320,12 @@ absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, Requ
   }
   Post([this, req = std::shared_ptr<Request>(std::move(r))]() mutable {
     auto owned = std::make_unique<Request>(std::move(*req));
-    requests_[owned->id] = std::move(owned);
+    Request& r = *owned;
+    requests_[r.id] = std::move(owned);
+    // An empty first batch: the request is held here, AllocateKv may come.
+    v1::TokenBatch registered;
+    registered.set_request_id(r.id);
+    r.sink.on_batch(std::move(registered));
   });
   return absl::OkStatus();
 }

@@ -97,7 +97,9 @@ class LanguageCore {
   // queued and the sink is never called.
   [[nodiscard]] absl::Status Submit(const v1::PrefillRequest& request, RequestSink sink);
   // Role decode: opens a request whose KV a prefill instance will hand over;
-  // `sink` gets its tokens from the second one on. Checks as Submit does.
+  // `sink` gets an empty batch once the request is held (AllocateKv may come
+  // from then on), then its tokens from the second one on. Checks as Submit
+  // does.
   [[nodiscard]] absl::Status RegisterDecode(const v1::DecodeRequest& request, RequestSink sink);
   // Role decode: reserves the blocks of a registered request.
   // FailedPrecondition when it is not registered or already reserved,

@@ -1,6 +1,6 @@
 // language: the language service process, role `both` (colocated prefill and
-// decode). Loads only the language model, receives image embeddings from
-// encoder services over UCX, and streams tokens to the router.
+// decode), `prefill` or `decode` (--role; KV hand-off over UCX). Loads only the language model,
+// receives image embeddings from encoder services over UCX, and streams tokens to the router.
 //
 //   bazel run --config=opt //language_service:language -- \
 //       --model_dir=models/shapes-demo --port=50071 --router=localhost:50051
@@ -27,7 +27,12 @@
 #include "language_service/language_service.h"
 #include "transfer/transfer_engine.h"
 
-ABSL_FLAG(std::string, role, "both", "both (prefill and decode come with P/D disaggregation)");
+ABSL_FLAG(std::string, role, "both",
+          "both; or prefill (runs prompts to the first token and hands the KV to the decode "
+          "instance the router names) or decode (takes hand-offs and streams the rest); "
+          "prefill and decode: text prompts, --tp=1");
+ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
+          "role decode: how long a KV reservation waits for the prefill side's commit");
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (Qwen2 / Qwen2-VL)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int, port, 50071, "gRPC port (0: pick one; the chosen port is printed)");
@@ -79,10 +84,22 @@ int Fail(const absl::Status& s) {
 
 int Main() {
   BlockTerminationSignals();
-  if (absl::GetFlag(FLAGS_role) != "both") {
-    std::fprintf(stderr,
-                 "language: --role=%s is not available yet; this build serves --role=both\n",
-                 absl::GetFlag(FLAGS_role).c_str());
+  const std::string role_flag = absl::GetFlag(FLAGS_role);
+  LanguageRole role = LanguageRole::kBoth;
+  v1::InstanceRole registry_role = v1::INSTANCE_ROLE_BOTH;
+  if (role_flag == "prefill") {
+    role = LanguageRole::kPrefill;
+    registry_role = v1::INSTANCE_ROLE_PREFILL;
+  } else if (role_flag == "decode") {
+    role = LanguageRole::kDecode;
+    registry_role = v1::INSTANCE_ROLE_DECODE;
+  } else if (role_flag != "both") {
+    std::fprintf(stderr, "language: --role must be both, prefill or decode, not %s\n",
+                 role_flag.c_str());
+    return 2;
+  }
+  if (role != LanguageRole::kBoth && absl::GetFlag(FLAGS_tp) != 1) {
+    std::fprintf(stderr, "language: --role=%s needs --tp=1 for now\n", role_flag.c_str());
     return 2;
   }
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
@@ -113,6 +130,9 @@ int Main() {
   metrics::Registry registry;
   LanguageCoreOptions copts;
   copts.instance_id = id;
+  copts.role = role;
+  copts.kv_profile = *profile;
+  copts.kv_commit_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_commit_timeout_ms));
   copts.engine.model_dir = absl::GetFlag(FLAGS_model_dir);
   copts.engine.kv_cache_bytes = int64_t{absl::GetFlag(FLAGS_kv_cache_mb)} << 20;
   copts.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
@@ -168,7 +188,7 @@ int Main() {
   if (!absl::GetFlag(FLAGS_router).empty()) {
     v1::InstanceInfo info;
     info.set_instance_id(id);
-    info.set_role(v1::INSTANCE_ROLE_BOTH);
+    info.set_role(registry_role);
     info.set_grpc_address(advertise);
     info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
     *info.mutable_ucx() = eng.local_info().ucx();

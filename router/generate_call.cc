@@ -37,8 +37,9 @@ struct GenerateCall::Encode {
 // The Prefill stream from the language instance.
 class GenerateCall::PrefillStream final : public grpc::ClientReadReactor<internal::v1::TokenBatch> {
  public:
-  PrefillStream(std::shared_ptr<GenerateCall> call, std::chrono::system_clock::time_point deadline)
-      : call_(std::move(call)) {
+  PrefillStream(std::shared_ptr<GenerateCall> call, std::chrono::system_clock::time_point deadline,
+                bool decode = false)
+      : call_(std::move(call)), decode_(decode) {
     ctx_.set_deadline(deadline);
   }
   // `self` keeps the stream alive until gRPC is done with it (OnDone).
@@ -50,23 +51,34 @@ class GenerateCall::PrefillStream final : public grpc::ClientReadReactor<interna
     StartRead(&batch_);
     StartCall();
   }
+  // The Decode stream of the prefill/decode roles.
+  void BeginDecode(std::shared_ptr<PrefillStream> self, internal::v1::Language::Stub& stub,
+                   const internal::v1::DecodeRequest& request) {
+    self_ = std::move(self);
+    decode_request_ = request;
+    stub.async()->Decode(&ctx_, &decode_request_, this);
+    StartRead(&batch_);
+    StartCall();
+  }
   void Cancel() { ctx_.TryCancel(); }
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows
-    call_->OnBatch(batch_);
+    call_->OnBatch(batch_, decode_);
     StartRead(&batch_);
   }
   void OnDone(const grpc::Status& status) override {
-    call_->OnLanguageDone(status);
+    call_->OnLanguageDone(status, decode_);
     call_.reset();
     self_.reset();  // may destroy this
   }
 
  private:
   std::shared_ptr<GenerateCall> call_;
+  const bool decode_;
   std::shared_ptr<PrefillStream> self_;
   grpc::ClientContext ctx_;
   internal::v1::PrefillRequest request_;
+  internal::v1::DecodeRequest decode_request_;
   internal::v1::TokenBatch batch_;
 };
 
@@ -114,9 +126,25 @@ absl::Status GenerateCall::Prepare() {
 
 void GenerateCall::Run() {
   router_seconds_ = clock_.ElapsedSeconds();
-  const auto candidates = context_.instances->Healthy(Role::kLanguage);
+  auto candidates = context_.instances->Healthy(Role::kLanguage);
   if (candidates.empty()) {
-    End(absl::UnavailableError("no healthy language instance"));
+    // Prefill/decode roles: the decode instance first (most free KV blocks,
+    // then fewest running sequences), then the least loaded prefill one.
+    const auto decoders = context_.instances->Healthy(Role::kDecode);
+    candidates = context_.instances->Healthy(Role::kPrefill);
+    if (!decoders.empty() && !candidates.empty()) {
+      std::vector<uint64_t> pressure;
+      for (const auto& d : decoders) {
+        const internal::v1::LoadReport load = context_.instances->LastLoad(d->id);
+        pressure.push_back((uint64_t{0xffffffff} - load.kv_blocks_free()) << 24 |
+                           std::min<uint64_t>(load.running(), 0xffffff));
+      }
+      decode_ = decoders[scheduler::LeastLoaded(pressure)];
+    }
+  }
+  if (candidates.empty() || (decode_ == nullptr && candidates[0]->role != Role::kLanguage)) {
+    End(absl::UnavailableError(
+        "no healthy language instance (role both, or prefill and decode together)"));
     return;
   }
   std::vector<uint64_t> loads;
@@ -151,6 +179,21 @@ void GenerateCall::Run() {
   std::vector<internal::v1::PromptImage> described;
   if (!Dispatch(all, &described)) return;
   for (auto& d : described) *prefill.add_images() = std::move(d);
+  if (decode_ != nullptr) {
+    decode_->inflight += placed_tokens_;
+    prefill.mutable_decode()->set_instance_id(decode_->id);
+    prefill.mutable_decode()->set_address(decode_->address);
+    pending_prefill_ = std::move(prefill);
+    internal::v1::DecodeRequest d;
+    d.set_request_id(id_);
+    d.set_model(context_.options.model_id);
+    *d.mutable_sampling() = request_.sampling();
+    *d.mutable_stream() = request_.stream();
+    auto ds = std::make_shared<PrefillStream>(shared_from_this(), deadline_, /*decode=*/true);
+    decode_stream_ = ds;
+    Defer([ds, dec = decode_, d = std::move(d)] { ds->BeginDecode(ds, *dec->language, d); });
+    return;
+  }
   auto stream = std::make_shared<PrefillStream>(shared_from_this(), deadline_);
   stream_ = stream;
   Defer([stream, lang = language_, prefill = std::move(prefill)] {
@@ -317,12 +360,44 @@ void GenerateCall::LockedOnEncoded(Encode* encode, const grpc::Status& status) {
   Redispatch(moving, encode->encoder_id, status.error_message());
 }
 
-void GenerateCall::OnBatch(const internal::v1::TokenBatch& batch) {
+void GenerateCall::OnBatch(const internal::v1::TokenBatch& batch, bool from_decode) {
   {
     absl::MutexLock lock(&mu_);
-    LockedOnBatch(batch);
+    if (from_decode) {
+      LockedOnDecodeBatch(batch);
+    } else {
+      LockedOnBatch(batch);
+      if (batch.kv_handed_off() && !ended_) {
+        handed_off_ = true;
+        std::vector<internal::v1::TokenBatch> early = std::move(early_decode_);
+        early_decode_.clear();
+        for (const auto& b : early) LockedOnBatch(b);
+        if (decode_done_early_) LockedOnDecodeDone(grpc::Status::OK);
+      }
+    }
   }
   RunDeferred();
+}
+
+void GenerateCall::LockedOnDecodeBatch(const internal::v1::TokenBatch& batch) {
+  if (ended_) return;
+  if (!decode_registered_) {
+    // The decode instance holds the request: start the prefill.
+    decode_registered_ = true;
+    if (!pending_prefill_) return;
+    auto stream = std::make_shared<PrefillStream>(shared_from_this(), deadline_);
+    stream_ = stream;
+    Defer([stream, lang = language_, prefill = std::move(*pending_prefill_)] {
+      stream->Begin(stream, *lang->language, prefill);
+    });
+    pending_prefill_.reset();
+    return;
+  }
+  if (!handed_off_) {
+    early_decode_.push_back(batch);
+    return;
+  }
+  LockedOnBatch(batch);
 }
 
 void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
@@ -380,17 +455,47 @@ void GenerateCall::LockedOnBatch(const internal::v1::TokenBatch& batch) {
       [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });
 }
 
-void GenerateCall::OnLanguageDone(const grpc::Status& status) {
+void GenerateCall::OnLanguageDone(const grpc::Status& status, bool from_decode) {
   {
     absl::MutexLock lock(&mu_);
-    LockedOnLanguageDone(status);
+    if (from_decode) {
+      LockedOnDecodeDone(status);
+    } else {
+      LockedOnLanguageDone(status);
+    }
   }
   RunDeferred();
+}
+
+void GenerateCall::LockedOnDecodeDone(const grpc::Status& status) {
+  decode_stream_.reset();
+  if (ended_) return;
+  if (status.ok() && !handed_off_) {
+    decode_done_early_ = true;
+    return;
+  }
+  if (status.ok()) {
+    if (!finished_) {
+      End(absl::InternalError("the decode stream ended without a final response"));
+      return;
+    }
+    language_ok_ = true;
+    MaybeSendFinal();
+    return;
+  }
+  absl::Status s = FromGrpcStatus(status);
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::UNKNOWN) {
+    s = absl::UnavailableError(
+        absl::StrCat("decode instance ", decode_->id, " failed: ", status.error_message()));
+  }
+  End(std::move(s));
 }
 
 void GenerateCall::LockedOnLanguageDone(const grpc::Status& status) {
   stream_.reset();
   if (ended_) return;
+  if (status.ok() && handed_off_) return;  // the decode stream goes on
   if (status.ok()) {
     if (!finished_) {
       End(absl::InternalError("the language stream ended without a final response"));
@@ -431,7 +536,8 @@ void GenerateCall::OnInstanceDown(const std::string& instance_id) {
 
 void GenerateCall::LockedOnInstanceDown(const std::string& instance_id) {
   if (ended_) return;
-  if (language_ != nullptr && language_->id == instance_id) {
+  if ((language_ != nullptr && language_->id == instance_id) ||
+      (decode_ != nullptr && decode_->id == instance_id)) {
     End(absl::UnavailableError(absl::StrCat("language instance ", instance_id, " is down")));
     return;
   }
@@ -453,7 +559,13 @@ void GenerateCall::End(absl::Status status) {
     // call's reference inside it is dropped there.
     Defer([stream = stream_] { stream->Cancel(); });
   }
+  if (decode_stream_ != nullptr) {
+    // Also on OK: a first token that ended the request leaves the decode
+    // instance's registration open.
+    Defer([stream = decode_stream_] { stream->Cancel(); });
+  }
   if (language_ != nullptr) language_->inflight -= placed_tokens_;
+  if (decode_ != nullptr) decode_->inflight -= placed_tokens_;
   const double e2e = clock_.ElapsedSeconds();
   metrics::Registry& m = *context_.metrics;
   m.GetCounter("mmserve_router_requests_total", "Generate calls by final gRPC code.",
@@ -478,13 +590,24 @@ void GenerateCall::End(absl::Status status) {
 void GenerateCall::Defer(std::function<void()> action) { deferred_.push_back(std::move(action)); }
 
 void GenerateCall::RunDeferred() {
+  {
+    // One thread at a time runs the actions, in the order they were
+    // deferred: with prefill/decode roles two streams deliver batches on
+    // different threads, and their responses must reach the sink in order.
+    absl::MutexLock lock(&mu_);
+    if (running_deferred_) return;  // that thread runs ours too
+    running_deferred_ = true;
+  }
   for (;;) {
     std::vector<std::function<void()>> actions;
     {
       absl::MutexLock lock(&mu_);
       actions.swap(deferred_);
+      if (actions.empty()) {
+        running_deferred_ = false;
+        return;
+      }
     }
-    if (actions.empty()) return;
     for (auto& a : actions) a();
   }
 }

@@ -95,12 +95,17 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void Redispatch(std::vector<size_t> images, const std::string& failed_encoder,
                   const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnEncoded(Encode* encode, const grpc::Status& status);
-  void OnBatch(const internal::v1::TokenBatch& batch);
-  void OnLanguageDone(const grpc::Status& status);
+  // `from_decode`: the batch or end comes from the decode instance's Decode
+  // stream (prefill/decode roles), else from the Prefill stream.
+  void OnBatch(const internal::v1::TokenBatch& batch, bool from_decode);
+  void OnLanguageDone(const grpc::Status& status, bool from_decode);
   void LockedOnEncoded(Encode* encode, const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnBatch(const internal::v1::TokenBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LockedOnDecodeBatch(const internal::v1::TokenBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnLanguageDone(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LockedOnDecodeDone(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedCancel(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnInstanceDown(const std::string& instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,6 +130,20 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   std::vector<std::unique_ptr<Encode>> encodes_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Instance> language_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<PrefillStream> stream_ ABSL_GUARDED_BY(mu_);
+  // Prefill/decode roles: language_ is the prefill instance; the decode
+  // instance streams from the second token on. Its batches wait in
+  // early_decode_ until the prefill stream says the KV is handed off, and
+  // the Prefill call waits in pending_prefill_ until the decode instance
+  // holds the request (its stream's empty first batch).
+  std::shared_ptr<Instance> decode_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PrefillStream> decode_stream_ ABSL_GUARDED_BY(mu_);
+  std::optional<internal::v1::PrefillRequest> pending_prefill_ ABSL_GUARDED_BY(mu_);
+  bool decode_registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool handed_off_ ABSL_GUARDED_BY(mu_) = false;
+  // The decode stream closed OK before the prefill stream's hand-off batch
+  // reached the router (the two streams are not ordered).
+  bool decode_done_early_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<internal::v1::TokenBatch> early_decode_ ABSL_GUARDED_BY(mu_);
   int64_t placed_tokens_ = 0;
   int next_attempt_ ABSL_GUARDED_BY(mu_) = 1;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
@@ -138,6 +157,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   double router_seconds_ = 0;  // time spent in the router before dispatch
   std::vector<std::function<void()>> deferred_ ABSL_GUARDED_BY(mu_);
+  bool running_deferred_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace mmserve::router

@@ -59,7 +59,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const RouterCo
                     "application/json");
   });
   srv.Get("/health", [ctx](const httplib::Request&, httplib::Response& res) {
-    const bool ok = !ctx->instances->Healthy(Role::kLanguage).empty();
+    const bool ok = !ctx->instances->Healthy(Role::kLanguage).empty() ||
+                    (!ctx->instances->Healthy(Role::kPrefill).empty() &&
+                     !ctx->instances->Healthy(Role::kDecode).empty());
     res.status = ok ? 200 : 503;
     res.set_content(ok ? "ok\n" : "no healthy language instance\n", "text/plain");
   });

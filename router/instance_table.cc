@@ -17,7 +17,19 @@ void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
   if (e.instance == nullptr || e.instance->address != info.grpc_address()) {
     auto inst = std::make_shared<Instance>();
     inst->id = info.instance_id();
-    inst->role = info.role() == iv1::INSTANCE_ROLE_ENCODER ? Role::kEncoder : Role::kLanguage;
+    switch (info.role()) {
+      case iv1::INSTANCE_ROLE_ENCODER:
+        inst->role = Role::kEncoder;
+        break;
+      case iv1::INSTANCE_ROLE_PREFILL:
+        inst->role = Role::kPrefill;
+        break;
+      case iv1::INSTANCE_ROLE_DECODE:
+        inst->role = Role::kDecode;
+        break;
+      default:
+        inst->role = Role::kLanguage;
+    }
     inst->address = info.grpc_address();
     inst->info = info;
     inst->channel = InternalChannel(info.grpc_address());

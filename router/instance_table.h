@@ -34,7 +34,8 @@ namespace mmserve::router {
 
 namespace iv1 = ::mmserve::internal::v1;
 
-enum class Role { kEncoder, kLanguage };
+// kLanguage: role both; kPrefill and kDecode: the disaggregated roles.
+enum class Role { kEncoder, kLanguage, kPrefill, kDecode };
 
 struct Instance {
   std::string id;
@@ -43,7 +44,7 @@ struct Instance {
   iv1::InstanceInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<iv1::Encoder::Stub> encoder;    // role kEncoder
-  std::unique_ptr<iv1::Language::Stub> language;  // role kLanguage
+  std::unique_ptr<iv1::Language::Stub> language;  // the other roles
   // Work the router has placed there and not yet seen finish (tokens).
   std::atomic<int64_t> inflight{0};
 };

@@ -133,9 +133,11 @@ mmserve::v1::ListModelsResponse DescribeModels(const RouterContext& context) {
   card->set_vocab_size(static_cast<uint32_t>(c.text.vocab_size));
   card->set_encoder_instances(
       static_cast<uint32_t>(context.instances->Healthy(Role::kEncoder).size()));
+  const size_t both = context.instances->Healthy(Role::kLanguage).size();
   card->set_prefill_instances(
-      static_cast<uint32_t>(context.instances->Healthy(Role::kLanguage).size()));
-  card->set_decode_instances(card->prefill_instances());
+      static_cast<uint32_t>(both + context.instances->Healthy(Role::kPrefill).size()));
+  card->set_decode_instances(
+      static_cast<uint32_t>(both + context.instances->Healthy(Role::kDecode).size()));
   return out;
 }
 
@@ -154,10 +156,6 @@ grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext*
       info.role() == iv1::INSTANCE_ROLE_UNSPECIFIED) {
     return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                          "instance_id, grpc_address and role are required"));
-  }
-  if (info.role() == iv1::INSTANCE_ROLE_PREFILL || info.role() == iv1::INSTANCE_ROLE_DECODE) {
-    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                         "this router places encoder and role-both instances"));
   }
   table_.Upsert(info, /*registered=*/true);
   response->set_heartbeat_interval_s(1);

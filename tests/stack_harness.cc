@@ -211,10 +211,22 @@ Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout) {
   const Deadline deadline = Deadline::After(timeout);
   Leaks l;
   do {
-    const int lp = stack.language().metrics_port();
-    l.language_embedding_blocks_used = ScrapeMetric(lp, "mmserve_language_embedding_blocks_used");
-    l.language_kv_blocks_used = ScrapeMetric(lp, "mmserve_language_kv_blocks_used");
-    l.language_requests_live = ScrapeMetric(lp, "mmserve_language_requests_live");
+    // Summed over the prefill and decode instances when disaggregated; an
+    // unreachable one (-1) makes the sum non-zero.
+    std::vector<launcher::Service*> langs;
+    if (stack.disaggregated()) {
+      langs = {&stack.prefill(0), &stack.decode(0)};
+    } else {
+      langs = {&stack.language()};
+    }
+    l.language_embedding_blocks_used = l.language_kv_blocks_used = l.language_requests_live = 0;
+    for (launcher::Service* lang : langs) {
+      const int lp = lang->metrics_port();
+      l.language_embedding_blocks_used +=
+          ScrapeMetric(lp, "mmserve_language_embedding_blocks_used");
+      l.language_kv_blocks_used += ScrapeMetric(lp, "mmserve_language_kv_blocks_used");
+      l.language_requests_live += ScrapeMetric(lp, "mmserve_language_requests_live");
+    }
     l.encoder_embedding_blocks_used = 0;
     for (int i = 0; i < stack.num_encoders(); ++i) {
       if (!stack.encoder(i).process || !stack.encoder(i).process->alive()) continue;

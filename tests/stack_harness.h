@@ -85,7 +85,8 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn);
 // `labels`, e.g. "code=\"OK\""); -1 when unreachable or absent.
 double ScrapeMetric(int port, const std::string& name, const std::string& labels = "");
 
-// Every service's blocks and live requests, once they settle (or the last
+// Every service's blocks and live requests (prefill-0 and decode-0 summed
+// when the stack is disaggregated), once they settle (or the last
 // reading after `timeout`): what leak checks assert to be zero.
 struct Leaks {
   double language_embedding_blocks_used = -1;

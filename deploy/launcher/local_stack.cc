@@ -44,8 +44,23 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   for (int i = 0; i < options.encoders; ++i) {
     if (absl::Status st = s->StartEncoder(i); !st.ok()) return st;
   }
-  if (absl::Status st = s->StartLanguage(); !st.ok()) return st;
-  if (absl::Status st = s->WaitHealthy(options.encoders, 1, options.ready_timeout); !st.ok()) {
+  int languages = 1;
+  if (s->disaggregated()) {
+    // Decode first: a prefill instance is useless to the router without one.
+    s->decode_.resize(options.decode);
+    s->prefill_.resize(options.prefill);
+    for (int i = 0; i < options.decode; ++i) {
+      if (absl::Status st = s->StartRole("decode", i); !st.ok()) return st;
+    }
+    for (int i = 0; i < options.prefill; ++i) {
+      if (absl::Status st = s->StartRole("prefill", i); !st.ok()) return st;
+    }
+    languages = options.prefill;  // ListModels' prefill_instances
+  } else if (absl::Status st = s->StartLanguage(); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = s->WaitHealthy(options.encoders, languages, options.ready_timeout);
+      !st.ok()) {
     return st;
   }
   return s;
@@ -98,6 +113,23 @@ absl::Status LocalStack::StartLanguage() {
   return absl::OkStatus();
 }
 
+absl::Status LocalStack::StartRole(const std::string& role, int i) {
+  const std::string id = absl::StrCat(role, "-", i);
+  std::vector<std::string> args = {"--model_dir=" + options_.model_dir,
+                                   "--host=" + options_.host,
+                                   "--port=0",
+                                   "--metrics_port=0",
+                                   "--instance_id=" + id,
+                                   "--role=" + role,
+                                   "--router=" + router_address_,
+                                   "--profile=" + options_.profile};
+  args.insert(args.end(), options_.language_args.begin(), options_.language_args.end());
+  auto svc = Launch(id, options_.bin_dir + "/language_service/language", args);
+  if (!svc.ok()) return svc.status();
+  (role == "decode" ? decode_ : prefill_)[i] = std::move(*svc);
+  return absl::OkStatus();
+}
+
 absl::Status LocalStack::WaitHealthy(int encoders, int languages, absl::Duration timeout) {
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel(router_address_));
   const Deadline deadline = Deadline::After(timeout);
@@ -137,6 +169,8 @@ std::vector<std::string> LocalStack::Exited() {
   check(router_);
   for (Service& e : encoders_) check(e);
   check(language_);
+  for (Service& p : prefill_) check(p);
+  for (Service& d : decode_) check(d);
   return out;
 }
 
@@ -145,6 +179,8 @@ void LocalStack::Stop(absl::Duration grace) {
   // reaped, SIGKILLed past the grace.
   std::vector<Service*> all = {&router_, &language_};
   for (Service& e : encoders_) all.push_back(&e);
+  for (Service& p : prefill_) all.push_back(&p);
+  for (Service& d : decode_) all.push_back(&d);
   for (Service* s : all) {
     if (s->process) s->process->Signal(SIGTERM);
   }

@@ -30,6 +30,11 @@ struct StackOptions {
   std::string model_dir;
   std::string log_dir = "/tmp";
   int encoders = 1;
+  // Prefill/decode disaggregation: with both > 0, this many `--role=prefill`
+  // and `--role=decode` language instances (prefill-i, decode-i) instead of
+  // the role-both one.
+  int prefill = 0;
+  int decode = 0;
   std::string profile = "shm";
   std::string host = "127.0.0.1";
   int router_port = 0;  // 0: any free port
@@ -58,12 +63,17 @@ class LocalStack {
   int http_port() const { return http_port_; }
   Service& router() { return router_; }
   Service& encoder(int i) { return encoders_[i]; }
-  Service& language() { return language_; }
+  Service& language() { return language_; }  // role both only
+  Service& prefill(int i) { return prefill_[i]; }
+  Service& decode(int i) { return decode_[i]; }
+  bool disaggregated() const { return options_.prefill > 0 && options_.decode > 0; }
   int num_encoders() const { return static_cast<int>(encoders_.size()); }
 
   // (Re)starts encoder `i` or the language instance (after a kill).
   [[nodiscard]] absl::Status StartEncoder(int i);
   [[nodiscard]] absl::Status StartLanguage();
+  // (Re)starts language instance `i` of role "prefill" or "decode".
+  [[nodiscard]] absl::Status StartRole(const std::string& role, int i);
   // Waits until the router reports this many healthy instances.
   [[nodiscard]] absl::Status WaitHealthy(int encoders, int languages, absl::Duration timeout);
   // Names of children that exited on their own since the last call.
@@ -81,6 +91,8 @@ class LocalStack {
   Service router_;
   std::vector<Service> encoders_;
   Service language_;
+  std::vector<Service> prefill_;
+  std::vector<Service> decode_;
   std::string router_address_;
   int http_port_ = -1;
 };
