@@ -8,7 +8,10 @@
 #
 #   ./deploy/serve.sh [--model_dir=DIR] [--encoders=N] [--profile=shm|tcp]
 #                     [--port=50051] [--http_port=8000] [--tp=N]
+#                     [--prefill=N --decode=N]
 # --tp=N: the language instance runs as N tensor-parallel rank processes.
+# --prefill=N --decode=N: N prefill and N decode language instances (KV over
+# UCX; text prompts only so far, --tp=1) instead of one role-both instance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -19,6 +22,8 @@ profile=shm
 port=50051
 http_port=8000
 tp=1
+prefill=0
+decode=0
 for arg in "$@"; do
   case "$arg" in
     --model_dir=*) model_dir="${arg#*=}" ;;
@@ -27,7 +32,9 @@ for arg in "$@"; do
     --port=*) port="${arg#*=}" ;;
     --http_port=*) http_port="${arg#*=}" ;;
     --tp=*) tp="${arg#*=}" ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --prefill=*) prefill="${arg#*=}" ;;
+    --decode=*) decode="${arg#*=}" ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -55,7 +62,7 @@ logs=$(mktemp -d /tmp/mmserve-logs-XXXXXX)
 out="$logs/launcher.out"
 "$bin/deploy/launcher/mmserve_launch" --bin_dir="$bin" --model_dir="$model_dir" \
   --encoders="$encoders" --profile="$profile" --port="$port" --http_port="$http_port" \
-  --tp="$tp" --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
+  --tp="$tp" --prefill="$prefill" --decode="$decode" --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!
 stop() {
   kill -TERM "$launcher" 2>/dev/null || true

@@ -1,4 +1,5 @@
-// mmserve_launch: runs router + encoders + language (role both) on this
+// mmserve_launch: runs router + encoders + language (role both, or
+// --prefill=N --decode=N instances of the disaggregated roles) on this
 // machine and supervises them: a child that dies is restarted; SIGTERM or
 // SIGINT stops every child (each drains and frees its blocks) and exits.
 //
@@ -28,6 +29,10 @@ ABSL_FLAG(int, http_port, 8000, "router OpenAI-compatible HTTP port (-1: off)");
 ABSL_FLAG(bool, restart, true, "restart a child that dies");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of the language instance (it starts its own shard ranks)");
+ABSL_FLAG(int, prefill, 0,
+          "prefill/decode disaggregation: language instances of role prefill (with --decode; "
+          "0: one role-both instance)");
+ABSL_FLAG(int, decode, 0, "prefill/decode disaggregation: language instances of role decode");
 ABSL_FLAG(std::vector<std::string>, router_flags, {},
           "extra router flags, comma-separated (e.g. --presize=false)");
 ABSL_FLAG(std::vector<std::string>, encoder_flags, {},
@@ -69,6 +74,16 @@ int Main() {
   o.router_args = absl::GetFlag(FLAGS_router_flags);
   o.encoder_args = absl::GetFlag(FLAGS_encoder_flags);
   o.language_args = absl::GetFlag(FLAGS_language_flags);
+  o.prefill = absl::GetFlag(FLAGS_prefill);
+  o.decode = absl::GetFlag(FLAGS_decode);
+  if (o.prefill < 0 || o.decode < 0 || (o.prefill > 0) != (o.decode > 0)) {
+    std::fprintf(stderr, "mmserve_launch: --prefill and --decode go together (both >= 1)\n");
+    return 2;
+  }
+  if (o.prefill > 0 && absl::GetFlag(FLAGS_tp) > 1) {
+    std::fprintf(stderr, "mmserve_launch: --prefill/--decode need --tp=1 for now\n");
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_tp) > 1) {
     o.language_args.push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
   }
@@ -87,8 +102,17 @@ int Main() {
     std::printf("  %s at %s, metrics :%d\n", s.encoder(i).id.c_str(),
                 s.encoder(i).grpc_address().c_str(), s.encoder(i).metrics_port());
   }
-  std::printf("  %s at %s, metrics :%d\n", s.language().id.c_str(),
-              s.language().grpc_address().c_str(), s.language().metrics_port());
+  std::vector<Service*> langs;
+  if (s.disaggregated()) {
+    for (int i = 0; i < o.prefill; ++i) langs.push_back(&s.prefill(i));
+    for (int i = 0; i < o.decode; ++i) langs.push_back(&s.decode(i));
+  } else {
+    langs.push_back(&s.language());
+  }
+  for (Service* l : langs) {
+    std::printf("  %s at %s, metrics :%d\n", l->id.c_str(), l->grpc_address().c_str(),
+                l->metrics_port());
+  }
   std::printf("  router metrics :%d\n", s.router().metrics_port());
   std::printf("READY launcher stack grpc=%s http=%d\n", s.router_address().c_str(), s.http_port());
   std::fflush(stdout);
@@ -110,6 +134,10 @@ int Main() {
         st = s.StartEncoder(std::stoi(name.substr(8)));
       } else if (name.rfind("language-", 0) == 0) {
         st = s.StartLanguage();
+      } else if (name.rfind("prefill-", 0) == 0) {
+        st = s.StartRole("prefill", std::stoi(name.substr(8)));
+      } else if (name.rfind("decode-", 0) == 0) {
+        st = s.StartRole("decode", std::stoi(name.substr(7)));
       } else {
         std::fprintf(stderr, "mmserve_launch: the router died; stopping\n");
         s.Stop();
