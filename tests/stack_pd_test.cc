@@ -48,21 +48,45 @@ launcher::StackOptions PdOptions() {
   return o;
 }
 
-TEST_CASE("E + P + D gives role both's token ids on 120 text questions; nothing leaks") {
+TEST_CASE(
+    "E + P + D gives role both's token ids on 168 text questions (12 tokens, EOS, one token); "
+    "nothing leaks") {
   constexpr int kN = 120;
   AskOptions o;
   o.max_tokens = 12;
   o.ignore_eos = true;
-  std::vector<Answer> want;
+  // Also: answers that end on EOS after the hand-off, and ones whose first
+  // token ends them on the prefill side (no hand-off; the router cancels the
+  // decode instance's registration).
+  AskOptions eos;
+  eos.max_tokens = 8;
+  AskOptions one;
+  one.max_tokens = 1;
+  std::vector<Answer> want, want_eos, want_one;
   {
     auto both = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
     REQUIRE(both.ok());
     want = AskAll(**both, kN, o);
+    want_eos = AskAll(**both, 40, eos);
+    want_one = AskAll(**both, 8, one);
   }
   auto stack = launcher::LocalStack::Start(PdOptions());
   INFO(stack.status());
   REQUIRE(stack.ok());
   const std::vector<Answer> got = AskAll(**stack, kN, o);
+  const std::vector<Answer> got_eos = AskAll(**stack, 40, eos);
+  const std::vector<Answer> got_one = AskAll(**stack, 8, one);
+  for (size_t i = 0; i < want_eos.size(); ++i) {
+    INFO("eos question " << i << ": " << want_eos[i].status << " / " << got_eos[i].status);
+    REQUIRE(got_eos[i].status.ok());
+    CHECK(got_eos[i].token_ids == want_eos[i].token_ids);
+  }
+  for (size_t i = 0; i < want_one.size(); ++i) {
+    INFO("one-token question " << i << ": " << want_one[i].status << " / " << got_one[i].status);
+    REQUIRE(got_one[i].status.ok());
+    CHECK(got_one[i].token_ids.size() == 1);
+    CHECK(got_one[i].token_ids == want_one[i].token_ids);
+  }
   for (int i = 0; i < kN; ++i) {
     INFO("question " << i << ": " << want[i].status << " / " << got[i].status);
     REQUIRE(want[i].status.ok());
