@@ -18,7 +18,8 @@
 // same Prefill stream the router calls.
 //
 // Reported per arm (records pooled over the rounds): TTFT, ITL, TPOT and E2E
-// percentiles, output token throughput; then the ratios, each no-budget /
+// percentiles, output token throughput (output tokens over the summed
+// first-send-to-last-end time of the arm's rounds); then the ratios, each no-budget /
 // budget: itl_p99_ratio (> 1: the budget helps; seed 003's target >= 1.3),
 // ttft_p50_ratio, ttft_p99_ratio and throughput_ratio (target within 10% of
 // 1), and how many answers were token-identical between the arms.
@@ -66,6 +67,7 @@ ABSL_FLAG(bool, chunked_prefill, true,
 ABSL_FLAG(int, rounds, 6, "rounds; each runs both arms, the order alternating");
 ABSL_FLAG(int, threads, 0, "the instances' --threads (0: one per core)");
 ABSL_FLAG(int, kv_cache_mb, 256, "the instances' --kv_cache_mb");
+ABSL_FLAG(double, timeout_s, 600, "per-request deadline");
 ABSL_FLAG(std::string, label, "demo", "a label copied into the JSON line");
 ABSL_FLAG(std::string, log_dir, "/tmp", "where the instances' stderr goes");
 
@@ -88,6 +90,10 @@ struct Arm {
   std::string address;
   std::vector<Record> records;            // pooled over rounds
   std::vector<std::vector<int32_t>> ids;  // first round's answers, by item
+  // Summed over rounds: throughput is their ratio (the pooled records' span
+  // would include the other arm's runs in between).
+  int64_t output_tokens = 0;
+  double busy_s = 0;
 };
 
 absl::Status StartArm(Arm& arm, int max_prefill_tokens) {
@@ -147,7 +153,10 @@ absl::StatusOr<loadgen::Workload> SeedWorkload() {
 }
 
 absl::Status RunArm(Arm& arm, const loadgen::Workload& w, const Stopwatch& clock, bool first) {
-  auto target = loadgen::MakeTarget({.kind = "language", .address = arm.address}, &clock);
+  auto target = loadgen::MakeTarget({.kind = "language",
+                                     .address = arm.address,
+                                     .timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s))},
+                                    &clock);
   if (!target.ok()) return target.status();
   if (absl::Status s = (*target)->Connect(absl::Seconds(10)); !s.ok()) return s;
   loadgen::RunOptions ro;
@@ -162,6 +171,9 @@ absl::Status RunArm(Arm& arm, const loadgen::Workload& w, const Stopwatch& clock
   if (first) {
     for (const Record& r : records) arm.ids.push_back(r.token_ids);
   }
+  const Summary round = loadgen::Summarize(records, loadgen::Slo{});
+  arm.output_tokens += round.output_tokens;
+  arm.busy_s += round.duration_s;
   arm.records.insert(arm.records.end(), records.begin(), records.end());
   return absl::OkStatus();
 }
@@ -195,7 +207,10 @@ int Main() {
       warm.items.push_back(workload->items[i]);
     }
     for (Arm* arm : {&budget, &none}) {
-      auto t = loadgen::MakeTarget({.kind = "language", .address = arm->address}, &clock);
+      auto t = loadgen::MakeTarget({.kind = "language",
+                                    .address = arm->address,
+                                    .timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s))},
+                                   &clock);
       if (t.ok() && (*t)->Connect(absl::Seconds(10)).ok()) {
         loadgen::RunLoad(**t, warm, {.max_concurrency = 1}, clock);
       }
@@ -217,8 +232,10 @@ int Main() {
   none.process->Stop(absl::Seconds(10));
 
   const loadgen::Slo slo;
-  const Summary b = loadgen::Summarize(budget.records, slo);
-  const Summary n = loadgen::Summarize(none.records, slo);
+  Summary b = loadgen::Summarize(budget.records, slo);
+  Summary n = loadgen::Summarize(none.records, slo);
+  b.output_token_rate = budget.busy_s > 0 ? budget.output_tokens / budget.busy_s : 0;
+  n.output_token_rate = none.busy_s > 0 ? none.output_tokens / none.busy_s : 0;
   int identical = 0;
   for (size_t i = 0; i < budget.ids.size() && i < none.ids.size(); ++i) {
     identical += budget.ids[i] == none.ids[i];

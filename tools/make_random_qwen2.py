@@ -55,6 +55,8 @@ def main():
     cfg["rope_scaling"] = {"type": "mrope", "mrope_section": [head_dim // 8, 3 * head_dim // 16,
                                                              3 * head_dim // 16]}
     cfg["torch_dtype"] = "bfloat16"
+    # The vision merger's output width is the language hidden size.
+    cfg["vision_config"]["hidden_size"] = DIMS["hidden_size"]
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.json",
