@@ -48,6 +48,11 @@ ABSL_FLAG(uint32_t, default_blocks, 1,
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache size in MiB (0: a share of free memory)");
 ABSL_FLAG(int, max_num_seqs, 64, "most running sequences");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "token budget per step");
+ABSL_FLAG(int, max_prefill_tokens, 0,
+          "seed 003: prefill tokens per step at most, below max_num_batched_tokens (0: no cap)");
+ABSL_FLAG(bool, enable_chunked_prefill, true,
+          "split prompts into chunks that fit a step's budget (off: a prompt is prefilled in "
+          "one step; one larger than the budget runs as the step's only prefill)");
 ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, capped at 8192)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
@@ -137,6 +142,13 @@ int Main() {
   copts.engine.kv_cache_bytes = int64_t{absl::GetFlag(FLAGS_kv_cache_mb)} << 20;
   copts.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   copts.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  if (absl::GetFlag(FLAGS_max_prefill_tokens) < 0) {
+    return Fail(absl::InvalidArgumentError("--max_prefill_tokens must be >= 0 (0: no cap)"));
+  }
+  if (absl::GetFlag(FLAGS_max_prefill_tokens) > 0) {
+    copts.engine.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
+  }
+  copts.engine.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
   copts.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   copts.engine.num_threads = absl::GetFlag(FLAGS_threads);
   copts.engine.quantize = absl::GetFlag(FLAGS_quantize);

@@ -10,6 +10,13 @@ writes two PNGs:
 
   tools/plot_load.py --out=docs/load run1.txt run2.txt
 
+With --cache, the input is bench/loadgen/encoder_cache_experiment.sh output
+at several rates (lines with cache_mb and cache_hit_rate; rounds at the same
+rate and setting are reduced to their median) and the one PNG is
+
+  <out>_cache.png    cache hit rate, TTFT p50 and TTFT p99 against
+                     request_rate, cache on against off
+
 Needs Debian's python3-matplotlib (no pip), hence /usr/bin/python3.
 """
 import argparse
@@ -43,11 +50,55 @@ def load_runs(paths):
     return runs
 
 
+def plot_cache(paths, out):
+    """The encoder cache experiment: on against off at each offered rate."""
+    import statistics
+    by = collections.defaultdict(list)  # (on, rate) -> runs
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    j = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if j.get("bench") != "loadgen" or "cache_mb" not in j:
+                    continue
+                # request_rate: the offered rate (--request_rate).
+                by[(j["cache_mb"] > 0, j["request_rate"])].append(j)
+    if not by:
+        sys.exit("plot_load.py: no encoder cache experiment lines in " + " ".join(paths))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for on, name, style in ((True, "cache on", "o-"), (False, "cache off", "s--")):
+        rates = sorted(r for (o, r) in by if o == on)
+        med = lambda k: [statistics.median(j[k] for j in by[(on, r)]) for r in rates]
+        axes[0].plot(rates, med("cache_hit_rate"), style, label=name)
+        axes[1].plot(rates, med("ttft_p50_ms"), style, label=name)
+        axes[2].plot(rates, med("ttft_p99_ms"), style, label=name)
+    for ax, title in zip(axes, ("encoder cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)")):
+        ax.set_title(title)
+        ax.set_xlabel("offered request rate (req/s)")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylim(-0.05, 1.05)
+    fig.tight_layout()
+    fig.savefig(out + "_cache.png", dpi=100)
+    print("wrote " + out + "_cache.png")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="PNG path prefix")
+    parser.add_argument("--cache", action="store_true",
+                        help="encoder cache experiment lines: one _cache.png")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
+    if args.cache:
+        plot_cache(args.files, args.out)
+        return
     runs = load_runs(args.files)
     if not runs:
         sys.exit("plot_load.py: no loadgen JSON lines in " + " ".join(args.files))

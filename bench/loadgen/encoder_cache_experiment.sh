@@ -9,7 +9,10 @@
 #   bench/loadgen/encoder_cache_experiment.sh [RATE=20] [N=200] [SIZE=448] [REPEAT=0.5] [ROUNDS=2]
 #
 # Uses the default configuration's binaries (bazel build them first:
-# //deploy/launcher:mmserve_launch //bench/loadgen:loadgen and the services).
+# //deploy/launcher:mmserve_launch //bench/loadgen:loadgen and the services),
+# or those under $BIN (for example BIN=$(bazel info --config=opt bazel-bin)).
+# The per-run lines (one per cache setting and round, with cache_mb and
+# cache_hit_rate) are what tools/plot_load.py --cache plots.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rate=${1:-20}
@@ -17,7 +20,7 @@ n=${2:-200}
 size=${3:-448}
 repeat=${4:-0.5}
 rounds=${5:-2}
-bin=$(bazel info bazel-bin 2>/dev/null)
+bin=${BIN:-$(bazel info bazel-bin 2>/dev/null)}
 out=$(mktemp -d /tmp/mmserve-cache-exp-XXXXXX)
 
 run() {  # cache_mb round -> one JSON line, with the hit rate added

@@ -33,7 +33,7 @@ std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunO
   size_t sent = 0;
   for (; sent < workload.items.size(); ++sent) {
     if (options.request_rate > 0) {
-      if (sent > 0) next_s += gap(rng);
+      if (sent > 0) next_s += options.poisson ? gap(rng) : 1.0 / options.request_rate;
       const double wait = next_s - clock.ElapsedSeconds();
       if (wait > 0) absl::SleepFor(absl::Seconds(wait));
     }

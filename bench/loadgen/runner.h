@@ -1,5 +1,6 @@
 // Drives a Target with a Workload: arrivals Poisson at `request_rate` (or
-// all at once when it is 0), at most `max_concurrency` in flight (0: no
+// evenly spaced, 1 / request_rate apart, when `poisson` is false; all at
+// once when it is 0), at most `max_concurrency` in flight (0: no
 // cap), stopping new sends after `max_duration`; waits for every sent
 // request to finish.
 //
@@ -22,7 +23,8 @@
 namespace mmserve::loadgen {
 
 struct RunOptions {
-  double request_rate = 0;  // requests per second, Poisson; 0: no pacing
+  double request_rate = 0;  // requests per second; 0: no pacing
+  bool poisson = true;      // false: a fixed interval of 1 / request_rate
   int max_concurrency = 0;  // 0: no cap
   absl::Duration max_duration = absl::InfiniteDuration();
   uint64_t seed = 1;

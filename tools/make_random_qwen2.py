@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""A model directory with random weights at Qwen2-0.5B's text dimensions.
+
+For timing only (bench/seed003_bench.cc's Qwen2-0.5B run): the answers are
+nonsense. Standard library only (no numpy): the bf16 weights are one random
+block of 64 Ki values in [-0.05, 0.05) tiled over every matrix; norms are 1,
+biases 0. The tokenizer, chat template and vision config are the demo
+model's (models/shapes-demo; its token ids are all below the vocabulary
+size), so the language service loads it with no vision weights (it never
+loads the vision tower). About 1 GB.
+
+    python3 tools/make_random_qwen2.py --out /tmp/qwen2-0.5b-random
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import struct
+
+DIMS = {  # Qwen/Qwen2-0.5B config.json
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+
+
+def bf16_block(n, rng):
+    floats = struct.pack("<%df" % n, *(rng.uniform(-0.05, 0.05) for _ in range(n)))
+    # bf16: the upper two bytes of each little-endian float32.
+    return b"".join(floats[i + 2:i + 4] for i in range(0, len(floats), 4))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--demo", default=os.path.join(os.path.dirname(__file__), "..", "models",
+                                                   "shapes-demo"))
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.demo, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(DIMS)
+    cfg["sliding_window"] = DIMS["max_position_embeddings"]
+    cfg["max_window_layers"] = DIMS["num_hidden_layers"]
+    head_dim = DIMS["hidden_size"] // DIMS["num_attention_heads"]
+    # Qwen2-VL's split of the rotary half (16, 24, 24 of 64) at head_dim 64.
+    cfg["rope_scaling"] = {"type": "mrope", "mrope_section": [head_dim // 8, 3 * head_dim // 16,
+                                                             3 * head_dim // 16]}
+    cfg["torch_dtype"] = "bfloat16"
+    # The vision merger's output width is the language hidden size.
+    cfg["vision_config"]["hidden_size"] = DIMS["hidden_size"]
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.json",
+                 "generation_config.json", "preprocessor_config.json"):
+        src = os.path.join(args.demo, name)
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(args.out, name))
+
+    h, inter = DIMS["hidden_size"], DIMS["intermediate_size"]
+    kv = DIMS["num_key_value_heads"] * head_dim
+    tensors = [("model.embed_tokens.weight", [DIMS["vocab_size"], h], "rand")]
+    for l in range(DIMS["num_hidden_layers"]):
+        p = "model.layers.%d." % l
+        tensors += [
+            (p + "input_layernorm.weight", [h], "one"),
+            (p + "self_attn.q_proj.weight", [h, h], "rand"),
+            (p + "self_attn.q_proj.bias", [h], "zero"),
+            (p + "self_attn.k_proj.weight", [kv, h], "rand"),
+            (p + "self_attn.k_proj.bias", [kv], "zero"),
+            (p + "self_attn.v_proj.weight", [kv, h], "rand"),
+            (p + "self_attn.v_proj.bias", [kv], "zero"),
+            (p + "self_attn.o_proj.weight", [h, h], "rand"),
+            (p + "post_attention_layernorm.weight", [h], "one"),
+            (p + "mlp.gate_proj.weight", [inter, h], "rand"),
+            (p + "mlp.up_proj.weight", [inter, h], "rand"),
+            (p + "mlp.down_proj.weight", [h, inter], "rand"),
+        ]
+    tensors.append(("model.norm.weight", [h], "one"))
+
+    header, offset = {}, 0
+    for name, shape, _ in tensors:
+        size = 2
+        for d in shape:
+            size *= d
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    block = bf16_block(1 << 16, random.Random(args.seed))
+    one = struct.pack("<f", 1.0)[2:4]
+    with open(os.path.join(args.out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name, shape, kind in tensors:
+            size = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+            if kind == "one":
+                f.write(one * (size // 2))
+            elif kind == "zero":
+                f.write(b"\0" * size)
+            else:
+                while size > 0:
+                    chunk = block[:size]
+                    f.write(chunk)
+                    size -= len(chunk)
+    print("wrote %s (%.2f GB)" % (args.out, (offset + len(blob)) / 1e9))
+
+
+if __name__ == "__main__":
+    main()
