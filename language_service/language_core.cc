@@ -361,6 +361,8 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
         r.in_engine = true;
         r.kv_blocks = blocks.blocks;
         r.admitted_at_s = r.since_submit.ElapsedSeconds();
+        // The engine's earlier reads of these (reused) blocks before the puts.
+        RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
         const transfer::KvHandoffTarget& t = kv_receiver_->target();
         v1::KvAllocation a;
         a.set_request_id(r.id);
@@ -401,6 +403,7 @@ absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
           absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
     }
     Request& r = *it->second;
+    RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
     const uint32_t crc = transfer::KvBlocksCrc(engine_->kv_cache(), r.kv_blocks);
     if (crc != commit.rank_crc32c(0)) {
       const absl::Status why = absl::DataLossError(absl::StrCat(

@@ -129,6 +129,10 @@ KvHandoffReceiver::~KvHandoffReceiver() {
   if (worker_ != nullptr) worker_->Stop();
 }
 
+absl::Status KvHandoffReceiver::AwaitLandedWrites() {
+  return worker_->RunSync([] { return absl::OkStatus(); });
+}
+
 absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
     UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
   std::unique_ptr<KvHandoffSender> tx(new KvHandoffSender(cache));

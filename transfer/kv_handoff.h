@@ -89,6 +89,17 @@ class KvHandoffReceiver {
 
   const KvHandoffTarget& target() const { return target_; }
 
+  // Makes the writes of every hand-off whose Send has returned visible to
+  // the calling thread. Puts that UCX emulates land on this receiver's
+  // progress thread, and a commit notice that reaches another thread (a gRPC
+  // handler, a pipe) carries no happens-before edge from them; one round
+  // trip through the progress thread's queue does (the sender's flush
+  // completed only after those writes ran there). Call it after a commit
+  // arrives and before reading or adopting its blocks, and before handing
+  // blocks that were read out for a new hand-off (the same edge the other
+  // way: earlier reads before the coming writes). Thread-safe.
+  [[nodiscard]] absl::Status AwaitLandedWrites();
+
  private:
   KvHandoffReceiver() = default;
   std::unique_ptr<UcxMemoryRegion> region_;

@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
       CHECK(absl::SimpleAtoi(words[i], &b));
       blocks.push_back(b);
     }
+    CHECK((*rx)->AwaitLandedWrites().ok());
     std::cout << "CRC " << KvBlocksCrc(*cache, blocks) << std::endl;
   }
   return 0;

@@ -73,6 +73,7 @@ TEST_CASE("KV blocks arrive byte for byte, with the sender's CRC", "[kv_handoff]
     const std::vector<int32_t> dst = {0, 11, 3, 7};
     auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)));
     REQUIRE(crc.ok());
+    REQUIRE((*rx)->AwaitLandedWrites().ok());
     CHECK(*crc == KvBlocksCrc(**prefill_kv, src));
     CHECK(*crc == KvBlocksCrc(**decode_kv, dst));
     for (size_t i = 0; i < src.size(); ++i)
@@ -80,8 +81,10 @@ TEST_CASE("KV blocks arrive byte for byte, with the sender's CRC", "[kv_handoff]
     for (int32_t b : {1, 2, 4, 5, 6, 8, 9, 10}) CHECK(SameBlock(**before, b, **decode_kv, b));
 
     // A second request over the same pair (the endpoint and rkey are reused).
+    REQUIRE((*rx)->AwaitLandedWrites().ok());  // the reads above before its writes
     auto crc2 = (*tx)->Send((*rx)->target(), {2}, {9}, Deadline::After(absl::Seconds(10)));
     REQUIRE(crc2.ok());
+    REQUIRE((*rx)->AwaitLandedWrites().ok());
     CHECK(SameBlock(**prefill_kv, 2, **decode_kv, 9));
     CHECK(*crc2 == KvBlocksCrc(**decode_kv, {9}));
   }
@@ -158,6 +161,7 @@ TEST_CASE("A hand-off to a decode side that is gone fails within its deadline", 
     REQUIRE(rx2.ok());
     auto ok = (*tx)->Send((*rx2)->target(), {4}, {5}, Deadline::After(absl::Seconds(10)));
     REQUIRE(ok.ok());
+    REQUIRE((*rx2)->AwaitLandedWrites().ok());
     CHECK(SameBlock(**prefill_kv, 4, **decode_kv, 5));
   }
 }
@@ -187,6 +191,7 @@ TEST_CASE("each rank of a TP=2 decode group receives only its own KV heads", "[k
       auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)),
                              /*first_head=*/rank * 2);
       REQUIRE(crc.ok());
+      REQUIRE((*rx)->AwaitLandedWrites().ok());
       CHECK(*crc == KvBlocksCrc(kv, dst));
       CHECK(*crc == KvBlocksCrc(**prefill_kv, src, rank * 2, 2));
       const int64_t slice = 2 * f.head_dim;
@@ -240,6 +245,7 @@ TEST_CASE("a receiver may own its cache in UCX-allocated memory", "[kv_handoff]"
     auto crc =
         (*tx)->Send((*rx)->target(), {7, 0, 3}, {5, 2, 0}, Deadline::After(absl::Seconds(10)));
     REQUIRE(crc.ok());
+    REQUIRE((*rx)->AwaitLandedWrites().ok());
     CHECK(*crc == KvBlocksCrc(decode_kv, {5, 2, 0}));
     CHECK(SameBlock(**prefill_kv, 7, decode_kv, 5));
     CHECK(SameBlock(**prefill_kv, 0, decode_kv, 2));

@@ -50,6 +50,24 @@ MMSERVE_SHIM_VOID(_ZN4absl7debian35Mutex12ReaderUnlockEv, __tsan_release(self), 
 MMSERVE_SHIM_VOID(_ZN4absl7debian312Notification6NotifyEv, __tsan_release(self), )
 MMSERVE_SHIM_VOID(_ZNK4absl7debian312Notification19WaitForNotificationEv, , __tsan_acquire(self))
 
+extern "C" bool _ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE(
+    void* self, Duration d) {
+  static const auto real = Real<bool (*)(void*, Duration)>(
+      "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  const bool r = real(self, d);
+  if (r) __tsan_acquire(self);
+  return r;
+}
+
+extern "C" bool _ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE(
+    void* self, Duration t) {
+  static const auto real = Real<bool (*)(void*, Duration)>(
+      "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  const bool r = real(self, t);
+  if (r) __tsan_acquire(self);
+  return r;
+}
+
 extern "C" bool _ZN4absl7debian35Mutex7TryLockEv(void* self) {
   static const auto real = Real<bool (*)(void*)>("_ZN4absl7debian35Mutex7TryLockEv");
   const bool locked = real(self);
