@@ -474,31 +474,22 @@ void GenerateCall::LockedOnDecodeDone(const grpc::Status& status) {
     decode_done_early_ = true;
     return;
   }
-  if (status.ok()) {
-    if (!finished_) {
-      End(absl::InternalError("the decode stream ended without a final response"));
-      return;
-    }
-    language_ok_ = true;
-    MaybeSendFinal();
-    return;
-  }
-  absl::Status s = FromGrpcStatus(status);
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::UNKNOWN) {
-    s = absl::UnavailableError(
-        absl::StrCat("decode instance ", decode_->id, " failed: ", status.error_message()));
-  }
-  End(std::move(s));
+  LockedEndLastStream(status, "decode", decode_->id);
 }
 
 void GenerateCall::LockedOnLanguageDone(const grpc::Status& status) {
   stream_.reset();
   if (ended_) return;
   if (status.ok() && handed_off_) return;  // the decode stream goes on
+  LockedEndLastStream(status, "language", language_->id);
+}
+
+void GenerateCall::LockedEndLastStream(const grpc::Status& status, absl::string_view role,
+                                       absl::string_view instance_id) {
   if (status.ok()) {
     if (!finished_) {
-      End(absl::InternalError("the language stream ended without a final response"));
+      End(absl::InternalError(
+          absl::StrCat("the ", role, " stream ended without a final response")));
       return;
     }
     language_ok_ = true;
@@ -509,7 +500,7 @@ void GenerateCall::LockedOnLanguageDone(const grpc::Status& status) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::UNKNOWN) {
     s = absl::UnavailableError(
-        absl::StrCat("language instance ", language_->id, " failed: ", status.error_message()));
+        absl::StrCat(role, " instance ", instance_id, " failed: ", status.error_message()));
   }
   End(std::move(s));
 }

@@ -31,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/hash.h"
@@ -106,6 +107,11 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnLanguageDone(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnDecodeDone(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of the stream that carries the final response (`role` and
+  // `instance_id` name it in errors): OK needs the final response seen; a lost
+  // instance becomes UNAVAILABLE.
+  void LockedEndLastStream(const grpc::Status& status, absl::string_view role,
+                           absl::string_view instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedCancel(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LockedOnInstanceDown(const std::string& instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
