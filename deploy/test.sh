@@ -52,11 +52,17 @@ phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill
 if [[ "${MMSERVE_SKIP_COMPOSE:-0}" == 1 ]]; then
   extra+=("compose=skipped")
 else
-  deploy/compose_test.sh
-  case $? in
+  compose_log=$(mktemp)
+  deploy/compose_test.sh 2>&1 | tee "$compose_log"
+  compose_rc=${PIPESTATUS[0]}
+  # The summary row carries compose_test's last line, so that a failure's
+  # reason is in the part of the output CI shows.
+  compose_why=$(tail -n 1 "$compose_log" | sed -E 's/^compose_test: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
+  rm -f "$compose_log"
+  case $compose_rc in
     0) extra+=("compose=passed") ;;
-    77) extra+=("compose=skipped") ;;  # no Docker engine can run here: it said why
-    *) extra+=("compose=failed") ;;
+    77) extra+=("compose ($compose_why)=skipped") ;;  # no Docker engine can run here
+    *) extra+=("compose ($compose_why)=failed") ;;
   esac
 fi
 
