@@ -1,0 +1,271 @@
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "language_service/language_core.h"
+#include "language_service/language_core_request.h"
+#include "model/chat_template.h"
+#include "model/sampling_proto.h"
+#include "proto/encoder.grpc.pb.h"
+
+namespace mmserve::language {
+
+bool LanguageCore::Retry(const v1::ImageRetry& retry) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ids_.count(retry.request_id()) == 0) {
+      // The retry may overtake the Prefill call it belongs to (separate
+      // RPCs): keep it for a while and apply it when the request arrives.
+      early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
+      while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
+        early_retries_.pop_front();
+      }
+      return true;
+    }
+  }
+  Post([this, retry] {
+    auto it = requests_.find(retry.request_id());
+    if (it != requests_.end()) ApplyRetry(*it->second, retry);
+  });
+  return true;
+}
+
+void LanguageCore::ApplyRetry(Request& r, const v1::ImageRetry& retry) {
+  std::set<size_t> moving;
+  for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
+  for (const v1::PromptImage& image : retry.images()) {
+    const size_t k = image.image_index();
+    if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
+    if (r.images[k].state != Request::ImageState::kLost) {
+      // The router moved an image whose source has not failed here: stop
+      // that transfer; its other unfinished images not moved with it are
+      // lost with it.
+      const std::string old = r.TransferId(k);
+      for (size_t j = 0; j < r.images.size(); ++j) {
+        if (moving.count(j) && r.TransferId(j) == old) {
+          r.images[j].state = Request::ImageState::kLost;
+        }
+      }
+      LoseImages(r, old, absl::UnavailableError("moved by the router"));
+    }
+    r.images[k].meta = image;
+    r.images[k].started = Stopwatch();
+    StartImage(r, k);
+  }
+  bool lost = false;
+  for (const auto& im : r.images) lost |= im.state == Request::ImageState::kLost;
+  if (!lost) r.lost_deadline.reset();
+}
+
+void LanguageCore::StartImage(Request& r, size_t k) {
+  Request::Image& im = r.images[k];
+  im.state = Request::ImageState::kConnecting;
+  auto& conn = connections_[im.meta.encoder_id()];
+  if (conn == nullptr) conn = std::make_unique<Connection>();
+  if (conn->address != im.meta.encoder_address()) {
+    conn->address = im.meta.encoder_address();
+    conn->state = Connection::State::kNone;
+  }
+  switch (conn->state) {
+    case Connection::State::kConnected:
+      StartReceive(r, k);
+      return;
+    case Connection::State::kConnecting:
+      conn->waiting.emplace_back(r.id, k);
+      return;
+    case Connection::State::kNone:
+      conn->state = Connection::State::kConnecting;
+      conn->waiting.emplace_back(r.id, k);
+      absl::MutexLock lock(&mu_);
+      connects_.emplace_back(im.meta.encoder_id(), conn->address);
+      return;
+  }
+}
+
+void LanguageCore::ConnectLoop() {
+  for (;;) {
+    std::pair<std::string, std::string> job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](LanguageCore* c)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->connects_.empty(); },
+          this));
+      if (stopping_) return;
+      job = connects_.front();
+      connects_.pop_front();
+    }
+    auto stub = v1::Encoder::NewStub(InternalChannel(job.second));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoNanoseconds(options_.connect_timeout));
+    v1::ConnectResponse resp;
+    grpc::Status gs = stub->Connect(&ctx, transfer_.local_info(), &resp);
+    absl::Status status;
+    if (!gs.ok()) {
+      status = absl::UnavailableError(absl::StrCat("connect to encoder ", job.first, " at ",
+                                                   job.second, ": ", gs.error_message()));
+    } else if (resp.instance_id() != job.first) {
+      status = absl::UnavailableError(
+          absl::StrCat("encoder at ", job.second, " is ", resp.instance_id(), ", not ", job.first));
+    } else {
+      v1::ConnectRequest peer;
+      peer.set_instance_id(resp.instance_id());
+      *peer.mutable_ucx() = resp.ucx();
+      *peer.mutable_embedding_buffer() = resp.embedding_buffer();
+      status = transfer_.Connect(peer);
+    }
+    if (status.ok()) LOG(INFO) << "connected to encoder " << job.first << " at " << job.second;
+    Post([this, job, status] { OnConnected(job.first, job.second, status); });
+  }
+}
+
+void LanguageCore::OnConnected(const std::string& encoder, const std::string& address,
+                               absl::Status status) {
+  auto& conn = connections_[encoder];
+  if (conn == nullptr || conn->address != address) return;  // superseded
+  conn->state = status.ok() ? Connection::State::kConnected : Connection::State::kNone;
+  std::vector<std::pair<std::string, size_t>> waiting = std::move(conn->waiting);
+  conn->waiting.clear();
+  for (const auto& [id, k] : waiting) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    if (k >= r.images.size() || r.images[k].state != Request::ImageState::kConnecting ||
+        r.images[k].meta.encoder_id() != encoder) {
+      continue;
+    }
+    if (status.ok()) {
+      StartReceive(r, k);
+    } else {
+      LoseImages(r, r.TransferId(k), status);
+    }
+  }
+}
+
+void LanguageCore::StartReceive(Request& r, size_t k) {
+  Request::Image& im = r.images[k];
+  im.state = Request::ImageState::kReceiving;
+  transfer::ReceiveRequest rr;
+  rr.request_id = r.TransferId(k);
+  rr.image_index = static_cast<uint32_t>(k);
+  rr.sender = im.meta.encoder_id();
+  rr.known_tokens = im.meta.num_tokens();
+  rr.timeout = options_.transfer_timeout;
+  transfer_.Receive(std::move(rr), [this, id = r.id, k, tid = r.TransferId(k)](
+                                       absl::StatusOr<transfer::ReceivedImage> image) {
+    auto shared = std::make_shared<absl::StatusOr<transfer::ReceivedImage>>(std::move(image));
+    Post([this, id, k, tid, shared] { OnImage(id, k, tid, std::move(*shared)); });
+  });
+}
+
+void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
+                           absl::StatusOr<transfer::ReceivedImage> image) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (k >= r.images.size() || r.TransferId(k) != transfer_id ||
+      r.images[k].state != Request::ImageState::kReceiving) {
+    return;  // a superseded source
+  }
+  if (!image.ok()) {
+    if (image.status().code() == absl::StatusCode::kUnavailable ||
+        image.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      // The encoder may be gone: reconnect before its next use.
+      auto c = connections_.find(r.images[k].meta.encoder_id());
+      if (c != connections_.end() && c->second->state == Connection::State::kConnected) {
+        c->second->state = Connection::State::kNone;
+      }
+    }
+    LoseImages(r, transfer_id, image.status());
+    return;
+  }
+  // The grid from the M-RoPE section (t, row, column of each merged token):
+  // exact whether or not the router could pre-size the image.
+  const uint32_t n = image->total_tokens();
+  const std::string mrope = image->Section(transfer::kMrope);
+  const std::string emb = image->Section(transfer::kEmbedding);
+  image->Release();
+  int32_t t_max = 0, h_max = 0, w_max = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    int32_t p[3];
+    std::memcpy(p, mrope.data() + 12 * i, 12);
+    t_max = std::max(t_max, p[0]);
+    h_max = std::max(h_max, p[1]);
+    w_max = std::max(w_max, p[2]);
+  }
+  const int merge = config().vision ? config().vision->spatial_merge_size : 2;
+  worker::ImageEmbedding& e = r.images[k].embedding;
+  e.grid = model::ImageGrid::FromThw(t_max + 1, (h_max + 1) * merge, (w_max + 1) * merge, merge);
+  if (e.grid.num_tokens() != static_cast<int64_t>(n)) {
+    LoseImages(r, transfer_id,
+               absl::DataLossError(absl::StrCat("image ", k, ": M-RoPE section of ", n,
+                                                " tokens does not describe a grid")));
+    return;
+  }
+  e.values.resize(emb.size() / sizeof(float));
+  std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
+  const auto& h = r.images[k].meta.content_hash();
+  e.key = ContentHash{h.high(), h.low()};
+  r.images[k].state = Request::ImageState::kArrived;
+  r.image_tokens += n;
+  images_received_->Increment();
+  transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
+  transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
+  if (image->num_chunks() > 1) resumes_->Increment(image->num_chunks() - 1);
+  MaybeAdmit(r);
+}
+
+void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why) {
+  v1::TokenBatch batch;
+  batch.set_request_id(r.id);
+  for (size_t j = 0; j < r.images.size(); ++j) {
+    Request::Image& im = r.images[j];
+    if (r.TransferId(j) != transfer_id || im.state == Request::ImageState::kArrived ||
+        im.state == Request::ImageState::kLost) {
+      continue;
+    }
+    im.state = Request::ImageState::kLost;
+    batch.add_lost_images(static_cast<uint32_t>(j));
+  }
+  // Cancelling an unknown or finished transfer is harmless.
+  transfer_.Cancel(transfer_id, std::string(why.message()));
+  if (batch.lost_images_size() == 0) return;
+  lost_images_->Increment(batch.lost_images_size());
+  batch.set_lost_reason(std::string(why.message()));
+  batch.set_lost_transfer_id(transfer_id);
+  LOG(WARNING) << "request " << r.id << ": lost " << batch.lost_images_size() << " image(s) from "
+               << transfer_id << ": " << why;
+  if (!r.lost_deadline) r.lost_deadline = Deadline::After(options_.lost_image_timeout);
+  r.sink.on_batch(std::move(batch));
+}
+
+void LanguageCore::MaybeAdmit(Request& r) {
+  for (const auto& im : r.images) {
+    if (im.state != Request::ImageState::kArrived) return;
+  }
+  r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
+  for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
+  const std::string id = r.id;
+  absl::Status s = engine_->AddRequest(std::move(r.engine_request),
+                                       [this](const worker::StreamEvent& e) { OnEvent(e); });
+  if (!s.ok()) {
+    End(id, s);
+    return;
+  }
+  r.in_engine = true;
+  r.admitted_at_s = r.since_submit.ElapsedSeconds();
+}
+
+}  // namespace mmserve::language

@@ -1,0 +1,197 @@
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "language_service/language_core.h"
+#include "language_service/language_core_request.h"
+#include "model/chat_template.h"
+#include "model/sampling_proto.h"
+#include "proto/encoder.grpc.pb.h"
+
+namespace mmserve::language {
+
+absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, RequestSink sink) {
+  if (options_.role != LanguageRole::kDecode) {
+    return absl::UnimplementedError("only role decode takes Decode calls (use --role=decode)");
+  }
+  if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
+  auto r = std::make_unique<Request>();
+  r->id = request.request_id();
+  r->sink = std::move(sink);
+  r->engine_request.id = r->id;
+  ASSIGN_OR_RETURN(
+      r->engine_request.sampling,
+      model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
+                               &r->engine_request.max_tokens_to_context));
+  r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
+    if (!ids_.emplace(r->id, true).second) {
+      return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
+    }
+  }
+  Post([this, req = std::shared_ptr<Request>(std::move(r))]() mutable {
+    auto owned = std::make_unique<Request>(std::move(*req));
+    Request& r = *owned;
+    requests_[r.id] = std::move(owned);
+    // An empty first batch: the request is held here, AllocateKv may come.
+    v1::TokenBatch registered;
+    registered.set_request_id(r.id);
+    r.sink.on_batch(std::move(registered));
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRequest& request) {
+  if (options_.role != LanguageRole::kDecode) {
+    return absl::UnimplementedError("only role decode takes KV hand-offs (use --role=decode)");
+  }
+  if (request.prompt_token_ids_size() == 0) {
+    return absl::InvalidArgumentError("AllocateKv needs the prompt's token ids");
+  }
+  return RunOnLoop<absl::StatusOr<v1::KvAllocation>>(
+      [this, &request]() -> absl::StatusOr<v1::KvAllocation> {
+        auto it = requests_.find(request.request_id());
+        if (it == requests_.end()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("request ", request.request_id(), " has no open Decode call here"));
+        }
+        Request& r = *it->second;
+        if (r.in_engine) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("request ", r.id, " already has its KV allocated"));
+        }
+        worker::EngineRequest er = r.engine_request;
+        er.prompt_token_ids.assign(request.prompt_token_ids().begin(),
+                                   request.prompt_token_ids().end());
+        er.sampling.seed = request.seed();
+        r.engine_request.sampling.seed = request.seed();
+        ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
+                         engine_->ReserveRemoteKv(
+                             std::move(er), [this](const worker::StreamEvent& e) { OnEvent(e); },
+                             Deadline::After(options_.kv_commit_timeout)));
+        r.in_engine = true;
+        r.kv_blocks = blocks.blocks;
+        r.admitted_at_s = r.since_submit.ElapsedSeconds();
+        // The engine's earlier reads of these (reused) blocks before the puts.
+        RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
+        const transfer::KvHandoffTarget& t = kv_receiver_->target();
+        v1::KvAllocation a;
+        a.set_request_id(r.id);
+        a.set_num_tokens(static_cast<uint32_t>(request.prompt_token_ids_size()));
+        a.set_num_cached_tokens(static_cast<uint32_t>(blocks.num_cached_tokens));
+        v1::KvRankTarget* rank = a.add_ranks();
+        rank->mutable_peer()->set_worker_address(t.worker_address);
+        rank->mutable_peer()->set_transport_profile(
+            options_.kv_profile == transfer::TransportProfile::kShm ? "shm" : "tcp");
+        v1::KvLayout* l = rank->mutable_layout();
+        l->set_num_layers(static_cast<uint32_t>(t.shape.num_layers));
+        l->set_num_kv_heads(static_cast<uint32_t>(t.shape.num_kv_heads));
+        l->set_head_dim(static_cast<uint32_t>(t.shape.head_dim));
+        l->set_block_size(static_cast<uint32_t>(t.shape.block_size));
+        l->set_num_blocks(static_cast<uint32_t>(t.shape.num_blocks));
+        l->set_dtype(v1::TENSOR_DTYPE_FLOAT32);
+        l->set_tp_rank(0);
+        l->set_tp_size(1);
+        rank->mutable_kv_region()->set_base_address(t.base_address);
+        rank->mutable_kv_region()->set_length(t.shape.TotalBytes());
+        rank->mutable_kv_region()->set_rkey(t.rkey);
+        for (int32_t b : blocks.blocks) rank->add_block_ids(static_cast<uint32_t>(b));
+        return a;
+      });
+}
+
+absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
+  if (options_.role != LanguageRole::kDecode) {
+    return absl::UnimplementedError("only role decode takes KV hand-offs (use --role=decode)");
+  }
+  if (commit.rank_crc32c_size() != 1) {
+    return absl::InvalidArgumentError("KvCommit needs one CRC32C per rank (tp_size 1)");
+  }
+  return RunOnLoop<absl::Status>([this, &commit]() -> absl::Status {
+    auto it = requests_.find(commit.request_id());
+    if (it == requests_.end() || !it->second->in_engine) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
+    }
+    Request& r = *it->second;
+    RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
+    const uint32_t crc = transfer::KvBlocksCrc(engine_->kv_cache(), r.kv_blocks);
+    if (crc != commit.rank_crc32c(0)) {
+      const absl::Status why = absl::DataLossError(absl::StrCat(
+          "request ", r.id, ": KV CRC32C ", crc, " != committed ", commit.rank_crc32c(0)));
+      End(r.id, why);
+      return why;
+    }
+    return engine_->CommitRemoteKv(r.id, static_cast<int32_t>(commit.first_token_id()));
+  });
+}
+
+absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& blocks) {
+  const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
+  const auto grpc_deadline =
+      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
+  auto& stub = decode_stubs_[r.decode.address()];
+  if (stub == nullptr) stub = v1::Language::NewStub(InternalChannel(r.decode.address()));
+  const std::vector<int32_t>& ids = r.prompt_ids;
+  v1::KvAllocateRequest req;
+  req.set_request_id(r.id);
+  req.set_num_tokens(static_cast<uint32_t>(ids.size()));
+  req.set_max_new_tokens(static_cast<uint32_t>(r.engine_request.sampling.max_tokens));
+  for (int32_t t : ids) req.add_prompt_token_ids(static_cast<uint32_t>(t));
+  req.set_seed(r.engine_request.sampling.seed);
+  v1::KvAllocation alloc;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(grpc_deadline);
+    RETURN_IF_ERROR(FromGrpcStatus(stub->AllocateKv(&ctx, req, &alloc)));
+  }
+  if (alloc.ranks_size() != 1) {
+    return absl::UnimplementedError("the decode instance has several ranks (not yet handed to)");
+  }
+  const v1::KvRankTarget& rank = alloc.ranks(0);
+  transfer::KvHandoffTarget target;
+  target.worker_address = rank.peer().worker_address();
+  target.rkey = rank.kv_region().rkey();
+  target.base_address = rank.kv_region().base_address();
+  target.shape.num_layers = rank.layout().num_layers();
+  target.shape.num_blocks = rank.layout().num_blocks();
+  target.shape.block_size = rank.layout().block_size();
+  target.shape.num_kv_heads = rank.layout().num_kv_heads();
+  target.shape.head_dim = rank.layout().head_dim();
+  const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, target.shape.block_size);
+  if (skip > blocks.size() || blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
+    return absl::InternalError(absl::StrCat("the decode instance allocated ", rank.block_ids_size(),
+                                            " blocks after ", skip, " cached for a prompt of ",
+                                            blocks.size()));
+  }
+  std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
+  std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
+  ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline));
+  v1::KvCommit commit;
+  commit.set_request_id(r.id);
+  *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
+  commit.set_first_token_id(static_cast<uint32_t>(r.last_token));
+  commit.add_rank_crc32c(crc);
+  commit.set_seed(r.engine_request.sampling.seed);
+  v1::KvCommitAck ack;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(grpc_deadline);
+  RETURN_IF_ERROR(FromGrpcStatus(stub->CommitKv(&ctx, commit, &ack)));
+  if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
+  return absl::OkStatus();
+}
+
+}  // namespace mmserve::language

@@ -1,0 +1,84 @@
+// The request and connection records of LanguageCore, shared by the files
+// that implement it (language_core.cc: admission, the loop and the engine's
+// events; language_core_images.cc: embeddings from encoders;
+// language_core_kv.cc: the prefill and decode roles' KV hand-off). Only
+// those files include this header; everything in it is touched on the
+// core's loop thread.
+#ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_REQUEST_H_
+#define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_REQUEST_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "language_service/language_core.h"
+
+namespace mmserve::language {
+
+struct LanguageCore::Connection {
+  std::string address;
+  enum class State { kNone, kConnecting, kConnected } state = State::kNone;
+  // (request id, image) waiting for the connection.
+  std::vector<std::pair<std::string, size_t>> waiting;
+};
+
+struct LanguageCore::Request {
+  std::string id;
+  worker::EngineRequest engine_request;  // prompt, sampling; embeddings filled on arrival
+  RequestSink sink;
+  enum class ImageState { kConnecting, kReceiving, kArrived, kLost };
+  struct Image {
+    v1::PromptImage meta;
+    ImageState state = ImageState::kConnecting;
+    Stopwatch started;
+    worker::ImageEmbedding embedding;
+  };
+  std::vector<Image> images;
+  bool in_engine = false;
+  bool aborting = false;
+  bool include_usage = true;
+  uint32_t image_tokens = 0;
+  Stopwatch since_submit;
+  double multimodal_ms = 0;
+  double admitted_at_s = -1;
+  double last_token_at_s = -1;
+  double first_token_at_s = -1;
+  std::optional<Deadline> lost_deadline;
+  // Role prefill: where the KV goes, and the last token sampled.
+  v1::DecodeTarget decode;
+  int32_t last_token = -1;
+  std::vector<int32_t> prompt_ids;  // engine_request's moves into the engine
+  // Role decode: the reserved blocks (after AllocateKv).
+  std::vector<int32_t> kv_blocks;
+
+  const std::string& TransferId(size_t k) const {
+    return images[k].meta.transfer_id().empty() ? id : images[k].meta.transfer_id();
+  }
+};
+
+// Runs f on the loop thread and waits for its result (Unavailable once the
+// core is stopping). Defined here for every file of the core.
+template <typename T>
+T LanguageCore::RunOnLoop(std::function<T()> f) {
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<std::optional<T>>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
+    inbox_.push_back([f = std::move(f), done, result] {
+      *result = f();
+      done->Notify();
+    });
+  }
+  done->WaitForNotification();
+  return std::move(**result);
+}
+
+}  // namespace mmserve::language
+
+#endif  // MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_REQUEST_H_
