@@ -103,10 +103,13 @@ class LanguageCore {
   [[nodiscard]] absl::Status RegisterDecode(const v1::DecodeRequest& request, RequestSink sink);
   // Role decode: reserves the blocks of a registered request.
   // FailedPrecondition when it is not registered or already reserved,
-  // ResourceExhausted when there is no room now.
+  // ResourceExhausted when there is no room now, InvalidArgument for image
+  // spans that disagree with the token ids (the request stays registered)
+  // or an M-RoPE delta that disagrees with them (the request ends).
   [[nodiscard]] absl::StatusOr<v1::KvAllocation> AllocateKv(const v1::KvAllocateRequest& request);
   // Role decode: the reserved blocks hold the KV; DataLoss (and the request
-  // ends) when their CRC32C differs from the commit's.
+  // ends) when their CRC32C differs from the commit's, InvalidArgument (and
+  // the request ends) when its M-RoPE delta differs from the allocation's.
   [[nodiscard]] absl::Status CommitKv(const v1::KvCommit& commit);
 
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
@@ -137,7 +140,8 @@ class LanguageCore {
   template <typename T>
   T RunOnLoop(std::function<T()> f);
   // Role prefill, loop thread: hands request `r`'s KV to its decode instance.
-  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks);
+  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks,
+                       const worker::HandoffPrompt& prompt);
   void Loop();
   void ConnectLoop();
   // Loop thread only, from here on.
