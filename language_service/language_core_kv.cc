@@ -237,6 +237,11 @@ absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& block
                                             " blocks after ", skip, " cached for a prompt of ",
                                             blocks.size()));
   }
+  if (options_.test_kv_handoff_delay > absl::ZeroDuration()) {
+    LOG(WARNING) << "request " << r.id << ": test-only hand-off delay of "
+                 << options_.test_kv_handoff_delay << " after AllocateKv";
+    absl::SleepFor(options_.test_kv_handoff_delay);
+  }
   std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
   std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
   ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline));

@@ -338,7 +338,9 @@ TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
     alloc.set_request_id("late");
     grpc::ClientContext c1;
     v1::KvAllocation a;
-    REQUIRE(decode.stub->AllocateKv(&c1, alloc, &a).ok());
+    const grpc::Status allocated = decode.stub->AllocateKv(&c1, alloc, &a);
+    INFO(allocated.error_message());
+    REQUIRE(allocated.ok());
     Output out;
     Drain(reader, &out);
     CHECK(out.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -4,13 +4,15 @@
 // its questions as text prompts, give the same token ids as a role-both
 // stack; nothing leaks on any process; a decode process SIGKILLed
 // mid-stream ends its streams with UNAVAILABLE and leaves the prefill side
-// clean.
+// clean; a prefill or decode process SIGKILLed mid-hand-off gives a bounded
+// UNAVAILABLE and leaves the survivors clean.
 #include <signal.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -192,6 +194,129 @@ TEST_CASE("SIGKILL of the decode process mid-stream: UNAVAILABLE, the prefill si
   CHECK(kv == 0);
   CHECK(live == 0);
   CHECK(emb == 0);
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
+}
+
+// Fault tests of the hand-off itself. `--test_kv_handoff_delay_ms` (a
+// test-only flag) makes the prefill instance wait after AllocateKv, before
+// the puts and CommitKv, so that a kill lands mid-hand-off every time: the
+// decode instance holds the reservation, the KV is not committed. The
+// kill comes once the decode instance's metrics show the reservation, well
+// inside the 3 s delay.
+launcher::StackOptions SlowHandoffOptions() {
+  launcher::StackOptions o = PdOptions();
+  // The decode side's commit deadline (2 s) ends inside the delay (3 s).
+  o.language_args = {"--test_kv_handoff_delay_ms=3000", "--kv_commit_timeout_ms=2000"};
+  return o;
+}
+
+// Starts `n` image questions (ignore EOS, 16 tokens) on their own threads.
+struct Calls {
+  Calls(launcher::LocalStack& stack, int n) : status(n), tokens(n), seconds(n) {
+    stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([this, i] {
+        AskOptions o;
+        o.max_tokens = 16;
+        o.ignore_eos = true;
+        o.deadline = absl::Seconds(60);
+        Stopwatch clock;
+        const Answer a = AskGrpc(*stub, DemoRequest(Demo(), Demo().items[i], o), o);
+        status[i] = a.status;
+        tokens[i] = static_cast<int>(a.token_ids.size());
+        seconds[i] = clock.ElapsedSeconds();
+      });
+    }
+  }
+  void Join() {
+    for (std::thread& t : threads) t.join();
+  }
+  std::unique_ptr<mmserve::v1::Inference::Stub> stub;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status;
+  std::vector<int> tokens;
+  std::vector<double> seconds;
+};
+
+// Waits until the decode instance holds KV for a reservation (the prefill
+// instance is now inside its delayed hand-off).
+bool DecodeHoldsReservation(launcher::LocalStack& stack) {
+  const int port = stack.decode(0).metrics_port();
+  const Deadline d = Deadline::After(absl::Seconds(60));
+  while (!d.Expired()) {
+    if (ScrapeMetric(port, "mmserve_language_kv_blocks_used") > 0) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// A process's KV blocks, embedding blocks and live requests, once they are
+// zero (or the last reading after 15 s).
+std::string Settled(int port, bool* zero) {
+  const Deadline d = Deadline::After(absl::Seconds(15));
+  double kv = -1, live = -1, emb = -1;
+  while (!d.Expired()) {
+    kv = ScrapeMetric(port, "mmserve_language_kv_blocks_used");
+    live = ScrapeMetric(port, "mmserve_language_requests_live");
+    emb = ScrapeMetric(port, "mmserve_language_embedding_blocks_used");
+    if (kv == 0 && live == 0 && emb == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  *zero = kv == 0 && live == 0 && emb == 0;
+  return absl::StrCat("kv blocks ", kv, ", requests ", live, ", embedding blocks ", emb);
+}
+
+TEST_CASE(
+    "SIGKILL of the prefill process mid-hand-off: a bounded UNAVAILABLE, the decode "
+    "reservation is freed, nothing leaks on the survivors") {
+  auto stack = launcher::LocalStack::Start(SlowHandoffOptions());
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  Calls calls(**stack, 2);
+  REQUIRE(DecodeHoldsReservation(**stack));
+  (*stack)->prefill(0).process->Signal(SIGKILL);
+  calls.Join();
+  for (int i = 0; i < 2; ++i) {
+    INFO(i << ": " << calls.status[i] << " after " << calls.tokens[i] << " tokens, "
+           << calls.seconds[i] << " s");
+    CHECK(calls.status[i].code() == absl::StatusCode::kUnavailable);
+    CHECK(calls.tokens[i] == 0);  // the first token travels with the hand-off
+    CHECK(calls.seconds[i] < 30);
+  }
+  bool zero = false;
+  const std::string decode = Settled((*stack)->decode(0).metrics_port(), &zero);
+  INFO("decode: " << decode);
+  CHECK(zero);
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
+  CHECK(ScrapeMetric((*stack)->encoder(0).metrics_port(),
+                     "mmserve_encoder_embedding_blocks_used") == 0);
+}
+
+TEST_CASE(
+    "SIGKILL of the decode process mid-hand-off: a bounded error, the prefill side frees its "
+    "blocks once and leaks nothing") {
+  auto stack = launcher::LocalStack::Start(SlowHandoffOptions());
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  Calls calls(**stack, 2);
+  REQUIRE(DecodeHoldsReservation(**stack));
+  (*stack)->decode(0).process->Signal(SIGKILL);
+  calls.Join();
+  for (int i = 0; i < 2; ++i) {
+    INFO(i << ": " << calls.status[i] << " after " << calls.tokens[i] << " tokens, "
+           << calls.seconds[i] << " s");
+    CHECK(calls.status[i].code() == absl::StatusCode::kUnavailable);
+    CHECK(calls.tokens[i] == 0);
+    CHECK(calls.seconds[i] < 30);
+  }
+  bool zero = false;
+  const std::string prefill = Settled((*stack)->prefill(0).metrics_port(), &zero);
+  INFO("prefill: " << prefill);
+  CHECK(zero);
+  // The prefill process is alive (only the decode one exited) and its free
+  // list is whole: a double free would show as more free blocks than the
+  // pool (negative blocks used) or a crash.
+  for (const std::string& gone : (*stack)->Exited()) CHECK(gone.rfind("decode", 0) == 0);
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
 }
 

@@ -318,6 +318,51 @@ TEST_CASE("hand-off image spans that disagree with the prompt are refused withou
   REQUIRE(decode->scheduler().CheckInvariants().ok());
 }
 
+TEST_CASE("a handed-off image request preempted on decode is aborted, not recomputed",
+          "[handoff]") {
+  // 8 blocks of 4 tokens: a text request (5 + 12 tokens) and an image one
+  // (9 + 12) fit alone but not together; the image one, reserved last, is
+  // the newest and the preemption victim. Without its embeddings it cannot
+  // be recomputed, so the engine ends it with ResourceExhausted.
+  auto probe = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int64_t block_bytes =
+      static_cast<int64_t>(probe->sizing().kv_bytes) / probe->sizing().num_kv_blocks;
+  const int32_t pad = probe->config().tokens.image_pad;
+  REQUIRE(pad >= 0);
+  probe.reset();
+  EngineOptions o;
+  o.model_dir = std::string(kData) + "models/qwen2vl-tiny-mha-tied";
+  o.block_size = kBlockSize;
+  o.max_num_seqs = 8;
+  o.kv_cache_bytes = 8 * block_bytes;
+  auto created = LlmEngine::Create(o);
+  REQUIRE(created.ok());
+  LlmEngine& decode = **created;
+  REQUIRE(decode.sizing().num_kv_blocks == 8);
+  Collected text, image;
+  EngineRequest t;
+  t.id = "text";
+  t.prompt_token_ids = {5, 6, 7, 8, 9};
+  t.sampling = Greedy(12);
+  REQUIRE(decode.ReserveRemoteKv(std::move(t), Collect(&text)).ok());
+  EngineRequest i;
+  i.id = "image";
+  i.prompt_token_ids = {5, 6, pad, pad, pad, pad, pad, pad, 7};
+  i.handoff_images = {{2, model::ImageGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
+  i.sampling = Greedy(12);
+  REQUIRE(decode.ReserveRemoteKv(std::move(i), Collect(&image)).ok());
+  REQUIRE(decode.CommitRemoteKv("text", 11).ok());
+  REQUIRE(decode.CommitRemoteKv("image", 12).ok());
+  RunToEnd(decode);
+  CHECK(image.finish == FinishReason::kAbort);
+  CHECK(image.error.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(text.finish == FinishReason::kLength);
+  CHECK(text.tokens.size() == 11);  // the first came from the prefill side
+  CHECK(decode.scheduler().num_preemptions() >= 1);
+  CHECK(decode.scheduler().kv_cache().stats().num_used_blocks == 0);
+  REQUIRE(decode.scheduler().CheckInvariants().ok());
+}
+
 TEST_CASE("seeded sampling and text continue across the hand-off as in one engine", "[handoff]") {
   Pair pair("qwen2vl-tiny-gqa2-untied-sharded");
   auto both = MakeEngine("qwen2vl-tiny-gqa2-untied-sharded");
