@@ -17,9 +17,10 @@
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
 //
-// Roles prefill and decode (issue 12, text prompts, tp_size 1): a decode core
-// registers a request (RegisterDecode, the Decode stream), reserves its KV
-// blocks (AllocateKv, held until CommitKv or kv_commit_timeout) and, once the
+// Roles prefill and decode (issue 12, text and image prompts, tp_size 1): a
+// decode core registers a request (RegisterDecode, the Decode stream),
+// reserves its KV blocks (AllocateKv with the expanded prompt, its image
+// spans and M-RoPE delta; held until CommitKv or kv_commit_timeout) and, once the
 // prefill side has written them over UCX, checks their CRC32C and decodes on
 // (CommitKv). A prefill core runs a Submit'ed request up to its first token
 // and then, on the loop thread while the prompt's blocks are still valid,
