@@ -2,8 +2,10 @@
 // the UCX KV hand-off, in one process: a decode instance holds each request's
 // Decode stream, a prefill instance runs the prompt to its first token, hands
 // the KV over (AllocateKv, puts, CommitKv) and ends its stream with
-// kv_handed_off. The tokens and text must equal a role-both instance's; the
-// rejections carry their codes; nothing leaks on either side.
+// kv_handed_off. The tokens and text must equal a role-both instance's, for
+// text prompts and for image prompts (whose embeddings come from an encoder
+// stand-in over UCX); the rejections carry their codes; nothing leaks on
+// either side.
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
