@@ -194,9 +194,8 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   // The grid from the M-RoPE section (t, row, column of each merged token):
   // exact whether or not the router could pre-size the image.
   const uint32_t n = image->total_tokens();
+  const uint32_t chunks = image->num_chunks();
   const std::string mrope = image->Section(transfer::kMrope);
-  const std::string emb = image->Section(transfer::kEmbedding);
-  image->Release();
   int32_t t_max = 0, h_max = 0, w_max = 0;
   for (uint32_t i = 0; i < n; ++i) {
     int32_t p[3];
@@ -214,8 +213,23 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
                                                 " tokens does not describe a grid")));
     return;
   }
-  e.values.resize(emb.size() / sizeof(float));
-  std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
+  if (options_.mm_handoff == MmHandoff::kAsync && image->buffered_tokens() == 0 &&
+      image->tail_blocks().has_value()) {
+    // Seed 000: the rows stay where UCX wrote them (memory every rank maps);
+    // steps name them by offset. The blocks go when the request ends.
+    const transfer::ChunkRanges cr =
+        transfer_.buffer().layout().ChunkInfo(*image->tail_blocks(), 0, n);
+    e.shared_values =
+        reinterpret_cast<const float*>(transfer_.buffer().data() + cr[transfer::kEmbedding].offset);
+    r.images[k].held = std::move(*image);
+  } else {
+    Stopwatch copying;
+    const std::string emb = image->Section(transfer::kEmbedding);
+    image->Release();
+    e.values.resize(emb.size() / sizeof(float));
+    std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
+    handoff_blocked_seconds_->Increment(copying.ElapsedSeconds());
+  }
   const auto& h = r.images[k].meta.content_hash();
   e.key = ContentHash{h.high(), h.low()};
   r.images[k].state = Request::ImageState::kArrived;
@@ -223,7 +237,7 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   images_received_->Increment();
   transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
   transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
-  if (image->num_chunks() > 1) resumes_->Increment(image->num_chunks() - 1);
+  if (chunks > 1) resumes_->Increment(chunks - 1);
   MaybeAdmit(r);
 }
 

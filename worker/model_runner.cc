@@ -3,21 +3,31 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "worker/tp_step_loop.h"
 
 namespace mmserve::worker {
 namespace {
 
-// The image embedding row for prompt position `pos`, or null for text.
-const float* ImageRow(const RunnerRequestState& st, int pos, int hidden) {
+// The image embedding row for prompt position `pos`, or null for text;
+// *hash is its image's content hash.
+const float* ImageRow(const RunnerRequestState& st, int pos, int hidden, uint64_t* hash) {
   for (size_t k = 0; k < st.image_offsets.size(); ++k) {
     const int rel = pos - st.image_offsets[k];
     if (rel >= 0 && rel < st.image_lengths[k]) {
+      *hash = k < st.image_hashes.size() ? st.image_hashes[k] : 0;
       return st.image_embeddings[k] + static_cast<size_t>(rel) * hidden;
     }
   }
   return nullptr;
+}
+
+bool Inside(absl::Span<const uint8_t> buffer, const float* values, int hidden) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(values);
+  const size_t bytes = static_cast<size_t>(hidden) * sizeof(float);
+  return !buffer.empty() && p >= buffer.data() && bytes <= buffer.size() &&
+         p <= buffer.data() + buffer.size() - bytes;
 }
 
 }  // namespace
@@ -32,6 +42,7 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.sequences.clear();
   b.logits_rows.clear();
   b.embedding_overrides.clear();
+  row_hashes_.clear();
   const int hidden = model_.config().hidden_size;
   std::vector<int64_t> pos_t, pos_h, pos_w;
   std::vector<RunnerRequestState*> states;
@@ -59,7 +70,11 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
         pos_t.push_back(pp.t[p]);
         pos_h.push_back(pp.h[p]);
         pos_w.push_back(pp.w[p]);
-        if (const float* e = ImageRow(*st, p, hidden)) b.embedding_overrides.push_back({row, e});
+        uint64_t hash = 0;
+        if (const float* e = ImageRow(*st, p, hidden, &hash)) {
+          b.embedding_overrides.push_back({row, e});
+          row_hashes_.push_back(hash);
+        }
       } else {
         const int64_t q = p + pp.delta;
         pos_t.push_back(q);
@@ -75,8 +90,21 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.positions.insert(b.positions.end(), pos_h.begin(), pos_h.end());
   b.positions.insert(b.positions.end(), pos_w.begin(), pos_w.end());
   if (ring_ != nullptr) {
-    RETURN_IF_ERROR(
-        ForwardOnAllRanks(*ring_, model_, kv_, b, EmbeddingPlacement::kInline, &logits_));
+    // ForwardOnAllRanks, with the hand-off of image rows timed.
+    bool shared = !shared_input_.empty();
+    for (const model::EmbeddingOverride& o : b.embedding_overrides) {
+      shared = shared && Inside(shared_input_, o.values, hidden);
+    }
+    Stopwatch clock;
+    ASSIGN_OR_RETURN(StepMessage m, StepMessageFromBatch(b, hidden,
+                                                         shared ? EmbeddingPlacement::kSharedBuffer
+                                                                : EmbeddingPlacement::kInline,
+                                                         shared_input_));
+    for (size_t i = 0; i < m.embeddings.size(); ++i) m.embeddings[i].content_hash = row_hashes_[i];
+    RETURN_IF_ERROR(ring_->Publish(m));
+    if (!b.embedding_overrides.empty()) handoff_seconds_ += clock.ElapsedSeconds();
+    (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m.embeddings.size());
+    RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
   } else {
     RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
   }
