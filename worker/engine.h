@@ -214,8 +214,8 @@ class LlmEngine {
   const EngineSizing& sizing() const { return sizing_; }
   const scheduler::Scheduler& scheduler() const { return *scheduler_; }
   // Seed 000: seconds this engine's steps spent handing image rows to the
-  // other ranks (building and publishing steps that carry image rows), in
-  // total; 0 with tp_size 1.
+  // other ranks (ModelRunner::embedding_handoff_seconds), in total; 0 with
+  // tp_size 1.
   double embedding_handoff_seconds() const {
     return runner_ != nullptr ? runner_->embedding_handoff_seconds() : 0;
   }

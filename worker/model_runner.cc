@@ -90,20 +90,33 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.positions.insert(b.positions.end(), pos_h.begin(), pos_h.end());
   b.positions.insert(b.positions.end(), pos_w.begin(), pos_w.end());
   if (ring_ != nullptr) {
-    // ForwardOnAllRanks, with the hand-off of image rows timed.
+    // ForwardOnAllRanks, with the hand-off of image rows timed: the step
+    // without them, then their descriptors or their floats.
     bool shared = !shared_input_.empty();
     for (const model::EmbeddingOverride& o : b.embedding_overrides) {
       shared = shared && Inside(shared_input_, o.values, hidden);
     }
-    Stopwatch clock;
-    ASSIGN_OR_RETURN(StepMessage m, StepMessageFromBatch(b, hidden,
-                                                         shared ? EmbeddingPlacement::kSharedBuffer
-                                                                : EmbeddingPlacement::kInline,
-                                                         shared_input_));
-    for (size_t i = 0; i < m.embeddings.size(); ++i) m.embeddings[i].content_hash = row_hashes_[i];
-    RETURN_IF_ERROR(ring_->Publish(m));
-    if (!b.embedding_overrides.empty()) handoff_seconds_ += clock.ElapsedSeconds();
-    (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m.embeddings.size());
+    rows_.embedding_overrides.swap(b.embedding_overrides);  // rows_: the image rows alone
+    absl::StatusOr<StepMessage> m = StepMessageFromBatch(b, hidden, EmbeddingPlacement::kInline);
+    b.embedding_overrides.swap(rows_.embedding_overrides);
+    if (!m.ok()) return m.status();
+    if (!b.embedding_overrides.empty()) {
+      Stopwatch clock;
+      rows_.embedding_overrides.swap(b.embedding_overrides);
+      absl::StatusOr<StepMessage> r = StepMessageFromBatch(
+          rows_, hidden, shared ? EmbeddingPlacement::kSharedBuffer : EmbeddingPlacement::kInline,
+          shared_input_);
+      b.embedding_overrides.swap(rows_.embedding_overrides);
+      if (!r.ok()) return r.status();
+      m->embeddings = std::move(r->embeddings);
+      m->inline_floats = std::move(r->inline_floats);
+      for (size_t i = 0; i < m->embeddings.size(); ++i) {
+        m->embeddings[i].content_hash = row_hashes_[i];
+      }
+      handoff_seconds_ += clock.ElapsedSeconds();
+      (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m->embeddings.size());
+    }
+    RETURN_IF_ERROR(ring_->Publish(*m));
     RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
   } else {
     RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));

@@ -63,8 +63,10 @@ class ModelRunner {
       const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
       const RunnerLookup& lookup);
 
-  // Seconds spent building and publishing the steps that carried image rows
-  // (the scheduling loop's time on embedding hand-off), in total.
+  // Seconds spent putting image rows into steps for the other ranks (their
+  // floats, or descriptors into shared_input): the scheduling loop's time on
+  // embedding hand-off, in total. The ring's write of inline floats is not
+  // included (it is one more copy of the same bytes).
   double embedding_handoff_seconds() const { return handoff_seconds_; }
   // Image rows sent to the other ranks as descriptors into shared memory,
   // and inline in the step, in total.
@@ -81,6 +83,7 @@ class ModelRunner {
   int64_t rows_inline_ = 0;
   std::vector<uint64_t> row_hashes_;  // per embedding override of batch_
   model::ForwardBatch batch_;         // reused across steps
+  model::ForwardBatch rows_;          // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
 };
 
