@@ -105,7 +105,7 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
                                         metrics::LatencyBuckets());
   handoff_blocked_seconds_ = &metrics.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
-      "Loop time spent moving image embeddings: copying them out of the receive buffer and "
+      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
       "putting image rows (their floats, or descriptors) into tensor-parallel steps (seed 000).");
   const char* rows_help =
       "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "

@@ -108,7 +108,7 @@ TEST_CASE("TP=2 image requests give the single-rank engine's token ids, async an
 TEST_CASE("an image whose embedding is late does not hold back text requests sent after it") {
   const DemoSet& set = Demo();
   const Reference& ref = InProcess(set);
-  auto stack = launcher::LocalStack::Start(Tp2Options("async", 3000));
+  auto stack = launcher::LocalStack::Start(Tp2Options("async", 5000));
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   std::atomic<bool> image_done{false};

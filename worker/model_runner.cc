@@ -1,14 +1,23 @@
 #include "worker/model_runner.h"
 
+#include <time.h>
+
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 #include "common/status_macros.h"
 #include "worker/tp_step_loop.h"
 
 namespace mmserve::worker {
 namespace {
+
+// CPU time of the calling thread: what the work cost the loop, without the
+// time the thread was descheduled (these machines are shared).
+int64_t ThreadCpuNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
 
 // The image embedding row for prompt position `pos`, or null for text;
 // *hash is its image's content hash.
@@ -101,7 +110,7 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     b.embedding_overrides.swap(rows_.embedding_overrides);
     if (!m.ok()) return m.status();
     if (!b.embedding_overrides.empty()) {
-      Stopwatch clock;
+      const int64_t cpu_start = ThreadCpuNanos();
       rows_.embedding_overrides.swap(b.embedding_overrides);
       absl::StatusOr<StepMessage> r = StepMessageFromBatch(
           rows_, hidden, shared ? EmbeddingPlacement::kSharedBuffer : EmbeddingPlacement::kInline,
@@ -113,7 +122,7 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
       for (size_t i = 0; i < m->embeddings.size(); ++i) {
         m->embeddings[i].content_hash = row_hashes_[i];
       }
-      handoff_seconds_ += clock.ElapsedSeconds();
+      handoff_seconds_ += (ThreadCpuNanos() - cpu_start) * 1e-9;
       (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m->embeddings.size());
     }
     RETURN_IF_ERROR(ring_->Publish(*m));

@@ -63,9 +63,9 @@ class ModelRunner {
       const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
       const RunnerLookup& lookup);
 
-  // Seconds spent putting image rows into steps for the other ranks (their
-  // floats, or descriptors into shared_input): the scheduling loop's time on
-  // embedding hand-off, in total. The ring's write of inline floats is not
+  // CPU seconds spent putting image rows into steps for the other ranks
+  // (their floats, or descriptors into shared_input): the scheduling loop's
+  // time on embedding hand-off, in total. The ring's write of inline floats is not
   // included (it is one more copy of the same bytes).
   double embedding_handoff_seconds() const { return handoff_seconds_; }
   // Image rows sent to the other ranks as descriptors into shared memory,
