@@ -103,6 +103,18 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
   step_seconds_ = &metrics.GetHistogram("mmserve_language_step_seconds",
                                         "One engine step (schedule, forward, sample).",
                                         metrics::LatencyBuckets());
+  handoff_blocked_seconds_ = &metrics.GetCounter(
+      "mmserve_language_mm_handoff_blocked_seconds_total",
+      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
+      "putting image rows (their floats, or descriptors) into tensor-parallel steps (seed 000).");
+  const char* rows_help =
+      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
+      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
+      "step).";
+  rows_by_descriptor_ = &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help,
+                                            {{"placement", "descriptor"}});
+  rows_inline_ =
+      &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
 }
 
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
@@ -380,6 +392,18 @@ void LanguageCore::Loop() {
       Stopwatch clock;
       absl::Status s = engine_->Step();
       step_seconds_->Observe(clock.ElapsedSeconds());
+      const double handoff = engine_->embedding_handoff_seconds();
+      if (handoff > engine_handoff_seconds_) {
+        handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
+        engine_handoff_seconds_ = handoff;
+      }
+      const int64_t by_descriptor = engine_->embedding_rows_by_descriptor();
+      const int64_t in_line = engine_->embedding_rows_inline();
+      rows_by_descriptor_->Increment(
+          static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
+      rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
+      engine_rows_by_descriptor_ = by_descriptor;
+      engine_rows_inline_ = in_line;
       if (!s.ok()) {
         LOG(ERROR) << "engine step failed: " << s;
         std::vector<std::string> live;

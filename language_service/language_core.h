@@ -57,6 +57,20 @@ namespace v1 = ::mmserve::internal::v1;
 
 enum class LanguageRole { kBoth, kPrefill, kDecode };
 
+// Seed 000: how an arrived image embedding reaches the model (and, with
+// tensor parallelism, every rank).
+enum class MmHandoff {
+  // Read in place: the request keeps the receive-buffer blocks the
+  // embedding arrived in until it ends, and a step names its rows by offset
+  // (the buffer is memory every rank maps: engine.shared_input). Images that
+  // arrived in several chunks are copied as kBlocking does.
+  kAsync,
+  // Copied: the loop copies each embedding out of the receive buffer when
+  // it arrives and rank 0 copies its rows into every step that uses them
+  // (the baseline seed 000 measures against).
+  kBlocking,
+};
+
 struct LanguageCoreOptions {
   std::string instance_id;
   LanguageRole role = LanguageRole::kBoth;
@@ -72,6 +86,7 @@ struct LanguageCoreOptions {
   // production.
   absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
   worker::EngineOptions engine;
+  MmHandoff mm_handoff = MmHandoff::kAsync;
   // One image's transfer, from init to its last chunk.
   absl::Duration transfer_timeout = absl::Seconds(30);
   // How long a request with lost images waits for the router's retry.
@@ -199,6 +214,12 @@ class LanguageCore {
   metrics::Histogram* itl_seconds_;
   metrics::Histogram* e2e_seconds_;
   metrics::Histogram* step_seconds_;
+  metrics::Counter* handoff_blocked_seconds_;
+  double engine_handoff_seconds_ = 0;  // loop thread: what the counter has of the engine's
+  metrics::Counter* rows_by_descriptor_;
+  metrics::Counter* rows_inline_;
+  int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
+  int64_t engine_rows_inline_ = 0;
 
   std::thread loop_;
   std::thread connector_;

@@ -84,6 +84,14 @@ struct EngineOptions {
   int tp_size = 1;
   std::string tp_shard_binary;
   std::string tp_instance_id;
+  // Seed 000: memory every rank maps (a worker::ShmFile: its descriptor,
+  // and where it lies in this process), which must outlive the engine. With
+  // tp_size > 1, a step's image rows whose values lie in it reach the other
+  // ranks as descriptors (offset, length, content hash); any other rows
+  // travel inline in the step. Unset (-1): every row travels inline.
+  int shared_input_fd = -1;
+  const uint8_t* shared_input = nullptr;
+  size_t shared_input_bytes = 0;
 };
 
 // An image encoded elsewhere (the encoder service): its patch grid and its
@@ -91,6 +99,11 @@ struct EngineOptions {
 struct ImageEmbedding {
   model::ImageGrid grid;
   std::vector<float> values;
+  // Alternatively (values empty) the rows in memory the caller keeps
+  // unchanged until the request's final event or its Abort returns (seed
+  // 000: the receive buffer the embedding arrived in, shared with the
+  // tensor-parallel ranks). Needs `key`.
+  const float* shared_values = nullptr;
   // Prefix-cache key of the image's content (e.g. the hash of its encoded
   // bytes); unset: a hash of `values`.
   std::optional<ContentHash> key;
@@ -234,6 +247,18 @@ class LlmEngine {
   const model::ModelConfig& config() const { return config_; }
   const EngineSizing& sizing() const { return sizing_; }
   const scheduler::Scheduler& scheduler() const { return *scheduler_; }
+  // Seed 000: seconds this engine's steps spent handing image rows to the
+  // other ranks (ModelRunner::embedding_handoff_seconds), in total; 0 with
+  // tp_size 1.
+  double embedding_handoff_seconds() const {
+    return runner_ != nullptr ? runner_->embedding_handoff_seconds() : 0;
+  }
+  // Image rows those steps named by descriptor (in shared_input) and
+  // carried inline, in total.
+  int64_t embedding_rows_by_descriptor() const {
+    return runner_ != nullptr ? runner_->rows_by_descriptor() : 0;
+  }
+  int64_t embedding_rows_inline() const { return runner_ != nullptr ? runner_->rows_inline() : 0; }
 
  private:
   struct Live;

@@ -16,6 +16,7 @@
 #include "model/qwen2_weights.h"
 #include "model/safetensors.h"
 #include "worker/shm_communicator.h"
+#include "worker/shm_file.h"
 #include "worker/step_ring.h"
 #include "worker/tp_step_loop.h"
 
@@ -25,6 +26,9 @@ ABSL_FLAG(int, rank, 1, "this rank, 1..tp-1");
 ABSL_FLAG(int, tp, 2, "ranks in the instance");
 ABSL_FLAG(int, threads, 1, "compute threads of this rank");
 ABSL_FLAG(int, timeout_s, 120, "collective and join timeout, seconds");
+ABSL_FLAG(int, shared_input_fd, -1,
+          "inherited descriptor of the instance's shared receive buffer (seed 000), or -1");
+ABSL_FLAG(uint64_t, shared_input_bytes, 0, "bytes of the shared receive buffer");
 ABSL_FLAG(int64_t, ring_slot_bytes, int64_t{1} << 20, "step ring slot size (as rank 0's)");
 
 namespace mmserve::worker {
@@ -36,6 +40,13 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--rank ", rank, " outside [1, ", tp, ")"));
   }
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  // Mapped before joining: once rank 0's join returns, every rank reads
+  // the receive buffer.
+  std::unique_ptr<ShmFile> shared_input;
+  if (absl::GetFlag(FLAGS_shared_input_fd) >= 0) {
+    ASSIGN_OR_RETURN(shared_input, ShmFile::MapInherited(absl::GetFlag(FLAGS_shared_input_fd),
+                                                         absl::GetFlag(FLAGS_shared_input_bytes)));
+  }
   ShmCommunicatorOptions co;
   co.instance_id = absl::GetFlag(FLAGS_instance_id);
   co.rank = rank;
@@ -57,7 +68,9 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(auto weights, model::Qwen2Weights::Load(*ckpt, cfg.text, wo));
   model::cpu::ThreadPool pool(std::max(1, absl::GetFlag(FLAGS_threads)));
   model::Qwen2Model qwen(cfg.text, *weights, pool, {model::cpu::LinearKernel::kDot, comm.get()});
-  return RunShardSteps(*ring, qwen);
+  absl::Span<const uint8_t> input;
+  if (shared_input != nullptr) input = {shared_input->data(), shared_input->size()};
+  return RunShardSteps(*ring, qwen, input);
 }
 
 }  // namespace
