@@ -125,6 +125,7 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
     g.model_dir = options.model_dir;
     g.threads_per_rank = threads;
     g.ring_slot_bytes = StepSlotBytes(options, config_.text.hidden_size, sizing_.max_model_len);
+    g.extra_args = options.tp_shard_args;
     ASSIGN_OR_RETURN(tp_group_, TpGroup::Start(g));
   }
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
@@ -468,7 +469,6 @@ absl::Status LlmEngine::Step() {
 absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
                                                           StreamCallback callback,
                                                           Deadline commit_by) {
-  if (tp_group_ != nullptr) return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
   if (!request.images.empty() || !request.image_embeddings.empty() ||
       std::find(request.prompt_token_ids.begin(), request.prompt_token_ids.end(), image_pad_id_) !=
           request.prompt_token_ids.end()) {

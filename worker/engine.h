@@ -84,6 +84,8 @@ struct EngineOptions {
   int tp_size = 1;
   std::string tp_shard_binary;
   std::string tp_instance_id;
+  // More flags for the shard ranks (TpGroupOptions::extra_args).
+  std::vector<std::string> tp_shard_args;
 };
 
 // An image encoded elsewhere (the encoder service): its patch grid and its
@@ -174,8 +176,9 @@ class LlmEngine {
   // token ids (text only for now: InvalidArgument for images) and the
   // request's sampling parameters, validated as AddRequest does; `callback`
   // gets the request's events from its second token on.
-  // ResourceExhausted when the KV pool or max_num_seqs has no room now;
-  // FailedPrecondition with tp_size > 1. The request holds the blocks until
+  // ResourceExhausted when the KV pool or max_num_seqs has no room now. With
+  // tp_size > 1 the block ids hold on every rank (each rank's cache has the
+  // same blocks, of its own heads). The request holds the blocks until
   // CommitRemoteKv, Abort, or the first Step after `commit_by` (a prefill
   // engine that died mid-hand-off): that Step aborts it (final event kAbort)
   // and frees its blocks.
@@ -194,6 +197,9 @@ class LlmEngine {
 
   // The KV storage (rank 0's with tensor parallelism), for KV hand-off.
   model::KvCache& kv_cache() { return *kv_; }
+  // The other ranks (tp_size > 1; else null): their step ring and
+  // communicator, for KV hand-off steps from the engine's thread.
+  TpGroup* tp_group() const { return tp_group_.get(); }
 
   bool has_unfinished() const { return !requests_.empty(); }
   const model::Tokenizer& tokenizer() const { return *tokenizer_; }

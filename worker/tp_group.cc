@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
                                      absl::StrCat("--threads=", o.threads_per_rank),
                                      absl::StrCat("--ring_slot_bytes=", o.ring_slot_bytes),
                                      absl::StrCat("--timeout_s=", absl::ToInt64Seconds(o.timeout))};
+    args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
