@@ -180,7 +180,8 @@ absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& block
     return absl::InternalError(
         absl::StrCat("the decode instance has ", tp, " ranks for ", heads, " KV heads"));
   }
-  const int64_t block_size = engine_->kv_cache().shape().block_size;
+  // The decode side's block size (Send refuses one that differs from ours).
+  const int64_t block_size = alloc.ranks(0).layout().block_size();
   const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
   v1::KvCommit commit;
   for (int i = 0; i < tp; ++i) {
