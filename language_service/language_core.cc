@@ -108,6 +108,9 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
+  if (options.role == LanguageRole::kPrefill && options.engine.tp_size > 1) {
+    return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
+  }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
@@ -123,9 +126,6 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
   if (options.role != LanguageRole::kBoth) {
-    if (options.role == LanguageRole::kPrefill && options.engine.tp_size > 1) {
-      return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
-    }
     ASSIGN_OR_RETURN(core->kv_context_, transfer::UcxContext::Create(options.kv_profile));
     const transfer::UcxWorkerOptions wo{.name = options.instance_id + "-kv"};
     if (options.role == LanguageRole::kDecode) {

@@ -293,6 +293,26 @@ TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "
   CHECK(both.Idle());
 }
 
+TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles][tp]") {
+  metrics::Registry registry;
+  transfer::TransferEngineOptions topts;
+  topts.instance_id = "prefill-tp";
+  topts.layout.block_size = 16;
+  topts.layout.num_blocks = 8;
+  topts.layout.hidden_size = 64;
+  topts.layout.dtype_bytes = sizeof(float);
+  auto t = transfer::TransferEngine::Create(topts);
+  REQUIRE(t.ok());
+  LanguageCoreOptions o;
+  o.instance_id = "prefill-tp";
+  o.role = LanguageRole::kPrefill;
+  o.engine.model_dir = kModel;
+  o.engine.tp_size = 2;
+  o.engine.tp_shard_binary = "worker/tp_shard";
+  auto c = LanguageCore::Create(o, **t, registry);
+  CHECK(c.status().code() == absl::StatusCode::kUnimplemented);
+}
+
 TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
   Instance prefill(LanguageRole::kPrefill), decode(LanguageRole::kDecode, absl::Seconds(1));
   Instance both(LanguageRole::kBoth);
