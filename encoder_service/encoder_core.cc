@@ -363,6 +363,9 @@ void EncoderCore::PublishLoop() {
 }
 
 void EncoderCore::Publish(Work& w) {
+  if (options_.test_only_publish_delay > absl::ZeroDuration()) {
+    absl::SleepFor(options_.test_only_publish_delay);
+  }
   if (w.waiter.job->over) {
     Complete(w.waiter.job, w.waiter.slot, absl::CancelledError("job over"));
     return;

@@ -103,6 +103,18 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
   step_seconds_ = &metrics.GetHistogram("mmserve_language_step_seconds",
                                         "One engine step (schedule, forward, sample).",
                                         metrics::LatencyBuckets());
+  handoff_blocked_seconds_ = &metrics.GetCounter(
+      "mmserve_language_mm_handoff_blocked_seconds_total",
+      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
+      "putting image rows (their floats, or descriptors) into tensor-parallel steps (seed 000).");
+  const char* rows_help =
+      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
+      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
+      "step).";
+  rows_by_descriptor_ = &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help,
+                                            {{"placement", "descriptor"}});
+  rows_inline_ =
+      &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
 }
 
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
@@ -165,9 +177,6 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
       if (request.decode().address().empty()) {
         return absl::InvalidArgumentError("role prefill needs the decode instance (decode)");
       }
-      if (request.images_size() > 0) {
-        return absl::UnimplementedError("role prefill hands off text prompts only for now");
-      }
       break;
     case LanguageRole::kDecode:
       return absl::FailedPreconditionError("role decode takes Decode calls, not Prefill");
@@ -207,7 +216,6 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     }
     r->engine_request.prompt.clear();
     r->engine_request.kv_handoff = true;
-    r->prompt_ids = r->engine_request.prompt_token_ids;
     r->decode = request.decode();
   }
   for (const v1::PromptImage& image : request.images()) {
@@ -272,7 +280,9 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     return;
   }
   if (options_.role == LanguageRole::kDecode && e.finish_reason == worker::FinishReason::kAbort) {
-    End(r.id, absl::DeadlineExceededError("the prefill instance did not commit the KV in time"));
+    End(r.id, e.error.ok() ? absl::DeadlineExceededError(
+                                 "the prefill instance did not commit the KV in time")
+                           : e.error);
     return;
   }
   if (!e.token_ids.empty()) r.last_token = e.token_ids.back();
@@ -304,7 +314,7 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     }
   }
   if (e.finish_reason == worker::FinishReason::kHandoff) {
-    absl::Status s = HandOff(r, e.kv_blocks);
+    absl::Status s = HandOff(r, e.kv_blocks, e.handoff);
     if (!s.ok()) {
       End(r.id, s);
       return;
@@ -386,10 +396,37 @@ void LanguageCore::Loop() {
     }
     for (Task& t : tasks) t();
     CheckLostDeadlines();
+    // A rank that died while no step ran (an idle instance, or one whose
+    // only request waits for its KV hand-off): out of service all the same.
+    if (!lost_rank_reported_ && engine_->tp_group() != nullptr &&
+        engine_->tp_group()->lost_rank()) {
+      lost_rank_reported_ = true;
+      LOG(ERROR) << "tensor-parallel instance lost a rank between steps: shutting down";
+      std::vector<std::string> live;
+      for (const auto& [id, r] : requests_) {
+        if (r->in_engine) live.push_back(id);
+      }
+      for (const std::string& id : live) {
+        End(id, absl::UnavailableError("a tensor-parallel rank of this instance died"));
+      }
+      kill(getpid(), SIGTERM);
+    }
     if (engine_->has_unfinished()) {
       Stopwatch clock;
       absl::Status s = engine_->Step();
       step_seconds_->Observe(clock.ElapsedSeconds());
+      const double handoff = engine_->embedding_handoff_seconds();
+      if (handoff > engine_handoff_seconds_) {
+        handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
+        engine_handoff_seconds_ = handoff;
+      }
+      const int64_t by_descriptor = engine_->embedding_rows_by_descriptor();
+      const int64_t in_line = engine_->embedding_rows_inline();
+      rows_by_descriptor_->Increment(
+          static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
+      rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
+      engine_rows_by_descriptor_ = by_descriptor;
+      engine_rows_inline_ = in_line;
       if (!s.ok()) {
         LOG(ERROR) << "engine step failed: " << s;
         std::vector<std::string> live;

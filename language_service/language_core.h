@@ -17,10 +17,11 @@
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
 //
-// Roles prefill and decode (issue 12, text prompts; prefill tp_size 1, decode
-// any tp_size, each decode rank receiving only its own KV heads): a decode core
-// registers a request (RegisterDecode, the Decode stream), reserves its KV
-// blocks (AllocateKv, held until CommitKv or kv_commit_timeout) and, once the
+// Roles prefill and decode (issue 12, text and image prompts; prefill tp_size
+// 1, decode any tp_size, each decode rank receiving only its own KV heads): a
+// decode core registers a request (RegisterDecode, the Decode stream),
+// reserves its KV blocks (AllocateKv with the expanded prompt, its image
+// spans and M-RoPE delta; held until CommitKv or kv_commit_timeout) and, once the
 // prefill side has written them over UCX, checks their CRC32C and decodes on
 // (CommitKv). A prefill core runs a Submit'ed request up to its first token
 // and then, on the loop thread while the prompt's blocks are still valid,
@@ -58,6 +59,20 @@ namespace v1 = ::mmserve::internal::v1;
 
 enum class LanguageRole { kBoth, kPrefill, kDecode };
 
+// Seed 000: how an arrived image embedding reaches the model (and, with
+// tensor parallelism, every rank).
+enum class MmHandoff {
+  // Read in place: the request keeps the receive-buffer blocks the
+  // embedding arrived in until it ends, and a step names its rows by offset
+  // (the buffer is memory every rank maps: engine.shared_input). Images that
+  // arrived in several chunks are copied as kBlocking does.
+  kAsync,
+  // Copied: the loop copies each embedding out of the receive buffer when
+  // it arrives and rank 0 copies its rows into every step that uses them
+  // (the baseline seed 000 measures against).
+  kBlocking,
+};
+
 struct LanguageCoreOptions {
   std::string instance_id;
   LanguageRole role = LanguageRole::kBoth;
@@ -67,7 +82,13 @@ struct LanguageCoreOptions {
   absl::Duration kv_commit_timeout = absl::Seconds(10);
   // Role prefill: AllocateKv, the puts and CommitKv together.
   absl::Duration kv_handoff_timeout = absl::Seconds(10);
+  // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
+  // and the puts (on the loop thread, inside kv_handoff_timeout), so that
+  // fault tests kill a process mid-hand-off deterministically. Zero in
+  // production.
+  absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
   worker::EngineOptions engine;
+  MmHandoff mm_handoff = MmHandoff::kAsync;
   // One image's transfer, from init to its last chunk.
   absl::Duration transfer_timeout = absl::Seconds(30);
   // How long a request with lost images waits for the router's retry.
@@ -105,10 +126,13 @@ class LanguageCore {
   [[nodiscard]] absl::Status RegisterDecode(const v1::DecodeRequest& request, RequestSink sink);
   // Role decode: reserves the blocks of a registered request.
   // FailedPrecondition when it is not registered or already reserved,
-  // ResourceExhausted when there is no room now.
+  // ResourceExhausted when there is no room now, InvalidArgument for image
+  // spans that disagree with the token ids (the request stays registered)
+  // or an M-RoPE delta that disagrees with them (the request ends).
   [[nodiscard]] absl::StatusOr<v1::KvAllocation> AllocateKv(const v1::KvAllocateRequest& request);
   // Role decode: the reserved blocks hold the KV; DataLoss (and the request
-  // ends) when their CRC32C differs from the commit's.
+  // ends) when their CRC32C differs from the commit's, InvalidArgument (and
+  // the request ends) when its M-RoPE delta differs from the allocation's.
   [[nodiscard]] absl::Status CommitKv(const v1::KvCommit& commit);
 
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
@@ -139,7 +163,8 @@ class LanguageCore {
   template <typename T>
   T RunOnLoop(std::function<T()> f);
   // Role prefill, loop thread: hands request `r`'s KV to its decode instance.
-  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks);
+  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks,
+                       const worker::HandoffPrompt& prompt);
   void Loop();
   void ConnectLoop();
   // Loop thread only, from here on.
@@ -191,6 +216,12 @@ class LanguageCore {
   metrics::Histogram* itl_seconds_;
   metrics::Histogram* e2e_seconds_;
   metrics::Histogram* step_seconds_;
+  metrics::Counter* handoff_blocked_seconds_;
+  double engine_handoff_seconds_ = 0;  // loop thread: what the counter has of the engine's
+  metrics::Counter* rows_by_descriptor_;
+  metrics::Counter* rows_inline_;
+  int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
+  int64_t engine_rows_inline_ = 0;
 
   std::thread loop_;
   std::thread connector_;

@@ -4,9 +4,14 @@
 // the KV over (AllocateKv, puts, CommitKv) and ends its stream with
 // kv_handed_off. The decode instance runs one rank or two (TP=2: rank 1 is a
 // //worker:tp_shard process receiving its own KV heads over UCX). The tokens
-// and text must equal a role-both instance's; the
-// rejections carry their codes; nothing leaks on either side.
+// and text must equal a role-both instance's, for text prompts and for image
+// prompts (whose embeddings come from an encoder
+// stand-in over UCX); the rejections carry their codes; nothing leaks on
+// either side.
+#include <array>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,9 +19,13 @@
 
 #include "common/clock.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "common/server_stream.h"
 #include "language_service/language_core.h"
 #include "language_service/language_service.h"
+#include "proto/encoder.grpc.pb.h"
+#include "transfer/transfer_engine.h"
 #include "worker/fork_ranks.h"
 
 namespace mmserve::language {
@@ -95,6 +104,106 @@ struct Instance {
   std::unique_ptr<GrpcServer> server;
   std::string address;
   std::unique_ptr<v1::Language::Stub> stub;
+};
+
+// A stand-in for the encoder service, for image prompts without a vision
+// tower: a real TransferEngine (UCX, shm) offers images whose four sections
+// the test writes as the encoder service does (deterministic embeddings of
+// a chosen grid, fill ids, M-RoPE positions within the image, aux), and a
+// gRPC Encoder service answers Connect and CancelTransfer as the encoder's
+// does. Each published image serves one transfer.
+class FakeEncoder final : public v1::Encoder::CallbackService {
+ public:
+  explicit FakeEncoder(uint32_t hidden) : hidden_(hidden) {
+    transfer::TransferEngineOptions topts;
+    topts.instance_id = "encoder";
+    topts.layout.block_size = 16;
+    topts.layout.num_blocks = 32;
+    topts.layout.hidden_size = hidden;
+    topts.layout.dtype_bytes = sizeof(float);
+    auto t = transfer::TransferEngine::Create(topts);
+    REQUIRE(t.ok());
+    engine_ = std::move(*t);
+    auto s = StartGrpcServer("127.0.0.1:0", {this});
+    REQUIRE(s.ok());
+    server_ = std::move(*s);
+    server_->SetServing(true);
+    address = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  ~FakeEncoder() override { server_->Shutdown(absl::Seconds(1)); }
+
+  // Offers image `index` of transfer `transfer_id`: a grid of t x h x w
+  // patches whose embedding rows derive from `seed`. Returns its PromptImage.
+  v1::PromptImage Publish(const std::string& transfer_id, uint32_t index, int t, int h, int w,
+                          uint64_t seed) {
+    const model::ImageGrid grid = model::ImageGrid::FromThw(t, h, w);
+    const uint32_t n = static_cast<uint32_t>(grid.num_tokens());
+    auto blocks = engine_->allocator().Alloc(n, transfer_id);
+    REQUIRE(blocks.ok());
+    transfer::EmbeddingBuffer& buffer = engine_->buffer();
+    const transfer::ChunkRanges r = buffer.layout().ChunkInfo(*blocks, 0, n);
+    uint8_t* base = buffer.data();
+    auto* emb = reinterpret_cast<float*>(base + r[transfer::kEmbedding].offset);
+    for (size_t i = 0; i < size_t{n} * hidden_; ++i) {
+      emb[i] = 0.5f * static_cast<float>(std::sin(0.37 * static_cast<double>(i) + seed));
+    }
+    const int cols = w / 2, per_t = (h / 2) * cols;
+    auto* fill = reinterpret_cast<int32_t*>(base + r[transfer::kFillId].offset);
+    auto* mrope = reinterpret_cast<int32_t*>(base + r[transfer::kMrope].offset);
+    auto* aux = reinterpret_cast<transfer::AuxRecord*>(base + r[transfer::kAux].offset);
+    for (uint32_t k = 0; k < n; ++k) {
+      const int i = static_cast<int>(k);
+      fill[k] = static_cast<int32_t>(seed & 0x7fffffff);
+      mrope[3 * k] = i / per_t;
+      mrope[3 * k + 1] = (i % per_t) / cols;
+      mrope[3 * k + 2] = i % cols;
+      aux[k] = {static_cast<int32_t>(n), static_cast<int32_t>(index), 0};
+    }
+    engine_->Publish({.request_id = transfer_id, .image_index = index, .blocks = *blocks},
+                     [](absl::Status) {});
+    v1::PromptImage p;
+    p.set_image_index(index);
+    p.mutable_content_hash()->set_high(seed);
+    p.mutable_content_hash()->set_low(seed * 31 + 7);
+    p.set_num_tokens(n);
+    p.set_grid_t(static_cast<uint32_t>(t));
+    p.set_grid_h(static_cast<uint32_t>(h));
+    p.set_grid_w(static_cast<uint32_t>(w));
+    p.set_encoder_id("encoder");
+    p.set_encoder_address(address);
+    p.set_transfer_id(transfer_id);
+    return p;
+  }
+
+  grpc::ServerUnaryReactor* Connect(grpc::CallbackServerContext* ctx,
+                                    const v1::ConnectRequest* request,
+                                    v1::ConnectResponse* response) override {
+    absl::Status s = engine_->Connect(*request);
+    if (s.ok()) {
+      response->set_instance_id("encoder");
+      *response->mutable_ucx() = engine_->local_info().ucx();
+      *response->mutable_embedding_buffer() = engine_->local_info().embedding_buffer();
+    }
+    return FinishUnary(ctx, ToGrpcStatus(s));
+  }
+  grpc::ServerUnaryReactor* CancelTransfer(grpc::CallbackServerContext* ctx,
+                                           const v1::EmbeddingTransferCancel*,
+                                           v1::TransferAck* response) override {
+    response->set_accepted(true);
+    return FinishUnary(ctx, grpc::Status::OK);
+  }
+
+  // Blocks still lent to transfers.
+  uint32_t blocks_used() {
+    return engine_->allocator().num_blocks() - engine_->allocator().free_blocks();
+  }
+
+  std::string address;
+
+ private:
+  const uint32_t hidden_;
+  std::unique_ptr<transfer::TransferEngine> engine_;
+  std::unique_ptr<GrpcServer> server_;
 };
 
 struct Output {
@@ -192,6 +301,7 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
           s.set_seed(1234 + n);
         }
         const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
         REQUIRE(want.status.ok());
         Output decoded;
         const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
@@ -211,6 +321,71 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
   CHECK(prefill.Idle());
   CHECK(decode.Idle());
   CHECK(both.Idle());
+}
+
+TEST_CASE("image prompts: prefill + decode instances give role both's tokens and text", "[roles]") {
+  Instance both(LanguageRole::kBoth), prefill(LanguageRole::kPrefill),
+      decode(LanguageRole::kDecode);
+  FakeEncoder encoder(static_cast<uint32_t>(both.core->config().text.hidden_size));
+  const std::string kImage = "<|vision_start|><|image_pad|><|vision_end|>";
+  struct Case {
+    std::string text;
+    std::vector<std::array<int, 3>> grids;  // (t, h, w) patches per image
+  };
+  const std::vector<Case> cases = {
+      {kImage + "What is in this picture?", {{1, 4, 6}}},
+      {"Compare " + kImage + " with " + kImage + ", please.", {{1, 8, 4}, {1, 2, 2}}},
+      {kImage + kImage + "Two images back to back, then a longer question about both of them",
+       {{1, 6, 6}, {1, 4, 10}}},
+  };
+  int n = 0;
+  for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const Case& c = cases[ci];
+      for (bool seeded : {false, true}) {
+        const std::string id = "img" + std::to_string(n++);
+        INFO(id << ": " << c.text);
+        mmserve::v1::SamplingParams s = Greedy(12);
+        if (seeded) {
+          s.set_temperature(0.9f);
+          s.set_top_p(0.95f);
+          s.set_seed(99 + n);
+        }
+        // Each run receives its images under its own transfer id.
+        auto request = [&](const std::string& tag) {
+          v1::PrefillRequest r = Request(id, c.text, s);
+          for (size_t k = 0; k < c.grids.size(); ++k) {
+            const auto& g = c.grids[k];
+            *r.add_images() = encoder.Publish(id + "@" + tag, static_cast<uint32_t>(k), g[0], g[1],
+                                              g[2], 1000 * (ci + 1) + k);
+          }
+          return r;
+        };
+        const Output want = RunBoth(both, request("both"));
+        INFO(want.status.error_message());
+        REQUIRE(want.status.ok());
+        REQUIRE(want.tokens.size() == 12);
+        Output decoded;
+        const Output pre = RunSplit(prefill, decode, request("split"), &decoded);
+        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
+        REQUIRE(pre.status.ok());
+        REQUIRE(decoded.status.ok());
+        CHECK(pre.handed_off);
+        CHECK(pre.tokens.size() == 1);
+        std::vector<uint32_t> got = pre.tokens;
+        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+        CHECK(got == want.tokens);
+        CHECK(pre.text + decoded.text == want.text);
+        CHECK(decoded.finish == want.finish);
+      }
+    }
+  }
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
+  CHECK(both.Idle());
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  while (encoder.blocks_used() > 0 && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));
+  CHECK(encoder.blocks_used() == 0);
 }
 
 // Each decode rank receives only its own KV heads (2 of the model's 4) from
@@ -237,6 +412,7 @@ TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "
           s.set_seed(77 + n);
         }
         const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
         REQUIRE(want.status.ok());
         Output decoded;
         const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
@@ -369,6 +545,70 @@ TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
     Drain(reader, &out);
     CHECK(out.status.error_code() == grpc::StatusCode::DATA_LOSS);
   }
+  SECTION("image spans and M-RoPE deltas that disagree are INVALID_ARGUMENT") {
+    const int32_t pad = decode.core->config().tokens.image_pad;
+    REQUIRE(pad >= 0);
+    v1::DecodeRequest d;
+    d.set_request_id("img");
+    *d.mutable_sampling() = Greedy(4);
+    grpc::ClientContext dctx;
+    auto reader = decode.stub->Decode(&dctx, d);
+    const Deadline registered = Deadline::After(absl::Seconds(10));
+    while (decode.core->num_requests() == 0 && !registered.Expired()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    // Two text tokens, a grid of 1x4x6 patches (6 merged tokens), one more.
+    v1::KvAllocateRequest img;
+    img.set_request_id("img");
+    for (int32_t t : {5, 6, pad, pad, pad, pad, pad, pad, 7}) {
+      img.add_prompt_token_ids(static_cast<uint32_t>(t));
+    }
+    v1::KvImageSpan* span = img.add_images();
+    span->set_offset(2);
+    span->set_grid_t(1);
+    span->set_grid_h(4);
+    span->set_grid_w(6);
+    span->mutable_content_hash()->set_low(42);
+    img.set_mrope_position_delta(-3);  // next position 6 at index 9
+    auto allocate = [&](const v1::KvAllocateRequest& r) {
+      grpc::ClientContext c;
+      v1::KvAllocation a;
+      return decode.stub->AllocateKv(&c, r, &a).error_code();
+    };
+    for (auto edit : std::vector<std::function<void(v1::KvAllocateRequest&)>>{
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_offset(3); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_offset(1u << 31); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_grid_w(8); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_grid_h(0); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_grid_t(0xffffffffu); },
+             [](v1::KvAllocateRequest& r) { r.clear_images(); },
+         }) {
+      v1::KvAllocateRequest bad = img;
+      edit(bad);
+      CHECK(allocate(bad) == grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    CHECK(decode.core->num_requests() == 1);  // still registered, nothing reserved
+    SECTION("at AllocateKv the request ends") {
+      v1::KvAllocateRequest bad = img;
+      bad.set_mrope_position_delta(0);
+      CHECK(allocate(bad) == grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    SECTION("at CommitKv the request ends") {
+      CHECK(allocate(img) == grpc::StatusCode::OK);
+      v1::KvCommit commit;
+      commit.set_request_id("img");
+      commit.set_first_token_id(7);
+      commit.add_rank_crc32c(0);
+      commit.set_mrope_position_delta(-2);
+      grpc::ClientContext c;
+      v1::KvCommitAck ack;
+      CHECK(decode.stub->CommitKv(&c, commit, &ack).error_code() ==
+            grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    Output out;
+    Drain(reader, &out);
+    CHECK(out.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
   SECTION("a reservation never committed ends at its deadline") {
     v1::DecodeRequest d;
     d.set_request_id("late");
@@ -382,7 +622,9 @@ TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
     alloc.set_request_id("late");
     grpc::ClientContext c1;
     v1::KvAllocation a;
-    REQUIRE(decode.stub->AllocateKv(&c1, alloc, &a).ok());
+    const grpc::Status allocated = decode.stub->AllocateKv(&c1, alloc, &a);
+    INFO(allocated.error_message());
+    REQUIRE(allocated.ok());
     Output out;
     Drain(reader, &out);
     CHECK(out.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
