@@ -120,9 +120,16 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
+  if (options.role == LanguageRole::kPrefill && options.engine.tp_size > 1) {
+    return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
+  }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
+  if (options.role == LanguageRole::kDecode && eo.tp_size > 1) {
+    eo.tp_shard_args.push_back(
+        absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options.kv_profile)));
+  }
   ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
@@ -131,14 +138,15 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
   if (options.role != LanguageRole::kBoth) {
-    if (options.engine.tp_size > 1) {
-      return absl::UnimplementedError("roles prefill and decode need tp_size 1 for now");
-    }
     ASSIGN_OR_RETURN(core->kv_context_, transfer::UcxContext::Create(options.kv_profile));
     const transfer::UcxWorkerOptions wo{.name = options.instance_id + "-kv"};
     if (options.role == LanguageRole::kDecode) {
-      ASSIGN_OR_RETURN(core->kv_receiver_, transfer::KvHandoffReceiver::Create(
-                                               *core->kv_context_, core->engine_->kv_cache(), wo));
+      // Every rank receives its own KV heads (worker/tp_kv_receiver.h).
+      worker::TpGroup* group = core->engine_->tp_group();
+      ASSIGN_OR_RETURN(core->kv_receivers_, worker::TpKvReceivers::Create(
+                                                *core->kv_context_, core->engine_->kv_cache(),
+                                                group != nullptr ? group->ring() : nullptr,
+                                                group != nullptr ? group->comm() : nullptr, wo));
     } else {
       ASSIGN_OR_RETURN(core->kv_sender_, transfer::KvHandoffSender::Create(
                                              *core->kv_context_, core->engine_->kv_cache(), wo));
@@ -388,6 +396,21 @@ void LanguageCore::Loop() {
     }
     for (Task& t : tasks) t();
     CheckLostDeadlines();
+    // A rank that died while no step ran (an idle instance, or one whose
+    // only request waits for its KV hand-off): out of service all the same.
+    if (!lost_rank_reported_ && engine_->tp_group() != nullptr &&
+        engine_->tp_group()->lost_rank()) {
+      lost_rank_reported_ = true;
+      LOG(ERROR) << "tensor-parallel instance lost a rank between steps: shutting down";
+      std::vector<std::string> live;
+      for (const auto& [id, r] : requests_) {
+        if (r->in_engine) live.push_back(id);
+      }
+      for (const std::string& id : live) {
+        End(id, absl::UnavailableError("a tensor-parallel rank of this instance died"));
+      }
+      kill(getpid(), SIGTERM);
+    }
     if (engine_->has_unfinished()) {
       Stopwatch clock;
       absl::Status s = engine_->Step();

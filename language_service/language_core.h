@@ -17,7 +17,8 @@
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
 //
-// Roles prefill and decode (issue 12, text and image prompts, tp_size 1): a
+// Roles prefill and decode (issue 12, text and image prompts; prefill tp_size
+// 1, decode any tp_size, each decode rank receiving only its own KV heads): a
 // decode core registers a request (RegisterDecode, the Decode stream),
 // reserves its KV blocks (AllocateKv with the expanded prompt, its image
 // spans and M-RoPE delta; held until CommitKv or kv_commit_timeout) and, once the
@@ -50,6 +51,7 @@
 #include "transfer/kv_handoff.h"
 #include "transfer/transfer_engine.h"
 #include "worker/engine.h"
+#include "worker/tp_kv_receiver.h"
 
 namespace mmserve::language {
 
@@ -185,8 +187,8 @@ class LanguageCore {
   std::unique_ptr<worker::LlmEngine> engine_;
   // Roles prefill and decode.
   std::unique_ptr<transfer::UcxContext> kv_context_;
-  std::unique_ptr<transfer::KvHandoffReceiver> kv_receiver_;  // decode
-  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;      // prefill
+  std::unique_ptr<worker::TpKvReceivers> kv_receivers_;   // decode, every rank
+  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;  // prefill
   // Role prefill, loop thread only: stubs by decode address.
   std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_;
 

@@ -31,7 +31,8 @@
 ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
           "instance the router names) or decode (takes hand-offs and streams the rest); "
-          "prefill and decode: text and image prompts, --tp=1");
+          "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
+          "rank receives its own KV heads)");
 ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
           "role decode: how long a KV reservation waits for the prefill side's commit");
 ABSL_FLAG(int, test_kv_handoff_delay_ms, 0,
@@ -112,8 +113,8 @@ int Main() {
                  role_flag.c_str());
     return 2;
   }
-  if (role != LanguageRole::kBoth && absl::GetFlag(FLAGS_tp) != 1) {
-    std::fprintf(stderr, "language: --role=%s needs --tp=1 for now\n", role_flag.c_str());
+  if (role == LanguageRole::kPrefill && absl::GetFlag(FLAGS_tp) != 1) {
+    std::fprintf(stderr, "language: --role=prefill needs --tp=1 for now (decode takes --tp)\n");
     return 2;
   }
   if (absl::GetFlag(FLAGS_model_dir).empty()) {

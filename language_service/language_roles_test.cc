@@ -2,8 +2,10 @@
 // the UCX KV hand-off, in one process: a decode instance holds each request's
 // Decode stream, a prefill instance runs the prompt to its first token, hands
 // the KV over (AllocateKv, puts, CommitKv) and ends its stream with
-// kv_handed_off. The tokens and text must equal a role-both instance's, for
-// text prompts and for image prompts (whose embeddings come from an encoder
+// kv_handed_off. The decode instance runs one rank or two (TP=2: rank 1 is a
+// //worker:tp_shard process receiving its own KV heads over UCX). The tokens
+// and text must equal a role-both instance's, for text prompts and for image
+// prompts (whose embeddings come from an encoder
 // stand-in over UCX); the rejections carry their codes; nothing leaks on
 // either side.
 #include <array>
@@ -24,6 +26,7 @@
 #include "language_service/language_service.h"
 #include "proto/encoder.grpc.pb.h"
 #include "transfer/transfer_engine.h"
+#include "worker/fork_ranks.h"
 
 namespace mmserve::language {
 namespace {
@@ -32,7 +35,8 @@ constexpr char kModel[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
 
 // A language instance of one role behind a gRPC server on a free port.
 struct Instance {
-  explicit Instance(LanguageRole role, absl::Duration commit_timeout = absl::Seconds(10)) {
+  explicit Instance(LanguageRole role, absl::Duration commit_timeout = absl::Seconds(10),
+                    int tp = 1) {
     const std::string id = role == LanguageRole::kDecode    ? "decode"
                            : role == LanguageRole::kPrefill ? "prefill"
                                                             : "both";
@@ -57,6 +61,11 @@ struct Instance {
     o.engine.max_num_seqs = 8;
     o.engine.max_num_batched_tokens = 64;
     o.engine.num_threads = 1;
+    if (tp > 1) {
+      o.engine.tp_size = tp;
+      o.engine.tp_shard_binary = "worker/tp_shard";
+      o.engine.tp_instance_id = worker::UniqueInstanceId("roles-" + id);
+    }
     auto c = LanguageCore::Create(o, *transfer, registry);
     INFO(c.status().ToString());
     REQUIRE(c.ok());
@@ -292,6 +301,7 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
           s.set_seed(1234 + n);
         }
         const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
         REQUIRE(want.status.ok());
         Output decoded;
         const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
@@ -376,6 +386,107 @@ TEST_CASE("image prompts: prefill + decode instances give role both's tokens and
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (encoder.blocks_used() > 0 && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));
   CHECK(encoder.blocks_used() == 0);
+}
+
+// Each decode rank receives only its own KV heads (2 of the model's 4) from
+// the prefill instance; decoding then runs on both ranks.
+TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "[roles][tp]") {
+  Instance both(LanguageRole::kBoth), prefill(LanguageRole::kPrefill),
+      decode(LanguageRole::kDecode, absl::Seconds(10), 2);
+  const std::vector<std::string> prompts = {
+      "The quick brown fox jumps over the lazy dog",
+      "Hi",
+      "A much longer prompt that spans several KV blocks of four tokens each, so that the "
+      "hand-off moves more than a handful of blocks and every layer's keys and values",
+  };
+  int n = 0;
+  for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
+    for (const std::string& text : prompts) {
+      for (bool seeded : {false, true}) {
+        const std::string id = "t" + std::to_string(n++);
+        INFO(id << ": " << text);
+        mmserve::v1::SamplingParams s = Greedy(10);
+        if (seeded) {
+          s.set_temperature(0.9f);
+          s.set_top_p(0.95f);
+          s.set_seed(77 + n);
+        }
+        const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
+        REQUIRE(want.status.ok());
+        Output decoded;
+        const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
+        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
+        REQUIRE(pre.status.ok());
+        REQUIRE(decoded.status.ok());
+        CHECK(pre.handed_off);
+        std::vector<uint32_t> got = pre.tokens;
+        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+        CHECK(got == want.tokens);
+        CHECK(pre.text + decoded.text == want.text);
+      }
+    }
+  }
+  SECTION("AllocateKv names both ranks; a commit needs a CRC per rank, each checked") {
+    v1::DecodeRequest d;
+    d.set_request_id("crc2");
+    *d.mutable_sampling() = Greedy(4);
+    grpc::ClientContext dctx;
+    auto reader = decode.stub->Decode(&dctx, d);
+    const Deadline registered = Deadline::After(absl::Seconds(10));
+    while (decode.core->num_requests() == 0 && !registered.Expired()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    v1::KvAllocateRequest alloc;
+    alloc.set_request_id("crc2");
+    for (uint32_t t : {5, 6, 7, 8, 9}) alloc.add_prompt_token_ids(t);
+    grpc::ClientContext c1, c2, c3;
+    v1::KvAllocation a;
+    REQUIRE(decode.stub->AllocateKv(&c1, alloc, &a).ok());
+    REQUIRE(a.ranks_size() == 2);
+    for (int i = 0; i < 2; ++i) {
+      CHECK(a.ranks(i).layout().tp_rank() == static_cast<uint32_t>(i));
+      CHECK(a.ranks(i).layout().tp_size() == 2);
+      CHECK(a.ranks(i).layout().num_kv_heads() == 2);
+      CHECK(a.ranks(i).block_ids_size() == 2);
+    }
+    CHECK(a.ranks(0).peer().worker_address() != a.ranks(1).peer().worker_address());
+    v1::KvCommit commit;
+    commit.set_request_id("crc2");
+    commit.set_first_token_id(7);
+    commit.add_rank_crc32c(0);
+    v1::KvCommitAck ack;
+    CHECK(decode.stub->CommitKv(&c2, commit, &ack).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+    commit.add_rank_crc32c(0xdeadbeef);
+    CHECK(decode.stub->CommitKv(&c3, commit, &ack).error_code() == grpc::StatusCode::DATA_LOSS);
+    Output out;
+    Drain(reader, &out);
+    CHECK(out.status.error_code() == grpc::StatusCode::DATA_LOSS);
+  }
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
+  CHECK(both.Idle());
+}
+
+TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles][tp]") {
+  metrics::Registry registry;
+  transfer::TransferEngineOptions topts;
+  topts.instance_id = "prefill-tp";
+  topts.layout.block_size = 16;
+  topts.layout.num_blocks = 8;
+  topts.layout.hidden_size = 64;
+  topts.layout.dtype_bytes = sizeof(float);
+  auto t = transfer::TransferEngine::Create(topts);
+  REQUIRE(t.ok());
+  LanguageCoreOptions o;
+  o.instance_id = "prefill-tp";
+  o.role = LanguageRole::kPrefill;
+  o.engine.model_dir = kModel;
+  o.engine.tp_size = 2;
+  o.engine.tp_shard_binary = "worker/tp_shard";
+  auto c = LanguageCore::Create(o, **t, registry);
+  CHECK(c.status().code() == absl::StatusCode::kUnimplemented);
 }
 
 TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {

@@ -132,6 +132,7 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
     g.model_dir = options.model_dir;
     g.threads_per_rank = threads;
     g.ring_slot_bytes = StepSlotBytes(options, config_.text.hidden_size, sizing_.max_model_len);
+    g.extra_args = options.tp_shard_args;
     if (options.shared_input != nullptr) {
       g.shared_input_fd = options.shared_input_fd;
       g.shared_input_bytes = options.shared_input_bytes;
@@ -576,7 +577,6 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
 absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
                                                           StreamCallback callback,
                                                           Deadline commit_by) {
-  if (tp_group_ != nullptr) return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
   if (!request.images.empty() || !request.image_embeddings.empty()) {
     return absl::InvalidArgumentError("a KV hand-off carries image spans, not images");
   }

@@ -84,6 +84,8 @@ struct EngineOptions {
   int tp_size = 1;
   std::string tp_shard_binary;
   std::string tp_instance_id;
+  // More flags for the shard ranks (TpGroupOptions::extra_args).
+  std::vector<std::string> tp_shard_args;
   // Seed 000: memory every rank maps (a worker::ShmFile: its descriptor,
   // and where it lies in this process), which must outlive the engine. With
   // tp_size > 1, a step's image rows whose values lie in it reach the other
@@ -221,8 +223,9 @@ class LlmEngine {
   // second token on. A handed-off image request has no embeddings here, so
   // it cannot be recomputed: when the scheduler preempts it, the engine
   // aborts it (kAbort with error ResourceExhausted) instead.
-  // ResourceExhausted when the KV pool or max_num_seqs has no room now;
-  // FailedPrecondition with tp_size > 1. The request holds the blocks until
+  // ResourceExhausted when the KV pool or max_num_seqs has no room now. With
+  // tp_size > 1 the block ids hold on every rank (each rank's cache has the
+  // same blocks, of its own heads). The request holds the blocks until
   // CommitRemoteKv, Abort, or the first Step after `commit_by` (a prefill
   // engine that died mid-hand-off): that Step aborts it (final event kAbort)
   // and frees its blocks.
@@ -241,6 +244,9 @@ class LlmEngine {
 
   // The KV storage (rank 0's with tensor parallelism), for KV hand-off.
   model::KvCache& kv_cache() { return *kv_; }
+  // The other ranks (tp_size > 1; else null): their step ring and
+  // communicator, for KV hand-off steps from the engine's thread.
+  TpGroup* tp_group() const { return tp_group_.get(); }
 
   bool has_unfinished() const { return !requests_.empty(); }
   const model::Tokenizer& tokenizer() const { return *tokenizer_; }

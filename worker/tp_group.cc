@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
                                      absl::StrCat("--threads=", o.threads_per_rank),
                                      absl::StrCat("--ring_slot_bytes=", o.ring_slot_bytes),
                                      absl::StrCat("--timeout_s=", absl::ToInt64Seconds(o.timeout))};
+    args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     if (o.shared_input_fd >= 0) {
