@@ -107,6 +107,10 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
                                    request.prompt_token_ids().end());
         er.sampling.seed = request.seed();
         ASSIGN_OR_RETURN(er.handoff_images, HandoffImagesFromProto(request));
+        uint32_t image_tokens = 0;
+        for (const worker::HandoffImage& h : er.handoff_images) {
+          image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
+        }
         r.engine_request.sampling.seed = request.seed();
         ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
                          engine_->ReserveRemoteKv(
@@ -116,10 +120,7 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
         r.kv_blocks = blocks.blocks;
         r.admitted_at_s = r.since_submit.ElapsedSeconds();
         r.mrope_position_delta = blocks.mrope_position_delta;
-        r.image_tokens = 0;
-        for (const worker::HandoffImage& h : er.handoff_images) {
-          r.image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
-        }
+        r.image_tokens = image_tokens;  // er has moved into the engine
         if (blocks.mrope_position_delta != request.mrope_position_delta()) {
           const absl::Status why = absl::InvalidArgumentError(
               absl::StrCat("request ", r.id, ": M-RoPE delta ", request.mrope_position_delta(),
