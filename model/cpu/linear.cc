@@ -674,8 +674,9 @@ PanelWeights PanelWeights::Pack(ThreadPool& pool, const WeightMatrix& w) {
 void Int8Weights::Free::operator()(void* p) const { std::free(p); }
 
 Int8Weights Int8Weights::Quantize(ThreadPool& pool, const WeightMatrix& w, int64_t group) {
-  CHECK(w.layout == WeightLayout::kRows && (w.dtype == DType::kF32 || w.dtype == DType::kBF16))
-      << "Int8Weights quantizes row-major F32 or BF16 matrices, not " << DTypeName(w.dtype);
+  CHECK(w.layout == WeightLayout::kRows &&
+        (w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF16))
+      << "Int8Weights quantizes row-major F32, BF16 or F16 matrices, not " << DTypeName(w.dtype);
   CHECK_GE(group, 0);
   Int8Weights q;
   q.matrix_ = w;
@@ -740,6 +741,9 @@ void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out) {
   if (w.layout == WeightLayout::kRows) {
     if (w.dtype == DType::kF32) {
       std::memcpy(out, static_cast<const float*>(w.data) + row * w.cols, w.cols * sizeof(float));
+    } else if (w.dtype == DType::kF16) {
+      const uint16_t* src = static_cast<const uint16_t*>(w.data) + row * w.cols;
+      for (int64_t k = 0; k < w.cols; ++k) out[k] = F16ToF32(src[k]);
     } else {
       const uint16_t* src = static_cast<const uint16_t*>(w.data) + row * w.cols;
       for (int64_t k = 0; k < w.cols; ++k) out[k] = Bf16ToF32(src[k]);
