@@ -78,7 +78,9 @@ ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
 ABSL_FLAG(int, pp, 512, "prompt tokens of the prefill test");
 ABSL_FLAG(int, tg, 128, "decode steps of the generation tests");
 ABSL_FLAG(int, batch, 32, "concurrent sequences of the batched decode test");
-ABSL_FLAG(int, reps, 3, "repetitions of the prefill test (mean reported; its breakdown: medians)");
+ABSL_FLAG(int, reps, 3,
+          "repetitions of the prefill test (the median rep is reported, and the medians of its "
+          "breakdown)");
 ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
 ABSL_FLAG(int, block_size, 16, "KV block size");
 
@@ -368,7 +370,7 @@ void RunSteps(const Options& o, const TextConfig& cfg, const model::Qwen2Weights
   // The breakdown's stand-in buffers stay out of the peak RSS: the mark is
   // read before they exist and reset once they are freed.
   const double load_peak_rss = PeakRssMb();
-  std::vector<double> linear_s, attention_s, rest_s;
+  std::vector<double> step_s_all, linear_s, attention_s, rest_s;
   {
     PrefillParts parts(o, cfg, weights, pool);
     parts.TimeLinear();  // warm-up of the breakdown's buffers
@@ -379,13 +381,15 @@ void RunSteps(const Options& o, const TextConfig& cfg, const model::Qwen2Weights
       Stopwatch sw;
       step({{0, 0, o.pp}}, rep + 1);
       const double step_s = sw.ElapsedSeconds();
-      r->pp_s += step_s / o.reps;
+      step_s_all.push_back(step_s);
       linear_s.push_back(parts.TimeLinear());
       attention_s.push_back(parts.TimeAttention());
       rest_s.push_back(step_s - linear_s.back() - attention_s.back());
     }
   }
   if (r->rss_reset) ResetPeakRss();
+  // Medians: one rep slowed by a neighbour's build does not move them.
+  r->pp_s = Median(step_s_all);
   r->pp_linear_s = Median(linear_s);
   r->pp_attention_s = Median(attention_s);
   r->pp_rest_s = Median(rest_s);
@@ -430,11 +434,13 @@ void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& 
     CHECK_OK(qwen.Forward(b, kv, &logits));
   };
   step(bf16_model, **kv_bf16, {{0, 0, 16}}, 0);  // warm-up
+  std::vector<double> bf16_pp;
   for (int rep = 0; rep < o.reps; ++rep) {
     Stopwatch sw;
     step(bf16_model, **kv_bf16, {{0, 0, o.pp}}, rep + 1);
-    r->bf16_pp_s += sw.ElapsedSeconds() / o.reps;
+    bf16_pp.push_back(sw.ElapsedSeconds());
   }
+  r->bf16_pp_s = Median(bf16_pp);
   constexpr int kChunk = 16;
   for (int i0 = 0; i0 < o.tg; i0 += kChunk) {
     const int i1 = std::min(o.tg, i0 + kChunk);
