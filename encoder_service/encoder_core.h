@@ -56,6 +56,9 @@ struct EncoderCoreOptions {
   int decode_threads = 1;
   // Patches the tower takes in one forward (at least one image per batch).
   int64_t max_batch_patches = 16384;
+  // The tower's weights: "" (as stored), "int8" or "int8_g32" (quantized at
+  // load, see model::VisionTowerOptions::int8_group).
+  std::string quantize;
   size_t cache_bytes = size_t{256} << 20;
   model::DecodeLimits decode_limits;
   // How long a published image waits for its receiver.

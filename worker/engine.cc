@@ -146,6 +146,10 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
   if (config_.vision && options.load_vision) {
     model::VisionTowerOptions vision_options;
     vision_options.pool = pool_.get();
+    // --quantize covers the vision tower's linear layers too.
+    if (weight_options.quantize == model::Quantization::kInt8) {
+      vision_options.int8_group = weight_options.int8_group;
+    }
     ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_, vision_options));
     sizing_.vision_bytes = vision_->weight_bytes();
   }

@@ -64,9 +64,10 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.3;
   int num_threads = 0;  // 0: one per core; negative is InvalidArgument
-  // Language-model weights quantized at load: "" or "none", "int8" (one
-  // scale per output row), "int8_g32" (model::ParseQuantize; anything else
-  // is InvalidArgument from Create).
+  // Weights quantized at load: "" or "none", "int8" (one scale per output
+  // row), "int8_g32" (model::ParseQuantize; anything else is InvalidArgument
+  // from Create). Covers the language model and the vision tower's linear
+  // layers when it is loaded.
   std::string quantize;
   // Load the vision tower (vision models). A language service whose images
   // arrive as embeddings from an encoder service sets this false and passes
