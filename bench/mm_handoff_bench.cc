@@ -10,7 +10,9 @@
 // (mmserve_language_mm_handoff_blocked_seconds_total over the measured
 // rounds; requests that failed are counted and left out). Last line JSON: throughput_ratio = async
 // / blocking, text_ttft_p99_ratio = blocking / async (both > 1 when async is better; target 1.5 for
-// either), blocked_ms_async, blocked_ms_blocking.
+// either), blocked_ms_async, blocked_ms_blocking, throughput_ratio_ceiling (the blocking
+// arm's wall time over that time less the loop time async saves: the most
+// the hand-off can gain on this machine and model).
 //
 //   bazel run --config=opt //bench:mm_handoff_bench [-- --rounds=8]
 #include <algorithm>
@@ -182,6 +184,17 @@ int Main() {
                 p99[arm.name] * 1e3, blocked_ms[arm.name]);
   }
   for (Arm& arm : arms) arm.stack->Stop();
+  // The ceiling of the async arm's gain here: the blocking arm's wall time
+  // without the loop time the async arm saves (the only work that differs
+  // between the arms). On the demo model it is a few ms in seconds of
+  // prefill and decode, so throughput_ratio cannot reach 1.5 on this machine
+  // whatever the hand-off does; the 7B-dims copy figure shows where it can.
+  const double saved_s = std::max(0.0, arms[1].blocked_s - arms[0].blocked_s);
+  const double ceiling =
+      arms[1].seconds > saved_s ? arms[1].seconds / (arms[1].seconds - saved_s) : 0;
+  std::printf(
+      "ceiling of throughput_ratio on this run: %.4f (%.2f ms of loop time saved in %.2f s)\n",
+      ceiling, saved_s * 1e3, arms[1].seconds);
   const double copies_ms = TwoCopiesMsAt7bDims();
   std::printf(
       "blocking variant at Qwen2-VL-7B dims (memcpy x2 of a 1024-token image, 14.7 MB): "
@@ -193,11 +206,12 @@ int Main() {
       "\"throughput_async_rps\": %.2f, \"throughput_blocking_rps\": %.2f, "
       "\"text_ttft_p99_async_ms\": %.2f, \"text_ttft_p99_blocking_ms\": %.2f, "
       "\"throughput_ratio\": %.3f, \"text_ttft_p99_ratio\": %.3f, \"blocked_ms_async\": %.3f, "
-      "\"blocked_ms_blocking\": %.3f, \"blocking_copies_ms_per_image_7b_dims\": %.2f}\n",
+      "\"blocked_ms_blocking\": %.3f, \"throughput_ratio_ceiling\": %.4f, "
+      "\"blocking_copies_ms_per_image_7b_dims\": %.2f}\n",
       images, absl::GetFlag(FLAGS_texts), absl::GetFlag(FLAGS_rounds),
       arms[0].failed + arms[1].failed, tput["async"], tput["blocking"], p99["async"] * 1e3,
       p99["blocking"] * 1e3, tput["async"] / tput["blocking"], p99["blocking"] / p99["async"],
-      blocked_ms["async"], blocked_ms["blocking"], copies_ms);
+      blocked_ms["async"], blocked_ms["blocking"], ceiling, copies_ms);
   return 0;
 }
 
