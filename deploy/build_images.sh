@@ -40,7 +40,7 @@ cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
 mkdir -p "$cache"
 
 targets=(//router:router //encoder_service:encoder //language_service:language
-         //client:health_probe //client:cli)
+         //client:health_probe //client:cli //worker:tp_shard)
 echo "build_images.sh: bazel build ${config[*]:-(default configuration)}"
 bazel build --disk_cache="$cache" "${config[@]}" --color=no --curses=no "${targets[@]}" 2>&1 |
   grep -vE '^(INFO|Loading|Analyzing|\[)' || true
@@ -61,7 +61,7 @@ copy_with_libs() {  # copies a file and every shared library ldd lists for it
   done
 }
 for b in router/router encoder_service/encoder language_service/language client/health_probe \
-         client/cli; do
+         client/cli worker/tp_shard; do
   [[ -x "$bin/$b" ]] || { echo "build_images.sh: $bin/$b was not built" >&2; exit 1; }
   copy_with_libs "$bin/$b" "/usr/local/bin/$(basename "$b")"
   strip --strip-unneeded "$root/usr/local/bin/$(basename "$b")"

@@ -12,7 +12,9 @@
 #      succeed; the encoder is started again, must rejoin and serve;
 #   3. no block or live request left on any service (metrics);
 # then `down -v` and checks that no container, network or volume of the
-# project is left. Bounded to 10 minutes; prints its duration.
+# project is left; then the same for deploy/docker-compose.pd.yml (encoder,
+# prefill, decode with two TP ranks): 100 demo questions over gRPC identical
+# to the in-process engine, no leaks, nothing left after `down -v`. Bounded to 10 minutes; prints its duration.
 #
 # MMSERVE_COMPOSE_IMAGE=dynamic (default) builds the image from the default
 # configuration's binaries, which `bazel test //...` has already built;
@@ -257,6 +259,40 @@ left_n=$($docker network ls --filter "label=com.docker.compose.project=$project"
 left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
 [[ "$left_c$left_n$left_v" == 000 ]] ||
   fail "left after down -v: $left_c containers, $left_n networks, $left_v volumes"
+
+# 7. The disaggregated file: router, encoder, prefill, decode with two ranks;
+# KV and embeddings over UCX tcp between containers.
+project="mmserve-ci-pd-$$"
+compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.pd.yml" -p "$project")
+export MMSERVE_PREFILL_METRICS_PORT=9454 MMSERVE_DECODE_METRICS_PORT=9455
+step "docker-compose.pd.yml up (project $project: encoder, prefill, decode --tp=2)"
+brought_up=1
+"${compose[@]}" up -d >"$logs/up-pd.log" 2>&1 ||
+  { cat "$logs/up-pd.log"; fail "docker-compose.pd.yml up failed: $(grep -v '^$' "$logs/up-pd.log" | tail -n 2 | tr '\n' ' ')"; }
+healthy_pd() {  # four containers healthy; the router sees 1 encoder, 1 prefill, 1 decode
+  local n m
+  n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
+  [[ $n == 4 ]] || return 1
+  m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
+  grep -q '^mmserve_router_healthy_instances{role="encoder"} 1$' <<<"$m" &&
+    grep -q '^mmserve_router_healthy_instances{role="prefill"} 1$' <<<"$m" &&
+    grep -q '^mmserve_router_healthy_instances{role="decode"} 1$' <<<"$m"
+}
+for _ in $(seq 1 240); do healthy_pd && break; sleep 0.5; done
+healthy_pd || { "${compose[@]}" ps; fail "the P/D stack was not healthy within 120 s: $(stack_state)"; }
+step "100 demo questions over gRPC through prefill -> decode (KV over UCX tcp)"
+run_loadgen pd --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=100 \
+  --max_concurrency=8 --leak_ports="9450,9451,$MMSERVE_PREFILL_METRICS_PORT,$MMSERVE_DECODE_METRICS_PORT" ||
+  fail "P/D answers: $(first_error pd)"
+step "docker-compose.pd.yml down -v"
+"${compose[@]}" down -v --remove-orphans >"$logs/down-pd.log" 2>&1 || fail "docker-compose.pd.yml down failed"
+brought_up=""
+left_c=$($docker ps -a --filter "label=com.docker.compose.project=$project" -q | wc -l)
+left_n=$($docker network ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
+left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
+[[ "$left_c$left_n$left_v" == 000 ]] ||
+  fail "left after the P/D down -v: $left_c containers, $left_n networks, $left_v volumes"
+
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
 rm -rf "$logs"  # kept only when something failed
-echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); nothing left; ${SECONDS} s)"
+echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); P/D file (decode --tp=2): 100 answers identical; nothing left; ${SECONDS} s)"

@@ -127,12 +127,13 @@ int Main() {
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   registry.AddGaugeCallback("mmserve_router_calls_live", "Generate calls in flight.", {},
                             [&tracker] { return static_cast<double>(tracker.size()); });
-  registry.AddGaugeCallback(
-      "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", "encoder"}},
-      [&table] { return static_cast<double>(table.Healthy(Role::kEncoder).size()); });
-  registry.AddGaugeCallback(
-      "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", "language"}},
-      [&table] { return static_cast<double>(table.Healthy(Role::kLanguage).size()); });
+  for (const auto& [role, name] :
+       {std::pair{Role::kEncoder, "encoder"}, std::pair{Role::kLanguage, "language"},
+        std::pair{Role::kPrefill, "prefill"}, std::pair{Role::kDecode, "decode"}}) {
+    registry.AddGaugeCallback(
+        "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", name}},
+        [&table, role = role] { return static_cast<double>(table.Healthy(role).size()); });
+  }
   table.Start();
 
   InferenceService inference(context, tracker);
