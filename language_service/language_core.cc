@@ -157,9 +157,6 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
       if (request.decode().address().empty()) {
         return absl::InvalidArgumentError("role prefill needs the decode instance (decode)");
       }
-      if (request.images_size() > 0) {
-        return absl::UnimplementedError("role prefill hands off text prompts only for now");
-      }
       break;
     case LanguageRole::kDecode:
       return absl::FailedPreconditionError("role decode takes Decode calls, not Prefill");
@@ -199,7 +196,6 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     }
     r->engine_request.prompt.clear();
     r->engine_request.kv_handoff = true;
-    r->prompt_ids = r->engine_request.prompt_token_ids;
     r->decode = request.decode();
   }
   for (const v1::PromptImage& image : request.images()) {
@@ -264,7 +260,9 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     return;
   }
   if (options_.role == LanguageRole::kDecode && e.finish_reason == worker::FinishReason::kAbort) {
-    End(r.id, absl::DeadlineExceededError("the prefill instance did not commit the KV in time"));
+    End(r.id, e.error.ok() ? absl::DeadlineExceededError(
+                                 "the prefill instance did not commit the KV in time")
+                           : e.error);
     return;
   }
   if (!e.token_ids.empty()) r.last_token = e.token_ids.back();
@@ -296,7 +294,7 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     }
   }
   if (e.finish_reason == worker::FinishReason::kHandoff) {
-    absl::Status s = HandOff(r, e.kv_blocks);
+    absl::Status s = HandOff(r, e.kv_blocks, e.handoff);
     if (!s.ok()) {
       End(r.id, s);
       return;

@@ -17,9 +17,10 @@
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
 //
-// Roles prefill and decode (issue 12, text prompts, tp_size 1): a decode core
-// registers a request (RegisterDecode, the Decode stream), reserves its KV
-// blocks (AllocateKv, held until CommitKv or kv_commit_timeout) and, once the
+// Roles prefill and decode (issue 12, text and image prompts, tp_size 1): a
+// decode core registers a request (RegisterDecode, the Decode stream),
+// reserves its KV blocks (AllocateKv with the expanded prompt, its image
+// spans and M-RoPE delta; held until CommitKv or kv_commit_timeout) and, once the
 // prefill side has written them over UCX, checks their CRC32C and decodes on
 // (CommitKv). A prefill core runs a Submit'ed request up to its first token
 // and then, on the loop thread while the prompt's blocks are still valid,
@@ -65,6 +66,11 @@ struct LanguageCoreOptions {
   absl::Duration kv_commit_timeout = absl::Seconds(10);
   // Role prefill: AllocateKv, the puts and CommitKv together.
   absl::Duration kv_handoff_timeout = absl::Seconds(10);
+  // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
+  // and the puts (on the loop thread, inside kv_handoff_timeout), so that
+  // fault tests kill a process mid-hand-off deterministically. Zero in
+  // production.
+  absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
   worker::EngineOptions engine;
   // One image's transfer, from init to its last chunk.
   absl::Duration transfer_timeout = absl::Seconds(30);
@@ -103,10 +109,13 @@ class LanguageCore {
   [[nodiscard]] absl::Status RegisterDecode(const v1::DecodeRequest& request, RequestSink sink);
   // Role decode: reserves the blocks of a registered request.
   // FailedPrecondition when it is not registered or already reserved,
-  // ResourceExhausted when there is no room now.
+  // ResourceExhausted when there is no room now, InvalidArgument for image
+  // spans that disagree with the token ids (the request stays registered)
+  // or an M-RoPE delta that disagrees with them (the request ends).
   [[nodiscard]] absl::StatusOr<v1::KvAllocation> AllocateKv(const v1::KvAllocateRequest& request);
   // Role decode: the reserved blocks hold the KV; DataLoss (and the request
-  // ends) when their CRC32C differs from the commit's.
+  // ends) when their CRC32C differs from the commit's, InvalidArgument (and
+  // the request ends) when its M-RoPE delta differs from the allocation's.
   [[nodiscard]] absl::Status CommitKv(const v1::KvCommit& commit);
 
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
@@ -137,7 +146,8 @@ class LanguageCore {
   template <typename T>
   T RunOnLoop(std::function<T()> f);
   // Role prefill, loop thread: hands request `r`'s KV to its decode instance.
-  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks);
+  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks,
+                       const worker::HandoffPrompt& prompt);
   void Loop();
   void ConnectLoop();
   // Loop thread only, from here on.

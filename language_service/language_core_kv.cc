@@ -21,6 +21,35 @@
 
 namespace mmserve::language {
 
+namespace {
+
+// The images of a handed-off prompt, for LlmEngine::ReserveRemoteKv (which
+// checks them against the token ids).
+absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
+    const v1::KvAllocateRequest& request) {
+  constexpr uint32_t kMaxSide = 1 << 16;  // patches; keeps t * h * w in range
+  std::vector<worker::HandoffImage> out;
+  for (const v1::KvImageSpan& s : request.images()) {
+    if (s.offset() >= static_cast<uint32_t>(request.prompt_token_ids_size()) || s.grid_t() == 0 ||
+        s.grid_h() == 0 || s.grid_w() == 0 || s.grid_t() > kMaxSide || s.grid_h() > kMaxSide ||
+        s.grid_w() > kMaxSide) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hand-off image ", out.size(), " has offset ", s.offset(), " and grid ",
+                       s.grid_t(), "x", s.grid_h(), "x", s.grid_w(), " for a prompt of ",
+                       request.prompt_token_ids_size(), " tokens"));
+    }
+    worker::HandoffImage h;
+    h.offset = static_cast<int>(s.offset());
+    h.grid = model::ImageGrid::FromThw(static_cast<int>(s.grid_t()), static_cast<int>(s.grid_h()),
+                                       static_cast<int>(s.grid_w()));
+    h.key = ContentHash{s.content_hash().high(), s.content_hash().low()};
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, RequestSink sink) {
   if (options_.role != LanguageRole::kDecode) {
     return absl::UnimplementedError("only role decode takes Decode calls (use --role=decode)");
@@ -77,6 +106,7 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
         er.prompt_token_ids.assign(request.prompt_token_ids().begin(),
                                    request.prompt_token_ids().end());
         er.sampling.seed = request.seed();
+        ASSIGN_OR_RETURN(er.handoff_images, HandoffImagesFromProto(request));
         r.engine_request.sampling.seed = request.seed();
         ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
                          engine_->ReserveRemoteKv(
@@ -85,6 +115,18 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
         r.in_engine = true;
         r.kv_blocks = blocks.blocks;
         r.admitted_at_s = r.since_submit.ElapsedSeconds();
+        r.mrope_position_delta = blocks.mrope_position_delta;
+        r.image_tokens = 0;
+        for (const worker::HandoffImage& h : er.handoff_images) {
+          r.image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
+        }
+        if (blocks.mrope_position_delta != request.mrope_position_delta()) {
+          const absl::Status why = absl::InvalidArgumentError(
+              absl::StrCat("request ", r.id, ": M-RoPE delta ", request.mrope_position_delta(),
+                           " disagrees with the images' ", blocks.mrope_position_delta));
+          End(r.id, why);  // frees the reservation
+          return why;
+        }
         // The engine's earlier reads of these (reused) blocks before the puts.
         RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
         const transfer::KvHandoffTarget& t = kv_receiver_->target();
@@ -127,6 +169,13 @@ absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
           absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
     }
     Request& r = *it->second;
+    if (commit.mrope_position_delta() != r.mrope_position_delta) {
+      const absl::Status why = absl::InvalidArgumentError(
+          absl::StrCat("request ", r.id, ": committed M-RoPE delta ", commit.mrope_position_delta(),
+                       " != allocated ", r.mrope_position_delta));
+      End(r.id, why);
+      return why;
+    }
     RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
     const uint32_t crc = transfer::KvBlocksCrc(engine_->kv_cache(), r.kv_blocks);
     if (crc != commit.rank_crc32c(0)) {
@@ -139,19 +188,30 @@ absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
   });
 }
 
-absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& blocks) {
+absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& blocks,
+                                   const worker::HandoffPrompt& prompt) {
   const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
   const auto grpc_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
   auto& stub = decode_stubs_[r.decode.address()];
   if (stub == nullptr) stub = v1::Language::NewStub(InternalChannel(r.decode.address()));
-  const std::vector<int32_t>& ids = r.prompt_ids;
+  const std::vector<int32_t>& ids = prompt.token_ids;
   v1::KvAllocateRequest req;
   req.set_request_id(r.id);
   req.set_num_tokens(static_cast<uint32_t>(ids.size()));
   req.set_max_new_tokens(static_cast<uint32_t>(r.engine_request.sampling.max_tokens));
   for (int32_t t : ids) req.add_prompt_token_ids(static_cast<uint32_t>(t));
   req.set_seed(r.engine_request.sampling.seed);
+  for (const worker::HandoffImage& h : prompt.images) {
+    v1::KvImageSpan* span = req.add_images();
+    span->set_offset(static_cast<uint32_t>(h.offset));
+    span->set_grid_t(static_cast<uint32_t>(h.grid.grid_t));
+    span->set_grid_h(static_cast<uint32_t>(h.grid.grid_h));
+    span->set_grid_w(static_cast<uint32_t>(h.grid.grid_w));
+    span->mutable_content_hash()->set_high(h.key.high);
+    span->mutable_content_hash()->set_low(h.key.low);
+  }
+  req.set_mrope_position_delta(prompt.mrope_position_delta);
   v1::KvAllocation alloc;
   {
     grpc::ClientContext ctx;
@@ -177,6 +237,11 @@ absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& block
                                             " blocks after ", skip, " cached for a prompt of ",
                                             blocks.size()));
   }
+  if (options_.test_kv_handoff_delay > absl::ZeroDuration()) {
+    LOG(WARNING) << "request " << r.id << ": test-only hand-off delay of "
+                 << options_.test_kv_handoff_delay << " after AllocateKv";
+    absl::SleepFor(options_.test_kv_handoff_delay);
+  }
   std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
   std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
   ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline));
@@ -186,6 +251,7 @@ absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& block
   commit.set_first_token_id(static_cast<uint32_t>(r.last_token));
   commit.add_rank_crc32c(crc);
   commit.set_seed(r.engine_request.sampling.seed);
+  commit.set_mrope_position_delta(prompt.mrope_position_delta);
   v1::KvCommitAck ack;
   grpc::ClientContext ctx;
   ctx.set_deadline(grpc_deadline);

@@ -52,9 +52,10 @@ struct LanguageCore::Request {
   // Role prefill: where the KV goes, and the last token sampled.
   v1::DecodeTarget decode;
   int32_t last_token = -1;
-  std::vector<int32_t> prompt_ids;  // engine_request's moves into the engine
-  // Role decode: the reserved blocks (after AllocateKv).
+  // Role decode: the reserved blocks (after AllocateKv) and the prompt's
+  // M-RoPE delta, which the KvCommit must repeat.
   std::vector<int32_t> kv_blocks;
+  int32_t mrope_position_delta = 0;
 
   const std::string& TransferId(size_t k) const {
     return images[k].meta.transfer_id().empty() ? id : images[k].meta.transfer_id();

@@ -30,9 +30,12 @@
 ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
           "instance the router names) or decode (takes hand-offs and streams the rest); "
-          "prefill and decode: text prompts, --tp=1");
+          "prefill and decode: text and image prompts, --tp=1");
 ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
           "role decode: how long a KV reservation waits for the prefill side's commit");
+ABSL_FLAG(int, test_kv_handoff_delay_ms, 0,
+          "TEST ONLY (fault tests): role prefill waits this long between AllocateKv and the "
+          "KV puts of every hand-off, so that a kill lands mid-hand-off; 0 in production");
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (Qwen2 / Qwen2-VL)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int, port, 50071, "gRPC port (0: pick one; the chosen port is printed)");
@@ -138,6 +141,10 @@ int Main() {
   copts.role = role;
   copts.kv_profile = *profile;
   copts.kv_commit_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_commit_timeout_ms));
+  if (absl::GetFlag(FLAGS_test_kv_handoff_delay_ms) < 0) {
+    return Fail(absl::InvalidArgumentError("--test_kv_handoff_delay_ms must be >= 0"));
+  }
+  copts.test_kv_handoff_delay = absl::Milliseconds(absl::GetFlag(FLAGS_test_kv_handoff_delay_ms));
   copts.engine.model_dir = absl::GetFlag(FLAGS_model_dir);
   copts.engine.kv_cache_bytes = int64_t{absl::GetFlag(FLAGS_kv_cache_mb)} << 20;
   copts.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

@@ -5,6 +5,7 @@
 // kv_handed_off. The tokens and text must equal a role-both instance's; the
 // rejections carry their codes; nothing leaks on either side.
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -260,6 +261,70 @@ TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
     Drain(reader, &out);
     CHECK(out.status.error_code() == grpc::StatusCode::DATA_LOSS);
   }
+  SECTION("image spans and M-RoPE deltas that disagree are INVALID_ARGUMENT") {
+    const int32_t pad = decode.core->config().tokens.image_pad;
+    REQUIRE(pad >= 0);
+    v1::DecodeRequest d;
+    d.set_request_id("img");
+    *d.mutable_sampling() = Greedy(4);
+    grpc::ClientContext dctx;
+    auto reader = decode.stub->Decode(&dctx, d);
+    const Deadline registered = Deadline::After(absl::Seconds(10));
+    while (decode.core->num_requests() == 0 && !registered.Expired()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    // Two text tokens, a grid of 1x4x6 patches (6 merged tokens), one more.
+    v1::KvAllocateRequest img;
+    img.set_request_id("img");
+    for (int32_t t : {5, 6, pad, pad, pad, pad, pad, pad, 7}) {
+      img.add_prompt_token_ids(static_cast<uint32_t>(t));
+    }
+    v1::KvImageSpan* span = img.add_images();
+    span->set_offset(2);
+    span->set_grid_t(1);
+    span->set_grid_h(4);
+    span->set_grid_w(6);
+    span->mutable_content_hash()->set_low(42);
+    img.set_mrope_position_delta(-3);  // next position 6 at index 9
+    auto allocate = [&](const v1::KvAllocateRequest& r) {
+      grpc::ClientContext c;
+      v1::KvAllocation a;
+      return decode.stub->AllocateKv(&c, r, &a).error_code();
+    };
+    for (auto edit : std::vector<std::function<void(v1::KvAllocateRequest&)>>{
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_offset(3); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_offset(1u << 31); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_grid_w(8); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_grid_h(0); },
+             [](v1::KvAllocateRequest& r) { r.mutable_images(0)->set_grid_t(0xffffffffu); },
+             [](v1::KvAllocateRequest& r) { r.clear_images(); },
+         }) {
+      v1::KvAllocateRequest bad = img;
+      edit(bad);
+      CHECK(allocate(bad) == grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    CHECK(decode.core->num_requests() == 1);  // still registered, nothing reserved
+    SECTION("at AllocateKv the request ends") {
+      v1::KvAllocateRequest bad = img;
+      bad.set_mrope_position_delta(0);
+      CHECK(allocate(bad) == grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    SECTION("at CommitKv the request ends") {
+      CHECK(allocate(img) == grpc::StatusCode::OK);
+      v1::KvCommit commit;
+      commit.set_request_id("img");
+      commit.set_first_token_id(7);
+      commit.add_rank_crc32c(0);
+      commit.set_mrope_position_delta(-2);
+      grpc::ClientContext c;
+      v1::KvCommitAck ack;
+      CHECK(decode.stub->CommitKv(&c, commit, &ack).error_code() ==
+            grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    Output out;
+    Drain(reader, &out);
+    CHECK(out.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
   SECTION("a reservation never committed ends at its deadline") {
     v1::DecodeRequest d;
     d.set_request_id("late");
@@ -273,7 +338,9 @@ TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
     alloc.set_request_id("late");
     grpc::ClientContext c1;
     v1::KvAllocation a;
-    REQUIRE(decode.stub->AllocateKv(&c1, alloc, &a).ok());
+    const grpc::Status allocated = decode.stub->AllocateKv(&c1, alloc, &a);
+    INFO(allocated.error_message());
+    REQUIRE(allocated.ok());
     Output out;
     Drain(reader, &out);
     CHECK(out.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -64,6 +64,12 @@ struct LlmEngine::Live {
   int prompt_tokens = 0;
   int completion_tokens = 0;
   bool kv_handoff = false;
+  // Role prefill: what the decode engine needs (grids kept from
+  // PrepareImages). Role decode: set when the prompt's images came as
+  // HandoffImage (no embeddings: the request cannot be recomputed).
+  std::vector<model::ImageGrid> grids;
+  HandoffPrompt handoff;
+  bool handoff_images = false;
 };
 
 LlmEngine::~LlmEngine() = default;
@@ -226,8 +232,49 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status LlmEngine::PrepareHandoffImages(EngineRequest& request, Live& live,
+                                             const std::vector<int32_t>& ids) {
+  if (!request.images.empty() || !request.image_embeddings.empty()) {
+    return absl::InvalidArgumentError("a KV hand-off carries image spans, not images");
+  }
+  if (!config_.vision) return absl::InvalidArgumentError("this model does not accept images");
+  const int merge = config_.vision->spatial_merge_size;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<model::ImageGrid> grids;
+  int64_t end = 0, image_tokens = 0;  // end of the previous run
+  for (size_t k = 0; k < request.handoff_images.size(); ++k) {
+    HandoffImage& h = request.handoff_images[k];
+    h.grid.merge_size = merge;
+    const model::ImageGrid& g = h.grid;
+    const bool sane = g.grid_t > 0 && g.grid_h > 0 && g.grid_w > 0 && g.grid_t <= n &&
+                      g.grid_h <= n * merge && g.grid_w <= n * merge && g.grid_h % merge == 0 &&
+                      g.grid_w % merge == 0;
+    if (!sane || h.offset < end || h.offset + g.num_tokens() > n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hand-off image ", k, " (offset ", h.offset, ", grid ", g.grid_t, "x", g.grid_h, "x",
+          g.grid_w, ") does not fit a prompt of ", n, " tokens after the previous image"));
+    }
+    for (int64_t i = h.offset; i < h.offset + g.num_tokens(); ++i) {
+      if (ids[i] != image_pad_id_) {
+        return absl::InvalidArgumentError(absl::StrCat("hand-off image ", k, " at offset ",
+                                                       h.offset, " is not a run of image pads"));
+      }
+    }
+    end = h.offset + g.num_tokens();
+    image_tokens += g.num_tokens();
+    grids.push_back(g);
+  }
+  if (std::count(ids.begin(), ids.end(), image_pad_id_) != image_tokens) {
+    return absl::InvalidArgumentError("the prompt has image pads outside its hand-off images");
+  }
+  ASSIGN_OR_RETURN(live.positions, model::ComputeMropePositions(ids, image_pad_id_, grids, merge));
+  live.handoff_images = !grids.empty();
+  return absl::OkStatus();
+}
+
 absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
                                       std::vector<int32_t>* ids) {
+  if (!request.handoff_images.empty()) return PrepareHandoffImages(request, live, *ids);
   std::vector<model::ImageGrid> grids;
   if (!request.image_embeddings.empty()) {
     if (!request.images.empty()) {
@@ -260,6 +307,7 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
     }
   }
   ASSIGN_OR_RETURN(*ids, model::ExpandImagePlaceholders(*ids, image_pad_id_, grids));
+  live.grids = grids;
   ASSIGN_OR_RETURN(live.positions, model::ComputeMropePositions(
                                        *ids, image_pad_id_, grids,
                                        config_.vision ? config_.vision->spatial_merge_size : 2));
@@ -281,6 +329,9 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
 }
 
 absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callback) {
+  if (!request.handoff_images.empty()) {
+    return absl::InvalidArgumentError("hand-off images are for ReserveRemoteKv only");
+  }
   scheduler::RequestParams p;
   ASSIGN_OR_RETURN(std::unique_ptr<Live> live, Prepare(request, std::move(callback), &p));
   if (request.kv_handoff) {
@@ -289,6 +340,12 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     }
     live->kv_handoff = true;
     p.max_tokens = 1;  // the decode engine produces the rest
+    live->handoff.token_ids = p.prompt_token_ids;
+    for (size_t k = 0; k < p.mm_spans.size(); ++k) {
+      live->handoff.images.push_back(
+          {p.mm_spans[k].offset, live->grids[k], p.mm_spans[k].content_hash});
+    }
+    live->handoff.mrope_position_delta = live->positions.delta;
   }
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
   by_scheduler_id_[live->sched_id.value] = live.get();
@@ -354,6 +411,9 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
                                                       emb.size() * sizeof(float)));
     p.mm_spans.push_back({live->runner.image_offsets[k], live->runner.image_lengths[k], h});
   }
+  for (const HandoffImage& h : request.handoff_images) {
+    p.mm_spans.push_back({h.offset, static_cast<int32_t>(h.grid.num_tokens()), h.key});
+  }
   live->id = request.id;
   live->sched_id = p.id;
   live->callback = std::move(callback);
@@ -403,6 +463,31 @@ absl::Status LlmEngine::Step() {
     RETURN_IF_ERROR(Abort(id));
   }
   const scheduler::SchedulerOutput& out = scheduler_->Schedule();
+  // Handed-off image requests cannot be recomputed (no embeddings here).
+  std::vector<std::string> unrecomputable;
+  for (scheduler::RequestId id : out.preempted) {
+    auto it = by_scheduler_id_.find(id.value);
+    if (it != by_scheduler_id_.end() && it->second->handoff_images) {
+      unrecomputable.push_back(it->second->id);
+    }
+  }
+  RETURN_IF_ERROR(StepScheduled(out));
+  for (const std::string& id : unrecomputable) {
+    LOG(WARNING) << "request " << id << ": preempted, and its handed-off images cannot be "
+                 << "recomputed here; aborting it";
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
+    StreamEvent event;
+    event.request_id = id;
+    event.error = absl::ResourceExhaustedError(
+        "the decode instance ran out of KV blocks and cannot recompute a handed-off image prompt");
+    Finish(*it->second, FinishReason::kAbort, event);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
   if (out.scheduled.empty()) return scheduler_->UpdateFromOutput({}, nullptr);
   auto lookup = [this](scheduler::RequestId id) -> RunnerRequestState* {
     auto it = by_scheduler_id_.find(id.value);
@@ -452,6 +537,7 @@ absl::Status LlmEngine::Step() {
                d->second == scheduler::FinishReason::kLength &&
                live->runner.sampling.max_tokens > 1) {
       event.kv_blocks = std::move(handoff_blocks[live->sched_id.value]);
+      event.handoff = std::move(live->handoff);
       Finish(*live, FinishReason::kHandoff, event);
     } else if (d != done.end()) {
       Finish(*live,
@@ -469,10 +555,8 @@ absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
                                                           StreamCallback callback,
                                                           Deadline commit_by) {
   if (tp_group_ != nullptr) return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
-  if (!request.images.empty() || !request.image_embeddings.empty() ||
-      std::find(request.prompt_token_ids.begin(), request.prompt_token_ids.end(), image_pad_id_) !=
-          request.prompt_token_ids.end()) {
-    return absl::InvalidArgumentError("KV hand-off of image prompts is not supported yet");
+  if (!request.images.empty() || !request.image_embeddings.empty()) {
+    return absl::InvalidArgumentError("a KV hand-off carries image spans, not images");
   }
   if (!request.prompt.empty()) {
     return absl::InvalidArgumentError("a KV hand-off carries the prefill's token ids, not text");
@@ -483,6 +567,7 @@ absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
                    scheduler_->ReserveRemoteKv(std::move(p)));
   RemoteKvBlocks out;
   out.num_cached_tokens = r.num_cached_tokens;
+  out.mrope_position_delta = live->positions.delta;
   for (kvpool::BlockId b : r.blocks) out.blocks.push_back(b.value);
   by_scheduler_id_[live->sched_id.value] = live.get();
   commit_deadlines_.emplace(request.id, commit_by);

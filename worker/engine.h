@@ -96,6 +96,25 @@ struct ImageEmbedding {
   std::optional<ContentHash> key;
 };
 
+// An image of a prompt that another engine prefilled (role decode,
+// ReserveRemoteKv): where its run of image pads starts in the expanded
+// prompt, its grid (for the M-RoPE positions of the tokens after it) and its
+// prefix-cache key. Its embedding never travels: its KV does.
+struct HandoffImage {
+  int offset = 0;
+  model::ImageGrid grid;  // merge_size: the engine's (set by ReserveRemoteKv)
+  ContentHash key;
+};
+
+// What a decode engine needs to continue a request that this engine
+// prefilled (StreamEvent::handoff): the expanded prompt, its images and the
+// M-RoPE delta (decode token n sits at position n + delta).
+struct HandoffPrompt {
+  std::vector<int32_t> token_ids;
+  std::vector<HandoffImage> images;
+  int32_t mrope_position_delta = 0;
+};
+
 struct EngineRequest {
   std::string id;
   // Prompt text (chat already rendered); each <|image_pad|> is one image.
@@ -114,6 +133,9 @@ struct EngineRequest {
   // has finish_reason kHandoff and carries the prompt's blocks (kv_blocks)
   // for a KV hand-off to a decode engine. Needs tp_size 1.
   bool kv_handoff = false;
+  // ReserveRemoteKv only: the images of prompt_token_ids, which is then the
+  // prefill engine's expanded prompt (HandoffPrompt).
+  std::vector<HandoffImage> handoff_images;
 };
 
 // kHandoff: the prompt's KV and first token go to a decode engine, which
@@ -133,6 +155,12 @@ struct StreamEvent {
   // kHandoff only: the prompt's KV blocks in prompt order (block ids of
   // kv_cache()). Their contents stay valid until the next Step.
   std::vector<int32_t> kv_blocks;
+  // kHandoff only: the prompt as the decode engine must reserve it.
+  HandoffPrompt handoff;
+  // kAbort that the engine decided itself, when the reason is not the commit
+  // deadline: why (e.g. ResourceExhausted for a handed-off image request
+  // preempted on the decode side, which cannot recompute its prompt).
+  absl::Status error;
 };
 
 // A decode engine's blocks for a request whose prompt another engine
@@ -142,6 +170,8 @@ struct RemoteKvBlocks {
   // num_cached_tokens / block_size, which this engine's prefix cache holds.
   std::vector<int32_t> blocks;
   int num_cached_tokens = 0;
+  // M-RoPE delta of the prompt, from its images (0 for text).
+  int32_t mrope_position_delta = 0;
 };
 
 using StreamCallback = std::function<void(const StreamEvent&)>;
@@ -170,10 +200,14 @@ class LlmEngine {
   [[nodiscard]] absl::Status Step();
 
   // Role decode (issue 12). Reserves KV blocks for a request whose prompt
-  // another engine prefills: `request` carries the prefill engine's prompt
-  // token ids (text only for now: InvalidArgument for images) and the
-  // request's sampling parameters, validated as AddRequest does; `callback`
-  // gets the request's events from its second token on.
+  // another engine prefills: `request` carries the prefill engine's
+  // expanded prompt token ids with its handoff_images (HandoffPrompt; no
+  // images or embeddings: InvalidArgument) and the request's sampling
+  // parameters, validated as AddRequest does (image runs against their
+  // grids and offsets too); `callback` gets the request's events from its
+  // second token on. A handed-off image request has no embeddings here, so
+  // it cannot be recomputed: when the scheduler preempts it, the engine
+  // aborts it (kAbort with error ResourceExhausted) instead.
   // ResourceExhausted when the KV pool or max_num_seqs has no room now;
   // FailedPrecondition with tp_size > 1. The request holds the blocks until
   // CommitRemoteKv, Abort, or the first Step after `commit_by` (a prefill
@@ -207,6 +241,11 @@ class LlmEngine {
   absl::Status Load(const EngineOptions& options);
   absl::Status SizeKvCache(const EngineOptions& options);
   absl::Status PrepareImages(EngineRequest& request, Live& live, std::vector<int32_t>* ids);
+  // ReserveRemoteKv's images: spans of the already expanded `ids`.
+  absl::Status PrepareHandoffImages(EngineRequest& request, Live& live,
+                                    const std::vector<int32_t>& ids);
+  // Step after Schedule: the forward, sampling and the stream events.
+  absl::Status StepScheduled(const scheduler::SchedulerOutput& out);
   // AddRequest's validation and set-up, shared with ReserveRemoteKv.
   absl::StatusOr<std::unique_ptr<Live>> Prepare(EngineRequest& request, StreamCallback callback,
                                                 scheduler::RequestParams* params);

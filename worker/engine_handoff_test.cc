@@ -6,12 +6,14 @@
 // moved blocks must equal the prefill side's byte for byte; nothing leaks.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/file.h"
+#include "model/image_decode.h"
 #include "transfer/kv_handoff.h"
 #include "worker/engine.h"
 
@@ -41,6 +43,8 @@ struct Collected {
   std::string text;
   FinishReason finish = FinishReason::kNone;
   std::vector<int32_t> kv_blocks;
+  HandoffPrompt handoff;
+  absl::Status error;
 };
 
 StreamCallback Collect(Collected* c) {
@@ -50,6 +54,8 @@ StreamCallback Collect(Collected* c) {
     if (e.finish_reason != FinishReason::kNone) {
       c->finish = e.finish_reason;
       c->kv_blocks = e.kv_blocks;
+      c->handoff = e.handoff;
+      c->error = e.error;
     }
   };
 }
@@ -126,6 +132,42 @@ struct Pair {
     return pre;
   }
 
+  // The same for a request with images (`request`, kv_handoff set here):
+  // the prefill runs first, and the decode engine reserves the expanded
+  // prompt it hands over (HandoffPrompt), as the prefill service does.
+  Collected HandoffAfterPrefill(EngineRequest request, Collected* decoded,
+                                RemoteKvBlocks* reservation = nullptr) {
+    const std::string id = request.id;
+    const model::SamplingParams sampling = request.sampling;
+    request.kv_handoff = true;
+    Collected pre;
+    REQUIRE(prefill->AddRequest(std::move(request), Collect(&pre)).ok());
+    RunToEnd(*prefill);
+    REQUIRE(pre.finish == FinishReason::kHandoff);
+    REQUIRE(pre.tokens.size() == 1);
+    EngineRequest d;
+    d.id = id;
+    d.prompt_token_ids = pre.handoff.token_ids;
+    d.handoff_images = pre.handoff.images;
+    d.sampling = sampling;
+    auto reserved = decode->ReserveRemoteKv(std::move(d), Collect(decoded));
+    INFO(reserved.status().ToString());
+    REQUIRE(reserved.ok());
+    if (reservation != nullptr) *reservation = *reserved;
+    CHECK(reserved->mrope_position_delta == pre.handoff.mrope_position_delta);
+    const size_t skip = reserved->num_cached_tokens / kBlockSize;
+    REQUIRE(pre.kv_blocks.size() == skip + reserved->blocks.size());
+    std::vector<int32_t> src(pre.kv_blocks.begin() + skip, pre.kv_blocks.end());
+    auto crc = tx->Send(rx->target(), src, reserved->blocks, Deadline::After(absl::Seconds(10)));
+    REQUIRE(crc.ok());
+    REQUIRE(rx->AwaitLandedWrites().ok());
+    for (size_t i = 0; i < src.size(); ++i) {
+      CHECK(SameBlock(prefill->kv_cache(), src[i], decode->kv_cache(), reserved->blocks[i]));
+    }
+    REQUIRE(decode->CommitRemoteKv(id, pre.tokens[0]).ok());
+    return pre;
+  }
+
   std::unique_ptr<LlmEngine> prefill;
   std::unique_ptr<LlmEngine> decode;
   std::unique_ptr<transfer::UcxContext> ctx;
@@ -171,6 +213,154 @@ TEST_CASE("prefill + KV hand-off + decode gives transformers' greedy tokens", "[
     CHECK(pair.prefill->scheduler().kv_cache().stats().num_used_blocks == 0);
     CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
   }
+}
+
+TEST_CASE("image chats hand off (M-RoPE delta, image spans) and give transformers' tokens",
+          "[handoff]") {
+  for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"}) {
+    INFO(name);
+    Pair pair(name);
+    auto text = ReadFileToString(std::string(kData) + "goldens/" + name + "/mm_golden.json");
+    REQUIRE(text.ok());
+    const json g = json::parse(*text);
+    int chats = 0;
+    for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
+      for (const json& c : g["chats"]) {
+        if (c["compute_dtype"] != "fp32") continue;
+        const std::string id = c["name"].get<std::string>() + "/" + std::to_string(round);
+        INFO(id);
+        EngineRequest r;
+        r.id = id;
+        r.prompt = c["rendered"];
+        for (const json& img : c["images"]) {
+          auto bytes = ReadFileToString(std::string(kData) + "goldens/images/" +
+                                        img.get<std::string>() + ".png");
+          REQUIRE(bytes.ok());
+          auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
+          REQUIRE(rgb.ok());
+          r.images.push_back(std::move(*rgb));
+        }
+        const size_t num_images = r.images.size();
+        const auto want = c["greedy_ids"].get<std::vector<int32_t>>();
+        r.sampling = Greedy(static_cast<int>(want.size()));
+        Collected decoded;
+        RemoteKvBlocks reserved;
+        Collected pre = pair.HandoffAfterPrefill(std::move(r), &decoded, &reserved);
+        CHECK(pre.handoff.images.size() == num_images);
+        if (num_images > 0) CHECK(pre.handoff.mrope_position_delta < 0);
+        if (round == 1) CHECK(reserved.num_cached_tokens > 0);
+        RunToEnd(*pair.decode);
+        std::vector<int32_t> got = pre.tokens;
+        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+        CHECK(got == want);
+        CHECK(decoded.finish == FinishReason::kLength);
+        chats += num_images > 0;
+      }
+    }
+    REQUIRE(chats >= 4);
+    CHECK(pair.prefill->scheduler().kv_cache().stats().num_used_blocks == 0);
+    CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
+  }
+}
+
+TEST_CASE("hand-off image spans that disagree with the prompt are refused without a leak",
+          "[handoff]") {
+  auto decode = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int free_before = decode->scheduler().kv_cache().num_free_blocks();
+  const int32_t pad = decode->config().tokens.image_pad >= 0
+                          ? decode->config().tokens.image_pad
+                          : decode->tokenizer().TokenToId("<|image_pad|>");
+  REQUIRE(pad >= 0);
+  // Two text tokens, a 2x3 run of merged patches (grid 1x4x6), a text token.
+  EngineRequest good;
+  good.id = "img";
+  good.prompt_token_ids = {5, 6, pad, pad, pad, pad, pad, pad, 7};
+  good.handoff_images = {{2, model::ImageGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
+  good.sampling = Greedy(4);
+  Collected c;
+  auto bad = [&](std::function<void(EngineRequest&)> edit) {
+    EngineRequest r = good;
+    edit(r);
+    return decode->ReserveRemoteKv(std::move(r), Collect(&c)).status().code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  CHECK(bad([](EngineRequest& r) { r.handoff_images[0].offset = 1; }) == kInvalid);
+  CHECK(bad([](EngineRequest& r) { r.handoff_images[0].offset = -4; }) == kInvalid);
+  CHECK(bad([](EngineRequest& r) {
+          r.handoff_images[0].grid = model::ImageGrid::FromThw(1, 4, 8);
+        }) == kInvalid);  // a run of 8
+  CHECK(bad([](EngineRequest& r) {
+          r.handoff_images[0].grid = model::ImageGrid::FromThw(1, 2, 2);
+        }) == kInvalid);  // pads left outside the span
+  CHECK(bad([](EngineRequest& r) {
+          r.handoff_images[0].grid = model::ImageGrid::FromThw(1, 3, 8);
+        }) == kInvalid);  // not a multiple of the merge size
+  CHECK(bad([](EngineRequest& r) {
+          r.handoff_images[0].grid = model::ImageGrid::FromThw(0, 4, 6);
+        }) == kInvalid);
+  CHECK(bad([](EngineRequest& r) {
+          r.handoff_images[0].grid = model::ImageGrid::FromThw(1 << 30, 1 << 30, 1 << 30);
+        }) == kInvalid);
+  CHECK(bad([](EngineRequest& r) { r.handoff_images.push_back(r.handoff_images[0]); }) ==
+        kInvalid);                                                             // overlapping
+  CHECK(bad([](EngineRequest& r) { r.handoff_images.clear(); }) == kInvalid);  // pads, no image
+  CHECK(bad([](EngineRequest& r) { r.images.push_back(model::RgbImage()); }) == kInvalid);
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before);
+  CHECK_FALSE(decode->has_unfinished());
+  // A hand-off image in AddRequest would run without its embedding.
+  CHECK(decode->AddRequest(good, Collect(&c)).code() == kInvalid);
+  auto ok = decode->ReserveRemoteKv(good, Collect(&c));
+  REQUIRE(ok.ok());
+  // Text 0, 1; image t 2, h 2..3, w 2..4; text 5: next position 6 at index 9.
+  CHECK(ok->mrope_position_delta == 6 - 9);
+  REQUIRE(decode->Abort("img").ok());
+  CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before);
+  REQUIRE(decode->scheduler().CheckInvariants().ok());
+}
+
+TEST_CASE("a handed-off image request preempted on decode is aborted, not recomputed",
+          "[handoff]") {
+  // 8 blocks of 4 tokens: a text request (5 + 12 tokens) and an image one
+  // (9 + 12) fit alone but not together; the image one, reserved last, is
+  // the newest and the preemption victim. Without its embeddings it cannot
+  // be recomputed, so the engine ends it with ResourceExhausted.
+  auto probe = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int64_t block_bytes =
+      static_cast<int64_t>(probe->sizing().kv_bytes) / probe->sizing().num_kv_blocks;
+  const int32_t pad = probe->config().tokens.image_pad;
+  REQUIRE(pad >= 0);
+  probe.reset();
+  EngineOptions o;
+  o.model_dir = std::string(kData) + "models/qwen2vl-tiny-mha-tied";
+  o.block_size = kBlockSize;
+  o.max_num_seqs = 8;
+  o.kv_cache_bytes = 8 * block_bytes;
+  auto created = LlmEngine::Create(o);
+  REQUIRE(created.ok());
+  LlmEngine& decode = **created;
+  REQUIRE(decode.sizing().num_kv_blocks == 8);
+  Collected text, image;
+  EngineRequest t;
+  t.id = "text";
+  t.prompt_token_ids = {5, 6, 7, 8, 9};
+  t.sampling = Greedy(12);
+  REQUIRE(decode.ReserveRemoteKv(std::move(t), Collect(&text)).ok());
+  EngineRequest i;
+  i.id = "image";
+  i.prompt_token_ids = {5, 6, pad, pad, pad, pad, pad, pad, 7};
+  i.handoff_images = {{2, model::ImageGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
+  i.sampling = Greedy(12);
+  REQUIRE(decode.ReserveRemoteKv(std::move(i), Collect(&image)).ok());
+  REQUIRE(decode.CommitRemoteKv("text", 11).ok());
+  REQUIRE(decode.CommitRemoteKv("image", 12).ok());
+  RunToEnd(decode);
+  CHECK(image.finish == FinishReason::kAbort);
+  CHECK(image.error.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(text.finish == FinishReason::kLength);
+  CHECK(text.tokens.size() == 11);  // the first came from the prefill side
+  CHECK(decode.scheduler().num_preemptions() >= 1);
+  CHECK(decode.scheduler().kv_cache().stats().num_used_blocks == 0);
+  REQUIRE(decode.scheduler().CheckInvariants().ok());
 }
 
 TEST_CASE("seeded sampling and text continue across the hand-off as in one engine", "[handoff]") {
