@@ -146,6 +146,19 @@ TEST_CASE("200 requests at 20 req/s to each service: zero errors, zero leaked bl
     REQUIRE(t.ok());
     const Summary no_images = Summarize(RunLoad(**right, *t, {}, clock), {});
     CHECK(no_images.errors_by_code.at("INVALID_ARGUMENT") == 2);
+    // Bytes that are no image: Encode fails INVALID_ARGUMENT, the sink's
+    // receives already posted for them are cancelled, nothing stays held.
+    const std::string junk = "not an image";
+    Workload bad;
+    for (int i = 0; i < 3; ++i) {
+      WorkItem item;
+      item.images = {&junk, &junk};
+      item.text = "what is this";
+      bad.items.push_back(item);
+    }
+    const Summary rejected = Summarize(RunLoad(**right, bad, {}, clock), {});
+    CHECK(rejected.errors_by_code.at("INVALID_ARGUMENT") == 3);
+    CHECK(rejected.sink_bytes == 0);
     CHECK((*right)->Drained(absl::Seconds(10)).ok());
   }
 
