@@ -19,7 +19,7 @@ rate and setting are reduced to their median) and the one PNG is
 
 With --disagg, the input is bench/loadgen/disagg_experiment.sh output (lines
 with config and mix; rounds reduced to their median, their min-max drawn as
-error bars) and the one PNG is
+error bars; lines with a "sweep" field get their own row) and the one PNG is
 
   <out>_disagg.png   per mix (one row each): goodput, TTFT p99 and TPOT p99
                      against request_rate, colocated against disaggregated
@@ -113,7 +113,10 @@ def plot_disagg(paths, out):
                     continue
                 if j.get("bench") != "loadgen" or "config" not in j or "mix" not in j:
                     continue
-                by[(j["mix"], j["config"], j["request_rate"])].append(j)
+                # A "sweep" field (a later repeat, another setting) makes
+                # its own row.
+                mix = j["mix"] + (" (%s)" % j["sweep"] if j.get("sweep") else "")
+                by[(mix, j["config"], j["request_rate"])].append(j)
                 slo = (j["slo_ttft_ms"], j["slo_tpot_ms"])
     if not by:
         sys.exit("plot_load.py: no disaggregation experiment lines in " + " ".join(paths))
@@ -135,7 +138,7 @@ def plot_disagg(paths, out):
                     [0, max(r for (m, _, r) in by if m == mix)], color="gray", lw=0.8,
                     label="offered")
         for ax, title in zip(row, ("goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)")):
-            ax.set_title("%s mix: %s" % (mix, title))
+            ax.set_title("%s: %s" % (mix, title), fontsize=10)
             ax.set_xlabel("offered load (req/s, Poisson)")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
@@ -145,7 +148,7 @@ def plot_disagg(paths, out):
         row[2].axhline(slo[1], color="red", lw=0.8, ls=":")
     fig.suptitle("SLO: TTFT <= %g ms and TPOT <= %g ms (red); median of the rounds, bars min-max"
                  % slo)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (4.2 * len(mixes))))
     fig.savefig(out + "_disagg.png", dpi=100)
     print("wrote " + out + "_disagg.png")
 
