@@ -1,7 +1,8 @@
 // KV hand-off throughput (transfer/kv_handoff): this process is the prefill
 // side, a kv_handoff_peer child the decode side; a whole prompt's blocks move
-// per hand-off (puts of one block of one layer's K or V each, a flush, a
-// CRC32C). Baseline in the same run: ucx_perftest (best of tag_bw and
+// per hand-off (one put per run of blocks consecutive on both sides in one
+// layer's K or V plane, a flush, a CRC32C computed while the puts fly).
+// Baseline in the same run: ucx_perftest (best of tag_bw and
 // ucp_put_bw) for the same total bytes, UCX_TLS and error mode. Rounds
 // alternate the two so each pair sees the same noise; medians over rounds.
 // KV geometry defaults to Qwen2-VL-2B's (28 layers, 2 KV heads of 128, fp32).

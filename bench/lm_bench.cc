@@ -78,7 +78,9 @@ ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
 ABSL_FLAG(int, pp, 512, "prompt tokens of the prefill test");
 ABSL_FLAG(int, tg, 128, "decode steps of the generation tests");
 ABSL_FLAG(int, batch, 32, "concurrent sequences of the batched decode test");
-ABSL_FLAG(int, reps, 2, "repetitions of the prefill test (mean reported)");
+ABSL_FLAG(int, reps, 3,
+          "repetitions of the prefill test (the median rep is reported, and the medians of its "
+          "breakdown)");
 ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
 ABSL_FLAG(int, block_size, 16, "KV block size");
 
@@ -265,17 +267,95 @@ struct Results {
   bool rss_reset = false;
   // --dtype=int8: the bf16 comparison (step times under the same load).
   double cmp_int8_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
-  // Prefill parts timed alone (PrefillBreakdown).
-  double pp_linear_s = 0, pp_attention_s = 0;
+  // Prefill parts timed alone right after each prefill step (PrefillParts):
+  // medians over the reps of the linear layers, the attention and the rest
+  // of that rep's step (step - linear - attention).
+  double pp_linear_s = 0, pp_attention_s = 0, pp_rest_s = 0;
   std::vector<double> copy_samples, read_samples;  // sorted
   double copy() const { return copy_samples[copy_samples.size() / 2]; }
   double read() const { return read_samples[read_samples.size() / 2]; }
 };
 
-// pp (each rep preceded by an sgemm baseline), then decode in chunks of
-// single-sequence and batched steps, each pair preceded by a bandwidth sample.
-void RunSteps(const Options& o, const TextConfig& cfg, model::Qwen2Model& qwen,
-              cpu::ThreadPool& pool, Results* r) {
+// Where a prefill's time goes: the decoder layers' linear layers (the same
+// LinearMany calls as Qwen2Model, on pp rows of stand-in activations) and
+// the paged attention of every layer (a full causal chunk of pp tokens),
+// each timed alone right after the prefill step they break down (so all
+// three see the same machine load); the rest of the step (norms, RoPE,
+// activations, KV writes, lm_head of the last row, thread hand-offs) is the
+// step minus both, per rep.
+class PrefillParts {
+ public:
+  PrefillParts(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& w,
+               cpu::ThreadPool& pool)
+      : o_(o), cfg_(cfg), w_(w), pool_(pool) {
+    const int64_t t = o.pp, hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+    const int64_t hd = cfg.head_dim(), heads = cfg.num_attention_heads;
+    const int64_t kv_heads = cfg.num_key_value_heads;
+    x_.assign(t * std::max(hidden, inter), 0.01f);
+    q_.assign(t * heads * hd, 0.02f);
+    k_.resize(t * kv_heads * hd);
+    v_.resize(t * kv_heads * hd);
+    y1_.resize(t * std::max(inter, heads * hd));
+    y2_.resize(t * inter);
+    for (size_t i = 0; i < k_.size(); ++i) {
+      k_[i] = 0.001f * static_cast<float>(i % 97);
+      v_[i] = 0.002f * static_cast<float>(i % 89);
+    }
+    const int64_t blocks = (t + o.block_size - 1) / o.block_size;
+    table_.resize(blocks);
+    for (int64_t b = 0; b < blocks; ++b) table_[b] = static_cast<int32_t>(b);
+  }
+
+  // Seconds of one pass over every layer's linear layers.
+  double TimeLinear() {
+    const int64_t t = o_.pp, kv_width = cfg_.num_key_value_heads * cfg_.head_dim();
+    Stopwatch sw;
+    for (const model::Qwen2LayerWeights& l : w_.layers()) {
+      cpu::LinearMany(pool_, x_.data(), t,
+                      {{&l.q, l.q_bias, y1_.data()},
+                       {&l.k, l.k_bias, y2_.data()},
+                       {&l.v, l.v_bias, y2_.data() + t * kv_width}},
+                      o_.kernel);
+      cpu::Linear(pool_, x_.data(), t, l.o, nullptr, y1_.data(), o_.kernel);
+      cpu::LinearMany(pool_, x_.data(), t,
+                      {{&l.gate, nullptr, y1_.data()}, {&l.up, nullptr, y2_.data()}}, o_.kernel);
+      cpu::Linear(pool_, x_.data(), t, l.down, nullptr, y1_.data(), o_.kernel);
+    }
+    return sw.ElapsedSeconds();
+  }
+
+  // Seconds of every layer's attention over the whole chunk.
+  double TimeAttention() {
+    const int64_t t = o_.pp, hd = cfg_.head_dim();
+    const cpu::PagedKvLayer kv{k_.data(), v_.data(), o_.block_size, cfg_.num_key_value_heads, hd};
+    Stopwatch sw;
+    for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+      cpu::PagedAttention(pool_, q_.data(), cfg_.num_attention_heads, kv,
+                          {{0, t, t, table_.data()}}, 1.0f / std::sqrt(static_cast<float>(hd)),
+                          y1_.data());
+    }
+    return sw.ElapsedSeconds();
+  }
+
+ private:
+  const Options& o_;
+  const TextConfig& cfg_;
+  const model::Qwen2Weights& w_;
+  cpu::ThreadPool& pool_;
+  std::vector<float> x_, q_, k_, v_, y1_, y2_;
+  std::vector<int32_t> table_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// pp (each rep preceded by an sgemm baseline and followed by its
+// breakdown), then decode in chunks of single-sequence and batched steps,
+// each pair preceded by a bandwidth sample.
+void RunSteps(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
+              model::Qwen2Model& qwen, cpu::ThreadPool& pool, Results* r) {
   const int64_t per_seq_blocks = (std::max(o.pp, o.tg) + o.block_size - 1) / o.block_size;
   auto kv_or = model::KvCache::Create(qwen.KvShape(per_seq_blocks * o.batch, o.block_size));
   CHECK_OK(kv_or.status());
@@ -287,14 +367,32 @@ void RunSteps(const Options& o, const TextConfig& cfg, model::Qwen2Model& qwen,
     CHECK_OK(qwen.Forward(b, kv, &logits));
   };
   step({{0, 0, 16}}, 0);  // warm-up: touches the weights once
-  for (int rep = 0; rep < o.reps; ++rep) {
-    r->sgemm += LinearGflops(pool, o.pp, cfg.intermediate_size, cfg.hidden_size, model::DType::kF32,
-                             cpu::LinearKernel::kOpenBlas) /
-                o.reps;
-    Stopwatch sw;
-    step({{0, 0, o.pp}}, rep + 1);
-    r->pp_s += sw.ElapsedSeconds() / o.reps;
+  // The breakdown's stand-in buffers stay out of the peak RSS: the mark is
+  // read before they exist and reset once they are freed.
+  const double load_peak_rss = PeakRssMb();
+  std::vector<double> step_s_all, linear_s, attention_s, rest_s;
+  {
+    PrefillParts parts(o, cfg, weights, pool);
+    parts.TimeLinear();  // warm-up of the breakdown's buffers
+    for (int rep = 0; rep < o.reps; ++rep) {
+      r->sgemm += LinearGflops(pool, o.pp, cfg.intermediate_size, cfg.hidden_size,
+                               model::DType::kF32, cpu::LinearKernel::kOpenBlas) /
+                  o.reps;
+      Stopwatch sw;
+      step({{0, 0, o.pp}}, rep + 1);
+      const double step_s = sw.ElapsedSeconds();
+      step_s_all.push_back(step_s);
+      linear_s.push_back(parts.TimeLinear());
+      attention_s.push_back(parts.TimeAttention());
+      rest_s.push_back(step_s - linear_s.back() - attention_s.back());
+    }
   }
+  if (r->rss_reset) ResetPeakRss();
+  // Medians: one rep slowed by a neighbour's build does not move them.
+  r->pp_s = Median(step_s_all);
+  r->pp_linear_s = Median(linear_s);
+  r->pp_attention_s = Median(attention_s);
+  r->pp_rest_s = Median(rest_s);
   constexpr int kChunk = 16;
   for (int i0 = 0; i0 < o.tg; i0 += kChunk) {
     const bench::MemoryBandwidth bw =
@@ -315,7 +413,7 @@ void RunSteps(const Options& o, const TextConfig& cfg, model::Qwen2Model& qwen,
   }
   std::sort(r->copy_samples.begin(), r->copy_samples.end());
   std::sort(r->read_samples.begin(), r->read_samples.end());
-  r->peak_rss = PeakRssMb();
+  r->peak_rss = std::max(load_peak_rss, PeakRssMb());
 }
 
 // --dtype=int8: the same weights in bf16, prefilled once and decoded in
@@ -336,11 +434,13 @@ void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& 
     CHECK_OK(qwen.Forward(b, kv, &logits));
   };
   step(bf16_model, **kv_bf16, {{0, 0, 16}}, 0);  // warm-up
+  std::vector<double> bf16_pp;
   for (int rep = 0; rep < o.reps; ++rep) {
     Stopwatch sw;
     step(bf16_model, **kv_bf16, {{0, 0, o.pp}}, rep + 1);
-    r->bf16_pp_s += sw.ElapsedSeconds() / o.reps;
+    bf16_pp.push_back(sw.ElapsedSeconds());
   }
+  r->bf16_pp_s = Median(bf16_pp);
   constexpr int kChunk = 16;
   for (int i0 = 0; i0 < o.tg; i0 += kChunk) {
     const int i1 = std::min(o.tg, i0 + kChunk);
@@ -350,49 +450,6 @@ void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& 
     Stopwatch bf16_watch;
     for (int i = i0; i < i1; ++i) step(bf16_model, **kv_bf16, {{0, i, 1}}, 100 + i);
     r->cmp_bf16_tg_s += bf16_watch.ElapsedSeconds();
-  }
-}
-
-// Where a prefill's time goes: the decoder layers' linear layers (the same
-// LinearMany calls as Qwen2Model, on pp rows of stand-in activations) and
-// the paged attention of every layer (a full causal chunk of pp tokens),
-// each timed alone; the rest of the step (norms, RoPE, activations, KV
-// writes, lm_head, thread hand-offs) is what remains of the measured step.
-void PrefillBreakdown(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& w,
-                      cpu::ThreadPool& pool, Results* r) {
-  const int64_t t = o.pp, hidden = cfg.hidden_size, inter = cfg.intermediate_size;
-  const int64_t hd = cfg.head_dim(), heads = cfg.num_attention_heads;
-  const int64_t kv_heads = cfg.num_key_value_heads;
-  std::vector<float> x(t * std::max(hidden, inter), 0.01f), q(t * heads * hd, 0.02f);
-  std::vector<float> k(t * kv_heads * hd), v(t * kv_heads * hd), y1(t * inter), y2(t * inter);
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = 0.001f * static_cast<float>(i % 97);
-    v[i] = 0.002f * static_cast<float>(i % 89);
-  }
-  for (int rep = 0; rep < o.reps; ++rep) {
-    Stopwatch linear_watch;
-    for (const model::Qwen2LayerWeights& l : w.layers()) {
-      cpu::LinearMany(pool, x.data(), t,
-                      {{&l.q, l.q_bias, y1.data()},
-                       {&l.k, l.k_bias, y2.data()},
-                       {&l.v, l.v_bias, y2.data() + t * kv_heads * hd}},
-                      o.kernel);
-      cpu::Linear(pool, x.data(), t, l.o, nullptr, y1.data(), o.kernel);
-      cpu::LinearMany(pool, x.data(), t,
-                      {{&l.gate, nullptr, y1.data()}, {&l.up, nullptr, y2.data()}}, o.kernel);
-      cpu::Linear(pool, x.data(), t, l.down, nullptr, y1.data(), o.kernel);
-    }
-    r->pp_linear_s += linear_watch.ElapsedSeconds() / o.reps;
-    const int64_t blocks = (t + o.block_size - 1) / o.block_size;
-    std::vector<int32_t> table(blocks);
-    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
-    const cpu::PagedKvLayer kv{k.data(), v.data(), o.block_size, kv_heads, hd};
-    Stopwatch attention_watch;
-    for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-      cpu::PagedAttention(pool, q.data(), heads, kv, {{0, t, t, table.data()}},
-                          1.0f / std::sqrt(static_cast<float>(hd)), y1.data());
-    }
-    r->pp_attention_s += attention_watch.ElapsedSeconds() / o.reps;
   }
 }
 
@@ -455,10 +512,11 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   const double linear_flops = 2.0 * pc.layers * o.pp;
   std::printf(
       "  %-28s linear layers %.0f ms (%.1f GFLOP/s = %.3f of the FMA peak), attention %.0f ms "
-      "(%.1f GFLOP/s), the rest %.0f ms (timed alone; the rest = step - both)\n",
+      "(%.1f GFLOP/s), the rest %.0f ms (each timed right after a step; medians over reps of "
+      "the parts and of step - both)\n",
       "pp breakdown", 1e3 * r.pp_linear_s, linear_flops / r.pp_linear_s / 1e9,
       linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
-      attn_flops / r.pp_attention_s / 1e9, 1e3 * (r.pp_s - r.pp_linear_s - r.pp_attention_s));
+      attn_flops / r.pp_attention_s / 1e9, 1e3 * r.pp_rest_s);
   if (compared) {
     std::printf(
         "  vs the same weights in bf16, alternating 16-step chunks: int8 %.1f ms/step, bf16 %.1f "
@@ -504,7 +562,7 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       pp_gflops / r.fma_peak_gflops, speedup / peak_ceiling, speedup / gemm_ceiling,
       tg_weight_gbs * 1e9 / r.read(), 1e3 * r.pp_linear_s,
       linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
-      1e3 * (r.pp_s - r.pp_linear_s - r.pp_attention_s),
+      1e3 * r.pp_rest_s,
       compared
           ? absl::StrFormat(",\"int8_vs_bf16_tg\":%.3f,\"bf16_pp_gflops\":%.2f,"
                             "\"bf16_pp_vs_fma_peak\":%.3f,\"cmp_int8_tg_step_ms\":%.2f,"
@@ -522,9 +580,8 @@ int Run() {
   r.rss_reset = ResetPeakRss();
   BenchModel m = LoadBenchModel(o, o.quantize);
   model::Qwen2Model qwen(m.cfg, *m.weights, pool, {o.kernel});
-  RunSteps(o, m.cfg, qwen, pool, &r);
+  RunSteps(o, m.cfg, *m.weights, qwen, pool, &r);
   if (!o.quantize.empty()) CompareWithBf16(o, qwen, pool, &r);
-  PrefillBreakdown(o, m.cfg, *m.weights, pool, &r);
   r.kernel_gflops = LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype,
                                  o.kernel, o.quantize);
   r.kernel_batch_gflops = LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size,

@@ -90,9 +90,10 @@ if ! $docker info >/dev/null 2>&1; then
 fi
 # What the compose file needs of the engine, tried with a busybox container
 # before anything of ours: a container runs (namespaces, overlay), under an
-# init, with CPU and memory limits, on a user-defined bridge network, with a
-# port published on 127.0.0.1 that the host reaches, and a second container
-# reaches the first by its name (Docker's DNS). An engine that cannot do one
+# init, with CPU and memory limits and a read-only bind mount, on a
+# user-defined bridge network, with a port published on 127.0.0.1 that the
+# host reaches, and a second container reaches the first by its name
+# (Docker's DNS). An engine that cannot do one
 # of these cannot run the stack: the test says which and counts as skipped.
 probe_img="mmserve-probe-$$:latest"
 probe_net="mmserve-probe-$$"
@@ -107,25 +108,31 @@ probe_skip() {
   probe_cleanup
   skip "the Docker engine here cannot $what: $(grep -v '^$' "$logs/probe.log" | tail -n 2 | tr '\n' ' ')"
 }
-step "probing the engine (limits, bridge network, published port, DNS)"
+step "probing the engine (limits, bind mount, bridge network, published port, DNS)"
 probe=$(mktemp -d)
-mkdir -p "$probe/bin" "$probe/www"
+mkdir -p "$probe/bin"
 cp -L "$busybox" "$probe/bin/busybox"
-echo "mmserve-probe-$$" >"$probe/www/index.html"
 tar -C "$probe" -c . | $docker import - "$probe_img" >/dev/null 2>"$logs/probe.log"
 rm -rf "$probe"
+# The page comes from a read-only bind mount of a host folder, as the model
+# does (an engine on another host would not see it).
+www="$logs/www"
+mkdir -p "$www"
+echo "mmserve-probe-$$" >"$www/index.html"
+chmod -R a+rX "$logs"
 $docker run --rm --network none "$probe_img" /bin/busybox true >>"$logs/probe.log" 2>&1 ||
   probe_skip "run a container"
 $docker network create "$probe_net" >>"$logs/probe.log" 2>&1 || probe_skip "create a bridge network"
 $docker run -d --name "mmserve-probe-srv-$$" --network "$probe_net" --init --cpus 1.0 --memory 256m \
-  -p "127.0.0.1:$probe_port:8080" "$probe_img" /bin/busybox httpd -f -p 8080 -h /www \
-  >>"$logs/probe.log" 2>&1 || probe_skip "start a container with an init, CPU and memory limits and a published port"
+  -v "$www:/www:ro" -p "127.0.0.1:$probe_port:8080" "$probe_img" /bin/busybox httpd -f -p 8080 -h /www \
+  >>"$logs/probe.log" 2>&1 ||
+  probe_skip "start a container with an init, CPU and memory limits, a bind mount and a published port"
 got=""
 for _ in $(seq 1 20); do
   got=$(curl -s --max-time 2 "127.0.0.1:$probe_port/index.html") && [[ -n $got ]] && break
   sleep 0.5
 done
-[[ $got == "mmserve-probe-$$" ]] || { echo "curl 127.0.0.1:$probe_port got '$got'" >>"$logs/probe.log"; probe_skip "reach a published port from the host"; }
+[[ $got == "mmserve-probe-$$" ]] || { echo "curl 127.0.0.1:$probe_port got '$got'" >>"$logs/probe.log"; probe_skip "serve a bind-mounted file on a published port to the host"; }
 # nc, not wget: busybox's wget crashes here in static glibc's resolver.
 got=$($docker run --rm --network "$probe_net" "$probe_img" /bin/busybox sh -c \
   "printf 'GET /index.html HTTP/1.0\r\n\r\n' | /bin/busybox nc mmserve-probe-srv-$$ 8080" 2>>"$logs/probe.log")

@@ -11,7 +11,8 @@
 #                     [--prefill=N --decode=N]
 # --tp=N: the language instance runs as N tensor-parallel rank processes.
 # --prefill=N --decode=N: N prefill and N decode language instances (KV over
-# UCX; text and image prompts, --tp=1) instead of one role-both instance.
+# UCX; text and image prompts) instead of one role-both instance; with
+# --tp=N each decode instance has N ranks (prefill instances run one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

@@ -78,7 +78,9 @@ absl::Status EncoderCore::Load() {
         options_.model_dir, " is not a vision model (no vision_config or preprocessor_config)"));
   }
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options_.model_dir));
-  ASSIGN_OR_RETURN(tower_, model::VisionTower::Load(*checkpoint_, config_));
+  model::VisionTowerOptions tower_options;
+  ASSIGN_OR_RETURN(tower_options.int8_group, model::VisionInt8Group(options_.quantize));
+  ASSIGN_OR_RETURN(tower_, model::VisionTower::Load(*checkpoint_, config_, tower_options));
   const transfer::EmbeddingLayout& layout = engine_.buffer().layout();
   if (layout.hidden_size != static_cast<uint32_t>(tower_->out_hidden()) ||
       layout.dtype_bytes != sizeof(float)) {
@@ -363,6 +365,9 @@ void EncoderCore::PublishLoop() {
 }
 
 void EncoderCore::Publish(Work& w) {
+  if (options_.test_only_publish_delay > absl::ZeroDuration()) {
+    absl::SleepFor(options_.test_only_publish_delay);
+  }
   if (w.waiter.job->over) {
     Complete(w.waiter.job, w.waiter.slot, absl::CancelledError("job over"));
     return;

@@ -56,12 +56,19 @@ struct EncoderCoreOptions {
   int decode_threads = 1;
   // Patches the tower takes in one forward (at least one image per batch).
   int64_t max_batch_patches = 16384;
+  // The tower's weights: "" (as stored), "int8" or "int8_g32" (quantized at
+  // load, see model::VisionTowerOptions::int8_group).
+  std::string quantize;
   size_t cache_bytes = size_t{256} << 20;
   model::DecodeLimits decode_limits;
   // How long a published image waits for its receiver.
   absl::Duration keep_for = absl::Seconds(30);
   // How long publishing waits for send-buffer blocks.
   absl::Duration block_wait = absl::Seconds(30);
+  // Test only (seed 000's slow-encoder tests and benchmark): each image
+  // waits this long before it is published, as if the tower were slow. It
+  // delays only the publish thread; 0 in production.
+  absl::Duration test_only_publish_delay = absl::ZeroDuration();
 };
 
 struct EncodeJob {

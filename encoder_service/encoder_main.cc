@@ -37,7 +37,13 @@ ABSL_FLAG(uint32_t, block_size, 128, "embedding buffer: tokens per block");
 ABSL_FLAG(uint32_t, num_blocks, 256, "embedding buffer: blocks in the send buffer");
 ABSL_FLAG(int, cache_mb, 256, "embedding cache size in MiB (0: off)");
 ABSL_FLAG(int, decode_threads, 1, "image decode and preprocessing threads");
+ABSL_FLAG(std::string, quantize, "",
+          "vision tower weights: as stored (empty), int8 (one scale per output row) or int8_g32 "
+          "(one per 32 columns), quantized at load");
 ABSL_FLAG(int64_t, max_batch_patches, 16384, "patches per vision tower batch");
+ABSL_FLAG(int, test_only_publish_delay_ms, 0,
+          "TEST ONLY: each image waits this long before it is published (a slow encoder, for "
+          "seed 000's tests); never set in production");
 ABSL_FLAG(int, keep_for_seconds, 30, "how long a published image waits for its receiver");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long in-flight work may take");
 
@@ -77,10 +83,17 @@ int Main() {
   metrics::Registry registry;
   EncoderCoreOptions copts;
   copts.model_dir = absl::GetFlag(FLAGS_model_dir);
+  copts.quantize = absl::GetFlag(FLAGS_quantize);
   copts.decode_threads = absl::GetFlag(FLAGS_decode_threads);
   copts.max_batch_patches = absl::GetFlag(FLAGS_max_batch_patches);
   copts.cache_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_cache_mb))) << 20;
   copts.keep_for = absl::Seconds(absl::GetFlag(FLAGS_keep_for_seconds));
+  if (absl::GetFlag(FLAGS_test_only_publish_delay_ms) < 0) {
+    std::fprintf(stderr, "encoder: --test_only_publish_delay_ms must be >= 0\n");
+    return 2;
+  }
+  copts.test_only_publish_delay =
+      absl::Milliseconds(absl::GetFlag(FLAGS_test_only_publish_delay_ms));
   auto core = EncoderCore::Create(copts, **engine, registry);
   if (!core.ok()) {
     std::fprintf(stderr, "encoder: %s\n", core.status().ToString().c_str());

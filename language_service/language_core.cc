@@ -103,14 +103,33 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
   step_seconds_ = &metrics.GetHistogram("mmserve_language_step_seconds",
                                         "One engine step (schedule, forward, sample).",
                                         metrics::LatencyBuckets());
+  handoff_blocked_seconds_ = &metrics.GetCounter(
+      "mmserve_language_mm_handoff_blocked_seconds_total",
+      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
+      "putting image rows (their floats, or descriptors) into tensor-parallel steps (seed 000).");
+  const char* rows_help =
+      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
+      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
+      "step).";
+  rows_by_descriptor_ = &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help,
+                                            {{"placement", "descriptor"}});
+  rows_inline_ =
+      &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
 }
 
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
+  if (options.role == LanguageRole::kPrefill && options.engine.tp_size > 1) {
+    return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
+  }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
+  if (options.role == LanguageRole::kDecode && eo.tp_size > 1) {
+    eo.tp_shard_args.push_back(
+        absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options.kv_profile)));
+  }
   ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
@@ -119,14 +138,15 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
   if (options.role != LanguageRole::kBoth) {
-    if (options.engine.tp_size > 1) {
-      return absl::UnimplementedError("roles prefill and decode need tp_size 1 for now");
-    }
     ASSIGN_OR_RETURN(core->kv_context_, transfer::UcxContext::Create(options.kv_profile));
     const transfer::UcxWorkerOptions wo{.name = options.instance_id + "-kv"};
     if (options.role == LanguageRole::kDecode) {
-      ASSIGN_OR_RETURN(core->kv_receiver_, transfer::KvHandoffReceiver::Create(
-                                               *core->kv_context_, core->engine_->kv_cache(), wo));
+      // Every rank receives its own KV heads (worker/tp_kv_receiver.h).
+      worker::TpGroup* group = core->engine_->tp_group();
+      ASSIGN_OR_RETURN(core->kv_receivers_, worker::TpKvReceivers::Create(
+                                                *core->kv_context_, core->engine_->kv_cache(),
+                                                group != nullptr ? group->ring() : nullptr,
+                                                group != nullptr ? group->comm() : nullptr, wo));
     } else {
       ASSIGN_OR_RETURN(core->kv_sender_, transfer::KvHandoffSender::Create(
                                              *core->kv_context_, core->engine_->kv_cache(), wo));
@@ -376,10 +396,37 @@ void LanguageCore::Loop() {
     }
     for (Task& t : tasks) t();
     CheckLostDeadlines();
+    // A rank that died while no step ran (an idle instance, or one whose
+    // only request waits for its KV hand-off): out of service all the same.
+    if (!lost_rank_reported_ && engine_->tp_group() != nullptr &&
+        engine_->tp_group()->lost_rank()) {
+      lost_rank_reported_ = true;
+      LOG(ERROR) << "tensor-parallel instance lost a rank between steps: shutting down";
+      std::vector<std::string> live;
+      for (const auto& [id, r] : requests_) {
+        if (r->in_engine) live.push_back(id);
+      }
+      for (const std::string& id : live) {
+        End(id, absl::UnavailableError("a tensor-parallel rank of this instance died"));
+      }
+      kill(getpid(), SIGTERM);
+    }
     if (engine_->has_unfinished()) {
       Stopwatch clock;
       absl::Status s = engine_->Step();
       step_seconds_->Observe(clock.ElapsedSeconds());
+      const double handoff = engine_->embedding_handoff_seconds();
+      if (handoff > engine_handoff_seconds_) {
+        handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
+        engine_handoff_seconds_ = handoff;
+      }
+      const int64_t by_descriptor = engine_->embedding_rows_by_descriptor();
+      const int64_t in_line = engine_->embedding_rows_inline();
+      rows_by_descriptor_->Increment(
+          static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
+      rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
+      engine_rows_by_descriptor_ = by_descriptor;
+      engine_rows_inline_ = in_line;
       if (!s.ok()) {
         LOG(ERROR) << "engine step failed: " << s;
         std::vector<std::string> live;

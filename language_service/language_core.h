@@ -17,7 +17,8 @@
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
 //
-// Roles prefill and decode (issue 12, text and image prompts, tp_size 1): a
+// Roles prefill and decode (issue 12, text and image prompts; prefill tp_size
+// 1, decode any tp_size, each decode rank receiving only its own KV heads): a
 // decode core registers a request (RegisterDecode, the Decode stream),
 // reserves its KV blocks (AllocateKv with the expanded prompt, its image
 // spans and M-RoPE delta; held until CommitKv or kv_commit_timeout) and, once the
@@ -50,12 +51,27 @@
 #include "transfer/kv_handoff.h"
 #include "transfer/transfer_engine.h"
 #include "worker/engine.h"
+#include "worker/tp_kv_receiver.h"
 
 namespace mmserve::language {
 
 namespace v1 = ::mmserve::internal::v1;
 
 enum class LanguageRole { kBoth, kPrefill, kDecode };
+
+// Seed 000: how an arrived image embedding reaches the model (and, with
+// tensor parallelism, every rank).
+enum class MmHandoff {
+  // Read in place: the request keeps the receive-buffer blocks the
+  // embedding arrived in until it ends, and a step names its rows by offset
+  // (the buffer is memory every rank maps: engine.shared_input). Images that
+  // arrived in several chunks are copied as kBlocking does.
+  kAsync,
+  // Copied: the loop copies each embedding out of the receive buffer when
+  // it arrives and rank 0 copies its rows into every step that uses them
+  // (the baseline seed 000 measures against).
+  kBlocking,
+};
 
 struct LanguageCoreOptions {
   std::string instance_id;
@@ -72,6 +88,7 @@ struct LanguageCoreOptions {
   // production.
   absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
   worker::EngineOptions engine;
+  MmHandoff mm_handoff = MmHandoff::kAsync;
   // One image's transfer, from init to its last chunk.
   absl::Duration transfer_timeout = absl::Seconds(30);
   // How long a request with lost images waits for the router's retry.
@@ -170,8 +187,8 @@ class LanguageCore {
   std::unique_ptr<worker::LlmEngine> engine_;
   // Roles prefill and decode.
   std::unique_ptr<transfer::UcxContext> kv_context_;
-  std::unique_ptr<transfer::KvHandoffReceiver> kv_receiver_;  // decode
-  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;      // prefill
+  std::unique_ptr<worker::TpKvReceivers> kv_receivers_;   // decode, every rank
+  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;  // prefill
   // Role prefill, loop thread only: stubs by decode address.
   std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_;
 
@@ -199,6 +216,12 @@ class LanguageCore {
   metrics::Histogram* itl_seconds_;
   metrics::Histogram* e2e_seconds_;
   metrics::Histogram* step_seconds_;
+  metrics::Counter* handoff_blocked_seconds_;
+  double engine_handoff_seconds_ = 0;  // loop thread: what the counter has of the engine's
+  metrics::Counter* rows_by_descriptor_;
+  metrics::Counter* rows_inline_;
+  int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
+  int64_t engine_rows_inline_ = 0;
 
   std::thread loop_;
   std::thread connector_;

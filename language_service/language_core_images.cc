@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,17 @@
 #include "proto/encoder.grpc.pb.h"
 
 namespace mmserve::language {
+namespace {
+
+// CPU time of the calling thread: what the work cost the loop, without the
+// time the thread was descheduled (these machines are shared).
+int64_t ThreadCpuNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
 
 bool LanguageCore::Retry(const v1::ImageRetry& retry) {
   {
@@ -194,9 +206,8 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   // The grid from the M-RoPE section (t, row, column of each merged token):
   // exact whether or not the router could pre-size the image.
   const uint32_t n = image->total_tokens();
+  const uint32_t chunks = image->num_chunks();
   const std::string mrope = image->Section(transfer::kMrope);
-  const std::string emb = image->Section(transfer::kEmbedding);
-  image->Release();
   int32_t t_max = 0, h_max = 0, w_max = 0;
   for (uint32_t i = 0; i < n; ++i) {
     int32_t p[3];
@@ -214,8 +225,23 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
                                                 " tokens does not describe a grid")));
     return;
   }
-  e.values.resize(emb.size() / sizeof(float));
-  std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
+  if (options_.mm_handoff == MmHandoff::kAsync && image->buffered_tokens() == 0 &&
+      image->tail_blocks().has_value()) {
+    // Seed 000: the rows stay where UCX wrote them (memory every rank maps);
+    // steps name them by offset. The blocks go when the request ends.
+    const transfer::ChunkRanges cr =
+        transfer_.buffer().layout().ChunkInfo(*image->tail_blocks(), 0, n);
+    e.shared_values =
+        reinterpret_cast<const float*>(transfer_.buffer().data() + cr[transfer::kEmbedding].offset);
+    r.images[k].held = std::move(*image);
+  } else {
+    const int64_t cpu_start = ThreadCpuNanos();
+    const std::string emb = image->Section(transfer::kEmbedding);
+    image->Release();
+    e.values.resize(emb.size() / sizeof(float));
+    std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
+    handoff_blocked_seconds_->Increment((ThreadCpuNanos() - cpu_start) * 1e-9);
+  }
   const auto& h = r.images[k].meta.content_hash();
   e.key = ContentHash{h.high(), h.low()};
   r.images[k].state = Request::ImageState::kArrived;
@@ -223,7 +249,7 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   images_received_->Increment();
   transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
   transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
-  if (image->num_chunks() > 1) resumes_->Increment(image->num_chunks() - 1);
+  if (chunks > 1) resumes_->Increment(chunks - 1);
   MaybeAdmit(r);
 }
 

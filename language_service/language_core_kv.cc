@@ -107,6 +107,10 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
                                    request.prompt_token_ids().end());
         er.sampling.seed = request.seed();
         ASSIGN_OR_RETURN(er.handoff_images, HandoffImagesFromProto(request));
+        uint32_t image_tokens = 0;
+        for (const worker::HandoffImage& h : er.handoff_images) {
+          image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
+        }
         r.engine_request.sampling.seed = request.seed();
         ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
                          engine_->ReserveRemoteKv(
@@ -116,10 +120,7 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
         r.kv_blocks = blocks.blocks;
         r.admitted_at_s = r.since_submit.ElapsedSeconds();
         r.mrope_position_delta = blocks.mrope_position_delta;
-        r.image_tokens = 0;
-        for (const worker::HandoffImage& h : er.handoff_images) {
-          r.image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
-        }
+        r.image_tokens = image_tokens;  // er has moved into the engine
         if (blocks.mrope_position_delta != request.mrope_position_delta()) {
           const absl::Status why = absl::InvalidArgumentError(
               absl::StrCat("request ", r.id, ": M-RoPE delta ", request.mrope_position_delta(),
@@ -127,30 +128,36 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
           End(r.id, why);  // frees the reservation
           return why;
         }
-        // The engine's earlier reads of these (reused) blocks before the puts.
-        RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
-        const transfer::KvHandoffTarget& t = kv_receiver_->target();
+        // The engine's earlier reads of these (reused) blocks before the
+        // puts, on every rank.
+        // (On failure the reservation ends at its commit deadline.)
+        RETURN_IF_ERROR(kv_receivers_->Check({}).status());
         v1::KvAllocation a;
         a.set_request_id(r.id);
         a.set_num_tokens(static_cast<uint32_t>(request.prompt_token_ids_size()));
         a.set_num_cached_tokens(static_cast<uint32_t>(blocks.num_cached_tokens));
-        v1::KvRankTarget* rank = a.add_ranks();
-        rank->mutable_peer()->set_worker_address(t.worker_address);
-        rank->mutable_peer()->set_transport_profile(
-            options_.kv_profile == transfer::TransportProfile::kShm ? "shm" : "tcp");
-        v1::KvLayout* l = rank->mutable_layout();
-        l->set_num_layers(static_cast<uint32_t>(t.shape.num_layers));
-        l->set_num_kv_heads(static_cast<uint32_t>(t.shape.num_kv_heads));
-        l->set_head_dim(static_cast<uint32_t>(t.shape.head_dim));
-        l->set_block_size(static_cast<uint32_t>(t.shape.block_size));
-        l->set_num_blocks(static_cast<uint32_t>(t.shape.num_blocks));
-        l->set_dtype(v1::TENSOR_DTYPE_FLOAT32);
-        l->set_tp_rank(0);
-        l->set_tp_size(1);
-        rank->mutable_kv_region()->set_base_address(t.base_address);
-        rank->mutable_kv_region()->set_length(t.shape.TotalBytes());
-        rank->mutable_kv_region()->set_rkey(t.rkey);
-        for (int32_t b : blocks.blocks) rank->add_block_ids(static_cast<uint32_t>(b));
+        const int tp = kv_receivers_->size();
+        for (int i = 0; i < tp; ++i) {
+          const transfer::KvHandoffTarget& t = kv_receivers_->targets()[i];
+          v1::KvRankTarget* rank = a.add_ranks();
+          rank->mutable_peer()->set_worker_address(t.worker_address);
+          rank->mutable_peer()->set_transport_profile(
+              transfer::TransportProfileName(options_.kv_profile));
+          v1::KvLayout* l = rank->mutable_layout();
+          l->set_num_layers(static_cast<uint32_t>(t.shape.num_layers));
+          l->set_num_kv_heads(static_cast<uint32_t>(t.shape.num_kv_heads));
+          l->set_head_dim(static_cast<uint32_t>(t.shape.head_dim));
+          l->set_block_size(static_cast<uint32_t>(t.shape.block_size));
+          l->set_num_blocks(static_cast<uint32_t>(t.shape.num_blocks));
+          l->set_dtype(v1::TENSOR_DTYPE_FLOAT32);
+          l->set_tp_rank(static_cast<uint32_t>(i));
+          l->set_tp_size(static_cast<uint32_t>(tp));
+          rank->mutable_kv_region()->set_base_address(t.base_address);
+          rank->mutable_kv_region()->set_length(t.shape.TotalBytes());
+          rank->mutable_kv_region()->set_rkey(t.rkey);
+          // Every rank's cache has the same blocks (of its own heads).
+          for (int32_t b : blocks.blocks) rank->add_block_ids(static_cast<uint32_t>(b));
+        }
         return a;
       });
 }
@@ -158,9 +165,6 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
 absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
   if (options_.role != LanguageRole::kDecode) {
     return absl::UnimplementedError("only role decode takes KV hand-offs (use --role=decode)");
-  }
-  if (commit.rank_crc32c_size() != 1) {
-    return absl::InvalidArgumentError("KvCommit needs one CRC32C per rank (tp_size 1)");
   }
   return RunOnLoop<absl::Status>([this, &commit]() -> absl::Status {
     auto it = requests_.find(commit.request_id());
@@ -176,13 +180,25 @@ absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
       End(r.id, why);
       return why;
     }
-    RETURN_IF_ERROR(kv_receiver_->AwaitLandedWrites());
-    const uint32_t crc = transfer::KvBlocksCrc(engine_->kv_cache(), r.kv_blocks);
-    if (crc != commit.rank_crc32c(0)) {
-      const absl::Status why = absl::DataLossError(absl::StrCat(
-          "request ", r.id, ": KV CRC32C ", crc, " != committed ", commit.rank_crc32c(0)));
-      End(r.id, why);
-      return why;
+    if (commit.rank_crc32c_size() != kv_receivers_->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("KvCommit needs one CRC32C per rank (",
+                                                     kv_receivers_->size(), "), got ",
+                                                     commit.rank_crc32c_size()));
+    }
+    // Every rank fences its landed writes and checks its own heads.
+    absl::StatusOr<std::vector<uint32_t>> crcs = kv_receivers_->Check(r.kv_blocks);
+    if (!crcs.ok()) {
+      End(r.id, crcs.status());
+      return crcs.status();
+    }
+    for (int i = 0; i < kv_receivers_->size(); ++i) {
+      if ((*crcs)[i] != commit.rank_crc32c(i)) {
+        const absl::Status why =
+            absl::DataLossError(absl::StrCat("request ", r.id, ": KV CRC32C of rank ", i, " ",
+                                             (*crcs)[i], " != committed ", commit.rank_crc32c(i)));
+        End(r.id, why);
+        return why;
+      }
     }
     return engine_->CommitRemoteKv(r.id, static_cast<int32_t>(commit.first_token_id()));
   });
@@ -218,38 +234,56 @@ absl::Status LanguageCore::HandOff(Request& r, const std::vector<int32_t>& block
     ctx.set_deadline(grpc_deadline);
     RETURN_IF_ERROR(FromGrpcStatus(stub->AllocateKv(&ctx, req, &alloc)));
   }
-  if (alloc.ranks_size() != 1) {
-    return absl::UnimplementedError("the decode instance has several ranks (not yet handed to)");
+  // One put set per decode rank, each its slice of the KV heads.
+  const int64_t heads = engine_->kv_cache().shape().num_kv_heads;
+  const int tp = alloc.ranks_size();
+  if (tp < 1 || heads % tp != 0) {
+    return absl::InternalError(
+        absl::StrCat("the decode instance has ", tp, " ranks for ", heads, " KV heads"));
   }
-  const v1::KvRankTarget& rank = alloc.ranks(0);
-  transfer::KvHandoffTarget target;
-  target.worker_address = rank.peer().worker_address();
-  target.rkey = rank.kv_region().rkey();
-  target.base_address = rank.kv_region().base_address();
-  target.shape.num_layers = rank.layout().num_layers();
-  target.shape.num_blocks = rank.layout().num_blocks();
-  target.shape.block_size = rank.layout().block_size();
-  target.shape.num_kv_heads = rank.layout().num_kv_heads();
-  target.shape.head_dim = rank.layout().head_dim();
-  const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, target.shape.block_size);
-  if (skip > blocks.size() || blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
-    return absl::InternalError(absl::StrCat("the decode instance allocated ", rank.block_ids_size(),
-                                            " blocks after ", skip, " cached for a prompt of ",
-                                            blocks.size()));
-  }
+  // The decode side's block size (Send refuses one that differs from ours).
+  const int64_t block_size = alloc.ranks(0).layout().block_size();
+  const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
   if (options_.test_kv_handoff_delay > absl::ZeroDuration()) {
     LOG(WARNING) << "request " << r.id << ": test-only hand-off delay of "
                  << options_.test_kv_handoff_delay << " after AllocateKv";
     absl::SleepFor(options_.test_kv_handoff_delay);
   }
-  std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
-  std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
-  ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline));
   v1::KvCommit commit;
+  for (int i = 0; i < tp; ++i) {
+    const v1::KvRankTarget& rank = alloc.ranks(i);
+    if (rank.layout().tp_rank() != static_cast<uint32_t>(i) ||
+        rank.layout().tp_size() != static_cast<uint32_t>(tp) ||
+        rank.layout().num_kv_heads() * tp != heads) {
+      return absl::InternalError(absl::StrCat("the decode instance's rank ", i, " holds ",
+                                              rank.layout().num_kv_heads(), " KV heads as rank ",
+                                              rank.layout().tp_rank(), " of ",
+                                              rank.layout().tp_size(), "; ", heads, " to split"));
+    }
+    transfer::KvHandoffTarget target;
+    target.worker_address = rank.peer().worker_address();
+    target.rkey = rank.kv_region().rkey();
+    target.base_address = rank.kv_region().base_address();
+    target.shape.num_layers = rank.layout().num_layers();
+    target.shape.num_blocks = rank.layout().num_blocks();
+    target.shape.block_size = rank.layout().block_size();
+    target.shape.num_kv_heads = rank.layout().num_kv_heads();
+    target.shape.head_dim = rank.layout().head_dim();
+    if (skip > blocks.size() ||
+        blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
+      return absl::InternalError(absl::StrCat("the decode instance allocated ",
+                                              rank.block_ids_size(), " blocks after ", skip,
+                                              " cached for a prompt of ", blocks.size()));
+    }
+    std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
+    std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
+    ASSIGN_OR_RETURN(uint32_t crc,
+                     kv_sender_->Send(target, src, dst, deadline, i * target.shape.num_kv_heads));
+    commit.add_rank_crc32c(crc);
+  }
   commit.set_request_id(r.id);
   *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
   commit.set_first_token_id(static_cast<uint32_t>(r.last_token));
-  commit.add_rank_crc32c(crc);
   commit.set_seed(r.engine_request.sampling.seed);
   commit.set_mrope_position_delta(prompt.mrope_position_delta);
   v1::KvCommitAck ack;

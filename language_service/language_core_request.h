@@ -37,6 +37,9 @@ struct LanguageCore::Request {
     ImageState state = ImageState::kConnecting;
     Stopwatch started;
     worker::ImageEmbedding embedding;
+    // MmHandoff::kAsync: the blocks embedding.shared_values points into,
+    // held until the request ends.
+    std::optional<transfer::ReceivedImage> held;
   };
   std::vector<Image> images;
   bool in_engine = false;

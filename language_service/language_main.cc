@@ -26,11 +26,13 @@
 #include "language_service/language_core.h"
 #include "language_service/language_service.h"
 #include "transfer/transfer_engine.h"
+#include "worker/shm_file.h"
 
 ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
           "instance the router names) or decode (takes hand-offs and streams the rest); "
-          "prefill and decode: text and image prompts, --tp=1");
+          "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
+          "rank receives its own KV heads)");
 ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
           "role decode: how long a KV reservation waits for the prefill side's commit");
 ABSL_FLAG(int, test_kv_handoff_delay_ms, 0,
@@ -66,6 +68,11 @@ ABSL_FLAG(int, tp, 1,
 ABSL_FLAG(std::string, tp_shard_binary, "",
           "the //worker:tp_shard binary (default: beside this binary in bazel-bin or its "
           "runfiles)");
+ABSL_FLAG(std::string, mm_handoff, "async",
+          "seed 000: async (image embeddings are read where UCX wrote them, in a receive "
+          "buffer every tensor-parallel rank maps; steps carry descriptors) or blocking (the "
+          "loop copies each embedding out and rank 0 copies its rows into every step: the "
+          "baseline, to measure against)");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running requests may take");
 
 namespace mmserve::language {
@@ -106,8 +113,8 @@ int Main() {
                  role_flag.c_str());
     return 2;
   }
-  if (role != LanguageRole::kBoth && absl::GetFlag(FLAGS_tp) != 1) {
-    std::fprintf(stderr, "language: --role=%s needs --tp=1 for now\n", role_flag.c_str());
+  if (role == LanguageRole::kPrefill && absl::GetFlag(FLAGS_tp) != 1) {
+    std::fprintf(stderr, "language: --role=prefill needs --tp=1 for now (decode takes --tp)\n");
     return 2;
   }
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
@@ -132,6 +139,23 @@ int Main() {
   topts.layout.hidden_size = static_cast<uint32_t>(config->text.hidden_size);
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = absl::GetFlag(FLAGS_default_blocks);
+  const std::string handoff_flag = absl::GetFlag(FLAGS_mm_handoff);
+  if (handoff_flag != "async" && handoff_flag != "blocking") {
+    std::fprintf(stderr, "language: --mm_handoff must be async or blocking, not %s\n",
+                 handoff_flag.c_str());
+    return 2;
+  }
+  const MmHandoff handoff = handoff_flag == "async" ? MmHandoff::kAsync : MmHandoff::kBlocking;
+  // Seed 000: the receive buffer in memory the shard ranks inherit and map
+  // (no name in /dev/shm, so nothing to unlink on any exit path). Declared
+  // before the transfer engine and the core, which use it until they go.
+  std::unique_ptr<worker::ShmFile> shared_input;
+  if (handoff == MmHandoff::kAsync && absl::GetFlag(FLAGS_tp) > 1) {
+    auto f = worker::ShmFile::Create(absl::StrCat(id, "-recv"), topts.layout.total_bytes());
+    if (!f.ok()) return Fail(f.status());
+    shared_input = *std::move(f);
+    topts.buffer_memory = shared_input->data();
+  }
   auto transfer = transfer::TransferEngine::Create(topts);
   if (!transfer.ok()) return Fail(transfer.status());
 
@@ -165,7 +189,13 @@ int Main() {
                                        ? DefaultShardBinary()
                                        : absl::GetFlag(FLAGS_tp_shard_binary);
     copts.engine.tp_instance_id = absl::StrCat(id, "-", getpid());
+    if (shared_input != nullptr) {
+      copts.engine.shared_input_fd = shared_input->fd();
+      copts.engine.shared_input = shared_input->data();
+      copts.engine.shared_input_bytes = shared_input->size();
+    }
   }
+  copts.mm_handoff = handoff;
   copts.transfer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
   auto core = LanguageCore::Create(copts, **transfer, registry);
   if (!core.ok()) return Fail(core.status());

@@ -2,9 +2,15 @@
 // the UCX KV hand-off, in one process: a decode instance holds each request's
 // Decode stream, a prefill instance runs the prompt to its first token, hands
 // the KV over (AllocateKv, puts, CommitKv) and ends its stream with
-// kv_handed_off. The tokens and text must equal a role-both instance's; the
-// rejections carry their codes; nothing leaks on either side.
+// kv_handed_off. The decode instance runs one rank or two (TP=2: rank 1 is a
+// //worker:tp_shard process receiving its own KV heads over UCX). The tokens
+// and text must equal a role-both instance's, for text prompts and for image
+// prompts (whose embeddings come from an encoder
+// stand-in over UCX); the rejections carry their codes; nothing leaks on
+// either side.
+#include <array>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,9 +19,14 @@
 
 #include "common/clock.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "common/server_stream.h"
 #include "language_service/language_core.h"
 #include "language_service/language_service.h"
+#include "proto/encoder.grpc.pb.h"
+#include "transfer/transfer_engine.h"
+#include "worker/fork_ranks.h"
 
 namespace mmserve::language {
 namespace {
@@ -24,7 +35,8 @@ constexpr char kModel[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
 
 // A language instance of one role behind a gRPC server on a free port.
 struct Instance {
-  explicit Instance(LanguageRole role, absl::Duration commit_timeout = absl::Seconds(10)) {
+  explicit Instance(LanguageRole role, absl::Duration commit_timeout = absl::Seconds(10),
+                    int tp = 1) {
     const std::string id = role == LanguageRole::kDecode    ? "decode"
                            : role == LanguageRole::kPrefill ? "prefill"
                                                             : "both";
@@ -49,6 +61,11 @@ struct Instance {
     o.engine.max_num_seqs = 8;
     o.engine.max_num_batched_tokens = 64;
     o.engine.num_threads = 1;
+    if (tp > 1) {
+      o.engine.tp_size = tp;
+      o.engine.tp_shard_binary = "worker/tp_shard";
+      o.engine.tp_instance_id = worker::UniqueInstanceId("roles-" + id);
+    }
     auto c = LanguageCore::Create(o, *transfer, registry);
     INFO(c.status().ToString());
     REQUIRE(c.ok());
@@ -87,6 +104,106 @@ struct Instance {
   std::unique_ptr<GrpcServer> server;
   std::string address;
   std::unique_ptr<v1::Language::Stub> stub;
+};
+
+// A stand-in for the encoder service, for image prompts without a vision
+// tower: a real TransferEngine (UCX, shm) offers images whose four sections
+// the test writes as the encoder service does (deterministic embeddings of
+// a chosen grid, fill ids, M-RoPE positions within the image, aux), and a
+// gRPC Encoder service answers Connect and CancelTransfer as the encoder's
+// does. Each published image serves one transfer.
+class FakeEncoder final : public v1::Encoder::CallbackService {
+ public:
+  explicit FakeEncoder(uint32_t hidden) : hidden_(hidden) {
+    transfer::TransferEngineOptions topts;
+    topts.instance_id = "encoder";
+    topts.layout.block_size = 16;
+    topts.layout.num_blocks = 32;
+    topts.layout.hidden_size = hidden;
+    topts.layout.dtype_bytes = sizeof(float);
+    auto t = transfer::TransferEngine::Create(topts);
+    REQUIRE(t.ok());
+    engine_ = std::move(*t);
+    auto s = StartGrpcServer("127.0.0.1:0", {this});
+    REQUIRE(s.ok());
+    server_ = std::move(*s);
+    server_->SetServing(true);
+    address = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  ~FakeEncoder() override { server_->Shutdown(absl::Seconds(1)); }
+
+  // Offers image `index` of transfer `transfer_id`: a grid of t x h x w
+  // patches whose embedding rows derive from `seed`. Returns its PromptImage.
+  v1::PromptImage Publish(const std::string& transfer_id, uint32_t index, int t, int h, int w,
+                          uint64_t seed) {
+    const model::ImageGrid grid = model::ImageGrid::FromThw(t, h, w);
+    const uint32_t n = static_cast<uint32_t>(grid.num_tokens());
+    auto blocks = engine_->allocator().Alloc(n, transfer_id);
+    REQUIRE(blocks.ok());
+    transfer::EmbeddingBuffer& buffer = engine_->buffer();
+    const transfer::ChunkRanges r = buffer.layout().ChunkInfo(*blocks, 0, n);
+    uint8_t* base = buffer.data();
+    auto* emb = reinterpret_cast<float*>(base + r[transfer::kEmbedding].offset);
+    for (size_t i = 0; i < size_t{n} * hidden_; ++i) {
+      emb[i] = 0.5f * static_cast<float>(std::sin(0.37 * static_cast<double>(i) + seed));
+    }
+    const int cols = w / 2, per_t = (h / 2) * cols;
+    auto* fill = reinterpret_cast<int32_t*>(base + r[transfer::kFillId].offset);
+    auto* mrope = reinterpret_cast<int32_t*>(base + r[transfer::kMrope].offset);
+    auto* aux = reinterpret_cast<transfer::AuxRecord*>(base + r[transfer::kAux].offset);
+    for (uint32_t k = 0; k < n; ++k) {
+      const int i = static_cast<int>(k);
+      fill[k] = static_cast<int32_t>(seed & 0x7fffffff);
+      mrope[3 * k] = i / per_t;
+      mrope[3 * k + 1] = (i % per_t) / cols;
+      mrope[3 * k + 2] = i % cols;
+      aux[k] = {static_cast<int32_t>(n), static_cast<int32_t>(index), 0};
+    }
+    engine_->Publish({.request_id = transfer_id, .image_index = index, .blocks = *blocks},
+                     [](absl::Status) {});
+    v1::PromptImage p;
+    p.set_image_index(index);
+    p.mutable_content_hash()->set_high(seed);
+    p.mutable_content_hash()->set_low(seed * 31 + 7);
+    p.set_num_tokens(n);
+    p.set_grid_t(static_cast<uint32_t>(t));
+    p.set_grid_h(static_cast<uint32_t>(h));
+    p.set_grid_w(static_cast<uint32_t>(w));
+    p.set_encoder_id("encoder");
+    p.set_encoder_address(address);
+    p.set_transfer_id(transfer_id);
+    return p;
+  }
+
+  grpc::ServerUnaryReactor* Connect(grpc::CallbackServerContext* ctx,
+                                    const v1::ConnectRequest* request,
+                                    v1::ConnectResponse* response) override {
+    absl::Status s = engine_->Connect(*request);
+    if (s.ok()) {
+      response->set_instance_id("encoder");
+      *response->mutable_ucx() = engine_->local_info().ucx();
+      *response->mutable_embedding_buffer() = engine_->local_info().embedding_buffer();
+    }
+    return FinishUnary(ctx, ToGrpcStatus(s));
+  }
+  grpc::ServerUnaryReactor* CancelTransfer(grpc::CallbackServerContext* ctx,
+                                           const v1::EmbeddingTransferCancel*,
+                                           v1::TransferAck* response) override {
+    response->set_accepted(true);
+    return FinishUnary(ctx, grpc::Status::OK);
+  }
+
+  // Blocks still lent to transfers.
+  uint32_t blocks_used() {
+    return engine_->allocator().num_blocks() - engine_->allocator().free_blocks();
+  }
+
+  std::string address;
+
+ private:
+  const uint32_t hidden_;
+  std::unique_ptr<transfer::TransferEngine> engine_;
+  std::unique_ptr<GrpcServer> server_;
 };
 
 struct Output {
@@ -184,6 +301,7 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
           s.set_seed(1234 + n);
         }
         const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
         REQUIRE(want.status.ok());
         Output decoded;
         const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
@@ -203,6 +321,172 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
   CHECK(prefill.Idle());
   CHECK(decode.Idle());
   CHECK(both.Idle());
+}
+
+TEST_CASE("image prompts: prefill + decode instances give role both's tokens and text", "[roles]") {
+  Instance both(LanguageRole::kBoth), prefill(LanguageRole::kPrefill),
+      decode(LanguageRole::kDecode);
+  FakeEncoder encoder(static_cast<uint32_t>(both.core->config().text.hidden_size));
+  const std::string kImage = "<|vision_start|><|image_pad|><|vision_end|>";
+  struct Case {
+    std::string text;
+    std::vector<std::array<int, 3>> grids;  // (t, h, w) patches per image
+  };
+  const std::vector<Case> cases = {
+      {kImage + "What is in this picture?", {{1, 4, 6}}},
+      {"Compare " + kImage + " with " + kImage + ", please.", {{1, 8, 4}, {1, 2, 2}}},
+      {kImage + kImage + "Two images back to back, then a longer question about both of them",
+       {{1, 6, 6}, {1, 4, 10}}},
+  };
+  int n = 0;
+  for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const Case& c = cases[ci];
+      for (bool seeded : {false, true}) {
+        const std::string id = "img" + std::to_string(n++);
+        INFO(id << ": " << c.text);
+        mmserve::v1::SamplingParams s = Greedy(12);
+        if (seeded) {
+          s.set_temperature(0.9f);
+          s.set_top_p(0.95f);
+          s.set_seed(99 + n);
+        }
+        // Each run receives its images under its own transfer id.
+        auto request = [&](const std::string& tag) {
+          v1::PrefillRequest r = Request(id, c.text, s);
+          for (size_t k = 0; k < c.grids.size(); ++k) {
+            const auto& g = c.grids[k];
+            *r.add_images() = encoder.Publish(id + "@" + tag, static_cast<uint32_t>(k), g[0], g[1],
+                                              g[2], 1000 * (ci + 1) + k);
+          }
+          return r;
+        };
+        const Output want = RunBoth(both, request("both"));
+        INFO(want.status.error_message());
+        REQUIRE(want.status.ok());
+        REQUIRE(want.tokens.size() == 12);
+        Output decoded;
+        const Output pre = RunSplit(prefill, decode, request("split"), &decoded);
+        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
+        REQUIRE(pre.status.ok());
+        REQUIRE(decoded.status.ok());
+        CHECK(pre.handed_off);
+        CHECK(pre.tokens.size() == 1);
+        std::vector<uint32_t> got = pre.tokens;
+        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+        CHECK(got == want.tokens);
+        CHECK(pre.text + decoded.text == want.text);
+        CHECK(decoded.finish == want.finish);
+      }
+    }
+  }
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
+  CHECK(both.Idle());
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  while (encoder.blocks_used() > 0 && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));
+  CHECK(encoder.blocks_used() == 0);
+}
+
+// Each decode rank receives only its own KV heads (2 of the model's 4) from
+// the prefill instance; decoding then runs on both ranks.
+TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "[roles][tp]") {
+  Instance both(LanguageRole::kBoth), prefill(LanguageRole::kPrefill),
+      decode(LanguageRole::kDecode, absl::Seconds(10), 2);
+  const std::vector<std::string> prompts = {
+      "The quick brown fox jumps over the lazy dog",
+      "Hi",
+      "A much longer prompt that spans several KV blocks of four tokens each, so that the "
+      "hand-off moves more than a handful of blocks and every layer's keys and values",
+  };
+  int n = 0;
+  for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
+    for (const std::string& text : prompts) {
+      for (bool seeded : {false, true}) {
+        const std::string id = "t" + std::to_string(n++);
+        INFO(id << ": " << text);
+        mmserve::v1::SamplingParams s = Greedy(10);
+        if (seeded) {
+          s.set_temperature(0.9f);
+          s.set_top_p(0.95f);
+          s.set_seed(77 + n);
+        }
+        const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
+        REQUIRE(want.status.ok());
+        Output decoded;
+        const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
+        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
+        REQUIRE(pre.status.ok());
+        REQUIRE(decoded.status.ok());
+        CHECK(pre.handed_off);
+        std::vector<uint32_t> got = pre.tokens;
+        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+        CHECK(got == want.tokens);
+        CHECK(pre.text + decoded.text == want.text);
+      }
+    }
+  }
+  SECTION("AllocateKv names both ranks; a commit needs a CRC per rank, each checked") {
+    v1::DecodeRequest d;
+    d.set_request_id("crc2");
+    *d.mutable_sampling() = Greedy(4);
+    grpc::ClientContext dctx;
+    auto reader = decode.stub->Decode(&dctx, d);
+    const Deadline registered = Deadline::After(absl::Seconds(10));
+    while (decode.core->num_requests() == 0 && !registered.Expired()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    v1::KvAllocateRequest alloc;
+    alloc.set_request_id("crc2");
+    for (uint32_t t : {5, 6, 7, 8, 9}) alloc.add_prompt_token_ids(t);
+    grpc::ClientContext c1, c2, c3;
+    v1::KvAllocation a;
+    REQUIRE(decode.stub->AllocateKv(&c1, alloc, &a).ok());
+    REQUIRE(a.ranks_size() == 2);
+    for (int i = 0; i < 2; ++i) {
+      CHECK(a.ranks(i).layout().tp_rank() == static_cast<uint32_t>(i));
+      CHECK(a.ranks(i).layout().tp_size() == 2);
+      CHECK(a.ranks(i).layout().num_kv_heads() == 2);
+      CHECK(a.ranks(i).block_ids_size() == 2);
+    }
+    CHECK(a.ranks(0).peer().worker_address() != a.ranks(1).peer().worker_address());
+    v1::KvCommit commit;
+    commit.set_request_id("crc2");
+    commit.set_first_token_id(7);
+    commit.add_rank_crc32c(0);
+    v1::KvCommitAck ack;
+    CHECK(decode.stub->CommitKv(&c2, commit, &ack).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+    commit.add_rank_crc32c(0xdeadbeef);
+    CHECK(decode.stub->CommitKv(&c3, commit, &ack).error_code() == grpc::StatusCode::DATA_LOSS);
+    Output out;
+    Drain(reader, &out);
+    CHECK(out.status.error_code() == grpc::StatusCode::DATA_LOSS);
+  }
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
+  CHECK(both.Idle());
+}
+
+TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles][tp]") {
+  metrics::Registry registry;
+  transfer::TransferEngineOptions topts;
+  topts.instance_id = "prefill-tp";
+  topts.layout.block_size = 16;
+  topts.layout.num_blocks = 8;
+  topts.layout.hidden_size = 64;
+  topts.layout.dtype_bytes = sizeof(float);
+  auto t = transfer::TransferEngine::Create(topts);
+  REQUIRE(t.ok());
+  LanguageCoreOptions o;
+  o.instance_id = "prefill-tp";
+  o.role = LanguageRole::kPrefill;
+  o.engine.model_dir = kModel;
+  o.engine.tp_size = 2;
+  o.engine.tp_shard_binary = "worker/tp_shard";
+  auto c = LanguageCore::Create(o, **t, registry);
+  CHECK(c.status().code() == absl::StatusCode::kUnimplemented);
 }
 
 TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {

@@ -38,9 +38,9 @@ class TensorBinder {
                                                      ShapeString(t->shape), ", expected ",
                                                      ShapeString(shape)));
     }
-    if (t->dtype != DType::kF32 && t->dtype != DType::kBF16) {
+    if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' has dtype ", DTypeName(t->dtype), ", expected F32 or BF16"));
+          "tensor '", name, "' has dtype ", DTypeName(t->dtype), ", expected F32, BF16 or F16"));
     }
     return t;
   }
@@ -56,8 +56,10 @@ class TensorBinder {
     ASSIGN_OR_RETURN(const TensorView* t, Find(name, {n}));
     auto v = std::make_unique<std::vector<float>>(n);
     for (int64_t i = 0; i < n; ++i) {
-      (*v)[i] = t->dtype == DType::kF32 ? reinterpret_cast<const float*>(t->data)[i]
-                                        : Bf16ToF32(reinterpret_cast<const uint16_t*>(t->data)[i]);
+      const uint16_t* half = reinterpret_cast<const uint16_t*>(t->data);
+      (*v)[i] = t->dtype == DType::kF32    ? reinterpret_cast<const float*>(t->data)[i]
+                : t->dtype == DType::kBF16 ? Bf16ToF32(half[i])
+                                           : F16ToF32(half[i]);
     }
     owned_->push_back(std::move(v));
     return owned_->back()->data();
@@ -195,10 +197,37 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
       }
     }
   };
+  // F16 matrices are quantized from directly; unquantized, they become fp32.
+  if (options.quantize != Quantization::kInt8) w->WidenF16(release);
   if (w->shard_.size > 1) w->Shard(cfg, release);
   if (options.quantize == Quantization::kInt8) w->QuantizeInt8(options.int8_group, release);
   w->PackBf16(release);  // what is left: an untied BF16 embedding stays row-major
   return w;
+}
+
+void Qwen2Weights::WidenF16(const std::function<void(const void*)>& release) {
+  absl::flat_hash_map<const void*, cpu::WeightMatrix> done;
+  auto widen = [&](cpu::WeightMatrix* m) {
+    if (m->dtype != DType::kF16) return;
+    const void* source = m->data;
+    auto it = done.find(source);
+    if (it == done.end()) {
+      auto v = std::make_unique<std::vector<float>>(m->rows * m->cols);
+      for (int64_t r = 0; r < m->rows; ++r) cpu::WeightRowToF32(*m, r, v->data() + r * m->cols);
+      cpu::WeightMatrix wide = *m;
+      wide.dtype = DType::kF32;
+      wide.data = v->data();
+      owned_f32_.push_back(std::move(v));
+      it = done.emplace(source, wide).first;
+      release(source);
+    }
+    *m = it->second;
+  };
+  for (Qwen2LayerWeights& l : layers_) {
+    for (cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) widen(m);
+  }
+  widen(&lm_head_);
+  if (tied_) widen(&embed_);  // an untied one is only looked up (WeightRowToF32)
 }
 
 void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {

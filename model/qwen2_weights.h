@@ -20,8 +20,10 @@
 // tied one is gathered from lm_head's panels (cpu::WeightRowToF32).
 // With Quantization::kInt8 every projection matrix and lm_head (so also a
 // tied embedding) is quantized at load to int8 panels (cpu::Int8Weights),
-// from F32 or BF16, and the mapped pages it came from are dropped; an untied
-// embedding stays as stored.
+// from F32, BF16 or F16, and the mapped pages it came from are dropped; an
+// untied embedding stays as stored. Without it, F16 matrices (which the
+// kernels do not take) are widened to owned fp32 copies at load, except an
+// untied embedding, which stays F16 in the mapping.
 // Norm weights and biases (a few KiB) are widened to fp32 copies. A missing
 // tensor is NotFound and a wrong shape or dtype InvalidArgument, naming the
 // tensor and expected vs actual.
@@ -142,6 +144,9 @@ class Qwen2Weights {
   // Replaces every matrix (and q/k/v bias) with this rank's slice; release
   // as for PackBf16, for column-sliced sources.
   void Shard(const TextConfig& cfg, const std::function<void(const void*)>& release);
+  // Replaces every F16 matrix with an owned fp32 copy (the kernels take no
+  // F16); release as for PackBf16.
+  void WidenF16(const std::function<void(const void*)>& release);
   // Quantizes every projection and lm_head (and a tied embedding, the same
   // matrix) to int8; release as for PackBf16.
   void QuantizeInt8(int64_t group, const std::function<void(const void*)>& release);

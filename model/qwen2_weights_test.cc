@@ -177,14 +177,16 @@ TEST_CASE("a config that disagrees with the checkpoint names the first mismatchi
 }
 
 TEST_CASE("a dtype the model cannot compute in is InvalidArgument", "[weights]") {
-  // F16 has BF16's size, so the file stays valid; the loader refuses it.
+  // I16 has BF16's size, so the file stays valid; the loader refuses it.
+  // (F16 is taken: qwen2_f16_test.)
   std::string dir = EditedModel(kBf16, [](nlohmann::json& h) {
-    h["model.layers.0.self_attn.o_proj.weight"]["dtype"] = "F16";
+    h["model.layers.0.self_attn.o_proj.weight"]["dtype"] = "I16";
   });
   absl::Status s = LoadStatus(dir);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(s, "model.layers.0.self_attn.o_proj.weight"));
-  CHECK(Contains(s, "dtype F16"));
+  CHECK(Contains(s, "dtype I16"));
+  CHECK(Contains(s, "expected F32, BF16 or F16"));
 }
 
 TEST_CASE("an unknown dtype string and a truncated file fail when the checkpoint opens",

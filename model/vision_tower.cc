@@ -58,14 +58,26 @@ absl::StatusOr<std::vector<float>> LoadVector(const SafetensorsCheckpoint& ckpt,
   return ToF32(*t);
 }
 
+// d's matrix quantized to int8 panels from the row-major `src` (which the
+// caller may free afterwards).
+void QuantizeDense(cpu::ThreadPool& pool, const cpu::WeightMatrix& src, int64_t group,
+                   DenseWeights* d) {
+  d->int8 = cpu::Int8Weights::Quantize(pool, src, group);
+  d->matrix = d->int8.matrix();
+  d->kernel = cpu::LinearKernel::kDot;
+}
+
 absl::Status LoadDense(const SafetensorsCheckpoint& ckpt, const std::string& prefix, int out,
-                       int in, bool bias, cpu::ThreadPool& pool, DenseWeights* d,
-                       std::vector<int64_t> shape = {}) {
+                       int in, bool bias, cpu::ThreadPool& pool, int64_t int8_group,
+                       DenseWeights* d, std::vector<int64_t> shape = {}) {
   d->out = out;
   d->in = in;
   if (shape.empty()) shape = {out, in};
   ASSIGN_OR_RETURN(const TensorView* w, FindTensor(ckpt, prefix + ".weight", shape));
-  if (w->dtype == DType::kBF16) {
+  if (w->dtype == DType::kBF16 && int8_group >= 0) {
+    QuantizeDense(pool, cpu::WeightMatrix{DType::kBF16, w->data, out, in}, int8_group, d);
+    ckpt.ReleasePages(*w);
+  } else if (w->dtype == DType::kBF16) {
     // One bf16 copy: repacked into panels, the mapped pages dropped.
     d->panels = cpu::PanelWeights::Pack(pool, cpu::WeightMatrix{DType::kBF16, w->data, out, in});
     d->matrix = d->panels.matrix();
@@ -79,6 +91,11 @@ absl::Status LoadDense(const SafetensorsCheckpoint& ckpt, const std::string& pre
     }
     d->matrix = cpu::WeightMatrix{DType::kF32, data, out, in};
     d->kernel = cpu::LinearKernel::kOpenBlas;
+    if (int8_group >= 0) {
+      QuantizeDense(pool, d->matrix, int8_group, d);
+      std::vector<float>().swap(d->owned);
+      ckpt.ReleasePages(*w);
+    }
   }
   if (bias) {
     ASSIGN_OR_RETURN(const TensorView* b, FindTensor(ckpt, prefix + ".bias", {out}));
@@ -206,6 +223,14 @@ void VisionTower::SetPool(const VisionTowerOptions& options) {
   }
 }
 
+absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize) {
+  if (quantize.empty() || quantize == "none") return -1;
+  if (quantize == "int8") return 0;
+  if (quantize == "int8_g32") return 32;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown --quantize \"", quantize, "\" (none, int8 or int8_g32)"));
+}
+
 size_t VisionTower::weight_bytes() const {
   size_t total =
       patch_embed_.matrix.bytes() + merger_fc1_.matrix.bytes() + merger_fc2_.matrix.bytes();
@@ -231,15 +256,23 @@ std::unique_ptr<VisionTower> VisionTower::CreateRandom(const VisionConfig& c, ui
     if (dtype == DType::kBF16) {
       bf16.resize(count);
       for (uint16_t& v : bf16) v = F32ToBf16(rng.Next(0.02f));
-      d->panels =
-          cpu::PanelWeights::Pack(*t->pool_, cpu::WeightMatrix{DType::kBF16, bf16.data(), out, in});
-      d->matrix = d->panels.matrix();
-      d->kernel = cpu::LinearKernel::kDot;
+      const cpu::WeightMatrix src{DType::kBF16, bf16.data(), out, in};
+      if (options.int8_group >= 0) {
+        QuantizeDense(*t->pool_, src, options.int8_group, d);
+      } else {
+        d->panels = cpu::PanelWeights::Pack(*t->pool_, src);
+        d->matrix = d->panels.matrix();
+        d->kernel = cpu::LinearKernel::kDot;
+      }
     } else {
       d->owned.resize(count);
       for (float& v : d->owned) v = rng.Next(0.02f);
       d->matrix = cpu::WeightMatrix{DType::kF32, d->owned.data(), out, in};
       d->kernel = cpu::LinearKernel::kOpenBlas;
+      if (options.int8_group >= 0) {
+        QuantizeDense(*t->pool_, d->matrix, options.int8_group, d);
+        std::vector<float>().swap(d->owned);
+      }
     }
     if (bias) {
       d->bias_owned.resize(out);
@@ -284,9 +317,11 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
   }
   t->SetPool(options);
   cpu::ThreadPool& pool = *t->pool_;
+  const int64_t group = options.int8_group;
   const int e = c.embed_dim,
             patch_dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
-  RETURN_IF_ERROR(LoadDense(ckpt, "patch_embed.proj", e, patch_dim, false, pool, &t->patch_embed_,
+  RETURN_IF_ERROR(LoadDense(ckpt, "patch_embed.proj", e, patch_dim, false, pool, group,
+                            &t->patch_embed_,
                             {e, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}));
   t->blocks_.resize(c.depth);
   const int mlp = e * c.mlp_ratio;
@@ -297,17 +332,18 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
     ASSIGN_OR_RETURN(b.norm1_b, LoadVector(ckpt, p + "norm1.bias", e));
     ASSIGN_OR_RETURN(b.norm2_w, LoadVector(ckpt, p + "norm2.weight", e));
     ASSIGN_OR_RETURN(b.norm2_b, LoadVector(ckpt, p + "norm2.bias", e));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.qkv", 3 * e, e, true, pool, &b.qkv));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.proj", e, e, true, pool, &b.proj));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.fc1", mlp, e, true, pool, &b.fc1));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.fc2", e, mlp, true, pool, &b.fc2));
+    RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.qkv", 3 * e, e, true, pool, group, &b.qkv));
+    RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.proj", e, e, true, pool, group, &b.proj));
+    RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.fc1", mlp, e, true, pool, group, &b.fc1));
+    RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.fc2", e, mlp, true, pool, group, &b.fc2));
   }
   const int merged = e * c.spatial_merge_size * c.spatial_merge_size;
   ASSIGN_OR_RETURN(t->ln_q_w_, LoadVector(ckpt, "merger.ln_q.weight", e));
   ASSIGN_OR_RETURN(t->ln_q_b_, LoadVector(ckpt, "merger.ln_q.bias", e));
-  RETURN_IF_ERROR(LoadDense(ckpt, "merger.mlp.0", merged, merged, true, pool, &t->merger_fc1_));
   RETURN_IF_ERROR(
-      LoadDense(ckpt, "merger.mlp.2", c.hidden_size, merged, true, pool, &t->merger_fc2_));
+      LoadDense(ckpt, "merger.mlp.0", merged, merged, true, pool, group, &t->merger_fc1_));
+  RETURN_IF_ERROR(
+      LoadDense(ckpt, "merger.mlp.2", c.hidden_size, merged, true, pool, group, &t->merger_fc2_));
   return t;
 }
 

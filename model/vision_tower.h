@@ -14,6 +14,7 @@
 // into model/cpu's panels (linear.h: the 6x16 AVX2 kernel) and their mapped
 // pages dropped, so memory holds one bf16 copy; fp32 weights stay in the
 // mapped checkpoint and run through OpenBLAS sgemm; fp16 weights become fp32.
+// With VisionTowerOptions::int8_group every linear layer is int8 instead.
 // Attention is tiled (64 query rows of one head against all keys of their
 // image at a time), so its scratch memory is linear in the patch count, and
 // the MLP runs in row chunks: activations are 4 floats per patch and embed
@@ -25,6 +26,7 @@
 #define MMSERVE_MODEL_VISION_TOWER_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,8 +44,9 @@ namespace mmserve::model {
 struct DenseWeights {
   int out = 0;
   int in = 0;
-  cpu::WeightMatrix matrix;                            // kPanels (bf16, in `panels`) or kRows fp32
-  cpu::PanelWeights panels;                            // owns bf16 panels
+  cpu::WeightMatrix matrix;  // kPanels (bf16 in `panels`, int8 in `int8`) or kRows fp32
+  cpu::PanelWeights panels;  // owns bf16 panels
+  cpu::Int8Weights int8;     // owns int8 panels (VisionTowerOptions::int8_group >= 0)
   cpu::LinearKernel kernel = cpu::LinearKernel::kDot;  // kOpenBlas for fp32
   const float* b = nullptr;                            // may be null
   std::vector<float> owned;       // fp32 weights converted from fp16 (or random)
@@ -63,7 +66,17 @@ struct VisionTrace {
 struct VisionTowerOptions {
   // Borrowed; null: the tower owns a pool of ThreadPool::DefaultThreads().
   cpu::ThreadPool* pool = nullptr;
+  // >= 0: every linear layer (patch embedding, blocks, merger) is quantized
+  // at load to symmetric int8 (cpu::Int8Weights) with one scale per this
+  // many columns, 0 meaning one per output row, and runs on the int8 panel
+  // kernel; from bf16, fp16 or fp32 weights alike. -1: weights as stored.
+  int64_t int8_group = -1;
 };
+
+// VisionTowerOptions::int8_group for a --quantize flag as ParseQuantize
+// (qwen2_weights.h) reads it: "" or "none" -1, "int8" 0, "int8_g32" 32;
+// InvalidArgument otherwise.
+[[nodiscard]] absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize);
 
 class VisionTower {
  public:
@@ -80,14 +93,14 @@ class VisionTower {
                                                            VisionTrace* trace = nullptr) const;
 
   // A tower with random weights (uniform, std 0.02) of the given shape and
-  // dtype (kF32 or kBF16), for benchmarks that need real dimensions without
-  // a checkpoint.
+  // dtype (kF32 or kBF16; then int8 with options.int8_group >= 0), for
+  // benchmarks that need real dimensions without a checkpoint.
   static std::unique_ptr<VisionTower> CreateRandom(const VisionConfig& config, uint64_t seed,
                                                    DType dtype = DType::kF32,
                                                    const VisionTowerOptions& options = {});
 
   int out_hidden() const { return merger_fc2_.out; }
-  // Bytes of the weight matrices as held (bf16 panels or fp32).
+  // Bytes of the weight matrices as held (bf16 or int8 panels, or fp32).
   size_t weight_bytes() const;
 
  private:

@@ -70,17 +70,74 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
   }
 }
 
+TEST_CASE("int8 vision tower matches transformers on the same dequantized weights", "[vision]") {
+  auto pixels_file =
+      SafetensorsFile::Open(std::string(kData) + "goldens/image_processor.safetensors");
+  REQUIRE(pixels_file.ok());
+  std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
+  std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
+  pixels.insert(pixels.end(), second.begin(), second.end());
+  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 4), ImageGrid::FromThw(1, 6, 8)};
+  for (const char* name : {"qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa2-untied-sharded"}) {
+    for (const char* scheme : {"int8", "int8_g32"}) {
+      INFO(name << " " << scheme);
+      const std::string dir = std::string(kData) + "models/" + name;
+      auto cfg = LoadModelConfig(dir);
+      REQUIRE(cfg.ok());
+      auto ckpt = SafetensorsCheckpoint::Open(dir);
+      REQUIRE(ckpt.ok());
+      VisionTowerOptions options;
+      auto group = VisionInt8Group(scheme);
+      REQUIRE(group.ok());
+      options.int8_group = *group;
+      auto tower = VisionTower::Load(**ckpt, *cfg, options);
+      INFO(tower.status().ToString());
+      REQUIRE(tower.ok());
+      auto plain = VisionTower::Load(**ckpt, *cfg);
+      REQUIRE(plain.ok());
+      // int8 panels (plus scales) against the bf16 or fp32 weights as stored.
+      CHECK((*tower)->weight_bytes() < (*plain)->weight_bytes() / 1.5);
+      auto out = (*tower)->Forward(pixels, grids);
+      REQUIRE(out.ok());
+      auto golden = SafetensorsFile::Open(std::string(kData) + "int8_goldens/" + name + "/vision_" +
+                                          scheme + ".safetensors");
+      REQUIRE(golden.ok());
+      // The same dequantized weights on both sides (q * s; per-row scales
+      // are applied after the sum here, so the products round differently,
+      // ~1e-7 relative): the fp32 tower's bound holds. Quantization itself
+      // moves these outputs by 0.03-0.05 (the goldens' metadata), 300x more.
+      CHECK(MaxAbsDiff(*out, Floats(**golden, std::string("vision_out.") + scheme)) < 1e-4f);
+    }
+  }
+}
+
+TEST_CASE("the vision --quantize names", "[vision]") {
+  CHECK(*VisionInt8Group("") == -1);
+  CHECK(*VisionInt8Group("none") == -1);
+  CHECK(*VisionInt8Group("int8") == 0);
+  CHECK(*VisionInt8Group("int8_g32") == 32);
+  for (const char* bad : {"int4", "INT8", "int8_g", "fp8"}) {
+    INFO(bad);
+    CHECK(VisionInt8Group(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("images of different sizes in one call give each image its own embeddings", "[vision]") {
-  // bf16 weights run on the panel kernel, whose rows do not depend on the
-  // batch, so batched and one-at-a-time results are identical. The first
-  // image (26 x 24 patches) spans several attention tiles and row chunks.
+  // bf16 and int8 weights run on the panel kernel, whose rows do not depend
+  // on the batch, so batched and one-at-a-time results are identical. The
+  // first image (26 x 24 patches) spans several attention tiles and row
+  // chunks.
+  const int64_t group = GENERATE(-1, 0, 32);
+  INFO("int8_group " << group);
+  VisionTowerOptions options;
+  options.int8_group = group;
   VisionConfig c;
   c.depth = 2;
   c.embed_dim = 64;
   c.num_heads = 4;
   c.mlp_ratio = 4;
   c.hidden_size = 32;
-  auto tower = VisionTower::CreateRandom(c, 7, DType::kBF16);
+  auto tower = VisionTower::CreateRandom(c, 7, DType::kBF16, options);
   REQUIRE(tower->weight_bytes() > 0);
   const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 26, 24), ImageGrid::FromThw(1, 4, 6),
                                         ImageGrid::FromThw(1, 2, 2)};

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -29,7 +30,12 @@ void CheckNoLeaks(launcher::LocalStack& stack) {
 }
 
 TEST_CASE("with two encoders the same image always reaches the same encoder and hits its cache") {
-  auto stack = launcher::LocalStack::Start(TestStackOptions(2, "shm"));
+  launcher::StackOptions so = TestStackOptions(2, "shm");
+  // Health polls that a busy machine answers in time: an encoder taken out
+  // of placement for a late poll would send its images' second use to the
+  // other one, which is not what this test is about.
+  so.router_args = {"--poll_timeout_ms=2000", "--down_after=3", "--heartbeat_timeout_ms=10000"};
+  auto stack = launcher::LocalStack::Start(so);
   REQUIRE(stack.ok());
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
@@ -391,9 +397,16 @@ TEST_CASE(
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   std::atomic<int> streaming{0};
+  std::atomic<int> finished{0};
   std::vector<Answer> a(2);
+  // Kills once both streams have a token; a stream that ends before its
+  // first token (it must not) ends the wait too, and fails the checks below
+  // instead of hanging the test.
   std::thread killer([&] {
-    while (streaming.load() < 2) absl::SleepFor(absl::Milliseconds(2));
+    const Deadline d = Deadline::After(absl::Seconds(60));
+    while (streaming.load() + finished.load() < 2 && !d.Expired()) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
     (*stack)->language().process->Signal(SIGKILL);
   });
   ParallelFor(2, 2, [&](int i) {
@@ -403,6 +416,7 @@ TEST_CASE(
     o.cancel_after = 0;
     GenerateRequest r = DemoRequest(set, set.items[i], o);
     grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     auto reader = stub->Generate(&ctx, r);
     mmserve::v1::GenerateResponse resp;
     bool counted = false;
@@ -413,8 +427,10 @@ TEST_CASE(
       }
     }
     a[i].status = FromGrpcStatus(reader->Finish());
+    if (!counted) ++finished;
   });
   killer.join();
+  CHECK(streaming.load() == 2);
   for (const Answer& answer : a) {
     INFO(answer.status);
     CHECK(answer.status.code() == absl::StatusCode::kUnavailable);

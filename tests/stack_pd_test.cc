@@ -5,11 +5,18 @@
 // stack; nothing leaks on any process; a decode process SIGKILLed
 // mid-stream ends its streams with UNAVAILABLE and leaves the prefill side
 // clean; a prefill or decode process SIGKILLed mid-hand-off gives a bounded
-// UNAVAILABLE and leaves the survivors clean.
+// UNAVAILABLE and leaves the survivors clean. With a TP=2 decode instance
+// (each rank receives its own KV heads) the token ids are the same too, and
+// SIGKILL of its rank 1 mid-decode or mid-hand-off gives bounded errors,
+// leaves no block or request on the survivors and no /dev/shm entry.
 #include <signal.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -52,11 +59,50 @@ std::vector<Answer> AskAllImages(launcher::LocalStack& stack, int n, const AskOp
   return out;
 }
 
-launcher::StackOptions PdOptions() {
+launcher::StackOptions PdOptions(int decode_tp = 1) {
   launcher::StackOptions o = TestStackOptions(1, "shm");
   o.prefill = 1;
   o.decode = 1;
+  if (decode_tp > 1) o.decode_args.push_back(absl::StrCat("--tp=", decode_tp));
   return o;
+}
+
+// Child processes of pid (any of its threads may have started them).
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t child;
+    while (in >> child) out.push_back(child);
+  }
+  return out;
+}
+
+std::set<std::string> ShmEntries() {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+// The prefill process holds no KV blocks, embedding blocks or requests.
+void CheckPrefillClean(launcher::LocalStack& stack) {
+  const int pp = stack.prefill(0).metrics_port();
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  double kv = -1, live = -1, emb = -1;
+  while (!d.Expired()) {
+    kv = ScrapeMetric(pp, "mmserve_language_kv_blocks_used");
+    live = ScrapeMetric(pp, "mmserve_language_requests_live");
+    emb = ScrapeMetric(pp, "mmserve_language_embedding_blocks_used");
+    if (kv == 0 && live == 0 && emb == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  CHECK(kv == 0);
+  CHECK(live == 0);
+  CHECK(emb == 0);
 }
 
 TEST_CASE(
@@ -318,6 +364,186 @@ TEST_CASE(
   // pool (negative blocks used) or a crash.
   for (const std::string& gone : (*stack)->Exited()) CHECK(gone.rfind("decode", 0) == 0);
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
+}
+
+TEST_CASE(
+    "E + P + D with a TP=2 decode instance gives role both's token ids on 200 demo questions "
+    "with images and 160 as text (12 tokens, EOS); nothing leaks") {
+  constexpr int kN = 120;
+  AskOptions o;
+  o.max_tokens = 12;
+  o.ignore_eos = true;
+  AskOptions eos;
+  eos.max_tokens = 8;
+  constexpr int kImages = 200;
+  AskOptions eval;
+  std::vector<Answer> want, want_eos, want_eval;
+  {
+    auto both = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+    REQUIRE(both.ok());
+    want = AskAll(**both, kN, o);
+    want_eos = AskAll(**both, 40, eos);
+    want_eval = AskAllImages(**both, kImages, eval);
+  }
+  auto stack = launcher::LocalStack::Start(PdOptions(2));
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  REQUIRE(ChildrenOf((*stack)->decode(0).process->pid()).size() == 1);  // rank 1
+  const std::vector<Answer> got = AskAll(**stack, kN, o);
+  const std::vector<Answer> got_eos = AskAll(**stack, 40, eos);
+  const std::vector<Answer> got_eval = AskAllImages(**stack, kImages, eval);
+  for (int i = 0; i < kImages; ++i) {
+    INFO("image question " << i << ": " << want_eval[i].status << " / " << got_eval[i].status);
+    REQUIRE(want_eval[i].status.ok());
+    REQUIRE(got_eval[i].status.ok());
+    CHECK(got_eval[i].token_ids == want_eval[i].token_ids);
+    CHECK(got_eval[i].text == want_eval[i].text);
+  }
+  for (int i = 0; i < kN; ++i) {
+    INFO("question " << i << ": " << want[i].status << " / " << got[i].status);
+    REQUIRE(want[i].status.ok());
+    REQUIRE(got[i].status.ok());
+    CHECK(want[i].token_ids.size() == 12);
+    CHECK(got[i].token_ids == want[i].token_ids);
+    CHECK(got[i].text == want[i].text);
+  }
+  for (size_t i = 0; i < want_eos.size(); ++i) {
+    INFO("eos question " << i << ": " << want_eos[i].status << " / " << got_eos[i].status);
+    REQUIRE(got_eos[i].status.ok());
+    CHECK(got_eos[i].token_ids == want_eos[i].token_ids);
+  }
+  const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(l.ToString());
+  CHECK(l.zero());
+}
+
+TEST_CASE(
+    "SIGKILL of a TP=2 decode instance's rank 1 mid-decode: UNAVAILABLE within 2 s, the "
+    "decode instance leaves, the prefill side leaks nothing, no segment is left") {
+  auto stack = launcher::LocalStack::Start(PdOptions(2));
+  REQUIRE(stack.ok());
+  const pid_t decode0 = (*stack)->decode(0).process->pid();
+  const std::vector<pid_t> shards = ChildrenOf(decode0);
+  REQUIRE(shards.size() == 1);
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const std::set<std::string> shm_before = ShmEntries();
+  std::atomic<int> streaming{0};
+  std::atomic<int64_t> killed_at{0};
+  std::thread killer([&] {
+    const Deadline d = Deadline::After(absl::Seconds(60));
+    while (streaming.load() < 4 && !d.Expired()) absl::SleepFor(absl::Milliseconds(2));
+    killed_at = MonotonicNanos();
+    kill(shards[0], SIGKILL);
+  });
+  std::vector<absl::Status> status(4);
+  std::vector<int> tokens(4);
+  std::vector<int64_t> ended_at(4);
+  ParallelFor(4, 4, [&](int i) {
+    AskOptions o;
+    o.max_tokens = 3000;
+    o.ignore_eos = true;
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, TextRequest(set.items[i], o));
+    mmserve::v1::GenerateResponse resp;
+    bool counted = false;
+    while (reader->Read(&resp)) {
+      tokens[i] += resp.token_ids_size();
+      // Past the first token: the decode ranks are streaming.
+      if (!counted && tokens[i] > 1) {
+        counted = true;
+        ++streaming;
+      }
+    }
+    status[i] = FromGrpcStatus(reader->Finish());
+    ended_at[i] = MonotonicNanos();
+  });
+  killer.join();
+  for (int i = 0; i < 4; ++i) {
+    INFO(i << ": " << status[i] << " after " << tokens[i] << " tokens");
+    CHECK(status[i].code() == absl::StatusCode::kUnavailable);
+    CHECK(tokens[i] > 1);
+    CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
+  }
+  CheckPrefillClean(**stack);
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
+  // The out-of-service decode instance leaves on its own, having reaped its
+  // rank; neither left a segment (ours or UCX's) behind.
+  const Deadline gone = Deadline::After(absl::Seconds(20));
+  while ((*stack)->decode(0).process->alive() && !gone.Expired()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE_FALSE((*stack)->decode(0).process->alive());
+  CHECK((*stack)->decode(0).process->exit_status() == 0);
+  for (const std::string& name : ShmEntries()) {
+    INFO(name);
+    CHECK(name.find(absl::StrCat("decode-0-", decode0)) == std::string::npos);
+    CHECK(shm_before.count(name) == 1);
+  }
+  // Restarted (as the launcher does), the TP=2 decode instance serves again.
+  REQUIRE((*stack)->StartRole("decode", 0).ok());
+  const Deadline healthy = Deadline::After(absl::Seconds(60));
+  uint32_t decoders = 0;
+  while (decoders != 1 && !healthy.Expired()) {
+    grpc::ClientContext ctx;
+    mmserve::v1::ListModelsResponse models;
+    if (stub->ListModels(&ctx, {}, &models).ok() && models.models_size() > 0) {
+      decoders = models.models(0).decode_instances();
+    }
+    if (decoders != 1) absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(decoders == 1);
+  AskOptions o;
+  o.max_tokens = 6;
+  o.ignore_eos = true;
+  const Answer again = AskGrpc(*stub, TextRequest(set.items[0], o), o);
+  INFO(again.status);
+  CHECK(again.status.ok());
+  CHECK(again.token_ids.size() == 6);
+  const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(l.ToString());
+  CHECK(l.zero());
+}
+
+TEST_CASE(
+    "SIGKILL of a TP=2 decode instance's rank 1 mid-hand-off: a bounded error, the prefill side "
+    "frees its blocks and leaks nothing, the decode instance leaves") {
+  launcher::StackOptions so = SlowHandoffOptions();
+  so.decode_args = {"--tp=2"};
+  auto stack = launcher::LocalStack::Start(so);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  const pid_t decode0 = (*stack)->decode(0).process->pid();
+  const std::vector<pid_t> shards = ChildrenOf(decode0);
+  REQUIRE(shards.size() == 1);
+  const std::set<std::string> shm_before = ShmEntries();
+  Calls calls(**stack, 2);
+  REQUIRE(DecodeHoldsReservation(**stack));
+  REQUIRE(kill(shards[0], SIGKILL) == 0);
+  calls.Join();
+  for (int i = 0; i < 2; ++i) {
+    INFO(i << ": " << calls.status[i] << " after " << calls.tokens[i] << " tokens, "
+           << calls.seconds[i] << " s");
+    CHECK_FALSE(calls.status[i].ok());
+    CHECK(calls.tokens[i] == 0);
+    CHECK(calls.seconds[i] < 30);
+  }
+  bool zero = false;
+  const std::string prefill = Settled((*stack)->prefill(0).metrics_port(), &zero);
+  INFO("prefill: " << prefill);
+  CHECK(zero);
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
+  // The decode instance finds its rank gone at its next step or hand-off
+  // step and leaves; nothing of it stays in /dev/shm.
+  const Deadline gone = Deadline::After(absl::Seconds(20));
+  while ((*stack)->decode(0).process->alive() && !gone.Expired()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CHECK_FALSE((*stack)->decode(0).process->alive());
+  for (const std::string& name : ShmEntries()) {
+    INFO(name);
+    CHECK(shm_before.count(name) == 1);
+  }
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ class ReceivedImage {
   uint32_t total_tokens() const { return total_tokens_; }
   // Chunks the image arrived in (1 when the first allocation was big enough).
   uint32_t num_chunks() const { return num_chunks_; }
+  // Leading tokens held as copies (earlier chunks of a resumed image); the
+  // rest are in tail_blocks().
+  uint32_t buffered_tokens() const { return buffered_tokens_; }
   // All tokens' bytes of `section`, in token order (a copy).
   std::string Section(int section) const;
   // Blocks of the receive buffer that hold the tail; nullopt after Release.

@@ -223,11 +223,20 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
           const uint8_t* from = base + BlockOffset(s, layer, kv, src[i]);
           const uint64_t to = target.base_address + BlockOffset(target.shape, layer, kv, dst[i]);
           if (!sliced) {
+            // A run of blocks consecutive on both sides is one put (blocks
+            // of one layer's plane are adjacent in memory).
+            size_t run = 1;
+            while (i + run < src.size() && src[i + run] == src[i] + static_cast<int32_t>(run) &&
+                   dst[i + run] == dst[i] + static_cast<int32_t>(run)) {
+              ++run;
+            }
+            const size_t run_bytes = run * bytes;
             StartUcxOp(
                 [&](const ucp_request_param_t& p) {
-                  return ucp_put_nbx(ep, from, bytes, to, rkey, &p);
+                  return ucp_put_nbx(ep, from, run_bytes, to, rkey, &p);
                 },
                 note);
+            i += run - 1;
             continue;
           }
           for (int64_t t = 0; t < s.block_size; ++t) {
@@ -257,6 +266,10 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
     });
     return absl::UnavailableError(absl::StrCat("KV hand-off: ", started.message()));
   }
+  // The checksum of the source blocks (which the puts only read) while the
+  // puts are in flight on the progress thread.
+  const uint32_t crc = sliced ? KvBlocksCrc(cache_, src, first_head, target.shape.num_kv_heads)
+                              : KvBlocksCrc(cache_, src);
   const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());
   if (!in_time || !state->result.ok()) {
     // Force-close: a pending flush fails on tcp; on shm (error mode none)
@@ -275,8 +288,7 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
   if (!state->result.ok()) {
     return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", state->result.message()));
   }
-  return sliced ? KvBlocksCrc(cache_, src, first_head, target.shape.num_kv_heads)
-                : KvBlocksCrc(cache_, src);
+  return crc;
 }
 
 }  // namespace mmserve::transfer

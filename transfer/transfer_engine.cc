@@ -36,9 +36,16 @@ absl::Status TransferEngine::Init() {
   ASSIGN_OR_RETURN(context_, UcxContext::Create(options_.profile));
   allocator_ = std::make_unique<BlockAllocator>(BlockAllocatorOptions{
       options_.layout.block_size, options_.layout.num_blocks, options_.default_num_blocks});
-  // UCX allocates the buffer: on shm a shared segment peers map, so their puts
-  // are one direct copy (see UcxMemoryRegion::Allocate).
-  ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Allocate(*context_, options_.layout.total_bytes()));
+  if (options_.buffer_memory != nullptr) {
+    // Memory the caller shares with other processes (seed 000's receive
+    // buffer that every tensor-parallel rank maps): registered, not ours.
+    ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Register(*context_, options_.buffer_memory,
+                                                        options_.layout.total_bytes()));
+  } else {
+    // UCX allocates the buffer: on shm a shared segment peers map, so their
+    // puts are one direct copy (see UcxMemoryRegion::Allocate).
+    ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Allocate(*context_, options_.layout.total_bytes()));
+  }
   buffer_ =
       std::make_unique<EmbeddingBuffer>(options_.layout, static_cast<uint8_t*>(region_->address()));
   ASSIGN_OR_RETURN(std::string rkey, region_->PackRkey());

@@ -68,6 +68,11 @@ struct TransferEngineOptions {
   // the sender may still write them (see EmbeddingReceiver).
   absl::Duration quarantine_limit = absl::Seconds(1);
   UcxWorkerOptions worker;
+  // The buffer's memory, lent (at least layout.total_bytes(), 64-byte
+  // aligned, outliving the engine), or null: UCX allocates it. Lent memory
+  // is registered as it is: a peer's kPut into it is emulated by UCX (kGet,
+  // the shm default, copies into it directly).
+  uint8_t* buffer_memory = nullptr;
 };
 
 class TransferEngine : private TransferLink {

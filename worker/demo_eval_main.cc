@@ -38,7 +38,8 @@ ABSL_FLAG(std::string, hf_outputs, "",
           "transformers' answers (default: <eval_dir>/hf_outputs.json when present)");
 ABSL_FLAG(int, limit, 0, "evaluate only the first N questions (0: all)");
 ABSL_FLAG(std::string, quantize, "",
-          "quantize the language model at load: int8 or int8_g32 (then the weights as stored "
+          "quantize the language model and the vision tower at load: int8 or int8_g32 (then the "
+          "weights as stored "
           "are evaluated too, as the baseline)");
 
 namespace mmserve {

@@ -58,7 +58,8 @@ struct LlmEngine::Live {
   model::SamplerState sampler{0};
   RunnerRequestState runner;
   model::MropePositions positions;
-  std::vector<std::vector<float>> image_embeddings;
+  std::vector<std::vector<float>> image_embeddings;    // owned rows (empty: shared)
+  std::vector<const float*> image_rows;                // per image: its first row
   std::vector<std::optional<ContentHash>> image_keys;  // per image; unset: hash the floats
   std::unique_ptr<model::TextStreamer> streamer;
   int prompt_tokens = 0;
@@ -131,6 +132,11 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
     g.model_dir = options.model_dir;
     g.threads_per_rank = threads;
     g.ring_slot_bytes = StepSlotBytes(options, config_.text.hidden_size, sizing_.max_model_len);
+    g.extra_args = options.tp_shard_args;
+    if (options.shared_input != nullptr) {
+      g.shared_input_fd = options.shared_input_fd;
+      g.shared_input_bytes = options.shared_input_bytes;
+    }
     ASSIGN_OR_RETURN(tp_group_, TpGroup::Start(g));
   }
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options.model_dir));
@@ -140,6 +146,10 @@ absl::Status LlmEngine::Load(const EngineOptions& options) {
   if (config_.vision && options.load_vision) {
     model::VisionTowerOptions vision_options;
     vision_options.pool = pool_.get();
+    // --quantize covers the vision tower's linear layers too.
+    if (weight_options.quantize == model::Quantization::kInt8) {
+      vision_options.int8_group = weight_options.int8_group;
+    }
     ASSIGN_OR_RETURN(vision_, model::VisionTower::Load(*checkpoint_, config_, vision_options));
     sizing_.vision_bytes = vision_->weight_bytes();
   }
@@ -222,8 +232,10 @@ absl::Status LlmEngine::SizeKvCache(const EngineOptions& options) {
   sc.kv.block_size = bs;
   sc.kv.enable_prefix_caching = options.enable_prefix_caching;
   ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
-  runner_ = std::make_unique<ModelRunner>(*model_, *kv_,
-                                          tp_group_ != nullptr ? tp_group_->ring() : nullptr);
+  runner_ = std::make_unique<ModelRunner>(
+      *model_, *kv_, tp_group_ != nullptr ? tp_group_->ring() : nullptr,
+      absl::Span<const uint8_t>(options.shared_input,
+                                options.shared_input != nullptr ? options.shared_input_bytes : 0));
   auto mib = [](double bytes) { return absl::StrFormat("%.1f MiB", bytes / (1 << 20)); };
   LOG(INFO) << "engine: weights " << mib(sizing_.weights_bytes) << ", vision "
             << mib(sizing_.vision_bytes) << ", warm-up activations "
@@ -283,6 +295,17 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
     if (!config_.vision) return absl::InvalidArgumentError("this model does not accept images");
     const size_t hidden = static_cast<size_t>(config_.text.hidden_size);
     for (ImageEmbedding& e : request.image_embeddings) {
+      if (e.shared_values != nullptr) {
+        if (e.grid.num_tokens() <= 0 || !e.values.empty() || !e.key.has_value()) {
+          return absl::InvalidArgumentError(
+              "an image embedding in shared memory needs a grid and a key, and no values");
+        }
+        grids.push_back(e.grid);
+        live.image_keys.push_back(e.key);
+        live.image_embeddings.emplace_back();
+        live.image_rows.push_back(e.shared_values);
+        continue;
+      }
       if (e.grid.num_tokens() <= 0 ||
           e.values.size() != static_cast<size_t>(e.grid.num_tokens()) * hidden) {
         return absl::InvalidArgumentError(absl::StrCat("image embedding holds ", e.values.size(),
@@ -292,6 +315,7 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
       grids.push_back(e.grid);
       live.image_keys.push_back(e.key);
       live.image_embeddings.push_back(std::move(e.values));
+      live.image_rows.push_back(live.image_embeddings.back().data());
     }
   } else if (!request.images.empty()) {
     if (!vision_ || !config_.preprocessor) {
@@ -304,6 +328,7 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
       grids.push_back(p.grid);
       live.image_keys.push_back(std::nullopt);
       live.image_embeddings.push_back(std::move(emb));
+      live.image_rows.push_back(live.image_embeddings.back().data());
     }
   }
   ASSIGN_OR_RETURN(*ids, model::ExpandImagePlaceholders(*ids, image_pad_id_, grids));
@@ -321,7 +346,9 @@ absl::Status LlmEngine::PrepareImages(EngineRequest& request, Live& live,
     const int len = static_cast<int>(grids[k].num_tokens());
     live.runner.image_offsets.push_back(static_cast<int>(i));
     live.runner.image_lengths.push_back(len);
-    live.runner.image_embeddings.push_back(live.image_embeddings[k].data());
+    live.runner.image_embeddings.push_back(live.image_rows[k]);
+    live.runner.image_hashes.push_back(live.image_keys[k].has_value() ? live.image_keys[k]->low
+                                                                      : 0);
     i += len;
     ++k;
   }
@@ -554,7 +581,6 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
 absl::StatusOr<RemoteKvBlocks> LlmEngine::ReserveRemoteKv(EngineRequest request,
                                                           StreamCallback callback,
                                                           Deadline commit_by) {
-  if (tp_group_ != nullptr) return absl::FailedPreconditionError("KV hand-off needs tp_size 1");
   if (!request.images.empty() || !request.image_embeddings.empty()) {
     return absl::InvalidArgumentError("a KV hand-off carries image spans, not images");
   }

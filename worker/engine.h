@@ -64,9 +64,10 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.3;
   int num_threads = 0;  // 0: one per core; negative is InvalidArgument
-  // Language-model weights quantized at load: "" or "none", "int8" (one
-  // scale per output row), "int8_g32" (model::ParseQuantize; anything else
-  // is InvalidArgument from Create).
+  // Weights quantized at load: "" or "none", "int8" (one scale per output
+  // row), "int8_g32" (model::ParseQuantize; anything else is InvalidArgument
+  // from Create). Covers the language model and the vision tower's linear
+  // layers when it is loaded.
   std::string quantize;
   // Load the vision tower (vision models). A language service whose images
   // arrive as embeddings from an encoder service sets this false and passes
@@ -84,6 +85,16 @@ struct EngineOptions {
   int tp_size = 1;
   std::string tp_shard_binary;
   std::string tp_instance_id;
+  // More flags for the shard ranks (TpGroupOptions::extra_args).
+  std::vector<std::string> tp_shard_args;
+  // Seed 000: memory every rank maps (a worker::ShmFile: its descriptor,
+  // and where it lies in this process), which must outlive the engine. With
+  // tp_size > 1, a step's image rows whose values lie in it reach the other
+  // ranks as descriptors (offset, length, content hash); any other rows
+  // travel inline in the step. Unset (-1): every row travels inline.
+  int shared_input_fd = -1;
+  const uint8_t* shared_input = nullptr;
+  size_t shared_input_bytes = 0;
 };
 
 // An image encoded elsewhere (the encoder service): its patch grid and its
@@ -91,6 +102,11 @@ struct EngineOptions {
 struct ImageEmbedding {
   model::ImageGrid grid;
   std::vector<float> values;
+  // Alternatively (values empty) the rows in memory the caller keeps
+  // unchanged until the request's final event or its Abort returns (seed
+  // 000: the receive buffer the embedding arrived in, shared with the
+  // tensor-parallel ranks). Needs `key`.
+  const float* shared_values = nullptr;
   // Prefix-cache key of the image's content (e.g. the hash of its encoded
   // bytes); unset: a hash of `values`.
   std::optional<ContentHash> key;
@@ -208,8 +224,9 @@ class LlmEngine {
   // second token on. A handed-off image request has no embeddings here, so
   // it cannot be recomputed: when the scheduler preempts it, the engine
   // aborts it (kAbort with error ResourceExhausted) instead.
-  // ResourceExhausted when the KV pool or max_num_seqs has no room now;
-  // FailedPrecondition with tp_size > 1. The request holds the blocks until
+  // ResourceExhausted when the KV pool or max_num_seqs has no room now. With
+  // tp_size > 1 the block ids hold on every rank (each rank's cache has the
+  // same blocks, of its own heads). The request holds the blocks until
   // CommitRemoteKv, Abort, or the first Step after `commit_by` (a prefill
   // engine that died mid-hand-off): that Step aborts it (final event kAbort)
   // and frees its blocks.
@@ -228,12 +245,27 @@ class LlmEngine {
 
   // The KV storage (rank 0's with tensor parallelism), for KV hand-off.
   model::KvCache& kv_cache() { return *kv_; }
+  // The other ranks (tp_size > 1; else null): their step ring and
+  // communicator, for KV hand-off steps from the engine's thread.
+  TpGroup* tp_group() const { return tp_group_.get(); }
 
   bool has_unfinished() const { return !requests_.empty(); }
   const model::Tokenizer& tokenizer() const { return *tokenizer_; }
   const model::ModelConfig& config() const { return config_; }
   const EngineSizing& sizing() const { return sizing_; }
   const scheduler::Scheduler& scheduler() const { return *scheduler_; }
+  // Seed 000: seconds this engine's steps spent handing image rows to the
+  // other ranks (ModelRunner::embedding_handoff_seconds), in total; 0 with
+  // tp_size 1.
+  double embedding_handoff_seconds() const {
+    return runner_ != nullptr ? runner_->embedding_handoff_seconds() : 0;
+  }
+  // Image rows those steps named by descriptor (in shared_input) and
+  // carried inline, in total.
+  int64_t embedding_rows_by_descriptor() const {
+    return runner_ != nullptr ? runner_->rows_by_descriptor() : 0;
+  }
+  int64_t embedding_rows_inline() const { return runner_ != nullptr ? runner_->rows_inline() : 0; }
 
  private:
   struct Live;

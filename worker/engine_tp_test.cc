@@ -13,6 +13,7 @@
 
 #include "worker/engine.h"
 #include "worker/shm_communicator.h"
+#include "worker/shm_file.h"
 #include "worker/step_ring.h"
 
 namespace mmserve::worker {
@@ -110,6 +111,92 @@ TEST_CASE("a TP=2 engine generates the same token ids as one rank, images includ
   CHECK(access(("/dev/shm" + ShmSegmentName(o.tp_instance_id)).c_str(), F_OK) != 0);
   CHECK(access(("/dev/shm" + StepRingName(o.tp_instance_id)).c_str(), F_OK) != 0);
   // No shard rank outlives the engine.
+  CHECK(waitpid(-1, nullptr, WNOHANG) < 0);
+}
+
+// Seed 000: image embeddings given as rows in memory both ranks map
+// (EngineOptions::shared_input) reach the shard as descriptors and give the
+// token ids of the same rows sent inline.
+TEST_CASE("TP=2 image rows in the shared input travel as descriptors, with the inline ids",
+          "[engine][tp]") {
+  constexpr int kImages = 3;
+  constexpr int kTokens = 4;  // a 4x4 patch grid, 2x2 merged
+  constexpr int kHidden = 128;
+  auto shared = ShmFile::Create("engine-tp-test", size_t{kImages} * kTokens * kHidden * 4);
+  REQUIRE(shared.ok());
+  float* rows = reinterpret_cast<float*>((*shared)->data());
+  for (int i = 0; i < kImages * kTokens * kHidden; ++i) rows[i] = 0.05f * ((i * 37) % 23 - 11);
+  const std::string image = "<|vision_start|><|image_pad|><|vision_end|>";
+  auto run = [&](LlmEngine& e, bool in_shared) {
+    std::map<std::string, std::vector<int32_t>> out;
+    for (int k = 0; k < kImages; ++k) {
+      EngineRequest r;
+      r.id = "image" + std::to_string(k);
+      r.prompt = Chat(image + "What is in the picture?");
+      ImageEmbedding emb;
+      emb.grid = model::ImageGrid::FromThw(1, 4, 4, 2);
+      emb.key = ContentHash{1, static_cast<uint64_t>(k + 1)};
+      const float* first = rows + size_t{k} * kTokens * kHidden;
+      if (in_shared) {
+        emb.shared_values = first;
+      } else {
+        emb.values.assign(first, first + kTokens * kHidden);
+      }
+      r.image_embeddings.push_back(std::move(emb));
+      r.sampling.temperature = 0;
+      r.sampling.max_tokens = 6;
+      r.sampling.min_tokens = 6;
+      std::vector<int32_t>* tokens = &out[r.id];
+      REQUIRE(e.AddRequest(std::move(r), [tokens](const StreamEvent& ev) {
+                 tokens->insert(tokens->end(), ev.token_ids.begin(), ev.token_ids.end());
+               }).ok());
+    }
+    for (int steps = 0; e.has_unfinished(); ++steps) {
+      REQUIRE(steps < 1000);
+      REQUIRE(e.Step().ok());
+    }
+    return out;
+  };
+  EngineOptions o = Options(kDemo, 2);
+  o.load_vision = false;
+  o.tp_instance_id = "engine-tp-shared-" + std::to_string(getpid());
+  std::map<std::string, std::vector<int32_t>> in_line, by_descriptor;
+  {
+    auto e = LlmEngine::Create(o);
+    REQUIRE(e.ok());
+    in_line = run(**e, false);
+    CHECK((*e)->embedding_rows_inline() == kImages * kTokens);
+    CHECK((*e)->embedding_rows_by_descriptor() == 0);
+  }
+  o.shared_input_fd = (*shared)->fd();
+  o.shared_input = (*shared)->data();
+  o.shared_input_bytes = (*shared)->size();
+  {
+    auto e = LlmEngine::Create(o);
+    REQUIRE(e.ok());
+    by_descriptor = run(**e, true);
+    CHECK((*e)->embedding_rows_by_descriptor() == kImages * kTokens);
+    CHECK((*e)->embedding_rows_inline() == 0);
+  }
+  REQUIRE(in_line.size() == kImages);
+  for (const auto& [id, tokens] : in_line) {
+    INFO(id);
+    CHECK(tokens.size() == 6);
+    CHECK(by_descriptor[id] == tokens);
+  }
+  // A shared row without a key is refused.
+  {
+    auto e = LlmEngine::Create(o);
+    REQUIRE(e.ok());
+    EngineRequest r;
+    r.id = "nokey";
+    r.prompt = Chat(image + "?");
+    ImageEmbedding emb;
+    emb.grid = model::ImageGrid::FromThw(1, 4, 4, 2);
+    emb.shared_values = rows;
+    r.image_embeddings.push_back(std::move(emb));
+    CHECK(absl::IsInvalidArgument((*e)->AddRequest(std::move(r), [](const StreamEvent&) {})));
+  }
   CHECK(waitpid(-1, nullptr, WNOHANG) < 0);
 }
 

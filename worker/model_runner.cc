@@ -1,5 +1,7 @@
 #include "worker/model_runner.h"
 
+#include <time.h>
+
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -9,15 +11,32 @@
 namespace mmserve::worker {
 namespace {
 
-// The image embedding row for prompt position `pos`, or null for text.
-const float* ImageRow(const RunnerRequestState& st, int pos, int hidden) {
+// CPU time of the calling thread: what the work cost the loop, without the
+// time the thread was descheduled (these machines are shared).
+int64_t ThreadCpuNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// The image embedding row for prompt position `pos`, or null for text;
+// *hash is its image's content hash.
+const float* ImageRow(const RunnerRequestState& st, int pos, int hidden, uint64_t* hash) {
   for (size_t k = 0; k < st.image_offsets.size(); ++k) {
     const int rel = pos - st.image_offsets[k];
     if (rel >= 0 && rel < st.image_lengths[k]) {
+      *hash = k < st.image_hashes.size() ? st.image_hashes[k] : 0;
       return st.image_embeddings[k] + static_cast<size_t>(rel) * hidden;
     }
   }
   return nullptr;
+}
+
+bool Inside(absl::Span<const uint8_t> buffer, const float* values, int hidden) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(values);
+  const size_t bytes = static_cast<size_t>(hidden) * sizeof(float);
+  return !buffer.empty() && p >= buffer.data() && bytes <= buffer.size() &&
+         p <= buffer.data() + buffer.size() - bytes;
 }
 
 }  // namespace
@@ -32,6 +51,7 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.sequences.clear();
   b.logits_rows.clear();
   b.embedding_overrides.clear();
+  row_hashes_.clear();
   const int hidden = model_.config().hidden_size;
   std::vector<int64_t> pos_t, pos_h, pos_w;
   std::vector<RunnerRequestState*> states;
@@ -59,7 +79,11 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
         pos_t.push_back(pp.t[p]);
         pos_h.push_back(pp.h[p]);
         pos_w.push_back(pp.w[p]);
-        if (const float* e = ImageRow(*st, p, hidden)) b.embedding_overrides.push_back({row, e});
+        uint64_t hash = 0;
+        if (const float* e = ImageRow(*st, p, hidden, &hash)) {
+          b.embedding_overrides.push_back({row, e});
+          row_hashes_.push_back(hash);
+        }
       } else {
         const int64_t q = p + pp.delta;
         pos_t.push_back(q);
@@ -75,8 +99,34 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.positions.insert(b.positions.end(), pos_h.begin(), pos_h.end());
   b.positions.insert(b.positions.end(), pos_w.begin(), pos_w.end());
   if (ring_ != nullptr) {
-    RETURN_IF_ERROR(
-        ForwardOnAllRanks(*ring_, model_, kv_, b, EmbeddingPlacement::kInline, &logits_));
+    // ForwardOnAllRanks, with the hand-off of image rows timed: the step
+    // without them, then their descriptors or their floats.
+    bool shared = !shared_input_.empty();
+    for (const model::EmbeddingOverride& o : b.embedding_overrides) {
+      shared = shared && Inside(shared_input_, o.values, hidden);
+    }
+    rows_.embedding_overrides.swap(b.embedding_overrides);  // rows_: the image rows alone
+    absl::StatusOr<StepMessage> m = StepMessageFromBatch(b, hidden, EmbeddingPlacement::kInline);
+    b.embedding_overrides.swap(rows_.embedding_overrides);
+    if (!m.ok()) return m.status();
+    if (!b.embedding_overrides.empty()) {
+      const int64_t cpu_start = ThreadCpuNanos();
+      rows_.embedding_overrides.swap(b.embedding_overrides);
+      absl::StatusOr<StepMessage> r = StepMessageFromBatch(
+          rows_, hidden, shared ? EmbeddingPlacement::kSharedBuffer : EmbeddingPlacement::kInline,
+          shared_input_);
+      b.embedding_overrides.swap(rows_.embedding_overrides);
+      if (!r.ok()) return r.status();
+      m->embeddings = std::move(r->embeddings);
+      m->inline_floats = std::move(r->inline_floats);
+      for (size_t i = 0; i < m->embeddings.size(); ++i) {
+        m->embeddings[i].content_hash = row_hashes_[i];
+      }
+      handoff_seconds_ += (ThreadCpuNanos() - cpu_start) * 1e-9;
+      (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m->embeddings.size());
+    }
+    RETURN_IF_ERROR(ring_->Publish(*m));
+    RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
   } else {
     RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
   }

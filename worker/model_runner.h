@@ -42,6 +42,7 @@ struct RunnerRequestState {
   std::vector<int> image_offsets;
   std::vector<int> image_lengths;
   std::vector<const float*> image_embeddings;
+  std::vector<uint64_t> image_hashes;  // per image: its content hash (low half), or 0
   std::vector<int32_t> eos_token_ids;  // masked until min_tokens are out
 };
 
@@ -51,19 +52,38 @@ class ModelRunner {
  public:
   // `model` and `kv` (and `ring`) must outlive the runner. With a ring (rank
   // 0 of a tensor-parallel instance) each step is sent to the other ranks
-  // first (ForwardOnAllRanks, image rows inline).
-  ModelRunner(model::Qwen2Model& model, model::KvCache& kv, StepRing* ring = nullptr)
-      : model_(model), kv_(kv), ring_(ring) {}
+  // first (as ForwardOnAllRanks): when every image row of the step lies in
+  // `shared_input` (memory every rank maps, seed 000) as descriptors,
+  // otherwise inline.
+  ModelRunner(model::Qwen2Model& model, model::KvCache& kv, StepRing* ring = nullptr,
+              absl::Span<const uint8_t> shared_input = {})
+      : model_(model), kv_(kv), ring_(ring), shared_input_(shared_input) {}
 
   [[nodiscard]] absl::StatusOr<std::vector<model::SampleResult>> Step(
       const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
       const RunnerLookup& lookup);
 
+  // CPU seconds spent putting image rows into steps for the other ranks
+  // (their floats, or descriptors into shared_input): the scheduling loop's
+  // time on embedding hand-off, in total. The ring's write of inline floats is not
+  // included (it is one more copy of the same bytes).
+  double embedding_handoff_seconds() const { return handoff_seconds_; }
+  // Image rows sent to the other ranks as descriptors into shared memory,
+  // and inline in the step, in total.
+  int64_t rows_by_descriptor() const { return rows_by_descriptor_; }
+  int64_t rows_inline() const { return rows_inline_; }
+
  private:
   model::Qwen2Model& model_;
   model::KvCache& kv_;
   StepRing* ring_;
-  model::ForwardBatch batch_;  // reused across steps
+  absl::Span<const uint8_t> shared_input_;
+  double handoff_seconds_ = 0;
+  int64_t rows_by_descriptor_ = 0;
+  int64_t rows_inline_ = 0;
+  std::vector<uint64_t> row_hashes_;  // per embedding override of batch_
+  model::ForwardBatch batch_;         // reused across steps
+  model::ForwardBatch rows_;          // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
 };
 

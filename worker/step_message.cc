@@ -161,7 +161,9 @@ absl::Status DecodeStep(absl::Span<const uint8_t> in, StepMessage* m) {
   if (c.magic != kStepMagic) return Malformed("bad magic");
   if (c.kind != static_cast<uint32_t>(StepKind::kForward) &&
       c.kind != static_cast<uint32_t>(StepKind::kStop) &&
-      c.kind != static_cast<uint32_t>(StepKind::kAllocateKv)) {
+      c.kind != static_cast<uint32_t>(StepKind::kAllocateKv) &&
+      c.kind != static_cast<uint32_t>(StepKind::kKvRegister) &&
+      c.kind != static_cast<uint32_t>(StepKind::kKvCheck)) {
     return Malformed(absl::StrCat("unknown kind ", c.kind));
   }
   for (uint64_t n :

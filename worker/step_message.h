@@ -37,6 +37,14 @@ enum class StepKind : uint32_t {
   // (Re)create the rank's KV cache: kv_blocks blocks of kv_block_size tokens
   // (its own KV heads); the old contents are gone.
   kAllocateKv = 3,
+  // KV hand-off into a decode instance (issue 12; ranks run these only when
+  // started with a ShardKvHooks): expose the rank's cache to UCX writes and
+  // all-gather every rank's target (kKvRegister); order the writes landed so
+  // far before the rank's reads and all-gather each rank's CRC32C of the
+  // blocks listed in batch.sequences[0].block_table (kKvCheck; no sequence:
+  // a fence only).
+  kKvRegister = 4,
+  kKvCheck = 5,
 };
 
 enum class EmbeddingPlacement : uint32_t {

@@ -150,6 +150,27 @@ TEST_CASE("kAllocateKv and kStop carry their kind and cache size", "[step_messag
   CHECK(got.kind == StepKind::kStop);
 }
 
+TEST_CASE("kKvRegister and kKvCheck carry their kind and the checked blocks", "[step_message]") {
+  StepMessage m;
+  m.kind = StepKind::kKvCheck;
+  m.batch.sequences.emplace_back();
+  m.batch.sequences.back().block_table = {9, 2, 5};
+  std::vector<uint8_t> slot(EncodedStepBytes(m));
+  REQUIRE(EncodeStep(m, absl::MakeSpan(slot)).ok());
+  StepMessage got;
+  REQUIRE(DecodeStep(slot, &got).ok());
+  CHECK(got.kind == StepKind::kKvCheck);
+  REQUIRE(got.batch.sequences.size() == 1);
+  CHECK(got.batch.sequences[0].block_table == std::vector<int32_t>{9, 2, 5});
+  m = StepMessage();
+  m.kind = StepKind::kKvRegister;
+  slot.assign(EncodedStepBytes(m), 0);
+  REQUIRE(EncodeStep(m, absl::MakeSpan(slot)).ok());
+  REQUIRE(DecodeStep(slot, &got).ok());
+  CHECK(got.kind == StepKind::kKvRegister);
+  CHECK(got.batch.sequences.empty());
+}
+
 TEST_CASE("a step larger than its slot is ResourceExhausted", "[step_message]") {
   const std::vector<float> image = Image();
   auto m = StepMessageFromBatch(SampleBatch(image), kHidden, EmbeddingPlacement::kInline);

@@ -15,6 +15,12 @@
 extern char** environ;
 
 namespace mmserve::worker {
+namespace {
+
+// Where a shard finds the shared input file's descriptor.
+constexpr int kSharedInputChildFd = 100;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o) {
   if (o.size < 2 || o.size > kMaxShmRanks) {
@@ -37,12 +43,24 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
                                      absl::StrCat("--threads=", o.threads_per_rank),
                                      absl::StrCat("--ring_slot_bytes=", o.ring_slot_bytes),
                                      absl::StrCat("--timeout_s=", absl::ToInt64Seconds(o.timeout))};
+    args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (o.shared_input_fd >= 0) {
+      // The child's copy has no close-on-exec (dup2 onto another number).
+      const int child_fd =
+          o.shared_input_fd == kSharedInputChildFd ? kSharedInputChildFd + 1 : kSharedInputChildFd;
+      posix_spawn_file_actions_adddup2(&actions, o.shared_input_fd, child_fd);
+      args.push_back(absl::StrCat("--shared_input_fd=", child_fd));
+      args.push_back(absl::StrCat("--shared_input_bytes=", o.shared_input_bytes));
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = 0;
     const int err =
-        posix_spawn(&pid, o.shard_binary.c_str(), nullptr, nullptr, argv.data(), environ);
+        posix_spawn(&pid, o.shard_binary.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
     if (err != 0) {
       return absl::InternalError(
           absl::StrCat("posix_spawn(", o.shard_binary, "): ", std::strerror(err)));

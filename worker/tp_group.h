@@ -48,6 +48,13 @@ struct TpGroupOptions {
   // loading its weights at the first step), and the join's deadline.
   absl::Duration timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(5);
+  // More flags for every shard (e.g. --kv_handoff_profile=shm).
+  std::vector<std::string> extra_args;
+  // Seed 000: a ShmFile every rank maps (the embedding receive buffer), or
+  // -1. Each shard gets the descriptor (dup2'd) and maps its first
+  // shared_input_bytes read-only; steps name rows in it by offset.
+  int shared_input_fd = -1;
+  size_t shared_input_bytes = 0;
 };
 
 class TpGroup {

@@ -1,6 +1,9 @@
 // A shard rank of a tensor-parallel language instance (issue 12), started by
 // rank 0's TpGroup: joins the instance's communicator and step ring, loads
 // its slices of the weights, and runs the steps rank 0 sends until kStop.
+// In a decode instance (--kv_handoff_profile) the rank also registers its KV
+// cache with UCX, so the prefill instance writes its KV heads straight into
+// it (worker/tp_kv_receiver.h).
 // Exit status 0 after kStop; 1 on any error (logged), e.g. UNAVAILABLE when
 // rank 0 died.
 #include <memory>
@@ -15,8 +18,11 @@
 #include "model/qwen2_model.h"
 #include "model/qwen2_weights.h"
 #include "model/safetensors.h"
+#include "transfer/ucx_context.h"
 #include "worker/shm_communicator.h"
+#include "worker/shm_file.h"
 #include "worker/step_ring.h"
+#include "worker/tp_kv_receiver.h"
 #include "worker/tp_step_loop.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory");
@@ -25,7 +31,13 @@ ABSL_FLAG(int, rank, 1, "this rank, 1..tp-1");
 ABSL_FLAG(int, tp, 2, "ranks in the instance");
 ABSL_FLAG(int, threads, 1, "compute threads of this rank");
 ABSL_FLAG(int, timeout_s, 120, "collective and join timeout, seconds");
+ABSL_FLAG(int, shared_input_fd, -1,
+          "inherited descriptor of the instance's shared receive buffer (seed 000), or -1");
+ABSL_FLAG(uint64_t, shared_input_bytes, 0, "bytes of the shared receive buffer");
 ABSL_FLAG(int64_t, ring_slot_bytes, int64_t{1} << 20, "step ring slot size (as rank 0's)");
+ABSL_FLAG(std::string, kv_handoff_profile, "",
+          "role decode: the UCX profile (shm or tcp) of the KV hand-off into this rank's "
+          "cache; empty: none");
 
 namespace mmserve::worker {
 namespace {
@@ -36,6 +48,13 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--rank ", rank, " outside [1, ", tp, ")"));
   }
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  // Mapped before joining: once rank 0's join returns, every rank reads
+  // the receive buffer.
+  std::unique_ptr<ShmFile> shared_input;
+  if (absl::GetFlag(FLAGS_shared_input_fd) >= 0) {
+    ASSIGN_OR_RETURN(shared_input, ShmFile::MapInherited(absl::GetFlag(FLAGS_shared_input_fd),
+                                                         absl::GetFlag(FLAGS_shared_input_bytes)));
+  }
   ShmCommunicatorOptions co;
   co.instance_id = absl::GetFlag(FLAGS_instance_id);
   co.rank = rank;
@@ -57,7 +76,14 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(auto weights, model::Qwen2Weights::Load(*ckpt, cfg.text, wo));
   model::cpu::ThreadPool pool(std::max(1, absl::GetFlag(FLAGS_threads)));
   model::Qwen2Model qwen(cfg.text, *weights, pool, {model::cpu::LinearKernel::kDot, comm.get()});
-  return RunShardSteps(*ring, qwen);
+  absl::Span<const uint8_t> input;
+  if (shared_input != nullptr) input = {shared_input->data(), shared_input->size()};
+  const std::string profile = absl::GetFlag(FLAGS_kv_handoff_profile);
+  if (profile.empty()) return RunShardSteps(*ring, qwen, input);
+  ASSIGN_OR_RETURN(transfer::TransportProfile p, transfer::ParseTransportProfile(profile));
+  ASSIGN_OR_RETURN(std::unique_ptr<transfer::UcxContext> ucx, transfer::UcxContext::Create(p));
+  ShardKvReceiver kv_hooks(*ucx, *comm, {.name = absl::StrCat(co.instance_id, "-kv-rank", rank)});
+  return RunShardSteps(*ring, qwen, input, &kv_hooks);
 }
 
 }  // namespace

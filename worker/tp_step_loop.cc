@@ -31,18 +31,41 @@ absl::Status StopShardSteps(StepRing& ring) {
 }
 
 absl::Status RunShardSteps(StepRing& ring, model::Qwen2Model& model,
-                           absl::Span<const uint8_t> shared_buffer) {
+                           absl::Span<const uint8_t> shared_buffer, ShardKvHooks* kv_hooks) {
   StepMessage m;
   std::unique_ptr<model::KvCache> kv;
   std::vector<float> logits;  // stays empty: only rank 0 gets logits
+  // The hooks stop exposing the cache before it goes, whatever ends the loop.
+  struct ReleaseOnExit {
+    ShardKvHooks* hooks;
+    ~ReleaseOnExit() {
+      if (hooks != nullptr) hooks->Release();
+    }
+  } release{kv_hooks};
   while (true) {
     RETURN_IF_ERROR(ring.Next(&m));
     switch (m.kind) {
       case StepKind::kStop:
         return absl::OkStatus();
       case StepKind::kAllocateKv: {
+        if (kv_hooks != nullptr) kv_hooks->Release();
         kv.reset();  // the old cache goes first: both may not fit
         ASSIGN_OR_RETURN(kv, model::KvCache::Create(model.KvShape(m.kv_blocks, m.kv_block_size)));
+        break;
+      }
+      case StepKind::kKvRegister:
+      case StepKind::kKvCheck: {
+        if (kv_hooks == nullptr || kv == nullptr) {
+          return absl::FailedPreconditionError(
+              "a KV hand-off step on a rank without a KV receiver or cache");
+        }
+        if (m.kind == StepKind::kKvRegister) {
+          RETURN_IF_ERROR(kv_hooks->Register(*kv));
+        } else {
+          static const std::vector<int32_t> kNone;
+          RETURN_IF_ERROR(kv_hooks->Check(
+              *kv, m.batch.sequences.empty() ? kNone : m.batch.sequences[0].block_table));
+        }
         break;
       }
       case StepKind::kForward:

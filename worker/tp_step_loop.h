@@ -45,11 +45,30 @@ namespace mmserve::worker {
 // Rank 0: tells the other ranks to leave RunShardSteps.
 [[nodiscard]] absl::Status StopShardSteps(StepRing& ring);
 
+// Ranks 1..n-1 of a decode instance: what the step loop calls for the KV
+// hand-off steps (worker/tp_kv_receiver.h implements it over UCX). Each call
+// runs on the rank's step thread, in ring order with the forwards.
+class ShardKvHooks {
+ public:
+  virtual ~ShardKvHooks() = default;
+  // The rank's cache is about to be dropped (kAllocateKv, kStop, an error):
+  // stop exposing it.
+  virtual void Release() = 0;
+  // kKvRegister: expose `kv` and take part in rank 0's gather of targets.
+  [[nodiscard]] virtual absl::Status Register(model::KvCache& kv) = 0;
+  // kKvCheck: fence the landed writes, then take part in the gather of
+  // each rank's CRC32C of `blocks`.
+  [[nodiscard]] virtual absl::Status Check(model::KvCache& kv,
+                                           const std::vector<int32_t>& blocks) = 0;
+};
+
 // Ranks 1..n-1: takes and runs steps until a kStop step (OK) or an error.
 // The rank's KV cache is created by kAllocateKv steps; a forward before the
-// first one is FailedPrecondition.
+// first one is FailedPrecondition, and so is a kKvRegister or kKvCheck step
+// without `kv_hooks` (or before any kAllocateKv).
 [[nodiscard]] absl::Status RunShardSteps(StepRing& ring, model::Qwen2Model& model,
-                                         absl::Span<const uint8_t> shared_buffer = {});
+                                         absl::Span<const uint8_t> shared_buffer = {},
+                                         ShardKvHooks* kv_hooks = nullptr);
 
 }  // namespace mmserve::worker
 

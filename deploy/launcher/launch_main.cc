@@ -28,7 +28,8 @@ ABSL_FLAG(int, port, 50051, "router gRPC port");
 ABSL_FLAG(int, http_port, 8000, "router OpenAI-compatible HTTP port (-1: off)");
 ABSL_FLAG(bool, restart, true, "restart a child that dies");
 ABSL_FLAG(int, tp, 1,
-          "tensor-parallel ranks of the language instance (it starts its own shard ranks)");
+          "tensor-parallel ranks of the language instance (it starts its own shard ranks); with "
+          "--prefill/--decode, of each decode instance (prefill instances run one rank)");
 ABSL_FLAG(int, prefill, 0,
           "prefill/decode disaggregation: language instances of role prefill (with --decode; "
           "0: one role-both instance)");
@@ -80,12 +81,11 @@ int Main() {
     std::fprintf(stderr, "mmserve_launch: --prefill and --decode go together (both >= 1)\n");
     return 2;
   }
-  if (o.prefill > 0 && absl::GetFlag(FLAGS_tp) > 1) {
-    std::fprintf(stderr, "mmserve_launch: --prefill/--decode need --tp=1 for now\n");
-    return 2;
-  }
   if (absl::GetFlag(FLAGS_tp) > 1) {
-    o.language_args.push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
+    // Disaggregated: the decode instances are tensor-parallel, prefill runs
+    // one rank (role prefill needs --tp=1 for now).
+    (o.prefill > 0 ? o.decode_args : o.language_args)
+        .push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
   }
   auto stack = LocalStack::Start(o);
   if (!stack.ok()) {

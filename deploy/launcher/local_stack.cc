@@ -124,6 +124,9 @@ absl::Status LocalStack::StartRole(const std::string& role, int i) {
                                    "--router=" + router_address_,
                                    "--profile=" + options_.profile};
   args.insert(args.end(), options_.language_args.begin(), options_.language_args.end());
+  if (role == "decode") {
+    args.insert(args.end(), options_.decode_args.begin(), options_.decode_args.end());
+  }
   auto svc = Launch(id, options_.bin_dir + "/language_service/language", args);
   if (!svc.ok()) return svc.status();
   (role == "decode" ? decode_ : prefill_)[i] = std::move(*svc);

@@ -42,6 +42,9 @@ struct StackOptions {
   std::vector<std::string> router_args;
   std::vector<std::string> encoder_args;
   std::vector<std::string> language_args;
+  // More flags for the decode instances only (after language_args), e.g.
+  // --tp=2.
+  std::vector<std::string> decode_args;
   absl::Duration ready_timeout = absl::Seconds(120);
 };
 

@@ -399,10 +399,63 @@ void WidenBlock(const PanelSource& src, int64_t k0, int64_t kc, float* out) {
   }
 }
 
+// The last operations of an output element, in every path alike:
+// y = chain * scale (int8 per output row) then + bias, as separate roundings
+// (vector mul and add, never fused), on `cols` <= 16 columns starting at
+// column j0 of `rows` rows of c (row stride ldc). Applied to each tile right
+// after its last k block, while its outputs are still in L1.
+void FinishTile(float* c, int64_t ldc, int rows, int64_t j0, int cols, const float* scales,
+                const float* bias) {
+  if (scales == nullptr && bias == nullptr) return;
+  alignas(32) float s[kPanelRows], b[kPanelRows];
+  if (cols == kPanelRows) {
+    const __m256 s0 = scales ? _mm256_loadu_ps(scales + j0) : _mm256_set1_ps(1.0f);
+    const __m256 s1 = scales ? _mm256_loadu_ps(scales + j0 + 8) : _mm256_set1_ps(1.0f);
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias + j0) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + j0 + 8) : _mm256_setzero_ps();
+    for (int i = 0; i < rows; ++i) {
+      float* ci = c + i * ldc;
+      __m256 v0 = _mm256_loadu_ps(ci), v1 = _mm256_loadu_ps(ci + 8);
+      if (scales != nullptr) {
+        v0 = _mm256_mul_ps(v0, s0);
+        v1 = _mm256_mul_ps(v1, s1);
+      }
+      if (bias != nullptr) {
+        v0 = _mm256_add_ps(v0, b0);
+        v1 = _mm256_add_ps(v1, b1);
+      }
+      _mm256_storeu_ps(ci, v0);
+      _mm256_storeu_ps(ci + 8, v1);
+    }
+    return;
+  }
+  // A partial panel: the same vector operations on a zero-padded copy.
+  for (int j = 0; j < kPanelRows; ++j) {
+    s[j] = j < cols && scales ? scales[j0 + j] : 1.0f;
+    b[j] = j < cols && bias ? bias[j0 + j] : 0.0f;
+  }
+  for (int i = 0; i < rows; ++i) {
+    alignas(32) float v[kPanelRows] = {};
+    std::memcpy(v, c + i * ldc, cols * sizeof(float));
+    __m256 v0 = _mm256_load_ps(v), v1 = _mm256_load_ps(v + 8);
+    if (scales != nullptr) {
+      v0 = _mm256_mul_ps(v0, _mm256_load_ps(s));
+      v1 = _mm256_mul_ps(v1, _mm256_load_ps(s + 8));
+    }
+    if (bias != nullptr) {
+      v0 = _mm256_add_ps(v0, _mm256_load_ps(b));
+      v1 = _mm256_add_ps(v1, _mm256_load_ps(b + 8));
+    }
+    _mm256_store_ps(v, v0);
+    _mm256_store_ps(v + 8, v1);
+    std::memcpy(c + i * ldc, v, cols * sizeof(float));
+  }
+}
+
 // Output columns of panels [p0, p1) of one job, for every row. Full panels
 // write straight into y; a last partial panel goes through a 16-wide
 // scratch from which its real columns are copied. Per-row int8 scales and
-// the bias are applied last, in that order.
+// the bias are applied last (FinishTile), tile by tile.
 template <PanelFormat F>
 void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, int64_t p1) {
   static constexpr std::array<PanelTileFn, kPanelMr> kFirstTiles = PanelTiles<true, F>();
@@ -411,6 +464,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
   const WeightMatrix& w = *job.w;
   const int64_t n = w.rows, k_total = w.cols;
   const bool partial = p1 * kPanelRows > n;
+  const float* scales = F == PanelFormat::kI8 ? w.scales : nullptr;
   thread_local std::vector<float> scratch;
   if (partial) scratch.assign(m * kPanelRows, 0.0f);
   // Where panel p's 16 columns of row i go: y + i * ldc(p) + 16 p, or scratch.
@@ -422,6 +476,13 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
     *ldc = n;
     return job.y + p * kPanelRows;
   };
+  // Rows [i0, i0 + rows) of panel p's outputs are final.
+  auto finish = [&](int64_t p, int64_t i0, int rows) {
+    int64_t ldc;
+    float* c = out(p, &ldc);
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows));
+    FinishTile(c + i0 * ldc, ldc, rows, p * kPanelRows, cols, scales, job.bias);
+  };
   if (m == 1) {
     for (int64_t p = p0; p < p1;) {
       // Full panels in groups of kRowPanels; the partial one alone.
@@ -431,6 +492,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       float* c = out(p, &ldc);
       (void)ldc;  // consecutive panels' columns are kPanelRows apart in y
       kRowFns[np - 1](x, PanelAt<F>(w, p), k_total, c, kPanelRows);
+      for (int q = 0; q < np; ++q) finish(p + q, 0, 1);
       p += np;
     }
   } else if (m <= kPanelMr) {
@@ -442,6 +504,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
         int64_t ldc;
         float* c = out(p, &ldc);
         tiles[m - 1](x, k_total, PanelAt<F>(w, p), k0, kc, c, ldc);
+        if (k0 + kc == k_total) finish(p, 0, static_cast<int>(m));
       }
     }
   } else {
@@ -456,6 +519,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
     wide.resize(static_cast<size_t>((p1 - p0) * kPanelKb * kPanelRows));
     for (int64_t k0 = 0; k0 < k_total; k0 += kPanelKb) {
       const int64_t kc = std::min(kPanelKb, k_total - k0);
+      const bool last = k0 + kc == k_total;
       for (int64_t p = p0; p < p1; ++p) {
         WidenBlock<F>(PanelAt<F>(w, p), k0, kc, &wide[(p - p0) * kPanelKb * kPanelRows]);
       }
@@ -469,6 +533,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
           block.panel = &wide[(p - p0) * kPanelKb * kPanelRows];
           // The block holds steps k0.. from its start: x is offset to match.
           tiles[mr - 1](x + i0 * k_total + k0, k_total, block, 0, kc, c + i0 * ldc, ldc);
+          if (last) finish(p, i0, mr);
         }
       }
     }
@@ -477,19 +542,6 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
     const int64_t first = (p1 - 1) * kPanelRows, cols = n - first;
     for (int64_t i = 0; i < m; ++i) {
       std::memcpy(job.y + i * n + first, &scratch[i * kPanelRows], cols * sizeof(float));
-    }
-  }
-  constexpr bool kScaleRows = F == PanelFormat::kI8;
-  if (kScaleRows || job.bias != nullptr) {
-    const int64_t c0 = p0 * kPanelRows, c1 = std::min(n, p1 * kPanelRows);
-    for (int64_t i = 0; i < m; ++i) {
-      float* yrow = job.y + i * n;
-      for (int64_t j = c0; j < c1; ++j) {
-        float v = yrow[j];
-        if (kScaleRows) v *= w.scales[j];
-        if (job.bias != nullptr) v += job.bias[j];
-        yrow[j] = v;
-      }
     }
   }
 }
@@ -622,8 +674,9 @@ PanelWeights PanelWeights::Pack(ThreadPool& pool, const WeightMatrix& w) {
 void Int8Weights::Free::operator()(void* p) const { std::free(p); }
 
 Int8Weights Int8Weights::Quantize(ThreadPool& pool, const WeightMatrix& w, int64_t group) {
-  CHECK(w.layout == WeightLayout::kRows && (w.dtype == DType::kF32 || w.dtype == DType::kBF16))
-      << "Int8Weights quantizes row-major F32 or BF16 matrices, not " << DTypeName(w.dtype);
+  CHECK(w.layout == WeightLayout::kRows &&
+        (w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF16))
+      << "Int8Weights quantizes row-major F32, BF16 or F16 matrices, not " << DTypeName(w.dtype);
   CHECK_GE(group, 0);
   Int8Weights q;
   q.matrix_ = w;
@@ -688,6 +741,9 @@ void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out) {
   if (w.layout == WeightLayout::kRows) {
     if (w.dtype == DType::kF32) {
       std::memcpy(out, static_cast<const float*>(w.data) + row * w.cols, w.cols * sizeof(float));
+    } else if (w.dtype == DType::kF16) {
+      const uint16_t* src = static_cast<const uint16_t*>(w.data) + row * w.cols;
+      for (int64_t k = 0; k < w.cols; ++k) out[k] = F16ToF32(src[k]);
     } else {
       const uint16_t* src = static_cast<const uint16_t*>(w.data) + row * w.cols;
       for (int64_t k = 0; k < w.cols; ++k) out[k] = Bf16ToF32(src[k]);

@@ -82,7 +82,9 @@ inline constexpr int64_t kPanelRows = 16;
 // A borrowed weight matrix (pointing into the mapped checkpoint, or into a
 // PanelWeights).
 struct WeightMatrix {
-  DType dtype = DType::kF32;  // kF32, kBF16, or kI8 (kPanels only)
+  // kF32, kBF16, kI8 (kPanels only), or kF16 (kRows, only as the source of
+  // Int8Weights::Quantize and of WeightRowToF32: Linear does not take it).
+  DType dtype = DType::kF32;
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
@@ -145,7 +147,7 @@ class PanelWeights {
 //   Linear(pool, x, m, q.matrix(), bias, y);
 class Int8Weights {
  public:
-  // CHECKs that w is kRows F32 or BF16 and group >= 0. Uses the pool.
+  // CHECKs that w is kRows F32, BF16 or F16 and group >= 0. Uses the pool.
   static Int8Weights Quantize(ThreadPool& pool, const WeightMatrix& w, int64_t group);
 
   const WeightMatrix& matrix() const { return matrix_; }
