@@ -17,6 +17,13 @@ rate and setting are reduced to their median) and the one PNG is
   <out>_cache.png    cache hit rate, TTFT p50 and TTFT p99 against
                      request_rate, cache on against off
 
+With --disagg, the input is bench/loadgen/disagg_experiment.sh output (lines
+with config and mix; rounds reduced to their median, their min-max drawn as
+error bars; lines with a "sweep" field get their own row) and the one PNG is
+
+  <out>_disagg.png   per mix (one row each): goodput, TTFT p99 and TPOT p99
+                     against request_rate, colocated against disaggregated
+
 Needs Debian's python3-matplotlib (no pip), hence /usr/bin/python3.
 """
 import argparse
@@ -89,13 +96,75 @@ def plot_cache(paths, out):
     print("wrote " + out + "_cache.png")
 
 
+def plot_disagg(paths, out):
+    """Colocated against disaggregated: goodput and tail latencies per mix."""
+    import statistics
+    by = collections.defaultdict(list)  # (mix, config, rate) -> runs
+    slo = None
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    j = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if j.get("bench") != "loadgen" or "config" not in j or "mix" not in j:
+                    continue
+                # A "sweep" field (a later repeat, another setting) makes
+                # its own row.
+                mix = j["mix"] + (" (%s)" % j["sweep"] if j.get("sweep") else "")
+                by[(mix, j["config"], j["request_rate"])].append(j)
+                slo = (j["slo_ttft_ms"], j["slo_tpot_ms"])
+    if not by:
+        sys.exit("plot_load.py: no disaggregation experiment lines in " + " ".join(paths))
+    mixes = sorted({m for (m, _, _) in by})
+    fig, axes = plt.subplots(len(mixes), 3, figsize=(15, 4.2 * len(mixes)), squeeze=False)
+    for row, mix in zip(axes, mixes):
+        for config, style in (("colocated", "o-"), ("disaggregated", "s--")):
+            rates = sorted(r for (m, c, r) in by if m == mix and c == config)
+            if not rates:
+                continue
+            for ax, key in zip(row, ("goodput", "ttft_p99_ms", "tpot_p99_ms")):
+                vals = [[j[key] for j in by[(mix, config, r)]] for r in rates]
+                med = [statistics.median(v) for v in vals]
+                err = [[m - min(v) for m, v in zip(med, vals)],
+                       [max(v) - m for m, v in zip(med, vals)]]
+                ax.errorbar(rates, med, yerr=err, fmt=style, capsize=3,
+                            label="E + language (both)" if config == "colocated" else "E + P + D")
+        row[0].plot([0, max(r for (m, _, r) in by if m == mix)],
+                    [0, max(r for (m, _, r) in by if m == mix)], color="gray", lw=0.8,
+                    label="offered")
+        for ax, title in zip(row, ("goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)")):
+            ax.set_title("%s: %s" % (mix, title), fontsize=10)
+            ax.set_xlabel("offered load (req/s, Poisson)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        row[1].set_yscale("log")
+        row[2].set_yscale("log")
+        row[1].axhline(slo[0], color="red", lw=0.8, ls=":")
+        row[2].axhline(slo[1], color="red", lw=0.8, ls=":")
+    fig.suptitle("SLO: TTFT <= %g ms and TPOT <= %g ms (red); median of the rounds, bars min-max"
+                 % slo)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (4.2 * len(mixes))))
+    fig.savefig(out + "_disagg.png", dpi=100)
+    print("wrote " + out + "_disagg.png")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="PNG path prefix")
     parser.add_argument("--cache", action="store_true",
                         help="encoder cache experiment lines: one _cache.png")
+    parser.add_argument("--disagg", action="store_true",
+                        help="disaggregation experiment lines: one _disagg.png")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
+    if args.disagg:
+        plot_disagg(args.files, args.out)
+        return
     if args.cache:
         plot_cache(args.files, args.out)
         return

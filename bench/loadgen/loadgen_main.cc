@@ -2,8 +2,9 @@
 // of `vllm bench serve`. Arrivals are Poisson at --request_rate (or as fast
 // as --max_concurrency allows), bounded by --num_requests and --duration_s.
 // Reports TTFT, TPOT, ITL and E2E mean/p50/p90/p99, throughput, errors by
-// gRPC code and goodput under --slo_ttft_ms / --slo_tpot_ms: a human table,
-// then one JSON line (last).
+// gRPC code and goodput under --slo_ttft_ms / --slo_tpot_ms (the encoder
+// target: Encode latency and the sink's bytes/s instead of the token
+// metrics): a human table, then one JSON line (last).
 //
 //   bazel build --config=opt //bench/loadgen:loadgen
 //   # end to end through the router, the demo questions, 20 req/s:
@@ -15,6 +16,10 @@
 //   # the OpenAI HTTP API (streamed), or a language instance directly (text):
 //   ... --target=http --address=127.0.0.1:8000
 //   ... --target=language --address=127.0.0.1:50071 --dataset=synthetic --images=0
+//   # one encoder: Encode, the embeddings over UCX into loadgen's own sink
+//   # (--model_dir names the model, for its hidden size; --profile the
+//   # encoder's transport profile):
+//   ... --target=encoder --address=127.0.0.1:50061 --model_dir=models/shapes-demo
 //
 // Checks (exit status 1 when one fails and --fail_on_error):
 //   --check=answers    demo answers against eval.json's expected answers
@@ -22,7 +27,9 @@
 //   --check=inprocess  every demo answer (text, and token ids over gRPC)
 //                      identical to the in-process engine's;
 //   --leak_ports=P,... after the run, every block and live-request gauge on
-//                      those 127.0.0.1 /metrics ports must settle at 0.
+//                      those 127.0.0.1 /metrics ports must settle at 0 (and,
+//                      with the encoder target, the sink's blocks and
+//                      transfers).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -38,9 +45,10 @@
 #include "bench/loadgen/target.h"
 #include "bench/loadgen/workload.h"
 #include "common/clock.h"
+#include "model/model_config.h"
 #include "tests/stack_harness.h"
 
-ABSL_FLAG(std::string, target, "router", "router | language | http");
+ABSL_FLAG(std::string, target, "router", "router | language | http | encoder");
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "the target's host:port");
 ABSL_FLAG(std::string, dataset, "demo", "demo | synthetic");
 ABSL_FLAG(std::string, eval_dir, "", "demo evaluation set (default: the bundled one)");
@@ -64,6 +72,10 @@ ABSL_FLAG(std::vector<std::string>, leak_ports, {},
           "127.0.0.1 /metrics ports whose block and live gauges must settle at 0");
 ABSL_FLAG(bool, fail_on_error, false, "exit 1 on any error, wrong answer or leak");
 ABSL_FLAG(std::string, label, "", "a label copied into the JSON line");
+ABSL_FLAG(std::string, model_dir, "",
+          "encoder target: the model (its hidden size sizes the sink; default the demo model)");
+ABSL_FLAG(std::string, profile, "shm", "encoder target: the encoder's UCX profile (shm or tcp)");
+ABSL_FLAG(int, sink_blocks, 256, "encoder target: the sink's embedding blocks (128 tokens each)");
 
 namespace mmserve::loadgen {
 namespace {
@@ -113,6 +125,10 @@ int Main() {
     std::fprintf(stderr, "loadgen: --check must be none, answers or inprocess\n");
     return 2;
   }
+  if (check != "none" && absl::GetFlag(FLAGS_target) == "encoder") {
+    std::fprintf(stderr, "loadgen: the encoder target generates no answers to --check\n");
+    return 2;
+  }
   if (check != "none" && spec.dataset != "demo") {
     std::fprintf(stderr, "loadgen: --check needs --dataset=demo\n");
     return 2;
@@ -136,6 +152,23 @@ int Main() {
   to.kind = absl::GetFlag(FLAGS_target);
   to.address = absl::GetFlag(FLAGS_address);
   to.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  if (to.kind == "encoder") {
+    const std::string model_dir = absl::GetFlag(FLAGS_model_dir).empty()
+                                      ? testing::DemoModelDir()
+                                      : absl::GetFlag(FLAGS_model_dir);
+    auto config = model::LoadModelConfig(model_dir);
+    if (!config.ok()) {
+      std::fprintf(stderr, "loadgen: %s\n", config.status().ToString().c_str());
+      return 2;
+    }
+    if (absl::GetFlag(FLAGS_sink_blocks) < 1) {
+      std::fprintf(stderr, "loadgen: --sink_blocks must be >= 1\n");
+      return 2;
+    }
+    to.hidden_size = static_cast<uint32_t>(config->text.hidden_size);
+    to.profile = absl::GetFlag(FLAGS_profile);
+    to.sink_blocks = static_cast<uint32_t>(absl::GetFlag(FLAGS_sink_blocks));
+  }
   auto target = MakeTarget(to, &clock);
   if (!target.ok()) {
     std::fprintf(stderr, "loadgen: %s\n", target.status().ToString().c_str());
@@ -236,6 +269,13 @@ int Main() {
     std::printf("leaks after the run: %s\n", leaked == 0 ? "none" : detail.c_str());
     extra.push_back({"leaked", absl::StrCat(leaked)});
     failed |= leaked != 0;
+  }
+  if (to.kind == "encoder") {
+    const absl::Status drained = (*target)->Drained(absl::Seconds(10));
+    std::printf("sink after the run: %s\n",
+                drained.ok() ? "every block free" : drained.ToString().c_str());
+    extra.push_back({"sink_drained", drained.ok() ? "true" : "false"});
+    failed |= !drained.ok();
   }
   if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
   std::printf("%s", FormatTable(summary, slo).c_str());

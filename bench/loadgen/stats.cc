@@ -29,7 +29,7 @@ Percentiles ComputePercentiles(std::vector<double> v) {
 Summary Summarize(const std::vector<Record>& records, const Slo& slo) {
   Summary s;
   s.requests = static_cast<int>(records.size());
-  std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<double> ttft, tpot, itl, e2e, encode;
   double first = 1e300, last = 0;
   int good = 0;
   for (const Record& r : records) {
@@ -41,7 +41,9 @@ Summary Summarize(const std::vector<Record>& records, const Slo& slo) {
     }
     ++s.ok;
     s.output_tokens += r.output_tokens;
+    s.sink_bytes += r.sink_bytes;
     e2e.push_back((r.end_s - r.sent_s) * 1e3);
+    if (r.encoded_s >= 0) encode.push_back((r.encoded_s - r.sent_s) * 1e3);
     if (r.first_token_s < 0) continue;
     const double t = (r.first_token_s - r.sent_s) * 1e3;
     ttft.push_back(t);
@@ -60,7 +62,9 @@ Summary Summarize(const std::vector<Record>& records, const Slo& slo) {
     s.request_rate = s.ok / s.duration_s;
     s.output_token_rate = s.output_tokens / s.duration_s;
     s.goodput = good / s.duration_s;
+    s.sink_bytes_per_s = s.sink_bytes / s.duration_s;
   }
+  s.encode_ms = ComputePercentiles(encode);
   s.ttft_ms = ComputePercentiles(ttft);
   s.tpot_ms = ComputePercentiles(tpot);
   s.itl_ms = ComputePercentiles(itl);
@@ -76,13 +80,23 @@ std::string FormatTable(const Summary& s, const Slo& slo) {
   }
   absl::StrAppendFormat(&out, "%-28s %.2f s\n", "duration", s.duration_s);
   absl::StrAppendFormat(&out, "%-28s %.2f req/s\n", "request throughput", s.request_rate);
-  absl::StrAppendFormat(&out, "%-28s %.1f tok/s\n", "output token throughput", s.output_token_rate);
-  absl::StrAppendFormat(&out, "%-28s %.2f req/s (TTFT <= %.0f ms, TPOT <= %.0f ms)\n", "goodput",
-                        s.goodput, slo.ttft_ms, slo.tpot_ms);
+  // The encoder target generates no tokens: its rows are Encode and E2E.
+  const bool encoder = s.encode_ms.n > 0;
+  if (!encoder) {
+    absl::StrAppendFormat(&out, "%-28s %.1f tok/s\n", "output token throughput",
+                          s.output_token_rate);
+    absl::StrAppendFormat(&out, "%-28s %.2f req/s (TTFT <= %.0f ms, TPOT <= %.0f ms)\n", "goodput",
+                          s.goodput, slo.ttft_ms, slo.tpot_ms);
+  } else {
+    absl::StrAppendFormat(&out, "%-28s %.2f MB/s (%.1f MB)\n", "sink received",
+                          s.sink_bytes_per_s / 1e6, s.sink_bytes / 1e6);
+  }
   absl::StrAppendFormat(&out, "%-10s %10s %10s %10s %10s %8s\n", "ms", "mean", "p50", "p90", "p99",
                         "n");
-  for (const auto& [name, p] : {std::pair{"TTFT", &s.ttft_ms}, std::pair{"TPOT", &s.tpot_ms},
-                                std::pair{"ITL", &s.itl_ms}, std::pair{"E2E", &s.e2e_ms}}) {
+  for (const auto& [name, p] :
+       {std::pair{"Encode", &s.encode_ms}, std::pair{"TTFT", &s.ttft_ms},
+        std::pair{"TPOT", &s.tpot_ms}, std::pair{"ITL", &s.itl_ms}, std::pair{"E2E", &s.e2e_ms}}) {
+    if (p == &s.encode_ms ? !encoder : encoder && p != &s.e2e_ms) continue;
     absl::StrAppendFormat(&out, "%-10s %10.2f %10.2f %10.2f %10.2f %8d\n", name, p->mean, p->p50,
                           p->p90, p->p99, p->n);
   }
@@ -111,6 +125,14 @@ std::string FormatJson(const Summary& s, const Slo& slo,
     j[absl::StrCat(name, "_p50_ms")] = p->p50;
     j[absl::StrCat(name, "_p90_ms")] = p->p90;
     j[absl::StrCat(name, "_p99_ms")] = p->p99;
+  }
+  if (s.encode_ms.n > 0) {
+    j["encode_mean_ms"] = s.encode_ms.mean;
+    j["encode_p50_ms"] = s.encode_ms.p50;
+    j["encode_p90_ms"] = s.encode_ms.p90;
+    j["encode_p99_ms"] = s.encode_ms.p99;
+    j["sink_bytes"] = s.sink_bytes;
+    j["sink_bytes_per_s"] = s.sink_bytes_per_s;
   }
   return j.dump();
 }

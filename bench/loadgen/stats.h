@@ -4,7 +4,11 @@
 //   TTFT: request sent -> first generated token arrives;
 //   TPOT: (E2E - TTFT) / (output tokens - 1), per request;
 //   ITL:  gaps between consecutive token-carrying responses, all requests;
-//   E2E:  request sent -> stream finished;
+//   E2E:  request sent -> stream finished (encoder target: Encode returned
+//         and every image's embeddings landed in the sink);
+//   Encode: request sent -> the Encode call returned (encoder target);
+//   sink bytes/s: embedding bytes the encoder target's sink received, over
+//         the run's duration;
 //   goodput: requests per second that finished OK with TTFT <= slo_ttft and
 //            TPOT <= slo_tpot.
 //
@@ -32,6 +36,10 @@ struct Record {
   absl::Status status;
   std::string text;
   std::vector<int32_t> token_ids;
+  // The encoder target's: the Encode call returned (-1: not, or another
+  // target); embedding bytes received into the sink.
+  double encoded_s = -1;
+  int64_t sink_bytes = 0;
 };
 
 struct Slo {
@@ -54,6 +62,10 @@ struct Summary {
   double goodput = 0;  // per second
   int64_t output_tokens = 0;
   Percentiles ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  // Encoder target only (encode_ms.n == 0 otherwise).
+  Percentiles encode_ms;
+  int64_t sink_bytes = 0;
+  double sink_bytes_per_s = 0;
 };
 
 Percentiles ComputePercentiles(std::vector<double> values);

@@ -72,5 +72,36 @@ TEST_CASE("the JSON line holds the extras first and every percentile") {
   CHECK(j["tpot_p50_ms"].get<double>() == Approx(200));  // (0.3 - 0.1) / 1
 }
 
+TEST_CASE("encoder records: Encode latency and the sink's bytes per second") {
+  Record a;  // Encode returned at 40 ms, embeddings in at 50 ms
+  a.sent_s = 0;
+  a.encoded_s = 0.04;
+  a.end_s = 0.05;
+  a.sink_bytes = 1000;
+  Record b = a;
+  b.sent_s = 1.0;
+  b.encoded_s = 1.02;
+  b.end_s = 2.0;
+  Record failed = a;
+  failed.status = absl::InvalidArgumentError("not an image");
+  const Summary s = Summarize({a, b, failed}, {});
+  CHECK(s.ok == 2);
+  CHECK(s.encode_ms.n == 2);
+  CHECK(s.encode_ms.p99 == Approx(40));
+  CHECK(s.encode_ms.mean == Approx(30));
+  CHECK(s.e2e_ms.p99 == Approx(1000));
+  CHECK(s.sink_bytes == 2000);  // the failed request's bytes are not counted
+  CHECK(s.sink_bytes_per_s == Approx(1000));
+  const auto j = nlohmann::json::parse(FormatJson(s, {}, {}));
+  CHECK(j["encode_p50_ms"].get<double>() == Approx(40));  // nearest rank of {20, 40}
+  CHECK(j["sink_bytes_per_s"].get<double>() == Approx(1000));
+  CHECK(FormatTable(s, {}).find("Encode") != std::string::npos);
+  CHECK(FormatTable(s, {}).find("TTFT") == std::string::npos);  // no tokens here
+  // Other targets' lines carry no encoder keys.
+  const auto plain =
+      nlohmann::json::parse(FormatJson(Summarize({Finished(0, {0.1}, 0.2)}, {}), {}, {}));
+  CHECK(!plain.contains("encode_p50_ms"));
+}
+
 }  // namespace
 }  // namespace mmserve::loadgen

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/loadgen/encoder_target.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "proto/inference.grpc.pb.h"
@@ -296,8 +297,9 @@ absl::StatusOr<std::unique_ptr<Target>> MakeTarget(const TargetOptions& options,
     }
     return std::make_unique<HttpTarget>(parts[0], port, options, clock);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown target '", options.kind, "' (router, language or http; encoder is not done)"));
+  if (options.kind == "encoder") return MakeEncoderTarget(options, clock);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown target '", options.kind, "' (router, language, http or encoder)"));
 }
 
 }  // namespace mmserve::loadgen
