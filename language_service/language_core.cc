@@ -227,17 +227,7 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     im.meta = image;
     r->images.push_back(std::move(im));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
-    if (!ids_.emplace(r->id, true).second) {
-      return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
-    }
-  }
-  Post([this, req = std::shared_ptr<Request>(std::move(r))]() mutable {
-    auto owned = std::make_unique<Request>(std::move(*req));
-    Request& rr = *owned;
-    requests_[rr.id] = std::move(owned);
+  return Install(std::move(r), [this](Request& rr) {
     for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
     std::vector<v1::ImageRetry> early;
     {
@@ -254,6 +244,24 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     for (const v1::ImageRetry& retry : early) ApplyRetry(rr, retry);
     MaybeAdmit(rr);
   });
+}
+
+absl::Status LanguageCore::Install(std::unique_ptr<Request> r, std::function<void(Request&)> then) {
+  // The id and the task that installs the request go in under one lock: a
+  // caller that sees the id (num_requests) and then posts (AllocateKv) finds
+  // the request installed.
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the language instance is shutting down");
+  if (!ids_.emplace(r->id, true).second) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
+  }
+  inbox_.push_back(
+      [this, req = std::shared_ptr<Request>(std::move(r)), then = std::move(then)]() mutable {
+        auto owned = std::make_unique<Request>(std::move(*req));
+        Request& installed = *owned;
+        requests_[installed.id] = std::move(owned);
+        then(installed);
+      });
   return absl::OkStatus();
 }
 

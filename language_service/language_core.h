@@ -159,6 +159,10 @@ class LanguageCore {
   LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
                metrics::Registry& metrics);
   void Post(Task task);
+  // Claims `r`'s id (AlreadyExists while a request of that id lives;
+  // Unavailable when stopping), then on the loop thread keeps `r` in
+  // requests_ and calls `then` with it.
+  absl::Status Install(std::unique_ptr<Request> r, std::function<void(Request&)> then);
   // Runs `f` on the loop thread and waits for it; Unavailable when stopping.
   template <typename T>
   T RunOnLoop(std::function<T()> f);

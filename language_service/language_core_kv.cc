@@ -64,23 +64,12 @@ absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, Requ
       model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
                                &r->engine_request.max_tokens_to_context));
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
-    if (!ids_.emplace(r->id, true).second) {
-      return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
-    }
-  }
-  Post([this, req = std::shared_ptr<Request>(std::move(r))]() mutable {
-    auto owned = std::make_unique<Request>(std::move(*req));
-    Request& r = *owned;
-    requests_[r.id] = std::move(owned);
+  return Install(std::move(r), [](Request& held) {
     // An empty first batch: the request is held here, AllocateKv may come.
     v1::TokenBatch registered;
-    registered.set_request_id(r.id);
-    r.sink.on_batch(std::move(registered));
+    registered.set_request_id(held.id);
+    held.sink.on_batch(std::move(registered));
   });
-  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRequest& request) {
