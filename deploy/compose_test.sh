@@ -180,6 +180,13 @@ first_error() {  # what loadgen said went wrong, one line
   grep -E '^(first error|errors|answers|identical|leaks)' "$logs/$1.out" | tr '\n' ' ' | cut -c1-250
   echo " (log $logs/$1.out)"
 }
+nothing_left() {  # no container, network or volume of $project after $1
+  local c n v
+  c=$($docker ps -a --filter "label=com.docker.compose.project=$project" -q | wc -l)
+  n=$($docker network ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
+  v=$($docker volume ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
+  [[ "$c$n$v" == 000 ]] || fail "left after $1: $c containers, $n networks, $v volumes"
+}
 healthy() {  # all four containers healthy and the router sees 2 + 1 instances
   local n
   n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
@@ -254,11 +261,7 @@ step "encoder-1 rejoined and encoded ${served:-?} images; no leaks"
 step "docker-compose down -v"
 "${compose[@]}" down -v --remove-orphans >"$logs/down.log" 2>&1 || fail "docker-compose down failed"
 brought_up=""
-left_c=$($docker ps -a --filter "label=com.docker.compose.project=$project" -q | wc -l)
-left_n=$($docker network ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
-left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
-[[ "$left_c$left_n$left_v" == 000 ]] ||
-  fail "left after down -v: $left_c containers, $left_n networks, $left_v volumes"
+nothing_left "down -v"
 
 # 7. The disaggregated file: router, encoder, prefill, decode with two ranks;
 # KV and embeddings over UCX tcp between containers.
@@ -287,11 +290,7 @@ run_loadgen pd --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_re
 step "docker-compose.pd.yml down -v"
 "${compose[@]}" down -v --remove-orphans >"$logs/down-pd.log" 2>&1 || fail "docker-compose.pd.yml down failed"
 brought_up=""
-left_c=$($docker ps -a --filter "label=com.docker.compose.project=$project" -q | wc -l)
-left_n=$($docker network ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
-left_v=$($docker volume ls --filter "label=com.docker.compose.project=$project" -q | wc -l)
-[[ "$left_c$left_n$left_v" == 000 ]] ||
-  fail "left after the P/D down -v: $left_c containers, $left_n networks, $left_v volumes"
+nothing_left "the P/D down -v"
 
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
 rm -rf "$logs"  # kept only when something failed

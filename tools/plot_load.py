@@ -24,6 +24,14 @@ error bars; lines with a "sweep" field get their own row) and the one PNG is
   <out>_disagg.png   per mix (one row each): goodput, TTFT p99 and TPOT p99
                      against request_rate, colocated against disaggregated
 
+With --seed003, the input is bench:seed003_bench output (its JSON lines;
+runs with the same label and interval are reduced to their median, their
+min-max drawn as error bars) and the one PNG is
+
+  <out>_seed003.png  ITL p99, TTFT p50, TTFT p99 and output tok/s against
+                     the arrival interval, prefill budget against none,
+                     one curve pair per label
+
 Needs Debian's python3-matplotlib (no pip), hence /usr/bin/python3.
 """
 import argparse
@@ -153,6 +161,51 @@ def plot_disagg(paths, out):
     print("wrote " + out + "_disagg.png")
 
 
+def plot_seed003(paths, out):
+    """Seed 003: a prefill token budget against none, per arrival interval."""
+    import statistics
+    by = collections.defaultdict(list)  # (label, interval_ms) -> runs
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    j = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if j.get("bench") == "seed003_bench":
+                    by[(j["label"], j["interval_ms"])].append(j)
+    if not by:
+        sys.exit("plot_load.py: no seed003_bench lines in " + " ".join(paths))
+    metrics = (("itl_p99_ms", "ITL p99 (ms)"), ("ttft_p50_ms", "TTFT p50 (ms)"),
+               ("ttft_p99_ms", "TTFT p99 (ms)"), ("tok_s", "output tokens/s"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.5))
+    for label in sorted({lab for (lab, _) in by}):
+        xs = sorted(i for (lab, i) in by if lab == label)
+        for arm, name, style in (("none", "no budget", "s--"), ("budget_arm", "budget", "o-")):
+            for ax, (key, _) in zip(axes, metrics):
+                vals = [[j[arm][key] for j in by[(label, x)]] for x in xs]
+                med = [statistics.median(v) for v in vals]
+                err = [[m - min(v) for m, v in zip(med, vals)],
+                       [max(v) - m for m, v in zip(med, vals)]]
+                ax.errorbar(xs, med, yerr=err, fmt=style, capsize=3,
+                            label="%s, %s (budget %d)" % (label, name,
+                                                          by[(label, xs[0])][0]["budget"]))
+    for ax, (_, title) in zip(axes, metrics):
+        ax.set_title(title)
+        ax.set_xlabel("arrival interval (ms, fixed)")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("seed 003: prefill token budget against none (language instance alone; "
+                 "median of runs, bars min-max)")
+    fig.tight_layout()
+    fig.savefig(out + "_seed003.png", dpi=100)
+    print("wrote " + out + "_seed003.png")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="PNG path prefix")
@@ -160,8 +213,13 @@ def main():
                         help="encoder cache experiment lines: one _cache.png")
     parser.add_argument("--disagg", action="store_true",
                         help="disaggregation experiment lines: one _disagg.png")
+    parser.add_argument("--seed003", action="store_true",
+                        help="bench:seed003_bench lines: one _seed003.png")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
+    if args.seed003:
+        plot_seed003(args.files, args.out)
+        return
     if args.disagg:
         plot_disagg(args.files, args.out)
         return
