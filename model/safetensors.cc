@@ -84,6 +84,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     ::close(fd);
     return absl::InternalError(absl::StrCat(path, ": fstat: ", std::strerror(errno)));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
   file->map_size_ = static_cast<size_t>(st.st_size);
@@ -216,7 +220,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   }
   std::map<std::string, std::vector<std::string>> shards;  // shard -> tensor names
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    if (!it->is_string() || it->get<std::string>().find('/') != std::string::npos) {
+    if (!it->is_string() || it->get<std::string>().find('/') != std::string::npos ||
+        it->get<std::string>().empty() || it->get<std::string>() == "." ||
+        it->get<std::string>() == "..") {
       return Invalid(index_path, absl::StrCat("bad shard name for tensor '", it.key(), "'"));
     }
     shards[it->get<std::string>()].push_back(it.key());

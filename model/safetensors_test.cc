@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -192,6 +193,19 @@ TEST_CASE("a sharded checkpoint resolves tensors through its index", "[safetenso
     auto s = SafetensorsCheckpoint::Open(dir).status();
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK(s.message().find("tensor 'ghost'") != absl::string_view::npos);
+  }
+  SECTION("an empty, '.' or '..' shard name is INVALID_ARGUMENT (not the directory mapped)") {
+    for (const char* bad : {"", ".", ".."}) {
+      index["weight_map"]["c"] = bad;
+      WriteBytes(dir + "/model.safetensors.index.json", index.dump());
+      CHECK(SafetensorsCheckpoint::Open(dir).status().code() == absl::StatusCode::kInvalidArgument);
+    }
+  }
+  SECTION("a shard that is a directory is INVALID_ARGUMENT") {
+    std::filesystem::create_directory(dir + "/sub.safetensors");
+    index["weight_map"]["c"] = "sub.safetensors";
+    WriteBytes(dir + "/model.safetensors.index.json", index.dump());
+    CHECK(SafetensorsCheckpoint::Open(dir).status().code() == absl::StatusCode::kInvalidArgument);
   }
   SECTION("a missing shard is NOT_FOUND") {
     index["weight_map"]["c"] = "model-00003-of-00002.safetensors";
