@@ -45,8 +45,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def load_runs(paths):
-    runs = collections.defaultdict(list)
+def json_lines(paths):
+    """Every line of the files that is a JSON object, parsed (others skipped)."""
     for path in paths:
         with open(path) as f:
             for line in f:
@@ -54,12 +54,17 @@ def load_runs(paths):
                 if not line.startswith("{"):
                     continue
                 try:
-                    j = json.loads(line)
+                    yield json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if j.get("bench") != "loadgen" or "request_rate" not in j:
-                    continue
-                runs[j.get("label") or j.get("target", "run")].append(j)
+
+
+def load_runs(paths):
+    runs = collections.defaultdict(list)
+    for j in json_lines(paths):
+        if j.get("bench") != "loadgen" or "request_rate" not in j:
+            continue
+        runs[j.get("label") or j.get("target", "run")].append(j)
     for label in runs:
         runs[label].sort(key=lambda j: j["request_rate"])
     return runs
@@ -69,20 +74,11 @@ def plot_cache(paths, out):
     """The encoder cache experiment: on against off at each offered rate."""
     import statistics
     by = collections.defaultdict(list)  # (on, rate) -> runs
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    j = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if j.get("bench") != "loadgen" or "cache_mb" not in j:
-                    continue
-                # request_rate: the offered rate (--request_rate).
-                by[(j["cache_mb"] > 0, j["request_rate"])].append(j)
+    for j in json_lines(paths):
+        if j.get("bench") != "loadgen" or "cache_mb" not in j:
+            continue
+        # request_rate: the offered rate (--request_rate).
+        by[(j["cache_mb"] > 0, j["request_rate"])].append(j)
     if not by:
         sys.exit("plot_load.py: no encoder cache experiment lines in " + " ".join(paths))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -109,23 +105,14 @@ def plot_disagg(paths, out):
     import statistics
     by = collections.defaultdict(list)  # (mix, config, rate) -> runs
     slo = None
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    j = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if j.get("bench") != "loadgen" or "config" not in j or "mix" not in j:
-                    continue
-                # A "sweep" field (a later repeat, another setting) makes
-                # its own row.
-                mix = j["mix"] + (" (%s)" % j["sweep"] if j.get("sweep") else "")
-                by[(mix, j["config"], j["request_rate"])].append(j)
-                slo = (j["slo_ttft_ms"], j["slo_tpot_ms"])
+    for j in json_lines(paths):
+        if j.get("bench") != "loadgen" or "config" not in j or "mix" not in j:
+            continue
+        # A "sweep" field (a later repeat, another setting) makes
+        # its own row.
+        mix = j["mix"] + (" (%s)" % j["sweep"] if j.get("sweep") else "")
+        by[(mix, j["config"], j["request_rate"])].append(j)
+        slo = (j["slo_ttft_ms"], j["slo_tpot_ms"])
     if not by:
         sys.exit("plot_load.py: no disaggregation experiment lines in " + " ".join(paths))
     mixes = sorted({m for (m, _, _) in by})
@@ -165,18 +152,9 @@ def plot_seed003(paths, out):
     """Seed 003: a prefill token budget against none, per arrival interval."""
     import statistics
     by = collections.defaultdict(list)  # (label, interval_ms) -> runs
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    j = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if j.get("bench") == "seed003_bench":
-                    by[(j["label"], j["interval_ms"])].append(j)
+    for j in json_lines(paths):
+        if j.get("bench") == "seed003_bench":
+            by[(j["label"], j["interval_ms"])].append(j)
     if not by:
         sys.exit("plot_load.py: no seed003_bench lines in " + " ".join(paths))
     metrics = (("itl_p99_ms", "ITL p99 (ms)"), ("ttft_p50_ms", "TTFT p50 (ms)"),
