@@ -102,11 +102,13 @@ TEST_CASE("int8 vision tower matches transformers on the same dequantized weight
       auto golden = SafetensorsFile::Open(std::string(kData) + "int8_goldens/" + name + "/vision_" +
                                           scheme + ".safetensors");
       REQUIRE(golden.ok());
-      // The same dequantized weights on both sides (q * s; per-row scales
-      // are applied after the sum here, so the products round differently,
-      // ~1e-7 relative): the fp32 tower's bound holds. Quantization itself
-      // moves these outputs by 0.03-0.05 (the goldens' metadata), 300x more.
-      CHECK(MaxAbsDiff(*out, Floats(**golden, std::string("vision_out.") + scheme)) < 1e-4f);
+      // The same dequantized weights on both sides (q * s). mmserve also
+      // rounds each activation row to int16 (linear.h), a step 2^8 finer
+      // than the weights' on the same products, so it moves the outputs by
+      // about 2^-8 of what the weight rounding does: 0.03-0.05 here (the
+      // goldens' metadata), so ~2e-4; the bound is 2.5x that (measured
+      // 1.1e-4 to 1.4e-4).
+      CHECK(MaxAbsDiff(*out, Floats(**golden, std::string("vision_out.") + scheme)) < 5e-4f);
     }
   }
 }

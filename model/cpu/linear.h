@@ -1,6 +1,7 @@
 // Linear layers on the CPU: y = x W^T + b with W [out_features][in_features]
 // (Hugging Face's orientation), fp32, bf16 or int8 weights, fp32 activations
-// and accumulation.
+// and accumulation (int8: integer products of int16-quantized activations,
+// below).
 //
 //   WeightMatrix w{DType::kBF16, tensor->data, /*rows=*/896, /*cols=*/4864};
 //   PanelWeights packed = PanelWeights::Pack(pool, w);  // once, at load
@@ -16,7 +17,7 @@
 //    every bf16 matrix and drops the mapped pages it came from, so memory
 //    stays at one copy.
 //  - kPanels (int8): quantized once by Int8Weights::Quantize, symmetric int8
-//    with fp32 scales, in the same 16-row k-major panels (16 bytes per k).
+//    with fp32 scales, in 16-row panels of k pairs (32 bytes per pair).
 //
 // Kernels (LinearKernel):
 //  - kDot (default), on kPanels: a 6-row x 16-column register tile of outer
@@ -28,17 +29,26 @@
 //    summing x[k] * w[k] for k = l (mod 8) in increasing k with fused
 //    multiply-adds, then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)),
 //    then + bias. bf16 is widened in registers.
-//  - kDot on int8 panels: the bf16 panel kernel with each 16-byte step
-//    widened to fp32 in registers (sign-extend, convert). Per output channel
-//    (group 0): the chain runs over the integer weights q and is then
-//    multiplied by the row's scale, y = s * chain(x, q) (+ bias). Per group of
-//    g columns: the chain runs over the dequantized weights w = q * s_group
-//    (one fp32 product), exactly the weights tools/ writes for the goldens.
-//  With more than 6 rows, both widen each panel's block of 256 k steps to
-//  fp32 once per task and run every 6-row tile on that block (the same
-//  values, so the same sums), leaving only loads and FMAs in the hot loop.
-//  In all, an element's chain does not depend on m, on the rows around it or
-//  on the thread that runs it: a row's result is bitwise the same in any
+//  With more than 6 rows, the bf16 kernel widens each panel's block of 256 k
+//  steps to fp32 once per task and runs every 6-row tile on that block (the
+//  same values, so the same sums), leaving only loads and FMAs in the hot
+//  loop.
+//  - kDot on int8 panels (linear_int8.cc): integer dot products. Each row of
+//    x is quantized to int16 with its own scale, s_x = max|x| / 32767,
+//    x_q = round(x / s_x) (exactly: round-half-even of x * (32767 / max|x|)).
+//    vpmaddwd multiplies pairs of x_q by pairs of weights sign-extended to
+//    int16 and sums them exactly in int32 (16 multiply-adds an instruction
+//    where an fp32 FMA does 8), in segments: k is cut at every multiple of
+//    256 (so no sum can overflow) and of the scale group. Each segment's
+//    integer sum S goes to fp32 once: c = c + float(S) (one scale per output
+//    row) or c = fma(float(S), s_group, c) (grouped), from c = 0 in
+//    increasing k; then y = c * s_row (per row) * s_x + bias, as separate
+//    roundings. Integer sums are exact in any order, so tiles of any shape
+//    give the same bits. The activation rounding adds a relative error of at
+//    most 2^-16 of the row's largest |x| per element, 2^8 finer than the
+//    weights' own step (max|w| / 254).
+//  In all, an element's result does not depend on m, on the rows around it
+//  or on the thread that runs it: a row's result is bitwise the same in any
 //  batch (batch invariance for greedy decoding).
 //  - kOpenBlas: cblas_sgemm from Debian's OpenBLAS (single-threaded calls on
 //    column blocks spread over the pool); bf16 weights (either layout) are
@@ -103,9 +113,11 @@ struct WeightMatrix {
     if (dtype != DType::kI8) return 0;
     return stored_rows() * (group == 0 ? 1 : (cols + group - 1) / group);
   }
-  // Bytes a pass over the matrix reads: values plus scales.
+  // Bytes a pass over the matrix reads: values (int8: k padded to pairs)
+  // plus scales.
   size_t bytes() const {
-    return static_cast<size_t>(stored_rows() * cols) * DTypeSize(dtype) +
+    const int64_t k = dtype == DType::kI8 ? (cols + 1) / 2 * 2 : cols;
+    return static_cast<size_t>(stored_rows() * k) * DTypeSize(dtype) +
            static_cast<size_t>(num_scales()) * sizeof(float);
   }
 };
@@ -136,12 +148,15 @@ class PanelWeights {
 
 // A matrix quantized to symmetric int8 in the kPanels layout, owning its
 // values and scales. For each row and each group of `group` consecutive
-// columns (the whole row when group is 0), with w the row's fp32 values:
+// columns (the whole row when group is 0; groups are even), with w the row's
+// fp32 values:
 //   s = max|w| / 127 (fp32), q = round-half-even(w / s) clamped to
 //   [-127, 127] (q = 0 when s = 0), and the dequantized weight is q * s.
 // tools/int8_goldens.py implements the same scheme. Layout: panel p holds
-// rows [16p, 16p + 16), for each k the 16 int8 values in row order; scales
-// are [stored_rows] for group 0, else [panel][group index][16].
+// rows [16p, 16p + 16); k is padded with a zero column to an even count and
+// each pair (2j, 2j + 1) is 32 bytes: rows 0-7 then 8-15, each row's two
+// values together (one 16-byte load sign-extends to vpmaddwd's operand for
+// 8 rows). Scales are [stored_rows] for group 0, else [panel][group][16].
 //
 //   Int8Weights q = Int8Weights::Quantize(pool, mapped, /*group=*/0);
 //   Linear(pool, x, m, q.matrix(), bias, y);

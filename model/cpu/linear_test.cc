@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -180,7 +181,7 @@ TEST_CASE("int8 quantization rounds each weight to its nearest step of max|w| / 
   Problem p(1, 37, 70, 11);
   p.w[3 * 70 + 5] = 0;
   for (int64_t c = 0; c < 70; ++c) p.w[9 * 70 + c] = 0;  // an all-zero row: scale 0
-  for (int64_t group : {0, 32, 16, 7}) {
+  for (int64_t group : {0, 32, 16, 6}) {
     INFO("group=" << group);
     Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
     REQUIRE(q.matrix().dtype == DType::kI8);
@@ -210,11 +211,44 @@ TEST_CASE("int8 quantization rounds each weight to its nearest step of max|w| / 
   for (int64_t c = 0; c < 70; ++c) CHECK(row[c] == ref.Dequantized(20, c));
 }
 
-TEST_CASE("the int8 panel kernel computes exactly its documented chains", "[linear][int8]") {
+// linear.h's int8 arithmetic in scalar code for one output: x's row
+// quantized to int16, exact integer sums per segment (cut at multiples of
+// 256 and of the group), each added to c once in fp32, then the scales and
+// the bias as separate roundings.
+float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float bias,
+                    bool has_bias) {
+  const int64_t k = ref.k;
+  float amax = 0;
+  for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
+  const float sx = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0;
+  const bool per_row = ref.group == k;
+  float c = 0;
+  for (int64_t seg = 0; seg < k;) {
+    int64_t end = std::min(k, (seg / 256 + 1) * 256);
+    if (!per_row) end = std::min(end, (seg / ref.group + 1) * ref.group);
+    int64_t sum = 0;
+    for (int64_t t = seg; t < end; ++t) {
+      sum +=
+          static_cast<int64_t>(std::nearbyint(x[t] * inv)) * static_cast<int64_t>(ref.q[j * k + t]);
+    }
+    REQUIRE(std::llabs(sum) < (int64_t{1} << 31));
+    c = per_row ? c + static_cast<float>(sum)
+                : std::fma(static_cast<float>(sum), ref.s[j * ref.groups + seg / ref.group], c);
+    seg = end;
+  }
+  if (per_row) c *= ref.s[j];
+  c *= sx;
+  return has_bias ? c + bias : c;
+}
+
+TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[linear][int8]") {
   ThreadPool pool(2);
+  // Odd k (a padded pair), segments cut by 256 and by groups that do not
+  // divide it (48), every row-tile height and one-row panel group.
   for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
                                                             {1, 5, 13},
                                                             {1, 100, 300},
+                                                            {1, 70, 1031},
                                                             {2, 17, 40},
                                                             {7, 80, 600},
                                                             {13, 97, 257},
@@ -223,28 +257,61 @@ TEST_CASE("the int8 panel kernel computes exactly its documented chains", "[line
     for (int64_t group : {0, 32, 48}) {
       Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
       const Int8Reference ref(p.w, n, k, group);
-      const bool per_row = q.matrix().group == 0;
       for (bool has_bias : {false, true}) {
         std::vector<float> y(m * n, -1.0f);
         Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
         int mismatches = 0;
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {
-            // Per row: s * chain(x, q) + bias. Per group: chain(x, q * s_g) + bias.
-            float acc = 0;
-            for (int64_t c = 0; c < k; ++c) {
-              const float wv = per_row ? ref.q[j * k + c] : ref.Dequantized(j, c);
-              acc = std::fma(p.x[i * k + c], wv, acc);
-            }
-            if (per_row) acc *= ref.s[j];
-            if (has_bias) acc += p.bias[j];
-            if (std::memcmp(&acc, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+            const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias);
+            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
           }
         }
         INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
         CHECK(mismatches == 0);
       }
     }
+  }
+}
+
+TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]") {
+  // Every weight +-127 and every activation +-32767 with equal signs: each
+  // segment's sum is its maximum, 256 * 32767 * 127 < 2^31.
+  ThreadPool pool(2);
+  const int64_t m = 3, n = 20, k = 2000;
+  std::vector<float> x(m * k), w(n * k, 1.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < k; ++c) x[i * k + c] = i == 1 ? -2.5f : 2.5f;
+  }
+  for (int64_t c = 0; c < k; c += 3) w[5 * k + c] = -1.0f;  // a mixed-sign row
+  for (int64_t group : {0, 32}) {
+    Int8Weights q = Int8Weights::Quantize(pool, {DType::kF32, w.data(), n, k}, group);
+    std::vector<float> y(m * n);
+    Linear(pool, x.data(), m, q.matrix(), nullptr, y.data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t c = 0; c < k; ++c) want += static_cast<double>(x[i * k + c]) * w[j * k + c];
+        INFO("group=" << group << " i=" << i << " j=" << j);
+        CHECK(std::fabs(y[i * n + j] - want) <= 1e-5 * std::fabs(want) + 1e-3);
+      }
+    }
+  }
+}
+
+TEST_CASE("int8 rows holding zeros, infinities or NaN", "[linear][int8]") {
+  ThreadPool pool(2);
+  Problem p(3, 20, 64, 5);
+  for (int64_t c = 0; c < 64; ++c) p.x[c] = 0;             // row 0: all zero
+  p.x[64 + 7] = std::numeric_limits<float>::infinity();    // row 1
+  p.x[128 + 9] = std::numeric_limits<float>::quiet_NaN();  // row 2
+  Int8Weights q = Int8Weights::Quantize(pool, p.F32(), 0);
+  std::vector<float> y(3 * 20);
+  Linear(pool, p.x.data(), 3, q.matrix(), p.bias.data(), y.data());
+  for (int64_t j = 0; j < 20; ++j) {
+    CHECK(y[j] == p.bias[j]);  // zero times anything, plus the bias
+    CHECK(std::isnan(y[20 + j]));
+    CHECK(std::isnan(y[40 + j]));
   }
 }
 

@@ -1,0 +1,367 @@
+#include "model/cpu/linear_int8.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/logging.h"
+
+namespace mmserve::model::cpu {
+namespace internal {
+namespace {
+
+// The int32 sums of a tile restart every kSegment steps of k (and at every
+// scale group's start): 256 products of |q| <= 32767 and |w| <= 127 stay
+// below 2^31 (1.07e9), whatever the values.
+constexpr int64_t kSegment = 256;
+// Row tiles of kMr rows by one panel (12 accumulators, two widened weight
+// vectors, a broadcast pair of x and one product: the 16 ymm registers).
+// One row (decode) reads one panel at a time: a single sequential stream
+// per thread, which measured faster than 2 or 4 interleaved ones.
+constexpr int kMr = 6;
+// Multi-row calls walk k in blocks of kKb: a 6-row tile of x (3 KiB) and the
+// task's panels (4 x 4 KiB) stay in L1.
+constexpr int64_t kKb = 256;
+static_assert(kKb % kSegment == 0, "blocks must end on segment boundaries");
+
+int64_t PairedCols(int64_t cols) { return (cols + 1) / 2 * 2; }
+
+// A single row streams its panels from memory, prefetching this many bytes
+// ahead: the loop alone keeps too few lines in flight (1024 and 2048
+// measured slower here, 8192 no faster).
+constexpr int64_t kPrefetchBytes = 4096;
+
+// The weights of NP consecutive panels of one matrix as a tile reads them.
+struct Panels {
+  const int8_t* first = nullptr;  // panel 0's pair 0
+  int64_t stride = 0;             // bytes from one panel to the next
+  const float* scales = nullptr;  // grouped: panel 0's [groups][16] scales
+  int64_t scale_stride = 0;       // floats from one panel's scales to the next
+  int64_t group = 0;              // 0: one scale per row, applied in Finish
+};
+
+// c[i][q * 16 + 0:16] accumulates rows i < MR of x against panels q < NP
+// over k in [k0, k1) (k0 a segment start, k1 a segment end or the padded
+// k): per segment, the exact int32 sum s of x_q * w_q, then
+//   c = c + float(s)            (one scale per row), or
+//   c = fma(float(s), g, c)     (g: the segment's group scale),
+// starting from c = 0 at k = 0. The same segments and operations in every
+// path make an element's result independent of m and of the tile shape.
+// acc[i][q] += the products of pair k (k and k + 1) of x's row i and of
+// panel q: rows 0-7 of the panel in acc[i][q][0], 8-15 in acc[i][q][1].
+template <int MR, int NP>
+inline void PairStep(const int16_t* x, int64_t ldx, const Panels& w, int64_t k,
+                     __m256i (&acc)[MR][NP][2]) {
+  __m256i lo[NP], hi[NP];
+  _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
+    const int8_t* p = w.first + q * w.stride + k * kPanelRows;
+    lo[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  }
+  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+    int32_t pair;
+    std::memcpy(&pair, x + i * ldx + k, sizeof(pair));
+    const __m256i xv = _mm256_set1_epi32(pair);
+    _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
+      acc[i][q][0] = _mm256_add_epi32(acc[i][q][0], _mm256_madd_epi16(xv, lo[q]));
+      acc[i][q][1] = _mm256_add_epi32(acc[i][q][1], _mm256_madd_epi16(xv, hi[q]));
+    }
+  }
+}
+
+template <int MR, int NP>
+void Tile(const int16_t* x, int64_t ldx, const Panels& w, int64_t k0, int64_t k1, float* c,
+          int64_t ldc) {
+  // The next multiple of the group (divisions kept out of the loop).
+  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
+  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t seg_begin = k;
+    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
+    __m256i acc[MR][NP][2];
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
+        acc[i][q][0] = _mm256_setzero_si256();
+        acc[i][q][1] = _mm256_setzero_si256();
+      }
+    }
+    // Two pairs (a 64-byte line of each panel) per iteration, then an odd
+    // last pair.
+    for (; k + 4 <= seg_end; k += 4) {
+      if constexpr (MR == 1) {
+        _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
+          _mm_prefetch(reinterpret_cast<const char*>(w.first + q * w.stride + k * kPanelRows) +
+                           kPrefetchBytes,
+                       _MM_HINT_T0);
+        }
+      }
+      PairStep<MR, NP>(x, ldx, w, k, acc);
+      PairStep<MR, NP>(x, ldx, w, k + 2, acc);
+    }
+    if (k < seg_end) {
+      PairStep<MR, NP>(x, ldx, w, k, acc);
+      k += 2;
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+          float* out = c + i * ldc + q * kPanelRows + h * 8;
+          const __m256 sum = _mm256_cvtepi32_ps(acc[i][q][h]);
+          const __m256 prev = seg_begin == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out);
+          if (w.group > 0) {
+            const float* g = w.scales + q * w.scale_stride + group_index * kPanelRows + h * 8;
+            _mm256_storeu_ps(out, _mm256_fmadd_ps(sum, _mm256_loadu_ps(g), prev));
+          } else {
+            _mm256_storeu_ps(out, _mm256_add_ps(prev, sum));
+          }
+        }
+      }
+    }
+    if (k == group_end) {
+      ++group_index;
+      group_end += w.group;
+    }
+  }
+}
+
+using TileFn = void (*)(const int16_t*, int64_t, const Panels&, int64_t, int64_t, float*, int64_t);
+constexpr std::array<TileFn, kMr> kRowTiles = {&Tile<1, 1>, &Tile<2, 1>, &Tile<3, 1>,
+                                               &Tile<4, 1>, &Tile<5, 1>, &Tile<6, 1>};
+
+// The last operations of an output element, alike in every path, as
+// separate vector roundings: y = c * s_row (one scale per output row only),
+// then * s_x (the x row's scale), then + bias; on `cols` <= 16 columns from
+// column j0, for `rows` rows of c (row stride ldc) whose x scales are sx.
+void Finish(float* c, int64_t ldc, int rows, const float* sx, int64_t j0, int cols,
+            const float* scales, const float* bias) {
+  alignas(32) float s[kPanelRows], b[kPanelRows];
+  for (int j = 0; j < kPanelRows; ++j) {
+    s[j] = j < cols && scales != nullptr ? scales[j0 + j] : 1.0f;
+    b[j] = j < cols && bias != nullptr ? bias[j0 + j] : 0.0f;
+  }
+  for (int i = 0; i < rows; ++i) {
+    alignas(32) float v[kPanelRows] = {};
+    std::memcpy(v, c + i * ldc, cols * sizeof(float));
+    const __m256 xs = _mm256_set1_ps(sx[i]);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+      __m256 r = _mm256_load_ps(v + h * 8);
+      if (scales != nullptr) r = _mm256_mul_ps(r, _mm256_load_ps(s + h * 8));
+      r = _mm256_mul_ps(r, xs);
+      if (bias != nullptr) r = _mm256_add_ps(r, _mm256_load_ps(b + h * 8));
+      _mm256_store_ps(v + h * 8, r);
+    }
+    std::memcpy(c + i * ldc, v, cols * sizeof(float));
+  }
+}
+
+// Panels [p, p + NP) of w as a tile reads them.
+Panels PanelsAt(const WeightMatrix& w, int64_t p) {
+  Panels out;
+  const int64_t kp = PairedCols(w.cols);
+  out.stride = kp * kPanelRows;
+  out.first = static_cast<const int8_t*>(w.data) + p * out.stride;
+  out.group = w.group;
+  if (w.group > 0) {
+    out.scale_stride = (w.cols + w.group - 1) / w.group * kPanelRows;
+    out.scales = w.scales + p * out.scale_stride;
+  }
+  return out;
+}
+
+void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float* scale) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 vmax = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= cols; k += 8) {
+    const __m256 v = _mm256_loadu_ps(x + k);
+    vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, abs_mask));
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0;
+  for (float l : lanes) amax = std::max(amax, l);
+  bool nan = _mm256_movemask_ps(unordered) != 0;
+  for (int64_t t = k; t < cols; ++t) {
+    amax = std::max(amax, std::fabs(x[t]));
+    nan = nan || std::isnan(x[t]);
+  }
+  std::memset(q, 0, stride * sizeof(int16_t));
+  if (nan || !std::isfinite(amax)) {
+    *scale = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  *scale = amax / 32767.0f;
+  if (amax == 0) return;
+  const float inv = 32767.0f / amax;
+  const __m256 vinv = _mm256_set1_ps(inv);
+  k = 0;
+  for (; k + 16 <= cols; k += 16) {
+    // Round to nearest even (the default MXCSR mode), saturate to int16.
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), packed);
+  }
+  for (; k < cols; ++k) {
+    const float v = std::nearbyint(x[k] * inv);
+    q[k] = static_cast<int16_t>(std::min(32767.0f, std::max(-32767.0f, v)));
+  }
+}
+
+}  // namespace
+
+QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols) {
+  thread_local std::vector<int16_t> q;
+  thread_local std::vector<float> scale;
+  const int64_t stride = (cols + 15) / 16 * 16;
+  q.resize(static_cast<size_t>(m * stride));
+  scale.resize(static_cast<size_t>(m));
+  int16_t* qp = q.data();
+  float* sp = scale.data();
+  auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i);
+  };
+  // A few rows are not worth waking the pool.
+  if (m * cols < (1 << 15)) {
+    rows(0, m);
+  } else {
+    pool.ParallelFor(m, 1, rows);
+  }
+  return {qp, stride, sp};
+}
+
+void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
+                      int64_t p1) {
+  const WeightMatrix& w = *job.w;
+  const int64_t n = w.rows, kp = PairedCols(w.cols);
+  const bool partial = p1 * kPanelRows > n;
+  const float* row_scales = w.group == 0 ? w.scales : nullptr;
+  thread_local std::vector<float> scratch;
+  if (partial) scratch.assign(m * kPanelRows, 0.0f);
+  // Where panel p's 16 columns of row i go: y + i * ldc + 16 p, or scratch.
+  auto out = [&](int64_t p, int64_t* ldc) {
+    if (partial && p == p1 - 1) {
+      *ldc = kPanelRows;
+      return scratch.data();
+    }
+    *ldc = n;
+    return job.y + p * kPanelRows;
+  };
+  // Rows [i0, i0 + rows) of panel p's outputs are final.
+  auto finish = [&](int64_t p, int64_t i0, int rows) {
+    int64_t ldc;
+    float* c = out(p, &ldc);
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows));
+    Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, cols, row_scales, job.bias);
+  };
+  if (m == 1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t ldc;
+      float* c = out(p, &ldc);
+      Tile<1, 1>(x.q, x.stride, PanelsAt(w, p), 0, kp, c, ldc);
+      finish(p, 0, 1);
+    }
+  } else {
+    for (int64_t k0 = 0; k0 < kp; k0 += kKb) {
+      const int64_t k1 = std::min(kp, k0 + kKb);
+      for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i0));
+        for (int64_t p = p0; p < p1; ++p) {
+          int64_t ldc;
+          float* c = out(p, &ldc);
+          kRowTiles[mr - 1](x.q + i0 * x.stride, x.stride, PanelsAt(w, p), k0, k1, c + i0 * ldc,
+                            ldc);
+          if (k1 == kp) finish(p, i0, mr);
+        }
+      }
+    }
+  }
+  if (partial) {
+    const int64_t first = (p1 - 1) * kPanelRows, cols = n - first;
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(job.y + i * n + first, &scratch[i * kPanelRows], cols * sizeof(float));
+    }
+  }
+}
+
+void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out) {
+  const int64_t p = row / kPanelRows, l = row % kPanelRows;
+  const int8_t* panel = static_cast<const int8_t*>(w.data) + p * PairedCols(w.cols) * kPanelRows;
+  // Pair k / 2 holds rows 0-7 then 8-15, each row's two values together.
+  const int64_t at = (l / 8) * 16 + (l % 8) * 2;
+  const float* s = w.group == 0
+                       ? w.scales + row
+                       : w.scales + p * ((w.cols + w.group - 1) / w.group) * kPanelRows + l;
+  for (int64_t k = 0; k < w.cols; ++k) {
+    const float scale = w.group == 0 ? *s : s[(k / w.group) * kPanelRows];
+    out[k] = panel[(k / 2) * 32 + at + (k & 1)] * scale;
+  }
+}
+
+}  // namespace internal
+
+void Int8Weights::Free::operator()(void* p) const { std::free(p); }
+
+Int8Weights Int8Weights::Quantize(ThreadPool& pool, const WeightMatrix& w, int64_t group) {
+  CHECK(w.layout == WeightLayout::kRows &&
+        (w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF16))
+      << "Int8Weights quantizes row-major F32, BF16 or F16 matrices, not " << DTypeName(w.dtype);
+  CHECK(group >= 0 && group % 2 == 0) << "int8 groups are an even number of columns: " << group;
+  Int8Weights q;
+  q.matrix_ = w;
+  q.matrix_.dtype = DType::kI8;
+  q.matrix_.layout = WeightLayout::kPanels;
+  q.matrix_.group = group >= w.cols ? 0 : group;  // one group per row is per-row
+  group = q.matrix_.group;
+  const int64_t k = w.cols, kp = internal::PairedCols(k),
+                panels = q.matrix_.stored_rows() / kPanelRows;
+  const int64_t groups = group == 0 ? 1 : (k + group - 1) / group;
+  const size_t bytes = (static_cast<size_t>(q.matrix_.stored_rows() * kp) + 4095) / 4096 * 4096;
+  const size_t scale_bytes =
+      (static_cast<size_t>(q.matrix_.num_scales()) * sizeof(float) + 63) / 64 * 64;
+  q.data_.reset(static_cast<int8_t*>(std::aligned_alloc(4096, bytes)));
+  q.scales_.reset(static_cast<float*>(std::aligned_alloc(64, scale_bytes)));
+  CHECK(q.data_ != nullptr && q.scales_ != nullptr) << "out of memory quantizing " << bytes;
+  int8_t* dst = q.data_.get();
+  float* scales = q.scales_.get();
+  pool.ParallelFor(panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> row_values(k);
+    for (int64_t p = begin; p < end; ++p) {
+      int8_t* out = dst + p * kp * kPanelRows;
+      std::memset(out, 0, kp * kPanelRows);
+      for (int64_t l = 0; l < kPanelRows; ++l) {
+        const int64_t row = p * kPanelRows + l;
+        const bool real = row < w.rows;
+        if (real) WeightRowToF32(w, row, row_values.data());
+        const int64_t at = (l / 8) * 16 + (l % 8) * 2;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t b = group == 0 ? 0 : g * group, e = group == 0 ? k : std::min(k, b + group);
+          float amax = 0;
+          for (int64_t kk = b; real && kk < e; ++kk)
+            amax = std::max(amax, std::fabs(row_values[kk]));
+          const float s = amax / 127.0f;
+          (group == 0 ? scales[row] : scales[(p * groups + g) * kPanelRows + l]) = s;
+          for (int64_t kk = b; kk < e; ++kk) {
+            float v = 0;
+            if (real && s > 0)
+              v = std::min(127.0f, std::max(-127.0f, std::nearbyint(row_values[kk] / s)));
+            out[(kk / 2) * 32 + at + (kk & 1)] = static_cast<int8_t>(v);
+          }
+        }
+      }
+    }
+  });
+  q.matrix_.data = dst;
+  q.matrix_.scales = scales;
+  return q;
+}
+
+}  // namespace mmserve::model::cpu

@@ -1,0 +1,47 @@
+// The int8 kernels behind Linear (a detail of model/cpu: include linear.h).
+//
+// An int8 layer computes with integer dot products: every row of x is
+// quantized to int16 with its own scale (QuantizeRows), and each product of
+// an int16 activation and an int8 weight is summed exactly in int32 by
+// vpmaddwd, 16 multiply-adds per instruction against the 8 of an fp32 FMA.
+// See linear.h for the numbers an output element gets.
+#ifndef MMSERVE_MODEL_CPU_LINEAR_INT8_H_
+#define MMSERVE_MODEL_CPU_LINEAR_INT8_H_
+
+#include <cstdint>
+
+#include "model/cpu/linear.h"
+#include "model/cpu/thread_pool.h"
+
+namespace mmserve::model::cpu::internal {
+
+// Panels per parallel task when x has one row (decode): 16 (256 outputs,
+// 224 KiB at k = 896) streamed one after another beat 4 by 15% in tokens
+// per second and 32-64 lose to imbalance on the small matrices.
+inline constexpr int64_t kRowPanelsPerTask = 16;
+
+// x quantized for one Linear call: row i is q[i * stride ...] (zero-padded
+// past cols to stride, a multiple of 16) times scale[i].
+struct QuantizedRows {
+  const int16_t* q = nullptr;
+  int64_t stride = 0;
+  const float* scale = nullptr;
+};
+
+// Quantizes x [m][cols] row by row: s = max|x| / 32767 and q = the nearest
+// integer (ties to even) to x * (32767 / max|x|); a zero row gets s = 0,
+// a row holding an infinity or NaN s = NaN (its outputs become NaN, as
+// they would in fp32). The storage is the calling thread's and lives until
+// its next call.
+QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols);
+
+// Output columns of int8 panels [p0, p1) of one job, for every row of x.
+void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
+                      int64_t p1);
+
+// out[0:cols] = row `row` of an int8 matrix dequantized: q * s.
+void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out);
+
+}  // namespace mmserve::model::cpu::internal
+
+#endif  // MMSERVE_MODEL_CPU_LINEAR_INT8_H_
