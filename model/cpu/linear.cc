@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "model/cpu/linear_int8.h"
+#include "model/cpu/weight_memory.h"
 
 namespace mmserve::model::cpu {
 namespace {
@@ -549,8 +550,8 @@ PanelWeights PanelWeights::Pack(ThreadPool& pool, const WeightMatrix& w) {
   packed.matrix_ = w;
   packed.matrix_.layout = WeightLayout::kPanels;
   const int64_t k = w.cols, panels = NumPanels(packed.matrix_);
-  const size_t bytes = (packed.matrix_.bytes() + 4095) / 4096 * 4096;
-  packed.data_.reset(static_cast<uint16_t*>(std::aligned_alloc(4096, bytes)));
+  const size_t bytes = packed.matrix_.bytes();
+  packed.data_.reset(static_cast<uint16_t*>(AllocateWeightMemory(bytes)));
   CHECK(packed.data_ != nullptr) << "out of memory packing " << bytes << " bytes";
   uint16_t* dst = packed.data_.get();
   const uint16_t* src = static_cast<const uint16_t*>(w.data);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/weight_memory.h"
 
 namespace mmserve::model::cpu {
 namespace internal {
@@ -324,10 +325,10 @@ Int8Weights Int8Weights::Quantize(ThreadPool& pool, const WeightMatrix& w, int64
   const int64_t k = w.cols, kp = internal::PairedCols(k),
                 panels = q.matrix_.stored_rows() / kPanelRows;
   const int64_t groups = group == 0 ? 1 : (k + group - 1) / group;
-  const size_t bytes = (static_cast<size_t>(q.matrix_.stored_rows() * kp) + 4095) / 4096 * 4096;
+  const size_t bytes = static_cast<size_t>(q.matrix_.stored_rows() * kp);
   const size_t scale_bytes =
       (static_cast<size_t>(q.matrix_.num_scales()) * sizeof(float) + 63) / 64 * 64;
-  q.data_.reset(static_cast<int8_t*>(std::aligned_alloc(4096, bytes)));
+  q.data_.reset(static_cast<int8_t*>(AllocateWeightMemory(bytes)));
   q.scales_.reset(static_cast<float*>(std::aligned_alloc(64, scale_bytes)));
   CHECK(q.data_ != nullptr && q.scales_ != nullptr) << "out of memory quantizing " << bytes;
   int8_t* dst = q.data_.get();
