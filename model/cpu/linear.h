@@ -46,7 +46,9 @@
 //    roundings. Integer sums are exact in any order, so tiles of any shape
 //    give the same bits. The activation rounding adds a relative error of at
 //    most 2^-16 of the row's largest |x| per element, 2^8 finer than the
-//    weights' own step (max|w| / 254).
+//    weights' own step (max|w| / 254). Where the CPU has AVX512-VNNI,
+//    vpdpwssd does vpmaddwd and the add in one instruction: the same exact
+//    sums, so the same bits (linear_test runs both).
 //  In all, an element's result does not depend on m, on the rows around it
 //  or on the thread that runs it: a row's result is bitwise the same in any
 //  batch (batch invariance for greedy decoding).
@@ -57,9 +59,11 @@
 //    measure against.
 //
 // Why our kernels and not OpenBLAS (bench:linear_bench at Qwen2-0.5B shapes,
-// 2 threads on the 2-core AVX2+FMA EPYC, which has no AVX-512 or BF16
-// instructions; Debian's OpenBLAS has no bf16 GEMM, so its figures are sgemm
-// on fp32 copies of the weights; 2026-11-22): bf16 panels ran at 150-180
+// 2 threads on the 2-core EPYC; the kernels use AVX2+FMA, which every x86
+// server has (the machines here report family 25 model 17, Zen 4, with
+// AVX-512 too, which only the int8 VNNI path uses); Debian's OpenBLAS has no
+// bf16 GEMM, so its figures are sgemm on fp32 copies of the weights;
+// 2026-11-22): bf16 panels ran at 150-180
 // GFLOP/s for 32 rows (1.3-1.5x sgemm) and 170-187 for 512 rows (1.04-1.18x
 // sgemm, against an FMA peak of ~205), and one row at 4-11x sgemm's rate
 // (half the bytes, no widening pass). Row-major bf16 reached 80-95 at 32 and

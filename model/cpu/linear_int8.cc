@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -47,93 +48,41 @@ struct Panels {
   int64_t group = 0;              // 0: one scale per row, applied in Finish
 };
 
-// c[i][q * 16 + 0:16] accumulates rows i < MR of x against panels q < NP
-// over k in [k0, k1) (k0 a segment start, k1 a segment end or the padded
-// k): per segment, the exact int32 sum s of x_q * w_q, then
-//   c = c + float(s)            (one scale per row), or
-//   c = fma(float(s), g, c)     (g: the segment's group scale),
-// starting from c = 0 at k = 0. The same segments and operations in every
-// path make an element's result independent of m and of the tile shape.
-// acc[i][q] += the products of pair k (k and k + 1) of x's row i and of
-// panel q: rows 0-7 of the panel in acc[i][q][0], 8-15 in acc[i][q][1].
-template <int MR, int NP>
-inline void PairStep(const int16_t* x, int64_t ldx, const Panels& w, int64_t k,
-                     __m256i (&acc)[MR][NP][2]) {
-  __m256i lo[NP], hi[NP];
-  _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
-    const int8_t* p = w.first + q * w.stride + k * kPanelRows;
-    lo[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    hi[q] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-  }
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-    int32_t pair;
-    std::memcpy(&pair, x + i * ldx + k, sizeof(pair));
-    const __m256i xv = _mm256_set1_epi32(pair);
-    _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
-      acc[i][q][0] = _mm256_add_epi32(acc[i][q][0], _mm256_madd_epi16(xv, lo[q]));
-      acc[i][q][1] = _mm256_add_epi32(acc[i][q][1], _mm256_madd_epi16(xv, hi[q]));
-    }
-  }
+namespace avx2 {
+inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w));
+}
+#include "model/cpu/linear_int8_tile.inc"
+}  // namespace avx2
+
+// The same kernels with vpdpwssd, for CPUs with AVX512-VNNI (Ice Lake and
+// later, Zen 4 and later): one instruction for vpmaddwd + vpaddd, on the
+// same 256-bit vectors, so the same exact sums and the same results.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512vnni"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512vnni")
+#endif
+namespace vnni {
+inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
+  return _mm256_dpwssd_epi32(acc, x, w);
+}
+#include "model/cpu/linear_int8_tile.inc"
+}  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+bool CpuHasVnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 
-template <int MR, int NP>
-void Tile(const int16_t* x, int64_t ldx, const Panels& w, int64_t k0, int64_t k1, float* c,
-          int64_t ldc) {
-  // The next multiple of the group (divisions kept out of the loop).
-  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
-  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
-  for (int64_t k = k0; k < k1;) {
-    const int64_t seg_begin = k;
-    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
-    __m256i acc[MR][NP][2];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
-        acc[i][q][0] = _mm256_setzero_si256();
-        acc[i][q][1] = _mm256_setzero_si256();
-      }
-    }
-    // Two pairs (a 64-byte line of each panel) per iteration, then an odd
-    // last pair.
-    for (; k + 4 <= seg_end; k += 4) {
-      if constexpr (MR == 1) {
-        _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
-          _mm_prefetch(reinterpret_cast<const char*>(w.first + q * w.stride + k * kPanelRows) +
-                           kPrefetchBytes,
-                       _MM_HINT_T0);
-        }
-      }
-      PairStep<MR, NP>(x, ldx, w, k, acc);
-      PairStep<MR, NP>(x, ldx, w, k + 2, acc);
-    }
-    if (k < seg_end) {
-      PairStep<MR, NP>(x, ldx, w, k, acc);
-      k += 2;
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      _Pragma("GCC unroll 8") for (int q = 0; q < NP; ++q) {
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-          float* out = c + i * ldc + q * kPanelRows + h * 8;
-          const __m256 sum = _mm256_cvtepi32_ps(acc[i][q][h]);
-          const __m256 prev = seg_begin == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out);
-          if (w.group > 0) {
-            const float* g = w.scales + q * w.scale_stride + group_index * kPanelRows + h * 8;
-            _mm256_storeu_ps(out, _mm256_fmadd_ps(sum, _mm256_loadu_ps(g), prev));
-          } else {
-            _mm256_storeu_ps(out, _mm256_add_ps(prev, sum));
-          }
-        }
-      }
-    }
-    if (k == group_end) {
-      ++group_index;
-      group_end += w.group;
-    }
-  }
-}
-
-using TileFn = void (*)(const int16_t*, int64_t, const Panels&, int64_t, int64_t, float*, int64_t);
-constexpr std::array<TileFn, kMr> kRowTiles = {&Tile<1, 1>, &Tile<2, 1>, &Tile<3, 1>,
-                                               &Tile<4, 1>, &Tile<5, 1>, &Tile<6, 1>};
+std::atomic<bool> use_vnni{CpuHasVnni()};
 
 // The last operations of an output element, alike in every path, as
 // separate vector roundings: y = c * s_row (one scale per output row only),
@@ -263,11 +212,13 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     const int cols = static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows));
     Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, cols, row_scales, job.bias);
   };
+  const bool vnni = use_vnni.load(std::memory_order_relaxed);
+  const auto& tiles = vnni ? vnni::kRowTiles : avx2::kRowTiles;
   if (m == 1) {
     for (int64_t p = p0; p < p1; ++p) {
       int64_t ldc;
       float* c = out(p, &ldc);
-      Tile<1, 1>(x.q, x.stride, PanelsAt(w, p), 0, kp, c, ldc);
+      (vnni ? vnni::Tile<1, 1> : avx2::Tile<1, 1>)(x.q, x.stride, PanelsAt(w, p), 0, kp, c, ldc);
       finish(p, 0, 1);
     }
   } else {
@@ -278,8 +229,7 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
         for (int64_t p = p0; p < p1; ++p) {
           int64_t ldc;
           float* c = out(p, &ldc);
-          kRowTiles[mr - 1](x.q + i0 * x.stride, x.stride, PanelsAt(w, p), k0, k1, c + i0 * ldc,
-                            ldc);
+          tiles[mr - 1](x.q + i0 * x.stride, x.stride, PanelsAt(w, p), k0, k1, c + i0 * ldc, ldc);
           if (k1 == kp) finish(p, i0, mr);
         }
       }
@@ -292,6 +242,18 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     }
   }
 }
+
+bool Int8VnniAvailable() {
+  static const bool available = CpuHasVnni();
+  return available;
+}
+
+void SetInt8Vnni(bool on) {
+  CHECK(!on || Int8VnniAvailable()) << "this CPU has no AVX512-VNNI";
+  use_vnni.store(on, std::memory_order_relaxed);
+}
+
+bool Int8UsesVnni() { return use_vnni.load(std::memory_order_relaxed); }
 
 void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out) {
   const int64_t p = row / kPanelRows, l = row % kPanelRows;

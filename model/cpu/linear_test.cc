@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "model/cpu/linear_int8.h"
 #include "model/dtype.h"
 
 namespace mmserve::model::cpu {
@@ -241,37 +242,52 @@ float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float b
   return has_bias ? c + bias : c;
 }
 
+// The int8 instruction sets this CPU runs: AVX2 always, AVX512-VNNI where
+// present (the same sums, so each must give the documented bits).
+std::vector<bool> Int8KernelSets() {
+  std::vector<bool> sets = {false};
+  if (internal::Int8VnniAvailable()) sets.push_back(true);
+  return sets;
+}
+
 TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[linear][int8]") {
   ThreadPool pool(2);
-  // Odd k (a padded pair), segments cut by 256 and by groups that do not
-  // divide it (48), every row-tile height and one-row panel group.
-  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
-                                                            {1, 5, 13},
-                                                            {1, 100, 300},
-                                                            {1, 70, 1031},
-                                                            {2, 17, 40},
-                                                            {7, 80, 600},
-                                                            {13, 97, 257},
-                                                            {40, 130, 1030}}) {
-    Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 9));
-    for (int64_t group : {0, 32, 48}) {
-      Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
-      const Int8Reference ref(p.w, n, k, group);
-      for (bool has_bias : {false, true}) {
-        std::vector<float> y(m * n, -1.0f);
-        Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-        int mismatches = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias);
-            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+  const bool default_vnni = internal::Int8UsesVnni();
+  for (bool vnni : Int8KernelSets()) {
+    internal::SetInt8Vnni(vnni);
+    INFO("vnni=" << vnni);
+    // Odd k (a padded pair), segments cut by 256 and by groups that do not
+    // divide it (48), every row-tile height and one-row panel group.
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
+                                                              {1, 5, 13},
+                                                              {1, 100, 300},
+                                                              {1, 70, 1031},
+                                                              {2, 17, 40},
+                                                              {7, 80, 600},
+                                                              {13, 97, 257},
+                                                              {40, 130, 1030}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 9));
+      for (int64_t group : {0, 32, 48}) {
+        Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
+        const Int8Reference ref(p.w, n, k, group);
+        for (bool has_bias : {false, true}) {
+          std::vector<float> y(m * n, -1.0f);
+          Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
+          int mismatches = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias);
+              if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+            }
           }
+          INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
+          CHECK(mismatches == 0);
         }
-        INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
-        CHECK(mismatches == 0);
       }
     }
   }
+  internal::SetInt8Vnni(default_vnni);
+  if (!internal::Int8VnniAvailable()) WARN("no AVX512-VNNI on this CPU: only the AVX2 kernels ran");
 }
 
 TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]") {
