@@ -49,6 +49,7 @@ struct Panels {
 };
 
 namespace avx2 {
+constexpr bool kFusedAccumulate = false;
 inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w));
 }
@@ -66,6 +67,7 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 #pragma GCC target("avx512f,avx512vl,avx512vnni")
 #endif
 namespace vnni {
+constexpr bool kFusedAccumulate = true;
 inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
   return _mm256_dpwssd_epi32(acc, x, w);
 }
