@@ -90,9 +90,11 @@ struct QueryTile {
   const int64_t* key_offset = nullptr;  // key j's token at key/value + key_offset[j]
 };
 
-// Per-thread buffers of the vector path: each query's pointers and key
-// count (computed once per tile, not per use), and its scores.
+// Per-thread buffers, reused from call to call: where each key the tile sees
+// lives, each query's pointers and key count (computed once per tile, not per
+// use), and its scores.
 struct TileScratch {
+  std::vector<int64_t> key_offset;
   std::vector<const float*> query;
   std::vector<float*> out;
   std::vector<int64_t> keys;
@@ -368,20 +370,6 @@ void PagedAttention(ThreadPool& pool, const float* q, int64_t num_heads, const P
   const int64_t row_stride = num_heads * kv.head_dim;
   const int64_t token_stride = kv.num_kv_heads * kv.head_dim;
   const int64_t tile_rows = std::max<int64_t>(1, kTileQueries / group);
-  // Where each visible key's token lives, once per call rather than once per
-  // query (block_table[j / block_size] is a division per key otherwise).
-  std::vector<int64_t> first_key(seqs.size() + 1, 0);
-  for (size_t s = 0; s < seqs.size(); ++s) first_key[s + 1] = first_key[s] + seqs[s].context_len;
-  std::vector<int64_t> key_offset(first_key.back());
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    int64_t* offsets = key_offset.data() + first_key[s];
-    for (int64_t b0 = 0; b0 < seqs[s].context_len; b0 += kv.block_size) {
-      const int64_t slot0 =
-          static_cast<int64_t>(seqs[s].block_table[b0 / kv.block_size]) * kv.block_size;
-      const int64_t n = std::min(kv.block_size, seqs[s].context_len - b0);
-      for (int64_t i = 0; i < n; ++i) offsets[b0 + i] = (slot0 + i) * token_stride;
-    }
-  }
   // Work items: (tile of tile_rows rows, kv head), numbered sequence by
   // sequence, a sequence's last (most expensive) rows first.
   std::vector<int64_t> first_item(seqs.size() + 1, 0);
@@ -411,7 +399,17 @@ void PagedAttention(ThreadPool& pool, const float* q, int64_t num_heads, const P
       t.first_head = g * group;
       t.group = group;
       t.kv_head = g;
-      t.key_offset = key_offset.data() + first_key[s];
+      // Where each key the tile sees lives: a division by block_size per
+      // block here, not one per key per query in the kernels.
+      const int64_t last_keys = t.first_keys + t.rows - 1;
+      scratch.key_offset.resize(last_keys);
+      for (int64_t b0 = 0; b0 < last_keys; b0 += kv.block_size) {
+        const int64_t slot0 =
+            static_cast<int64_t>(seq.block_table[b0 / kv.block_size]) * kv.block_size;
+        const int64_t n = std::min(kv.block_size, last_keys - b0);
+        for (int64_t i = 0; i < n; ++i) scratch.key_offset[b0 + i] = (slot0 + i) * token_stride;
+      }
+      t.key_offset = scratch.key_offset.data();
       attend_tile(t, kv, scale, scratch);
     }
   });
