@@ -21,7 +21,8 @@ namespace mmserve::model::cpu {
 void RmsNorm(ThreadPool& pool, const float* x, int64_t rows, int64_t n, const float* weight,
              float eps, float* out);
 
-// out[i] = gate[i] * sigmoid(gate[i]) * up[i]. out may alias gate or up.
+// out[i] = gate[i] * sigmoid(gate[i]) * up[i], with an 8-lane e^x (relative
+// error ~1e-7). out may alias gate or up.
 void SiluMul(ThreadPool& pool, const float* gate, const float* up, int64_t count, float* out);
 
 // x[i] += y[i].

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace mmserve::model::cpu {
@@ -41,6 +42,37 @@ TEST_CASE("SiluMul is silu(gate) * up", "[ops]") {
   for (int i = 0; i < 6; ++i) {
     double want = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
     CHECK(out[i] == Approx(want).epsilon(1e-6).margin(1e-12));
+  }
+}
+
+TEST_CASE("SiluMul over a wide range, at any offset and count, is silu(gate) * up", "[ops]") {
+  ThreadPool pool(2);
+  // 40003 elements: several 16384-element chunks and a tail of 3 past the
+  // last group of 8; gates from -100 to 100 (e^-gate overflows and
+  // underflows at the ends), plus the infinities.
+  const int64_t n = 40003;
+  std::vector<float> g(n), u(n), out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = -100.0f + 200.0f * static_cast<float>(i) / (n - 1);
+    u[i] = 0.5f + static_cast<float>(i % 7);
+  }
+  g[17] = INFINITY;
+  g[18] = -INFINITY;
+  SiluMul(pool, g.data(), u.data(), n, out.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 17 || i == 18) continue;
+    const double want = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+    INFO("gate " << g[i]);
+    REQUIRE(out[i] == Approx(want).epsilon(1e-6).margin(1e-30));
+  }
+  CHECK(out[17] == INFINITY);
+  CHECK(std::isnan(out[18]));  // -inf / inf, as the scalar formula
+  // An element's result does not depend on the elements around it: each
+  // one alone (a tail of 1) gives the same bits as inside the long call.
+  for (int64_t i : {0, 5, 7, 8, 16383, 16384, 40000, 40002}) {
+    float one = 0;
+    SiluMul(pool, &g[i], &u[i], 1, &one);
+    CHECK(std::memcmp(&one, &out[i], sizeof(float)) == 0);
   }
 }
 

@@ -14,12 +14,17 @@
 // num_kv_heads), as in Hugging Face's repeat_kv.
 //
 // Softmax is in fp32 with the maximum subtracted, probabilities normalized
-// before they weight V (the order of HF's eager attention). Each (row, head)
-// is computed by one thread in a fixed order, so a row's output does not
-// depend on the batch around it. For head_dim 8, 16, 32, 64 and 128 the
-// kernel scores 8 keys at a time, takes e^x with an 8-lane polynomial
-// (relative error ~1e-7) and keeps the weighted sum of values in registers;
-// other head sizes use a scalar-exp, one-key-at-a-time path.
+// before they weight V (the order of HF's eager attention). For head_dim 8,
+// 16, 32, 64 and 128 the kernel works on tiles of a few consecutive rows of
+// one sequence times the query heads of one KV head (about 28 queries), so
+// that each key and value load serves all of them: it scores 8 keys at a
+// time (an FMA chain over head_dim per key, then a fixed lane tree), takes
+// e^x with an 8-lane polynomial (relative error ~1e-7) and accumulates each
+// output lane over the keys in order. Tiles only choose which queries share
+// a load: every query's arithmetic is the same in any tile, so a row's
+// output does not depend on the batch around it (prefill, chunk or decode
+// give the same bits). Other head sizes use a scalar-exp, one-key-at-a-time
+// path.
 // Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
 #ifndef MMSERVE_MODEL_CPU_PAGED_ATTENTION_H_
 #define MMSERVE_MODEL_CPU_PAGED_ATTENTION_H_
