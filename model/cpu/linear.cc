@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "model/cpu/linear_int8.h"
+#include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
 
 namespace mmserve::model::cpu {
@@ -361,33 +362,21 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       PanelTiles<false, PanelFormat::kBf16>();
   static constexpr std::array<PanelRowFn, kRowPanels> kRowFns = PanelRows<PanelFormat::kBf16>();
   const WeightMatrix& w = *job.w;
-  const int64_t n = w.rows, k_total = w.cols;
-  const bool partial = p1 * kPanelRows > n;
-  thread_local std::vector<float> scratch;
-  if (partial) scratch.assign(m * kPanelRows, 0.0f);
-  // Where panel p's 16 columns of row i go: y + i * ldc(p) + 16 p, or scratch.
-  auto out = [&](int64_t p, int64_t* ldc) {
-    if (partial && p == p1 - 1) {
-      *ldc = kPanelRows;
-      return scratch.data();
-    }
-    *ldc = n;
-    return job.y + p * kPanelRows;
-  };
+  const int64_t k_total = w.cols;
+  const internal::PanelOutput out(job, m, p1);
   // Rows [i0, i0 + rows) of panel p's outputs are final.
   auto finish = [&](int64_t p, int64_t i0, int rows) {
     int64_t ldc;
-    float* c = out(p, &ldc);
-    const int cols = static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows));
-    AddBias(c + i0 * ldc, ldc, rows, p * kPanelRows, cols, job.bias);
+    float* c = out.At(p, &ldc);
+    AddBias(c + i0 * ldc, ldc, rows, p * kPanelRows, out.Columns(p), job.bias);
   };
   if (m == 1) {
     for (int64_t p = p0; p < p1;) {
       // Full panels in groups of kRowPanels; the partial one alone.
       int np = static_cast<int>(std::min<int64_t>(kRowPanels, p1 - p));
-      if (partial && p + np == p1 && np > 1) --np;
+      if (out.Partial(p + np - 1) && np > 1) --np;
       int64_t ldc;
-      float* c = out(p, &ldc);
+      float* c = out.At(p, &ldc);
       (void)ldc;  // consecutive panels' columns are kPanelRows apart in y
       kRowFns[np - 1](x, PanelAt(w, p), k_total, c, kPanelRows);
       for (int q = 0; q < np; ++q) finish(p + q, 0, 1);
@@ -400,7 +389,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       const auto& tiles = k0 == 0 ? kFirstTiles : kNextTiles;
       for (int64_t p = p0; p < p1; ++p) {
         int64_t ldc;
-        float* c = out(p, &ldc);
+        float* c = out.At(p, &ldc);
         tiles[m - 1](x, k_total, PanelAt(w, p), k0, kc, c, ldc);
         if (k0 + kc == k_total) finish(p, 0, static_cast<int>(m));
       }
@@ -426,7 +415,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
         const int mr = static_cast<int>(std::min<int64_t>(kPanelMr, m - i0));
         for (int64_t p = p0; p < p1; ++p) {
           int64_t ldc;
-          float* c = out(p, &ldc);
+          float* c = out.At(p, &ldc);
           PanelSource block;
           block.panel = &wide[(p - p0) * kPanelKb * kPanelRows];
           // The block holds steps k0.. from its start: x is offset to match.
@@ -436,12 +425,7 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
       }
     }
   }
-  if (partial) {
-    const int64_t first = (p1 - 1) * kPanelRows, cols = n - first;
-    for (int64_t i = 0; i < m; ++i) {
-      std::memcpy(job.y + i * n + first, &scratch[i * kPanelRows], cols * sizeof(float));
-    }
-  }
+  out.Flush();
 }
 
 // ---- kRows ----

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
 
 namespace mmserve::model::cpu {
@@ -199,26 +200,15 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                       int64_t p1) {
   const WeightMatrix& w = *job.w;
-  const int64_t n = w.rows, kp = PairedCols(w.cols);
-  const bool partial = p1 * kPanelRows > n;
+  const int64_t kp = PairedCols(w.cols);
   const float* row_scales = w.group == 0 ? w.scales : nullptr;
-  thread_local std::vector<float> scratch;
-  if (partial) scratch.assign(m * kPanelRows, 0.0f);
-  // Where panel p's 16 columns of row i go: y + i * ldc + 16 p, or scratch.
-  auto out = [&](int64_t p, int64_t* ldc) {
-    if (partial && p == p1 - 1) {
-      *ldc = kPanelRows;
-      return scratch.data();
-    }
-    *ldc = n;
-    return job.y + p * kPanelRows;
-  };
+  const PanelOutput out(job, m, p1);
   // Rows [i0, i0 + rows) of panel p's outputs are final.
   auto finish = [&](int64_t p, int64_t i0, int rows) {
     int64_t ldc;
-    float* c = out(p, &ldc);
-    const int cols = static_cast<int>(std::min<int64_t>(kPanelRows, n - p * kPanelRows));
-    Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, cols, row_scales, job.bias);
+    float* c = out.At(p, &ldc);
+    Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, out.Columns(p), row_scales,
+           job.bias);
   };
   const bool vnni = use_vnni.load(std::memory_order_relaxed);
   const TileFn* tiles = vnni ? vnni::kRowTiles.data() : avx2::kRowTiles.data();
@@ -226,7 +216,7 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
   if (m == 1) {
     for (int64_t p = p0; p < p1; ++p) {
       int64_t ldc;
-      float* c = out(p, &ldc);
+      float* c = out.At(p, &ldc);
       (vnni ? vnni::Tile<1, 1> : avx2::Tile<1, 1>)(x.q, x.stride, PanelsAt(w, p), 0, kp, c, ldc);
       finish(p, 0, 1);
     }
@@ -237,19 +227,14 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
         const int mr = static_cast<int>(std::min<int64_t>(tile_rows, m - i0));
         for (int64_t p = p0; p < p1; ++p) {
           int64_t ldc;
-          float* c = out(p, &ldc);
+          float* c = out.At(p, &ldc);
           tiles[mr - 1](x.q + i0 * x.stride, x.stride, PanelsAt(w, p), k0, k1, c + i0 * ldc, ldc);
           if (k1 == kp) finish(p, i0, mr);
         }
       }
     }
   }
-  if (partial) {
-    const int64_t first = (p1 - 1) * kPanelRows, cols = n - first;
-    for (int64_t i = 0; i < m; ++i) {
-      std::memcpy(job.y + i * n + first, &scratch[i * kPanelRows], cols * sizeof(float));
-    }
-  }
+  out.Flush();
 }
 
 bool Int8VnniAvailable() {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/exp8.h"
 
 namespace mmserve::model::cpu {
 namespace {
@@ -26,27 +27,13 @@ constexpr int kScoreQueries = 2;
 constexpr int kValueQueries = 3;
 constexpr int kValueVectors = 4;
 
-// e^x for x <= 0 (scores minus their maximum), 8 lanes: Cephes' expf
-// (x = n ln2 + r, a degree-6 polynomial for e^r, relative error ~1e-7);
-// 0 below -87.3, where e^x leaves the normal range, and for -inf.
+// e^x for x <= 0 (scores minus their maximum), 8 lanes (exp8.h); 0 below
+// -87.3, where e^x leaves the normal range, and for -inf.
 inline __m256 ExpNonPositive(__m256 x) {
   const __m256 lowest = _mm256_set1_ps(-87.3f);
   const __m256 valid = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
   x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i pow2n =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)), valid);
+  return _mm256_and_ps(internal::Exp8InRange(x), valid);
 }
 
 // The 8 lane sums of a[0..7] in one vector, each ((l0+l1)+(l2+l3)) +
