@@ -24,8 +24,6 @@ namespace {
 // scale group's start): 256 products of |q| <= 32767 and |w| <= 127 stay
 // below 2^31 (1.07e9), whatever the values.
 constexpr int64_t kSegment = 256;
-// One row (decode) reads one panel at a time: a single sequential stream
-// per thread, which measured faster than 2 or 4 interleaved ones.
 // Multi-row calls walk k in blocks of kKb: a row tile of x (3-6 KiB) and
 // the task's panels (4 x 4 KiB) stay in L1.
 constexpr int64_t kKb = 256;
@@ -214,6 +212,8 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
   const TileFn* tiles = vnni ? vnni::kRowTiles.data() : avx2::kRowTiles.data();
   const int tile_rows = vnni ? vnni::kTileRows : avx2::kTileRows;
   if (m == 1) {
+    // One panel at a time: a single sequential stream per thread, which
+    // measured faster than 2 or 4 interleaved ones.
     for (int64_t p = p0; p < p1; ++p) {
       int64_t ldc;
       float* c = out.At(p, &ldc);
