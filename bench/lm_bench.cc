@@ -31,10 +31,8 @@
 // FLOPs of a prefill of N tokens: 2 per parameter of the decoder layers per
 // token, 2 per lm_head parameter once (only the last row gets logits), and
 // the causal attention's 4 x N(N+1)/2 x heads x head_dim per layer.
-// pp_vs_fma_peak is that rate over the FMA peak. (int8 layers multiply with
-// vpmaddwd, 16 integer multiply-adds per instruction against an fp32 FMA's
-// 8, so their part may run above the FMA peak: the peak stays the yardstick
-// the target names.)
+// pp_vs_fma_peak is that rate over the FMA peak (int8 layers' integer
+// multiply-adds are not FMAs and may run above it).
 //
 // --dtype=int8 / int8_g32 quantizes the random bf16 weights (or the
 // checkpoint) at load, as --quantize does. Then, after the run above, the
