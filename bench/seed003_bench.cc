@@ -194,7 +194,7 @@ int Main() {
   Arm budget{.name = "budget"}, none{.name = "none"};
   for (auto [arm, cap] : {std::pair{&budget, absl::GetFlag(FLAGS_budget)}, std::pair{&none, 0}}) {
     if (absl::Status s = StartArm(*arm, cap); !s.ok()) {
-      std::fprintf(stderr, "seed003_bench: starting the %s instance: %s\n", arm->name,
+      std::fprintf(stderr, "seed003_bench: starting the %s instance: %s\n", arm->name.c_str(),
                    s.ToString().c_str());
       return 1;
     }

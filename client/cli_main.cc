@@ -1,6 +1,6 @@
 // cli: a command-line client of mmserve.v1.Inference.
 //
-//   bazel run //client:cli -- --address=localhost:50051 \
+//   bazel run //client:cli -- --address=localhost:50051
 //       --image=$PWD/tools/demo/eval_set/0000.png --prompt="Where is the red square?"
 //   top left
 //

@@ -2,8 +2,8 @@
 // model directory, serves the Encoder gRPC service, and sends embeddings to
 // language instances over UCX.
 //
-//   bazel run --config=opt //encoder_service:encoder -- \
-//       --model_dir=models/shapes-demo --port=50061 --metrics_port=9161 \
+//   bazel run --config=opt //encoder_service:encoder --
+//       --model_dir=models/shapes-demo --port=50061 --metrics_port=9161
 //       --router=localhost:50051 --instance_id=encoder-0
 //
 // SIGTERM/SIGINT: stops accepting, finishes what is queued (up to
@@ -19,8 +19,8 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/registry_client.h"
+#include "common/service_process.h"
+#include "common/status_macros.h"
 #include "encoder_service/encoder_core.h"
 #include "encoder_service/encoder_service.h"
 #include "transfer/transfer_engine.h"
@@ -50,37 +50,23 @@ ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long in-flight work may take"
 namespace mmserve::encoder {
 namespace {
 
-int Main() {
-  BlockTerminationSignals();
-  if (absl::GetFlag(FLAGS_model_dir).empty()) {
-    std::fprintf(stderr, "encoder: --model_dir is required\n");
-    return 2;
-  }
-  auto profile = transfer::ParseTransportProfile(absl::GetFlag(FLAGS_profile));
-  if (!profile.ok()) {
-    std::fprintf(stderr, "encoder: %s\n", profile.status().ToString().c_str());
-    return 2;
-  }
-  const std::string id = absl::GetFlag(FLAGS_instance_id);
-  auto config = model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir));
-  if (!config.ok()) {
-    std::fprintf(stderr, "encoder: %s\n", config.status().ToString().c_str());
-    return 1;
-  }
+// The send buffer's transfer engine, shaped by the flags and the model.
+absl::StatusOr<std::unique_ptr<transfer::TransferEngine>> CreateTransfer(
+    const std::string& id, transfer::TransportProfile profile) {
+  ASSIGN_OR_RETURN(model::ModelConfig config,
+                   model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir)));
   transfer::TransferEngineOptions topts;
   topts.instance_id = id;
-  topts.profile = *profile;
+  topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_num_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config->text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = 1;
-  auto engine = transfer::TransferEngine::Create(topts);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "encoder: %s\n", engine.status().ToString().c_str());
-    return 1;
-  }
-  metrics::Registry registry;
+  return transfer::TransferEngine::Create(topts);
+}
+
+EncoderCoreOptions CoreOptionsFromFlags() {
   EncoderCoreOptions copts;
   copts.model_dir = absl::GetFlag(FLAGS_model_dir);
   copts.quantize = absl::GetFlag(FLAGS_quantize);
@@ -88,76 +74,74 @@ int Main() {
   copts.max_batch_patches = absl::GetFlag(FLAGS_max_batch_patches);
   copts.cache_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_cache_mb))) << 20;
   copts.keep_for = absl::Seconds(absl::GetFlag(FLAGS_keep_for_seconds));
-  if (absl::GetFlag(FLAGS_test_only_publish_delay_ms) < 0) {
-    std::fprintf(stderr, "encoder: --test_only_publish_delay_ms must be >= 0\n");
-    return 2;
-  }
   copts.test_only_publish_delay =
       absl::Milliseconds(absl::GetFlag(FLAGS_test_only_publish_delay_ms));
-  auto core = EncoderCore::Create(copts, **engine, registry);
-  if (!core.ok()) {
-    std::fprintf(stderr, "encoder: %s\n", core.status().ToString().c_str());
-    return 1;
-  }
-  transfer::TransferEngine& eng = **engine;
+  return copts;
+}
+
+void AddGauges(metrics::Registry& registry, EncoderCore& core, transfer::TransferEngine& eng) {
   registry.AddGaugeCallback("mmserve_encoder_embedding_blocks_used", "Send buffer blocks in use.",
                             {}, [&eng] { return eng.allocator().used_blocks(); });
   registry.AddGaugeCallback("mmserve_encoder_embedding_blocks_free", "Send buffer blocks free.", {},
                             [&eng] { return eng.allocator().free_blocks(); });
   registry.AddGaugeCallback("mmserve_encoder_queue_length", "Images queued or being encoded.", {},
-                            [c = core->get()] { return static_cast<double>(c->num_pending()); });
+                            [&core] { return static_cast<double>(core.num_pending()); });
   registry.AddGaugeCallback("mmserve_encoder_cache_entries", "Images in the embedding cache.", {},
-                            [c = core->get()] { return c->cache_stats().entries; });
+                            [&core] { return core.cache_stats().entries; });
   registry.AddGaugeCallback("mmserve_encoder_transfers_active", "Sender transfers alive.", {},
                             [&eng] { return static_cast<double>(eng.counts().sending); });
+}
+
+internal::v1::InstanceInfo RegistryInfo(const std::string& id,
+                                        const transfer::TransferEngine& eng) {
+  internal::v1::InstanceInfo info;
+  info.set_instance_id(id);
+  info.set_role(internal::v1::INSTANCE_ROLE_ENCODER);
+  info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
+  *info.mutable_ucx() = eng.local_info().ucx();
+  info.set_tp_size(1);
+  info.mutable_capacity()->set_embedding_blocks_total(absl::GetFlag(FLAGS_num_blocks));
+  info.mutable_capacity()->set_embedding_block_size(absl::GetFlag(FLAGS_block_size));
+  return info;
+}
+
+int Main() {
+  BlockTerminationSignals();
+  if (absl::GetFlag(FLAGS_model_dir).empty()) {
+    return ExitWithUsage("encoder", "--model_dir is required");
+  }
+  if (absl::GetFlag(FLAGS_test_only_publish_delay_ms) < 0) {
+    return ExitWithUsage("encoder", "--test_only_publish_delay_ms must be >= 0");
+  }
+  auto profile = transfer::ParseTransportProfile(absl::GetFlag(FLAGS_profile));
+  if (!profile.ok()) return ExitWithError("encoder", profile.status(), 2);
+  const std::string id = absl::GetFlag(FLAGS_instance_id);
+  auto engine = CreateTransfer(id, *profile);
+  if (!engine.ok()) return ExitWithError("encoder", engine.status());
+  transfer::TransferEngine& eng = **engine;
+  metrics::Registry registry;
+  auto core = EncoderCore::Create(CoreOptionsFromFlags(), eng, registry);
+  if (!core.ok()) return ExitWithError("encoder", core.status());
+  AddGauges(registry, **core, eng);
 
   EncoderService service(id, **core, eng, registry);
-  const std::string host = absl::GetFlag(FLAGS_host);
-  auto server = StartGrpcServer(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), {&service});
-  if (!server.ok()) {
-    std::fprintf(stderr, "encoder: %s\n", server.status().ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<metrics::MetricsServer> metrics_server;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto ms = metrics::MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
-    if (!ms.ok()) {
-      std::fprintf(stderr, "encoder: %s\n", ms.status().ToString().c_str());
-      return 1;
-    }
-    metrics_server = std::move(*ms);
-  }
-  const std::string advertise = absl::GetFlag(FLAGS_advertise).empty()
-                                    ? absl::StrCat(host, ":", (*server)->port())
-                                    : absl::GetFlag(FLAGS_advertise);
-  std::unique_ptr<RegistryClient> reg;
-  if (!absl::GetFlag(FLAGS_router).empty()) {
-    internal::v1::InstanceInfo info;
-    info.set_instance_id(id);
-    info.set_role(internal::v1::INSTANCE_ROLE_ENCODER);
-    info.set_grpc_address(advertise);
-    info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
-    *info.mutable_ucx() = eng.local_info().ucx();
-    info.set_tp_size(1);
-    info.mutable_capacity()->set_embedding_blocks_total(topts.layout.num_blocks);
-    info.mutable_capacity()->set_embedding_block_size(topts.layout.block_size);
-    reg = std::make_unique<RegistryClient>(RegistryClientOptions{
-        .router = absl::GetFlag(FLAGS_router), .instance = info, .load = [&service] {
-          return service.Load();
-        }});
-    reg->Start();
-  }
-  (*server)->SetServing(true);
-  // One machine-readable line for launchers (stdout), then logs on stderr.
-  std::printf("READY encoder %s grpc=%s metrics=%d\n", id.c_str(), advertise.c_str(),
-              metrics_server ? metrics_server->port() : -1);
-  std::fflush(stdout);
+  auto process = ServiceProcess::Start({.name = "encoder",
+                                        .instance_id = id,
+                                        .host = absl::GetFlag(FLAGS_host),
+                                        .port = absl::GetFlag(FLAGS_port),
+                                        .metrics_port = absl::GetFlag(FLAGS_metrics_port),
+                                        .advertise = absl::GetFlag(FLAGS_advertise)},
+                                       {&service}, registry);
+  if (!process.ok()) return ExitWithError("encoder", process.status());
+  ServiceProcess& p = **process;
+  p.Register(absl::GetFlag(FLAGS_router), RegistryInfo(id, eng),
+             [&service] { return service.Load(); });
+  p.Ready();
 
-  const int sig = WaitForTerminationSignal();
-  LOG(INFO) << "encoder " << id << ": signal " << sig << ", draining";
+  p.WaitForTerminationSignal();
   service.SetAccepting(false);
-  if (reg) reg->Stop();
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
+  p.Deregister();
+  p.server().Shutdown(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
   (*core)->Shutdown();
   core->reset();
   engine->reset();  // fails what is left, frees every block

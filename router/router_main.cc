@@ -3,7 +3,7 @@
 // instances (registered through Registry, or given by flags), and streams
 // tokens back.
 //
-//   bazel run --config=opt //router:router -- --model_dir=models/shapes-demo \
+//   bazel run --config=opt //router:router -- --model_dir=models/shapes-demo
 //       --port=50051 --http_port=8000
 //
 // Reads only the model's configs (config.json, preprocessor_config.json,
@@ -21,7 +21,8 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "common/metrics_http.h"
+#include "common/service_process.h"
+#include "common/status_macros.h"
 #include "router/generate_call.h"
 #include "router/http_frontend.h"
 #include "router/instance_table.h"
@@ -75,56 +76,44 @@ absl::Status AddStatic(InstanceTable& table, const std::vector<std::string>& spe
   return absl::OkStatus();
 }
 
-int Main() {
-  BlockTerminationSignals();
+absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
-  if (dir.empty()) {
-    std::fprintf(stderr, "router: --model_dir is required\n");
-    return 2;
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
+  if (config.vision && !config.preprocessor) {
+    return absl::InvalidArgumentError(dir + ": vision model without preprocessor_config");
   }
-  auto config = model::LoadModelConfig(dir);
-  if (!config.ok()) return Fail(config.status());
-  RouterContext context;
-  context.options.model_id =
+  RouterOptions options;
+  options.model_id =
       absl::GetFlag(FLAGS_model_id).empty() ? ModelIdFromDir(dir) : absl::GetFlag(FLAGS_model_id);
-  context.options.config = *config;
   int max_len = absl::GetFlag(FLAGS_max_model_len);
   if (max_len <= 0) {
-    max_len = config->text.max_position_embeddings > 0
-                  ? std::min(config->text.max_position_embeddings, 8192)
+    max_len = config.text.max_position_embeddings > 0
+                  ? std::min(config.text.max_position_embeddings, 8192)
                   : 8192;
   }
-  context.options.max_model_len = max_len;
-  context.options.presize = absl::GetFlag(FLAGS_presize);
-  context.options.max_images = absl::GetFlag(FLAGS_max_images);
-  context.options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
-  context.options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))}
-                                    << 20;
-  if (config->vision && !config->preprocessor) {
-    return Fail(absl::InvalidArgumentError(dir + ": vision model without preprocessor_config"));
-  }
-  metrics::Registry registry;
+  options.config = std::move(config);
+  options.max_model_len = max_len;
+  options.presize = absl::GetFlag(FLAGS_presize);
+  options.max_images = absl::GetFlag(FLAGS_max_images);
+  options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
+  options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))} << 20;
+  return options;
+}
+
+absl::StatusOr<InstanceTableOptions> TableOptionsFromFlags() {
   if (absl::GetFlag(FLAGS_poll_ms) < 1 || absl::GetFlag(FLAGS_poll_timeout_ms) < 1 ||
       absl::GetFlag(FLAGS_down_after) < 1 || absl::GetFlag(FLAGS_heartbeat_timeout_ms) < 1) {
-    return Fail(absl::InvalidArgumentError(
-        "--poll_ms, --poll_timeout_ms, --down_after and --heartbeat_timeout_ms must be >= 1"));
+    return absl::InvalidArgumentError(
+        "--poll_ms, --poll_timeout_ms, --down_after and --heartbeat_timeout_ms must be >= 1");
   }
-  InstanceTable table(
-      {.poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms)),
-       .poll_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_poll_timeout_ms)),
-       .down_after = absl::GetFlag(FLAGS_down_after),
-       .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))});
-  if (auto s = AddStatic(table, absl::GetFlag(FLAGS_encoders), iv1::INSTANCE_ROLE_ENCODER);
-      !s.ok()) {
-    return Fail(s);
-  }
-  if (auto s = AddStatic(table, absl::GetFlag(FLAGS_languages), iv1::INSTANCE_ROLE_BOTH); !s.ok()) {
-    return Fail(s);
-  }
-  context.instances = &table;
-  context.metrics = &registry;
-  CallTracker tracker;
-  table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
+  return InstanceTableOptions{
+      .poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms)),
+      .poll_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_poll_timeout_ms)),
+      .down_after = absl::GetFlag(FLAGS_down_after),
+      .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))};
+}
+
+void AddGauges(metrics::Registry& registry, InstanceTable& table, CallTracker& tracker) {
   registry.AddGaugeCallback("mmserve_router_calls_live", "Generate calls in flight.", {},
                             [&tracker] { return static_cast<double>(tracker.size()); });
   for (const auto& [role, name] :
@@ -134,43 +123,67 @@ int Main() {
         "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", name}},
         [&table, role = role] { return static_cast<double>(table.Healthy(role).size()); });
   }
-  table.Start();
+}
 
+// Serves until SIGTERM/SIGINT, then drains: running calls get
+// --drain_seconds, the rest are cancelled.
+int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& registry) {
   InferenceService inference(context, tracker);
-  RegistryService registry_service(table);
+  RegistryService registry_service(*context.instances);
   const std::string host = absl::GetFlag(FLAGS_host);
-  auto server = StartGrpcServer(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
-                                {&inference, &registry_service});
-  if (!server.ok()) return Fail(server.status());
+  auto process = ServiceProcess::Start({.name = "router",
+                                        .instance_id = context.options.model_id,
+                                        .host = host,
+                                        .port = absl::GetFlag(FLAGS_port),
+                                        .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
+                                       {&inference, &registry_service}, registry);
+  if (!process.ok()) return Fail(process.status());
+  ServiceProcess& p = **process;
   std::unique_ptr<HttpFrontend> http;
   if (absl::GetFlag(FLAGS_http_port) >= 0) {
     auto h = HttpFrontend::Start(context, tracker, host, absl::GetFlag(FLAGS_http_port));
     if (!h.ok()) return Fail(h.status());
     http = std::move(*h);
   }
-  std::unique_ptr<metrics::MetricsServer> metrics_server;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto ms = metrics::MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
-    if (!ms.ok()) return Fail(ms.status());
-    metrics_server = std::move(*ms);
-  }
-  (*server)->SetServing(true);
-  std::printf("READY router %s grpc=%s:%d http=%d metrics=%d\n", context.options.model_id.c_str(),
-              host.c_str(), (*server)->port(), http ? http->port() : -1,
-              metrics_server ? metrics_server->port() : -1);
-  std::fflush(stdout);
+  p.Ready(absl::StrCat(context.options.model_id, " grpc=", p.advertise(),
+                       " http=", http ? http->port() : -1, " metrics=", p.metrics_port()));
 
-  const int sig = WaitForTerminationSignal();
-  LOG(INFO) << "router: signal " << sig << ", draining";
-  (*server)->SetServing(false);
+  p.WaitForTerminationSignal();
+  p.server().SetServing(false);
   const Deadline drain = Deadline::After(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
   while (tracker.size() > 0 && !drain.Expired()) absl::SleepFor(absl::Milliseconds(20));
   tracker.CancelAll("the router is shutting down");
   if (http) http->Stop();
-  (*server)->Shutdown(absl::Seconds(1));
+  p.server().Shutdown(absl::Seconds(1));
+  return 0;
+}
+
+int Main() {
+  BlockTerminationSignals();
+  if (absl::GetFlag(FLAGS_model_dir).empty())
+    return ExitWithUsage("router", "--model_dir is required");
+  auto options = RouterOptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  auto table_options = TableOptionsFromFlags();
+  if (!table_options.ok()) return Fail(table_options.status());
+  InstanceTable table(*table_options);
+  if (auto s = AddStatic(table, absl::GetFlag(FLAGS_encoders), iv1::INSTANCE_ROLE_ENCODER);
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (auto s = AddStatic(table, absl::GetFlag(FLAGS_languages), iv1::INSTANCE_ROLE_BOTH); !s.ok()) {
+    return Fail(s);
+  }
+  metrics::Registry registry;
+  RouterContext context{.options = *std::move(options), .instances = &table, .metrics = &registry};
+  CallTracker tracker;
+  table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
+  AddGauges(registry, table, tracker);
+  table.Start();
+  const int rc = Serve(context, tracker, registry);
   table.Stop();
   LOG(INFO) << "router: stopped";
-  return 0;
+  return rc;
 }
 
 }  // namespace

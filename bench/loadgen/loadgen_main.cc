@@ -8,10 +8,10 @@
 //
 //   bazel build --config=opt //bench/loadgen:loadgen
 //   # end to end through the router, the demo questions, 20 req/s:
-//   bazel-bin/bench/loadgen/loadgen --target=router --address=127.0.0.1:50051 \
+//   bazel-bin/bench/loadgen/loadgen --target=router --address=127.0.0.1:50051
 //       --num_requests=200 --request_rate=20
 //   # synthetic multimodal: 2 images of 448x448, half of them repeats:
-//   ... --dataset=synthetic --images=2 --image_width=448 --image_height=448 \
+//   ... --dataset=synthetic --images=2 --image_width=448 --image_height=448
 //       --prompt_tokens=64 --output_tokens=32 --repeat_share=0.5
 //   # the OpenAI HTTP API (streamed), or a language instance directly (text):
 //   ... --target=http --address=127.0.0.1:8000

@@ -3,7 +3,7 @@
 // machine and supervises them: a child that dies is restarted; SIGTERM or
 // SIGINT stops every child (each drains and frees its blocks) and exits.
 //
-//   bazel-bin/deploy/launcher/mmserve_launch --model_dir=models/shapes-demo \
+//   bazel-bin/deploy/launcher/mmserve_launch --model_dir=models/shapes-demo
 //       --encoders=1 --profile=shm --port=50051 --http_port=8000
 #include <signal.h>
 #include <unistd.h>
@@ -53,15 +53,12 @@ std::string SelfBinDir() {
   return exe;
 }
 
-int Main() {
-  BlockTerminationSignals();
+// StackOptions from the flags; InvalidArgument for a usage error.
+absl::StatusOr<StackOptions> OptionsFromFlags() {
   StackOptions o;
   o.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfBinDir() : absl::GetFlag(FLAGS_bin_dir);
   o.model_dir = absl::GetFlag(FLAGS_model_dir);
-  if (o.model_dir.empty()) {
-    std::fprintf(stderr, "mmserve_launch: --model_dir is required\n");
-    return 2;
-  }
+  if (o.model_dir.empty()) return absl::InvalidArgumentError("--model_dir is required");
   o.log_dir = absl::GetFlag(FLAGS_log_dir);
   if (o.log_dir.empty()) {
     char tmpl[] = "/tmp/mmserve-logs-XXXXXX";
@@ -78,8 +75,7 @@ int Main() {
   o.prefill = absl::GetFlag(FLAGS_prefill);
   o.decode = absl::GetFlag(FLAGS_decode);
   if (o.prefill < 0 || o.decode < 0 || (o.prefill > 0) != (o.decode > 0)) {
-    std::fprintf(stderr, "mmserve_launch: --prefill and --decode go together (both >= 1)\n");
-    return 2;
+    return absl::InvalidArgumentError("--prefill and --decode go together (both >= 1)");
   }
   if (absl::GetFlag(FLAGS_tp) > 1) {
     // Disaggregated: the decode instances are tensor-parallel, prefill runs
@@ -87,12 +83,11 @@ int Main() {
     (o.prefill > 0 ? o.decode_args : o.language_args)
         .push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
   }
-  auto stack = LocalStack::Start(o);
-  if (!stack.ok()) {
-    std::fprintf(stderr, "mmserve_launch: %s\n", stack.status().ToString().c_str());
-    return 1;
-  }
-  LocalStack& s = **stack;
+  return o;
+}
+
+// The addresses a user needs, then the READY line for scripts.
+void PrintAddresses(LocalStack& s, const StackOptions& o) {
   std::printf("mmserve is up (logs in %s)\n", o.log_dir.c_str());
   std::printf("  gRPC  %s   (mmserve.v1.Inference)\n", s.router_address().c_str());
   if (s.http_port() > 0) {
@@ -116,6 +111,41 @@ int Main() {
   std::printf("  router metrics :%d\n", s.router().metrics_port());
   std::printf("READY launcher stack grpc=%s http=%d\n", s.router_address().c_str(), s.http_port());
   std::fflush(stdout);
+}
+
+// Restarts the child `name` that exited. False: it was the router, and the
+// stack stops.
+bool Restart(LocalStack& s, const std::string& name) {
+  absl::Status st = absl::OkStatus();
+  if (name.rfind("encoder-", 0) == 0) {
+    st = s.StartEncoder(std::stoi(name.substr(8)));
+  } else if (name.rfind("language-", 0) == 0) {
+    st = s.StartLanguage();
+  } else if (name.rfind("prefill-", 0) == 0) {
+    st = s.StartRole("prefill", std::stoi(name.substr(8)));
+  } else if (name.rfind("decode-", 0) == 0) {
+    st = s.StartRole("decode", std::stoi(name.substr(7)));
+  } else {
+    return false;
+  }
+  std::fprintf(stderr, "mmserve_launch: restart %s: %s\n", name.c_str(), st.ToString().c_str());
+  return true;
+}
+
+int Main() {
+  BlockTerminationSignals();
+  auto options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "mmserve_launch: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  auto stack = LocalStack::Start(*options);
+  if (!stack.ok()) {
+    std::fprintf(stderr, "mmserve_launch: %s\n", stack.status().ToString().c_str());
+    return 1;
+  }
+  LocalStack& s = **stack;
+  PrintAddresses(s, *options);
 
   // Supervise until SIGTERM/SIGINT.
   sigset_t set;
@@ -129,21 +159,11 @@ int Main() {
     for (const std::string& name : s.Exited()) {
       std::fprintf(stderr, "mmserve_launch: %s exited\n", name.c_str());
       if (!absl::GetFlag(FLAGS_restart)) continue;
-      absl::Status st = absl::OkStatus();
-      if (name.rfind("encoder-", 0) == 0) {
-        st = s.StartEncoder(std::stoi(name.substr(8)));
-      } else if (name.rfind("language-", 0) == 0) {
-        st = s.StartLanguage();
-      } else if (name.rfind("prefill-", 0) == 0) {
-        st = s.StartRole("prefill", std::stoi(name.substr(8)));
-      } else if (name.rfind("decode-", 0) == 0) {
-        st = s.StartRole("decode", std::stoi(name.substr(7)));
-      } else {
+      if (!Restart(s, name)) {
         std::fprintf(stderr, "mmserve_launch: the router died; stopping\n");
         s.Stop();
         return 1;
       }
-      std::fprintf(stderr, "mmserve_launch: restart %s: %s\n", name.c_str(), st.ToString().c_str());
     }
   }
   std::fprintf(stderr, "mmserve_launch: stopping\n");
