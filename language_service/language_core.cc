@@ -1,8 +1,5 @@
 #include "language_service/language_core.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -25,7 +22,9 @@ namespace {
 
 constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
 
-mmserve::v1::FinishReason ToProto(worker::FinishReason r) {
+}  // namespace
+
+mmserve::v1::FinishReason FinishReasonToProto(worker::FinishReason r) {
   switch (r) {
     case worker::FinishReason::kStop:
       return mmserve::v1::FINISH_REASON_STOP;
@@ -41,6 +40,8 @@ mmserve::v1::FinishReason ToProto(worker::FinishReason r) {
   }
   return mmserve::v1::FINISH_REASON_UNSPECIFIED;
 }
+
+namespace {
 
 // The prompt text: the chat rendered with the model's template, or the raw
 // text. Image parts become one placeholder each; their count must match.
@@ -124,12 +125,14 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
   }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
+  ASSIGN_OR_RETURN(core->role_, MakeRole({.instance_id = options.instance_id,
+                                          .kind = options.role,
+                                          .kv_profile = options.kv_profile,
+                                          .kv_handoff_timeout = options.kv_handoff_timeout,
+                                          .test_kv_handoff_delay = options.test_kv_handoff_delay}));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
-  if (options.role == LanguageRole::kDecode && eo.tp_size > 1) {
-    eo.tp_shard_args.push_back(
-        absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options.kv_profile)));
-  }
+  core->role_->AdjustEngineOptions(eo);
   ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
@@ -137,21 +140,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
        layout.dtype_bytes != sizeof(float))) {
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
-  if (options.role != LanguageRole::kBoth) {
-    ASSIGN_OR_RETURN(core->kv_context_, transfer::UcxContext::Create(options.kv_profile));
-    const transfer::UcxWorkerOptions wo{.name = options.instance_id + "-kv"};
-    if (options.role == LanguageRole::kDecode) {
-      // Every rank receives its own KV heads (worker/tp_kv_receiver.h).
-      worker::TpGroup* group = core->engine_->tp_group();
-      ASSIGN_OR_RETURN(core->kv_receivers_, worker::TpKvReceivers::Create(
-                                                *core->kv_context_, core->engine_->kv_cache(),
-                                                group != nullptr ? group->ring() : nullptr,
-                                                group != nullptr ? group->comm() : nullptr, wo));
-    } else {
-      ASSIGN_OR_RETURN(core->kv_sender_, transfer::KvHandoffSender::Create(
-                                             *core->kv_context_, core->engine_->kv_cache(), wo));
-    }
-  }
+  RETURN_IF_ERROR(core->role_->Attach(*core->engine_));
   core->UpdateLoad();
   core->loop_ = std::thread([c = core.get()] { c->Loop(); });
   core->connector_ = std::thread([c = core.get()] { c->ConnectLoop(); });
@@ -167,20 +156,7 @@ void LanguageCore::Post(Task task) {
 
 absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
-  switch (options_.role) {
-    case LanguageRole::kBoth:
-      if (!request.decode().instance_id().empty()) {
-        return absl::InvalidArgumentError("role both hands no KV to a decode instance");
-      }
-      break;
-    case LanguageRole::kPrefill:
-      if (request.decode().address().empty()) {
-        return absl::InvalidArgumentError("role prefill needs the decode instance (decode)");
-      }
-      break;
-    case LanguageRole::kDecode:
-      return absl::FailedPreconditionError("role decode takes Decode calls, not Prefill");
-  }
+  RETURN_IF_ERROR(role_->CheckPrefill(request));
   int num_placeholders = 0;
   ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &num_placeholders));
   if (num_placeholders != request.images_size()) {
@@ -208,16 +184,8 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
       model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
                                &r->engine_request.max_tokens_to_context));
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
-  if (options_.role == LanguageRole::kPrefill) {
-    // Token ids now: they travel in AllocateKv and KvCommit.
-    if (r->engine_request.prompt_token_ids.empty()) {
-      ASSIGN_OR_RETURN(r->engine_request.prompt_token_ids,
-                       engine_->tokenizer().Encode(r->engine_request.prompt));
-    }
-    r->engine_request.prompt.clear();
-    r->engine_request.kv_handoff = true;
-    r->decode = request.decode();
-  }
+  RETURN_IF_ERROR(role_->PreparePrefill(request, engine_->tokenizer(), r->engine_request));
+  r->decode = request.decode();
   for (const v1::PromptImage& image : request.images()) {
     if (image.encoder_id().empty() || image.encoder_address().empty()) {
       return absl::InvalidArgumentError(
@@ -265,13 +233,57 @@ absl::Status LanguageCore::Install(std::unique_ptr<Request> r, std::function<voi
   return absl::OkStatus();
 }
 
+void LanguageCore::Advance(Request& r, RequestEvent event) {
+  using P = RequestPhase;
+  const P from = r.phase;
+  P to = from;
+  switch (event) {
+    case RequestEvent::kImagesArrived:
+      if (from == P::kGathering) to = P::kInEngine;
+      break;
+    case RequestEvent::kKvReserved:
+      if (from == P::kRegistered) to = P::kAwaitingKv;
+      break;
+    case RequestEvent::kKvCommitted:
+      if (from == P::kAwaitingKv) to = P::kInEngine;
+      break;
+    case RequestEvent::kPromptDone:
+      if (from == P::kInEngine) to = P::kHandingOff;
+      break;
+    case RequestEvent::kAbortAsked:
+      if (from == P::kAwaitingKv || from == P::kInEngine) to = P::kAborting;
+      break;
+  }
+  CHECK(to != from) << "request " << r.id << ": event " << static_cast<int>(event) << " in phase "
+                    << RequestPhaseName(from);
+  r.phase = to;
+}
+
+const char* RequestPhaseName(RequestPhase p) {
+  switch (p) {
+    case RequestPhase::kGathering:
+      return "gathering";
+    case RequestPhase::kRegistered:
+      return "registered";
+    case RequestPhase::kAwaitingKv:
+      return "awaiting_kv";
+    case RequestPhase::kInEngine:
+      return "in_engine";
+    case RequestPhase::kHandingOff:
+      return "handing_off";
+    case RequestPhase::kAborting:
+      return "aborting";
+  }
+  return "?";
+}
+
 void LanguageCore::Abort(const std::string& request_id, const std::string& reason) {
   Post([this, request_id, reason] {
     auto it = requests_.find(request_id);
     if (it == requests_.end()) return;
     Request& r = *it->second;
-    if (r.in_engine) {
-      r.aborting = true;
+    if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
+      Advance(r, RequestEvent::kAbortAsked);
       engine_->Abort(request_id).IgnoreError();  // its event ends the request
       return;
     }
@@ -279,31 +291,8 @@ void LanguageCore::Abort(const std::string& request_id, const std::string& reaso
   });
 }
 
-void LanguageCore::OnEvent(const worker::StreamEvent& e) {
-  auto it = requests_.find(e.request_id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
-  if (r.aborting) {
-    End(r.id, absl::CancelledError("aborted"));
-    return;
-  }
-  if (options_.role == LanguageRole::kDecode && e.finish_reason == worker::FinishReason::kAbort) {
-    End(r.id, e.error.ok() ? absl::DeadlineExceededError(
-                                 "the prefill instance did not commit the KV in time")
-                           : e.error);
-    return;
-  }
-  if (!e.token_ids.empty()) r.last_token = e.token_ids.back();
-  const double now = r.since_submit.ElapsedSeconds();
-  if (!e.token_ids.empty()) {
-    if (r.last_token_at_s < 0) {
-      r.first_token_at_s = now;
-      ttft_seconds_->Observe(now);
-    } else {
-      itl_seconds_->Observe(now - r.last_token_at_s);
-    }
-    r.last_token_at_s = now;
-  }
+// The tokens, text and log-probabilities of one engine event.
+v1::TokenBatch LanguageCore::Batch(const Request& r, const worker::StreamEvent& e) const {
   v1::TokenBatch b;
   b.set_request_id(r.id);
   b.set_text(e.text);
@@ -321,41 +310,87 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
       tl->set_text(tok.Decode({t.token}, false).value_or(""));
     }
   }
-  if (e.finish_reason == worker::FinishReason::kHandoff) {
-    absl::Status s = HandOff(r, e.kv_blocks, e.handoff);
-    if (!s.ok()) {
-      End(r.id, s);
-      return;
-    }
-    b.set_kv_handed_off(true);
-    mmserve::v1::RequestTiming* t = b.mutable_timing();
-    t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
-    t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
-    r.sink.on_batch(std::move(b));
-    End(r.id, absl::OkStatus());
+  return b;
+}
+
+void LanguageCore::OnEvent(const worker::StreamEvent& e) {
+  auto it = requests_.find(e.request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (r.phase == RequestPhase::kAborting) {
+    End(r.id, absl::CancelledError("aborted"));
     return;
   }
-  if (e.finish_reason != worker::FinishReason::kNone) {
-    b.set_finish_reason(ToProto(e.finish_reason));
-    b.set_matched_stop(e.matched_stop);
-    if (r.include_usage) {
-      mmserve::v1::Usage* u = b.mutable_usage();
-      u->set_prompt_tokens(static_cast<uint32_t>(e.prompt_tokens));
-      u->set_completion_tokens(static_cast<uint32_t>(e.completion_tokens));
-      u->set_cached_prompt_tokens(static_cast<uint32_t>(e.cached_prompt_tokens));
-      u->set_image_tokens(r.image_tokens);
+  if (e.finish_reason == worker::FinishReason::kAbort) {
+    // The engine ends a request on its own only on role decode: a
+    // reservation whose commit deadline passed, or (e.error) one it cannot
+    // keep.
+    End(r.id, e.error.ok() ? absl::DeadlineExceededError(
+                                 "the prefill instance did not commit the KV in time")
+                           : e.error);
+    return;
+  }
+  const double now = r.since_submit.ElapsedSeconds();
+  if (!e.token_ids.empty()) {
+    r.last_token = e.token_ids.back();
+    if (r.last_token_at_s < 0) {
+      r.first_token_at_s = now;
+      ttft_seconds_->Observe(now);
+    } else {
+      itl_seconds_->Observe(now - r.last_token_at_s);
     }
-    b.set_seed(r.engine_request.sampling.seed);
-    mmserve::v1::RequestTiming* t = b.mutable_timing();
-    t->set_multimodal_ms(r.multimodal_ms);
-    t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3 - r.multimodal_ms));
-    t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
-    t->set_e2e_ms(now * 1e3);
-    e2e_seconds_->Observe(now);
+    r.last_token_at_s = now;
+  }
+  v1::TokenBatch b = Batch(r, e);
+  if (e.finish_reason == worker::FinishReason::kHandoff) {
+    OnHandedOff(r, e, std::move(b));
+    return;
   }
   const bool final = e.finish_reason != worker::FinishReason::kNone;
+  if (final) FillFinal(r, e, now, b);
   r.sink.on_batch(std::move(b));
   if (final) End(r.id, absl::OkStatus());
+}
+
+void LanguageCore::OnHandedOff(Request& r, const worker::StreamEvent& e, v1::TokenBatch b) {
+  Advance(r, RequestEvent::kPromptDone);
+  absl::Status s = role_->HandOff({.request_id = r.id,
+                                   .decode = r.decode,
+                                   .max_tokens = r.engine_request.sampling.max_tokens,
+                                   .seed = r.engine_request.sampling.seed,
+                                   .first_token = r.last_token,
+                                   .kv_blocks = &e.kv_blocks,
+                                   .prompt = &e.handoff});
+  if (!s.ok()) {
+    End(r.id, s);
+    return;
+  }
+  b.set_kv_handed_off(true);
+  mmserve::v1::RequestTiming* t = b.mutable_timing();
+  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
+  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+  r.sink.on_batch(std::move(b));
+  End(r.id, absl::OkStatus());
+}
+
+void LanguageCore::FillFinal(Request& r, const worker::StreamEvent& e, double now,
+                             v1::TokenBatch& b) {
+  b.set_finish_reason(FinishReasonToProto(e.finish_reason));
+  b.set_matched_stop(e.matched_stop);
+  if (r.include_usage) {
+    mmserve::v1::Usage* u = b.mutable_usage();
+    u->set_prompt_tokens(static_cast<uint32_t>(e.prompt_tokens));
+    u->set_completion_tokens(static_cast<uint32_t>(e.completion_tokens));
+    u->set_cached_prompt_tokens(static_cast<uint32_t>(e.cached_prompt_tokens));
+    u->set_image_tokens(r.image_tokens);
+  }
+  b.set_seed(r.engine_request.sampling.seed);
+  mmserve::v1::RequestTiming* t = b.mutable_timing();
+  t->set_multimodal_ms(r.multimodal_ms);
+  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3 - r.multimodal_ms));
+  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+  t->set_e2e_ms(now * 1e3);
+  e2e_seconds_->Observe(now);
 }
 
 void LanguageCore::End(const std::string& id, absl::Status status) {
@@ -363,7 +398,9 @@ void LanguageCore::End(const std::string& id, absl::Status status) {
   if (it == requests_.end()) return;
   std::unique_ptr<Request> r = std::move(it->second);
   requests_.erase(it);
-  if (r->in_engine && !status.ok() && !r->aborting) engine_->Abort(id).IgnoreError();
+  if (InEngine(r->phase) && r->phase != RequestPhase::kAborting && !status.ok()) {
+    engine_->Abort(id).IgnoreError();
+  }
   std::set<std::string> cancel;
   for (size_t k = 0; k < r->images.size(); ++k) {
     if (r->images[k].state == Request::ImageState::kReceiving) cancel.insert(r->TransferId(k));
@@ -386,18 +423,58 @@ void LanguageCore::CheckLostDeadlines() {
   }
 }
 
+void LanguageCore::EndInEngine(const absl::Status& why) {
+  std::vector<std::string> live;
+  for (const auto& [id, r] : requests_) {
+    if (InEngine(r->phase)) live.push_back(id);
+  }
+  for (const std::string& id : live) End(id, why);
+}
+
+void LanguageCore::LoseRank(const absl::Status& why) {
+  EndInEngine(why);
+  if (lost_rank_reported_) return;
+  lost_rank_reported_ = true;
+  // The instance is out of service for good (every later step fails the
+  // same way): main stops it as on SIGTERM, so it leaves the router, and
+  // its supervisor (the launcher) restarts it.
+  LOG(ERROR) << "tensor-parallel instance lost a rank: " << why;
+  if (options_.on_fatal) options_.on_fatal(why);
+}
+
+void LanguageCore::StepEngine() {
+  Stopwatch clock;
+  absl::Status s = engine_->Step();
+  step_seconds_->Observe(clock.ElapsedSeconds());
+  const double handoff = engine_->embedding_handoff_seconds();
+  if (handoff > engine_handoff_seconds_) {
+    handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
+    engine_handoff_seconds_ = handoff;
+  }
+  const int64_t by_descriptor = engine_->embedding_rows_by_descriptor();
+  const int64_t in_line = engine_->embedding_rows_inline();
+  rows_by_descriptor_->Increment(static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
+  rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
+  engine_rows_by_descriptor_ = by_descriptor;
+  engine_rows_inline_ = in_line;
+  if (s.ok()) return;
+  LOG(ERROR) << "engine step failed: " << s;
+  // UNAVAILABLE with tensor parallelism: a rank died.
+  if (absl::IsUnavailable(s) && options_.engine.tp_size > 1) {
+    LoseRank(absl::UnavailableError(s.message()));
+    return;
+  }
+  EndInEngine(absl::IsUnavailable(s) ? absl::UnavailableError(s.message())
+                                     : absl::InternalError(s.message()));
+}
+
 void LanguageCore::Loop() {
   for (;;) {
     std::deque<Task> tasks;
     {
       absl::MutexLock lock(&mu_);
       if (!engine_->has_unfinished()) {
-        mu_.AwaitWithTimeout(absl::Condition(
-                                 +[](LanguageCore* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                   return c->stopping_ || !c->inbox_.empty();
-                                 },
-                                 this),
-                             kIdleWait);
+        mu_.AwaitWithTimeout(absl::Condition(this, &LanguageCore::HasWorkLocked), kIdleWait);
       }
       if (stopping_) break;
       tasks.swap(inbox_);
@@ -406,56 +483,10 @@ void LanguageCore::Loop() {
     CheckLostDeadlines();
     // A rank that died while no step ran (an idle instance, or one whose
     // only request waits for its KV hand-off): out of service all the same.
-    if (!lost_rank_reported_ && engine_->tp_group() != nullptr &&
-        engine_->tp_group()->lost_rank()) {
-      lost_rank_reported_ = true;
-      LOG(ERROR) << "tensor-parallel instance lost a rank between steps: shutting down";
-      std::vector<std::string> live;
-      for (const auto& [id, r] : requests_) {
-        if (r->in_engine) live.push_back(id);
-      }
-      for (const std::string& id : live) {
-        End(id, absl::UnavailableError("a tensor-parallel rank of this instance died"));
-      }
-      kill(getpid(), SIGTERM);
+    if (engine_->tp_group() != nullptr && engine_->tp_group()->lost_rank()) {
+      LoseRank(absl::UnavailableError("a tensor-parallel rank of this instance died"));
     }
-    if (engine_->has_unfinished()) {
-      Stopwatch clock;
-      absl::Status s = engine_->Step();
-      step_seconds_->Observe(clock.ElapsedSeconds());
-      const double handoff = engine_->embedding_handoff_seconds();
-      if (handoff > engine_handoff_seconds_) {
-        handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
-        engine_handoff_seconds_ = handoff;
-      }
-      const int64_t by_descriptor = engine_->embedding_rows_by_descriptor();
-      const int64_t in_line = engine_->embedding_rows_inline();
-      rows_by_descriptor_->Increment(
-          static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
-      rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
-      engine_rows_by_descriptor_ = by_descriptor;
-      engine_rows_inline_ = in_line;
-      if (!s.ok()) {
-        LOG(ERROR) << "engine step failed: " << s;
-        std::vector<std::string> live;
-        for (const auto& [id, r] : requests_) {
-          if (r->in_engine) live.push_back(id);
-        }
-        // UNAVAILABLE: a tensor-parallel rank died; the instance is out of
-        // service for good (every later step fails the same way), so after
-        // ending its requests it stops like on SIGTERM: it leaves the router
-        // and exits, and its supervisor (the launcher) restarts it.
-        const bool lost_rank = absl::IsUnavailable(s) && options_.engine.tp_size > 1;
-        const absl::Status why = absl::IsUnavailable(s) ? absl::UnavailableError(s.message())
-                                                        : absl::InternalError(s.message());
-        for (const std::string& id : live) End(id, why);
-        if (lost_rank && !lost_rank_reported_) {
-          lost_rank_reported_ = true;
-          LOG(ERROR) << "tensor-parallel instance lost a rank: shutting down";
-          kill(getpid(), SIGTERM);
-        }
-      }
-    }
+    if (engine_->has_unfinished()) StepEngine();
     UpdateLoad();
   }
   // Shutting down: run what was posted (transfer results free their blocks),
@@ -492,7 +523,8 @@ void LanguageCore::UpdateLoad() {
                    static_cast<uint32_t>(s.num_running()));
   uint64_t outstanding = 0;
   for (const auto& [id, r] : requests_) {
-    if (!r->in_engine) outstanding += r->engine_request.prompt.size() / 4 + 1;
+    if (r->phase == RequestPhase::kGathering)
+      outstanding += r->engine_request.prompt.size() / 4 + 1;
   }
   load.set_outstanding_tokens(outstanding + static_cast<uint64_t>(s.num_waiting()) * 64);
   load.set_kv_blocks_free(static_cast<uint32_t>(s.kv_cache().num_free_blocks()));

@@ -45,19 +45,14 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "language_service/role.h"
 #include "proto/language.grpc.pb.h"
 #include "proto/language.pb.h"
 #include "proto/registry.pb.h"
-#include "transfer/kv_handoff.h"
 #include "transfer/transfer_engine.h"
 #include "worker/engine.h"
-#include "worker/tp_kv_receiver.h"
 
 namespace mmserve::language {
-
-namespace v1 = ::mmserve::internal::v1;
-
-enum class LanguageRole { kBoth, kPrefill, kDecode };
 
 // Seed 000: how an arrived image embedding reaches the model (and, with
 // tensor parallelism, every rank).
@@ -95,7 +90,15 @@ struct LanguageCoreOptions {
   absl::Duration lost_image_timeout = absl::Seconds(10);
   // The encoder Connect call.
   absl::Duration connect_timeout = absl::Seconds(3);
+  // Called once, from the loop thread, when the instance is out of service
+  // for good (a tensor-parallel rank died): main stops the process as on
+  // SIGTERM, and its supervisor restarts it. Unset: only logged.
+  std::function<void(const absl::Status&)> on_fatal;
 };
+
+// The engine's finish reason as the API says it (the one translation; kNone
+// and kHandoff are no finish: FINISH_REASON_UNSPECIFIED).
+mmserve::v1::FinishReason FinishReasonToProto(worker::FinishReason reason);
 
 // A request's outputs, called on the loop thread. on_batch for every batch
 // (tokens, or lost images); on_end exactly once: OK after the batch that
@@ -104,6 +107,10 @@ struct RequestSink {
   std::function<void(v1::TokenBatch)> on_batch;
   std::function<void(absl::Status)> on_end;
 };
+
+// A request's phases and the events that move it (language_core_request.h).
+enum class RequestPhase : uint8_t;
+enum class RequestEvent : uint8_t;
 
 class LanguageCore {
  public:
@@ -163,12 +170,24 @@ class LanguageCore {
   // Unavailable when stopping), then on the loop thread keeps `r` in
   // requests_ and calls `then` with it.
   absl::Status Install(std::unique_ptr<Request> r, std::function<void(Request&)> then);
+  // AllocateKv on the loop thread.
+  absl::StatusOr<v1::KvAllocation> ReserveKv(const v1::KvAllocateRequest& request);
   // Runs `f` on the loop thread and waits for it; Unavailable when stopping.
   template <typename T>
   T RunOnLoop(std::function<T()> f);
-  // Role prefill, loop thread: hands request `r`'s KV to its decode instance.
-  absl::Status HandOff(Request& r, const std::vector<int32_t>& blocks,
-                       const worker::HandoffPrompt& prompt);
+  // The one place a request's phase changes (language_core_request.h).
+  void Advance(Request& r, RequestEvent event);
+  // Role prefill: the prompt's KV went to the decode instance; the stream's
+  // last batch says so.
+  void OnHandedOff(Request& r, const worker::StreamEvent& e, v1::TokenBatch b);
+  // The batch and usage of a finished request's final event.
+  void FillFinal(Request& r, const worker::StreamEvent& e, double now, v1::TokenBatch& b);
+  // An engine step and its metrics; ends every request in the engine when
+  // it fails.
+  void StepEngine();
+  // A tensor-parallel rank died: ends every request in the engine with
+  // `why` and tells main (options_.on_fatal) once.
+  void LoseRank(const absl::Status& why);
   void Loop();
   void ConnectLoop();
   // Loop thread only, from here on.
@@ -181,6 +200,12 @@ class LanguageCore {
   void ApplyRetry(Request& r, const v1::ImageRetry& retry);
   void MaybeAdmit(Request& r);
   void OnEvent(const worker::StreamEvent& e);
+  v1::TokenBatch Batch(const Request& r, const worker::StreamEvent& e) const;
+  // Ends every request the engine holds with `why`.
+  void EndInEngine(const absl::Status& why);
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !inbox_.empty();
+  }
   void End(const std::string& id, absl::Status status);
   void CheckLostDeadlines();
   void UpdateLoad();
@@ -189,12 +214,9 @@ class LanguageCore {
   bool lost_rank_reported_ = false;  // loop thread only
   transfer::TransferEngine& transfer_;
   std::unique_ptr<worker::LlmEngine> engine_;
-  // Roles prefill and decode.
-  std::unique_ptr<transfer::UcxContext> kv_context_;
-  std::unique_ptr<worker::TpKvReceivers> kv_receivers_;   // decode, every rank
-  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;  // prefill
-  // Role prefill, loop thread only: stubs by decode address.
-  std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_;
+  // What the role changes (role.h); declared after the engine, whose KV
+  // cache it registers, so it goes first.
+  std::unique_ptr<Role> role_;
 
   absl::Mutex mu_;
   std::deque<Task> inbox_ ABSL_GUARDED_BY(mu_);

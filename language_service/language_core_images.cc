@@ -290,7 +290,7 @@ void LanguageCore::MaybeAdmit(Request& r) {
     End(id, s);
     return;
   }
-  r.in_engine = true;
+  Advance(r, RequestEvent::kImagesArrived);
   r.admitted_at_s = r.since_submit.ElapsedSeconds();
 }
 

@@ -27,6 +27,40 @@ struct LanguageCore::Connection {
   std::vector<std::pair<std::string, size_t>> waiting;
 };
 
+// A request's phase on this instance. Every change goes through
+// LanguageCore::Advance (language_core.cc), which checks it against this
+// table; a request leaves every phase by End (removed, sink's on_end once).
+//
+//   from              to            event
+//   (Submit)          kGathering    the request is queued; images on their way
+//   (RegisterDecode)  kRegistered   role decode: the Decode stream is held
+//   kGathering        kInEngine     kImagesArrived: the engine took it
+//   kRegistered       kAwaitingKv   kKvReserved: AllocateKv reserved its blocks
+//   kAwaitingKv       kInEngine     kKvCommitted: CommitKv checked the blocks
+//   kInEngine         kHandingOff   kPromptDone: role prefill, the prompt's KV
+//                                   goes to the decode instance
+//   kAwaitingKv,      kAborting     kAbortAsked: the engine's final event for
+//   kInEngine                       it ends the request
+enum class RequestPhase : uint8_t {
+  kGathering,
+  kRegistered,
+  kAwaitingKv,
+  kInEngine,
+  kHandingOff,
+  kAborting
+};
+enum class RequestEvent : uint8_t {
+  kImagesArrived,
+  kKvReserved,
+  kKvCommitted,
+  kPromptDone,
+  kAbortAsked
+};
+
+// The engine holds the request (its KV, or a reservation of it).
+inline bool InEngine(RequestPhase p) { return p >= RequestPhase::kAwaitingKv; }
+const char* RequestPhaseName(RequestPhase p);
+
 struct LanguageCore::Request {
   std::string id;
   worker::EngineRequest engine_request;  // prompt, sampling; embeddings filled on arrival
@@ -42,8 +76,7 @@ struct LanguageCore::Request {
     std::optional<transfer::ReceivedImage> held;
   };
   std::vector<Image> images;
-  bool in_engine = false;
-  bool aborting = false;
+  RequestPhase phase = RequestPhase::kGathering;
   bool include_usage = true;
   uint32_t image_tokens = 0;
   Stopwatch since_submit;

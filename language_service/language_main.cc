@@ -2,7 +2,7 @@
 // decode), `prefill` or `decode` (--role; KV hand-off over UCX). Loads only the language model,
 // receives image embeddings from encoder services over UCX, and streams tokens to the router.
 //
-//   bazel run --config=opt //language_service:language -- \
+//   bazel run --config=opt //language_service:language --
 //       --model_dir=models/shapes-demo --port=50071 --router=localhost:50051
 //
 // SIGTERM/SIGINT: stops accepting, lets running requests finish (up to
@@ -21,8 +21,8 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/registry_client.h"
+#include "common/service_process.h"
+#include "common/status_macros.h"
 #include "language_service/language_core.h"
 #include "language_service/language_service.h"
 #include "transfer/transfer_engine.h"
@@ -92,115 +92,115 @@ std::string DefaultShardBinary() {
   return dir + "/../worker/tp_shard";
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "language: %s\n", s.ToString().c_str());
-  return 1;
+// The role flag, checked against --tp.
+absl::StatusOr<LanguageRole> RoleFromFlags() {
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "both") return LanguageRole::kBoth;
+  if (role == "decode") return LanguageRole::kDecode;
+  if (role != "prefill") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role must be both, prefill or decode, not ", role));
+  }
+  if (absl::GetFlag(FLAGS_tp) != 1) {
+    return absl::InvalidArgumentError("--role=prefill needs --tp=1 for now (decode takes --tp)");
+  }
+  return LanguageRole::kPrefill;
 }
 
-int Main() {
-  BlockTerminationSignals();
-  const std::string role_flag = absl::GetFlag(FLAGS_role);
-  LanguageRole role = LanguageRole::kBoth;
-  v1::InstanceRole registry_role = v1::INSTANCE_ROLE_BOTH;
-  if (role_flag == "prefill") {
-    role = LanguageRole::kPrefill;
-    registry_role = v1::INSTANCE_ROLE_PREFILL;
-  } else if (role_flag == "decode") {
-    role = LanguageRole::kDecode;
-    registry_role = v1::INSTANCE_ROLE_DECODE;
-  } else if (role_flag != "both") {
-    std::fprintf(stderr, "language: --role must be both, prefill or decode, not %s\n",
-                 role_flag.c_str());
-    return 2;
+v1::InstanceRole RegistryRole(LanguageRole role) {
+  switch (role) {
+    case LanguageRole::kPrefill:
+      return v1::INSTANCE_ROLE_PREFILL;
+    case LanguageRole::kDecode:
+      return v1::INSTANCE_ROLE_DECODE;
+    case LanguageRole::kBoth:
+      break;
   }
-  if (role == LanguageRole::kPrefill && absl::GetFlag(FLAGS_tp) != 1) {
-    std::fprintf(stderr, "language: --role=prefill needs --tp=1 for now (decode takes --tp)\n");
-    return 2;
-  }
+  return v1::INSTANCE_ROLE_BOTH;
+}
+
+// Flag errors a user can fix (exit 2), before anything is loaded.
+absl::Status CheckUsage() {
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
-    std::fprintf(stderr, "language: --model_dir is required\n");
-    return 2;
+    return absl::InvalidArgumentError("--model_dir is required");
   }
   if (absl::GetFlag(FLAGS_threads) < 0) {
-    std::fprintf(stderr, "language: --threads must be >= 0\n");
-    return 2;
+    return absl::InvalidArgumentError("--threads must be >= 0");
   }
-  auto profile = transfer::ParseTransportProfile(absl::GetFlag(FLAGS_profile));
-  if (!profile.ok()) return Fail(profile.status());
-  auto config = model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir));
-  if (!config.ok()) return Fail(config.status());
-  const std::string id = absl::GetFlag(FLAGS_instance_id);
+  const std::string handoff = absl::GetFlag(FLAGS_mm_handoff);
+  if (handoff != "async" && handoff != "blocking") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mm_handoff must be async or blocking, not ", handoff));
+  }
+  return RoleFromFlags().status();
+}
 
+transfer::TransferEngineOptions TransferOptions(const std::string& id,
+                                                transfer::TransportProfile profile,
+                                                const model::ModelConfig& config) {
   transfer::TransferEngineOptions topts;
   topts.instance_id = id;
-  topts.profile = *profile;
+  topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_embedding_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_embedding_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config->text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = absl::GetFlag(FLAGS_default_blocks);
-  const std::string handoff_flag = absl::GetFlag(FLAGS_mm_handoff);
-  if (handoff_flag != "async" && handoff_flag != "blocking") {
-    std::fprintf(stderr, "language: --mm_handoff must be async or blocking, not %s\n",
-                 handoff_flag.c_str());
-    return 2;
-  }
-  const MmHandoff handoff = handoff_flag == "async" ? MmHandoff::kAsync : MmHandoff::kBlocking;
-  // Seed 000: the receive buffer in memory the shard ranks inherit and map
-  // (no name in /dev/shm, so nothing to unlink on any exit path). Declared
-  // before the transfer engine and the core, which use it until they go.
-  std::unique_ptr<worker::ShmFile> shared_input;
-  if (handoff == MmHandoff::kAsync && absl::GetFlag(FLAGS_tp) > 1) {
-    auto f = worker::ShmFile::Create(absl::StrCat(id, "-recv"), topts.layout.total_bytes());
-    if (!f.ok()) return Fail(f.status());
-    shared_input = *std::move(f);
-    topts.buffer_memory = shared_input->data();
-  }
-  auto transfer = transfer::TransferEngine::Create(topts);
-  if (!transfer.ok()) return Fail(transfer.status());
+  return topts;
+}
 
-  metrics::Registry registry;
-  LanguageCoreOptions copts;
-  copts.instance_id = id;
-  copts.role = role;
-  copts.kv_profile = *profile;
-  copts.kv_commit_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_commit_timeout_ms));
-  if (absl::GetFlag(FLAGS_test_kv_handoff_delay_ms) < 0) {
-    return Fail(absl::InvalidArgumentError("--test_kv_handoff_delay_ms must be >= 0"));
-  }
-  copts.test_kv_handoff_delay = absl::Milliseconds(absl::GetFlag(FLAGS_test_kv_handoff_delay_ms));
-  copts.engine.model_dir = absl::GetFlag(FLAGS_model_dir);
-  copts.engine.kv_cache_bytes = int64_t{absl::GetFlag(FLAGS_kv_cache_mb)} << 20;
-  copts.engine.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  copts.engine.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+absl::StatusOr<worker::EngineOptions> EngineOptionsFromFlags(const std::string& id,
+                                                             const worker::ShmFile* shared_input) {
+  worker::EngineOptions e;
+  e.model_dir = absl::GetFlag(FLAGS_model_dir);
+  e.kv_cache_bytes = int64_t{absl::GetFlag(FLAGS_kv_cache_mb)} << 20;
+  e.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  e.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   if (absl::GetFlag(FLAGS_max_prefill_tokens) < 0) {
-    return Fail(absl::InvalidArgumentError("--max_prefill_tokens must be >= 0 (0: no cap)"));
+    return absl::InvalidArgumentError("--max_prefill_tokens must be >= 0 (0: no cap)");
   }
   if (absl::GetFlag(FLAGS_max_prefill_tokens) > 0) {
-    copts.engine.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
+    e.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
   }
-  copts.engine.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
-  copts.engine.max_model_len = absl::GetFlag(FLAGS_max_model_len);
-  copts.engine.num_threads = absl::GetFlag(FLAGS_threads);
-  copts.engine.quantize = absl::GetFlag(FLAGS_quantize);
-  copts.engine.tp_size = absl::GetFlag(FLAGS_tp);
-  if (copts.engine.tp_size > 1) {
-    copts.engine.tp_shard_binary = absl::GetFlag(FLAGS_tp_shard_binary).empty()
-                                       ? DefaultShardBinary()
-                                       : absl::GetFlag(FLAGS_tp_shard_binary);
-    copts.engine.tp_instance_id = absl::StrCat(id, "-", getpid());
+  e.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
+  e.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  e.num_threads = absl::GetFlag(FLAGS_threads);
+  e.quantize = absl::GetFlag(FLAGS_quantize);
+  e.tp_size = absl::GetFlag(FLAGS_tp);
+  if (e.tp_size > 1) {
+    e.tp_shard_binary = absl::GetFlag(FLAGS_tp_shard_binary).empty()
+                            ? DefaultShardBinary()
+                            : absl::GetFlag(FLAGS_tp_shard_binary);
+    e.tp_instance_id = absl::StrCat(id, "-", getpid());
     if (shared_input != nullptr) {
-      copts.engine.shared_input_fd = shared_input->fd();
-      copts.engine.shared_input = shared_input->data();
-      copts.engine.shared_input_bytes = shared_input->size();
+      e.shared_input_fd = shared_input->fd();
+      e.shared_input = shared_input->data();
+      e.shared_input_bytes = shared_input->size();
     }
   }
-  copts.mm_handoff = handoff;
+  return e;
+}
+
+absl::StatusOr<LanguageCoreOptions> CoreOptionsFromFlags(const std::string& id,
+                                                         transfer::TransportProfile profile,
+                                                         const worker::ShmFile* shared_input) {
+  LanguageCoreOptions copts;
+  copts.instance_id = id;
+  ASSIGN_OR_RETURN(copts.role, RoleFromFlags());
+  copts.kv_profile = profile;
+  copts.kv_commit_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_commit_timeout_ms));
+  if (absl::GetFlag(FLAGS_test_kv_handoff_delay_ms) < 0) {
+    return absl::InvalidArgumentError("--test_kv_handoff_delay_ms must be >= 0");
+  }
+  copts.test_kv_handoff_delay = absl::Milliseconds(absl::GetFlag(FLAGS_test_kv_handoff_delay_ms));
+  ASSIGN_OR_RETURN(copts.engine, EngineOptionsFromFlags(id, shared_input));
+  copts.mm_handoff =
+      absl::GetFlag(FLAGS_mm_handoff) == "async" ? MmHandoff::kAsync : MmHandoff::kBlocking;
   copts.transfer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
-  auto core = LanguageCore::Create(copts, **transfer, registry);
-  if (!core.ok()) return Fail(core.status());
-  LanguageCore& c = **core;
-  transfer::TransferEngine& eng = **transfer;
+  return copts;
+}
+
+void AddGauges(metrics::Registry& registry, LanguageCore& c, transfer::TransferEngine& eng) {
   registry.AddGaugeCallback("mmserve_language_embedding_blocks_used",
                             "Embedding receive buffer blocks in use.", {},
                             [&eng] { return eng.allocator().used_blocks(); });
@@ -219,57 +219,89 @@ int Main() {
                             [&c] { return c.Load().waiting(); });
   registry.AddGaugeCallback("mmserve_language_requests_live", "Requests held by the instance.", {},
                             [&c] { return static_cast<double>(c.num_requests()); });
+}
 
+v1::InstanceInfo RegistryInfo(const LanguageCoreOptions& copts, LanguageCore& c,
+                              const transfer::TransferEngine& eng) {
+  v1::InstanceInfo info;
+  info.set_instance_id(copts.instance_id);
+  info.set_role(RegistryRole(copts.role));
+  info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
+  *info.mutable_ucx() = eng.local_info().ucx();
+  info.set_tp_size(static_cast<uint32_t>(copts.engine.tp_size));
+  *info.mutable_capacity() = c.Capacity();
+  info.mutable_capacity()->set_max_num_seqs(static_cast<uint32_t>(copts.engine.max_num_seqs));
+  info.mutable_capacity()->set_max_num_batched_tokens(
+      static_cast<uint32_t>(copts.engine.max_num_batched_tokens));
+  return info;
+}
+
+// Serves until SIGTERM/SIGINT, then drains: running requests get
+// --drain_seconds, the rest end with UNAVAILABLE.
+int Serve(const LanguageCoreOptions& copts, LanguageCore& c, transfer::TransferEngine& eng,
+          metrics::Registry& registry, const StopRequest& stop) {
   LanguageService service(c, eng, registry);
-  const std::string host = absl::GetFlag(FLAGS_host);
-  auto server = StartGrpcServer(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), {&service});
-  if (!server.ok()) return Fail(server.status());
-  std::unique_ptr<metrics::MetricsServer> metrics_server;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto ms = metrics::MetricsServer::Start(registry, host, absl::GetFlag(FLAGS_metrics_port));
-    if (!ms.ok()) return Fail(ms.status());
-    metrics_server = std::move(*ms);
-  }
-  const std::string advertise = absl::GetFlag(FLAGS_advertise).empty()
-                                    ? absl::StrCat(host, ":", (*server)->port())
-                                    : absl::GetFlag(FLAGS_advertise);
-  std::unique_ptr<RegistryClient> reg;
-  if (!absl::GetFlag(FLAGS_router).empty()) {
-    v1::InstanceInfo info;
-    info.set_instance_id(id);
-    info.set_role(registry_role);
-    info.set_grpc_address(advertise);
-    info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
-    *info.mutable_ucx() = eng.local_info().ucx();
-    info.set_tp_size(static_cast<uint32_t>(copts.engine.tp_size));
-    *info.mutable_capacity() = c.Capacity();
-    info.mutable_capacity()->set_max_num_seqs(static_cast<uint32_t>(copts.engine.max_num_seqs));
-    info.mutable_capacity()->set_max_num_batched_tokens(
-        static_cast<uint32_t>(copts.engine.max_num_batched_tokens));
-    reg = std::make_unique<RegistryClient>(RegistryClientOptions{
-        .router = absl::GetFlag(FLAGS_router), .instance = info, .load = [&c] {
-          return c.Load();
-        }});
-    reg->Start();
-  }
-  (*server)->SetServing(true);
-  std::printf("READY language %s grpc=%s metrics=%d\n", id.c_str(), advertise.c_str(),
-              metrics_server ? metrics_server->port() : -1);
-  std::fflush(stdout);
+  auto process = ServiceProcess::Start({.name = "language",
+                                        .instance_id = copts.instance_id,
+                                        .host = absl::GetFlag(FLAGS_host),
+                                        .port = absl::GetFlag(FLAGS_port),
+                                        .metrics_port = absl::GetFlag(FLAGS_metrics_port),
+                                        .advertise = absl::GetFlag(FLAGS_advertise),
+                                        .stop = &stop},
+                                       {&service}, registry);
+  if (!process.ok()) return ExitWithError("language", process.status());
+  ServiceProcess& p = **process;
+  p.Register(absl::GetFlag(FLAGS_router), RegistryInfo(copts, c, eng), [&c] { return c.Load(); });
+  p.Ready();
 
-  const int sig = WaitForTerminationSignal();
-  LOG(INFO) << "language " << id << ": signal " << sig << ", draining";
+  p.WaitForTerminationSignal();
   service.SetAccepting(false);
-  if (reg) reg->Stop();
-  // Let running requests finish, then end the rest.
+  p.Deregister();
   const Deadline drain = Deadline::After(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
   while (c.num_requests() > 0 && !drain.Expired()) absl::SleepFor(absl::Milliseconds(20));
   c.Shutdown();
-  (*server)->Shutdown(absl::Seconds(1));
+  p.server().Shutdown(absl::Seconds(1));
+  return 0;
+}
+
+int Main() {
+  BlockTerminationSignals();
+  if (absl::Status usage = CheckUsage(); !usage.ok()) {
+    return ExitWithUsage("language", usage.message());
+  }
+  auto profile = transfer::ParseTransportProfile(absl::GetFlag(FLAGS_profile));
+  if (!profile.ok()) return ExitWithError("language", profile.status());
+  auto config = model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir));
+  if (!config.ok()) return ExitWithError("language", config.status());
+  const std::string id = absl::GetFlag(FLAGS_instance_id);
+  transfer::TransferEngineOptions topts = TransferOptions(id, *profile, *config);
+  // Seed 000: the receive buffer in memory the shard ranks inherit and map
+  // (no name in /dev/shm, so nothing to unlink on any exit path). Declared
+  // before the transfer engine and the core, which use it until they go.
+  std::unique_ptr<worker::ShmFile> shared_input;
+  if (absl::GetFlag(FLAGS_mm_handoff) == "async" && absl::GetFlag(FLAGS_tp) > 1) {
+    auto f = worker::ShmFile::Create(absl::StrCat(id, "-recv"), topts.layout.total_bytes());
+    if (!f.ok()) return ExitWithError("language", f.status());
+    shared_input = *std::move(f);
+    topts.buffer_memory = shared_input->data();
+  }
+  auto transfer = transfer::TransferEngine::Create(topts);
+  if (!transfer.ok()) return ExitWithError("language", transfer.status());
+  auto copts = CoreOptionsFromFlags(id, *profile, shared_input.get());
+  if (!copts.ok()) return ExitWithError("language", copts.status());
+  // A lost tensor-parallel rank stops the instance as SIGTERM does (it
+  // leaves the router; its supervisor restarts it).
+  StopRequest stop;
+  copts->on_fatal = [&stop](const absl::Status& why) { stop.Request(why); };
+  metrics::Registry registry;
+  auto core = LanguageCore::Create(*copts, **transfer, registry);
+  if (!core.ok()) return ExitWithError("language", core.status());
+  AddGauges(registry, **core, **transfer);
+  const int rc = Serve(*copts, **core, **transfer, registry, stop);
   core->reset();
   transfer->reset();
   LOG(INFO) << "language " << id << ": stopped";
-  return 0;
+  return rc;
 }
 
 }  // namespace

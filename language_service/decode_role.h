@@ -1,0 +1,40 @@
+// Role decode (language_role.h): reserves KV blocks for requests a prefill
+// instance hands over; every rank of the instance registers its own KV cache
+// with UCX and receives only its KV heads (worker/tp_kv_receiver.h). Loop
+// thread only.
+#ifndef MMSERVE_LANGUAGE_SERVICE_DECODE_ROLE_H_
+#define MMSERVE_LANGUAGE_SERVICE_DECODE_ROLE_H_
+
+#include <memory>
+#include <vector>
+
+#include "language_service/role.h"
+#include "worker/tp_kv_receiver.h"
+
+namespace mmserve::language {
+
+class DecodeRole final : public Role {
+ public:
+  explicit DecodeRole(const RoleOptions& options) : options_(options) {}
+
+  LanguageRole kind() const override { return LanguageRole::kDecode; }
+  // Shard ranks receive their heads over the same transport profile.
+  void AdjustEngineOptions(worker::EngineOptions& options) const override;
+  absl::Status Attach(worker::LlmEngine& engine) override;
+  absl::Status CheckPrefill(const v1::PrefillRequest& request) const override {
+    return absl::FailedPreconditionError("role decode takes Decode calls, not Prefill");
+  }
+  absl::Status CheckDecodeCall() const override { return absl::OkStatus(); }
+  absl::StatusOr<v1::KvAllocation> Allocation(const v1::KvAllocateRequest& request,
+                                              const worker::RemoteKvBlocks& blocks) override;
+  absl::Status CheckCommit(const v1::KvCommit& commit, const std::vector<int32_t>& blocks) override;
+
+ private:
+  const RoleOptions options_;
+  std::unique_ptr<transfer::UcxContext> kv_context_;
+  std::unique_ptr<worker::TpKvReceivers> kv_receivers_;
+};
+
+}  // namespace mmserve::language
+
+#endif  // MMSERVE_LANGUAGE_SERVICE_DECODE_ROLE_H_

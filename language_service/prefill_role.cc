@@ -1,0 +1,159 @@
+#include "language_service/prefill_role.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace mmserve::language {
+namespace {
+
+v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
+  const std::vector<int32_t>& ids = r.prompt->token_ids;
+  v1::KvAllocateRequest req;
+  req.set_request_id(r.request_id);
+  req.set_num_tokens(static_cast<uint32_t>(ids.size()));
+  req.set_max_new_tokens(static_cast<uint32_t>(r.max_tokens));
+  for (int32_t t : ids) req.add_prompt_token_ids(static_cast<uint32_t>(t));
+  req.set_seed(r.seed);
+  for (const worker::HandoffImage& h : r.prompt->images) {
+    v1::KvImageSpan* span = req.add_images();
+    span->set_offset(static_cast<uint32_t>(h.offset));
+    span->set_grid_t(static_cast<uint32_t>(h.grid.grid_t));
+    span->set_grid_h(static_cast<uint32_t>(h.grid.grid_h));
+    span->set_grid_w(static_cast<uint32_t>(h.grid.grid_w));
+    span->mutable_content_hash()->set_high(h.key.high);
+    span->mutable_content_hash()->set_low(h.key.low);
+  }
+  req.set_mrope_position_delta(r.prompt->mrope_position_delta);
+  return req;
+}
+
+// Where decode rank `i` of `rank` wants its heads, checked against ours.
+absl::StatusOr<transfer::KvHandoffTarget> RankTarget(const v1::KvRankTarget& rank, int i, int tp,
+                                                     int64_t heads) {
+  if (rank.layout().tp_rank() != static_cast<uint32_t>(i) ||
+      rank.layout().tp_size() != static_cast<uint32_t>(tp) ||
+      rank.layout().num_kv_heads() * tp != heads) {
+    return absl::InternalError(absl::StrCat("the decode instance's rank ", i, " holds ",
+                                            rank.layout().num_kv_heads(), " KV heads as rank ",
+                                            rank.layout().tp_rank(), " of ",
+                                            rank.layout().tp_size(), "; ", heads, " to split"));
+  }
+  transfer::KvHandoffTarget target;
+  target.worker_address = rank.peer().worker_address();
+  target.rkey = rank.kv_region().rkey();
+  target.base_address = rank.kv_region().base_address();
+  target.shape.num_layers = rank.layout().num_layers();
+  target.shape.num_blocks = rank.layout().num_blocks();
+  target.shape.block_size = rank.layout().block_size();
+  target.shape.num_kv_heads = rank.layout().num_kv_heads();
+  target.shape.head_dim = rank.layout().head_dim();
+  return target;
+}
+
+}  // namespace
+
+absl::Status PrefillRole::Attach(worker::LlmEngine& engine) {
+  engine_ = &engine;
+  ASSIGN_OR_RETURN(kv_context_, transfer::UcxContext::Create(options_.kv_profile));
+  const transfer::UcxWorkerOptions wo{.name = options_.instance_id + "-kv"};
+  ASSIGN_OR_RETURN(kv_sender_,
+                   transfer::KvHandoffSender::Create(*kv_context_, engine.kv_cache(), wo));
+  return absl::OkStatus();
+}
+
+absl::Status PrefillRole::CheckPrefill(const v1::PrefillRequest& request) const {
+  if (request.decode().address().empty()) {
+    return absl::InvalidArgumentError("role prefill needs the decode instance (decode)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefillRole::PreparePrefill(const v1::PrefillRequest& request,
+                                         const model::Tokenizer& tokenizer,
+                                         worker::EngineRequest& engine_request) const {
+  if (engine_request.prompt_token_ids.empty()) {
+    ASSIGN_OR_RETURN(engine_request.prompt_token_ids, tokenizer.Encode(engine_request.prompt));
+  }
+  engine_request.prompt.clear();
+  engine_request.kv_handoff = true;
+  return absl::OkStatus();
+}
+
+v1::Language::Stub& PrefillRole::DecodeStub(const std::string& address) {
+  auto& stub = decode_stubs_[address];
+  if (stub == nullptr) stub = v1::Language::NewStub(InternalChannel(address));
+  return *stub;
+}
+
+absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
+                                     Deadline deadline, v1::KvCommit& commit) {
+  // One put set per decode rank, each its slice of the KV heads.
+  const int64_t heads = engine_->kv_cache().shape().num_kv_heads;
+  const int tp = alloc.ranks_size();
+  if (tp < 1 || heads % tp != 0) {
+    return absl::InternalError(
+        absl::StrCat("the decode instance has ", tp, " ranks for ", heads, " KV heads"));
+  }
+  // The decode side's block size (Send refuses one that differs from ours).
+  const int64_t block_size = alloc.ranks(0).layout().block_size();
+  const std::vector<int32_t>& blocks = *request.kv_blocks;
+  const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
+  for (int i = 0; i < tp; ++i) {
+    const v1::KvRankTarget& rank = alloc.ranks(i);
+    ASSIGN_OR_RETURN(transfer::KvHandoffTarget target, RankTarget(rank, i, tp, heads));
+    if (skip > blocks.size() ||
+        blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
+      return absl::InternalError(absl::StrCat("the decode instance allocated ",
+                                              rank.block_ids_size(), " blocks after ", skip,
+                                              " cached for a prompt of ", blocks.size()));
+    }
+    std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
+    std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
+    ASSIGN_OR_RETURN(uint32_t crc,
+                     kv_sender_->Send(target, src, dst, deadline, i * target.shape.num_kv_heads));
+    commit.add_rank_crc32c(crc);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefillRole::HandOff(const HandOffRequest& request) {
+  const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
+  const auto grpc_deadline =
+      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
+  v1::Language::Stub& stub = DecodeStub(request.decode.address());
+  const v1::KvAllocateRequest req = AllocateRequest(request);
+  v1::KvAllocation alloc;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(grpc_deadline);
+    RETURN_IF_ERROR(FromGrpcStatus(stub.AllocateKv(&ctx, req, &alloc)));
+  }
+  if (options_.test_kv_handoff_delay > absl::ZeroDuration()) {
+    LOG(WARNING) << "request " << request.request_id << ": test-only hand-off delay of "
+                 << options_.test_kv_handoff_delay << " after AllocateKv";
+    absl::SleepFor(options_.test_kv_handoff_delay);
+  }
+  v1::KvCommit commit;
+  RETURN_IF_ERROR(PutToRanks(request, alloc, deadline, commit));
+  commit.set_request_id(request.request_id);
+  *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
+  commit.set_first_token_id(static_cast<uint32_t>(request.first_token));
+  commit.set_seed(request.seed);
+  commit.set_mrope_position_delta(request.prompt->mrope_position_delta);
+  v1::KvCommitAck ack;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(grpc_deadline);
+  RETURN_IF_ERROR(FromGrpcStatus(stub.CommitKv(&ctx, commit, &ack)));
+  if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
+  return absl::OkStatus();
+}
+
+}  // namespace mmserve::language

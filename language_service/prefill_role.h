@@ -1,0 +1,46 @@
+// Role prefill (language_role.h): runs prompts to their first token and hands
+// the prompt's KV to the decode instance each request names: AllocateKv on
+// it, one set of UCX puts per decode rank (its slice of the KV heads,
+// transfer/kv_handoff), CommitKv with each rank's CRC32C. Loop thread only.
+#ifndef MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
+#define MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "language_service/role.h"
+#include "proto/language.grpc.pb.h"
+#include "transfer/kv_handoff.h"
+
+namespace mmserve::language {
+
+class PrefillRole final : public Role {
+ public:
+  explicit PrefillRole(const RoleOptions& options) : options_(options) {}
+
+  LanguageRole kind() const override { return LanguageRole::kPrefill; }
+  absl::Status Attach(worker::LlmEngine& engine) override;
+  absl::Status CheckPrefill(const v1::PrefillRequest& request) const override;
+  // Token ids now: they travel in AllocateKv and KvCommit.
+  absl::Status PreparePrefill(const v1::PrefillRequest& request, const model::Tokenizer& tokenizer,
+                              worker::EngineRequest& engine_request) const override;
+  absl::Status HandOff(const HandOffRequest& request) override;
+
+ private:
+  v1::Language::Stub& DecodeStub(const std::string& address);
+  // The puts to every decode rank of `alloc`; their CRC32Cs into `commit`.
+  absl::Status PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
+                          Deadline deadline, v1::KvCommit& commit);
+
+  const RoleOptions options_;
+  worker::LlmEngine* engine_ = nullptr;
+  std::unique_ptr<transfer::UcxContext> kv_context_;
+  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;
+  std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_;
+};
+
+}  // namespace mmserve::language
+
+#endif  // MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
