@@ -85,6 +85,7 @@ bool EventLoop::TakeRound(std::deque<Task>& tasks, std::deque<Task>& due) {
 }
 
 void EventLoop::Idle(Deadline next) {
+  if (next.Expired()) return;  // the step hook has more to do: no lock taken
   {
     absl::MutexLock lock(&mu_);
     if (Ready()) return;
