@@ -63,12 +63,21 @@ absl::StatusOr<std::unique_ptr<EncoderCore>> EncoderCore::Create(const EncoderCo
                                                                  metrics::Registry& metrics) {
   std::unique_ptr<EncoderCore> core(new EncoderCore(options, engine, metrics));
   RETURN_IF_ERROR(core->Load());
-  for (int i = 0; i < std::max(1, options.decode_threads); ++i) {
-    core->threads_.emplace_back([c = core.get()] { c->DecodeLoop(); });
-  }
-  core->threads_.emplace_back([c = core.get()] { c->TowerLoop(); });
-  core->threads_.emplace_back([c = core.get()] { c->PublishLoop(); });
+  core->StartStages();
   return core;
+}
+
+void EncoderCore::StartStages() {
+  decode_stage_ = std::make_unique<WorkerPool>(
+      WorkerPoolOptions{.name = "encoder decode", .threads = options_.decode_threads});
+  EventLoopOptions tower{.name = "encoder tower"};
+  tower.step = [this](bool) { return TowerStep(); };
+  tower.on_stop = EventLoopOptions::OnStop::kDrop;
+  tower_stage_ = std::make_unique<MessageLoop<ImageWork>>(
+      [this](ImageWork& w) { QueueForTower(w); }, std::move(tower));
+  EventLoopOptions publish{.name = "encoder publish"};
+  publish.on_stop = EventLoopOptions::OnStop::kDrop;
+  publish_stage_ = std::make_unique<EventLoop>(std::move(publish));
 }
 
 absl::Status EncoderCore::Load() {
@@ -139,6 +148,7 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
           if (w.encoded != nullptr) {
             cache_hits_->Increment();
             publish_queue_.push_back(std::move(w));
+            publish_stage_->Post([this] { PublishNext(); });
           } else {
             coalesced_->Increment();
             inflight->second.push_back(std::move(w.waiter));
@@ -146,7 +156,9 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
         } else {
           cache_misses_->Increment();
           inflight_[hash].push_back(std::move(w.waiter));
-          decode_queue_.push_back(ImageWork{hash, job->images[i].data, {}});
+          decode_stage_->Post([this, work = ImageWork{hash, job->images[i].data, {}}]() mutable {
+            Decode(std::move(work));
+          });
         }
       }
       return;
@@ -208,22 +220,22 @@ void EncoderCore::Shutdown() {
   std::vector<Waiter> dropped;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_ && threads_.empty()) return;
     stopping_ = true;
     for (auto& [hash, waiters] : inflight_) {
       for (Waiter& w : waiters) dropped.push_back(std::move(w));
     }
     inflight_.clear();
     for (Work& w : publish_queue_) dropped.push_back(std::move(w.waiter));
-    decode_queue_.clear();
-    tower_queue_.clear();
     publish_queue_.clear();
   }
   for (Waiter& w : dropped) {
     Complete(w.job, w.slot, absl::CancelledError("the encoder is shutting down"));
   }
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
+  // Queued images are dropped; the ones in a stage finish it and find
+  // nobody waiting. Null when Load failed.
+  if (decode_stage_ != nullptr) decode_stage_->Stop();
+  if (tower_stage_ != nullptr) tower_stage_->Stop();
+  if (publish_stage_ != nullptr) publish_stage_->Stop();
 }
 
 void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::Status status) {
@@ -246,65 +258,47 @@ void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::S
   done(std::move(result));
 }
 
-void EncoderCore::DecodeLoop() {
-  for (;;) {
-    ImageWork w;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](EncoderCore* c)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->decode_queue_.empty(); },
-          this));
-      if (stopping_) return;
-      w = std::move(decode_queue_.front());
-      decode_queue_.pop_front();
-    }
-    if (!Wanted(w.hash)) {
-      for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
-      continue;
-    }
-    absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(w.data, options_.decode_limits);
-    absl::StatusOr<model::ImagePatches> patches =
-        rgb.ok() ? model::PreprocessImage(*rgb, *config_.preprocessor)
-                 : absl::StatusOr<model::ImagePatches>(rgb.status());
-    if (!patches.ok()) {
-      for (Waiter& x : TakeWaiters(w.hash)) {
-        bad_images_->Increment();
-        Complete(
-            x.job, x.slot,
-            absl::InvalidArgumentError(absl::StrCat("image ", x.job->images[x.slot].image_index,
-                                                    ": ", patches.status().message())));
-      }
-      continue;
-    }
-    w.patches = std::move(*patches);
-    w.data.clear();
-    absl::MutexLock lock(&mu_);
-    tower_queue_.push_back(std::move(w));
+void EncoderCore::Decode(ImageWork w) {
+  if (!Wanted(w.hash)) {
+    for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
+    return;
   }
+  absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(w.data, options_.decode_limits);
+  absl::StatusOr<model::ImagePatches> patches =
+      rgb.ok() ? model::PreprocessImage(*rgb, *config_.preprocessor)
+               : absl::StatusOr<model::ImagePatches>(rgb.status());
+  if (!patches.ok()) {
+    for (Waiter& x : TakeWaiters(w.hash)) {
+      bad_images_->Increment();
+      Complete(x.job, x.slot,
+               absl::InvalidArgumentError(absl::StrCat("image ", x.job->images[x.slot].image_index,
+                                                       ": ", patches.status().message())));
+    }
+    return;
+  }
+  w.patches = std::move(*patches);
+  w.data.clear();
+  // Refused only once stopping: then nobody waits for it.
+  (void)tower_stage_->Post(std::move(w));
 }
 
-void EncoderCore::TowerLoop() {
-  for (;;) {
-    std::vector<ImageWork> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](EncoderCore* c)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->tower_queue_.empty(); },
-          this));
-      if (stopping_) return;
-      int64_t patches = 0;
-      while (!tower_queue_.empty()) {
-        const int64_t next = tower_queue_.front().patches.grid.num_patches();
-        if (!batch.empty() && patches + next > options_.max_batch_patches) break;
-        patches += next;
-        batch.push_back(std::move(tower_queue_.front()));
-        tower_queue_.pop_front();
-      }
-    }
-    RunBatch(batch);
+void EncoderCore::QueueForTower(ImageWork& w) { tower_queue_.push_back(std::move(w)); }
+
+Deadline EncoderCore::TowerStep() {
+  if (tower_queue_.empty()) return Deadline::Never();
+  // One batch of the queue's oldest images under the patch budget (at least
+  // one image); the loop calls again at once while images remain.
+  std::vector<ImageWork> batch;
+  int64_t patches = 0;
+  while (!tower_queue_.empty()) {
+    const int64_t next = tower_queue_.front().patches.grid.num_patches();
+    if (!batch.empty() && patches + next > options_.max_batch_patches) break;
+    patches += next;
+    batch.push_back(std::move(tower_queue_.front()));
+    tower_queue_.pop_front();
   }
+  RunBatch(batch);
+  return tower_queue_.empty() ? Deadline::Never() : Deadline::After(absl::ZeroDuration());
 }
 
 void EncoderCore::RunBatch(std::vector<ImageWork>& batch) {
@@ -340,28 +334,38 @@ void EncoderCore::RunBatch(std::vector<ImageWork>& batch) {
     images_encoded_->Increment();
     cache_.Insert(w->hash, encoded);
     // The cache holds it now; whoever asked meanwhile publishes it.
-    std::vector<Waiter> waiters = TakeWaiters(w->hash);
-    absl::MutexLock lock(&mu_);
-    for (Waiter& x : waiters) publish_queue_.push_back(Work{std::move(x), encoded});
+    std::vector<Work> works;
+    for (Waiter& x : TakeWaiters(w->hash)) works.push_back(Work{std::move(x), encoded});
+    QueueForPublish(std::move(works));
   }
 }
 
-void EncoderCore::PublishLoop() {
-  for (;;) {
-    Work w;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](EncoderCore* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return c->stopping_ || !c->publish_queue_.empty();
-          },
-          this));
-      if (stopping_) return;
-      w = std::move(publish_queue_.front());
-      publish_queue_.pop_front();
+void EncoderCore::QueueForPublish(std::vector<Work> works) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      for (Work& w : works) {
+        publish_queue_.push_back(std::move(w));
+        publish_stage_->Post([this] { PublishNext(); });
+      }
+      return;
     }
-    Publish(w);
   }
+  // Shutdown took the waiters it could see; these left inflight_ before.
+  for (Work& w : works) {
+    Complete(w.waiter.job, w.waiter.slot, absl::CancelledError("the encoder is shutting down"));
+  }
+}
+
+void EncoderCore::PublishNext() {
+  Work w;
+  {
+    absl::MutexLock lock(&mu_);
+    if (publish_queue_.empty()) return;  // Cancel or Shutdown took it
+    w = std::move(publish_queue_.front());
+    publish_queue_.pop_front();
+  }
+  Publish(w);
 }
 
 void EncoderCore::Publish(Work& w) {

@@ -5,7 +5,9 @@
 //                [](absl::StatusOr<v1::EncodeResponse> r) { ... });
 //
 // Each image flows through three stages, each on its own threads so that no
-// gRPC thread ever decodes or runs the tower:
+// gRPC thread ever decodes or runs the tower (common/ loops: a WorkerPool for
+// decode, whose images are independent; an EventLoop each for the tower,
+// which owns its queue and batches it, and the publisher):
 //   1. cache lookup (caller's thread; a hit skips 2 and 3, and so does an
 //      image another request is encoding right now: it waits for that one),
 //   2. decode + preprocess on `decode_threads` workers,
@@ -27,7 +29,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,8 +37,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/event_loop.h"
 #include "common/hash.h"
 #include "common/metrics.h"
+#include "common/worker_pool.h"
 #include "encoder_service/embedding_cache.h"
 #include "model/image_decode.h"
 #include "model/image_preprocess.h"
@@ -133,10 +136,17 @@ class EncoderCore {
   EncoderCore(const EncoderCoreOptions& options, transfer::TransferEngine& engine,
               metrics::Registry& metrics);
   absl::Status Load();
-  void DecodeLoop();
-  void TowerLoop();
-  void PublishLoop();
+  void StartStages();
+  // Decode stage, on a pool thread.
+  void Decode(ImageWork w);
+  // Tower loop: queues an image; the step hook runs one batch of the queue.
+  void QueueForTower(ImageWork& w);
+  Deadline TowerStep();
   void RunBatch(std::vector<ImageWork>& batch);
+  // Queues images for the publisher, or cancels them once stopping.
+  void QueueForPublish(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
+  // Publish loop: publishes the oldest queued image (if Cancel left one).
+  void PublishNext();
   void Publish(Work& work);
   // Takes the waiters of an image leaving the pipeline.
   std::vector<Waiter> TakeWaiters(const ContentHash& hash) ABSL_LOCKS_EXCLUDED(mu_);
@@ -156,11 +166,10 @@ class EncoderCore {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<ImageWork> decode_queue_ ABSL_GUARDED_BY(mu_);
-  std::deque<ImageWork> tower_queue_ ABSL_GUARDED_BY(mu_);
+  // Cancel takes images out of it; one publish task per image queued.
   std::deque<Work> publish_queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ContentHash, std::vector<Waiter>> inflight_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
+  std::deque<ImageWork> tower_queue_;  // tower loop thread only
 
   metrics::Counter* images_encoded_;
   metrics::Counter* cache_hits_;
@@ -171,6 +180,11 @@ class EncoderCore {
   metrics::Histogram* tower_seconds_;
   metrics::Histogram* batch_images_;
   metrics::Histogram* transfer_seconds_;
+
+  // Last: their threads stop before the state they use goes.
+  std::unique_ptr<WorkerPool> decode_stage_;
+  std::unique_ptr<MessageLoop<ImageWork>> tower_stage_;
+  std::unique_ptr<EventLoop> publish_stage_;
 };
 
 }  // namespace mmserve::encoder

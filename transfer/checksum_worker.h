@@ -13,19 +13,15 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/event_loop.h"
 
 namespace mmserve::transfer {
 
 class ChecksumWorker {
  public:
   ChecksumWorker();
-  ~ChecksumWorker();
   ChecksumWorker(const ChecksumWorker&) = delete;
   ChecksumWorker& operator=(const ChecksumWorker&) = delete;
 
@@ -35,18 +31,7 @@ class ChecksumWorker {
               uint8_t* copy_to = nullptr);
 
  private:
-  struct Job {
-    const uint8_t* data;
-    size_t size;
-    std::function<void(uint32_t)> done;
-    uint8_t* copy_to;
-  };
-  void Loop();
-
-  absl::Mutex mu_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  EventLoop loop_;  // kDrain: the destructor runs what was submitted
 };
 
 }  // namespace mmserve::transfer

@@ -5,7 +5,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "absl/synchronization/notification.h"
+#include <algorithm>
+
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -45,6 +46,39 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(UcxContext& context
       new UcxWorker(context, options, worker, std::move(address), wake_fd, ucx_fd));
 }
 
+// The progress thread sleeps in poll() on UCX's event fd (armed first) and
+// an eventfd that Post writes to.
+class UcxWorker::Sleeper : public LoopSleeper {
+ public:
+  Sleeper(ucp_worker_h worker, int wake_fd, int ucx_fd)
+      : worker_(worker), wake_fd_(wake_fd), ucx_fd_(ucx_fd) {}
+
+  void Wake() override {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+
+  void Sleep(Deadline until) override {
+    // Arm only when UCX has nothing pending; UCS_ERR_BUSY means "progress again".
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
+    struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ucx_fd_, POLLIN, 0}};
+    const absl::Duration left = until.Remaining();
+    int timeout_ms = -1;
+    if (left != absl::InfiniteDuration()) {
+      timeout_ms = std::max<int>(1, static_cast<int>(absl::ToInt64Milliseconds(left)));
+    }
+    if (poll(fds, 2, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));
+    }
+  }
+
+ private:
+  const ucp_worker_h worker_;
+  const int wake_fd_;
+  const int ucx_fd_;
+};
+
 UcxWorker::UcxWorker(UcxContext& context, const UcxWorkerOptions& options, ucp_worker_h worker,
                      std::string address, int wake_fd, int ucx_fd)
     : context_(context),
@@ -55,104 +89,71 @@ UcxWorker::UcxWorker(UcxContext& context, const UcxWorkerOptions& options, ucp_w
       ucx_fd_(ucx_fd) {}
 
 void UcxWorker::Stop() {
-  if (!thread_.joinable()) return;
+  if (loop_ == nullptr) return;
   CHECK(!InProgressThread()) << "UcxWorker::Stop from its own progress thread";
-  stop_.store(true);
-  uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
-  thread_.join();
+  loop_->Stop();
 }
 
 UcxWorker::~UcxWorker() {
   Stop();
-  // Tasks still queued (e.g. messages that arrived during shutdown) are
+  // Tasks still queued (e.g. messages that arrived during shutdown) were
   // dropped: their owners are going away.
-  {
-    absl::MutexLock lock(&mu_);
-    tasks_.clear();
-  }
+  loop_.reset();
   ucp_worker_destroy(worker_);
   close(wake_fd_);
 }
 
 void UcxWorker::Start(std::function<void()> ticker, std::function<bool()> active) {
-  CHECK(!thread_.joinable()) << "UcxWorker::Start called twice";
+  CHECK(loop_ == nullptr) << "UcxWorker::Start called twice";
   ticker_ = std::move(ticker);
   active_ = std::move(active);
-  thread_ = std::thread([this] { Loop(); });
+  last_activity_ = MonotonicNanos();
+  last_tick_ = last_activity_;
+  EventLoopOptions loop_options{.name = options_.name};
+  loop_options.step = [this](bool worked) { return Step(worked); };
+  loop_options.sleeper = std::make_unique<Sleeper>(worker_, wake_fd_, ucx_fd_);
+  loop_options.on_stop = EventLoopOptions::OnStop::kDrop;
+  loop_ = std::make_unique<EventLoop>(std::move(loop_options));
 }
 
 void UcxWorker::Post(std::function<void()> task) {
-  {
-    absl::MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
-  }
-  uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  // Refused (dropped) only once stopping, like the tasks queued then.
+  (void)loop_->Post(std::move(task));
 }
 
 absl::Status UcxWorker::RunSync(std::function<absl::Status()> task) {
-  if (InProgressThread()) return task();
-  absl::Status status;
-  absl::Notification done;
-  Post([&] {
-    status = task();
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return status;
+  return loop_->RunAndWait(std::move(task));
 }
 
-bool UcxWorker::InProgressThread() const { return thread_.get_id() == std::this_thread::get_id(); }
+bool UcxWorker::InProgressThread() const { return loop_ != nullptr && loop_->IsInLoopThread(); }
 
 unsigned UcxWorker::Progress() { return ucp_worker_progress(worker_); }
 
-bool UcxWorker::RunTasks() {
-  std::deque<std::function<void()>> tasks;
-  {
-    absl::MutexLock lock(&mu_);
-    tasks.swap(tasks_);
+Deadline UcxWorker::Step(bool worked) {
+  bool busy = worked;
+  while (ucp_worker_progress(worker_) != 0) busy = true;
+  const int64_t now = MonotonicNanos();
+  if (ticker_ && now - last_tick_ >= absl::ToInt64Nanoseconds(options_.tick)) {
+    last_tick_ = now;
+    ticker_();
   }
-  for (auto& task : tasks) task();
-  return !tasks.empty();
-}
-
-void UcxWorker::Sleep() {
-  // Arm only when UCX has nothing pending; UCS_ERR_BUSY means "progress again".
-  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
-  struct pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ucx_fd_, POLLIN, 0}};
-  int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.tick));
-  if (poll(fds, 2, timeout_ms < 1 ? 1 : timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
-    uint64_t count;
-    (void)!read(wake_fd_, &count, sizeof(count));
+  const Deadline again = Deadline::After(absl::ZeroDuration());
+  if (busy) {
+    last_activity_ = now;
+    return again;
   }
-}
-
-void UcxWorker::Loop() {
-  const int64_t spin_ns = absl::ToInt64Nanoseconds(options_.spin);
-  const int64_t tick_ns = absl::ToInt64Nanoseconds(options_.tick);
-  int64_t last_activity = MonotonicNanos();
-  int64_t last_tick = last_activity;
-  while (!stop_.load(std::memory_order_relaxed)) {
-    bool busy = RunTasks();
-    while (ucp_worker_progress(worker_) != 0) busy = true;
-    int64_t now = MonotonicNanos();
-    if (ticker_ && now - last_tick >= tick_ns) {
-      last_tick = now;
-      ticker_();
-    }
-    if (busy) {
-      last_activity = now;
-    } else if (active_ && active_()) {
-      // A transfer is in flight: its data may need this side's progress
-      // without waking the event fd (shm RMA in UCX 1.13), so never sleep;
-      // yield the core to other runnable threads instead.
-      last_activity = now;
-      sched_yield();
-    } else if (now - last_activity > spin_ns) {
-      Sleep();  // keeps sleeping each round until something happens
-    }
+  if (active_ && active_()) {
+    // A transfer is in flight: its data may need this side's progress
+    // without waking the event fd (shm RMA in UCX 1.13), so never sleep;
+    // yield the core to other runnable threads instead.
+    last_activity_ = now;
+    sched_yield();
+    return again;
   }
+  if (now - last_activity_ <= absl::ToInt64Nanoseconds(options_.spin)) return again;
+  // Keeps sleeping each round (at most a tick, for the ticker) until
+  // something happens.
+  return Deadline::After(options_.tick);
 }
 
 }  // namespace mmserve::transfer

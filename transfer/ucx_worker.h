@@ -9,7 +9,9 @@
 //   worker->Post([&] { /* runs on the progress thread, may call ucp_* */ });
 //   absl::Status s = worker->RunSync([&] { return DoUcxThing(worker->get()); });
 //
-// The loop: run queued tasks, call ucp_worker_progress until it returns 0,
+// The loop is a common EventLoop (dropping queued tasks on Stop) whose step
+// hook drives UCX and whose sleeper polls UCX's event fd: run queued tasks,
+// call ucp_worker_progress until it returns 0,
 // run the ticker about every `tick` (deadlines), and after `spin` of idleness
 // arm the worker and sleep in poll() on its event fd and a wake-up eventfd
 // (at most `tick`) - unless the owner's `active` predicate says a transfer is
@@ -27,18 +29,16 @@
 
 #include <ucp/api/ucp.h>
 
-#include <atomic>
-#include <deque>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/event_loop.h"
 #include "transfer/ucx_context.h"
 
 namespace mmserve::transfer {
@@ -72,8 +72,9 @@ class UcxWorker {
   // once, before Post.
   void Start(std::function<void()> ticker, std::function<bool()> active = nullptr);
 
-  // Stops and joins the progress thread; queued tasks never run. Call from
-  // another thread, after the owner's last RunSync.
+  // Stops and joins the progress thread; queued tasks never run (a RunSync
+  // waiting on one returns Unavailable). Call from another thread, after the
+  // owner's last RunSync.
   void Stop();
 
   // Queues `task` for the progress thread. Thread-safe.
@@ -93,11 +94,11 @@ class UcxWorker {
   unsigned Progress();
 
  private:
+  class Sleeper;
   UcxWorker(UcxContext& context, const UcxWorkerOptions& options, ucp_worker_h worker,
             std::string address, int wake_fd, int ucx_fd);
-  void Loop();
-  bool RunTasks();
-  void Sleep();
+  // The loop's step hook: progress, the ticker, and whether to spin or sleep.
+  Deadline Step(bool worked);
 
   UcxContext& context_;
   const UcxWorkerOptions options_;
@@ -105,13 +106,12 @@ class UcxWorker {
   const std::string address_;
   const int wake_fd_;  // eventfd other threads write to wake the loop
   const int ucx_fd_;   // ucp_worker_get_efd
+  // Set by Start, before the loop exists; then read on the progress thread.
   std::function<void()> ticker_;
   std::function<bool()> active_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  int64_t last_activity_ = 0;        // progress thread only
+  int64_t last_tick_ = 0;            // progress thread only
+  std::unique_ptr<EventLoop> loop_;  // set by Start
 };
 
 }  // namespace mmserve::transfer
