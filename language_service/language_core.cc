@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -142,16 +143,48 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
   }
   RETURN_IF_ERROR(core->role_->Attach(*core->engine_));
   core->UpdateLoad();
-  core->loop_ = std::thread([c = core.get()] { c->Loop(); });
-  core->connector_ = std::thread([c = core.get()] { c->ConnectLoop(); });
+  LanguageCore* c = core.get();
+  core->connector_ = std::make_unique<EventLoop>(EventLoopOptions{
+      .name = options.instance_id + "-connect", .on_stop = EventLoopOptions::OnStop::kDrop});
+  core->loop_ = std::make_unique<MessageLoop<Message>>(
+      [c](Message& m) { c->Handle(m); },
+      EventLoopOptions{.name = options.instance_id + "-loop",
+                       .step = [c](bool) { return c->StepHook(); },
+                       .on_fatal = options.on_fatal});
   return core;
 }
 
 LanguageCore::~LanguageCore() { Shutdown(); }
 
-void LanguageCore::Post(Task task) {
-  absl::MutexLock lock(&mu_);
-  inbox_.push_back(std::move(task));
+bool LanguageCore::Post(Message message) { return loop_->Post(std::move(message)); }
+
+void LanguageCore::Handle(Message& message) {
+  std::visit(
+      [this](auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, Message::Install>) {
+          OnInstall(std::move(m.request));
+        } else if constexpr (std::is_same_v<M, Message::Abort>) {
+          OnAbort(m.id, m.reason);
+        } else if constexpr (std::is_same_v<M, Message::Retry>) {
+          auto it = requests_.find(m.retry.request_id());
+          if (it != requests_.end()) ApplyRetry(*it->second, m.retry);
+        } else if constexpr (std::is_same_v<M, Message::Connected>) {
+          OnConnected(m.encoder, m.address, m.status);
+        } else if constexpr (std::is_same_v<M, Message::ImageReceived>) {
+          OnImage(m.id, m.k, m.transfer_id, std::move(m.image));
+        } else if constexpr (std::is_same_v<M, Message::AllocateKv>) {
+          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
+                                  : ReserveKv(*m.request));
+        } else if constexpr (std::is_same_v<M, Message::CommitKv>) {
+          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
+                                  : CommitReservedKv(*m.commit));
+        } else {
+          static_assert(std::is_same_v<M, Message::ShutDown>);
+          OnShutDown();
+        }
+      },
+      message.body);
 }
 
 absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
@@ -195,41 +228,50 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     im.meta = image;
     r->images.push_back(std::move(im));
   }
-  return Install(std::move(r), [this](Request& rr) {
-    for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
-    std::vector<v1::ImageRetry> early;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto it = early_retries_.begin(); it != early_retries_.end();) {
-        if (it->first.request_id() == rr.id) {
-          early.push_back(std::move(it->first));
-          it = early_retries_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (const v1::ImageRetry& retry : early) ApplyRetry(rr, retry);
-    MaybeAdmit(rr);
-  });
+  return Install(std::move(r));
 }
 
-absl::Status LanguageCore::Install(std::unique_ptr<Request> r, std::function<void(Request&)> then) {
-  // The id and the task that installs the request go in under one lock: a
-  // caller that sees the id (num_requests) and then posts (AllocateKv) finds
-  // the request installed.
+void LanguageCore::OnInstall(std::unique_ptr<Request> owned) {
+  Request& rr = *owned;
+  requests_[rr.id] = std::move(owned);
+  if (rr.phase == RequestPhase::kRegistered) {
+    // An empty first batch: the request is held here, AllocateKv may come.
+    v1::TokenBatch registered;
+    registered.set_request_id(rr.id);
+    rr.sink.on_batch(std::move(registered));
+    return;
+  }
+  for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
+  std::vector<v1::ImageRetry> early;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = early_retries_.begin(); it != early_retries_.end();) {
+      if (it->first.request_id() == rr.id) {
+        early.push_back(std::move(it->first));
+        it = early_retries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const v1::ImageRetry& retry : early) ApplyRetry(rr, retry);
+  MaybeAdmit(rr);
+}
+
+absl::Status LanguageCore::Install(std::unique_ptr<Request> r) {
+  // The id and the message that installs the request go in under one lock:
+  // a caller that sees the id (num_requests) and then posts (AllocateKv)
+  // finds the request installed.
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the language instance is shutting down");
   if (!ids_.emplace(r->id, true).second) {
     return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
   }
-  inbox_.push_back(
-      [this, req = std::shared_ptr<Request>(std::move(r)), then = std::move(then)]() mutable {
-        auto owned = std::make_unique<Request>(std::move(*req));
-        Request& installed = *owned;
-        requests_[installed.id] = std::move(owned);
-        then(installed);
-      });
+  const std::string id = r->id;
+  if (!Post({Message::Install{std::move(r)}})) {
+    ids_.erase(id);
+    return absl::UnavailableError("the language instance is shutting down");
+  }
   return absl::OkStatus();
 }
 
@@ -278,17 +320,19 @@ const char* RequestPhaseName(RequestPhase p) {
 }
 
 void LanguageCore::Abort(const std::string& request_id, const std::string& reason) {
-  Post([this, request_id, reason] {
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) return;
-    Request& r = *it->second;
-    if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
-      Advance(r, RequestEvent::kAbortAsked);
-      engine_->Abort(request_id).IgnoreError();  // its event ends the request
-      return;
-    }
-    End(request_id, absl::CancelledError(reason));
-  });
+  Post({Message::Abort{request_id, reason}});
+}
+
+void LanguageCore::OnAbort(const std::string& request_id, const std::string& reason) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request& r = *it->second;
+  if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
+    Advance(r, RequestEvent::kAbortAsked);
+    engine_->Abort(request_id).IgnoreError();  // its event ends the request
+    return;
+  }
+  End(request_id, absl::CancelledError(reason));
 }
 
 // The tokens, text and log-probabilities of one engine event.
@@ -439,7 +483,7 @@ void LanguageCore::LoseRank(const absl::Status& why) {
   // same way): main stops it as on SIGTERM, so it leaves the router, and
   // its supervisor (the launcher) restarts it.
   LOG(ERROR) << "tensor-parallel instance lost a rank: " << why;
-  if (options_.on_fatal) options_.on_fatal(why);
+  loop_->ReportFatal(why);
 }
 
 void LanguageCore::StepEngine() {
@@ -468,35 +512,23 @@ void LanguageCore::StepEngine() {
                                      : absl::InternalError(s.message()));
 }
 
-void LanguageCore::Loop() {
-  for (;;) {
-    std::deque<Task> tasks;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!engine_->has_unfinished()) {
-        mu_.AwaitWithTimeout(absl::Condition(this, &LanguageCore::HasWorkLocked), kIdleWait);
-      }
-      if (stopping_) break;
-      tasks.swap(inbox_);
-    }
-    for (Task& t : tasks) t();
-    CheckLostDeadlines();
-    // A rank that died while no step ran (an idle instance, or one whose
-    // only request waits for its KV hand-off): out of service all the same.
-    if (engine_->tp_group() != nullptr && engine_->tp_group()->lost_rank()) {
-      LoseRank(absl::UnavailableError("a tensor-parallel rank of this instance died"));
-    }
-    if (engine_->has_unfinished()) StepEngine();
-    UpdateLoad();
+Deadline LanguageCore::StepHook() {
+  if (shut_down_) return Deadline::Never();
+  CheckLostDeadlines();
+  // A rank that died while no step ran (an idle instance, or one whose
+  // only request waits for its KV hand-off): out of service all the same.
+  if (engine_->tp_group() != nullptr && engine_->tp_group()->lost_rank()) {
+    LoseRank(absl::UnavailableError("a tensor-parallel rank of this instance died"));
   }
-  // Shutting down: run what was posted (transfer results free their blocks),
-  // then end every request.
-  std::deque<Task> tasks;
-  {
-    absl::MutexLock lock(&mu_);
-    tasks.swap(inbox_);
-  }
-  for (Task& t : tasks) t();
+  if (engine_->has_unfinished()) StepEngine();
+  UpdateLoad();
+  // Lost-image deadlines are checked at least every kIdleWait.
+  return engine_->has_unfinished() ? Deadline::After(absl::ZeroDuration())
+                                   : Deadline::After(kIdleWait);
+}
+
+void LanguageCore::OnShutDown() {
+  shut_down_ = true;
   std::vector<std::string> live;
   for (const auto& [id, r] : requests_) live.push_back(id);
   for (const std::string& id : live) {
@@ -508,10 +540,13 @@ void LanguageCore::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    stopping_ = true;
+    stopping_ = true;  // no new request from here on
   }
-  if (loop_.joinable()) loop_.join();
-  if (connector_.joinable()) connector_.join();
+  // Messages queued before ShutDown run first (transfer results free their
+  // blocks); ShutDown ends every request; what comes after finds none.
+  Post({Message::ShutDown{}});
+  loop_->Stop();
+  connector_->Stop();
 }
 
 void LanguageCore::UpdateLoad() {

@@ -5,7 +5,8 @@
 //   RETURN_IF_ERROR(core->Submit(prefill_request, {.on_batch = ..., .on_end = ...}));
 //
 // One loop thread owns the engine (scheduler, KV cache, model) and every
-// request's state; everything else posts closures to it. A request whose
+// request's state (common/event_loop's MessageLoop); everything else posts
+// typed messages to it (language_core_request.h), handled in one place. A request whose
 // embeddings are still in flight waits outside the engine: the loop never
 // blocks on a transfer (seed 000's principle inside one process) and keeps
 // stepping the requests that are ready. Per image: connect to its encoder
@@ -37,13 +38,13 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/event_loop.h"
 #include "common/metrics.h"
 #include "language_service/role.h"
 #include "proto/language.grpc.pb.h"
@@ -161,20 +162,24 @@ class LanguageCore {
  private:
   struct Request;
   struct Connection;
-  using Task = std::function<void()>;
+  struct Message;
 
   LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
                metrics::Registry& metrics);
-  void Post(Task task);
+  // Queues `message` for the loop thread; false once stopping.
+  bool Post(Message message);
+  // The loop thread's one entry for messages, and its step hook: lost-image
+  // deadlines, a lost rank, an engine step, the load report.
+  void Handle(Message& message);
+  Deadline StepHook();
   // Claims `r`'s id (AlreadyExists while a request of that id lives;
   // Unavailable when stopping), then on the loop thread keeps `r` in
-  // requests_ and calls `then` with it.
-  absl::Status Install(std::unique_ptr<Request> r, std::function<void(Request&)> then);
+  // requests_ (OnInstall).
+  absl::Status Install(std::unique_ptr<Request> r);
   // AllocateKv on the loop thread.
   absl::StatusOr<v1::KvAllocation> ReserveKv(const v1::KvAllocateRequest& request);
-  // Runs `f` on the loop thread and waits for it; Unavailable when stopping.
-  template <typename T>
-  T RunOnLoop(std::function<T()> f);
+  // CommitKv on the loop thread.
+  absl::Status CommitReservedKv(const v1::KvCommit& commit);
   // The one place a request's phase changes (language_core_request.h).
   void Advance(Request& r, RequestEvent event);
   // Role prefill: the prompt's KV went to the decode instance; the stream's
@@ -188,8 +193,13 @@ class LanguageCore {
   // A tensor-parallel rank died: ends every request in the engine with
   // `why` and tells main (options_.on_fatal) once.
   void LoseRank(const absl::Status& why);
-  void Loop();
-  void ConnectLoop();
+  // The connector thread: connects to an encoder, then tells the loop.
+  void Connect(const std::string& encoder, const std::string& address);
+  // Role both and prefill: a new request starts its images; role decode: a
+  // registered one says it is held.
+  void OnInstall(std::unique_ptr<Request> r);
+  void OnAbort(const std::string& id, const std::string& reason);
+  void OnShutDown();
   // Loop thread only, from here on.
   void StartImage(Request& r, size_t k);
   void StartReceive(Request& r, size_t k);
@@ -203,9 +213,6 @@ class LanguageCore {
   v1::TokenBatch Batch(const Request& r, const worker::StreamEvent& e) const;
   // Ends every request the engine holds with `why`.
   void EndInEngine(const absl::Status& why);
-  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !inbox_.empty();
-  }
   void End(const std::string& id, absl::Status status);
   void CheckLostDeadlines();
   void UpdateLoad();
@@ -219,8 +226,6 @@ class LanguageCore {
   std::unique_ptr<Role> role_;
 
   absl::Mutex mu_;
-  std::deque<Task> inbox_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::pair<std::string, std::string>> connects_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Ids known to the loop (Submit refuses duplicates; Retry answers known).
   std::map<std::string, bool> ids_ ABSL_GUARDED_BY(mu_);
@@ -249,8 +254,11 @@ class LanguageCore {
   int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
   int64_t engine_rows_inline_ = 0;
 
-  std::thread loop_;
-  std::thread connector_;
+  bool shut_down_ = false;  // loop thread: ShutDown was handled
+
+  // Last: their threads stop before anything they use goes.
+  std::unique_ptr<EventLoop> connector_;  // encoder Connect calls, one at a time
+  std::unique_ptr<MessageLoop<Message>> loop_;
 };
 
 }  // namespace mmserve::language

@@ -1,6 +1,4 @@
-#include <signal.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +6,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -46,10 +43,7 @@ bool LanguageCore::Retry(const v1::ImageRetry& retry) {
       return true;
     }
   }
-  Post([this, retry] {
-    auto it = requests_.find(retry.request_id());
-    if (it != requests_.end()) ApplyRetry(*it->second, retry);
-  });
+  Post({Message::Retry{retry}});
   return true;
 }
 
@@ -99,48 +93,36 @@ void LanguageCore::StartImage(Request& r, size_t k) {
     case Connection::State::kNone:
       conn->state = Connection::State::kConnecting;
       conn->waiting.emplace_back(r.id, k);
-      absl::MutexLock lock(&mu_);
-      connects_.emplace_back(im.meta.encoder_id(), conn->address);
+      connector_->Post([this, encoder = im.meta.encoder_id(), address = conn->address] {
+        Connect(encoder, address);
+      });
       return;
   }
 }
 
-void LanguageCore::ConnectLoop() {
-  for (;;) {
-    std::pair<std::string, std::string> job;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](LanguageCore* c)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->stopping_ || !c->connects_.empty(); },
-          this));
-      if (stopping_) return;
-      job = connects_.front();
-      connects_.pop_front();
-    }
-    auto stub = v1::Encoder::NewStub(InternalChannel(job.second));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     absl::ToChronoNanoseconds(options_.connect_timeout));
-    v1::ConnectResponse resp;
-    grpc::Status gs = stub->Connect(&ctx, transfer_.local_info(), &resp);
-    absl::Status status;
-    if (!gs.ok()) {
-      status = absl::UnavailableError(absl::StrCat("connect to encoder ", job.first, " at ",
-                                                   job.second, ": ", gs.error_message()));
-    } else if (resp.instance_id() != job.first) {
-      status = absl::UnavailableError(
-          absl::StrCat("encoder at ", job.second, " is ", resp.instance_id(), ", not ", job.first));
-    } else {
-      v1::ConnectRequest peer;
-      peer.set_instance_id(resp.instance_id());
-      *peer.mutable_ucx() = resp.ucx();
-      *peer.mutable_embedding_buffer() = resp.embedding_buffer();
-      status = transfer_.Connect(peer);
-    }
-    if (status.ok()) LOG(INFO) << "connected to encoder " << job.first << " at " << job.second;
-    Post([this, job, status] { OnConnected(job.first, job.second, status); });
+void LanguageCore::Connect(const std::string& encoder, const std::string& address) {
+  auto stub = v1::Encoder::NewStub(InternalChannel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoNanoseconds(options_.connect_timeout));
+  v1::ConnectResponse resp;
+  grpc::Status gs = stub->Connect(&ctx, transfer_.local_info(), &resp);
+  absl::Status status;
+  if (!gs.ok()) {
+    status = absl::UnavailableError(
+        absl::StrCat("connect to encoder ", encoder, " at ", address, ": ", gs.error_message()));
+  } else if (resp.instance_id() != encoder) {
+    status = absl::UnavailableError(
+        absl::StrCat("encoder at ", address, " is ", resp.instance_id(), ", not ", encoder));
+  } else {
+    v1::ConnectRequest peer;
+    peer.set_instance_id(resp.instance_id());
+    *peer.mutable_ucx() = resp.ucx();
+    *peer.mutable_embedding_buffer() = resp.embedding_buffer();
+    status = transfer_.Connect(peer);
   }
+  if (status.ok()) LOG(INFO) << "connected to encoder " << encoder << " at " << address;
+  Post({Message::Connected{encoder, address, status}});
 }
 
 void LanguageCore::OnConnected(const std::string& encoder, const std::string& address,
@@ -177,8 +159,7 @@ void LanguageCore::StartReceive(Request& r, size_t k) {
   rr.timeout = options_.transfer_timeout;
   transfer_.Receive(std::move(rr), [this, id = r.id, k, tid = r.TransferId(k)](
                                        absl::StatusOr<transfer::ReceivedImage> image) {
-    auto shared = std::make_shared<absl::StatusOr<transfer::ReceivedImage>>(std::move(image));
-    Post([this, id, k, tid, shared] { OnImage(id, k, tid, std::move(*shared)); });
+    Post({Message::ImageReceived{id, k, tid, std::move(image)}});
   });
 }
 

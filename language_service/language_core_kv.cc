@@ -24,12 +24,7 @@ absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, Requ
       model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
                                &r->engine_request.max_tokens_to_context));
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
-  return Install(std::move(r), [](Request& held) {
-    // An empty first batch: the request is held here, AllocateKv may come.
-    v1::TokenBatch registered;
-    registered.set_request_id(held.id);
-    held.sink.on_batch(std::move(registered));
-  });
+  return Install(std::move(r));  // OnInstall: an empty first batch
 }
 
 absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRequest& request) {
@@ -37,8 +32,10 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
   if (request.prompt_token_ids_size() == 0) {
     return absl::InvalidArgumentError("AllocateKv needs the prompt's token ids");
   }
-  return RunOnLoop<absl::StatusOr<v1::KvAllocation>>(
-      [this, &request]() { return ReserveKv(request); });
+  using Answer = absl::StatusOr<v1::KvAllocation>;
+  return loop_->Call<Answer>([&request](Reply<Answer> reply) {
+    return Message{Message::AllocateKv{&request, std::move(reply)}};
+  });
 }
 
 absl::StatusOr<v1::KvAllocation> LanguageCore::ReserveKv(const v1::KvAllocateRequest& request) {
@@ -82,37 +79,41 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::ReserveKv(const v1::KvAllocateReq
 
 absl::Status LanguageCore::CommitKv(const v1::KvCommit& commit) {
   RETURN_IF_ERROR(role_->CheckDecodeCall());
-  return RunOnLoop<absl::Status>([this, &commit]() -> absl::Status {
-    auto it = requests_.find(commit.request_id());
-    if (it == requests_.end() || !InEngine(it->second->phase)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
-    }
-    Request& r = *it->second;
-    if (r.phase != RequestPhase::kAwaitingKv) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("request ", r.id, " has no KV commit pending"));
-    }
-    if (commit.mrope_position_delta() != r.mrope_position_delta) {
-      const absl::Status why = absl::InvalidArgumentError(
-          absl::StrCat("request ", r.id, ": committed M-RoPE delta ", commit.mrope_position_delta(),
-                       " != allocated ", r.mrope_position_delta));
-      End(r.id, why);
-      return why;
-    }
-    if (absl::Status s = role_->CheckCommit(commit, r.kv_blocks); !s.ok()) {
-      // A commit of the wrong shape leaves the reservation to a right one.
-      if (!absl::IsInvalidArgument(s)) End(r.id, s);
-      return s;
-    }
-    const std::string id = r.id;
-    RETURN_IF_ERROR(engine_->CommitRemoteKv(id, static_cast<int32_t>(commit.first_token_id())));
-    // The first token may have ended the request already (its final event
-    // came from CommitRemoteKv).
-    auto held = requests_.find(id);
-    if (held != requests_.end()) Advance(*held->second, RequestEvent::kKvCommitted);
-    return absl::OkStatus();
+  return loop_->Call<absl::Status>([&commit](Reply<absl::Status> reply) {
+    return Message{Message::CommitKv{&commit, std::move(reply)}};
   });
+}
+
+absl::Status LanguageCore::CommitReservedKv(const v1::KvCommit& commit) {
+  auto it = requests_.find(commit.request_id());
+  if (it == requests_.end() || !InEngine(it->second->phase)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
+  }
+  Request& r = *it->second;
+  if (r.phase != RequestPhase::kAwaitingKv) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", r.id, " has no KV commit pending"));
+  }
+  if (commit.mrope_position_delta() != r.mrope_position_delta) {
+    const absl::Status why = absl::InvalidArgumentError(
+        absl::StrCat("request ", r.id, ": committed M-RoPE delta ", commit.mrope_position_delta(),
+                     " != allocated ", r.mrope_position_delta));
+    End(r.id, why);
+    return why;
+  }
+  if (absl::Status s = role_->CheckCommit(commit, r.kv_blocks); !s.ok()) {
+    // A commit of the wrong shape leaves the reservation to a right one.
+    if (!absl::IsInvalidArgument(s)) End(r.id, s);
+    return s;
+  }
+  const std::string id = r.id;
+  RETURN_IF_ERROR(engine_->CommitRemoteKv(id, static_cast<int32_t>(commit.first_token_id())));
+  // The first token may have ended the request already (its final event
+  // came from CommitRemoteKv).
+  auto held = requests_.find(id);
+  if (held != requests_.end()) Advance(*held->second, RequestEvent::kKvCommitted);
+  return absl::OkStatus();
 }
 
 }  // namespace mmserve::language

@@ -12,10 +12,12 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/event_loop.h"
 #include "language_service/language_core.h"
 
 namespace mmserve::language {
@@ -98,23 +100,42 @@ struct LanguageCore::Request {
   }
 };
 
-// Runs f on the loop thread and waits for its result (Unavailable once the
-// core is stopping). Defined here for every file of the core.
-template <typename T>
-T LanguageCore::RunOnLoop(std::function<T()> f) {
-  auto done = std::make_shared<absl::Notification>();
-  auto result = std::make_shared<std::optional<T>>();
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the language instance is shutting down");
-    inbox_.push_back([f = std::move(f), done, result] {
-      *result = f();
-      done->Notify();
-    });
-  }
-  done->WaitForNotification();
-  return std::move(**result);
-}
+// What the loop thread is told, each handled in LanguageCore::Handle.
+struct LanguageCore::Message {
+  struct Install {  // Submit or RegisterDecode, by the request's phase
+    std::unique_ptr<Request> request;
+  };
+  struct Abort {
+    std::string id;
+    std::string reason;
+  };
+  struct Retry {
+    v1::ImageRetry retry;
+  };
+  struct Connected {
+    std::string encoder;
+    std::string address;
+    absl::Status status;
+  };
+  struct ImageReceived {
+    std::string id;
+    size_t k = 0;
+    std::string transfer_id;
+    absl::StatusOr<transfer::ReceivedImage> image;
+  };
+  struct AllocateKv {
+    const v1::KvAllocateRequest* request;  // the caller's, alive until the reply
+    Reply<absl::StatusOr<v1::KvAllocation>> reply;
+  };
+  struct CommitKv {
+    const v1::KvCommit* commit;  // the caller's, alive until the reply
+    Reply<absl::Status> reply;
+  };
+  struct ShutDown {};  // ends every request; the last message handled
+
+  std::variant<Install, Abort, Retry, Connected, ImageReceived, AllocateKv, CommitKv, ShutDown>
+      body;
+};
 
 }  // namespace mmserve::language
 
