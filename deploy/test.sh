@@ -48,6 +48,13 @@ else
   extra+=("serve.sh smoke=failed")
 fi
 
+phase "docs: runnable blocks of README.md and docs/ against a stack, relative links (tools/docs_test.py)"
+if /usr/bin/python3 tools/docs_test.py; then
+  extra+=("docs test=passed")
+else
+  extra+=("docs test=failed")
+fi
+
 phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill, down -v)"
 if [[ "${MMSERVE_SKIP_COMPOSE:-0}" == 1 ]]; then
   extra+=("compose=skipped")
