@@ -542,6 +542,7 @@ void LanguageCore::Shutdown() {
     if (stopping_) return;
     stopping_ = true;  // no new request from here on
   }
+  if (loop_ == nullptr) return;  // Create failed before starting it
   // Messages queued before ShutDown run first (transfer results free their
   // blocks); ShutDown ends every request; what comes after finds none.
   Post({Message::ShutDown{}});

@@ -489,6 +489,27 @@ TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles]
   CHECK(c.status().code() == absl::StatusCode::kUnimplemented);
 }
 
+TEST_CASE("a core whose engine cannot load fails Create cleanly, in every role", "[roles]") {
+  for (const LanguageRole role :
+       {LanguageRole::kBoth, LanguageRole::kPrefill, LanguageRole::kDecode}) {
+    metrics::Registry registry;
+    transfer::TransferEngineOptions topts;
+    topts.instance_id = "no-model";
+    topts.layout.block_size = 16;
+    topts.layout.num_blocks = 8;
+    topts.layout.hidden_size = 64;
+    topts.layout.dtype_bytes = sizeof(float);
+    auto t = transfer::TransferEngine::Create(topts);
+    REQUIRE(t.ok());
+    LanguageCoreOptions o;
+    o.instance_id = "no-model";
+    o.role = role;
+    o.engine.model_dir = "model/testdata/models/no-such-model";
+    auto c = LanguageCore::Create(o, **t, registry);
+    CHECK(!c.ok());
+  }
+}
+
 TEST_CASE("hand-off rejections carry their codes and leak nothing", "[roles]") {
   Instance prefill(LanguageRole::kPrefill), decode(LanguageRole::kDecode, absl::Seconds(1));
   Instance both(LanguageRole::kBoth);
