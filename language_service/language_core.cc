@@ -130,7 +130,14 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     eo.tp_shard_args.push_back(
         absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options.kv_profile)));
   }
-  ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo));
+  std::unique_ptr<worker::KvConnector> role;  // role both: none
+  if (options.role == LanguageRole::kPrefill) {
+    role = std::make_unique<worker::PrefillKvConnector>();
+  } else if (options.role == LanguageRole::kDecode) {
+    role = std::make_unique<worker::DecodeKvConnector>(
+        worker::DecodeKvConnector::Options{.commit_timeout = options.kv_commit_timeout});
+  }
+  ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo, std::move(role)));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
       (layout.hidden_size != static_cast<uint32_t>(core->config().text.hidden_size) ||
@@ -215,7 +222,6 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
                        engine_->tokenizer().Encode(r->engine_request.prompt));
     }
     r->engine_request.prompt.clear();
-    r->engine_request.kv_handoff = true;
     r->decode = request.decode();
   }
   for (const v1::PromptImage& image : request.images()) {

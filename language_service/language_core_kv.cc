@@ -23,7 +23,7 @@ namespace mmserve::language {
 
 namespace {
 
-// The images of a handed-off prompt, for LlmEngine::ReserveRemoteKv (which
+// The images of a handed-off prompt, for LlmEngine::AddRequest (which
 // checks them against the token ids).
 absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
     const v1::KvAllocateRequest& request) {
@@ -101,10 +101,9 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::AllocateKv(const v1::KvAllocateRe
           image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
         }
         r.engine_request.sampling.seed = request.seed();
-        ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
-                         engine_->ReserveRemoteKv(
-                             std::move(er), [this](const worker::StreamEvent& e) { OnEvent(e); },
-                             Deadline::After(options_.kv_commit_timeout)));
+        worker::RemoteKvBlocks blocks;  // commit deadline: the engine's DecodeKvConnector
+        RETURN_IF_ERROR(engine_->AddRequest(
+            std::move(er), [this](const worker::StreamEvent& e) { OnEvent(e); }, &blocks));
         r.in_engine = true;
         r.kv_blocks = blocks.blocks;
         r.admitted_at_s = r.since_submit.ElapsedSeconds();
