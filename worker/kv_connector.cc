@@ -21,7 +21,7 @@ bool PrefillKvConnector::OnPromptDone(const KvPromptDone& done) {
 
 void DecodeKvConnector::OnReserved(absl::string_view id, const KvRequestInfo& request) {
   commit_by_.emplace(id, Deadline::After(options_.commit_timeout));
-  if (request.num_handoff_images > 0) has_images_.emplace(id, true);
+  if (request.num_handoff_images > 0) has_images_.emplace(id);
 }
 
 std::vector<std::string> DecodeKvConnector::TakeExpired() {

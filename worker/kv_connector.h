@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -178,7 +179,7 @@ class DecodeKvConnector final : public KvConnector {
   // Reservations waiting for their commit, by request id.
   absl::flat_hash_map<std::string, Deadline> commit_by_;
   // Live requests whose prompt has images (not recomputable here).
-  absl::flat_hash_map<std::string, bool> has_images_;
+  absl::flat_hash_set<std::string> has_images_;
 };
 
 }  // namespace mmserve::worker
