@@ -20,6 +20,10 @@ class DecodeRole final : public Role {
   LanguageRole kind() const override { return LanguageRole::kDecode; }
   // Shard ranks receive their heads over the same transport profile.
   void AdjustEngineOptions(worker::EngineOptions& options) const override;
+  std::unique_ptr<worker::KvConnector> MakeConnector() const override {
+    return std::make_unique<worker::DecodeKvConnector>(
+        worker::DecodeKvConnector::Options{.commit_timeout = options_.kv_commit_timeout});
+  }
   absl::Status Attach(worker::LlmEngine& engine) override;
   absl::Status CheckPrefill(const v1::PrefillRequest& request) const override {
     return absl::FailedPreconditionError("role decode takes Decode calls, not Prefill");

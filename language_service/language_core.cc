@@ -129,12 +129,13 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
   ASSIGN_OR_RETURN(core->role_, MakeRole({.instance_id = options.instance_id,
                                           .kind = options.role,
                                           .kv_profile = options.kv_profile,
+                                          .kv_commit_timeout = options.kv_commit_timeout,
                                           .kv_handoff_timeout = options.kv_handoff_timeout,
                                           .test_kv_handoff_delay = options.test_kv_handoff_delay}));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
   core->role_->AdjustEngineOptions(eo);
-  ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo));
+  ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo, core->role_->MakeConnector()));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
       (layout.hidden_size != static_cast<uint32_t>(core->config().text.hidden_size) ||

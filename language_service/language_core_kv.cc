@@ -58,10 +58,9 @@ absl::StatusOr<v1::KvAllocation> LanguageCore::ReserveKv(const v1::KvAllocateReq
     image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
   }
   r.engine_request.sampling.seed = request.seed();
-  ASSIGN_OR_RETURN(worker::RemoteKvBlocks blocks,
-                   engine_->ReserveRemoteKv(
-                       std::move(er), [this](const worker::StreamEvent& e) { OnEvent(e); },
-                       Deadline::After(options_.kv_commit_timeout)));
+  worker::RemoteKvBlocks blocks;  // the commit deadline is the engine's DecodeKvConnector's
+  RETURN_IF_ERROR(engine_->AddRequest(
+      std::move(er), [this](const worker::StreamEvent& e) { OnEvent(e); }, &blocks));
   Advance(r, RequestEvent::kKvReserved);
   r.kv_blocks = blocks.blocks;
   r.admitted_at_s = r.since_submit.ElapsedSeconds();

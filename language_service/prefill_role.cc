@@ -83,7 +83,6 @@ absl::Status PrefillRole::PreparePrefill(const v1::PrefillRequest& request,
     ASSIGN_OR_RETURN(engine_request.prompt_token_ids, tokenizer.Encode(engine_request.prompt));
   }
   engine_request.prompt.clear();
-  engine_request.kv_handoff = true;
   return absl::OkStatus();
 }
 

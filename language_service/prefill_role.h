@@ -21,6 +21,9 @@ class PrefillRole final : public Role {
   explicit PrefillRole(const RoleOptions& options) : options_(options) {}
 
   LanguageRole kind() const override { return LanguageRole::kPrefill; }
+  std::unique_ptr<worker::KvConnector> MakeConnector() const override {
+    return std::make_unique<worker::PrefillKvConnector>();
+  }
   absl::Status Attach(worker::LlmEngine& engine) override;
   absl::Status CheckPrefill(const v1::PrefillRequest& request) const override;
   // Token ids now: they travel in AllocateKv and KvCommit.

@@ -11,6 +11,7 @@
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<Role> role, MakeRole(options));
 //   role->AdjustEngineOptions(engine_options);    // before the engine exists
+//   engine = LlmEngine::Create(engine_options, role->MakeConnector());
 //   RETURN_IF_ERROR(role->Attach(*engine));        // after
 //
 // Every method but MakeRole and AdjustEngineOptions runs on the
@@ -29,6 +30,7 @@
 #include "proto/language.pb.h"
 #include "transfer/transfer_engine.h"
 #include "worker/engine.h"
+#include "worker/kv_connector.h"
 
 namespace mmserve::language {
 
@@ -42,6 +44,8 @@ struct RoleOptions {
   LanguageRole kind = LanguageRole::kBoth;
   // Roles prefill and decode: the UCX profile of the KV hand-off.
   transfer::TransportProfile kv_profile = transfer::TransportProfile::kShm;
+  // Role decode: how long a reservation waits for its CommitKv.
+  absl::Duration kv_commit_timeout = absl::Seconds(10);
   // Role prefill: AllocateKv, the puts and CommitKv together.
   absl::Duration kv_handoff_timeout = absl::Seconds(10);
   // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
@@ -70,6 +74,9 @@ class Role {
   virtual LanguageRole kind() const = 0;
   // Before the engine is created: what the role needs of it.
   virtual void AdjustEngineOptions(worker::EngineOptions& options) const {}
+  // The engine's side of the role (worker/kv_connector.h); null for role
+  // both, which needs none.
+  virtual std::unique_ptr<worker::KvConnector> MakeConnector() const { return nullptr; }
   // After: the role's own resources over the engine's KV cache.
   [[nodiscard]] virtual absl::Status Attach(worker::LlmEngine& engine) { return absl::OkStatus(); }
 
@@ -110,7 +117,7 @@ class Role {
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options);
 
-// The images of a handed-off prompt, for LlmEngine::ReserveRemoteKv (which
+// The images of a handed-off prompt, for LlmEngine::AddRequest (which
 // checks them against the token ids): InvalidArgument for spans outside the
 // prompt or grids out of range.
 [[nodiscard]] absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(

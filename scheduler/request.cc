@@ -8,8 +8,6 @@ namespace scheduler {
 
 const char* RequestStatusName(RequestStatus s) {
   switch (s) {
-    case RequestStatus::kWaitingForMultimodal:
-      return "waiting_for_multimodal";
     case RequestStatus::kWaiting:
       return "waiting";
     case RequestStatus::kRunning:
@@ -34,8 +32,12 @@ const char* FinishReasonName(FinishReason r) {
       return "stop";
     case FinishReason::kLength:
       return "length";
-    case FinishReason::kAborted:
-      return "aborted";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kHandoff:
+      return "handoff";
   }
   return "unknown";
 }
@@ -48,9 +50,6 @@ Request::Request(RequestParams params, uint64_t arrival_seq)
   token_ids_ = std::move(params_.prompt_token_ids);
   params_.prompt_token_ids.clear();
   token_ids_.reserve(token_ids_.size() + std::max(params_.max_tokens, 0));
-  status_ = params_.mm_inputs_ready || params_.mm_spans.empty()
-                ? RequestStatus::kWaiting
-                : RequestStatus::kWaitingForMultimodal;
 }
 
 FinishReason Request::AppendOutputToken(TokenId token) {

@@ -42,36 +42,42 @@ struct RequestId {
   }
 };
 
-// Lifecycle, in order. Transitions:
-//   (AddRequest) -> kWaitingForMultimodal  when it has inputs not yet ready
-//   (AddRequest) -> kWaiting               otherwise
-//   kWaitingForMultimodal -> kWaiting      MarkMultimodalReady
-//   kWaiting, kPreempted  -> kRunning      admitted by Schedule (holds KV)
-//   kRunning -> kPreempted                 KV pool exhausted: KV dropped, recomputed later
-//   kRunning -> kFinished                  stop token, eos or max_tokens
-//   (ReserveRemoteKv) -> kWaitingForKv     role decode: holds blocks another
-//                                          instance writes the prompt's KV into
-//   kWaitingForKv -> kRunning, kFinished   CommitRemoteKv (with the first token)
+// Lifecycle, in order: not yet admitted, admitted, terminal. Transitions
+// (each by the event that causes it; docs/lifecycle_engine.md draws them):
+//   (AddRequest) -> kWaiting               queued for admission
+//   (ReserveRemoteKv) -> kWaitingForKv     holds blocks another instance
+//                                          writes the prompt's KV into
+//   kWaiting, kPreempted -> kRunning       admitted by Schedule (holds KV)
+//   kWaitingForKv -> kRunning              CommitRemoteKv (with the first token)
+//   kRunning -> kPreempted                 KV pool exhausted: KV dropped,
+//                                          recomputed when admitted again
+//   kRunning, kWaitingForKv -> kFinished   stop token, eos or max_tokens
+//                                          (UpdateFromOutput, CommitRemoteKv)
 //   any non-terminal -> kAborted           Abort
 // Every status from kFinished on is terminal (IsFinished).
 enum class RequestStatus : uint8_t {
-  kWaitingForMultimodal = 0,
-  kWaiting = 1,
+  kWaiting = 0,
+  kWaitingForKv = 1,
   kRunning = 2,
   kPreempted = 3,
-  kWaitingForKv = 4,
-  kFinished = 5,
-  kAborted = 6,
+  kFinished = 4,
+  kAborted = 5,
 };
 
 inline bool IsFinished(RequestStatus s) { return s >= RequestStatus::kFinished; }
 const char* RequestStatusName(RequestStatus s);
 
+// Why a request ended: the one finish reason of the scheduler and the
+// engine (worker::FinishReason is this type). The scheduler sets kStop,
+// kLength and kAbort; the engine adds the ones only it can see.
 enum class FinishReason : uint8_t {
-  kNone = 0,     // not finished
-  kStop = 1,     // sampled a stop token id, or eos unless ignore_eos
-  kLength = 2,   // produced max_tokens
-  kAborted = 3,  // Abort
+  kNone = 0,        // not finished
+  kStop = 1,        // sampled a stop token id, or eos unless ignore_eos
+  kLength = 2,      // produced max_tokens
+  kAbort = 3,       // Abort (a client, a commit deadline, a lost KV hand-off)
+  kStopString = 4,  // engine: the text matched a stop string
+  kHandoff = 5,     // engine: the prompt's KV and first token go to a decode
+                    // engine, which continues the request (KvConnector)
 };
 
 const char* FinishReasonName(FinishReason r);
@@ -82,9 +88,6 @@ struct RequestParams {
   RequestId id;
   std::vector<TokenId> prompt_token_ids;
   std::vector<kvpool::MultimodalSpan> mm_spans;
-  // False while the embeddings of mm_spans are still on their way (seed 000):
-  // the request is not schedulable until MarkMultimodalReady.
-  bool mm_inputs_ready = true;
   int max_tokens = 16;  // output tokens, >= 1
   std::vector<TokenId> stop_token_ids;
   TokenId eos_token_id = kvpool::kNoToken;

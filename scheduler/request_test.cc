@@ -16,11 +16,11 @@ RequestParams Params(int prompt_len, int max_tokens) {
 
 TEST_CASE("statuses are ordered by lifecycle and only finished and aborted are terminal",
           "[request]") {
-  CHECK(RequestStatus::kWaitingForMultimodal < RequestStatus::kWaiting);
-  CHECK(RequestStatus::kWaiting < RequestStatus::kRunning);
+  CHECK(RequestStatus::kWaiting < RequestStatus::kWaitingForKv);
+  CHECK(RequestStatus::kWaitingForKv < RequestStatus::kRunning);
   CHECK(RequestStatus::kRunning < RequestStatus::kPreempted);
   CHECK(RequestStatus::kPreempted < RequestStatus::kFinished);
-  CHECK_FALSE(IsFinished(RequestStatus::kWaitingForMultimodal));
+  CHECK_FALSE(IsFinished(RequestStatus::kWaitingForKv));
   CHECK_FALSE(IsFinished(RequestStatus::kWaiting));
   CHECK_FALSE(IsFinished(RequestStatus::kRunning));
   CHECK_FALSE(IsFinished(RequestStatus::kPreempted));
@@ -28,14 +28,14 @@ TEST_CASE("statuses are ordered by lifecycle and only finished and aborted are t
   CHECK(IsFinished(RequestStatus::kAborted));
   CHECK(std::string(RequestStatusName(RequestStatus::kPreempted)) == "preempted");
   CHECK(std::string(FinishReasonName(FinishReason::kLength)) == "length");
+  CHECK(std::string(FinishReasonName(FinishReason::kHandoff)) == "handoff");
 }
 
-TEST_CASE("a request with unready multimodal inputs starts waiting for them", "[request]") {
+TEST_CASE("a new request starts waiting, with or without images", "[request]") {
   RequestParams p = Params(8, 4);
   p.mm_spans = {{2, 4, HashBytes("img")}};
-  p.mm_inputs_ready = false;
   Request r(std::move(p), 0);
-  CHECK(r.status() == RequestStatus::kWaitingForMultimodal);
+  CHECK(r.status() == RequestStatus::kWaiting);
   Request text_only(Params(8, 4), 1);
   CHECK(text_only.status() == RequestStatus::kWaiting);
 }

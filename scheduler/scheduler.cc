@@ -61,14 +61,6 @@ absl::Status Scheduler::AddRequest(RequestParams params) {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::MarkMultimodalReady(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat(id.value, " is not live"));
-  Request* r = it->second.get();
-  if (r->status() == RequestStatus::kWaitingForMultimodal) r->set_status(RequestStatus::kWaiting);
-  return absl::OkStatus();
-}
-
 absl::Status Scheduler::Abort(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat(id.value, " is not live"));
@@ -84,7 +76,7 @@ absl::Status Scheduler::Abort(RequestId id) {
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
   }
-  r->Finish(RequestStatus::kAborted, FinishReason::kAborted);
+  r->Finish(RequestStatus::kAborted, FinishReason::kAbort);
   // output_ still points at it until UpdateFromOutput: keep it alive till then.
   if (step_pending_ && r->last_scheduled_step() == step_) {
     aborted_pending_.push_back(std::move(it->second));

@@ -19,8 +19,7 @@
 //     front of the waiting queue) and the request retries; when it is itself
 //     the newest, it is preempted and the running pass ends.
 //  2. Unless something was preempted, waiting requests are admitted in FIFO
-//     order (preempted ones first). Requests still waiting for multimodal
-//     inputs are skipped, never waited on. Admission stops at the first ready
+//     order (preempted ones first). Admission stops at the first
 //     request that does not fit the token budget, the prefill budget,
 //     max_num_seqs or the KV pool, so order is kept. A prefix-cache hit sets
 //     num_computed_tokens to the cached length. With chunked prefill, a
@@ -39,7 +38,7 @@
 // the whole KV pool, bad spans) is an error status, never a crash.
 //
 // Thread-compatible, not thread-safe: one engine-loop thread owns the
-// scheduler; other threads post AddRequest/Abort/MarkMultimodalReady to it.
+// scheduler; other threads post AddRequest/Abort to it.
 #ifndef MMSERVE_SCHEDULER_SCHEDULER_H_
 #define MMSERVE_SCHEDULER_SCHEDULER_H_
 
@@ -93,10 +92,6 @@ class Scheduler {
   // NotFound for an unknown or already finished id.
   [[nodiscard]] absl::Status Abort(RequestId id);
 
-  // The request's multimodal inputs have arrived: it becomes schedulable in
-  // its arrival position. Idempotent. NotFound for an unknown id.
-  [[nodiscard]] absl::Status MarkMultimodalReady(RequestId id);
-
   // Role decode (issue 12): a request whose prompt KV another instance
   // computes. Validates `params` like AddRequest, takes the cached prefix of
   // the prompt from this pool and allocates blocks for the rest; the request
@@ -130,7 +125,7 @@ class Scheduler {
   // The live (not finished, not aborted) request with `id`, or null.
   const Request* Find(RequestId id) const;
   int num_running() const { return static_cast<int>(running_.size()); }
-  // Includes preempted requests and those waiting for multimodal inputs.
+  // Includes preempted requests.
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   bool has_unfinished() const { return !requests_.empty(); }
   int64_t num_preemptions() const { return num_preemptions_; }

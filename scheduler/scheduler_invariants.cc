@@ -28,8 +28,7 @@ absl::Status CheckRunning(const Request& r, const kvpool::KvCacheManager& kv) {
 }
 
 absl::Status CheckWaiting(const Request& r) {
-  if (r.status() != RequestStatus::kWaiting && r.status() != RequestStatus::kPreempted &&
-      r.status() != RequestStatus::kWaitingForMultimodal) {
+  if (r.status() != RequestStatus::kWaiting && r.status() != RequestStatus::kPreempted) {
     return Broken(r, "in waiting with a non-waiting status");
   }
   if (r.block_table().valid()) return Broken(r, "waiting but holds a block table");

@@ -1,5 +1,5 @@
 // Randomized property tests: thousands of small random workloads (random
-// lengths, arrivals, shared prefixes, images that arrive late, aborts in every
+// lengths, arrivals, shared prefixes, images, aborts in every
 // state, tiny KV pools that force preemption, chunking and the prefill budget
 // on and off), with the scheduler's rules checked after every step. A fake
 // model writes, for every computed position, a value that identifies the
@@ -40,7 +40,6 @@ class Rng {
 struct Planned {
   RequestParams params;
   int arrival_step = 0;
-  int ready_step = 0;  // when its images arrive (if it has any)
 };
 
 struct Workload {
@@ -66,7 +65,6 @@ Planned RandomRequest(Rng& rng, const std::vector<std::vector<TokenId>>& familie
                       int arrival_step) {
   Planned p;
   p.arrival_step = arrival_step;
-  p.ready_step = arrival_step;
   RequestParams& r = p.params;
   r.id = RequestId{id};
   // A shared prefix from a small family (prefix-cache hits), then a random tail.
@@ -80,8 +78,6 @@ Planned RandomRequest(Rng& rng, const std::vector<std::vector<TokenId>>& familie
     const int offset = rng.Int(0, int(r.prompt_token_ids.size()));
     r.prompt_token_ids.insert(r.prompt_token_ids.begin() + offset, len, kImageToken);
     r.mm_spans.push_back({offset, len, HashBytes(rng.Chance(0.5) ? "cat.png" : "dog.png")});
-    r.mm_inputs_ready = rng.Chance(0.3);
-    if (!r.mm_inputs_ready) p.ready_step = arrival_step + rng.Int(0, 8);
   }
   r.max_tokens = rng.Int(1, 12);
   if (rng.Chance(0.5)) r.eos_token_id = 0;
@@ -188,21 +184,9 @@ class Simulator {
       const uint64_t id = p.params.id.value;
       arrival_order_[id] = next_order_++;
       live_.push_back(id);
-      if (!p.params.mm_inputs_ready) pending_ready_.emplace_back(p.ready_step, id);
       if (rng_.Chance(0.05)) {
         REQUIRE(s_->AddRequest(p.params).code() == absl::StatusCode::kAlreadyExists);
       }
-    }
-    for (size_t i = 0; i < pending_ready_.size();) {
-      if (pending_ready_[i].first > step_) {
-        ++i;
-        continue;
-      }
-      const uint64_t id = pending_ready_[i].second;
-      const bool live = s_->Find(RequestId{id}) != nullptr;
-      absl::Status st = s_->MarkMultimodalReady(RequestId{id});
-      REQUIRE(st.code() == (live ? absl::StatusCode::kOk : absl::StatusCode::kNotFound));
-      pending_ready_.erase(pending_ready_.begin() + i);
     }
   }
 
@@ -267,8 +251,7 @@ class Simulator {
 
   // FIFO: a request is first admitted only if no earlier-arrived ready request
   // is still waiting, and no preempted request is waiting to go first.
-  // Liveness: a step schedules nothing only if every live request waits for
-  // its images.
+  // Liveness: a step schedules nothing only if nothing is live.
   void CheckOrderAndProgress(const SchedulerOutput& out) {
     for (const ScheduledRequest& e : out.scheduled) {
       const uint64_t id = e.request->id().value;
@@ -280,9 +263,7 @@ class Simulator {
       }
     }
     if (!out.scheduled.empty()) return;
-    for (uint64_t other : live_) {
-      REQUIRE(s_->Find(RequestId{other})->status() == RequestStatus::kWaitingForMultimodal);
-    }
+    REQUIRE(live_.empty());
   }
 
   void CheckOutput(const SchedulerOutput& out) {
@@ -344,8 +325,7 @@ class Simulator {
   absl::flat_hash_map<uint64_t, int> arrival_order_;
   std::vector<uint64_t> live_;  // ids live in the scheduler, by arrival
   absl::flat_hash_set<uint64_t> admitted_once_;
-  std::vector<std::pair<int, uint64_t>> pending_ready_;  // (ready step, id)
-  std::vector<uint64_t> kv_store_;                       // the fake KV, one value per slot
+  std::vector<uint64_t> kv_store_;  // the fake KV, one value per slot
 };
 
 TEST_CASE("random workloads keep every scheduling rule after every step", "[property]") {

@@ -71,10 +71,6 @@ void Scheduler::ScheduleWaiting(StepBudget& budget) {
   while (it != waiting_.end() && budget.tokens > 0 &&
          static_cast<int>(running_.size() + waiting_for_kv_.size()) < config_.max_num_seqs) {
     Request* r = *it;
-    if (r->status() == RequestStatus::kWaitingForMultimodal) {
-      ++it;  // skipped, not waited on: its inputs are still in flight
-      continue;
-    }
     Admission admission = PlanAdmission(*r, budget);
     if (!admission.admit ||
         !kv_.CanAllocate(admission.hit, admission.hit.num_tokens + admission.num_tokens)) {

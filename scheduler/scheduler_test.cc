@@ -295,22 +295,6 @@ TEST_CASE("a request that is itself the newest preempts itself and the step goes
   CHECK(self.scheduled == Entries{{1, 1}});
 }
 
-TEST_CASE("a request waiting for multimodal inputs is skipped and runs once marked ready",
-          "[scheduler]") {
-  auto s = Make(Config(64, 8, 64, true));
-  RequestParams img = Req(1, 8, 2);
-  img.mm_spans = {{2, 4, HashBytes("img")}};
-  img.mm_inputs_ready = false;
-  REQUIRE(s->AddRequest(img).ok());
-  REQUIRE(s->AddRequest(Req(2, 3, 2)).ok());
-  CHECK(RunStep(*s).scheduled == Entries{{2, 3}});
-  CHECK(s->Find(RequestId{1})->status() == RequestStatus::kWaitingForMultimodal);
-  REQUIRE(s->MarkMultimodalReady(RequestId{1}).ok());
-  REQUIRE(s->MarkMultimodalReady(RequestId{1}).ok());  // idempotent
-  CHECK(RunStep(*s).scheduled == Entries{{2, 1}, {1, 8}});
-  CHECK(s->MarkMultimodalReady(RequestId{99}).code() == absl::StatusCode::kNotFound);
-}
-
 TEST_CASE("abort in any state frees everything the request holds", "[scheduler]") {
   // 5 blocks of 4 tokens.
   auto s = Make(Config(16, 8, 5, true));
@@ -319,20 +303,19 @@ TEST_CASE("abort in any state frees everything the request holds", "[scheduler]"
   CHECK(RunStep(*s).scheduled == Entries{{1, 8}, {2, 7}});  // 4 blocks used
   RequestParams img = Req(3, 4, 2);
   img.mm_spans = {{0, 4, HashBytes("img")}};
-  img.mm_inputs_ready = false;
   REQUIRE(s->AddRequest(img).ok());
   REQUIRE(s->AddRequest(Req(4, 4, 2)).ok());
-  // Request 1 takes the last block; 4 cannot get one and waits.
+  // Request 1 takes the last block; 3 and 4 cannot get one and wait.
   CHECK(RunStep(*s).scheduled == Entries{{1, 1}, {2, 1}});
   // Request 2 needs a third block: it is the newest and preempts itself.
   Step step = RunStep(*s);
   CHECK(step.preempted == std::vector<uint64_t>{2});
   CHECK(s->Find(RequestId{2})->status() == RequestStatus::kPreempted);
-  CHECK(s->Find(RequestId{3})->status() == RequestStatus::kWaitingForMultimodal);
+  CHECK(s->Find(RequestId{3})->status() == RequestStatus::kWaiting);
   REQUIRE(s->AddRequest(Req(5, 4, 2)).ok());
 
   CHECK(s->Abort(RequestId{2}).ok());  // preempted
-  CHECK(s->Abort(RequestId{3}).ok());  // waiting for multimodal inputs
+  CHECK(s->Abort(RequestId{3}).ok());  // waiting, with an image
   CHECK(s->Abort(RequestId{5}).ok());  // waiting
   CHECK(s->CheckInvariants().ok());
   // Abort running requests while their step is pending.

@@ -99,6 +99,123 @@ absl::StatusOr<Answers> Evaluate(const worker::EngineOptions& options,
   return out;
 }
 
+// transformers' answers (text and generated token ids) by item id, from
+// --hf_outputs or <eval_dir>/hf_outputs.json; empty when absent.
+struct HfAnswers {
+  std::map<int, std::string> text;
+  std::map<int, std::vector<int32_t>> ids;
+};
+
+HfAnswers ReadHfAnswers(const std::string& eval_dir) {
+  HfAnswers hf;
+  std::string hf_path = absl::GetFlag(FLAGS_hf_outputs);
+  if (hf_path.empty()) hf_path = eval_dir + "/hf_outputs.json";
+  if (auto hf_text = ReadFileToString(hf_path); hf_text.ok()) {
+    const json h = json::parse(*hf_text, nullptr, false);
+    const char* key = h.contains("outputs") ? "outputs" : "items";
+    if (!h.is_discarded() && h.contains(key)) {
+      for (const json& it : h[key]) {
+        hf.text[it["id"].get<int>()] = it.value("text", "");
+        if (it.contains("token_ids"))
+          hf.ids[it["id"].get<int>()] = it["token_ids"].get<std::vector<int32_t>>();
+      }
+    }
+  }
+  return hf;
+}
+
+// The questions (the first --limit) and their decoded images.
+absl::Status LoadQuestions(const json& eval, const std::string& eval_dir,
+                           std::map<std::string, model::RgbImage>* images,
+                           std::map<int, const json*>* items) {
+  const int limit = absl::GetFlag(FLAGS_limit);
+  for (const json& item : eval["items"]) {
+    if (limit > 0 && static_cast<int>(items->size()) >= limit) break;
+    const std::string file = item["image"];
+    if (images->count(file) == 0) {
+      auto bytes = ReadFileToString(eval_dir + "/" + file);
+      if (!bytes.ok()) return bytes.status();
+      auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
+      if (!rgb.ok()) return rgb.status();
+      (*images)[file] = std::move(*rgb);
+    }
+    (*items)[item["id"].get<int>()] = &item;
+  }
+  return absl::OkStatus();
+}
+
+struct Scores {
+  std::map<std::string, Tally> by_type;
+  Tally all;
+  int baseline_correct = 0;  // with --quantize: the weights as stored
+  int same_as_baseline = 0;
+};
+
+// `baseline`: null unless --quantize.
+Scores Score(const std::map<int, const json*>& items, Answers& answers, Answers* baseline,
+             const HfAnswers& hf) {
+  Scores scores;
+  for (const auto& [id, item] : items) {
+    const std::string got(absl::StripAsciiWhitespace(answers.text.at(id)));
+    const bool ok = got == (*item)["answer"].get<std::string>();
+    if (baseline != nullptr) {
+      const std::string plain(absl::StripAsciiWhitespace(baseline->text[id]));
+      scores.baseline_correct += plain == (*item)["answer"].get<std::string>();
+      scores.same_as_baseline += plain == got;
+    }
+    for (Tally* t : {&scores.by_type[(*item)["qtype"]], &scores.all}) {
+      ++t->total;
+      t->correct += ok;
+      if (auto h = hf.text.find(id); h != hf.text.end()) {
+        // Same answer text, and the same generated ids when transformers
+        // recorded them.
+        ++t->compared;
+        auto ids = hf.ids.find(id);
+        t->agree += std::string(absl::StripAsciiWhitespace(h->second)) == got &&
+                    (ids == hf.ids.end() || ids->second == answers.ids[id]);
+      }
+    }
+  }
+  return scores;
+}
+
+// The table, then one JSON line. `baseline`: null unless --quantize.
+void PrintReport(const Scores& s, size_t num_images, double seconds, const std::string& quantize,
+                 const Answers* baseline) {
+  const Tally& all = s.all;
+  std::printf("%-12s %8s %9s %10s\n", "question", "items", "accuracy", "same_as_hf");
+  std::vector<std::string> json_types;
+  for (const auto& [type, t] : s.by_type) {
+    std::printf("%-12s %8d %9.3f %10s\n", type.c_str(), t.total, double(t.correct) / t.total,
+                t.compared ? absl::StrFormat("%.3f", double(t.agree) / t.compared).c_str() : "-");
+    json_types.push_back(absl::StrFormat("\"%s\":%.4f", type, double(t.correct) / t.total));
+  }
+  std::printf(
+      "%-12s %8d %9.3f %10s\n\n", "all", all.total, double(all.correct) / all.total,
+      all.compared ? absl::StrFormat("%.3f", double(all.agree) / all.compared).c_str() : "-");
+  std::string quant_json;
+  if (baseline != nullptr) {
+    const double base_acc = double(s.baseline_correct) / all.total;
+    const double acc = double(all.correct) / all.total;
+    std::printf(
+        "--quantize=%s: accuracy %.3f vs %.3f with the weights as stored (%+.1f points), same "
+        "answer on %d of %d\n\n",
+        quantize.c_str(), acc, base_acc, 100 * (acc - base_acc), s.same_as_baseline, all.total);
+    quant_json = absl::StrFormat(
+        ",\"quantize\":\"%s\",\"accuracy_unquantized\":%.4f,\"accuracy_delta_points\":%.2f,"
+        "\"same_as_unquantized\":%.4f,\"seconds_unquantized\":%.1f",
+        quantize, base_acc, 100 * (acc - base_acc), double(s.same_as_baseline) / all.total,
+        baseline->seconds);
+  }
+  std::printf(
+      "{\"eval\":\"shapes-demo\",\"images\":%zu,\"questions\":%d,\"accuracy\":%.4f,"
+      "\"per_type\":{%s},\"hf_compared\":%d,\"hf_agreement\":%s,\"seconds\":%.1f%s}\n",
+      num_images, all.total, double(all.correct) / all.total,
+      absl::StrJoin(json_types, ",").c_str(), all.compared,
+      all.compared ? absl::StrFormat("%.4f", double(all.agree) / all.compared).c_str() : "null",
+      seconds, quant_json.c_str());
+}
+
 int Main() {
   const std::string model_dir = InWorkspace(absl::GetFlag(FLAGS_model_dir), "models/shapes-demo");
   const std::string eval_dir = InWorkspace(absl::GetFlag(FLAGS_eval_dir), "tools/demo/eval_set");
@@ -108,39 +225,10 @@ int Main() {
   if (eval.is_discarded() || !eval.contains("items")) {
     return Fail(absl::InvalidArgumentError(eval_dir + "/eval.json: no \"items\""));
   }
-  // transformers' answers (text and generated token ids) by item id.
-  std::map<int, std::string> hf;
-  std::map<int, std::vector<int32_t>> hf_ids;
-  std::string hf_path = absl::GetFlag(FLAGS_hf_outputs);
-  if (hf_path.empty()) hf_path = eval_dir + "/hf_outputs.json";
-  if (auto hf_text = ReadFileToString(hf_path); hf_text.ok()) {
-    const json h = json::parse(*hf_text, nullptr, false);
-    const char* key = h.contains("outputs") ? "outputs" : "items";
-    if (!h.is_discarded() && h.contains(key)) {
-      for (const json& it : h[key]) {
-        hf[it["id"].get<int>()] = it.value("text", "");
-        if (it.contains("token_ids"))
-          hf_ids[it["id"].get<int>()] = it["token_ids"].get<std::vector<int32_t>>();
-      }
-    }
-  }
-
-  // The questions and their decoded images.
+  const HfAnswers hf = ReadHfAnswers(eval_dir);
   std::map<std::string, model::RgbImage> images;
   std::map<int, const json*> items;
-  const int limit = absl::GetFlag(FLAGS_limit);
-  for (const json& item : eval["items"]) {
-    if (limit > 0 && static_cast<int>(items.size()) >= limit) break;
-    const std::string file = item["image"];
-    if (images.count(file) == 0) {
-      auto bytes = ReadFileToString(eval_dir + "/" + file);
-      if (!bytes.ok()) return Fail(bytes.status());
-      auto rgb = model::DecodeImage(*bytes, model::DecodeLimits());
-      if (!rgb.ok()) return Fail(rgb.status());
-      images[file] = std::move(*rgb);
-    }
-    items[item["id"].get<int>()] = &item;
-  }
+  if (absl::Status s = LoadQuestions(eval, eval_dir, &images, &items); !s.ok()) return Fail(s);
 
   worker::EngineOptions options;
   options.model_dir = model_dir;
@@ -161,66 +249,9 @@ int Main() {
   }
   auto evaluated = Evaluate(options, items, images);
   if (!evaluated.ok()) return Fail(evaluated.status());
-  const std::map<int, std::string>& answers = evaluated->text;
-  std::map<int, std::vector<int32_t>>& answer_ids = evaluated->ids;
-  const double seconds = evaluated->seconds;
-
-  std::map<std::string, Tally> by_type;
-  Tally all;
-  int baseline_correct = 0, same_as_baseline = 0;
-  for (const auto& [id, item] : items) {
-    const std::string got(absl::StripAsciiWhitespace(answers.at(id)));
-    const bool ok = got == (*item)["answer"].get<std::string>();
-    if (quantized) {
-      const std::string plain(absl::StripAsciiWhitespace(baseline.text[id]));
-      baseline_correct += plain == (*item)["answer"].get<std::string>();
-      same_as_baseline += plain == got;
-    }
-    for (Tally* t : {&by_type[(*item)["qtype"]], &all}) {
-      ++t->total;
-      t->correct += ok;
-      if (auto h = hf.find(id); h != hf.end()) {
-        // Same answer text, and the same generated ids when transformers
-        // recorded them.
-        ++t->compared;
-        auto ids = hf_ids.find(id);
-        t->agree += std::string(absl::StripAsciiWhitespace(h->second)) == got &&
-                    (ids == hf_ids.end() || ids->second == answer_ids[id]);
-      }
-    }
-  }
-  std::printf("%-12s %8s %9s %10s\n", "question", "items", "accuracy", "same_as_hf");
-  std::vector<std::string> json_types;
-  for (const auto& [type, t] : by_type) {
-    std::printf("%-12s %8d %9.3f %10s\n", type.c_str(), t.total, double(t.correct) / t.total,
-                t.compared ? absl::StrFormat("%.3f", double(t.agree) / t.compared).c_str() : "-");
-    json_types.push_back(absl::StrFormat("\"%s\":%.4f", type, double(t.correct) / t.total));
-  }
-  std::printf(
-      "%-12s %8d %9.3f %10s\n\n", "all", all.total, double(all.correct) / all.total,
-      all.compared ? absl::StrFormat("%.3f", double(all.agree) / all.compared).c_str() : "-");
-  std::string quant_json;
-  if (quantized) {
-    const double base_acc = double(baseline_correct) / all.total;
-    const double acc = double(all.correct) / all.total;
-    std::printf(
-        "--quantize=%s: accuracy %.3f vs %.3f with the weights as stored (%+.1f points), same "
-        "answer on %d of %d\n\n",
-        options.quantize.c_str(), acc, base_acc, 100 * (acc - base_acc), same_as_baseline,
-        all.total);
-    quant_json = absl::StrFormat(
-        ",\"quantize\":\"%s\",\"accuracy_unquantized\":%.4f,\"accuracy_delta_points\":%.2f,"
-        "\"same_as_unquantized\":%.4f,\"seconds_unquantized\":%.1f",
-        options.quantize, base_acc, 100 * (acc - base_acc), double(same_as_baseline) / all.total,
-        baseline.seconds);
-  }
-  std::printf(
-      "{\"eval\":\"shapes-demo\",\"images\":%zu,\"questions\":%d,\"accuracy\":%.4f,"
-      "\"per_type\":{%s},\"hf_compared\":%d,\"hf_agreement\":%s,\"seconds\":%.1f%s}\n",
-      images.size(), all.total, double(all.correct) / all.total,
-      absl::StrJoin(json_types, ",").c_str(), all.compared,
-      all.compared ? absl::StrFormat("%.4f", double(all.agree) / all.compared).c_str() : "null",
-      seconds, quant_json.c_str());
+  const Scores scores = Score(items, *evaluated, quantized ? &baseline : nullptr, hf);
+  PrintReport(scores, images.size(), evaluated->seconds, options.quantize,
+              quantized ? &baseline : nullptr);
   return 0;
 }
 

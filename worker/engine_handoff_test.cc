@@ -25,14 +25,16 @@ using nlohmann::json;
 constexpr char kData[] = "model/testdata/";
 constexpr int kBlockSize = 4;
 
-std::unique_ptr<LlmEngine> MakeEngine(const std::string& model) {
+// `connector`: the role (null: both).
+std::unique_ptr<LlmEngine> MakeEngine(const std::string& model,
+                                      std::unique_ptr<KvConnector> connector = nullptr) {
   EngineOptions o;
   o.model_dir = std::string(kData) + "models/" + model;
   o.block_size = kBlockSize;
   o.max_num_batched_tokens = 32;
   o.max_num_seqs = 8;
   o.kv_cache_bytes = 8 << 20;
-  auto e = LlmEngine::Create(o);
+  auto e = LlmEngine::Create(o, std::move(connector));
   INFO(e.status().ToString());
   REQUIRE(e.ok());
   return std::move(*e);
@@ -60,6 +62,20 @@ StreamCallback Collect(Collected* c) {
   };
 }
 
+std::unique_ptr<LlmEngine> MakeDecode(const std::string& model,
+                                      absl::Duration commit_timeout = absl::InfiniteDuration()) {
+  return MakeEngine(model, std::make_unique<DecodeKvConnector>(
+                               DecodeKvConnector::Options{.commit_timeout = commit_timeout}));
+}
+
+// A decode engine's reservation for a remote prompt.
+absl::StatusOr<RemoteKvBlocks> Reserve(LlmEngine& decode, EngineRequest r, StreamCallback cb) {
+  RemoteKvBlocks blocks;
+  absl::Status s = decode.AddRequest(std::move(r), std::move(cb), &blocks);
+  if (!s.ok()) return s;
+  return blocks;
+}
+
 void RunToEnd(LlmEngine& e) {
   for (int steps = 0; e.has_unfinished(); ++steps) {
     REQUIRE(steps < 5000);
@@ -81,7 +97,9 @@ bool SameBlock(model::KvCache& a, int32_t ba, model::KvCache& b, int32_t bb) {
 
 // A prefill engine, a decode engine and the UCX hand-off between them.
 struct Pair {
-  explicit Pair(const std::string& model) : prefill(MakeEngine(model)), decode(MakeEngine(model)) {
+  explicit Pair(const std::string& model)
+      : prefill(MakeEngine(model, std::make_unique<PrefillKvConnector>())),
+        decode(MakeDecode(model)) {
     auto c = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
     REQUIRE(c.ok());
     ctx = std::move(*c);
@@ -104,7 +122,7 @@ struct Pair {
     d.id = id;
     d.prompt_token_ids = prompt;
     d.sampling = sampling;
-    auto reserved = decode->ReserveRemoteKv(std::move(d), Collect(decoded));
+    auto reserved = Reserve(*decode, std::move(d), Collect(decoded));
     INFO(reserved.status().ToString());
     REQUIRE(reserved.ok());
     if (cached_tokens != nullptr) *cached_tokens = reserved->num_cached_tokens;
@@ -113,7 +131,6 @@ struct Pair {
     p.id = id;
     p.prompt_token_ids = prompt;
     p.sampling = sampling;
-    p.kv_handoff = true;
     REQUIRE(prefill->AddRequest(std::move(p), Collect(&pre)).ok());
     RunToEnd(*prefill);
     REQUIRE(pre.finish == FinishReason::kHandoff);
@@ -132,14 +149,13 @@ struct Pair {
     return pre;
   }
 
-  // The same for a request with images (`request`, kv_handoff set here):
+  // The same for a request with images (`request`):
   // the prefill runs first, and the decode engine reserves the expanded
   // prompt it hands over (HandoffPrompt), as the prefill service does.
   Collected HandoffAfterPrefill(EngineRequest request, Collected* decoded,
                                 RemoteKvBlocks* reservation = nullptr) {
     const std::string id = request.id;
     const model::SamplingParams sampling = request.sampling;
-    request.kv_handoff = true;
     Collected pre;
     REQUIRE(prefill->AddRequest(std::move(request), Collect(&pre)).ok());
     RunToEnd(*prefill);
@@ -150,7 +166,7 @@ struct Pair {
     d.prompt_token_ids = pre.handoff.token_ids;
     d.handoff_images = pre.handoff.images;
     d.sampling = sampling;
-    auto reserved = decode->ReserveRemoteKv(std::move(d), Collect(decoded));
+    auto reserved = Reserve(*decode, std::move(d), Collect(decoded));
     INFO(reserved.status().ToString());
     REQUIRE(reserved.ok());
     if (reservation != nullptr) *reservation = *reserved;
@@ -265,7 +281,7 @@ TEST_CASE("image chats hand off (M-RoPE delta, image spans) and give transformer
 
 TEST_CASE("hand-off image spans that disagree with the prompt are refused without a leak",
           "[handoff]") {
-  auto decode = MakeEngine("qwen2vl-tiny-mha-tied");
+  auto decode = MakeDecode("qwen2vl-tiny-mha-tied");
   const int free_before = decode->scheduler().kv_cache().num_free_blocks();
   const int32_t pad = decode->config().tokens.image_pad >= 0
                           ? decode->config().tokens.image_pad
@@ -281,7 +297,7 @@ TEST_CASE("hand-off image spans that disagree with the prompt are refused withou
   auto bad = [&](std::function<void(EngineRequest&)> edit) {
     EngineRequest r = good;
     edit(r);
-    return decode->ReserveRemoteKv(std::move(r), Collect(&c)).status().code();
+    return Reserve(*decode, std::move(r), Collect(&c)).status().code();
   };
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   CHECK(bad([](EngineRequest& r) { r.handoff_images[0].offset = 1; }) == kInvalid);
@@ -307,9 +323,11 @@ TEST_CASE("hand-off image spans that disagree with the prompt are refused withou
   CHECK(bad([](EngineRequest& r) { r.images.push_back(model::RgbImage()); }) == kInvalid);
   CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before);
   CHECK_FALSE(decode->has_unfinished());
-  // A hand-off image in AddRequest would run without its embedding.
+  // A hand-off image in a local prompt would run without its embedding; a
+  // remote prompt needs somewhere to return its blocks.
+  CHECK(MakeEngine("qwen2vl-tiny-mha-tied")->AddRequest(good, Collect(&c)).code() == kInvalid);
   CHECK(decode->AddRequest(good, Collect(&c)).code() == kInvalid);
-  auto ok = decode->ReserveRemoteKv(good, Collect(&c));
+  auto ok = Reserve(*decode, good, Collect(&c));
   REQUIRE(ok.ok());
   // Text 0, 1; image t 2, h 2..3, w 2..4; text 5: next position 6 at index 9.
   CHECK(ok->mrope_position_delta == 6 - 9);
@@ -335,7 +353,7 @@ TEST_CASE("a handed-off image request preempted on decode is aborted, not recomp
   o.block_size = kBlockSize;
   o.max_num_seqs = 8;
   o.kv_cache_bytes = 8 * block_bytes;
-  auto created = LlmEngine::Create(o);
+  auto created = LlmEngine::Create(o, std::make_unique<DecodeKvConnector>());
   REQUIRE(created.ok());
   LlmEngine& decode = **created;
   REQUIRE(decode.sizing().num_kv_blocks == 8);
@@ -344,13 +362,13 @@ TEST_CASE("a handed-off image request preempted on decode is aborted, not recomp
   t.id = "text";
   t.prompt_token_ids = {5, 6, 7, 8, 9};
   t.sampling = Greedy(12);
-  REQUIRE(decode.ReserveRemoteKv(std::move(t), Collect(&text)).ok());
+  REQUIRE(Reserve(decode, std::move(t), Collect(&text)).ok());
   EngineRequest i;
   i.id = "image";
   i.prompt_token_ids = {5, 6, pad, pad, pad, pad, pad, pad, 7};
   i.handoff_images = {{2, model::ImageGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
   i.sampling = Greedy(12);
-  REQUIRE(decode.ReserveRemoteKv(std::move(i), Collect(&image)).ok());
+  REQUIRE(Reserve(decode, std::move(i), Collect(&image)).ok());
   REQUIRE(decode.CommitRemoteKv("text", 11).ok());
   REQUIRE(decode.CommitRemoteKv("image", 12).ok());
   RunToEnd(decode);
@@ -410,7 +428,7 @@ TEST_CASE("a decode-side prefix hit moves only the blocks after it", "[handoff]"
 }
 
 TEST_CASE("bad reservations and commits are refused; abort frees a reservation once", "[handoff]") {
-  auto decode = MakeEngine("qwen2vl-tiny-mha-tied");
+  auto decode = MakeDecode("qwen2vl-tiny-mha-tied");
   const int free_before = decode->scheduler().kv_cache().num_free_blocks();
   Collected c;
   EngineRequest r;
@@ -420,15 +438,13 @@ TEST_CASE("bad reservations and commits are refused; abort frees a reservation o
   EngineRequest text = r;
   text.prompt_token_ids.clear();
   text.prompt = "hello";
-  CHECK(decode->ReserveRemoteKv(text, Collect(&c)).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(Reserve(*decode, text, Collect(&c)).status().code() == absl::StatusCode::kInvalidArgument);
   EngineRequest huge = r;
   huge.sampling.max_tokens = 1 << 20;
   huge.sampling.min_tokens = 0;
-  CHECK(decode->ReserveRemoteKv(huge, Collect(&c)).status().code() ==
-        absl::StatusCode::kInvalidArgument);
-  REQUIRE(decode->ReserveRemoteKv(r, Collect(&c)).ok());
-  CHECK(decode->ReserveRemoteKv(r, Collect(&c)).status().code() ==
+  CHECK(Reserve(*decode, huge, Collect(&c)).status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(Reserve(*decode, r, Collect(&c)).ok());
+  CHECK(Reserve(*decode, r, Collect(&c)).status().code() ==
         absl::StatusCode::kInvalidArgument);  // duplicate id
   CHECK(decode->CommitRemoteKv("nope", 1).code() == absl::StatusCode::kNotFound);
   CHECK(decode->CommitRemoteKv("x", -3).code() == absl::StatusCode::kInvalidArgument);
@@ -442,14 +458,14 @@ TEST_CASE("bad reservations and commits are refused; abort frees a reservation o
 }
 
 TEST_CASE("a reservation whose prefill never commits is freed at its deadline", "[handoff]") {
-  auto decode = MakeEngine("qwen2vl-tiny-mha-tied");
+  auto decode = MakeDecode("qwen2vl-tiny-mha-tied", absl::Milliseconds(1000));
   const int free_before = decode->scheduler().kv_cache().num_free_blocks();
   Collected c;
   EngineRequest r;
   r.id = "orphan";
   r.prompt_token_ids = {5, 6, 7, 8, 9, 10, 11, 12, 13};
   r.sampling = Greedy(4);
-  REQUIRE(decode->ReserveRemoteKv(r, Collect(&c), Deadline::After(absl::Milliseconds(1000))).ok());
+  REQUIRE(Reserve(*decode, r, Collect(&c)).ok());
   REQUIRE(decode->Step().ok());  // before the deadline (1 s: loaded CI machines): still held
   CHECK(decode->num_pending_commits() == 1);
   CHECK(decode->scheduler().kv_cache().num_free_blocks() == free_before - 3);

@@ -136,7 +136,7 @@ TEST_CASE("TP=2 image rows in the shared input travel as descriptors, with the i
       ImageEmbedding emb;
       emb.grid = model::ImageGrid::FromThw(1, 4, 4, 2);
       emb.key = ContentHash{1, static_cast<uint64_t>(k + 1)};
-      const float* first = rows + size_t{k} * kTokens * kHidden;
+      const float* first = rows + static_cast<size_t>(k) * kTokens * kHidden;
       if (in_shared) {
         emb.shared_values = first;
       } else {

@@ -20,6 +20,7 @@
 #include "model/chat_template.h"
 #include "model/image_decode.h"
 #include "model/image_tokens.h"
+#include "scheduler/request.h"
 #include "worker/cli_args.h"
 #include "worker/engine.h"
 
@@ -56,24 +57,6 @@ int Fail(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound
              ? 2
              : 1;
-}
-
-const char* ReasonName(worker::FinishReason r) {
-  switch (r) {
-    case worker::FinishReason::kStop:
-      return "stop";
-    case worker::FinishReason::kLength:
-      return "length";
-    case worker::FinishReason::kStopString:
-      return "stop_string";
-    case worker::FinishReason::kAbort:
-      return "abort";
-    case worker::FinishReason::kHandoff:
-      return "handoff";
-    case worker::FinishReason::kNone:
-      break;
-  }
-  return "none";
 }
 
 absl::Status BadFlag(absl::string_view what) { return absl::InvalidArgumentError(what); }
@@ -183,7 +166,7 @@ int Main(const std::vector<std::string>& image_paths) {
                "\n[generate] prompt %d tokens, completion %d tokens, ttft %.1f ms, "
                "decode %.1f tok/s, finish %s\n",
                last.prompt_tokens, n, ttft * 1e3, n > 1 ? (n - 1) / (total - ttft) : 0.0,
-               ReasonName(last.finish_reason));
+               scheduler::FinishReasonName(last.finish_reason));
   return 0;
 }
 

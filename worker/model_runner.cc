@@ -44,6 +44,15 @@ bool Inside(absl::Span<const uint8_t> buffer, const float* values, int hidden) {
 absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
     const RunnerLookup& lookup) {
+  RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup));
+  if (ring_ != nullptr) RETURN_IF_ERROR(PublishToRanks());
+  RETURN_IF_ERROR(model_.Forward(batch_, kv_, &logits_));
+  return SampleAll(out);
+}
+
+absl::Status ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
+                                     const kvpool::KvCacheManager& kv_manager,
+                                     const RunnerLookup& lookup) {
   model::ForwardBatch& b = batch_;
   b.token_ids.clear();
   b.positions.clear();
@@ -52,16 +61,16 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.logits_rows.clear();
   b.embedding_overrides.clear();
   row_hashes_.clear();
+  states_.clear();
   const int hidden = model_.config().hidden_size;
   std::vector<int64_t> pos_t, pos_h, pos_w;
-  std::vector<RunnerRequestState*> states;
   for (const scheduler::ScheduledRequest& s : out.scheduled) {
     RunnerRequestState* st = lookup(s.request->id());
     if (st == nullptr) {
       return absl::InternalError(
           absl::StrCat("no runner state for request ", s.request->id().value));
     }
-    states.push_back(st);
+    states_.push_back(st);
     const auto tokens = s.request->token_ids();
     const auto table = kv_manager.block_table(s.request->block_table());
     model::SequenceChunk chunk;
@@ -98,46 +107,49 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   b.positions = pos_t;
   b.positions.insert(b.positions.end(), pos_h.begin(), pos_h.end());
   b.positions.insert(b.positions.end(), pos_w.begin(), pos_w.end());
-  if (ring_ != nullptr) {
-    // ForwardOnAllRanks, with the hand-off of image rows timed: the step
-    // without them, then their descriptors or their floats.
-    bool shared = !shared_input_.empty();
-    for (const model::EmbeddingOverride& o : b.embedding_overrides) {
-      shared = shared && Inside(shared_input_, o.values, hidden);
-    }
-    rows_.embedding_overrides.swap(b.embedding_overrides);  // rows_: the image rows alone
-    absl::StatusOr<StepMessage> m = StepMessageFromBatch(b, hidden, EmbeddingPlacement::kInline);
-    b.embedding_overrides.swap(rows_.embedding_overrides);
-    if (!m.ok()) return m.status();
-    if (!b.embedding_overrides.empty()) {
-      const int64_t cpu_start = ThreadCpuNanos();
-      rows_.embedding_overrides.swap(b.embedding_overrides);
-      absl::StatusOr<StepMessage> r = StepMessageFromBatch(
-          rows_, hidden, shared ? EmbeddingPlacement::kSharedBuffer : EmbeddingPlacement::kInline,
-          shared_input_);
-      b.embedding_overrides.swap(rows_.embedding_overrides);
-      if (!r.ok()) return r.status();
-      m->embeddings = std::move(r->embeddings);
-      m->inline_floats = std::move(r->inline_floats);
-      for (size_t i = 0; i < m->embeddings.size(); ++i) {
-        m->embeddings[i].content_hash = row_hashes_[i];
-      }
-      handoff_seconds_ += (ThreadCpuNanos() - cpu_start) * 1e-9;
-      (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m->embeddings.size());
-    }
-    RETURN_IF_ERROR(ring_->Publish(*m));
-    RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
-  } else {
-    RETURN_IF_ERROR(model_.Forward(b, kv_, &logits_));
-  }
+  return absl::OkStatus();
+}
 
+absl::Status ModelRunner::PublishToRanks() {
+  // ForwardOnAllRanks, with the hand-off of image rows timed: the step
+  // without them, then their descriptors or their floats.
+  model::ForwardBatch& b = batch_;
+  const int hidden = model_.config().hidden_size;
+  bool shared = !shared_input_.empty();
+  for (const model::EmbeddingOverride& o : b.embedding_overrides) {
+    shared = shared && Inside(shared_input_, o.values, hidden);
+  }
+  rows_.embedding_overrides.swap(b.embedding_overrides);  // rows_: the image rows alone
+  absl::StatusOr<StepMessage> m = StepMessageFromBatch(b, hidden, EmbeddingPlacement::kInline);
+  b.embedding_overrides.swap(rows_.embedding_overrides);
+  if (!m.ok()) return m.status();
+  if (!b.embedding_overrides.empty()) {
+    const int64_t cpu_start = ThreadCpuNanos();
+    rows_.embedding_overrides.swap(b.embedding_overrides);
+    absl::StatusOr<StepMessage> r = StepMessageFromBatch(
+        rows_, hidden, shared ? EmbeddingPlacement::kSharedBuffer : EmbeddingPlacement::kInline,
+        shared_input_);
+    b.embedding_overrides.swap(rows_.embedding_overrides);
+    if (!r.ok()) return r.status();
+    m->embeddings = std::move(r->embeddings);
+    m->inline_floats = std::move(r->inline_floats);
+    for (size_t i = 0; i < m->embeddings.size(); ++i) {
+      m->embeddings[i].content_hash = row_hashes_[i];
+    }
+    handoff_seconds_ += (ThreadCpuNanos() - cpu_start) * 1e-9;
+    (shared ? rows_by_descriptor_ : rows_inline_) += static_cast<int64_t>(m->embeddings.size());
+  }
+  return ring_->Publish(*m);
+}
+
+std::vector<model::SampleResult> ModelRunner::SampleAll(const scheduler::SchedulerOutput& out) {
   const int vocab = model_.config().vocab_size;
   std::vector<model::SampleResult> sampled(out.scheduled.size());
   size_t row = 0;
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     const scheduler::ScheduledRequest& s = out.scheduled[i];
     if (!s.samples) continue;
-    RunnerRequestState& st = *states[i];
+    RunnerRequestState& st = *states_[i];
     float* logits = logits_.data() + row++ * vocab;
     // Before min_tokens, end-of-sequence and stop tokens are not allowed.
     if (s.request->num_output_tokens() < st.sampling.min_tokens) {

@@ -74,6 +74,14 @@ class ModelRunner {
   int64_t rows_inline() const { return rows_inline_; }
 
  private:
+  // Step's three parts: the scheduler's decision as batch_ (states_ the
+  // entries' runner states), batch_ sent to ranks 1..N-1 through the ring,
+  // and one sample per entry that samples, from logits_.
+  absl::Status BuildBatch(const scheduler::SchedulerOutput& out,
+                          const kvpool::KvCacheManager& kv_manager, const RunnerLookup& lookup);
+  absl::Status PublishToRanks();
+  std::vector<model::SampleResult> SampleAll(const scheduler::SchedulerOutput& out);
+
   model::Qwen2Model& model_;
   model::KvCache& kv_;
   StepRing* ring_;
@@ -81,9 +89,10 @@ class ModelRunner {
   double handoff_seconds_ = 0;
   int64_t rows_by_descriptor_ = 0;
   int64_t rows_inline_ = 0;
-  std::vector<uint64_t> row_hashes_;  // per embedding override of batch_
-  model::ForwardBatch batch_;         // reused across steps
-  model::ForwardBatch rows_;          // empty between steps (Step swaps image rows through it)
+  std::vector<uint64_t> row_hashes_;         // per embedding override of batch_
+  std::vector<RunnerRequestState*> states_;  // per entry of the step
+  model::ForwardBatch batch_;                // reused across steps
+  model::ForwardBatch rows_;  // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
 };
 

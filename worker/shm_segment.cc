@@ -23,6 +23,67 @@ absl::Status Errno(const std::string& call) {
   return absl::InternalError(absl::StrCat(call, ": ", std::strerror(errno)));
 }
 
+absl::Status CheckOptions(const ShmSegmentOptions& o) {
+  if (o.world_size < 1 || o.world_size > kMaxShmRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size ", o.world_size, " is outside [1, ", kMaxShmRanks, "]"));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", o.rank, " is outside [0, ", o.world_size, ")"));
+  }
+  if (o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0: creates the segment's file (replacing one a crashed launch left)
+// and sizes it; returns its descriptor.
+absl::StatusOr<int> CreateFile(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    shm_unlink(name.c_str());  // left by a crashed launch
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  }
+  if (fd < 0) return Errno(absl::StrCat("shm_open(", name, ", O_CREAT)"));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    absl::Status s = Errno(absl::StrCat("ftruncate(", name, ", ", bytes, ")"));
+    close(fd);
+    shm_unlink(name.c_str());
+    return s;
+  }
+  return fd;
+}
+
+// The other ranks: opens the file once rank 0 has created and sized it.
+absl::StatusOr<int> OpenFile(const ShmSegmentOptions& o, size_t bytes, absl::Time deadline) {
+  const std::string& name = o.name;
+  while (true) {
+    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd >= 0) {
+      struct stat st;
+      if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= kHeaderBytes) {
+        if (static_cast<size_t>(st.st_size) != bytes) {
+          close(fd);
+          return absl::InvalidArgumentError(
+              absl::StrCat("segment ", name, " has ", st.st_size, " bytes; rank ", o.rank,
+                           " expects ", bytes, " (the ranks' options must agree)"));
+        }
+        return fd;
+      }
+      close(fd);
+    } else if (errno != ENOENT) {
+      return Errno(absl::StrCat("shm_open(", name, ")"));
+    }
+    if (absl::Now() > deadline) {
+      return absl::UnavailableError(absl::StrCat("rank ", o.rank, " found no segment ", name,
+                                                 " within ", absl::FormatDuration(o.timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 }  // namespace
 
 absl::Status ValidateInstanceId(const std::string& id) {
@@ -97,59 +158,13 @@ absl::Status ShmSegment::PollUntil(Pred pred, absl::Time deadline, const std::st
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Join(const ShmSegmentOptions& o) {
   static_assert(sizeof(Header) <= kHeaderBytes);
-  if (o.world_size < 1 || o.world_size > kMaxShmRanks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world size ", o.world_size, " is outside [1, ", kMaxShmRanks, "]"));
-  }
-  if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", o.rank, " is outside [0, ", o.world_size, ")"));
-  }
-  if (o.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("timeout must be positive");
-  }
+  if (absl::Status s = CheckOptions(o); !s.ok()) return s;
   const std::string& name = o.name;
   const size_t bytes = kHeaderBytes + (o.user_bytes + 63) / 64 * 64;
   const absl::Time deadline = absl::Now() + o.timeout;
-  int fd = -1;
-  if (o.rank == 0) {
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 && errno == EEXIST) {
-      shm_unlink(name.c_str());  // left by a crashed launch
-      fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    }
-    if (fd < 0) return Errno(absl::StrCat("shm_open(", name, ", O_CREAT)"));
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      absl::Status s = Errno(absl::StrCat("ftruncate(", name, ", ", bytes, ")"));
-      close(fd);
-      shm_unlink(name.c_str());
-      return s;
-    }
-  } else {
-    while (true) {  // until rank 0 has created and sized it
-      fd = shm_open(name.c_str(), O_RDWR, 0600);
-      if (fd >= 0) {
-        struct stat st;
-        if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= kHeaderBytes) {
-          if (static_cast<size_t>(st.st_size) != bytes) {
-            close(fd);
-            return absl::InvalidArgumentError(
-                absl::StrCat("segment ", name, " has ", st.st_size, " bytes; rank ", o.rank,
-                             " expects ", bytes, " (the ranks' options must agree)"));
-          }
-          break;
-        }
-        close(fd);
-      } else if (errno != ENOENT) {
-        return Errno(absl::StrCat("shm_open(", name, ")"));
-      }
-      if (absl::Now() > deadline) {
-        return absl::UnavailableError(absl::StrCat("rank ", o.rank, " found no segment ", name,
-                                                   " within ", absl::FormatDuration(o.timeout)));
-      }
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
+  absl::StatusOr<int> opened = o.rank == 0 ? CreateFile(name, bytes) : OpenFile(o, bytes, deadline);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {

@@ -1,0 +1,43 @@
+// Private to the engine (engine.cc, engine_step.cc): a request's state
+// outside the scheduler.
+#ifndef MMSERVE_WORKER_ENGINE_LIVE_H_
+#define MMSERVE_WORKER_ENGINE_LIVE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/mrope_positions.h"
+#include "model/sampling.h"
+#include "model/text_streamer.h"
+#include "scheduler/request.h"
+#include "worker/engine.h"
+
+namespace mmserve::worker {
+
+struct LlmEngine::Live {
+  std::string id;
+  scheduler::RequestId sched_id;
+  StreamCallback callback;
+  model::SamplerState sampler{0};
+  RunnerRequestState runner;
+  model::MropePositions positions;
+  std::vector<std::vector<float>> image_embeddings;  // owned rows (shared ones are not here)
+  std::unique_ptr<model::TextStreamer> streamer;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  KvPlan plan;            // the connector's (none: local prompt, decoded here)
+  HandoffPrompt handoff;  // plan.prompt_only: what a decode engine reserves
+};
+
+struct LlmEngine::Sampled {
+  Live* live = nullptr;
+  model::SampleResult result;
+  // Why the scheduler finished it this step (kNone: it goes on).
+  FinishReason finished = FinishReason::kNone;
+  std::vector<int32_t> blocks;  // plan.prompt_only: its prompt's KV blocks
+};
+
+}  // namespace mmserve::worker
+
+#endif  // MMSERVE_WORKER_ENGINE_LIVE_H_

@@ -1,0 +1,123 @@
+// LlmEngine::Step: the connector's expired reservations, Schedule, the
+// forward and sampling (ModelRunner), the scheduler's update, one event per
+// sampled token, and the aborts of preempted requests the connector cannot
+// recompute.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "worker/engine.h"
+#include "worker/engine_live.h"
+
+namespace mmserve::worker {
+
+absl::Status LlmEngine::Step() {
+  if (connector_ != nullptr) {
+    for (const std::string& id : connector_->TakeExpired()) RETURN_IF_ERROR(Abort(id));
+  }
+  const scheduler::SchedulerOutput& out = scheduler_->Schedule();
+  std::vector<std::pair<std::string, absl::Status>> victims;
+  if (connector_ != nullptr) {
+    for (scheduler::RequestId id : out.preempted) {
+      auto it = by_scheduler_id_.find(id.value);
+      if (it == by_scheduler_id_.end()) continue;
+      absl::Status keep = connector_->OnPreempted(it->second->id);
+      if (!keep.ok()) victims.emplace_back(it->second->id, std::move(keep));
+    }
+  }
+  RETURN_IF_ERROR(StepScheduled(out));
+  return AbortUnrecomputable(victims);
+}
+
+absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
+  if (out.scheduled.empty()) return scheduler_->UpdateFromOutput({}, nullptr);
+  auto lookup = [this](scheduler::RequestId id) -> RunnerRequestState* {
+    auto it = by_scheduler_id_.find(id.value);
+    return it == by_scheduler_id_.end() ? nullptr : &it->second->runner;
+  };
+  ASSIGN_OR_RETURN(std::vector<model::SampleResult> results,
+                   runner_->Step(out, scheduler_->kv_cache(), lookup));
+  std::vector<scheduler::TokenId> tokens(out.scheduled.size(), kvpool::kNoToken);
+  std::vector<Sampled> sampled;
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    if (!out.scheduled[i].samples) continue;
+    const scheduler::Request& r = *out.scheduled[i].request;
+    tokens[i] = results[i].token;
+    Sampled s;
+    s.live = by_scheduler_id_.at(r.id().value);
+    s.result = results[i];
+    // A prompt-only request's blocks, before UpdateFromOutput frees them.
+    if (s.live->plan.prompt_only) {
+      for (kvpool::BlockId b : scheduler_->kv_cache().block_table(r.block_table())) {
+        s.blocks.push_back(b.value);
+      }
+    }
+    sampled.push_back(std::move(s));
+  }
+  std::vector<std::unique_ptr<scheduler::Request>> finished;
+  RETURN_IF_ERROR(scheduler_->UpdateFromOutput(tokens, &finished));
+  absl::flat_hash_map<uint64_t, FinishReason> done;
+  for (const auto& r : finished) done[r->id().value] = r->finish_reason();
+  for (Sampled& s : sampled) {
+    auto d = done.find(s.live->sched_id.value);
+    if (d != done.end()) s.finished = d->second;
+    RETURN_IF_ERROR(Emit(s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::Emit(Sampled& s) {
+  Live& live = *s.live;
+  const int32_t token = s.result.token;
+  StreamEvent event;
+  event.request_id = live.id;
+  event.token_ids.push_back(token);
+  if (live.runner.sampling.logprobs >= 0) event.logprobs.push_back(s.result);
+  ++live.completion_tokens;
+  ASSIGN_OR_RETURN(model::TextStreamer::Step text,
+                   live.streamer->Push(token, live.completion_tokens));
+  event.text = std::move(text.text);
+  if (text.stopped) {
+    if (s.finished == FinishReason::kNone) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
+    event.matched_stop = text.matched_stop;
+    Finish(live, FinishReason::kStopString, event);
+    return absl::OkStatus();
+  }
+  if (s.finished == FinishReason::kNone) {
+    live.callback(event);
+    return absl::OkStatus();
+  }
+  if (live.plan.prompt_only) {
+    const KvPromptDone done{.id = live.id,
+                            .first_token = token,
+                            .reason = s.finished,
+                            .max_tokens = live.runner.sampling.max_tokens,
+                            .blocks = &s.blocks,
+                            .prompt = &live.handoff};
+    if (connector_->OnPromptDone(done)) {
+      event.kv_blocks = std::move(s.blocks);
+      event.handoff = std::move(live.handoff);
+      Finish(live, FinishReason::kHandoff, event);
+      return absl::OkStatus();
+    }
+  }
+  Finish(live, s.finished, event);
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::AbortUnrecomputable(
+    const std::vector<std::pair<std::string, absl::Status>>& victims) {
+  for (const auto& [id, why] : victims) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
+    StreamEvent event;
+    event.request_id = id;
+    event.error = why;
+    Finish(*it->second, FinishReason::kAbort, event);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mmserve::worker

@@ -1,0 +1,109 @@
+// Request preparation as pure functions (no model, no engine state): the
+// prompt's token checks, image expansion with M-RoPE positions, hand-off
+// image placement, max_tokens against the context, the scheduler's
+// parameters and the prompt a decode engine continues from.
+//
+//   PromptRules rules = ...;  // from the model's config
+//   RETURN_IF_ERROR(CheckTokenIds(ids, rules.vocab_size));
+//   ASSIGN_OR_RETURN(PreparedPrompt prompt, ExpandImages(ids, image_rows, rules));
+//   ASSIGN_OR_RETURN(int max_tokens, ResolveMaxTokens(sampling, false,
+//                                                     prompt.token_ids.size(), rules));
+//   scheduler::RequestParams p = SchedulerParams(id, prompt, sampling, max_tokens, rules);
+//
+// Every function is thread-safe; rows are borrowed, never copied.
+#ifndef MMSERVE_WORKER_REQUEST_PREP_H_
+#define MMSERVE_WORKER_REQUEST_PREP_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/hash.h"
+#include "model/image_tokens.h"
+#include "model/mrope_positions.h"
+#include "model/sampling.h"
+#include "scheduler/request.h"
+#include "worker/engine_request.h"
+#include "worker/kv_connector.h"
+
+namespace mmserve::worker {
+
+// What preparation needs to know about the model.
+struct PromptRules {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int32_t image_pad_id = -1;
+  bool accepts_images = false;  // the model has a vision config
+  int merge_size = 2;           // the vision config's spatial_merge_size
+  int max_model_len = 0;
+  std::vector<int32_t> eos_ids;  // the first is the scheduler's eos
+};
+
+// One image's embedding: grid.num_tokens() rows of hidden_size floats.
+struct ImageRows {
+  model::ImageGrid grid;
+  absl::Span<const float> rows;
+  std::optional<ContentHash> key;  // unset: a hash of the rows
+};
+
+// An image placed in the expanded prompt.
+struct PreparedImage {
+  int offset = 0;  // its first token
+  int length = 0;  // its tokens (grid.num_tokens())
+  model::ImageGrid grid;
+  const float* rows = nullptr;  // null: a handed-off image (its KV is written remotely)
+  ContentHash key;              // prefix-cache key (MultimodalSpan::content_hash)
+  // For the tensor-parallel ranks' descriptors: key.low when the key came
+  // with the image, 0 when it is a hash of the rows.
+  uint64_t rank_hash = 0;
+};
+
+struct PreparedPrompt {
+  std::vector<int32_t> token_ids;  // with each image's run of pads
+  model::MropePositions positions;
+  std::vector<PreparedImage> images;  // prompt order
+};
+
+// InvalidArgument for an empty prompt or an id outside [0, vocab_size).
+[[nodiscard]] absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int vocab_size);
+
+// InvalidArgument unless the embedding holds its grid's rows (values of
+// grid.num_tokens() * hidden_size floats, or shared_values with a key and no
+// values).
+[[nodiscard]] absl::Status CheckImageEmbedding(const ImageEmbedding& e, int hidden_size);
+
+// Expands the k-th image pad of `ids` into images[k]'s run and computes the
+// M-RoPE positions. InvalidArgument when pads and images disagree.
+[[nodiscard]] absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
+                                                          absl::Span<const ImageRows> images,
+                                                          const PromptRules& rules);
+
+// `ids` is another engine's expanded prompt (HandoffPrompt::token_ids):
+// checks that each image's run of pads lies where it says (in order, inside
+// the prompt, grids multiples of merge_size, no pads outside them) and
+// computes the positions. The images get no rows. InvalidArgument otherwise.
+[[nodiscard]] absl::StatusOr<PreparedPrompt> PlaceHandoffImages(
+    absl::Span<const int32_t> ids, absl::Span<const HandoffImage> images, const PromptRules& rules);
+
+// The request's max_tokens: sampling.max_tokens, or what the context leaves
+// (to_context). InvalidArgument when the prompt and max_tokens exceed
+// max_model_len, or the context leaves fewer than max(1, min_tokens).
+[[nodiscard]] absl::StatusOr<int> ResolveMaxTokens(const model::SamplingParams& sampling,
+                                                   bool to_context, size_t prompt_tokens,
+                                                   const PromptRules& rules);
+
+// The scheduler's view: the prompt, its image spans, limits, stop ids and
+// eos (the first eos id; the others are stop ids unless ignore_eos).
+scheduler::RequestParams SchedulerParams(scheduler::RequestId id, const PreparedPrompt& prompt,
+                                         const model::SamplingParams& sampling, int max_tokens,
+                                         const PromptRules& rules);
+
+// What a decode engine reserves to continue this prompt.
+HandoffPrompt MakeHandoffPrompt(const PreparedPrompt& prompt);
+
+}  // namespace mmserve::worker
+
+#endif  // MMSERVE_WORKER_REQUEST_PREP_H_
