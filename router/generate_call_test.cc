@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,10 +57,26 @@ TokenBatch Final(uint32_t id, const std::string& text) {
   return b;
 }
 
-class FakeLanguage final : public internal::v1::Language::Service {
+// A fake instance's service that reports it healthy to the poller.
+template <typename Service>
+class Healthy : public Service {
+ public:
+  explicit Healthy(std::string id) : id_(std::move(id)) {}
+  grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
+                       internal::v1::LoadReport* load) override {
+    load->set_instance_id(id_);
+    load->set_accepting(true);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string id_;
+};
+
+class FakeLanguage final : public Healthy<internal::v1::Language::Service> {
  public:
   using Script = std::function<grpc::Status(grpc::ServerContext*, Writer*)>;
-  explicit FakeLanguage(std::string id) : id_(std::move(id)) {}
+  explicit FakeLanguage(std::string id) : Healthy(std::move(id)) {}
 
   Script prefill, decode;
   std::atomic<int> prefills{0}, decodes{0}, retries{0};
@@ -85,23 +102,14 @@ class FakeLanguage final : public internal::v1::Language::Service {
     ack->set_accepted(true);
     return grpc::Status::OK;
   }
-  grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
-                       internal::v1::LoadReport* load) override {
-    load->set_instance_id(id_);
-    load->set_accepting(true);
-    return grpc::Status::OK;
-  }
-
- private:
-  const std::string id_;
 };
 
 // Encode answers OK with a cache hit, except that the first `fail_first`
 // calls over all encoders sharing `calls` fail with UNAVAILABLE.
-class FakeEncoder final : public internal::v1::Encoder::Service {
+class FakeEncoder final : public Healthy<internal::v1::Encoder::Service> {
  public:
   FakeEncoder(std::string id, std::atomic<int>* calls, int fail_first)
-      : id_(std::move(id)), calls_(calls), fail_first_(fail_first) {}
+      : Healthy(std::move(id)), calls_(calls), fail_first_(fail_first) {}
   std::atomic<int> encodes{0};
 
   grpc::Status Encode(grpc::ServerContext*, const internal::v1::EncodeRequest* request,
@@ -113,23 +121,22 @@ class FakeEncoder final : public internal::v1::Encoder::Service {
     for (int i = 0; i < request->images_size(); ++i) response->add_images()->set_cache_hit(true);
     return grpc::Status::OK;
   }
-  grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
-                       internal::v1::LoadReport* load) override {
-    load->set_instance_id(id_);
-    load->set_accepting(true);
-    return grpc::Status::OK;
-  }
 
  private:
-  const std::string id_;
   std::atomic<int>* calls_;
   const int fail_first_;
 };
 
-// A router's context over fake instances, each on its own server.
-class Cluster {
+// A router's context over fake instances, each on its own server: two
+// encoders (each fails the first `failing_encodes` Encode calls between
+// them), a role-both instance, a prefill and a decode instance. Start
+// registers those a test names.
+class Stack {
  public:
-  Cluster() : table_({.poll_interval = absl::Milliseconds(20)}) {
+  explicit Stack(int failing_encodes = 0)
+      : e0("e0", &encode_calls_, failing_encodes),
+        e1("e1", &encode_calls_, failing_encodes),
+        table_({.poll_interval = absl::Milliseconds(20)}) {
     context_.options.model_id = "m";
     context_.options.presize = false;
     context_.options.config.vision.emplace();
@@ -137,11 +144,40 @@ class Cluster {
     context_.instances = &table_;
     context_.metrics = &metrics_;
   }
-  ~Cluster() {
+  ~Stack() {
     table_.Stop();
     for (auto& s : servers_) s->Shutdown(absl::ZeroDuration());
   }
 
+  // Registers the named instances; returns once they are healthy.
+  void Start(const std::vector<std::string>& ids) {
+    for (const std::string& id : ids) {
+      if (id == "e0") Add(id, internal::v1::INSTANCE_ROLE_ENCODER, &e0);
+      if (id == "e1") Add(id, internal::v1::INSTANCE_ROLE_ENCODER, &e1);
+      if (id == "l0") Add(id, internal::v1::INSTANCE_ROLE_BOTH, &both);
+      if (id == "p0") Add(id, internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
+      if (id == "d0") Add(id, internal::v1::INSTANCE_ROLE_DECODE, &decode);
+    }
+    table_.Start();
+    REQUIRE(WaitFor([&] {
+      size_t healthy = 0;
+      for (Role r : {Role::kEncoder, Role::kLanguage, Role::kPrefill, Role::kDecode}) {
+        healthy += table_.Healthy(r).size();
+      }
+      return healthy == ids.size();
+    }));
+  }
+  const RouterContext& context() const { return context_; }
+  int encode_calls() const { return encode_calls_.load(); }
+
+ private:
+  std::atomic<int> encode_calls_{0};
+
+ public:
+  FakeEncoder e0, e1;
+  FakeLanguage both{"l0"}, prefill{"p0"}, decode{"d0"};
+
+ private:
   void Add(const std::string& id, internal::v1::InstanceRole role, grpc::Service* service) {
     auto server = StartGrpcServer("127.0.0.1:0", {service});
     REQUIRE(server.ok());
@@ -151,58 +187,53 @@ class Cluster {
     info.set_grpc_address(absl::StrCat("127.0.0.1:", (*server)->port()));
     table_.Upsert(info);
     servers_.push_back(*std::move(server));
-    ++instances_;
   }
-  // Starts polling; returns once every instance is healthy.
-  void Start() {
-    table_.Start();
-    REQUIRE(WaitFor([&] {
-      size_t healthy = 0;
-      for (Role r : {Role::kEncoder, Role::kLanguage, Role::kPrefill, Role::kDecode}) {
-        healthy += table_.Healthy(r).size();
-      }
-      return healthy == instances_;
-    }));
-  }
-  const RouterContext& context() const { return context_; }
 
- private:
   InstanceTable table_;
   metrics::Registry metrics_;
   RouterContext context_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;
-  size_t instances_ = 0;
 };
 
 // What a call delivered to its sink.
-struct Outcome {
-  absl::Mutex mu;
-  std::vector<mmserve::v1::GenerateResponse> responses ABSL_GUARDED_BY(mu);
-  absl::Status status ABSL_GUARDED_BY(mu);
-  absl::Notification ended;
-
+class Outcome {
+ public:
   CallSink Sink() {
     return {.on_response =
                 [this](mmserve::v1::GenerateResponse r) {
-                  absl::MutexLock lock(&mu);
-                  CHECK_FALSE(ended.HasBeenNotified());
-                  responses.push_back(std::move(r));
+                  absl::MutexLock lock(&mu_);
+                  CHECK_FALSE(ended_.HasBeenNotified());
+                  responses_.push_back(std::move(r));
                 },
             .on_end =
                 [this](absl::Status s) {
                   {
-                    absl::MutexLock lock(&mu);
-                    status = std::move(s);
+                    absl::MutexLock lock(&mu_);
+                    status_ = std::move(s);
                   }
-                  ended.Notify();
+                  ended_.Notify();
                 }};
   }
+  bool WaitForEnd() { return ended_.WaitForNotificationWithTimeout(absl::Seconds(20)); }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  std::vector<mmserve::v1::GenerateResponse> responses() {
+    absl::MutexLock lock(&mu_);
+    return responses_;
+  }
   std::string Text() {
-    absl::MutexLock lock(&mu);
     std::string out;
-    for (const auto& r : responses) out += r.text();
+    for (const auto& r : responses()) out += r.text();
     return out;
   }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<mmserve::v1::GenerateResponse> responses_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Notification ended_;
 };
 
 // One image, text around it.
@@ -213,12 +244,23 @@ mmserve::v1::GenerateRequest ImageRequest() {
   return r;
 }
 
-std::shared_ptr<GenerateCall> Run(const Cluster& cluster, Outcome& outcome,
-                                  mmserve::v1::GenerateRequest request = ImageRequest()) {
-  auto call = GenerateCall::Start(cluster.context(), std::move(request), outcome.Sink(),
-                                  std::chrono::system_clock::now() + std::chrono::seconds(30));
-  REQUIRE(outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  return call;
+std::shared_ptr<GenerateCall> Start(const Stack& stack, Outcome& outcome,
+                                    mmserve::v1::GenerateRequest request = ImageRequest()) {
+  return GenerateCall::Start(stack.context(), std::move(request), outcome.Sink(),
+                             std::chrono::system_clock::now() + std::chrono::seconds(30));
+}
+
+// Runs a call to its end.
+void Run(const Stack& stack, Outcome& outcome,
+         mmserve::v1::GenerateRequest request = ImageRequest()) {
+  Start(stack, outcome, std::move(request));
+  REQUIRE(outcome.WaitForEnd());
+}
+
+// The prefill request `language` received.
+PrefillRequest LastPrefill(FakeLanguage& language) {
+  absl::MutexLock lock(&language.mu);
+  return language.last_prefill;
 }
 
 // Writes `batches` in order.
@@ -229,259 +271,181 @@ FakeLanguage::Script Writes(std::vector<TokenBatch> batches) {
   };
 }
 
-// Writes the decode instance's empty first batch, then waits for the
-// router to cancel the stream.
-grpc::Status RegisterUntilCancelled(grpc::ServerContext* ctx, Writer* w,
-                                    std::atomic<bool>* cancelled) {
-  w->Write(TokenBatch());
-  WaitFor([&] { return ctx->IsCancelled(); });
-  *cancelled = ctx->IsCancelled();
-  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+// Writes `first` (if any), then waits for the router to cancel the stream.
+FakeLanguage::Script UntilCancelled(
+    std::optional<TokenBatch> first, std::atomic<bool>* cancelled,
+    std::function<void()> before = [] {}) {
+  return [=](grpc::ServerContext* ctx, Writer* w) {
+    before();
+    if (first) w->Write(*first);
+    WaitFor([&] { return ctx->IsCancelled(); });
+    *cancelled = ctx->IsCancelled();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  };
 }
 
 TEST_CASE("a colocated call relays every batch in order and holds the final one for usage") {
-  Cluster cluster;
-  std::atomic<int> encodes{0};
-  FakeEncoder encoder("e0", &encodes, 0);
-  FakeLanguage language("l0");
-  language.prefill = Writes({Tokens(1, "a"), Tokens(2, "b"), Final(3, "c")});
-  cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &encoder);
-  cluster.Add("l0", internal::v1::INSTANCE_ROLE_BOTH, &language);
-  cluster.Start();
+  Stack stack;
+  stack.both.prefill = Writes({Tokens(1, "a"), Tokens(2, "b"), Final(3, "c")});
+  stack.Start({"e0", "l0"});
   Outcome outcome;
-  Run(cluster, outcome);
-  absl::MutexLock lock(&outcome.mu);
-  CHECK(outcome.status.ok());
-  REQUIRE(outcome.responses.size() == 3);
-  CHECK(outcome.responses[0].text() == "a");
-  CHECK(outcome.responses[1].text() == "b");
-  const auto& last = outcome.responses[2];
-  CHECK(last.finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
-  CHECK(last.usage().cached_images() == 1);
-  CHECK(encoder.encodes == 1);
-  absl::MutexLock prefill_lock(&language.mu);
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  const auto responses = outcome.responses();
+  REQUIRE(responses.size() == 3);
+  CHECK(responses[0].text() == "a");
+  CHECK(responses[1].text() == "b");
+  CHECK(responses[2].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
+  CHECK(responses[2].usage().cached_images() == 1);
+  CHECK(stack.e0.encodes == 1);
   // The language side gets the image's source, never its bytes.
-  REQUIRE(language.last_prefill.images_size() == 1);
-  CHECK(language.last_prefill.images(0).encoder_id() == "e0");
-  CHECK(language.last_prefill.raw().images(0).data().empty());
-  CHECK_FALSE(language.last_prefill.has_decode());
+  const PrefillRequest prefill = LastPrefill(stack.both);
+  REQUIRE(prefill.images_size() == 1);
+  CHECK(prefill.images(0).encoder_id() == "e0");
+  CHECK(prefill.raw().images(0).data().empty());
+  CHECK_FALSE(prefill.has_decode());
 }
-
-// A prefill instance and a decode instance.
-struct Disaggregated {
-  std::atomic<int> encode_calls{0};
-  FakeEncoder encoder{"e0", &encode_calls, 0};
-  FakeLanguage prefill{"p0"};
-  FakeLanguage decode{"d0"};
-
-  void AddTo(Cluster& cluster) {
-    cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &encoder);
-    cluster.Add("p0", internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
-    cluster.Add("d0", internal::v1::INSTANCE_ROLE_DECODE, &decode);
-    cluster.Start();
-  }
-};
 
 TEST_CASE(
     "a disaggregated call registers on the decode instance first and relays decode batches "
     "that beat the hand-off after it") {
-  Cluster cluster;
-  Disaggregated pd;
+  Stack stack;
   absl::Notification decode_done;
-  pd.decode.decode = [&](grpc::ServerContext*, Writer* w) {
+  stack.decode.decode = [&](grpc::ServerContext*, Writer* w) {
     w->Write(TokenBatch());  // the request is held
     // The rest, and the OK close, before the prefill's hand-off batch.
-    WaitFor([&] { return pd.prefill.prefills.load() == 1; });
+    WaitFor([&] { return stack.prefill.prefills.load() == 1; });
     w->Write(Tokens(2, "b"));
     w->Write(Final(3, "c"));
     decode_done.Notify();
     return grpc::Status::OK;
   };
-  pd.prefill.prefill = [&](grpc::ServerContext*, Writer* w) {
-    CHECK(pd.decode.decodes == 1);
+  stack.prefill.prefill = [&](grpc::ServerContext*, Writer* w) {
+    CHECK(stack.decode.decodes == 1);
     decode_done.WaitForNotification();
     TokenBatch handoff = Tokens(1, "a");
     handoff.set_kv_handed_off(true);
     w->Write(handoff);
     return grpc::Status::OK;
   };
-  pd.AddTo(cluster);
+  stack.Start({"e0", "p0", "d0"});
   Outcome outcome;
-  Run(cluster, outcome);
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
   CHECK(outcome.Text() == "abc");
-  absl::MutexLock lock(&outcome.mu);
-  CHECK(outcome.status.ok());
-  REQUIRE(outcome.responses.size() == 3);
-  CHECK(outcome.responses[2].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
-  CHECK(outcome.responses[2].usage().cached_images() == 1);
-  absl::MutexLock prefill_lock(&pd.prefill.mu);
-  CHECK(pd.prefill.last_prefill.decode().instance_id() == "d0");
+  const auto responses = outcome.responses();
+  REQUIRE(responses.size() == 3);
+  CHECK(responses[2].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
+  CHECK(responses[2].usage().cached_images() == 1);
+  CHECK(LastPrefill(stack.prefill).decode().instance_id() == "d0");
 }
 
 TEST_CASE("a first token that is also the last ends the call and cancels the decode registration") {
-  Cluster cluster;
-  Disaggregated pd;
+  Stack stack;
   std::atomic<bool> cancelled{false};
-  pd.decode.decode = [&](grpc::ServerContext* ctx, Writer* w) {
-    return RegisterUntilCancelled(ctx, w, &cancelled);
-  };
-  pd.prefill.prefill = Writes({Final(1, "a")});
-  pd.AddTo(cluster);
+  stack.decode.decode = UntilCancelled(TokenBatch(), &cancelled);
+  stack.prefill.prefill = Writes({Final(1, "a")});
+  stack.Start({"e0", "p0", "d0"});
   Outcome outcome;
-  Run(cluster, outcome);
-  {
-    absl::MutexLock lock(&outcome.mu);
-    CHECK(outcome.status.ok());
-    REQUIRE(outcome.responses.size() == 1);
-    CHECK(outcome.responses[0].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
-  }
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  const auto responses = outcome.responses();
+  REQUIRE(responses.size() == 1);
+  CHECK(responses[0].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
   CHECK(WaitFor([&] { return cancelled.load(); }));
 }
 
 TEST_CASE("a decode instance that fails ends the call with UNAVAILABLE naming the decode side") {
-  Cluster cluster;
-  Disaggregated pd;
-  std::atomic<bool> prefill_cancelled{false};
-  pd.decode.decode = [&](grpc::ServerContext*, Writer* w) {
+  Stack stack;
+  std::atomic<bool> cancelled{false};
+  stack.decode.decode = [&](grpc::ServerContext*, Writer* w) {
     w->Write(TokenBatch());
-    WaitFor([&] { return pd.prefill.prefills.load() == 1; });
+    WaitFor([&] { return stack.prefill.prefills.load() == 1; });
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode broke");
   };
-  pd.prefill.prefill = [&](grpc::ServerContext* ctx, Writer*) {
-    WaitFor([&] { return ctx->IsCancelled(); });
-    prefill_cancelled = ctx->IsCancelled();
-    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  };
-  pd.AddTo(cluster);
+  stack.prefill.prefill = UntilCancelled(std::nullopt, &cancelled);
+  stack.Start({"e0", "p0", "d0"});
   Outcome outcome;
-  Run(cluster, outcome);
-  {
-    absl::MutexLock lock(&outcome.mu);
-    INFO(outcome.status);
-    CHECK(outcome.status.code() == absl::StatusCode::kUnavailable);
-    CHECK(outcome.status.message().find("decode instance d0 failed") != std::string::npos);
-  }
-  CHECK(WaitFor([&] { return prefill_cancelled.load(); }));
+  Run(stack, outcome);
+  const absl::Status status = outcome.status();
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kUnavailable);
+  CHECK(status.message().find("decode instance d0 failed") != std::string::npos);
+  CHECK(WaitFor([&] { return cancelled.load(); }));
 }
 
 TEST_CASE(
     "an encoder that fails before the decode instance holds the request: the prefill starts "
     "with the image's new source") {
-  Cluster cluster;
-  std::atomic<int> encode_calls{0};
-  FakeEncoder e0("e0", &encode_calls, 1), e1("e1", &encode_calls, 1);
-  FakeLanguage prefill("p0"), decode("d0");
+  Stack stack(/*failing_encodes=*/1);
   std::atomic<bool> cancelled{false};
-  decode.decode = [&](grpc::ServerContext* ctx, Writer* w) {
-    // Holds the registration back until the image has moved.
-    WaitFor([&] { return encode_calls.load() == 2; });
-    return RegisterUntilCancelled(ctx, w, &cancelled);
-  };
-  prefill.prefill = Writes({Final(1, "a")});
-  cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &e0);
-  cluster.Add("e1", internal::v1::INSTANCE_ROLE_ENCODER, &e1);
-  cluster.Add("p0", internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
-  cluster.Add("d0", internal::v1::INSTANCE_ROLE_DECODE, &decode);
-  cluster.Start();
+  // Holds the registration back until the image has moved.
+  stack.decode.decode = UntilCancelled(TokenBatch(), &cancelled,
+                                       [&] { WaitFor([&] { return stack.encode_calls() == 2; }); });
+  stack.prefill.prefill = Writes({Final(1, "a")});
+  stack.Start({"e0", "e1", "p0", "d0"});
   Outcome outcome;
-  Run(cluster, outcome);
-  {
-    absl::MutexLock lock(&outcome.mu);
-    CHECK(outcome.status.ok());
-  }
-  CHECK(e0.encodes == 1);
-  CHECK(e1.encodes == 1);
-  CHECK(prefill.retries == 0);
-  absl::MutexLock lock(&prefill.mu);
-  REQUIRE(prefill.last_prefill.images_size() == 1);
-  const internal::v1::PromptImage& image = prefill.last_prefill.images(0);
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  CHECK(stack.e0.encodes == 1);
+  CHECK(stack.e1.encodes == 1);
+  CHECK(stack.prefill.retries == 0);
+  const PrefillRequest prefill = LastPrefill(stack.prefill);
+  REQUIRE(prefill.images_size() == 1);
+  const internal::v1::PromptImage& image = prefill.images(0);
   // The transfer id names the second attempt.
-  CHECK(image.transfer_id() ==
-        absl::StrCat(prefill.last_prefill.request_id(), "@", image.encoder_id(), "#2"));
+  CHECK(image.transfer_id() == absl::StrCat(prefill.request_id(), "@", image.encoder_id(), "#2"));
 }
 
 TEST_CASE("an encoder that fails while prefilling moves the image and tells the language side") {
-  Cluster cluster;
-  std::atomic<int> encode_calls{0};
-  FakeEncoder e0("e0", &encode_calls, 1), e1("e1", &encode_calls, 1);
-  FakeLanguage language("l0");
-  language.prefill = [&](grpc::ServerContext*, Writer* w) {
-    WaitFor([&] { return language.retries.load() == 1; });
+  Stack stack(/*failing_encodes=*/1);
+  stack.both.prefill = [&](grpc::ServerContext*, Writer* w) {
+    WaitFor([&] { return stack.both.retries.load() == 1; });
     w->Write(Final(1, "a"));
     return grpc::Status::OK;
   };
-  cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &e0);
-  cluster.Add("e1", internal::v1::INSTANCE_ROLE_ENCODER, &e1);
-  cluster.Add("l0", internal::v1::INSTANCE_ROLE_BOTH, &language);
-  cluster.Start();
+  stack.Start({"e0", "e1", "l0"});
   Outcome outcome;
-  Run(cluster, outcome);
-  absl::MutexLock lock(&outcome.mu);
-  CHECK(outcome.status.ok());
-  CHECK(e0.encodes == 1);
-  CHECK(e1.encodes == 1);
-  CHECK(language.retries == 1);
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  CHECK(stack.e0.encodes == 1);
+  CHECK(stack.e1.encodes == 1);
+  CHECK(stack.both.retries == 1);
 }
 
 TEST_CASE("a bad request ends with INVALID_ARGUMENT before any backend is called") {
-  Cluster cluster;
-  std::atomic<int> encode_calls{0};
-  FakeEncoder encoder("e0", &encode_calls, 0);
-  FakeLanguage language("l0");
-  cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &encoder);
-  cluster.Add("l0", internal::v1::INSTANCE_ROLE_BOTH, &language);
-  cluster.Start();
+  Stack stack;
+  stack.Start({"e0", "l0"});
   mmserve::v1::GenerateRequest bad = ImageRequest();
   bad.mutable_raw()->set_text("no placeholder");
   Outcome outcome;
-  Run(cluster, outcome, bad);
-  absl::MutexLock lock(&outcome.mu);
-  CHECK(outcome.status.code() == absl::StatusCode::kInvalidArgument);
-  CHECK(outcome.responses.empty());
-  CHECK(encoder.encodes == 0);
-  CHECK(language.prefills == 0);
+  Run(stack, outcome, bad);
+  CHECK(outcome.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(outcome.responses().empty());
+  CHECK(stack.encode_calls() == 0);
+  CHECK(stack.both.prefills == 0);
 }
 
-TEST_CASE("without a language instance the call ends with UNAVAILABLE at once") {
-  Cluster cluster;
-  std::atomic<int> encode_calls{0};
-  FakeEncoder encoder("e0", &encode_calls, 0);
-  FakeLanguage prefill("p0");  // prefill without decode is no arrangement
-  cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &encoder);
-  cluster.Add("p0", internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
-  cluster.Start();
+TEST_CASE("without a language arrangement the call ends with UNAVAILABLE at once") {
+  Stack stack;
+  stack.Start({"e0", "p0"});  // prefill without decode
   Outcome outcome;
-  Run(cluster, outcome);
-  absl::MutexLock lock(&outcome.mu);
-  CHECK(outcome.status.code() == absl::StatusCode::kUnavailable);
-  CHECK(encoder.encodes == 0);
+  Run(stack, outcome);
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(stack.encode_calls() == 0);
 }
 
 TEST_CASE("a cancel ends the call with CANCELLED and cancels the prefill stream") {
-  Cluster cluster;
-  std::atomic<int> encode_calls{0};
-  FakeEncoder encoder("e0", &encode_calls, 0);
-  FakeLanguage language("l0");
+  Stack stack;
   std::atomic<bool> cancelled{false};
-  language.prefill = [&](grpc::ServerContext* ctx, Writer* w) {
-    w->Write(Tokens(1, "a"));
-    WaitFor([&] { return ctx->IsCancelled(); });
-    cancelled = ctx->IsCancelled();
-    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-  };
-  cluster.Add("e0", internal::v1::INSTANCE_ROLE_ENCODER, &encoder);
-  cluster.Add("l0", internal::v1::INSTANCE_ROLE_BOTH, &language);
-  cluster.Start();
+  stack.both.prefill = UntilCancelled(Tokens(1, "a"), &cancelled);
+  stack.Start({"e0", "l0"});
   Outcome outcome;
-  auto call = GenerateCall::Start(cluster.context(), ImageRequest(), outcome.Sink(),
-                                  std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto call = Start(stack, outcome);
   REQUIRE(WaitFor([&] { return !outcome.Text().empty(); }));
   call->Cancel("client went away");
-  REQUIRE(outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  {
-    absl::MutexLock lock(&outcome.mu);
-    CHECK(outcome.status.code() == absl::StatusCode::kCancelled);
-  }
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kCancelled);
   CHECK(WaitFor([&] { return cancelled.load(); }));
 }
 
