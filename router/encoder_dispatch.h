@@ -55,6 +55,7 @@ class EncoderDispatch {
   struct Encode;  // one Encode call
   using OnEncoded = std::function<void(Encode*, const grpc::Status&)>;
 
+  // `context` and `request` (whose images it sends) must outlive it.
   EncoderDispatch(const RouterContext& context, const mmserve::v1::GenerateRequest& request,
                   std::chrono::system_clock::time_point deadline,
                   const std::vector<PreparedImage>& images);
