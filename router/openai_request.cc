@@ -227,7 +227,8 @@ absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiL
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(const json& body, SamplingParams* s) {
+// The sampler's own parameters.
+absl::Status ParseSamplerParams(const json& body, SamplingParams* s) {
   if (const json* v = Find(body, "temperature")) {
     ASSIGN_OR_RETURN(double d, GetNumber(*v, "temperature"));
     s->set_temperature(static_cast<float>(d));
@@ -256,6 +257,11 @@ absl::Status ParseSampling(const json& body, SamplingParams* s) {
       s->set_seed(static_cast<uint64_t>(seed));
     }
   }
+  return absl::OkStatus();
+}
+
+// Length and stop controls.
+absl::Status ParseStopping(const json& body, SamplingParams* s) {
   // max_completion_tokens is OpenAI's current name and wins over the
   // deprecated max_tokens, as in vLLM.
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
@@ -296,6 +302,10 @@ absl::Status ParseSampling(const json& body, SamplingParams* s) {
     ASSIGN_OR_RETURN(bool b, GetBool(*v, "skip_special_tokens"));
     s->set_skip_special_tokens(b);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParseLogprobs(const json& body, SamplingParams* s) {
   bool logprobs = false;
   if (const json* v = Find(body, "logprobs")) {
     ASSIGN_OR_RETURN(logprobs, GetBool(*v, "logprobs"));
@@ -309,6 +319,12 @@ absl::Status ParseSampling(const json& body, SamplingParams* s) {
   }
   if (logprobs) s->set_logprobs(static_cast<uint32_t>(top_logprobs));
   return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const json& body, SamplingParams* s) {
+  RETURN_IF_ERROR(ParseSamplerParams(body, s));
+  RETURN_IF_ERROR(ParseStopping(body, s));
+  return ParseLogprobs(body, s);
 }
 
 }  // namespace

@@ -29,6 +29,16 @@ void CheckNoLeaks(launcher::LocalStack& stack) {
   CHECK(leaks.zero());
 }
 
+// `n` demo questions, each to run for 3000 tokens.
+std::vector<GenerateRequest> LongRequests(const DemoSet& set, int n) {
+  AskOptions o;
+  o.max_tokens = 3000;
+  o.ignore_eos = true;
+  std::vector<GenerateRequest> out;
+  for (int i = 0; i < n; ++i) out.push_back(DemoRequest(set, set.items[i], o));
+  return out;
+}
+
 TEST_CASE("with two encoders the same image always reaches the same encoder and hits its cache") {
   launcher::StackOptions so = TestStackOptions(2, "shm");
   // Health polls that a busy machine answers in time: an encoder taken out
@@ -228,40 +238,11 @@ TEST_CASE(
   REQUIRE(stack.ok());
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  std::atomic<int> streaming{0};
-  std::atomic<int64_t> killed_at{0};
-  std::vector<Answer> a(4);
-  std::vector<int64_t> ended_at(4);
-  std::thread killer([&] {
-    while (streaming.load() < 4) absl::SleepFor(absl::Milliseconds(2));
-    killed_at = MonotonicNanos();
-    (*stack)->language().process->Signal(SIGKILL);
-  });
-  ParallelFor(4, 4, [&](int i) {
-    AskOptions o;
-    o.max_tokens = 3000;
-    o.ignore_eos = true;
-    o.cancel_after = 0;
-    GenerateRequest r = DemoRequest(set, set.items[i], o);
-    grpc::ClientContext ctx;
-    auto reader = stub->Generate(&ctx, r);
-    mmserve::v1::GenerateResponse resp;
-    bool counted = false;
-    while (reader->Read(&resp)) {
-      if (!counted) {
-        counted = true;
-        ++streaming;
-      }
-    }
-    a[i].status = FromGrpcStatus(reader->Finish());
-    ended_at[i] = MonotonicNanos();
-  });
-  killer.join();
-  for (int i = 0; i < 4; ++i) {
-    INFO(a[i].status);
-    CHECK(a[i].status.code() == absl::StatusCode::kUnavailable);
-    CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
-  }
+  const KilledStreams run = StreamAndKill(*stub, LongRequests(set, 4),
+                                          [&] { (*stack)->language().process->Signal(SIGKILL); });
+  const absl::Status unavailable = run.AllUnavailable(absl::Seconds(2));
+  INFO(unavailable);
+  CHECK(unavailable.ok());
   // The router is up and stops placing on the dead instance.
   const Deadline d = Deadline::After(absl::Seconds(3));
   mmserve::v1::ListModelsResponse models;
@@ -311,40 +292,11 @@ TEST_CASE(
   REQUIRE(shards.size() == 1);
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  std::atomic<int> streaming{0};
-  std::atomic<int64_t> killed_at{0};
-  std::vector<Answer> a(4);
-  std::vector<int64_t> ended_at(4);
-  std::thread killer([&] {
-    while (streaming.load() < 4) absl::SleepFor(absl::Milliseconds(2));
-    killed_at = MonotonicNanos();
-    kill(shards[0], SIGKILL);
-  });
-  ParallelFor(4, 4, [&](int i) {
-    AskOptions o;
-    o.max_tokens = 3000;
-    o.ignore_eos = true;
-    o.cancel_after = 0;
-    GenerateRequest r = DemoRequest(set, set.items[i], o);
-    grpc::ClientContext ctx;
-    auto reader = stub->Generate(&ctx, r);
-    mmserve::v1::GenerateResponse resp;
-    bool counted = false;
-    while (reader->Read(&resp)) {
-      if (!counted) {
-        counted = true;
-        ++streaming;
-      }
-    }
-    a[i].status = FromGrpcStatus(reader->Finish());
-    ended_at[i] = MonotonicNanos();
-  });
-  killer.join();
-  for (int i = 0; i < 4; ++i) {
-    INFO(a[i].status);
-    CHECK(a[i].status.code() == absl::StatusCode::kUnavailable);
-    CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
-  }
+  const KilledStreams run =
+      StreamAndKill(*stub, LongRequests(set, 4), [&] { kill(shards[0], SIGKILL); });
+  const absl::Status unavailable = run.AllUnavailable(absl::Seconds(2));
+  INFO(unavailable);
+  CHECK(unavailable.ok());
   // The out-of-service instance leaves on its own: it drains and exits
   // cleanly, having reaped its shard; no segment of it is left.
   const Deadline gone = Deadline::After(absl::Seconds(20));
@@ -396,45 +348,15 @@ TEST_CASE(
   REQUIRE(shards.size() == 1);
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  std::atomic<int> streaming{0};
-  std::atomic<int> finished{0};
-  std::vector<Answer> a(2);
   // Kills once both streams have a token; a stream that ends before its
-  // first token (it must not) ends the wait too, and fails the checks below
+  // first token (it must not) ends the wait too, and fails the check below
   // instead of hanging the test.
-  std::thread killer([&] {
-    const Deadline d = Deadline::After(absl::Seconds(60));
-    while (streaming.load() + finished.load() < 2 && !d.Expired()) {
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    (*stack)->language().process->Signal(SIGKILL);
-  });
-  ParallelFor(2, 2, [&](int i) {
-    AskOptions o;
-    o.max_tokens = 3000;
-    o.ignore_eos = true;
-    o.cancel_after = 0;
-    GenerateRequest r = DemoRequest(set, set.items[i], o);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = stub->Generate(&ctx, r);
-    mmserve::v1::GenerateResponse resp;
-    bool counted = false;
-    while (reader->Read(&resp)) {
-      if (!counted) {
-        counted = true;
-        ++streaming;
-      }
-    }
-    a[i].status = FromGrpcStatus(reader->Finish());
-    if (!counted) ++finished;
-  });
-  killer.join();
-  CHECK(streaming.load() == 2);
-  for (const Answer& answer : a) {
-    INFO(answer.status);
-    CHECK(answer.status.code() == absl::StatusCode::kUnavailable);
-  }
+  const KilledStreams run = StreamAndKill(*stub, LongRequests(set, 2),
+                                          [&] { (*stack)->language().process->Signal(SIGKILL); },
+                                          {.deadline = absl::Seconds(120)});
+  const absl::Status unavailable = run.AllUnavailable();
+  INFO(unavailable);
+  CHECK(unavailable.ok());
   // The shard notices rank 0's death (its step wait checks rank 0's pid).
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (!ProcessGone(shards[0]) && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
@@ -167,6 +168,66 @@ void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
     });
   }
   for (auto& t : pool) t.join();
+}
+
+absl::Status KilledStreams::AllUnavailable(absl::Duration within) const {
+  std::string wrong;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const StreamEnd& s = streams[i];
+    const absl::Duration after_kill = absl::Nanoseconds(s.ended_at_ns - killed_at_ns);
+    if (!s.streamed || s.status.code() != absl::StatusCode::kUnavailable || after_kill > within) {
+      absl::StrAppend(&wrong, "stream ", i, (s.streamed ? "" : " never streamed,"), " ended with ",
+                      s.status.ToString(), " after ", s.tokens, " tokens, ",
+                      absl::FormatDuration(after_kill), " after the kill; ");
+    }
+  }
+  if (wrong.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(wrong);
+}
+
+KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
+                            const std::vector<mmserve::v1::GenerateRequest>& requests,
+                            const std::function<void()>& kill, const StreamKillOptions& options) {
+  const int n = static_cast<int>(requests.size());
+  KilledStreams out;
+  out.streams.resize(n);
+  absl::Mutex mu;
+  int settled = 0;  // streams streaming or ended
+  std::thread killer([&] {
+    {
+      absl::MutexLock lock(&mu);
+      auto all_settled = [&] { return settled >= n; };
+      mu.AwaitWithTimeout(absl::Condition(&all_settled), options.wait);
+    }
+    out.killed_at_ns = MonotonicNanos();
+    kill();
+  });
+  ParallelFor(n, n, [&](int i) {
+    StreamEnd& end = out.streams[i];
+    grpc::ClientContext ctx;
+    if (options.deadline != absl::InfiniteDuration()) {
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoNanoseconds(options.deadline));
+    }
+    auto reader = stub.Generate(&ctx, requests[i]);
+    mmserve::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      end.tokens += resp.token_ids_size();
+      if (!end.streamed && end.tokens >= options.streaming_tokens) {
+        end.streamed = true;
+        absl::MutexLock lock(&mu);
+        ++settled;
+      }
+    }
+    end.status = FromGrpcStatus(reader->Finish());
+    end.ended_at_ns = MonotonicNanos();
+    if (!end.streamed) {
+      absl::MutexLock lock(&mu);
+      ++settled;
+    }
+  });
+  killer.join();
+  return out;
 }
 
 double ScrapeMetric(int port, const std::string& name, const std::string& labels) {

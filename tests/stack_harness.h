@@ -9,6 +9,7 @@
 #ifndef MMSERVE_TESTS_STACK_HARNESS_H_
 #define MMSERVE_TESTS_STACK_HARNESS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -80,6 +81,40 @@ Answer AskHttp(int port, const DemoSet& set, const DemoItem& item);
 
 // Runs `fn(i)` for i in [0, n) on `threads` threads.
 void ParallelFor(int n, int threads, const std::function<void(int)>& fn);
+
+// Streams that a process kill should end: `requests` stream at once; `kill`
+// runs once every stream is streaming (options.streaming_tokens) or has
+// ended, or after options.wait; then every stream is read to its end.
+//
+//   KilledStreams run = StreamAndKill(*stub, requests, [&] { kill(pid, SIGKILL); });
+//   absl::Status s = run.AllUnavailable(absl::Seconds(2));
+//   INFO(s);
+//   CHECK(s.ok());
+struct StreamKillOptions {
+  // A stream is streaming once it has a response and this many token ids.
+  int streaming_tokens = 0;
+  // The longest the kill waits for the streams to be streaming.
+  absl::Duration wait = absl::Seconds(60);
+  // Each stream's gRPC deadline.
+  absl::Duration deadline = absl::InfiniteDuration();
+};
+struct StreamEnd {
+  absl::Status status;
+  int tokens = 0;
+  bool streamed = false;  // it was streaming before it ended
+  int64_t ended_at_ns = 0;
+};
+struct KilledStreams {
+  std::vector<StreamEnd> streams;
+  int64_t killed_at_ns = 0;
+  // OK when every stream was streaming and then ended with UNAVAILABLE, at
+  // most `within` after the kill; else what went wrong, stream by stream.
+  absl::Status AllUnavailable(absl::Duration within = absl::InfiniteDuration()) const;
+};
+KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
+                            const std::vector<mmserve::v1::GenerateRequest>& requests,
+                            const std::function<void()>& kill,
+                            const StreamKillOptions& options = {});
 
 // A metric's value from a Prometheus endpoint (sum over label sets matching
 // `labels`, e.g. "code=\"OK\""); -1 when unreachable or absent.

@@ -42,6 +42,16 @@ GenerateRequest TextRequest(const DemoItem& item, const AskOptions& o) {
   return req;
 }
 
+// `n` demo questions as text, each to run for 3000 tokens.
+std::vector<GenerateRequest> LongTextRequests(const DemoSet& set, int n) {
+  AskOptions o;
+  o.max_tokens = 3000;
+  o.ignore_eos = true;
+  std::vector<GenerateRequest> out;
+  for (int i = 0; i < n; ++i) out.push_back(TextRequest(set.items[i], o));
+  return out;
+}
+
 std::vector<Answer> AskAll(launcher::LocalStack& stack, int n, const AskOptions& o) {
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
@@ -194,38 +204,13 @@ TEST_CASE("SIGKILL of the decode process mid-stream: UNAVAILABLE, the prefill si
   REQUIRE(stack.ok());
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  std::atomic<int> streaming{0};
-  std::thread killer([&] {
-    const Deadline d = Deadline::After(absl::Seconds(60));
-    while (streaming.load() < 4 && !d.Expired()) absl::SleepFor(absl::Milliseconds(2));
-    (*stack)->decode(0).process->Signal(SIGKILL);
-  });
-  std::vector<absl::Status> status(4);
-  std::vector<int> tokens(4);
-  ParallelFor(4, 4, [&](int i) {
-    AskOptions o;
-    o.max_tokens = 3000;
-    o.ignore_eos = true;
-    grpc::ClientContext ctx;
-    auto reader = stub->Generate(&ctx, TextRequest(set.items[i], o));
-    mmserve::v1::GenerateResponse resp;
-    bool counted = false;
-    while (reader->Read(&resp)) {
-      tokens[i] += resp.token_ids_size();
-      // Past the first token: the decode instance is streaming.
-      if (!counted && tokens[i] > 1) {
-        counted = true;
-        ++streaming;
-      }
-    }
-    status[i] = FromGrpcStatus(reader->Finish());
-  });
-  killer.join();
-  for (int i = 0; i < 4; ++i) {
-    INFO(i << ": " << status[i] << " after " << tokens[i] << " tokens");
-    CHECK(status[i].code() == absl::StatusCode::kUnavailable);
-    CHECK(tokens[i] > 1);
-  }
+  // Past the first token (2 tokens): the decode instance is streaming.
+  const KilledStreams run =
+      StreamAndKill(*stub, LongTextRequests(set, 4),
+                    [&] { (*stack)->decode(0).process->Signal(SIGKILL); }, {.streaming_tokens = 2});
+  const absl::Status unavailable = run.AllUnavailable();
+  INFO(unavailable);
+  CHECK(unavailable.ok());
   // The prefill process is clean: no KV blocks, embedding blocks or requests.
   const int pp = (*stack)->prefill(0).metrics_port();
   const Deadline d = Deadline::After(absl::Seconds(10));
@@ -428,43 +413,12 @@ TEST_CASE(
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   const std::set<std::string> shm_before = ShmEntries();
-  std::atomic<int> streaming{0};
-  std::atomic<int64_t> killed_at{0};
-  std::thread killer([&] {
-    const Deadline d = Deadline::After(absl::Seconds(60));
-    while (streaming.load() < 4 && !d.Expired()) absl::SleepFor(absl::Milliseconds(2));
-    killed_at = MonotonicNanos();
-    kill(shards[0], SIGKILL);
-  });
-  std::vector<absl::Status> status(4);
-  std::vector<int> tokens(4);
-  std::vector<int64_t> ended_at(4);
-  ParallelFor(4, 4, [&](int i) {
-    AskOptions o;
-    o.max_tokens = 3000;
-    o.ignore_eos = true;
-    grpc::ClientContext ctx;
-    auto reader = stub->Generate(&ctx, TextRequest(set.items[i], o));
-    mmserve::v1::GenerateResponse resp;
-    bool counted = false;
-    while (reader->Read(&resp)) {
-      tokens[i] += resp.token_ids_size();
-      // Past the first token: the decode ranks are streaming.
-      if (!counted && tokens[i] > 1) {
-        counted = true;
-        ++streaming;
-      }
-    }
-    status[i] = FromGrpcStatus(reader->Finish());
-    ended_at[i] = MonotonicNanos();
-  });
-  killer.join();
-  for (int i = 0; i < 4; ++i) {
-    INFO(i << ": " << status[i] << " after " << tokens[i] << " tokens");
-    CHECK(status[i].code() == absl::StatusCode::kUnavailable);
-    CHECK(tokens[i] > 1);
-    CHECK((ended_at[i] - killed_at.load()) < 2'000'000'000);
-  }
+  // Past the first token (2 tokens): the decode ranks are streaming.
+  const KilledStreams run = StreamAndKill(
+      *stub, LongTextRequests(set, 4), [&] { kill(shards[0], SIGKILL); }, {.streaming_tokens = 2});
+  const absl::Status unavailable = run.AllUnavailable(absl::Seconds(2));
+  INFO(unavailable);
+  CHECK(unavailable.ok());
   CheckPrefillClean(**stack);
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
   // The out-of-service decode instance leaves on its own, having reaped its

@@ -1,0 +1,453 @@
+// GenerateCall against in-process fake encoder and language instances:
+// the colocated and the disaggregated lifecycle, the held early decode
+// batches, a first token that is also the last, lost instances, encoder
+// failures and rejected requests. The fakes are scripted per test; the
+// router side is the real InstanceTable and GenerateCall.
+#include "router/generate_call.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/grpc_server.h"
+#include "common/metrics.h"
+#include "model/chat_template.h"
+#include "proto/encoder.grpc.pb.h"
+#include "proto/language.grpc.pb.h"
+
+namespace mmserve::router {
+namespace {
+
+using internal::v1::DecodeRequest;
+using internal::v1::PrefillRequest;
+using internal::v1::TokenBatch;
+using Writer = grpc::ServerWriter<TokenBatch>;
+
+// Waits up to 10 s for `done`.
+bool WaitFor(const std::function<bool()>& done) {
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > end) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+TokenBatch Tokens(uint32_t id, const std::string& text) {
+  TokenBatch b;
+  b.add_token_ids(id);
+  b.set_text(text);
+  return b;
+}
+
+TokenBatch Final(uint32_t id, const std::string& text) {
+  TokenBatch b = Tokens(id, text);
+  b.set_finish_reason(mmserve::v1::FINISH_REASON_LENGTH);
+  b.mutable_usage()->set_completion_tokens(3);
+  return b;
+}
+
+// A fake instance's service that reports it healthy to the poller.
+template <typename Service>
+class Healthy : public Service {
+ public:
+  explicit Healthy(std::string id) : id_(std::move(id)) {}
+  grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
+                       internal::v1::LoadReport* load) override {
+    load->set_instance_id(id_);
+    load->set_accepting(true);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string id_;
+};
+
+class FakeLanguage final : public Healthy<internal::v1::Language::Service> {
+ public:
+  using Script = std::function<grpc::Status(grpc::ServerContext*, Writer*)>;
+  explicit FakeLanguage(std::string id) : Healthy(std::move(id)) {}
+
+  Script prefill, decode;
+  std::atomic<int> prefills{0}, decodes{0}, retries{0};
+  absl::Mutex mu;
+  PrefillRequest last_prefill ABSL_GUARDED_BY(mu);
+
+  grpc::Status Prefill(grpc::ServerContext* ctx, const PrefillRequest* request,
+                       Writer* writer) override {
+    {
+      absl::MutexLock lock(&mu);
+      last_prefill = *request;
+    }
+    ++prefills;
+    return prefill(ctx, writer);
+  }
+  grpc::Status Decode(grpc::ServerContext* ctx, const DecodeRequest*, Writer* writer) override {
+    ++decodes;
+    return decode(ctx, writer);
+  }
+  grpc::Status RetryImages(grpc::ServerContext*, const internal::v1::ImageRetry*,
+                           internal::v1::ImageRetryAck* ack) override {
+    ++retries;
+    ack->set_accepted(true);
+    return grpc::Status::OK;
+  }
+};
+
+// Encode answers OK with a cache hit, except that the first `fail_first`
+// calls over all encoders sharing `calls` fail with UNAVAILABLE.
+class FakeEncoder final : public Healthy<internal::v1::Encoder::Service> {
+ public:
+  FakeEncoder(std::string id, std::atomic<int>* calls, int fail_first)
+      : Healthy(std::move(id)), calls_(calls), fail_first_(fail_first) {}
+  std::atomic<int> encodes{0};
+
+  grpc::Status Encode(grpc::ServerContext*, const internal::v1::EncodeRequest* request,
+                      internal::v1::EncodeResponse* response) override {
+    ++encodes;
+    if (calls_->fetch_add(1) < fail_first_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder broke");
+    }
+    for (int i = 0; i < request->images_size(); ++i) response->add_images()->set_cache_hit(true);
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::atomic<int>* calls_;
+  const int fail_first_;
+};
+
+// A router's context over fake instances, each on its own server: two
+// encoders (each fails the first `failing_encodes` Encode calls between
+// them), a role-both instance, a prefill and a decode instance. Start
+// registers those a test names.
+class Stack {
+ public:
+  explicit Stack(int failing_encodes = 0)
+      : e0("e0", &encode_calls_, failing_encodes),
+        e1("e1", &encode_calls_, failing_encodes),
+        table_({.poll_interval = absl::Milliseconds(20)}) {
+    context_.options.model_id = "m";
+    context_.options.presize = false;
+    context_.options.config.vision.emplace();
+    context_.options.config.text.vocab_size = 1000;
+    context_.instances = &table_;
+    context_.metrics = &metrics_;
+  }
+  ~Stack() {
+    table_.Stop();
+    for (auto& s : servers_) s->Shutdown(absl::ZeroDuration());
+  }
+
+  // Registers the named instances; returns once they are healthy.
+  void Start(const std::vector<std::string>& ids) {
+    for (const std::string& id : ids) {
+      if (id == "e0") Add(id, internal::v1::INSTANCE_ROLE_ENCODER, &e0);
+      if (id == "e1") Add(id, internal::v1::INSTANCE_ROLE_ENCODER, &e1);
+      if (id == "l0") Add(id, internal::v1::INSTANCE_ROLE_BOTH, &both);
+      if (id == "p0") Add(id, internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
+      if (id == "d0") Add(id, internal::v1::INSTANCE_ROLE_DECODE, &decode);
+    }
+    table_.Start();
+    REQUIRE(WaitFor([&] {
+      size_t healthy = 0;
+      for (Role r : {Role::kEncoder, Role::kLanguage, Role::kPrefill, Role::kDecode}) {
+        healthy += table_.Healthy(r).size();
+      }
+      return healthy == ids.size();
+    }));
+  }
+  const RouterContext& context() const { return context_; }
+  int encode_calls() const { return encode_calls_.load(); }
+
+ private:
+  std::atomic<int> encode_calls_{0};
+
+ public:
+  FakeEncoder e0, e1;
+  FakeLanguage both{"l0"}, prefill{"p0"}, decode{"d0"};
+
+ private:
+  void Add(const std::string& id, internal::v1::InstanceRole role, grpc::Service* service) {
+    auto server = StartGrpcServer("127.0.0.1:0", {service});
+    REQUIRE(server.ok());
+    internal::v1::InstanceInfo info;
+    info.set_instance_id(id);
+    info.set_role(role);
+    info.set_grpc_address(absl::StrCat("127.0.0.1:", (*server)->port()));
+    table_.Upsert(info);
+    servers_.push_back(*std::move(server));
+  }
+
+  InstanceTable table_;
+  metrics::Registry metrics_;
+  RouterContext context_;
+  std::vector<std::unique_ptr<GrpcServer>> servers_;
+};
+
+// What a call delivered to its sink.
+class Outcome {
+ public:
+  CallSink Sink() {
+    return {.on_response =
+                [this](mmserve::v1::GenerateResponse r) {
+                  absl::MutexLock lock(&mu_);
+                  CHECK_FALSE(ended_.HasBeenNotified());
+                  responses_.push_back(std::move(r));
+                },
+            .on_end =
+                [this](absl::Status s) {
+                  {
+                    absl::MutexLock lock(&mu_);
+                    status_ = std::move(s);
+                  }
+                  ended_.Notify();
+                }};
+  }
+  bool WaitForEnd() { return ended_.WaitForNotificationWithTimeout(absl::Seconds(20)); }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  std::vector<mmserve::v1::GenerateResponse> responses() {
+    absl::MutexLock lock(&mu_);
+    return responses_;
+  }
+  std::string Text() {
+    std::string out;
+    for (const auto& r : responses()) out += r.text();
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<mmserve::v1::GenerateResponse> responses_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Notification ended_;
+};
+
+// One image, text around it.
+mmserve::v1::GenerateRequest ImageRequest() {
+  mmserve::v1::GenerateRequest r;
+  r.mutable_raw()->set_text(absl::StrCat("look ", model::kQwen2VlImagePlaceholder, " here"));
+  r.mutable_raw()->add_images()->set_data("image bytes");
+  return r;
+}
+
+std::shared_ptr<GenerateCall> Start(const Stack& stack, Outcome& outcome,
+                                    mmserve::v1::GenerateRequest request = ImageRequest()) {
+  return GenerateCall::Start(stack.context(), std::move(request), outcome.Sink(),
+                             std::chrono::system_clock::now() + std::chrono::seconds(30));
+}
+
+// Runs a call to its end.
+void Run(const Stack& stack, Outcome& outcome,
+         mmserve::v1::GenerateRequest request = ImageRequest()) {
+  Start(stack, outcome, std::move(request));
+  REQUIRE(outcome.WaitForEnd());
+}
+
+// The prefill request `language` received.
+PrefillRequest LastPrefill(FakeLanguage& language) {
+  absl::MutexLock lock(&language.mu);
+  return language.last_prefill;
+}
+
+// Writes `batches` in order.
+FakeLanguage::Script Writes(std::vector<TokenBatch> batches) {
+  return [batches](grpc::ServerContext*, Writer* w) {
+    for (const auto& b : batches) w->Write(b);
+    return grpc::Status::OK;
+  };
+}
+
+// Writes `first` (if any), then waits for the router to cancel the stream.
+FakeLanguage::Script UntilCancelled(
+    std::optional<TokenBatch> first, std::atomic<bool>* cancelled,
+    std::function<void()> before = [] {}) {
+  return [=](grpc::ServerContext* ctx, Writer* w) {
+    before();
+    if (first) w->Write(*first);
+    WaitFor([&] { return ctx->IsCancelled(); });
+    *cancelled = ctx->IsCancelled();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  };
+}
+
+TEST_CASE("a colocated call relays every batch in order and holds the final one for usage") {
+  Stack stack;
+  stack.both.prefill = Writes({Tokens(1, "a"), Tokens(2, "b"), Final(3, "c")});
+  stack.Start({"e0", "l0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  const auto responses = outcome.responses();
+  REQUIRE(responses.size() == 3);
+  CHECK(responses[0].text() == "a");
+  CHECK(responses[1].text() == "b");
+  CHECK(responses[2].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
+  CHECK(responses[2].usage().cached_images() == 1);
+  CHECK(stack.e0.encodes == 1);
+  // The language side gets the image's source, never its bytes.
+  const PrefillRequest prefill = LastPrefill(stack.both);
+  REQUIRE(prefill.images_size() == 1);
+  CHECK(prefill.images(0).encoder_id() == "e0");
+  CHECK(prefill.raw().images(0).data().empty());
+  CHECK_FALSE(prefill.has_decode());
+}
+
+TEST_CASE(
+    "a disaggregated call registers on the decode instance first and relays decode batches "
+    "that beat the hand-off after it") {
+  Stack stack;
+  absl::Notification decode_done;
+  stack.decode.decode = [&](grpc::ServerContext*, Writer* w) {
+    w->Write(TokenBatch());  // the request is held
+    // The rest, and the OK close, before the prefill's hand-off batch.
+    WaitFor([&] { return stack.prefill.prefills.load() == 1; });
+    w->Write(Tokens(2, "b"));
+    w->Write(Final(3, "c"));
+    decode_done.Notify();
+    return grpc::Status::OK;
+  };
+  stack.prefill.prefill = [&](grpc::ServerContext*, Writer* w) {
+    CHECK(stack.decode.decodes == 1);
+    decode_done.WaitForNotification();
+    TokenBatch handoff = Tokens(1, "a");
+    handoff.set_kv_handed_off(true);
+    w->Write(handoff);
+    return grpc::Status::OK;
+  };
+  stack.Start({"e0", "p0", "d0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  CHECK(outcome.Text() == "abc");
+  const auto responses = outcome.responses();
+  REQUIRE(responses.size() == 3);
+  CHECK(responses[2].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
+  CHECK(responses[2].usage().cached_images() == 1);
+  CHECK(LastPrefill(stack.prefill).decode().instance_id() == "d0");
+}
+
+TEST_CASE("a first token that is also the last ends the call and cancels the decode registration") {
+  Stack stack;
+  std::atomic<bool> cancelled{false};
+  stack.decode.decode = UntilCancelled(TokenBatch(), &cancelled);
+  stack.prefill.prefill = Writes({Final(1, "a")});
+  stack.Start({"e0", "p0", "d0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  const auto responses = outcome.responses();
+  REQUIRE(responses.size() == 1);
+  CHECK(responses[0].finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
+  CHECK(WaitFor([&] { return cancelled.load(); }));
+}
+
+TEST_CASE("a decode instance that fails ends the call with UNAVAILABLE naming the decode side") {
+  Stack stack;
+  std::atomic<bool> cancelled{false};
+  stack.decode.decode = [&](grpc::ServerContext*, Writer* w) {
+    w->Write(TokenBatch());
+    WaitFor([&] { return stack.prefill.prefills.load() == 1; });
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode broke");
+  };
+  stack.prefill.prefill = UntilCancelled(std::nullopt, &cancelled);
+  stack.Start({"e0", "p0", "d0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  const absl::Status status = outcome.status();
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kUnavailable);
+  CHECK(status.message().find("decode instance d0 failed") != std::string::npos);
+  CHECK(WaitFor([&] { return cancelled.load(); }));
+}
+
+TEST_CASE(
+    "an encoder that fails before the decode instance holds the request: the prefill starts "
+    "with the image's new source") {
+  Stack stack(/*failing_encodes=*/1);
+  std::atomic<bool> cancelled{false};
+  // Holds the registration back until the image has moved.
+  stack.decode.decode = UntilCancelled(TokenBatch(), &cancelled,
+                                       [&] { WaitFor([&] { return stack.encode_calls() == 2; }); });
+  stack.prefill.prefill = Writes({Final(1, "a")});
+  stack.Start({"e0", "e1", "p0", "d0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  CHECK(stack.e0.encodes == 1);
+  CHECK(stack.e1.encodes == 1);
+  CHECK(stack.prefill.retries == 0);
+  const PrefillRequest prefill = LastPrefill(stack.prefill);
+  REQUIRE(prefill.images_size() == 1);
+  const internal::v1::PromptImage& image = prefill.images(0);
+  // The transfer id names the second attempt.
+  CHECK(image.transfer_id() == absl::StrCat(prefill.request_id(), "@", image.encoder_id(), "#2"));
+}
+
+TEST_CASE("an encoder that fails while prefilling moves the image and tells the language side") {
+  Stack stack(/*failing_encodes=*/1);
+  stack.both.prefill = [&](grpc::ServerContext*, Writer* w) {
+    WaitFor([&] { return stack.both.retries.load() == 1; });
+    w->Write(Final(1, "a"));
+    return grpc::Status::OK;
+  };
+  stack.Start({"e0", "e1", "l0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  CHECK(outcome.status().ok());
+  CHECK(stack.e0.encodes == 1);
+  CHECK(stack.e1.encodes == 1);
+  CHECK(stack.both.retries == 1);
+}
+
+TEST_CASE("a bad request ends with INVALID_ARGUMENT before any backend is called") {
+  Stack stack;
+  stack.Start({"e0", "l0"});
+  mmserve::v1::GenerateRequest bad = ImageRequest();
+  bad.mutable_raw()->set_text("no placeholder");
+  Outcome outcome;
+  Run(stack, outcome, bad);
+  CHECK(outcome.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(outcome.responses().empty());
+  CHECK(stack.encode_calls() == 0);
+  CHECK(stack.both.prefills == 0);
+}
+
+TEST_CASE("without a language arrangement the call ends with UNAVAILABLE at once") {
+  Stack stack;
+  stack.Start({"e0", "p0"});  // prefill without decode
+  Outcome outcome;
+  Run(stack, outcome);
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(stack.encode_calls() == 0);
+}
+
+TEST_CASE("a cancel ends the call with CANCELLED and cancels the prefill stream") {
+  Stack stack;
+  std::atomic<bool> cancelled{false};
+  stack.both.prefill = UntilCancelled(Tokens(1, "a"), &cancelled);
+  stack.Start({"e0", "l0"});
+  Outcome outcome;
+  auto call = Start(stack, outcome);
+  REQUIRE(WaitFor([&] { return !outcome.Text().empty(); }));
+  call->Cancel("client went away");
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kCancelled);
+  CHECK(WaitFor([&] { return cancelled.load(); }));
+}
+
+}  // namespace
+}  // namespace mmserve::router

@@ -1,0 +1,30 @@
+// What the router shares with every Generate call, and where a call's
+// output goes.
+#ifndef MMSERVE_ROUTER_ROUTER_CONTEXT_H_
+#define MMSERVE_ROUTER_ROUTER_CONTEXT_H_
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "common/metrics.h"
+#include "proto/inference.pb.h"
+#include "router/instance_table.h"
+#include "router/request_validation.h"
+
+namespace mmserve::router {
+
+struct RouterContext {
+  RouterOptions options;
+  InstanceTable* instances = nullptr;
+  metrics::Registry* metrics = nullptr;
+};
+
+// on_end runs exactly once, after the last on_response.
+struct CallSink {
+  std::function<void(mmserve::v1::GenerateResponse)> on_response;
+  std::function<void(absl::Status)> on_end;
+};
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_ROUTER_CONTEXT_H_
