@@ -38,6 +38,7 @@ bool EventLoop::PostAt(Deadline when, Task task) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return false;
     timers_.emplace(when, std::move(task));
+    timer_added_ = true;
   }
   // The loop may sleep past `when`: it recomputes its wake-up time.
   if (sleeper_ != nullptr) sleeper_->Wake();
@@ -88,6 +89,7 @@ void EventLoop::Idle(Deadline next) {
   if (next.Expired()) return;  // the step hook has more to do: no lock taken
   {
     absl::MutexLock lock(&mu_);
+    timer_added_ = false;  // `next` takes every timer so far into account
     if (Ready()) return;
     if (!timers_.empty()) next = std::min(next, timers_.begin()->first);
     if (next.Expired()) return;

@@ -202,7 +202,10 @@ class EventLoop {
   bool TakeRound(std::deque<Task>& tasks, std::deque<Task>& due);
   void Idle(Deadline next);
   void RunStopped();
-  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); }
+  // What ends an idle wait on mu_ (the default sleeper).
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !tasks_.empty() || timer_added_;
+  }
 
   const std::string name_;
   const std::function<Deadline(bool)> step_;
@@ -216,6 +219,8 @@ class EventLoop {
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   std::multimap<Deadline, Task> timers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A timer came since the loop computed how long to sleep.
+  bool timer_added_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex join_mu_;  // one joiner at a time; after mu_ in lock order
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);

@@ -37,6 +37,27 @@ class Log {
   size_t n_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A sleeper that counts its calls, as UCX's would poll an fd.
+class CountingSleeper : public LoopSleeper {
+ public:
+  explicit CountingSleeper(std::atomic<int>* wakes) : wakes_(wakes) {}
+  void Wake() override {
+    ++*wakes_;
+    absl::MutexLock lock(&mu_);
+    woken_ = true;
+  }
+  void Sleep(Deadline until) override {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&woken_), until.Remaining());
+    woken_ = false;
+  }
+
+ private:
+  std::atomic<int>* wakes_;
+  absl::Mutex mu_;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 TEST_CASE("posted tasks run in posting order on the loop thread") {
   EventLoop loop({.name = "test"});
   Log log;
@@ -148,6 +169,20 @@ TEST_CASE("timers fire in deadline order, ties in posting order") {
   CHECK(seen == std::vector<int>{0, 1, 2, 22, 3});
 }
 
+TEST_CASE("a timer posted while the loop sleeps wakes it") {
+  for (const bool custom_sleeper : {false, true}) {
+    std::atomic<int> wakes{0};
+    EventLoopOptions options{.name = "test"};
+    if (custom_sleeper) options.sleeper = std::make_unique<CountingSleeper>(&wakes);
+    EventLoop loop(std::move(options));
+    // The loop goes to sleep (without a deadline) right after this.
+    REQUIRE(loop.RunAndWait([] { return absl::OkStatus(); }).ok());
+    absl::Notification fired;
+    loop.PostAfter(absl::Milliseconds(1), [&] { fired.Notify(); });
+    fired.WaitForNotification();
+  }
+}
+
 TEST_CASE("a timer runs no earlier than its deadline") {
   EventLoop loop({.name = "test"});
   const Deadline at = Deadline::After(absl::Milliseconds(5));
@@ -229,27 +264,6 @@ TEST_CASE("ReportFatal calls the owner's callback once") {
   CHECK(absl::IsUnavailable(got));
   CHECK(got.message() == "rank lost");
 }
-
-// A sleeper that counts its calls, as UCX's would poll an fd.
-class CountingSleeper : public LoopSleeper {
- public:
-  explicit CountingSleeper(std::atomic<int>* wakes) : wakes_(wakes) {}
-  void Wake() override {
-    ++*wakes_;
-    absl::MutexLock lock(&mu_);
-    woken_ = true;
-  }
-  void Sleep(Deadline until) override {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&woken_), until.Remaining());
-    woken_ = false;
-  }
-
- private:
-  std::atomic<int>* wakes_;
-  absl::Mutex mu_;
-  bool woken_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 TEST_CASE("a custom sleeper is woken by every post and by Stop") {
   std::atomic<int> wakes{0};

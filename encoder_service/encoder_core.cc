@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/image_preprocess.h"
+#include "transfer/image_codec.h"
 
 namespace mmserve::encoder {
 namespace {
@@ -389,29 +390,15 @@ void EncoderCore::Publish(Work& w) {
             "image ", image.image_index, ": no send buffer blocks: ", blocks.status().message())));
     return;
   }
-  // The four sections: embeddings, fill ids (from the content hash, so that
-  // prefix caching sees the image's content), M-RoPE positions within the
-  // image (t, row, column of merged patches), aux.
-  transfer::EmbeddingBuffer& buffer = engine_.buffer();
-  const transfer::ChunkRanges r = buffer.layout().ChunkInfo(*blocks, 0, n);
-  uint8_t* base = buffer.data();
-  std::memcpy(base + r[transfer::kEmbedding].offset, e.embedding.data(),
-              r[transfer::kEmbedding].size);
   const int merge = e.grid.merge_size;
-  const int cols = e.grid.grid_w / merge;
-  const int per_t = (e.grid.grid_h / merge) * cols;
-  const int32_t fill = static_cast<int32_t>(image.hash.low & 0x7fffffff);
-  auto* fill_ids = reinterpret_cast<int32_t*>(base + r[transfer::kFillId].offset);
-  auto* mrope = reinterpret_cast<int32_t*>(base + r[transfer::kMrope].offset);
-  auto* aux = reinterpret_cast<transfer::AuxRecord*>(base + r[transfer::kAux].offset);
-  for (uint32_t t = 0; t < n; ++t) {
-    const int k = static_cast<int>(t);
-    fill_ids[t] = fill;
-    mrope[3 * t] = k / per_t;
-    mrope[3 * t + 1] = (k % per_t) / cols;
-    mrope[3 * t + 2] = k % cols;
-    aux[t] = {static_cast<int32_t>(n), static_cast<int32_t>(image.image_index), 0};
-  }
+  const transfer::ImageRowsHeader header{
+      .image_index = image.image_index,
+      .fill_id = transfer::ImageFillId(image.hash.low),
+      .grid = {.t = e.grid.grid_t, .rows = e.grid.grid_h / merge, .cols = e.grid.grid_w / merge}};
+  transfer::EmbeddingBuffer& buffer = engine_.buffer();
+  // Load checked a float buffer of the tower's width and AllocWait gave n
+  // tokens: a failure would be the encoder's own bug.
+  CHECK_OK(transfer::EncodeImage(header, e.embedding, *blocks, buffer));
   {
     absl::MutexLock lock(&w.waiter.job->mu);
     v1::EncodedImage* out = w.waiter.job->response.mutable_images(static_cast<int>(w.waiter.slot));

@@ -1,5 +1,6 @@
 #include "transfer/kv_handoff.h"
 
+#include <memory>
 #include <set>
 #include <utility>
 
@@ -177,7 +178,102 @@ struct SendState {
   absl::Notification done;
 };
 
+// What one Send puts where.
+struct PutPlan {
+  const model::KvCacheShape& source;
+  const uint8_t* base;  // the source cache's first byte
+  const KvHandoffTarget& target;
+  const std::vector<int32_t>& src;
+  const std::vector<int32_t>& dst;
+  int64_t first_head;
+  ucp_ep_h ep;
+  ucp_rkey_h rkey;
+};
+
+// Progress thread: the puts of the blocks of one layer's keys (kv = 0) or
+// values (kv = 1); each put reports its outcome to `note`.
+void StartPlanePuts(const PutPlan& plan, int64_t layer, int kv, const UcxDone& note) {
+  const model::KvCacheShape& s = plan.source;
+  // A head slice (a tensor-parallel rank): one put per token.
+  const bool sliced = plan.target.shape.num_kv_heads != s.num_kv_heads;
+  const size_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
+  const size_t slice_bytes = plan.target.shape.num_kv_heads * s.head_dim * sizeof(float);
+  const size_t skip = plan.first_head * s.head_dim * sizeof(float);
+  const size_t bytes = BlockFloats(s) * sizeof(float);
+  const std::vector<int32_t>& src = plan.src;
+  const std::vector<int32_t>& dst = plan.dst;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const uint8_t* from = plan.base + BlockOffset(s, layer, kv, src[i]);
+    const uint64_t to =
+        plan.target.base_address + BlockOffset(plan.target.shape, layer, kv, dst[i]);
+    if (!sliced) {
+      // A run of blocks consecutive on both sides is one put (blocks of one
+      // layer's plane are adjacent in memory).
+      size_t run = 1;
+      while (i + run < src.size() && src[i + run] == src[i] + static_cast<int32_t>(run) &&
+             dst[i + run] == dst[i] + static_cast<int32_t>(run)) {
+        ++run;
+      }
+      const size_t run_bytes = run * bytes;
+      StartUcxOp(
+          [&](const ucp_request_param_t& p) {
+            return ucp_put_nbx(plan.ep, from, run_bytes, to, plan.rkey, &p);
+          },
+          note);
+      i += run - 1;
+      continue;
+    }
+    for (int64_t t = 0; t < s.block_size; ++t) {
+      const uint8_t* f = from + t * token_bytes + skip;
+      const uint64_t d = to + t * slice_bytes;
+      StartUcxOp(
+          [&](const ucp_request_param_t& p) {
+            return ucp_put_nbx(plan.ep, f, slice_bytes, d, plan.rkey, &p);
+          },
+          note);
+    }
+  }
+}
+
+// Progress thread: every put of `plan`, then a flush whose completion (once
+// every put is remotely complete) settles `state`.
+void StartPuts(const PutPlan& plan, const std::shared_ptr<SendState>& state) {
+  const UcxDone note = [state](absl::Status st) {
+    if (!st.ok() && state->first_error.ok()) state->first_error = st;
+  };
+  // Layer by layer, so a later version can start a layer as soon as prefill
+  // has computed it.
+  for (int64_t layer = 0; layer < plan.source.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) StartPlanePuts(plan, layer, kv, note);
+  }
+  StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(plan.ep, &p); },
+             [state](absl::Status st) {
+               state->result = !state->first_error.ok() ? state->first_error : st;
+               state->done.Notify();
+             });
+}
+
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<KvHandoffSender::Conn>> KvHandoffSender::Connection(
+    const KvHandoffTarget& target) {
+  const std::string& address = target.worker_address;
+  auto it = conns_.find(address);
+  if (it != conns_.end() && (it->second->failed || it->second->packed_rkey != target.rkey)) {
+    DropConn(address);  // lost, or the decode side re-registered its cache
+    it = conns_.end();
+  }
+  if (it != conns_.end()) return it->second;
+  auto conn = std::make_shared<Conn>();
+  std::weak_ptr<Conn> weak = conn;
+  ASSIGN_OR_RETURN(conn->ep, UcxEndpoint::Create(*worker_, address, [weak](absl::Status) {
+                     if (auto c = weak.lock()) c->failed = true;
+                   }));
+  ASSIGN_OR_RETURN(conn->rkey, UcxRemoteKey::Unpack(conn->ep->get(), target.rkey));
+  conn->packed_rkey = target.rkey;
+  conns_.emplace(address, conn);
+  return conn;
+}
 
 absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
                                                const std::vector<int32_t>& src,
@@ -185,78 +281,19 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
                                                int64_t first_head) {
   const model::KvCacheShape& s = cache_.shape();
   RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, first_head));
-  // A head slice (a tensor-parallel rank): one put per token.
-  const bool sliced = target.shape.num_kv_heads != s.num_kv_heads;
-  const size_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
-  const size_t slice_bytes = target.shape.num_kv_heads * s.head_dim * sizeof(float);
-  const size_t skip = first_head * s.head_dim * sizeof(float);
   auto state = std::make_shared<SendState>();
-  const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
-  const size_t bytes = BlockFloats(s) * sizeof(float);
   const std::string& address = target.worker_address;
   absl::Status started = worker_->RunSync([&]() -> absl::Status {
-    auto it = conns_.find(address);
-    if (it != conns_.end() && (it->second->failed || it->second->packed_rkey != target.rkey)) {
-      DropConn(address);  // lost, or the decode side re-registered its cache
-      it = conns_.end();
-    }
-    if (it == conns_.end()) {
-      auto conn = std::make_shared<Conn>();
-      std::weak_ptr<Conn> weak = conn;
-      ASSIGN_OR_RETURN(conn->ep, UcxEndpoint::Create(*worker_, address, [weak](absl::Status) {
-                         if (auto c = weak.lock()) c->failed = true;
-                       }));
-      ASSIGN_OR_RETURN(conn->rkey, UcxRemoteKey::Unpack(conn->ep->get(), target.rkey));
-      conn->packed_rkey = target.rkey;
-      it = conns_.emplace(address, std::move(conn)).first;
-    }
-    ucp_ep_h ep = it->second->ep->get();
-    ucp_rkey_h rkey = it->second->rkey->get();
-    auto note = [state](absl::Status st) {
-      if (!st.ok() && state->first_error.ok()) state->first_error = st;
-    };
-    // Layer by layer, so a later version can start a layer as soon as
-    // prefill has computed it.
-    for (int64_t layer = 0; layer < s.num_layers; ++layer) {
-      for (int kv = 0; kv < 2; ++kv) {
-        for (size_t i = 0; i < src.size(); ++i) {
-          const uint8_t* from = base + BlockOffset(s, layer, kv, src[i]);
-          const uint64_t to = target.base_address + BlockOffset(target.shape, layer, kv, dst[i]);
-          if (!sliced) {
-            // A run of blocks consecutive on both sides is one put (blocks
-            // of one layer's plane are adjacent in memory).
-            size_t run = 1;
-            while (i + run < src.size() && src[i + run] == src[i] + static_cast<int32_t>(run) &&
-                   dst[i + run] == dst[i] + static_cast<int32_t>(run)) {
-              ++run;
-            }
-            const size_t run_bytes = run * bytes;
-            StartUcxOp(
-                [&](const ucp_request_param_t& p) {
-                  return ucp_put_nbx(ep, from, run_bytes, to, rkey, &p);
-                },
-                note);
-            i += run - 1;
-            continue;
-          }
-          for (int64_t t = 0; t < s.block_size; ++t) {
-            const uint8_t* f = from + t * token_bytes + skip;
-            const uint64_t d = to + t * slice_bytes;
-            StartUcxOp(
-                [&](const ucp_request_param_t& p) {
-                  return ucp_put_nbx(ep, f, slice_bytes, d, rkey, &p);
-                },
-                note);
-          }
-        }
-      }
-    }
-    // The flush completes once every put is remotely complete.
-    StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(ep, &p); },
-               [state](absl::Status st) {
-                 state->result = !state->first_error.ok() ? state->first_error : st;
-                 state->done.Notify();
-               });
+    ASSIGN_OR_RETURN(std::shared_ptr<Conn> conn, Connection(target));
+    StartPuts({.source = s,
+               .base = reinterpret_cast<const uint8_t*>(cache_.Key(0)),
+               .target = target,
+               .src = src,
+               .dst = dst,
+               .first_head = first_head,
+               .ep = conn->ep->get(),
+               .rkey = conn->rkey->get()},
+              state);
     return absl::OkStatus();
   });
   if (!started.ok()) {
@@ -268,6 +305,7 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
   }
   // The checksum of the source blocks (which the puts only read) while the
   // puts are in flight on the progress thread.
+  const bool sliced = target.shape.num_kv_heads != s.num_kv_heads;
   const uint32_t crc = sliced ? KvBlocksCrc(cache_, src, first_head, target.shape.num_kv_heads)
                               : KvBlocksCrc(cache_, src);
   const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());

@@ -141,6 +141,9 @@ class KvHandoffSender {
   explicit KvHandoffSender(model::KvCache& cache) : cache_(cache) {}
   // Progress thread only: force-closes and forgets the connection.
   void DropConn(const std::string& address);
+  // Progress thread only: the live connection to the target, made anew when
+  // there is none, it failed, or the target's rkey changed.
+  absl::StatusOr<std::shared_ptr<Conn>> Connection(const KvHandoffTarget& target);
 
   model::KvCache& cache_;
   std::unique_ptr<UcxMemoryRegion> region_;

@@ -155,6 +155,27 @@ class TransferEngine : private TransferLink {
                           const BlockAllocation& remote, uint64_t tag_base, Done done) override;
   ExpectId ExpectChunk(const std::string& peer, const ChunkRanges& local, uint64_t tag_base,
                        ExpectDone done) override;
+  // WriteChunk's two data paths: tagged sends (kTag), or puts + flushes +
+  // landed messages (kPut, kGet).
+  void SendChunk(Peer& peer, const ChunkRanges& local, const BlockAllocation& remote,
+                 uint64_t tag_base, Done done);
+  void PutChunk(Peer& peer, const ChunkRanges& local, const BlockAllocation& remote,
+                uint64_t tag_base, Done done);
+  // ExpectChunk's state, and one tagged receive of it: section `index`
+  // (1..3) or piece index - kNumSections, into [into, into + size); the
+  // piece's bytes are at `piece` (kTag: into; kPut: where it was put).
+  struct ChunkExpect;
+  struct ChunkPart {
+    int index;
+    void* into;
+    size_t size;
+    uint64_t tag;
+    const uint8_t* piece;
+  };
+  void PostChunkPart(ExpectId id, const std::shared_ptr<ChunkExpect>& expect,
+                     const ChunkPart& part);
+  void OnChunkPart(ExpectId id, const std::shared_ptr<ChunkExpect>& expect, const ChunkPart& part,
+                   absl::Status st, size_t length);
   void CancelExpect(ExpectId id) override;
   bool CanRead(const std::string& peer) override;
   absl::StatusOr<ChunkDataCrc> ReadChunk(const std::string& peer, const BlockAllocation& source,

@@ -151,46 +151,84 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
     return absl::InvalidArgumentError(
         absl::StrCat("chunk of ", n, " tokens does not fit the receiver's allocation"));
   }
-  ucp_ep_h ep = peer->ep->get();
   if (data_path_ == DataPath::kTag) {
-    // Sections 1..3 as one message each; the embedding as pieces (see
-    // ChunkPieceTokens), as many as the receiver's allocation has.
-    const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
-    const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
-    const uint32_t pieces = (remote.num_tokens + piece - 1) / piece;
-    auto join = std::make_shared<Join>(kNumSections - 1 + pieces, std::move(done));
-    auto send = [&](const uint8_t* src, size_t size, uint64_t tag) {
-      StartUcxOp(
-          [&](const ucp_request_param_t& p) { return ucp_tag_send_nbx(ep, src, size, tag, &p); },
-          [join](absl::Status st) { join->Complete(st); });
-    };
-    for (int s = kFillId; s < kNumSections; ++s) {
-      send(buffer_->data() + local[s].offset, local[s].size, tag_base + s);
-    }
-    for (uint32_t j = 0; j < pieces; ++j) {
-      const uint32_t begin = std::min(n, j * piece), end = std::min(n, (j + 1) * piece);
-      send(buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes,
-           size_t{end - begin} * token_bytes, tag_base + (uint64_t{j * piece} << 2));
-    }
-    return absl::OkStatus();
+    SendChunk(*peer, local, remote, tag_base, std::move(done));
+  } else {
+    PutChunk(*peer, local, remote, tag_base, std::move(done));
   }
-  // Put path: sections 1..3, then the embedding piece by piece (laid out as
-  // on kTag, but smaller); each piece is followed by a flush and, once the flush
+  return absl::OkStatus();
+}
+
+void TransferEngine::SendChunk(Peer& peer, const ChunkRanges& local, const BlockAllocation& remote,
+                               uint64_t tag_base, Done done) {
+  // Sections 1..3 as one message each; the embedding as pieces (see
+  // ChunkPieceTokens), as many as the receiver's allocation has.
+  ucp_ep_h ep = peer.ep->get();
+  const uint32_t n = static_cast<uint32_t>(local[kFillId].size / sizeof(int32_t));
+  const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
+  const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
+  const uint32_t pieces = (remote.num_tokens + piece - 1) / piece;
+  auto join = std::make_shared<Join>(kNumSections - 1 + pieces, std::move(done));
+  auto send = [&](const uint8_t* src, size_t size, uint64_t tag) {
+    StartUcxOp(
+        [&](const ucp_request_param_t& p) { return ucp_tag_send_nbx(ep, src, size, tag, &p); },
+        [join](absl::Status st) { join->Complete(st); });
+  };
+  for (int s = kFillId; s < kNumSections; ++s) {
+    send(buffer_->data() + local[s].offset, local[s].size, tag_base + s);
+  }
+  for (uint32_t j = 0; j < pieces; ++j) {
+    const uint32_t begin = std::min(n, j * piece), end = std::min(n, (j + 1) * piece);
+    send(buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes,
+         size_t{end - begin} * token_bytes, tag_base + (uint64_t{j * piece} << 2));
+  }
+}
+
+namespace {
+
+// Put path: flushes `ep`, then sends the tagged 8-byte "landed" message with
+// `bytes`; two completions of `join` (the second fails like the first when
+// the flush failed, and no message goes).
+void FlushThenLanded(ucp_ep_h ep, uint64_t tag, uint64_t bytes, const std::shared_ptr<Join>& join) {
+  StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(ep, &p); },
+             [join, ep, tag, bytes](absl::Status st) {
+               join->Complete(st);
+               if (!st.ok()) {
+                 join->Complete(st);  // no landed message after a failed flush
+                 return;
+               }
+               auto landed = std::make_shared<uint64_t>(bytes);
+               StartUcxOp(
+                   [&](const ucp_request_param_t& p) {
+                     return ucp_tag_send_nbx(ep, landed.get(), sizeof(uint64_t), tag, &p);
+                   },
+                   [join, landed](absl::Status sent) { join->Complete(sent); });
+             });
+}
+
+}  // namespace
+
+void TransferEngine::PutChunk(Peer& peer, const ChunkRanges& local, const BlockAllocation& remote,
+                              uint64_t tag_base, Done done) {
+  // Sections 1..3, then the embedding piece by piece (laid out as on kTag,
+  // but smaller); each piece is followed by a flush and, once the flush
   // completed, by a tagged 8-byte "landed" message carrying its byte count,
   // so the receiver checksums piece j while piece j+1 is written. With a
   // shared-memory target each put is one memcpy into the receiver's segment.
   // `done` runs when the last flush (which also covers sections 1..3) and
   // every landed message completed.
-  const ChunkRanges remote_ranges = peer->layout.ChunkInfo(remote, 0, n);
+  ucp_ep_h ep = peer.ep->get();
+  const uint32_t n = static_cast<uint32_t>(local[kFillId].size / sizeof(int32_t));
+  const ChunkRanges remote_ranges = peer.layout.ChunkInfo(remote, 0, n);
   const size_t token_bytes = options_.layout.TokenBytes(kEmbedding);
   const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
   const uint32_t pieces = (remote.num_tokens + piece - 1) / piece;
   auto join =
       std::make_shared<Join>(kNumSections - 1 + 3 * static_cast<int>(pieces), std::move(done));
-  ucp_rkey_h rkey = peer->rkey->get();
+  ucp_rkey_h rkey = peer.rkey->get();
   auto put = [&](const uint8_t* src, size_t size, int section, size_t offset) {
-    const uint64_t dst = peer->section_base[section] + remote_ranges[section].offset -
-                         peer->layout.SectionOffset(section) + offset;
+    const uint64_t dst = peer.section_base[section] + remote_ranges[section].offset -
+                         peer.layout.SectionOffset(section) + offset;
     StartUcxOp(
         [&](const ucp_request_param_t& p) { return ucp_put_nbx(ep, src, size, dst, rkey, &p); },
         [join](absl::Status st) { join->Complete(st); });
@@ -207,24 +245,30 @@ absl::Status TransferEngine::WriteChunk(const std::string& name, const ChunkRang
       put(buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes, bytes,
           kEmbedding, size_t{begin} * token_bytes);
     }
-    const uint64_t tag = tag_base + (uint64_t{j * piece} << 2);
-    StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(ep, &p); },
-               [join, ep, tag, bytes](absl::Status st) {
-                 join->Complete(st);
-                 if (!st.ok()) {
-                   join->Complete(st);  // no landed message after a failed flush
-                   return;
-                 }
-                 auto landed = std::make_shared<uint64_t>(bytes);
-                 StartUcxOp(
-                     [&](const ucp_request_param_t& p) {
-                       return ucp_tag_send_nbx(ep, landed.get(), sizeof(uint64_t), tag, &p);
-                     },
-                     [join, landed](absl::Status sent) { join->Complete(sent); });
-               });
+    FlushThenLanded(ep, tag_base + (uint64_t{j * piece} << 2), bytes, join);
   }
-  return absl::OkStatus();
 }
+
+// One ExpectChunk's receives, joined into its `done`.
+struct TransferEngine::ChunkExpect {
+  bool put = false;  // kPut (kGet falls back to it): landed messages, not data
+  int remaining = 0;
+  absl::Status status;
+  ChunkDataCrc crc;
+  std::vector<uint64_t> landed;    // kPut: the byte count each landed message carries
+  std::vector<uint64_t> capacity;  // kPut: the bytes of the allocation each piece spans
+  ExpectDone done;
+  void Complete(const absl::Status& s) {
+    if (!s.ok() && status.ok()) status = s;
+    if (--remaining == 0) {
+      if (status.ok()) {
+        done(status, std::move(crc));
+      } else {
+        done(status, std::nullopt);
+      }
+    }
+  }
+};
 
 TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
                                                    const ChunkRanges& local, uint64_t tag_base,
@@ -234,84 +278,19 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
   const uint32_t piece = ChunkPieceTokens(token_bytes, data_path_);
   const uint32_t tokens = static_cast<uint32_t>(local[kEmbedding].size / token_bytes);
   const uint32_t pieces = (tokens + piece - 1) / piece;
-  const bool put = data_path_ != DataPath::kTag;  // kGet falls back to kPut
-  struct State {
-    int remaining;
-    absl::Status status;
-    ChunkDataCrc crc;
-    std::vector<uint64_t> landed;    // kPut: the byte count each landed message carries
-    std::vector<uint64_t> capacity;  // kPut: the bytes of the allocation each piece spans
-    ExpectDone done;
-    void Complete(const absl::Status& s) {
-      if (!s.ok() && status.ok()) status = s;
-      if (--remaining == 0) {
-        if (status.ok()) {
-          done(status, std::move(crc));
-        } else {
-          done(status, std::nullopt);
-        }
-      }
-    }
-  };
-  auto state = std::make_shared<State>();
+  auto expect = std::make_shared<ChunkExpect>();
+  expect->put = data_path_ != DataPath::kTag;
   // kTag: sections 1..3 and every piece; kPut: a landed message per piece
   // (sections 1..3 are covered by the notice that follows the last flush).
-  state->remaining = (put ? 0 : kNumSections - 1) + static_cast<int>(pieces);
-  state->crc.pieces.resize(pieces);
-  state->landed.resize(put ? pieces : 0);
-  state->capacity.resize(put ? pieces : 0);
-  state->done = std::move(done);
-  // Receives `index` (section 1..3, or kNumSections + piece j) into
-  // [into, into + size); a piece's bytes are at `piece` (kTag: into).
-  auto post = [&](int index, void* into, size_t size, uint64_t tag, const uint8_t* piece) {
-    void* request = StartUcxTagRecv(
-        [&](const ucp_request_param_t& p) {
-          return ucp_tag_recv_nbx(worker_->get(), into, size, tag, ~uint64_t{0}, &p);
-        },
-        [this, id, index, piece, state, put](absl::Status st, size_t length) {
-          auto it = expects_.find(id);
-          if (it != expects_.end()) {
-            it->second.erase(index);
-            if (it->second.empty()) expects_.erase(it);
-          }
-          if (!st.ok() || index < kNumSections) {
-            state->Complete(st);
-            return;
-          }
-          const size_t j = index - kNumSections;
-          if (put) {
-            // Piece j is in place (the sender flushed before saying so):
-            // checksum it on this thread, after this callback, while the
-            // sender writes the next piece.
-            const uint64_t bytes = state->landed[j];
-            if (length != sizeof(uint64_t) || bytes > state->capacity[j]) {
-              state->Complete(absl::DataLossError("malformed piece-landed message"));
-              return;
-            }
-            worker_->Post([state, j, piece, bytes] {
-              state->crc.pieces[j] = {bytes, Crc32c(piece, bytes)};
-              state->Complete(absl::OkStatus());
-            });
-            return;
-          }
-          // A piece landed: checksum it here and now, while the bytes the
-          // kernel just copied in are in this core's cache (the next piece
-          // keeps arriving in the socket buffer meanwhile). On tcp both
-          // cores are busy with the two kernel copies; a checksum thread
-          // reading on the other core measured 0.06-0.2 lower against
-          // perftest at 7 MiB. Completion runs after this callback.
-          const uint32_t crc = Crc32c(piece, length);
-          worker_->Post([state, j, length, crc] {
-            state->crc.pieces[j] = {length, crc};
-            state->Complete(absl::OkStatus());
-          });
-        });
-    if (request != nullptr) expects_[id][index] = request;
-  };
-  if (!put) {
+  expect->remaining = (expect->put ? 0 : kNumSections - 1) + static_cast<int>(pieces);
+  expect->crc.pieces.resize(pieces);
+  expect->landed.resize(expect->put ? pieces : 0);
+  expect->capacity.resize(expect->put ? pieces : 0);
+  expect->done = std::move(done);
+  if (!expect->put) {
     for (int s = kFillId; s < kNumSections; ++s) {
       uint8_t* dst = buffer_->data() + local[s].offset;
-      post(s, dst, local[s].size, tag_base + s, dst);
+      PostChunkPart(id, expect, {s, dst, local[s].size, tag_base + s, dst});
     }
   }
   for (uint32_t j = 0; j < pieces; ++j) {
@@ -319,16 +298,69 @@ TransferLink::ExpectId TransferEngine::ExpectChunk(const std::string& peer,
     uint8_t* dst = buffer_->data() + local[kEmbedding].offset + size_t{begin} * token_bytes;
     const uint64_t tag = tag_base + (uint64_t{begin} << 2);
     const int index = kNumSections + static_cast<int>(j);
-    if (put) {
-      state->capacity[j] = size_t{end - begin} * token_bytes;
-      post(index, &state->landed[j], sizeof(uint64_t), tag, dst);
+    if (expect->put) {
+      expect->capacity[j] = size_t{end - begin} * token_bytes;
+      PostChunkPart(id, expect, {index, &expect->landed[j], sizeof(uint64_t), tag, dst});
     } else {
-      post(index, dst, size_t{end - begin} * token_bytes, tag, dst);
+      PostChunkPart(id, expect, {index, dst, size_t{end - begin} * token_bytes, tag, dst});
     }
   }
   auto it = expects_.find(id);
   if (it != expects_.end() && it->second.empty()) expects_.erase(it);
   return expects_.count(id) != 0 ? id : 0;
+}
+
+void TransferEngine::PostChunkPart(ExpectId id, const std::shared_ptr<ChunkExpect>& expect,
+                                   const ChunkPart& part) {
+  void* request = StartUcxTagRecv(
+      [&](const ucp_request_param_t& p) {
+        return ucp_tag_recv_nbx(worker_->get(), part.into, part.size, part.tag, ~uint64_t{0}, &p);
+      },
+      [this, id, expect, part](absl::Status st, size_t length) {
+        OnChunkPart(id, expect, part, std::move(st), length);
+      });
+  if (request != nullptr) expects_[id][part.index] = request;
+}
+
+void TransferEngine::OnChunkPart(ExpectId id, const std::shared_ptr<ChunkExpect>& expect,
+                                 const ChunkPart& part, absl::Status st, size_t length) {
+  auto it = expects_.find(id);
+  if (it != expects_.end()) {
+    it->second.erase(part.index);
+    if (it->second.empty()) expects_.erase(it);
+  }
+  if (!st.ok() || part.index < kNumSections) {
+    expect->Complete(st);
+    return;
+  }
+  const size_t j = part.index - kNumSections;
+  const uint8_t* piece = part.piece;
+  if (expect->put) {
+    // Piece j is in place (the sender flushed before saying so): checksum it
+    // on this thread, after this callback, while the sender writes the next
+    // piece.
+    const uint64_t bytes = expect->landed[j];
+    if (length != sizeof(uint64_t) || bytes > expect->capacity[j]) {
+      expect->Complete(absl::DataLossError("malformed piece-landed message"));
+      return;
+    }
+    worker_->Post([expect, j, piece, bytes] {
+      expect->crc.pieces[j] = {bytes, Crc32c(piece, bytes)};
+      expect->Complete(absl::OkStatus());
+    });
+    return;
+  }
+  // A piece landed: checksum it here and now, while the bytes the kernel
+  // just copied in are in this core's cache (the next piece keeps arriving in
+  // the socket buffer meanwhile). On tcp both cores are busy with the two
+  // kernel copies; a checksum thread reading on the other core measured
+  // 0.06-0.2 lower against perftest at 7 MiB. Completion runs after this
+  // callback.
+  const uint32_t crc = Crc32c(piece, length);
+  worker_->Post([expect, j, length, crc] {
+    expect->crc.pieces[j] = {length, crc};
+    expect->Complete(absl::OkStatus());
+  });
 }
 
 void TransferEngine::CancelExpect(ExpectId id) {

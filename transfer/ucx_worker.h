@@ -9,17 +9,17 @@
 //   worker->Post([&] { /* runs on the progress thread, may call ucp_* */ });
 //   absl::Status s = worker->RunSync([&] { return DoUcxThing(worker->get()); });
 //
-// The loop is a common EventLoop (dropping queued tasks on Stop) whose step
+// The loop is a common EventLoop (queued tasks dropped on Stop) whose step
 // hook drives UCX and whose sleeper polls UCX's event fd: run queued tasks,
-// call ucp_worker_progress until it returns 0,
-// run the ticker about every `tick` (deadlines), and after `spin` of idleness
-// arm the worker and sleep in poll() on its event fd and a wake-up eventfd
-// (at most `tick`) - unless the owner's `active` predicate says a transfer is
-// in flight: then it keeps polling and only sched_yield()s between rounds.
-// (Measured: a 28 MiB shm put whose receiver sleeps takes ~850 ms instead of
-// ~3.5 ms; UCX 1.13 does not wake the armed receiver for every step it needs.) Tasks and UCX
-// callbacks must not block; a task may call Progress() to drive UCX while it waits for something it
-// started.
+// call ucp_worker_progress until it returns 0, run the ticker about every
+// `tick` (deadlines), and after `spin` of idleness arm the worker and sleep
+// in poll() on its event fd and a wake-up eventfd (at most `tick`) - unless
+// the owner's `active` predicate says a transfer is in flight: then it keeps
+// polling and only sched_yield()s between rounds. (Measured: a 28 MiB shm
+// put whose receiver sleeps takes ~850 ms instead of ~3.5 ms; UCX 1.13 does
+// not wake the armed receiver for every step it needs.) Tasks and UCX
+// callbacks must not block; a task may call Progress() to drive UCX while it
+// waits for something it started.
 //
 // Thread-safety: Post, RunSync, address and InProgressThread are thread-safe;
 // get() and Progress() only on the progress thread. Destruction stops the

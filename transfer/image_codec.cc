@@ -1,0 +1,94 @@
+#include "transfer/image_codec.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace mmserve::transfer {
+namespace {
+
+// The M-RoPE position of token k in `grid`.
+void MropePosition(const ImageTokenGrid& grid, int64_t k, int32_t out[3]) {
+  const int64_t per_t = int64_t{grid.rows} * grid.cols;
+  out[0] = static_cast<int32_t>(k / per_t);
+  out[1] = static_cast<int32_t>((k % per_t) / grid.cols);
+  out[2] = static_cast<int32_t>(k % grid.cols);
+}
+
+absl::Status CheckFits(const ImageRowsHeader& header, absl::Span<const float> embedding,
+                       const BlockAllocation& blocks, const EmbeddingLayout& layout) {
+  const ImageTokenGrid& g = header.grid;
+  if (g.t <= 0 || g.rows <= 0 || g.cols <= 0 || g.num_tokens() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("image grid ", g.t, " x ", g.rows, " x ", g.cols, " is empty or too big"));
+  }
+  const uint32_t n = static_cast<uint32_t>(g.num_tokens());
+  if (layout.dtype_bytes != sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the buffer holds ", layout.dtype_bytes, "-byte values, not floats"));
+  }
+  if (embedding.size() != size_t{n} * layout.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "embedding of ", embedding.size(), " floats for ", n, " tokens of ", layout.hidden_size));
+  }
+  if (!layout.FitsChunk(blocks, 0, n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(n, " tokens do not fit the allocation of ", blocks.num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodeImage(const ImageRowsHeader& header, absl::Span<const float> embedding,
+                         const BlockAllocation& blocks, EmbeddingBuffer& buffer) {
+  if (absl::Status s = CheckFits(header, embedding, blocks, buffer.layout()); !s.ok()) return s;
+  const uint32_t n = static_cast<uint32_t>(header.grid.num_tokens());
+  const ChunkRanges r = buffer.layout().ChunkInfo(blocks, 0, n);
+  uint8_t* base = buffer.data();
+  std::memcpy(base + r[kEmbedding].offset, embedding.data(), r[kEmbedding].size);
+  auto* fill_ids = reinterpret_cast<int32_t*>(base + r[kFillId].offset);
+  auto* mrope = reinterpret_cast<int32_t*>(base + r[kMrope].offset);
+  auto* aux = reinterpret_cast<AuxRecord*>(base + r[kAux].offset);
+  for (uint32_t k = 0; k < n; ++k) {
+    fill_ids[k] = header.fill_id;
+    MropePosition(header.grid, k, mrope + 3 * size_t{k});
+    aux[k] = {static_cast<int32_t>(n), static_cast<int32_t>(header.image_index), 0};
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ImageTokenGrid> DecodeImageGrid(absl::string_view mrope, uint32_t num_tokens) {
+  const auto bad = [&] {
+    return absl::DataLossError(
+        absl::StrCat("M-RoPE section of ", num_tokens, " tokens does not describe a grid"));
+  };
+  constexpr size_t kTokenBytes = 3 * sizeof(int32_t);
+  if (num_tokens == 0 || num_tokens > INT32_MAX ||
+      mrope.size() != size_t{num_tokens} * kTokenBytes) {
+    return bad();
+  }
+  // The last token holds the grid's far corner; each side is at most n (so
+  // the products below stay far from overflow).
+  int32_t last[3];
+  std::memcpy(last, mrope.data() + (size_t{num_tokens} - 1) * kTokenBytes, kTokenBytes);
+  for (int32_t side : last) {
+    if (side < 0 || int64_t{side} >= int64_t{num_tokens}) return bad();
+  }
+  const ImageTokenGrid grid{last[0] + 1, last[1] + 1, last[2] + 1};
+  if (int64_t{grid.t} * grid.rows > int64_t{num_tokens} ||
+      grid.num_tokens() != int64_t{num_tokens}) {
+    return bad();
+  }
+  for (uint32_t k = 0; k < num_tokens; ++k) {
+    int32_t got[3];
+    int32_t want[3];
+    std::memcpy(got, mrope.data() + size_t{k} * kTokenBytes, kTokenBytes);
+    MropePosition(grid, k, want);
+    if (std::memcmp(got, want, kTokenBytes) != 0) return bad();
+  }
+  return grid;
+}
+
+}  // namespace mmserve::transfer

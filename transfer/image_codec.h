@@ -1,0 +1,73 @@
+// The per-token sections of one image in the embedding buffer, as the
+// encoder writes them and the language side reads them back: one format,
+// written and parsed here only (the section layout is embedding_buffer.h's).
+//
+//   // Encoder, into blocks allocated for grid.num_tokens() tokens:
+//   RETURN_IF_ERROR(EncodeImage({.image_index = 0, .fill_id = ImageFillId(hash.low),
+//                                .grid = {.t = 1, .rows = 16, .cols = 16}},
+//                               embedding, blocks, buffer));
+//   // Language, from a received image:
+//   ASSIGN_OR_RETURN(ImageTokenGrid g,
+//                    DecodeImageGrid(image.Section(kMrope), image.total_tokens()));
+//
+// Per token k of n = t * rows * cols (row-major over the merged grid):
+//   embedding  hidden_size values (the tower's output row k)
+//   fill id    the image's fill id (from its content hash, so that prefix
+//              caching sees the image's content)
+//   M-RoPE     {k / (rows * cols), (k % (rows * cols)) / cols, k % cols}
+//   aux        {n, image_index, 0}
+// Stateless functions; thread-safe as far as the caller owns the blocks.
+#ifndef MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#define MMSERVE_TRANSFER_IMAGE_CODEC_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "transfer/block_allocator.h"
+#include "transfer/embedding_buffer.h"
+
+namespace mmserve::transfer {
+
+// An image's tokens after the spatial merge: t frames of rows x cols.
+struct ImageTokenGrid {
+  int32_t t = 0;
+  int32_t rows = 0;
+  int32_t cols = 0;
+
+  int64_t num_tokens() const { return int64_t{t} * rows * cols; }
+  bool operator==(const ImageTokenGrid& o) const {
+    return t == o.t && rows == o.rows && cols == o.cols;
+  }
+};
+
+struct ImageRowsHeader {
+  uint32_t image_index = 0;
+  int32_t fill_id = 0;
+  ImageTokenGrid grid;
+};
+
+// The fill id of an image whose content hash has this low word.
+inline int32_t ImageFillId(uint64_t content_hash_low) {
+  return static_cast<int32_t>(content_hash_low & 0x7fffffff);
+}
+
+// Writes the image's grid.num_tokens() tokens into the first tokens of
+// `blocks` in `buffer`. InvalidArgument when the grid is empty, when
+// `embedding` is not num_tokens x hidden_size floats, when the buffer does
+// not hold floats, or when the tokens do not fit `blocks`.
+[[nodiscard]] absl::Status EncodeImage(const ImageRowsHeader& header,
+                                       absl::Span<const float> embedding,
+                                       const BlockAllocation& blocks, EmbeddingBuffer& buffer);
+
+// The grid from an image's M-RoPE section (`num_tokens` x 3 int32, in token
+// order). DataLoss when the section is short or long, or when its positions
+// are not exactly those EncodeImage writes for some grid of num_tokens.
+[[nodiscard]] absl::StatusOr<ImageTokenGrid> DecodeImageGrid(absl::string_view mrope,
+                                                             uint32_t num_tokens);
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_IMAGE_CODEC_H_

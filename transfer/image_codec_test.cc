@@ -1,0 +1,125 @@
+#include "transfer/image_codec.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transfer/block_allocator.h"
+#include "transfer/embedding_buffer.h"
+
+namespace mmserve::transfer {
+namespace {
+
+constexpr EmbeddingLayout kLayout{
+    .block_size = 4, .num_blocks = 16, .hidden_size = 3, .dtype_bytes = sizeof(float)};
+
+std::string Bytes(const EmbeddingBuffer& buffer, const BlockAllocation& blocks, uint32_t n,
+                  int section) {
+  const ByteRange r = buffer.layout().ChunkInfo(blocks, 0, n)[section];
+  return std::string(reinterpret_cast<const char*>(buffer.data() + r.offset), r.size);
+}
+
+std::vector<int32_t> Ints(const std::string& bytes) {
+  std::vector<int32_t> out(bytes.size() / sizeof(int32_t));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+std::string Mrope(const std::vector<int32_t>& positions) {
+  return std::string(reinterpret_cast<const char*>(positions.data()),
+                     positions.size() * sizeof(int32_t));
+}
+
+TEST_CASE("an encoded image's sections decode back to its grid") {
+  EmbeddingBuffer buffer(kLayout);
+  const BlockAllocation blocks{.start_block = 2, .num_blocks = 4, .num_tokens = 12};
+  const ImageRowsHeader header{.image_index = 5,
+                               .fill_id = ImageFillId(0x80000000deadbeefull),
+                               .grid = {.t = 2, .rows = 2, .cols = 3}};
+  std::vector<float> embedding(12 * 3);
+  for (size_t i = 0; i < embedding.size(); ++i) embedding[i] = 0.5f * static_cast<float>(i);
+  REQUIRE(EncodeImage(header, embedding, blocks, buffer).ok());
+
+  const std::string emb = Bytes(buffer, blocks, 12, kEmbedding);
+  CHECK(std::memcmp(emb.data(), embedding.data(), emb.size()) == 0);
+  CHECK(header.fill_id == 0x5eadbeef);
+  for (int32_t f : Ints(Bytes(buffer, blocks, 12, kFillId))) CHECK(f == 0x5eadbeef);
+  const std::vector<int32_t> m = Ints(Bytes(buffer, blocks, 12, kMrope));
+  // Token 7: second frame (k / 6 = 1), k % 6 = 1 -> row 0, column 1.
+  CHECK(std::vector<int32_t>(m.begin() + 21, m.begin() + 24) == std::vector<int32_t>{1, 0, 1});
+  const std::vector<int32_t> aux = Ints(Bytes(buffer, blocks, 12, kAux));
+  for (size_t k = 0; k < 12; ++k) {
+    CHECK(aux[3 * k] == 12);
+    CHECK(aux[3 * k + 1] == 5);
+    CHECK(aux[3 * k + 2] == 0);
+  }
+  absl::StatusOr<ImageTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
+  REQUIRE(grid.ok());
+  CHECK(*grid == header.grid);
+}
+
+TEST_CASE("a one-token image round-trips") {
+  EmbeddingBuffer buffer(kLayout);
+  const BlockAllocation blocks{.start_block = 0, .num_blocks = 1, .num_tokens = 1};
+  REQUIRE(EncodeImage({.grid = {1, 1, 1}}, std::vector<float>(3, 1.0f), blocks, buffer).ok());
+  absl::StatusOr<ImageTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 1, kMrope), 1);
+  REQUIRE(grid.ok());
+  CHECK(*grid == ImageTokenGrid{1, 1, 1});
+}
+
+TEST_CASE("encoding refuses what does not fit") {
+  EmbeddingBuffer buffer(kLayout);
+  const BlockAllocation blocks{.start_block = 0, .num_blocks = 2, .num_tokens = 8};
+  const std::vector<float> four_tokens(4 * 3);
+  // An empty grid.
+  CHECK(absl::IsInvalidArgument(EncodeImage({.grid = {1, 0, 4}}, {}, blocks, buffer)));
+  // An embedding of the wrong size.
+  CHECK(absl::IsInvalidArgument(
+      EncodeImage({.grid = {1, 2, 2}}, std::vector<float>(11), blocks, buffer)));
+  // More tokens than the allocation.
+  CHECK(absl::IsInvalidArgument(
+      EncodeImage({.grid = {1, 3, 3}}, std::vector<float>(27), blocks, buffer)));
+  // A buffer of bf16 values.
+  EmbeddingLayout bf16 = kLayout;
+  bf16.dtype_bytes = 2;
+  EmbeddingBuffer half(bf16);
+  CHECK(absl::IsInvalidArgument(EncodeImage({.grid = {1, 2, 2}}, four_tokens, blocks, half)));
+  CHECK(EncodeImage({.grid = {1, 2, 2}}, four_tokens, blocks, buffer).ok());
+}
+
+TEST_CASE("decoding rejects short, long and malformed M-RoPE sections") {
+  // A valid 1 x 2 x 2 grid to corrupt.
+  const std::vector<int32_t> good = {0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 1, 1};
+  REQUIRE(DecodeImageGrid(Mrope(good), 4).ok());
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(good), 0).status()));
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(good), 3).status()));  // long
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(good), 5).status()));  // short
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(good).substr(0, 47), 4).status()));
+  CHECK(absl::IsDataLoss(DecodeImageGrid("", 1).status()));
+  // Positions out of order.
+  std::vector<int32_t> swapped = good;
+  std::swap(swapped[4], swapped[7]);
+  std::swap(swapped[5], swapped[8]);
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(swapped), 4).status()));
+  // A corner that does not multiply out to the token count.
+  std::vector<int32_t> corner = good;
+  corner[11] = 2;
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(corner), 4).status()));
+  // Negative and huge sides.
+  std::vector<int32_t> negative = good;
+  negative[9] = -1;
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(negative), 4).status()));
+  std::vector<int32_t> huge = good;
+  huge[9] = INT32_MAX;
+  huge[10] = INT32_MAX;
+  huge[11] = INT32_MAX;
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(huge), 4).status()));
+  // Right shape, wrong interior position.
+  std::vector<int32_t> interior = good;
+  interior[5] = 7;
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(interior), 4).status()));
+}
+
+}  // namespace
+}  // namespace mmserve::transfer
