@@ -16,6 +16,7 @@
 #include "model/chat_template.h"
 #include "model/sampling_proto.h"
 #include "proto/encoder.grpc.pb.h"
+#include "transfer/image_codec.h"
 
 namespace mmserve::language {
 namespace {
@@ -188,24 +189,16 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   // exact whether or not the router could pre-size the image.
   const uint32_t n = image->total_tokens();
   const uint32_t chunks = image->num_chunks();
-  const std::string mrope = image->Section(transfer::kMrope);
-  int32_t t_max = 0, h_max = 0, w_max = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    int32_t p[3];
-    std::memcpy(p, mrope.data() + 12 * i, 12);
-    t_max = std::max(t_max, p[0]);
-    h_max = std::max(h_max, p[1]);
-    w_max = std::max(w_max, p[2]);
+  absl::StatusOr<transfer::ImageTokenGrid> grid =
+      transfer::DecodeImageGrid(image->Section(transfer::kMrope), n);
+  if (!grid.ok()) {
+    LoseImages(r, transfer_id,
+               absl::DataLossError(absl::StrCat("image ", k, ": ", grid.status().message())));
+    return;
   }
   const int merge = config().vision ? config().vision->spatial_merge_size : 2;
   worker::ImageEmbedding& e = r.images[k].embedding;
-  e.grid = model::ImageGrid::FromThw(t_max + 1, (h_max + 1) * merge, (w_max + 1) * merge, merge);
-  if (e.grid.num_tokens() != static_cast<int64_t>(n)) {
-    LoseImages(r, transfer_id,
-               absl::DataLossError(absl::StrCat("image ", k, ": M-RoPE section of ", n,
-                                                " tokens does not describe a grid")));
-    return;
-  }
+  e.grid = model::ImageGrid::FromThw(grid->t, grid->rows * merge, grid->cols * merge, merge);
   if (options_.mm_handoff == MmHandoff::kAsync && image->buffered_tokens() == 0 &&
       image->tail_blocks().has_value()) {
     // Seed 000: the rows stay where UCX wrote them (memory every rank maps);
