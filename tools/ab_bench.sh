@@ -6,7 +6,7 @@
 #
 #   tools/ab_bench.sh /work/wt/before /work/main 3 bench/lm_bench --dims=qwen2-0.5b
 #
-# Each side is a checkout whose bazel-bin holds the benchmark built with
+# Each side is a checkout whose bazel-out/k8-opt/bin holds the benchmark built with
 # --config=opt; the benchmark runs from that checkout's root (runfiles and
 # models/ resolve there).
 set -euo pipefail
@@ -16,7 +16,7 @@ for ((i = 1; i <= rounds; i++)); do
   for side in A B; do
     dir=$a
     [[ $side == B ]] && dir=$b
-    line=$(cd "$dir" && "bazel-bin/$bin" "$@" 2>/dev/null | tail -n 1)
+    line=$(cd "$dir" && "bazel-out/k8-opt/bin/$bin" "$@" 2>/dev/null | tail -n 1)
     echo "$side $i $line"
   done
 done
