@@ -16,7 +16,7 @@ void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
 
 absl::Status DecodeRole::Attach(worker::LlmEngine& engine) {
   ASSIGN_OR_RETURN(kv_context_, transfer::UcxContext::Create(options_.kv_profile));
-  const transfer::UcxWorkerOptions wo{.name = options_.instance_id + "-kv"};
+  const transfer::UcxWorkerOptions wo{.name = instance_id_ + "-kv"};
   // Every rank receives its own KV heads (worker/tp_kv_receiver.h).
   worker::TpGroup* group = engine.tp_group();
   ASSIGN_OR_RETURN(kv_receivers_,

@@ -6,6 +6,8 @@
 #define MMSERVE_LANGUAGE_SERVICE_DECODE_ROLE_H_
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "language_service/role.h"
@@ -15,7 +17,8 @@ namespace mmserve::language {
 
 class DecodeRole final : public Role {
  public:
-  explicit DecodeRole(const RoleOptions& options) : options_(options) {}
+  DecodeRole(const RoleOptions& options, std::string instance_id)
+      : options_(options), instance_id_(std::move(instance_id)) {}
 
   LanguageRole kind() const override { return LanguageRole::kDecode; }
   // Shard ranks receive their heads over the same transport profile.
@@ -35,6 +38,7 @@ class DecodeRole final : public Role {
 
  private:
   const RoleOptions options_;
+  const std::string instance_id_;
   std::unique_ptr<transfer::UcxContext> kv_context_;
   std::unique_ptr<worker::TpKvReceivers> kv_receivers_;
 };

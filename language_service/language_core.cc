@@ -122,16 +122,11 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
-  if (options.role == LanguageRole::kPrefill && options.engine.tp_size > 1) {
+  if (options.role.kind == LanguageRole::kPrefill && options.engine.tp_size > 1) {
     return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
   }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
-  ASSIGN_OR_RETURN(core->role_, MakeRole({.instance_id = options.instance_id,
-                                          .kind = options.role,
-                                          .kv_profile = options.kv_profile,
-                                          .kv_commit_timeout = options.kv_commit_timeout,
-                                          .kv_handoff_timeout = options.kv_handoff_timeout,
-                                          .test_kv_handoff_delay = options.test_kv_handoff_delay}));
+  ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
   core->role_->AdjustEngineOptions(eo);

@@ -71,18 +71,8 @@ enum class MmHandoff {
 
 struct LanguageCoreOptions {
   std::string instance_id;
-  LanguageRole role = LanguageRole::kBoth;
-  // Roles prefill and decode: the UCX profile of the KV hand-off.
-  transfer::TransportProfile kv_profile = transfer::TransportProfile::kShm;
-  // Role decode: how long a reservation waits for its CommitKv.
-  absl::Duration kv_commit_timeout = absl::Seconds(10);
-  // Role prefill: AllocateKv, the puts and CommitKv together.
-  absl::Duration kv_handoff_timeout = absl::Seconds(10);
-  // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
-  // and the puts (on the loop thread, inside kv_handoff_timeout), so that
-  // fault tests kill a process mid-hand-off deterministically. Zero in
-  // production.
-  absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
+  // The role and its KV hand-off (role.h).
+  RoleOptions role;
   worker::EngineOptions engine;
   MmHandoff mm_handoff = MmHandoff::kAsync;
   // One image's transfer, from init to its last chunk.

@@ -186,13 +186,14 @@ absl::StatusOr<LanguageCoreOptions> CoreOptionsFromFlags(const std::string& id,
                                                          const worker::ShmFile* shared_input) {
   LanguageCoreOptions copts;
   copts.instance_id = id;
-  ASSIGN_OR_RETURN(copts.role, RoleFromFlags());
-  copts.kv_profile = profile;
-  copts.kv_commit_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_commit_timeout_ms));
+  ASSIGN_OR_RETURN(copts.role.kind, RoleFromFlags());
+  copts.role.kv_profile = profile;
+  copts.role.kv_commit_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_commit_timeout_ms));
   if (absl::GetFlag(FLAGS_test_kv_handoff_delay_ms) < 0) {
     return absl::InvalidArgumentError("--test_kv_handoff_delay_ms must be >= 0");
   }
-  copts.test_kv_handoff_delay = absl::Milliseconds(absl::GetFlag(FLAGS_test_kv_handoff_delay_ms));
+  copts.role.test_kv_handoff_delay =
+      absl::Milliseconds(absl::GetFlag(FLAGS_test_kv_handoff_delay_ms));
   ASSIGN_OR_RETURN(copts.engine, EngineOptionsFromFlags(id, shared_input));
   copts.mm_handoff =
       absl::GetFlag(FLAGS_mm_handoff) == "async" ? MmHandoff::kAsync : MmHandoff::kBlocking;
@@ -225,7 +226,7 @@ v1::InstanceInfo RegistryInfo(const LanguageCoreOptions& copts, LanguageCore& c,
                               const transfer::TransferEngine& eng) {
   v1::InstanceInfo info;
   info.set_instance_id(copts.instance_id);
-  info.set_role(RegistryRole(copts.role));
+  info.set_role(RegistryRole(copts.role.kind));
   info.set_model_id(ModelIdFromDir(absl::GetFlag(FLAGS_model_dir)));
   *info.mutable_ucx() = eng.local_info().ucx();
   info.set_tp_size(static_cast<uint32_t>(copts.engine.tp_size));

@@ -53,8 +53,8 @@ struct Instance {
     transfer = std::move(*t);
     LanguageCoreOptions o;
     o.instance_id = id;
-    o.role = role;
-    o.kv_commit_timeout = commit_timeout;
+    o.role.kind = role;
+    o.role.kv_commit_timeout = commit_timeout;
     o.engine.model_dir = kModel;
     o.engine.block_size = 4;
     o.engine.kv_cache_bytes = 8 << 20;
@@ -469,23 +469,30 @@ TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "
   CHECK(both.Idle());
 }
 
-TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles][tp]") {
-  metrics::Registry registry;
+// A transfer engine with a small receive buffer, for a core that never
+// receives an image.
+std::unique_ptr<transfer::TransferEngine> SmallTransfer(const std::string& id) {
   transfer::TransferEngineOptions topts;
-  topts.instance_id = "prefill-tp";
+  topts.instance_id = id;
   topts.layout.block_size = 16;
   topts.layout.num_blocks = 8;
   topts.layout.hidden_size = 64;
   topts.layout.dtype_bytes = sizeof(float);
   auto t = transfer::TransferEngine::Create(topts);
   REQUIRE(t.ok());
+  return *std::move(t);
+}
+
+TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles][tp]") {
+  metrics::Registry registry;
+  auto t = SmallTransfer("prefill-tp");
   LanguageCoreOptions o;
   o.instance_id = "prefill-tp";
-  o.role = LanguageRole::kPrefill;
+  o.role.kind = LanguageRole::kPrefill;
   o.engine.model_dir = kModel;
   o.engine.tp_size = 2;
   o.engine.tp_shard_binary = "worker/tp_shard";
-  auto c = LanguageCore::Create(o, **t, registry);
+  auto c = LanguageCore::Create(o, *t, registry);
   CHECK(c.status().code() == absl::StatusCode::kUnimplemented);
 }
 
@@ -493,19 +500,12 @@ TEST_CASE("a core whose engine cannot load fails Create cleanly, in every role",
   for (const LanguageRole role :
        {LanguageRole::kBoth, LanguageRole::kPrefill, LanguageRole::kDecode}) {
     metrics::Registry registry;
-    transfer::TransferEngineOptions topts;
-    topts.instance_id = "no-model";
-    topts.layout.block_size = 16;
-    topts.layout.num_blocks = 8;
-    topts.layout.hidden_size = 64;
-    topts.layout.dtype_bytes = sizeof(float);
-    auto t = transfer::TransferEngine::Create(topts);
-    REQUIRE(t.ok());
+    auto t = SmallTransfer("no-model");
     LanguageCoreOptions o;
     o.instance_id = "no-model";
-    o.role = role;
+    o.role.kind = role;
     o.engine.model_dir = "model/testdata/models/no-such-model";
-    auto c = LanguageCore::Create(o, **t, registry);
+    auto c = LanguageCore::Create(o, *t, registry);
     CHECK(!c.ok());
   }
 }

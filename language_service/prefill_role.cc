@@ -63,7 +63,7 @@ absl::StatusOr<transfer::KvHandoffTarget> RankTarget(const v1::KvRankTarget& ran
 absl::Status PrefillRole::Attach(worker::LlmEngine& engine) {
   engine_ = &engine;
   ASSIGN_OR_RETURN(kv_context_, transfer::UcxContext::Create(options_.kv_profile));
-  const transfer::UcxWorkerOptions wo{.name = options_.instance_id + "-kv"};
+  const transfer::UcxWorkerOptions wo{.name = instance_id_ + "-kv"};
   ASSIGN_OR_RETURN(kv_sender_,
                    transfer::KvHandoffSender::Create(*kv_context_, engine.kv_cache(), wo));
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/clock.h"
 #include "language_service/role.h"
@@ -18,7 +19,8 @@ namespace mmserve::language {
 
 class PrefillRole final : public Role {
  public:
-  explicit PrefillRole(const RoleOptions& options) : options_(options) {}
+  PrefillRole(const RoleOptions& options, std::string instance_id)
+      : options_(options), instance_id_(std::move(instance_id)) {}
 
   LanguageRole kind() const override { return LanguageRole::kPrefill; }
   std::unique_ptr<worker::KvConnector> MakeConnector() const override {
@@ -38,6 +40,7 @@ class PrefillRole final : public Role {
                           Deadline deadline, v1::KvCommit& commit);
 
   const RoleOptions options_;
+  const std::string instance_id_;
   worker::LlmEngine* engine_ = nullptr;
   std::unique_ptr<transfer::UcxContext> kv_context_;
   std::unique_ptr<transfer::KvHandoffSender> kv_sender_;

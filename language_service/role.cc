@@ -23,14 +23,15 @@ class BothRole final : public Role {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options) {
+absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
+                                               const std::string& instance_id) {
   switch (options.kind) {
     case LanguageRole::kBoth:
       return std::make_unique<BothRole>();
     case LanguageRole::kPrefill:
-      return std::make_unique<PrefillRole>(options);
+      return std::make_unique<PrefillRole>(options, instance_id);
     case LanguageRole::kDecode:
-      return std::make_unique<DecodeRole>(options);
+      return std::make_unique<DecodeRole>(options, instance_id);
   }
   return absl::InvalidArgumentError("unknown language role");
 }

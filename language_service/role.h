@@ -9,7 +9,7 @@
 //   decode   holds Decode calls, reserves KV blocks for a prefill instance
 //            to write (AllocateKv), checks them (CommitKv) and decodes on.
 //
-//   ASSIGN_OR_RETURN(std::unique_ptr<Role> role, MakeRole(options));
+//   ASSIGN_OR_RETURN(std::unique_ptr<Role> role, MakeRole(options, instance_id));
 //   role->AdjustEngineOptions(engine_options);    // before the engine exists
 //   engine = LlmEngine::Create(engine_options, role->MakeConnector());
 //   RETURN_IF_ERROR(role->Attach(*engine));        // after
@@ -40,7 +40,6 @@ enum class LanguageRole { kBoth, kPrefill, kDecode };
 
 // The options of the role (a part of LanguageCoreOptions).
 struct RoleOptions {
-  std::string instance_id;
   LanguageRole kind = LanguageRole::kBoth;
   // Roles prefill and decode: the UCX profile of the KV hand-off.
   transfer::TransportProfile kv_profile = transfer::TransportProfile::kShm;
@@ -115,7 +114,9 @@ class Role {
   }
 };
 
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options);
+// `instance_id` names the role's UCX worker.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
+                                                             const std::string& instance_id);
 
 // The images of a handed-off prompt, for LlmEngine::AddRequest (which
 // checks them against the token ids): InvalidArgument for spans outside the
