@@ -51,7 +51,8 @@ has_target=0
 for a in "${args[@]}"; do [[ "$a" == //* || "$a" == -//* ]] && has_target=1; done
 if [[ $has_target -eq 0 ]]; then
   args+=(//transfer/... //encoder_service:embedding_cache_test //router:instance_table_test
-    //router:deferred_actions_test //common:metrics_test //common:metrics_http_test)
+    //router:deferred_actions_test //common:metrics_test //common:metrics_http_test
+    //common:event_loop_test //common:worker_pool_test)
 fi
 cd "$root"
 bazel --output_base="$out/output_base" test --config=tsan --symlink_prefix=/ \
