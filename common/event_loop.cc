@@ -6,12 +6,34 @@
 #include "common/logging.h"
 
 namespace mmserve {
+namespace {
+
+// The default: a flag under a mutex.
+class MutexSleeper : public LoopSleeper {
+ public:
+  void Wake() override {
+    absl::MutexLock lock(&mu_);
+    woken_ = true;
+  }
+  void Sleep(Deadline until) override {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&woken_), until.Remaining());
+    woken_ = false;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
 
 EventLoop::EventLoop(EventLoopOptions options)
     : name_(std::move(options.name)),
       step_(std::move(options.step)),
       on_fatal_(std::move(options.on_fatal)),
-      sleeper_(std::move(options.sleeper)),
+      sleeper_(options.sleeper != nullptr ? std::move(options.sleeper)
+                                          : std::make_unique<MutexSleeper>()),
       on_stop_(options.on_stop) {
   absl::MutexLock lock(&join_mu_);
   thread_ = std::thread([this] { Run(); });
@@ -29,7 +51,7 @@ bool EventLoop::Post(Task task) {
     if (stopping_) return false;
     tasks_.push_back(std::move(task));
   }
-  if (sleeper_ != nullptr) sleeper_->Wake();
+  sleeper_->Wake();
   return true;
 }
 
@@ -38,10 +60,9 @@ bool EventLoop::PostAt(Deadline when, Task task) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return false;
     timers_.emplace(when, std::move(task));
-    timer_added_ = true;
   }
-  // The loop may sleep past `when`: it recomputes its wake-up time.
-  if (sleeper_ != nullptr) sleeper_->Wake();
+  // The loop may be sleeping past `when`: it recomputes its wake-up time.
+  sleeper_->Wake();
   return true;
 }
 
@@ -50,7 +71,7 @@ void EventLoop::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (sleeper_ != nullptr) sleeper_->Wake();
+  sleeper_->Wake();
   if (IsInLoopThread()) return;
   absl::MutexLock lock(&join_mu_);
   if (thread_.joinable()) thread_.join();
@@ -89,20 +110,12 @@ void EventLoop::Idle(Deadline next) {
   if (next.Expired()) return;  // the step hook has more to do: no lock taken
   {
     absl::MutexLock lock(&mu_);
-    timer_added_ = false;  // `next` takes every timer so far into account
     if (Ready()) return;
     if (!timers_.empty()) next = std::min(next, timers_.begin()->first);
-    if (next.Expired()) return;
-    if (sleeper_ == nullptr) {
-      // Post and Stop change what Ready() reads under mu_, which re-evaluates
-      // the condition: no separate wake-up.
-      mu_.AwaitWithTimeout(absl::Condition(this, &EventLoop::Ready), next.Remaining());
-      return;
-    }
   }
-  // A Post between the check above and this Sleep has called Wake, which
-  // makes the Sleep return.
-  sleeper_->Sleep(next);
+  // A Post, PostAt or Stop after the check above has called Wake, which makes
+  // this Sleep return at once.
+  if (!next.Expired()) sleeper_->Sleep(next);
 }
 
 void EventLoop::Run() {

@@ -67,8 +67,8 @@
 namespace mmserve {
 
 // How the loop thread sleeps when idle and how other threads wake it. The
-// default waits on the loop's mutex; a loop that must also wake on a file
-// descriptor (UCX's event fd) supplies its own.
+// default waits on a mutex; a loop that must also wake on a file descriptor
+// (UCX's event fd) supplies its own.
 class LoopSleeper {
  public:
   virtual ~LoopSleeper() = default;
@@ -202,15 +202,13 @@ class EventLoop {
   bool TakeRound(std::deque<Task>& tasks, std::deque<Task>& due);
   void Idle(Deadline next);
   void RunStopped();
-  // What ends an idle wait on mu_ (the default sleeper).
-  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !tasks_.empty() || timer_added_;
-  }
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); }
 
   const std::string name_;
   const std::function<Deadline(bool)> step_;
   const std::function<void(absl::Status)> on_fatal_;
-  const std::unique_ptr<LoopSleeper> sleeper_;  // null: wait on mu_
+  // options.sleeper, or one on a mutex; woken by every Post, PostAt and Stop.
+  const std::unique_ptr<LoopSleeper> sleeper_;
   const EventLoopOptions::OnStop on_stop_;
   std::atomic<bool> fatal_reported_{false};
   std::atomic<std::thread::id> loop_thread_{};
@@ -219,8 +217,6 @@ class EventLoop {
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   std::multimap<Deadline, Task> timers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // A timer came since the loop computed how long to sleep.
-  bool timer_added_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex join_mu_;  // one joiner at a time; after mu_ in lock order
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
