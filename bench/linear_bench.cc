@@ -27,6 +27,8 @@
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/thread_pool.h"
@@ -136,10 +138,10 @@ int Run() {
       row.bf16 = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kDot, reps);
       row.i8 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
       row.i8_g32 = Time(pool, x, m, i8_g32.matrix(), y, cpu::LinearKernel::kDot, reps);
-      const bool vnni = cpu::internal::Int8UsesVnni();
-      cpu::internal::SetInt8Vnni(false);
-      row.i8_avx2 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
-      cpu::internal::SetInt8Vnni(vnni);
+      {
+        cpu::ScopedCpuIsa avx2(cpu::CpuIsa::kAvx2);
+        row.i8_avx2 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
+      }
       row.i8_bytes = static_cast<double>(i8.matrix().bytes());
       row.i8_g32_bytes = static_cast<double>(i8_g32.matrix().bytes());
       row.bf16_rows = Time(pool, x, m, w16, y, cpu::LinearKernel::kDot, reps);
@@ -185,5 +187,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::model::cpu::ApplyCpuIsaFlag(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   return mmserve::Run();
 }

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
 #include "model/dtype.h"
@@ -40,6 +41,7 @@ struct Args {
   int depth = 32;
   int iters = 1;
   model::DType dtype = model::DType::kBF16;
+  std::string cpu_isa;  // --cpu_isa=avx2|avx512 (cpu_isa.h)
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -49,6 +51,7 @@ Args ParseArgs(int argc, char** argv) {
     if (s.rfind("--depth=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.depth);
     if (s.rfind("--iters=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.iters);
     if (s == "--dtype=f32") a.dtype = model::DType::kF32;
+    if (s.rfind("--cpu_isa=", 0) == 0) a.cpu_isa = s.substr(10);
   }
   return a;
 }
@@ -104,6 +107,10 @@ int64_t ProcStatusBytes(const char* key) {
 
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
+  if (absl::Status s = cpu::SetCpuIsaByName(args.cpu_isa); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   model::VisionConfig cfg;  // Qwen2-VL-2B vision tower
   cfg.depth = args.depth;
   cfg.embed_dim = 1280;

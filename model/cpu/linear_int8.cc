@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
 #include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
 
@@ -83,13 +83,6 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 #else
 #pragma GCC pop_options
 #endif
-
-bool CpuHasVnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-}
-
-std::atomic<bool> use_vnni{CpuHasVnni()};
 
 // The last operations of an output element, alike in every path, as
 // separate vector roundings: y = c * s_row (one scale per output row only),
@@ -208,7 +201,7 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, out.Columns(p), row_scales,
            job.bias);
   };
-  const bool vnni = use_vnni.load(std::memory_order_relaxed);
+  const bool vnni = Int8UsesVnni();
   const TileFn* tiles = vnni ? vnni::kRowTiles.data() : avx2::kRowTiles.data();
   const int tile_rows = vnni ? vnni::kTileRows : avx2::kTileRows;
   if (m == 1) {
@@ -237,17 +230,9 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
   out.Flush();
 }
 
-bool Int8VnniAvailable() {
-  static const bool available = CpuHasVnni();
-  return available;
+bool Int8UsesVnni() {
+  return ActiveCpuIsa() == CpuIsa::kAvx512 && DetectedCpuFeatures().avx512_vnni;
 }
-
-void SetInt8Vnni(bool on) {
-  CHECK(!on || Int8VnniAvailable()) << "this CPU has no AVX512-VNNI";
-  use_vnni.store(on, std::memory_order_relaxed);
-}
-
-bool Int8UsesVnni() { return use_vnni.load(std::memory_order_relaxed); }
 
 void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out) {
   const int64_t p = row / kPanelRows, l = row % kPanelRows;

@@ -39,11 +39,9 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                       int64_t p1);
 
-// The integer products run on AVX512-VNNI's vpdpwssd where the CPU has it
-// (found at start-up), else on AVX2's vpmaddwd + vpaddd: the same exact sums,
-// so the same results to the bit. Tests switch between them to show it.
-bool Int8VnniAvailable();
-void SetInt8Vnni(bool on);  // CHECKs that the CPU has it when on
+// The integer products run on AVX512-VNNI's vpdpwssd at the kAvx512 level
+// on a CPU with VNNI (cpu_isa.h), else on AVX2's vpmaddwd + vpaddd: the same
+// exact sums, so the same results to the bit. Tests switch levels to show it.
 bool Int8UsesVnni();
 
 // out[0:cols] = row `row` of an int8 matrix dequantized: q * s.

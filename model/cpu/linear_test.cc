@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear_int8.h"
 #include "model/dtype.h"
 
@@ -242,20 +243,13 @@ float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float b
   return has_bias ? c + bias : c;
 }
 
-// The int8 instruction sets this CPU runs: AVX2 always, AVX512-VNNI where
-// present (the same sums, so each must give the documented bits).
-std::vector<bool> Int8KernelSets() {
-  std::vector<bool> sets = {false};
-  if (internal::Int8VnniAvailable()) sets.push_back(true);
-  return sets;
-}
-
 TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[linear][int8]") {
   ThreadPool pool(2);
-  const bool default_vnni = internal::Int8UsesVnni();
-  for (bool vnni : Int8KernelSets()) {
-    internal::SetInt8Vnni(vnni);
-    INFO("vnni=" << vnni);
+  // Each level this CPU runs (AVX512-VNNI where present: the same sums, so
+  // each must give the documented bits).
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    INFO("isa=" << IsaName(isa) << " vnni=" << internal::Int8UsesVnni());
     // Odd k (a padded pair), segments cut by 256 and by groups that do not
     // divide it (48), every row-tile height and one-row panel group.
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
@@ -286,8 +280,9 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
       }
     }
   }
-  internal::SetInt8Vnni(default_vnni);
-  if (!internal::Int8VnniAvailable()) WARN("no AVX512-VNNI on this CPU: only the AVX2 kernels ran");
+  if (!DetectedCpuFeatures().avx512_vnni) {
+    WARN("no AVX512-VNNI on this CPU: only the AVX2 kernels ran");
+  }
 }
 
 TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]") {
