@@ -32,7 +32,9 @@
 //  With more than 6 rows, the bf16 kernel widens each panel's block of 256 k
 //  steps to fp32 once per task and runs every 6-row tile on that block (the
 //  same values, so the same sums), leaving only loads and FMAs in the hot
-//  loop.
+//  loop. At the kAvx512 level (cpu_isa.h) calls of 2 rows or more run the
+//  same chains on 512-bit registers, a 6-row x 4-panel tile
+//  (linear_avx512.h): lanes never mix, so the bits are the AVX2 kernel's.
 //  - kDot on int8 panels (linear_int8.cc): integer dot products. Each row of
 //    x is quantized to int16 with its own scale, s_x = max|x| / 32767,
 //    x_q = round(x / s_x) (exactly: round-half-even of x * (32767 / max|x|)).
@@ -46,9 +48,10 @@
 //    roundings. Integer sums are exact in any order, so tiles of any shape
 //    give the same bits. The activation rounding adds a relative error of at
 //    most 2^-16 of the row's largest |x| per element, 2^8 finer than the
-//    weights' own step (max|w| / 254). Where the CPU has AVX512-VNNI,
-//    vpdpwssd does vpmaddwd and the add in one instruction: the same exact
-//    sums, so the same bits (linear_test runs both).
+//    weights' own step (max|w| / 254). At the kAvx512 level on a CPU
+//    with AVX512-VNNI, vpdpwssd does vpmaddwd and the add in one
+//    instruction: the same exact sums, so the same bits (linear_test runs
+//    both levels).
 //  In all, an element's result does not depend on m, on the rows around it
 //  or on the thread that runs it: a row's result is bitwise the same in any
 //  batch (batch invariance for greedy decoding).

@@ -81,35 +81,42 @@ TEST_CASE("the dot kernel computes exactly the documented fp32 and bf16 sums", "
   }
 }
 
-TEST_CASE("the panel kernel computes exactly one fma chain per output", "[linear]") {
+TEST_CASE("the panel kernel computes exactly one fma chain per output at every level", "[linear]") {
   ThreadPool pool(2);
-  // Partial last panels (n % 16), every row-tile height (m up to 13 covers
-  // 6 + 6 + 1), one-row groups of 1-4 panels, several k blocks (k > 256).
-  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
-                                                            {1, 5, 13},
-                                                            {1, 16, 7},
-                                                            {1, 100, 300},
-                                                            {2, 17, 8},
-                                                            {6, 64, 33},
-                                                            {7, 80, 600},
-                                                            {13, 97, 257},
-                                                            {40, 130, 1030}}) {
-    Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 7));
-    PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
-    REQUIRE(packed.matrix().layout == WeightLayout::kPanels);
-    REQUIRE(packed.matrix().stored_rows() == (n + 15) / 16 * 16);
-    for (bool has_bias : {false, true}) {
-      std::vector<float> y(m * n, -1.0f);
-      Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-      int mismatches = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
-          if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+  // At each level this CPU runs (the same chain, so the same bits): partial
+  // last panels (n % 16), every row-tile height (m up to 13 covers 6 + 6 +
+  // 1), tasks and one-row groups of 1-4 panels, several k blocks (k > 256).
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
+                                                              {1, 5, 13},
+                                                              {1, 16, 7},
+                                                              {1, 100, 300},
+                                                              {2, 17, 8},
+                                                              {6, 64, 33},
+                                                              {7, 80, 600},
+                                                              {13, 97, 257},
+                                                              {3, 48, 40},
+                                                              {19, 33, 300},
+                                                              {40, 130, 1030}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 7));
+      PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+      REQUIRE(packed.matrix().layout == WeightLayout::kPanels);
+      REQUIRE(packed.matrix().stored_rows() == (n + 15) / 16 * 16);
+      for (bool has_bias : {false, true}) {
+        std::vector<float> y(m * n, -1.0f);
+        Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
+        int mismatches = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
+            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+          }
         }
+        INFO("isa=" << IsaName(isa) << " m=" << m << " n=" << n << " k=" << k
+                    << " bias=" << has_bias);
+        CHECK(mismatches == 0);
       }
-      INFO("m=" << m << " n=" << n << " k=" << k << " bias=" << has_bias);
-      CHECK(mismatches == 0);
     }
   }
 }
@@ -130,18 +137,25 @@ TEST_CASE("WeightRowToF32 reads rows of every layout exactly", "[linear]") {
   }
 }
 
-TEST_CASE("a row's output is bitwise the same in any batch and thread count", "[linear]") {
+TEST_CASE("a row's output is bitwise the same in any batch, thread count and level", "[linear]") {
   Problem p(37, 130, 300, 7);
   ThreadPool one(1), two(2);
   PanelWeights packed = PanelWeights::Pack(two, p.BF16());
   for (int layout = 0; layout < 3; ++layout) {
-    WeightMatrix w = layout == 0 ? p.F32() : layout == 1 ? p.BF16() : packed.matrix();
-    std::vector<float> all(37 * 130);
-    Linear(two, p.x.data(), 37, w, nullptr, all.data());
-    for (int64_t row : {0, 5, 36}) {
-      std::vector<float> alone(130);
-      Linear(one, &p.x[row * 300], 1, w, nullptr, alone.data());
-      CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+    std::vector<float> first;  // the batch's result at the first level
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      ScopedCpuIsa scoped(isa);
+      INFO("isa=" << IsaName(isa) << " layout=" << layout);
+      WeightMatrix w = layout == 0 ? p.F32() : layout == 1 ? p.BF16() : packed.matrix();
+      std::vector<float> all(37 * 130);
+      Linear(two, p.x.data(), 37, w, nullptr, all.data());
+      for (int64_t row : {0, 5, 36}) {
+        std::vector<float> alone(130);
+        Linear(one, &p.x[row * 300], 1, w, nullptr, alone.data());
+        CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+      }
+      if (first.empty()) first = all;
+      CHECK(std::memcmp(first.data(), all.data(), all.size() * sizeof(float)) == 0);
     }
   }
 }
