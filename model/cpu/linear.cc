@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear_avx512.h"
+#include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_blas.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/panel_output.h"
@@ -579,7 +580,9 @@ void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<L
     CHECK_EQ(job.w->cols, jobs[0].w->cols);
   }
   if (m <= 0 || jobs.empty()) return;
-  if (kernel == LinearKernel::kOpenBlas) {
+  if (kernel == LinearKernel::kBf16Dot) {
+    internal::Bf16DotLinear(pool, x, m, jobs);
+  } else if (kernel == LinearKernel::kOpenBlas) {
     for (const LinearJob& job : jobs) internal::BlasLinear(pool, x, m, *job.w, job.bias, job.y);
   } else {
     DotLinear(pool, x, m, jobs);

@@ -190,7 +190,11 @@ class Int8Weights {
 // lookups in a table that is also a packed lm_head); int8 rows are q * s.
 void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 
-enum class LinearKernel { kDot, kOpenBlas };
+// kBf16Dot: bf16 activations (x rounded to bf16 at each call) and fp32
+// accumulation on vdpbf16ps, for bf16 panels (other weights run kDot); batch
+// invariant, the same bits at every level; see linear_bf16dot.h for the
+// arithmetic.
+enum class LinearKernel { kDot, kOpenBlas, kBf16Dot };
 
 // One layer of a LinearMany call: y = x w^T (+ bias).
 struct LinearJob {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/cpu/cpu_isa.h"
+#include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_int8.h"
 #include "model/dtype.h"
 
@@ -118,6 +119,69 @@ TEST_CASE("the panel kernel computes exactly one fma chain per output at every l
         CHECK(mismatches == 0);
       }
     }
+  }
+}
+
+// kBf16Dot's arithmetic (linear_bf16dot.h) in scalar code, on row-major
+// bf16 weights: x rounded to bf16, pairs along k, the odd product added
+// first, subnormals flushed, + bias.
+float ReferenceBf16Dot(const float* x, const uint16_t* w, int64_t k, float bias, bool has_bias) {
+  auto flush = [](float v) {
+    return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.0f, v) : v;
+  };
+  auto xb = [&](int64_t i) { return i < k ? flush(Bf16ToF32(F32ToBf16(flush(x[i])))) : 0.0f; };
+  auto wb = [&](int64_t i) { return i < k ? flush(Bf16ToF32(w[i])) : 0.0f; };
+  float acc = 0;
+  for (int64_t j = 0; 2 * j < k; ++j) {
+    acc = flush(std::fma(xb(2 * j + 1), wb(2 * j + 1), acc));
+    acc = flush(std::fma(xb(2 * j), wb(2 * j), acc));
+  }
+  return has_bias ? acc + bias : acc;
+}
+
+TEST_CASE("the bf16-activation kernel computes exactly its documented chain at every level",
+          "[linear][bf16dot]") {
+  ThreadPool pool(2);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    // Odd k (an unpaired last step), partial panels, every tile height,
+    // tasks of 1-4 panels, several k blocks (k > 256).
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {1, 1, 1}, {1, 5, 13}, {1, 100, 300}, {2, 17, 8}, {7, 80, 601}, {13, 97, 257}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 11));
+      PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+      for (bool has_bias : {false, true}) {
+        std::vector<float> y(m * n, -1.0f);
+        Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
+               LinearKernel::kBf16Dot);
+        int mismatches = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float want =
+                ReferenceBf16Dot(&p.x[i * k], &p.w_bf16[j * k], k, p.bias[j], has_bias);
+            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+          }
+        }
+        INFO("isa=" << IsaName(isa) << " vdpbf16ps=" << internal::Bf16DotUsesAvx512() << " m=" << m
+                    << " n=" << n << " k=" << k << " bias=" << has_bias);
+        CHECK(mismatches == 0);
+      }
+    }
+  }
+  if (!DetectedCpuFeatures().avx512_bf16) WARN("no AVX512-BF16 on this CPU: only scalar code ran");
+}
+
+TEST_CASE("a bf16-activation row is bitwise the same in any batch and thread count",
+          "[linear][bf16dot]") {
+  Problem p(37, 130, 300, 8);
+  ThreadPool one(1), two(2);
+  PanelWeights packed = PanelWeights::Pack(two, p.BF16());
+  std::vector<float> all(37 * 130);
+  Linear(two, p.x.data(), 37, packed.matrix(), nullptr, all.data(), LinearKernel::kBf16Dot);
+  for (int64_t row : {0, 5, 36}) {
+    std::vector<float> alone(130);
+    Linear(one, &p.x[row * 300], 1, packed.matrix(), nullptr, alone.data(), LinearKernel::kBf16Dot);
+    CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
   }
 }
 
