@@ -142,6 +142,30 @@ void TileAvx512(const uint32_t* x, int64_t ldx, const uint32_t* blocks, int64_t 
   }
 }
 
+// One row against NP panels (panel_stride words apart) over all pairs,
+// re-pairing each step in registers: c[p][0:16] = the chains. NP up to 8
+// keeps 8 independent chains in flight (a single row has no x block to
+// share a widened block with).
+template <int NP>
+void RowAvx512(const uint32_t* x, int64_t pairs, const uint16_t* panel, int64_t panel_stride,
+               int64_t k_total, float* const* c) {
+  const __m512i index = PairIndex();
+  __m512 acc[NP];
+  _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) acc[p] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < pairs; ++j) {
+    const __mmask32 valid = 2 * j + 1 < k_total ? 0xFFFFFFFFu : 0xFFFFu;
+    const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[j])));
+    _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) {
+      const __m512i steps =
+          _mm512_maskz_loadu_epi16(valid, panel + p * panel_stride + 2 * j * kPanelRows);
+      const __m512bh w =
+          reinterpret_cast<__m512bh>(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, index, steps));
+      acc[p] = _mm512_dpbf16_ps(acc[p], xv, w);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int p = 0; p < NP; ++p) _mm512_storeu_ps(c[p], acc[p]);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -156,6 +180,30 @@ constexpr std::array<TileFn, kNp> TileRow() {
 }
 constexpr std::array<std::array<TileFn, kNp>, kMr> kTiles = {
     TileRow<1>(), TileRow<2>(), TileRow<3>(), TileRow<4>(), TileRow<5>(), TileRow<6>()};
+
+// Panels per task of a one-row call, and its tiles by panel count.
+constexpr int kRowNp = 8;
+using RowFn = void (*)(const uint32_t*, int64_t, const uint16_t*, int64_t, int64_t, float* const*);
+constexpr std::array<RowFn, kRowNp> kRows = {&RowAvx512<1>, &RowAvx512<2>, &RowAvx512<3>,
+                                             &RowAvx512<4>, &RowAvx512<5>, &RowAvx512<6>,
+                                             &RowAvx512<7>, &RowAvx512<8>};
+
+// One row, panels [p0, p1) (at most kRowNp) of one job, on vdpbf16ps.
+void RowColumns(const Bf16Rows& x, const LinearJob& job, int64_t p0, int64_t p1) {
+  const WeightMatrix& w = *job.w;
+  const PanelOutput out(job, 1, p1);
+  const int np = static_cast<int>(p1 - p0);
+  float* c[kRowNp];
+  int64_t ldc;
+  for (int q = 0; q < np; ++q) c[q] = out.At(p0 + q, &ldc);
+  const int64_t panel_stride = w.cols * kPanelRows;
+  kRows[np - 1](x.q.data(), x.stride, static_cast<const uint16_t*>(w.data) + p0 * panel_stride,
+                panel_stride, w.cols, c);
+  for (int q = 0; q < np; ++q) {
+    AddBias(c[q], ldc, 1, (p0 + q) * kPanelRows, out.Columns(p0 + q), job.bias);
+  }
+  out.Flush();
+}
 
 // Output columns of panels [p0, p1) (at most kNp) of one job, all m rows.
 void Columns(const Bf16Rows& x, int64_t m, const LinearJob& job, int64_t p0, int64_t p1,
@@ -213,18 +261,24 @@ void Bf16DotLinear(ThreadPool& pool, const float* x, int64_t m,
   if (panels.empty()) return;
   const Bf16Rows xq = PairRows(x, m, panels[0].w->cols);
   const bool avx512 = Bf16DotUsesAvx512();
+  const bool row = avx512 && m == 1;
+  const int64_t per_task = row ? kRowNp : kNp;
   std::vector<int64_t> first_task(panels.size() + 1, 0);
   for (size_t j = 0; j < panels.size(); ++j) {
     const int64_t num_panels = panels[j].w->stored_rows() / kPanelRows;
-    first_task[j + 1] = first_task[j] + (num_panels + kNp - 1) / kNp;
+    first_task[j + 1] = first_task[j] + (num_panels + per_task - 1) / per_task;
   }
   pool.ParallelFor(first_task.back(), 1, [&](int64_t begin, int64_t end) {
     size_t j = 0;
     for (int64_t b = begin; b < end; ++b) {
       while (b >= first_task[j + 1]) ++j;
-      const int64_t p0 = (b - first_task[j]) * kNp;
-      const int64_t p1 = std::min(panels[j].w->stored_rows() / kPanelRows, p0 + kNp);
-      Columns(xq, m, panels[j], p0, p1, avx512);
+      const int64_t p0 = (b - first_task[j]) * per_task;
+      const int64_t p1 = std::min(panels[j].w->stored_rows() / kPanelRows, p0 + per_task);
+      if (row) {
+        RowColumns(xq, panels[j], p0, p1);
+      } else {
+        Columns(xq, m, panels[j], p0, p1, avx512);
+      }
     }
   });
 }
