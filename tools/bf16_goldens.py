@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Generates model/testdata/bf16_goldens/: transformers in bfloat16.
+
+mmserve's bf16-activation mode (LinearKernel::kBf16Dot, model/cpu/linear.h)
+rounds the input of every bf16 linear layer to bf16 and accumulates in fp32;
+the rest of the model (residual stream, norms, attention, logits) stays fp32.
+transformers in bfloat16 rounds everything to bf16. This script runs the
+committed bf16 checkpoints both ways (bfloat16 and float32, eager attention,
+batch 1, one thread) and writes, per model, bf16.safetensors
+(logits_last.<prompt> [V] from bfloat16 widened to f32, and
+logits_fp32.<prompt> from float32) and bf16.json (input ids, greedy ids and
+top-2 margins of the bfloat16 model, and bf16_logit_shift: max |bf16 - fp32
+logits| at the last prompt position, the scale of bf16 rounding's effect
+that the C++ test's bounds are set from).
+
+Usage (venv as in tools/README.md; reads model/testdata/models/):
+  python tools/bf16_goldens.py [--out model/testdata/bf16_goldens]
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import transformers
+from transformers import Qwen2TokenizerFast
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import golden_corpus  # noqa: E402
+from golden_util import (generate_greedy, greedy_config, load_model, versions,  # noqa: E402
+                         write_json, write_safetensors)
+
+MODELS = ["qwen2vl-tiny-mqa-bf16"]
+PROMPTS = ["short", "ascii", "long"]
+NEW_TOKENS = 32
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "model", "testdata", "bf16_goldens"))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    models_dir = os.path.join(here, "..", "model", "testdata", "models")
+    prompts = dict(golden_corpus.lm_prompts())
+    for name in MODELS:
+        path = os.path.join(models_dir, name)
+        tok = Qwen2TokenizerFast.from_pretrained(path)
+        fp32 = load_model(path, torch.float32)
+        bf16 = load_model(path, torch.bfloat16)
+        tensors, entries = {}, []
+        for p in PROMPTS:
+            enc = tok(prompts[p], return_tensors="pt")
+            with torch.no_grad():
+                want32 = fp32(**enc).logits[0, -1].float()
+                logits = bf16(**enc).logits[0, -1].float()
+            tensors[f"logits_last.{p}"] = logits
+            tensors[f"logits_fp32.{p}"] = want32
+            new, chosen, margins = generate_greedy(bf16, tok, enc, NEW_TOKENS)
+            shift = float((logits - want32).abs().max())
+            print(f"  {name} {p}: min margin {min(margins):.4f}, max |bf16 - fp32 logits| "
+                  f"{shift:.4f}")
+            entries.append({
+                "name": p,
+                "input_ids": enc["input_ids"][0].tolist(),
+                "greedy_ids": new,
+                "greedy_top2_margin": margins,
+                "greedy_chosen_logit": chosen,
+                "bf16_logit_shift": shift,
+            })
+        out_dir = os.path.join(args.out, name)
+        write_safetensors(os.path.join(out_dir, "bf16.safetensors"), tensors,
+                          {"model": name, "dtype": "bfloat16"})
+        write_json(os.path.join(out_dir, "bf16.json"), {
+            "about": ("transformers bfloat16 (eager attention, batch 1, one thread) on the "
+                      "checkpoint (tools/bf16_goldens.py). logits_last: the bfloat16 model's "
+                      "logits at the last prompt position; logits_fp32: the float32 model's. "
+                      "greedy: %d tokens of the bfloat16 model, eos masked, as "
+                      "lm_golden.json. bf16_logit_shift: max |logits_last - logits_fp32|."
+                      % NEW_TOKENS),
+            "eos_ids_masked": greedy_config(tok)["eos_token_id"],
+            "model": name,
+            "prompts": entries,
+            "versions": versions(),
+        })
+
+
+if __name__ == "__main__":
+    main()
