@@ -10,6 +10,7 @@
 // baseline's buffers are not counted or reused.
 //
 //   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
+//       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16]
 #include <malloc.h>
 
 #include <cstdio>
@@ -41,7 +42,8 @@ struct Args {
   int depth = 32;
   int iters = 1;
   model::DType dtype = model::DType::kBF16;
-  std::string cpu_isa;  // --cpu_isa=avx2|avx512 (cpu_isa.h)
+  std::string cpu_isa;            // --cpu_isa=avx2|avx512 (cpu_isa.h)
+  bool bf16_activations = false;  // --activation_dtype=bf16
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -52,6 +54,7 @@ Args ParseArgs(int argc, char** argv) {
     if (s.rfind("--iters=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.iters);
     if (s == "--dtype=f32") a.dtype = model::DType::kF32;
     if (s.rfind("--cpu_isa=", 0) == 0) a.cpu_isa = s.substr(10);
+    if (s == "--activation_dtype=bf16") a.bf16_activations = true;
   }
   return a;
 }
@@ -138,6 +141,7 @@ int Main(int argc, char** argv) {
   const int64_t rss0 = ProcStatusBytes("VmRSS:");
   model::VisionTowerOptions options;
   options.pool = &pool;
+  options.bf16_activations = args.bf16_activations;
   Stopwatch create;
   auto tower = model::VisionTower::CreateRandom(cfg, 1, args.dtype, options);
   const double create_s = create.ElapsedSeconds();
@@ -145,6 +149,8 @@ int Main(int argc, char** argv) {
   int64_t activations_peak = 0;
   const double weight_bytes = static_cast<double>(tower->weight_bytes());
 
+  std::printf("vision tower: isa %s, %s activations\n", cpu::IsaName(),
+              args.bf16_activations ? "bf16" : "fp32");
   std::printf("vision tower: depth %d, embed %d, heads %d, out %d, %s weights (random, %.2f GB)\n",
               cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.hidden_size,
               std::string(model::DTypeName(args.dtype)).c_str(), weight_bytes * 1e-9);

@@ -235,6 +235,7 @@ void VisionTower::SetPool(const VisionTowerOptions& options) {
   static std::once_flag once;
   // The pool supplies the parallelism; OpenBLAS's own threads would fight it.
   std::call_once(once, [] { openblas_set_num_threads(1); });
+  bf16_activations_ = options.bf16_activations;
   if (options.pool != nullptr) {
     pool_ = options.pool;
   } else {
@@ -370,7 +371,11 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
 void VisionTower::Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
                          VisionTrace* trace) const {
   Stopwatch w;
-  cpu::Linear(*pool_, x, rows, d.matrix, d.b, y, d.kernel);
+  // kBf16Dot runs bf16 panels only; others keep their kernel.
+  const bool bf16_panels =
+      d.matrix.dtype == DType::kBF16 && d.matrix.layout == cpu::WeightLayout::kPanels;
+  cpu::Linear(*pool_, x, rows, d.matrix, d.b, y,
+              bf16_activations_ && bf16_panels ? cpu::LinearKernel::kBf16Dot : d.kernel);
   if (trace != nullptr) trace->gemm_seconds += w.ElapsedSeconds();
 }
 
