@@ -70,6 +70,7 @@
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/cpu_isa_flag.h"
 #include "model/cpu/linear.h"
+#include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
@@ -93,6 +94,9 @@ ABSL_FLAG(int, reps, 3,
           "repetitions of the prefill test (the median rep is reported, and the medians of its "
           "breakdown)");
 ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
+ABSL_FLAG(std::string, activation_dtype, "f32",
+          "activations of the bf16 linear layers with --kernel=dot: f32, or bf16 (rounded at each "
+          "linear, vdpbf16ps: LinearKernel::kBf16Dot)");
 ABSL_FLAG(int, block_size, 16, "KV block size");
 
 namespace mmserve {
@@ -231,6 +235,12 @@ Options ReadFlags() {
   o.model_name = o.model_dir.empty() ? absl::GetFlag(FLAGS_dims) : o.model_dir;
   o.kernel_name = absl::GetFlag(FLAGS_kernel);
   o.kernel = o.kernel_name == "openblas" ? cpu::LinearKernel::kOpenBlas : cpu::LinearKernel::kDot;
+  const std::string activations = absl::GetFlag(FLAGS_activation_dtype);
+  CHECK(activations == "f32" || activations == "bf16") << "unknown --activation_dtype";
+  if (activations == "bf16" && o.kernel == cpu::LinearKernel::kDot) {
+    o.kernel = cpu::LinearKernel::kBf16Dot;
+    o.kernel_name = "bf16dot";
+  }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   o.dtype = dtype == "fp32" ? model::DType::kF32 : model::DType::kBF16;
   if (dtype == "int8" || dtype == "int8_g32") o.quantize = dtype;
@@ -509,8 +519,14 @@ std::pair<const char*, double> LinearIsaPeak(const Options& o, const Results& r)
                ? std::pair{"vpdpwssd ymm", r.isa_peaks.vnni_int16_gops}
                : std::pair{"vpmaddwd ymm (vs the FMA peak)", r.fma_peak_gflops};
   }
-  if (avx512 && o.dtype == model::DType::kBF16)
+  if (o.kernel == cpu::LinearKernel::kBf16Dot && o.dtype == model::DType::kBF16) {
+    return cpu::internal::Bf16DotUsesAvx512()
+               ? std::pair{"vdpbf16ps zmm", r.isa_peaks.bf16dot_gflops}
+               : std::pair{"scalar bf16 dot (vs the FMA peak)", r.fma_peak_gflops};
+  }
+  if (avx512 && o.dtype == model::DType::kBF16) {
     return {"vfmadd231ps zmm", r.isa_peaks.fma512_gflops};
+  }
   return {"vfmadd231ps ymm", r.fma_peak_gflops};
 }
 
