@@ -1,7 +1,8 @@
 // Linear layers on the CPU: y = x W^T + b with W [out_features][in_features]
 // (Hugging Face's orientation), fp32, bf16 or int8 weights, fp32 activations
 // and accumulation (int8: integer products of int16-quantized activations,
-// below).
+// below; kBf16Dot: bf16 activations). The instruction set is chosen at run
+// time (cpu_isa.h).
 //
 //   WeightMatrix w{DType::kBF16, tensor->data, /*rows=*/896, /*cols=*/4864};
 //   PanelWeights packed = PanelWeights::Pack(pool, w);  // once, at load
@@ -62,18 +63,23 @@
 //    measure against.
 //
 // Why our kernels and not OpenBLAS (bench:linear_bench at Qwen2-0.5B shapes,
-// 2 threads on the 2-core EPYC; the kernels use AVX2+FMA, which every x86
-// server has (the machines here report family 25 model 17, Zen 4, with
-// AVX-512 too, which only the int8 VNNI path uses); Debian's OpenBLAS has no
-// bf16 GEMM, so its figures are sgemm on fp32 copies of the weights;
-// 2026-11-22): bf16 panels ran at 150-180
+// 2 threads on the 2-core EPYC, family 25 model 17 (Zen 4); Debian's
+// OpenBLAS has no bf16 GEMM, so its figures are sgemm on fp32 copies of the
+// weights; 2026-11-22): bf16 panels ran at 150-180
 // GFLOP/s for 32 rows (1.3-1.5x sgemm) and 170-187 for 512 rows (1.04-1.18x
 // sgemm, against an FMA peak of ~205), and one row at 4-11x sgemm's rate
 // (half the bytes, no widening pass). Row-major bf16 reached 80-95 at 32 and
 // 512 rows. int8 (2026-11-25, quiet): 250-380 GFLOP/s-equivalent at 32 and
 // 512 rows on VNNI, 210-300 on the AVX2 kernels, above the FMA peak of
 // ~230 (integer multiply-adds); one row streams int8 at bf16's bytes per
-// second. Only kDot is batch invariant.
+// second. Only kDot and kBf16Dot are batch invariant.
+// AVX-512 (2026-11-25, one thread on the CPU clock, the machine loaded):
+// Zen 4 runs 512-bit FMAs as two 256-bit halves (bench/isa_peaks.h: the
+// same FMA peak at both widths), so the 512-bit fp32-activation tiles only
+// match the AVX2 ones (96-108 vs 93-107 GFLOP/s at 32 and 512 rows, 69-71
+// vs 57 at 2 rows); vdpbf16ps has twice the FMA peak, and kBf16Dot ran at
+// 140-201 GFLOP/s at 32 and 512 rows (1.6-1.9x kDot) and at kDot's rate
+// for one row.
 //
 // All kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
