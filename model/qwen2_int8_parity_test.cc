@@ -17,16 +17,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "model/cpu/thread_pool.h"
 #include "model/model_config.h"
+#include "model/qwen2_golden_util.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_test_runner.h"
 #include "model/qwen2_weights.h"
@@ -44,43 +41,12 @@ float Tolerance(const nlohmann::json& prompt) {
 const char* const kModels[] = {"qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa2-untied-sharded"};
 const char* const kSchemes[] = {"int8", "int8_g32"};
 
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
-
-struct LoadedModel {
-  ModelConfig cfg;
-  std::unique_ptr<SafetensorsCheckpoint> ckpt;
-  std::unique_ptr<Qwen2Weights> weights;
-};
-
 LoadedModel Load(const std::string& name, const std::string& scheme) {
-  const std::string dir = "model/testdata/models/" + name;
-  LoadedModel m;
-  auto cfg = LoadModelConfig(dir);
-  REQUIRE(cfg.ok());
-  m.cfg = *cfg;
-  auto ckpt = SafetensorsCheckpoint::Open(dir);
-  REQUIRE(ckpt.ok());
-  m.ckpt = std::move(ckpt).value();
   auto options = ParseQuantize(scheme);
   REQUIRE(options.ok());
-  auto w = Qwen2Weights::Load(*m.ckpt, m.cfg.text, *options);
-  INFO(w.status().ToString());
-  REQUIRE(w.ok());
-  m.weights = std::move(w).value();
+  LoadedModel m = LoadTestModel(name, *options);
   REQUIRE(m.weights->layers()[0].gate.dtype == DType::kI8);
   return m;
-}
-
-float MaxAbsDiff(const std::vector<float>& a, const float* b) {
-  float worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return worst;
 }
 
 TEST_CASE("int8 logits and greedy tokens match transformers on the dequantized weights",
@@ -89,7 +55,7 @@ TEST_CASE("int8 logits and greedy tokens match transformers on the dequantized w
     for (const char* scheme : kSchemes) {
       LoadedModel m = Load(name, scheme);
       const std::string base = std::string("model/testdata/int8_goldens/") + name + "/" + scheme;
-      const nlohmann::json g = ReadJson(base + ".json");
+      const nlohmann::json g = ReadJsonFile(base + ".json");
       auto tensors = SafetensorsFile::Open(base + ".safetensors");
       REQUIRE(tensors.ok());
       const std::vector<int> masked = g["eos_ids_masked"].get<std::vector<int>>();
@@ -139,29 +105,8 @@ TEST_CASE("an int8 sequence's logits do not depend on its batch", "[parity][int8
     LoadedModel m = Load("qwen2vl-tiny-mqa-bf16", scheme);
     cpu::ThreadPool pool(2);
     Qwen2Model model(m.cfg.text, *m.weights, pool);
-    const std::vector<int32_t> a = {5, 17, 300, 42, 7, 99, 1000, 3};
-    const std::vector<int32_t> b = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21};
-    TestRunner alone(model, 64, 4), together(model, 64, 4);
-    const int sa = alone.AddSequence(a);
-    const int ta = together.AddSequence(a), tb = together.AddSequence(b);
-    auto one = alone.Step({{sa, 8}});
-    auto both = together.Step({{tb, 11}, {ta, 8}});
-    REQUIRE(one.ok());
-    REQUIRE(both.ok());
-    const std::vector<float>& x = (*one)[0].back();
-    const std::vector<float>& y = (*both)[1].back();
     INFO(scheme);
-    REQUIRE(x.size() == y.size());
-    CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
-    // A decode step next to another sequence's prefill chunk.
-    alone.Append(sa, 77);
-    together.Append(ta, 77);
-    together.Append(tb, 78);
-    auto one2 = alone.Step({{sa, 1}});
-    auto both2 = together.Step({{ta, 1}, {tb, 1}});
-    REQUIRE(one2.ok());
-    REQUIRE(both2.ok());
-    CHECK(std::memcmp((*one2)[0][0].data(), (*both2)[0][0].data(), x.size() * sizeof(float)) == 0);
+    CheckBatchInvariance(model);
   }
 }
 

@@ -17,7 +17,6 @@ Usage (venv as in tools/README.md; reads model/testdata/models/):
   python tools/bf16_goldens.py [--out model/testdata/bf16_goldens]
 """
 
-import argparse
 import os
 import sys
 
@@ -27,8 +26,8 @@ from transformers import Qwen2TokenizerFast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402
-from golden_util import (generate_greedy, greedy_config, load_model, versions,  # noqa: E402
-                         write_json, write_safetensors)
+from golden_util import (generate_greedy, greedy_config, load_model, start_script,  # noqa: E402
+                         versions, write_json, write_safetensors)
 
 MODELS = ["qwen2vl-tiny-mqa-bf16"]
 PROMPTS = ["short", "ascii", "long"]
@@ -36,15 +35,7 @@ NEW_TOKENS = 32
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--out", default=os.path.join(here, "..", "model", "testdata", "bf16_goldens"))
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    transformers.logging.set_verbosity_error()
-    models_dir = os.path.join(here, "..", "model", "testdata", "models")
+    out, models_dir = start_script(__doc__, "bf16_goldens")
     prompts = dict(golden_corpus.lm_prompts())
     for name in MODELS:
         path = os.path.join(models_dir, name)
@@ -71,7 +62,7 @@ def main():
                 "greedy_chosen_logit": chosen,
                 "bf16_logit_shift": shift,
             })
-        out_dir = os.path.join(args.out, name)
+        out_dir = os.path.join(out, name)
         write_safetensors(os.path.join(out_dir, "bf16.safetensors"), tensors,
                           {"model": name, "dtype": "bfloat16"})
         write_json(os.path.join(out_dir, "bf16.json"), {
