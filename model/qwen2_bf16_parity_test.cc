@@ -70,19 +70,10 @@ TEST_CASE("bf16-activation logits and greedy tokens match transformers in bfloat
     const float vs_bf16 = GoldenDiff(last, (*tensors)->Find("logits_last." + prompt));
     const auto want_ids = p["greedy_ids"].get<std::vector<int32_t>>();
     const auto margin = p["greedy_top2_margin"].get<std::vector<float>>();
-    size_t robust = 0;  // steps before the bfloat16 model's first near-tie
-    while (robust < margin.size() && margin[robust] > 2 * shift) ++robust;
-    std::vector<int32_t> got;
-    for (size_t i = 0; i < want_ids.size(); ++i) {
-      got.push_back(GreedyToken(last, masked));
-      runner.Append(s, got.back());
-      if (i + 1 == want_ids.size()) break;
-      auto next = runner.Step({{s, 1}});
-      REQUIRE(next.ok());
-      last = (*next)[0][0];
-    }
-    size_t same = 0;
-    while (same < got.size() && got[same] == want_ids[same]) ++same;
+    // Steps before the bfloat16 model's first near-tie.
+    const size_t robust = StepsBeforeNearTie(margin, 2 * shift);
+    const std::vector<int32_t> got = GreedyTokens(runner, s, last, want_ids.size(), masked);
+    const size_t same = CommonPrefix(got, want_ids);
     std::printf(
         "parity bf16 %-6s max|dlogit| vs fp32 %.3g (bound %.3g), vs bfloat16 %.3g (bound %.3g), "
         "greedy %zu/%zu identical (%zu before the first margin <= the bound)\n",

@@ -8,8 +8,6 @@
 #include <sstream>
 #include <utility>
 
-#include "model/qwen2_test_runner.h"
-
 namespace mmserve::model {
 
 nlohmann::json ReadJsonFile(const std::string& path) {
@@ -21,7 +19,10 @@ nlohmann::json ReadJsonFile(const std::string& path) {
 }
 
 LoadedModel LoadTestModel(const std::string& name, const Qwen2WeightsOptions& options) {
-  const std::string dir = "model/testdata/models/" + name;
+  return LoadModelDir("model/testdata/models/" + name, options);
+}
+
+LoadedModel LoadModelDir(const std::string& dir, const Qwen2WeightsOptions& options) {
   LoadedModel m;
   auto cfg = LoadModelConfig(dir);
   REQUIRE(cfg.ok());
@@ -40,6 +41,32 @@ float MaxAbsDiff(const std::vector<float>& a, const float* b) {
   float worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
   return worst;
+}
+
+std::vector<int32_t> GreedyTokens(TestRunner& runner, int seq, std::vector<float> last, size_t n,
+                                  const std::vector<int>& masked) {
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < n; ++i) {
+    got.push_back(GreedyToken(last, masked));
+    runner.Append(seq, got.back());
+    if (i + 1 == n) break;
+    auto next = runner.Step({{seq, 1}});
+    REQUIRE(next.ok());
+    last = (*next)[0][0];
+  }
+  return got;
+}
+
+size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t same = 0;
+  while (same < a.size() && same < b.size() && a[same] == b[same]) ++same;
+  return same;
+}
+
+size_t StepsBeforeNearTie(const std::vector<float>& margins, float bound) {
+  size_t steps = 0;
+  while (steps < margins.size() && margins[steps] > bound) ++steps;
+  return steps;
 }
 
 void CheckBatchInvariance(Qwen2Model& model) {

@@ -75,20 +75,10 @@ TEST_CASE("int8 logits and greedy tokens match transformers on the dequantized w
         const float diff = MaxAbsDiff(last, reinterpret_cast<const float*>(want->data));
         const auto want_ids = p["greedy_ids"].get<std::vector<int32_t>>();
         const auto margin = p["greedy_top2_margin"].get<std::vector<float>>();
-        size_t robust = 0;  // steps before HF's first near-tie
         const float tolerance = Tolerance(p);
-        while (robust < margin.size() && margin[robust] > tolerance) ++robust;
-        std::vector<int32_t> got;
-        for (size_t i = 0; i < want_ids.size(); ++i) {
-          got.push_back(GreedyToken(last, masked));
-          runner.Append(s, got.back());
-          if (i + 1 == want_ids.size()) break;
-          auto next = runner.Step({{s, 1}});
-          REQUIRE(next.ok());
-          last = (*next)[0][0];
-        }
-        size_t same = 0;
-        while (same < got.size() && got[same] == want_ids[same]) ++same;
+        const size_t robust = StepsBeforeNearTie(margin, tolerance);  // before HF's first near-tie
+        const std::vector<int32_t> got = GreedyTokens(runner, s, last, want_ids.size(), masked);
+        const size_t same = CommonPrefix(got, want_ids);
         std::printf(
             "parity %-8s %-34s %-6s max|dlogit| %.3g (bound %.2g), greedy %zu/%zu identical (%zu "
             "before HF's first margin <= the bound)\n",
