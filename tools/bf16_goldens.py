@@ -26,7 +26,7 @@ from transformers import Qwen2TokenizerFast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402
-from golden_util import (generate_greedy, greedy_config, load_model, start_script,  # noqa: E402
+from golden_util import (greedy_config, greedy_entry, load_model, start_script,  # noqa: E402
                          versions, write_json, write_safetensors)
 
 MODELS = ["qwen2vl-tiny-mqa-bf16"]
@@ -50,18 +50,10 @@ def main():
                 logits = bf16(**enc).logits[0, -1].float()
             tensors[f"logits_last.{p}"] = logits
             tensors[f"logits_fp32.{p}"] = want32
-            new, chosen, margins = generate_greedy(bf16, tok, enc, NEW_TOKENS)
             shift = float((logits - want32).abs().max())
-            print(f"  {name} {p}: min margin {min(margins):.4f}, max |bf16 - fp32 logits| "
-                  f"{shift:.4f}")
-            entries.append({
-                "name": p,
-                "input_ids": enc["input_ids"][0].tolist(),
-                "greedy_ids": new,
-                "greedy_top2_margin": margins,
-                "greedy_chosen_logit": chosen,
-                "bf16_logit_shift": shift,
-            })
+            entries.append(greedy_entry(bf16, tok, p, enc, NEW_TOKENS, {"bf16_logit_shift": shift}))
+            print(f"  {name} {p}: min margin {min(entries[-1]['greedy_top2_margin']):.4f}, "
+                  f"max |bf16 - fp32 logits| {shift:.4f}")
         out_dir = os.path.join(out, name)
         write_safetensors(os.path.join(out_dir, "bf16.safetensors"), tensors,
                           {"model": name, "dtype": "bfloat16"})

@@ -37,6 +37,21 @@ def start_script(doc, out_subdir):
     return args.out, os.path.join(testdata, "models")
 
 
+def greedy_entry(model, tok, name, enc, n, extra):
+    """A prompt's golden entry: its ids, n greedy tokens of model with their
+    chosen logits and top-2 margins, and the fields in extra."""
+    new, chosen, margins = generate_greedy(model, tok, enc, n)
+    entry = {
+        "name": name,
+        "input_ids": enc["input_ids"][0].tolist(),
+        "greedy_ids": new,
+        "greedy_top2_margin": margins,
+        "greedy_chosen_logit": chosen,
+    }
+    entry.update(extra)
+    return entry
+
+
 def write_json(path, obj):
     """Writes JSON with sorted keys, real UTF-8 and a trailing newline."""
     os.makedirs(os.path.dirname(path), exist_ok=True)

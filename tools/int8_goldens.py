@@ -32,7 +32,7 @@ from transformers import Qwen2TokenizerFast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402
-from golden_util import (generate_greedy, greedy_config, load_model, start_script,  # noqa: E402
+from golden_util import (greedy_config, greedy_entry, load_model, start_script,  # noqa: E402
                          versions, write_json, write_safetensors)
 
 MODELS = ["qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa2-untied-sharded"]
@@ -88,18 +88,12 @@ def main():
                 with torch.no_grad():
                     logits = model(**enc).logits[0, -1].float()
                 tensors[f"logits_last.{p}"] = logits
-                new, chosen, margins = generate_greedy(model, tok, enc, NEW_TOKENS)
                 shift = float((logits - base_logits[p]).abs().max())
-                print(f"  {name} {scheme} {p}: min margin {min(margins):.4f}, "
+                entries.append(greedy_entry(model, tok, p, enc, NEW_TOKENS,
+                                            {"quantization_logit_shift": shift}))
+                print(f"  {name} {scheme} {p}: min margin "
+                      f"{min(entries[-1]['greedy_top2_margin']):.4f}, "
                       f"max |int8 - fp32 logits| {shift:.4f}")
-                entries.append({
-                    "name": p,
-                    "input_ids": enc["input_ids"][0].tolist(),
-                    "greedy_ids": new,
-                    "greedy_top2_margin": margins,
-                    "greedy_chosen_logit": chosen,
-                    "quantization_logit_shift": shift,
-                })
             out_dir = os.path.join(out, name)
             write_safetensors(os.path.join(out_dir, f"{scheme}.safetensors"), tensors,
                               {"model": name, "scheme": scheme})
