@@ -73,7 +73,8 @@ struct Row {
   int64_t m, n, k;
   double bf16 = 0, bf16_rows = 0, f32 = 0, sgemm = 0;  // GFLOP/s
   double bf16_avx2 = 0;                                // GFLOP/s, bf16 panels at the AVX2 level
-  double bf16dot = 0;                      // GFLOP/s, bf16 panels with bf16 activations (kBf16Dot)
+  double bf16dot = 0;  // GFLOP/s, bf16 panels with bf16 activations (kBf16Dot)
+  double i8_act = 0;   // GFLOP/s, int8 (row scales) with int8 activations (kInt8Act)
   double i8 = 0, i8_g32 = 0, i8_avx2 = 0;  // GFLOP/s
   double i8_bytes = 0, i8_g32_bytes = 0;   // per matrix
 };
@@ -140,6 +141,7 @@ int Run() {
       row.bf16 = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kDot, reps);
       row.bf16dot = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kBf16Dot, reps);
       row.i8 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.i8_act = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kInt8Act, reps);
       row.i8_g32 = Time(pool, x, m, i8_g32.matrix(), y, cpu::LinearKernel::kDot, reps);
       {
         cpu::ScopedCpuIsa avx2(cpu::CpuIsa::kAvx2);
@@ -178,10 +180,10 @@ int Run() {
         "2f,\"sgemm_gflops\":%.2f,"
         "\"panels_vs_sgemm\":%.3f,\"int8_vs_bf16\":%.3f,\"int8_g32_vs_bf16\":%.3f,"
         "\"bf16_panels_avx2_gflops\":%.2f,\"bf16_panels_vs_avx2\":%.3f,\"bf16dot_gflops\":%.2f,"
-        "\"bf16dot_vs_bf16_panels\":%.3f}",
+        "\"bf16dot_vs_bf16_panels\":%.3f,\"int8_act_gflops\":%.2f,\"int8_act_vs_int8\":%.3f}",
         r.shape, r.m, r.n, r.k, r.bf16, r.i8, r.i8_g32, r.i8_avx2, r.bf16_rows, r.f32, r.sgemm,
         r.bf16 / r.sgemm, r.i8 / r.bf16, r.i8_g32 / r.bf16, r.bf16_avx2, r.bf16 / r.bf16_avx2,
-        r.bf16dot, r.bf16dot / r.bf16));
+        r.bf16dot, r.bf16dot / r.bf16, r.i8_act, r.i8_act / r.i8));
   }
   std::printf(
       "{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"int8_vnni\":%s,"

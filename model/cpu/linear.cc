@@ -432,12 +432,14 @@ void PanelTask(CpuIsa isa, const float* x, int64_t m, const LinearJob& job, int6
 
 // Every job's column blocks form one task list, so a step's q/k/v (or
 // gate/up) projections share one parallel loop.
-void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs) {
-  // int8 layers take x quantized to int16, once for all of them.
+void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs,
+               int max_q) {
+  // int8 layers take x quantized to int16 (kInt8Act: int8), once for all
+  // of them.
   internal::QuantizedRows xq;
   for (const LinearJob& job : jobs) {
     if (job.w->dtype == DType::kI8) {
-      xq = internal::QuantizeRows(pool, x, m, job.w->cols);
+      xq = internal::QuantizeRows(pool, x, m, job.w->cols, max_q);
       break;
     }
   }
@@ -585,7 +587,7 @@ void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<L
   } else if (kernel == LinearKernel::kOpenBlas) {
     for (const LinearJob& job : jobs) internal::BlasLinear(pool, x, m, *job.w, job.bias, job.y);
   } else {
-    DotLinear(pool, x, m, jobs);
+    DotLinear(pool, x, m, jobs, kernel == LinearKernel::kInt8Act ? 127 : 32767);
   }
 }
 

@@ -200,7 +200,11 @@ void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 // accumulation on vdpbf16ps, for bf16 panels (other weights run kDot); batch
 // invariant, the same bits at every level; see linear_bf16dot.h for the
 // arithmetic.
-enum class LinearKernel { kDot, kOpenBlas, kBf16Dot };
+// kInt8Act: as kDot, but int8 layers quantize each row of x to int8 (max|x|
+// / 127 steps) instead of int16, for vpdpbusd (4 products an instruction
+// and lane); the same segments, sums and roundings otherwise, batch
+// invariant and the same bits at every level (linear_int8.h).
+enum class LinearKernel { kDot, kOpenBlas, kBf16Dot, kInt8Act };
 
 // One layer of a LinearMany call: y = x w^T (+ bias).
 struct LinearJob {

@@ -292,15 +292,15 @@ TEST_CASE("int8 quantization rounds each weight to its nearest step of max|w| / 
 }
 
 // linear.h's int8 arithmetic in scalar code for one output: x's row
-// quantized to int16, exact integer sums per segment (cut at multiples of
-// 256 and of the group), each added to c once in fp32, then the scales and
-// the bias as separate roundings.
-float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float bias,
-                    bool has_bias) {
+// quantized to int16 (max_q 32767; kInt8Act: int8, 127), exact integer sums per segment (cut at
+// multiples of 256 and of the group), each added to c once in fp32, then the scales and the bias as
+// separate roundings.
+float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float bias, bool has_bias,
+                    float max_q = 32767.0f) {
   const int64_t k = ref.k;
   float amax = 0;
   for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
-  const float sx = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0;
+  const float sx = amax / max_q, inv = amax > 0 ? max_q / amax : 0;
   const bool per_row = ref.group == k;
   float c = 0;
   for (int64_t seg = 0; seg < k;) {
@@ -339,21 +339,27 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
                                                               {13, 97, 257},
                                                               {40, 130, 1030}}) {
       Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 9));
-      for (int64_t group : {0, 32, 48}) {
+      // Group 6 is no multiple of 4: kInt8Act's vpdpbusd tiles pass it on.
+      for (int64_t group : {0, 32, 48, 6}) {
         Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
         const Int8Reference ref(p.w, n, k, group);
-        for (bool has_bias : {false, true}) {
-          std::vector<float> y(m * n, -1.0f);
-          Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-          int mismatches = 0;
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias);
-              if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+        for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+          const float max_q = kernel == LinearKernel::kInt8Act ? 127.0f : 32767.0f;
+          for (bool has_bias : {false, true}) {
+            std::vector<float> y(m * n, -1.0f);
+            Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
+                   kernel);
+            int mismatches = 0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, max_q);
+                if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+              }
             }
+            INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias
+                      << " int8 activations=" << (max_q == 127.0f));
+            CHECK(mismatches == 0);
           }
-          INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
-          CHECK(mismatches == 0);
         }
       }
     }
