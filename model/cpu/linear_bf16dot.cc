@@ -28,15 +28,23 @@ uint16_t RoundToBf16(float f) {
   return F32ToBf16(f);
 }
 
-Bf16Rows PairRows(const float* x, int64_t m, int64_t cols) {
+Bf16Rows PairRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols) {
   Bf16Rows r;
   r.stride = (cols + 1) / 2;
   r.q.assign(static_cast<size_t>(m * r.stride), 0);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t k = 0; k < cols; ++k) {
-      r.q[i * r.stride + k / 2] |= static_cast<uint32_t>(RoundToBf16(x[i * cols + k]))
-                                   << (16 * (k % 2));
+  auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t k = 0; k < cols; ++k) {
+        r.q[i * r.stride + k / 2] |= static_cast<uint32_t>(RoundToBf16(x[i * cols + k]))
+                                     << (16 * (k % 2));
+      }
     }
+  };
+  // A few rows are not worth waking the pool.
+  if (m * cols < (1 << 15)) {
+    rows(0, m);
+  } else {
+    pool.ParallelFor(m, 1, rows);
   }
   return r;
 }
@@ -259,7 +267,7 @@ void Bf16DotLinear(ThreadPool& pool, const float* x, int64_t m,
   }
   if (!others.empty()) LinearMany(pool, x, m, others, LinearKernel::kDot);
   if (panels.empty()) return;
-  const Bf16Rows xq = PairRows(x, m, panels[0].w->cols);
+  const Bf16Rows xq = PairRows(pool, x, m, panels[0].w->cols);
   const bool avx512 = Bf16DotUsesAvx512();
   const bool row = avx512 && m == 1;
   const int64_t per_task = row ? kRowNp : kNp;
