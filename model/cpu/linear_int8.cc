@@ -159,6 +159,83 @@ using TileFn = void (*)(const int8_t*, const int32_t*, int64_t, const Panels&, i
 constexpr std::array<TileFn, kTileRows> kRowTiles = {&Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>,
                                                      &Tile<5>, &Tile<6>, &Tile<7>, &Tile<8>};
 
+// Columns [k0, k1) of a panel as Tile's vpdpbusd operand (4 columns of each
+// of the 16 rows a vector, offset to unsigned), into out[(k1 - k0 + 3) / 4][16].
+void QuadBlock(const int8_t* panel, int64_t kp, int64_t k0, int64_t k1, uint32_t* out) {
+  const __m512i index = QuadIndex(), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t k = k0; k < k1; k += 4) {
+    const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
+    const __m512i raw = _mm512_maskz_loadu_epi8(valid, panel + k * kPanelRows);
+    _mm512_storeu_si512(
+        out + (k - k0) / 4 * kPanelRows,
+        _mm512_xor_si512(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, index, raw), flip));
+  }
+}
+
+// Tile's arithmetic for MR rows and NP panels whose columns [k0, k1) are
+// in QuadBlock form (blocks block_stride words apart); w is panel 0's
+// Panels (its group scales). 24 accumulators for 6 x 4.
+template <int MR, int NP>
+void BlockTile(const int8_t* x8, const int32_t* sum4, int64_t ldx, const uint32_t* block,
+               int64_t block_stride, const Panels& w, int64_t k0, int64_t k1, float* const* c,
+               const int64_t* ldc) {
+  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
+  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t seg_begin = k;
+    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
+    __m512i acc[MR][NP];
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_si512();
+    }
+    for (; k < seg_end; k += 4) {
+      __m512i wv[NP];
+      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+        wv[q] = _mm512_loadu_si512(block + q * block_stride + (k - k0) / 4 * kPanelRows);
+      }
+      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, x8 + i * ldx + k, sizeof(quad));
+        const __m512i xv = _mm512_set1_epi32(quad);
+        _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+          acc[i][q] = _mm512_dpbusd_epi32(acc[i][q], wv[q], xv);
+        }
+      }
+    }
+    k = seg_end;
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      int32_t xsum = 0;
+      for (int64_t t = seg_begin / 4; t < (seg_end + 3) / 4; ++t) xsum += sum4[i * (ldx / 4) + t];
+      const __m512i offset = _mm512_set1_epi32(128 * xsum);
+      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+        const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc[i][q], offset));
+        float* out = c[q] + i * ldc[q];
+        const __m512 prev = seg_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
+        const float* g =
+            w.group > 0 ? w.scales + q * w.scale_stride + group_index * kPanelRows : nullptr;
+        _mm512_storeu_ps(out, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev)
+                                           : _mm512_add_ps(prev, sum));
+      }
+    }
+    if (k == group_end) {
+      ++group_index;
+      group_end += w.group;
+    }
+  }
+}
+
+constexpr int kBlockRows = 6;
+constexpr int kBlockPanels = 4;
+using BlockTileFn = void (*)(const int8_t*, const int32_t*, int64_t, const uint32_t*, int64_t,
+                             const Panels&, int64_t, int64_t, float* const*, const int64_t*);
+template <int MR>
+constexpr std::array<BlockTileFn, kBlockPanels> BlockTileRow() {
+  return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
+}
+constexpr std::array<std::array<BlockTileFn, kBlockPanels>, kBlockRows> kBlockTiles = {
+    BlockTileRow<1>(), BlockTileRow<2>(), BlockTileRow<3>(),
+    BlockTileRow<4>(), BlockTileRow<5>(), BlockTileRow<6>()};
+
 }  // namespace vnni512
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -285,6 +362,38 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
   return out;
 }
 
+// Int8 activations, 2+ rows, up to 4 panels: each k block of the panels
+// put in vpdpbusd form once (QuadBlock) for all the row tiles that use it.
+template <typename Finish>
+void Vnni512BlockColumns(const QuantizedRows& x, int64_t m, const WeightMatrix& w, int64_t p0,
+                         int64_t p1, const PanelOutput& out, Finish& finish) {
+  const int64_t kp = PairedCols(w.cols);
+  const int np = static_cast<int>(p1 - p0);
+  const int64_t block_stride = kKb / 4 * kPanelRows;
+  thread_local std::vector<uint32_t> block;
+  block.resize(static_cast<size_t>(vnni512::kBlockPanels * block_stride));
+  const Panels first = PanelsAt(w, p0);
+  for (int64_t k0 = 0; k0 < kp; k0 += kKb) {
+    const int64_t k1 = std::min(kp, k0 + kKb);
+    for (int q = 0; q < np; ++q) {
+      vnni512::QuadBlock(first.first + q * first.stride, kp, k0, k1, &block[q * block_stride]);
+    }
+    for (int64_t i0 = 0; i0 < m; i0 += vnni512::kBlockRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(vnni512::kBlockRows, m - i0));
+      float* c[vnni512::kBlockPanels];
+      int64_t ldc[vnni512::kBlockPanels];
+      for (int q = 0; q < np; ++q) c[q] = out.At(p0 + q, &ldc[q]) + i0 * ldc[q];
+      vnni512::kBlockTiles[mr - 1][np - 1](x.q8 + i0 * x.stride, x.sum4 + i0 * (x.stride / 4),
+                                           x.stride, block.data(), block_stride, first, k0, k1, c,
+                                           ldc);
+      if (k1 == kp) {
+        for (int q = 0; q < np; ++q) finish(p0 + q, i0, mr);
+      }
+    }
+  }
+  out.Flush();
+}
+
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                       int64_t p1) {
   const WeightMatrix& w = *job.w;
@@ -299,7 +408,11 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
            job.bias);
   };
   if (x.q8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
-    // Int8 activations: every row count on the vpdpbusd tiles.
+    if (m > 1 && p1 - p0 <= vnni512::kBlockPanels) {
+      Vnni512BlockColumns(x, m, w, p0, p1, out, finish);
+      return;
+    }
+    // Int8 activations, one row: panel by panel on the vpdpbusd tiles.
     const int64_t kb = m == 1 ? kp : kKb;
     for (int64_t k0 = 0; k0 < kp; k0 += kb) {
       const int64_t k1 = std::min(kp, k0 + kb);
