@@ -79,7 +79,8 @@
 // match the AVX2 ones (96-108 vs 93-107 GFLOP/s at 32 and 512 rows, 69-71
 // vs 57 at 2 rows); vdpbf16ps has twice the FMA peak, and kBf16Dot ran at
 // 140-201 GFLOP/s at 32 and 512 rows (1.6-1.9x kDot) and at kDot's rate
-// for one row.
+// for one row. kInt8Act on vpdpbusd is not faster yet (0.77-0.94x the
+// int16-activation kernel) and costs accuracy (qwen2_int8_parity_test).
 //
 // All kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
