@@ -19,6 +19,7 @@
 #include "bench/memory_bandwidth.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
 
@@ -104,5 +105,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::model::cpu::ApplyCpuIsaFlag(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   return mmserve::Run();
 }

@@ -27,6 +27,8 @@
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/thread_pool.h"
@@ -70,8 +72,11 @@ struct Row {
   std::string shape;
   int64_t m, n, k;
   double bf16 = 0, bf16_rows = 0, f32 = 0, sgemm = 0;  // GFLOP/s
-  double i8 = 0, i8_g32 = 0, i8_avx2 = 0;              // GFLOP/s
-  double i8_bytes = 0, i8_g32_bytes = 0;               // per matrix
+  double bf16_avx2 = 0;                                // GFLOP/s, bf16 panels at the AVX2 level
+  double bf16dot = 0;  // GFLOP/s, bf16 panels with bf16 activations (kBf16Dot)
+  double i8_act = 0;   // GFLOP/s, int8 (row scales) with int8 activations (kInt8Act)
+  double i8 = 0, i8_g32 = 0, i8_avx2 = 0;  // GFLOP/s
+  double i8_bytes = 0, i8_g32_bytes = 0;   // per matrix
 };
 
 // Seconds on the chosen clock.
@@ -134,12 +139,15 @@ int Run() {
       Row row{shape.name, m, shape.n, shape.k};
       row.sgemm = Time(pool, x, m, w32, y, cpu::LinearKernel::kOpenBlas, reps);
       row.bf16 = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.bf16dot = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kBf16Dot, reps);
       row.i8 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
+      row.i8_act = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kInt8Act, reps);
       row.i8_g32 = Time(pool, x, m, i8_g32.matrix(), y, cpu::LinearKernel::kDot, reps);
-      const bool vnni = cpu::internal::Int8UsesVnni();
-      cpu::internal::SetInt8Vnni(false);
-      row.i8_avx2 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
-      cpu::internal::SetInt8Vnni(vnni);
+      {
+        cpu::ScopedCpuIsa avx2(cpu::CpuIsa::kAvx2);
+        row.i8_avx2 = Time(pool, x, m, i8.matrix(), y, cpu::LinearKernel::kDot, reps);
+        row.bf16_avx2 = Time(pool, x, m, panels.matrix(), y, cpu::LinearKernel::kDot, reps);
+      }
       row.i8_bytes = static_cast<double>(i8.matrix().bytes());
       row.i8_g32_bytes = static_cast<double>(i8_g32.matrix().bytes());
       row.bf16_rows = Time(pool, x, m, w16, y, cpu::LinearKernel::kDot, reps);
@@ -147,11 +155,11 @@ int Run() {
       rows.push_back(row);
     }
   }
-  std::printf("linear_bench: %s, %d threads (GFLOP/s on the %s clock, best of %d)\n",
-              absl::GetFlag(FLAGS_dims).c_str(), threads, clock.c_str(), reps);
-  std::printf("  %-8s %5s %7s %6s %10s %8s %8s %8s %10s %9s %9s %9s %22s\n", "shape", "m", "n", "k",
-              "bf16 panel", "i8 row", "i8 g32", "i8 avx2", "bf16 rows", "f32 rows", "sgemm",
-              "panel/sg", "GB/s bf16 / i8 / g32");
+  std::printf("linear_bench: %s, %d threads, isa %s (GFLOP/s on the %s clock, best of %d)\n",
+              absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(), clock.c_str(), reps);
+  std::printf("  %-8s %5s %7s %6s %10s %9s %8s %8s %8s %8s %10s %9s %9s %9s %22s\n", "shape", "m",
+              "n", "k", "bf16 panel", "bf16 avx2", "bf16 dot", "i8 row", "i8 g32", "i8 avx2",
+              "bf16 rows", "f32 rows", "sgemm", "panel/sg", "GB/s bf16 / i8 / g32");
   std::vector<std::string> json;
   for (const Row& r : rows) {
     // Weight bytes per second: one pass over the matrix per call.
@@ -159,24 +167,29 @@ int Run() {
     const double gbs = r.bf16 / flops * (2.0 * r.n * r.k);
     const double i8_gbs = r.i8 / flops * r.i8_bytes, g32_gbs = r.i8_g32 / flops * r.i8_g32_bytes;
     std::printf(
-        "  %-8s %5lld %7lld %6lld %10.1f %8.1f %8.1f %8.1f %10.1f %9.1f %9.1f %9.2f %22s\n",
+        "  %-8s %5lld %7lld %6lld %10.1f %9.1f %8.1f %8.1f %8.1f %8.1f %10.1f %9.1f %9.1f %9.2f "
+        "%22s\n",
         r.shape.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
-        static_cast<long long>(r.k), r.bf16, r.i8, r.i8_g32, r.i8_avx2, r.bf16_rows, r.f32, r.sgemm,
-        r.bf16 / r.sgemm,
+        static_cast<long long>(r.k), r.bf16, r.bf16_avx2, r.bf16dot, r.i8, r.i8_g32, r.i8_avx2,
+        r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm,
         r.m == 1 ? absl::StrFormat("%.1f / %.1f / %.1f", gbs, i8_gbs, g32_gbs).c_str() : "");
-    json.push_back(
-        absl::StrFormat("{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
-                        "\"int8_row_scale_gflops\":%.2f,\"int8_g32_gflops\":%.2f,"
-                        "\"int8_avx2_gflops\":%.2f,\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%."
-                        "2f,\"sgemm_gflops\":%.2f,"
-                        "\"panels_vs_sgemm\":%.3f,\"int8_vs_bf16\":%.3f,\"int8_g32_vs_bf16\":%.3f}",
-                        r.shape, r.m, r.n, r.k, r.bf16, r.i8, r.i8_g32, r.i8_avx2, r.bf16_rows,
-                        r.f32, r.sgemm, r.bf16 / r.sgemm, r.i8 / r.bf16, r.i8_g32 / r.bf16));
+    json.push_back(absl::StrFormat(
+        "{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
+        "\"int8_row_scale_gflops\":%.2f,\"int8_g32_gflops\":%.2f,"
+        "\"int8_avx2_gflops\":%.2f,\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%."
+        "2f,\"sgemm_gflops\":%.2f,"
+        "\"panels_vs_sgemm\":%.3f,\"int8_vs_bf16\":%.3f,\"int8_g32_vs_bf16\":%.3f,"
+        "\"bf16_panels_avx2_gflops\":%.2f,\"bf16_panels_vs_avx2\":%.3f,\"bf16dot_gflops\":%.2f,"
+        "\"bf16dot_vs_bf16_panels\":%.3f,\"int8_act_gflops\":%.2f,\"int8_act_vs_int8\":%.3f}",
+        r.shape, r.m, r.n, r.k, r.bf16, r.i8, r.i8_g32, r.i8_avx2, r.bf16_rows, r.f32, r.sgemm,
+        r.bf16 / r.sgemm, r.i8 / r.bf16, r.i8_g32 / r.bf16, r.bf16_avx2, r.bf16 / r.bf16_avx2,
+        r.bf16dot, r.bf16dot / r.bf16, r.i8_act, r.i8_act / r.i8));
   }
   std::printf(
-      "{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"int8_vnni\":%s,\"rows\":[%s]}\n",
-      absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::internal::Int8UsesVnni() ? "true" : "false",
-      absl::StrJoin(json, ",").c_str());
+      "{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"int8_vnni\":%s,"
+      "\"rows\":[%s]}\n",
+      absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(),
+      cpu::internal::Int8UsesVnni() ? "true" : "false", absl::StrJoin(json, ",").c_str());
   return 0;
 }
 
@@ -185,5 +198,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::model::cpu::ApplyCpuIsaFlag(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   return mmserve::Run();
 }

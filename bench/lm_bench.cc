@@ -31,6 +31,11 @@
 // FLOPs of a prefill of N tokens: 2 per parameter of the decoder layers per
 // token, 2 per lm_head parameter once (only the last row gets logits), and
 // the causal attention's 4 x N(N+1)/2 x heads x head_dim per layer.
+// isa is the kernels' level (model/cpu/cpu_isa.h; --cpu_isa forces one);
+// fma512_peak_gflops, bf16dot_peak_gflops and vnni_peak_gflops are the
+// widest units' peaks (bench/isa_peaks.h) beside the 256-bit
+// fma_peak_gflops, and pp_linear_vs_isa_peak the prefill's linear layers
+// over the peak of the instruction they run on (pp_linear_isa_instruction).
 // pp_vs_fma_peak is that rate over the FMA peak (int8 layers' integer
 // multiply-adds are not FMAs and may run above it).
 //
@@ -52,15 +57,21 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "bench/isa_peaks.h"
 #include "bench/memory_bandwidth.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "model/cpu/linear.h"
+#include "model/cpu/linear_bf16dot.h"
+#include "model/cpu/linear_int8.h"
 #include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/kv_cache.h"
@@ -83,6 +94,9 @@ ABSL_FLAG(int, reps, 3,
           "repetitions of the prefill test (the median rep is reported, and the medians of its "
           "breakdown)");
 ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
+ABSL_FLAG(std::string, activation_dtype, "f32",
+          "activations of the bf16 linear layers with --kernel=dot: f32, or bf16 (rounded at each "
+          "linear, vdpbf16ps: LinearKernel::kBf16Dot)");
 ABSL_FLAG(int, block_size, 16, "KV block size");
 
 namespace mmserve {
@@ -221,6 +235,12 @@ Options ReadFlags() {
   o.model_name = o.model_dir.empty() ? absl::GetFlag(FLAGS_dims) : o.model_dir;
   o.kernel_name = absl::GetFlag(FLAGS_kernel);
   o.kernel = o.kernel_name == "openblas" ? cpu::LinearKernel::kOpenBlas : cpu::LinearKernel::kDot;
+  const std::string activations = absl::GetFlag(FLAGS_activation_dtype);
+  CHECK(activations == "f32" || activations == "bf16") << "unknown --activation_dtype";
+  if (activations == "bf16" && o.kernel == cpu::LinearKernel::kDot) {
+    o.kernel = cpu::LinearKernel::kBf16Dot;
+    o.kernel_name = "bf16dot";
+  }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   o.dtype = dtype == "fp32" ? model::DType::kF32 : model::DType::kBF16;
   if (dtype == "int8" || dtype == "int8_g32") o.quantize = dtype;
@@ -264,6 +284,7 @@ BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
 struct Results {
   double pp_s = 0, sgemm = 0, tg_s = 0, batch_s = 0, kernel_gflops = 0;
   double kernel_batch_gflops = 0, fma_peak_gflops = 0;
+  bench::IsaPeaks isa_peaks;  // the widest units' (fma_peak_gflops: 256-bit FMA)
   double peak_rss = 0, kv_mb = 0;
   bool rss_reset = false;
   // --dtype=int8: the bf16 comparison (step times under the same load).
@@ -470,6 +491,64 @@ ParamCounts CountParams(const model::Qwen2Weights& w) {
   return c;
 }
 
+// The measured baselines, in words.
+void PrintBaselines(const Options& o, const TextConfig& cfg, const Results& r, double weights_mb) {
+  const char* dname = o.dtype_name.c_str();
+  const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
+  std::printf(
+      "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
+      "GB/s\n",
+      r.copy() / 1e9, r.copy_samples.size(), r.copy_samples.front() / 1e9,
+      r.copy_samples.back() / 1e9, r.read() / 1e9);
+  std::printf(
+      "  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s; FMA peak %.1f "
+      "GFLOP/s\n",
+      o.pp, cfg.intermediate_size, cfg.hidden_size, r.sgemm, dname, r.kernel_gflops,
+      r.fma_peak_gflops);
+  std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", r.peak_rss,
+              weights_mb, r.kv_mb, rss_ratio,
+              r.rss_reset ? "" : " (mark not reset: includes start-up)");
+}
+
+// The instruction the linear layers of a prefill run on, at the level in
+// force (cpu_isa.h), and its measured peak in GFLOP/s (0 if not measured).
+std::pair<const char*, double> LinearIsaPeak(const Options& o, const Results& r) {
+  const bool avx512 = cpu::ActiveCpuIsa() == cpu::CpuIsa::kAvx512;
+  if (!o.quantize.empty()) {
+    return cpu::internal::Int8UsesVnni()
+               ? std::pair{"vpdpwssd ymm", r.isa_peaks.vnni_int16_gops}
+               : std::pair{"vpmaddwd ymm (vs the FMA peak)", r.fma_peak_gflops};
+  }
+  if (o.kernel == cpu::LinearKernel::kBf16Dot && o.dtype == model::DType::kBF16) {
+    return cpu::internal::Bf16DotUsesAvx512()
+               ? std::pair{"vdpbf16ps zmm", r.isa_peaks.bf16dot_gflops}
+               : std::pair{"scalar bf16 dot (vs the FMA peak)", r.fma_peak_gflops};
+  }
+  if (avx512 && o.dtype == model::DType::kBF16) {
+    return {"vfmadd231ps zmm", r.isa_peaks.fma512_gflops};
+  }
+  return {"vfmadd231ps ymm", r.fma_peak_gflops};
+}
+
+// Prints the level in force and the peaks of its widest units; returns
+// their JSON fields (with a leading comma).
+std::string ReportIsa(const Options& o, const Results& r, double linear_gflops) {
+  const auto [instruction, peak] = LinearIsaPeak(o, r);
+  const double ratio = peak > 0 ? linear_gflops / peak : 0;
+  const bench::IsaPeaks& p = r.isa_peaks;
+  std::printf(
+      "  isa %s: peaks fma %.1f, fma512 %.1f, bf16dot %.1f GFLOP/s, vnni %.1f (int16 %.1f) GOP/s; "
+      "prefill linear layers %.3f of the %s peak\n",
+      cpu::IsaName(), r.fma_peak_gflops, p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops,
+      p.vnni_int16_gops, ratio, instruction);
+  return absl::StrFormat(
+      ",\"isa\":\"%s\",\"fma512_peak_gflops\":%.2f,\"bf16dot_peak_gflops\":%.2f,"
+      "\"vnni_peak_gflops\":%.2f,\"vnni_int16_peak_gflops\":%.2f,\"pp_linear_vs_isa_peak\":%.3f,"
+      "\"pp_linear_isa_instruction\":\"%s\"",
+      cpu::IsaName(), p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, ratio,
+      instruction);
+}
+
 void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
             const Results& r) {
   const double step_bytes = static_cast<double>(weights.StepWeightBytes());
@@ -487,6 +566,7 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   const double weights_mb = weights.TotalWeightBytes() / 1048576.0;
   const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
   const char* dname = o.dtype_name.c_str();
+  const double linear_flops = 2.0 * pc.layers * o.pp;
   // The batched speedup if a batched step cost only its matrix FLOPs (2 per
   // parameter per sequence) at our kernel's rate for that many rows, and at
   // the FMA peak: decode of one sequence is bound by weight bandwidth, the
@@ -510,7 +590,6 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "bw)\n",
       absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
       tg_weight_gbs * 1e9 / r.copy(), tg_weight_gbs * 1e9 / r.read());
-  const double linear_flops = 2.0 * pc.layers * o.pp;
   std::printf(
       "  %-28s linear layers %.0f ms (%.1f GFLOP/s = %.3f of the FMA peak), attention %.0f ms "
       "(%.1f GFLOP/s), the rest %.0f ms (each timed right after a step; medians over reps of "
@@ -530,19 +609,8 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "rows, %.2f x at the FMA peak: %.2f of that ceiling)\n",
       absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s, speedup,
       gemm_ceiling, r.kernel_batch_gflops, o.batch, peak_ceiling, speedup / peak_ceiling);
-  std::printf(
-      "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
-      "GB/s\n",
-      r.copy() / 1e9, r.copy_samples.size(), r.copy_samples.front() / 1e9,
-      r.copy_samples.back() / 1e9, r.read() / 1e9);
-  std::printf(
-      "  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s; FMA peak %.1f "
-      "GFLOP/s\n",
-      o.pp, cfg.intermediate_size, cfg.hidden_size, r.sgemm, dname, r.kernel_gflops,
-      r.fma_peak_gflops);
-  std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", r.peak_rss,
-              weights_mb, r.kv_mb, rss_ratio,
-              r.rss_reset ? "" : " (mark not reset: includes start-up)");
+  PrintBaselines(o, cfg, r, weights_mb);
+  const std::string isa_json = ReportIsa(o, r, linear_flops / r.pp_linear_s / 1e9);
   std::printf(
       "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
       "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"
@@ -554,7 +622,7 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f,"
       "\"pp_vs_fma_peak\":%.3f,\"batch_vs_peak_ceiling\":%.3f,\"batch_vs_gemm_ceiling\":%.3f,"
       "\"tg_vs_read_bandwidth\":%.3f,\"pp_linear_ms\":%.1f,\"pp_linear_vs_fma_peak\":%.3f,"
-      "\"pp_attention_ms\":%.1f,\"pp_other_ms\":%.1f%s}\n",
+      "\"pp_attention_ms\":%.1f,\"pp_other_ms\":%.1f%s%s}\n",
       o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
       1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, speedup, gemm_ceiling, peak_ceiling,
       r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
@@ -563,7 +631,7 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       pp_gflops / r.fma_peak_gflops, speedup / peak_ceiling, speedup / gemm_ceiling,
       tg_weight_gbs * 1e9 / r.read(), 1e3 * r.pp_linear_s,
       linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
-      1e3 * r.pp_rest_s,
+      1e3 * r.pp_rest_s, isa_json.c_str(),
       compared
           ? absl::StrFormat(",\"int8_vs_bf16_tg\":%.3f,\"bf16_pp_gflops\":%.2f,"
                             "\"bf16_pp_vs_fma_peak\":%.3f,\"cmp_int8_tg_step_ms\":%.2f,"
@@ -588,6 +656,7 @@ int Run() {
   r.kernel_batch_gflops = LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size,
                                        o.dtype, o.kernel, o.quantize);
   r.fma_peak_gflops = bench::MeasureFmaPeakGflops(pool, 3);
+  r.isa_peaks = bench::MeasureIsaPeaks(pool, 3);
   Report(o, m.cfg, *m.weights, r);
   return 0;
 }
@@ -597,5 +666,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::model::cpu::ApplyCpuIsaFlag(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   return mmserve::Run();
 }

@@ -10,6 +10,7 @@
 // baseline's buffers are not counted or reused.
 //
 //   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
+//       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16]
 #include <malloc.h>
 
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
 #include "model/dtype.h"
@@ -40,6 +42,8 @@ struct Args {
   int depth = 32;
   int iters = 1;
   model::DType dtype = model::DType::kBF16;
+  std::string cpu_isa;            // --cpu_isa=avx2|avx512 (cpu_isa.h)
+  bool bf16_activations = false;  // --activation_dtype=bf16
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -49,6 +53,8 @@ Args ParseArgs(int argc, char** argv) {
     if (s.rfind("--depth=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.depth);
     if (s.rfind("--iters=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.iters);
     if (s == "--dtype=f32") a.dtype = model::DType::kF32;
+    if (s.rfind("--cpu_isa=", 0) == 0) a.cpu_isa = s.substr(10);
+    if (s == "--activation_dtype=bf16") a.bf16_activations = true;
   }
   return a;
 }
@@ -104,6 +110,10 @@ int64_t ProcStatusBytes(const char* key) {
 
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
+  if (absl::Status s = cpu::SetCpuIsaByName(args.cpu_isa); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   model::VisionConfig cfg;  // Qwen2-VL-2B vision tower
   cfg.depth = args.depth;
   cfg.embed_dim = 1280;
@@ -131,6 +141,7 @@ int Main(int argc, char** argv) {
   const int64_t rss0 = ProcStatusBytes("VmRSS:");
   model::VisionTowerOptions options;
   options.pool = &pool;
+  options.bf16_activations = args.bf16_activations;
   Stopwatch create;
   auto tower = model::VisionTower::CreateRandom(cfg, 1, args.dtype, options);
   const double create_s = create.ElapsedSeconds();
@@ -138,6 +149,8 @@ int Main(int argc, char** argv) {
   int64_t activations_peak = 0;
   const double weight_bytes = static_cast<double>(tower->weight_bytes());
 
+  std::printf("vision tower: isa %s, %s activations\n", cpu::IsaName(),
+              args.bf16_activations ? "bf16" : "fp32");
   std::printf("vision tower: depth %d, embed %d, heads %d, out %d, %s weights (random, %.2f GB)\n",
               cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.hidden_size,
               std::string(model::DTypeName(args.dtype)).c_str(), weight_bytes * 1e-9);

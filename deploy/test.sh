@@ -8,7 +8,7 @@
 # FUZZ_SECONDS (default 20) on top of its committed corpus, then prints one
 # closing line "tests: N passed, M failed". Exit status 0 only when all passed.
 # MMSERVE_SKIP_ASAN=1 / MMSERVE_SKIP_TSAN=1 / MMSERVE_SKIP_FUZZ=1 /
-# MMSERVE_SKIP_COMPOSE=1 skip those steps (reported as skipped, never as
+# MMSERVE_SKIP_COMPOSE=1 / MMSERVE_SKIP_AVX2=1 skip those steps (reported as skipped, never as
 # passed).
 #
 # Bazel keeps a disk cache under ~/.cache/mmserve so later runs are fast.
@@ -23,7 +23,8 @@ flags=(--disk_cache="$cache" --test_summary=short --color=no --curses=no)
 out=$(mktemp)
 asan_out=$(mktemp)
 tsan_out=$(mktemp)
-trap 'rm -f "$out" "$asan_out" "$tsan_out"' EXIT
+avx2_out=$(mktemp)
+trap 'rm -f "$out" "$asan_out" "$tsan_out" "$avx2_out"' EXIT
 extra=()
 runs=()
 
@@ -123,6 +124,18 @@ else
   else
     while IFS= read -r r; do extra+=("$r"); done <<<"$results"
   fi
+fi
+
+# The kernels pick the widest instruction set at start (model/cpu/cpu_isa.h);
+# the packages whose results depend on them run once more on the AVX2 ones.
+phase "AVX2 kernels forced: bazel test --test_env=MMSERVE_CPU_ISA=avx2 (model, worker, services)"
+if [[ "${MMSERVE_SKIP_AVX2:-0}" == 1 ]]; then
+  extra+=("avx2 kernels=skipped")
+else
+  bazel test "${flags[@]}" --test_env=MMSERVE_CPU_ISA=avx2 //model/... //worker/... \
+    //encoder_service/... //language_service/... >"$avx2_out" 2>&1
+  grep -E '^//.* (FAILED|TIMEOUT|NO STATUS|INCOMPLETE)|^Executed|^ERROR' "$avx2_out" || true
+  runs+=("--run=avx2,$avx2_out")
 fi
 
 phase "summary"

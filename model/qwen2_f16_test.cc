@@ -12,6 +12,7 @@
 
 #include "model/cpu/thread_pool.h"
 #include "model/model_config.h"
+#include "model/qwen2_golden_util.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_test_runner.h"
 #include "model/qwen2_weights.h"
@@ -22,32 +23,14 @@ namespace {
 
 constexpr char kDir[] = "model/testdata/f16/qwen2vl-tiny-gqa2-untied-sharded/";
 
-struct Loaded {
-  ModelConfig cfg;
-  std::unique_ptr<SafetensorsCheckpoint> ckpt;
-  std::unique_ptr<Qwen2Weights> weights;
-};
-
-Loaded Load(const std::string& kind, const std::string& scheme) {
-  const std::string dir = kDir + kind;
-  Loaded m;
-  auto cfg = LoadModelConfig(dir);
-  REQUIRE(cfg.ok());
-  m.cfg = *cfg;
-  auto ckpt = SafetensorsCheckpoint::Open(dir);
-  REQUIRE(ckpt.ok());
-  m.ckpt = std::move(ckpt).value();
+LoadedModel Load(const std::string& kind, const std::string& scheme) {
   auto options = ParseQuantize(scheme);
   REQUIRE(options.ok());
-  auto w = Qwen2Weights::Load(*m.ckpt, m.cfg.text, *options);
-  INFO(w.status().ToString());
-  REQUIRE(w.ok());
-  m.weights = std::move(w).value();
-  return m;
+  return LoadModelDir(kDir + kind, *options);
 }
 
 // Logits of every position of a prefill, then of three decode steps.
-std::vector<std::vector<float>> Run(const Loaded& m) {
+std::vector<std::vector<float>> Run(const LoadedModel& m) {
   cpu::ThreadPool pool(2);
   Qwen2Model model(m.cfg.text, *m.weights, pool);
   TestRunner runner(model, /*num_blocks=*/32, /*block_size=*/4);
@@ -68,8 +51,8 @@ std::vector<std::vector<float>> Run(const Loaded& m) {
 TEST_CASE("an F16 checkpoint gives the logits of its exact F32 twin", "[f16]") {
   for (const char* scheme : {"", "int8", "int8_g32"}) {
     INFO("quantize '" << scheme << "'");
-    Loaded f16 = Load("f16", scheme);
-    Loaded f32 = Load("f32", scheme);
+    LoadedModel f16 = Load("f16", scheme);
+    LoadedModel f32 = Load("f32", scheme);
     REQUIRE(f16.ckpt->Find("lm_head.weight")->dtype == DType::kF16);
     const DType want = *scheme == '\0' ? DType::kF32 : DType::kI8;
     CHECK(f16.weights->layers()[0].gate.dtype == want);

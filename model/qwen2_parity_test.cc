@@ -30,6 +30,7 @@
 
 #include "model/cpu/thread_pool.h"
 #include "model/model_config.h"
+#include "model/qwen2_golden_util.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_test_runner.h"
 #include "model/qwen2_weights.h"
@@ -51,35 +52,7 @@ const char* const kModels[] = {
 
 std::string TestData() { return "model/testdata/"; }
 
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
-
-struct LoadedModel {
-  ModelConfig cfg;
-  std::unique_ptr<SafetensorsCheckpoint> ckpt;
-  std::unique_ptr<Qwen2Weights> weights;
-};
-
-LoadedModel Load(const std::string& name) {
-  const std::string dir = TestData() + "models/" + name;
-  LoadedModel m;
-  auto cfg = LoadModelConfig(dir);
-  REQUIRE(cfg.ok());
-  m.cfg = *cfg;
-  auto ckpt = SafetensorsCheckpoint::Open(dir);
-  REQUIRE(ckpt.ok());
-  m.ckpt = std::move(ckpt).value();
-  auto w = Qwen2Weights::Load(*m.ckpt, m.cfg.text);
-  INFO(w.status().ToString());
-  REQUIRE(w.ok());
-  m.weights = std::move(w).value();
-  return m;
-}
+LoadedModel Load(const std::string& name) { return LoadTestModel(name); }
 
 struct Golden {
   nlohmann::json json;
@@ -104,7 +77,7 @@ struct Golden {
 Golden LoadGolden(const std::string& name) {
   const std::string dir = TestData() + "goldens/" + name + "/";
   Golden g;
-  g.json = ReadJson(dir + "lm_golden.json");
+  g.json = ReadJsonFile(dir + "lm_golden.json");
   auto f = SafetensorsFile::Open(dir + "lm_golden.safetensors");
   REQUIRE(f.ok());
   g.tensors = std::move(f).value();

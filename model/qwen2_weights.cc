@@ -329,6 +329,27 @@ void Qwen2Weights::QuantizeInt8(int64_t group, const std::function<void(const vo
   if (tied_) quantize(&embed_);
 }
 
+namespace {
+
+// The values of Random: xorshift64* from the seed, uniform on [-a, a] with
+// a = 0.02 * sqrt(3) (standard deviation 0.02).
+class RandomDraws {
+ public:
+  explicit RandomDraws(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  float operator()() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    const uint32_t bits = static_cast<uint32_t>((state_ * 0x2545F4914F6CDD1Dull) >> 40);
+    return (static_cast<float>(bits) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * 0.034641f;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+}  // namespace
+
 std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType dtype,
                                                    uint64_t seed,
                                                    const Qwen2WeightsOptions& options) {
@@ -339,15 +360,7 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
       << "int8 with tensor parallelism";
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
   w->shard_ = options.shard;
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  // Uniform on [-a, a] with a = 0.02 * sqrt(3): standard deviation 0.02.
-  auto next = [&state]() {
-    state ^= state >> 12;
-    state ^= state << 25;
-    state ^= state >> 27;
-    const uint32_t bits = static_cast<uint32_t>((state * 0x2545F4914F6CDD1Dull) >> 40);
-    return (static_cast<float>(bits) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * 0.034641f;
-  };
+  RandomDraws next(seed);
   const bool int8 = options.quantize == Quantization::kInt8;
   std::unique_ptr<cpu::ThreadPool> pool;
   if (int8) pool = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::DefaultThreads());

@@ -209,12 +209,33 @@ class WeightRng {
   uint64_t s_;
 };
 
+// The patch rows where each image's (and frame's) attention segment starts,
+// then the total: {0, n_0, n_0 + n_1, ..., n}. InvalidArgument for an empty
+// grid, one not a multiple of the merge size, or too many patches.
+absl::StatusOr<std::vector<int>> AttentionBounds(absl::Span<const ImageGrid> grids, int merge) {
+  int64_t n = 0;
+  std::vector<int> bounds = {0};
+  for (const ImageGrid& g : grids) {
+    if (g.grid_t <= 0 || g.grid_h <= 0 || g.grid_w <= 0 || g.grid_h % merge != 0 ||
+        g.grid_w % merge != 0) {
+      return absl::InvalidArgumentError("image grid is empty or not a multiple of the merge size");
+    }
+    for (int t = 0; t < g.grid_t; ++t) {
+      n += static_cast<int64_t>(g.grid_h) * g.grid_w;
+      if (n > INT32_MAX / 4) return absl::InvalidArgumentError("too many patches in one forward");
+      bounds.push_back(static_cast<int>(n));
+    }
+  }
+  return bounds;
+}
+
 }  // namespace
 
 void VisionTower::SetPool(const VisionTowerOptions& options) {
   static std::once_flag once;
   // The pool supplies the parallelism; OpenBLAS's own threads would fight it.
   std::call_once(once, [] { openblas_set_num_threads(1); });
+  bf16_activations_ = options.bf16_activations;
   if (options.pool != nullptr) {
     pool_ = options.pool;
   } else {
@@ -350,7 +371,11 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
 void VisionTower::Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
                          VisionTrace* trace) const {
   Stopwatch w;
-  cpu::Linear(*pool_, x, rows, d.matrix, d.b, y, d.kernel);
+  // kBf16Dot runs bf16 panels only; others keep their kernel.
+  const bool bf16_panels =
+      d.matrix.dtype == DType::kBF16 && d.matrix.layout == cpu::WeightLayout::kPanels;
+  cpu::Linear(*pool_, x, rows, d.matrix, d.b, y,
+              bf16_activations_ && bf16_panels ? cpu::LinearKernel::kBf16Dot : d.kernel);
   if (trace != nullptr) trace->gemm_seconds += w.ElapsedSeconds();
 }
 
@@ -414,19 +439,10 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
   const int e = c.embed_dim, heads = c.num_heads, head_dim = e / heads;
   const int m2 = c.spatial_merge_size * c.spatial_merge_size;
   const int mlp_dim = blocks_.empty() ? 0 : blocks_[0].fc1.out;
-  int64_t n = 0;
-  std::vector<int> bounds = {0};  // per image (and frame) attention segments
-  for (const ImageGrid& g : grids) {
-    if (g.grid_t <= 0 || g.grid_h <= 0 || g.grid_w <= 0 || g.grid_h % c.spatial_merge_size != 0 ||
-        g.grid_w % c.spatial_merge_size != 0) {
-      return absl::InvalidArgumentError("image grid is empty or not a multiple of the merge size");
-    }
-    for (int t = 0; t < g.grid_t; ++t) {
-      n += static_cast<int64_t>(g.grid_h) * g.grid_w;
-      if (n > INT32_MAX / 4) return absl::InvalidArgumentError("too many patches in one forward");
-      bounds.push_back(static_cast<int>(n));
-    }
-  }
+  absl::StatusOr<std::vector<int>> segments = AttentionBounds(grids, c.spatial_merge_size);
+  if (!segments.ok()) return segments.status();
+  const std::vector<int>& bounds = *segments;
+  const int64_t n = bounds.back();
   const int patch_in = patch_embed_.in;
   if (n == 0 || pixels.size() != static_cast<size_t>(n) * patch_in) {
     return absl::InvalidArgumentError(absl::StrCat("pixel values hold ", pixels.size(),

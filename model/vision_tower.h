@@ -71,6 +71,10 @@ struct VisionTowerOptions {
   // many columns, 0 meaning one per output row, and runs on the int8 panel
   // kernel; from bf16, fp16 or fp32 weights alike. -1: weights as stored.
   int64_t int8_group = -1;
+  // true: the bf16 linear layers round their inputs to bf16 and run
+  // LinearKernel::kBf16Dot (vdpbf16ps, fp32 accumulation); fp32 and int8
+  // layers are unchanged.
+  bool bf16_activations = false;
 };
 
 // VisionTowerOptions::int8_group for a --quantize flag as ParseQuantize
@@ -109,6 +113,7 @@ class VisionTower {
     DenseWeights qkv, proj, fc1, fc2;
   };
   VisionTower() = default;
+  // Sets the pool and the other run-time options.
   void SetPool(const VisionTowerOptions& options);
   void Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
               VisionTrace* trace) const;
@@ -118,6 +123,7 @@ class VisionTower {
   VisionConfig cfg_;
   std::unique_ptr<cpu::ThreadPool> own_pool_;
   cpu::ThreadPool* pool_ = nullptr;
+  bool bf16_activations_ = false;  // VisionTowerOptions::bf16_activations
   DenseWeights patch_embed_;
   std::vector<Block> blocks_;
   std::vector<float> ln_q_w_, ln_q_b_;

@@ -1,5 +1,6 @@
 """Helpers shared by gen_goldens.py and vision_goldens.py."""
 
+import argparse
 import hashlib
 import json
 import os
@@ -19,6 +20,36 @@ SPECIAL_TOKENS = [
     "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
     "<|image_pad|>", "<|video_pad|>",
 ]
+
+
+def start_script(doc, out_subdir):
+    """Parses --out (default model/testdata/<out_subdir>), makes torch
+    deterministic on one thread, quiets transformers. Returns (out, models_dir)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    testdata = os.path.join(here, "..", "model", "testdata")
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(testdata, out_subdir))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    return args.out, os.path.join(testdata, "models")
+
+
+def greedy_entry(model, tok, name, enc, n, extra):
+    """A prompt's golden entry: its ids, n greedy tokens of model with their
+    chosen logits and top-2 margins, and the fields in extra."""
+    new, chosen, margins = generate_greedy(model, tok, enc, n)
+    entry = {
+        "name": name,
+        "input_ids": enc["input_ids"][0].tolist(),
+        "greedy_ids": new,
+        "greedy_top2_margin": margins,
+        "greedy_chosen_logit": chosen,
+    }
+    entry.update(extra)
+    return entry
 
 
 def write_json(path, obj):

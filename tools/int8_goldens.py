@@ -23,7 +23,6 @@ Usage (venv as in tools/README.md; reads model/testdata/models/):
   python tools/int8_goldens.py [--out model/testdata/int8_goldens]
 """
 
-import argparse
 import os
 import sys
 
@@ -33,8 +32,8 @@ from transformers import Qwen2TokenizerFast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402
-from golden_util import (generate_greedy, greedy_config, load_model, versions,  # noqa: E402
-                         write_json, write_safetensors)
+from golden_util import (greedy_config, greedy_entry, load_model, start_script,  # noqa: E402
+                         versions, write_json, write_safetensors)
 
 MODELS = ["qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa2-untied-sharded"]
 SCHEMES = {"int8": 0, "int8_g32": 32}
@@ -68,15 +67,7 @@ def quantize_model(model, group):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--out", default=os.path.join(here, "..", "model", "testdata", "int8_goldens"))
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    transformers.logging.set_verbosity_error()
-    models_dir = os.path.join(here, "..", "model", "testdata", "models")
+    out, models_dir = start_script(__doc__, "int8_goldens")
     prompts = dict(golden_corpus.lm_prompts())
     for name in MODELS:
         path = os.path.join(models_dir, name)
@@ -97,19 +88,13 @@ def main():
                 with torch.no_grad():
                     logits = model(**enc).logits[0, -1].float()
                 tensors[f"logits_last.{p}"] = logits
-                new, chosen, margins = generate_greedy(model, tok, enc, NEW_TOKENS)
                 shift = float((logits - base_logits[p]).abs().max())
-                print(f"  {name} {scheme} {p}: min margin {min(margins):.4f}, "
+                entries.append(greedy_entry(model, tok, p, enc, NEW_TOKENS,
+                                            {"quantization_logit_shift": shift}))
+                print(f"  {name} {scheme} {p}: min margin "
+                      f"{min(entries[-1]['greedy_top2_margin']):.4f}, "
                       f"max |int8 - fp32 logits| {shift:.4f}")
-                entries.append({
-                    "name": p,
-                    "input_ids": enc["input_ids"][0].tolist(),
-                    "greedy_ids": new,
-                    "greedy_top2_margin": margins,
-                    "greedy_chosen_logit": chosen,
-                    "quantization_logit_shift": shift,
-                })
-            out_dir = os.path.join(args.out, name)
+            out_dir = os.path.join(out, name)
             write_safetensors(os.path.join(out_dir, f"{scheme}.safetensors"), tensors,
                               {"model": name, "scheme": scheme})
             write_json(os.path.join(out_dir, f"{scheme}.json"), {

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/file.h"
 #include "model/chat_template.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "model/image_decode.h"
 #include "model/image_tokens.h"
 #include "scheduler/request.h"
@@ -178,5 +179,6 @@ int main(int argc, char** argv) {
   auto images = mmserve::worker::TakeRepeatedFlag(&argc, argv, "image");
   if (!images.ok()) return mmserve::Fail(images.status());
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::model::cpu::ApplyCpuIsaFlag(); !s.ok()) return mmserve::Fail(s);
   return mmserve::Main(*images);
 }

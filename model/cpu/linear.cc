@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/linear_avx512.h"
+#include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_blas.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/panel_output.h"
@@ -205,9 +208,9 @@ void DotColumns(const float* x, int64_t m, int64_t k_total, const W* w, const fl
 
 // Panel kernel blocks: k in kPanelKb steps (a 6-row x tile of 6 KiB stays in
 // L1 while the task's panels, 4 x 8 KiB, stay in L2), and tasks of
-// kPanelsPerTask panels (64 output columns).
-constexpr int64_t kPanelKb = 256;
-constexpr int64_t kPanelsPerTask = 4;
+// kPanelsPerTask panels (64 output columns); both in linear_avx512.h.
+using internal::kPanelKb;
+using internal::kPanelsPerTask;
 constexpr int kPanelMr = 6;
 // One row reads kRowPanels panels at once: 8 independent chains cover the
 // fused multiply-add latency and keep four weight streams in flight.
@@ -334,21 +337,7 @@ void WidenBlock(const PanelSource& src, int64_t k0, int64_t kc, float* out) {
   }
 }
 
-// Adds the bias to `cols` <= 16 columns starting at column j0 of `rows` rows
-// of c (row stride ldc), in every path alike (one vector add). Applied to
-// each tile right after its last k block, while its outputs are in L1.
-void AddBias(float* c, int64_t ldc, int rows, int64_t j0, int cols, const float* bias) {
-  if (bias == nullptr) return;
-  alignas(32) float b[kPanelRows] = {};
-  std::memcpy(b, bias + j0, cols * sizeof(float));
-  for (int i = 0; i < rows; ++i) {
-    alignas(32) float v[kPanelRows] = {};
-    std::memcpy(v, c + i * ldc, cols * sizeof(float));
-    _mm256_store_ps(v, _mm256_add_ps(_mm256_load_ps(v), _mm256_load_ps(b)));
-    _mm256_store_ps(v + 8, _mm256_add_ps(_mm256_load_ps(v + 8), _mm256_load_ps(b + 8)));
-    std::memcpy(c + i * ldc, v, cols * sizeof(float));
-  }
-}
+using internal::AddBias;
 
 // Output columns of bf16 panels [p0, p1) of one job, for every row. Full
 // panels write straight into y; a last partial panel goes through a 16-wide
@@ -427,19 +416,35 @@ void PanelColumns(const float* x, int64_t m, const LinearJob& job, int64_t p0, i
   out.Flush();
 }
 
+// The panel kernels of the level in force, for one task.
+void PanelTask(CpuIsa isa, const float* x, int64_t m, const LinearJob& job, int64_t p0,
+               int64_t p1) {
+  if (isa == CpuIsa::kAvx512 && m > 1) {
+    thread_local std::vector<float> wide;
+    wide.resize(static_cast<size_t>(kPanelsPerTask * kPanelKb * kPanelRows));
+    internal::PanelColumnsAvx512(x, m, job, p0, p1, wide.data());
+  } else {
+    PanelColumns(x, m, job, p0, p1);
+  }
+}
+
 // ---- kRows ----
 
 // Every job's column blocks form one task list, so a step's q/k/v (or
 // gate/up) projections share one parallel loop.
-void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs) {
-  // int8 layers take x quantized to int16, once for all of them.
+void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs,
+               int max_q) {
+  // int8 layers take x quantized to int16 (kInt8Act: int8), once for all
+  // of them.
   internal::QuantizedRows xq;
   for (const LinearJob& job : jobs) {
     if (job.w->dtype == DType::kI8) {
-      xq = internal::QuantizeRows(pool, x, m, job.w->cols);
+      xq = internal::QuantizeRows(pool, x, m, job.w->cols, max_q);
       break;
     }
   }
+  // One level for the whole call, whatever a concurrent SetCpuIsa does.
+  const CpuIsa isa = ActiveCpuIsa();
   // Panels per task: one row of int8 reads longer runs (fewer, longer
   // streams measured 15% faster; bf16's four-stream rows are best at 4).
   auto panels_per_task = [m](const WeightMatrix& w) {
@@ -466,7 +471,7 @@ void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<Li
         if (w.dtype == DType::kI8) {
           internal::Int8PanelColumns(xq, m, job, p0, p1);
         } else {
-          PanelColumns(x, m, job, p0, p1);
+          PanelTask(isa, x, m, job, p0, p1);
         }
         continue;
       }
@@ -483,6 +488,25 @@ void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<Li
 }
 
 }  // namespace
+
+namespace internal {
+
+// One vector add per 8 columns, in every path and at every level. Applied to
+// each tile right after its last k block, while its outputs are in L1.
+void AddBias(float* c, int64_t ldc, int rows, int64_t j0, int cols, const float* bias) {
+  if (bias == nullptr) return;
+  alignas(32) float b[kPanelRows] = {};
+  std::memcpy(b, bias + j0, cols * sizeof(float));
+  for (int i = 0; i < rows; ++i) {
+    alignas(32) float v[kPanelRows] = {};
+    std::memcpy(v, c + i * ldc, cols * sizeof(float));
+    _mm256_store_ps(v, _mm256_add_ps(_mm256_load_ps(v), _mm256_load_ps(b)));
+    _mm256_store_ps(v + 8, _mm256_add_ps(_mm256_load_ps(v + 8), _mm256_load_ps(b + 8)));
+    std::memcpy(c + i * ldc, v, cols * sizeof(float));
+  }
+}
+
+}  // namespace internal
 
 void PanelWeights::Free::operator()(uint16_t* p) const { std::free(p); }
 
@@ -558,10 +582,12 @@ void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<L
     CHECK_EQ(job.w->cols, jobs[0].w->cols);
   }
   if (m <= 0 || jobs.empty()) return;
-  if (kernel == LinearKernel::kOpenBlas) {
+  if (kernel == LinearKernel::kBf16Dot) {
+    internal::Bf16DotLinear(pool, x, m, jobs);
+  } else if (kernel == LinearKernel::kOpenBlas) {
     for (const LinearJob& job : jobs) internal::BlasLinear(pool, x, m, *job.w, job.bias, job.y);
   } else {
-    DotLinear(pool, x, m, jobs);
+    DotLinear(pool, x, m, jobs, kernel == LinearKernel::kInt8Act ? 127 : 32767);
   }
 }
 

@@ -1,7 +1,8 @@
 // Linear layers on the CPU: y = x W^T + b with W [out_features][in_features]
 // (Hugging Face's orientation), fp32, bf16 or int8 weights, fp32 activations
 // and accumulation (int8: integer products of int16-quantized activations,
-// below).
+// below; kBf16Dot: bf16 activations). The instruction set is chosen at run
+// time (cpu_isa.h).
 //
 //   WeightMatrix w{DType::kBF16, tensor->data, /*rows=*/896, /*cols=*/4864};
 //   PanelWeights packed = PanelWeights::Pack(pool, w);  // once, at load
@@ -32,7 +33,9 @@
 //  With more than 6 rows, the bf16 kernel widens each panel's block of 256 k
 //  steps to fp32 once per task and runs every 6-row tile on that block (the
 //  same values, so the same sums), leaving only loads and FMAs in the hot
-//  loop.
+//  loop. At the kAvx512 level (cpu_isa.h) calls of 2 rows or more run the
+//  same chains on 512-bit registers, a 6-row x 4-panel tile
+//  (linear_avx512.h): lanes never mix, so the bits are the AVX2 kernel's.
 //  - kDot on int8 panels (linear_int8.cc): integer dot products. Each row of
 //    x is quantized to int16 with its own scale, s_x = max|x| / 32767,
 //    x_q = round(x / s_x) (exactly: round-half-even of x * (32767 / max|x|)).
@@ -46,9 +49,10 @@
 //    roundings. Integer sums are exact in any order, so tiles of any shape
 //    give the same bits. The activation rounding adds a relative error of at
 //    most 2^-16 of the row's largest |x| per element, 2^8 finer than the
-//    weights' own step (max|w| / 254). Where the CPU has AVX512-VNNI,
-//    vpdpwssd does vpmaddwd and the add in one instruction: the same exact
-//    sums, so the same bits (linear_test runs both).
+//    weights' own step (max|w| / 254). At the kAvx512 level on a CPU
+//    with AVX512-VNNI, vpdpwssd does vpmaddwd and the add in one
+//    instruction: the same exact sums, so the same bits (linear_test runs
+//    both levels).
 //  In all, an element's result does not depend on m, on the rows around it
 //  or on the thread that runs it: a row's result is bitwise the same in any
 //  batch (batch invariance for greedy decoding).
@@ -59,18 +63,24 @@
 //    measure against.
 //
 // Why our kernels and not OpenBLAS (bench:linear_bench at Qwen2-0.5B shapes,
-// 2 threads on the 2-core EPYC; the kernels use AVX2+FMA, which every x86
-// server has (the machines here report family 25 model 17, Zen 4, with
-// AVX-512 too, which only the int8 VNNI path uses); Debian's OpenBLAS has no
-// bf16 GEMM, so its figures are sgemm on fp32 copies of the weights;
-// 2026-11-22): bf16 panels ran at 150-180
+// 2 threads on the 2-core EPYC, family 25 model 17 (Zen 4); Debian's
+// OpenBLAS has no bf16 GEMM, so its figures are sgemm on fp32 copies of the
+// weights; 2026-11-22): bf16 panels ran at 150-180
 // GFLOP/s for 32 rows (1.3-1.5x sgemm) and 170-187 for 512 rows (1.04-1.18x
 // sgemm, against an FMA peak of ~205), and one row at 4-11x sgemm's rate
 // (half the bytes, no widening pass). Row-major bf16 reached 80-95 at 32 and
 // 512 rows. int8 (2026-11-25, quiet): 250-380 GFLOP/s-equivalent at 32 and
 // 512 rows on VNNI, 210-300 on the AVX2 kernels, above the FMA peak of
 // ~230 (integer multiply-adds); one row streams int8 at bf16's bytes per
-// second. Only kDot is batch invariant.
+// second. Only kDot and kBf16Dot are batch invariant.
+// AVX-512 (2026-11-25, one thread on the CPU clock, the machine loaded):
+// Zen 4 runs 512-bit FMAs as two 256-bit halves (bench/isa_peaks.h: the
+// same FMA peak at both widths), so the 512-bit fp32-activation tiles only
+// match the AVX2 ones (96-108 vs 93-107 GFLOP/s at 32 and 512 rows, 69-71
+// vs 57 at 2 rows); vdpbf16ps has twice the FMA peak, and kBf16Dot ran at
+// 140-201 GFLOP/s at 32 and 512 rows (1.6-1.9x kDot) and at kDot's rate
+// for one row. kInt8Act on vpdpbusd is not faster yet (0.77-0.94x the
+// int16-activation kernel) and costs accuracy (qwen2_int8_parity_test).
 //
 // All kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
@@ -187,7 +197,15 @@ class Int8Weights {
 // lookups in a table that is also a packed lm_head); int8 rows are q * s.
 void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 
-enum class LinearKernel { kDot, kOpenBlas };
+// kBf16Dot: bf16 activations (x rounded to bf16 at each call) and fp32
+// accumulation on vdpbf16ps, for bf16 panels (other weights run kDot); batch
+// invariant, the same bits at every level; see linear_bf16dot.h for the
+// arithmetic.
+// kInt8Act: as kDot, but int8 layers quantize each row of x to int8 (max|x|
+// / 127 steps) instead of int16, for vpdpbusd (4 products an instruction
+// and lane); the same segments, sums and roundings otherwise, batch
+// invariant and the same bits at every level (linear_int8.h).
+enum class LinearKernel { kDot, kOpenBlas, kBf16Dot, kInt8Act };
 
 // One layer of a LinearMany call: y = x w^T (+ bias).
 struct LinearJob {

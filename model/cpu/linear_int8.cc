@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
 #include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
 
@@ -84,12 +84,164 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 #pragma GCC pop_options
 #endif
 
-bool CpuHasVnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+// Int8 activations on vpdpbusd (AVX512-VNNI, 512-bit): 4 columns x 16 rows
+// of a panel per instruction. vpdpbusd takes one operand unsigned, so the
+// weights go in offset, w + 128 (a byte's top bit flipped), and each
+// segment's sum is corrected by 128 x (the row's sum of x over the segment):
+// the exact integer sum of x_q * w_q, as the other kernels get it.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vnni"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vnni")
+#endif
+namespace vnni512 {
+
+constexpr int kTileRows = 8;
+
+// vpermw indices: from pairs j (words 0-15: rows 0-15) and j + 1 (words
+// 16-31) of a panel, row r's four values land in dword r.
+inline __m512i QuadIndex() {
+  alignas(64) static constexpr uint16_t kIndex[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_load_si512(kIndex);
 }
 
-std::atomic<bool> use_vnni{CpuHasVnni()};
+// The tile of linear_int8_tile.inc's Tile for MR rows of x (x8 and sum4 at
+// row 0, row strides ldx and ldx / 4) and one panel, k in [k0, k1) by
+// segments: the same segments, sums and fp32 operations, 16 rows a vector.
+template <int MR>
+void Tile(const int8_t* x8, const int32_t* sum4, int64_t ldx, const Panels& w, int64_t kp,
+          int64_t k0, int64_t k1, float* c, int64_t ldc) {
+  const __m512i index = QuadIndex(), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
+  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t seg_begin = k;
+    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
+    __m512i acc[MR];
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_si512();
+    for (; k < seg_end; k += 4) {
+      // The second pair of a last odd pair count is absent: zeros.
+      const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
+      const __m512i raw = _mm512_maskz_loadu_epi8(valid, w.first + k * kPanelRows);
+      const __m512i wv =
+          _mm512_xor_si512(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, index, raw), flip);
+      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, x8 + i * ldx + k, sizeof(quad));
+        acc[i] = _mm512_dpbusd_epi32(acc[i], wv, _mm512_set1_epi32(quad));
+      }
+    }
+    k = seg_end;
+    const float* g = w.group > 0 ? w.scales + group_index * kPanelRows : nullptr;
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      int32_t xsum = 0;
+      for (int64_t t = seg_begin / 4; t < (seg_end + 3) / 4; ++t) xsum += sum4[i * (ldx / 4) + t];
+      const __m512i exact = _mm512_sub_epi32(acc[i], _mm512_set1_epi32(128 * xsum));
+      const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, exact);  // GCC 12: no undefined source
+      float* out = c + i * ldc;
+      const __m512 prev = seg_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
+      _mm512_storeu_ps(out, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev)
+                                         : _mm512_add_ps(prev, sum));
+    }
+    if (k == group_end) {
+      ++group_index;
+      group_end += w.group;
+    }
+  }
+}
+
+using TileFn = void (*)(const int8_t*, const int32_t*, int64_t, const Panels&, int64_t, int64_t,
+                        int64_t, float*, int64_t);
+constexpr std::array<TileFn, kTileRows> kRowTiles = {&Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>,
+                                                     &Tile<5>, &Tile<6>, &Tile<7>, &Tile<8>};
+
+// Columns [k0, k1) of a panel as Tile's vpdpbusd operand (4 columns of each
+// of the 16 rows a vector, offset to unsigned), into out[(k1 - k0 + 3) / 4][16].
+void QuadBlock(const int8_t* panel, int64_t kp, int64_t k0, int64_t k1, uint32_t* out) {
+  const __m512i index = QuadIndex(), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t k = k0; k < k1; k += 4) {
+    const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
+    const __m512i raw = _mm512_maskz_loadu_epi8(valid, panel + k * kPanelRows);
+    _mm512_storeu_si512(
+        out + (k - k0) / 4 * kPanelRows,
+        _mm512_xor_si512(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, index, raw), flip));
+  }
+}
+
+// Tile's arithmetic for MR rows and NP panels whose columns [k0, k1) are
+// in QuadBlock form (blocks block_stride words apart); w is panel 0's
+// Panels (its group scales). 24 accumulators for 6 x 4.
+template <int MR, int NP>
+void BlockTile(const int8_t* x8, const int32_t* sum4, int64_t ldx, const uint32_t* block,
+               int64_t block_stride, const Panels& w, int64_t k0, int64_t k1, float* const* c,
+               const int64_t* ldc) {
+  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
+  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t seg_begin = k;
+    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
+    __m512i acc[MR][NP];
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_si512();
+    }
+    for (; k < seg_end; k += 4) {
+      __m512i wv[NP];
+      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+        wv[q] = _mm512_loadu_si512(block + q * block_stride + (k - k0) / 4 * kPanelRows);
+      }
+      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, x8 + i * ldx + k, sizeof(quad));
+        const __m512i xv = _mm512_set1_epi32(quad);
+        _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+          acc[i][q] = _mm512_dpbusd_epi32(acc[i][q], wv[q], xv);
+        }
+      }
+    }
+    k = seg_end;
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+      int32_t xsum = 0;
+      for (int64_t t = seg_begin / 4; t < (seg_end + 3) / 4; ++t) xsum += sum4[i * (ldx / 4) + t];
+      const __m512i offset = _mm512_set1_epi32(128 * xsum);
+      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+        const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc[i][q], offset));
+        float* out = c[q] + i * ldc[q];
+        const __m512 prev = seg_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
+        const float* g =
+            w.group > 0 ? w.scales + q * w.scale_stride + group_index * kPanelRows : nullptr;
+        _mm512_storeu_ps(out, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev)
+                                           : _mm512_add_ps(prev, sum));
+      }
+    }
+    if (k == group_end) {
+      ++group_index;
+      group_end += w.group;
+    }
+  }
+}
+
+constexpr int kBlockRows = 6;
+constexpr int kBlockPanels = 4;
+using BlockTileFn = void (*)(const int8_t*, const int32_t*, int64_t, const uint32_t*, int64_t,
+                             const Panels&, int64_t, int64_t, float* const*, const int64_t*);
+template <int MR>
+constexpr std::array<BlockTileFn, kBlockPanels> BlockTileRow() {
+  return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
+}
+constexpr std::array<std::array<BlockTileFn, kBlockPanels>, kBlockRows> kBlockTiles = {
+    BlockTileRow<1>(), BlockTileRow<2>(), BlockTileRow<3>(),
+    BlockTileRow<4>(), BlockTileRow<5>(), BlockTileRow<6>()};
+
+}  // namespace vnni512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 
 // The last operations of an output element, alike in every path, as
 // separate vector roundings: y = c * s_row (one scale per output row only),
@@ -131,7 +283,8 @@ Panels PanelsAt(const WeightMatrix& w, int64_t p) {
   return out;
 }
 
-void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float* scale) {
+void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float* scale,
+                 int max_q) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 vmax = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
   int64_t k = 0;
@@ -154,9 +307,10 @@ void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float
     *scale = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  *scale = amax / 32767.0f;
+  const float top = static_cast<float>(max_q);
+  *scale = amax / top;
   if (amax == 0) return;
-  const float inv = 32767.0f / amax;
+  const float inv = top / amax;
   const __m256 vinv = _mm256_set1_ps(inv);
   k = 0;
   for (; k + 16 <= cols; k += 16) {
@@ -168,15 +322,17 @@ void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float
   }
   for (; k < cols; ++k) {
     const float v = std::nearbyint(x[k] * inv);
-    q[k] = static_cast<int16_t>(std::min(32767.0f, std::max(-32767.0f, v)));
+    q[k] = static_cast<int16_t>(std::min(top, std::max(-top, v)));
   }
 }
 
 }  // namespace
 
-QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols) {
+QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols, int max_q) {
   thread_local std::vector<int16_t> q;
   thread_local std::vector<float> scale;
+  thread_local std::vector<int8_t> q8;
+  thread_local std::vector<int32_t> sum4;
   const int64_t stride = (cols + 15) / 16 * 16;
   q.resize(static_cast<size_t>(m * stride));
   scale.resize(static_cast<size_t>(m));
@@ -184,7 +340,7 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
   float* sp = scale.data();
   auto rows = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i);
+      QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i, max_q);
   };
   // A few rows are not worth waking the pool.
   if (m * cols < (1 << 15)) {
@@ -192,7 +348,50 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
   } else {
     pool.ParallelFor(m, 1, rows);
   }
-  return {qp, stride, sp};
+  QuantizedRows out{qp, stride, sp};
+  if (max_q <= 127) {
+    q8.resize(q.size());
+    sum4.resize(q.size() / 4);
+    for (size_t t = 0; t < q8.size(); ++t) q8[t] = static_cast<int8_t>(qp[t]);
+    for (size_t g = 0; g < sum4.size(); ++g) {
+      sum4[g] = q8[4 * g] + q8[4 * g + 1] + q8[4 * g + 2] + q8[4 * g + 3];
+    }
+    out.q8 = q8.data();
+    out.sum4 = sum4.data();
+  }
+  return out;
+}
+
+// Int8 activations, 2+ rows, up to 4 panels: each k block of the panels
+// put in vpdpbusd form once (QuadBlock) for all the row tiles that use it.
+template <typename Finish>
+void Vnni512BlockColumns(const QuantizedRows& x, int64_t m, const WeightMatrix& w, int64_t p0,
+                         int64_t p1, const PanelOutput& out, Finish& finish) {
+  const int64_t kp = PairedCols(w.cols);
+  const int np = static_cast<int>(p1 - p0);
+  const int64_t block_stride = kKb / 4 * kPanelRows;
+  thread_local std::vector<uint32_t> block;
+  block.resize(static_cast<size_t>(vnni512::kBlockPanels * block_stride));
+  const Panels first = PanelsAt(w, p0);
+  for (int64_t k0 = 0; k0 < kp; k0 += kKb) {
+    const int64_t k1 = std::min(kp, k0 + kKb);
+    for (int q = 0; q < np; ++q) {
+      vnni512::QuadBlock(first.first + q * first.stride, kp, k0, k1, &block[q * block_stride]);
+    }
+    for (int64_t i0 = 0; i0 < m; i0 += vnni512::kBlockRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(vnni512::kBlockRows, m - i0));
+      float* c[vnni512::kBlockPanels];
+      int64_t ldc[vnni512::kBlockPanels];
+      for (int q = 0; q < np; ++q) c[q] = out.At(p0 + q, &ldc[q]) + i0 * ldc[q];
+      vnni512::kBlockTiles[mr - 1][np - 1](x.q8 + i0 * x.stride, x.sum4 + i0 * (x.stride / 4),
+                                           x.stride, block.data(), block_stride, first, k0, k1, c,
+                                           ldc);
+      if (k1 == kp) {
+        for (int q = 0; q < np; ++q) finish(p0 + q, i0, mr);
+      }
+    }
+  }
+  out.Flush();
 }
 
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
@@ -208,7 +407,30 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, out.Columns(p), row_scales,
            job.bias);
   };
-  const bool vnni = use_vnni.load(std::memory_order_relaxed);
+  if (x.q8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
+    if (m > 1 && p1 - p0 <= vnni512::kBlockPanels) {
+      Vnni512BlockColumns(x, m, w, p0, p1, out, finish);
+      return;
+    }
+    // Int8 activations, one row: panel by panel on the vpdpbusd tiles.
+    const int64_t kb = m == 1 ? kp : kKb;
+    for (int64_t k0 = 0; k0 < kp; k0 += kb) {
+      const int64_t k1 = std::min(kp, k0 + kb);
+      for (int64_t i0 = 0; i0 < m; i0 += vnni512::kTileRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(vnni512::kTileRows, m - i0));
+        for (int64_t p = p0; p < p1; ++p) {
+          int64_t ldc;
+          float* c = out.At(p, &ldc);
+          vnni512::kRowTiles[mr - 1](x.q8 + i0 * x.stride, x.sum4 + i0 * (x.stride / 4), x.stride,
+                                     PanelsAt(w, p), kp, k0, k1, c + i0 * ldc, ldc);
+          if (k1 == kp) finish(p, i0, mr);
+        }
+      }
+    }
+    out.Flush();
+    return;
+  }
+  const bool vnni = Int8UsesVnni();
   const TileFn* tiles = vnni ? vnni::kRowTiles.data() : avx2::kRowTiles.data();
   const int tile_rows = vnni ? vnni::kTileRows : avx2::kTileRows;
   if (m == 1) {
@@ -237,17 +459,11 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
   out.Flush();
 }
 
-bool Int8VnniAvailable() {
-  static const bool available = CpuHasVnni();
-  return available;
-}
+bool Int8ActUsesVnni512() { return Int8UsesVnni(); }
 
-void SetInt8Vnni(bool on) {
-  CHECK(!on || Int8VnniAvailable()) << "this CPU has no AVX512-VNNI";
-  use_vnni.store(on, std::memory_order_relaxed);
+bool Int8UsesVnni() {
+  return ActiveCpuIsa() == CpuIsa::kAvx512 && DetectedCpuFeatures().avx512_vnni;
 }
-
-bool Int8UsesVnni() { return use_vnni.load(std::memory_order_relaxed); }
 
 void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out) {
   const int64_t p = row / kPanelRows, l = row % kPanelRows;

@@ -26,25 +26,35 @@ struct QuantizedRows {
   const int16_t* q = nullptr;
   int64_t stride = 0;
   const float* scale = nullptr;
+  // Int8-activation mode (max_q 127): the same values as int8 bytes, row i
+  // at q8[i * stride], and their sums over each 4 columns, row i's group g
+  // at sum4[i * stride / 4 + g] (for vpdpbusd's offset, below).
+  const int8_t* q8 = nullptr;
+  const int32_t* sum4 = nullptr;
 };
 
-// Quantizes x [m][cols] row by row: s = max|x| / 32767 and q = the nearest
-// integer (ties to even) to x * (32767 / max|x|); a zero row gets s = 0,
+// Quantizes x [m][cols] row by row: s = max|x| / Q and q = the nearest
+// integer (ties to even) to x * (Q / max|x|), Q = max_q (32767, or 127 for
+// int8 activations); a zero row gets s = 0,
 // a row holding an infinity or NaN s = NaN (its outputs become NaN, as
 // they would in fp32). The storage is the calling thread's and lives until
 // its next call.
-QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols);
+QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols,
+                           int max_q = 32767);
 
 // Output columns of int8 panels [p0, p1) of one job, for every row of x.
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                       int64_t p1);
 
-// The integer products run on AVX512-VNNI's vpdpwssd where the CPU has it
-// (found at start-up), else on AVX2's vpmaddwd + vpaddd: the same exact sums,
-// so the same results to the bit. Tests switch between them to show it.
-bool Int8VnniAvailable();
-void SetInt8Vnni(bool on);  // CHECKs that the CPU has it when on
+// The integer products run on AVX512-VNNI's vpdpwssd at the kAvx512 level
+// on a CPU with VNNI (cpu_isa.h), else on AVX2's vpmaddwd + vpaddd: the same
+// exact sums, so the same results to the bit. Tests switch levels to show it.
 bool Int8UsesVnni();
+// Int8 activations (x.q8 set) run vpdpbusd on 512-bit registers at the
+// kAvx512 level with VNNI (weights offset to unsigned, w + 128, and the
+// offset's 128 * sum(x) taken back per segment), else the kernels above on
+// the same values: the same exact sums either way.
+bool Int8ActUsesVnni512();
 
 // out[0:cols] = row `row` of an int8 matrix dequantized: q * s.
 void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out);

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_int8.h"
 #include "model/dtype.h"
 
@@ -80,36 +82,106 @@ TEST_CASE("the dot kernel computes exactly the documented fp32 and bf16 sums", "
   }
 }
 
-TEST_CASE("the panel kernel computes exactly one fma chain per output", "[linear]") {
+TEST_CASE("the panel kernel computes exactly one fma chain per output at every level", "[linear]") {
   ThreadPool pool(2);
-  // Partial last panels (n % 16), every row-tile height (m up to 13 covers
-  // 6 + 6 + 1), one-row groups of 1-4 panels, several k blocks (k > 256).
-  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
-                                                            {1, 5, 13},
-                                                            {1, 16, 7},
-                                                            {1, 100, 300},
-                                                            {2, 17, 8},
-                                                            {6, 64, 33},
-                                                            {7, 80, 600},
-                                                            {13, 97, 257},
-                                                            {40, 130, 1030}}) {
-    Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 7));
-    PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
-    REQUIRE(packed.matrix().layout == WeightLayout::kPanels);
-    REQUIRE(packed.matrix().stored_rows() == (n + 15) / 16 * 16);
-    for (bool has_bias : {false, true}) {
-      std::vector<float> y(m * n, -1.0f);
-      Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-      int mismatches = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
-          if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+  // At each level this CPU runs (the same chain, so the same bits): partial
+  // last panels (n % 16), every row-tile height (m up to 13 covers 6 + 6 +
+  // 1), tasks and one-row groups of 1-4 panels, several k blocks (k > 256).
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
+                                                              {1, 5, 13},
+                                                              {1, 16, 7},
+                                                              {1, 100, 300},
+                                                              {2, 17, 8},
+                                                              {6, 64, 33},
+                                                              {7, 80, 600},
+                                                              {13, 97, 257},
+                                                              {3, 48, 40},
+                                                              {19, 33, 300},
+                                                              {40, 130, 1030}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 7));
+      PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+      REQUIRE(packed.matrix().layout == WeightLayout::kPanels);
+      REQUIRE(packed.matrix().stored_rows() == (n + 15) / 16 * 16);
+      for (bool has_bias : {false, true}) {
+        std::vector<float> y(m * n, -1.0f);
+        Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
+        int mismatches = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
+            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+          }
         }
+        INFO("isa=" << IsaName(isa) << " m=" << m << " n=" << n << " k=" << k
+                    << " bias=" << has_bias);
+        CHECK(mismatches == 0);
       }
-      INFO("m=" << m << " n=" << n << " k=" << k << " bias=" << has_bias);
-      CHECK(mismatches == 0);
     }
+  }
+}
+
+// kBf16Dot's arithmetic (linear_bf16dot.h) in scalar code, on row-major
+// bf16 weights: x rounded to bf16, pairs along k, the odd product added
+// first, subnormals flushed, + bias.
+float ReferenceBf16Dot(const float* x, const uint16_t* w, int64_t k, float bias, bool has_bias) {
+  auto flush = [](float v) {
+    return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.0f, v) : v;
+  };
+  auto xb = [&](int64_t i) { return i < k ? flush(Bf16ToF32(F32ToBf16(flush(x[i])))) : 0.0f; };
+  auto wb = [&](int64_t i) { return i < k ? flush(Bf16ToF32(w[i])) : 0.0f; };
+  float acc = 0;
+  for (int64_t j = 0; 2 * j < k; ++j) {
+    acc = flush(std::fma(xb(2 * j + 1), wb(2 * j + 1), acc));
+    acc = flush(std::fma(xb(2 * j), wb(2 * j), acc));
+  }
+  return has_bias ? acc + bias : acc;
+}
+
+TEST_CASE("the bf16-activation kernel computes exactly its documented chain at every level",
+          "[linear][bf16dot]") {
+  ThreadPool pool(2);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    // Odd k (an unpaired last step), partial panels, every tile height,
+    // tasks of 1-4 panels, several k blocks (k > 256).
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {1, 1, 1}, {1, 5, 13}, {1, 100, 300}, {2, 17, 8}, {7, 80, 601}, {13, 97, 257}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 11));
+      PanelWeights packed = PanelWeights::Pack(pool, p.BF16());
+      for (bool has_bias : {false, true}) {
+        std::vector<float> y(m * n, -1.0f);
+        Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
+               LinearKernel::kBf16Dot);
+        int mismatches = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float want =
+                ReferenceBf16Dot(&p.x[i * k], &p.w_bf16[j * k], k, p.bias[j], has_bias);
+            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+          }
+        }
+        INFO("isa=" << IsaName(isa) << " vdpbf16ps=" << internal::Bf16DotUsesAvx512() << " m=" << m
+                    << " n=" << n << " k=" << k << " bias=" << has_bias);
+        CHECK(mismatches == 0);
+      }
+    }
+  }
+  if (!DetectedCpuFeatures().avx512_bf16) WARN("no AVX512-BF16 on this CPU: only scalar code ran");
+}
+
+TEST_CASE("a bf16-activation row is bitwise the same in any batch and thread count",
+          "[linear][bf16dot]") {
+  Problem p(37, 130, 300, 8);
+  ThreadPool one(1), two(2);
+  PanelWeights packed = PanelWeights::Pack(two, p.BF16());
+  std::vector<float> all(37 * 130);
+  Linear(two, p.x.data(), 37, packed.matrix(), nullptr, all.data(), LinearKernel::kBf16Dot);
+  for (int64_t row : {0, 5, 36}) {
+    std::vector<float> alone(130);
+    Linear(one, &p.x[row * 300], 1, packed.matrix(), nullptr, alone.data(), LinearKernel::kBf16Dot);
+    CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
   }
 }
 
@@ -129,18 +201,25 @@ TEST_CASE("WeightRowToF32 reads rows of every layout exactly", "[linear]") {
   }
 }
 
-TEST_CASE("a row's output is bitwise the same in any batch and thread count", "[linear]") {
+TEST_CASE("a row's output is bitwise the same in any batch, thread count and level", "[linear]") {
   Problem p(37, 130, 300, 7);
   ThreadPool one(1), two(2);
   PanelWeights packed = PanelWeights::Pack(two, p.BF16());
   for (int layout = 0; layout < 3; ++layout) {
-    WeightMatrix w = layout == 0 ? p.F32() : layout == 1 ? p.BF16() : packed.matrix();
-    std::vector<float> all(37 * 130);
-    Linear(two, p.x.data(), 37, w, nullptr, all.data());
-    for (int64_t row : {0, 5, 36}) {
-      std::vector<float> alone(130);
-      Linear(one, &p.x[row * 300], 1, w, nullptr, alone.data());
-      CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+    std::vector<float> first;  // the batch's result at the first level
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      ScopedCpuIsa scoped(isa);
+      INFO("isa=" << IsaName(isa) << " layout=" << layout);
+      WeightMatrix w = layout == 0 ? p.F32() : layout == 1 ? p.BF16() : packed.matrix();
+      std::vector<float> all(37 * 130);
+      Linear(two, p.x.data(), 37, w, nullptr, all.data());
+      for (int64_t row : {0, 5, 36}) {
+        std::vector<float> alone(130);
+        Linear(one, &p.x[row * 300], 1, w, nullptr, alone.data());
+        CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+      }
+      if (first.empty()) first = all;
+      CHECK(std::memcmp(first.data(), all.data(), all.size() * sizeof(float)) == 0);
     }
   }
 }
@@ -213,15 +292,15 @@ TEST_CASE("int8 quantization rounds each weight to its nearest step of max|w| / 
 }
 
 // linear.h's int8 arithmetic in scalar code for one output: x's row
-// quantized to int16, exact integer sums per segment (cut at multiples of
-// 256 and of the group), each added to c once in fp32, then the scales and
-// the bias as separate roundings.
-float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float bias,
-                    bool has_bias) {
+// quantized to int16 (max_q 32767; kInt8Act: int8, 127), exact integer sums per segment (cut at
+// multiples of 256 and of the group), each added to c once in fp32, then the scales and the bias as
+// separate roundings.
+float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float bias, bool has_bias,
+                    float max_q = 32767.0f) {
   const int64_t k = ref.k;
   float amax = 0;
   for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
-  const float sx = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0;
+  const float sx = amax / max_q, inv = amax > 0 ? max_q / amax : 0;
   const bool per_row = ref.group == k;
   float c = 0;
   for (int64_t seg = 0; seg < k;) {
@@ -242,20 +321,13 @@ float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float b
   return has_bias ? c + bias : c;
 }
 
-// The int8 instruction sets this CPU runs: AVX2 always, AVX512-VNNI where
-// present (the same sums, so each must give the documented bits).
-std::vector<bool> Int8KernelSets() {
-  std::vector<bool> sets = {false};
-  if (internal::Int8VnniAvailable()) sets.push_back(true);
-  return sets;
-}
-
 TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[linear][int8]") {
   ThreadPool pool(2);
-  const bool default_vnni = internal::Int8UsesVnni();
-  for (bool vnni : Int8KernelSets()) {
-    internal::SetInt8Vnni(vnni);
-    INFO("vnni=" << vnni);
+  // Each level this CPU runs (AVX512-VNNI where present: the same sums, so
+  // each must give the documented bits).
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    INFO("isa=" << IsaName(isa) << " vnni=" << internal::Int8UsesVnni());
     // Odd k (a padded pair), segments cut by 256 and by groups that do not
     // divide it (48), every row-tile height and one-row panel group.
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
@@ -267,27 +339,34 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
                                                               {13, 97, 257},
                                                               {40, 130, 1030}}) {
       Problem p(m, n, k, static_cast<uint32_t>(m * 1000 + n + 9));
-      for (int64_t group : {0, 32, 48}) {
+      // Group 6 is no multiple of 4: kInt8Act's vpdpbusd tiles pass it on.
+      for (int64_t group : {0, 32, 48, 6}) {
         Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
         const Int8Reference ref(p.w, n, k, group);
-        for (bool has_bias : {false, true}) {
-          std::vector<float> y(m * n, -1.0f);
-          Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-          int mismatches = 0;
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias);
-              if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+        for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+          const float max_q = kernel == LinearKernel::kInt8Act ? 127.0f : 32767.0f;
+          for (bool has_bias : {false, true}) {
+            std::vector<float> y(m * n, -1.0f);
+            Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
+                   kernel);
+            int mismatches = 0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, max_q);
+                if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+              }
             }
+            INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias
+                      << " int8 activations=" << (max_q == 127.0f));
+            CHECK(mismatches == 0);
           }
-          INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
-          CHECK(mismatches == 0);
         }
       }
     }
   }
-  internal::SetInt8Vnni(default_vnni);
-  if (!internal::Int8VnniAvailable()) WARN("no AVX512-VNNI on this CPU: only the AVX2 kernels ran");
+  if (!DetectedCpuFeatures().avx512_vnni) {
+    WARN("no AVX512-VNNI on this CPU: only the AVX2 kernels ran");
+  }
 }
 
 TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]") {
