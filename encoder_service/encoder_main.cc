@@ -23,6 +23,8 @@
 #include "common/status_macros.h"
 #include "encoder_service/encoder_core.h"
 #include "encoder_service/encoder_service.h"
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "transfer/transfer_engine.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (Qwen2-VL)");
@@ -80,6 +82,10 @@ EncoderCoreOptions CoreOptionsFromFlags() {
 }
 
 void AddGauges(metrics::Registry& registry, EncoderCore& core, transfer::TransferEngine& eng) {
+  registry
+      .GetGauge("mmserve_encoder_cpu_isa_info", "The CPU kernels' instruction set (label isa).",
+                {{"isa", model::cpu::IsaName()}})
+      .Set(1);
   registry.AddGaugeCallback("mmserve_encoder_embedding_blocks_used", "Send buffer blocks in use.",
                             {}, [&eng] { return eng.allocator().used_blocks(); });
   registry.AddGaugeCallback("mmserve_encoder_embedding_blocks_free", "Send buffer blocks free.", {},
@@ -107,6 +113,11 @@ internal::v1::InstanceInfo RegistryInfo(const std::string& id,
 
 int Main() {
   BlockTerminationSignals();
+  // The CPU kernels' instruction set (--cpu_isa, else the widest this CPU
+  // has), logged and exported as a metric label.
+  if (absl::Status isa = model::cpu::ApplyCpuIsaFlag(); !isa.ok()) {
+    return ExitWithUsage("encoder", isa.message());
+  }
   if (absl::GetFlag(FLAGS_model_dir).empty()) {
     return ExitWithUsage("encoder", "--model_dir is required");
   }

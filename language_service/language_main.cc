@@ -25,6 +25,8 @@
 #include "common/status_macros.h"
 #include "language_service/language_core.h"
 #include "language_service/language_service.h"
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/cpu_isa_flag.h"
 #include "transfer/transfer_engine.h"
 #include "worker/shm_file.h"
 
@@ -202,6 +204,10 @@ absl::StatusOr<LanguageCoreOptions> CoreOptionsFromFlags(const std::string& id,
 }
 
 void AddGauges(metrics::Registry& registry, LanguageCore& c, transfer::TransferEngine& eng) {
+  registry
+      .GetGauge("mmserve_language_cpu_isa_info", "The CPU kernels' instruction set (label isa).",
+                {{"isa", model::cpu::IsaName()}})
+      .Set(1);
   registry.AddGaugeCallback("mmserve_language_embedding_blocks_used",
                             "Embedding receive buffer blocks in use.", {},
                             [&eng] { return eng.allocator().used_blocks(); });
@@ -267,6 +273,11 @@ int Serve(const LanguageCoreOptions& copts, LanguageCore& c, transfer::TransferE
 
 int Main() {
   BlockTerminationSignals();
+  // The CPU kernels' instruction set (--cpu_isa, else the widest this CPU
+  // has), logged and exported as a metric label.
+  if (absl::Status isa = model::cpu::ApplyCpuIsaFlag(); !isa.ok()) {
+    return ExitWithUsage("language", isa.message());
+  }
   if (absl::Status usage = CheckUsage(); !usage.ok()) {
     return ExitWithUsage("language", usage.message());
   }
