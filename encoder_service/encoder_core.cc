@@ -90,6 +90,8 @@ absl::Status EncoderCore::Load() {
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options_.model_dir));
   model::VisionTowerOptions tower_options;
   ASSIGN_OR_RETURN(tower_options.int8_group, model::VisionInt8Group(options_.quantize));
+  ASSIGN_OR_RETURN(tower_options.bf16_activations,
+                   model::ParseBf16Activations(options_.activation_dtype, options_.quantize));
   ASSIGN_OR_RETURN(tower_, model::VisionTower::Load(*checkpoint_, config_, tower_options));
   const transfer::EmbeddingLayout& layout = engine_.buffer().layout();
   if (layout.hidden_size != static_cast<uint32_t>(tower_->out_hidden()) ||

@@ -42,6 +42,9 @@ ABSL_FLAG(int, decode_threads, 1, "image decode and preprocessing threads");
 ABSL_FLAG(std::string, quantize, "",
           "vision tower weights: as stored (empty), int8 (one scale per output row) or int8_g32 "
           "(one per 32 columns), quantized at load");
+ABSL_FLAG(std::string, activation_dtype, "",
+          "vision tower activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 linear "
+          "layer, fp32 accumulation); not with --quantize");
 ABSL_FLAG(int64_t, max_batch_patches, 16384, "patches per vision tower batch");
 ABSL_FLAG(int, test_only_publish_delay_ms, 0,
           "TEST ONLY: each image waits this long before it is published (a slow encoder, for "
@@ -72,6 +75,7 @@ EncoderCoreOptions CoreOptionsFromFlags() {
   EncoderCoreOptions copts;
   copts.model_dir = absl::GetFlag(FLAGS_model_dir);
   copts.quantize = absl::GetFlag(FLAGS_quantize);
+  copts.activation_dtype = absl::GetFlag(FLAGS_activation_dtype);
   copts.decode_threads = absl::GetFlag(FLAGS_decode_threads);
   copts.max_batch_patches = absl::GetFlag(FLAGS_max_batch_patches);
   copts.cache_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_cache_mb))) << 20;

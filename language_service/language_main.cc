@@ -63,6 +63,9 @@ ABSL_FLAG(bool, enable_chunked_prefill, true,
 ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, capped at 8192)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
+ABSL_FLAG(std::string, activation_dtype, "",
+          "linear layers' activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 "
+          "layer, fp32 accumulation); not with --quantize or --tp > 1");
 ABSL_FLAG(int, transfer_timeout_ms, 30000, "one image's embedding transfer");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of this instance: this process is rank 0 and starts ranks "
@@ -168,6 +171,7 @@ absl::StatusOr<worker::EngineOptions> EngineOptionsFromFlags(const std::string& 
   e.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   e.num_threads = absl::GetFlag(FLAGS_threads);
   e.quantize = absl::GetFlag(FLAGS_quantize);
+  e.activation_dtype = absl::GetFlag(FLAGS_activation_dtype);
   e.tp_size = absl::GetFlag(FLAGS_tp);
   if (e.tp_size > 1) {
     e.tp_shard_binary = absl::GetFlag(FLAGS_tp_shard_binary).empty()

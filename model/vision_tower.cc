@@ -252,6 +252,21 @@ absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize) {
       absl::StrCat("unknown --quantize \"", quantize, "\" (none, int8 or int8_g32)"));
 }
 
+absl::StatusOr<bool> ParseBf16Activations(const std::string& activation_dtype,
+                                          const std::string& quantize) {
+  if (activation_dtype.empty() || activation_dtype == "f32") return false;
+  if (activation_dtype != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --activation_dtype \"", activation_dtype, "\" (f32 or bf16)"));
+  }
+  if (!quantize.empty() && quantize != "none") {
+    return absl::InvalidArgumentError(
+        "--activation_dtype=bf16 does not combine with --quantize (int8 layers run fp32 "
+        "activations)");
+  }
+  return true;
+}
+
 size_t VisionTower::weight_bytes() const {
   size_t total =
       patch_embed_.matrix.bytes() + merger_fc1_.matrix.bytes() + merger_fc2_.matrix.bytes();

@@ -82,6 +82,15 @@ struct VisionTowerOptions {
 // InvalidArgument otherwise.
 [[nodiscard]] absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize);
 
+// Whether an --activation_dtype flag asks for bf16 activations
+// (VisionTowerOptions::bf16_activations, LinearKernel::kBf16Dot): "" or
+// "f32" false, "bf16" true; InvalidArgument otherwise, and for "bf16" with a
+// --quantize other than "" or "none": --quantize makes every linear layer an
+// int8 panel, on which kBf16Dot runs kDot, so the pair would silently be
+// fp32 activations.
+[[nodiscard]] absl::StatusOr<bool> ParseBf16Activations(const std::string& activation_dtype,
+                                                        const std::string& quantize);
+
 class VisionTower {
  public:
   // Reads "visual.*" (or "model.visual.*") tensors; InvalidArgument naming a

@@ -88,6 +88,8 @@ absl::Status StartRanks(const EngineOptions& options, int threads,
 // loaded) and the model over them.
 absl::Status LoadWeights(const EngineOptions& options, int threads,
                          const model::Qwen2WeightsOptions& weight_options, EngineModel& m) {
+  ASSIGN_OR_RETURN(const bool bf16,
+                   model::ParseBf16Activations(options.activation_dtype, options.quantize));
   ASSIGN_OR_RETURN(m.checkpoint, model::SafetensorsCheckpoint::Open(options.model_dir));
   ASSIGN_OR_RETURN(m.weights,
                    model::Qwen2Weights::Load(*m.checkpoint, m.config.text, weight_options));
@@ -100,10 +102,12 @@ absl::Status LoadWeights(const EngineOptions& options, int threads,
     if (weight_options.quantize == model::Quantization::kInt8) {
       vision_options.int8_group = weight_options.int8_group;
     }
+    vision_options.bf16_activations = bf16;
     ASSIGN_OR_RETURN(m.vision, model::VisionTower::Load(*m.checkpoint, m.config, vision_options));
     m.sizing.vision_bytes = m.vision->weight_bytes();
   }
   model::Qwen2ModelOptions model_options;
+  if (bf16) model_options.linear_kernel = model::cpu::LinearKernel::kBf16Dot;
   if (m.tp_group != nullptr) model_options.comm = m.tp_group->comm();
   m.model = std::make_unique<model::Qwen2Model>(m.config.text, *m.weights, *m.pool, model_options);
   return absl::OkStatus();
@@ -123,6 +127,13 @@ absl::Status Load(const EngineOptions& options, EngineModel& m) {
   if (options.tp_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor-parallel size ", options.tp_size, " must be >= 1"));
+  }
+  ASSIGN_OR_RETURN(const bool bf16,
+                   model::ParseBf16Activations(options.activation_dtype, options.quantize));
+  if (bf16 && options.tp_size > 1) {
+    // The shard ranks (tp_shard_main) build their models with kDot.
+    return absl::InvalidArgumentError(
+        "--activation_dtype=bf16 is not supported with tensor parallelism");
   }
   const int threads =
       options.num_threads > 0

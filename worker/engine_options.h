@@ -34,6 +34,14 @@ struct EngineOptions {
   // from Create). Covers the language model and the vision tower's linear
   // layers when it is loaded.
   std::string quantize;
+  // Activations of the linear layers: "" or "f32" (fp32), "bf16" (rounded
+  // to bf16 at each bf16 layer, fp32 accumulation: LinearKernel::kBf16Dot
+  // for the language model, VisionTowerOptions::bf16_activations for the
+  // vision tower; batch invariant). InvalidArgument from Create for anything
+  // else, and for "bf16" with a quantize setting
+  // (model::ParseBf16Activations) or with tp_size > 1 (the shard ranks
+  // build their models with kDot).
+  std::string activation_dtype;
   // Load the vision tower (vision models). A language service whose images
   // arrive as embeddings from an encoder service sets this false and passes
   // EngineRequest::image_embeddings instead of images.

@@ -49,6 +49,9 @@ ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "",
           "quantize the language model's weights at load: int8 (one scale per output row) or "
           "int8_g32 (one per 32 columns)");
+ABSL_FLAG(std::string, activation_dtype, "",
+          "linear layers' activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 "
+          "layer, fp32 accumulation); not with --quantize");
 
 namespace mmserve {
 namespace {
@@ -114,6 +117,7 @@ int Main(const std::vector<std::string>& image_paths) {
   options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_mb)) << 20;
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.quantize = absl::GetFlag(FLAGS_quantize);
+  options.activation_dtype = absl::GetFlag(FLAGS_activation_dtype);
   auto engine = worker::LlmEngine::Create(options);
   if (!engine.ok()) return Fail(engine.status());
 
