@@ -64,6 +64,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "bench/isa_peaks.h"
+#include "bench/lm_bench_report.h"
 #include "bench/memory_bandwidth.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -105,6 +106,9 @@ namespace {
 using model::ForwardBatch;
 using model::TextConfig;
 namespace cpu = model::cpu;
+using bench::Options;
+using bench::Report;
+using bench::Results;
 
 bool NamedDims(const std::string& name, TextConfig* cfg) {
   cfg->rope_theta = 1000000.0;
@@ -212,16 +216,6 @@ double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, mode
   return best;
 }
 
-struct Options {
-  int threads, pp, tg, batch, reps;
-  int64_t block_size;
-  std::string model_dir, model_name, kernel_name;
-  cpu::LinearKernel kernel;
-  model::DType dtype;      // of the random weights before quantization
-  std::string quantize;    // "", "int8", "int8_g32"
-  std::string dtype_name;  // as reported
-};
-
 Options ReadFlags() {
   Options o;
   o.threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
@@ -280,23 +274,6 @@ BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
   }
   return m;
 }
-
-struct Results {
-  double pp_s = 0, sgemm = 0, tg_s = 0, batch_s = 0, kernel_gflops = 0;
-  double kernel_batch_gflops = 0, fma_peak_gflops = 0;
-  bench::IsaPeaks isa_peaks;  // the widest units' (fma_peak_gflops: 256-bit FMA)
-  double peak_rss = 0, kv_mb = 0;
-  bool rss_reset = false;
-  // --dtype=int8: the bf16 comparison (step times under the same load).
-  double cmp_int8_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
-  // Prefill parts timed alone right after each prefill step (PrefillParts):
-  // medians over the reps of the linear layers, the attention and the rest
-  // of that rep's step (step - linear - attention).
-  double pp_linear_s = 0, pp_attention_s = 0, pp_rest_s = 0;
-  std::vector<double> copy_samples, read_samples;  // sorted
-  double copy() const { return copy_samples[copy_samples.size() / 2]; }
-  double read() const { return read_samples[read_samples.size() / 2]; }
-};
 
 // Where a prefill's time goes: the decoder layers' linear layers (the same
 // LinearMany calls as Qwen2Model, on pp rows of stand-in activations) and
@@ -476,172 +453,6 @@ void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& 
 }
 
 // Multiply-accumulates of the decoder layers' matrices and of lm_head.
-struct ParamCounts {
-  double layers = 0, lm_head = 0;
-  double total() const { return layers + lm_head; }
-};
-ParamCounts CountParams(const model::Qwen2Weights& w) {
-  ParamCounts c;
-  for (const model::Qwen2LayerWeights& l : w.layers()) {
-    for (const cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
-      c.layers += static_cast<double>(m->rows) * m->cols;
-    }
-  }
-  c.lm_head = static_cast<double>(w.lm_head().rows) * w.lm_head().cols;
-  return c;
-}
-
-// The measured baselines, in words.
-void PrintBaselines(const Options& o, const TextConfig& cfg, const Results& r, double weights_mb) {
-  const char* dname = o.dtype_name.c_str();
-  const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
-  std::printf(
-      "  copy bandwidth %.2f GB/s (read+write; median of %zu samples, %.2f..%.2f), read %.2f "
-      "GB/s\n",
-      r.copy() / 1e9, r.copy_samples.size(), r.copy_samples.front() / 1e9,
-      r.copy_samples.back() / 1e9, r.read() / 1e9);
-  std::printf(
-      "  sgemm (OpenBLAS fp32, %dx%dx%d) %.1f GFLOP/s; ours (%s) %.1f GFLOP/s; FMA peak %.1f "
-      "GFLOP/s\n",
-      o.pp, cfg.intermediate_size, cfg.hidden_size, r.sgemm, dname, r.kernel_gflops,
-      r.fma_peak_gflops);
-  std::printf("  peak RSS %.0f MiB vs weights %.0f + KV %.0f MiB = %.3f x%s\n", r.peak_rss,
-              weights_mb, r.kv_mb, rss_ratio,
-              r.rss_reset ? "" : " (mark not reset: includes start-up)");
-}
-
-// The instruction the linear layers of a prefill run on, at the level in
-// force (cpu_isa.h), and its measured peak in GFLOP/s (0 if not measured).
-std::pair<const char*, double> LinearIsaPeak(const Options& o, const Results& r) {
-  const bool avx512 = cpu::ActiveCpuIsa() == cpu::CpuIsa::kAvx512;
-  if (!o.quantize.empty()) {
-    return cpu::internal::Int8UsesVnni()
-               ? std::pair{"vpdpwssd ymm", r.isa_peaks.vnni_int16_gops}
-               : std::pair{"vpmaddwd ymm (vs the FMA peak)", r.fma_peak_gflops};
-  }
-  if (o.kernel == cpu::LinearKernel::kBf16Dot && o.dtype == model::DType::kBF16) {
-    return cpu::internal::Bf16DotUsesAvx512()
-               ? std::pair{"vdpbf16ps zmm", r.isa_peaks.bf16dot_gflops}
-               : std::pair{"scalar bf16 dot (vs the FMA peak)", r.fma_peak_gflops};
-  }
-  if (avx512 && o.dtype == model::DType::kBF16) {
-    return {"vfmadd231ps zmm", r.isa_peaks.fma512_gflops};
-  }
-  return {"vfmadd231ps ymm", r.fma_peak_gflops};
-}
-
-// Prints the level in force and the peaks of its widest units; returns
-// their JSON fields (with a leading comma).
-std::string ReportIsa(const Options& o, const Results& r, double linear_gflops) {
-  const auto [instruction, peak] = LinearIsaPeak(o, r);
-  const double ratio = peak > 0 ? linear_gflops / peak : 0;
-  const bench::IsaPeaks& p = r.isa_peaks;
-  std::printf(
-      "  isa %s: peaks fma %.1f, fma512 %.1f, bf16dot %.1f GFLOP/s, vnni %.1f (int16 %.1f) GOP/s; "
-      "prefill linear layers %.3f of the %s peak\n",
-      cpu::IsaName(), r.fma_peak_gflops, p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops,
-      p.vnni_int16_gops, ratio, instruction);
-  return absl::StrFormat(
-      ",\"isa\":\"%s\",\"fma512_peak_gflops\":%.2f,\"bf16dot_peak_gflops\":%.2f,"
-      "\"vnni_peak_gflops\":%.2f,\"vnni_int16_peak_gflops\":%.2f,\"pp_linear_vs_isa_peak\":%.3f,"
-      "\"pp_linear_isa_instruction\":\"%s\"",
-      cpu::IsaName(), p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, ratio,
-      instruction);
-}
-
-void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
-            const Results& r) {
-  const double step_bytes = static_cast<double>(weights.StepWeightBytes());
-  const ParamCounts pc = CountParams(weights);
-  const double params = pc.total();
-  const double pp_tok_s = o.pp / r.pp_s, tg_tok_s = o.tg / r.tg_s;
-  const double batch_tok_s = static_cast<double>(o.tg) * o.batch / r.batch_s;
-  const double tg_weight_gbs = step_bytes / (r.tg_s / o.tg) / 1e9;
-  // Prefill FLOPs: layers for every token, lm_head for the last one, causal
-  // attention (q.k and p.v over N(N+1)/2 pairs) in every layer.
-  const double attn_flops = 4.0 * cfg.num_attention_heads * cfg.head_dim() * o.pp * (o.pp + 1) /
-                            2.0 * cfg.num_hidden_layers;
-  const double pp_flops = 2.0 * pc.layers * o.pp + 2.0 * pc.lm_head + attn_flops;
-  const double pp_gflops = pp_flops / r.pp_s / 1e9;
-  const double weights_mb = weights.TotalWeightBytes() / 1048576.0;
-  const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
-  const char* dname = o.dtype_name.c_str();
-  const double linear_flops = 2.0 * pc.layers * o.pp;
-  // The batched speedup if a batched step cost only its matrix FLOPs (2 per
-  // parameter per sequence) at our kernel's rate for that many rows, and at
-  // the FMA peak: decode of one sequence is bound by weight bandwidth, the
-  // batch by compute, so these bound batch<B>_speedup from above.
-  const double tg_step_s = r.tg_s / o.tg;
-  const double gemm_ceiling = tg_step_s * r.kernel_batch_gflops * 1e9 / (2.0 * params);
-  const double peak_ceiling = tg_step_s * r.fma_peak_gflops * 1e9 / (2.0 * params);
-  const double speedup = batch_tok_s / tg_tok_s;
-  const bool compared = !o.quantize.empty();
-  const double int8_vs_bf16_tg = compared ? r.cmp_bf16_tg_s / r.cmp_int8_tg_s : 0;
-  const double bf16_pp_gflops = compared ? pp_flops / r.bf16_pp_s / 1e9 : 0;
-
-  std::printf("lm_bench: %s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step)\n",
-              o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), weights_mb,
-              step_bytes / 1048576.0);
-  std::printf("  %-28s %10.1f tok/s  (%.1f GFLOP/s, %.2f x sgemm, %.3f of the FMA peak)\n",
-              absl::StrFormat("pp%d", o.pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / r.sgemm,
-              pp_gflops / r.fma_peak_gflops);
-  std::printf(
-      "  %-28s %10.2f tok/s  (%.1f ms/step, %.2f GB/s of weights, %.2f x copy bw, %.2f x read "
-      "bw)\n",
-      absl::StrFormat("tg%d", o.tg).c_str(), tg_tok_s, 1e3 * r.tg_s / o.tg, tg_weight_gbs,
-      tg_weight_gbs * 1e9 / r.copy(), tg_weight_gbs * 1e9 / r.read());
-  std::printf(
-      "  %-28s linear layers %.0f ms (%.1f GFLOP/s = %.3f of the FMA peak), attention %.0f ms "
-      "(%.1f GFLOP/s), the rest %.0f ms (each timed right after a step; medians over reps of "
-      "the parts and of step - both)\n",
-      "pp breakdown", 1e3 * r.pp_linear_s, linear_flops / r.pp_linear_s / 1e9,
-      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
-      attn_flops / r.pp_attention_s / 1e9, 1e3 * r.pp_rest_s);
-  if (compared) {
-    std::printf(
-        "  vs the same weights in bf16, alternating 16-step chunks: int8 %.1f ms/step, bf16 %.1f "
-        "ms/step = %.2f x; bf16 pp%d %.1f GFLOP/s = %.3f of the FMA peak\n",
-        1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg, int8_vs_bf16_tg, o.pp,
-        bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops);
-  }
-  std::printf(
-      "  %-28s %10.2f tok/s  (%.2f x batch 1; bound %.2f x at our kernel's %.1f GFLOP/s for %d "
-      "rows, %.2f x at the FMA peak: %.2f of that ceiling)\n",
-      absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s, speedup,
-      gemm_ceiling, r.kernel_batch_gflops, o.batch, peak_ceiling, speedup / peak_ceiling);
-  PrintBaselines(o, cfg, r, weights_mb);
-  const std::string isa_json = ReportIsa(o, r, linear_flops / r.pp_linear_s / 1e9);
-  std::printf(
-      "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
-      "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"
-      "\"batch%d_speedup\":%.2f,\"batch_gemm_ceiling\":%.2f,\"batch_peak_ceiling\":%.2f,"
-      "\"kernel_batch_gflops\":%.2f,\"fma_peak_gflops\":%.2f,\"step_weight_mb\":%.1f,\"tg_weight_"
-      "gbs\":%.3f,"
-      "\"copy_bandwidth_gbs\":%.3f,\"read_bandwidth_gbs\":%.3f,\"tg_bandwidth_ratio\":%.3f,"
-      "\"sgemm_gflops\":%.2f,\"kernel_gflops\":%.2f,\"pp_gflops\":%.2f,\"pp_vs_sgemm\":%.3f,"
-      "\"peak_rss_mb\":%.1f,\"weights_mb\":%.1f,\"kv_mb\":%.1f,\"rss_ratio\":%.3f,"
-      "\"pp_vs_fma_peak\":%.3f,\"batch_vs_peak_ceiling\":%.3f,\"batch_vs_gemm_ceiling\":%.3f,"
-      "\"tg_vs_read_bandwidth\":%.3f,\"pp_linear_ms\":%.1f,\"pp_linear_vs_fma_peak\":%.3f,"
-      "\"pp_attention_ms\":%.1f,\"pp_other_ms\":%.1f%s%s}\n",
-      o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
-      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, speedup, gemm_ceiling, peak_ceiling,
-      r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
-      r.copy() / 1e9, r.read() / 1e9, tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops,
-      pp_gflops, pp_gflops / r.sgemm, r.peak_rss, weights_mb, r.kv_mb, rss_ratio,
-      pp_gflops / r.fma_peak_gflops, speedup / peak_ceiling, speedup / gemm_ceiling,
-      tg_weight_gbs * 1e9 / r.read(), 1e3 * r.pp_linear_s,
-      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
-      1e3 * r.pp_rest_s, isa_json.c_str(),
-      compared
-          ? absl::StrFormat(",\"int8_vs_bf16_tg\":%.3f,\"bf16_pp_gflops\":%.2f,"
-                            "\"bf16_pp_vs_fma_peak\":%.3f,\"cmp_int8_tg_step_ms\":%.2f,"
-                            "\"cmp_bf16_tg_step_ms\":%.2f",
-                            int8_vs_bf16_tg, bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops,
-                            1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg)
-                .c_str()
-          : "");
-}
-
 int Run() {
   Options o = ReadFlags();
   cpu::ThreadPool pool(o.threads);
