@@ -4,11 +4,13 @@
 # is installed, links and runs a fully static binary, runs the whole suite
 # again under ASan + UBSan (leaks fail), runs transfer/ and the services'
 # threading under TSan, brings the docker-compose deployment up and tests it
-# (deploy/compose_test.sh), runs every fuzz target for
+# (deploy/compose_test.sh), deploys the same topology as a Docker Swarm
+# stack on a single-node swarm of its own and tests it
+# (deploy/swarm_test.sh), runs every fuzz target for
 # FUZZ_SECONDS (default 20) on top of its committed corpus, then prints one
 # closing line "tests: N passed, M failed". Exit status 0 only when all passed.
 # MMSERVE_SKIP_ASAN=1 / MMSERVE_SKIP_TSAN=1 / MMSERVE_SKIP_FUZZ=1 /
-# MMSERVE_SKIP_COMPOSE=1 / MMSERVE_SKIP_AVX2=1 skip those steps (reported as skipped, never as
+# MMSERVE_SKIP_COMPOSE=1 / MMSERVE_SKIP_SWARM=1 / MMSERVE_SKIP_AVX2=1 skip those steps (reported as skipped, never as
 # passed).
 #
 # Bazel keeps a disk cache under ~/.cache/mmserve so later runs are fast.
@@ -71,6 +73,22 @@ else
     0) extra+=("compose=passed") ;;
     77) extra+=("compose ($compose_why)=skipped") ;;  # no Docker engine can run here
     *) extra+=("compose ($compose_why)=failed") ;;
+  esac
+fi
+
+phase "docker swarm: deploy/swarm_test.sh (own engine, swarm init, stack deploy, answers, task kills, stack rm, swarm leave)"
+if [[ "${MMSERVE_SKIP_SWARM:-0}" == 1 ]]; then
+  extra+=("swarm=skipped")
+else
+  swarm_log=$(mktemp)
+  deploy/swarm_test.sh 2>&1 | tee "$swarm_log"
+  swarm_rc=${PIPESTATUS[0]}
+  swarm_why=$(tail -n 1 "$swarm_log" | sed -E 's/^swarm_test: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
+  rm -f "$swarm_log"
+  case $swarm_rc in
+    0) extra+=("swarm=passed") ;;
+    77) extra+=("swarm ($swarm_why)=skipped") ;;  # no root, engine or swarm here
+    *) extra+=("swarm ($swarm_why)=failed") ;;
   esac
 fi
 
