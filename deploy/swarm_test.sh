@@ -30,12 +30,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-if [[ -z "${MMSERVE_SWARM_TEST_BOUNDED:-}" ]]; then
-  MMSERVE_SWARM_TEST_BOUNDED=1 timeout -k 60 600 "$0" "$@"
-  rc=$?
-  [[ $rc == 124 || $rc == 137 ]] && echo "swarm_test: FAIL not done within 10 minutes"
-  exit $rc
-fi
+source deploy/bounded.sh
+bound_script swarm_test 600 "$root/deploy/swarm_test.sh" "$@"
 
 docker=/usr/bin/docker  # Debian's client, which matches Debian's dockerd
 dockerd=/usr/sbin/dockerd

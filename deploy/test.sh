@@ -58,39 +58,32 @@ else
   extra+=("docs test=failed")
 fi
 
-phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill, down -v)"
-if [[ "${MMSERVE_SKIP_COMPOSE:-0}" == 1 ]]; then
-  extra+=("compose=skipped")
-else
-  compose_log=$(mktemp)
-  deploy/compose_test.sh 2>&1 | tee "$compose_log"
-  compose_rc=${PIPESTATUS[0]}
-  # The summary row carries compose_test's last line, so that a failure's
-  # reason is in the part of the output CI shows.
-  compose_why=$(tail -n 1 "$compose_log" | sed -E 's/^compose_test: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
-  rm -f "$compose_log"
-  case $compose_rc in
-    0) extra+=("compose=passed") ;;
-    77) extra+=("compose ($compose_why)=skipped") ;;  # no Docker engine can run here
-    *) extra+=("compose ($compose_why)=failed") ;;
+# A deploy test (compose_test.sh, swarm_test.sh) as one summary row: its
+# last line carries the reason of a failure or skip, so that it is in the
+# part of the output CI shows. Exit status 77 is a skip.
+deploy_step() {  # row name, script, skip variable
+  local name=$1 script=$2 skip_var=$3 log rc why
+  if [[ "${!skip_var:-0}" == 1 ]]; then
+    extra+=("$name=skipped")
+    return
+  fi
+  log=$(mktemp)
+  "$script" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  why=$(tail -n 1 "$log" | sed -E 's/^[a-z_]+: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
+  rm -f "$log"
+  case $rc in
+    0) extra+=("$name=passed") ;;
+    77) extra+=("$name ($why)=skipped") ;;  # no Docker engine (or swarm) can run here
+    *) extra+=("$name ($why)=failed") ;;
   esac
-fi
+}
+
+phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill, down -v)"
+deploy_step compose deploy/compose_test.sh MMSERVE_SKIP_COMPOSE
 
 phase "docker swarm: deploy/swarm_test.sh (own engine, swarm init, stack deploy, answers, task kills, stack rm, swarm leave)"
-if [[ "${MMSERVE_SKIP_SWARM:-0}" == 1 ]]; then
-  extra+=("swarm=skipped")
-else
-  swarm_log=$(mktemp)
-  deploy/swarm_test.sh 2>&1 | tee "$swarm_log"
-  swarm_rc=${PIPESTATUS[0]}
-  swarm_why=$(tail -n 1 "$swarm_log" | sed -E 's/^swarm_test: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
-  rm -f "$swarm_log"
-  case $swarm_rc in
-    0) extra+=("swarm=passed") ;;
-    77) extra+=("swarm ($swarm_why)=skipped") ;;  # no root, engine or swarm here
-    *) extra+=("swarm ($swarm_why)=failed") ;;
-  esac
-fi
+deploy_step swarm deploy/swarm_test.sh MMSERVE_SKIP_SWARM
 
 phase "CUDA backend compiles (--config=cuda)"
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
