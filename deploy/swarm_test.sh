@@ -86,8 +86,8 @@ fail() {
 
 # 1. An engine of our own in a namespace of our own, in swarm mode.
 [[ $(id -u) == 0 ]] || skip "needs root (network namespace, dockerd)"
-for t in "$dockerd" "$docker" /usr/bin/nsenter /usr/bin/curl; do
-  [[ -x $t ]] || skip "$t is not installed (deploy/compose_test.sh installs docker.io)"
+for t in "$dockerd" "$docker" /usr/bin/nsenter /usr/bin/curl /usr/sbin/ip; do
+  [[ -x $t ]] || skip "$t is not installed (docker.io, util-linux, curl, iproute2; deploy/compose_test.sh installs docker.io)"
 done
 step "network namespace $ns ($addr) and a dockerd of its own"
 ip netns add "$ns" 2>"$logs/netns.log" || skip "cannot create a network namespace: $(cat "$logs/netns.log")"
