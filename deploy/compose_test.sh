@@ -27,12 +27,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-if [[ -z "${MMSERVE_COMPOSE_TEST_BOUNDED:-}" ]]; then
-  MMSERVE_COMPOSE_TEST_BOUNDED=1 timeout -k 60 600 "$0" "$@"
-  rc=$?
-  [[ $rc == 124 || $rc == 137 ]] && echo "compose_test: FAIL not done within 10 minutes"
-  exit $rc
-fi
+source deploy/bounded.sh
+bound_script compose_test 600 "$root/deploy/compose_test.sh" "$@"
 
 docker=/usr/bin/docker  # Debian's client, which matches Debian's dockerd
 dockerd=${MMSERVE_DOCKERD:-/usr/sbin/dockerd}

@@ -28,6 +28,7 @@ packages=(
   libcpp-httplib-dev       # HTTP: /metrics and the OpenAI-compatible endpoint
   python3-grpcio           # the Python client (client/python) and its test
   python3-protobuf
+  python3-yaml             # //deploy/k8s:manifests_test reads the manifests
   curl                     # deploy/serve_test.sh asks the HTTP API
   clang                    # fuzz targets (--config=fuzz, tools/fuzz/run_all.sh)
   libclang-rt-14-dev       # libFuzzer and the sanitizer runtimes for clang 14

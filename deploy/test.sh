@@ -4,11 +4,13 @@
 # is installed, links and runs a fully static binary, runs the whole suite
 # again under ASan + UBSan (leaks fail), runs transfer/ and the services'
 # threading under TSan, brings the docker-compose deployment up and tests it
-# (deploy/compose_test.sh), runs every fuzz target for
+# (deploy/compose_test.sh), deploys the same topology as a Docker Swarm
+# stack on a single-node swarm of its own and tests it
+# (deploy/swarm_test.sh), runs every fuzz target for
 # FUZZ_SECONDS (default 20) on top of its committed corpus, then prints one
 # closing line "tests: N passed, M failed". Exit status 0 only when all passed.
 # MMSERVE_SKIP_ASAN=1 / MMSERVE_SKIP_TSAN=1 / MMSERVE_SKIP_FUZZ=1 /
-# MMSERVE_SKIP_COMPOSE=1 / MMSERVE_SKIP_AVX2=1 skip those steps (reported as skipped, never as
+# MMSERVE_SKIP_COMPOSE=1 / MMSERVE_SKIP_SWARM=1 / MMSERVE_SKIP_AVX2=1 skip those steps (reported as skipped, never as
 # passed).
 #
 # Bazel keeps a disk cache under ~/.cache/mmserve so later runs are fast.
@@ -56,23 +58,32 @@ else
   extra+=("docs test=failed")
 fi
 
-phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill, down -v)"
-if [[ "${MMSERVE_SKIP_COMPOSE:-0}" == 1 ]]; then
-  extra+=("compose=skipped")
-else
-  compose_log=$(mktemp)
-  deploy/compose_test.sh 2>&1 | tee "$compose_log"
-  compose_rc=${PIPESTATUS[0]}
-  # The summary row carries compose_test's last line, so that a failure's
-  # reason is in the part of the output CI shows.
-  compose_why=$(tail -n 1 "$compose_log" | sed -E 's/^compose_test: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
-  rm -f "$compose_log"
-  case $compose_rc in
-    0) extra+=("compose=passed") ;;
-    77) extra+=("compose ($compose_why)=skipped") ;;  # no Docker engine can run here
-    *) extra+=("compose ($compose_why)=failed") ;;
+# A deploy test (compose_test.sh, swarm_test.sh) as one summary row: its
+# last line carries the reason of a failure or skip, so that it is in the
+# part of the output CI shows. Exit status 77 is a skip.
+deploy_step() {  # row name, script, skip variable
+  local name=$1 script=$2 skip_var=$3 log rc why
+  if [[ "${!skip_var:-0}" == 1 ]]; then
+    extra+=("$name=skipped")
+    return
+  fi
+  log=$(mktemp)
+  "$script" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  why=$(tail -n 1 "$log" | sed -E 's/^[a-z_]+: (FAIL|SKIPPED) //; s/=/:/g' | cut -c1-300)
+  rm -f "$log"
+  case $rc in
+    0) extra+=("$name=passed") ;;
+    77) extra+=("$name ($why)=skipped") ;;  # no Docker engine (or swarm) can run here
+    *) extra+=("$name ($why)=failed") ;;
   esac
-fi
+}
+
+phase "docker-compose: deploy/compose_test.sh (images, up, answers, encoder kill, down -v)"
+deploy_step compose deploy/compose_test.sh MMSERVE_SKIP_COMPOSE
+
+phase "docker swarm: deploy/swarm_test.sh (own engine, swarm init, stack deploy, answers, task kills, stack rm, swarm leave)"
+deploy_step swarm deploy/swarm_test.sh MMSERVE_SKIP_SWARM
 
 phase "CUDA backend compiles (--config=cuda)"
 nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
