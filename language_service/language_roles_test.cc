@@ -275,6 +275,23 @@ Output RunSplit(Instance& prefill, Instance& decode, v1::PrefillRequest request,
   return pre;
 }
 
+// RunSplit joined: prefill's tokens and text then decode's, decode's finish,
+// once both streams ended well and the prefill stream handed the KV off
+// after one token.
+Output RunSplitJoined(Instance& prefill, Instance& decode, v1::PrefillRequest request) {
+  Output decoded;
+  Output pre = RunSplit(prefill, decode, std::move(request), &decoded);
+  INFO(pre.status.error_message() << " / " << decoded.status.error_message());
+  REQUIRE(pre.status.ok());
+  REQUIRE(decoded.status.ok());
+  CHECK(pre.handed_off);
+  CHECK(pre.tokens.size() == 1);
+  pre.tokens.insert(pre.tokens.end(), decoded.tokens.begin(), decoded.tokens.end());
+  pre.text += decoded.text;
+  pre.finish = decoded.finish;
+  return pre;
+}
+
 mmserve::v1::SamplingParams Greedy(uint32_t n) {
   mmserve::v1::SamplingParams s;
   s.set_temperature(0);
@@ -309,18 +326,10 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
         const Output want = RunBoth(both, Request(id, text, s));
         INFO(want.status.error_message());
         REQUIRE(want.status.ok());
-        Output decoded;
-        const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
-        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-        REQUIRE(pre.status.ok());
-        REQUIRE(decoded.status.ok());
-        CHECK(pre.handed_off);
-        CHECK(pre.tokens.size() == 1);
-        std::vector<uint32_t> got = pre.tokens;
-        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-        CHECK(got == want.tokens);
-        CHECK(pre.text + decoded.text == want.text);
-        CHECK(decoded.finish == want.finish);
+        const Output got = RunSplitJoined(prefill, decode, Request(id, text, s));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
+        CHECK(got.finish == want.finish);
       }
     }
   }
@@ -371,18 +380,10 @@ TEST_CASE("image prompts: prefill + decode instances give role both's tokens and
         INFO(want.status.error_message());
         REQUIRE(want.status.ok());
         REQUIRE(want.tokens.size() == 12);
-        Output decoded;
-        const Output pre = RunSplit(prefill, decode, request("split"), &decoded);
-        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-        REQUIRE(pre.status.ok());
-        REQUIRE(decoded.status.ok());
-        CHECK(pre.handed_off);
-        CHECK(pre.tokens.size() == 1);
-        std::vector<uint32_t> got = pre.tokens;
-        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-        CHECK(got == want.tokens);
-        CHECK(pre.text + decoded.text == want.text);
-        CHECK(decoded.finish == want.finish);
+        const Output got = RunSplitJoined(prefill, decode, request("split"));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
+        CHECK(got.finish == want.finish);
       }
     }
   }
@@ -427,15 +428,7 @@ TEST_CASE("video prompts in every role give transformers' greedy tokens", "[role
     INFO(alone.status.error_message());
     REQUIRE(alone.status.ok());
     CHECK(alone.tokens == want);
-    Output decoded;
-    const Output pre = RunSplit(prefill, decode, request(c.name + "@split"), &decoded);
-    INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-    REQUIRE(pre.status.ok());
-    REQUIRE(decoded.status.ok());
-    CHECK(pre.handed_off);
-    std::vector<uint32_t> got = pre.tokens;
-    got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-    CHECK(got == want);
+    CHECK(RunSplitJoined(prefill, decode, request(c.name + "@split")).tokens == want);
   }
   // A video part described as an image is refused before any transfer.
   const worker::VideoChat& c = goldens->chats[0];
@@ -476,16 +469,9 @@ TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "
         const Output want = RunBoth(both, Request(id, text, s));
         INFO(want.status.error_message());
         REQUIRE(want.status.ok());
-        Output decoded;
-        const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
-        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-        REQUIRE(pre.status.ok());
-        REQUIRE(decoded.status.ok());
-        CHECK(pre.handed_off);
-        std::vector<uint32_t> got = pre.tokens;
-        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-        CHECK(got == want.tokens);
-        CHECK(pre.text + decoded.text == want.text);
+        const Output got = RunSplitJoined(prefill, decode, Request(id, text, s));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
       }
     }
   }
