@@ -1,9 +1,9 @@
 // Arbitrary message lists through the Qwen2-VL chat renderer. Properties:
 // the renderer accepts exactly the chats the documented rules allow (roles
-// system/user/assistant, system only first, images only in user messages,
-// at least one message); an accepted chat renders to the text an
+// system/user/assistant, system only first, images and videos only in user
+// messages, at least one message); an accepted chat renders to the text an
 // independent reading of the template gives; with add_vision_id the
-// pictures are numbered 1..N in order.
+// pictures are numbered 1..N in order, and the videos apart from them.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -36,7 +36,7 @@ std::string Role(fuzz::FuzzInput& in) {
 bool Reference(const std::vector<ChatMessage>& messages, const ChatOptions& options,
                std::string* out) {
   if (messages.empty()) return false;
-  int images = 0;
+  int images = 0, videos = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const bool known = m.role == "system" || m.role == "user" || m.role == "assistant";
@@ -51,6 +51,12 @@ bool Reference(const std::vector<ChatMessage>& messages, const ChatOptions& opti
         continue;
       }
       if (m.role != "user") return false;
+      if (p.kind == ChatPart::Kind::kVideo) {
+        ++videos;
+        if (options.add_vision_id) *out += absl::StrCat("Video ", videos, ": ");
+        *out += "<|vision_start|><|video_pad|><|vision_end|>";
+        continue;
+      }
       ++images;
       if (options.add_vision_id) *out += absl::StrCat("Picture ", images, ": ");
       *out += "<|vision_start|><|image_pad|><|vision_end|>";
@@ -76,7 +82,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     m.role = Role(in);
     m.parts.resize(in.Byte() % 5);
     for (ChatPart& p : m.parts) {
-      p.kind = in.Bool() ? ChatPart::Kind::kImage : ChatPart::Kind::kText;
+      const uint8_t kind = in.Byte();  // odd: media (bit 1: a video), even: text
+      p.kind = (kind & 1) == 0   ? ChatPart::Kind::kText
+               : (kind & 2) != 0 ? ChatPart::Kind::kVideo
+                                 : ChatPart::Kind::kImage;
       if (p.kind == ChatPart::Kind::kText) p.text = in.String(64);
     }
   }

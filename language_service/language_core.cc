@@ -14,7 +14,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "language_service/language_core_request.h"
-#include "model/chat_template.h"
+#include "language_service/prompt_media.h"
 #include "model/sampling_proto.h"
 #include "proto/encoder.grpc.pb.h"
 
@@ -41,45 +41,6 @@ mmserve::v1::FinishReason FinishReasonToProto(worker::FinishReason r) {
   }
   return mmserve::v1::FINISH_REASON_UNSPECIFIED;
 }
-
-namespace {
-
-// The prompt text: the chat rendered with the model's template, or the raw
-// text. Image parts become one placeholder each; their count must match.
-absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request, int* num_images) {
-  *num_images = 0;
-  if (request.has_chat()) {
-    std::vector<model::ChatMessage> messages;
-    for (const mmserve::v1::ChatMessage& m : request.chat().messages()) {
-      model::ChatMessage cm;
-      cm.role = m.role();
-      for (const mmserve::v1::ContentPart& p : m.content()) {
-        if (p.has_image()) {
-          cm.parts.push_back({model::ChatPart::Kind::kImage, ""});
-          ++*num_images;
-        } else {
-          cm.parts.push_back({model::ChatPart::Kind::kText, p.text()});
-        }
-      }
-      messages.push_back(std::move(cm));
-    }
-    model::ChatOptions opts;
-    opts.add_generation_prompt =
-        !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
-    return model::RenderQwen2VlChat(messages, opts);
-  }
-  if (request.has_raw()) {
-    const std::string& text = request.raw().text();
-    for (size_t at = text.find(model::kQwen2VlImagePlaceholder); at != std::string::npos;
-         at = text.find(model::kQwen2VlImagePlaceholder, at + 1)) {
-      ++*num_images;
-    }
-    return text;
-  }
-  return absl::InvalidArgumentError("the request has no prompt (chat or raw)");
-}
-
-}  // namespace
 
 LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
                            metrics::Registry& metrics)
@@ -186,13 +147,9 @@ void LanguageCore::Handle(Message& message) {
 absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
   RETURN_IF_ERROR(role_->CheckPrefill(request));
-  int num_placeholders = 0;
-  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &num_placeholders));
-  if (num_placeholders != request.images_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", num_placeholders,
-                                                   " image parts but the request describes ",
-                                                   request.images_size(), " images"));
-  }
+  std::vector<model::MediaKind> slots;
+  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &slots));
+  RETURN_IF_ERROR(CheckPromptMedia(slots, request));
   if (request.images_size() > 0 && !config().vision) {
     return absl::InvalidArgumentError("this model does not accept images");
   }
@@ -222,6 +179,7 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     }
     Request::Image im;
     im.meta = image;
+    im.embedding.grid.kind = slots[r->images.size()];  // the retries' meta may omit it
     r->images.push_back(std::move(im));
   }
   return Install(std::move(r));

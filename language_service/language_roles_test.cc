@@ -27,6 +27,7 @@
 #include "proto/encoder.grpc.pb.h"
 #include "transfer/transfer_engine.h"
 #include "worker/fork_ranks.h"
+#include "worker/video_goldens.h"
 
 namespace mmserve::language {
 namespace {
@@ -133,9 +134,11 @@ class FakeEncoder final : public v1::Encoder::CallbackService {
   ~FakeEncoder() override { server_->Shutdown(absl::Seconds(1)); }
 
   // Offers image `index` of transfer `transfer_id`: a grid of t x h x w
-  // patches whose embedding rows derive from `seed`. Returns its PromptImage.
+  // patches whose embedding rows derive from `seed`, or are `rows` when
+  // given. Returns its PromptImage (of `kind`).
   v1::PromptImage Publish(const std::string& transfer_id, uint32_t index, int t, int h, int w,
-                          uint64_t seed) {
+                          uint64_t seed, v1::MediaKind kind = v1::MEDIA_KIND_IMAGE,
+                          const std::vector<float>* rows = nullptr) {
     const model::ImageGrid grid = model::ImageGrid::FromThw(t, h, w);
     const uint32_t n = static_cast<uint32_t>(grid.num_tokens());
     auto blocks = engine_->allocator().Alloc(n, transfer_id);
@@ -145,7 +148,9 @@ class FakeEncoder final : public v1::Encoder::CallbackService {
     uint8_t* base = buffer.data();
     auto* emb = reinterpret_cast<float*>(base + r[transfer::kEmbedding].offset);
     for (size_t i = 0; i < size_t{n} * hidden_; ++i) {
-      emb[i] = 0.5f * static_cast<float>(std::sin(0.37 * static_cast<double>(i) + seed));
+      emb[i] = rows != nullptr
+                   ? (*rows)[i]
+                   : 0.5f * static_cast<float>(std::sin(0.37 * static_cast<double>(i) + seed));
     }
     const int cols = w / 2, per_t = (h / 2) * cols;
     auto* fill = reinterpret_cast<int32_t*>(base + r[transfer::kFillId].offset);
@@ -172,6 +177,7 @@ class FakeEncoder final : public v1::Encoder::CallbackService {
     p.set_encoder_id("encoder");
     p.set_encoder_address(address);
     p.set_transfer_id(transfer_id);
+    p.set_kind(kind);
     return p;
   }
 
@@ -269,6 +275,23 @@ Output RunSplit(Instance& prefill, Instance& decode, v1::PrefillRequest request,
   return pre;
 }
 
+// RunSplit joined: prefill's tokens and text then decode's, decode's finish,
+// once both streams ended well and the prefill stream handed the KV off
+// after one token.
+Output RunSplitJoined(Instance& prefill, Instance& decode, v1::PrefillRequest request) {
+  Output decoded;
+  Output pre = RunSplit(prefill, decode, std::move(request), &decoded);
+  INFO(pre.status.error_message() << " / " << decoded.status.error_message());
+  REQUIRE(pre.status.ok());
+  REQUIRE(decoded.status.ok());
+  CHECK(pre.handed_off);
+  CHECK(pre.tokens.size() == 1);
+  pre.tokens.insert(pre.tokens.end(), decoded.tokens.begin(), decoded.tokens.end());
+  pre.text += decoded.text;
+  pre.finish = decoded.finish;
+  return pre;
+}
+
 mmserve::v1::SamplingParams Greedy(uint32_t n) {
   mmserve::v1::SamplingParams s;
   s.set_temperature(0);
@@ -303,18 +326,10 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
         const Output want = RunBoth(both, Request(id, text, s));
         INFO(want.status.error_message());
         REQUIRE(want.status.ok());
-        Output decoded;
-        const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
-        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-        REQUIRE(pre.status.ok());
-        REQUIRE(decoded.status.ok());
-        CHECK(pre.handed_off);
-        CHECK(pre.tokens.size() == 1);
-        std::vector<uint32_t> got = pre.tokens;
-        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-        CHECK(got == want.tokens);
-        CHECK(pre.text + decoded.text == want.text);
-        CHECK(decoded.finish == want.finish);
+        const Output got = RunSplitJoined(prefill, decode, Request(id, text, s));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
+        CHECK(got.finish == want.finish);
       }
     }
   }
@@ -365,18 +380,10 @@ TEST_CASE("image prompts: prefill + decode instances give role both's tokens and
         INFO(want.status.error_message());
         REQUIRE(want.status.ok());
         REQUIRE(want.tokens.size() == 12);
-        Output decoded;
-        const Output pre = RunSplit(prefill, decode, request("split"), &decoded);
-        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-        REQUIRE(pre.status.ok());
-        REQUIRE(decoded.status.ok());
-        CHECK(pre.handed_off);
-        CHECK(pre.tokens.size() == 1);
-        std::vector<uint32_t> got = pre.tokens;
-        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-        CHECK(got == want.tokens);
-        CHECK(pre.text + decoded.text == want.text);
-        CHECK(decoded.finish == want.finish);
+        const Output got = RunSplitJoined(prefill, decode, request("split"));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
+        CHECK(got.finish == want.finish);
       }
     }
   }
@@ -386,6 +393,54 @@ TEST_CASE("image prompts: prefill + decode instances give role both's tokens and
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (encoder.blocks_used() > 0 && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));
   CHECK(encoder.blocks_used() == 0);
+}
+
+// Video chats (tools/gen_video_lm_goldens.py) with embeddings from the
+// vision tower on transformers' pixel values, sent by the encoder stand-in as
+// PromptImages of kind video: role both and prefill + decode (KvImageSpan
+// kinds in the hand-off) give transformers' greedy tokens.
+TEST_CASE("video prompts in every role give transformers' greedy tokens", "[roles][video]") {
+  Instance both(LanguageRole::kBoth), prefill(LanguageRole::kPrefill),
+      decode(LanguageRole::kDecode);
+  FakeEncoder encoder(static_cast<uint32_t>(both.core->config().text.hidden_size));
+  auto goldens = worker::VideoGoldens::Load("qwen2vl-tiny-mha-tied");
+  INFO(goldens.status().ToString());
+  REQUIRE(goldens.ok());
+  uint64_t seed = 1;
+  for (const worker::VideoChat& c : goldens->chats) {
+    INFO(c.name);
+    mmserve::v1::SamplingParams s = Greedy(static_cast<uint32_t>(c.greedy_ids.size()));
+    s.set_ignore_eos(false);
+    s.set_min_tokens(static_cast<uint32_t>(c.greedy_ids.size()));  // the goldens mask EOS
+    auto request = [&](const std::string& id) {
+      v1::PrefillRequest r = Request(id, c.rendered, s);
+      for (size_t k = 0; k < c.items.size(); ++k) {
+        const worker::VideoGoldenItem& item = c.items[k];
+        const bool video = item.grid.kind == model::MediaKind::kVideo;
+        *r.add_images() = encoder.Publish(
+            id, static_cast<uint32_t>(k), item.grid.grid_t, item.grid.grid_h, item.grid.grid_w,
+            seed++, video ? v1::MEDIA_KIND_VIDEO : v1::MEDIA_KIND_IMAGE, &item.rows);
+      }
+      return r;
+    };
+    const std::vector<uint32_t> want(c.greedy_ids.begin(), c.greedy_ids.end());
+    const Output alone = RunBoth(both, request(c.name + "@both"));
+    INFO(alone.status.error_message());
+    REQUIRE(alone.status.ok());
+    CHECK(alone.tokens == want);
+    CHECK(RunSplitJoined(prefill, decode, request(c.name + "@split")).tokens == want);
+  }
+  // A video part described as an image is refused before any transfer.
+  const worker::VideoChat& c = goldens->chats[0];
+  v1::PrefillRequest wrong = Request("wrong", c.rendered, Greedy(4));
+  const worker::VideoGoldenItem& item = c.items[0];
+  *wrong.add_images() = encoder.Publish("wrong", 0, item.grid.grid_t, item.grid.grid_h,
+                                        item.grid.grid_w, 5, v1::MEDIA_KIND_IMAGE, &item.rows);
+  const Output refused = RunBoth(both, wrong);
+  CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
+  CHECK(both.Idle());
 }
 
 // Each decode rank receives only its own KV heads (2 of the model's 4) from
@@ -414,16 +469,9 @@ TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "
         const Output want = RunBoth(both, Request(id, text, s));
         INFO(want.status.error_message());
         REQUIRE(want.status.ok());
-        Output decoded;
-        const Output pre = RunSplit(prefill, decode, Request(id, text, s), &decoded);
-        INFO(pre.status.error_message() << " / " << decoded.status.error_message());
-        REQUIRE(pre.status.ok());
-        REQUIRE(decoded.status.ok());
-        CHECK(pre.handed_off);
-        std::vector<uint32_t> got = pre.tokens;
-        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
-        CHECK(got == want.tokens);
-        CHECK(pre.text + decoded.text == want.text);
+        const Output got = RunSplitJoined(prefill, decode, Request(id, text, s));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
       }
     }
   }

@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "language_service/prompt_media.h"
 
 namespace mmserve::language {
 namespace {
@@ -28,6 +29,7 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
     span->set_grid_t(static_cast<uint32_t>(h.grid.grid_t));
     span->set_grid_h(static_cast<uint32_t>(h.grid.grid_h));
     span->set_grid_w(static_cast<uint32_t>(h.grid.grid_w));
+    span->set_kind(MediaKindToProto(h.grid.kind));
     span->mutable_content_hash()->set_high(h.key.high);
     span->mutable_content_hash()->set_low(h.key.low);
   }

@@ -3,8 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "language_service/decode_role.h"
 #include "language_service/prefill_role.h"
+#include "language_service/prompt_media.h"
 
 namespace mmserve::language {
 namespace {
@@ -53,6 +55,7 @@ absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
     h.offset = static_cast<int>(s.offset());
     h.grid = model::ImageGrid::FromThw(static_cast<int>(s.grid_t()), static_cast<int>(s.grid_h()),
                                        static_cast<int>(s.grid_w()));
+    ASSIGN_OR_RETURN(h.grid.kind, MediaKindFromProto(s.kind()));
     h.key = ContentHash{s.content_hash().high(), s.content_hash().low()};
     out.push_back(h);
   }

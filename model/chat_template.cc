@@ -8,7 +8,7 @@ absl::StatusOr<std::string> RenderQwen2VlChat(const std::vector<ChatMessage>& me
                                               const ChatOptions& options) {
   if (messages.empty()) return absl::InvalidArgumentError("chat has no messages");
   std::string out;
-  int image_count = 0;
+  int image_count = 0, video_count = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role != "system" && m.role != "user" && m.role != "assistant") {
@@ -30,7 +30,14 @@ absl::StatusOr<std::string> RenderQwen2VlChat(const std::vector<ChatMessage>& me
       }
       if (m.role != "user") {
         return absl::InvalidArgumentError(
-            absl::StrCat("message ", i, ": only user messages may hold images"));
+            absl::StrCat("message ", i, ": only user messages may hold ",
+                         part.kind == ChatPart::Kind::kVideo ? "videos" : "images"));
+      }
+      if (part.kind == ChatPart::Kind::kVideo) {
+        ++video_count;
+        if (options.add_vision_id) absl::StrAppend(&out, "Video ", video_count, ": ");
+        out += kQwen2VlVideoPlaceholder;
+        continue;
       }
       ++image_count;
       if (options.add_vision_id) absl::StrAppend(&out, "Picture ", image_count, ": ");

@@ -25,6 +25,11 @@ struct ImageGridParams {
   int64_t max_pixels = 28 * 28 * 1280;
 };
 
+// What a multimodal slot holds (language.proto's MediaKind): an image's run
+// of tokens is <|image_pad|>, a video's <|video_pad|>. Images and videos
+// share one index space (order of appearance in the prompt).
+enum class MediaKind { kImage, kVideo };
+
 struct ImageGrid {
   int resized_height = 0;
   int resized_width = 0;
@@ -32,10 +37,17 @@ struct ImageGrid {
   int grid_h = 0;  // patches down
   int grid_w = 0;  // patches across
   int merge_size = 2;
+  // kVideo: grid_t temporal patches (frame pairs) of a video; the vision
+  // tower treats both kinds alike, the prompt places a video's tokens on
+  // <|video_pad|>.
+  MediaKind kind = MediaKind::kImage;
 
-  // A grid from (t, h, w) patch counts, as image_grid_thw lists them.
-  static ImageGrid FromThw(int t, int h, int w, int merge_size = 2) {
+  // A grid from (t, h, w) patch counts, as image_grid_thw (or
+  // video_grid_thw, with kind kVideo) lists them.
+  static ImageGrid FromThw(int t, int h, int w, int merge_size = 2,
+                           MediaKind kind = MediaKind::kImage) {
     ImageGrid g;
+    g.kind = kind;
     g.grid_t = t;
     g.grid_h = h;
     g.grid_w = w;

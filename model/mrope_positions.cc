@@ -5,32 +5,45 @@
 #include "absl/strings/str_cat.h"
 
 namespace mmserve::model {
+namespace {
+
+const char* KindName(MediaKind kind) { return kind == MediaKind::kVideo ? "video" : "image"; }
+
+}  // namespace
 
 absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(absl::Span<const int32_t> ids,
-                                                             int32_t image_pad_id,
+                                                             const MediaPadIds& pads,
                                                              absl::Span<const ImageGrid> grids) {
-  const size_t placeholders = std::count(ids.begin(), ids.end(), image_pad_id);
+  const size_t placeholders =
+      std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return pads.IsPad(id); });
   if (placeholders != grids.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt has ", placeholders, " image placeholders for ", grids.size(), " images"));
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", placeholders,
+                                                   " image or video placeholders for ",
+                                                   grids.size(), " images and videos"));
   }
   std::vector<int32_t> out;
   size_t extra = 0;
   for (const ImageGrid& g : grids) extra += g.num_tokens() - 1;
   out.reserve(ids.size() + extra);
-  size_t image = 0;
+  size_t item = 0;
   for (int32_t id : ids) {
-    if (id != image_pad_id) {
+    if (!pads.IsPad(id)) {
       out.push_back(id);
       continue;
     }
-    out.insert(out.end(), grids[image++].num_tokens(), image_pad_id);
+    const ImageGrid& g = grids[item];
+    if (id != pads.Of(g.kind)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placeholder ", item, " does not match its ", KindName(g.kind)));
+    }
+    out.insert(out.end(), g.num_tokens(), id);
+    ++item;
   }
   return out;
 }
 
 absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> ids,
-                                                     int32_t image_pad_id,
+                                                     const MediaPadIds& pads,
                                                      absl::Span<const ImageGrid> grids,
                                                      int spatial_merge_size) {
   MropePositions p;
@@ -38,9 +51,9 @@ absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> i
   p.h.reserve(ids.size());
   p.w.reserve(ids.size());
   int32_t next = 0;  // position of the next text token
-  size_t i = 0, image = 0;
+  size_t i = 0, item = 0;
   while (i < ids.size()) {
-    if (ids[i] != image_pad_id) {
+    if (!pads.IsPad(ids[i])) {
       p.t.push_back(next);
       p.h.push_back(next);
       p.w.push_back(next);
@@ -48,16 +61,18 @@ absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> i
       ++i;
       continue;
     }
-    if (image >= grids.size()) {
-      return absl::InvalidArgumentError("more image token runs than images");
+    if (item >= grids.size()) {
+      return absl::InvalidArgumentError("more image or video token runs than images and videos");
     }
-    const ImageGrid& g = grids[image++];
+    const ImageGrid& g = grids[item++];
+    const int32_t pad = pads.Of(g.kind);
     const int gt = g.grid_t, gh = g.grid_h / spatial_merge_size, gw = g.grid_w / spatial_merge_size;
     const size_t run = static_cast<size_t>(gt) * gh * gw;
     if (i + run > ids.size() || !std::all_of(ids.begin() + i, ids.begin() + i + run,
-                                             [&](int32_t id) { return id == image_pad_id; })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("image ", image - 1, " needs a run of ", run, " image tokens"));
+                                             [&](int32_t id) { return id == pad; })) {
+      return absl::InvalidArgumentError(absl::StrCat(KindName(g.kind), " ", item - 1,
+                                                     " needs a run of ", run, " ", KindName(g.kind),
+                                                     " tokens"));
     }
     for (int a = 0; a < gt; ++a) {
       for (int b = 0; b < gh; ++b) {
@@ -71,9 +86,10 @@ absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> i
     next += std::max({gt, gh, gw});
     i += run;
   }
-  if (image != grids.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt has ", image, " image token runs for ", grids.size(), " images"));
+  if (item != grids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", item,
+                                                   " image or video token runs for ", grids.size(),
+                                                   " images and videos"));
   }
   p.delta = next - static_cast<int32_t>(ids.size());
   return p;

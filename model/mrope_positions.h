@@ -1,17 +1,21 @@
-// Multimodal prompts for Qwen2-VL: expanding each image placeholder into one
-// token per image embedding, and the M-RoPE position ids of the result
-// (transformers' Qwen2-VL get_rope_index).
+// Multimodal prompts for Qwen2-VL: expanding each image or video placeholder
+// into one token per embedding row, and the M-RoPE position ids of the
+// result (transformers' Qwen2-VL get_rope_index, image_grid_thw and
+// video_grid_thw).
 //
-//   ASSIGN_OR_RETURN(auto ids, ExpandImagePlaceholders(prompt_ids, pad_id, grids));
-//   ASSIGN_OR_RETURN(MropePositions pos, ComputeMropePositions(ids, pad_id, grids, 2));
+//   const MediaPadIds pads{.image = image_pad_id, .video = video_pad_id};
+//   ASSIGN_OR_RETURN(auto ids, ExpandImagePlaceholders(prompt_ids, pads, grids));
+//   ASSIGN_OR_RETURN(MropePositions pos, ComputeMropePositions(ids, pads, grids, 2));
 //   // pos.t/h/w[i]: the three position components of token i; decode token
 //   // n (0-based over the whole sequence) has position n + pos.delta in all
 //   // three.
 //
-// Text tokens advance all three components together. An image's tokens sit
-// on a (t, h, w) grid of merged patches offset by the position after the
-// preceding text; the text after it resumes from the largest position used
-// plus one. Thread-safe (pure functions).
+// `grids` lists images and videos together in order of appearance; each
+// grid's kind says which pad its run holds. Text tokens advance all three
+// components together. An image's or video's tokens sit on a (t, h, w) grid
+// of merged patches (t: the video's temporal patches, 1 for an image) offset
+// by the position after the preceding text; the text after it resumes from
+// the largest position used plus one. Thread-safe (pure functions).
 #ifndef MMSERVE_MODEL_MROPE_POSITIONS_H_
 #define MMSERVE_MODEL_MROPE_POSITIONS_H_
 
@@ -30,16 +34,38 @@ struct MropePositions {
   int32_t delta = 0;
 };
 
-// Replaces the k-th `image_pad_id` in `ids` by grids[k].num_tokens() copies.
-// InvalidArgument when the number of placeholders differs from grids.size().
-[[nodiscard]] absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(
-    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids);
+// The placeholder token of each media kind; -1: the kind is not accepted
+// (no token id is negative).
+struct MediaPadIds {
+  int32_t image = -1;
+  int32_t video = -1;
 
-// Positions for expanded `ids`, whose image runs follow `grids` in order.
-// InvalidArgument when a run's length disagrees with its grid.
+  int32_t Of(MediaKind kind) const { return kind == MediaKind::kVideo ? video : image; }
+  bool IsPad(int32_t id) const { return id >= 0 && (id == image || id == video); }
+};
+
+// Replaces the k-th pad (image or video) in `ids` by grids[k].num_tokens()
+// copies. InvalidArgument when the number of placeholders differs from
+// grids.size() or the k-th placeholder is not of grids[k].kind.
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(
+    absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const ImageGrid> grids);
+
+// Positions for expanded `ids`, whose image and video runs follow `grids` in
+// order. InvalidArgument when a run's length or pad disagrees with its grid.
 [[nodiscard]] absl::StatusOr<MropePositions> ComputeMropePositions(
-    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids,
+    absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const ImageGrid> grids,
     int spatial_merge_size);
+
+// Images only: the same with no video pad.
+[[nodiscard]] inline absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(
+    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids) {
+  return ExpandImagePlaceholders(ids, MediaPadIds{.image = image_pad_id}, grids);
+}
+[[nodiscard]] inline absl::StatusOr<MropePositions> ComputeMropePositions(
+    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids,
+    int spatial_merge_size) {
+  return ComputeMropePositions(ids, MediaPadIds{.image = image_pad_id}, grids, spatial_merge_size);
+}
 
 }  // namespace mmserve::model
 

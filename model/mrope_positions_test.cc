@@ -56,5 +56,37 @@ TEST_CASE("image counts and run lengths must agree with the grids", "[mrope]") {
         absl::StatusCode::kInvalidArgument);
 }
 
+constexpr int32_t kVideo = 152;
+
+TEST_CASE("a video's time index advances per temporal patch; runs keep their own pads", "[mrope]") {
+  // transformers 4.57.6 get_rope_index with video_grid_thw [[3,2,4]] and
+  // image_grid_thw [[1,2,2]]: the video's t axis (3) outgrows h (1), w (2).
+  const MediaPadIds pads{.image = kPad, .video = kVideo};
+  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(3, 2, 4, 2, MediaKind::kVideo),
+                                        ImageGrid::FromThw(1, 2, 2)};
+  auto ids = ExpandImagePlaceholders(V{1, kVideo, 2, kPad}, pads, grids);
+  REQUIRE(ids.ok());
+  CHECK(*ids == V{1, kVideo, kVideo, kVideo, kVideo, kVideo, kVideo, 2, kPad});
+  auto p = ComputeMropePositions(*ids, pads, grids, 2);
+  REQUIRE(p.ok());
+  CHECK(p->t == V{0, 1, 1, 2, 2, 3, 3, 4, 5});
+  CHECK(p->h == V{0, 1, 1, 1, 1, 1, 1, 4, 5});
+  CHECK(p->w == V{0, 1, 2, 1, 2, 1, 2, 4, 5});
+  CHECK(p->delta == 6 - 9);
+}
+
+TEST_CASE("a placeholder of the wrong kind is refused", "[mrope]") {
+  const MediaPadIds pads{.image = kPad, .video = kVideo};
+  const std::vector<ImageGrid> video = {ImageGrid::FromThw(1, 2, 2, 2, MediaKind::kVideo)};
+  CHECK(ExpandImagePlaceholders(V{1, kPad}, pads, video).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(ComputeMropePositions(V{1, kPad}, pads, video, 2).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  // Without a video pad id the video token is plain text.
+  auto text = ComputeMropePositions(V{1, kVideo}, kPad, {}, 2);
+  REQUIRE(text.ok());
+  CHECK(text->delta == 0);
+}
+
 }  // namespace
 }  // namespace mmserve::model

@@ -22,7 +22,7 @@ LoadedModel LoadTestModel(const std::string& name, const Qwen2WeightsOptions& op
   return LoadModelDir("model/testdata/models/" + name, options);
 }
 
-LoadedModel LoadModelDir(const std::string& dir, const Qwen2WeightsOptions& options) {
+LoadedModel OpenModelDir(const std::string& dir) {
   LoadedModel m;
   auto cfg = LoadModelConfig(dir);
   REQUIRE(cfg.ok());
@@ -30,6 +30,11 @@ LoadedModel LoadModelDir(const std::string& dir, const Qwen2WeightsOptions& opti
   auto ckpt = SafetensorsCheckpoint::Open(dir);
   REQUIRE(ckpt.ok());
   m.ckpt = std::move(ckpt).value();
+  return m;
+}
+
+LoadedModel LoadModelDir(const std::string& dir, const Qwen2WeightsOptions& options) {
+  LoadedModel m = OpenModelDir(dir);
   auto w = Qwen2Weights::Load(*m.ckpt, m.cfg.text, options);
   INFO(w.status().ToString());
   REQUIRE(w.ok());

@@ -31,6 +31,8 @@ struct LoadedModel {
   std::unique_ptr<Qwen2Weights> weights;
 };
 
+// The config and checkpoint in dir, no weights loaded; REQUIREs success.
+LoadedModel OpenModelDir(const std::string& dir);
 // The checkpoint in dir with these weight options; REQUIREs success.
 LoadedModel LoadModelDir(const std::string& dir, const Qwen2WeightsOptions& options = {});
 // model/testdata/models/<name>.

@@ -10,7 +10,12 @@
 //
 // Several images of different sizes run in one forward (their patches
 // concatenated in order, as PreprocessImage lays them out); each linear layer
-// then sees every image's rows at once. bf16 weights are repacked at load
+// then sees every image's rows at once. A video is a grid with grid_t
+// temporal patches (frame pairs, rows [t][h][w] in merge-block order, as
+// Qwen2VLVideoProcessor's pixel_values_videos): its rotary positions are the
+// (h, w) ones repeated per temporal patch and attention stays inside each
+// temporal patch (cu_seqlens = repeat(h * w, t)), exactly as for t images;
+// ImageGrid::kind does not matter here. Images and videos mix in one call. bf16 weights are repacked at load
 // into model/cpu's panels (linear.h: the 6x16 AVX2 kernel) and their mapped
 // pages dropped, so memory holds one bf16 copy; fp32 weights stay in the
 // mapped checkpoint and run through OpenBLAS sgemm; fp16 weights become fp32.

@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(
   rules.vocab_size = m.config.text.vocab_size;
   rules.hidden_size = m.config.text.hidden_size;
   rules.image_pad_id = m.image_pad_id;
+  rules.video_pad_id = m.video_pad_id;
   rules.accepts_images = m.config.vision.has_value();
   rules.merge_size = m.config.vision ? m.config.vision->spatial_merge_size : 2;
   rules.max_model_len = m.sizing.max_model_len;

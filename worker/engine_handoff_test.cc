@@ -16,6 +16,7 @@
 #include "model/image_decode.h"
 #include "transfer/kv_handoff.h"
 #include "worker/engine.h"
+#include "worker/video_goldens.h"
 
 namespace mmserve::worker {
 namespace {
@@ -274,6 +275,54 @@ TEST_CASE("image chats hand off (M-RoPE delta, image spans) and give transformer
       }
     }
     REQUIRE(chats >= 4);
+    CHECK(pair.prefill->scheduler().kv_cache().stats().num_used_blocks == 0);
+    CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
+  }
+}
+
+TEST_CASE("video chats hand off (video spans keep their kind) and give transformers' tokens",
+          "[handoff]") {
+  for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"}) {
+    INFO(name);
+    auto g = VideoGoldens::Load(name);
+    INFO(g.status().ToString());
+    REQUIRE(g.ok());
+    Pair pair(name);
+    for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
+      for (const VideoChat& c : g->chats) {
+        const std::string id = c.name + "/" + std::to_string(round);
+        INFO(id);
+        Collected decoded;
+        RemoteKvBlocks reserved;
+        Collected pre = pair.HandoffAfterPrefill(c.Request(id), &decoded, &reserved);
+        REQUIRE(pre.handoff.images.size() == c.items.size());
+        for (size_t i = 0; i < c.items.size(); ++i) {
+          CHECK(pre.handoff.images[i].grid.kind == c.items[i].grid.kind);
+          CHECK(pre.handoff.images[i].key == c.items[i].key);
+        }
+        CHECK(pre.handoff.mrope_position_delta == c.rope_delta);
+        CHECK(pre.handoff.token_ids == c.input_ids);
+        if (round == 1) CHECK(reserved.num_cached_tokens > 0);
+        RunToEnd(*pair.decode);
+        std::vector<int32_t> got = pre.tokens;
+        got.insert(got.end(), decoded.tokens.begin(), decoded.tokens.end());
+        CHECK(got == c.greedy_ids);
+        CHECK(decoded.finish == FinishReason::kLength);
+      }
+    }
+    // A video span handed over as an image does not fit the prompt's pads.
+    const VideoChat& c = g->chats[0];
+    Collected pre, decoded;
+    pre = pair.HandoffAfterPrefill(c.Request("kind"), &decoded);
+    RunToEnd(*pair.decode);
+    EngineRequest d;
+    d.id = "kind/decode";
+    d.prompt_token_ids = pre.handoff.token_ids;
+    d.handoff_images = pre.handoff.images;
+    d.handoff_images[0].grid.kind = model::MediaKind::kImage;
+    d.sampling = c.Request("").sampling;
+    CHECK(Reserve(*pair.decode, std::move(d), Collect(&decoded)).status().code() ==
+          absl::StatusCode::kInvalidArgument);
     CHECK(pair.prefill->scheduler().kv_cache().stats().num_used_blocks == 0);
     CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
   }

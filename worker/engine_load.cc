@@ -155,6 +155,8 @@ absl::Status Load(const EngineOptions& options, EngineModel& m) {
   }
   m.image_pad_id = m.config.tokens.image_pad >= 0 ? m.config.tokens.image_pad
                                                   : m.tokenizer->TokenToId("<|image_pad|>");
+  m.video_pad_id = m.config.tokens.video_pad >= 0 ? m.config.tokens.video_pad
+                                                  : m.tokenizer->TokenToId("<|video_pad|>");
   return absl::OkStatus();
 }
 

@@ -45,6 +45,7 @@ struct EngineModel {
   EngineSizing sizing;
   std::vector<int32_t> eos_ids;  // config's eos, then generation_config's
   int32_t image_pad_id = -1;
+  int32_t video_pad_id = -1;  // -1: the tokenizer has no <|video_pad|>
 };
 
 // InvalidArgument for options out of range or a model that does not fit

@@ -24,8 +24,9 @@ namespace mmserve::worker {
 // and a prompt handed to a decode engine (KvConnector::OnPromptDone).
 using FinishReason = scheduler::FinishReason;
 
-// An image encoded elsewhere (the encoder service): its patch grid and its
-// merged-token embeddings, grid.num_tokens() rows of hidden_size floats.
+// An image or video (grid.kind) encoded elsewhere (the encoder service): its
+// patch grid and its merged-token embeddings, grid.num_tokens() rows of
+// hidden_size floats.
 struct ImageEmbedding {
   model::ImageGrid grid;
   std::vector<float> values;
@@ -41,12 +42,14 @@ struct ImageEmbedding {
 
 struct EngineRequest {
   std::string id;
-  // Prompt text (chat already rendered); each <|image_pad|> is one image.
+  // Prompt text (chat already rendered); each <|image_pad|> is one image and
+  // each <|video_pad|> one video (image_embeddings of kind kVideo).
   std::string prompt;
   // Alternatively token ids (prompt must then be empty).
   std::vector<int32_t> prompt_token_ids;
   std::vector<model::RgbImage> images;
-  // Alternatively, images already encoded (images must then be empty).
+  // Alternatively, images and videos already encoded, in order of
+  // appearance (images must then be empty).
   std::vector<ImageEmbedding> image_embeddings;
   model::SamplingParams sampling;
   // sampling.max_tokens is a placeholder: generate up to the context length

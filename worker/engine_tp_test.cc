@@ -1,7 +1,8 @@
 // The engine as rank 0 of a TP=2 instance (its shard rank a real
 // //worker:tp_shard process) against the same engine on one rank, on the
 // demo model: text and image requests batched together must produce the
-// same greedy token ids. And the refusals: a model whose KV heads do not
+// same greedy token ids; video chats on a tiny golden model give
+// transformers' tokens. And the refusals: a model whose KV heads do not
 // split, a missing shard binary, quantization.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "worker/shm_communicator.h"
 #include "worker/shm_file.h"
 #include "worker/step_ring.h"
+#include "worker/video_goldens.h"
 
 namespace mmserve::worker {
 namespace {
@@ -196,6 +198,41 @@ TEST_CASE("TP=2 image rows in the shared input travel as descriptors, with the i
     emb.shared_values = rows;
     r.image_embeddings.push_back(std::move(emb));
     CHECK(absl::IsInvalidArgument((*e)->AddRequest(std::move(r), [](const StreamEvent&) {})));
+  }
+  CHECK(waitpid(-1, nullptr, WNOHANG) < 0);
+}
+
+// Videos (issue 28): M-RoPE positions of video runs are rank 0's, the rows
+// travel as for images; the tokens are transformers'.
+TEST_CASE("a TP=2 engine gives transformers' greedy tokens on video chats", "[engine][tp][video]") {
+  auto goldens = VideoGoldens::Load("qwen2vl-tiny-mha-tied");
+  INFO(goldens.status().ToString());
+  REQUIRE(goldens.ok());
+  EngineOptions o = Options("model/testdata/models/qwen2vl-tiny-mha-tied", 2);
+  o.load_vision = false;
+  o.tp_instance_id = "engine-tp-video-" + std::to_string(getpid());
+  std::map<std::string, std::vector<int32_t>> got;
+  {
+    auto e = LlmEngine::Create(o);
+    INFO(e.status().ToString());
+    REQUIRE(e.ok());
+    for (const VideoChat& c : goldens->chats) {
+      std::vector<int32_t>* tokens = &got[c.name];
+      REQUIRE((*e)->AddRequest(c.Request(c.name),
+                               [tokens](const StreamEvent& ev) {
+                                 tokens->insert(tokens->end(), ev.token_ids.begin(),
+                                                ev.token_ids.end());
+                               })
+                  .ok());
+    }
+    for (int steps = 0; (*e)->has_unfinished(); ++steps) {
+      REQUIRE(steps < 1000);
+      REQUIRE((*e)->Step().ok());
+    }
+  }
+  for (const VideoChat& c : goldens->chats) {
+    INFO(c.name);
+    CHECK(got[c.name] == c.greedy_ids);
   }
   CHECK(waitpid(-1, nullptr, WNOHANG) < 0);
 }

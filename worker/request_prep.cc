@@ -44,14 +44,15 @@ absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
   std::vector<model::ImageGrid> grids;
   for (const ImageRows& image : images) grids.push_back(image.grid);
   PreparedPrompt out;
-  ASSIGN_OR_RETURN(out.token_ids, model::ExpandImagePlaceholders(ids, rules.image_pad_id, grids));
-  ASSIGN_OR_RETURN(out.positions, model::ComputeMropePositions(out.token_ids, rules.image_pad_id,
-                                                               grids, rules.merge_size));
+  const model::MediaPadIds pads = rules.pads();
+  ASSIGN_OR_RETURN(out.token_ids, model::ExpandImagePlaceholders(ids, pads, grids));
+  ASSIGN_OR_RETURN(out.positions,
+                   model::ComputeMropePositions(out.token_ids, pads, grids, rules.merge_size));
   // Where each image's tokens sit in the expanded prompt.
   const std::vector<int32_t>& expanded = out.token_ids;
   size_t k = 0;
   for (size_t i = 0; i < expanded.size() && k < images.size();) {
-    if (expanded[i] != rules.image_pad_id) {
+    if (!pads.IsPad(expanded[i])) {
       ++i;
       continue;
     }
@@ -80,6 +81,7 @@ absl::StatusOr<PreparedPrompt> PlaceHandoffImages(absl::Span<const int32_t> ids,
                                                   const PromptRules& rules) {
   if (!rules.accepts_images) return absl::InvalidArgumentError("this model does not accept images");
   const int merge = rules.merge_size;
+  const model::MediaPadIds pads = rules.pads();
   const int64_t n = static_cast<int64_t>(ids.size());
   PreparedPrompt out;
   std::vector<model::ImageGrid> grids;
@@ -97,9 +99,10 @@ absl::StatusOr<PreparedPrompt> PlaceHandoffImages(absl::Span<const int32_t> ids,
           g.grid_w, ") does not fit a prompt of ", n, " tokens after the previous image"));
     }
     for (int64_t i = h.offset; i < h.offset + g.num_tokens(); ++i) {
-      if (ids[i] != rules.image_pad_id) {
-        return absl::InvalidArgumentError(absl::StrCat("hand-off image ", k, " at offset ",
-                                                       h.offset, " is not a run of image pads"));
+      if (ids[i] != pads.Of(g.kind)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hand-off image ", k, " at offset ", h.offset, " is not a run of ",
+                         g.kind == model::MediaKind::kVideo ? "video" : "image", " pads"));
       }
     }
     end = h.offset + g.num_tokens();
@@ -108,12 +111,12 @@ absl::StatusOr<PreparedPrompt> PlaceHandoffImages(absl::Span<const int32_t> ids,
     out.images.push_back(
         {.offset = h.offset, .length = static_cast<int>(g.num_tokens()), .grid = g, .key = h.key});
   }
-  if (std::count(ids.begin(), ids.end(), rules.image_pad_id) != image_tokens) {
+  if (std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return pads.IsPad(id); }) !=
+      image_tokens) {
     return absl::InvalidArgumentError("the prompt has image pads outside its hand-off images");
   }
   out.token_ids.assign(ids.begin(), ids.end());
-  ASSIGN_OR_RETURN(out.positions,
-                   model::ComputeMropePositions(ids, rules.image_pad_id, grids, merge));
+  ASSIGN_OR_RETURN(out.positions, model::ComputeMropePositions(ids, pads, grids, merge));
   return out;
 }
 

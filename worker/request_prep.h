@@ -33,16 +33,20 @@ namespace mmserve::worker {
 
 // What preparation needs to know about the model.
 struct PromptRules {
+  model::MediaPadIds pads() const { return {.image = image_pad_id, .video = video_pad_id}; }
+
   int vocab_size = 0;
   int hidden_size = 0;
   int32_t image_pad_id = -1;
-  bool accepts_images = false;  // the model has a vision config
+  int32_t video_pad_id = -1;    // -1: no video token (videos refused)
+  bool accepts_images = false;  // the model has a vision config (images and videos)
   int merge_size = 2;           // the vision config's spatial_merge_size
   int max_model_len = 0;
   std::vector<int32_t> eos_ids;  // the first is the scheduler's eos
 };
 
-// One image's embedding: grid.num_tokens() rows of hidden_size floats.
+// One image's or video's embedding (grid.kind says which):
+// grid.num_tokens() rows of hidden_size floats.
 struct ImageRows {
   model::ImageGrid grid;
   absl::Span<const float> rows;
@@ -75,16 +79,17 @@ struct PreparedPrompt {
 // values).
 [[nodiscard]] absl::Status CheckImageEmbedding(const ImageEmbedding& e, int hidden_size);
 
-// Expands the k-th image pad of `ids` into images[k]'s run and computes the
-// M-RoPE positions. InvalidArgument when pads and images disagree.
+// Expands the k-th image or video pad of `ids` into images[k]'s run (images
+// and videos in order of appearance; grid.kind picks the pad) and computes
+// the M-RoPE positions. InvalidArgument when pads and images disagree.
 [[nodiscard]] absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
                                                           absl::Span<const ImageRows> images,
                                                           const PromptRules& rules);
 
 // `ids` is another engine's expanded prompt (HandoffPrompt::token_ids):
-// checks that each image's run of pads lies where it says (in order, inside
-// the prompt, grids multiples of merge_size, no pads outside them) and
-// computes the positions. The images get no rows. InvalidArgument otherwise.
+// checks that each image's (or video's, by grid.kind) run of pads lies where
+// it says (in order, inside the prompt, grids multiples of merge_size, no
+// pads outside them) and computes the positions. The images get no rows. InvalidArgument otherwise.
 [[nodiscard]] absl::StatusOr<PreparedPrompt> PlaceHandoffImages(
     absl::Span<const int32_t> ids, absl::Span<const HandoffImage> images, const PromptRules& rules);
 

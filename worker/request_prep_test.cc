@@ -110,6 +110,40 @@ TEST_CASE("hand-off images must lie on their runs of pads, in order", "[request_
   CHECK(PlaceHandoffImages(ids, good, text_only).status().code() == kInvalid);
 }
 
+TEST_CASE("video pads expand and hand off by their kind", "[request_prep]") {
+  constexpr int32_t kVideoPad = 10;
+  PromptRules rules = Rules();
+  rules.video_pad_id = kVideoPad;
+  const std::vector<float> v(3 * kHidden, 1.0f), a(1 * kHidden, 2.0f);
+  const std::vector<ImageRows> items = {
+      {model::ImageGrid::FromThw(3, 2, 2, 2, model::MediaKind::kVideo), v, ContentHash{3, 4}},
+      {model::ImageGrid::FromThw(1, 2, 2), a, ContentHash{5, 6}},
+  };
+  auto p = ExpandImages({1, kVideoPad, kPad, 2}, items, rules);
+  REQUIRE(p.ok());
+  CHECK(p->token_ids == std::vector<int32_t>{1, kVideoPad, kVideoPad, kVideoPad, kPad, 2});
+  REQUIRE(p->images.size() == 2);
+  CHECK(p->images[0].offset == 1);
+  CHECK(p->images[0].length == 3);
+  CHECK(p->images[1].offset == 4);
+  // Text 0; video t 1..3 (h, w 1); image 4; text 5: next 6 at index 6.
+  CHECK(p->positions.t == std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+  CHECK(p->positions.delta == 0);
+  const HandoffPrompt h = MakeHandoffPrompt(*p);
+  REQUIRE(h.images.size() == 2);
+  CHECK(h.images[0].grid.kind == model::MediaKind::kVideo);
+  auto placed = PlaceHandoffImages(h.token_ids, h.images, rules);
+  REQUIRE(placed.ok());
+  CHECK(placed->positions.t == p->positions.t);
+  std::vector<HandoffImage> as_image = h.images;
+  as_image[0].grid.kind = model::MediaKind::kImage;
+  CHECK(PlaceHandoffImages(h.token_ids, as_image, rules).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  // A model without a video token refuses videos.
+  CHECK(ExpandImages({1, kVideoPad, kPad, 2}, items, Rules()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("max_tokens must fit the context, or fills it", "[request_prep]") {
   model::SamplingParams s;
   s.max_tokens = 10;

@@ -1,0 +1,100 @@
+#include "language_service/prompt_media.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/chat_template.h"
+
+namespace mmserve::language {
+namespace {
+
+const char* KindName(model::MediaKind kind) {
+  return kind == model::MediaKind::kVideo ? "a video" : "an image";
+}
+
+// The placeholders of raw text in order of appearance.
+std::vector<model::MediaKind> RawSlots(const std::string& text) {
+  std::vector<model::MediaKind> slots;
+  const std::string image = model::kQwen2VlImagePlaceholder;
+  const std::string video = model::kQwen2VlVideoPlaceholder;
+  size_t at = 0;
+  while (true) {
+    const size_t i = text.find(image, at), v = text.find(video, at);
+    if (i == std::string::npos && v == std::string::npos) break;
+    const bool is_video = v < i;
+    slots.push_back(is_video ? model::MediaKind::kVideo : model::MediaKind::kImage);
+    at = (is_video ? v : i) + 1;
+  }
+  return slots;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request,
+                                         std::vector<model::MediaKind>* slots) {
+  slots->clear();
+  if (request.has_chat()) {
+    std::vector<model::ChatMessage> messages;
+    for (const mmserve::v1::ChatMessage& m : request.chat().messages()) {
+      model::ChatMessage cm;
+      cm.role = m.role();
+      for (const mmserve::v1::ContentPart& p : m.content()) {
+        if (p.has_image()) {
+          cm.parts.push_back({model::ChatPart::Kind::kImage, ""});
+          slots->push_back(model::MediaKind::kImage);
+        } else if (p.has_video()) {
+          cm.parts.push_back({model::ChatPart::Kind::kVideo, ""});
+          slots->push_back(model::MediaKind::kVideo);
+        } else {
+          cm.parts.push_back({model::ChatPart::Kind::kText, p.text()});
+        }
+      }
+      messages.push_back(std::move(cm));
+    }
+    model::ChatOptions opts;
+    opts.add_generation_prompt =
+        !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
+    return model::RenderQwen2VlChat(messages, opts);
+  }
+  if (request.has_raw()) {
+    *slots = RawSlots(request.raw().text());
+    return request.raw().text();
+  }
+  return absl::InvalidArgumentError("the request has no prompt (chat or raw)");
+}
+
+absl::Status CheckPromptMedia(absl::Span<const model::MediaKind> slots,
+                              const v1::PrefillRequest& request) {
+  if (slots.size() != static_cast<size_t>(request.images_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", slots.size(),
+                                                   " image parts but the request describes ",
+                                                   request.images_size(), " images"));
+  }
+  for (int k = 0; k < request.images_size(); ++k) {
+    absl::StatusOr<model::MediaKind> kind = MediaKindFromProto(request.images(k).kind());
+    if (!kind.ok()) return kind.status();
+    if (*kind != slots[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("part ", k, " of the prompt is ", KindName(slots[k]),
+                       " but the request describes ", KindName(*kind)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<model::MediaKind> MediaKindFromProto(int kind) {
+  switch (kind) {
+    case v1::MEDIA_KIND_IMAGE:
+      return model::MediaKind::kImage;
+    case v1::MEDIA_KIND_VIDEO:
+      return model::MediaKind::kVideo;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown media kind ", kind));
+  }
+}
+
+v1::MediaKind MediaKindToProto(model::MediaKind kind) {
+  return kind == model::MediaKind::kVideo ? v1::MEDIA_KIND_VIDEO : v1::MEDIA_KIND_IMAGE;
+}
+
+}  // namespace mmserve::language

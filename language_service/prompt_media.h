@@ -1,0 +1,46 @@
+// The prompt of a PrefillRequest and its multimodal slots: the chat rendered
+// with the model's template (image and video parts become one placeholder
+// each) or the raw text, the kind of each placeholder in order, and the
+// check that the request's PromptImage list (images and videos in one index
+// space, order of appearance) describes exactly those placeholders.
+//
+//   std::vector<model::MediaKind> slots;
+//   ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &slots));
+//   RETURN_IF_ERROR(CheckPromptMedia(slots, request));
+//
+// Pure functions; thread-safe.
+#ifndef MMSERVE_LANGUAGE_SERVICE_PROMPT_MEDIA_H_
+#define MMSERVE_LANGUAGE_SERVICE_PROMPT_MEDIA_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/image_tokens.h"
+#include "proto/language.pb.h"
+
+namespace mmserve::language {
+
+namespace v1 = ::mmserve::internal::v1;
+
+// The prompt text; `slots` gets the kind of each image or video placeholder
+// in order. InvalidArgument for a request without a prompt or a chat the
+// template refuses.
+[[nodiscard]] absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request,
+                                                       std::vector<model::MediaKind>* slots);
+
+// InvalidArgument unless request.images() has one entry per slot, each of
+// the slot's kind (an image part described as a video, or the reverse, is
+// refused).
+[[nodiscard]] absl::Status CheckPromptMedia(absl::Span<const model::MediaKind> slots,
+                                            const v1::PrefillRequest& request);
+
+// InvalidArgument for a value outside the enum (a newer peer's kind).
+[[nodiscard]] absl::StatusOr<model::MediaKind> MediaKindFromProto(int kind);
+v1::MediaKind MediaKindToProto(model::MediaKind kind);
+
+}  // namespace mmserve::language
+
+#endif  // MMSERVE_LANGUAGE_SERVICE_PROMPT_MEDIA_H_
