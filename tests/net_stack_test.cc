@@ -8,10 +8,13 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 
 namespace mmserve::testing {
 namespace {
@@ -25,31 +28,48 @@ bool Skipped() {
   return true;
 }
 
-// Items 0, 6, 12, ...: `n` distinct images.
-std::vector<int> Items(int n) {
+// Questions on `n` distinct images, starting at image `first`.
+std::vector<int> Items(int n, int first = 0) {
   std::vector<int> items;
-  for (int i = 0; static_cast<int>(items.size()) < n; i += 6) items.push_back(i);
+  for (int i = 0; i < n; ++i) items.push_back((first + i) * 6);
   return items;
 }
 
-// Asks `items` (4 at a time) and checks each answer against the in-process
-// engine's; returns how many were answered.
-int AskAndCompare(mmserve::v1::Inference::Stub& stub, const std::vector<int>& items,
-                  const AskOptions& options = {}) {
+// Asks `items` (`threads` at a time); each answer is the in-process engine's
+// or, with `errors_ok`, a clean UNAVAILABLE / DEADLINE_EXCEEDED. Returns the
+// mean time to the first token of those answered.
+absl::Duration AskAndCompare(mmserve::v1::Inference::Stub& stub, const std::vector<int>& items,
+                             int threads = 4, bool errors_ok = false) {
   const DemoSet& set = Demo();
   const Reference& ref = InProcess(set);
   std::vector<Answer> a(items.size());
-  ParallelFor(static_cast<int>(items.size()), 4, [&](int k) {
-    a[k] = AskGrpc(stub, DemoRequest(set, set.items[items[k]], options), options);
+  std::vector<int64_t> ttft(items.size(), 0);
+  ParallelFor(static_cast<int>(items.size()), threads, [&](int k) {
+    const GenerateRequest req = DemoRequest(set, set.items[items[k]], {});
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    const int64_t start = MonotonicNanos();
+    auto reader = stub.Generate(&ctx, req);
+    mmserve::v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+      if (ttft[k] == 0 && r.token_ids_size() > 0) ttft[k] = MonotonicNanos() - start;
+      for (uint32_t t : r.token_ids()) a[k].token_ids.push_back(static_cast<int32_t>(t));
+    }
+    a[k].status = FromGrpcStatus(reader->Finish());
   });
-  int ok = 0;
+  int64_t sum = 0;
+  int answered = 0;
   for (size_t k = 0; k < items.size(); ++k) {
     INFO("item " << items[k] << ": " << a[k].status);
+    if (errors_ok && (absl::IsUnavailable(a[k].status) || absl::IsDeadlineExceeded(a[k].status))) {
+      continue;
+    }
     REQUIRE(a[k].status.ok());
     CHECK(a[k].token_ids == ref.ids[items[k]]);
-    ++ok;
+    sum += ttft[k];
+    ++answered;
   }
-  return ok;
+  return answered > 0 ? absl::Nanoseconds(sum / answered) : absl::ZeroDuration();
 }
 
 void CheckNoLeaks(NetStack& stack) {
@@ -57,6 +77,28 @@ void CheckNoLeaks(NetStack& stack) {
   INFO(leaks.ToString());
   CHECK(leaks.zero());
 }
+
+// Every host's and the client's link.
+void SetAllLinks(NetHosts& hosts, const LinkFault& f) {
+  for (int h = 0; h < hosts.size(); ++h) hosts.SetLink(h, f);
+  hosts.SetClientLink(f);
+}
+
+// Waits (bounded) until `done` holds; false when it never did.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(60)) {
+  const Deadline deadline = Deadline::After(timeout);
+  while (!deadline.Expired()) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return done();
+}
+
+// Router flags for links that are slow or lossy but up: a health poll gets
+// more than a round trip, and an instance leaves placement after about 2 s
+// of silence.
+const std::vector<std::string> kRouterArgs = {"--poll_ms=250", "--poll_timeout_ms=1000",
+                                              "--down_after=2", "--heartbeat_timeout_ms=3000"};
 
 TEST_CASE("across hosts over tcp the answers equal the in-process engine's") {
   if (Skipped()) return;
@@ -69,8 +111,96 @@ TEST_CASE("across hosts over tcp the answers equal the in-process engine's") {
   INFO(stack.status());
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  CHECK(AskAndCompare(*stub, Items(8)) == 8);
+  AskAndCompare(*stub, Items(8));
   CheckNoLeaks(**stack);
+}
+
+TEST_CASE("delay, loss, a partition and a router restart between hosts") {
+  if (Skipped()) return;
+  NetStackOptions o;
+  o.encoders = 2;
+  o.languages = {"both", "both"};
+  o.router_args = kRouterArgs;
+  auto hosts_or = NetHosts::Create(NetStack::HostsFor(o));
+  REQUIRE(hosts_or.ok());
+  NetHosts& hosts = **hosts_or;
+  auto stack_or = NetStack::Start(hosts, o);
+  INFO(stack_or.status());
+  REQUIRE(stack_or.ok());
+  NetStack& stack = **stack_or;
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  AskAndCompare(*stub, Items(8, 0));  // every instance connected to every encoder
+
+  // Delay: one at a time, so that the time to the first token is the
+  // critical path's round trips times 2 x the one-way delay (every port,
+  // the client's too, delays what it sends).
+  int first = 8;
+  std::vector<std::pair<int, absl::Duration>> ttft;
+  for (const int ms : {0, 10, 50}) {
+    SetAllLinks(hosts, {.delay = absl::Milliseconds(ms), .jitter = absl::Milliseconds(ms * 2 / 5)});
+    ttft.emplace_back(ms, AskAndCompare(*stub, Items(4, first), 1));
+    first += 4;
+  }
+  SetAllLinks(hosts, {});
+  for (const auto& [ms, t] : ttft) {
+    const double trips = ms == 0 ? 0 : absl::ToDoubleMilliseconds(t - ttft[0].second) / (2.0 * ms);
+    WARN("one-way delay " << ms << " ms (jitter +-" << ms * 2 / 5 << " ms): mean TTFT "
+                          << absl::ToDoubleMilliseconds(t) << " ms, round trips on the critical "
+                          << "path " << trips);
+  }
+  CheckNoLeaks(stack);
+
+  // 3% of the frames lost on every link: answers unchanged or a clean error.
+  {
+    SetAllLinks(hosts, {.loss = 0.03});
+    AskAndCompare(*stub, Items(8, first), 4, /*errors_ok=*/true);
+    first += 8;
+    SetAllLinks(hosts, {});
+    CheckNoLeaks(stack);
+  }
+
+  // Router <-> language-1 partitioned, language-1 running: no placement
+  // there; healed: placed there again.
+  {
+    launcher::Service& isolated = stack.language(1);
+    hosts.Partition(stack.router_host(), stack.language_host(1), true);
+    REQUIRE(stack.WaitHealthy(2, "language", 1, absl::Seconds(60)).ok());
+    const double before = stack.Metric(isolated, "mmserve_language_requests_total");
+    AskAndCompare(*stub, Items(8, first));
+    first += 8;
+    CHECK(stack.Metric(isolated, "mmserve_language_requests_total") == before);
+    CHECK(isolated.process->alive());
+    hosts.Partition(stack.router_host(), stack.language_host(1), false);
+    REQUIRE(stack.WaitHealthy(2, "language", 2, absl::Seconds(60)).ok());
+    bool used = false;
+    for (int round = 0; round < 4 && !used; ++round) {
+      AskAndCompare(*stub, Items(8, first));
+      first += 8;
+      used = stack.Metric(isolated, "mmserve_language_requests_total") > before;
+    }
+    CHECK(used);
+    CheckNoLeaks(stack);
+  }
+
+  // The router killed with streams in flight and started again on the same
+  // address: the streams end UNAVAILABLE, the instances register again.
+  {
+    AskOptions lo{.max_tokens = 3000, .ignore_eos = true};
+    std::vector<GenerateRequest> reqs;
+    for (int i : Items(2, first)) reqs.push_back(DemoRequest(Demo(), Demo().items[i], lo));
+    first += 2;
+    KilledStreams run = StreamAndKill(*stub, reqs, [&] { stack.KillRouter(); },
+                                      {.streaming_tokens = 1, .deadline = absl::Seconds(120)});
+    const absl::Status ended = run.AllUnavailable(absl::Seconds(10));
+    INFO(ended);
+    CHECK(ended.ok());
+    REQUIRE(stack.StartRouter().ok());
+    REQUIRE(stack.WaitHealthy(2, "language", 2, absl::Seconds(60)).ok());
+    CheckNoLeaks(stack);
+    auto fresh = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+    AskAndCompare(*fresh, Items(4, first));
+    CheckNoLeaks(stack);
+  }
 }
 
 }  // namespace
