@@ -10,6 +10,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -199,6 +201,118 @@ TEST_CASE("delay, loss, a partition and a router restart between hosts") {
     CheckNoLeaks(stack);
     auto fresh = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
     AskAndCompare(*fresh, Items(4, first));
+    CheckNoLeaks(stack);
+  }
+}
+
+// Streams `items` at once on threads of their own (ended by `Join`).
+struct Background {
+  std::vector<Answer> answers;
+  std::vector<int64_t> ended_ns;
+  std::thread thread;
+  void Join() { thread.join(); }
+};
+std::unique_ptr<Background> AskInBackground(mmserve::v1::Inference::Stub& stub,
+                                            const std::vector<int>& items) {
+  auto b = std::make_unique<Background>();
+  b->answers.resize(items.size());
+  b->ended_ns.resize(items.size());
+  b->thread = std::thread([&stub, items, b = b.get()] {
+    ParallelFor(static_cast<int>(items.size()), static_cast<int>(items.size()), [&](int k) {
+      b->answers[k] = AskGrpc(stub, DemoRequest(Demo(), Demo().items[items[k]], {}),
+                              {.deadline = absl::Seconds(60)});
+      b->ended_ns[k] = MonotonicNanos();
+    });
+  });
+  return b;
+}
+
+// Each answer is the in-process engine's or UNAVAILABLE (never a deadline);
+// returns how many were UNAVAILABLE.
+int CheckOkOrUnavailable(const Background& b, const std::vector<int>& items) {
+  const Reference& ref = InProcess(Demo());
+  int unavailable = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const Answer& a = b.answers[k];
+    INFO("item " << items[k] << ": " << a.status);
+    if (absl::IsUnavailable(a.status)) {
+      ++unavailable;
+      continue;
+    }
+    REQUIRE(a.status.ok());
+    CHECK(a.token_ids == ref.ids[items[k]]);
+  }
+  return unavailable;
+}
+
+TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored") {
+  if (Skipped()) return;
+  NetStackOptions o;
+  o.encoders = 2;
+  o.languages = {"prefill", "decode"};
+  o.router_args = kRouterArgs;
+  o.encoder_args = {"--keep_for_seconds=5"};
+  // Every hand-off waits between AllocateKv and its puts, so that a cut
+  // lands inside it; lost transfers and hand-offs give up after 5 s.
+  o.language_args = {"--transfer_timeout_ms=5000", "--kv_commit_timeout_ms=5000",
+                     "--test_kv_handoff_delay_ms=1500"};
+  auto hosts_or = NetHosts::Create(NetStack::HostsFor(o));
+  REQUIRE(hosts_or.ok());
+  NetHosts& hosts = **hosts_or;
+  auto stack_or = NetStack::Start(hosts, o);
+  INFO(stack_or.status());
+  REQUIRE(stack_or.ok());
+  NetStack& stack = **stack_or;
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  AskAndCompare(*stub, Items(4, 0));
+
+  // encoder-0's link slowed (a transfer takes many 200 ms trips), then cut
+  // while it sends an embedding: its images are sent to encoder-1 or end
+  // UNAVAILABLE; restored, it is used again and nothing leaks.
+  {
+    launcher::Service& enc = stack.encoder(0);
+    hosts.SetLink(stack.encoder_host(0), {.delay = absl::Milliseconds(200)});
+    const std::vector<int> items = Items(6, 10);
+    const double encoded = stack.Metric(enc, "mmserve_encoder_images_encoded_total");
+    auto run = AskInBackground(*stub, items);
+    const bool sending =
+        WaitFor([&] { return stack.Metric(enc, "mmserve_encoder_transfers_active") > 0; });
+    hosts.SetLink(stack.encoder_host(0), {.cut = true});
+    run->Join();
+    WARN("encoder-0 cut " << (sending ? "while sending an embedding" : "(no transfer seen)") << "; "
+                          << CheckOkOrUnavailable(*run, items) << " of " << items.size()
+                          << " requests ended UNAVAILABLE");
+    CHECK(sending);
+    CHECK(stack.Metric(enc, "mmserve_encoder_images_encoded_total") == -1);  // unreachable
+    AskAndCompare(*stub, Items(4, 20));                                      // on encoder-1
+    hosts.SetLink(stack.encoder_host(0), {});
+    REQUIRE(stack.WaitHealthy(2, "prefill", 1, absl::Seconds(60)).ok());
+    CheckNoLeaks(stack);
+    AskAndCompare(*stub, Items(8, 30));
+    CHECK(stack.Metric(enc, "mmserve_encoder_images_encoded_total") > encoded);
+    CheckNoLeaks(stack);
+  }
+
+  // The decode instance cut once it holds the KV blocks of a hand-off: the
+  // request ends UNAVAILABLE within its deadline; restored, it serves again.
+  {
+    launcher::Service& decode = stack.language(1);
+    const std::vector<int> items = Items(1, 40);
+    auto run = AskInBackground(*stub, items);
+    const bool allocated =
+        WaitFor([&] { return stack.Metric(decode, "mmserve_language_kv_blocks_used") > 0; });
+    const int64_t cut_ns = MonotonicNanos();
+    hosts.SetLink(stack.language_host(1), {.cut = true});
+    run->Join();
+    CHECK(allocated);
+    CHECK(CheckOkOrUnavailable(*run, items) == 1);
+    WARN("the request ended " << absl::ToDoubleMilliseconds(
+                                     absl::Nanoseconds(run->ended_ns[0] - cut_ns))
+                              << " ms after the cut of the decode instance");
+    hosts.SetLink(stack.language_host(1), {});
+    REQUIRE(stack.WaitHealthy(2, "decode", 1, absl::Seconds(60)).ok());
+    CheckNoLeaks(stack);
+    AskAndCompare(*stub, Items(4, 50));
     CheckNoLeaks(stack);
   }
 }
