@@ -133,7 +133,16 @@ absl::Status NetStack::WaitHealthy(int encoders, const std::string& role, int in
                                    absl::Duration timeout) {
   const Deadline deadline = Deadline::After(timeout);
   double e = -1, l = -1;
+  std::vector<launcher::Service*> all = {&router_};
+  for (auto& s : encoders_) all.push_back(&s);
+  for (auto& s : languages_) all.push_back(&s);
   while (!deadline.Expired()) {
+    for (launcher::Service* s : all) {
+      if (s->process && !s->process->alive()) {
+        return absl::UnavailableError(
+            absl::StrCat(s->process->spec().name, " exited; log:\n", s->process->LogTail()));
+      }
+    }
     e = Metric(router_, "mmserve_router_healthy_instances", "role=\"encoder\"");
     l = Metric(router_, "mmserve_router_healthy_instances", "role=\"" + role + "\"");
     if (e == encoders && l == instances) return absl::OkStatus();

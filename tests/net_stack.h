@@ -59,7 +59,8 @@ class NetStack {
   void KillRouter();
   [[nodiscard]] absl::Status StartRouter();
   // Waits until the router reports this many healthy encoders and instances
-  // of `role` ("language" for role both, "prefill", "decode").
+  // of `role` ("language" for role both, "prefill", "decode"); UNAVAILABLE
+  // with its log when a process exits meanwhile.
   [[nodiscard]] absl::Status WaitHealthy(int encoders, const std::string& role, int instances,
                                          absl::Duration timeout);
   // A metric of a service, scraped from the test process.

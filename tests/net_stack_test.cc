@@ -13,6 +13,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
@@ -315,6 +316,21 @@ TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored"
     AskAndCompare(*stub, Items(4, 50));
     CheckNoLeaks(stack);
   }
+}
+
+TEST_CASE("the shm profile across hosts is refused at start with the reason") {
+  if (Skipped()) return;
+  NetStackOptions o;
+  o.profile = "shm";
+  o.ready_timeout = absl::Seconds(60);
+  auto hosts = NetHosts::Create(NetStack::HostsFor(o));
+  REQUIRE(hosts.ok());
+  auto stack = NetStack::Start(**hosts, o);
+  REQUIRE(!stack.ok());
+  INFO(stack.status());
+  CHECK(absl::StrContains(stack.status().message(), "language-0 exited"));
+  CHECK(absl::StrContains(stack.status().message(),
+                          "transport profile shm needs every instance on one host"));
 }
 
 }  // namespace
