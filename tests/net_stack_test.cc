@@ -97,6 +97,26 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::S
   return done();
 }
 
+// Hosts, the stack on them and a stub of its router; REQUIREs each.
+struct Running {
+  std::unique_ptr<NetHosts> hosts;
+  std::unique_ptr<NetStack> stack;
+  std::unique_ptr<mmserve::v1::Inference::Stub> stub;
+};
+Running StartOnHosts(const NetStackOptions& o) {
+  Running r;
+  auto hosts = NetHosts::Create(NetStack::HostsFor(o));
+  INFO(hosts.status());
+  REQUIRE(hosts.ok());
+  r.hosts = std::move(*hosts);
+  auto stack = NetStack::Start(*r.hosts, o);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  r.stack = std::move(*stack);
+  r.stub = mmserve::v1::Inference::NewStub(InternalChannel(r.stack->router_address()));
+  return r;
+}
+
 // Router flags for links that are slow or lossy but up: a health poll gets
 // more than a round trip, and an instance leaves placement after about 2 s
 // of silence.
@@ -108,14 +128,9 @@ TEST_CASE("across hosts over tcp the answers equal the in-process engine's") {
   NetStackOptions o;
   o.encoders = 2;
   o.languages = {"both"};
-  auto hosts = NetHosts::Create(NetStack::HostsFor(o));
-  REQUIRE(hosts.ok());
-  auto stack = NetStack::Start(**hosts, o);
-  INFO(stack.status());
-  REQUIRE(stack.ok());
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  AskAndCompare(*stub, Items(8));
-  CheckNoLeaks(**stack);
+  Running r = StartOnHosts(o);
+  AskAndCompare(*r.stub, Items(8));
+  CheckNoLeaks(*r.stack);
 }
 
 TEST_CASE("delay, loss, a partition and a router restart between hosts") {
@@ -124,14 +139,10 @@ TEST_CASE("delay, loss, a partition and a router restart between hosts") {
   o.encoders = 2;
   o.languages = {"both", "both"};
   o.router_args = kRouterArgs;
-  auto hosts_or = NetHosts::Create(NetStack::HostsFor(o));
-  REQUIRE(hosts_or.ok());
-  NetHosts& hosts = **hosts_or;
-  auto stack_or = NetStack::Start(hosts, o);
-  INFO(stack_or.status());
-  REQUIRE(stack_or.ok());
-  NetStack& stack = **stack_or;
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  Running r = StartOnHosts(o);
+  NetHosts& hosts = *r.hosts;
+  NetStack& stack = *r.stack;
+  auto& stub = r.stub;
   AskAndCompare(*stub, Items(8, 0));  // every instance connected to every encoder
 
   // Delay: one at a time, so that the time to the first token is the
@@ -257,14 +268,10 @@ TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored"
   // lands inside it; lost transfers and hand-offs give up after 5 s.
   o.language_args = {"--transfer_timeout_ms=5000", "--kv_commit_timeout_ms=5000",
                      "--test_kv_handoff_delay_ms=1500"};
-  auto hosts_or = NetHosts::Create(NetStack::HostsFor(o));
-  REQUIRE(hosts_or.ok());
-  NetHosts& hosts = **hosts_or;
-  auto stack_or = NetStack::Start(hosts, o);
-  INFO(stack_or.status());
-  REQUIRE(stack_or.ok());
-  NetStack& stack = **stack_or;
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  Running r = StartOnHosts(o);
+  NetHosts& hosts = *r.hosts;
+  NetStack& stack = *r.stack;
+  auto& stub = r.stub;
   AskAndCompare(*stub, Items(4, 0));
 
   // encoder-0's link slowed (a transfer takes many 200 ms trips), then cut
