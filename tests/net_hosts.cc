@@ -320,7 +320,7 @@ void NetHosts::Enqueue(int from, int to, const std::string& frame, int64_t now_n
   int64_t release = now_ns + std::max<int64_t>(delay, 0);
   // FIFO per egress port: jitter delays, never reorders.
   if (!q.empty()) release = std::max(release, q.back().release_ns);
-  q.push_back({release, frame});
+  q.push_back({release, from, frame});
 }
 
 void NetHosts::Forward(int from, const std::string& frame, int64_t now_ns) {
@@ -339,7 +339,11 @@ int64_t NetHosts::Flush(int64_t now_ns) {
     std::deque<Pending>& q = queues_[p];
     while (!q.empty() && q.front().release_ns <= now_ns) {
       // A TAP takes a frame at once; a full one drops it like a wire would.
-      if (write(ports_[p].fd, q.front().frame.data(), q.front().frame.size()) < 0) ++dropped_;
+      // A link cut or partitioned since the frame left loses it.
+      if (Drops(q.front().from, static_cast<int>(p)) ||
+          write(ports_[p].fd, q.front().frame.data(), q.front().frame.size()) < 0) {
+        ++dropped_;
+      }
       q.pop_front();
     }
     if (!q.empty()) next = std::min(next, q.front().release_ns);

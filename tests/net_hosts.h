@@ -66,7 +66,8 @@ class NetHosts {
   std::vector<std::string> Command(int host, const std::string& binary,
                                    const std::vector<std::string>& args) const;
 
-  // Faults on the frames host i sends (and, with cut, receives).
+  // Faults on the frames host i sends (and, with cut, receives: a cut also
+  // loses the frames on the wire).
   void SetLink(int host, const LinkFault& fault);
   // The client port's own link (frames the test sends).
   void SetClientLink(const LinkFault& fault);
@@ -83,6 +84,7 @@ class NetHosts {
   };
   struct Pending {
     int64_t release_ns;
+    int from;
     std::string frame;
   };
   NetHosts() = default;

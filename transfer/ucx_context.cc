@@ -35,15 +35,13 @@ const char* TransportProfileTls(TransportProfile profile) {
 
 const std::string& HostIdentity() {
   static const std::string* id = [] {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
     std::string boot = ReadFileToString("/proc/sys/kernel/random/boot_id").value_or("");
     boot = std::string(absl::StripAsciiWhitespace(boot));
     char ipc[64] = {};
     const ssize_t n = readlink("/proc/self/ns/ipc", ipc, sizeof(ipc) - 1);
     absl::string_view inode(ipc, n > 0 ? n : 0);
     absl::ConsumePrefix(&inode, "ipc:");
-    return new std::string(absl::StrCat(host, " boot:", boot, " ipc:", inode));
+    return new std::string(absl::StrCat("boot:", boot, " ipc:", inode));
   }();
   return *id;
 }
