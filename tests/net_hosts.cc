@@ -193,7 +193,10 @@ absl::Status NetHosts::Build(int hosts) {
   // The subnet is claimed by the client port's address, under a lock.
   Port& client = ports_.back();
   const int lock = open(kLockFile, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0 || flock(lock, LOCK_EX) != 0) return absl::InternalError("cannot lock subnets");
+  if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+    if (lock >= 0) close(lock);
+    return absl::InternalError(absl::StrCat("cannot lock ", kLockFile));
+  }
   const std::set<int> used = UsedSubnets();
   int subnet = 1;
   while (subnet < 255 && used.count(subnet)) ++subnet;
