@@ -1,9 +1,9 @@
 // bench/loadgen against a stack spread over namespaced test hosts
 // (tests/net_stack.h: router, one encoder, one language instance, each on a
 // host of its own, UCX tcp) at several one-way delays added to every link
-// (jitter 40% of the delay): TTFT, TPOT and goodput per delay, and the round
-// trips on the critical path, (TTFT p50 - TTFT p50 at 0 ms) / (2 x delay).
-// Needs root (network namespaces, TAP devices).
+// (jitter --jitter_share of the delay, 40% by default): TTFT, TPOT and goodput per delay, and the
+// round trips on the critical path, (TTFT p50 - TTFT p50 at 0 ms) / (2 x delay). Needs root
+// (network namespaces, TAP devices).
 //
 //   bazel run //bench/loadgen:net_delay_bench -- --delays_ms=0,10,50 --num_requests=40
 //
@@ -24,6 +24,7 @@
 
 ABSL_FLAG(std::vector<std::string>, delays_ms, std::vector<std::string>({"0", "10", "50"}),
           "one-way delays added to every link, in ms");
+ABSL_FLAG(double, jitter_share, 0.4, "jitter (uniform +-) as a share of the delay");
 ABSL_FLAG(int, num_requests, 40, "requests per delay");
 ABSL_FLAG(int, max_concurrency, 4, "requests in flight at most");
 ABSL_FLAG(double, slo_ttft_ms, 1000, "goodput SLO on TTFT");
@@ -74,7 +75,8 @@ int Run() {
     int ms = 0;
     if (!absl::SimpleAtoi(d, &ms) || ms < 0)
       return std::fprintf(stderr, "bad delay %s\n", d.c_str()), 2;
-    const LinkFault f{.delay = absl::Milliseconds(ms), .jitter = absl::Milliseconds(ms * 2 / 5)};
+    const LinkFault f{.delay = absl::Milliseconds(ms),
+                      .jitter = absl::Milliseconds(ms * absl::GetFlag(FLAGS_jitter_share))};
     for (int h = 0; h < (*hosts)->size(); ++h) (*hosts)->SetLink(h, f);
     (*hosts)->SetClientLink(f);
     absl::StatusOr<nlohmann::json> j = RunLoadgen((*stack)->router_address(), ms, first++);
