@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 
 namespace mmserve {
@@ -48,6 +49,12 @@ void RegistryClient::Loop() {
       *req.mutable_instance() = options_.instance;
       iv1::RegisterResponse resp;
       status = stub_->Register(&ctx, req, &resp);
+      if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        LOG(ERROR) << "router " << options_.router << " refused " << options_.instance.instance_id()
+                   << ": " << status.error_message();
+        if (options_.on_refused) options_.on_refused(FromGrpcStatus(status));
+        return;
+      }
       if (status.ok()) {
         registered = true;
         LOG(INFO) << "registered " << options_.instance.instance_id() << " with router "

@@ -9,7 +9,8 @@
 //   reg.Stop();  // deregisters
 //
 // Failures to reach the router are logged once per outage and retried; the
-// instance serves regardless. Thread-safe.
+// instance serves regardless. A refusal (FAILED_PRECONDITION) is final: it
+// goes to `on_refused`. Thread-safe.
 #ifndef MMSERVE_COMMON_REGISTRY_CLIENT_H_
 #define MMSERVE_COMMON_REGISTRY_CLIENT_H_
 
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/registry.grpc.pb.h"
@@ -30,6 +32,10 @@ struct RegistryClientOptions {
   internal::v1::InstanceInfo instance;
   std::function<internal::v1::LoadReport()> load;
   absl::Duration interval = absl::Milliseconds(500);
+  // Called once when the router refuses the registration for good
+  // (FAILED_PRECONDITION, e.g. the shm profile across hosts); registering
+  // stops then. May be empty.
+  std::function<void(const absl::Status&)> on_refused;
 };
 
 class RegistryClient {

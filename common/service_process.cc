@@ -36,7 +36,10 @@ void ServiceProcess::Register(const std::string& router, internal::v1::InstanceI
   if (router.empty()) return;
   instance.set_grpc_address(advertise_);
   registration_ = std::make_unique<RegistryClient>(RegistryClientOptions{
-      .router = router, .instance = std::move(instance), .load = std::move(load)});
+      .router = router,
+      .instance = std::move(instance),
+      .load = std::move(load),
+      .on_refused = [this](const absl::Status& why) { refused_.Request(why); }});
   registration_->Start();
 }
 
@@ -59,7 +62,7 @@ int ServiceProcess::WaitForTerminationSignal() {
   // Signals are blocked in every thread (BlockTerminationSignals), so they
   // wait here; a stop request is seen within one tick.
   const timespec tick = {0, 100 * 1000 * 1000};
-  while (options_.stop == nullptr || !options_.stop->requested()) {
+  while ((options_.stop == nullptr || !options_.stop->requested()) && !refused_.requested()) {
     const int sig = sigtimedwait(&set, nullptr, &tick);
     if (sig == SIGTERM || sig == SIGINT) {
       LOG(INFO) << options_.name << " " << options_.instance_id << ": signal " << sig

@@ -76,7 +76,9 @@ class ServiceProcess {
   const std::string& advertise() const { return advertise_; }
 
   // Registers `instance` with the router at `router` (no-op when empty) and
-  // keeps a heartbeat with `load`; fills the instance's gRPC address.
+  // keeps a heartbeat with `load`; fills the instance's gRPC address. A
+  // router that refuses the instance for good (FAILED_PRECONDITION) ends
+  // WaitForTerminationSignal as a stop request does.
   void Register(const std::string& router, internal::v1::InstanceInfo instance,
                 std::function<internal::v1::LoadReport()> load);
   // Marks the server SERVING and prints the READY line to stdout:
@@ -95,6 +97,7 @@ class ServiceProcess {
   ServiceProcessOptions options_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
+  StopRequest refused_;  // the router refused the registration for good
   std::unique_ptr<RegistryClient> registration_;
   std::string advertise_;
 };

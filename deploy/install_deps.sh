@@ -32,6 +32,7 @@ packages=(
   curl                     # deploy/serve_test.sh asks the HTTP API
   clang                    # fuzz targets (--config=fuzz, tools/fuzz/run_all.sh)
   libclang-rt-14-dev       # libFuzzer and the sanitizer runtimes for clang 14
+  iproute2                 # `ip netns`: the test hosts of tests/net_stack_test
 )
 
 missing=()

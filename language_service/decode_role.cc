@@ -42,6 +42,7 @@ absl::StatusOr<v1::KvAllocation> DecodeRole::Allocation(const v1::KvAllocateRequ
     rank->mutable_peer()->set_worker_address(t.worker_address);
     rank->mutable_peer()->set_transport_profile(
         transfer::TransportProfileName(options_.kv_profile));
+    rank->mutable_peer()->set_host(transfer::HostIdentity());
     v1::KvLayout* l = rank->mutable_layout();
     l->set_num_layers(static_cast<uint32_t>(t.shape.num_layers));
     l->set_num_kv_heads(static_cast<uint32_t>(t.shape.num_kv_heads));

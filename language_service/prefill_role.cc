@@ -109,6 +109,8 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
   const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
   for (int i = 0; i < tp; ++i) {
     const v1::KvRankTarget& rank = alloc.ranks(i);
+    RETURN_IF_ERROR(
+        transfer::CheckSameHost(options_.kv_profile, rank.peer().host(), "the decode instance"));
     ASSIGN_OR_RETURN(transfer::KvHandoffTarget target, RankTarget(rank, i, tp, heads));
     if (skip > blocks.size() ||
         blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {

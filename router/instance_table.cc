@@ -2,12 +2,33 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
 
 namespace mmserve::router {
 
 InstanceTable::~InstanceTable() { Stop(); }
+
+absl::Status InstanceTable::Admit(const iv1::InstanceInfo& info) const {
+  if (info.ucx().transport_profile() != "shm" || info.ucx().host().empty()) {
+    return absl::OkStatus();
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : entries_) {
+    if (e.instance == nullptr) continue;
+    const iv1::UcxPeer& peer = e.instance->info.ucx();
+    if (id == info.instance_id() || peer.transport_profile() != "shm" || peer.host().empty() ||
+        peer.host() == info.ucx().host()) {
+      continue;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transport profile shm needs every instance on one host and IPC namespace, but ",
+        info.instance_id(), " runs on another host than ", id,
+        ": across hosts start every process with --profile=tcp"));
+  }
+  return absl::OkStatus();
+}
 
 void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
   absl::MutexLock lock(&mu_);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -68,6 +69,10 @@ class InstanceTable {
   // registered instance also leaves placement when its heartbeats stop for
   // `heartbeat_timeout`.
   void Upsert(const iv1::InstanceInfo& info, bool registered = false);
+  // FAILED_PRECONDITION when `info` runs the shm transport profile and a
+  // known shm instance advertises another host (UcxPeer.host): shm peers
+  // must share a host and IPC namespace (ARCHITECTURE.md section 10).
+  [[nodiscard]] absl::Status Admit(const iv1::InstanceInfo& info) const;
   // Heartbeat: false when the instance is unknown (it should register again).
   bool Report(const iv1::LoadReport& load);
   void Remove(const std::string& id);

@@ -93,5 +93,22 @@ TEST_CASE("concurrent upserts, heartbeats, removals and lookups keep every entry
   }
 }
 
+TEST_CASE("an shm instance on another host than a known shm instance is refused") {
+  InstanceTable table({});
+  auto with = [](int slot, const std::string& profile, const std::string& host) {
+    iv1::InstanceInfo info = Info(slot, 1);
+    info.mutable_ucx()->set_transport_profile(profile);
+    info.mutable_ucx()->set_host(host);
+    return info;
+  };
+  table.Upsert(with(0, "shm", "a boot:1 ipc:1"));
+  CHECK(table.Admit(with(1, "shm", "a boot:1 ipc:1")).ok());
+  CHECK(table.Admit(with(0, "shm", "b boot:2 ipc:2")).ok());  // itself, moved
+  CHECK(table.Admit(with(1, "tcp", "b boot:2 ipc:2")).ok());
+  const absl::Status refused = table.Admit(with(1, "shm", "a boot:1 ipc:2"));
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.message().find("--profile=tcp") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace mmserve::router

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/server_stream.h"
 
 namespace mmserve::router {
@@ -156,6 +157,10 @@ grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext*
       info.role() == iv1::INSTANCE_ROLE_UNSPECIFIED) {
     return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                          "instance_id, grpc_address and role are required"));
+  }
+  if (absl::Status admit = table_.Admit(info); !admit.ok()) {
+    LOG(WARNING) << "registration refused: " << admit;
+    return FinishUnary(ctx, ToGrpcStatus(admit));
   }
   table_.Upsert(info, /*registered=*/true);
   response->set_heartbeat_interval_s(1);

@@ -231,7 +231,14 @@ KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
 }
 
 double ScrapeMetric(int port, const std::string& name, const std::string& labels) {
-  httplib::Client cli("127.0.0.1", port);
+  return ScrapeMetricAt("127.0.0.1", port, name, labels);
+}
+
+double ScrapeMetricAt(const std::string& host, int port, const std::string& name,
+                      const std::string& labels) {
+  if (port <= 0) return -1;
+  httplib::Client cli(host, port);
+  cli.set_connection_timeout(2, 0);
   cli.set_read_timeout(5, 0);
   auto res = cli.Get("/metrics");
   if (!res || res->status != 200) return -1;

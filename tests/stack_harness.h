@@ -119,6 +119,9 @@ KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
 // A metric's value from a Prometheus endpoint (sum over label sets matching
 // `labels`, e.g. "code=\"OK\""); -1 when unreachable or absent.
 double ScrapeMetric(int port, const std::string& name, const std::string& labels = "");
+// The same from host:port.
+double ScrapeMetricAt(const std::string& host, int port, const std::string& name,
+                      const std::string& labels = "");
 
 // Every service's blocks and live requests (prefill-0 and decode-0 summed
 // when the stack is disaggregated), once they settle (or the last

@@ -61,9 +61,7 @@ absl::Status TransferEngine::Init() {
   local_info_.set_instance_id(options_.instance_id);
   local_info_.mutable_ucx()->set_worker_address(worker_->address());
   local_info_.mutable_ucx()->set_transport_profile(TransportProfileName(options_.profile));
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  local_info_.mutable_ucx()->set_host(host);
+  local_info_.mutable_ucx()->set_host(HostIdentity());
   v1::EmbeddingBufferLayout* layout = local_info_.mutable_embedding_buffer();
   layout->set_block_size(options_.layout.block_size);
   layout->set_num_blocks(options_.layout.num_blocks);
@@ -183,6 +181,7 @@ void TransferEngine::Dispatch(AmId id, const std::string& peer, const std::strin
 }
 
 absl::Status TransferEngine::Connect(const v1::ConnectRequest& info) {
+  RETURN_IF_ERROR(CheckSameHost(options_.profile, info.ucx().host(), info.instance_id()));
   if (info.ucx().transport_profile() != TransportProfileName(options_.profile)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "peer ", info.instance_id(), " runs transport profile '", info.ucx().transport_profile(),

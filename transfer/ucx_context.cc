@@ -1,6 +1,11 @@
 #include "transfer/ucx_context.h"
 
+#include <unistd.h>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/file.h"
 #include "common/status_macros.h"
 #include "transfer/ucx_status.h"
 
@@ -26,6 +31,32 @@ const char* TransportProfileName(TransportProfile profile) {
 
 const char* TransportProfileTls(TransportProfile profile) {
   return profile == TransportProfile::kTcp ? "tcp,self" : "posix,sysv,cma,self";
+}
+
+const std::string& HostIdentity() {
+  static const std::string* id = [] {
+    std::string boot = ReadFileToString("/proc/sys/kernel/random/boot_id").value_or("");
+    boot = std::string(absl::StripAsciiWhitespace(boot));
+    char ipc[64] = {};
+    const ssize_t n = readlink("/proc/self/ns/ipc", ipc, sizeof(ipc) - 1);
+    absl::string_view inode(ipc, n > 0 ? n : 0);
+    absl::ConsumePrefix(&inode, "ipc:");
+    return new std::string(absl::StrCat("boot:", boot, " ipc:", inode));
+  }();
+  return *id;
+}
+
+absl::Status CheckSameHost(TransportProfile profile, absl::string_view peer_host,
+                           absl::string_view peer) {
+  if (profile != TransportProfile::kShm || peer_host.empty() || peer_host == HostIdentity()) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("transport profile shm needs ", peer,
+                   " on this host and IPC namespace, but it runs on "
+                   "another (",
+                   peer_host, "; here: ", HostIdentity(),
+                   "): across hosts start every process with --profile=tcp"));
 }
 
 ucp_err_handling_mode_t TransportProfileErrMode(TransportProfile profile) {

@@ -37,6 +37,17 @@ const char* TransportProfileTls(TransportProfile profile);
 // The endpoint error mode a profile uses.
 ucp_err_handling_mode_t TransportProfileErrMode(TransportProfile profile);
 
+// Who can map this process's shared memory: "boot:<boot id> ipc:<IPC
+// namespace inode>". Two processes with the same identity share a kernel and
+// an IPC namespace (containers with `ipc: host` or `ipc: service:...` do,
+// whatever their host names); peers advertise it in UcxPeer.host.
+const std::string& HostIdentity();
+// FAILED_PRECONDITION when `profile` is shm and `peer_host` (a peer's
+// HostIdentity, empty: not advertised) is another host's: the shm profile
+// only works between processes of one host and IPC namespace.
+[[nodiscard]] absl::Status CheckSameHost(TransportProfile profile, absl::string_view peer_host,
+                                         absl::string_view peer);
+
 class UcxContext {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxContext>> Create(TransportProfile profile);
