@@ -49,15 +49,9 @@ absl::Status Qwen2Model::ForwardEspPrefill(const EspPrefillBatch& batch, KvCache
     if (parallel_) return absl::InvalidArgumentError("ESP prefill with sharded weights");
     RETURN_IF_ERROR(CheckKvShape(kv));
     RETURN_IF_ERROR(ValidateEspPrefill(batch, cfg_.vocab_size, kv.num_slots()));
-    const int64_t t = batch.rows.num_tokens();
-    h_.resize(t * hidden_);
-    x_.resize(t * hidden_);
-    Embed(batch.rows);
-    rope_.ComputeAngles(batch.rows.positions.data(), t, &angles_);
-    for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-      RETURN_IF_ERROR(Layer(l, t, [&] { return EspPrefillAttention(l, batch, kv, exchange); }));
-    }
-    return Logits(batch.rows.logits_rows, logits);
+    return Run(
+        batch.rows, [&](int layer) { return EspPrefillAttention(layer, batch, kv, exchange); },
+        logits);
   }();
   if (!status.ok()) exchange.Abort();
   return status;
@@ -93,15 +87,8 @@ absl::Status Qwen2Model::ForwardEspDecode(const ForwardBatch& batch, KvCache& kv
   if (peers.self() < 0 || peers.self() >= peers.num_members()) {
     return absl::InvalidArgumentError("the master is not among the span holders");
   }
-  const int64_t t = batch.num_tokens();
-  h_.resize(t * hidden_);
-  x_.resize(t * hidden_);
-  Embed(batch);
-  rope_.ComputeAngles(batch.positions.data(), t, &angles_);
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-    RETURN_IF_ERROR(Layer(l, t, [&] { return EspDecodeAttention(l, batch, kv, peers); }));
-  }
-  return Logits(batch.logits_rows, logits);
+  return Run(
+      batch, [&](int layer) { return EspDecodeAttention(layer, batch, kv, peers); }, logits);
 }
 
 absl::Status Qwen2Model::EspDecodeAttention(int layer, const ForwardBatch& batch, KvCache& kv,

@@ -60,18 +60,27 @@ absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
   RETURN_IF_ERROR(CheckKvShape(kv));
   const KvCacheShape& ks = kv.shape();
   RETURN_IF_ERROR(ValidateForwardBatch(batch, {cfg_.vocab_size, ks.block_size, ks.num_blocks}));
-  const int64_t t = batch.num_tokens();
+  return Run(
+      batch,
+      [&](int layer) {
+        Attention(layer, batch, kv);
+        return absl::OkStatus();
+      },
+      logits);
+}
+
+absl::Status Qwen2Model::Run(const ForwardBatch& rows,
+                             absl::FunctionRef<absl::Status(int)> attention,
+                             std::vector<float>* logits) {
+  const int64_t t = rows.num_tokens();
   h_.resize(t * hidden_);
   x_.resize(t * hidden_);
-  Embed(batch);
-  rope_.ComputeAngles(batch.positions.data(), t, &angles_);
+  Embed(rows);
+  rope_.ComputeAngles(rows.positions.data(), t, &angles_);
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-    RETURN_IF_ERROR(Layer(l, t, [&] {
-      Attention(l, batch, kv);
-      return absl::OkStatus();
-    }));
+    RETURN_IF_ERROR(Layer(l, t, [&] { return attention(l); }));
   }
-  return Logits(batch.logits_rows, logits);
+  return Logits(rows.logits_rows, logits);
 }
 
 absl::Status Qwen2Model::Logits(const std::vector<int64_t>& logits_rows,

@@ -89,6 +89,10 @@ class Qwen2Model {
                                               std::vector<float>* logits);
 
  private:
+  // Embedding, every layer (with `attention` filling attn_ for a layer),
+  // then the logits of rows.logits_rows.
+  absl::Status Run(const ForwardBatch& rows, absl::FunctionRef<absl::Status(int)> attention,
+                   std::vector<float>* logits);
   void Embed(const ForwardBatch& batch);
   // One decoder layer over the t rows in h_; `attention` fills attn_ from x_.
   absl::Status Layer(int layer, int64_t t, absl::FunctionRef<absl::Status()> attention);
