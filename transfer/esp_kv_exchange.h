@@ -1,0 +1,106 @@
+// The K/V all-gather of an elastic prefill group over UCX (issue 26; the
+// model side is model/esp.h): each member exposes an exchange buffer, and per
+// layer every member puts its rows' K and V into every other member's buffer
+// at their global indices, flushes the endpoint (every byte remotely
+// complete), then puts a notice {layer, CRC32C of what it sent} and flushes
+// again. A member proceeds once every peer's notice for the layer is there;
+// it checks each peer's CRC over the rows the plan says that peer sent.
+//
+//   UcxEspExchange::Plan plan{.rows = {rows_of_0, rows_of_1}, .prompt_len = L,
+//                             .kv_width = kv_heads * head_dim};
+//   ASSIGN_OR_RETURN(auto ex, UcxEspExchange::Create(*ctx, plan, /*self=*/0, {.name = "esp-0"},
+//                                                    absl::Seconds(2)));
+//   // exchange ex->target() among the members (the router's plan, gRPC)
+//   RETURN_IF_ERROR(ex->Connect(targets));  // member order, own entry ignored
+//   RETURN_IF_ERROR(model.ForwardEspPrefill(batch, kv, *ex, &logits));
+//
+// Buffer: two slots (layer % 2) of [prompt_len][kv_width] keys and values,
+// then a notice per slot and member. Two slots suffice: a member writes
+// layer l + 2 only after every peer's notice for l + 1, which each peer sends
+// after its attention over layer l is done. A notice is a sequence number
+// (layer + 1, or kAbort) and the CRC; the receiver polls it with an acquire
+// load, then makes the landed writes visible (a round trip through its
+// progress thread, which runs UCX's emulated puts) before it reads.
+//
+// Errors: every wait has the layer timeout (DEADLINE_EXCEEDED); a peer's
+// Abort() or a put that fails gives UNAVAILABLE; a CRC mismatch DATA_LOSS.
+// Thread-safety: one member thread calls AllGather; Abort from any thread.
+#ifndef MMSERVE_TRANSFER_ESP_KV_EXCHANGE_H_
+#define MMSERVE_TRANSFER_ESP_KV_EXCHANGE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/esp.h"
+#include "transfer/ucx_context.h"
+#include "transfer/ucx_endpoint.h"
+#include "transfer/ucx_memory.h"
+#include "transfer/ucx_worker.h"
+
+namespace mmserve::transfer {
+
+// What a member needs to write into another member's exchange buffer.
+struct EspExchangeTarget {
+  std::string worker_address;
+  std::string rkey;
+  uint64_t base_address = 0;
+};
+
+class UcxEspExchange : public model::KvExchange {
+ public:
+  struct Plan {
+    std::vector<std::vector<int64_t>> rows;  // per member, ascending global indices
+    int64_t prompt_len = 0;
+    int64_t kv_width = 0;  // floats of one token's K (or V)
+  };
+
+  // InvalidArgument unless the members' rows cover [0, prompt_len) exactly
+  // once and self is a member.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxEspExchange>> Create(
+      UcxContext& context, Plan plan, int self, const UcxWorkerOptions& options,
+      absl::Duration layer_timeout);
+  ~UcxEspExchange() override;
+  UcxEspExchange(const UcxEspExchange&) = delete;
+  UcxEspExchange& operator=(const UcxEspExchange&) = delete;
+
+  const EspExchangeTarget& target() const { return target_; }
+  // Endpoints to every other member; targets in member order.
+  [[nodiscard]] absl::Status Connect(const std::vector<EspExchangeTarget>& targets);
+
+  [[nodiscard]] absl::Status AllGather(int layer, absl::Span<const int64_t> rows, const float* k,
+                                       const float* v, const float** k_all,
+                                       const float** v_all) override;
+  // Tells every peer (best effort) and ends this member's waits.
+  void Abort() override;
+
+ private:
+  struct Peer;
+  UcxEspExchange(Plan plan, int self, absl::Duration timeout);
+  float* Plane(int slot, int kv) const;
+  uint64_t NoticeOffset(int slot, int member) const;
+  // Progress thread: puts, then a flush; waits for it with the deadline.
+  absl::Status PutAndFlush(const std::vector<std::pair<int64_t, int64_t>>& runs, int slot,
+                           Deadline deadline);
+  absl::Status PutNotices(int slot, uint64_t seq, uint32_t crc, Deadline deadline);
+  absl::Status AwaitNotices(int slot, uint64_t seq, Deadline deadline);
+  uint32_t RowsCrc(int slot, const std::vector<int64_t>& rows) const;
+
+  const Plan plan_;
+  const int self_;
+  const absl::Duration timeout_;
+  std::unique_ptr<UcxMemoryRegion> region_;
+  std::unique_ptr<UcxWorker> worker_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // progress thread only after Connect
+  EspExchangeTarget target_;
+  std::atomic<bool> aborted_{false};     // this member's waits end
+  std::atomic<bool> abort_sent_{false};  // the peers were told
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_ESP_KV_EXCHANGE_H_
