@@ -67,12 +67,10 @@ absl::Status RunMember(UcxEspExchange& ex, const std::vector<int64_t>& rows, int
   return absl::OkStatus();
 }
 
-TransportProfile Profile(int i) { return i == 0 ? TransportProfile::kShm : TransportProfile::kTcp; }
-
 TEST_CASE("every member gathers every row of every layer, over shm and tcp", "[esp]") {
-  for (int p = 0; p < 2; ++p) {
-    CAPTURE(TransportProfileName(Profile(p)));
-    auto ctx = UcxContext::Create(Profile(p));
+  for (TransportProfile profile : {TransportProfile::kShm, TransportProfile::kTcp}) {
+    CAPTURE(TransportProfileName(profile));
+    auto ctx = UcxContext::Create(profile);
     REQUIRE(ctx.ok());
     for (int members : {2, 3}) {
       CAPTURE(members);
