@@ -198,28 +198,36 @@ absl::Status UcxEspExchange::PutNotices(int slot, uint64_t seq, uint32_t crc, De
   return PutAndFlush({}, slot, deadline);
 }
 
-absl::Status UcxEspExchange::AwaitNotices(int slot, uint64_t seq, Deadline deadline) {
+absl::Status UcxEspExchange::AwaitNotices(int slot, uint64_t seq, Deadline deadline,
+                                          std::vector<uint64_t>* words) {
   const uint8_t* base = static_cast<const uint8_t*>(region_->address());
   const int members = static_cast<int>(plan_.rows.size());
+  words->assign(members, 0);
   for (;;) {
+    // Read on the progress thread: emulated puts land there, so what it
+    // read (and every byte before it) is ordered before our later reads.
+    RETURN_IF_ERROR(worker_->RunSync([&] {
+      for (int m = 0; m < members; ++m) {
+        if (m == self_) continue;
+        (*words)[m] = __atomic_load_n(
+            reinterpret_cast<const uint64_t*>(base + NoticeOffset(slot, m)), __ATOMIC_ACQUIRE);
+      }
+      return absl::OkStatus();
+    }));
     int ready = 0;
     for (int m = 0; m < members; ++m) {
       if (m == self_) continue;
-      const uint64_t word = __atomic_load_n(
-          reinterpret_cast<const uint64_t*>(base + NoticeOffset(slot, m)), __ATOMIC_ACQUIRE);
+      const uint64_t word = (*words)[m];
       if ((word >> 32) == kAbort) return absl::UnavailableError("ESP exchange: a member failed");
       ready += (word >> 32) == seq;
     }
-    if (ready == members - 1) break;
+    if (ready == members - 1) return absl::OkStatus();
     if (aborted_) return absl::UnavailableError("ESP exchange: aborted");
     if (deadline.Expired()) {
       return absl::DeadlineExceededError("ESP exchange: a member's K/V did not arrive in time");
     }
     sched_yield();
   }
-  // Emulated puts land on the progress thread: one round trip through it
-  // orders them before our reads.
-  return worker_->RunSync([] { return absl::OkStatus(); });
 }
 
 uint32_t UcxEspExchange::RowsCrc(int slot, const std::vector<int64_t>& rows) const {
@@ -251,14 +259,11 @@ absl::Status UcxEspExchange::AllGather(int layer, absl::Span<const int64_t> rows
   }
   absl::Status s = PutAndFlush(Runs(mine), slot, deadline);
   if (s.ok()) s = PutNotices(slot, seq, RowsCrc(slot, mine), deadline);
-  if (s.ok()) s = AwaitNotices(slot, seq, deadline);
+  std::vector<uint64_t> words;
+  if (s.ok()) s = AwaitNotices(slot, seq, deadline, &words);
   for (int m = 0; s.ok() && m < static_cast<int>(plan_.rows.size()); ++m) {
     if (m == self_) continue;
-    const uint64_t word = __atomic_load_n(
-        reinterpret_cast<const uint64_t*>(static_cast<const uint8_t*>(region_->address()) +
-                                          NoticeOffset(slot, m)),
-        __ATOMIC_ACQUIRE);
-    if (static_cast<uint32_t>(word) != RowsCrc(slot, plan_.rows[m])) {
+    if (static_cast<uint32_t>(words[m]) != RowsCrc(slot, plan_.rows[m])) {
       s = absl::DataLossError("ESP exchange: a member's K/V failed its CRC32C");
     }
   }

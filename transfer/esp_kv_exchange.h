@@ -18,9 +18,9 @@
 // then a notice per slot and member. Two slots suffice: a member writes
 // layer l + 2 only after every peer's notice for l + 1, which each peer sends
 // after its attention over layer l is done. A notice is a sequence number
-// (layer + 1, or kAbort) and the CRC; the receiver polls it with an acquire
-// load, then makes the landed writes visible (a round trip through its
-// progress thread, which runs UCX's emulated puts) before it reads.
+// (layer + 1, or kAbort) and the CRC in one 8-byte word; the receiver polls
+// it on its progress thread (where UCX's emulated puts land), so what that
+// poll saw is ordered before the member thread's reads of the data.
 //
 // Errors: every wait has the layer timeout (DEADLINE_EXCEEDED); a peer's
 // Abort() or a put that fails gives UNAVAILABLE; a CRC mismatch DATA_LOSS.
@@ -87,7 +87,10 @@ class UcxEspExchange : public model::KvExchange {
   absl::Status PutAndFlush(const std::vector<std::pair<int64_t, int64_t>>& runs, int slot,
                            Deadline deadline);
   absl::Status PutNotices(int slot, uint64_t seq, uint32_t crc, Deadline deadline);
-  absl::Status AwaitNotices(int slot, uint64_t seq, Deadline deadline);
+  // Every peer's notice word for the slot (*words, by member) once all say
+  // `seq`; an abort word, the deadline or Abort() end the wait.
+  absl::Status AwaitNotices(int slot, uint64_t seq, Deadline deadline,
+                            std::vector<uint64_t>* words);
   uint32_t RowsCrc(int slot, const std::vector<int64_t>& rows) const;
 
   const Plan plan_;
