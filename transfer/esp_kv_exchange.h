@@ -38,18 +38,13 @@
 #include "absl/time/time.h"
 #include "model/esp.h"
 #include "transfer/ucx_context.h"
-#include "transfer/ucx_endpoint.h"
-#include "transfer/ucx_memory.h"
+#include "transfer/ucx_notice_board.h"
 #include "transfer/ucx_worker.h"
 
 namespace mmserve::transfer {
 
 // What a member needs to write into another member's exchange buffer.
-struct EspExchangeTarget {
-  std::string worker_address;
-  std::string rkey;
-  uint64_t base_address = 0;
-};
+using EspExchangeTarget = NoticeBoardTarget;
 
 class UcxEspExchange : public model::KvExchange {
  public:
@@ -68,7 +63,7 @@ class UcxEspExchange : public model::KvExchange {
   UcxEspExchange(const UcxEspExchange&) = delete;
   UcxEspExchange& operator=(const UcxEspExchange&) = delete;
 
-  const EspExchangeTarget& target() const { return target_; }
+  const EspExchangeTarget& target() const { return board_->target(); }
   // Endpoints to every other member; targets in member order.
   [[nodiscard]] absl::Status Connect(const std::vector<EspExchangeTarget>& targets);
 
@@ -79,27 +74,19 @@ class UcxEspExchange : public model::KvExchange {
   void Abort() override;
 
  private:
-  struct Peer;
   UcxEspExchange(Plan plan, int self, absl::Duration timeout);
   float* Plane(int slot, int kv) const;
-  uint64_t NoticeOffset(int slot, int member) const;
-  // Progress thread: puts, then a flush; waits for it with the deadline.
-  absl::Status PutAndFlush(const std::vector<std::pair<int64_t, int64_t>>& runs, int slot,
-                           Deadline deadline);
-  absl::Status PutNotices(int slot, uint64_t seq, uint32_t crc, Deadline deadline);
-  // Every peer's notice word for the slot (*words, by member) once all say
-  // `seq`; an abort word, the deadline or Abort() end the wait.
-  absl::Status AwaitNotices(int slot, uint64_t seq, Deadline deadline,
-                            std::vector<uint64_t>* words);
+  int Notice(int slot, int member) const {
+    return slot * static_cast<int>(plan_.rows.size()) + member;
+  }
   uint32_t RowsCrc(int slot, const std::vector<int64_t>& rows) const;
+  absl::Status Exchange(int slot, uint32_t seq, Deadline deadline);
 
   const Plan plan_;
   const int self_;
   const absl::Duration timeout_;
-  std::unique_ptr<UcxMemoryRegion> region_;
-  std::unique_ptr<UcxWorker> worker_;
-  std::vector<std::unique_ptr<Peer>> peers_;  // progress thread only after Connect
-  EspExchangeTarget target_;
+  std::unique_ptr<UcxNoticeBoard> board_;
+  std::vector<int> peers_;               // every member but self
   std::atomic<bool> aborted_{false};     // this member's waits end
   std::atomic<bool> abort_sent_{false};  // the peers were told
 };
