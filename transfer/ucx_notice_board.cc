@@ -75,7 +75,7 @@ absl::Status UcxNoticeBoard::Connect(const std::vector<NoticeBoardTarget>& targe
     peers_.clear();
     for (size_t i = 0; i < targets.size(); ++i) {
       peers_.push_back(nullptr);
-      if (static_cast<int>(i) == self) continue;
+      if (static_cast<int>(i) == self || targets[i].worker_address.empty()) continue;
       auto peer = std::make_unique<Peer>();
       std::shared_ptr<std::atomic<bool>> failed = peer->failed;
       ASSIGN_OR_RETURN(peer->ep, UcxEndpoint::Create(*worker_, targets[i].worker_address,
@@ -144,20 +144,24 @@ absl::Status UcxNoticeBoard::Notify(const std::vector<int>& peers, int index, ui
   return PutAndFlush(pieces, deadline);
 }
 
+absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words) {
+  words->assign(indices.size(), 0);
+  // On the progress thread: emulated puts land there, so what it read (and
+  // every byte put before it) is ordered before the caller's later reads.
+  return worker_->RunSync([&] {
+    for (size_t i = 0; i < indices.size(); ++i) {
+      (*words)[i] = __atomic_load_n(
+          reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled,
                                    std::vector<uint64_t>* words) {
-  words->assign(indices.size(), 0);
   for (;;) {
-    // Read on the progress thread: emulated puts land there, so what it
-    // read (and every byte put before it) is ordered before our later reads.
-    RETURN_IF_ERROR(worker_->RunSync([&] {
-      for (size_t i = 0; i < indices.size(); ++i) {
-        (*words)[i] = __atomic_load_n(
-            reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
-      }
-      return absl::OkStatus();
-    }));
+    RETURN_IF_ERROR(Read(indices, words));
     size_t ready = 0;
     for (uint64_t word : *words) {
       if (NoticeSeq(word) == kAbortSeq) return absl::UnavailableError("a peer gave up");

@@ -64,7 +64,8 @@ class UcxNoticeBoard {
   const NoticeBoardTarget& target() const { return target_; }
   uint8_t* data() const { return static_cast<uint8_t*>(region_->address()); }
 
-  // Endpoints to targets[i] for every i but `self` (-1: all).
+  // Endpoints to targets[i] for every i but `self` (-1: all) and those
+  // with no address.
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& targets, int self);
 
   // This board's data [local_offset, + bytes) to the peer's data at remote_offset.
@@ -82,6 +83,9 @@ class UcxNoticeBoard {
   // Waits until every notice in `indices` has sequence `seq` (*words gets
   // them, in the order of indices). UNAVAILABLE on an abort word or once
   // `cancelled` is set; DEADLINE_EXCEEDED past the deadline.
+  // The notices in `indices` now (read once on the progress thread, with
+  // the same ordering as Await).
+  [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words);
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled,
                                    std::vector<uint64_t>* words);
