@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/cpu/split_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/esp.h"
 #include "model/qwen2_golden_util.h"
@@ -222,6 +224,61 @@ inline std::vector<std::vector<Share>> Plans(int64_t n) {
       {{Range(0, b), 0, b}, {Range(b, a), b, a}, {Range(a, n), a, n}},
       {{stripe[0], 0, a}, {stripe[1], a, n}, {stripe[2], 0, 0}},
   };
+}
+
+// Member `holder`'s partial attention for every row over its keys [0, keys).
+inline absl::Status HolderPartials(Member& holder, int64_t keys, const TextConfig& cfg, int layer,
+                                   const float* q, int64_t rows, float* out, float* lse) {
+  const KvCacheShape& ks = holder.inst->kv->shape();
+  const cpu::PagedKvLayer kv{holder.inst->kv->Key(layer), holder.inst->kv->Value(layer),
+                             ks.block_size, ks.num_kv_heads, ks.head_dim};
+  std::vector<cpu::PartialSpan> spans;
+  for (int64_t r = 0; r < rows; ++r) spans.push_back({r, holder.inst->blocks.data(), keys});
+  const float scale = static_cast<float>(std::pow(static_cast<double>(cfg.head_dim()), -0.5));
+  cpu::PartialAttention(holder.pool, q, cfg.num_attention_heads, kv, spans, scale, out, lse);
+  return absl::OkStatus();
+}
+
+// Two members in process: member 0 holds keys [0, keys) of every row's
+// sequence, member 1 is the master.
+class LocalPeers : public SpanAttentionPeers {
+ public:
+  LocalPeers(Member& holder, int64_t keys, const TextConfig& cfg)
+      : holder_(holder), keys_(keys), cfg_(cfg) {}
+  int num_members() const override { return 2; }
+  int self() const override { return 1; }
+  absl::Status Query(int member, int layer, const float* q, int64_t rows, float* out,
+                     float* lse) override {
+    REQUIRE(member == 0);
+    return HolderPartials(holder_, keys_, cfg_, layer, q, rows, out, lse);
+  }
+
+ private:
+  Member& holder_;
+  int64_t keys_;
+  const TextConfig& cfg_;
+};
+
+struct SpreadDecode {
+  std::vector<int32_t> greedy;
+  std::vector<std::vector<float>> logits;  // after each decode step
+};
+
+// Greedy decode of a text prompt on `master`, which keeps tokens [a, L) and
+// appends the decoded ones; the peers hold the rest.
+inline SpreadDecode DecodeSpread(Member& master, SpanAttentionPeers& peers, const Prompt& p,
+                                 int64_t a, const std::vector<int>& masked, int steps,
+                                 int64_t vocab) {
+  SpreadDecode d;
+  std::vector<float> last(master.logits.end() - vocab, master.logits.end());
+  for (int s = 0; s < steps; ++s) {
+    d.greedy.push_back(GreedyToken(last, masked));
+    if (s + 1 == steps) break;
+    ForwardBatch b = DecodeBatch(*master.inst, d.greedy.back(), p.len() + s, p.len() - a + s + 1);
+    REQUIRE(master.model->ForwardEspDecode(b, *master.inst->kv, peers, &last).ok());
+    d.logits.push_back(last);
+  }
+  return d;
 }
 
 }  // namespace mmserve::model
