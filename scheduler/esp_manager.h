@@ -56,6 +56,16 @@ struct StepTimeModel {
   }
 };
 
+// One profiled prefill step: S prompt tokens took `seconds`.
+struct StepSample {
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+// The least-squares a, b, c over the samples (the normal equations, solved
+// in double); with fewer than 3 distinct token counts, c = 0 (and b = 0 with
+// one), so a model always exists for a degree that was profiled at all.
+StepTimeModel FitStepTimeModel(const std::vector<StepSample>& samples);
+
 struct EspConfig {
   int64_t block_size = 16;
   double max_prefill_seconds = 1.0;  // dispatch cap on the predicted prefill step

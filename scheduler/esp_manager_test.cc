@@ -295,5 +295,23 @@ TEST_CASE("property: spans cover each context exactly, no pool over capacity, on
   CHECK(groups > 20);
 }
 
+TEST_CASE("the step-time fit recovers a quadratic and degrades to fewer samples", "[esp]") {
+  const StepTimeModel truth{0.02, 3e-4, 5e-9};
+  std::vector<StepSample> samples;
+  for (int64_t s : {128, 512, 2048, 8192, 32768}) samples.push_back({s, truth.Predict(s)});
+  const StepTimeModel fit = FitStepTimeModel(samples);
+  CHECK(fit.a == Approx(truth.a).epsilon(1e-6));
+  CHECK(fit.b == Approx(truth.b).epsilon(1e-6));
+  CHECK(fit.c == Approx(truth.c).epsilon(1e-6));
+  const StepTimeModel line = FitStepTimeModel({{100, 1.0}, {300, 2.0}});
+  CHECK(line.a == Approx(0.5));
+  CHECK(line.b == Approx(0.005));
+  CHECK(line.c == 0);
+  const StepTimeModel one = FitStepTimeModel({{100, 0.3}, {100, 0.5}});
+  CHECK(one.a == Approx(0.4));
+  CHECK(one.b == 0);
+  CHECK(FitStepTimeModel({}).Predict(1000) == 0);
+}
+
 }  // namespace
 }  // namespace mmserve::scheduler

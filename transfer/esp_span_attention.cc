@@ -15,8 +15,12 @@ namespace {
 // How long a reply may take to land (the client's own timeout bounds the
 // whole query).
 constexpr absl::Duration kReplyTimeout = absl::Seconds(2);
-// Idle polling rounds before the server thread naps between rounds.
+// Idle polling rounds (each a round trip through the progress thread)
+// before the server thread naps between rounds: a decode step queries every
+// layer back to back, so a busy holder answers at once, an idle one costs
+// one poll per nap.
 constexpr int kSpinRounds = 2000;
+constexpr absl::Duration kNap = absl::Microseconds(200);
 
 struct QueryHeader {
   uint32_t layer = 0;
@@ -89,7 +93,7 @@ void EspSpanServer::Serve() {
     }
     idle = worked ? 0 : idle + 1;
     if (idle > kSpinRounds) {
-      absl::SleepFor(absl::Microseconds(50));
+      absl::SleepFor(kNap);
     } else {
       sched_yield();
     }
