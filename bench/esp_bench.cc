@@ -21,6 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/qwen2_dims.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "model/cpu/split_attention.h"
@@ -46,17 +47,9 @@ namespace transfer = mmserve::transfer;
 
 constexpr int64_t kBlockSize = 16;
 
-TextConfig Dims(int layers) {  // Qwen/Qwen2-0.5B config.json, fewer layers
-  TextConfig cfg;
-  cfg.rope_theta = 1000000.0;
-  cfg.rms_norm_eps = 1e-6;
-  cfg.tie_word_embeddings = true;
-  cfg.vocab_size = 151936;
-  cfg.hidden_size = 896;
-  cfg.intermediate_size = 4864;
+TextConfig Dims(int layers) {
+  TextConfig cfg = Qwen2HalfBDims();
   cfg.num_hidden_layers = layers;
-  cfg.num_attention_heads = 14;
-  cfg.num_key_value_heads = 2;
   return cfg;
 }
 

@@ -25,7 +25,9 @@
 // calls the handler, puts out and lse into the client's reply inbox, flushes
 // and notifies likewise. Every wait has the client's timeout.
 // Thread-safety: one thread drives a UcxSpanPeers; the server's handler runs
-// on its own thread, one query at a time.
+// on the server's own thread, one query at a time, beside whatever else the
+// holder runs: it reads only held (immutable) spans, and a ThreadPool it
+// uses must not also serve the holder's own steps (one caller per pool).
 #ifndef MMSERVE_TRANSFER_ESP_SPAN_ATTENTION_H_
 #define MMSERVE_TRANSFER_ESP_SPAN_ATTENTION_H_
 
