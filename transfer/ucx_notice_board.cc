@@ -153,6 +153,9 @@ absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<u
       (*words)[i] = __atomic_load_n(
           reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
     }
+    for (const std::unique_ptr<Peer>& p : peers_) {
+      if (p != nullptr && *p->failed) return absl::UnavailableError("a peer is lost");
+    }
     return absl::OkStatus();
   });
 }

@@ -84,7 +84,8 @@ class UcxNoticeBoard {
   // them, in the order of indices). UNAVAILABLE on an abort word or once
   // `cancelled` is set; DEADLINE_EXCEEDED past the deadline.
   // The notices in `indices` now (read once on the progress thread, with
-  // the same ordering as Await).
+  // the same ordering as Await). UNAVAILABLE once UCX has reported any
+  // connected peer lost (tcp: within ~0.1 s of its death).
   [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words);
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled,
