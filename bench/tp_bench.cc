@@ -31,6 +31,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "bench/qwen2_dims.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "model/cpu/thread_pool.h"
@@ -55,17 +56,9 @@ constexpr int kBatches[] = {1, 16};
 constexpr int64_t kBlockSize = 16;
 
 TextConfig Dims(const std::string& name) {
-  TextConfig cfg;
-  cfg.rope_theta = 1000000.0;
-  cfg.rms_norm_eps = 1e-6;
-  cfg.tie_word_embeddings = true;
-  if (name == "qwen2-0.5b") {  // Qwen/Qwen2-0.5B config.json
-    cfg.vocab_size = 151936;
-    cfg.hidden_size = 896;
-    cfg.intermediate_size = 4864;
-    cfg.num_hidden_layers = 24;
-    cfg.num_attention_heads = 14;
-    cfg.num_key_value_heads = 2;
+  TextConfig cfg = Qwen2HalfBDims();
+  if (name == "qwen2-0.5b") {
+    return cfg;
   } else if (name == "tiny") {
     cfg.vocab_size = 2048;
     cfg.hidden_size = 128;

@@ -42,8 +42,7 @@ void Qwen2Model::Linear(const float* x, int64_t m, const cpu::WeightMatrix& w, c
   cpu::Linear(pool_, x, m, w, bias, y, options_.linear_kernel);
 }
 
-absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
-                                 std::vector<float>* logits) {
+absl::Status Qwen2Model::CheckKvShape(const KvCache& kv) const {
   const KvCacheShape& ks = kv.shape();
   const KvCacheShape want = KvShape(ks.num_blocks, ks.block_size);
   if (ks.num_layers != want.num_layers || ks.num_kv_heads != want.num_kv_heads ||
@@ -53,19 +52,45 @@ absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
                      " kv heads x head_dim ", ks.head_dim, "; the model needs ", want.num_layers,
                      " x ", want.num_kv_heads, " x ", want.head_dim));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Qwen2Model::Forward(const ForwardBatch& batch, KvCache& kv,
+                                 std::vector<float>* logits) {
+  RETURN_IF_ERROR(CheckKvShape(kv));
+  const KvCacheShape& ks = kv.shape();
   RETURN_IF_ERROR(ValidateForwardBatch(batch, {cfg_.vocab_size, ks.block_size, ks.num_blocks}));
-  const int64_t t = batch.num_tokens();
+  return Run(
+      batch,
+      [&](int layer) {
+        Attention(layer, batch, kv);
+        return absl::OkStatus();
+      },
+      logits);
+}
+
+absl::Status Qwen2Model::Run(const ForwardBatch& rows,
+                             absl::FunctionRef<absl::Status(int)> attention,
+                             std::vector<float>* logits) {
+  const int64_t t = rows.num_tokens();
   h_.resize(t * hidden_);
   x_.resize(t * hidden_);
-  Embed(batch);
-  rope_.ComputeAngles(batch.positions.data(), t, &angles_);
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) RETURN_IF_ERROR(Layer(l, batch, kv));
+  Embed(rows);
+  rope_.ComputeAngles(rows.positions.data(), t, &angles_);
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    RETURN_IF_ERROR(Layer(l, t, [&] { return attention(l); }));
+  }
+  return Logits(rows.logits_rows, logits);
+}
 
+absl::Status Qwen2Model::Logits(const std::vector<int64_t>& logits_rows,
+                                std::vector<float>* logits) {
   // Final norm and lm_head only for the requested rows.
-  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+  const int64_t t = static_cast<int64_t>(h_.size()) / hidden_;
+  const int64_t rows = static_cast<int64_t>(logits_rows.size());
   x_.resize(std::max(t, rows) * hidden_);
   for (int64_t i = 0; i < rows; ++i) {
-    std::memcpy(&x_[i * hidden_], &h_[batch.logits_rows[i] * hidden_], hidden_ * sizeof(float));
+    std::memcpy(&x_[i * hidden_], &h_[logits_rows[i] * hidden_], hidden_ * sizeof(float));
   }
   cpu::RmsNorm(pool_, x_.data(), rows, hidden_, weights_.final_norm(),
                static_cast<float>(cfg_.rms_norm_eps), x_.data());
@@ -126,12 +151,11 @@ void Qwen2Model::Embed(const ForwardBatch& batch) {
   }
 }
 
-absl::Status Qwen2Model::Layer(int layer, const ForwardBatch& batch, KvCache& kv) {
+absl::Status Qwen2Model::Layer(int layer, int64_t t, absl::FunctionRef<absl::Status()> attention) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
-  const int64_t t = batch.num_tokens();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   cpu::RmsNorm(pool_, h_.data(), t, hidden_, w.input_norm, eps, x_.data());
-  Attention(layer, batch, kv);
+  RETURN_IF_ERROR(attention());
   o_.resize(t * hidden_);
   Linear(attn_.data(), t, w.o, nullptr, o_.data());
   RETURN_IF_ERROR(AllReduce(o_, t * hidden_));
@@ -140,9 +164,8 @@ absl::Status Qwen2Model::Layer(int layer, const ForwardBatch& batch, KvCache& kv
   return Mlp(layer, t);
 }
 
-void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
+void Qwen2Model::ProjectQkv(int layer, int64_t t) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
-  const int64_t t = batch.num_tokens();
   const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
   q_.resize(t * q_width);
   k_.resize(t * kv_width);
@@ -154,22 +177,35 @@ void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
       options_.linear_kernel);
   rope_.Apply(angles_, q_.data(), t, heads_);
   rope_.Apply(angles_, k_.data(), t, kv_heads_);
+}
+
+float Qwen2Model::AttentionScale() const {
+  return static_cast<float>(std::pow(static_cast<double>(head_dim_), -0.5));
+}
+
+void Qwen2Model::WriteKv(absl::Span<const int64_t> slots, const float* k, const float* v,
+                         float* key, float* value) const {
+  const int64_t kv_width = kv_heads_ * head_dim_;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t slot = slots[i], r = static_cast<int64_t>(i);
+    std::memcpy(key + slot * kv_width, k + r * kv_width, kv_width * sizeof(float));
+    std::memcpy(value + slot * kv_width, v + r * kv_width, kv_width * sizeof(float));
+  }
+}
+
+void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
+  const int64_t t = batch.num_tokens();
+  ProjectQkv(layer, t);
   float* key = kv.Key(layer);
   float* value = kv.Value(layer);
-  for (int64_t r = 0; r < t; ++r) {
-    const int64_t slot = batch.slot_mapping[r];
-    std::memcpy(key + slot * kv_width, &k_[r * kv_width], kv_width * sizeof(float));
-    std::memcpy(value + slot * kv_width, &v_[r * kv_width], kv_width * sizeof(float));
-  }
+  WriteKv(batch.slot_mapping, k_.data(), v_.data(), key, value);
   std::vector<cpu::AttentionSequence> seqs;
   seqs.reserve(batch.sequences.size());
   for (const SequenceChunk& s : batch.sequences) {
     seqs.push_back({s.query_start, s.query_len, s.context_len, s.block_table.data()});
   }
   const cpu::PagedKvLayer layer_kv{key, value, kv.shape().block_size, kv_heads_, head_dim_};
-  cpu::PagedAttention(pool_, q_.data(), heads_, layer_kv, seqs,
-                      static_cast<float>(std::pow(static_cast<double>(head_dim_), -0.5)),
-                      attn_.data());
+  cpu::PagedAttention(pool_, q_.data(), heads_, layer_kv, seqs, AttentionScale(), attn_.data());
 }
 
 absl::Status Qwen2Model::Mlp(int layer, int64_t num_tokens) {

@@ -31,10 +31,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "common/communicator.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
+#include "model/esp.h"
 #include "model/forward_batch.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -72,10 +74,42 @@ class Qwen2Model {
   [[nodiscard]] absl::Status Forward(const ForwardBatch& batch, KvCache& kv,
                                      std::vector<float>* logits);
 
+  // Elastic sequence parallelism (model/esp.h; code in qwen2_esp.cc). One
+  // member's rows of a prompt prefilled by a group: its logits rows' logits
+  // are bitwise those of a single-instance Forward over the whole prompt,
+  // and only the kept range's K/V is written to kv. InvalidArgument for a
+  // malformed batch or sharded weights; the exchange's status otherwise
+  // (the exchange is aborted when this member fails on its own).
+  [[nodiscard]] absl::Status ForwardEspPrefill(const EspPrefillBatch& batch, KvCache& kv,
+                                               KvExchange& exchange, std::vector<float>* logits);
+  // A decode batch (every sequence's query_len 1) on the master of spread
+  // KV: batch's sequences cover the master's own keys; peers add theirs.
+  [[nodiscard]] absl::Status ForwardEspDecode(const ForwardBatch& batch, KvCache& kv,
+                                              SpanAttentionPeers& peers,
+                                              std::vector<float>* logits);
+
  private:
+  // Embedding, every layer (with `attention` filling attn_ for a layer),
+  // then the logits of rows.logits_rows.
+  absl::Status Run(const ForwardBatch& rows, absl::FunctionRef<absl::Status(int)> attention,
+                   std::vector<float>* logits);
   void Embed(const ForwardBatch& batch);
-  absl::Status Layer(int layer, const ForwardBatch& batch, KvCache& kv);
+  // One decoder layer over the t rows in h_; `attention` fills attn_ from x_.
+  absl::Status Layer(int layer, int64_t t, absl::FunctionRef<absl::Status()> attention);
+  // q_, k_, v_ of x_'s t rows, RoPE applied (angles_).
+  void ProjectQkv(int layer, int64_t t);
+  float AttentionScale() const;
+  absl::Status CheckKvShape(const KvCache& kv) const;
+  // Rows i of k and v ([rows][kv_width]) into slots[i] of one layer's planes.
+  void WriteKv(absl::Span<const int64_t> slots, const float* k, const float* v, float* key,
+               float* value) const;
   void Attention(int layer, const ForwardBatch& batch, KvCache& kv);
+  absl::Status EspPrefillAttention(int layer, const EspPrefillBatch& batch, KvCache& kv,
+                                   KvExchange& exchange);
+  absl::Status EspDecodeAttention(int layer, const ForwardBatch& batch, KvCache& kv,
+                                  SpanAttentionPeers& peers);
+  // Final norm and lm_head on rows of h_.
+  absl::Status Logits(const std::vector<int64_t>& logits_rows, std::vector<float>* logits);
   absl::Status Mlp(int layer, int64_t num_tokens);
   // Sums a row-parallel projection's partial output over the ranks.
   absl::Status AllReduce(std::vector<float>& v, int64_t n);
@@ -95,6 +129,7 @@ class Qwen2Model {
   // Scratch, resized per step: [T][...] rows.
   std::vector<float> h_, x_, q_, k_, v_, attn_, o_, gate_, up_;
   std::vector<float> local_logits_, gathered_;  // tensor parallel only
+  std::vector<float> span_out_, span_lse_;      // ESP decode: [member][row][...]
   RopeAngles angles_;
 };
 

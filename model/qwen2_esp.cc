@@ -1,0 +1,129 @@
+// Qwen2Model's elastic sequence parallelism paths (model/esp.h): a member's
+// share of a group prefill, and decode on the master of spread KV.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "model/cpu/split_attention.h"
+#include "model/qwen2_model.h"
+
+namespace mmserve::model {
+namespace {
+
+// The batch's own shape, before any layer runs.
+absl::Status ValidateEspPrefill(const EspPrefillBatch& b, int64_t vocab, int64_t num_slots) {
+  const int64_t n = b.rows.num_tokens();
+  if (n == 0) return absl::InvalidArgumentError("an ESP prefill member needs at least one row");
+  if (static_cast<int64_t>(b.global_rows.size()) != n) {
+    return absl::InvalidArgumentError("global_rows must name every row");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (b.global_rows[i] < 0 || b.global_rows[i] >= b.prompt_len ||
+        (i > 0 && b.global_rows[i] <= b.global_rows[i - 1])) {
+      return absl::InvalidArgumentError("global_rows must ascend within the prompt");
+    }
+  }
+  const int64_t keep = static_cast<int64_t>(b.keep_slots.size());
+  if (b.keep_begin < 0 || b.keep_begin + keep > b.prompt_len) {
+    return absl::InvalidArgumentError("the kept range must lie within the prompt");
+  }
+  for (int64_t slot : b.keep_slots) {
+    if (slot < 0 || slot >= num_slots) return absl::InvalidArgumentError("kept slot out of range");
+  }
+  // The rows as one sequence in a one-block cache: checks token ids,
+  // positions, overrides and logits rows as Forward does.
+  ForwardBatch rows = b.rows;
+  rows.slot_mapping.resize(n);
+  std::iota(rows.slot_mapping.begin(), rows.slot_mapping.end(), 0);
+  rows.sequences = {{0, n, n, {0}}};
+  return ValidateForwardBatch(rows, {vocab, n, 1});
+}
+
+}  // namespace
+
+absl::Status Qwen2Model::ForwardEspPrefill(const EspPrefillBatch& batch, KvCache& kv,
+                                           KvExchange& exchange, std::vector<float>* logits) {
+  absl::Status status = [&]() -> absl::Status {
+    if (parallel_) return absl::InvalidArgumentError("ESP prefill with sharded weights");
+    RETURN_IF_ERROR(CheckKvShape(kv));
+    RETURN_IF_ERROR(ValidateEspPrefill(batch, cfg_.vocab_size, kv.num_slots()));
+    return Run(
+        batch.rows, [&](int layer) { return EspPrefillAttention(layer, batch, kv, exchange); },
+        logits);
+  }();
+  if (!status.ok()) exchange.Abort();
+  return status;
+}
+
+absl::Status Qwen2Model::EspPrefillAttention(int layer, const EspPrefillBatch& batch, KvCache& kv,
+                                             KvExchange& exchange) {
+  const int64_t t = batch.rows.num_tokens();
+  ProjectQkv(layer, t);
+  const float* k_all = nullptr;
+  const float* v_all = nullptr;
+  RETURN_IF_ERROR(
+      exchange.AllGather(layer, batch.global_rows, k_.data(), v_.data(), &k_all, &v_all));
+  cpu::SplitPrefillAttention(pool_, q_.data(), heads_,
+                             {k_all, v_all, batch.prompt_len, kv_heads_, head_dim_},
+                             batch.global_rows, AttentionScale(), attn_.data());
+  // Proactive scale-down: only the kept range enters this member's cache.
+  const int64_t kv_width = kv_heads_ * head_dim_;
+  WriteKv(batch.keep_slots, k_all + batch.keep_begin * kv_width,
+          v_all + batch.keep_begin * kv_width, kv.Key(layer), kv.Value(layer));
+  return absl::OkStatus();
+}
+
+absl::Status Qwen2Model::ForwardEspDecode(const ForwardBatch& batch, KvCache& kv,
+                                          SpanAttentionPeers& peers, std::vector<float>* logits) {
+  if (parallel_) return absl::InvalidArgumentError("ESP decode with sharded weights");
+  RETURN_IF_ERROR(CheckKvShape(kv));
+  const KvCacheShape& ks = kv.shape();
+  RETURN_IF_ERROR(ValidateForwardBatch(batch, {cfg_.vocab_size, ks.block_size, ks.num_blocks}));
+  for (const SequenceChunk& s : batch.sequences) {
+    if (s.query_len != 1) return absl::InvalidArgumentError("ESP decode takes one row a sequence");
+  }
+  if (peers.self() < 0 || peers.self() >= peers.num_members()) {
+    return absl::InvalidArgumentError("the master is not among the span holders");
+  }
+  return Run(
+      batch, [&](int layer) { return EspDecodeAttention(layer, batch, kv, peers); }, logits);
+}
+
+absl::Status Qwen2Model::EspDecodeAttention(int layer, const ForwardBatch& batch, KvCache& kv,
+                                            SpanAttentionPeers& peers) {
+  const int64_t t = batch.num_tokens();
+  const int64_t q_width = heads_ * head_dim_;
+  ProjectQkv(layer, t);
+  WriteKv(batch.slot_mapping, k_.data(), v_.data(), kv.Key(layer), kv.Value(layer));
+  const int members = peers.num_members(), self = peers.self();
+  span_out_.resize(members * t * q_width);
+  span_lse_.resize(members * t * heads_);
+  // A member holding nothing of a row's sequence leaves it empty.
+  std::fill(span_lse_.begin(), span_lse_.end(), -INFINITY);
+  std::fill(span_out_.begin(), span_out_.end(), 0.0f);
+  std::vector<cpu::PartialSpan> local;
+  for (const SequenceChunk& s : batch.sequences) {
+    local.push_back({s.query_start, s.block_table.data(), s.context_len});
+  }
+  const cpu::PagedKvLayer layer_kv{kv.Key(layer), kv.Value(layer), kv.shape().block_size, kv_heads_,
+                                   head_dim_};
+  cpu::PartialAttention(pool_, q_.data(), heads_, layer_kv, local, AttentionScale(),
+                        &span_out_[self * t * q_width], &span_lse_[self * t * heads_]);
+  for (int m = 0; m < members; ++m) {
+    if (m == self) continue;
+    RETURN_IF_ERROR(peers.Query(m, layer, q_.data(), t, &span_out_[m * t * q_width],
+                                &span_lse_[m * t * heads_]));
+  }
+  std::vector<cpu::PartialRef> parts(members);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int m = 0; m < members; ++m) {
+      parts[m] = {&span_out_[(m * t + r) * q_width], &span_lse_[(m * t + r) * heads_]};
+    }
+    cpu::MergePartials(heads_, head_dim_, parts, &attn_[r * q_width]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mmserve::model

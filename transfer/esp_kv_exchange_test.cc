@@ -1,0 +1,91 @@
+#include "transfer/esp_kv_exchange.h"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "transfer/esp_exchange_testing.h"
+
+namespace mmserve::transfer {
+namespace {
+
+constexpr int64_t kLen = 37, kWidth = 16;
+constexpr int kLayers = 5;
+
+std::vector<std::unique_ptr<UcxEspExchange>> Group(UcxContext& ctx,
+                                                   const UcxEspExchange::Plan& plan,
+                                                   absl::Duration timeout) {
+  std::vector<std::unique_ptr<UcxEspExchange>> group;
+  std::vector<EspExchangeTarget> targets;
+  for (size_t m = 0; m < plan.rows.size(); ++m) {
+    auto ex = UcxEspExchange::Create(ctx, plan, static_cast<int>(m),
+                                     {.name = "esp-" + std::to_string(m)}, timeout);
+    REQUIRE(ex.ok());
+    targets.push_back((*ex)->target());
+    group.push_back(std::move(ex).value());
+  }
+  for (auto& ex : group) REQUIRE(ex->Connect(targets).ok());
+  return group;
+}
+
+// Member m's layers; *all_equal: every layer gathered every row exactly.
+absl::Status RunMember(UcxEspExchange& ex, const UcxEspExchange::Plan& plan, int m, int layers,
+                       bool* all_equal) {
+  *all_equal = true;
+  for (int layer = 0; layer < layers; ++layer) {
+    bool equal = false;
+    RETURN_IF_ERROR(EspRunLayer(ex, plan, m, layer, &equal));
+    *all_equal &= equal;
+  }
+  return absl::OkStatus();
+}
+
+TEST_CASE("every member gathers every row of every layer, over shm and tcp", "[esp]") {
+  for (TransportProfile profile : {TransportProfile::kShm, TransportProfile::kTcp}) {
+    CAPTURE(TransportProfileName(profile));
+    auto ctx = UcxContext::Create(profile);
+    REQUIRE(ctx.ok());
+    for (int members : {2, 3}) {
+      CAPTURE(members);
+      const UcxEspExchange::Plan plan{EspStripes(members, kLen), kLen, kWidth};
+      auto group = Group(**ctx, plan, absl::Seconds(30));
+      std::vector<absl::Status> status(members);
+      bool equal[3] = {false, false, false};
+      std::vector<std::thread> threads;
+      for (int m = 0; m < members; ++m) {
+        threads.emplace_back(
+            [&, m] { status[m] = RunMember(*group[m], plan, m, kLayers, &equal[m]); });
+      }
+      for (std::thread& t : threads) t.join();
+      for (int m = 0; m < members; ++m) {
+        CHECK(status[m].ok());
+        CHECK(equal[m]);
+      }
+    }
+  }
+}
+
+TEST_CASE("a member that fails aborts the others (UNAVAILABLE); one that never comes times out",
+          "[esp]") {
+  auto ctx = UcxContext::Create(TransportProfile::kShm);
+  REQUIRE(ctx.ok());
+  const UcxEspExchange::Plan plan{EspStripes(2, kLen), kLen, kWidth};
+  bool equal = false;
+  {
+    auto group = Group(**ctx, plan, absl::Seconds(30));
+    group[1]->Abort();
+    CHECK(RunMember(*group[0], plan, 0, kLayers, &equal).code() == absl::StatusCode::kUnavailable);
+  }
+  {
+    auto group = Group(**ctx, plan, absl::Milliseconds(200));
+    CHECK(RunMember(*group[0], plan, 0, kLayers, &equal).code() ==
+          absl::StatusCode::kDeadlineExceeded);
+  }
+  CHECK(!UcxEspExchange::Create(**ctx, {{{0, 1}, {1, 2}}, 3, kWidth}, 0, {}, absl::Seconds(1))
+             .ok());  // row 1 twice
+}
+
+}  // namespace
+}  // namespace mmserve::transfer

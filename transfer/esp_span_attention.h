@@ -1,0 +1,126 @@
+// Decode attention across span holders over UCX (issue 26, model/esp.h's
+// SpanAttentionPeers): a decode master sends each layer's query rows to the
+// instances holding spans of their sequences; each holder's server thread
+// answers with its partial attention (output and log-sum-exp).
+//
+// Parties are numbered 0..parties-1 in the pool; a party may be a server
+// (holds spans), a client (masters decode batches) or both (two objects).
+//
+//   // holder
+//   ASSIGN_OR_RETURN(auto server, EspSpanServer::Create(*ctx, shape, /*self=*/1,
+//       [&](int layer, absl::Span<const uint64_t> tags, const float* q, int64_t rows,
+//           float* out, float* lse) { ... PartialAttention over the tagged spans ... },
+//       {.name = "span-1"}));
+//   // master
+//   ASSIGN_OR_RETURN(auto peers, UcxSpanPeers::Create(*ctx, shape, /*self=*/0, {...}, timeout));
+//   // exchange targets (party order), then
+//   RETURN_IF_ERROR(server->Connect(client_targets));
+//   RETURN_IF_ERROR(peers->Connect(server_targets));
+//   peers->SetBatch(/*members=*/{1, 0}, /*self member=*/1, row_tags);  // span order
+//   RETURN_IF_ERROR(model.ForwardEspDecode(batch, kv, *peers, &logits));
+//
+// A query: the client puts {layer, rows}, the rows' tags (which sequence
+// each row is, the server's business) and q into its inbox on the server,
+// flushes, then a notice {seq, CRC32C}; the server thread checks the CRC,
+// calls the handler, puts out and lse into the client's reply inbox, flushes
+// and notifies likewise. Every wait has the client's timeout.
+// Thread-safety: one thread drives a UcxSpanPeers; the server's handler runs
+// on the server's own thread, one query at a time, beside whatever else the
+// holder runs: it reads only held (immutable) spans, and a ThreadPool it
+// uses must not also serve the holder's own steps (one caller per pool).
+#ifndef MMSERVE_TRANSFER_ESP_SPAN_ATTENTION_H_
+#define MMSERVE_TRANSFER_ESP_SPAN_ATTENTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "model/esp.h"
+#include "transfer/ucx_notice_board.h"
+
+namespace mmserve::transfer {
+
+struct EspSpanShape {
+  int parties = 0;
+  int64_t max_rows = 0;  // rows of one query
+  int64_t q_width = 0;   // heads * head_dim
+  int64_t heads = 0;
+  uint64_t InboxBytes() const { return 8 + max_rows * 8 + max_rows * q_width * sizeof(float); }
+  uint64_t ReplyBytes() const { return max_rows * (q_width + heads) * sizeof(float); }
+};
+
+class EspSpanServer {
+ public:
+  // out [rows][q_width] and lse [rows][heads] of q's rows over the spans the
+  // tags name (lse -inf, out 0 where none is held here).
+  using Handler = std::function<absl::Status(int layer, absl::Span<const uint64_t> tags,
+                                             const float* q, int64_t rows, float* out, float* lse)>;
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<EspSpanServer>> Create(
+      UcxContext& context, const EspSpanShape& shape, int self, Handler handler,
+      const UcxWorkerOptions& options);
+  ~EspSpanServer();  // stops the server thread
+  EspSpanServer(const EspSpanServer&) = delete;
+  EspSpanServer& operator=(const EspSpanServer&) = delete;
+
+  const NoticeBoardTarget& target() const { return board_->target(); }
+  // The clients' boards (party order; entries of parties that are not
+  // clients may be empty), then starts answering.
+  [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& clients);
+
+ private:
+  EspSpanServer(const EspSpanShape& shape, int self, Handler handler);
+  void Serve();
+  absl::Status Answer(int client, uint32_t seq, uint32_t crc);
+
+  const EspSpanShape shape_;
+  const int self_;
+  const Handler handler_;
+  std::unique_ptr<UcxNoticeBoard> board_;
+  std::vector<int> clients_;      // connected parties
+  std::vector<uint32_t> served_;  // per party, the last query answered; server thread
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class UcxSpanPeers : public model::SpanAttentionPeers {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxSpanPeers>> Create(
+      UcxContext& context, const EspSpanShape& shape, int self, const UcxWorkerOptions& options,
+      absl::Duration timeout);
+  ~UcxSpanPeers() override;
+
+  const NoticeBoardTarget& target() const { return board_->target(); }
+  // The servers' boards, party order (entries of non-servers may be empty).
+  [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& servers);
+  // The next decode batch: its span holders in span order (parties; this
+  // party among them at self_member) and each row's tag.
+  void SetBatch(std::vector<int> members, int self_member, std::vector<uint64_t> row_tags);
+
+  int num_members() const override { return static_cast<int>(members_.size()); }
+  int self() const override { return self_member_; }
+  [[nodiscard]] absl::Status Query(int member, int layer, const float* q, int64_t rows, float* out,
+                                   float* lse) override;
+
+ private:
+  UcxSpanPeers(const EspSpanShape& shape, int self, absl::Duration timeout);
+
+  const EspSpanShape shape_;
+  const int self_;
+  const absl::Duration timeout_;
+  std::unique_ptr<UcxNoticeBoard> board_;
+  std::vector<uint32_t> seq_;  // per party, the last query sent
+  std::vector<int> members_;
+  int self_member_ = 0;
+  std::vector<uint64_t> tags_;
+  std::atomic<bool> never_{false};
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_ESP_SPAN_ATTENTION_H_

@@ -1,0 +1,180 @@
+#include "transfer/ucx_notice_board.h"
+
+#include <sched.h>
+
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
+#include "transfer/ucx_request.h"
+
+namespace mmserve::transfer {
+namespace {
+
+// One batch of puts and the flushes after them.
+struct PutState {
+  int pending = 0;           // flushes not completed, plus a guard; progress thread only
+  absl::Status first_error;  // progress thread only until `done`
+  absl::Status result;
+  absl::Notification done;
+};
+
+// One flush (or the guard) done; the last settles the batch.
+void Settle(PutState& state) {
+  if (--state.pending == 0) {
+    state.result = state.first_error;
+    state.done.Notify();
+  }
+}
+
+}  // namespace
+
+struct UcxNoticeBoard::Peer {
+  std::unique_ptr<UcxEndpoint> ep;
+  std::unique_ptr<UcxRemoteKey> rkey;
+  uint64_t base = 0;
+  std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
+};
+
+UcxNoticeBoard::UcxNoticeBoard(size_t data_bytes, int notices)
+    : data_bytes_(data_bytes), notices_(notices) {}
+
+absl::StatusOr<std::unique_ptr<UcxNoticeBoard>> UcxNoticeBoard::Create(
+    UcxContext& context, size_t data_bytes, int notices, const UcxWorkerOptions& options) {
+  std::unique_ptr<UcxNoticeBoard> b(new UcxNoticeBoard(data_bytes, notices));
+  const size_t bytes = b->NoticeOffset(notices + 1);
+  ASSIGN_OR_RETURN(b->region_, UcxMemoryRegion::Allocate(context, bytes));
+  std::memset(b->data() + b->NoticeOffset(0), 0, (notices + 1) * sizeof(uint64_t));
+  ASSIGN_OR_RETURN(b->worker_, UcxWorker::Create(context, options));
+  b->worker_->Start(nullptr);
+  ASSIGN_OR_RETURN(b->target_.rkey, b->region_->PackRkey());
+  b->target_.worker_address = b->worker_->address();
+  b->target_.base_address = reinterpret_cast<uint64_t>(b->region_->address());
+  return b;
+}
+
+UcxNoticeBoard::~UcxNoticeBoard() {
+  if (worker_ == nullptr) return;
+  (void)worker_->RunSync([this] {
+    for (std::unique_ptr<Peer>& p : peers_) {
+      if (p == nullptr) continue;
+      p->rkey.reset();
+      if (p->ep != nullptr) p->ep->Close(Deadline::After(absl::Milliseconds(100)));
+    }
+    peers_.clear();
+    return absl::OkStatus();
+  });
+  worker_->Stop();
+}
+
+absl::Status UcxNoticeBoard::Connect(const std::vector<NoticeBoardTarget>& targets, int self) {
+  return worker_->RunSync([&]() -> absl::Status {
+    peers_.clear();
+    for (size_t i = 0; i < targets.size(); ++i) {
+      peers_.push_back(nullptr);
+      if (static_cast<int>(i) == self || targets[i].worker_address.empty()) continue;
+      auto peer = std::make_unique<Peer>();
+      std::shared_ptr<std::atomic<bool>> failed = peer->failed;
+      ASSIGN_OR_RETURN(peer->ep, UcxEndpoint::Create(*worker_, targets[i].worker_address,
+                                                     [failed](absl::Status) { *failed = true; }));
+      ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), targets[i].rkey));
+      peer->base = targets[i].base_address;
+      peers_.back() = std::move(peer);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadline deadline) {
+  auto state = std::make_shared<PutState>();
+  state->pending = 1;  // a guard until every flush has started
+  RETURN_IF_ERROR(worker_->RunSync([&]() -> absl::Status {
+    const UcxDone note = [state](absl::Status st) {
+      if (!st.ok() && state->first_error.ok()) state->first_error = st;
+    };
+    std::set<int> named;
+    for (const Piece& piece : pieces) {
+      if (piece.peer < 0 || piece.peer >= static_cast<int>(peers_.size()) ||
+          peers_[piece.peer] == nullptr) {
+        return absl::InvalidArgumentError("notice board: no such peer");
+      }
+      const Peer& p = *peers_[piece.peer];
+      if (*p.failed) return absl::UnavailableError("notice board: a peer is lost");
+      named.insert(piece.peer);
+      StartUcxOp(
+          [&](const ucp_request_param_t& param) {
+            return ucp_put_nbx(p.ep->get(), data() + piece.local_offset, piece.bytes,
+                               p.base + piece.remote_offset, p.rkey->get(), &param);
+          },
+          note);
+    }
+    for (int i : named) {
+      ++state->pending;
+      StartUcxOp(
+          [&](const ucp_request_param_t& param) {
+            return ucp_ep_flush_nbx(peers_[i]->ep->get(), &param);
+          },
+          [state](absl::Status st) {
+            if (!st.ok() && state->first_error.ok()) state->first_error = st;
+            Settle(*state);
+          });
+    }
+    Settle(*state);  // the guard
+    return absl::OkStatus();
+  }));
+  if (!state->done.WaitForNotificationWithTimeout(deadline.Remaining())) {
+    return absl::DeadlineExceededError("a peer did not take the data in time");
+  }
+  if (!state->result.ok()) {
+    return absl::UnavailableError(absl::StrCat("a peer is lost: ", state->result.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UcxNoticeBoard::Notify(const std::vector<int>& peers, int index, uint64_t word,
+                                    Deadline deadline) {
+  absl::MutexLock lock(&notify_mu_);
+  const uint64_t staging = NoticeOffset(notices_);
+  std::memcpy(data() + staging, &word, sizeof(word));
+  std::vector<Piece> pieces;
+  for (int p : peers) pieces.push_back({p, staging, NoticeOffset(index), sizeof(word)});
+  return PutAndFlush(pieces, deadline);
+}
+
+absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words) {
+  words->assign(indices.size(), 0);
+  // On the progress thread: emulated puts land there, so what it read (and
+  // every byte put before it) is ordered before the caller's later reads.
+  return worker_->RunSync([&] {
+    for (size_t i = 0; i < indices.size(); ++i) {
+      (*words)[i] = __atomic_load_n(
+          reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
+    }
+    for (const std::unique_ptr<Peer>& p : peers_) {
+      if (p != nullptr && *p->failed) return absl::UnavailableError("a peer is lost");
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
+                                   const std::atomic<bool>& cancelled,
+                                   std::vector<uint64_t>* words) {
+  for (;;) {
+    RETURN_IF_ERROR(Read(indices, words));
+    size_t ready = 0;
+    for (uint64_t word : *words) {
+      if (NoticeSeq(word) == kAbortSeq) return absl::UnavailableError("a peer gave up");
+      ready += NoticeSeq(word) == seq;
+    }
+    if (ready == indices.size()) return absl::OkStatus();
+    if (cancelled) return absl::UnavailableError("cancelled");
+    if (deadline.Expired()) return absl::DeadlineExceededError("a notice did not come in time");
+    sched_yield();
+  }
+}
+
+}  // namespace mmserve::transfer

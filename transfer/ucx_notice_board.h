@@ -1,0 +1,110 @@
+// Registered memory that peers put data and notice words into: the
+// mechanics under the elastic-sequence-parallelism transfers (issue 26;
+// esp_kv_exchange.h, esp_span_attention.h). Data moves first (puts, then a
+// flush: remotely complete), then one 8-byte notice word {sequence, CRC32C}
+// is put and flushed (ARCHITECTURE.md 4: data complete before the notice).
+//
+//   ASSIGN_OR_RETURN(auto board, UcxNoticeBoard::Create(*ctx, data_bytes, /*notices=*/4, opts));
+//   // exchange board->target() with the peers, then
+//   RETURN_IF_ERROR(board->Connect(targets));  // peer i = targets[i]; own entry ignored
+//   RETURN_IF_ERROR(board->PutAndFlush({{peer, local_offset, remote_offset, bytes}}, deadline));
+//   RETURN_IF_ERROR(board->Notify({peer}, /*their notice*/ 2, NoticeWord(seq, crc), deadline));
+//   // the peer:
+//   RETURN_IF_ERROR(board->Await({2}, seq, deadline, cancelled, &words));
+//
+// Await reads the notice words on the progress thread, where UCX 1.13's
+// emulated puts land, so the data the peer put before them is visible to
+// the caller afterwards (shm puts into the mapped segment are plain memcpys
+// by the peer, ordered by its flush). A word whose sequence is kAbortSeq
+// ends every Await on it with UNAVAILABLE.
+// Thread-safety: PutAndFlush, Notify and Await are thread-safe (each runs
+// its UCX work on the progress thread; Notify calls are serialized, they
+// share the staging word); the caller owns the data layout: no two threads
+// may write the same bytes.
+#ifndef MMSERVE_TRANSFER_UCX_NOTICE_BOARD_H_
+#define MMSERVE_TRANSFER_UCX_NOTICE_BOARD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "transfer/ucx_context.h"
+#include "transfer/ucx_endpoint.h"
+#include "transfer/ucx_memory.h"
+#include "transfer/ucx_worker.h"
+
+namespace mmserve::transfer {
+
+// What a peer needs to write into a board.
+struct NoticeBoardTarget {
+  std::string worker_address;
+  std::string rkey;
+  uint64_t base_address = 0;
+};
+
+inline constexpr uint32_t kAbortSeq = 0xffffffffu;
+inline uint64_t NoticeWord(uint32_t seq, uint32_t crc) { return (uint64_t{seq} << 32) | crc; }
+inline uint32_t NoticeSeq(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+inline uint32_t NoticeCrc(uint64_t word) { return static_cast<uint32_t>(word); }
+
+class UcxNoticeBoard {
+ public:
+  // data_bytes of data, then `notices` words (zeroed), then a staging word.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxNoticeBoard>> Create(
+      UcxContext& context, size_t data_bytes, int notices, const UcxWorkerOptions& options);
+  ~UcxNoticeBoard();
+  UcxNoticeBoard(const UcxNoticeBoard&) = delete;
+  UcxNoticeBoard& operator=(const UcxNoticeBoard&) = delete;
+
+  const NoticeBoardTarget& target() const { return target_; }
+  uint8_t* data() const { return static_cast<uint8_t*>(region_->address()); }
+
+  // Endpoints to targets[i] for every i but `self` (-1: all) and those
+  // with no address.
+  [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& targets, int self);
+
+  // This board's data [local_offset, + bytes) to the peer's data at remote_offset.
+  struct Piece {
+    int peer = 0;
+    uint64_t local_offset = 0, remote_offset = 0, bytes = 0;
+  };
+  // The pieces, then a flush of every peer named (or of `flush_peers` when
+  // pieces is empty). DEADLINE_EXCEEDED past the deadline, UNAVAILABLE when
+  // UCX reports a peer lost.
+  [[nodiscard]] absl::Status PutAndFlush(const std::vector<Piece>& pieces, Deadline deadline);
+  // `word` into notice `index` of each peer, flushed.
+  [[nodiscard]] absl::Status Notify(const std::vector<int>& peers, int index, uint64_t word,
+                                    Deadline deadline);
+  // Waits until every notice in `indices` has sequence `seq` (*words gets
+  // them, in the order of indices). UNAVAILABLE on an abort word or once
+  // `cancelled` is set; DEADLINE_EXCEEDED past the deadline.
+  // The notices in `indices` now (read once on the progress thread, with
+  // the same ordering as Await). UNAVAILABLE once UCX has reported any
+  // connected peer lost (tcp: within ~0.1 s of its death).
+  [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words);
+  [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
+                                   const std::atomic<bool>& cancelled,
+                                   std::vector<uint64_t>* words);
+
+ private:
+  struct Peer;
+  UcxNoticeBoard(size_t data_bytes, int notices);
+  uint64_t NoticeOffset(int index) const { return (data_bytes_ + 63) / 64 * 64 + index * 8; }
+
+  const size_t data_bytes_;
+  const int notices_;
+  std::unique_ptr<UcxMemoryRegion> region_;
+  std::unique_ptr<UcxWorker> worker_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // progress thread only
+  NoticeBoardTarget target_;
+  absl::Mutex notify_mu_;  // held across a Notify: the staging word is in flight
+};
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_UCX_NOTICE_BOARD_H_
