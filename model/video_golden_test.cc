@@ -13,6 +13,7 @@
 #include "common/file.h"
 #include "common/hash.h"
 #include "model/image_decode.h"
+#include "model/video_decode.h"
 #include "model/video_preprocess.h"
 
 namespace mmserve::model {
@@ -76,6 +77,37 @@ TEST_CASE("frame lists equal transformers' pixel_values_videos bit for bit") {
       frames.push_back(*std::move(img));
     }
     CheckProcessed(frames, ConfigFor(c), c);
+  }
+}
+
+TEST_CASE("clips equal transformers' PyAV reader and processor") {
+  for (const auto& c : Cases("clips.json")) {
+    const std::string clip = c["clip"].get<std::string>();
+    INFO(clip << " fps " << c["fps"].dump());
+    const std::string bytes = Read(std::string(kDir) + "clips/" + clip);
+    auto header = ProbeVideo(bytes, VideoLimits());
+    REQUIRE(header.ok());
+    CHECK(header->frame_count == c["total_num_frames"].get<int64_t>());
+    CHECK(header->fps == c["video_fps"].get<double>());
+    CHECK(header->width == c["width"].get<int>());
+    CHECK(header->height == c["height"].get<int>());
+    VideoSampling s;
+    if (!c["fps"].is_null()) s.fps = c["fps"].get<double>();
+    auto idx = SampleFrameIndices(header->frame_count, header->fps, s, 2);
+    REQUIRE(idx.ok());
+    CHECK(*idx == c["indices"].get<std::vector<int64_t>>());
+    auto frames = DecodeVideoFrames(bytes, *idx, VideoLimits());
+    REQUIRE(frames.ok());
+    const auto decoded = c["decoded_xxh64"].get<std::vector<uint64_t>>();
+    REQUIRE(frames->size() == decoded.size());
+    for (size_t i = 0; i < decoded.size(); ++i) {
+      INFO("frame " << i);
+      CHECK(HashOf((*frames)[i].pixels) == decoded[i]);
+    }
+    PreprocessorConfig config;
+    config.min_pixels = 3136;
+    config.max_pixels = 12544;
+    CheckProcessed(*frames, config, c);
   }
 }
 

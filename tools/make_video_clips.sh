@@ -24,4 +24,10 @@ ff=(ffmpeg -hide_banner -loglevel error -y -bitexact)
 "${ff[@]}" -f lavfi -i testsrc2=size=32x32:rate=5 -frames:v 4 -c:v ffv1 "$out/ffv1_32x32.mkv"
 # No video stream at all.
 "${ff[@]}" -f lavfi -i sine=frequency=440:duration=0.2 -c:a pcm_u8 -ar 8000 "$out/audio_only.wav"
+# Hostile headers: a video stream with no frames; 72 frames at 1/100 fps
+# (a header claiming two hours); one 7680x4320 (8K) frame.
+"${ff[@]}" -f lavfi -i testsrc2=size=32x32:rate=5 -frames:v 0 -c:v mpeg4 "$out/zero_frames.avi"
+"${ff[@]}" -f lavfi -i color=c=blue:size=16x16:rate=0.01 -frames:v 72 -c:v libx264 "$out/hours.mp4"
+"${ff[@]}" -f lavfi -i color=c=red:size=7680x4320:rate=1 -frames:v 1 -c:v libvpx-vp9 \
+  -deadline realtime -cpu-used 8 -b:v 0 -crf 63 "$out/8k_vp9.webm"
 ls -l "$out"
