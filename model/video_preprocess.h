@@ -15,7 +15,7 @@
 // for uint8 bicubic with antialias on a CPU): weights computed in double,
 // rounded to int16 with the largest precision that keeps the largest weight
 // below 2^15, horizontal pass first, 8-bit rounding after each pass. Frames
-// equal transformers' bit for bit (video_golden_test). Thread-safe (pure).
+// equal transformers' bit for bit (video_preprocess_golden_test). Thread-safe (pure).
 #ifndef MMSERVE_MODEL_VIDEO_PREPROCESS_H_
 #define MMSERVE_MODEL_VIDEO_PREPROCESS_H_
 
