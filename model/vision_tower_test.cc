@@ -184,5 +184,35 @@ TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") 
   CHECK((*tower)->Forward(odd_pixels, odd).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a video's temporal patches run in pieces give the whole's rows", "[vision]") {
+  // The encoder splits a video over the patch budget across tower batches
+  // by whole temporal patches: attention stays within a temporal patch, so
+  // the pieces must give exactly the rows of one call (bf16 panel kernel:
+  // rows do not depend on the batch).
+  VisionConfig c;
+  c.depth = 2;
+  c.embed_dim = 64;
+  c.num_heads = 4;
+  c.mlp_ratio = 4;
+  c.hidden_size = 32;
+  auto tower = VisionTower::CreateRandom(c, 11, DType::kBF16, VisionTowerOptions());
+  const ImageGrid whole = ImageGrid::FromThw(3, 4, 6);
+  const size_t per_t = 4 * 6 * 3 * 2 * 14 * 14;
+  std::vector<float> pixels(3 * per_t);
+  uint32_t s = 777;
+  for (float& v : pixels) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24);
+  auto all = tower->Forward(pixels, std::vector<ImageGrid>{whole});
+  REQUIRE(all.ok());
+  const std::vector<float> first(pixels.begin(), pixels.begin() + per_t);
+  const std::vector<float> rest(pixels.begin() + per_t, pixels.end());
+  auto a = tower->Forward(first, std::vector<ImageGrid>{ImageGrid::FromThw(1, 4, 6)});
+  auto b = tower->Forward(rest, std::vector<ImageGrid>{ImageGrid::FromThw(2, 4, 6)});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::vector<float> joined = *a;
+  joined.insert(joined.end(), b->begin(), b->end());
+  CHECK(joined == *all);
+}
+
 }  // namespace
 }  // namespace mmserve::model
