@@ -100,6 +100,8 @@ TEST_CASE("a long video is split across tower batches, resumes and equals one to
   CHECK(r->images(0).grid_t() == 11);
   CHECK(r->images(0).num_tokens() == 66);
   CHECK_FALSE(r->images(0).cache_hit());
+  // 11 temporal patches, at most 2 per batch.
+  CHECK(absl::StrContains(rig->registry.Render(), "mmserve_encoder_tower_seconds_count 6\n"));
   auto got = Receive(*rig->lang, "r1");
   REQUIRE(got.ok());
   CHECK(got->num_chunks() > 1);  // resumed past the default allocation
