@@ -24,29 +24,30 @@ size_t CountOccurrences(absl::string_view text, absl::string_view needle) {
   return count;
 }
 
-absl::StatusOr<mmserve::v1::Image> ReadImage(const std::string& path) {
+// The bytes of a --image/--video file; NOT_FOUND etc. naming the flag and
+// path, INVALID_ARGUMENT when empty.
+absl::StatusOr<std::string> ReadFlagFile(absl::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> bytes = ReadFileToString(path);
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),
-                        absl::StrCat("--image ", path, ": ", bytes.status().message()));
+                        absl::StrCat("--", flag, " ", path, ": ", bytes.status().message()));
   }
-  if (bytes->empty()) return absl::InvalidArgumentError(absl::StrCat("--image ", path, ": empty"));
+  if (bytes->empty())
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, ": empty"));
+  return bytes;
+}
+
+absl::StatusOr<mmserve::v1::Image> ReadImage(const std::string& path) {
   mmserve::v1::Image image;
-  image.set_data(*std::move(bytes));
+  ASSIGN_OR_RETURN(*image.mutable_data(), ReadFlagFile("image", path));
   image.set_mime_type(MimeTypeForPath(path));
   return image;
 }
 
 absl::StatusOr<mmserve::v1::Video> ReadVideo(const std::string& path,
                                              const GenerateOptions& options) {
-  absl::StatusOr<std::string> bytes = ReadFileToString(path);
-  if (!bytes.ok()) {
-    return absl::Status(bytes.status().code(),
-                        absl::StrCat("--video ", path, ": ", bytes.status().message()));
-  }
-  if (bytes->empty()) return absl::InvalidArgumentError(absl::StrCat("--video ", path, ": empty"));
   mmserve::v1::Video video;
-  video.set_data(*std::move(bytes));
+  ASSIGN_OR_RETURN(*video.mutable_data(), ReadFlagFile("video", path));
   video.set_mime_type(MimeTypeForPath(path));
   if (options.video_fps > 0) video.set_fps(options.video_fps);
   if (options.video_max_frames > 0) video.set_max_frames(options.video_max_frames);

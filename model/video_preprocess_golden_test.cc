@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "common/file.h"
 #include "common/hash.h"
+#include "model/golden_files.h"
 #include "model/image_decode.h"
 #include "model/video_decode.h"
 #include "model/video_preprocess.h"
@@ -21,19 +22,9 @@ namespace {
 
 constexpr char kDir[] = "model/testdata/video/";
 
-std::string Read(const std::string& path) {
-  auto bytes = ReadFileToString(path);
-  INFO(path);
-  REQUIRE(bytes.ok());
-  return *bytes;
-}
+std::string Read(const std::string& path) { return ReadGoldenFile(path); }
 
-nlohmann::json Cases(const std::string& name) {
-  return nlohmann::json::parse(Read(std::string(kDir) + name))["cases"];
-}
-
-uint64_t HashOf(const std::vector<uint8_t>& v) { return Hash64(v.data(), v.size()); }
-uint64_t HashOf(const std::vector<float>& v) { return Hash64(v.data(), v.size() * sizeof(float)); }
+nlohmann::json Cases(const std::string& name) { return GoldenCases(std::string(kDir) + name); }
 
 PreprocessorConfig ConfigFor(const nlohmann::json& c) {
   PreprocessorConfig config;

@@ -124,6 +124,17 @@ TEST_CASE("the vision --quantize names", "[vision]") {
   }
 }
 
+// A random two-block tower small enough for quick batching tests.
+VisionConfig SmallVisionConfig() {
+  VisionConfig c;
+  c.depth = 2;
+  c.embed_dim = 64;
+  c.num_heads = 4;
+  c.mlp_ratio = 4;
+  c.hidden_size = 32;
+  return c;
+}
+
 TEST_CASE("images of different sizes in one call give each image its own embeddings", "[vision]") {
   // bf16 and int8 weights run on the panel kernel, whose rows do not depend
   // on the batch, so batched and one-at-a-time results are identical. The
@@ -133,13 +144,7 @@ TEST_CASE("images of different sizes in one call give each image its own embeddi
   INFO("int8_group " << group);
   VisionTowerOptions options;
   options.int8_group = group;
-  VisionConfig c;
-  c.depth = 2;
-  c.embed_dim = 64;
-  c.num_heads = 4;
-  c.mlp_ratio = 4;
-  c.hidden_size = 32;
-  auto tower = VisionTower::CreateRandom(c, 7, DType::kBF16, options);
+  auto tower = VisionTower::CreateRandom(SmallVisionConfig(), 7, DType::kBF16, options);
   REQUIRE(tower->weight_bytes() > 0);
   const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 26, 24), ImageGrid::FromThw(1, 4, 6),
                                         ImageGrid::FromThw(1, 2, 2)};
@@ -189,13 +194,8 @@ TEST_CASE("a video's temporal patches run in pieces give the whole's rows", "[vi
   // by whole temporal patches: attention stays within a temporal patch, so
   // the pieces must give exactly the rows of one call (bf16 panel kernel:
   // rows do not depend on the batch).
-  VisionConfig c;
-  c.depth = 2;
-  c.embed_dim = 64;
-  c.num_heads = 4;
-  c.mlp_ratio = 4;
-  c.hidden_size = 32;
-  auto tower = VisionTower::CreateRandom(c, 11, DType::kBF16, VisionTowerOptions());
+  auto tower =
+      VisionTower::CreateRandom(SmallVisionConfig(), 11, DType::kBF16, VisionTowerOptions());
   const ImageGrid whole = ImageGrid::FromThw(3, 4, 6);
   const size_t per_t = 4 * 6 * 3 * 2 * 14 * 14;
   std::vector<float> pixels(3 * per_t);

@@ -259,24 +259,20 @@ absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiL
       if (text == nullptr) return FieldError(part_field + ".text", "missing");
       ASSIGN_OR_RETURN(std::string s, GetString(*text, part_field + ".text"));
       out->add_content()->set_text(std::move(s));
-    } else if (type == "image_url") {
+    } else if (type == "image_url" || type == "video_url") {
+      const bool video = type == "video_url";
       if (role == "assistant") {
-        return FieldError(part_field, "assistant messages may not hold images");
+        return FieldError(part_field, absl::StrCat("assistant messages may not hold ",
+                                                   video ? "videos" : "images"));
       }
       if (++*images > limits.max_images) {
-        return FieldError(part_field, absl::StrCat("too many images: at most ", limits.max_images,
-                                                   " per request"));
-      }
-      RETURN_IF_ERROR(ParseImagePart(part, part_field, limits, out->add_content()));
-    } else if (type == "video_url") {
-      if (role == "assistant") {
-        return FieldError(part_field, "assistant messages may not hold videos");
-      }
-      if (++*images > limits.max_images) {
-        return FieldError(part_field, absl::StrCat("too many images and videos: at most ",
+        return FieldError(part_field, absl::StrCat(video ? "too many images and videos: at most "
+                                                         : "too many images: at most ",
                                                    limits.max_images, " per request"));
       }
-      RETURN_IF_ERROR(ParseVideoPart(part, part_field, limits, out->add_content()));
+      ContentPart* part_out = out->add_content();
+      RETURN_IF_ERROR(video ? ParseVideoPart(part, part_field, limits, part_out)
+                            : ParseImagePart(part, part_field, limits, part_out));
     } else {
       return FieldError(part_field + ".type",
                         absl::StrCat("content part type \"", type,
