@@ -35,6 +35,10 @@ struct VideoLimits {
   int64_t max_frames = 36000;
   // Largest frame (width * height): 4K UHD passes, 8K does not.
   int64_t max_frame_pixels = 4096ll * 2304;
+  // Most frames one video may be sampled to (each becomes half a temporal
+  // patch of tokens): transformers' max_frames default. A longer clip without
+  // `fps` (which keeps every frame) is refused rather than truncated.
+  int64_t max_sampled_frames = 768;
   // Most RGB bytes one DecodeVideoFrames call may hold (frames x pixels x 3).
   int64_t max_decoded_bytes = 1ll << 30;
 };

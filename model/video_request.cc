@@ -65,6 +65,20 @@ void UpdateBytes(XXH3_state_t* s, absl::string_view b) {
   Update(s, b.data(), b.size());
 }
 
+// The sampled frames' count and decoded size against the limits.
+absl::Status CheckSampled(int64_t frames, int64_t width, int64_t height,
+                          const VideoLimits& limits) {
+  if (frames > limits.max_sampled_frames) {
+    return Invalid(absl::StrCat(frames, " frames to sample exceed the limit of ",
+                                limits.max_sampled_frames, " (set fps to sample fewer)"));
+  }
+  if (frames * width * height * 3 > limits.max_decoded_bytes) {
+    return Invalid(
+        absl::StrCat(frames, " frames of ", width, "x", height, " exceed the decoded-size limit"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<VideoOptions> VideoOptionsFor(const mmserve::v1::Video& video,
@@ -124,11 +138,15 @@ absl::StatusOr<ImageGrid> VideoGridFromHeaders(const mmserve::v1::Video& video,
   if (video.has_frames()) {
     ASSIGN_OR_RETURN(const auto frames, FrameBytes(video.frames(), video_limits));
     ASSIGN_OR_RETURN(const ImageHeader h, CommonFrameHeader(frames, image_limits));
+    RETURN_IF_ERROR(
+        CheckSampled(static_cast<int64_t>(frames.size()), h.width, h.height, video_limits));
     return VideoGrid(static_cast<int64_t>(frames.size()), h.width, h.height, o.config);
   }
   ASSIGN_OR_RETURN(const VideoHeader h, ProbeVideo(video.data(), video_limits));
   ASSIGN_OR_RETURN(const auto indices, SampleFrameIndices(h.frame_count, h.fps, o.sampling,
                                                           o.config.temporal_patch_size));
+  RETURN_IF_ERROR(
+      CheckSampled(static_cast<int64_t>(indices.size()), h.width, h.height, video_limits));
   return VideoGrid(static_cast<int64_t>(indices.size()), h.width, h.height, o.config);
 }
 
@@ -140,7 +158,9 @@ absl::StatusOr<ImagePatches> LoadVideo(const mmserve::v1::Video& video,
   std::vector<RgbImage> frames;
   if (video.has_frames()) {
     ASSIGN_OR_RETURN(const auto bytes, FrameBytes(video.frames(), video_limits));
-    RETURN_IF_ERROR(CommonFrameHeader(bytes, image_limits).status());
+    ASSIGN_OR_RETURN(const ImageHeader h, CommonFrameHeader(bytes, image_limits));
+    RETURN_IF_ERROR(
+        CheckSampled(static_cast<int64_t>(bytes.size()), h.width, h.height, video_limits));
     for (size_t i = 0; i < bytes.size(); ++i) {
       absl::StatusOr<RgbImage> f = DecodeImage(bytes[i], image_limits);
       if (!f.ok()) return Invalid(absl::StrCat("frame ", i, ": ", f.status().message()));
@@ -150,6 +170,8 @@ absl::StatusOr<ImagePatches> LoadVideo(const mmserve::v1::Video& video,
     ASSIGN_OR_RETURN(const VideoHeader h, ProbeVideo(video.data(), video_limits));
     ASSIGN_OR_RETURN(const auto indices, SampleFrameIndices(h.frame_count, h.fps, o.sampling,
                                                             o.config.temporal_patch_size));
+    RETURN_IF_ERROR(
+        CheckSampled(static_cast<int64_t>(indices.size()), h.width, h.height, video_limits));
     ASSIGN_OR_RETURN(frames, DecodeVideoFrames(video.data(), indices, video_limits));
   }
   return PreprocessVideo(frames, o.config);

@@ -82,6 +82,14 @@ TEST_CASE("options and limits are refused with the reason") {
   VideoLimits small;
   small.max_frames = 10;
   CheckRefused(VideoGridFromHeaders(v, Tiny(), small, DecodeLimits()).status(), "more than 10");
+  small = VideoLimits();
+  small.max_sampled_frames = 8;  // all 21 frames without fps; 4 with fps 2
+  v.clear_fps();
+  CheckRefused(VideoGridFromHeaders(v, Tiny(), small, DecodeLimits()).status(),
+               "21 frames to sample exceed the limit of 8 (set fps");
+  CheckRefused(LoadVideo(v, Tiny(), small, DecodeLimits()).status(), "21 frames to sample");
+  v.set_fps(2);
+  CHECK(VideoGridFromHeaders(v, Tiny(), small, DecodeLimits()).ok());
 
   mmserve::v1::Video mixed;
   mixed.mutable_frames()->add_frames()->set_data(Read("frames/jpg_64x48_x5_0.jpg"));
