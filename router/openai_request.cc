@@ -170,14 +170,20 @@ absl::StatusOr<DataUrl> ParsePartUrl(const json& part, const std::string& field,
   return data;
 }
 
+// An Image or Video message's bytes and media type from a data: URL.
+template <typename Media>
+Media* SetMedia(DataUrl data, Media* media) {
+  media->set_data(std::move(data.data));
+  media->set_mime_type(std::move(data.mime_type));
+  return media;
+}
+
 absl::Status ParseImagePart(const json& part, const std::string& field, const OpenAiLimits& limits,
                             ContentPart* out) {
   const json* object = nullptr;
   ASSIGN_OR_RETURN(DataUrl data, ParsePartUrl(part, field, "image_url", "image",
                                               limits.max_image_bytes, &object));
-  mmserve::v1::Image* image = out->mutable_image();
-  image->set_data(std::move(data.data));
-  image->set_mime_type(std::move(data.mime_type));
+  SetMedia(std::move(data), out->mutable_image());
   return absl::OkStatus();
 }
 
@@ -189,9 +195,7 @@ absl::Status ParseVideoPart(const json& part, const std::string& field, const Op
   const json* object = nullptr;
   ASSIGN_OR_RETURN(DataUrl data, ParsePartUrl(part, field, "video_url", "video",
                                               limits.max_video_bytes, &object));
-  mmserve::v1::Video* video = out->mutable_video();
-  video->set_data(std::move(data.data));
-  video->set_mime_type(std::move(data.mime_type));
+  mmserve::v1::Video* video = SetMedia(std::move(data), out->mutable_video());
   if (object == nullptr) return absl::OkStatus();
   const std::string f = field + ".video_url.";
   if (const json* v = Find(*object, "fps")) {
