@@ -33,6 +33,8 @@ ABSL_FLAG(std::string, prompt, "", "the user's message (the whole prompt with --
 ABSL_FLAG(std::string, system, "", "a system message sent before the user's");
 ABSL_FLAG(std::string, model, "", "model id (default: the only served model)");
 ABSL_FLAG(std::string, request_id, "", "request id (default: the router assigns one)");
+ABSL_FLAG(double, video_fps, 0, "--video frames sampled per second (0: every frame)");
+ABSL_FLAG(uint32_t, video_max_frames, 0, "with --video_fps, at most this many frames (0: 768)");
 ABSL_FLAG(bool, raw, false, "send --prompt as a RawPrompt, without the chat template");
 ABSL_FLAG(std::optional<double>, temperature, std::nullopt, "0 = greedy (default: the model's)");
 ABSL_FLAG(std::optional<double>, top_p, std::nullopt, "nucleus sampling, (0, 1]");
@@ -81,10 +83,13 @@ int Run(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "cli --address=host:port [--image=PATH]... --prompt=TEXT [sampling flags]\n"
       "  --image=PATH  an image file; repeat for several (paths may hold commas)\n"
+      "  --video=PATH  a video file (mp4, webm, ...); repeat for several\n"
       "  --stop=TEXT   a stop string; repeat for several");
   std::vector<char*> args(argv, argv + argc);
   absl::StatusOr<std::vector<std::string>> images = ExtractRepeatedFlag(&args, "image");
   if (!images.ok()) return Fail(images.status());
+  absl::StatusOr<std::vector<std::string>> videos = ExtractRepeatedFlag(&args, "video");
+  if (!videos.ok()) return Fail(videos.status());
   absl::StatusOr<std::vector<std::string>> stops = ExtractRepeatedFlag(&args, "stop");
   if (!stops.ok()) return Fail(stops.status());
   std::vector<char*> positional =
@@ -122,6 +127,9 @@ int Run(int argc, char** argv) {
   options.request_id = absl::GetFlag(FLAGS_request_id);
   options.prompt = absl::GetFlag(FLAGS_prompt);
   options.image_paths = *images;
+  options.video_paths = *videos;
+  options.video_fps = absl::GetFlag(FLAGS_video_fps);
+  options.video_max_frames = absl::GetFlag(FLAGS_video_max_frames);
   options.system = absl::GetFlag(FLAGS_system);
   options.raw = absl::GetFlag(FLAGS_raw);
   options.sampling = SamplingFromFlags(*stops);

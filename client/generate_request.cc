@@ -24,17 +24,34 @@ size_t CountOccurrences(absl::string_view text, absl::string_view needle) {
   return count;
 }
 
-absl::StatusOr<mmserve::v1::Image> ReadImage(const std::string& path) {
+// The bytes of a --image/--video file; NOT_FOUND etc. naming the flag and
+// path, INVALID_ARGUMENT when empty.
+absl::StatusOr<std::string> ReadFlagFile(absl::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> bytes = ReadFileToString(path);
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),
-                        absl::StrCat("--image ", path, ": ", bytes.status().message()));
+                        absl::StrCat("--", flag, " ", path, ": ", bytes.status().message()));
   }
-  if (bytes->empty()) return absl::InvalidArgumentError(absl::StrCat("--image ", path, ": empty"));
+  if (bytes->empty())
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, ": empty"));
+  return bytes;
+}
+
+absl::StatusOr<mmserve::v1::Image> ReadImage(const std::string& path) {
   mmserve::v1::Image image;
-  image.set_data(*std::move(bytes));
+  ASSIGN_OR_RETURN(*image.mutable_data(), ReadFlagFile("image", path));
   image.set_mime_type(MimeTypeForPath(path));
   return image;
+}
+
+absl::StatusOr<mmserve::v1::Video> ReadVideo(const std::string& path,
+                                             const GenerateOptions& options) {
+  mmserve::v1::Video video;
+  ASSIGN_OR_RETURN(*video.mutable_data(), ReadFlagFile("video", path));
+  video.set_mime_type(MimeTypeForPath(path));
+  if (options.video_fps > 0) video.set_fps(options.video_fps);
+  if (options.video_max_frames > 0) video.set_max_frames(options.video_max_frames);
+  return video;
 }
 
 }  // namespace
@@ -47,12 +64,17 @@ std::string MimeTypeForPath(const std::string& path) {
   if (ext == "jpg" || ext == "jpeg") return "image/jpeg";
   if (ext == "bmp") return "image/bmp";
   if (ext == "gif") return "image/gif";
+  if (ext == "mp4" || ext == "m4v") return "video/mp4";
+  if (ext == "webm") return "video/webm";
+  if (ext == "mkv") return "video/x-matroska";
+  if (ext == "mov") return "video/quicktime";
+  if (ext == "avi") return "video/x-msvideo";
   return "";
 }
 
 absl::StatusOr<mmserve::v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options) {
-  if (options.prompt.empty() && options.image_paths.empty()) {
-    return absl::InvalidArgumentError("nothing to send: give --prompt and/or --image");
+  if (options.prompt.empty() && options.image_paths.empty() && options.video_paths.empty()) {
+    return absl::InvalidArgumentError("nothing to send: give --prompt and/or --image/--video");
   }
   mmserve::v1::GenerateRequest request;
   request.set_model(options.model);
@@ -69,6 +91,12 @@ absl::StatusOr<mmserve::v1::GenerateRequest> BuildGenerateRequest(const Generate
           "--raw prompt holds ", placeholders, " image placeholder(s) ", kImagePlaceholder, " but ",
           options.image_paths.size(), " --image were given"));
     }
+    const size_t video_placeholders = CountOccurrences(options.prompt, kVideoPlaceholder);
+    if (video_placeholders != options.video_paths.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--raw prompt holds ", video_placeholders, " video placeholder(s) ", kVideoPlaceholder,
+          " but ", options.video_paths.size(), " --video were given"));
+    }
     if (!options.system.empty()) {
       return absl::InvalidArgumentError("--system has no meaning with --raw");
     }
@@ -76,6 +104,9 @@ absl::StatusOr<mmserve::v1::GenerateRequest> BuildGenerateRequest(const Generate
     raw->set_text(options.prompt);
     for (const std::string& path : options.image_paths) {
       ASSIGN_OR_RETURN(*raw->add_images(), ReadImage(path));
+    }
+    for (const std::string& path : options.video_paths) {
+      ASSIGN_OR_RETURN(*raw->add_videos(), ReadVideo(path, options));
     }
     return request;
   }
@@ -90,6 +121,9 @@ absl::StatusOr<mmserve::v1::GenerateRequest> BuildGenerateRequest(const Generate
   user->set_role("user");
   for (const std::string& path : options.image_paths) {
     ASSIGN_OR_RETURN(*user->add_content()->mutable_image(), ReadImage(path));
+  }
+  for (const std::string& path : options.video_paths) {
+    ASSIGN_OR_RETURN(*user->add_content()->mutable_video(), ReadVideo(path, options));
   }
   if (!options.prompt.empty()) user->add_content()->set_text(options.prompt);
   return request;

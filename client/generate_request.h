@@ -23,23 +23,28 @@ namespace mmserve::client {
 
 // The placeholder a raw prompt holds for each image.
 inline constexpr char kImagePlaceholder[] = "<|vision_start|><|image_pad|><|vision_end|>";
+// The placeholder a raw prompt holds for each video.
+inline constexpr char kVideoPlaceholder[] = "<|vision_start|><|video_pad|><|vision_end|>";
 
 struct GenerateOptions {
   std::string model;                     // "" = the only served model
   std::string request_id;                // "" = the router assigns one
   std::string prompt;                    // the user's message, or the whole prompt with raw
   std::vector<std::string> image_paths;  // read and sent as bytes, in order
+  std::vector<std::string> video_paths;  // video files (mp4, webm, ...), after the images
+  double video_fps = 0;                  // frames sampled per second (0: every frame)
+  uint32_t video_max_frames = 0;         // sampled-frame cap with video_fps (0: default)
   std::string system;                    // chat only: a system turn first, when not empty
   bool raw = false;                      // RawPrompt instead of a chat
   mmserve::v1::SamplingParams sampling;  // fields left unset take the model's defaults
   bool include_token_ids = false;        // ask for token ids with each response
 };
 
-// Chat: [system turn], then one user turn holding the images (in order)
-// followed by the prompt text. Raw: the prompt as is with the images, whose
-// count must match the prompt's placeholders. Always asks for usage and
-// timing. INVALID_ARGUMENT for an empty request or a placeholder mismatch;
-// an unreadable image file is NOT_FOUND naming the path.
+// Chat: [system turn], then one user turn holding the images, then the
+// videos (in order) followed by the prompt text. Raw: the prompt as is with
+// the images and videos, whose counts must match the prompt's placeholders. Always asks for usage
+// and timing. INVALID_ARGUMENT for an empty request or a placeholder mismatch; an unreadable image
+// file is NOT_FOUND naming the path.
 [[nodiscard]] absl::StatusOr<mmserve::v1::GenerateRequest> BuildGenerateRequest(
     const GenerateOptions& options);
 

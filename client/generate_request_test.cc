@@ -92,6 +92,42 @@ TEST_CASE("a raw request needs one placeholder per image", "[generate_request]")
   CHECK(BuildGenerateRequest(options).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("videos follow the images with their sampling options", "[generate_request]") {
+  std::string img = WriteTempFile("v.png", "png");
+  std::string clip = WriteTempFile("v.mp4", "mp4 bytes");
+  GenerateOptions options;
+  options.prompt = "what happens?";
+  options.image_paths = {img};
+  options.video_paths = {clip};
+  options.video_fps = 2;
+  options.video_max_frames = 16;
+  absl::StatusOr<mmserve::v1::GenerateRequest> r = BuildGenerateRequest(options);
+  REQUIRE(r.ok());
+  const auto& user = r->chat().messages(0);
+  REQUIRE(user.content_size() == 3);
+  CHECK(user.content(0).has_image());
+  REQUIRE(user.content(1).has_video());
+  CHECK(user.content(1).video().data() == "mp4 bytes");
+  CHECK(user.content(1).video().mime_type() == "video/mp4");
+  CHECK(user.content(1).video().fps() == 2);
+  CHECK(user.content(1).video().max_frames() == 16);
+  CHECK(user.content(2).text() == "what happens?");
+
+  options.raw = true;
+  options.image_paths = {};
+  options.prompt = std::string("See ") + kVideoPlaceholder;
+  r = BuildGenerateRequest(options);
+  REQUIRE(r.ok());
+  CHECK(r->raw().videos_size() == 1);
+  options.video_paths = {clip, clip};
+  r = BuildGenerateRequest(options);
+  CHECK(r.status().message().find("holds 1 video placeholder(s)") != std::string::npos);
+  options.raw = false;
+  options.video_paths = {"/no/such/clip.mp4"};
+  CHECK(BuildGenerateRequest(options).status().message().find("--video /no/such/clip.mp4") !=
+        std::string::npos);
+}
+
 TEST_CASE("empty requests and unreadable images are refused", "[generate_request]") {
   GenerateOptions empty;
   CHECK(BuildGenerateRequest(empty).status().code() == absl::StatusCode::kInvalidArgument);

@@ -20,6 +20,10 @@ packages=(
   libnuma-dev              # UCX's static archives need libnuma.a
   libstb-dev               # stb_image: PNG, BMP, GIF
   libjpeg62-turbo-dev      # libjpeg-turbo: JPEG as Pillow decodes it
+  libavformat-dev          # FFmpeg 5.1: video containers (model/video_decode.h)
+  libavcodec-dev
+  libswscale-dev
+  libavutil-dev
   catch2                   # Catch2 v2 (header-only)
   libxxhash-dev            # XXH3 content hashes
   libopenblas-dev          # CPU GEMM

@@ -5,9 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/image_preprocess.h"
+#include "model/video_request.h"
 #include "transfer/image_codec.h"
 
 namespace mmserve::encoder {
@@ -112,11 +114,14 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
   const size_t n = job->images.size();
   for (size_t i = 0; i < n; ++i) {
     const EncodeJob::Image& image = job->images[i];
-    if (HashBytes(image.data) != image.hash) {
+    const ContentHash actual =
+        image.video != nullptr ? model::VideoContentHash(*image.video) : HashBytes(image.data);
+    if (actual != image.hash) {
       bad_images_->Increment();
       EncodeDone d = std::move(job->done);
-      d(absl::InvalidArgumentError(
-          absl::StrCat("image ", image.image_index, ": content hash does not match its bytes")));
+      d(absl::InvalidArgumentError(absl::StrCat(image.video != nullptr ? "video " : "image ",
+                                                image.image_index,
+                                                ": content hash does not match its bytes")));
       return;
     }
   }
@@ -159,9 +164,9 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
         } else {
           cache_misses_->Increment();
           inflight_[hash].push_back(std::move(w.waiter));
-          decode_stage_->Post([this, work = ImageWork{hash, job->images[i].data, {}}]() mutable {
-            Decode(std::move(work));
-          });
+          ImageWork work{.hash = hash, .data = job->images[i].data, .video = job->images[i].video};
+          decode_stage_->Post(
+              [this, work = std::move(work)]() mutable { Decode(std::move(work)); });
         }
       }
       return;
@@ -261,21 +266,28 @@ void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::S
   done(std::move(result));
 }
 
+absl::StatusOr<model::ImagePatches> EncoderCore::Preprocess(const ImageWork& w) const {
+  if (w.video != nullptr) {
+    return model::LoadVideo(*w.video, *config_.preprocessor, options_.video_limits,
+                            options_.decode_limits);
+  }
+  ASSIGN_OR_RETURN(const model::RgbImage rgb, model::DecodeImage(w.data, options_.decode_limits));
+  return model::PreprocessImage(rgb, *config_.preprocessor);
+}
+
 void EncoderCore::Decode(ImageWork w) {
   if (!Wanted(w.hash)) {
     for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
     return;
   }
-  absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(w.data, options_.decode_limits);
-  absl::StatusOr<model::ImagePatches> patches =
-      rgb.ok() ? model::PreprocessImage(*rgb, *config_.preprocessor)
-               : absl::StatusOr<model::ImagePatches>(rgb.status());
+  absl::StatusOr<model::ImagePatches> patches = Preprocess(w);
   if (!patches.ok()) {
     for (Waiter& x : TakeWaiters(w.hash)) {
       bad_images_->Increment();
       Complete(x.job, x.slot,
-               absl::InvalidArgumentError(absl::StrCat("image ", x.job->images[x.slot].image_index,
-                                                       ": ", patches.status().message())));
+               absl::InvalidArgumentError(absl::StrCat(
+                   w.video != nullptr ? "video " : "image ", x.job->images[x.slot].image_index,
+                   ": ", absl::StripPrefix(patches.status().message(), "video: "))));
     }
     return;
   }
@@ -287,60 +299,98 @@ void EncoderCore::Decode(ImageWork w) {
 
 void EncoderCore::QueueForTower(ImageWork& w) { tower_queue_.push_back(std::move(w)); }
 
+bool EncoderCore::FrontWanted() {
+  ImageWork& w = tower_queue_.front();
+  if (Wanted(w.hash)) return true;
+  for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
+  tower_queue_.pop_front();
+  return false;
+}
+
 Deadline EncoderCore::TowerStep() {
-  if (tower_queue_.empty()) return Deadline::Never();
   // One batch of the queue's oldest images under the patch budget (at least
-  // one image); the loop calls again at once while images remain.
-  std::vector<ImageWork> batch;
+  // one image, or one temporal patch of a video); a video over the rest of
+  // the budget runs its first whole temporal patches now and stays in front
+  // for the next batches. The loop calls again at once while work remains.
+  std::deque<ImageWork> whole;  // works done in this batch (stable references)
+  std::vector<Slice> slices;
   int64_t patches = 0;
   while (!tower_queue_.empty()) {
-    const int64_t next = tower_queue_.front().patches.grid.num_patches();
-    if (!batch.empty() && patches + next > options_.max_batch_patches) break;
-    patches += next;
-    batch.push_back(std::move(tower_queue_.front()));
+    if (!FrontWanted()) continue;
+    ImageWork& w = tower_queue_.front();
+    const model::ImageGrid& g = w.patches.grid;
+    const int64_t per_t = int64_t{g.grid_h} * g.grid_w;
+    const int left = g.grid_t - w.t_done;
+    int take = left;
+    if (patches + per_t * left > options_.max_batch_patches) {
+      take =
+          static_cast<int>(std::min<int64_t>(left, (options_.max_batch_patches - patches) / per_t));
+      if (slices.empty()) take = std::max(take, 1);
+      if (take <= 0) break;
+    }
+    patches += per_t * take;
+    if (take < left) {
+      slices.push_back({&w, w.t_done, take});
+      break;
+    }
+    whole.push_back(std::move(w));
     tower_queue_.pop_front();
+    slices.push_back({&whole.back(), whole.back().t_done, take});
   }
-  RunBatch(batch);
+  if (!slices.empty()) {
+    if (RunBatch(slices)) {
+      for (ImageWork& w : whole) Finish(w);
+    } else if (!tower_queue_.empty() && slices.back().work == &tower_queue_.front()) {
+      tower_queue_.pop_front();  // a failed piece: its waiters got the error
+    }
+  }
   return tower_queue_.empty() ? Deadline::Never() : Deadline::After(absl::ZeroDuration());
 }
 
-void EncoderCore::RunBatch(std::vector<ImageWork>& batch) {
+bool EncoderCore::RunBatch(const std::vector<Slice>& slices) {
   std::vector<float> pixels;
   std::vector<model::ImageGrid> grids;
-  std::vector<ImageWork*> live;
-  for (ImageWork& w : batch) {
-    if (!Wanted(w.hash)) {
-      for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
-      continue;
-    }
-    pixels.insert(pixels.end(), w.patches.values.begin(), w.patches.values.end());
-    grids.push_back(w.patches.grid);
-    live.push_back(&w);
+  for (const Slice& s : slices) {
+    const model::ImagePatches& p = s.work->patches;
+    const size_t per_t = static_cast<size_t>(p.grid.grid_h) * p.grid.grid_w * p.patch_dim;
+    pixels.insert(pixels.end(), p.values.begin() + s.t_first * per_t,
+                  p.values.begin() + (s.t_first + s.t_count) * per_t);
+    model::ImageGrid g = p.grid;
+    g.grid_t = s.t_count;
+    grids.push_back(g);
   }
-  if (live.empty()) return;
   Stopwatch clock;
   absl::StatusOr<std::vector<float>> out = tower_->Forward(pixels, grids);
   tower_seconds_->Observe(clock.ElapsedSeconds());
-  batch_images_->Observe(static_cast<double>(live.size()));
+  batch_images_->Observe(static_cast<double>(slices.size()));
+  if (!out.ok()) {
+    for (const Slice& s : slices) {
+      for (Waiter& x : TakeWaiters(s.work->hash)) Complete(x.job, x.slot, out.status());
+    }
+    return false;
+  }
   const size_t hidden = static_cast<size_t>(tower_->out_hidden());
   size_t row = 0;
-  for (ImageWork* w : live) {
-    if (!out.ok()) {
-      for (Waiter& x : TakeWaiters(w->hash)) Complete(x.job, x.slot, out.status());
-      continue;
-    }
-    auto encoded = std::make_shared<EncodedImage>();
-    encoded->grid = w->patches.grid;
-    const size_t rows = static_cast<size_t>(encoded->grid.num_tokens());
-    encoded->embedding.assign(out->begin() + row * hidden, out->begin() + (row + rows) * hidden);
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const size_t rows = static_cast<size_t>(grids[i].num_tokens());
+    std::vector<float>& e = slices[i].work->embedding;
+    e.insert(e.end(), out->begin() + row * hidden, out->begin() + (row + rows) * hidden);
     row += rows;
-    images_encoded_->Increment();
-    cache_.Insert(w->hash, encoded);
-    // The cache holds it now; whoever asked meanwhile publishes it.
-    std::vector<Work> works;
-    for (Waiter& x : TakeWaiters(w->hash)) works.push_back(Work{std::move(x), encoded});
-    QueueForPublish(std::move(works));
+    slices[i].work->t_done += slices[i].t_count;
   }
+  return true;
+}
+
+void EncoderCore::Finish(ImageWork& w) {
+  auto encoded = std::make_shared<EncodedImage>();
+  encoded->grid = w.patches.grid;
+  encoded->embedding = std::move(w.embedding);
+  images_encoded_->Increment();
+  cache_.Insert(w.hash, encoded);
+  // The cache holds it now; whoever asked meanwhile publishes it.
+  std::vector<Work> works;
+  for (Waiter& x : TakeWaiters(w.hash)) works.push_back(Work{std::move(x), encoded});
+  QueueForPublish(std::move(works));
 }
 
 void EncoderCore::QueueForPublish(std::vector<Work> works) {

@@ -4,6 +4,12 @@
 //   core->Encode({.request_id = "r1", .transfer_id = "r1@encoder-0#1", .images = {...}},
 //                [](absl::StatusOr<v1::EncodeResponse> r) { ... });
 //
+// Videos (EncodeJob::Image::video) take the same path: decoded, sampled and
+// preprocessed in stage 2 (model/video_request.h), run by the tower with
+// their (t, h, w) grid, split across batches by whole temporal patches when
+// they exceed the budget, cached under their content hash (which covers the
+// sampling options) and published as images are.
+//
 // Each image flows through three stages, each on its own threads so that no
 // gRPC thread ever decodes or runs the tower (common/ loops: a WorkerPool for
 // decode, whose images are independent; an EventLoop each for the tower,
@@ -46,7 +52,9 @@
 #include "model/image_preprocess.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
+#include "model/video_decode.h"
 #include "model/vision_tower.h"
+#include "proto/common.pb.h"
 #include "proto/encoder.pb.h"
 #include "transfer/transfer_engine.h"
 
@@ -68,6 +76,7 @@ struct EncoderCoreOptions {
   std::string activation_dtype;
   size_t cache_bytes = size_t{256} << 20;
   model::DecodeLimits decode_limits;
+  model::VideoLimits video_limits;
   // How long a published image waits for its receiver.
   absl::Duration keep_for = absl::Seconds(30);
   // How long publishing waits for send-buffer blocks.
@@ -85,7 +94,11 @@ struct EncodeJob {
   struct Image {
     uint32_t image_index = 0;
     std::string data;
+    // For an image, XXH3-128 of `data`; for a video,
+    // model::VideoContentHash(*video).
     ContentHash hash;
+    // Set for a video (then `data` is empty): the clip and its options.
+    std::shared_ptr<const mmserve::v1::Video> video;
   };
   std::vector<Image> images;
 };
@@ -130,7 +143,20 @@ class EncoderCore {
   struct ImageWork {
     ContentHash hash;
     std::string data;
+    std::shared_ptr<const mmserve::v1::Video> video;
     model::ImagePatches patches;
+    // A video larger than the patch budget runs in several tower batches,
+    // whole temporal patches each (the tower attends within one temporal
+    // patch, so the pieces give the whole's rows): how many ran, and their
+    // rows so far.
+    int t_done = 0;
+    std::vector<float> embedding;
+  };
+  // Temporal patches [t_first, t_first + t_count) of a work in a batch.
+  struct Slice {
+    ImageWork* work = nullptr;
+    int t_first = 0;
+    int t_count = 0;
   };
   struct Work {
     Waiter waiter;
@@ -143,10 +169,16 @@ class EncoderCore {
   void StartStages();
   // Decode stage, on a pool thread.
   void Decode(ImageWork w);
+  absl::StatusOr<model::ImagePatches> Preprocess(const ImageWork& w) const;
   // Tower loop: queues an image; the step hook runs one batch of the queue.
   void QueueForTower(ImageWork& w);
   Deadline TowerStep();
-  void RunBatch(std::vector<ImageWork>& batch);
+  // Whether the queue's front is still wanted (else it is dropped).
+  bool FrontWanted();
+  // False when the tower failed (every slice's waiters then got the error).
+  bool RunBatch(const std::vector<Slice>& slices);
+  // A work whose last temporal patch ran: cached and queued for publishing.
+  void Finish(ImageWork& w);
   // Queues images for the publisher, or cancels them once stopping.
   void QueueForPublish(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
   // Publish loop: publishes the oldest queued image (if Cancel left one).

@@ -45,7 +45,11 @@ ABSL_FLAG(std::string, quantize, "",
 ABSL_FLAG(std::string, activation_dtype, "",
           "vision tower activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 linear "
           "layer, fp32 accumulation); not with --quantize");
-ABSL_FLAG(int64_t, max_batch_patches, 16384, "patches per vision tower batch");
+ABSL_FLAG(int64_t, max_batch_patches, 16384,
+          "patches per vision tower batch (a longer video runs over several)");
+ABSL_FLAG(int64_t, max_video_bytes, int64_t{64} << 20, "bytes per video file (as the router's)");
+ABSL_FLAG(double, max_video_seconds, 600, "longest video, by its container header");
+ABSL_FLAG(int64_t, max_video_frames, 36000, "most frames in a video's container or frame list");
 ABSL_FLAG(int, test_only_publish_delay_ms, 0,
           "TEST ONLY: each image waits this long before it is published (a slow encoder, for "
           "seed 000's tests); never set in production");
@@ -78,6 +82,9 @@ EncoderCoreOptions CoreOptionsFromFlags() {
   copts.activation_dtype = absl::GetFlag(FLAGS_activation_dtype);
   copts.decode_threads = absl::GetFlag(FLAGS_decode_threads);
   copts.max_batch_patches = absl::GetFlag(FLAGS_max_batch_patches);
+  copts.video_limits.max_bytes = absl::GetFlag(FLAGS_max_video_bytes);
+  copts.video_limits.max_duration_s = absl::GetFlag(FLAGS_max_video_seconds);
+  copts.video_limits.max_frames = absl::GetFlag(FLAGS_max_video_frames);
   copts.cache_bytes = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_cache_mb))) << 20;
   copts.keep_for = absl::Seconds(absl::GetFlag(FLAGS_keep_for_seconds));
   copts.test_only_publish_delay =

@@ -52,8 +52,10 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* ct
   job.request_id = request->request_id();
   job.transfer_id = request->request_id();
   for (const v1::EncodeImage& image : request->images()) {
-    job.images.push_back({image.image_index(), image.image().data(),
-                          ContentHash{image.content_hash().high(), image.content_hash().low()}});
+    job.images.push_back(
+        {image.image_index(), image.image().data(),
+         ContentHash{image.content_hash().high(), image.content_hash().low()},
+         image.has_video() ? std::make_shared<const mmserve::v1::Video>(image.video()) : nullptr});
   }
   auto* reactor = new EncodeReactor(core_, job.transfer_id);
   const size_t num_images = job.images.size();

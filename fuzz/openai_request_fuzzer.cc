@@ -22,6 +22,7 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/router_request_check.h"
 #include "router/openai.h"
+#include "router/request_media.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mmserve;
@@ -54,10 +55,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(request.request_id().empty()) << request.request_id();
   FUZZ_CHECK(request.model() == chat->model);
   FUZZ_CHECK(request.stream().include_usage());
-  const auto images = router::RequestImages(request);
-  FUZZ_CHECK(static_cast<int>(images.size()) <= limits.max_images) << images.size();
-  for (const v1::Image* im : images) {
-    FUZZ_CHECK(im->data().size() <= limits.max_image_bytes) << im->data().size();
+  const auto media = router::RequestMedia(request);
+  FUZZ_CHECK(static_cast<int>(media.size()) <= limits.max_images) << media.size();
+  for (const router::MediaPart& m : media) {
+    if (m.image != nullptr) {
+      FUZZ_CHECK(m.image->data().size() <= limits.max_image_bytes) << m.image->data().size();
+    } else {
+      FUZZ_CHECK(m.video->data().size() <= limits.max_video_bytes) << m.video->data().size();
+    }
   }
   // The gRPC path: the same request as a client would send it.
   v1::GenerateRequest grpc;

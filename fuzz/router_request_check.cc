@@ -8,6 +8,8 @@
 #include "model/image_decode.h"
 #include "model/image_preprocess.h"
 #include "model/model_config.h"
+#include "model/video_request.h"
+#include "router/request_media.h"
 
 namespace mmserve::fuzz {
 namespace {
@@ -77,32 +79,44 @@ absl::Status CheckPrepareRequest(const router::RouterOptions& options,
   }
   if (!prepared.ok()) return prepared.status();
 
-  const std::vector<const mmserve::v1::Image*> images = router::RequestImages(request);
-  FUZZ_CHECK(prepared->size() == images.size()) << prepared->size() << " vs " << images.size();
-  FUZZ_CHECK(plain->size() == images.size());
+  const std::vector<router::MediaPart> media = router::RequestMedia(request);
+  FUZZ_CHECK(prepared->size() == media.size()) << prepared->size() << " vs " << media.size();
+  FUZZ_CHECK(plain->size() == media.size());
   model::DecodeLimits limits;
   limits.max_pixels = options.max_image_pixels;
   limits.max_bytes = static_cast<int64_t>(options.max_image_bytes);
-  for (size_t k = 0; k < images.size(); ++k) {
+  for (size_t k = 0; k < media.size(); ++k) {
     const router::PreparedImage& im = (*prepared)[k];
-    FUZZ_CHECK(im.hash == HashBytes(images[k]->data())) << "image " << k;
-    FUZZ_CHECK((*plain)[k].hash == im.hash) << "image " << k;
-    FUZZ_CHECK(im.grid.has_value()) << "image " << k << " accepted without a grid";
-    FUZZ_CHECK(im.grid->num_tokens() > 0) << "image " << k;
-    // What the encoder does with the image (encoder_core.cc).
-    absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(images[k]->data(), limits);
-    if (!rgb.ok()) {
-      FUZZ_CHECK(absl::IsInvalidArgument(rgb.status())) << rgb.status();
+    FUZZ_CHECK((*plain)[k].hash == im.hash) << "media " << k;
+    FUZZ_CHECK(im.grid.has_value()) << "media " << k << " accepted without a grid";
+    FUZZ_CHECK(im.grid->num_tokens() > 0) << "media " << k;
+    absl::StatusOr<model::ImagePatches> patches;
+    if (media[k].video != nullptr) {
+      FUZZ_CHECK(im.video && im.hash == model::VideoContentHash(*media[k].video)) << "video " << k;
+      // What the encoder does with the video (encoder_core.cc).
+      patches = model::LoadVideo(*media[k].video, *options.config.preprocessor,
+                                 options.video_limits, limits);
+    } else {
+      FUZZ_CHECK(!im.video && im.hash == HashBytes(media[k].image->data())) << "image " << k;
+      absl::StatusOr<model::RgbImage> rgb = model::DecodeImage(media[k].image->data(), limits);
+      if (!rgb.ok()) {
+        FUZZ_CHECK(absl::IsInvalidArgument(rgb.status())) << rgb.status();
+        continue;
+      }
+      patches = model::PreprocessImage(*rgb, *options.config.preprocessor);
+      FUZZ_CHECK(patches.ok()) << "image " << k
+                               << ": the router sized it, preprocessing refused it: "
+                               << patches.status();
+    }
+    if (!patches.ok()) {  // a video whose frames do not decode
+      FUZZ_CHECK(absl::IsInvalidArgument(patches.status())) << patches.status();
       continue;
     }
-    absl::StatusOr<model::ImagePatches> patches =
-        model::PreprocessImage(*rgb, *options.config.preprocessor);
-    FUZZ_CHECK(patches.ok()) << "image " << k << ": the router sized it, preprocessing refused it: "
-                             << patches.status();
     FUZZ_CHECK(SameGrid(patches->grid, *im.grid))
-        << "image " << k << ": header grid " << im.grid->grid_h << "x" << im.grid->grid_w << " ("
-        << im.grid->num_tokens() << " tokens), decoded " << patches->grid.grid_h << "x"
-        << patches->grid.grid_w << " (" << patches->grid.num_tokens() << " tokens)";
+        << "media " << k << ": header grid " << im.grid->grid_t << "x" << im.grid->grid_h << "x"
+        << im.grid->grid_w << " (" << im.grid->num_tokens() << " tokens), decoded "
+        << patches->grid.grid_t << "x" << patches->grid.grid_h << "x" << patches->grid.grid_w
+        << " (" << patches->grid.num_tokens() << " tokens)";
   }
   return absl::OkStatus();
 }

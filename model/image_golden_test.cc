@@ -13,6 +13,7 @@
 
 #include "common/file.h"
 #include "common/hash.h"
+#include "model/golden_files.h"
 #include "model/image_decode.h"
 #include "model/image_preprocess.h"
 #include "model/image_tokens.h"
@@ -22,20 +23,9 @@ namespace {
 
 constexpr char kPillow[] = "model/testdata/pillow/";
 
-std::string Read(const std::string& path) {
-  auto bytes = ReadFileToString(path);
-  INFO(path);
-  REQUIRE(bytes.ok());
-  return *bytes;
-}
+std::string Read(const std::string& path) { return ReadGoldenFile(path); }
 
-nlohmann::json Cases(const std::string& name) {
-  nlohmann::json doc = nlohmann::json::parse(Read(std::string(kPillow) + name));
-  return doc["cases"];
-}
-
-uint64_t HashOf(const std::vector<uint8_t>& v) { return Hash64(v.data(), v.size()); }
-uint64_t HashOf(const std::vector<float>& v) { return Hash64(v.data(), v.size() * sizeof(float)); }
+nlohmann::json Cases(const std::string& name) { return GoldenCases(std::string(kPillow) + name); }
 
 // tools/gen_pillow_goldens.py's synth(): gradients, hash noise and hard
 // edges in uint32 arithmetic.

@@ -138,6 +138,17 @@ TEST_CASE("the vision --quantize names", "[vision]") {
   }
 }
 
+// A random two-block tower small enough for quick batching tests.
+VisionConfig SmallVisionConfig() {
+  VisionConfig c;
+  c.depth = 2;
+  c.embed_dim = 64;
+  c.num_heads = 4;
+  c.mlp_ratio = 4;
+  c.hidden_size = 32;
+  return c;
+}
+
 TEST_CASE("images of different sizes in one call give each image its own embeddings", "[vision]") {
   // bf16 and int8 weights run on the panel kernel, whose rows do not depend
   // on the batch, so batched and one-at-a-time results are identical. The
@@ -147,13 +158,7 @@ TEST_CASE("images of different sizes in one call give each image its own embeddi
   INFO("int8_group " << group);
   VisionTowerOptions options;
   options.int8_group = group;
-  VisionConfig c;
-  c.depth = 2;
-  c.embed_dim = 64;
-  c.num_heads = 4;
-  c.mlp_ratio = 4;
-  c.hidden_size = 32;
-  auto tower = VisionTower::CreateRandom(c, 7, DType::kBF16, options);
+  auto tower = VisionTower::CreateRandom(SmallVisionConfig(), 7, DType::kBF16, options);
   REQUIRE(tower->weight_bytes() > 0);
   const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 26, 24), ImageGrid::FromThw(1, 4, 6),
                                         ImageGrid::FromThw(1, 2, 2)};
@@ -198,6 +203,7 @@ TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") 
   CHECK((*tower)->Forward(odd_pixels, odd).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+<<<<<<< HEAD
 using json = nlohmann::json;
 constexpr const char* kModels[] = {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"};
 
@@ -277,6 +283,31 @@ TEST_CASE("video placeholders expand and get get_rope_index's positions", "[vide
     ++chats;
   }
   CHECK(chats == 3);
+}
+
+TEST_CASE("a video's temporal patches run in pieces give the whole's rows", "[vision]") {
+  // The encoder splits a video over the patch budget across tower batches
+  // by whole temporal patches: attention stays within a temporal patch, so
+  // the pieces must give exactly the rows of one call (bf16 panel kernel:
+  // rows do not depend on the batch).
+  auto tower =
+      VisionTower::CreateRandom(SmallVisionConfig(), 11, DType::kBF16, VisionTowerOptions());
+  const ImageGrid whole = ImageGrid::FromThw(3, 4, 6);
+  const size_t per_t = 4 * 6 * 3 * 2 * 14 * 14;
+  std::vector<float> pixels(3 * per_t);
+  uint32_t s = 777;
+  for (float& v : pixels) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24);
+  auto all = tower->Forward(pixels, std::vector<ImageGrid>{whole});
+  REQUIRE(all.ok());
+  const std::vector<float> first(pixels.begin(), pixels.begin() + per_t);
+  const std::vector<float> rest(pixels.begin() + per_t, pixels.end());
+  auto a = tower->Forward(first, std::vector<ImageGrid>{ImageGrid::FromThw(1, 4, 6)});
+  auto b = tower->Forward(rest, std::vector<ImageGrid>{ImageGrid::FromThw(2, 4, 6)});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::vector<float> joined = *a;
+  joined.insert(joined.end(), b->begin(), b->end());
+  CHECK(joined == *all);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "proto/encoder.grpc.pb.h"
+#include "router/request_media.h"
 #include "scheduler/placement.h"
 
 namespace mmserve::router {
@@ -27,6 +28,7 @@ EncoderDispatch::EncoderDispatch(const RouterContext& context,
   for (size_t k = 0; k < images.size(); ++k) {
     images_[k].hash = images[k].hash;
     images_[k].grid = images[k].grid;
+    images_[k].video = images[k].video;
   }
 }
 
@@ -85,6 +87,7 @@ internal::v1::PromptImage EncoderDispatch::Describe(size_t k, const Instance& en
   pi.set_encoder_id(encoder.id);
   pi.set_encoder_address(encoder.address);
   pi.set_transfer_id(im.transfer_id);
+  if (im.video) pi.set_kind(internal::v1::MEDIA_KIND_VIDEO);
   return pi;
 }
 
@@ -107,7 +110,12 @@ absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Dispatch
     images_[k].transfer_id = encode->request.request_id();
     internal::v1::EncodeImage* ei = encode->request.add_images();
     ei->set_image_index(static_cast<uint32_t>(k));
-    *ei->mutable_image() = *RequestImages(request_)[k];
+    const MediaPart part = RequestMedia(request_)[k];
+    if (part.video != nullptr) {
+      *ei->mutable_video() = *part.video;
+    } else {
+      *ei->mutable_image() = *part.image;
+    }
     ei->mutable_content_hash()->set_high(images_[k].hash.high);
     ei->mutable_content_hash()->set_low(images_[k].hash.low);
     described.push_back(Describe(k, *enc));

@@ -99,7 +99,8 @@ class EncoderDispatch {
   struct Image {
     ContentHash hash;
     std::optional<model::ImageGrid> grid;  // when pre-sized
-    std::string encoder_id;                // current source
+    bool video = false;
+    std::string encoder_id;  // current source
     std::string transfer_id;
     int attempts = 0;
     std::set<std::string> failed_encoders;

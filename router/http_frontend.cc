@@ -110,6 +110,7 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
   OpenAiLimits limits;
   limits.max_image_bytes = ctx.options.max_image_bytes;
   limits.max_images = ctx.options.max_images;
+  limits.max_video_bytes = ctx.options.max_video_bytes;
   absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(req.body, limits);
   if (!chat.ok()) return SendError(res, chat.status());
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),

@@ -51,7 +51,8 @@ namespace mmserve::router {
 struct OpenAiLimits {
   size_t max_body_bytes = 64 << 20;   // whole JSON body
   size_t max_image_bytes = 20 << 20;  // one decoded image
-  int max_images = 16;                // images per request
+  int max_images = 16;                // images and videos per request
+  size_t max_video_bytes = 64 << 20;  // one decoded video_url
 };
 
 struct OpenAiChatRequest {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -135,31 +136,84 @@ absl::Status CheckNeutralFields(const json& body) {
   return absl::OkStatus();
 }
 
-absl::Status ParseImagePart(const json& part, const std::string& field, const OpenAiLimits& limits,
-                            ContentPart* out) {
-  const json* image_url = Find(part, "image_url");
-  if (image_url == nullptr) return FieldError(field, "image_url part without \"image_url\"");
-  std::string url_field = field + ".image_url";
-  const json* url = image_url;
-  if (image_url->is_object()) {
+// The data: URL of an image_url or video_url part (`key`), of media type
+// `kind`/..., at most max_bytes decoded.
+absl::StatusOr<DataUrl> ParsePartUrl(const json& part, const std::string& field,
+                                     absl::string_view key, absl::string_view kind,
+                                     size_t max_bytes, const json** object) {
+  const json* media_url = Find(part, std::string(key).c_str());
+  if (media_url == nullptr) {
+    return FieldError(field, absl::StrCat(key, " part without \"", key, "\""));
+  }
+  std::string url_field = absl::StrCat(field, ".", key);
+  const json* url = media_url;
+  *object = nullptr;
+  if (media_url->is_object()) {
+    *object = media_url;
     url_field += ".url";
-    url = Find(*image_url, "url");
+    url = Find(*media_url, "url");
     if (url == nullptr) return FieldError(url_field, "missing");
   }
   ASSIGN_OR_RETURN(std::string text, GetString(*url, url_field));
   if (absl::StartsWithIgnoreCase(text, "http://") || absl::StartsWithIgnoreCase(text, "https://")) {
-    return FieldError(url_field, "remote image URLs are not fetched; send a data: URL");
+    return FieldError(url_field,
+                      absl::StrCat("remote ", kind, " URLs are not fetched; send a data: URL"));
   }
-  absl::StatusOr<DataUrl> data = ParseDataUrl(text, limits.max_image_bytes);
+  absl::StatusOr<DataUrl> data = ParseDataUrl(text, max_bytes);
   if (!data.ok()) return FieldError(url_field, data.status().message());
-  if (!absl::StartsWith(data->mime_type, "image/")) {
-    return FieldError(url_field, absl::StrCat("media type \"", data->mime_type,
-                                              "\" is not an image (data:image/...;base64,...)"));
+  if (!absl::StartsWith(data->mime_type, absl::StrCat(kind, "/"))) {
+    return FieldError(url_field, absl::StrCat("media type \"", data->mime_type, "\" is not ",
+                                              kind == "image" ? "an " : "a ", kind, " (data:", kind,
+                                              "/...;base64,...)"));
   }
-  if (data->data.empty()) return FieldError(url_field, "empty image");
-  mmserve::v1::Image* image = out->mutable_image();
-  image->set_data(std::move(data->data));
-  image->set_mime_type(std::move(data->mime_type));
+  if (data->data.empty()) return FieldError(url_field, absl::StrCat("empty ", kind));
+  return data;
+}
+
+// An Image or Video message's bytes and media type from a data: URL.
+template <typename Media>
+Media* SetMedia(DataUrl data, Media* media) {
+  media->set_data(std::move(data.data));
+  media->set_mime_type(std::move(data.mime_type));
+  return media;
+}
+
+absl::Status ParseImagePart(const json& part, const std::string& field, const OpenAiLimits& limits,
+                            ContentPart* out) {
+  const json* object = nullptr;
+  ASSIGN_OR_RETURN(DataUrl data, ParsePartUrl(part, field, "image_url", "image",
+                                              limits.max_image_bytes, &object));
+  SetMedia(std::move(data), out->mutable_image());
+  return absl::OkStatus();
+}
+
+// A video_url part: {"url": "data:video/mp4;base64,..."} and, an mmserve
+// extension, the sampling options of mmserve.v1.Video ("fps", "max_frames",
+// "min_frames", "min_pixels", "max_pixels").
+absl::Status ParseVideoPart(const json& part, const std::string& field, const OpenAiLimits& limits,
+                            ContentPart* out) {
+  const json* object = nullptr;
+  ASSIGN_OR_RETURN(DataUrl data, ParsePartUrl(part, field, "video_url", "video",
+                                              limits.max_video_bytes, &object));
+  mmserve::v1::Video* video = SetMedia(std::move(data), out->mutable_video());
+  if (object == nullptr) return absl::OkStatus();
+  const std::string f = field + ".video_url.";
+  if (const json* v = Find(*object, "fps")) {
+    ASSIGN_OR_RETURN(double fps, GetNumber(*v, f + "fps"));
+    if (fps <= 0) return FieldError(f + "fps", "must be positive");
+    video->set_fps(fps);
+  }
+  using Setter = void (mmserve::v1::Video::*)(uint32_t);
+  for (const auto& [name, set] :
+       {std::pair<const char*, Setter>{"max_frames", &mmserve::v1::Video::set_max_frames},
+        {"min_frames", &mmserve::v1::Video::set_min_frames},
+        {"min_pixels", &mmserve::v1::Video::set_min_pixels},
+        {"max_pixels", &mmserve::v1::Video::set_max_pixels}}) {
+    if (const json* v = Find(*object, name)) {
+      ASSIGN_OR_RETURN(int64_t n, GetInteger(*v, f + name, 1, kUint32Max));
+      (video->*set)(static_cast<uint32_t>(n));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -209,19 +263,24 @@ absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiL
       if (text == nullptr) return FieldError(part_field + ".text", "missing");
       ASSIGN_OR_RETURN(std::string s, GetString(*text, part_field + ".text"));
       out->add_content()->set_text(std::move(s));
-    } else if (type == "image_url") {
+    } else if (type == "image_url" || type == "video_url") {
+      const bool video = type == "video_url";
       if (role == "assistant") {
-        return FieldError(part_field, "assistant messages may not hold images");
+        return FieldError(part_field, absl::StrCat("assistant messages may not hold ",
+                                                   video ? "videos" : "images"));
       }
       if (++*images > limits.max_images) {
-        return FieldError(part_field, absl::StrCat("too many images: at most ", limits.max_images,
-                                                   " per request"));
+        return FieldError(part_field, absl::StrCat(video ? "too many images and videos: at most "
+                                                         : "too many images: at most ",
+                                                   limits.max_images, " per request"));
       }
-      RETURN_IF_ERROR(ParseImagePart(part, part_field, limits, out->add_content()));
+      ContentPart* part_out = out->add_content();
+      RETURN_IF_ERROR(video ? ParseVideoPart(part, part_field, limits, part_out)
+                            : ParseImagePart(part, part_field, limits, part_out));
     } else {
-      return FieldError(
-          part_field + ".type",
-          absl::StrCat("content part type \"", type, "\" is not supported (text or image_url)"));
+      return FieldError(part_field + ".type",
+                        absl::StrCat("content part type \"", type,
+                                     "\" is not supported (text, image_url or video_url)"));
     }
   }
   return absl::OkStatus();

@@ -6,6 +6,7 @@
 #include "model/image_decode.h"
 #include "model/image_preprocess.h"
 #include "model/sampling_proto.h"
+#include "router/request_media.h"
 
 namespace mmserve::router {
 namespace {
@@ -93,6 +94,7 @@ absl::Status ValidateRequest(const RouterOptions& options,
                                   options.max_image_bytes));
     }
   }
+  RETURN_IF_ERROR(ValidateVideos(options, request));
   bool to_context = false;
   RETURN_IF_ERROR(model::SamplingFromProto(request.sampling(), options.config,
                                            options.max_model_len, &to_context)
@@ -103,10 +105,14 @@ absl::Status ValidateRequest(const RouterOptions& options,
 absl::StatusOr<std::vector<PreparedImage>> PrepareRequest(
     const RouterOptions& options, const mmserve::v1::GenerateRequest& request) {
   RETURN_IF_ERROR(ValidateRequest(options, request));
-  const auto images = RequestImages(request);
-  std::vector<PreparedImage> out(images.size());
-  for (size_t k = 0; k < images.size(); ++k) {
-    const std::string& data = images[k]->data();
+  const std::vector<MediaPart> media = RequestMedia(request);
+  std::vector<PreparedImage> out(media.size());
+  for (size_t k = 0; k < media.size(); ++k) {
+    if (media[k].video != nullptr) {
+      ASSIGN_OR_RETURN(out[k], PrepareVideo(options, *media[k].video, k));
+      continue;
+    }
+    const std::string& data = media[k].image->data();
     out[k].hash = HashBytes(data);
     if (!options.presize) continue;
     // The exact token count from the header, with the encoder's smart resize.

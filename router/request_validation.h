@@ -22,6 +22,7 @@
 #include "common/hash.h"
 #include "model/image_tokens.h"
 #include "model/model_config.h"
+#include "model/video_decode.h"
 #include "proto/inference.pb.h"
 
 namespace mmserve::router {
@@ -41,6 +42,10 @@ struct RouterOptions {
   int encoder_saturation = 32;
   size_t max_image_bytes = size_t{20} << 20;
   int64_t max_image_pixels = 89478485;
+  // Videos (router/request_media.h): encoded bytes (a file, or a frame
+  // list's frames together), and what the container header may claim.
+  size_t max_video_bytes = size_t{64} << 20;
+  model::VideoLimits video_limits;
   // Deadline of calls that come without one.
   absl::Duration default_timeout = absl::Seconds(600);
 };
@@ -55,14 +60,17 @@ std::vector<const mmserve::v1::Image*> RequestImages(const mmserve::v1::Generate
                                            const mmserve::v1::GenerateRequest& request);
 
 struct PreparedImage {
+  // XXH3-128 of an image's bytes; model::VideoContentHash of a video.
   ContentHash hash;
+  bool video = false;
   // The exact grid from the image header and the encoder's smart resize;
   // empty when options.presize is off.
   std::optional<model::ImageGrid> grid;
 };
 
-// ValidateRequest, then every image's content hash and, with
-// options.presize, its header read and pixel limit and its grid.
+// ValidateRequest, then every image's and video's content hash (in
+// RequestMedia order) and, with options.presize, its header read and limits
+// and its grid.
 [[nodiscard]] absl::StatusOr<std::vector<PreparedImage>> PrepareRequest(
     const RouterOptions& options, const mmserve::v1::GenerateRequest& request);
 

@@ -44,6 +44,10 @@ ABSL_FLAG(int, max_images, 16, "images per request");
 ABSL_FLAG(int, encoder_saturation, 32,
           "queued images at which an image's affinity encoder yields to the least loaded");
 ABSL_FLAG(int, max_image_mb, 20, "bytes per image, MiB");
+ABSL_FLAG(int64_t, max_video_bytes, int64_t{64} << 20,
+          "bytes per video (a file, or a frame list's frames together)");
+ABSL_FLAG(double, max_video_seconds, 600, "longest video, by its container header");
+ABSL_FLAG(int64_t, max_video_frames, 36000, "most frames in a video's container or frame list");
 ABSL_FLAG(int, max_model_len, 0, "context length clients are held to (0: the model's, <= 8192)");
 ABSL_FLAG(int, poll_ms, 250, "instance health poll interval");
 ABSL_FLAG(int, poll_timeout_ms, 500, "one health poll's deadline");
@@ -97,6 +101,10 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   options.max_images = absl::GetFlag(FLAGS_max_images);
   options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
   options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))} << 20;
+  options.max_video_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_video_bytes));
+  options.video_limits.max_bytes = absl::GetFlag(FLAGS_max_video_bytes);
+  options.video_limits.max_duration_s = absl::GetFlag(FLAGS_max_video_seconds);
+  options.video_limits.max_frames = absl::GetFlag(FLAGS_max_video_frames);
   return options;
 }
 

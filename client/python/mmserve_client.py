@@ -42,12 +42,15 @@ except ImportError as e:  # pragma: no cover - a setup error, explained
         f"mmserve stubs not found in {_STUBS}: run client/python/gen_stubs.sh first") from e
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
 # SamplingParams fields settable as keyword arguments, vLLM's names.
 _SCALAR_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens",
                     "ignore_eos", "logprobs", "min_tokens", "skip_special_tokens")
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
-         ".bmp": "image/bmp", ".gif": "image/gif"}
+         ".bmp": "image/bmp", ".gif": "image/gif", ".mp4": "video/mp4", ".m4v": "video/mp4",
+         ".webm": "video/webm", ".mkv": "video/x-matroska", ".mov": "video/quicktime",
+         ".avi": "video/x-msvideo"}
 
 
 def _image(item):
@@ -59,6 +62,26 @@ def _image(item):
         data = f.read()
     mime = _MIME.get(os.path.splitext(path)[1].lower(), "")
     return common_pb2.Image(data=data, mime_type=mime)
+
+
+def _video(item, fps=None, max_frames=None):
+    """A Video message from a path or raw bytes (a container file), or from a
+    list of frames (each a path or bytes); fps/max_frames as in
+    mmserve.v1.Video (None: the processor's defaults)."""
+    if isinstance(item, (list, tuple)):
+        video = common_pb2.Video(frames=common_pb2.VideoFrames(frames=[_image(f) for f in item]))
+    elif isinstance(item, (bytes, bytearray)):
+        video = common_pb2.Video(data=bytes(item))
+    else:
+        path = os.fspath(item)
+        with open(path, "rb") as f:
+            video = common_pb2.Video(data=f.read(),
+                                     mime_type=_MIME.get(os.path.splitext(path)[1].lower(), ""))
+    if fps is not None:
+        video.fps = fps
+    if max_frames is not None:
+        video.max_frames = max_frames
+    return video
 
 
 def sampling_params(**sampling):
@@ -79,30 +102,39 @@ def sampling_params(**sampling):
 
 
 def build_request(prompt="", images=(), system=None, model="", raw=False, request_id="",
-                  include_token_ids=False, **sampling):
-    """The GenerateRequest for a chat (or a raw prompt with raw=True)."""
+                  include_token_ids=False, videos=(), video_fps=None, video_max_frames=None,
+                  **sampling):
+    """The GenerateRequest for a chat (or a raw prompt with raw=True). The
+    user turn holds the images, then the videos, then the prompt."""
     request = inference_pb2.GenerateRequest(model=model, request_id=request_id,
                                             sampling=sampling_params(**sampling))
     request.stream.include_usage = True
     request.stream.include_timing = True
     request.stream.include_token_ids = include_token_ids
     images = [_image(i) for i in images]
-    if not prompt and not images:
-        raise ValueError("nothing to send: give a prompt and/or images")
+    videos = [_video(v, video_fps, video_max_frames) for v in videos]
+    if not prompt and not images and not videos:
+        raise ValueError("nothing to send: give a prompt and/or images or videos")
     if raw:
         if prompt.count(IMAGE_PLACEHOLDER) != len(images):
             raise ValueError(f"raw prompt holds {prompt.count(IMAGE_PLACEHOLDER)} image "
                              f"placeholder(s) but {len(images)} image(s) were given")
+        if prompt.count(VIDEO_PLACEHOLDER) != len(videos):
+            raise ValueError(f"raw prompt holds {prompt.count(VIDEO_PLACEHOLDER)} video "
+                             f"placeholder(s) but {len(videos)} video(s) were given")
         if system:
             raise ValueError("system has no meaning with raw=True")
         request.raw.text = prompt
         request.raw.images.extend(images)
+        request.raw.videos.extend(videos)
         return request
     if system:
         request.chat.messages.add(role="system").content.add(text=system)
     user = request.chat.messages.add(role="user")
     for image in images:
         user.content.add(image=image)
+    for video in videos:
+        user.content.add(video=video)
     if prompt:
         user.content.add(text=prompt)
     return request
@@ -140,7 +172,8 @@ class MmserveClient:
     def generate(self, prompt="", images=(), timeout=None, **kwargs):
         """Yields the completion's text deltas as they arrive.
 
-        images: paths or bytes. kwargs: system, model, raw, request_id, and the
+        images: paths or bytes. kwargs: videos (paths, bytes or lists of
+        frames), video_fps, video_max_frames, system, model, raw, request_id, and the
         sampling parameters temperature, top_p, top_k, min_p, seed, max_tokens,
         stop (str or list), stop_token_ids, ignore_eos, logprobs, min_tokens,
         skip_special_tokens. timeout: seconds for the whole call.
@@ -163,6 +196,9 @@ def main(argv=None):
     parser.add_argument("--address", default="localhost:50051")
     parser.add_argument("--prompt", default="")
     parser.add_argument("--image", action="append", default=[], help="repeatable")
+    parser.add_argument("--video", action="append", default=[], help="a video file; repeatable")
+    parser.add_argument("--video_fps", type=float, help="frames sampled per second")
+    parser.add_argument("--video_max_frames", type=int)
     parser.add_argument("--system")
     parser.add_argument("--model", default="")
     parser.add_argument("--raw", action="store_true")
@@ -191,6 +227,8 @@ def main(argv=None):
                     print(f"{m.id}\tmax_model_len={m.max_model_len}")
                 return 0
             kwargs = dict(system=args.system, model=args.model, raw=args.raw,
+                          videos=args.video, video_fps=args.video_fps,
+                          video_max_frames=args.video_max_frames,
                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           min_p=args.min_p, seed=args.seed, max_tokens=args.max_tokens,
                           stop=args.stop or None, ignore_eos=args.ignore_eos or None,

@@ -120,6 +120,24 @@ class ClientTest(FakeServerTest):
             "a " + mmserve_client.IMAGE_PLACEHOLDER, images=[b"img"], raw=True)
         self.assertEqual(raw.raw.images[0].data, b"img")
 
+    def test_build_request_videos(self):
+        request = mmserve_client.build_request("what happens?", images=[b"img"],
+                                               videos=[b"clip", [b"f0", b"f1"]], video_fps=2.0,
+                                               video_max_frames=8)
+        user = request.chat.messages[0]
+        self.assertEqual(user.content[0].image.data, b"img")
+        self.assertEqual(user.content[1].video.data, b"clip")
+        self.assertEqual(user.content[1].video.fps, 2.0)
+        self.assertEqual(user.content[1].video.max_frames, 8)
+        self.assertEqual([f.data for f in user.content[2].video.frames.frames], [b"f0", b"f1"])
+        self.assertEqual(user.content[3].text, "what happens?")
+        raw = mmserve_client.build_request("a " + mmserve_client.VIDEO_PLACEHOLDER,
+                                           videos=[b"clip"], raw=True)
+        self.assertEqual(raw.raw.videos[0].data, b"clip")
+        self.assertFalse(raw.raw.videos[0].HasField("fps"))
+        with self.assertRaises(ValueError):
+            mmserve_client.build_request("no placeholder", videos=[b"x"], raw=True)
+
     def test_errors_raise_rpc_error_with_the_code(self):
         with mmserve_client.MmserveClient(self.address) as client:
             with self.assertRaises(grpc.RpcError) as ctx:

@@ -2,7 +2,7 @@
 """Writes the seed corpora of //fuzz:router_request_fuzzer (GenerateRequest
 wire bytes, through protoc --encode) and //fuzz:openai_request_fuzzer
 (Chat Completions JSON bodies), from the small images of
-fuzz/corpus/image_decode_fuzzer. Run from the workspace root:
+fuzz/corpus/image_decode_fuzzer and clips of fuzz/corpus/video_probe_fuzzer. Run from the workspace root:
 
     tools/fuzz/gen_router_seeds.py
 """
@@ -11,11 +11,18 @@ import os
 import subprocess
 
 IMAGES = "fuzz/corpus/image_decode_fuzzer"
+CLIPS = "fuzz/corpus/video_probe_fuzzer"
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
 
 def image(name):
     with open(os.path.join(IMAGES, name), "rb") as f:
+        return f.read()
+
+
+def clip(name):
+    with open(os.path.join(CLIPS, name), "rb") as f:
         return f.read()
 
 
@@ -30,6 +37,8 @@ def chat(*messages, extra=""):
         for p in parts:
             if isinstance(p, bytes):
                 out += "content { image { data: %s } } " % text_bytes(p)
+            elif isinstance(p, tuple):  # a video: ("video", text format of its fields)
+                out += "content { video { %s } } " % p[1]
             else:
                 out += 'content { text: "%s" } ' % p
         out += "} "
@@ -51,6 +60,15 @@ PROTO_SEEDS = {
     "raw_token_ids": 'request_id: "r1" model: "qwen2vl-tiny" raw { token_ids: [1, 2, 3] } '
                      "sampling { top_k: 5 top_p: 0.9 seed: 7 stop: \"x\" logprobs: 2 }",
     "raw_token_out_of_vocab": "raw { token_ids: [4000000000] }",
+    "chat_video_webm": chat(("user", [("video", "data: %s fps: 2 max_frames: 8"
+                                       % text_bytes(clip("vp9_70x54_16f.webm"))), "What happens?"])),
+    "chat_video_frames": chat(("user", [("video", "frames { frames { data: %s } frames { data: %s } "
+                                                  "frames { data: %s } }"
+                                       % (text_bytes(image("tiny.bmp")), text_bytes(image("tiny.bmp")),
+                                          text_bytes(image("wide.png")))), "And?"])),
+    "raw_video_and_image": 'raw { text: "%s then %s" images { data: %s } videos { data: %s } }'
+                           % (VIDEO_PLACEHOLDER, PLACEHOLDER, text_bytes(image("gray.png")),
+                              text_bytes(clip("mpeg4_48x112_9f.avi"))),
     "sampling_out_of_range": chat(("user", ["hi"]),
                                   extra="sampling { temperature: -1 min_tokens: 99999 }"),
     "unknown_model": 'model: "gpt" ' + chat(("user", ["hi"])),
@@ -78,6 +96,12 @@ JSON_SEEDS = {
     "bad_values": '{"messages":[{"role":"user","content":"x"}],"temperature":-2,"n":3,'
                   '"max_tokens":1.5}',
     "truncated": '{"messages":[{"role":"us',
+    "video_url_webm": '{"messages":[{"role":"user","content":[{"type":"video_url","video_url":'
+                      '{"url":"data:video/webm;base64,%s","fps":2,"max_pixels":12544}},'
+                      '{"type":"text","text":"What happens?"}]}]}'
+                      % base64.b64encode(clip("vp9_70x54_16f.webm")).decode(),
+    "video_url_remote": '{"messages":[{"role":"user","content":[{"type":"video_url","video_url":'
+                        '{"url":"https://example.com/a.mp4"}}]}]}',
 }
 
 
