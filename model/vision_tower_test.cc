@@ -203,7 +203,6 @@ TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") 
   CHECK((*tower)->Forward(odd_pixels, odd).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
-<<<<<<< HEAD
 using json = nlohmann::json;
 constexpr const char* kModels[] = {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"};
 
