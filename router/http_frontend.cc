@@ -6,9 +6,12 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "router/input_limits.h"
 #include "router/openai.h"
 
 namespace mmserve::router {
@@ -37,7 +40,25 @@ struct Relay {
 
 void SendError(httplib::Response& res, const absl::Status& s) {
   res.status = HttpStatusFor(s.code());
+  if (absl::IsResourceExhausted(s)) {
+    res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  }
   res.set_content(ErrorJson(s), "application/json");
+}
+
+void SendHttpError(httplib::Response& res, int status, absl::string_view code,
+                   absl::string_view message) {
+  res.status = status;
+  res.set_content(HttpErrorJson(status, code, message), "application/json");
+}
+
+// application/json, with or without parameters (charset); a request without
+// a Content-Type is taken as JSON.
+bool IsJsonContentType(const httplib::Request& req) {
+  if (!req.has_header("Content-Type")) return true;
+  std::string type = req.get_header_value("Content-Type");
+  type = std::string(absl::StripAsciiWhitespace(type.substr(0, type.find(';'))));
+  return absl::EqualsIgnoreCase(type, "application/json");
 }
 
 std::chrono::system_clock::time_point Deadline(const RouterContext& context) {
@@ -107,6 +128,24 @@ void StreamChatCompletion(std::shared_ptr<Relay> relay, std::shared_ptr<Generate
 // POST /v1/chat/completions.
 void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
                           httplib::Response& res) {
+  if (!IsJsonContentType(req)) {
+    return SendHttpError(res, 415, "unsupported_media_type",
+                         "the request body must be JSON (Content-Type: application/json)");
+  }
+  if (ctx.options.max_prompt_bytes > 0 &&
+      JsonTextBytesLowerBound(req.body) > ctx.options.max_prompt_bytes) {
+    return SendError(
+        res, absl::InvalidArgumentError(absl::StrCat(
+                 "the request's text has more than ", ctx.options.max_prompt_bytes,
+                 " bytes; no such prompt fits the ", ctx.options.max_model_len, "-token context")));
+  }
+  PublicAccess::Lease lease;
+  if (ctx.access != nullptr) {
+    const std::string authorization = req.get_header_value("Authorization");
+    auto admitted = ctx.access->Admit(ctx.access->ClientOf(authorization, req.remote_addr));
+    if (!admitted.ok()) return SendError(res, admitted.status());
+    lease = *std::move(admitted);
+  }
   OpenAiLimits limits;
   limits.max_image_bytes = ctx.options.max_image_bytes;
   limits.max_images = ctx.options.max_images;
@@ -115,22 +154,22 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
                        chat->request.sampling().has_logprobs(), chat->include_usage};
   auto relay = std::make_shared<Relay>();
-  auto call = StartTrackedCall(ctx, calls, chat->request, relay->Sink(relay), Deadline(ctx));
+  CallSink sink = relay->Sink(relay);
+  sink.on_end = [lease = std::move(lease),
+                 on_end = std::move(sink.on_end)](absl::Status s) mutable {
+    lease.reset();
+    on_end(std::move(s));
+  };
+  auto call = StartTrackedCall(ctx, calls, chat->request, std::move(sink), Deadline(ctx));
   if (!chat->stream) return ReplyChatCompletion(*relay, cc, res);
   StreamChatCompletion(std::move(relay), std::move(call), cc, res);
 }
 
-}  // namespace
+// The paths served and their methods; any other method on them gets 405.
+constexpr std::pair<const char*, const char*> kRoutes[] = {
+    {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"}, {"/health", "GET"}};
 
-absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const RouterContext& context,
-                                                                  CallTracker& tracker,
-                                                                  const std::string& host,
-                                                                  int port) {
-  std::unique_ptr<HttpFrontend> f(new HttpFrontend());
-  f->server_ = std::make_unique<httplib::Server>();
-  httplib::Server& srv = *f->server_;
-  const RouterContext* ctx = &context;
-  CallTracker* calls = &tracker;
+void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* calls) {
   srv.Get("/v1/models", [ctx](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelsJson(DescribeModels(*ctx), absl::ToUnixSeconds(absl::Now())),
                     "application/json");
@@ -146,13 +185,71 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const RouterCo
            [ctx, calls](const httplib::Request& req, httplib::Response& res) {
              HandleChatCompletion(*ctx, *calls, req, res);
            });
-  if (port == 0) {
-    f->port_ = srv.bind_to_any_port(host);
+  for (const auto& [path, allowed] : kRoutes) {
+    auto refuse = [path = path, allowed = allowed](const httplib::Request& req,
+                                                   httplib::Response& res) {
+      res.set_header("Allow", allowed);
+      SendHttpError(res, 405, "method_not_allowed",
+                    absl::StrCat(req.method, " is not allowed on ", path, "; use ", allowed));
+    };
+    if (std::string(allowed) != "GET") srv.Get(path, refuse);
+    if (std::string(allowed) != "POST") srv.Post(path, refuse);
+    srv.Put(path, refuse);
+    srv.Patch(path, refuse);
+    srv.Delete(path, refuse);
+  }
+}
+
+// API keys before routing (so that unknown paths also need one), then
+// OpenAI-shaped bodies for httplib's own refusals (404, 413, 400).
+void AddGuards(httplib::Server& srv, const RouterContext* ctx, const HttpFrontendOptions& options) {
+  const bool open_health = options.open_health;
+  srv.set_pre_routing_handler(
+      [ctx, open_health](const httplib::Request& req, httplib::Response& res) {
+        if (ctx->access == nullptr || (open_health && req.path == "/health")) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        absl::Status s = ctx->access->Authenticate(req.get_header_value("Authorization"));
+        if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+        res.set_header("WWW-Authenticate", "Bearer");
+        SendError(res, s);
+        return httplib::Server::HandlerResponse::Handled;
+      });
+  const size_t max_body = options.max_body_bytes;
+  srv.set_payload_max_length(max_body);
+  srv.set_error_handler(httplib::Server::HandlerWithResponse(
+      [max_body](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (res.status == 404) {
+          SendHttpError(res, 404, "not_found",
+                        absl::StrCat("no route for ", req.method, " ", req.path));
+        } else if (res.status == 413) {
+          SendHttpError(res, 413, "request_too_large",
+                        absl::StrCat("the request body exceeds ", max_body, " bytes"));
+        } else {
+          SendHttpError(res, res.status, "invalid_request", "the HTTP request was refused");
+        }
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
+    const RouterContext& context, CallTracker& tracker, const HttpFrontendOptions& options) {
+  std::unique_ptr<HttpFrontend> f(new HttpFrontend());
+  f->server_ = std::make_unique<httplib::Server>();
+  httplib::Server& srv = *f->server_;
+  AddRoutes(srv, &context, &tracker);
+  AddGuards(srv, &context, options);
+  if (options.port == 0) {
+    f->port_ = srv.bind_to_any_port(options.host);
   } else {
-    f->port_ = srv.bind_to_port(host, port) ? port : -1;
+    f->port_ = srv.bind_to_port(options.host, options.port) ? options.port : -1;
   }
   if (f->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("HTTP: cannot listen on ", host, ":", port));
+    return absl::UnavailableError(
+        absl::StrCat("HTTP: cannot listen on ", options.host, ":", options.port));
   }
   f->thread_ = std::thread([s = f->server_.get()] { s->listen_after_bind(); });
   return f;

@@ -41,6 +41,9 @@ struct RouterOptions {
   int encoder_saturation = 32;
   size_t max_image_bytes = size_t{20} << 20;
   int64_t max_image_pixels = 89478485;
+  // Prompt text bytes refused before tokenizing (router/input_limits.h);
+  // 0: no check.
+  size_t max_prompt_bytes = 0;
   // Deadline of calls that come without one.
   absl::Duration default_timeout = absl::Seconds(600);
 };

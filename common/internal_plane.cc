@@ -1,0 +1,116 @@
+#include "common/internal_plane.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/file.h"
+
+namespace mmserve {
+namespace {
+
+// The process's token, set once at start-up.
+struct TokenHolder {
+  absl::Mutex mu;
+  std::string token ABSL_GUARDED_BY(mu);
+};
+
+TokenHolder& Holder() {
+  static TokenHolder* holder = new TokenHolder();  // never destroyed
+  return *holder;
+}
+
+std::string Token() {
+  TokenHolder& h = Holder();
+  absl::MutexLock lock(&h.mu);
+  return h.token;
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(std::string token) : token_(std::move(token)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({kClusterTokenMetadata, token_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string token_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(std::string token) : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new TokenInterceptor(token_);
+  }
+
+ private:
+  const std::string token_;
+};
+
+}  // namespace
+
+absl::Status ConfigureInternalPlane(const InternalPlaneOptions& options) {
+  std::string token = options.cluster_token;
+  if (!options.cluster_token_file.empty()) {
+    absl::StatusOr<std::string> text = ReadFileToString(options.cluster_token_file);
+    if (!text.ok()) return text.status();
+    const std::vector<absl::string_view> lines = absl::StrSplit(*text, '\n');
+    token = std::string(absl::StripAsciiWhitespace(lines.front()));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(options.cluster_token_file +
+                                        ": the cluster token is empty");
+    }
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("the cluster token must be printable ASCII without spaces");
+    }
+  }
+  TokenHolder& h = Holder();
+  absl::MutexLock lock(&h.mu);
+  h.token = std::move(token);
+  return absl::OkStatus();
+}
+
+absl::Status CheckClusterToken(const grpc::ServerContextBase& ctx) {
+  const std::string token = Token();
+  if (token.empty()) return absl::OkStatus();
+  auto it = ctx.client_metadata().find(kClusterTokenMetadata);
+  if (it != ctx.client_metadata().end() &&
+      ConstantTimeEquals(absl::string_view(it->second.data(), it->second.size()), token)) {
+    return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError("this internal service needs the cluster token");
+}
+
+grpc::ServerUnaryReactor* RefuseUnlessCluster(grpc::CallbackServerContext* ctx) {
+  absl::Status s = CheckClusterToken(*ctx);
+  if (s.ok()) return nullptr;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(s.message())));
+  return reactor;
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+InternalClientInterceptors() {
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> out;
+  std::string token = Token();
+  if (!token.empty()) out.push_back(std::make_unique<TokenInterceptorFactory>(std::move(token)));
+  return out;
+}
+
+}  // namespace mmserve
