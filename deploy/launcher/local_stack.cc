@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                           absl::StrCat("--http_port=", options.http_port),
                                           "--metrics_port=0",
                                           "--internal_address=" + options.host + ":0"};
+  if (!options.api_key.empty()) router_args.push_back("--api_key=" + options.api_key);
   router_args.insert(router_args.end(), options.router_args.begin(), options.router_args.end());
   auto router = s->Launch("router", options.bin_dir + "/router/router", router_args);
   if (!router.ok()) return router.status();
@@ -147,6 +148,7 @@ absl::Status LocalStack::WaitHealthy(int encoders, int languages, absl::Duration
   while (!deadline.Expired()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (!options_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.api_key);
     mmserve::v1::ListModelsResponse resp;
     grpc::Status s = stub->ListModels(&ctx, mmserve::v1::ListModelsRequest(), &resp);
     if (s.ok() && resp.models_size() > 0) {

@@ -40,6 +40,8 @@ struct StackOptions {
   std::string host = "127.0.0.1";
   int router_port = 0;  // 0: any free port
   int http_port = 0;    // 0: any free port, -1: off
+  // The router's --api_key, also sent by WaitHealthy; empty: none.
+  std::string api_key;
   std::vector<std::string> router_args;
   std::vector<std::string> encoder_args;
   std::vector<std::string> language_args;

@@ -1,0 +1,318 @@
+// The two planes and the public guards with real processes (issue 27): a
+// stack whose router wants an API key and caps each client's calls, and
+// whose internal plane (Registry on --internal_address, Encoder, Language)
+// wants a cluster token. Each hostile case is tried over gRPC and HTTP.
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "proto/encoder.grpc.pb.h"
+#include "proto/registry.grpc.pb.h"
+#include "tests/stack_harness.h"
+
+namespace mmserve::testing {
+namespace {
+
+using mmserve::v1::GenerateRequest;
+namespace iv1 = mmserve::internal::v1;
+
+constexpr char kKey[] = "sk-test-key";
+constexpr char kBearer[] = "Bearer sk-test-key";
+constexpr char kToken[] = "cluster-secret-1";
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// User plus system CPU time of process `pid`, in milliseconds.
+double CpuMs(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // Fields after the command's closing parenthesis: state is field 3, utime
+  // 14, stime 15.
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+  const double ticks = std::stod(fields[11]) + std::stod(fields[12]);
+  return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+httplib::Headers Auth(const std::string& value = kBearer) { return {{"Authorization", value}}; }
+
+void CheckOpenAiError(const httplib::Result& res, int status, const std::string& code) {
+  REQUIRE(res);
+  INFO(res->status << " " << res->body);
+  CHECK(res->status == status);
+  CHECK(res->get_header_value("Content-Type") == "application/json");
+  const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["error"]["code"] == code);
+  CHECK(j["error"]["message"].is_string());
+}
+
+launcher::StackOptions SecureStack() {
+  launcher::StackOptions so = TestStackOptions(1, "shm");
+  const std::string token = "--cluster_token_file=" + WriteTemp("cluster_token", kToken);
+  so.api_key = kKey;  // --api_key, and WaitHealthy sends it
+  so.router_args = {
+      absl::StrCat("--api_key_file=", WriteTemp("keys", "# more keys\nsk-file-key\n")),
+      "--max_calls_per_client=4", token};
+  so.encoder_args.push_back(token);
+  so.language_args.push_back(token);
+  return so;
+}
+
+GenerateRequest TextRequest(const std::string& text) {
+  GenerateRequest r;
+  auto* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->add_content()->set_text(text);
+  r.mutable_sampling()->set_max_tokens(4);
+  return r;
+}
+
+TEST_CASE("internal services are off the public port and need the cluster token") {
+  auto stack = launcher::LocalStack::Start(SecureStack());
+  REQUIRE(stack.ok());
+  launcher::LocalStack& s = **stack;
+  REQUIRE(s.registry_address() != s.router_address());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
+  AskOptions keyed;
+  keyed.authorization = kBearer;
+  REQUIRE(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
+
+  // Registry on the public port: not served.
+  auto public_registry = iv1::Registry::NewStub(InternalChannel(s.router_address()));
+  iv1::DeregisterRequest forged;
+  forged.set_instance_id("language-0");
+  iv1::DeregisterResponse dr;
+  {
+    grpc::ClientContext ctx;
+    CHECK(public_registry->Deregister(&ctx, forged, &dr).error_code() ==
+          grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // On the internal port: without the token, with a wrong one.
+  auto registry = iv1::Registry::NewStub(InternalChannel(s.registry_address()));
+  iv1::RegisterRequest fake;
+  fake.mutable_instance()->set_instance_id("evil");
+  fake.mutable_instance()->set_grpc_address("127.0.0.1:1");
+  fake.mutable_instance()->set_role(iv1::INSTANCE_ROLE_BOTH);
+  for (const char* token : {"", "cluster-secret-2"}) {
+    INFO("token \"" << token << "\"");
+    grpc::ClientContext c1, c2;
+    if (*token != '\0') {
+      c1.AddMetadata("x-mmserve-cluster-token", token);
+      c2.AddMetadata("x-mmserve-cluster-token", token);
+    }
+    iv1::RegisterResponse rr;
+    CHECK(registry->Register(&c1, fake, &rr).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(registry->Deregister(&c2, forged, &dr).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The encoder's own port wants the token too.
+  auto encoder = iv1::Encoder::NewStub(InternalChannel(s.encoder(0).grpc_address()));
+  {
+    grpc::ClientContext ctx;
+    iv1::LoadReport load;
+    CHECK(encoder->GetLoad(&ctx, iv1::LoadRequest(), &load).error_code() ==
+          grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The instance table is unchanged: the real instances serve, no "evil".
+  mmserve::v1::ListModelsResponse models;
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", kBearer);
+    REQUIRE(stub->ListModels(&ctx, {}, &models).ok());
+  }
+  CHECK(models.models(0).encoder_instances() == 1);
+  CHECK(models.models(0).decode_instances() == 1);
+  REQUIRE(AskGrpc(*stub, DemoRequest(set, set.items[1], keyed), keyed).status.ok());
+}
+
+TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") {
+  auto stack = launcher::LocalStack::Start(SecureStack());
+  REQUIRE(stack.ok());
+  launcher::LocalStack& s = **stack;
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
+  for (const std::string auth : {"", "Bearer wrong", "sk-test-key", "Basic sk-test-key"}) {
+    INFO("authorization \"" << auth << "\"");
+    AskOptions o;
+    o.authorization = auth;
+    CHECK(AskGrpc(*stub, DemoRequest(set, set.items[0], o), o).status.code() ==
+          absl::StatusCode::kUnauthenticated);
+    grpc::ClientContext ctx;
+    if (!auth.empty()) ctx.AddMetadata("authorization", auth);
+    mmserve::v1::ListModelsResponse models;
+    CHECK(stub->ListModels(&ctx, {}, &models).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    httplib::Client http("127.0.0.1", s.http_port());
+    httplib::Headers h = auth.empty() ? httplib::Headers{} : Auth(auth);
+    CheckOpenAiError(http.Get("/v1/models", h), 401, "invalid_api_key");
+    CheckOpenAiError(http.Post("/v1/chat/completions", h, R"({"messages":[]})", "application/json"),
+                     401, "invalid_api_key");
+    CheckOpenAiError(http.Get("/no/such/path", h), 401, "invalid_api_key");
+  }
+  httplib::Client http("127.0.0.1", s.http_port());
+  auto health = http.Get("/health");  // open without a key
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  auto models = http.Get("/v1/models", Auth());
+  REQUIRE(models);
+  CHECK(models->status == 200);
+  auto file_key = http.Get("/v1/models", Auth("Bearer sk-file-key"));  // from --api_key_file
+  REQUIRE(file_key);
+  CHECK(file_key->status == 200);
+  CheckOpenAiError(http.Get("/no/such/path", Auth()), 404, "not_found");
+  CheckOpenAiError(http.Get("/v1/chat/completions", Auth()), 405, "method_not_allowed");
+  CheckOpenAiError(http.Delete("/v1/models", Auth()), 405, "method_not_allowed");
+  CheckOpenAiError(http.Post("/v1/chat/completions", Auth(), R"({"messages":[]})", "text/plain"),
+                   415, "unsupported_media_type");
+  CheckOpenAiError(http.Post("/v1/chat/completions", Auth(), std::string((64 << 20) + 1, ' '),
+                             "application/json"),
+                   413, "request_too_large");
+
+  // A 20 MB prompt: refused before tokenizing, in little router CPU. CPU
+  // time, not wall time, so a busy machine does not make it flaky; the
+  // bound is the issue's 50 ms, about 5x what a refusal measures here
+  // (receiving 20 MB and one memchr pass; tokenizing it took 2+ s).
+  const std::string prompt(20 << 20, 'a');
+  const pid_t router = s.router().process->pid();
+  const double before_grpc = CpuMs(router);
+  AskOptions keyed;
+  keyed.authorization = kBearer;
+  Answer big = AskGrpc(*stub, TextRequest(prompt), keyed);
+  const double grpc_ms = CpuMs(router) - before_grpc;
+  CHECK(big.status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(big.status.message().find("context") != absl::string_view::npos);
+  const std::string body =
+      nlohmann::json{{"messages", {{{"role", "user"}, {"content", prompt}}}}}.dump();
+  const double before_http = CpuMs(router);
+  auto res = http.Post("/v1/chat/completions", Auth(), body, "application/json");
+  const double http_ms = CpuMs(router) - before_http;
+  CheckOpenAiError(res, 400, "invalid_argument");
+  WARN("router CPU for a 20 MB prompt: gRPC " << grpc_ms << " ms, HTTP " << http_ms << " ms");
+  CHECK(grpc_ms < 50);
+  CHECK(http_ms < 50);
+  // A normal request still works.
+  CHECK(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
+}
+
+// Opens a connection and sends a POST whose Content-Length says `length`
+// but only the first 64 KiB of it; returns the socket.
+int SendOversizedHead(int port, size_t length) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string head =
+      absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: ", kBearer,
+                   "\r\nContent-Type: application/json\r\nContent-Length: ", length, "\r\n\r\n",
+                   std::string(64 << 10, ' '));
+  (void)!send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  return fd;
+}
+
+std::string ReadSome(int fd) {
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[512];
+  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, n) : "";
+}
+
+TEST_CASE("per-client caps, and 100 concurrent oversized bodies leave the router serving") {
+  auto stack = launcher::LocalStack::Start(SecureStack());
+  REQUIRE(stack.ok());
+  launcher::LocalStack& s = **stack;
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
+  AskOptions keyed;
+  keyed.authorization = kBearer;
+
+  // 100 connections announcing 100 MB bodies and stalling.
+  std::vector<int> fds;
+  for (int i = 0; i < 100; ++i) fds.push_back(SendOversizedHead(s.http_port(), 100 << 20));
+  // Normal requests are answered meanwhile.
+  CHECK(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
+  httplib::Client http("127.0.0.1", s.http_port());
+  http.set_read_timeout(30, 0);
+  auto models = http.Get("/v1/models", Auth());
+  REQUIRE(models);
+  CHECK(models->status == 200);
+  int refused = 0;
+  for (int fd : fds) {
+    if (fd < 0) continue;
+    if (ReadSome(fd).find(" 413 ") != std::string::npos) ++refused;
+    close(fd);
+  }
+  CHECK(refused == 100);
+
+  // Four long calls from one client fill its cap; a fifth is refused with
+  // RESOURCE_EXHAUSTED over gRPC and 429 + Retry-After over HTTP.
+  AskOptions long_call = keyed;
+  long_call.max_tokens = 3000;
+  long_call.ignore_eos = true;
+  std::vector<GenerateRequest> longs;
+  for (int i = 0; i < 4; ++i) longs.push_back(DemoRequest(set, set.items[i], long_call));
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<mmserve::v1::GenerateResponse>>> readers;
+  for (auto& r : longs) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->AddMetadata("authorization", kBearer);
+    readers.push_back(stub->Generate(contexts.back().get(), r));
+    mmserve::v1::GenerateResponse first;
+    REQUIRE(readers.back()->Read(&first));  // running
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", kBearer);
+    auto reader = stub->Generate(&ctx, DemoRequest(set, set.items[5], keyed));
+    mmserve::v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+    }
+    CHECK(reader->Finish().error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    auto retry = ctx.GetServerTrailingMetadata().find("retry-after");
+    CHECK(retry != ctx.GetServerTrailingMetadata().end());
+  }
+  auto busy = http.Post("/v1/chat/completions", Auth(),
+                        R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2})",
+                        "application/json");
+  CheckOpenAiError(busy, 429, "rate_limit_exceeded");
+  CHECK(busy->get_header_value("Retry-After") == "1");
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& r : readers) {
+    mmserve::v1::GenerateResponse x;
+    while (r->Read(&x)) {
+    }
+    (void)r->Finish();
+  }
+  // The slots are free again (a lease ends with its call).
+  Answer after;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    after = AskGrpc(*stub, DemoRequest(set, set.items[6], keyed), keyed);
+    if (after.status.code() != absl::StatusCode::kResourceExhausted) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(after.status.ok());
+}
+
+}  // namespace
+}  // namespace mmserve::testing
