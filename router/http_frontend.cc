@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -126,18 +127,40 @@ void StreamChatCompletion(std::shared_ptr<Relay> relay, std::shared_ptr<Generate
 }
 
 // POST /v1/chat/completions.
+// The body, read as it arrives; INVALID_ARGUMENT as soon as its text alone
+// cannot fit the context (the rest is never read).
+absl::StatusOr<std::string> ReadBody(const RouterContext& ctx,
+                                     const httplib::ContentReader& content_reader) {
+  std::string body;
+  JsonTextScanner scanner;
+  const size_t max_text = ctx.options.max_prompt_bytes;
+  bool too_long = false;
+  content_reader([&](const char* data, size_t length) {
+    if (too_long) return true;  // drained unread, so the client gets the answer
+    body.append(data, length);
+    if (max_text == 0) return true;
+    scanner.Add(absl::string_view(data, length));
+    too_long = scanner.lower_bound() > max_text;
+    if (too_long) body.clear();
+    return true;
+  });
+  if (!too_long) return body;
+  return absl::InvalidArgumentError(absl::StrCat("the request's text has more than ", max_text,
+                                                 " bytes; no such prompt fits the ",
+                                                 ctx.options.max_model_len, "-token context"));
+}
+
 void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
-                          httplib::Response& res) {
+                          const httplib::ContentReader& content_reader, httplib::Response& res) {
   if (!IsJsonContentType(req)) {
+    res.set_header("Connection", "close");
     return SendHttpError(res, 415, "unsupported_media_type",
                          "the request body must be JSON (Content-Type: application/json)");
   }
-  if (ctx.options.max_prompt_bytes > 0 &&
-      JsonTextBytesLowerBound(req.body) > ctx.options.max_prompt_bytes) {
-    return SendError(
-        res, absl::InvalidArgumentError(absl::StrCat(
-                 "the request's text has more than ", ctx.options.max_prompt_bytes,
-                 " bytes; no such prompt fits the ", ctx.options.max_model_len, "-token context")));
+  absl::StatusOr<std::string> body = ReadBody(ctx, content_reader);
+  if (!body.ok()) {
+    res.set_header("Connection", "close");
+    return SendError(res, body.status());
   }
   PublicAccess::Lease lease;
   if (ctx.access != nullptr) {
@@ -149,7 +172,7 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
   OpenAiLimits limits;
   limits.max_image_bytes = ctx.options.max_image_bytes;
   limits.max_images = ctx.options.max_images;
-  absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(req.body, limits);
+  absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(*body, limits);
   if (!chat.ok()) return SendError(res, chat.status());
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
                        chat->request.sampling().has_logprobs(), chat->include_usage};
@@ -181,10 +204,10 @@ void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* call
     res.status = ok ? 200 : 503;
     res.set_content(ok ? "ok\n" : "no healthy language instance\n", "text/plain");
   });
-  srv.Post("/v1/chat/completions",
-           [ctx, calls](const httplib::Request& req, httplib::Response& res) {
-             HandleChatCompletion(*ctx, *calls, req, res);
-           });
+  srv.Post("/v1/chat/completions", [ctx, calls](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader& content_reader) {
+    HandleChatCompletion(*ctx, *calls, req, content_reader, res);
+  });
   for (const auto& [path, allowed] : kRoutes) {
     auto refuse = [path = path, allowed = allowed](const httplib::Request& req,
                                                    httplib::Response& res) {
@@ -204,19 +227,30 @@ void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* call
 // OpenAI-shaped bodies for httplib's own refusals (404, 413, 400).
 void AddGuards(httplib::Server& srv, const RouterContext* ctx, const HttpFrontendOptions& options) {
   const bool open_health = options.open_health;
-  srv.set_pre_routing_handler(
-      [ctx, open_health](const httplib::Request& req, httplib::Response& res) {
-        if (ctx->access == nullptr || (open_health && req.path == "/health")) {
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-        absl::Status s = ctx->access->Authenticate(req.get_header_value("Authorization"));
-        if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
-        res.set_header("WWW-Authenticate", "Bearer");
-        SendError(res, s);
-        return httplib::Server::HandlerResponse::Handled;
-      });
   const size_t max_body = options.max_body_bytes;
+  srv.set_pre_routing_handler([ctx, open_health, max_body](const httplib::Request& req,
+                                                           httplib::Response& res) {
+    // A body announced too long is refused before a byte of it is read, and
+    // the connection closes (its unread body is never parsed).
+    uint64_t length = 0;
+    if (absl::SimpleAtoi(req.get_header_value("Content-Length"), &length) && length > max_body) {
+      res.set_header("Connection", "close");
+      SendHttpError(res, 413, "request_too_large",
+                    absl::StrCat("the request body exceeds ", max_body, " bytes"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (ctx->access == nullptr || (open_health && req.path == "/health")) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    absl::Status s = ctx->access->Authenticate(req.get_header_value("Authorization"));
+    if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    res.set_header("Connection", "close");
+    SendError(res, s);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   srv.set_payload_max_length(max_body);
+  srv.set_keep_alive_max_count(1);
   srv.set_error_handler(httplib::Server::HandlerWithResponse(
       [max_body](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;

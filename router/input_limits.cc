@@ -48,36 +48,71 @@ absl::Status CheckPromptBytes(const RouterOptions& options,
       " bytes fits the ", options.max_model_len, "-token context"));
 }
 
-size_t JsonTextBytesLowerBound(absl::string_view body) {
-  const char* p = body.data();
-  const char* const end = body.data() + body.size();
-  size_t total = 0;
-  while (p < end) {
-    const char* open = static_cast<const char*>(std::memchr(p, '"', end - p));
-    if (open == nullptr) break;
-    const char* s = open + 1;
-    const char* cur = s;
-    size_t escapes = 0;
-    const char* close = nullptr;
-    while (cur < end) {
-      const char* quote = static_cast<const char*>(std::memchr(cur, '"', end - cur));
-      const char* limit = quote != nullptr ? quote : end;
-      const char* slash = static_cast<const char*>(std::memchr(cur, '\\', limit - cur));
-      if (slash == nullptr) {
-        close = quote;
-        break;
-      }
-      ++escapes;
-      cur = slash + 2;  // the escaped character, possibly a quote
-    }
-    if (close == nullptr) close = end;
-    const size_t raw = static_cast<size_t>(close - s);
-    if (!absl::StartsWith(absl::string_view(s, raw), "data:")) {
-      total += raw > 5 * escapes ? raw - 5 * escapes : 0;
-    }
-    p = close + 1;
+namespace {
+constexpr absl::string_view kDataUrl = "data:";
+}  // namespace
+
+void JsonTextScanner::Count(const char* from, const char* to) {
+  raw_ += static_cast<size_t>(to - from);
+  if (prefix_.size() < kDataUrl.size()) {
+    prefix_.append(from, std::min<size_t>(kDataUrl.size() - prefix_.size(), to - from));
   }
-  return total;
+}
+
+bool JsonTextScanner::OpenIsText() const {
+  return prefix_.size() == kDataUrl.size() && prefix_ != kDataUrl;
+}
+
+void JsonTextScanner::Close() {
+  if (!absl::StartsWith(prefix_, kDataUrl)) total_ += raw_ > 5 * escapes_ ? raw_ - 5 * escapes_ : 0;
+  in_string_ = false;
+}
+
+void JsonTextScanner::Add(absl::string_view chunk) {
+  const char* p = chunk.data();
+  const char* const end = chunk.data() + chunk.size();
+  while (p < end) {
+    if (!in_string_) {
+      const char* open = static_cast<const char*>(std::memchr(p, '"', end - p));
+      if (open == nullptr) return;
+      in_string_ = true;
+      raw_ = escapes_ = 0;
+      prefix_.clear();
+      p = open + 1;
+      continue;
+    }
+    if (escape_pending_) {  // the escaped character, possibly a quote
+      escape_pending_ = false;
+      Count(p, p + 1);
+      ++p;
+      continue;
+    }
+    const char* quote = static_cast<const char*>(std::memchr(p, '"', end - p));
+    const char* limit = quote != nullptr ? quote : end;
+    const char* slash = static_cast<const char*>(std::memchr(p, '\\', limit - p));
+    if (slash != nullptr) {
+      Count(p, slash + 1);
+      ++escapes_;
+      escape_pending_ = true;
+      p = slash + 1;
+      continue;
+    }
+    Count(p, limit);
+    if (quote == nullptr) return;
+    Close();
+    p = quote + 1;
+  }
+}
+
+size_t JsonTextScanner::lower_bound() const {
+  if (!in_string_ || !OpenIsText()) return total_;
+  return total_ + (raw_ > 5 * escapes_ ? raw_ - 5 * escapes_ : 0);
+}
+
+size_t JsonTextBytesLowerBound(absl::string_view body) {
+  JsonTextScanner scanner;
+  scanner.Add(body);
+  return scanner.lower_bound();
 }
 
 }  // namespace mmserve::router

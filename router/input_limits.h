@@ -16,6 +16,7 @@
 #define MMSERVE_ROUTER_INPUT_LIMITS_H_
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -40,11 +41,34 @@ size_t PromptTextBytes(const mmserve::v1::GenerateRequest& request);
 [[nodiscard]] absl::Status CheckPromptBytes(const RouterOptions& options,
                                             const mmserve::v1::GenerateRequest& request);
 
-// A lower bound on the decoded bytes of the JSON strings in `body` that are
-// not data: URLs (images), found with memchr and never more than one pass:
-// each escape counts as its shortest decoding (a \uXXXX as 1 byte). Keys and
-// other string values count too, so the bound covers the prompt's text plus
-// a few short names. Not a validator: malformed JSON gives some number.
+// A lower bound on the decoded bytes of the JSON strings in a body that are
+// not data: URLs (images), fed chunk by chunk as the body arrives, so that a
+// body can be refused before it is all read. One memchr pass; each escape
+// counts as its shortest decoding (a \uXXXX as 1 byte). Keys and other
+// string values count too, so the bound covers the prompt's text plus a few
+// short names. Not a validator: malformed JSON gives some number. Not
+// thread-safe.
+class JsonTextScanner {
+ public:
+  void Add(absl::string_view chunk);
+  // Closed strings, plus the open one once its first 5 bytes show it is not
+  // a data: URL.
+  size_t lower_bound() const;
+
+ private:
+  void Count(const char* from, const char* to);
+  bool OpenIsText() const;
+  void Close();
+
+  bool in_string_ = false;
+  bool escape_pending_ = false;  // the last chunk ended inside an escape
+  std::string prefix_;           // the open string's first bytes (<= 5)
+  size_t raw_ = 0;               // the open string's bytes so far
+  size_t escapes_ = 0;           // and its escapes
+  size_t total_ = 0;             // closed strings' bound
+};
+
+// JsonTextScanner over a whole body.
 size_t JsonTextBytesLowerBound(absl::string_view body);
 
 }  // namespace mmserve::router

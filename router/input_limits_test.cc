@@ -18,10 +18,32 @@ TEST_CASE("the JSON text bound counts string bytes, skips data: URLs, and never 
   // the string.
   const std::string escaped = R"({"t":"a\"b\u0041c\\"})";
   CHECK(JsonTextBytesLowerBound(escaped) <= 1 + 6);
-  // Unterminated strings end at the body's end.
-  CHECK(JsonTextBytesLowerBound("\"abc") == 3);
+  // An unterminated string counts once its first bytes show it is text.
+  CHECK(JsonTextBytesLowerBound("\"abcdef") == 6);
+  CHECK(JsonTextBytesLowerBound("\"data:image/png;base64,AAAA") == 0);
   const std::string big = "{\"content\":\"" + std::string(1 << 20, 'x') + "\"}";
   CHECK(JsonTextBytesLowerBound(big) == (1 << 20) + 7);
+}
+
+TEST_CASE("the scanner gives the same bound whatever the chunking", "[limits]") {
+  const std::string body =
+      R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":)"
+      R"("data:image/png;base64,QUJD"}},{"type":"text","text":"say \"hi\" \u00e9 twice"}]}]})";
+  const size_t whole = JsonTextBytesLowerBound(body);
+  CHECK(whole > 0);
+  for (size_t step = 1; step <= 7; ++step) {
+    JsonTextScanner scanner;
+    for (size_t at = 0; at < body.size(); at += step) {
+      scanner.Add(absl::string_view(body).substr(at, step));
+    }
+    INFO("step " << step);
+    CHECK(scanner.lower_bound() == whole);
+  }
+  // A huge open string counts before it closes.
+  JsonTextScanner open;
+  open.Add("{\"content\":\"");
+  open.Add(std::string(1000, 'x'));
+  CHECK(open.lower_bound() >= 1000);
 }
 
 TEST_CASE("a prompt longer than the byte bound is refused before tokenizing", "[limits]") {

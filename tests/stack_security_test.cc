@@ -5,9 +5,11 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
@@ -64,6 +66,7 @@ void CheckOpenAiError(const httplib::Result& res, int status, const std::string&
 }
 
 launcher::StackOptions SecureStack() {
+  signal(SIGPIPE, SIG_IGN);  // writes to a router that refused and closed
   launcher::StackOptions so = TestStackOptions(1, "shm");
   const std::string token = "--cluster_token_file=" + WriteTemp("cluster_token", kToken);
   so.api_key = kKey;  // --api_key, and WaitHealthy sends it
@@ -82,6 +85,34 @@ GenerateRequest TextRequest(const std::string& text) {
   m->add_content()->set_text(text);
   r.mutable_sampling()->set_max_tokens(4);
   return r;
+}
+
+// Opens a connection and sends a POST whose Content-Length says `length`
+// but only the first 64 KiB of it; returns the socket.
+int SendOversizedHead(int port, size_t length) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string head =
+      absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: ", kBearer,
+                   "\r\nContent-Type: application/json\r\nContent-Length: ", length, "\r\n\r\n",
+                   std::string(64 << 10, ' '));
+  (void)!send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  return fd;
+}
+
+std::string ReadSome(int fd) {
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[2048];
+  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, n) : "";
 }
 
 TEST_CASE("internal services are off the public port and need the cluster token") {
@@ -180,62 +211,47 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   CheckOpenAiError(http.Delete("/v1/models", Auth()), 405, "method_not_allowed");
   CheckOpenAiError(http.Post("/v1/chat/completions", Auth(), R"({"messages":[]})", "text/plain"),
                    415, "unsupported_media_type");
-  CheckOpenAiError(http.Post("/v1/chat/completions", Auth(), std::string((64 << 20) + 1, ' '),
-                             "application/json"),
-                   413, "request_too_large");
+  // A body over --max_request_mb (64 MiB): 413 on its Content-Length, before
+  // it is read (so the raw socket: the server answers and closes while the
+  // body is still on its way).
+  const int fd = SendOversizedHead(s.http_port(), (64 << 20) + 1);
+  REQUIRE(fd >= 0);
+  const std::string reply = ReadSome(fd);
+  close(fd);
+  INFO(reply);
+  CHECK(reply.rfind("HTTP/1.1 413 ", 0) == 0);
+  CHECK(reply.find("\"code\":\"request_too_large\"") != std::string::npos);
 
   // A 20 MB prompt: refused before tokenizing, in little router CPU. CPU
-  // time, not wall time, so a busy machine does not make it flaky; the
-  // bound is the issue's 50 ms, about 5x what a refusal measures here
-  // (receiving 20 MB and one memchr pass; tokenizing it took 2+ s).
+  // time (/proc, 10 ms ticks), not wall time, so a busy machine does not
+  // make it flaky; the best of 3 tries, so that the router's background
+  // threads (health polls) do not either. The bound is the issue's 50 ms;
+  // a refusal measures 10-40 ms here (receiving 20 MB; the text scan is a
+  // memchr pass), where tokenizing it took 2+ s.
   const std::string prompt(20 << 20, 'a');
   const pid_t router = s.router().process->pid();
-  const double before_grpc = CpuMs(router);
   AskOptions keyed;
   keyed.authorization = kBearer;
-  Answer big = AskGrpc(*stub, TextRequest(prompt), keyed);
-  const double grpc_ms = CpuMs(router) - before_grpc;
-  CHECK(big.status.code() == absl::StatusCode::kInvalidArgument);
-  CHECK(big.status.message().find("context") != absl::string_view::npos);
   const std::string body =
       nlohmann::json{{"messages", {{{"role", "user"}, {"content", prompt}}}}}.dump();
-  const double before_http = CpuMs(router);
-  auto res = http.Post("/v1/chat/completions", Auth(), body, "application/json");
-  const double http_ms = CpuMs(router) - before_http;
-  CheckOpenAiError(res, 400, "invalid_argument");
-  WARN("router CPU for a 20 MB prompt: gRPC " << grpc_ms << " ms, HTTP " << http_ms << " ms");
+  double grpc_ms = 1e9, http_ms = 1e9;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const double before_grpc = CpuMs(router);
+    Answer big = AskGrpc(*stub, TextRequest(prompt), keyed);
+    grpc_ms = std::min(grpc_ms, CpuMs(router) - before_grpc);
+    CHECK(big.status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(big.status.message().find("context") != absl::string_view::npos);
+    const double before_http = CpuMs(router);
+    auto res = http.Post("/v1/chat/completions", Auth(), body, "application/json");
+    http_ms = std::min(http_ms, CpuMs(router) - before_http);
+    CheckOpenAiError(res, 400, "invalid_argument");
+  }
+  WARN("router CPU for a 20 MB prompt (best of 3): gRPC " << grpc_ms << " ms, HTTP " << http_ms
+                                                          << " ms");
   CHECK(grpc_ms < 50);
   CHECK(http_ms < 50);
   // A normal request still works.
   CHECK(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
-}
-
-// Opens a connection and sends a POST whose Content-Length says `length`
-// but only the first 64 KiB of it; returns the socket.
-int SendOversizedHead(int port, size_t length) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  const std::string head =
-      absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: ", kBearer,
-                   "\r\nContent-Type: application/json\r\nContent-Length: ", length, "\r\n\r\n",
-                   std::string(64 << 10, ' '));
-  (void)!send(fd, head.data(), head.size(), MSG_NOSIGNAL);
-  return fd;
-}
-
-std::string ReadSome(int fd) {
-  timeval tv{30, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  char buf[512];
-  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-  return n > 0 ? std::string(buf, n) : "";
 }
 
 TEST_CASE("per-client caps, and 100 concurrent oversized bodies leave the router serving") {
