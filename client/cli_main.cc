@@ -14,6 +14,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -50,9 +51,18 @@ ABSL_FLAG(int64_t, deadline_ms, 0, "call deadline in milliseconds; 0 = none");
 ABSL_FLAG(bool, json, false, "print each GenerateResponse as one line of JSON");
 ABSL_FLAG(bool, token_ids, false, "ask for token ids with each response (shown with --json)");
 ABSL_FLAG(bool, list_models, false, "list the served models and exit");
+ABSL_FLAG(std::string, api_key, "",
+          "the router's API key (sent as authorization: Bearer); default: $MMSERVE_API_KEY");
 
 namespace mmserve::client {
 namespace {
+
+// --api_key, else $MMSERVE_API_KEY (so the key need not be on the command line).
+std::string ApiKey() {
+  if (!absl::GetFlag(FLAGS_api_key).empty()) return absl::GetFlag(FLAGS_api_key);
+  const char* env = std::getenv("MMSERVE_API_KEY");
+  return env != nullptr ? env : "";
+}
 
 int Fail(const absl::Status& status) {
   std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
@@ -102,7 +112,7 @@ int Run(int argc, char** argv) {
   std::unique_ptr<mmserve::v1::Inference::Stub> stub = mmserve::v1::Inference::NewStub(channel);
 
   if (absl::GetFlag(FLAGS_list_models)) {
-    absl::StatusOr<mmserve::v1::ListModelsResponse> models = ListModels(*stub, deadline);
+    absl::StatusOr<mmserve::v1::ListModelsResponse> models = ListModels(*stub, deadline, ApiKey());
     if (!models.ok()) return Fail(models.status());
     if (absl::GetFlag(FLAGS_json)) {
       std::cout << JsonLine(*models) << "\n";
@@ -132,8 +142,9 @@ int Run(int argc, char** argv) {
   const bool json = absl::GetFlag(FLAGS_json);
   mmserve::v1::GenerateResponse last;
   bool wrote_text = false;
-  absl::Status status =
-      StreamGenerate(*stub, *request, deadline, [&](const mmserve::v1::GenerateResponse& r) {
+  absl::Status status = StreamGenerate(
+      *stub, *request, deadline,
+      [&](const mmserve::v1::GenerateResponse& r) {
         if (json) {
           std::cout << JsonLine(r) << std::endl;  // flushed: one object per line as it comes
         } else if (!r.text().empty()) {
@@ -141,7 +152,8 @@ int Run(int argc, char** argv) {
           wrote_text = true;
         }
         if (r.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) last = r;
-      });
+      },
+      ApiKey());
   if (!json && wrote_text) std::cout << std::endl;
   if (!status.ok()) return Fail(status);
   if (!json) std::cerr << FinalSummary(last) << "\n";

@@ -27,6 +27,10 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Duration deadline) {
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
 }
 
+void SetApiKey(grpc::ClientContext& ctx, const std::string& api_key) {
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+}
+
 // Waits for `tag` on a completion queue that has only one operation in
 // flight at a time; returns the operation's ok bit.
 bool Await(grpc::CompletionQueue& cq, void* tag) {
@@ -41,9 +45,11 @@ bool Await(grpc::CompletionQueue& cq, void* tag) {
 absl::Status StreamGenerate(
     mmserve::v1::Inference::StubInterface& stub, const mmserve::v1::GenerateRequest& request,
     absl::Duration deadline,
-    const std::function<void(const mmserve::v1::GenerateResponse&)>& on_response) {
+    const std::function<void(const mmserve::v1::GenerateResponse&)>& on_response,
+    const std::string& api_key) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
+  SetApiKey(ctx, api_key);
   std::unique_ptr<grpc::ClientReaderInterface<mmserve::v1::GenerateResponse>> reader =
       stub.Generate(&ctx, request);
   mmserve::v1::GenerateResponse response;
@@ -52,9 +58,11 @@ absl::Status StreamGenerate(
 }
 
 absl::StatusOr<mmserve::v1::ListModelsResponse> ListModels(
-    mmserve::v1::Inference::StubInterface& stub, absl::Duration deadline) {
+    mmserve::v1::Inference::StubInterface& stub, absl::Duration deadline,
+    const std::string& api_key) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
+  SetApiKey(ctx, api_key);
   mmserve::v1::ListModelsResponse response;
   grpc::Status status = stub.ListModels(&ctx, mmserve::v1::ListModelsRequest(), &response);
   if (!status.ok()) return FromGrpcStatus(status);

@@ -33,6 +33,9 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
         self.requests.append(request)
         if request.model == "bad":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, 'unknown model "bad"')
+        if request.model == "keyed":  # as the router with --api_key=sk-1
+            if dict(context.invocation_metadata()).get("authorization") != "Bearer sk-1":
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "Incorrect API key provided")
         if request.model in ("slow", "one_then_wait"):
             context.add_callback(self.cancelled.set)
             if request.model == "one_then_wait":
@@ -143,6 +146,14 @@ class ClientTest(FakeServerTest):
             models = client.list_models(timeout=5)
         self.assertEqual([m.id for m in models.models], ["shapes-demo"])
 
+    def test_api_key_goes_as_bearer_metadata(self):
+        with mmserve_client.MmserveClient(self.address, api_key="sk-1") as client:
+            self.assertEqual("".join(client.generate("a b", model="keyed", timeout=10)), "a b")
+        with mmserve_client.MmserveClient(self.address, api_key="") as client:
+            with self.assertRaises(grpc.RpcError) as e:
+                "".join(client.generate("a b", model="keyed", timeout=10))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+
     def test_python_command_line(self):
         out = subprocess.run(
             [sys.executable, mmserve_client.__file__, f"--address={self.address}",
@@ -201,6 +212,16 @@ class CppCliTest(FakeServerTest):
         out = self.cli("--prompt=x", "--model=slow", "--deadline_ms=200")
         self.assertEqual(out.returncode, 4)  # DEADLINE_EXCEEDED
         self.assertIn("DEADLINE_EXCEEDED", out.stderr)
+
+    def test_api_key_from_the_flag_or_the_environment(self):
+        self.assertEqual(self.cli("--prompt=a", "--model=keyed", "--api_key=sk-1").returncode, 0)
+        env = dict(os.environ, MMSERVE_API_KEY="sk-1")
+        out = subprocess.run([os.environ["MMSERVE_CLI"], f"--address={self.address}", "--prompt=a",
+                              "--model=keyed"], capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        out = self.cli("--prompt=a", "--model=keyed", "--api_key=sk-2")
+        self.assertEqual(out.returncode, 16, out.stderr)  # UNAUTHENTICATED
+        self.assertIn("UNAUTHENTICATED", out.stderr)
 
     def test_list_models(self):
         out = self.cli("--list_models")
