@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +51,21 @@ double CpuMs(pid_t pid) {
   std::vector<std::string> fields = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
   const double ticks = std::stod(fields[11]) + std::stod(fields[12]);
   return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A shell command's exit code, and its standard output.
+int RunStatus(const std::string& command) {
+  const int rc = std::system((command + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+std::string RunOutput(const std::string& command) {
+  std::string out;
+  FILE* f = popen(command.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[256];
+  while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+  pclose(f);
+  return out;
 }
 
 httplib::Headers Auth(const std::string& value = kBearer) { return {{"Authorization", value}}; }
@@ -125,6 +141,17 @@ TEST_CASE("internal services are off the public port and need the cluster token"
   AskOptions keyed;
   keyed.authorization = kBearer;
   REQUIRE(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
+
+  // The C++ cli and curl, with and without the key.
+  const std::string image = EvalDir() + "/" + set.items[0].image_file;
+  const std::string cli = absl::StrCat(RunfilesRoot(), "/client/cli --address=", s.router_address(),
+                                       " --prompt=Hi --max_tokens=2 --image=", image);
+  CHECK(RunStatus(cli + " --api_key=" + kKey) == 0);
+  CHECK(RunStatus(cli + " --api_key=sk-wrong") == 16);  // UNAUTHENTICATED
+  const std::string curl = absl::StrCat(
+      "curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:", s.http_port(), "/v1/models");
+  CHECK(RunOutput(curl + " -H 'Authorization: Bearer " + kKey + "'") == "200");
+  CHECK(RunOutput(curl) == "401");
 
   // Registry on the public port: not served.
   auto public_registry = iv1::Registry::NewStub(InternalChannel(s.router_address()));
