@@ -28,6 +28,7 @@
 #include "client/generate_request.h"
 #include "client/grpc_calls.h"
 #include "client/repeated_flag.h"
+#include "common/file.h"
 
 ABSL_FLAG(std::string, address, "localhost:50051", "the router's gRPC address, host:port");
 ABSL_FLAG(std::string, prompt, "", "the user's message (the whole prompt with --raw)");
@@ -51,6 +52,8 @@ ABSL_FLAG(int64_t, deadline_ms, 0, "call deadline in milliseconds; 0 = none");
 ABSL_FLAG(bool, json, false, "print each GenerateResponse as one line of JSON");
 ABSL_FLAG(bool, token_ids, false, "ask for token ids with each response (shown with --json)");
 ABSL_FLAG(bool, list_models, false, "list the served models and exit");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the router's certificate: call it over TLS (default: plaintext)");
 ABSL_FLAG(std::string, api_key, "",
           "the router's API key (sent as authorization: Bearer); default: $MMSERVE_API_KEY");
 
@@ -107,8 +110,16 @@ int Run(int argc, char** argv) {
   int64_t deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   absl::Duration deadline =
       deadline_ms > 0 ? absl::Milliseconds(deadline_ms) : absl::InfiniteDuration();
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::GetFlag(FLAGS_tls_ca).empty()) {
+    absl::StatusOr<std::string> ca = ReadFileToString(absl::GetFlag(FLAGS_tls_ca));
+    if (!ca.ok()) return Fail(ca.status());
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *ca;
+    credentials = grpc::SslCredentials(ssl);
+  }
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_address), grpc::InsecureChannelCredentials());
+      grpc::CreateChannel(absl::GetFlag(FLAGS_address), credentials);
   std::unique_ptr<mmserve::v1::Inference::Stub> stub = mmserve::v1::Inference::NewStub(channel);
 
   if (absl::GetFlag(FLAGS_list_models)) {

@@ -75,7 +75,7 @@ grpc::ChannelArguments InternalChannelArguments() {
 
 std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address) {
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      address, grpc::InsecureChannelCredentials(), InternalChannelArguments(),
+      address, InternalChannelCredentials(), InternalChannelArguments(),
       InternalClientInterceptors());
 }
 

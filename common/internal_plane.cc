@@ -14,11 +14,30 @@ namespace {
 struct TokenHolder {
   absl::Mutex mu;
   std::string token ABSL_GUARDED_BY(mu);
+  InternalPlaneOptions files ABSL_GUARDED_BY(mu);
+  std::string cert ABSL_GUARDED_BY(mu);  // PEM contents
+  std::string key ABSL_GUARDED_BY(mu);
+  std::string ca ABSL_GUARDED_BY(mu);
 };
 
 TokenHolder& Holder() {
   static TokenHolder* holder = new TokenHolder();  // never destroyed
   return *holder;
+}
+
+struct Pems {
+  std::string cert, key, ca;
+};
+
+Pems LoadedPems() {
+  TokenHolder& h = Holder();
+  absl::MutexLock lock(&h.mu);
+  return {h.cert, h.key, h.ca};
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path) {
+  if (path.empty()) return std::string();
+  return ReadFileToString(path);
 }
 
 std::string Token() {
@@ -80,10 +99,68 @@ absl::Status ConfigureInternalPlane(const InternalPlaneOptions& options) {
       return absl::InvalidArgumentError("the cluster token must be printable ASCII without spaces");
     }
   }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (!options.tls_ca_file.empty() && options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("--tls_ca needs --tls_cert and --tls_key (mutual TLS)");
+  }
+  absl::StatusOr<std::string> cert = ReadPem(options.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(options.tls_key_file);
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPem(options.tls_ca_file);
+  if (!ca.ok()) return ca.status();
   TokenHolder& h = Holder();
   absl::MutexLock lock(&h.mu);
   h.token = std::move(token);
+  h.files = options;
+  h.files.cluster_token.clear();
+  h.cert = *std::move(cert);
+  h.key = *std::move(key);
+  h.ca = *std::move(ca);
   return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials() {
+  const Pems p = LoadedPems();
+  if (p.cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(
+      p.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                   : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = p.ca;
+  o.pem_key_cert_pairs.push_back({p.key, p.cert});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::ServerCredentials> PublicServerCredentials() {
+  const Pems p = LoadedPems();
+  if (p.cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  o.pem_key_cert_pairs.push_back({p.key, p.cert});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> InternalChannelCredentials() {
+  const Pems p = LoadedPems();
+  if (p.ca.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = p.ca;
+  o.pem_private_key = p.key;
+  o.pem_cert_chain = p.cert;
+  return grpc::SslCredentials(o);
+}
+
+std::string TlsCertFile() {
+  TokenHolder& h = Holder();
+  absl::MutexLock lock(&h.mu);
+  return h.files.tls_cert_file;
+}
+
+std::string TlsKeyFile() {
+  TokenHolder& h = Holder();
+  absl::MutexLock lock(&h.mu);
+  return h.files.tls_key_file;
 }
 
 absl::Status CheckClusterToken(const grpc::ServerContextBase& ctx) {

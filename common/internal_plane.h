@@ -1,9 +1,12 @@
 // Trust on the internal plane (Registry, Encoder, Language: the services only
 // mmserve processes call): an optional cluster token, a shared secret every
 // internal call carries as metadata "x-mmserve-cluster-token" and every
-// internal handler checks. Configured once per process, before any internal
-// channel or server exists; InternalChannel (common/grpc_server.h) attaches
-// the token to every call it makes.
+// internal handler checks, and optional TLS: with a certificate and key the
+// process's servers speak TLS, and with a CA too the internal plane is
+// mutual TLS (servers require client certificates from the CA, channels
+// present theirs and verify servers against the CA). Configured once per
+// process, before any internal channel or server exists; InternalChannel
+// (common/grpc_server.h) uses the credentials and attaches the token.
 //
 //   // main, after flag parsing:
 //   RETURN_IF_ERROR(ConfigureInternalPlane({.cluster_token_file = flag}));
@@ -33,6 +36,11 @@ struct InternalPlaneOptions {
   std::string cluster_token_file;
   // The token itself (tests); used when cluster_token_file is empty.
   std::string cluster_token;
+  // PEM files: this process's certificate chain and key, and the CA that
+  // signs every process's certificate (empty: no TLS / no mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
 };
 
 // Reads the token. INVALID_ARGUMENT for an empty token file or a token with
@@ -45,6 +53,20 @@ struct InternalPlaneOptions {
 // Null when the call may proceed, else the call's reactor, already finished
 // with UNAUTHENTICATED.
 grpc::ServerUnaryReactor* RefuseUnlessCluster(grpc::CallbackServerContext* ctx);
+
+// Credentials for an internal-plane server: mutual TLS with a CA, TLS with
+// only a certificate, else plaintext.
+std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials();
+// Credentials for a public server (the router's): TLS when a certificate is
+// configured (no client certificate asked), else plaintext.
+std::shared_ptr<grpc::ServerCredentials> PublicServerCredentials();
+// Credentials InternalChannel uses: TLS verified against the CA, with this
+// process's certificate as the client's, when a CA is configured; else
+// plaintext.
+std::shared_ptr<grpc::ChannelCredentials> InternalChannelCredentials();
+// The configured certificate and key files ("" when none).
+std::string TlsCertFile();
+std::string TlsKeyFile();
 
 // The interceptors InternalChannel adds: the token on every call (none when
 // no token is configured).

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/internal_plane.h"
 #include "common/logging.h"
 
 namespace mmserve {
@@ -18,7 +19,10 @@ absl::StatusOr<std::unique_ptr<ServiceProcess>> ServiceProcess::Start(
   const std::string address = options.grpc_address.empty()
                                   ? absl::StrCat(options.host, ":", options.port)
                                   : options.grpc_address;
-  auto server = StartGrpcServer(address, services, options.grpc);
+  GrpcServerOptions grpc_options = options.grpc;
+  // Unless the binary chose (the router's public port), the internal plane's.
+  if (!grpc_options.credentials) grpc_options.credentials = InternalServerCredentials();
+  auto server = StartGrpcServer(address, services, grpc_options);
   if (!server.ok()) return server.status();
   p->server_ = *std::move(server);
   if (options.metrics_port >= 0) {

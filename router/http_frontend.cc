@@ -272,7 +272,14 @@ void AddGuards(httplib::Server& srv, const RouterContext* ctx, const HttpFronten
 absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
     const RouterContext& context, CallTracker& tracker, const HttpFrontendOptions& options) {
   std::unique_ptr<HttpFrontend> f(new HttpFrontend());
-  f->server_ = std::make_unique<httplib::Server>();
+  if (!options.tls_cert_file.empty()) {
+    auto ssl = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(),
+                                                    options.tls_key_file.c_str());
+    if (!ssl->is_valid()) return absl::InvalidArgumentError("HTTPS: cannot load the certificate");
+    f->server_ = std::move(ssl);
+  } else {
+    f->server_ = std::make_unique<httplib::Server>();
+  }
   httplib::Server& srv = *f->server_;
   AddRoutes(srv, &context, &tracker);
   AddGuards(srv, &context, options);

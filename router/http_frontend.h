@@ -36,6 +36,9 @@ struct HttpFrontendOptions {
   size_t max_body_bytes = size_t{64} << 20;
   // GET /health without an API key.
   bool open_health = true;
+  // PEM files: HTTPS instead of HTTP when both are set.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpFrontend {

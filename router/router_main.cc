@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
+#include "common/internal_plane.h"
 #include "common/internal_plane_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -160,6 +161,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartInternal(RegistryService& regis
   if (address.empty()) return nullptr;
   GrpcServerOptions options;
   options.health_services = {iv1::Registry::service_full_name()};
+  options.credentials = InternalServerCredentials();
   ASSIGN_OR_RETURN(auto server, StartGrpcServer(address, {&registry_service}, options));
   server->SetServing(true);
   return server;
@@ -173,7 +175,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> StartHttp(RouterContext& context,
       {.host = absl::GetFlag(FLAGS_host),
        .port = absl::GetFlag(FLAGS_http_port),
        .max_body_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_request_mb))} << 20,
-       .open_health = absl::GetFlag(FLAGS_open_health)});
+       .open_health = absl::GetFlag(FLAGS_open_health),
+       .tls_cert_file = TlsCertFile(),
+       .tls_key_file = TlsKeyFile()});
 }
 
 // Serves until SIGTERM/SIGINT, then drains: running calls get
@@ -190,6 +194,7 @@ int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& regis
                                 .metrics_port = absl::GetFlag(FLAGS_metrics_port)};
   options.grpc.max_receive_bytes = absl::GetFlag(FLAGS_max_request_mb) << 20;
   options.grpc.health_services = {mmserve::v1::Inference::service_full_name()};
+  options.grpc.credentials = PublicServerCredentials();
   std::vector<grpc::Service*> services = {&inference};
   if (*internal == nullptr) {
     services.push_back(&registry_service);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
+#include "common/internal_plane.h"
 #include "proto/encoder.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
 #include "tests/stack_harness.h"
@@ -66,6 +67,11 @@ std::string RunOutput(const std::string& command) {
   while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
   pclose(f);
   return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 httplib::Headers Auth(const std::string& value = kBearer) { return {{"Authorization", value}}; }
@@ -355,6 +361,85 @@ TEST_CASE("per-client caps, and 100 concurrent oversized bodies leave the router
     absl::SleepFor(absl::Milliseconds(100));
   }
   CHECK(after.status.ok());
+}
+
+// A CA and one certificate (127.0.0.1 and localhost) that every process
+// uses as server and client, made with Debian's openssl in `dir`.
+bool MakeCertificates(const std::string& dir) {
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir,
+      "; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2"
+      " -subj /CN=mmserve-test-ca"
+      "; openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr -subj /CN=localhost"
+      "; printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nbasicConstraints=CA:FALSE\\n'"
+      " > ext.cnf"
+      "; openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem"
+      " -days 2 -extfile ext.cnf");
+  return RunStatus(script) == 0;
+}
+
+// Last: it configures this process's internal plane (mutual TLS) and resets
+// it at the end.
+TEST_CASE("mutual TLS inside, TLS and an API key outside: gRPC, the cli and HTTPS answer") {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  REQUIRE(MakeCertificates(dir));
+  const std::string ca = dir + "/ca.pem", cert = dir + "/node.pem", key = dir + "/node.key";
+  REQUIRE(
+      ConfigureInternalPlane(
+          {.cluster_token = kToken, .tls_cert_file = cert, .tls_key_file = key, .tls_ca_file = ca})
+          .ok());
+  launcher::StackOptions so = SecureStack();
+  for (auto* args : {&so.router_args, &so.encoder_args, &so.language_args}) {
+    args->insert(args->end(), {"--tls_cert=" + cert, "--tls_key=" + key, "--tls_ca=" + ca});
+  }
+  auto stack = launcher::LocalStack::Start(so);
+  REQUIRE(stack.ok());
+  launcher::LocalStack& s = **stack;
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
+  AskOptions keyed;
+  keyed.authorization = kBearer;
+  Answer a = AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed);
+  INFO(a.status);
+  CHECK(a.status.ok());
+  CHECK(a.text == InProcess(set).text[0]);
+  // Plaintext to the public port fails; so does TLS without a client
+  // certificate to the internal plane.
+  {
+    auto plain = mmserve::v1::Inference::NewStub(
+        grpc::CreateChannel(s.router_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("authorization", kBearer);
+    mmserve::v1::ListModelsResponse models;
+    CHECK(plain->ListModels(&ctx, {}, &models).error_code() == grpc::StatusCode::UNAVAILABLE);
+  }
+  {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadFile(ca);
+    auto registry = iv1::Registry::NewStub(
+        grpc::CreateChannel(s.registry_address(), grpc::SslCredentials(ssl)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("x-mmserve-cluster-token", kToken);
+    iv1::DeregisterRequest forged;
+    forged.set_instance_id("language-0");
+    iv1::DeregisterResponse dr;
+    CHECK(registry->Deregister(&ctx, forged, &dr).error_code() == grpc::StatusCode::UNAVAILABLE);
+  }
+  const std::string image = EvalDir() + "/" + set.items[0].image_file;
+  const std::string cli = absl::StrCat(RunfilesRoot(), "/client/cli --address=", s.router_address(),
+                                       " --prompt=Hi --max_tokens=2 --image=", image);
+  CHECK(RunStatus(cli + " --tls_ca=" + ca + " --api_key=" + kKey) == 0);
+  CHECK(RunStatus(cli + " --api_key=" + kKey + " --deadline_ms=5000") != 0);  // plaintext
+  const std::string https = absl::StrCat("curl -s -o /dev/null -w '%{http_code}' --cacert ", ca,
+                                         " https://127.0.0.1:", s.http_port(), "/v1/models");
+  CHECK(RunOutput(https + " -H 'Authorization: Bearer " + kKey + "'") == "200");
+  CHECK(RunOutput(https) == "401");
+  CHECK(RunOutput(absl::StrCat("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:",
+                               s.http_port(), "/v1/models")) != "200");
+  s.Stop();
+  REQUIRE(ConfigureInternalPlane({}).ok());
 }
 
 }  // namespace
