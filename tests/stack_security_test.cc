@@ -74,6 +74,13 @@ std::string ReadFile(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// The C++ cli asking the stack about the first demo image.
+std::string CliCommand(launcher::LocalStack& s, const DemoSet& set) {
+  return absl::StrCat(RunfilesRoot(), "/client/cli --address=", s.router_address(),
+                      " --prompt=Hi --max_tokens=2 --image=", EvalDir(), "/",
+                      set.items[0].image_file);
+}
+
 httplib::Headers Auth(const std::string& value = kBearer) { return {{"Authorization", value}}; }
 
 void CheckOpenAiError(const httplib::Result& res, int status, const std::string& code) {
@@ -98,6 +105,23 @@ launcher::StackOptions SecureStack() {
   so.encoder_args.push_back(token);
   so.language_args.push_back(token);
   return so;
+}
+
+// A started stack, a stub to its public port, and call options with the key.
+struct Secured {
+  std::unique_ptr<launcher::LocalStack> stack;
+  std::unique_ptr<mmserve::v1::Inference::Stub> stub;
+  AskOptions keyed;
+};
+
+Secured StartSecured(const launcher::StackOptions& so) {
+  Secured out;
+  auto stack = launcher::LocalStack::Start(so);
+  REQUIRE(stack.ok());
+  out.stack = *std::move(stack);
+  out.stub = mmserve::v1::Inference::NewStub(InternalChannel(out.stack->router_address()));
+  out.keyed.authorization = kBearer;
+  return out;
 }
 
 GenerateRequest TextRequest(const std::string& text) {
@@ -138,20 +162,16 @@ std::string ReadSome(int fd) {
 }
 
 TEST_CASE("internal services are off the public port and need the cluster token") {
-  auto stack = launcher::LocalStack::Start(SecureStack());
-  REQUIRE(stack.ok());
-  launcher::LocalStack& s = **stack;
+  Secured secured = StartSecured(SecureStack());
+  launcher::LocalStack& s = *secured.stack;
   REQUIRE(s.registry_address() != s.router_address());
   const DemoSet& set = Demo();
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
-  AskOptions keyed;
-  keyed.authorization = kBearer;
+  auto& stub = secured.stub;
+  const AskOptions& keyed = secured.keyed;
   REQUIRE(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
 
   // The C++ cli and curl, with and without the key.
-  const std::string image = EvalDir() + "/" + set.items[0].image_file;
-  const std::string cli = absl::StrCat(RunfilesRoot(), "/client/cli --address=", s.router_address(),
-                                       " --prompt=Hi --max_tokens=2 --image=", image);
+  const std::string cli = CliCommand(s, set);
   CHECK(RunStatus(cli + " --api_key=" + kKey) == 0);
   CHECK(RunStatus(cli + " --api_key=sk-wrong") == 16);  // UNAUTHENTICATED
   const std::string curl = absl::StrCat(
@@ -207,11 +227,11 @@ TEST_CASE("internal services are off the public port and need the cluster token"
 }
 
 TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") {
-  auto stack = launcher::LocalStack::Start(SecureStack());
-  REQUIRE(stack.ok());
-  launcher::LocalStack& s = **stack;
+  Secured secured = StartSecured(SecureStack());
+  launcher::LocalStack& s = *secured.stack;
   const DemoSet& set = Demo();
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
+  auto& stub = secured.stub;
+  const AskOptions& keyed = secured.keyed;
   for (const std::string auth : {"", "Bearer wrong", "sk-test-key", "Basic sk-test-key"}) {
     INFO("authorization \"" << auth << "\"");
     AskOptions o;
@@ -263,8 +283,6 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   // memchr pass), where tokenizing it took 2+ s.
   const std::string prompt(20 << 20, 'a');
   const pid_t router = s.router().process->pid();
-  AskOptions keyed;
-  keyed.authorization = kBearer;
   const std::string body =
       nlohmann::json{{"messages", {{{"role", "user"}, {"content", prompt}}}}}.dump();
   double grpc_ms = 1e9, http_ms = 1e9;
@@ -288,13 +306,11 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
 }
 
 TEST_CASE("per-client caps, and 100 concurrent oversized bodies leave the router serving") {
-  auto stack = launcher::LocalStack::Start(SecureStack());
-  REQUIRE(stack.ok());
-  launcher::LocalStack& s = **stack;
+  Secured secured = StartSecured(SecureStack());
+  launcher::LocalStack& s = *secured.stack;
   const DemoSet& set = Demo();
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
-  AskOptions keyed;
-  keyed.authorization = kBearer;
+  auto& stub = secured.stub;
+  const AskOptions& keyed = secured.keyed;
 
   // 100 connections announcing 100 MB bodies and stalling.
   std::vector<int> fds;
@@ -392,13 +408,11 @@ TEST_CASE("mutual TLS inside, TLS and an API key outside: gRPC, the cli and HTTP
   for (auto* args : {&so.router_args, &so.encoder_args, &so.language_args}) {
     args->insert(args->end(), {"--tls_cert=" + cert, "--tls_key=" + key, "--tls_ca=" + ca});
   }
-  auto stack = launcher::LocalStack::Start(so);
-  REQUIRE(stack.ok());
-  launcher::LocalStack& s = **stack;
+  Secured secured = StartSecured(so);
+  launcher::LocalStack& s = *secured.stack;
   const DemoSet& set = Demo();
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
-  AskOptions keyed;
-  keyed.authorization = kBearer;
+  auto& stub = secured.stub;
+  const AskOptions& keyed = secured.keyed;
   Answer a = AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed);
   INFO(a.status);
   CHECK(a.status.ok());
@@ -427,9 +441,7 @@ TEST_CASE("mutual TLS inside, TLS and an API key outside: gRPC, the cli and HTTP
     iv1::DeregisterResponse dr;
     CHECK(registry->Deregister(&ctx, forged, &dr).error_code() == grpc::StatusCode::UNAVAILABLE);
   }
-  const std::string image = EvalDir() + "/" + set.items[0].image_file;
-  const std::string cli = absl::StrCat(RunfilesRoot(), "/client/cli --address=", s.router_address(),
-                                       " --prompt=Hi --max_tokens=2 --image=", image);
+  const std::string cli = CliCommand(s, set);
   CHECK(RunStatus(cli + " --tls_ca=" + ca + " --api_key=" + kKey) == 0);
   CHECK(RunStatus(cli + " --api_key=" + kKey + " --deadline_ms=5000") != 0);  // plaintext
   const std::string https = absl::StrCat("curl -s -o /dev/null -w '%{http_code}' --cacert ", ca,
