@@ -171,6 +171,44 @@ class ClientTest(FakeServerTest):
         self.assertIn('INVALID_ARGUMENT: unknown model "bad"', bad.stderr)
 
 
+class TlsTest(unittest.TestCase):
+    """The client over TLS, against a fake server with a certificate that
+    Debian's openssl makes here."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.tmp.name
+        subprocess.run(
+            "set -e; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2"
+            " -subj /CN=test-ca 2>/dev/null; openssl req -newkey rsa:2048 -nodes -keyout s.key"
+            " -out s.csr -subj /CN=localhost 2>/dev/null;"
+            " printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext.cnf;"
+            " openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out s.pem"
+            " -days 2 -extfile ext.cnf 2>/dev/null", shell=True, cwd=d, check=True)
+        with open(os.path.join(d, "s.key"), "rb") as k, open(os.path.join(d, "s.pem"), "rb") as c:
+            credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
+        cls.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        inference_pb2_grpc.add_InferenceServicer_to_server(FakeInference(), cls.server)
+        cls.port = cls.server.add_secure_port("127.0.0.1:0", credentials)
+        cls.server.start()
+        cls.ca = os.path.join(d, "ca.pem")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop(None)
+        cls.tmp.cleanup()
+
+    def test_tls_with_the_ca_and_an_api_key(self):
+        address = f"127.0.0.1:{self.port}"
+        with mmserve_client.MmserveClient(address, api_key="sk-1", tls_ca=self.ca) as client:
+            self.assertEqual("".join(client.generate("a b", model="keyed", timeout=10)), "a b")
+        with mmserve_client.MmserveClient(address) as plain:  # plaintext to a TLS port
+            with self.assertRaises(grpc.RpcError) as e:
+                plain.list_models(timeout=5)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+
+
 @unittest.skipUnless(os.environ.get("MMSERVE_CLI"), "MMSERVE_CLI (the C++ cli) not given")
 class CppCliTest(FakeServerTest):
     """The C++ cli binary against the same fake server."""
