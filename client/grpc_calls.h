@@ -56,6 +56,12 @@ namespace mmserve::client {
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListServices(
     const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline);
 
+// The serialized FileDescriptorProtos reflection gives for `symbol` (e.g.
+// "grpc.health.v1.Health"): its file and the files it imports.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> FileDescriptorsContaining(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& symbol,
+    absl::Duration deadline);
+
 }  // namespace mmserve::client
 
 #endif  // MMSERVE_CLIENT_GRPC_CALLS_H_

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/grpc_calls.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/internal_plane.h"
@@ -178,6 +179,31 @@ TEST_CASE("internal services are off the public port and need the cluster token"
       "curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:", s.http_port(), "/v1/models");
   CHECK(RunOutput(curl + " -H 'Authorization: Bearer " + kKey + "'") == "200");
   CHECK(RunOutput(curl) == "401");
+
+  // Health by service name on each plane; health's descriptor and only the
+  // public services through the public port's reflection.
+  using ServingStatus = grpc::health::v1::HealthCheckResponse;
+  auto public_channel = InternalChannel(s.router_address());
+  auto internal_channel = InternalChannel(s.registry_address());
+  auto inference = client::CheckHealth(public_channel, "mmserve.v1.Inference", absl::Seconds(10));
+  REQUIRE(inference.ok());
+  CHECK(*inference == ServingStatus::SERVING);
+  CHECK(absl::IsNotFound(
+      client::CheckHealth(public_channel, "mmserve.internal.v1.Registry", absl::Seconds(10))
+          .status()));
+  auto registry_health =
+      client::CheckHealth(internal_channel, "mmserve.internal.v1.Registry", absl::Seconds(10));
+  REQUIRE(registry_health.ok());
+  CHECK(*registry_health == ServingStatus::SERVING);
+  auto files =
+      client::FileDescriptorsContaining(public_channel, "grpc.health.v1.Health", absl::Seconds(10));
+  INFO(files.status());
+  REQUIRE(files.ok());
+  CHECK(!files->empty());
+  auto services = client::ListServices(public_channel, absl::Seconds(10));
+  REQUIRE(services.ok());
+  CHECK(std::count(services->begin(), services->end(), "mmserve.v1.Inference") == 1);
+  CHECK(std::count(services->begin(), services->end(), "mmserve.internal.v1.Registry") == 0);
 
   // Registry on the public port: not served.
   auto public_registry = iv1::Registry::NewStub(InternalChannel(s.router_address()));
