@@ -14,6 +14,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@
 #include "client/generate_request.h"
 #include "client/grpc_calls.h"
 #include "client/repeated_flag.h"
+#include "common/file.h"
 
 ABSL_FLAG(std::string, address, "localhost:50051", "the router's gRPC address, host:port");
 ABSL_FLAG(std::string, prompt, "", "the user's message (the whole prompt with --raw)");
@@ -52,9 +54,20 @@ ABSL_FLAG(int64_t, deadline_ms, 0, "call deadline in milliseconds; 0 = none");
 ABSL_FLAG(bool, json, false, "print each GenerateResponse as one line of JSON");
 ABSL_FLAG(bool, token_ids, false, "ask for token ids with each response (shown with --json)");
 ABSL_FLAG(bool, list_models, false, "list the served models and exit");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the router's certificate: call it over TLS (default: plaintext)");
+ABSL_FLAG(std::string, api_key, "",
+          "the router's API key (sent as authorization: Bearer); default: $MMSERVE_API_KEY");
 
 namespace mmserve::client {
 namespace {
+
+// --api_key, else $MMSERVE_API_KEY (so the key need not be on the command line).
+std::string ApiKey() {
+  if (!absl::GetFlag(FLAGS_api_key).empty()) return absl::GetFlag(FLAGS_api_key);
+  const char* env = std::getenv("MMSERVE_API_KEY");
+  return env != nullptr ? env : "";
+}
 
 int Fail(const absl::Status& status) {
   std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
@@ -102,12 +115,20 @@ int Run(int argc, char** argv) {
   int64_t deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   absl::Duration deadline =
       deadline_ms > 0 ? absl::Milliseconds(deadline_ms) : absl::InfiniteDuration();
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::GetFlag(FLAGS_tls_ca).empty()) {
+    absl::StatusOr<std::string> ca = ReadFileToString(absl::GetFlag(FLAGS_tls_ca));
+    if (!ca.ok()) return Fail(ca.status());
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *ca;
+    credentials = grpc::SslCredentials(ssl);
+  }
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_address), grpc::InsecureChannelCredentials());
+      grpc::CreateChannel(absl::GetFlag(FLAGS_address), credentials);
   std::unique_ptr<mmserve::v1::Inference::Stub> stub = mmserve::v1::Inference::NewStub(channel);
 
   if (absl::GetFlag(FLAGS_list_models)) {
-    absl::StatusOr<mmserve::v1::ListModelsResponse> models = ListModels(*stub, deadline);
+    absl::StatusOr<mmserve::v1::ListModelsResponse> models = ListModels(*stub, deadline, ApiKey());
     if (!models.ok()) return Fail(models.status());
     if (absl::GetFlag(FLAGS_json)) {
       std::cout << JsonLine(*models) << "\n";
@@ -140,8 +161,9 @@ int Run(int argc, char** argv) {
   const bool json = absl::GetFlag(FLAGS_json);
   mmserve::v1::GenerateResponse last;
   bool wrote_text = false;
-  absl::Status status =
-      StreamGenerate(*stub, *request, deadline, [&](const mmserve::v1::GenerateResponse& r) {
+  absl::Status status = StreamGenerate(
+      *stub, *request, deadline,
+      [&](const mmserve::v1::GenerateResponse& r) {
         if (json) {
           std::cout << JsonLine(r) << std::endl;  // flushed: one object per line as it comes
         } else if (!r.text().empty()) {
@@ -149,7 +171,8 @@ int Run(int argc, char** argv) {
           wrote_text = true;
         }
         if (r.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) last = r;
-      });
+      },
+      ApiKey());
   if (!json && wrote_text) std::cout << std::endl;
   if (!status.ok()) return Fail(status);
   if (!json) std::cerr << FinalSummary(last) << "\n";

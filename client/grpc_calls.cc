@@ -27,6 +27,10 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Duration deadline) {
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
 }
 
+void SetApiKey(grpc::ClientContext& ctx, const std::string& api_key) {
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+}
+
 // Waits for `tag` on a completion queue that has only one operation in
 // flight at a time; returns the operation's ok bit.
 bool Await(grpc::CompletionQueue& cq, void* tag) {
@@ -41,9 +45,11 @@ bool Await(grpc::CompletionQueue& cq, void* tag) {
 absl::Status StreamGenerate(
     mmserve::v1::Inference::StubInterface& stub, const mmserve::v1::GenerateRequest& request,
     absl::Duration deadline,
-    const std::function<void(const mmserve::v1::GenerateResponse&)>& on_response) {
+    const std::function<void(const mmserve::v1::GenerateResponse&)>& on_response,
+    const std::string& api_key) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
+  SetApiKey(ctx, api_key);
   std::unique_ptr<grpc::ClientReaderInterface<mmserve::v1::GenerateResponse>> reader =
       stub.Generate(&ctx, request);
   mmserve::v1::GenerateResponse response;
@@ -52,9 +58,11 @@ absl::Status StreamGenerate(
 }
 
 absl::StatusOr<mmserve::v1::ListModelsResponse> ListModels(
-    mmserve::v1::Inference::StubInterface& stub, absl::Duration deadline) {
+    mmserve::v1::Inference::StubInterface& stub, absl::Duration deadline,
+    const std::string& api_key) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
+  SetApiKey(ctx, api_key);
   mmserve::v1::ListModelsResponse response;
   grpc::Status status = stub.ListModels(&ctx, mmserve::v1::ListModelsRequest(), &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -75,8 +83,12 @@ absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> CheckHealth
   return response.status();
 }
 
-absl::StatusOr<std::vector<std::string>> ListServices(const std::shared_ptr<grpc::Channel>& channel,
-                                                      absl::Duration deadline) {
+namespace {
+
+// One request on the reflection stream, its one response.
+absl::StatusOr<ReflectionResponse> AskReflection(const std::shared_ptr<grpc::Channel>& channel,
+                                                 const ReflectionRequest& request,
+                                                 absl::Duration deadline) {
   grpc::TemplatedGenericStub<ReflectionRequest, ReflectionResponse> stub(channel);
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
@@ -86,8 +98,6 @@ absl::StatusOr<std::vector<std::string>> ListServices(const std::shared_ptr<grpc
 
   // One operation at a time, each tagged with its own address. A failed
   // step still ends with Finish, which carries the reason.
-  ReflectionRequest request;
-  request.set_list_services("*");
   ReflectionResponse response;
   int start, write, writes_done, read, finish;
   call->StartCall(&start);
@@ -121,6 +131,18 @@ absl::StatusOr<std::vector<std::string>> ListServices(const std::shared_ptr<grpc
         static_cast<absl::StatusCode>(response.error_response().error_code()),
         absl::StrCat("server reflection: ", response.error_response().error_message()));
   }
+  return response;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ListServices(const std::shared_ptr<grpc::Channel>& channel,
+                                                      absl::Duration deadline) {
+  ReflectionRequest request;
+  request.set_list_services("*");
+  absl::StatusOr<ReflectionResponse> answer = AskReflection(channel, request, deadline);
+  if (!answer.ok()) return answer.status();
+  const ReflectionResponse& response = *answer;
   if (!response.has_list_services_response()) {
     return absl::InternalError("server reflection: the answer is not a service list");
   }
@@ -130,6 +152,20 @@ absl::StatusOr<std::vector<std::string>> ListServices(const std::shared_ptr<grpc
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+absl::StatusOr<std::vector<std::string>> FileDescriptorsContaining(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& symbol,
+    absl::Duration deadline) {
+  ReflectionRequest request;
+  request.set_file_containing_symbol(symbol);
+  absl::StatusOr<ReflectionResponse> answer = AskReflection(channel, request, deadline);
+  if (!answer.ok()) return answer.status();
+  if (!answer->has_file_descriptor_response()) {
+    return absl::InternalError("server reflection: the answer holds no file descriptors");
+  }
+  const auto& files = answer->file_descriptor_response().file_descriptor_proto();
+  return std::vector<std::string>(files.begin(), files.end());
 }
 
 }  // namespace mmserve::client

@@ -33,14 +33,17 @@
 namespace mmserve::client {
 
 // Calls Generate and hands every response to on_response as it arrives.
-// Returns the call's final status.
+// Returns the call's final status. A non-empty `api_key` goes as metadata
+// "authorization: Bearer <api_key>" (the router's --api_key).
 [[nodiscard]] absl::Status StreamGenerate(
     mmserve::v1::Inference::StubInterface& stub, const mmserve::v1::GenerateRequest& request,
     absl::Duration deadline,
-    const std::function<void(const mmserve::v1::GenerateResponse&)>& on_response);
+    const std::function<void(const mmserve::v1::GenerateResponse&)>& on_response,
+    const std::string& api_key = "");
 
 [[nodiscard]] absl::StatusOr<mmserve::v1::ListModelsResponse> ListModels(
-    mmserve::v1::Inference::StubInterface& stub, absl::Duration deadline);
+    mmserve::v1::Inference::StubInterface& stub, absl::Duration deadline,
+    const std::string& api_key = "");
 
 // grpc.health.v1.Health/Check for `service` ("" = the whole server).
 [[nodiscard]] absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> CheckHealth(
@@ -52,6 +55,12 @@ namespace mmserve::client {
 // UNIMPLEMENTED when the server has no reflection service.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListServices(
     const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline);
+
+// The serialized FileDescriptorProtos reflection gives for `symbol` (e.g.
+// "grpc.health.v1.Health"): its file and the files it imports.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> FileDescriptorsContaining(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& symbol,
+    absl::Duration deadline);
 
 }  // namespace mmserve::client
 

@@ -3,8 +3,10 @@
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/internal_plane.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "proto/health.pb.h"
 
 namespace mmserve {
 
@@ -13,6 +15,7 @@ GrpcServer::~GrpcServer() { Shutdown(absl::ZeroDuration()); }
 void GrpcServer::SetServing(bool serving) {
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->SetServingStatus(serving);
+    for (const std::string& name : health_services_) health->SetServingStatus(name, serving);
   }
 }
 
@@ -26,14 +29,19 @@ void GrpcServer::Shutdown(absl::Duration grace) {
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    int max_message_bytes) {
+    const GrpcServerOptions& options) {
+  // Links health.proto's generated descriptor into the binary, so that
+  // reflection can serve it (grpc++'s own health service carries none).
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(max_message_bytes);
-  builder.SetMaxSendMessageSize(max_message_bytes);
+  builder.AddListeningPort(
+      address, options.credentials ? options.credentials : grpc::InsecureServerCredentials(),
+      &port);
+  builder.SetMaxReceiveMessageSize(options.max_receive_bytes);
+  builder.SetMaxSendMessageSize(options.max_send_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
@@ -43,7 +51,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
-  return std::make_unique<GrpcServer>(std::move(server), port);
+  auto out = std::make_unique<GrpcServer>(std::move(server), port, options.health_services);
+  // Named services start NOT_SERVING until SetServing(true); other names
+  // stay NOT_FOUND.
+  if (grpc::HealthCheckServiceInterface* health = out->server().GetHealthCheckService()) {
+    for (const std::string& name : options.health_services) health->SetServingStatus(name, false);
+  }
+  return out;
 }
 
 grpc::ChannelArguments InternalChannelArguments() {
@@ -60,8 +74,9 @@ grpc::ChannelArguments InternalChannelArguments() {
 }
 
 std::shared_ptr<grpc::Channel> InternalChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   InternalChannelArguments());
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, InternalChannelCredentials(), InternalChannelArguments(),
+      InternalClientInterceptors());
 }
 
 void BlockTerminationSignals() {

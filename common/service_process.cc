@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/internal_plane.h"
 #include "common/logging.h"
 
 namespace mmserve {
@@ -15,7 +16,13 @@ absl::StatusOr<std::unique_ptr<ServiceProcess>> ServiceProcess::Start(
     ServiceProcessOptions options, const std::vector<grpc::Service*>& services,
     metrics::Registry& registry) {
   std::unique_ptr<ServiceProcess> p(new ServiceProcess());
-  auto server = StartGrpcServer(absl::StrCat(options.host, ":", options.port), services);
+  const std::string address = options.grpc_address.empty()
+                                  ? absl::StrCat(options.host, ":", options.port)
+                                  : options.grpc_address;
+  GrpcServerOptions grpc_options = options.grpc;
+  // Unless the binary chose (the router's public port), the internal plane's.
+  if (!grpc_options.credentials) grpc_options.credentials = InternalServerCredentials();
+  auto server = StartGrpcServer(address, services, grpc_options);
   if (!server.ok()) return server.status();
   p->server_ = *std::move(server);
   if (options.metrics_port >= 0) {
@@ -23,8 +30,9 @@ absl::StatusOr<std::unique_ptr<ServiceProcess>> ServiceProcess::Start(
     if (!ms.ok()) return ms.status();
     p->metrics_ = *std::move(ms);
   }
-  p->advertise_ = options.advertise.empty() ? absl::StrCat(options.host, ":", p->server_->port())
-                                            : options.advertise;
+  p->advertise_ = options.advertise.empty()
+                      ? absl::StrCat(address.substr(0, address.rfind(':')), ":", p->server_->port())
+                      : options.advertise;
   p->options_ = std::move(options);
   return p;
 }

@@ -53,10 +53,16 @@ struct ServiceProcessOptions {
   std::string host = "127.0.0.1";
   int port = 0;          // gRPC (0: pick one)
   int metrics_port = 0;  // Prometheus /metrics (0: pick one; -1: off)
-  // host:port the router should call; empty: host and the bound port.
+  // host:port the router should call; empty: the gRPC host and the bound
+  // port.
   std::string advertise;
   // Also ends WaitForTerminationSignal; may be null. Must outlive the process.
   const StopRequest* stop = nullptr;
+  // The gRPC server's message limits, health names and credentials.
+  GrpcServerOptions grpc;
+  // The gRPC server's host:port (the internal plane, --internal_address)
+  // when it differs from host and port; metrics stay on `host`.
+  std::string grpc_address;
 };
 
 class ServiceProcess {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
+#include "common/internal_plane_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/service_process.h"
@@ -124,6 +125,9 @@ internal::v1::InstanceInfo RegistryInfo(const std::string& id,
 
 int Main() {
   BlockTerminationSignals();
+  if (absl::Status s = ConfigureInternalPlaneFromFlags(); !s.ok()) {
+    return ExitWithUsage("encoder", s.message());
+  }
   // The CPU kernels' instruction set (--cpu_isa, else the widest this CPU
   // has), logged and exported as a metric label.
   if (absl::Status isa = model::cpu::ApplyCpuIsaFlag(); !isa.ok()) {
@@ -152,7 +156,8 @@ int Main() {
                                         .host = absl::GetFlag(FLAGS_host),
                                         .port = absl::GetFlag(FLAGS_port),
                                         .metrics_port = absl::GetFlag(FLAGS_metrics_port),
-                                        .advertise = absl::GetFlag(FLAGS_advertise)},
+                                        .advertise = absl::GetFlag(FLAGS_advertise),
+                                        .grpc_address = InternalAddressFlag()},
                                        {&service}, registry);
   if (!process.ok()) return ExitWithError("encoder", process.status());
   ServiceProcess& p = **process;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
+#include "common/internal_plane.h"
 #include "common/logging.h"
 #include "common/server_stream.h"
 
@@ -44,6 +45,7 @@ EncoderService::EncoderService(std::string instance_id, EncoderCore& core,
 grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* ctx,
                                                  const v1::EncodeRequest* request,
                                                  v1::EncodeResponse* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   if (!accepting_) {
     return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder is draining"));
   }
@@ -81,6 +83,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* EncoderService::StartTransfer(grpc::CallbackServerContext* ctx,
                                                         const v1::EmbeddingTransferInit*,
                                                         v1::TransferAck*) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                        "transfer control travels as UCX active messages"));
 }
@@ -88,6 +91,7 @@ grpc::ServerUnaryReactor* EncoderService::StartTransfer(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* EncoderService::ResumeTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferResume*,
                                                          v1::TransferAck*) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                        "transfer control travels as UCX active messages"));
 }
@@ -95,6 +99,7 @@ grpc::ServerUnaryReactor* EncoderService::ResumeTransfer(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* EncoderService::FinishTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferDone*,
                                                          v1::TransferAck*) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                        "transfer control travels as UCX active messages"));
 }
@@ -102,6 +107,7 @@ grpc::ServerUnaryReactor* EncoderService::FinishTransfer(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* EncoderService::CancelTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferCancel* request,
                                                          v1::TransferAck* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   core_.Cancel(request->request_id());
   response->set_accepted(true);
   return FinishUnary(ctx, grpc::Status::OK);
@@ -110,6 +116,7 @@ grpc::ServerUnaryReactor* EncoderService::CancelTransfer(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* EncoderService::Connect(grpc::CallbackServerContext* ctx,
                                                   const v1::ConnectRequest* request,
                                                   v1::ConnectResponse* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   absl::Status s = engine_.Connect(*request);
   if (s.ok()) {
     const v1::ConnectRequest& local = engine_.local_info();
@@ -135,6 +142,7 @@ v1::LoadReport EncoderService::Load() const {
 grpc::ServerUnaryReactor* EncoderService::GetLoad(grpc::CallbackServerContext* ctx,
                                                   const v1::LoadRequest*,
                                                   v1::LoadReport* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   *response = Load();
   return FinishUnary(ctx, grpc::Status::OK);
 }

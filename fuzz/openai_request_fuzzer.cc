@@ -5,7 +5,7 @@
 //  - a refusal is INVALID_ARGUMENT with a non-empty message, and its HTTP
 //    reply is the documented one: status 400 and a body that parses as JSON
 //    {"error":{"message": <the reason>, "type":"invalid_request_error",
-//    "code":400}};
+//    "code":"invalid_argument"}};
 //  - parsing is deterministic (a second parse gives the same request);
 //  - an accepted body maps to a request with no request_id, at most
 //    max_images images of at most max_image_bytes each, a model equal to the
@@ -47,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const nlohmann::json& e = j["error"];
     FUZZ_CHECK(e.value("message", std::string()) == std::string(s.message())) << reply;
     FUZZ_CHECK(e.value("type", std::string()) == "invalid_request_error") << reply;
-    FUZZ_CHECK(e.contains("code") && e["code"] == 400) << reply;
+    FUZZ_CHECK(e.contains("code") && e["code"] == "invalid_argument") << reply;
     return 0;
   }
   FUZZ_CHECK(chat->request.SerializeAsString() == again->request.SerializeAsString());

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
+#include "common/internal_plane_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/service_process.h"
@@ -258,7 +259,8 @@ int Serve(const LanguageCoreOptions& copts, LanguageCore& c, transfer::TransferE
                                         .port = absl::GetFlag(FLAGS_port),
                                         .metrics_port = absl::GetFlag(FLAGS_metrics_port),
                                         .advertise = absl::GetFlag(FLAGS_advertise),
-                                        .stop = &stop},
+                                        .stop = &stop,
+                                        .grpc_address = InternalAddressFlag()},
                                        {&service}, registry);
   if (!process.ok()) return ExitWithError("language", process.status());
   ServiceProcess& p = **process;
@@ -277,6 +279,9 @@ int Serve(const LanguageCoreOptions& copts, LanguageCore& c, transfer::TransferE
 
 int Main() {
   BlockTerminationSignals();
+  if (absl::Status s = ConfigureInternalPlaneFromFlags(); !s.ok()) {
+    return ExitWithUsage("language", s.message());
+  }
   // The CPU kernels' instruction set (--cpu_isa, else the widest this CPU
   // has), logged and exported as a metric label.
   if (absl::Status isa = model::cpu::ApplyCpuIsaFlag(); !isa.ok()) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
+#include "common/internal_plane.h"
 #include "common/logging.h"
 #include "common/server_stream.h"
 
@@ -63,7 +64,9 @@ LanguageService::LanguageService(LanguageCore& core, transfer::TransferEngine& t
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
     grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request) {
   auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
-  if (accepting_) {
+  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
+    reactor->Refuse(std::move(s));
+  } else if (accepting_) {
     reactor->Start(*request);
   } else {
     reactor->Refuse(absl::UnavailableError("the language instance is draining"));
@@ -74,7 +77,9 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
     grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request) {
   auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
-  if (accepting_) {
+  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
+    reactor->Refuse(std::move(s));
+  } else if (accepting_) {
     reactor->StartDecode(*request);
   } else {
     reactor->Refuse(absl::UnavailableError("the language instance is draining"));
@@ -85,6 +90,7 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
 grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContext* ctx,
                                                       const v1::KvAllocateRequest* request,
                                                       v1::KvAllocation* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   absl::StatusOr<v1::KvAllocation> a = core_.AllocateKv(*request);
   if (a.ok()) *response = std::move(*a);
   return FinishUnary(ctx, ToGrpcStatus(a.status()));
@@ -93,6 +99,7 @@ grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* LanguageService::CommitKv(grpc::CallbackServerContext* ctx,
                                                     const v1::KvCommit* request,
                                                     v1::KvCommitAck* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   absl::Status s = core_.CommitKv(*request);
   response->set_accepted(s.ok());
   return FinishUnary(ctx, ToGrpcStatus(s));
@@ -101,6 +108,7 @@ grpc::ServerUnaryReactor* LanguageService::CommitKv(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* LanguageService::RetryImages(grpc::CallbackServerContext* ctx,
                                                        const v1::ImageRetry* request,
                                                        v1::ImageRetryAck* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   response->set_accepted(core_.Retry(*request));
   if (!response->accepted()) response->set_error("unknown request");
   return FinishUnary(ctx, grpc::Status::OK);
@@ -109,6 +117,7 @@ grpc::ServerUnaryReactor* LanguageService::RetryImages(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* LanguageService::Abort(grpc::CallbackServerContext* ctx,
                                                  const v1::AbortRequest* request,
                                                  v1::AbortResponse* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   core_.Abort(request->request_id(), request->reason());
   response->set_found(true);
   return FinishUnary(ctx, grpc::Status::OK);
@@ -117,6 +126,7 @@ grpc::ServerUnaryReactor* LanguageService::Abort(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* LanguageService::Connect(grpc::CallbackServerContext* ctx,
                                                    const v1::ConnectRequest*,
                                                    v1::ConnectResponse* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   const v1::ConnectRequest& local = transfer_.local_info();
   response->set_instance_id(local.instance_id());
   *response->mutable_ucx() = local.ucx();
@@ -126,6 +136,7 @@ grpc::ServerUnaryReactor* LanguageService::Connect(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* LanguageService::GetLoad(grpc::CallbackServerContext* ctx,
                                                    const v1::LoadRequest*,
                                                    v1::LoadReport* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   *response = core_.Load();
   response->set_accepting(accepting_);
   return FinishUnary(ctx, grpc::Status::OK);

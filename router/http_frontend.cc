@@ -6,9 +6,13 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "router/input_limits.h"
 #include "router/openai.h"
 
 namespace mmserve::router {
@@ -37,7 +41,25 @@ struct Relay {
 
 void SendError(httplib::Response& res, const absl::Status& s) {
   res.status = HttpStatusFor(s.code());
+  if (absl::IsResourceExhausted(s)) {
+    res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  }
   res.set_content(ErrorJson(s), "application/json");
+}
+
+void SendHttpError(httplib::Response& res, int status, absl::string_view code,
+                   absl::string_view message) {
+  res.status = status;
+  res.set_content(HttpErrorJson(status, code, message), "application/json");
+}
+
+// application/json, with or without parameters (charset); a request without
+// a Content-Type is taken as JSON.
+bool IsJsonContentType(const httplib::Request& req) {
+  if (!req.has_header("Content-Type")) return true;
+  std::string type = req.get_header_value("Content-Type");
+  type = std::string(absl::StripAsciiWhitespace(type.substr(0, type.find(';'))));
+  return absl::EqualsIgnoreCase(type, "application/json");
 }
 
 std::chrono::system_clock::time_point Deadline(const RouterContext& context) {
@@ -105,33 +127,73 @@ void StreamChatCompletion(std::shared_ptr<Relay> relay, std::shared_ptr<Generate
 }
 
 // POST /v1/chat/completions.
+// The body, read as it arrives; INVALID_ARGUMENT as soon as its text alone
+// cannot fit the context (the rest is never read).
+absl::StatusOr<std::string> ReadBody(const RouterContext& ctx,
+                                     const httplib::ContentReader& content_reader) {
+  std::string body;
+  JsonTextScanner scanner;
+  const size_t max_text = ctx.options.max_prompt_bytes;
+  bool too_long = false;
+  content_reader([&](const char* data, size_t length) {
+    if (too_long) return true;  // drained unread, so the client gets the answer
+    body.append(data, length);
+    if (max_text == 0) return true;
+    scanner.Add(absl::string_view(data, length));
+    too_long = scanner.lower_bound() > max_text;
+    if (too_long) body.clear();
+    return true;
+  });
+  if (!too_long) return body;
+  return absl::InvalidArgumentError(absl::StrCat("the request's text has more than ", max_text,
+                                                 " bytes; no such prompt fits the ",
+                                                 ctx.options.max_model_len, "-token context"));
+}
+
 void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
-                          httplib::Response& res) {
+                          const httplib::ContentReader& content_reader, httplib::Response& res) {
+  if (!IsJsonContentType(req)) {
+    res.set_header("Connection", "close");
+    return SendHttpError(res, 415, "unsupported_media_type",
+                         "the request body must be JSON (Content-Type: application/json)");
+  }
+  absl::StatusOr<std::string> body = ReadBody(ctx, content_reader);
+  if (!body.ok()) {
+    res.set_header("Connection", "close");
+    return SendError(res, body.status());
+  }
+  PublicAccess::Lease lease;
+  if (ctx.access != nullptr) {
+    const std::string authorization = req.get_header_value("Authorization");
+    auto admitted = ctx.access->Admit(ctx.access->ClientOf(authorization, req.remote_addr));
+    if (!admitted.ok()) return SendError(res, admitted.status());
+    lease = *std::move(admitted);
+  }
   OpenAiLimits limits;
   limits.max_image_bytes = ctx.options.max_image_bytes;
   limits.max_images = ctx.options.max_images;
   limits.max_video_bytes = ctx.options.max_video_bytes;
-  absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(req.body, limits);
+  absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(*body, limits);
   if (!chat.ok()) return SendError(res, chat.status());
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
                        chat->request.sampling().has_logprobs(), chat->include_usage};
   auto relay = std::make_shared<Relay>();
-  auto call = StartTrackedCall(ctx, calls, chat->request, relay->Sink(relay), Deadline(ctx));
+  CallSink sink = relay->Sink(relay);
+  sink.on_end = [lease = std::move(lease),
+                 on_end = std::move(sink.on_end)](absl::Status s) mutable {
+    lease.reset();
+    on_end(std::move(s));
+  };
+  auto call = StartTrackedCall(ctx, calls, chat->request, std::move(sink), Deadline(ctx));
   if (!chat->stream) return ReplyChatCompletion(*relay, cc, res);
   StreamChatCompletion(std::move(relay), std::move(call), cc, res);
 }
 
-}  // namespace
+// The paths served and their methods; any other method on them gets 405.
+constexpr std::pair<const char*, const char*> kRoutes[] = {
+    {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"}, {"/health", "GET"}};
 
-absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const RouterContext& context,
-                                                                  CallTracker& tracker,
-                                                                  const std::string& host,
-                                                                  int port) {
-  std::unique_ptr<HttpFrontend> f(new HttpFrontend());
-  f->server_ = std::make_unique<httplib::Server>();
-  httplib::Server& srv = *f->server_;
-  const RouterContext* ctx = &context;
-  CallTracker* calls = &tracker;
+void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* calls) {
   srv.Get("/v1/models", [ctx](const httplib::Request&, httplib::Response& res) {
     res.set_content(ModelsJson(DescribeModels(*ctx), absl::ToUnixSeconds(absl::Now())),
                     "application/json");
@@ -143,17 +205,93 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const RouterCo
     res.status = ok ? 200 : 503;
     res.set_content(ok ? "ok\n" : "no healthy language instance\n", "text/plain");
   });
-  srv.Post("/v1/chat/completions",
-           [ctx, calls](const httplib::Request& req, httplib::Response& res) {
-             HandleChatCompletion(*ctx, *calls, req, res);
-           });
-  if (port == 0) {
-    f->port_ = srv.bind_to_any_port(host);
+  srv.Post("/v1/chat/completions", [ctx, calls](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader& content_reader) {
+    HandleChatCompletion(*ctx, *calls, req, content_reader, res);
+  });
+  for (const auto& [path, allowed] : kRoutes) {
+    auto refuse = [path = path, allowed = allowed](const httplib::Request& req,
+                                                   httplib::Response& res) {
+      res.set_header("Allow", allowed);
+      SendHttpError(res, 405, "method_not_allowed",
+                    absl::StrCat(req.method, " is not allowed on ", path, "; use ", allowed));
+    };
+    if (std::string(allowed) != "GET") srv.Get(path, refuse);
+    if (std::string(allowed) != "POST") srv.Post(path, refuse);
+    srv.Put(path, refuse);
+    srv.Patch(path, refuse);
+    srv.Delete(path, refuse);
+  }
+}
+
+// API keys before routing (so that unknown paths also need one), then
+// OpenAI-shaped bodies for httplib's own refusals (404, 413, 400).
+void AddGuards(httplib::Server& srv, const RouterContext* ctx, const HttpFrontendOptions& options) {
+  const bool open_health = options.open_health;
+  const size_t max_body = options.max_body_bytes;
+  srv.set_pre_routing_handler([ctx, open_health, max_body](const httplib::Request& req,
+                                                           httplib::Response& res) {
+    // A body announced too long is refused before a byte of it is read, and
+    // the connection closes (its unread body is never parsed).
+    uint64_t length = 0;
+    if (absl::SimpleAtoi(req.get_header_value("Content-Length"), &length) && length > max_body) {
+      res.set_header("Connection", "close");
+      SendHttpError(res, 413, "request_too_large",
+                    absl::StrCat("the request body exceeds ", max_body, " bytes"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (ctx->access == nullptr || (open_health && req.path == "/health")) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    absl::Status s = ctx->access->Authenticate(req.get_header_value("Authorization"));
+    if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    res.set_header("Connection", "close");
+    SendError(res, s);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  srv.set_payload_max_length(max_body);
+  srv.set_keep_alive_max_count(1);
+  srv.set_error_handler(httplib::Server::HandlerWithResponse(
+      [max_body](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (res.status == 404) {
+          SendHttpError(res, 404, "not_found",
+                        absl::StrCat("no route for ", req.method, " ", req.path));
+        } else if (res.status == 413) {
+          SendHttpError(res, 413, "request_too_large",
+                        absl::StrCat("the request body exceeds ", max_body, " bytes"));
+        } else {
+          SendHttpError(res, res.status, "invalid_request", "the HTTP request was refused");
+        }
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
+    const RouterContext& context, CallTracker& tracker, const HttpFrontendOptions& options) {
+  std::unique_ptr<HttpFrontend> f(new HttpFrontend());
+  if (!options.tls_cert_file.empty()) {
+    auto ssl = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(),
+                                                    options.tls_key_file.c_str());
+    if (!ssl->is_valid()) return absl::InvalidArgumentError("HTTPS: cannot load the certificate");
+    f->server_ = std::move(ssl);
   } else {
-    f->port_ = srv.bind_to_port(host, port) ? port : -1;
+    f->server_ = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& srv = *f->server_;
+  AddRoutes(srv, &context, &tracker);
+  AddGuards(srv, &context, options);
+  if (options.port == 0) {
+    f->port_ = srv.bind_to_any_port(options.host);
+  } else {
+    f->port_ = srv.bind_to_port(options.host, options.port) ? options.port : -1;
   }
   if (f->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("HTTP: cannot listen on ", host, ":", port));
+    return absl::UnavailableError(
+        absl::StrCat("HTTP: cannot listen on ", options.host, ":", options.port));
   }
   f->thread_ = std::thread([s = f->server_.get()] { s->listen_after_bind(); });
   return f;

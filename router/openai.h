@@ -146,14 +146,24 @@ class ChatCompletionStream {
   bool done_ = false;
 };
 
-// HTTP status for a Status code: INVALID_ARGUMENT 400, NOT_FOUND 404,
-// RESOURCE_EXHAUSTED 429, CANCELLED 499, UNIMPLEMENTED 501, UNAVAILABLE 503,
-// DEADLINE_EXCEEDED 504, OK 200, anything else 500.
+// HTTP status for a Status code: INVALID_ARGUMENT 400, UNAUTHENTICATED 401,
+// PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED
+// 499, UNIMPLEMENTED 501, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, OK 200,
+// anything else 500.
 int HttpStatusFor(absl::StatusCode code);
 
-// {"error":{"message":..., "type":..., "param":null, "code":<http status>}}.
-// type is OpenAI's "invalid_request_error" for 400s, "not_found_error",
-// "rate_limit_error", "server_error" for 5xx and "cancelled" for 499.
+// OpenAI's string error.code for a Status code: "invalid_api_key" for
+// UNAUTHENTICATED, "rate_limit_exceeded" for RESOURCE_EXHAUSTED, else the
+// code's name in lower case ("invalid_argument", "unavailable", ...).
+std::string ErrorCodeFor(absl::StatusCode code);
+
+// {"error":{"message":..., "type":..., "param":null, "code":"<code>"}}.
+// type is OpenAI's "invalid_request_error" for 4xx other than 404 and 429,
+// "not_found_error", "rate_limit_error", "server_error" for 5xx and
+// "cancelled" for 499. For the HTTP-only refusals (405, 413, 415).
+std::string HttpErrorJson(int http_status, absl::string_view code, absl::string_view message);
+
+// HttpErrorJson(HttpStatusFor(code), ErrorCodeFor(code), message).
 std::string ErrorJson(const absl::Status& status);
 
 // GET /v1/models: {"object":"list","data":[{"id", "object":"model",

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "router/openai.h"
 
@@ -195,6 +196,10 @@ int HttpStatusFor(absl::StatusCode code) {
       return 200;
     case absl::StatusCode::kInvalidArgument:
       return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
     case absl::StatusCode::kNotFound:
       return 404;
     case absl::StatusCode::kResourceExhausted:
@@ -212,21 +217,35 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
-std::string ErrorJson(const absl::Status& status) {
-  int http = HttpStatusFor(status.code());
-  const char* type = http == 400   ? "invalid_request_error"
-                     : http == 404 ? "not_found_error"
-                     : http == 429 ? "rate_limit_error"
-                     : http == 499 ? "cancelled"
-                                   : "server_error";
+std::string ErrorCodeFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kUnauthenticated:
+      return "invalid_api_key";
+    case absl::StatusCode::kResourceExhausted:
+      return "rate_limit_exceeded";
+    default:
+      return absl::AsciiStrToLower(absl::StatusCodeToString(code));
+  }
+}
+
+std::string HttpErrorJson(int http_status, absl::string_view code, absl::string_view message) {
+  const char* type = http_status == 404   ? "not_found_error"
+                     : http_status == 429 ? "rate_limit_error"
+                     : http_status == 499 ? "cancelled"
+                     : http_status < 500  ? "invalid_request_error"
+                                          : "server_error";
   json error;
-  error["message"] = std::string(status.message());
+  error["message"] = std::string(message);
   error["type"] = type;
   error["param"] = nullptr;
-  error["code"] = http;
+  error["code"] = std::string(code);
   json j;
   j["error"] = std::move(error);
   return Dump(j);
+}
+
+std::string ErrorJson(const absl::Status& status) {
+  return HttpErrorJson(HttpStatusFor(status.code()), ErrorCodeFor(status.code()), status.message());
 }
 
 std::string ModelsJson(const mmserve::v1::ListModelsResponse& models, int64_t created) {

@@ -529,7 +529,7 @@ TEST_CASE("an error mid-stream becomes an error event, then [DONE]", "[openai]")
   REQUIRE(events.size() == 2);
   json error = json::parse(events[0]);
   CHECK(error["error"]["message"] == "language instance lost");
-  CHECK(error["error"]["code"] == 503);
+  CHECK(error["error"]["code"] == "unavailable");
   CHECK(events[1] == "[DONE]");
   CHECK(stream.done());
 }
@@ -557,12 +557,22 @@ TEST_CASE("status codes map to HTTP statuses and OpenAI error bodies", "[openai]
                    {{"message", "temperature: must be a number"},
                     {"type", "invalid_request_error"},
                     {"param", nullptr},
-                    {"code", 400}}}});
+                    {"code", "invalid_argument"}}}});
   CHECK(json::parse(ErrorJson(absl::NotFoundError("model x")))["error"]["type"] ==
         "not_found_error");
   CHECK(json::parse(ErrorJson(absl::ResourceExhaustedError("busy")))["error"]["type"] ==
         "rate_limit_error");
-  CHECK(json::parse(ErrorJson(absl::DeadlineExceededError("late")))["error"]["code"] == 504);
+  CHECK(json::parse(ErrorJson(absl::DeadlineExceededError("late")))["error"]["code"] ==
+        "deadline_exceeded");
+  CHECK(HttpStatusFor(absl::StatusCode::kUnauthenticated) == 401);
+  json key = json::parse(ErrorJson(absl::UnauthenticatedError("bad key")));
+  CHECK(key["error"]["code"] == "invalid_api_key");
+  CHECK(key["error"]["type"] == "invalid_request_error");
+  CHECK(json::parse(ErrorJson(absl::ResourceExhaustedError("busy")))["error"]["code"] ==
+        "rate_limit_exceeded");
+  json too_big = json::parse(HttpErrorJson(413, "request_too_large", "big"));
+  CHECK(too_big["error"]["type"] == "invalid_request_error");
+  CHECK(too_big["error"]["code"] == "request_too_large");
   // A message that is not valid UTF-8 still makes valid JSON.
   CHECK_NOTHROW(json::parse(ErrorJson(absl::InternalError("bad \xff byte"))));
 }

@@ -6,6 +6,7 @@
 #include "model/image_decode.h"
 #include "model/image_preprocess.h"
 #include "model/sampling_proto.h"
+#include "router/input_limits.h"
 #include "router/request_media.h"
 
 namespace mmserve::router {
@@ -38,6 +39,7 @@ absl::Status ValidateRequest(const RouterOptions& options,
     return Invalid(absl::StrCat("unknown model \"", request.model(), "\"; this server serves \"",
                                 options.model_id, "\""));
   }
+  RETURN_IF_ERROR(CheckPromptBytes(options, request));
   if (request.has_chat()) {
     if (request.chat().messages().empty()) return Invalid("chat.messages is empty");
     for (int i = 0; i < request.chat().messages_size(); ++i) {

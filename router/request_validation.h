@@ -46,6 +46,9 @@ struct RouterOptions {
   // list's frames together), and what the container header may claim.
   size_t max_video_bytes = size_t{64} << 20;
   model::VideoLimits video_limits;
+  // Prompt text bytes refused before tokenizing (router/input_limits.h);
+  // 0: no check.
+  size_t max_prompt_bytes = 0;
   // Deadline of calls that come without one.
   absl::Duration default_timeout = absl::Seconds(600);
 };

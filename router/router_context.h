@@ -9,6 +9,7 @@
 #include "common/metrics.h"
 #include "proto/inference.pb.h"
 #include "router/instance_table.h"
+#include "router/public_access.h"
 #include "router/request_validation.h"
 
 namespace mmserve::router {
@@ -17,6 +18,8 @@ struct RouterContext {
   RouterOptions options;
   InstanceTable* instances = nullptr;
   metrics::Registry* metrics = nullptr;
+  // API keys and per-client caps of the public API; null: open, no cap.
+  PublicAccess* access = nullptr;
 };
 
 // on_end runs exactly once, after the last on_response.

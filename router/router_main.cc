@@ -19,12 +19,15 @@
 #include "absl/strings/str_split.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
+#include "common/internal_plane.h"
+#include "common/internal_plane_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/service_process.h"
 #include "common/status_macros.h"
 #include "router/generate_call.h"
 #include "router/http_frontend.h"
+#include "router/input_limits.h"
 #include "router/instance_table.h"
 #include "router/router_service.h"
 
@@ -55,6 +58,17 @@ ABSL_FLAG(int, down_after, 2, "failed polls in a row that take an instance out o
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a registered instance whose heartbeats stop this long leaves placement");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running calls may take");
+ABSL_FLAG(std::vector<std::string>, api_key, {},
+          "API keys the public API requires (Authorization: Bearer); none: open");
+ABSL_FLAG(std::string, api_key_file, "", "a file of API keys, one a line");
+ABSL_FLAG(bool, open_health, true, "HTTP GET /health answers without an API key");
+ABSL_FLAG(int, max_calls_per_client, 0,
+          "concurrent calls one client (API key, else host) may run; more get 429 / "
+          "RESOURCE_EXHAUSTED (0: no cap)");
+ABSL_FLAG(int, max_request_mb, 64, "largest HTTP body and gRPC request message, MiB");
+ABSL_FLAG(int64_t, max_prompt_bytes, 0,
+          "prompt text bytes refused before tokenizing (0: from tokenizer.json and the context; "
+          "-1: off)");
 
 namespace mmserve::router {
 namespace {
@@ -78,6 +92,20 @@ absl::Status AddStatic(InstanceTable& table, const std::vector<std::string>& spe
     table.Upsert(info);
   }
   return absl::OkStatus();
+}
+
+// --max_prompt_bytes, or the bound tokenizer.json proves (router/input_limits.h).
+absl::StatusOr<size_t> MaxPromptBytesFromFlags(const std::string& dir, int max_model_len) {
+  const int64_t flag = absl::GetFlag(FLAGS_max_prompt_bytes);
+  if (flag < 0) return 0;
+  if (flag > 0) return static_cast<size_t>(flag);
+  auto tokenizer = model::Tokenizer::FromFile(dir + "/tokenizer.json");
+  if (absl::IsNotFound(tokenizer.status())) {
+    LOG(WARNING) << "router: no tokenizer.json; prompts are not bounded before tokenizing";
+    return 0;
+  }
+  if (!tokenizer.ok()) return tokenizer.status();
+  return MaxPromptBytes(MaxTokenBytes(**tokenizer), max_model_len);
 }
 
 absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
@@ -105,6 +133,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   options.video_limits.max_bytes = absl::GetFlag(FLAGS_max_video_bytes);
   options.video_limits.max_duration_s = absl::GetFlag(FLAGS_max_video_seconds);
   options.video_limits.max_frames = absl::GetFlag(FLAGS_max_video_frames);
+  ASSIGN_OR_RETURN(options.max_prompt_bytes, MaxPromptBytesFromFlags(dir, max_len));
   return options;
 }
 
@@ -133,41 +162,81 @@ void AddGauges(metrics::Registry& registry, InstanceTable& table, CallTracker& t
   }
 }
 
+// The internal plane's server (Registry) on --internal_address; null when
+// the flag is empty (Registry then shares the public port).
+absl::StatusOr<std::unique_ptr<GrpcServer>> StartInternal(RegistryService& registry_service) {
+  const std::string address = InternalAddressFlag();
+  if (address.empty()) return nullptr;
+  GrpcServerOptions options;
+  options.health_services = {iv1::Registry::service_full_name()};
+  options.credentials = InternalServerCredentials();
+  ASSIGN_OR_RETURN(auto server, StartGrpcServer(address, {&registry_service}, options));
+  server->SetServing(true);
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<HttpFrontend>> StartHttp(RouterContext& context,
+                                                        CallTracker& tracker) {
+  if (absl::GetFlag(FLAGS_http_port) < 0) return nullptr;
+  return HttpFrontend::Start(
+      context, tracker,
+      {.host = absl::GetFlag(FLAGS_host),
+       .port = absl::GetFlag(FLAGS_http_port),
+       .max_body_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_request_mb))} << 20,
+       .open_health = absl::GetFlag(FLAGS_open_health),
+       .tls_cert_file = TlsCertFile(),
+       .tls_key_file = TlsKeyFile()});
+}
+
 // Serves until SIGTERM/SIGINT, then drains: running calls get
 // --drain_seconds, the rest are cancelled.
 int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& registry) {
   InferenceService inference(context, tracker);
   RegistryService registry_service(*context.instances);
-  const std::string host = absl::GetFlag(FLAGS_host);
-  auto process = ServiceProcess::Start({.name = "router",
-                                        .instance_id = context.options.model_id,
-                                        .host = host,
-                                        .port = absl::GetFlag(FLAGS_port),
-                                        .metrics_port = absl::GetFlag(FLAGS_metrics_port)},
-                                       {&inference, &registry_service}, registry);
+  auto internal = StartInternal(registry_service);
+  if (!internal.ok()) return Fail(internal.status());
+  ServiceProcessOptions options{.name = "router",
+                                .instance_id = context.options.model_id,
+                                .host = absl::GetFlag(FLAGS_host),
+                                .port = absl::GetFlag(FLAGS_port),
+                                .metrics_port = absl::GetFlag(FLAGS_metrics_port)};
+  options.grpc.max_receive_bytes = absl::GetFlag(FLAGS_max_request_mb) << 20;
+  options.grpc.health_services = {mmserve::v1::Inference::service_full_name()};
+  options.grpc.credentials = PublicServerCredentials();
+  std::vector<grpc::Service*> services = {&inference};
+  if (*internal == nullptr) {
+    services.push_back(&registry_service);
+    options.grpc.health_services.push_back(iv1::Registry::service_full_name());
+  }
+  auto process = ServiceProcess::Start(std::move(options), services, registry);
   if (!process.ok()) return Fail(process.status());
   ServiceProcess& p = **process;
-  std::unique_ptr<HttpFrontend> http;
-  if (absl::GetFlag(FLAGS_http_port) >= 0) {
-    auto h = HttpFrontend::Start(context, tracker, host, absl::GetFlag(FLAGS_http_port));
-    if (!h.ok()) return Fail(h.status());
-    http = std::move(*h);
+  auto http = StartHttp(context, tracker);
+  if (!http.ok()) return Fail(http.status());
+  std::string internal_field;
+  if (*internal) {
+    const std::string address = InternalAddressFlag();
+    internal_field =
+        absl::StrCat(" internal=", address.substr(0, address.rfind(':')), ":", (*internal)->port());
   }
   p.Ready(absl::StrCat(context.options.model_id, " grpc=", p.advertise(),
-                       " http=", http ? http->port() : -1, " metrics=", p.metrics_port()));
+                       " http=", *http ? (*http)->port() : -1, " metrics=", p.metrics_port(),
+                       internal_field));
 
   p.WaitForTerminationSignal();
   p.server().SetServing(false);
   const Deadline drain = Deadline::After(absl::Seconds(absl::GetFlag(FLAGS_drain_seconds)));
   while (tracker.size() > 0 && !drain.Expired()) absl::SleepFor(absl::Milliseconds(20));
   tracker.CancelAll("the router is shutting down");
-  if (http) http->Stop();
+  if (*http) (*http)->Stop();
   p.server().Shutdown(absl::Seconds(1));
+  if (*internal) (*internal)->Shutdown(absl::Seconds(1));
   return 0;
 }
 
 int Main() {
   BlockTerminationSignals();
+  if (absl::Status s = ConfigureInternalPlaneFromFlags(); !s.ok()) return Fail(s);
   if (absl::GetFlag(FLAGS_model_dir).empty())
     return ExitWithUsage("router", "--model_dir is required");
   auto options = RouterOptionsFromFlags();
@@ -182,8 +251,13 @@ int Main() {
   if (auto s = AddStatic(table, absl::GetFlag(FLAGS_languages), iv1::INSTANCE_ROLE_BOTH); !s.ok()) {
     return Fail(s);
   }
+  auto keys = LoadApiKeys(absl::GetFlag(FLAGS_api_key), absl::GetFlag(FLAGS_api_key_file));
+  if (!keys.ok()) return Fail(keys.status());
+  PublicAccess access({.api_keys = *std::move(keys),
+                       .max_calls_per_client = absl::GetFlag(FLAGS_max_calls_per_client)});
   metrics::Registry registry;
-  RouterContext context{.options = *std::move(options), .instances = &table, .metrics = &registry};
+  RouterContext context{
+      .options = *std::move(options), .instances = &table, .metrics = &registry, .access = &access};
   CallTracker tracker;
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/grpc_status.h"
+#include "common/internal_plane.h"
 #include "common/logging.h"
 #include "common/server_stream.h"
 
@@ -17,12 +18,13 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
  public:
   void Begin(const RouterContext& context, CallTracker& tracker,
              const mmserve::v1::GenerateRequest& request,
-             std::chrono::system_clock::time_point deadline) {
+             std::chrono::system_clock::time_point deadline, PublicAccess::Lease lease) {
     auto call = StartTrackedCall(
         context, tracker, request,
         {.on_response = [this](mmserve::v1::GenerateResponse r) { Push(std::move(r)); },
          .on_end =
-             [this](absl::Status s) {
+             [this, lease = std::move(lease)](absl::Status s) mutable {
+               lease.reset();
                {
                  absl::MutexLock lock(&mu_);
                  ended_ = true;
@@ -112,14 +114,42 @@ std::shared_ptr<GenerateCall> StartTrackedCall(const RouterContext& context, Cal
   return call;
 }
 
+namespace {
+
+// The call's "authorization" metadata (empty when none).
+std::string Authorization(const grpc::CallbackServerContext& ctx) {
+  auto it = ctx.client_metadata().find("authorization");
+  if (it == ctx.client_metadata().end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::StatusOr<PublicAccess::Lease> AdmitPublicCall(const RouterContext& context,
+                                                    grpc::CallbackServerContext& ctx) {
+  if (context.access == nullptr) return PublicAccess::Lease();
+  const std::string authorization = Authorization(ctx);
+  if (auto s = context.access->Authenticate(authorization); !s.ok()) return s;
+  auto lease = context.access->Admit(context.access->ClientOf(authorization, PeerHost(ctx.peer())));
+  if (absl::IsResourceExhausted(lease.status())) {
+    ctx.AddTrailingMetadata("retry-after", std::to_string(kRetryAfterSeconds));
+  }
+  return lease;
+}
+
+}  // namespace
+
 grpc::ServerWriteReactor<mmserve::v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* ctx, const mmserve::v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor();
+  absl::StatusOr<PublicAccess::Lease> lease = AdmitPublicCall(context_, *ctx);
+  if (!lease.ok()) {
+    reactor->End(lease.status());
+    return reactor;
+  }
   auto deadline = ctx->deadline();
   const auto latest = std::chrono::system_clock::now() +
                       absl::ToChronoNanoseconds(context_.options.default_timeout);
   if (deadline > latest) deadline = latest;
-  reactor->Begin(context_, tracker_, *request, deadline);
+  reactor->Begin(context_, tracker_, *request, deadline, *std::move(lease));
   return reactor;
 }
 
@@ -145,6 +175,11 @@ mmserve::v1::ListModelsResponse DescribeModels(const RouterContext& context) {
 grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerContext* ctx,
                                                        const mmserve::v1::ListModelsRequest*,
                                                        mmserve::v1::ListModelsResponse* response) {
+  if (context_.access != nullptr) {
+    if (auto s = context_.access->Authenticate(Authorization(*ctx)); !s.ok()) {
+      return FinishUnary(ctx, ToGrpcStatus(s));
+    }
+  }
   *response = DescribeModels(context_);
   return FinishUnary(ctx, grpc::Status::OK);
 }
@@ -152,6 +187,7 @@ grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext* ctx,
                                                     const iv1::RegisterRequest* request,
                                                     iv1::RegisterResponse* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   const iv1::InstanceInfo& info = request->instance();
   if (info.instance_id().empty() || info.grpc_address().empty() ||
       info.role() == iv1::INSTANCE_ROLE_UNSPECIFIED) {
@@ -170,6 +206,7 @@ grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                      const iv1::HeartbeatRequest* request,
                                                      iv1::HeartbeatResponse* response) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   response->set_known(table_.Report(request->load()));
   return FinishUnary(ctx, grpc::Status::OK);
 }
@@ -177,6 +214,7 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* RegistryService::Deregister(grpc::CallbackServerContext* ctx,
                                                       const iv1::DeregisterRequest* request,
                                                       iv1::DeregisterResponse*) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
   table_.Remove(request->instance_id());
   return FinishUnary(ctx, grpc::Status::OK);
 }

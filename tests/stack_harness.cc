@@ -117,6 +117,7 @@ Answer AskGrpc(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRe
   Answer a;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options.deadline));
+  if (!options.authorization.empty()) ctx.AddMetadata("authorization", options.authorization);
   auto reader = stub.Generate(&ctx, request);
   mmserve::v1::GenerateResponse r;
   while (reader->Read(&r)) {

@@ -67,6 +67,8 @@ struct AskOptions {
   bool ignore_eos = false;
   // Cancel the call after this many responses (0: never).
   int cancel_after = 0;
+  // gRPC metadata "authorization" (e.g. "Bearer <key>"); empty: none.
+  std::string authorization;
 };
 
 // The demo question as a chat: system default, user [image, question];

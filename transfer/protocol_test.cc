@@ -314,5 +314,31 @@ TEST_CASE("connect refuses a peer on another transport profile") {
   CHECK(absl::IsInvalidArgument((*shm)->Connect((*tcp)->local_info())));
 }
 
+TEST_CASE("control messages from an engine that never connected are dropped") {
+  Pair p = MakePair(TransportProfile::kShm, {});
+  // "evil" reaches the sender, but the sender never connected to it (as when
+  // its gRPC Connect was refused for a missing cluster token).
+  auto evil = TransferEngine::Create(
+      {.instance_id = "evil",
+       .profile = TransportProfile::kShm,
+       .layout = {.block_size = 16, .num_blocks = 8, .hidden_size = 24, .dtype_bytes = 2}});
+  REQUIRE(evil.ok());
+  REQUIRE((*evil)->Connect(p.enc->local_info()).ok());
+  PayloadSpec spec{.seed = 9, .total_tokens = 16, .image_index = 0};
+  auto sent = Publish(*p.enc, "req-x", spec);
+  auto stolen = Receive(**evil, {.request_id = "req-x",
+                                 .sender = "enc",
+                                 .known_tokens = 16,
+                                 .timeout = absl::Milliseconds(300)});
+  CHECK(absl::IsDeadlineExceeded(Get(stolen).status()));
+  // The image is still there for the connected receiver, byte for byte.
+  auto got = Receive(*p.lang, {.request_id = "req-x", .sender = "enc", .known_tokens = 16});
+  absl::StatusOr<ReceivedImage> image = Get(got);
+  REQUIRE(image.ok());
+  CHECK(Get(sent).ok());
+  CheckBytes(*image, p.lang->buffer().layout(), spec);
+  image->Release();
+}
+
 }  // namespace
 }  // namespace mmserve::transfer

@@ -149,6 +149,12 @@ ucs_status_t TransferEngine::OnAm(void* arg, const void* header, size_t header_l
 }
 
 void TransferEngine::Dispatch(AmId id, const std::string& peer, const std::string& payload) {
+  // Only from peers that connected through Connect, i.e. through the
+  // internal plane's gRPC Connect (cluster token, mutual TLS when set).
+  if (peers_.find(peer) == peers_.end()) {
+    LOG(WARNING) << "control message " << id << " from a peer that never connected; dropped";
+    return;
+  }
   bool parsed = false;
   switch (id) {
     case kAmInit: {

@@ -85,7 +85,9 @@ class TransferEngine : private TransferLink {
 
   // What a peer needs to reach this engine (its Connect argument).
   const v1::ConnectRequest& local_info() const { return local_info_; }
-  // Creates the endpoint to `peer` (and unpacks its buffer's rkey). Replaces
+  // Creates the endpoint to `peer` (and unpacks its buffer's rkey); control
+  // messages are accepted only from connected peers (the services call this
+  // from their gRPC Connect, behind the internal plane's checks). Replaces
   // an earlier connection of the same instance id.
   [[nodiscard]] absl::Status Connect(const v1::ConnectRequest& peer);
 

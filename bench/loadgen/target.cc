@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -175,6 +176,20 @@ absl::StatusCode HttpCode(int status) {
   }
 }
 
+// The Status code an SSE error event's string error.code names (the router's
+// ErrorCodeFor), or UNKNOWN.
+absl::StatusCode ErrorEventCode(const nlohmann::json& code) {
+  if (!code.is_string()) return absl::StatusCode::kUnknown;
+  const std::string name = code.get<std::string>();
+  if (name == "invalid_api_key") return absl::StatusCode::kUnauthenticated;
+  if (name == "rate_limit_exceeded") return absl::StatusCode::kResourceExhausted;
+  for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
+    const auto status_code = static_cast<absl::StatusCode>(c);
+    if (absl::AsciiStrToLower(absl::StatusCodeToString(status_code)) == name) return status_code;
+  }
+  return absl::StatusCode::kUnknown;
+}
+
 // One thread per request: cpp-httplib's client blocks.
 class HttpTarget final : public Target {
  public:
@@ -238,8 +253,9 @@ class HttpTarget final : public Target {
         const nlohmann::json j = nlohmann::json::parse(payload, nullptr, false);
         if (j.is_discarded()) continue;
         if (j.contains("error")) {
-          stream_error = absl::Status(HttpCode(j["error"].value("code", 500)),
-                                      j["error"].value("message", payload));
+          stream_error = absl::Status(
+              ErrorEventCode(j["error"].contains("code") ? j["error"]["code"] : nlohmann::json()),
+              j["error"].value("message", payload));
           continue;
         }
         if (j.contains("usage") && j["usage"].is_object()) {

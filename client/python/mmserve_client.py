@@ -143,8 +143,18 @@ def build_request(prompt="", images=(), system=None, model="", raw=False, reques
 class MmserveClient:
     """A channel to an mmserve router. Thread-safe like the grpc channel under it."""
 
-    def __init__(self, address="localhost:50051"):
-        self._channel = grpc.insecure_channel(address)
+    def __init__(self, address="localhost:50051", api_key=None, tls_ca=None):
+        """api_key: the router's --api_key (default: $MMSERVE_API_KEY), sent as
+        metadata authorization: Bearer <key>. tls_ca: a PEM file of the CA that
+        signed the router's certificate (--tls_cert): call it over TLS."""
+        if tls_ca:
+            with open(tls_ca, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self._channel = grpc.secure_channel(address, credentials)
+        else:
+            self._channel = grpc.insecure_channel(address)
+        api_key = api_key if api_key is not None else os.environ.get("MMSERVE_API_KEY", "")
+        self._metadata = (("authorization", "Bearer " + api_key),) if api_key else ()
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         # The final GenerateResponse of the last generate() (usage, finish_reason).
         self.last_response = None
@@ -160,7 +170,8 @@ class MmserveClient:
 
     def generate_responses(self, prompt="", images=(), timeout=None, **kwargs):
         """Yields every GenerateResponse as it arrives. Stopping early cancels the call."""
-        call = self._stub.Generate(build_request(prompt, images, **kwargs), timeout=timeout)
+        call = self._stub.Generate(build_request(prompt, images, **kwargs), timeout=timeout,
+                                   metadata=self._metadata)
         try:
             for response in call:
                 if response.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
@@ -188,7 +199,8 @@ class MmserveClient:
             responses.close()  # cancels the call when the caller stops early
 
     def list_models(self, timeout=None):
-        return self._stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout)
+        return self._stub.ListModels(inference_pb2.ListModelsRequest(), timeout=timeout,
+                                     metadata=self._metadata)
 
 
 def main(argv=None):
@@ -216,10 +228,12 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per GenerateResponse")
     parser.add_argument("--list_models", action="store_true")
+    parser.add_argument("--api_key", help="default: $MMSERVE_API_KEY")
+    parser.add_argument("--tls_ca", help="PEM CA of the router's certificate: use TLS")
     args = parser.parse_args(argv)
     timeout = args.deadline_ms / 1000 if args.deadline_ms > 0 else None
 
-    with MmserveClient(args.address) as client:
+    with MmserveClient(args.address, api_key=args.api_key, tls_ca=args.tls_ca) as client:
         try:
             if args.list_models:
                 models = client.list_models(timeout=timeout)

@@ -33,6 +33,9 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
         self.requests.append(request)
         if request.model == "bad":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, 'unknown model "bad"')
+        if request.model == "keyed":  # as the router with --api_key=sk-1
+            if dict(context.invocation_metadata()).get("authorization") != "Bearer sk-1":
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "Incorrect API key provided")
         if request.model in ("slow", "one_then_wait"):
             context.add_callback(self.cancelled.set)
             if request.model == "one_then_wait":
@@ -161,6 +164,14 @@ class ClientTest(FakeServerTest):
             models = client.list_models(timeout=5)
         self.assertEqual([m.id for m in models.models], ["shapes-demo"])
 
+    def test_api_key_goes_as_bearer_metadata(self):
+        with mmserve_client.MmserveClient(self.address, api_key="sk-1") as client:
+            self.assertEqual("".join(client.generate("a b", model="keyed", timeout=10)), "a b")
+        with mmserve_client.MmserveClient(self.address, api_key="") as client:
+            with self.assertRaises(grpc.RpcError) as e:
+                "".join(client.generate("a b", model="keyed", timeout=10))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+
     def test_python_command_line(self):
         out = subprocess.run(
             [sys.executable, mmserve_client.__file__, f"--address={self.address}",
@@ -176,6 +187,44 @@ class ClientTest(FakeServerTest):
              "--prompt=x", "--model=bad"], capture_output=True, text=True, timeout=60)
         self.assertEqual(bad.returncode, 3)  # INVALID_ARGUMENT
         self.assertIn('INVALID_ARGUMENT: unknown model "bad"', bad.stderr)
+
+
+class TlsTest(unittest.TestCase):
+    """The client over TLS, against a fake server with a certificate that
+    Debian's openssl makes here."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.tmp.name
+        subprocess.run(
+            "set -e; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2"
+            " -subj /CN=test-ca 2>/dev/null; openssl req -newkey rsa:2048 -nodes -keyout s.key"
+            " -out s.csr -subj /CN=localhost 2>/dev/null;"
+            " printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext.cnf;"
+            " openssl x509 -req -in s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out s.pem"
+            " -days 2 -extfile ext.cnf 2>/dev/null", shell=True, cwd=d, check=True)
+        with open(os.path.join(d, "s.key"), "rb") as k, open(os.path.join(d, "s.pem"), "rb") as c:
+            credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
+        cls.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        inference_pb2_grpc.add_InferenceServicer_to_server(FakeInference(), cls.server)
+        cls.port = cls.server.add_secure_port("127.0.0.1:0", credentials)
+        cls.server.start()
+        cls.ca = os.path.join(d, "ca.pem")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop(None)
+        cls.tmp.cleanup()
+
+    def test_tls_with_the_ca_and_an_api_key(self):
+        address = f"127.0.0.1:{self.port}"
+        with mmserve_client.MmserveClient(address, api_key="sk-1", tls_ca=self.ca) as client:
+            self.assertEqual("".join(client.generate("a b", model="keyed", timeout=10)), "a b")
+        with mmserve_client.MmserveClient(address) as plain:  # plaintext to a TLS port
+            with self.assertRaises(grpc.RpcError) as e:
+                plain.list_models(timeout=5)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
 
 
 @unittest.skipUnless(os.environ.get("MMSERVE_CLI"), "MMSERVE_CLI (the C++ cli) not given")
@@ -219,6 +268,16 @@ class CppCliTest(FakeServerTest):
         out = self.cli("--prompt=x", "--model=slow", "--deadline_ms=200")
         self.assertEqual(out.returncode, 4)  # DEADLINE_EXCEEDED
         self.assertIn("DEADLINE_EXCEEDED", out.stderr)
+
+    def test_api_key_from_the_flag_or_the_environment(self):
+        self.assertEqual(self.cli("--prompt=a", "--model=keyed", "--api_key=sk-1").returncode, 0)
+        env = dict(os.environ, MMSERVE_API_KEY="sk-1")
+        out = subprocess.run([os.environ["MMSERVE_CLI"], f"--address={self.address}", "--prompt=a",
+                              "--model=keyed"], capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        out = self.cli("--prompt=a", "--model=keyed", "--api_key=sk-2")
+        self.assertEqual(out.returncode, 16, out.stderr)  # UNAUTHENTICATED
+        self.assertIn("UNAUTHENTICATED", out.stderr)
 
     def test_list_models(self):
         out = self.cli("--list_models")

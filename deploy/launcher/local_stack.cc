@@ -26,15 +26,23 @@ int Service::metrics_port() const {
 
 absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions& options) {
   std::unique_ptr<LocalStack> s(new LocalStack(options));
-  std::vector<std::string> router_args = {
-      "--model_dir=" + options.model_dir, "--host=" + options.host,
-      absl::StrCat("--port=", options.router_port), absl::StrCat("--http_port=", options.http_port),
-      "--metrics_port=0"};
+  std::vector<std::string> router_args = {"--model_dir=" + options.model_dir,
+                                          "--host=" + options.host,
+                                          absl::StrCat("--port=", options.router_port),
+                                          absl::StrCat("--http_port=", options.http_port),
+                                          "--metrics_port=0",
+                                          "--internal_address=" + options.host + ":0"};
+  if (!options.api_key.empty()) router_args.push_back("--api_key=" + options.api_key);
   router_args.insert(router_args.end(), options.router_args.begin(), options.router_args.end());
   auto router = s->Launch("router", options.bin_dir + "/router/router", router_args);
   if (!router.ok()) return router.status();
   s->router_ = std::move(*router);
   s->router_address_ = s->router_.grpc_address();
+  // Instances register on the internal plane (the public port when the
+  // router serves Registry there).
+  auto internal = s->router_.ready.fields.find("internal");
+  s->registry_address_ =
+      internal != s->router_.ready.fields.end() ? internal->second : s->router_address_;
   int http = -1;
   auto it = s->router_.ready.fields.find("http");
   if (it != s->router_.ready.fields.end() && absl::SimpleAtoi(it->second, &http)) {
@@ -89,7 +97,7 @@ absl::Status LocalStack::StartEncoder(int i) {
                                    "--port=0",
                                    "--metrics_port=0",
                                    "--instance_id=" + id,
-                                   "--router=" + router_address_,
+                                   "--router=" + registry_address_,
                                    "--profile=" + options_.profile};
   args.insert(args.end(), options_.encoder_args.begin(), options_.encoder_args.end());
   auto svc = Launch(id, options_.bin_dir + "/encoder_service/encoder", args);
@@ -104,7 +112,7 @@ absl::Status LocalStack::StartLanguage() {
                                    "--port=0",
                                    "--metrics_port=0",
                                    "--instance_id=language-0",
-                                   "--router=" + router_address_,
+                                   "--router=" + registry_address_,
                                    "--profile=" + options_.profile};
   args.insert(args.end(), options_.language_args.begin(), options_.language_args.end());
   auto svc = Launch("language-0", options_.bin_dir + "/language_service/language", args);
@@ -121,7 +129,7 @@ absl::Status LocalStack::StartRole(const std::string& role, int i) {
                                    "--metrics_port=0",
                                    "--instance_id=" + id,
                                    "--role=" + role,
-                                   "--router=" + router_address_,
+                                   "--router=" + registry_address_,
                                    "--profile=" + options_.profile};
   args.insert(args.end(), options_.language_args.begin(), options_.language_args.end());
   if (role == "decode") {
@@ -140,6 +148,7 @@ absl::Status LocalStack::WaitHealthy(int encoders, int languages, absl::Duration
   while (!deadline.Expired()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (!options_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.api_key);
     mmserve::v1::ListModelsResponse resp;
     grpc::Status s = stub->ListModels(&ctx, mmserve::v1::ListModelsRequest(), &resp);
     if (s.ok() && resp.models_size() > 0) {

@@ -1,6 +1,7 @@
 // A whole topology on this machine: router, N encoders and one language
-// instance (role both), started in order, each registering with the router,
-// and supervised until Stop. deploy/serve.sh and the end-to-end tests use it.
+// instance (role both), started in order, each registering with the router
+// on its internal address (--internal_address=<host>:0), and supervised
+// until Stop. deploy/serve.sh and the end-to-end tests use it.
 //
 //   ASSIGN_OR_RETURN(auto stack, LocalStack::Start({.bin_dir = "bazel-bin",
 //                                                   .model_dir = "models/shapes-demo",
@@ -39,6 +40,8 @@ struct StackOptions {
   std::string host = "127.0.0.1";
   int router_port = 0;  // 0: any free port
   int http_port = 0;    // 0: any free port, -1: off
+  // The router's --api_key, also sent by WaitHealthy; empty: none.
+  std::string api_key;
   std::vector<std::string> router_args;
   std::vector<std::string> encoder_args;
   std::vector<std::string> language_args;
@@ -63,6 +66,8 @@ class LocalStack {
   ~LocalStack();
 
   const std::string& router_address() const { return router_address_; }
+  // The router's internal plane (Registry), where instances register.
+  const std::string& registry_address() const { return registry_address_; }
   int http_port() const { return http_port_; }
   Service& router() { return router_; }
   Service& encoder(int i) { return encoders_[i]; }
@@ -97,6 +102,7 @@ class LocalStack {
   std::vector<Service> prefill_;
   std::vector<Service> decode_;
   std::string router_address_;
+  std::string registry_address_;
   int http_port_ = -1;
 };
 

@@ -1,0 +1,78 @@
+// Trust on the internal plane (Registry, Encoder, Language: the services only
+// mmserve processes call): an optional cluster token, a shared secret every
+// internal call carries as metadata "x-mmserve-cluster-token" and every
+// internal handler checks, and optional TLS: with a certificate and key the
+// process's servers speak TLS, and with a CA too the internal plane is
+// mutual TLS (servers require client certificates from the CA, channels
+// present theirs and verify servers against the CA). Configured once per
+// process, before any internal channel or server exists; InternalChannel
+// (common/grpc_server.h) uses the credentials and attaches the token.
+//
+//   // main, after flag parsing:
+//   RETURN_IF_ERROR(ConfigureInternalPlane({.cluster_token_file = flag}));
+//   // every internal unary handler, first thing:
+//   if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
+//   // streaming handlers: if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) ...
+//
+// A wrong or missing token is UNAUTHENTICATED; the token is never logged or
+// echoed. Thread-safe after ConfigureInternalPlane.
+#ifndef MMSERVE_COMMON_INTERNAL_PLANE_H_
+#define MMSERVE_COMMON_INTERNAL_PLANE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/client_interceptor.h"
+
+namespace mmserve {
+
+inline constexpr char kClusterTokenMetadata[] = "x-mmserve-cluster-token";
+
+struct InternalPlaneOptions {
+  // A file whose first line is the token; empty: no token.
+  std::string cluster_token_file;
+  // The token itself (tests); used when cluster_token_file is empty.
+  std::string cluster_token;
+  // PEM files: this process's certificate chain and key, and the CA that
+  // signs every process's certificate (empty: no TLS / no mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+};
+
+// Reads the token. INVALID_ARGUMENT for an empty token file or a token with
+// characters metadata cannot carry; NOT_FOUND for a missing file.
+[[nodiscard]] absl::Status ConfigureInternalPlane(const InternalPlaneOptions& options);
+
+// OK when no token is configured or the call carries it.
+[[nodiscard]] absl::Status CheckClusterToken(const grpc::ServerContextBase& ctx);
+
+// Null when the call may proceed, else the call's reactor, already finished
+// with UNAUTHENTICATED.
+grpc::ServerUnaryReactor* RefuseUnlessCluster(grpc::CallbackServerContext* ctx);
+
+// Credentials for an internal-plane server: mutual TLS with a CA, TLS with
+// only a certificate, else plaintext.
+std::shared_ptr<grpc::ServerCredentials> InternalServerCredentials();
+// Credentials for a public server (the router's): TLS when a certificate is
+// configured (no client certificate asked), else plaintext.
+std::shared_ptr<grpc::ServerCredentials> PublicServerCredentials();
+// Credentials InternalChannel uses: TLS verified against the CA, with this
+// process's certificate as the client's, when a CA is configured; else
+// plaintext.
+std::shared_ptr<grpc::ChannelCredentials> InternalChannelCredentials();
+// The configured certificate and key files ("" when none).
+std::string TlsCertFile();
+std::string TlsKeyFile();
+
+// The interceptors InternalChannel adds: the token on every call (none when
+// no token is configured).
+std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+InternalClientInterceptors();
+
+}  // namespace mmserve
+
+#endif  // MMSERVE_COMMON_INTERNAL_PLANE_H_
