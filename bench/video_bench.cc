@@ -281,7 +281,7 @@ int Main() {
       absl::GetFlag(FLAGS_reps), absl::StrJoin(json_clips, ",").c_str(), absl::GetFlag(FLAGS_depth),
       t.video_us_per_patch, t.image_us_per_patch, t.ratio(), t.t_images_us_per_patch,
       t.ratio_t_images(), s.requests, s.bytes, s.bytes_per_s(), load);
-  return 0;
+  return t.ratio() > 0 ? 0 : 1;
 }
 
 }  // namespace

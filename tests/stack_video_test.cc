@@ -184,13 +184,8 @@ TEST_CASE("video questions over gRPC (tcp) equal the in-process engine") {
 TEST_CASE(
     "a video past the default allocation resumes and is still equal; cancelled in flight, it "
     "frees every block") {
-  launcher::StackOptions o = TestStackOptions(1, "shm");
-  o.router_args = {"--presize=false"};
-  // 4-token blocks and a one-block default: the clip's 66 tokens arrive as 4,
-  // then a resume for the other 62.
-  o.language_args.push_back("--embedding_block_size=4");
-  o.language_args.push_back("--default_blocks=1");
-  o.encoder_args.push_back("--block_size=4");
+  // The clip's 66 tokens arrive as 4, then a resume for the other 62.
+  launcher::StackOptions o = ResumeStackOptions();
   o.encoder_args.push_back("--test_only_publish_delay_ms=1500");
   auto stack = launcher::LocalStack::Start(o);
   REQUIRE(stack.ok());
