@@ -7,14 +7,17 @@
 // its embedding is in flight frees every block on every process.
 #include <httplib.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
 #include "model/chat_template.h"
@@ -203,7 +206,18 @@ TEST_CASE(
   other.mutable_chat()->mutable_messages(0)->mutable_content(0)->mutable_video()->set_fps(5.0);
   AskOptions cancel;
   cancel.deadline = absl::Milliseconds(1000);
+  std::atomic<bool> held{false};
+  std::thread watcher([&] {
+    // The language instance holds the request, waiting for the embedding.
+    const Deadline d = Deadline::After(absl::Seconds(5));
+    while (!held && !d.Expired()) {
+      held = ScrapeMetric(port, "mmserve_language_requests_live") == 1;
+      if (!held) absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
   const Answer cancelled = AskGrpc(*stub, other, cancel);
+  watcher.join();
+  CHECK(held.load());
   CHECK(absl::IsDeadlineExceeded(cancelled.status));
   CheckNoLeaks(**stack);
   // Every process still serves the clip right.
