@@ -2,9 +2,10 @@
 // processes, real gRPC and UCX) against the in-process engine on the demo
 // model: a question on a clip and a question on a clip and an image, over
 // gRPC and over the OpenAI HTTP API (video_url data: URL), on the shm and tcp
-// profiles; a video whose embedding exceeds the receiver's default
-// allocation resumes and is still equal; a video request cancelled while
-// its embedding is in flight frees every block on every process.
+// profiles and through prefill/decode disaggregation; a video whose
+// embedding exceeds the receiver's default allocation resumes and is still
+// equal; a video request cancelled while its embedding is in flight frees
+// every block on every process.
 #include <httplib.h>
 
 #include <atomic>
@@ -181,6 +182,16 @@ TEST_CASE("video questions over gRPC (tcp) equal the in-process engine") {
   auto stack = launcher::LocalStack::Start(TestStackOptions(1, "tcp"));
   REQUIRE(stack.ok());
   CheckGrpcEqual(**stack);
+  CheckNoLeaks(**stack);
+}
+
+TEST_CASE("video questions through prefill/decode disaggregation equal the in-process engine") {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.prefill = 1;
+  o.decode = 1;
+  auto stack = launcher::LocalStack::Start(o);
+  REQUIRE(stack.ok());
+  CheckGrpcEqual(**stack);  // the video's spans and M-RoPE delta handed over
   CheckNoLeaks(**stack);
 }
 
