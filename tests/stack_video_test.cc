@@ -178,10 +178,14 @@ TEST_CASE("video questions over gRPC and HTTP (shm) equal the in-process engine"
   CheckNoLeaks(**stack);
 }
 
-TEST_CASE("video questions over gRPC (tcp) equal the in-process engine") {
+TEST_CASE("video questions over gRPC and HTTP (tcp) equal the in-process engine") {
   auto stack = launcher::LocalStack::Start(TestStackOptions(1, "tcp"));
   REQUIRE(stack.ok());
   CheckGrpcEqual(**stack);
+  const Answer a = AskHttpVideo((*stack)->http_port(), {.with_image = true});
+  INFO(a.status);
+  REQUIRE(a.status.ok());
+  CHECK(a.text == Reference({.with_image = true}).text);
   CheckNoLeaks(**stack);
 }
 
