@@ -205,6 +205,7 @@ absl::StatusOr<ImageGrid> VideoGrid(int64_t num_frames, int64_t width, int64_t h
   ASSIGN_OR_RETURN(ImageGrid grid, SmartResize(width, height, GridParamsFor(config)));
   const int64_t tps = config.temporal_patch_size;
   grid.grid_t = static_cast<int>((num_frames + tps - 1) / tps);
+  grid.kind = MediaKind::kVideo;
   return grid;
 }
 

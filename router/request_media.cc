@@ -43,9 +43,10 @@ std::vector<MediaPart> RequestMedia(const mmserve::v1::GenerateRequest& r) {
   const std::string& text = r.raw().text();
   int next_image = 0, next_video = 0;
   const std::string image_ph = model::kQwen2VlImagePlaceholder;
+  const std::string video_ph = model::kQwen2VlVideoPlaceholder;
   for (size_t at = 0; at < text.size();) {
     const size_t i = text.find(image_ph, at);
-    const size_t v = text.find(kRawVideoPlaceholder, at);
+    const size_t v = text.find(video_ph, at);
     if (i == std::string::npos && v == std::string::npos) break;
     if (v == std::string::npos || (i != std::string::npos && i < v)) {
       if (next_image < r.raw().images_size()) out.push_back({&r.raw().images(next_image), nullptr});
@@ -54,7 +55,7 @@ std::vector<MediaPart> RequestMedia(const mmserve::v1::GenerateRequest& r) {
     } else {
       if (next_video < r.raw().videos_size()) out.push_back({nullptr, &r.raw().videos(next_video)});
       ++next_video;
-      at = v + sizeof(kRawVideoPlaceholder) - 1;
+      at = v + video_ph.size();
     }
   }
   // Extra media without placeholders (ValidateRequest refuses them) last.
@@ -81,7 +82,7 @@ absl::Status ValidateVideos(const RouterOptions& options,
     if (raw.token_ids_size() > 0 && raw.videos_size() > 0) {
       return Invalid("raw: give text (with videos) or token_ids, not both");
     }
-    const size_t placeholders = CountOf(raw.text(), std::string(kRawVideoPlaceholder));
+    const size_t placeholders = CountOf(raw.text(), std::string(model::kQwen2VlVideoPlaceholder));
     if (placeholders != static_cast<size_t>(raw.videos_size())) {
       return Invalid(absl::StrCat("raw.text has ", placeholders, " video placeholders but ",
                                   raw.videos_size(), " videos were sent"));

@@ -20,9 +20,6 @@
 
 namespace mmserve::router {
 
-// The text of one video slot in a raw prompt.
-inline constexpr char kRawVideoPlaceholder[] = "<|vision_start|><|video_pad|><|vision_end|>";
-
 // Exactly one of the two is set.
 struct MediaPart {
   const mmserve::v1::Image* image = nullptr;

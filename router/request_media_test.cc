@@ -74,7 +74,7 @@ TEST_CASE("a chat's images and videos share one index space with exact grids") {
 
 TEST_CASE("raw placeholders order images and videos as they stand in the text") {
   mmserve::v1::GenerateRequest r;
-  r.mutable_raw()->set_text(std::string("a ") + kRawVideoPlaceholder + " b " +
+  r.mutable_raw()->set_text(std::string("a ") + model::kQwen2VlVideoPlaceholder + " b " +
                             model::kQwen2VlImagePlaceholder);
   r.mutable_raw()->add_images()->set_data(Clip("frames/png_45x30_x1_0.png"));
   r.mutable_raw()->add_videos()->set_data(Clip("clips/vp9_70x54_16f.webm"));

@@ -77,14 +77,9 @@ TEST_CASE("200 demo questions over the tcp profile match the in-process engine")
 TEST_CASE(
     "with pre-sizing off, the default-then-resume path runs end to end with the same "
     "answers") {
-  launcher::StackOptions o = TestStackOptions(1, "shm");
-  o.router_args = {"--presize=false"};
-  // 4-token blocks and a one-block default: every 9-token demo image arrives
-  // in two chunks (4 tokens, then a resume for the remaining 5).
-  o.language_args.push_back("--embedding_block_size=4");
-  o.language_args.push_back("--default_blocks=1");
-  o.encoder_args.push_back("--block_size=4");
-  auto stack = launcher::LocalStack::Start(o);
+  // Every 9-token demo image arrives in two chunks (4 tokens, then a resume
+  // for the remaining 5).
+  auto stack = launcher::LocalStack::Start(ResumeStackOptions());
   REQUIRE(stack.ok());
   CHECK(EvalGrpc(**stack, 200) >= 0.95);
   CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_resumes_total") == 200);

@@ -323,4 +323,13 @@ launcher::StackOptions TestStackOptions(int encoders, const std::string& profile
   return o;
 }
 
+launcher::StackOptions ResumeStackOptions() {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.router_args = {"--presize=false"};
+  o.language_args.push_back("--embedding_block_size=4");
+  o.language_args.push_back("--default_blocks=1");
+  o.encoder_args.push_back("--block_size=4");
+  return o;
+}
+
 }  // namespace mmserve::testing

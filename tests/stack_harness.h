@@ -143,6 +143,11 @@ Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout);
 // output directory.
 launcher::StackOptions TestStackOptions(int encoders, const std::string& profile);
 
+// TestStackOptions(1, "shm") with the router's pre-sizing off, 4-token
+// embedding blocks and a one-block default allocation: every embedding past
+// 4 tokens arrives in two chunks (the default, then a resume for the rest).
+launcher::StackOptions ResumeStackOptions();
+
 }  // namespace mmserve::testing
 
 #endif  // MMSERVE_TESTS_STACK_HARNESS_H_
