@@ -14,7 +14,6 @@
 namespace mmserve::model::cpu {
 namespace {
 
-using internal::kValueBlock;
 using internal::QueryTile;
 using internal::TileScratch;
 
@@ -242,42 +241,16 @@ inline void Softmax(float* s, int64_t num_keys) {
   }
 }
 
-// x.out[m] += the probabilities x.scores[m] times the values of the keys
-// query m sees, kValueBlock keys at a time, kValueQueries queries sharing
-// each value load.
+// WeighSchedule (paged_attention_tile.h) on 8-lane registers.
 template <int NC>
 void WeighTile(const QueryTile& t, int64_t stride, const float* value, TileScratch& x) {
   constexpr int kCc = NC < kValueVectors ? NC : kValueVectors;
-  const int64_t count = t.rows * t.group;
-  const int64_t last_keys = t.first_keys + t.rows - 1;
-  const float* p[kValueQueries];
-  float* o[kValueQueries];
-  for (int64_t b0 = 0; b0 < last_keys; b0 += kValueBlock) {
-    const int64_t b1 = std::min(b0 + kValueBlock, last_keys);
-    const int64_t first = std::max<int64_t>(0, b0 - t.first_keys + 1) * t.group;
-    for (int64_t c0 = 0; c0 < NC; c0 += kCc) {
-      // Keys [b0, end(m)) of this block are the ones query m sees.
-      auto end = [&](int64_t m) { return std::min(b1, x.keys[m]); };
-      int64_t m = first;
-      for (; m + kValueQueries <= count; m += kValueQueries) {
-        // The queries share keys up to the first's end (key counts ascend
-        // with m); the later rows finish their few extra keys alone.
-        for (int i = 0; i < kValueQueries; ++i) {
-          p[i] = x.scores.data() + (m + i) * stride;
-          o[i] = x.out[m + i] + 8 * c0;
-        }
-        WeighValues<kValueQueries, kCc>(p, o, value + 8 * c0, t.key_offset, b0, end(m));
-        for (int i = 1; i < kValueQueries; ++i) {
-          WeighValues<1, kCc>(&p[i], &o[i], value + 8 * c0, t.key_offset, end(m), end(m + i));
-        }
-      }
-      for (; m < count; ++m) {
-        p[0] = x.scores.data() + m * stride;
-        o[0] = x.out[m] + 8 * c0;
-        WeighValues<1, kCc>(p, o, value + 8 * c0, t.key_offset, b0, end(m));
-      }
-    }
-  }
+  internal::WeighSchedule<kValueQueries>(
+      t, stride, 8 * NC, 8 * kCc, x,
+      [&](const float* const* p, float* const* o, int64_t c0, int64_t begin, int64_t end, int n) {
+        if (n == 1) return WeighValues<1, kCc>(p, o, value + c0, t.key_offset, begin, end);
+        WeighValues<kValueQueries, kCc>(p, o, value + c0, t.key_offset, begin, end);
+      });
 }
 
 // The vector path for head_dim = 8 NC. Each query's result goes through the

@@ -63,33 +63,12 @@ template <int NC>
 void WeighTile(const QueryTile& t, int64_t stride, const float* value, TileScratch& x) {
   constexpr int kV = NC / 2;
   constexpr int kCc = kV < kValueVectors ? kV : kValueVectors;
-  const int64_t count = t.rows * t.group;
-  const int64_t last_keys = t.first_keys + t.rows - 1;
-  const float* p[kValueQueries];
-  float* o[kValueQueries];
-  for (int64_t b0 = 0; b0 < last_keys; b0 += kValueBlock) {
-    const int64_t b1 = std::min(b0 + kValueBlock, last_keys);
-    const int64_t first = std::max<int64_t>(0, b0 - t.first_keys + 1) * t.group;
-    auto end = [&](int64_t m) { return std::min(b1, x.keys[m]); };
-    for (int64_t c0 = 0; c0 < kV; c0 += kCc) {
-      int64_t m = first;
-      for (; m + kValueQueries <= count; m += kValueQueries) {
-        for (int i = 0; i < kValueQueries; ++i) {
-          p[i] = x.scores.data() + (m + i) * stride;
-          o[i] = x.out[m + i] + 16 * c0;
-        }
-        WeighValues<kValueQueries, kCc>(p, o, value + 16 * c0, t.key_offset, b0, end(m));
-        for (int i = 1; i < kValueQueries; ++i) {
-          WeighValues<1, kCc>(&p[i], &o[i], value + 16 * c0, t.key_offset, end(m), end(m + i));
-        }
-      }
-      for (; m < count; ++m) {
-        p[0] = x.scores.data() + m * stride;
-        o[0] = x.out[m] + 16 * c0;
-        WeighValues<1, kCc>(p, o, value + 16 * c0, t.key_offset, b0, end(m));
-      }
-    }
-  }
+  WeighSchedule<kValueQueries>(
+      t, stride, 16 * kV, 16 * kCc, x,
+      [&](const float* const* p, float* const* o, int64_t c0, int64_t begin, int64_t end, int n) {
+        if (n == 1) return WeighValues<1, kCc>(p, o, value + c0, t.key_offset, begin, end);
+        WeighValues<kValueQueries, kCc>(p, o, value + c0, t.key_offset, begin, end);
+      });
 }
 
 #if defined(__clang__)

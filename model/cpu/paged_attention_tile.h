@@ -13,6 +13,7 @@
 #ifndef MMSERVE_MODEL_CPU_PAGED_ATTENTION_TILE_H_
 #define MMSERVE_MODEL_CPU_PAGED_ATTENTION_TILE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -55,6 +56,45 @@ struct TileScratch {
 // nc even); head_dim 8 stays on AVX2 at every level.
 inline bool Avx512AttentionHeadDim(int64_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+// The weighing schedule of both levels: x.out[m] += the probabilities
+// x.scores[m] times the values of the keys query m sees, kValueBlock keys
+// at a time, for output floats [c0, c0 + chunk) with c0 stepping by `chunk`
+// up to head_dim, QM queries sharing each value load. weigh(p, o, c0, begin,
+// end, n) weighs keys [begin, end) for the n (QM or 1) queries p/o (o
+// already offset by c0).
+template <int QM, typename Weigh>
+void WeighSchedule(const QueryTile& t, int64_t stride, int64_t head_dim, int64_t chunk,
+                   TileScratch& x, Weigh weigh) {
+  const int64_t count = t.rows * t.group;
+  const int64_t last_keys = t.first_keys + t.rows - 1;
+  const float* p[QM];
+  float* o[QM];
+  for (int64_t b0 = 0; b0 < last_keys; b0 += kValueBlock) {
+    const int64_t b1 = std::min(b0 + kValueBlock, last_keys);
+    const int64_t first = std::max<int64_t>(0, b0 - t.first_keys + 1) * t.group;
+    // Keys [b0, end(m)) of this block are the ones query m sees.
+    auto end = [&](int64_t m) { return std::min(b1, x.keys[m]); };
+    for (int64_t c0 = 0; c0 < head_dim; c0 += chunk) {
+      int64_t m = first;
+      for (; m + QM <= count; m += QM) {
+        // The queries share keys up to the first's end (key counts ascend
+        // with m); the later rows finish their few extra keys alone.
+        for (int i = 0; i < QM; ++i) {
+          p[i] = x.scores.data() + (m + i) * stride;
+          o[i] = x.out[m + i] + c0;
+        }
+        weigh(p, o, c0, b0, end(m), QM);
+        for (int i = 1; i < QM; ++i) weigh(&p[i], &o[i], c0, end(m), end(m + i), 1);
+      }
+      for (; m < count; ++m) {
+        p[0] = x.scores.data() + m * stride;
+        o[0] = x.out[m] + c0;
+        weigh(p, o, c0, b0, end(m), 1);
+      }
+    }
+  }
 }
 
 // As WeighTile (paged_attention.cc), on 16-lane registers: x.out[m] += probabilities x.scores[m]
