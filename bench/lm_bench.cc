@@ -96,8 +96,9 @@ ABSL_FLAG(int, reps, 3,
           "breakdown)");
 ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
 ABSL_FLAG(std::string, activation_dtype, "f32",
-          "activations of the bf16 linear layers with --kernel=dot: f32, or bf16 (rounded at each "
-          "linear, vdpbf16ps: LinearKernel::kBf16Dot)");
+          "activations of the linear layers with --kernel=dot: f32, bf16 (bf16 layers round them "
+          "at each linear, vdpbf16ps: LinearKernel::kBf16Dot) or int8 (int8 layers quantize them "
+          "per row, vpdpbusd: LinearKernel::kInt8Act)");
 ABSL_FLAG(int, block_size, 16, "KV block size");
 
 namespace mmserve {
@@ -230,10 +231,15 @@ Options ReadFlags() {
   o.kernel_name = absl::GetFlag(FLAGS_kernel);
   o.kernel = o.kernel_name == "openblas" ? cpu::LinearKernel::kOpenBlas : cpu::LinearKernel::kDot;
   const std::string activations = absl::GetFlag(FLAGS_activation_dtype);
-  CHECK(activations == "f32" || activations == "bf16") << "unknown --activation_dtype";
+  CHECK(activations == "f32" || activations == "bf16" || activations == "int8")
+      << "unknown --activation_dtype";
   if (activations == "bf16" && o.kernel == cpu::LinearKernel::kDot) {
     o.kernel = cpu::LinearKernel::kBf16Dot;
     o.kernel_name = "bf16dot";
+  }
+  if (activations == "int8" && o.kernel == cpu::LinearKernel::kDot) {
+    o.kernel = cpu::LinearKernel::kInt8Act;
+    o.kernel_name = "int8act";
   }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   o.dtype = dtype == "fp32" ? model::DType::kF32 : model::DType::kBF16;

@@ -52,6 +52,10 @@ void PrintBaselines(const Options& o, const TextConfig& cfg, const Results& r, d
 // force (cpu_isa.h), and its measured peak in GFLOP/s (0 if not measured).
 std::pair<const char*, double> LinearIsaPeak(const Options& o, const Results& r) {
   const bool avx512 = cpu::ActiveCpuIsa() == cpu::CpuIsa::kAvx512;
+  if (!o.quantize.empty() && o.kernel == cpu::LinearKernel::kInt8Act &&
+      cpu::internal::Int8ActUsesVnni512()) {
+    return {"vpdpbusd zmm", r.isa_peaks.vnni_gops};
+  }
   if (!o.quantize.empty()) {
     return cpu::internal::Int8UsesVnni()
                ? std::pair{"vpdpwssd ymm", r.isa_peaks.vnni_int16_gops}

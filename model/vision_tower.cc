@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "model/cpu/vision_ops.h"
 
 namespace mmserve::model {
 namespace {
@@ -128,7 +129,6 @@ void LayerNorm(cpu::ThreadPool& pool, const float* x, int64_t n, int dim,
   });
 }
 
-float QuickGelu(float x) { return x / (1.0f + std::exp(-1.702f * x)); }
 float Gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 template <typename F>
@@ -428,14 +428,7 @@ void VisionTower::Attention(float* q, const float* k, const float* v, int64_t n,
       out.resize(static_cast<size_t>(m) * hd);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, s, hd, scale, qt, e, kh, hd, 0.0f,
                   scores.data(), s);
-      for (int r = 0; r < m; ++r) {
-        float* row = scores.data() + static_cast<size_t>(r) * s;
-        const float mx = *std::max_element(row, row + s);
-        float sum = 0;
-        for (int c = 0; c < s; ++c) sum += row[c] = std::exp(row[c] - mx);
-        const float inv = 1.0f / sum;
-        for (int c = 0; c < s; ++c) row[c] *= inv;
-      }
+      cpu::SoftmaxRows(scores.data(), m, s);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, s, 1.0f, scores.data(), s, vh,
                   hd, 0.0f, out.data(), hd);
       for (int r = 0; r < m; ++r) {
@@ -508,7 +501,9 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
       for (int64_t i = 0; i < rows * e; ++i) xr[i] += h[i];
       LayerNorm(*pool_, xr, rows, e, b.norm2_w, b.norm2_b, h.data());
       Linear(b.fc1, h.data(), rows, mlp.data(), trace);
-      MapRows(*pool_, mlp.data(), rows, mlp_dim, QuickGelu);
+      pool_->ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
+        cpu::QuickGeluInPlace(&mlp[begin * mlp_dim], (end - begin) * mlp_dim);
+      });
       Linear(b.fc2, mlp.data(), rows, h.data(), trace);
       for (int64_t i = 0; i < rows * e; ++i) xr[i] += h[i];
     }

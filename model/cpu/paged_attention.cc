@@ -7,20 +7,20 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "model/cpu/cpu_isa.h"
 #include "model/cpu/exp8.h"
+#include "model/cpu/paged_attention_tile.h"
 
 namespace mmserve::model::cpu {
 namespace {
+
+using internal::QueryTile;
+using internal::TileScratch;
 
 // Queries per work item that the vector path aims for: enough to reuse each
 // key and value load many times from L1, few enough that their scores (one
 // row of floats per query) and outputs stay near the core.
 constexpr int64_t kTileQueries = 28;
-// Keys whose values stay in L1 while every query of a tile weighs them. A
-// token's K or V row of one KV head is a strided slice of the cache ([token]
-// [kv_head][head_dim]), so 32 keys of 64 or 128 floats fill only some L1
-// sets; 64 keys thrash them.
-constexpr int64_t kValueBlock = 32;
 // Register tiles (16 ymm registers, AVX2): scoring runs 2 queries x 4 keys
 // (8 accumulators), weighing 3 queries x 4 output vectors (12).
 constexpr int kScoreQueries = 2;
@@ -61,32 +61,6 @@ inline float HorizontalMax(__m256 v) {
 // each FMA that uses it, which costs one load per FMA where one per several
 // would do (loads, not FMAs, then bound the kernel).
 inline void InRegister(__m256& v) { asm("" : "+x"(v)); }
-
-// The queries of one work item: `rows` consecutive rows of one sequence
-// times the `group` query heads of KV head `kv_head`; query m = r * group + g
-// is row r's head first_head + g and sees keys [0, first_keys + r).
-struct QueryTile {
-  const float* q = nullptr;  // row 0 of the tile
-  float* out = nullptr;
-  int64_t row_stride = 0;  // floats from one row of q / out to the next
-  int64_t rows = 0;
-  int64_t first_keys = 0;
-  int64_t first_head = 0;
-  int64_t group = 0;
-  int64_t kv_head = 0;
-  const int64_t* key_offset = nullptr;  // key j's token at key/value + key_offset[j]
-};
-
-// Per-thread buffers, reused from call to call: where each key the tile sees
-// lives, each query's pointers and key count (computed once per tile, not per
-// use), and its scores.
-struct TileScratch {
-  std::vector<int64_t> key_offset;
-  std::vector<const float*> query;
-  std::vector<float*> out;
-  std::vector<int64_t> keys;
-  std::vector<float> scores;  // [query][stride]
-};
 
 // a . b over n floats in a fixed order: 8 lanes, then a fixed tree.
 inline float Dot(const float* a, const float* b, int64_t n) {
@@ -267,6 +241,18 @@ inline void Softmax(float* s, int64_t num_keys) {
   }
 }
 
+// WeighSchedule (paged_attention_tile.h) on 8-lane registers.
+template <int NC>
+void WeighTile(const QueryTile& t, int64_t stride, const float* value, TileScratch& x) {
+  constexpr int kCc = NC < kValueVectors ? NC : kValueVectors;
+  internal::WeighSchedule<kValueQueries>(
+      t, stride, 8 * NC, 8 * kCc, x,
+      [&](const float* const* p, float* const* o, int64_t c0, int64_t begin, int64_t end, int n) {
+        if (n == 1) return WeighValues<1, kCc>(p, o, value + c0, t.key_offset, begin, end);
+        WeighValues<kValueQueries, kCc>(p, o, value + c0, t.key_offset, begin, end);
+      });
+}
+
 // The vector path for head_dim = 8 NC. Each query's result goes through the
 // same arithmetic whatever tile it is in: every score is an FMA chain over
 // head_dim and a fixed lane tree, the softmax runs over that query's own
@@ -276,7 +262,6 @@ inline void Softmax(float* s, int64_t num_keys) {
 template <int NC>
 void AttendTileVec(const QueryTile& t, const PagedKvLayer& kv, float scale, TileScratch& x) {
   constexpr int64_t kHd = NC * 8;
-  constexpr int kCc = NC < kValueVectors ? NC : kValueVectors;
   const int64_t count = t.rows * t.group;
   const int64_t last_keys = t.first_keys + t.rows - 1;
   const int64_t stride = (last_keys + 7) / 8 * 8;
@@ -291,39 +276,17 @@ void AttendTileVec(const QueryTile& t, const PagedKvLayer& kv, float scale, Tile
     }
   }
   x.scores.resize(count * stride);
-  ScoreTile<NC>(t, scale, stride, kv.key + t.kv_head * kHd, x);
+  const float* key = kv.key + t.kv_head * kHd;
+  const float* value = kv.value + t.kv_head * kHd;
+  ScoreTile<NC>(t, scale, stride, key, x);
   for (int64_t m = 0; m < count; ++m) {
     Softmax(x.scores.data() + m * stride, x.keys[m]);
     std::fill(x.out[m], x.out[m] + kHd, 0.0f);
   }
-  const float* value = kv.value + t.kv_head * kHd;
-  const float* p[kValueQueries];
-  float* o[kValueQueries];
-  for (int64_t b0 = 0; b0 < last_keys; b0 += kValueBlock) {
-    const int64_t b1 = std::min(b0 + kValueBlock, last_keys);
-    const int64_t first = std::max<int64_t>(0, b0 - t.first_keys + 1) * t.group;
-    for (int64_t c0 = 0; c0 < NC; c0 += kCc) {
-      // Keys [b0, end(m)) of this block are the ones query m sees.
-      auto end = [&](int64_t m) { return std::min(b1, x.keys[m]); };
-      int64_t m = first;
-      for (; m + kValueQueries <= count; m += kValueQueries) {
-        // The queries share keys up to the first's end (key counts ascend
-        // with m); the later rows finish their few extra keys alone.
-        for (int i = 0; i < kValueQueries; ++i) {
-          p[i] = x.scores.data() + (m + i) * stride;
-          o[i] = x.out[m + i] + 8 * c0;
-        }
-        WeighValues<kValueQueries, kCc>(p, o, value + 8 * c0, t.key_offset, b0, end(m));
-        for (int i = 1; i < kValueQueries; ++i) {
-          WeighValues<1, kCc>(&p[i], &o[i], value + 8 * c0, t.key_offset, end(m), end(m + i));
-        }
-      }
-      for (; m < count; ++m) {
-        p[0] = x.scores.data() + m * stride;
-        o[0] = x.out[m] + 8 * c0;
-        WeighValues<1, kCc>(p, o, value + 8 * c0, t.key_offset, b0, end(m));
-      }
-    }
+  if (t.avx512) {
+    internal::WeighTileAvx512(NC, t, stride, value, x);
+  } else {
+    WeighTile<NC>(t, stride, value, x);
   }
 }
 
@@ -365,6 +328,8 @@ void PagedAttention(ThreadPool& pool, const float* q, int64_t num_heads, const P
     first_item[s + 1] = first_item[s] + tiles * kv.num_kv_heads;
   }
   const AttendTileFn attend_tile = PickAttendTile(kv.head_dim);
+  const bool avx512 =
+      ActiveCpuIsa() == CpuIsa::kAvx512 && internal::Avx512AttentionHeadDim(kv.head_dim);
   pool.ParallelFor(first_item.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local TileScratch scratch;
     size_t s =
@@ -386,6 +351,7 @@ void PagedAttention(ThreadPool& pool, const float* q, int64_t num_heads, const P
       t.first_head = g * group;
       t.group = group;
       t.kv_head = g;
+      t.avx512 = avx512;
       // Where each key the tile sees lives: a division by block_size per
       // block here, not one per key per query in the kernels.
       const int64_t last_keys = t.first_keys + t.rows - 1;

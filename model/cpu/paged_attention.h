@@ -23,8 +23,9 @@
 // output lane over the keys in order. Tiles only choose which queries share
 // a load: every query's arithmetic is the same in any tile, so a row's
 // output does not depend on the batch around it (prefill, chunk or decode
-// give the same bits). Other head sizes use a scalar-exp, one-key-at-a-time
-// path.
+// give the same bits). At the kAvx512 level (cpu_isa.h) the values are
+// weighed on 16-lane registers with the same chains: the same bits at both
+// levels. Other head sizes use a scalar-exp, one-key-at-a-time path.
 // Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
 #ifndef MMSERVE_MODEL_CPU_PAGED_ATTENTION_H_
 #define MMSERVE_MODEL_CPU_PAGED_ATTENTION_H_

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "model/cpu/cpu_isa.h"
+
 namespace mmserve::model::cpu {
 namespace {
 
@@ -256,6 +258,33 @@ TEST_CASE("rows of a mixed batch are bitwise those of each sequence alone", "[at
   const std::vector<float> alone_a = a.Chunk(pool, 42 - a_rows), alone_b = b.Chunk(pool, 49);
   CHECK(std::memcmp(out.data(), alone_a.data(), alone_a.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(&out[a_rows * row], alone_b.data(), alone_b.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("every ISA level gives bitwise the same attention", "[attention]") {
+  ThreadPool pool(2);
+  // The AVX-512 weighing takes head_dim 16, 32, 64 and 128; partial tiles
+  // of 6 queries, partial value blocks and chunks after cached context
+  // included; head_dim 8 and 24 stay on AVX2 and the scalar path at every
+  // level.
+  struct Shape {
+    int64_t heads, kv_heads, hd, block_size, len, first;
+  };
+  for (const Shape& s :
+       {Shape{6, 2, 16, 16, 45, 0}, Shape{14, 2, 64, 16, 70, 0}, Shape{14, 2, 64, 16, 75, 29},
+        Shape{12, 2, 128, 5, 23, 0}, Shape{6, 2, 32, 4, 33, 7}, Shape{7, 1, 64, 16, 9, 8},
+        Shape{3, 1, 64, 16, 41, 0}, Shape{4, 4, 8, 5, 37, 0}, Shape{4, 2, 24, 5, 19, 0}}) {
+    INFO("heads " << s.heads << " kv_heads " << s.kv_heads << " head_dim " << s.hd << " len "
+                  << s.len << " from row " << s.first);
+    const Fixture f(s.heads, s.kv_heads, s.hd, s.block_size, s.len, 70 + s.hd);
+    std::vector<std::vector<float>> outs;
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      const ScopedCpuIsa level(isa);
+      outs.push_back(f.Chunk(pool, s.first));
+    }
+    for (size_t i = 1; i < outs.size(); ++i) {
+      CHECK(std::memcmp(outs[i].data(), outs[0].data(), outs[0].size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 }  // namespace

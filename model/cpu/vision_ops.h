@@ -1,0 +1,36 @@
+// Row-wise kernels of the vision tower (model/vision_tower.cc) that take
+// e^x: attention's softmax over a block of score rows and QuickGELU.
+//
+//   SoftmaxRows(scores, rows, cols);           // each row -> probabilities
+//   QuickGeluInPlace(mlp + r0 * dim, n * dim);  // x * sigmoid(1.702 x)
+//
+// They run on the calling thread (callers split the rows over their pool).
+// At the kAvx2 level (cpu_isa.h) they are the scalar loops with std::exp
+// the tower has always run (the same bits). At kAvx512 they run on 16 lanes
+// with a polynomial e^x (exp8.h's, relative error ~1e-7), softmax's row sum
+// in 16 lanes then a fixed tree: each row's result still depends only on
+// that row, but is not bitwise the kAvx2 result.
+// Thread-safety: no shared state.
+#ifndef MMSERVE_MODEL_CPU_VISION_OPS_H_
+#define MMSERVE_MODEL_CPU_VISION_OPS_H_
+
+#include <cstdint>
+
+namespace mmserve::model::cpu {
+
+// Each of `rows` rows of `cols` floats (row stride cols): s <- e^(s - max)
+// / sum of those (the maximum subtracted, as torch.softmax).
+void SoftmaxRows(float* s, int64_t rows, int64_t cols);
+
+// x[i] <- x[i] / (1 + e^(-1.702 x[i])) (QuickGELU) over count floats.
+void QuickGeluInPlace(float* x, int64_t count);
+
+namespace internal {
+// The kAvx512 bodies (vision_ops_avx512.cc); CPU must have AVX-512.
+void SoftmaxRowsAvx512(float* s, int64_t rows, int64_t cols);
+void QuickGeluInPlaceAvx512(float* x, int64_t count);
+}  // namespace internal
+
+}  // namespace mmserve::model::cpu
+
+#endif  // MMSERVE_MODEL_CPU_VISION_OPS_H_

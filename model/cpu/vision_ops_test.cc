@@ -1,0 +1,94 @@
+#include "model/cpu/vision_ops.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "model/cpu/cpu_isa.h"
+
+namespace mmserve::model::cpu {
+namespace {
+
+std::vector<float> Random(int64_t n, float scale, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+TEST_CASE("SoftmaxRows is softmax at every level, any width", "[vision_ops]") {
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const ScopedCpuIsa level(isa);
+    for (int64_t cols : {1, 7, 15, 16, 17, 64, 1027}) {
+      INFO(IsaName() << " cols " << cols);
+      const int64_t rows = 3;
+      const std::vector<float> in = Random(rows * cols, 4.0f, 11 + cols);
+      std::vector<float> s = in;
+      SoftmaxRows(s.data(), rows, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* x = &in[r * cols];
+        double mx = x[0], sum = 0;
+        for (int64_t c = 0; c < cols; ++c) mx = std::max<double>(mx, x[c]);
+        for (int64_t c = 0; c < cols; ++c) sum += std::exp(x[c] - mx);
+        double worst = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double want = std::exp(x[c] - mx) / sum;
+          worst = std::max(worst, std::fabs(s[r * cols + c] - want) / want);
+        }
+        CHECK(worst < 1e-5);  // the scalar row sum rounds ~cols times
+      }
+    }
+  }
+}
+
+TEST_CASE("SoftmaxRows gives 0 to scores far below the maximum", "[vision_ops]") {
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const ScopedCpuIsa level(isa);
+    INFO(IsaName());
+    std::vector<float> s = {0.0f, -200.0f, -90.0f, 3.0f, -INFINITY};
+    SoftmaxRows(s.data(), 1, static_cast<int64_t>(s.size()));
+    CHECK(s[1] == 0.0f);
+    CHECK(s[4] == 0.0f);
+    CHECK(s[2] < 1e-38f);
+    CHECK(std::fabs(s[0] + s[3] - 1.0f) < 1e-6f);
+  }
+}
+
+TEST_CASE("QuickGeluInPlace is x * sigmoid(1.702 x) at every level", "[vision_ops]") {
+  std::vector<float> in = Random(1000, 3.0f, 5);
+  for (float x : {0.0f, -0.0f, 1e-30f, -60.0f, 60.0f, -100.0f, 100.0f, -1e30f, 1e30f}) {
+    in.push_back(x);
+  }
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const ScopedCpuIsa level(isa);
+    // Odd counts leave a masked tail.
+    for (int64_t count : {static_cast<int64_t>(in.size()), int64_t{13}}) {
+      INFO(IsaName() << " count " << count);
+      std::vector<float> x(in.end() - count, in.end());
+      QuickGeluInPlace(x.data(), count);
+      double worst = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const double v = in[in.size() - count + i];
+        const double want = v / (1.0 + std::exp(-1.702 * v));
+        worst = std::max(worst, std::fabs(x[i] - want) / std::max(1e-30, std::fabs(want)));
+        if (std::fabs(want) < 1e-37) CHECK(std::fabs(x[i]) < 1e-37f);
+      }
+      CHECK(worst < 2e-6);
+    }
+  }
+}
+
+TEST_CASE("the AVX2 level runs the scalar loops: the same bits as std::exp", "[vision_ops]") {
+  const ScopedCpuIsa level(CpuIsa::kAvx2);
+  const std::vector<float> in = Random(515, 2.0f, 9);
+  std::vector<float> x = in, want = in;
+  QuickGeluInPlace(x.data(), static_cast<int64_t>(x.size()));
+  for (float& v : want) v = v / (1.0f + std::exp(-1.702f * v));
+  CHECK(std::memcmp(x.data(), want.data(), x.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+}  // namespace mmserve::model::cpu
