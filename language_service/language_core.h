@@ -243,6 +243,8 @@ class LanguageCore {
   metrics::Counter* rows_inline_;
   int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
   int64_t engine_rows_inline_ = 0;
+  double step_time_us_ = 0;  // loop thread: moving average of a step, for the load report
+  uint32_t last_batch_ = 0;  // loop thread: requests in the last step
 
   bool shut_down_ = false;  // loop thread: ShutDown was handled
 
