@@ -89,10 +89,10 @@ absl::Status CheckEspPlan(const v1::EspPlan& plan, uint32_t prompt_len, uint32_t
       !Contains(plan.members(static_cast<int>(plan.sampler())), prompt_len - 1)) {
     return Invalid("the sampler must compute the last row");
   }
-  if (plan.master() >= static_cast<uint32_t>(n) ||
-      plan.members(static_cast<int>(plan.master())).keep().end() != prompt_len ||
-      plan.members(static_cast<int>(plan.master())).keep().begin() == prompt_len) {
-    return Invalid("the master must keep the span that ends the prompt");
+  if (plan.master() >= static_cast<uint32_t>(n)) return Invalid("no such master");
+  const v1::EspRowRange& master = plan.members(static_cast<int>(plan.master())).keep();
+  if (master.begin() != master.end() && master.end() != prompt_len) {
+    return Invalid("the master must keep the span that ends the prompt, or none");
   }
   return absl::OkStatus();
 }

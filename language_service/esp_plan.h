@@ -25,7 +25,8 @@ inline constexpr int kMaxEspMembers = 16;
 // members' rows together exactly [0, prompt_len); the keep ranges
 // together exactly [0, prompt_len), each non-empty one starting on a
 // multiple of block_size; the sampler computes row prompt_len - 1; the
-// master keeps the range that ends at prompt_len.
+// master keeps the range that ends at prompt_len or none of the prompt
+// (its span is then only the decode tail).
 [[nodiscard]] absl::Status CheckEspPlan(const v1::EspPlan& plan, uint32_t prompt_len,
                                         uint32_t block_size);
 

@@ -32,16 +32,21 @@ v1::EspPlan Good() {
   return p;
 }
 
+// a keeps nothing of the prompt, b all of it.
+v1::EspPlan EmptyKeepPlan() {
+  v1::EspPlan p = Good();
+  p.mutable_members(0)->mutable_keep()->set_end(0);
+  p.mutable_members(1)->mutable_keep()->set_begin(0);
+  return p;
+}
+
 TEST_CASE("a plan that splits rows and KV once passes", "[esp_plan]") {
   CHECK(CheckEspPlan(Good(), 10, 4).ok());
   CHECK(EspMemberRows(Good().members(0)) == std::vector<int32_t>{0, 1, 2, 6, 7});
   v1::EspPlan one;
   *one.add_members() = Member("a", {{0, 5}}, 0, 5);
   CHECK(CheckEspPlan(one, 5, 4).ok());
-  v1::EspPlan empty_keep = Good();  // a keeps nothing, b everything
-  empty_keep.mutable_members(0)->mutable_keep()->set_end(0);
-  empty_keep.mutable_members(1)->mutable_keep()->set_begin(0);
-  CHECK(CheckEspPlan(empty_keep, 10, 4).ok());
+  CHECK(CheckEspPlan(EmptyKeepPlan(), 10, 4).ok());
 }
 
 TEST_CASE("plans that miss or repeat rows or KV are refused", "[esp_plan]") {
@@ -73,6 +78,9 @@ TEST_CASE("plans that miss or repeat rows or KV are refused", "[esp_plan]") {
   p = Good();
   p.set_master(0);
   CHECK(refused(p));  // a's span does not end the prompt
+  p = EmptyKeepPlan();
+  p.set_master(0);
+  CHECK(CheckEspPlan(p, 10, 4).ok());  // a keeps only the decode tail
   p = Good();
   p.set_master(2);
   CHECK(refused(p));
