@@ -187,6 +187,33 @@ TEST_CASE("abort mid-stream ends the stream and frees its blocks", "[engine]") {
   CHECK(engine->Abort("a").code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("a held span is never scheduled, a request alone runs beside it, Abort frees it",
+          "[engine][held]") {
+  auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int total = engine->scheduler().kv_cache().num_free_blocks();
+  auto blocks = engine->HoldSpan("esp", 10);  // blocks of 4
+  REQUIRE(blocks.ok());
+  CHECK(blocks->size() == 3);
+  CHECK(engine->HoldSpan("esp", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK_FALSE(engine->has_unfinished());
+  Collected c;
+  EngineRequest r;
+  r.id = "alone";
+  r.prompt = "Tell me a long story about the sea.";
+  r.sampling = Greedy(6);
+  REQUIRE(engine->AddRequest(r, Collect(&c)).ok());
+  CHECK(engine->HoldSpan("alone", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  RunToEnd(*engine);
+  CHECK(c.tokens.size() == 6);
+  CHECK(engine->num_held_spans() == 1);
+  CHECK(engine->scheduler().kv_cache().num_free_blocks() == total - 3);
+  REQUIRE(engine->Abort("esp").ok());
+  CHECK(engine->num_held_spans() == 0);
+  CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);
+  CHECK(engine->ReleaseSpan("esp").code() == absl::StatusCode::kNotFound);
+  CHECK(engine->Abort("esp").code() == absl::StatusCode::kNotFound);
+}
+
 TEST_CASE("a stop string ends generation before it is emitted", "[engine]") {
   // First run: find the greedy text; then stop on a piece of it.
   auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
