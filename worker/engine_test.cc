@@ -171,14 +171,19 @@ TEST_CASE("bad requests are refused and leave nothing behind", "[engine]") {
   CHECK(engine->Abort("nope").code() == absl::StatusCode::kNotFound);
 }
 
+// A greedy request of `n` tokens for a story.
+EngineRequest Story(const std::string& id, int n) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt = "Tell me a long story about the sea.";
+  r.sampling = Greedy(n);
+  return r;
+}
+
 TEST_CASE("abort mid-stream ends the stream and frees its blocks", "[engine]") {
   auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
   Collected c;
-  EngineRequest r;
-  r.id = "a";
-  r.prompt = "Tell me a long story about the sea.";
-  r.sampling = Greedy(20);
-  REQUIRE(engine->AddRequest(r, Collect(&c)).ok());
+  REQUIRE(engine->AddRequest(Story("a", 20), Collect(&c)).ok());
   for (int i = 0; i < 4; ++i) REQUIRE(engine->Step().ok());
   REQUIRE(engine->Abort("a").ok());
   CHECK(c.finish == FinishReason::kAbort);
@@ -197,11 +202,7 @@ TEST_CASE("a held span is never scheduled, a request alone runs beside it, Abort
   CHECK(engine->HoldSpan("esp", 4).status().code() == absl::StatusCode::kAlreadyExists);
   CHECK_FALSE(engine->has_unfinished());
   Collected c;
-  EngineRequest r;
-  r.id = "alone";
-  r.prompt = "Tell me a long story about the sea.";
-  r.sampling = Greedy(6);
-  REQUIRE(engine->AddRequest(r, Collect(&c)).ok());
+  REQUIRE(engine->AddRequest(Story("alone", 6), Collect(&c)).ok());
   CHECK(engine->HoldSpan("alone", 4).status().code() == absl::StatusCode::kAlreadyExists);
   RunToEnd(*engine);
   CHECK(c.tokens.size() == 6);
