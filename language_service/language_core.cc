@@ -136,6 +136,9 @@ void LanguageCore::Handle(Message& message) {
         } else if constexpr (std::is_same_v<M, Message::CommitKv>) {
           m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
                                   : CommitReservedKv(*m.commit));
+        } else if constexpr (std::is_same_v<M, Message::HoldSpan>) {
+          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
+                                  : HoldSpanHere(m.id, m.tokens));
         } else {
           static_assert(std::is_same_v<M, Message::ShutDown>);
           OnShutDown();
@@ -279,7 +282,11 @@ void LanguageCore::Abort(const std::string& request_id, const std::string& reaso
 
 void LanguageCore::OnAbort(const std::string& request_id, const std::string& reason) {
   auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
+  if (it == requests_.end()) {
+    // Role elastic: a held span has no request here.
+    if (engine_->num_held_spans() > 0) engine_->ReleaseSpan(request_id).IgnoreError();
+    return;
+  }
   Request& r = *it->second;
   if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
     Advance(r, RequestEvent::kAbortAsked);

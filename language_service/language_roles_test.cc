@@ -359,6 +359,20 @@ TEST_CASE("role elastic serves a request alone as role both and reports its load
   const Output refused = RunBoth(elastic, handed);
   CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(elastic.Idle());
+  // A span held for a group prefill: its blocks are taken until Abort.
+  auto span = elastic.core->HoldSpan("esp-0", 10);  // blocks of 4
+  REQUIRE(span.ok());
+  CHECK(span->size() == 3);
+  CHECK(elastic.core->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(both.core->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kFailedPrecondition);
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  while (elastic.core->Load().kv_blocks_free() + 3 != elastic.core->Capacity().kv_blocks_total() &&
+         !d.Expired()) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(elastic.core->Load().kv_blocks_free() + 3 == elastic.core->Capacity().kv_blocks_total());
+  elastic.core->Abort("esp-0", "the group ended");
+  CHECK(elastic.Idle());
 }
 
 TEST_CASE("image prompts: prefill + decode instances give role both's tokens and text", "[roles]") {
