@@ -136,6 +136,9 @@ void LanguageCore::Handle(Message& message) {
         } else if constexpr (std::is_same_v<M, Message::CommitKv>) {
           m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
                                   : CommitReservedKv(*m.commit));
+        } else if constexpr (std::is_same_v<M, Message::HoldSpan>) {
+          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
+                                  : HoldSpanHere(m.id, m.tokens));
         } else {
           static_assert(std::is_same_v<M, Message::ShutDown>);
           OnShutDown();
@@ -279,7 +282,11 @@ void LanguageCore::Abort(const std::string& request_id, const std::string& reaso
 
 void LanguageCore::OnAbort(const std::string& request_id, const std::string& reason) {
   auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
+  if (it == requests_.end()) {
+    // Role elastic: a held span has no request here.
+    if (engine_->num_held_spans() > 0) engine_->ReleaseSpan(request_id).IgnoreError();
+    return;
+  }
   Request& r = *it->second;
   if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
     Advance(r, RequestEvent::kAbortAsked);
@@ -443,7 +450,13 @@ void LanguageCore::LoseRank(const absl::Status& why) {
 void LanguageCore::StepEngine() {
   Stopwatch clock;
   absl::Status s = engine_->Step();
-  step_seconds_->Observe(clock.ElapsedSeconds());
+  const double step_s = clock.ElapsedSeconds();
+  step_seconds_->Observe(step_s);
+  constexpr double kStepWeight = 0.2;  // of the newest step in the average
+  step_time_us_ = step_time_us_ == 0
+                      ? step_s * 1e6
+                      : (1 - kStepWeight) * step_time_us_ + kStepWeight * step_s * 1e6;
+  last_batch_ = static_cast<uint32_t>(engine_->scheduler().num_running());
   const double handoff = engine_->embedding_handoff_seconds();
   if (handoff > engine_handoff_seconds_) {
     handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
@@ -518,6 +531,10 @@ void LanguageCore::UpdateLoad() {
   }
   load.set_outstanding_tokens(outstanding + static_cast<uint64_t>(s.num_waiting()) * 64);
   load.set_kv_blocks_free(static_cast<uint32_t>(s.kv_cache().num_free_blocks()));
+  load.set_kv_token_slots_free(static_cast<uint64_t>(s.kv_cache().num_free_blocks()) *
+                               static_cast<uint64_t>(s.kv_cache().block_size()));
+  load.set_step_time_us(static_cast<uint32_t>(step_time_us_));
+  load.set_batch_size(last_batch_);
   load.set_embedding_blocks_free(transfer_.allocator().free_blocks());
   load.set_accepting(true);
   absl::MutexLock lock(&load_mu_);

@@ -133,8 +133,15 @@ class LanguageCore {
   // the request ends) when its M-RoPE delta differs from the allocation's.
   [[nodiscard]] absl::Status CommitKv(const v1::KvCommit& commit);
 
+  // Role elastic (issue 26): keeps a span of `tokens` of request `id`'s KV
+  // here for a group prefill (LlmEngine::HoldSpan): its block ids. Abort(id)
+  // frees it. FailedPrecondition on other roles, AlreadyExists and
+  // ResourceExhausted as the engine's, Unavailable when shutting down.
+  [[nodiscard]] absl::StatusOr<std::vector<int32_t>> HoldSpan(const std::string& id, int tokens);
+
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
-  // it holds, here and at its encoders. Unknown ids are ignored.
+  // it holds, here and at its encoders; a held span is freed. Unknown ids
+  // are ignored.
   void Abort(const std::string& request_id, const std::string& reason);
   // New sources for images of a request (lost ones, or ones the router
   // moved). A retry for a request not seen yet is kept for
@@ -170,6 +177,8 @@ class LanguageCore {
   absl::StatusOr<v1::KvAllocation> ReserveKv(const v1::KvAllocateRequest& request);
   // CommitKv on the loop thread.
   absl::Status CommitReservedKv(const v1::KvCommit& commit);
+  // HoldSpan on the loop thread.
+  absl::StatusOr<std::vector<int32_t>> HoldSpanHere(const std::string& id, int tokens);
   // The one place a request's phase changes (language_core_request.h).
   void Advance(Request& r, RequestEvent event);
   // Role prefill: the prompt's KV went to the decode instance; the stream's
@@ -243,6 +252,8 @@ class LanguageCore {
   metrics::Counter* rows_inline_;
   int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
   int64_t engine_rows_inline_ = 0;
+  double step_time_us_ = 0;  // loop thread: moving average of a step, for the load report
+  uint32_t last_batch_ = 0;  // loop thread: requests in the last step
 
   bool shut_down_ = false;  // loop thread: ShutDown was handled
 

@@ -131,9 +131,15 @@ struct LanguageCore::Message {
     const v1::KvCommit* commit;  // the caller's, alive until the reply
     Reply<absl::Status> reply;
   };
+  struct HoldSpan {
+    std::string id;
+    int tokens = 0;
+    Reply<absl::StatusOr<std::vector<int32_t>>> reply;
+  };
   struct ShutDown {};  // ends every request; the last message handled
 
-  std::variant<Install, Abort, Retry, Connected, ImageReceived, AllocateKv, CommitKv, ShutDown>
+  std::variant<Install, Abort, Retry, Connected, ImageReceived, AllocateKv, CommitKv, HoldSpan,
+               ShutDown>
       body;
 };
 

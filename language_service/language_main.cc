@@ -33,7 +33,8 @@
 
 ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
-          "instance the router names) or decode (takes hand-offs and streams the rest); "
+          "instance the router names) or decode (takes hand-offs and streams the rest) or elastic "
+          "(role both, registered for elastic sequence parallelism); "
           "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
           "rank receives its own KV heads)");
 ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
@@ -103,9 +104,10 @@ absl::StatusOr<LanguageRole> RoleFromFlags() {
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "both") return LanguageRole::kBoth;
   if (role == "decode") return LanguageRole::kDecode;
+  if (role == "elastic") return LanguageRole::kElastic;
   if (role != "prefill") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--role must be both, prefill or decode, not ", role));
+        absl::StrCat("--role must be both, prefill, decode or elastic, not ", role));
   }
   if (absl::GetFlag(FLAGS_tp) != 1) {
     return absl::InvalidArgumentError("--role=prefill needs --tp=1 for now (decode takes --tp)");
@@ -119,6 +121,8 @@ v1::InstanceRole RegistryRole(LanguageRole role) {
       return v1::INSTANCE_ROLE_PREFILL;
     case LanguageRole::kDecode:
       return v1::INSTANCE_ROLE_DECODE;
+    case LanguageRole::kElastic:
+      return v1::INSTANCE_ROLE_ELASTIC;
     case LanguageRole::kBoth:
       break;
   }

@@ -40,6 +40,7 @@ struct Instance {
                     int tp = 1) {
     const std::string id = role == LanguageRole::kDecode    ? "decode"
                            : role == LanguageRole::kPrefill ? "prefill"
+                           : role == LanguageRole::kElastic ? "elastic"
                                                             : "both";
     auto config = model::LoadModelConfig(kModel);
     REQUIRE(config.ok());
@@ -336,6 +337,42 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
   CHECK(prefill.Idle());
   CHECK(decode.Idle());
   CHECK(both.Idle());
+}
+
+TEST_CASE("role elastic serves a request alone as role both and reports its load", "[roles]") {
+  Instance both(LanguageRole::kBoth), elastic(LanguageRole::kElastic);
+  const std::string text = "one two three four five six seven eight nine ten eleven twelve";
+  const Output want = RunBoth(both, Request("e0", text, Greedy(12)));
+  REQUIRE(want.status.ok());
+  const Output got = RunBoth(elastic, Request("e0", text, Greedy(12)));
+  CHECK(got.tokens == want.tokens);
+  CHECK(got.text == want.text);
+  CHECK(got.finish == want.finish);
+  CHECK(elastic.Idle());
+  const v1::LoadReport load = elastic.core->Load();
+  CHECK(load.kv_token_slots_free() ==
+        uint64_t{load.kv_blocks_free()} * elastic.core->Capacity().kv_block_size());
+  CHECK(load.step_time_us() > 0);
+  // A decode instance named: refused, as on role both.
+  v1::PrefillRequest handed = Request("e1", text, Greedy(4));
+  handed.mutable_decode()->set_instance_id("decode-0");
+  const Output refused = RunBoth(elastic, handed);
+  CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(elastic.Idle());
+  // A span held for a group prefill: its blocks are taken until Abort.
+  auto span = elastic.core->HoldSpan("esp-0", 10);  // blocks of 4
+  REQUIRE(span.ok());
+  CHECK(span->size() == 3);
+  CHECK(elastic.core->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(both.core->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kFailedPrecondition);
+  const Deadline d = Deadline::After(absl::Seconds(10));
+  while (elastic.core->Load().kv_blocks_free() + 3 != elastic.core->Capacity().kv_blocks_total() &&
+         !d.Expired()) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(elastic.core->Load().kv_blocks_free() + 3 == elastic.core->Capacity().kv_blocks_total());
+  elastic.core->Abort("esp-0", "the group ended");
+  CHECK(elastic.Idle());
 }
 
 TEST_CASE("image prompts: prefill + decode instances give role both's tokens and text", "[roles]") {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "language_service/decode_role.h"
+#include "language_service/elastic_role.h"
 #include "language_service/prefill_role.h"
 #include "language_service/prompt_media.h"
 
@@ -34,6 +35,8 @@ absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
       return std::make_unique<PrefillRole>(options, instance_id);
     case LanguageRole::kDecode:
       return std::make_unique<DecodeRole>(options, instance_id);
+    case LanguageRole::kElastic:
+      return std::make_unique<ElasticRole>();
   }
   return absl::InvalidArgumentError("unknown language role");
 }

@@ -3,6 +3,8 @@
 // role branches):
 //
 //   both     colocated prefill and decode: every call but Prefill refused;
+//   elastic  role both for requests that come alone, and a member of
+//            elastic sequence-parallelism groups (elastic_role.h);
 //   prefill  runs Prefill requests to their first token, then hands the
 //            prompt's KV to the decode instance the request names
 //            (AllocateKv, UCX puts per decode rank, CommitKv);
@@ -36,7 +38,7 @@ namespace mmserve::language {
 
 namespace v1 = ::mmserve::internal::v1;
 
-enum class LanguageRole { kBoth, kPrefill, kDecode };
+enum class LanguageRole { kBoth, kPrefill, kDecode, kElastic };
 
 // The options of the role (a part of LanguageCoreOptions).
 struct RoleOptions {

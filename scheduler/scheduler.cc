@@ -62,6 +62,7 @@ absl::Status Scheduler::AddRequest(RequestParams params) {
 }
 
 absl::Status Scheduler::Abort(RequestId id) {
+  if (held_.contains(id)) return ReleaseSpan(id);
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat(id.value, " is not live"));
   Request* r = it->second.get();

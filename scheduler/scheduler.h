@@ -122,6 +122,18 @@ class Scheduler {
   // Requests holding blocks in kWaitingForKv.
   int num_waiting_for_kv() const { return static_cast<int>(waiting_for_kv_.size()); }
 
+  // Role elastic (issue 26): a span of a request's KV that this instance
+  // keeps for a group prefill while another instance decodes the request.
+  // The span's blocks (BlocksFor(num_tokens), no prefix-cache hit) are held
+  // under `id` outside every queue: never scheduled, not counted against
+  // max_num_seqs, freed by ReleaseSpan or by Abort(id). AlreadyExists when
+  // `id` is live or holds a span; ResourceExhausted (nothing changes) when
+  // the pool has no room; InvalidArgument for num_tokens < 1.
+  [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(RequestId id, int num_tokens);
+  // Frees the span held under `id`: NotFound when none.
+  [[nodiscard]] absl::Status ReleaseSpan(RequestId id);
+  int num_held_spans() const { return static_cast<int>(held_.size()); }
+
   // The live (not finished, not aborted) request with `id`, or null.
   const Request* Find(RequestId id) const;
   int num_running() const { return static_cast<int>(running_.size()); }
@@ -180,6 +192,8 @@ class Scheduler {
   std::deque<Request*> waiting_;
   // kWaitingForKv requests (role decode), reservation order.
   std::vector<Request*> waiting_for_kv_;
+  // Held spans (role elastic): their block tables by request.
+  absl::flat_hash_map<RequestId, kvpool::BlockTableId> held_;
   // The pending step: output_.scheduled[i] is scheduled_[i].
   SchedulerOutput output_;
   std::vector<Request*> scheduled_;

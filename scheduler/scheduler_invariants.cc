@@ -78,10 +78,11 @@ absl::Status Scheduler::CheckInvariants() const {
   for (const auto& [id, r] : requests_) {
     if (!seen.contains(r.get())) return Broken(*r, "live but in no queue");
   }
-  if (kv_.num_tables() != static_cast<int>(running_.size() + waiting_for_kv_.size())) {
+  if (kv_.num_tables() !=
+      static_cast<int>(running_.size() + waiting_for_kv_.size() + held_.size())) {
     return absl::InternalError(absl::StrCat(kv_.num_tables(), " block tables for ", running_.size(),
-                                            " running requests and ", waiting_for_kv_.size(),
-                                            " waiting for KV"));
+                                            " running requests, ", waiting_for_kv_.size(),
+                                            " waiting for KV and ", held_.size(), " held spans"));
   }
   return absl::OkStatus();
 }

@@ -69,6 +69,18 @@ class LlmEngine {
   // Runs one scheduler step.
   [[nodiscard]] absl::Status Step();
 
+  // Role elastic (issue 26): a span of `tokens` of request `id`'s KV that
+  // this engine keeps for a group prefill while another instance decodes
+  // the request (Scheduler::HoldSpan): the span's block ids, in order. It is
+  // never scheduled; Abort(id) or ReleaseSpan(id) frees it. AlreadyExists
+  // when `id` is live here or holds a span, ResourceExhausted when the pool
+  // has no room.
+  [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(const std::string& id,
+                                                                      int tokens);
+  // NotFound when `id` holds no span.
+  [[nodiscard]] absl::Status ReleaseSpan(const std::string& id);
+  size_t num_held_spans() const { return held_.size(); }
+
   // The reserved blocks of a remote prompt hold its KV (written and verified
   // by the caller): the request decodes on from `first_token`, which the
   // prefill engine sampled (and streamed). Its sampler and text stream
@@ -134,6 +146,8 @@ class LlmEngine {
   uint64_t next_id_ = 1;
   absl::flat_hash_map<std::string, std::unique_ptr<Live>> requests_;
   absl::flat_hash_map<uint64_t, Live*> by_scheduler_id_;
+  // Held spans (role elastic) by request id: their scheduler ids.
+  absl::flat_hash_map<std::string, scheduler::RequestId> held_;
 };
 
 }  // namespace mmserve::worker

@@ -171,20 +171,48 @@ TEST_CASE("bad requests are refused and leave nothing behind", "[engine]") {
   CHECK(engine->Abort("nope").code() == absl::StatusCode::kNotFound);
 }
 
+// A greedy request of `n` tokens for a story.
+EngineRequest Story(const std::string& id, int n) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt = "Tell me a long story about the sea.";
+  r.sampling = Greedy(n);
+  return r;
+}
+
 TEST_CASE("abort mid-stream ends the stream and frees its blocks", "[engine]") {
   auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
   Collected c;
-  EngineRequest r;
-  r.id = "a";
-  r.prompt = "Tell me a long story about the sea.";
-  r.sampling = Greedy(20);
-  REQUIRE(engine->AddRequest(r, Collect(&c)).ok());
+  REQUIRE(engine->AddRequest(Story("a", 20), Collect(&c)).ok());
   for (int i = 0; i < 4; ++i) REQUIRE(engine->Step().ok());
   REQUIRE(engine->Abort("a").ok());
   CHECK(c.finish == FinishReason::kAbort);
   CHECK_FALSE(engine->has_unfinished());
   CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);
   CHECK(engine->Abort("a").code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("a held span is never scheduled, a request alone runs beside it, Abort frees it",
+          "[engine][held]") {
+  auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
+  const int total = engine->scheduler().kv_cache().num_free_blocks();
+  auto blocks = engine->HoldSpan("esp", 10);  // blocks of 4
+  REQUIRE(blocks.ok());
+  CHECK(blocks->size() == 3);
+  CHECK(engine->HoldSpan("esp", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK_FALSE(engine->has_unfinished());
+  Collected c;
+  REQUIRE(engine->AddRequest(Story("alone", 6), Collect(&c)).ok());
+  CHECK(engine->HoldSpan("alone", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  RunToEnd(*engine);
+  CHECK(c.tokens.size() == 6);
+  CHECK(engine->num_held_spans() == 1);
+  CHECK(engine->scheduler().kv_cache().num_free_blocks() == total - 3);
+  REQUIRE(engine->Abort("esp").ok());
+  CHECK(engine->num_held_spans() == 0);
+  CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);
+  CHECK(engine->ReleaseSpan("esp").code() == absl::StatusCode::kNotFound);
+  CHECK(engine->Abort("esp").code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("a stop string ends generation before it is emitted", "[engine]") {

@@ -1,0 +1,79 @@
+// EspWirePlan: the global manager's batches become plans every member
+// accepts (language_service/esp_plan.h).
+#include "router/esp_group_plan.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "language_service/esp_plan.h"
+
+namespace mmserve::router {
+namespace {
+
+using scheduler::EspBatchPlan;
+using scheduler::EspRequestPlan;
+
+TEST_CASE("a 3k-token prompt over two 2k-token instances", "[esp]") {
+  // Blocks of 16; the prompt's 3000 tokens and 8 new ones: a keeps
+  // [0, 2048), b [2048, 3008) and masters.
+  EspBatchPlan batch;
+  batch.instances = {4, 7};
+  EspRequestPlan r{1, 3000, {{4, 0, 2048}, {7, 2048, 3008}}, 7};
+  std::vector<std::string> ids(8);
+  ids[4] = "language-a";
+  ids[7] = "language-b";
+  auto plan = EspWirePlan(batch, r, ids);
+  REQUIRE(plan.ok());
+  CHECK(language::CheckEspPlan(*plan, 3000, 16).ok());
+  REQUIRE(plan->members_size() == 2);
+  CHECK(plan->members(0).instance_id() == "language-a");
+  CHECK(plan->members(0).rows(0).end() == 1500);
+  CHECK(plan->members(1).keep().begin() == 2048);
+  CHECK(plan->members(1).keep().end() == 3000);
+  CHECK(plan->master() == 1);
+  CHECK(plan->sampler() == 1);
+
+  EspRequestPlan outside{1, 3000, {{4, 0, 2048}, {5, 2048, 3008}}, 5};
+  CHECK(EspWirePlan(batch, outside, ids).status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("property: every planned request's wire plan passes the members' check", "[esp]") {
+  std::mt19937 gen(11);
+  int plans = 0;
+  for (int t = 0; t < 300; ++t) {
+    scheduler::EspConfig c;
+    c.block_size = 1 + static_cast<int64_t>(gen() % 16);
+    const int degrees = 1 + static_cast<int>(gen() % 4);
+    for (int d = 1; d <= degrees; ++d) c.per_degree.push_back({0.01 * d, 1e-3 / d, 1e-7 / d});
+    c.max_prefill_seconds = 10;
+    scheduler::EspPoolState s;
+    const int n = 1 + static_cast<int>(gen() % 6);
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) {
+      s.instances.push_back({i, static_cast<int64_t>(gen() % 60), {}, 0});
+      ids.push_back("language-" + std::to_string(i));
+    }
+    for (uint64_t k = 0; k < 1 + gen() % 8; ++k) {
+      s.pending.push_back(
+          {k, 1 + static_cast<int64_t>(gen() % 200), static_cast<int64_t>(gen() % 20)});
+    }
+    const scheduler::EspIterationPlan p = scheduler::PlanEspIteration(s, c);
+    for (const EspBatchPlan& b : p.batches) {
+      for (const EspRequestPlan& r : b.requests) {
+        INFO("case " << t << " request " << r.id);
+        auto plan = EspWirePlan(b, r, ids);
+        REQUIRE(plan.ok());
+        CHECK(language::CheckEspPlan(*plan, static_cast<uint32_t>(r.input_len),
+                                     static_cast<uint32_t>(c.block_size))
+                  .ok());
+        ++plans;
+      }
+    }
+  }
+  CHECK(plans > 100);
+}
+
+}  // namespace
+}  // namespace mmserve::router
