@@ -4,8 +4,9 @@
 #include "common/internal_plane.h"
 
 ABSL_FLAG(std::string, internal_address, "",
-          "host:port of the internal gRPC services (router: Registry, off the public port; "
-          "encoder and language: their services, instead of --host:--port)");
+          "host:port of the internal gRPC services (router: Registry, never on the public port; "
+          "empty: --host with --port + 1; encoder and language: their services, instead of "
+          "--host:--port)");
 ABSL_FLAG(std::string, cluster_token_file, "",
           "file whose first line is the cluster token every internal call carries and every "
           "internal service requires (empty: none)");

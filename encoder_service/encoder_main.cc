@@ -4,7 +4,7 @@
 //
 //   bazel run --config=opt //encoder_service:encoder --
 //       --model_dir=models/shapes-demo --port=50061 --metrics_port=9161
-//       --router=localhost:50051 --instance_id=encoder-0
+//       --router=localhost:50052 --instance_id=encoder-0
 //
 // SIGTERM/SIGINT: stops accepting, finishes what is queued (up to
 // --drain_seconds), deregisters, and frees every block before exiting.

@@ -3,7 +3,7 @@
 // receives image embeddings from encoder services over UCX, and streams tokens to the router.
 //
 //   bazel run --config=opt //language_service:language --
-//       --model_dir=models/shapes-demo --port=50071 --router=localhost:50051
+//       --model_dir=models/shapes-demo --port=50071 --router=localhost:50052
 //
 // SIGTERM/SIGINT: stops accepting, lets running requests finish (up to
 // --drain_seconds), ends the rest with UNAVAILABLE, frees every block.

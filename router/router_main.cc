@@ -162,15 +162,22 @@ void AddGauges(metrics::Registry& registry, InstanceTable& table, CallTracker& t
   }
 }
 
-// The internal plane's server (Registry) on --internal_address; null when
-// the flag is empty (Registry then shares the public port).
+// The internal plane's address: --internal_address, else --host with
+// --port + 1 (an ephemeral port when --port is 0). Registry is never served
+// on the public port.
+std::string InternalAddress() {
+  std::string address = InternalAddressFlag();
+  if (!address.empty()) return address;
+  const int port = absl::GetFlag(FLAGS_port);
+  return absl::StrCat(absl::GetFlag(FLAGS_host), ":", port > 0 ? port + 1 : 0);
+}
+
+// The internal plane's server (Registry).
 absl::StatusOr<std::unique_ptr<GrpcServer>> StartInternal(RegistryService& registry_service) {
-  const std::string address = InternalAddressFlag();
-  if (address.empty()) return nullptr;
   GrpcServerOptions options;
   options.health_services = {iv1::Registry::service_full_name()};
   options.credentials = InternalServerCredentials();
-  ASSIGN_OR_RETURN(auto server, StartGrpcServer(address, {&registry_service}, options));
+  ASSIGN_OR_RETURN(auto server, StartGrpcServer(InternalAddress(), {&registry_service}, options));
   server->SetServing(true);
   return server;
 }
@@ -203,22 +210,14 @@ int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& regis
   options.grpc.max_receive_bytes = absl::GetFlag(FLAGS_max_request_mb) << 20;
   options.grpc.health_services = {mmserve::v1::Inference::service_full_name()};
   options.grpc.credentials = PublicServerCredentials();
-  std::vector<grpc::Service*> services = {&inference};
-  if (*internal == nullptr) {
-    services.push_back(&registry_service);
-    options.grpc.health_services.push_back(iv1::Registry::service_full_name());
-  }
-  auto process = ServiceProcess::Start(std::move(options), services, registry);
+  auto process = ServiceProcess::Start(std::move(options), {&inference}, registry);
   if (!process.ok()) return Fail(process.status());
   ServiceProcess& p = **process;
   auto http = StartHttp(context, tracker);
   if (!http.ok()) return Fail(http.status());
-  std::string internal_field;
-  if (*internal) {
-    const std::string address = InternalAddressFlag();
-    internal_field =
-        absl::StrCat(" internal=", address.substr(0, address.rfind(':')), ":", (*internal)->port());
-  }
+  const std::string address = InternalAddress();
+  const std::string internal_field =
+      absl::StrCat(" internal=", address.substr(0, address.rfind(':')), ":", (*internal)->port());
   p.Ready(absl::StrCat(context.options.model_id, " grpc=", p.advertise(),
                        " http=", *http ? (*http)->port() : -1, " metrics=", p.metrics_port(),
                        internal_field));
@@ -230,7 +229,7 @@ int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& regis
   tracker.CancelAll("the router is shutting down");
   if (*http) (*http)->Stop();
   p.server().Shutdown(absl::Seconds(1));
-  if (*internal) (*internal)->Shutdown(absl::Seconds(1));
+  (*internal)->Shutdown(absl::Seconds(1));
   return 0;
 }
 

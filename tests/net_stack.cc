@@ -19,11 +19,12 @@ std::vector<std::string> NetStack::Flags(const std::string& binary, int host, co
                                 "--metrics_port=0"};
   if (binary == "router") {
     f.push_back(absl::StrCat("--port=", router_port_));
+    f.push_back(absl::StrCat("--internal_address=", address, ":", registry_port_));
     f.push_back("--http_port=-1");
     f.insert(f.end(), options_.router_args.begin(), options_.router_args.end());
     return f;
   }
-  f.insert(f.end(), {"--port=0", "--instance_id=" + id, "--router=" + router_address_,
+  f.insert(f.end(), {"--port=0", "--instance_id=" + id, "--router=" + registry_address_,
                      "--profile=" + options_.profile});
   if (binary == "encoder") {
     f.insert(f.end(), options_.encoder_args.begin(), options_.encoder_args.end());
@@ -119,6 +120,14 @@ absl::Status NetStack::StartRouter() {
   std::vector<std::string> hp = absl::StrSplit(router_address_, ':');
   if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &router_port_)) {
     return absl::InternalError("router address " + router_address_);
+  }
+  // Instances register on the router's internal plane; a restart keeps it.
+  auto internal = router_.ready.fields.find("internal");
+  if (internal == router_.ready.fields.end()) return absl::InternalError("no internal address");
+  registry_address_ = internal->second;
+  hp = absl::StrSplit(registry_address_, ':');
+  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &registry_port_)) {
+    return absl::InternalError("router internal address " + registry_address_);
   }
   return absl::OkStatus();
 }

@@ -87,6 +87,9 @@ class NetStack {
   std::vector<launcher::Service> languages_;
   std::string router_address_;
   int router_port_ = 0;
+  // The router's internal plane (Registry), where instances register.
+  std::string registry_address_;
+  int registry_port_ = 0;
 };
 
 }  // namespace mmserve::testing

@@ -281,28 +281,42 @@ TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored"
   // encoder-1 or end UNAVAILABLE; restored, it is used again and nothing
   // leaks.
   {
-    launcher::Service& enc = stack.encoder(0);
-    hosts.SetLink(stack.encoder_host(0), {.delay = absl::Milliseconds(300)});
+    // Placement decides which encoder gets the images, so both links are
+    // slowed and the one seen sending is cut.
+    for (int e = 0; e < 2; ++e) {
+      hosts.SetLink(stack.encoder_host(e), {.delay = absl::Milliseconds(300)});
+    }
     hosts.SetLink(stack.language_host(0), {.delay = absl::Milliseconds(300)});
     const std::vector<int> items = Items(6, 10);
-    const double encoded = stack.Metric(enc, "mmserve_encoder_images_encoded_total");
+    const double encoded[2] = {
+        stack.Metric(stack.encoder(0), "mmserve_encoder_images_encoded_total"),
+        stack.Metric(stack.encoder(1), "mmserve_encoder_images_encoded_total")};
     auto run = AskInBackground(*stub, items);
-    const bool sending =
-        WaitFor([&] { return stack.Metric(enc, "mmserve_encoder_transfers_active") > 0; });
-    hosts.SetLink(stack.encoder_host(0), {.cut = true});
+    int cut = -1;
+    const bool sending = WaitFor([&] {
+      for (int e = 0; e < 2; ++e) {
+        if (stack.Metric(stack.encoder(e), "mmserve_encoder_transfers_active") > 0) cut = e;
+      }
+      return cut >= 0;
+    });
+    if (cut < 0) cut = 0;
+    launcher::Service& enc = stack.encoder(cut);
+    hosts.SetLink(stack.encoder_host(cut), {.cut = true});
     run->Join();
+    hosts.SetLink(stack.encoder_host(1 - cut), {});
     hosts.SetLink(stack.language_host(0), {});
-    WARN("encoder-0 cut " << (sending ? "while sending an embedding" : "(no transfer seen)") << "; "
-                          << CheckOkOrUnavailable(*run, items) << " of " << items.size()
-                          << " requests ended UNAVAILABLE");
+    WARN("encoder-" << cut << " cut "
+                    << (sending ? "while sending an embedding" : "(no transfer seen)") << "; "
+                    << CheckOkOrUnavailable(*run, items) << " of " << items.size()
+                    << " requests ended UNAVAILABLE");
     CHECK(sending);
     CHECK(stack.Metric(enc, "mmserve_encoder_images_encoded_total") == -1);  // unreachable
-    AskAndCompare(*stub, Items(4, 20));                                      // on encoder-1
-    hosts.SetLink(stack.encoder_host(0), {});
+    AskAndCompare(*stub, Items(4, 20));                                      // on the other encoder
+    hosts.SetLink(stack.encoder_host(cut), {});
     REQUIRE(stack.WaitHealthy(2, "prefill", 1, absl::Seconds(60)).ok());
     CheckNoLeaks(stack);
     AskAndCompare(*stub, Items(8, 30));
-    CHECK(stack.Metric(enc, "mmserve_encoder_images_encoded_total") > encoded);
+    CHECK(stack.Metric(enc, "mmserve_encoder_images_encoded_total") > encoded[cut]);
     CheckNoLeaks(stack);
   }
 

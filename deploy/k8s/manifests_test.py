@@ -201,11 +201,16 @@ def main():
           by_binary.get("language", (0,))[0] == 1, "replicas: 1 router, 2 encoders, 1 language")
     check(by_binary.get("language", (0, {}))[1].get("role") == "both", "language: --role=both")
     if check(router_service is not None, "a Service selects the router"):
-        grpc = next(p["port"] for p in router_service["spec"]["ports"] if p["name"] == "grpc")
+        # Instances register on the router's internal plane (Registry is
+        # never on the public port).
+        internal = next((p["port"] for p in router_service["spec"]["ports"]
+                         if p["name"] == "internal"), None)
+        check(internal is not None, "the router's Service has an internal port")
         for binary in ("encoder", "language"):
             flags = by_binary.get(binary, (0, {}))[1]
-            check(flags.get("router") == f"{router_service['metadata']['name']}:{grpc}",
-                  f"{binary}: registers at the router's Service ({flags.get('router')})")
+            check(flags.get("router") == f"{router_service['metadata']['name']}:{internal}",
+                  f"{binary}: registers at the router Service's internal port "
+                  f"({flags.get('router')})")
             check(flags.get("profile") == "tcp", f"{binary}: tcp profile (pods on several hosts)")
     if failures:
         print(f"manifests_test: FAIL {len(failures)} check(s): {failures[0]}")

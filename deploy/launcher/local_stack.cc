@@ -38,11 +38,13 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   if (!router.ok()) return router.status();
   s->router_ = std::move(*router);
   s->router_address_ = s->router_.grpc_address();
-  // Instances register on the internal plane (the public port when the
-  // router serves Registry there).
+  // Instances register on the internal plane (the router never serves
+  // Registry on its public port).
   auto internal = s->router_.ready.fields.find("internal");
-  s->registry_address_ =
-      internal != s->router_.ready.fields.end() ? internal->second : s->router_address_;
+  if (internal == s->router_.ready.fields.end()) {
+    return absl::InternalError("the router's READY line names no internal address");
+  }
+  s->registry_address_ = internal->second;
   int http = -1;
   auto it = s->router_.ready.fields.find("http");
   if (it != s->router_.ready.fields.end() && absl::SimpleAtoi(it->second, &http)) {
