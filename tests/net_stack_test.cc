@@ -293,9 +293,16 @@ TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored"
         stack.Metric(stack.encoder(1), "mmserve_encoder_images_encoded_total")};
     auto run = AskInBackground(*stub, items);
     int cut = -1;
+    // An encoder holds this request's embeddings once it has encoded one
+    // of its images (it keeps them --keep_for_seconds) or while it sends;
+    // scrapes cross the slowed links, so the gauge alone can be missed.
     const bool sending = WaitFor([&] {
-      for (int e = 0; e < 2; ++e) {
-        if (stack.Metric(stack.encoder(e), "mmserve_encoder_transfers_active") > 0) cut = e;
+      for (int e = 0; e < 2 && cut < 0; ++e) {
+        launcher::Service& s = stack.encoder(e);
+        if (stack.Metric(s, "mmserve_encoder_transfers_active") > 0 ||
+            stack.Metric(s, "mmserve_encoder_images_encoded_total") > encoded[e]) {
+          cut = e;
+        }
       }
       return cut >= 0;
     });
@@ -306,8 +313,8 @@ TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored"
     hosts.SetLink(stack.encoder_host(1 - cut), {});
     hosts.SetLink(stack.language_host(0), {});
     WARN("encoder-" << cut << " cut "
-                    << (sending ? "while sending an embedding" : "(no transfer seen)") << "; "
-                    << CheckOkOrUnavailable(*run, items) << " of " << items.size()
+                    << (sending ? "while it holds or sends embeddings" : "(no transfer seen)")
+                    << "; " << CheckOkOrUnavailable(*run, items) << " of " << items.size()
                     << " requests ended UNAVAILABLE");
     CHECK(sending);
     CHECK(stack.Metric(enc, "mmserve_encoder_images_encoded_total") == -1);  // unreachable

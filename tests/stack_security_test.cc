@@ -31,6 +31,12 @@
 namespace mmserve::testing {
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kSanitizerSlowdown = 3;
+#else
+constexpr double kSanitizerSlowdown = 1;
+#endif
+
 using mmserve::v1::GenerateRequest;
 namespace iv1 = mmserve::internal::v1;
 
@@ -325,8 +331,10 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   }
   WARN("router CPU for a 20 MB prompt (best of 3): gRPC " << grpc_ms << " ms, HTTP " << http_ms
                                                           << " ms");
-  CHECK(grpc_ms < 50);
-  CHECK(http_ms < 50);
+  // 50 ms of router CPU (the bound); sanitizer builds run the same
+  // work several times slower, so they get three times the bound.
+  CHECK(grpc_ms < 50 * kSanitizerSlowdown);
+  CHECK(http_ms < 50 * kSanitizerSlowdown);
   // A normal request still works.
   CHECK(AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed).status.ok());
 }
