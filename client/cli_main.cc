@@ -92,6 +92,37 @@ mmserve::v1::SamplingParams SamplingFromFlags(const std::vector<std::string>& st
   return s;
 }
 
+// A stub of --address, over TLS when --tls_ca names the CA.
+absl::StatusOr<std::unique_ptr<mmserve::v1::Inference::Stub>> MakeStub() {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::GetFlag(FLAGS_tls_ca).empty()) {
+    absl::StatusOr<std::string> ca = ReadFileToString(absl::GetFlag(FLAGS_tls_ca));
+    if (!ca.ok()) return ca.status();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *ca;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  return mmserve::v1::Inference::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_address), credentials));
+}
+
+// --list_models: one line per model (or the JSON response).
+int PrintModels(mmserve::v1::Inference::Stub& stub, absl::Duration deadline) {
+  absl::StatusOr<mmserve::v1::ListModelsResponse> models = ListModels(stub, deadline, ApiKey());
+  if (!models.ok()) return Fail(models.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << JsonLine(*models) << "\n";
+  } else {
+    for (const mmserve::v1::ModelCard& m : models->models()) {
+      std::cout << m.id() << "\tmax_model_len=" << m.max_model_len()
+                << " vision=" << (m.vision() ? "yes" : "no")
+                << " encoders=" << m.encoder_instances() << " prefill=" << m.prefill_instances()
+                << " decode=" << m.decode_instances() << "\n";
+    }
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "cli --address=host:port [--image=PATH]... --prompt=TEXT [sampling flags]\n"
@@ -115,33 +146,10 @@ int Run(int argc, char** argv) {
   int64_t deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   absl::Duration deadline =
       deadline_ms > 0 ? absl::Milliseconds(deadline_ms) : absl::InfiniteDuration();
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (!absl::GetFlag(FLAGS_tls_ca).empty()) {
-    absl::StatusOr<std::string> ca = ReadFileToString(absl::GetFlag(FLAGS_tls_ca));
-    if (!ca.ok()) return Fail(ca.status());
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = *ca;
-    credentials = grpc::SslCredentials(ssl);
-  }
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_address), credentials);
-  std::unique_ptr<mmserve::v1::Inference::Stub> stub = mmserve::v1::Inference::NewStub(channel);
+  absl::StatusOr<std::unique_ptr<mmserve::v1::Inference::Stub>> stub = MakeStub();
+  if (!stub.ok()) return Fail(stub.status());
 
-  if (absl::GetFlag(FLAGS_list_models)) {
-    absl::StatusOr<mmserve::v1::ListModelsResponse> models = ListModels(*stub, deadline, ApiKey());
-    if (!models.ok()) return Fail(models.status());
-    if (absl::GetFlag(FLAGS_json)) {
-      std::cout << JsonLine(*models) << "\n";
-    } else {
-      for (const mmserve::v1::ModelCard& m : models->models()) {
-        std::cout << m.id() << "\tmax_model_len=" << m.max_model_len()
-                  << " vision=" << (m.vision() ? "yes" : "no")
-                  << " encoders=" << m.encoder_instances() << " prefill=" << m.prefill_instances()
-                  << " decode=" << m.decode_instances() << "\n";
-      }
-    }
-    return 0;
-  }
+  if (absl::GetFlag(FLAGS_list_models)) return PrintModels(**stub, deadline);
 
   GenerateOptions options;
   options.model = absl::GetFlag(FLAGS_model);
@@ -162,7 +170,7 @@ int Run(int argc, char** argv) {
   mmserve::v1::GenerateResponse last;
   bool wrote_text = false;
   absl::Status status = StreamGenerate(
-      *stub, *request, deadline,
+      **stub, *request, deadline,
       [&](const mmserve::v1::GenerateResponse& r) {
         if (json) {
           std::cout << JsonLine(r) << std::endl;  // flushed: one object per line as it comes

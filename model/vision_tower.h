@@ -15,18 +15,15 @@
 // Qwen2VLVideoProcessor's pixel_values_videos): its rotary positions are the
 // (h, w) ones repeated per temporal patch and attention stays inside each
 // temporal patch (cu_seqlens = repeat(h * w, t)), exactly as for t images;
-// ImageGrid::kind does not matter here. Images and videos mix in one call. bf16 weights are repacked at load
-// into model/cpu's panels (linear.h: the 6x16 AVX2 kernel) and their mapped
-// pages dropped, so memory holds one bf16 copy; fp32 weights stay in the
-// mapped checkpoint and run through OpenBLAS sgemm; fp16 weights become fp32.
-// With VisionTowerOptions::int8_group every linear layer is int8 instead.
-// Attention is tiled (64 query rows of one head against all keys of their
-// image at a time), so its scratch memory is linear in the patch count, and
-// the MLP runs in row chunks: activations are 4 floats per patch and embed
-// dimension (x, q, k, v) plus fixed chunk buffers.
-// Forward is const and thread-compatible (call it from one thread at a time
-// per tower, or keep one tower per thread); it uses every thread of the
-// tower's pool.
+// ImageGrid::kind does not matter here. Images and videos mix in one call. bf16 weights are
+// repacked at load into model/cpu's panels (linear.h: the 6x16 AVX2 kernel) and their mapped pages
+// dropped, so memory holds one bf16 copy; fp32 weights stay in the mapped checkpoint and run
+// through OpenBLAS sgemm; fp16 weights become fp32. With VisionTowerOptions::int8_group every
+// linear layer is int8 instead. Attention is tiled (64 query rows of one head against all keys of
+// their image at a time), so its scratch memory is linear in the patch count, and the MLP runs in
+// row chunks: activations are 4 floats per patch and embed dimension (x, q, k, v) plus fixed chunk
+// buffers. Forward is const and thread-compatible (call it from one thread at a time per tower, or
+// keep one tower per thread); it uses every thread of the tower's pool.
 #ifndef MMSERVE_MODEL_VISION_TOWER_H_
 #define MMSERVE_MODEL_VISION_TOWER_H_
 
