@@ -461,14 +461,18 @@ void EncoderCore::Publish(Work& w) {
   }
   const size_t bytes = size_t{n} * buffer.layout().BytesPerToken();
   auto started = std::make_shared<Stopwatch>();
-  engine_.Publish({.request_id = w.waiter.job->transfer_id,
-                   .image_index = image.image_index,
-                   .blocks = *blocks,
-                   .keep_for = options_.keep_for},
-                  [this, bytes, started](absl::Status s) {
-                    transfer_seconds_->Observe(started->ElapsedSeconds());
-                    if (s.ok()) transfer_bytes_->Increment(static_cast<double>(bytes));
-                  });
+  // The engine runs this when the transfer ends, which can be after this core
+  // is gone (Shutdown does not wait for published transfers): it touches only
+  // the metrics, which the registry owns and which outlive the engine.
+  engine_.Publish(
+      {.request_id = w.waiter.job->transfer_id,
+       .image_index = image.image_index,
+       .blocks = *blocks,
+       .keep_for = options_.keep_for},
+      [seconds = transfer_seconds_, total = transfer_bytes_, bytes, started](absl::Status s) {
+        seconds->Observe(started->ElapsedSeconds());
+        if (s.ok()) total->Increment(static_cast<double>(bytes));
+      });
   Complete(w.waiter.job, w.waiter.slot, absl::OkStatus());
 }
 

@@ -107,7 +107,8 @@ using EncodeDone = std::function<void(absl::StatusOr<v1::EncodeResponse>)>;
 
 class EncoderCore {
  public:
-  // `engine` and `metrics` must outlive the core.
+  // `engine` and `metrics` must outlive the core, and `metrics` the engine
+  // too: a published transfer reports its time to it when it ends.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<EncoderCore>> Create(
       const EncoderCoreOptions& options, transfer::TransferEngine& engine,
       metrics::Registry& metrics);
