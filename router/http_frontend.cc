@@ -153,13 +153,11 @@ absl::StatusOr<std::string> ReadBody(const RouterContext& ctx,
 void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
                           const httplib::ContentReader& content_reader, httplib::Response& res) {
   if (!IsJsonContentType(req)) {
-    res.set_header("Connection", "close");
     return SendHttpError(res, 415, "unsupported_media_type",
                          "the request body must be JSON (Content-Type: application/json)");
   }
   absl::StatusOr<std::string> body = ReadBody(ctx, content_reader);
   if (!body.ok()) {
-    res.set_header("Connection", "close");
     return SendError(res, body.status());
   }
   PublicAccess::Lease lease;
@@ -235,7 +233,6 @@ void AddGuards(httplib::Server& srv, const RouterContext* ctx, const HttpFronten
     // the connection closes (its unread body is never parsed).
     uint64_t length = 0;
     if (absl::SimpleAtoi(req.get_header_value("Content-Length"), &length) && length > max_body) {
-      res.set_header("Connection", "close");
       SendHttpError(res, 413, "request_too_large",
                     absl::StrCat("the request body exceeds ", max_body, " bytes"));
       return httplib::Server::HandlerResponse::Handled;
@@ -246,11 +243,13 @@ void AddGuards(httplib::Server& srv, const RouterContext* ctx, const HttpFronten
     absl::Status s = ctx->access->Authenticate(req.get_header_value("Authorization"));
     if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("WWW-Authenticate", "Bearer");
-    res.set_header("Connection", "close");
     SendError(res, s);
     return httplib::Server::HandlerResponse::Handled;
   });
   srv.set_payload_max_length(max_body);
+  // One request per connection: httplib closes every connection after its
+  // response (and says so in a Connection: close header), so a refusal whose
+  // body was left unread never leaves that body to be parsed as a request.
   srv.set_keep_alive_max_count(1);
   srv.set_error_handler(httplib::Server::HandlerWithResponse(
       [max_body](const httplib::Request& req, httplib::Response& res) {

@@ -160,12 +160,15 @@ int SendOversizedHead(int port, size_t length) {
   return fd;
 }
 
-std::string ReadSome(int fd) {
+// What the server sends until it closes the connection (or 30 s without a
+// byte): the head and the body may come in separate segments.
+std::string ReadUntilClosed(int fd) {
   timeval tv{30, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string reply;
   char buf[2048];
-  const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-  return n > 0 ? std::string(buf, n) : "";
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) reply.append(buf, n);
+  return reply;
 }
 
 TEST_CASE("internal services are off the public port and need the cluster token") {
@@ -301,7 +304,7 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   // body is still on its way).
   const int fd = SendOversizedHead(s.http_port(), (64 << 20) + 1);
   REQUIRE(fd >= 0);
-  const std::string reply = ReadSome(fd);
+  const std::string reply = ReadUntilClosed(fd);
   close(fd);
   INFO(reply);
   CHECK(reply.rfind("HTTP/1.1 413 ", 0) == 0);
@@ -359,7 +362,7 @@ TEST_CASE("per-client caps, and 100 concurrent oversized bodies leave the router
   int refused = 0;
   for (int fd : fds) {
     if (fd < 0) continue;
-    if (ReadSome(fd).find(" 413 ") != std::string::npos) ++refused;
+    if (ReadUntilClosed(fd).find(" 413 ") != std::string::npos) ++refused;
     close(fd);
   }
   CHECK(refused == 100);
