@@ -16,7 +16,6 @@ Reads the bench's output (any text; its last line whose "bench" is
 Needs matplotlib (the tools venv: pip install matplotlib).
 """
 import argparse
-import json
 import sys
 
 import matplotlib
@@ -24,21 +23,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from plot_load import json_lines  # noqa: E402
+
 
 def read_summary(path):
     """The last net_delay_bench summary line of `path`."""
     found = None
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                j = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if j.get("bench") == "net_delay_bench" and j.get("runs"):
-                found = j
+    for j in json_lines([path]):
+        if j.get("bench") == "net_delay_bench" and j.get("runs"):
+            found = j
     if found is None:
         sys.exit(f"{path}: no net_delay_bench summary line")
     return found
@@ -80,7 +73,7 @@ def main():
     args = p.parse_args()
     s = read_summary(args.input)
     title = args.title or (
-        f"net_delay_bench: roles {','.join(s.get('roles', []))}, {s.get('num_requests')} demo "
+        f"net_delay_bench: role(s) {','.join(s.get('roles', []))}, {s.get('num_requests')} demo "
         f"requests at concurrency {s.get('max_concurrency')}, jitter +-{s.get('jitter_share', 0):.0%}")
     plot(s, args.out, title)
 
