@@ -66,6 +66,19 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
   step_seconds_ = &metrics.GetHistogram("mmserve_language_step_seconds",
                                         "One engine step (schedule, forward, sample).",
                                         metrics::LatencyBuckets());
+  // Whole round trips per request: 0 for a prompt without images, 1 for an
+  // image in one chunk from a connected encoder.
+  embedding_round_trips_ = &metrics.GetHistogram(
+      "mmserve_language_embedding_round_trips",
+      "Per admitted request, the most embedding control round trips one of its images waited "
+      "for (images move concurrently): Connect to a new encoder, then init and each resume, each "
+      "answered by a chunk.",
+      {0, 1, 2, 3, 4, 6, 8, 16});
+  kv_handoff_round_trips_ = &metrics.GetHistogram(
+      "mmserve_language_kv_handoff_round_trips",
+      "Per KV hand-off (role prefill), the round trips it waited for before the first token "
+      "went out: AllocateKv, a flush per decode rank, CommitKv.",
+      {1, 2, 3, 4, 5, 6, 8, 16});
   handoff_blocked_seconds_ = &metrics.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
@@ -359,17 +372,18 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
 
 void LanguageCore::OnHandedOff(Request& r, const worker::StreamEvent& e, v1::TokenBatch b) {
   Advance(r, RequestEvent::kPromptDone);
-  absl::Status s = role_->HandOff({.request_id = r.id,
-                                   .decode = r.decode,
-                                   .max_tokens = r.engine_request.sampling.max_tokens,
-                                   .seed = r.engine_request.sampling.seed,
-                                   .first_token = r.last_token,
-                                   .kv_blocks = &e.kv_blocks,
-                                   .prompt = &e.handoff});
-  if (!s.ok()) {
-    End(r.id, s);
+  absl::StatusOr<int> trips = role_->HandOff({.request_id = r.id,
+                                              .decode = r.decode,
+                                              .max_tokens = r.engine_request.sampling.max_tokens,
+                                              .seed = r.engine_request.sampling.seed,
+                                              .first_token = r.last_token,
+                                              .kv_blocks = &e.kv_blocks,
+                                              .prompt = &e.handoff});
+  if (!trips.ok()) {
+    End(r.id, trips.status());
     return;
   }
+  kv_handoff_round_trips_->Observe(*trips);
   b.set_kv_handed_off(true);
   mmserve::v1::RequestTiming* t = b.mutable_timing();
   t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));

@@ -246,6 +246,8 @@ class LanguageCore {
   metrics::Histogram* itl_seconds_;
   metrics::Histogram* e2e_seconds_;
   metrics::Histogram* step_seconds_;
+  metrics::Histogram* embedding_round_trips_;
+  metrics::Histogram* kv_handoff_round_trips_;
   metrics::Counter* handoff_blocked_seconds_;
   double engine_handoff_seconds_ = 0;  // loop thread: what the counter has of the engine's
   metrics::Counter* rows_by_descriptor_;

@@ -89,9 +89,11 @@ void LanguageCore::StartImage(Request& r, size_t k) {
       StartReceive(r, k);
       return;
     case Connection::State::kConnecting:
+      ++im.round_trips;  // the Connect call under way, before init
       conn->waiting.emplace_back(r.id, k);
       return;
     case Connection::State::kNone:
+      ++im.round_trips;
       conn->state = Connection::State::kConnecting;
       conn->waiting.emplace_back(r.id, k);
       connector_->Post([this, encoder = im.meta.encoder_id(), address = conn->address] {
@@ -226,6 +228,7 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
   transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
   if (chunks > 1) resumes_->Increment(chunks - 1);
+  r.images[k].round_trips += static_cast<int>(chunks);
   MaybeAdmit(r);
 }
 
@@ -258,6 +261,9 @@ void LanguageCore::MaybeAdmit(Request& r) {
     if (im.state != Request::ImageState::kArrived) return;
   }
   r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
+  int round_trips = 0;
+  for (const auto& im : r.images) round_trips = std::max(round_trips, im.round_trips);
+  embedding_round_trips_->Observe(round_trips);
   for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
   const std::string id = r.id;
   absl::Status s = engine_->AddRequest(std::move(r.engine_request),

@@ -72,6 +72,9 @@ struct LanguageCore::Request {
     v1::PromptImage meta;
     ImageState state = ImageState::kConnecting;
     Stopwatch started;
+    // Control round trips its arrival waited for: a Connect to the encoder,
+    // then one per chunk (init or resume, answered by the chunk).
+    int round_trips = 0;
     worker::ImageEmbedding embedding;
     // MmHandoff::kAsync: the blocks embedding.shared_values points into,
     // held until the request ends.

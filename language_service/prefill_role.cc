@@ -127,7 +127,7 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
   return absl::OkStatus();
 }
 
-absl::Status PrefillRole::HandOff(const HandOffRequest& request) {
+absl::StatusOr<int> PrefillRole::HandOff(const HandOffRequest& request) {
   const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
   const auto grpc_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
@@ -156,7 +156,9 @@ absl::Status PrefillRole::HandOff(const HandOffRequest& request) {
   ctx.set_deadline(grpc_deadline);
   RETURN_IF_ERROR(FromGrpcStatus(stub.CommitKv(&ctx, commit, &ack)));
   if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
-  return absl::OkStatus();
+  // AllocateKv, one put set + flush per rank (Send returns once the flush
+  // completed: one round trip each, in turn), CommitKv.
+  return 2 + alloc.ranks_size();
 }
 
 }  // namespace mmserve::language

@@ -31,7 +31,7 @@ class PrefillRole final : public Role {
   // Token ids now: they travel in AllocateKv and KvCommit.
   absl::Status PreparePrefill(const v1::PrefillRequest& request, const model::Tokenizer& tokenizer,
                               worker::EngineRequest& engine_request) const override;
-  absl::Status HandOff(const HandOffRequest& request) override;
+  absl::StatusOr<int> HandOff(const HandOffRequest& request) override;
 
  private:
   v1::Language::Stub& DecodeStub(const std::string& address);

@@ -95,8 +95,10 @@ class Role {
   }
 
   // Role prefill: hands a request's KV to its decode instance (blocks the
-  // loop for its duration, bounded by kv_handoff_timeout).
-  [[nodiscard]] virtual absl::Status HandOff(const HandOffRequest& request) {
+  // loop for its duration, bounded by kv_handoff_timeout). Returns the
+  // control round trips it waited for, one after another (AllocateKv, each
+  // decode rank's flush, CommitKv): mmserve_language_kv_handoff_round_trips.
+  [[nodiscard]] virtual absl::StatusOr<int> HandOff(const HandOffRequest& request) {
     return absl::InternalError("this role hands off no KV");
   }
 

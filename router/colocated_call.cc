@@ -12,6 +12,7 @@ void ColocatedCall::StartLanguage(internal::v1::PrefillRequest prefill) {
           .on_batch = [self](const internal::v1::TokenBatch& b) { self->OnBatch(b); },
           .on_done = [self](const grpc::Status& s) { self->OnDone(s); }});
   Advance(CallEvent::kPrefillStarted);
+  CountCriticalRoundTrip();
   deferred_.Defer([stream = stream_, lang = prefill_] { stream->Begin(stream, *lang->language); });
 }
 

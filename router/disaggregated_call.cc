@@ -23,6 +23,7 @@ void DisaggregatedCall::StartLanguage(internal::v1::PrefillRequest prefill) {
           .on_batch = [self =
                            Self()](const internal::v1::TokenBatch& b) { self->OnDecodeBatch(b); },
           .on_done = [self = Self()](const grpc::Status& s) { self->OnDecodeDone(s); }});
+  CountCriticalRoundTrip();  // the decode instance's empty first batch
   deferred_.Defer(
       [stream = decode_stream_, dec = decode_] { stream->Begin(stream, *dec->language); });
 }
@@ -36,6 +37,7 @@ void DisaggregatedCall::StartPrefill() {
           .on_done = [self = Self()](const grpc::Status& s) { self->OnPrefillDone(s); }});
   pending_prefill_.reset();
   Advance(CallEvent::kPrefillStarted);
+  CountCriticalRoundTrip();
   deferred_.Defer(
       [stream = prefill_stream_, lang = prefill_] { stream->Begin(stream, *lang->language); });
 }

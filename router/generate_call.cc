@@ -234,12 +234,17 @@ void GenerateCall::SendRetryImages(std::shared_ptr<Instance> language,
   auto ctx = std::make_shared<grpc::ClientContext>();
   ctx->set_deadline(deadline_);
   auto ack = std::make_shared<internal::v1::ImageRetryAck>();
+  CountCriticalRoundTrip();  // the language side waits for the new sources
   deferred_.Defer([language = std::move(language), ctx, retry, ack] {
     language->language->async()->RetryImages(
         ctx.get(), retry.get(), ack.get(), [ctx, retry, ack](grpc::Status s) {
           if (!s.ok()) LOG(WARNING) << "RetryImages: " << s.error_message();
         });
   });
+}
+
+void GenerateCall::CountCriticalRoundTrip() {
+  if (phase_ <= CallPhase::kPrefilling) ++critical_round_trips_;
 }
 
 void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
@@ -277,6 +282,14 @@ void GenerateCall::CountTokens(const internal::v1::TokenBatch& batch, double now
     m.GetHistogram("mmserve_router_ttft_seconds", "Time to first token at the router.",
                    metrics::LatencyBuckets())
         .Observe(now);
+    // Buckets are whole round trips: role both 1 (Prefill), P/D 2 (the
+    // Decode hold, then Prefill), each re-dispatch before the first token 1
+    // more.
+    m.GetHistogram("mmserve_router_critical_round_trips",
+                   "Router RPCs a request's first token waited for, one after another "
+                   "(Prefill; P/D: Decode hold then Prefill; RetryImages).",
+                   {1, 2, 3, 4, 5, 6, 8, 12, 16})
+        .Observe(critical_round_trips_);
     first_token_s_ = now;
   } else {
     m.GetHistogram("mmserve_router_itl_seconds", "Gap between streamed token batches.",

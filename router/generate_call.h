@@ -119,6 +119,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void SendRetryImages(std::shared_ptr<Instance> language,
                        std::vector<internal::v1::PromptImage> images)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The call starts an RPC whose answer the first token waits for, after the
+  // ones counted before (mmserve_router_critical_round_trips): a no-op from
+  // the first token on.
+  void CountCriticalRoundTrip() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RouterContext& context_;
   const mmserve::v1::GenerateRequest request_;
@@ -165,6 +169,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   double last_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int critical_round_trips_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mmserve::router
