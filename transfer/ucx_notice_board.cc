@@ -88,6 +88,40 @@ absl::Status UcxNoticeBoard::Connect(const std::vector<NoticeBoardTarget>& targe
   });
 }
 
+absl::Status UcxNoticeBoard::ConnectPeer(int index, const NoticeBoardTarget& target) {
+  if (index < 0) return absl::InvalidArgumentError("notice board: no such peer");
+  return worker_->RunSync([&]() -> absl::Status {
+    if (static_cast<int>(peers_.size()) <= index) peers_.resize(index + 1);
+    peers_[index].reset();
+    if (target.worker_address.empty()) return absl::OkStatus();
+    auto peer = std::make_unique<Peer>();
+    std::shared_ptr<std::atomic<bool>> failed = peer->failed;
+    ASSIGN_OR_RETURN(peer->ep, UcxEndpoint::Create(*worker_, target.worker_address,
+                                                   [failed](absl::Status) { *failed = true; }));
+    ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), target.rkey));
+    peer->base = target.base_address;
+    peers_[index] = std::move(peer);
+    return absl::OkStatus();
+  });
+}
+
+bool UcxNoticeBoard::PeerLost(int index) {
+  bool lost = false;
+  (void)worker_->RunSync([&] {
+    lost = index >= 0 && index < static_cast<int>(peers_.size()) && peers_[index] != nullptr &&
+           *peers_[index]->failed;
+    return absl::OkStatus();
+  });
+  return lost;
+}
+
+void UcxNoticeBoard::ClearNotices() {
+  (void)worker_->RunSync([&] {
+    std::memset(data() + NoticeOffset(0), 0, notices_ * sizeof(uint64_t));
+    return absl::OkStatus();
+  });
+}
+
 absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadline deadline) {
   auto state = std::make_shared<PutState>();
   state->pending = 1;  // a guard until every flush has started
@@ -144,7 +178,8 @@ absl::Status UcxNoticeBoard::Notify(const std::vector<int>& peers, int index, ui
   return PutAndFlush(pieces, deadline);
 }
 
-absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words) {
+absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
+                                  bool ignore_lost) {
   words->assign(indices.size(), 0);
   // On the progress thread: emulated puts land there, so what it read (and
   // every byte put before it) is ordered before the caller's later reads.
@@ -154,20 +189,23 @@ absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<u
           reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
     }
     for (const std::unique_ptr<Peer>& p : peers_) {
-      if (p != nullptr && *p->failed) return absl::UnavailableError("a peer is lost");
+      if (!ignore_lost && p != nullptr && *p->failed) {
+        return absl::UnavailableError("a peer is lost");
+      }
     }
     return absl::OkStatus();
   });
 }
 
 absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
-                                   const std::atomic<bool>& cancelled,
-                                   std::vector<uint64_t>* words) {
+                                   const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
+                                   uint32_t abort_seq) {
   for (;;) {
     RETURN_IF_ERROR(Read(indices, words));
     size_t ready = 0;
     for (uint64_t word : *words) {
-      if (NoticeSeq(word) == kAbortSeq) return absl::UnavailableError("a peer gave up");
+      if (NoticeSeq(word) == kAbortSeq || NoticeSeq(word) == abort_seq)
+        return absl::UnavailableError("a peer gave up");
       ready += NoticeSeq(word) == seq;
     }
     if (ready == indices.size()) return absl::OkStatus();

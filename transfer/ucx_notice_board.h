@@ -63,10 +63,19 @@ class UcxNoticeBoard {
 
   const NoticeBoardTarget& target() const { return target_; }
   uint8_t* data() const { return static_cast<uint8_t*>(region_->address()); }
+  size_t data_bytes() const { return data_bytes_; }
+  int notices() const { return notices_; }
 
   // Endpoints to targets[i] for every i but `self` (-1: all) and those
   // with no address.
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& targets, int self);
+  // Peer `index` alone (a target with no address drops it); the others stay.
+  [[nodiscard]] absl::Status ConnectPeer(int index, const NoticeBoardTarget& target);
+  // Whether UCX reported peer `index` lost (false for unconnected ones).
+  bool PeerLost(int index);
+  // Zeroes every notice word (on the progress thread). A board reused by
+  // several exchanges clears them between two.
+  void ClearNotices();
 
   // This board's data [local_offset, + bytes) to the peer's data at remote_offset.
   struct Piece {
@@ -80,16 +89,19 @@ class UcxNoticeBoard {
   // `word` into notice `index` of each peer, flushed.
   [[nodiscard]] absl::Status Notify(const std::vector<int>& peers, int index, uint64_t word,
                                     Deadline deadline);
-  // Waits until every notice in `indices` has sequence `seq` (*words gets
-  // them, in the order of indices). UNAVAILABLE on an abort word or once
-  // `cancelled` is set; DEADLINE_EXCEEDED past the deadline.
   // The notices in `indices` now (read once on the progress thread, with
   // the same ordering as Await). UNAVAILABLE once UCX has reported any
-  // connected peer lost (tcp: within ~0.1 s of its death).
-  [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words);
+  // connected peer lost (tcp: within ~0.1 s of its death), unless
+  // `ignore_lost` (a server whose clients come and go).
+  [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
+                                  bool ignore_lost = false);
+  // Waits until every notice in `indices` has sequence `seq` (*words gets
+  // them, in the order of indices). UNAVAILABLE on an abort word (kAbortSeq
+  // or `abort_seq`) or once `cancelled` is set; DEADLINE_EXCEEDED past the
+  // deadline.
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
-                                   const std::atomic<bool>& cancelled,
-                                   std::vector<uint64_t>* words);
+                                   const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
+                                   uint32_t abort_seq = kAbortSeq);
 
  private:
   struct Peer;
