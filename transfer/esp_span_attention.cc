@@ -184,9 +184,13 @@ absl::Status UcxSpanPeers::Connect(const std::vector<NoticeBoardTarget>& servers
 }
 
 absl::Status UcxSpanPeers::Retarget(int self, const std::vector<NoticeBoardTarget>& servers) {
-  if (self < 0 || self >= shape_.parties) return absl::InvalidArgumentError("ESP span peers: self");
+  if (self < 0 || self >= shape_.parties || static_cast<int>(servers.size()) > shape_.parties) {
+    return absl::InvalidArgumentError("ESP span peers: self or servers out of range");
+  }
   self_ = self;
-  return Connect(servers);
+  std::vector<NoticeBoardTarget> all = servers;
+  all.resize(shape_.parties);
+  return Connect(all);
 }
 
 void UcxSpanPeers::SetBatch(std::vector<int> members, int self_member,

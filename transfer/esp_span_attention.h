@@ -117,7 +117,8 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   // The servers' boards, party order (entries of non-servers may be empty).
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& servers);
   // An instance's client moved to another group: it is party `self` there
-  // (its lane on each server) and the servers are `servers`.
+  // (its lane on each server) and the servers are `servers` (party order,
+  // at most `parties`; the rest are none).
   [[nodiscard]] absl::Status Retarget(int self, const std::vector<NoticeBoardTarget>& servers);
   // The next decode batch: its span holders in span order (parties; this
   // party among them at self_member) and each row's tag.

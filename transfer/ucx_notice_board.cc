@@ -36,6 +36,7 @@ struct UcxNoticeBoard::Peer {
   std::unique_ptr<UcxEndpoint> ep;
   std::unique_ptr<UcxRemoteKey> rkey;
   uint64_t base = 0;
+  uint64_t notice_offset = 0;
   std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
 };
 
@@ -53,6 +54,7 @@ absl::StatusOr<std::unique_ptr<UcxNoticeBoard>> UcxNoticeBoard::Create(
   ASSIGN_OR_RETURN(b->target_.rkey, b->region_->PackRkey());
   b->target_.worker_address = b->worker_->address();
   b->target_.base_address = reinterpret_cast<uint64_t>(b->region_->address());
+  b->target_.notice_offset = b->NoticeOffset(0);
   return b;
 }
 
@@ -82,6 +84,8 @@ absl::Status UcxNoticeBoard::Connect(const std::vector<NoticeBoardTarget>& targe
                                                      [failed](absl::Status) { *failed = true; }));
       ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), targets[i].rkey));
       peer->base = targets[i].base_address;
+      peer->notice_offset =
+          targets[i].notice_offset != 0 ? targets[i].notice_offset : NoticeOffset(0);
       peers_.back() = std::move(peer);
     }
     return absl::OkStatus();
@@ -100,6 +104,7 @@ absl::Status UcxNoticeBoard::ConnectPeer(int index, const NoticeBoardTarget& tar
                                                    [failed](absl::Status) { *failed = true; }));
     ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), target.rkey));
     peer->base = target.base_address;
+    peer->notice_offset = target.notice_offset != 0 ? target.notice_offset : NoticeOffset(0);
     peers_[index] = std::move(peer);
     return absl::OkStatus();
   });
@@ -138,10 +143,12 @@ absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadl
       const Peer& p = *peers_[piece.peer];
       if (*p.failed) return absl::UnavailableError("notice board: a peer is lost");
       named.insert(piece.peer);
+      const uint64_t remote =
+          piece.to_notice ? p.notice_offset + piece.remote_offset * 8 : piece.remote_offset;
       StartUcxOp(
           [&](const ucp_request_param_t& param) {
             return ucp_put_nbx(p.ep->get(), data() + piece.local_offset, piece.bytes,
-                               p.base + piece.remote_offset, p.rkey->get(), &param);
+                               p.base + remote, p.rkey->get(), &param);
           },
           note);
     }
@@ -174,7 +181,9 @@ absl::Status UcxNoticeBoard::Notify(const std::vector<int>& peers, int index, ui
   const uint64_t staging = NoticeOffset(notices_);
   std::memcpy(data() + staging, &word, sizeof(word));
   std::vector<Piece> pieces;
-  for (int p : peers) pieces.push_back({p, staging, NoticeOffset(index), sizeof(word)});
+  for (int p : peers) {
+    pieces.push_back({p, staging, static_cast<uint64_t>(index), sizeof(word), /*to_notice=*/true});
+  }
   return PutAndFlush(pieces, deadline);
 }
 

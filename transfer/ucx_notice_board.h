@@ -45,6 +45,10 @@ struct NoticeBoardTarget {
   std::string worker_address;
   std::string rkey;
   uint64_t base_address = 0;
+  // Where the board's notice words start, from base_address. 0: where the
+  // writer's own board has them (boards of one size; targets from before
+  // this field).
+  uint64_t notice_offset = 0;
 };
 
 inline constexpr uint32_t kAbortSeq = 0xffffffffu;
@@ -81,6 +85,7 @@ class UcxNoticeBoard {
   struct Piece {
     int peer = 0;
     uint64_t local_offset = 0, remote_offset = 0, bytes = 0;
+    bool to_notice = false;  // remote_offset is a notice index of the peer's board
   };
   // The pieces, then a flush of every peer named (or of `flush_peers` when
   // pieces is empty). DEADLINE_EXCEEDED past the deadline, UNAVAILABLE when
