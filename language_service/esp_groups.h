@@ -11,6 +11,13 @@
 //   esp->Release(id);     // Abort: frees its span and state
 //   esp->ExpireIdle();    // the idle lease
 //
+// A member that fails tells the others (an abort word on their boards:
+// their calls end UNAVAILABLE at once); one that never comes leaves them to
+// their join or layer timeout. The router must not place an instance in two
+// groups at once: a second one waits (below), and its join notices may
+// land on the board the first still uses (that one may then end at its
+// layer timeout; the data itself is never written before the join).
+//
 // One group prefill at a time: it runs on the engine's (loop) thread and
 // blocks it for its duration (LoongServe pauses the instance's batch for it
 // too); a second EspPrefill waits on the loop behind it, bounded by its
@@ -121,6 +128,7 @@ class EspGroups {
                            float* out, float* lse);
   // Prefill's parts (esp_groups_prefill.cc).
   absl::Status Join(Group& g);
+  absl::Status OpenLane(Group& g);
   absl::Status RunRows(Group& g);
   absl::Status Finish(Group& g, Prefilled* out);
   void AddSpan(Group& g);

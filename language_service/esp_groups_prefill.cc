@@ -82,6 +82,7 @@ absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(const v1::EspPlan& plan,
   if (s.ok()) s = RunRows(g);
   Prefilled out;
   if (s.ok()) s = Finish(g, &out);
+  if (!s.ok() && g.exchange != nullptr) g.exchange->Abort();  // the others end at once
   if (g.exchange != nullptr) g.exchange->Finish();
   if (!s.ok()) {
     Drop(g);
@@ -90,31 +91,9 @@ absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(const v1::EspPlan& plan,
   return out;
 }
 
-// Holds the span, opens the master's lane (a holder), connects the
-// exchange and waits for every member.
+// Connects the exchange, holds the span, opens the master's lane (a
+// holder) and waits for every member.
 absl::Status EspGroups::Join(Group& g) {
-  const int64_t tokens = g.keep_len + (g.master ? g.request->max_tokens() : 0);
-  if (tokens > 0) {
-    ASSIGN_OR_RETURN(std::vector<kvpool::BlockId> blocks,
-                     engine_.HoldSpan(g.id, static_cast<int>(tokens)));
-    g.held = true;
-    for (kvpool::BlockId b : blocks) g.blocks.push_back(b.value);
-  }
-  if (g.holder) {
-    const int lane = static_cast<int>(g.plan->master());
-    const transfer::NoticeBoardTarget& master = g.endpoints[lane].span_reply;
-    {
-      absl::MutexLock lock(&mu_);
-      if (spans_.count(g.tag) != 0) return absl::AlreadyExistsError("a span of that id is held");
-      for (const auto& [tag, span] : spans_) {
-        if (span->lane == lane && span->master != master.worker_address) {
-          return absl::ResourceExhaustedError(
-              "this instance holds a span for another master in that member place");
-        }
-      }
-    }
-    RETURN_IF_ERROR(esp_->span_server().AddClient(lane, master));
-  }
   transfer::UcxEspExchange::Plan xplan;
   xplan.prompt_len = g.request->prompt_len();
   xplan.kv_width = g.endpoints[g.member].kv_width;
@@ -129,8 +108,35 @@ absl::Status EspGroups::Join(Group& g) {
                    transfer::UcxEspExchange::CreateOn(
                        esp_->exchange_board(), std::move(xplan), g.member,
                        transfer::UcxEspExchange::SeqBase(g.id), options_.layer_timeout));
+  // Connected first: a member that cannot hold its span tells the others.
   RETURN_IF_ERROR(g.exchange->Connect(targets));
+  const int64_t tokens = g.keep_len + (g.master ? g.request->max_tokens() : 0);
+  if (tokens > 0) {
+    ASSIGN_OR_RETURN(std::vector<kvpool::BlockId> blocks,
+                     engine_.HoldSpan(g.id, static_cast<int>(tokens)));
+    g.held = true;
+    for (kvpool::BlockId b : blocks) g.blocks.push_back(b.value);
+  }
+  if (g.holder) RETURN_IF_ERROR(OpenLane(g));
   return g.exchange->Join(options_.join_timeout);
+}
+
+// A holder's lane for the group's master (its member place) on the span
+// server; refused while another master's live span uses that lane here.
+absl::Status EspGroups::OpenLane(Group& g) {
+  const int lane = static_cast<int>(g.plan->master());
+  const transfer::NoticeBoardTarget& master = g.endpoints[lane].span_reply;
+  {
+    absl::MutexLock lock(&mu_);
+    if (spans_.count(g.tag) != 0) return absl::AlreadyExistsError("a span of that id is held");
+    for (const auto& [tag, span] : spans_) {
+      if (span->lane == lane && span->master != master.worker_address) {
+        return absl::ResourceExhaustedError(
+            "this instance holds a span for another master in that member place");
+      }
+    }
+  }
+  return esp_->span_server().AddClient(lane, master);
 }
 
 // This member's rows through every layer: their tokens, M-RoPE positions

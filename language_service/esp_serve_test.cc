@@ -234,6 +234,19 @@ TEST_CASE("a prompt longer than one instance's KV pool is served by two", "[esp]
   const Output alone = RunBoth(*elastic[0], request);
   CHECK(alone.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CheckGroup(Ptrs(elastic, 2), EvenShares(len, 2), 1, 1, want, [&](int) { return request; });
+  // A master that cannot hold the whole prompt fails RESOURCE_EXHAUSTED and
+  // tells the other member, whose call ends UNAVAILABLE long before the
+  // 10 s join timeout; neither holds anything.
+  const uint32_t a = len / 2;
+  const Stopwatch clock;
+  const std::vector<Stream> got = RunGroup(
+      Ptrs(elastic, 2), MakePlan(Ptrs(elastic, 2), {{0, a, 0, len}, {a, len, len, len}}, 1, 0),
+      [&](int) { return request; });
+  CHECK(got[0].out.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(got[1].out.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(clock.ElapsedSeconds() < 5.0);
+  CHECK(elastic[0]->Idle());
+  CHECK(elastic[1]->Idle());
 }
 
 }  // namespace
