@@ -265,6 +265,10 @@ void LanguageCore::MaybeAdmit(Request& r) {
   for (const auto& im : r.images) round_trips = std::max(round_trips, im.round_trips);
   embedding_round_trips_->Observe(round_trips);
   for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
+  if (r.esp_plan != nullptr) {
+    AdmitEsp(r);
+    return;
+  }
   const std::string id = r.id;
   absl::Status s = engine_->AddRequest(std::move(r.engine_request),
                                        [this](const worker::StreamEvent& e) { OnEvent(e); });

@@ -1,5 +1,7 @@
 #include "language_service/language_service.h"
 
+#include <functional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -32,6 +34,13 @@ class PrefillReactor final : public QueuedWriteReactor<v1::TokenBatch> {
                                        .on_end = [this](absl::Status st) { Done(std::move(st)); }});
     if (!s.ok()) Done(std::move(s));
   }
+  // Role elastic: one member's part of a group prefill.
+  void StartEsp(const v1::EspPrefillRequest& request) {
+    absl::Status s =
+        core_.EspPrefill(request, {.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
+                                   .on_end = [this](absl::Status st) { Done(std::move(st)); }});
+    if (!s.ok()) Done(std::move(s));
+  }
   // Ends the stream with `status` without reaching the core.
   void Refuse(absl::Status status) { Done(std::move(status)); }
 
@@ -61,30 +70,42 @@ LanguageService::LanguageService(LanguageCore& core, transfer::TransferEngine& t
                                  metrics::Registry& metrics)
     : core_(core), transfer_(transfer), metrics_(metrics) {}
 
-grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
-    grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request) {
-  auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
-  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
+namespace {
+
+// A token stream for request `id`: refused without the cluster token or
+// while draining, else `start` hands it to the core.
+PrefillReactor* OpenStream(LanguageCore& core, metrics::Registry& metrics,
+                           grpc::CallbackServerContext& ctx, const std::string& id, bool accepting,
+                           const std::function<void(PrefillReactor&)>& start) {
+  auto* reactor = new PrefillReactor(core, id, metrics);
+  if (absl::Status s = CheckClusterToken(ctx); !s.ok()) {
     reactor->Refuse(std::move(s));
-  } else if (accepting_) {
-    reactor->Start(*request);
+  } else if (accepting) {
+    start(*reactor);
   } else {
     reactor->Refuse(absl::UnavailableError("the language instance is draining"));
   }
   return reactor;
 }
 
+}  // namespace
+
+grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
+    grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request) {
+  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_,
+                    [request](PrefillReactor& r) { r.Start(*request); });
+}
+
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
     grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request) {
-  auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
-  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
-    reactor->Refuse(std::move(s));
-  } else if (accepting_) {
-    reactor->StartDecode(*request);
-  } else {
-    reactor->Refuse(absl::UnavailableError("the language instance is draining"));
-  }
-  return reactor;
+  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_,
+                    [request](PrefillReactor& r) { r.StartDecode(*request); });
+}
+
+grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
+    grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) {
+  return OpenStream(core_, metrics_, *ctx, request->request().request_id(), accepting_,
+                    [request](PrefillReactor& r) { r.StartEsp(*request); });
 }
 
 grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContext* ctx,
