@@ -14,7 +14,12 @@
 # then `down -v` and checks that no container, network or volume of the
 # project is left; then the same for deploy/docker-compose.pd.yml (encoder,
 # prefill, decode with two TP ranks): 100 demo questions over gRPC identical
-# to the in-process engine, no leaks, nothing left after `down -v`. Bounded to 10 minutes; prints its duration.
+# to the in-process engine, no leaks, nothing left after `down -v`; then the
+# same for deploy/docker-compose.elastic.yml (router --esp, encoder, two
+# elastic instances). Before any of that, even where no Docker engine runs,
+# every compose file must pass `docker-compose config` and the elastic
+# file's topology is checked (router --esp, two --role=elastic instances
+# with their own ids and addresses). Bounded to 10 minutes; prints its duration.
 #
 # MMSERVE_COMPOSE_IMAGE=dynamic (default) builds the image from the default
 # configuration's binaries, which `bazel test //...` has already built;
@@ -66,6 +71,38 @@ if ! [[ -x $dockerd && -x $docker && -x /usr/bin/docker-compose && -x $busybox ]
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose busybox-static >"$logs/apt.log" 2>&1 ||
     skip "apt-get install docker.io docker-compose busybox-static failed: $(tail -n 2 "$logs/apt.log" | tr '\n' ' ')"
 fi
+# 0. The compose files' configuration, without an engine.
+step "static checks of the compose files"
+for f in docker-compose.yml docker-compose.pd.yml docker-compose.elastic.yml; do
+  if [[ -x /usr/bin/docker-compose ]]; then
+    /usr/bin/docker-compose -f "$root/deploy/$f" config -q >"$logs/config.log" 2>&1 ||
+      fail "docker-compose config refuses deploy/$f: $(tail -n 2 "$logs/config.log" | tr '\n' ' ')"
+  fi
+done
+python3 - "$root/deploy/docker-compose.elastic.yml" >"$logs/elastic-config.log" 2>&1 <<'PY' ||
+import sys
+import yaml
+
+services = yaml.safe_load(open(sys.argv[1]))["services"]
+router = services["router"]["command"]
+assert "--esp" in router, "the router runs without --esp"
+elastic = {n: s for n, s in services.items() if "--role=elastic" in s.get("command", [])}
+assert len(elastic) == 2, f"{len(elastic)} elastic instances, not 2"
+ids, ports = set(), set()
+for name, s in elastic.items():
+    flags = dict(f.split("=", 1) for f in s["command"][1:] if "=" in f)
+    assert flags.get("--instance_id") == name, f"{name}: --instance_id is not the service name"
+    assert flags.get("--advertise", "").startswith(name + ":"), f"{name}: --advertise"
+    assert flags.get("--router") == "router:50052", f"{name}: --router is not the internal plane"
+    assert flags.get("--profile") == "tcp", f"{name}: containers need --profile=tcp"
+    ids.add(flags["--instance_id"])
+    ports.add(flags["--port"])
+assert len(ids) == 2 and len(ports) == 2, "the elastic instances share an id or a port"
+assert any("--role" not in " ".join(s["command"]) and "encoder" in s["command"][0]
+           for s in services.values()), "no encoder"
+PY
+  fail "deploy/docker-compose.elastic.yml: $(tail -n 1 "$logs/elastic-config.log")"
+
 if ! $docker info >/dev/null 2>&1; then
   [[ $(id -u) == 0 ]] || skip "no Docker engine answers and only root can start dockerd"
   step "starting dockerd"
@@ -288,6 +325,34 @@ step "docker-compose.pd.yml down -v"
 brought_up=""
 nothing_left "the P/D down -v"
 
+# 8. The elastic file: router --esp, encoder, two elastic instances (the
+# demo questions fit one instance each: degree 1 through the manager).
+project="mmserve-ci-elastic-$$"
+compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.elastic.yml" -p "$project")
+export MMSERVE_ELASTIC0_METRICS_PORT=9456 MMSERVE_ELASTIC1_METRICS_PORT=9457
+step "docker-compose.elastic.yml up (project $project: encoder, 2 elastic instances, router --esp)"
+brought_up=1
+"${compose[@]}" up -d >"$logs/up-elastic.log" 2>&1 ||
+  { cat "$logs/up-elastic.log"; fail "docker-compose.elastic.yml up failed: $(grep -v '^$' "$logs/up-elastic.log" | tail -n 2 | tr '\n' ' ')"; }
+healthy_elastic() {  # four containers healthy; the router sees 1 encoder, 2 elastic
+  local n m
+  n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
+  [[ $n == 4 ]] || return 1
+  m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
+  grep -q '^mmserve_router_healthy_instances{role="encoder"} 1$' <<<"$m" &&
+    grep -q '^mmserve_router_healthy_instances{role="elastic"} 2$' <<<"$m"
+}
+for _ in $(seq 1 240); do healthy_elastic && break; sleep 0.5; done
+healthy_elastic || { "${compose[@]}" ps; fail "the elastic stack was not healthy within 120 s: $(stack_state)"; }
+step "40 demo questions over gRPC through the elastic manager"
+run_loadgen elastic --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=40 \
+  --max_concurrency=8 --leak_ports="9450,9451,$MMSERVE_ELASTIC0_METRICS_PORT,$MMSERVE_ELASTIC1_METRICS_PORT" ||
+  fail "elastic answers: $(first_error elastic)"
+step "docker-compose.elastic.yml down -v"
+"${compose[@]}" down -v --remove-orphans >"$logs/down-elastic.log" 2>&1 || fail "docker-compose.elastic.yml down failed"
+brought_up=""
+nothing_left "the elastic down -v"
+
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
 rm -rf "$logs"  # kept only when something failed
-echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); P/D file (decode --tp=2): 100 answers identical; nothing left; ${SECONDS} s)"
+echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); P/D file (decode --tp=2): 100 answers identical; elastic file: 40 answers identical; nothing left; ${SECONDS} s)"
