@@ -1,8 +1,9 @@
-// Role elastic through the whole stack (issue 26 step 1): router + encoder
-// + one `--role=elastic` language process, which registers as
-// INSTANCE_ROLE_ELASTIC and serves requests that come alone as role both:
-// demo questions with their images give the in-process engine's token ids
-// and text, and nothing leaks. (Group prefills are not served yet.)
+// Role elastic through the whole stack (issue 26): router + encoder +
+// `--role=elastic` language processes. One instance under a router without
+// --esp serves requests as role both; two under `router --esp` (the
+// elastic manager) serve demo questions, each of which fits one instance,
+// at degree 1. Both give the in-process engine's token ids and text, and
+// nothing leaks.
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -34,6 +35,35 @@ TEST_CASE("an elastic language instance answers demo questions as role both") {
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
+}
+
+// The demo questions through the router's elastic manager: each fits one
+// instance, so each runs at degree 1 on one of the two.
+TEST_CASE("the elastic manager answers demo questions as role both, no leaks") {
+  const DemoSet& set = Demo();
+  const Reference& ref = InProcess(set);
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.elastic = 2;
+  auto stack = launcher::LocalStack::Start(o);
+  REQUIRE(stack.ok());
+  constexpr int kQuestions = 60;
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  std::vector<Answer> answers(kQuestions);
+  ParallelFor(kQuestions, 8,
+              [&](int i) { answers[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], {}), {}); });
+  for (int i = 0; i < kQuestions; ++i) {
+    INFO("question " << i << ": " << answers[i].status);
+    REQUIRE(answers[i].status.ok());
+    CHECK(answers[i].token_ids == ref.ids[i]);
+    CHECK(answers[i].text == ref.text[i]);
+  }
+  const int router_metrics = (*stack)->router().metrics_port();
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"1\"") ==
+        kQuestions);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_promised_slots") == 0);
 }
 
 }  // namespace

@@ -83,6 +83,7 @@ class LocalStack {
   bool disaggregated() const { return options_.prefill > 0 && options_.decode > 0; }
   bool elastic() const { return options_.elastic > 0; }
   int num_encoders() const { return static_cast<int>(encoders_.size()); }
+  int num_elastic() const { return static_cast<int>(elastic_.size()); }
 
   // (Re)starts encoder `i` or the language instance (after a kill).
   [[nodiscard]] absl::Status StartEncoder(int i);
