@@ -296,62 +296,51 @@ step "docker-compose down -v"
 brought_up=""
 nothing_left "down -v"
 
+# 7 and 8. The other files, each brought up alone: four containers
+# healthy and the router seeing each "role=count" of $4, $5 demo questions
+# over gRPC identical to the in-process engine with no leak on the metrics
+# ports $6, then down -v and nothing left. $1 names the project and logs,
+# $2 is the file, $3 says what it runs.
+healthy_with() {
+  local n m rc
+  n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
+  [[ $n == 4 ]] || return 1
+  m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
+  for rc in $1; do
+    grep -q "^mmserve_router_healthy_instances{role=\"${rc%=*}\"} ${rc#*=}\$" <<<"$m" || return 1
+  done
+}
+other_file() {
+  local name=$1 file=$2 what=$3 roles=$4 questions=$5 leak_ports=$6
+  project="mmserve-ci-$name-$$"
+  compose=(/usr/bin/docker-compose -f "$root/deploy/$file" -p "$project")
+  step "$file up (project $project: $what)"
+  brought_up=1
+  "${compose[@]}" up -d >"$logs/up-$name.log" 2>&1 ||
+    { cat "$logs/up-$name.log"; fail "$file up failed: $(grep -v '^$' "$logs/up-$name.log" | tail -n 2 | tr '\n' ' ')"; }
+  for _ in $(seq 1 240); do healthy_with "$roles" && break; sleep 0.5; done
+  healthy_with "$roles" || { "${compose[@]}" ps; fail "the $name stack was not healthy within 120 s: $(stack_state)"; }
+  step "$questions demo questions over gRPC ($what)"
+  run_loadgen "$name" --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" \
+    --num_requests="$questions" --max_concurrency=8 --leak_ports="$leak_ports" ||
+    fail "$name answers: $(first_error "$name")"
+  step "$file down -v"
+  "${compose[@]}" down -v --remove-orphans >"$logs/down-$name.log" 2>&1 || fail "$file down failed"
+  brought_up=""
+  nothing_left "the $name down -v"
+}
 # 7. The disaggregated file: router, encoder, prefill, decode with two ranks;
 # KV and embeddings over UCX tcp between containers.
-project="mmserve-ci-pd-$$"
-compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.pd.yml" -p "$project")
 export MMSERVE_PREFILL_METRICS_PORT=9454 MMSERVE_DECODE_METRICS_PORT=9455
-step "docker-compose.pd.yml up (project $project: encoder, prefill, decode --tp=2)"
-brought_up=1
-"${compose[@]}" up -d >"$logs/up-pd.log" 2>&1 ||
-  { cat "$logs/up-pd.log"; fail "docker-compose.pd.yml up failed: $(grep -v '^$' "$logs/up-pd.log" | tail -n 2 | tr '\n' ' ')"; }
-healthy_pd() {  # four containers healthy; the router sees 1 encoder, 1 prefill, 1 decode
-  local n m
-  n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
-  [[ $n == 4 ]] || return 1
-  m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
-  grep -q '^mmserve_router_healthy_instances{role="encoder"} 1$' <<<"$m" &&
-    grep -q '^mmserve_router_healthy_instances{role="prefill"} 1$' <<<"$m" &&
-    grep -q '^mmserve_router_healthy_instances{role="decode"} 1$' <<<"$m"
-}
-for _ in $(seq 1 240); do healthy_pd && break; sleep 0.5; done
-healthy_pd || { "${compose[@]}" ps; fail "the P/D stack was not healthy within 120 s: $(stack_state)"; }
-step "100 demo questions over gRPC through prefill -> decode (KV over UCX tcp)"
-run_loadgen pd --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=100 \
-  --max_concurrency=8 --leak_ports="9450,9451,$MMSERVE_PREFILL_METRICS_PORT,$MMSERVE_DECODE_METRICS_PORT" ||
-  fail "P/D answers: $(first_error pd)"
-step "docker-compose.pd.yml down -v"
-"${compose[@]}" down -v --remove-orphans >"$logs/down-pd.log" 2>&1 || fail "docker-compose.pd.yml down failed"
-brought_up=""
-nothing_left "the P/D down -v"
-
+other_file pd docker-compose.pd.yml "encoder, prefill, decode --tp=2; KV over UCX tcp" \
+  "encoder=1 prefill=1 decode=1" 100 \
+  "9450,9451,$MMSERVE_PREFILL_METRICS_PORT,$MMSERVE_DECODE_METRICS_PORT"
 # 8. The elastic file: router --esp, encoder, two elastic instances (the
 # demo questions fit one instance each: degree 1 through the manager).
-project="mmserve-ci-elastic-$$"
-compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.elastic.yml" -p "$project")
 export MMSERVE_ELASTIC0_METRICS_PORT=9456 MMSERVE_ELASTIC1_METRICS_PORT=9457
-step "docker-compose.elastic.yml up (project $project: encoder, 2 elastic instances, router --esp)"
-brought_up=1
-"${compose[@]}" up -d >"$logs/up-elastic.log" 2>&1 ||
-  { cat "$logs/up-elastic.log"; fail "docker-compose.elastic.yml up failed: $(grep -v '^$' "$logs/up-elastic.log" | tail -n 2 | tr '\n' ' ')"; }
-healthy_elastic() {  # four containers healthy; the router sees 1 encoder, 2 elastic
-  local n m
-  n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
-  [[ $n == 4 ]] || return 1
-  m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
-  grep -q '^mmserve_router_healthy_instances{role="encoder"} 1$' <<<"$m" &&
-    grep -q '^mmserve_router_healthy_instances{role="elastic"} 2$' <<<"$m"
-}
-for _ in $(seq 1 240); do healthy_elastic && break; sleep 0.5; done
-healthy_elastic || { "${compose[@]}" ps; fail "the elastic stack was not healthy within 120 s: $(stack_state)"; }
-step "40 demo questions over gRPC through the elastic manager"
-run_loadgen elastic --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=40 \
-  --max_concurrency=8 --leak_ports="9450,9451,$MMSERVE_ELASTIC0_METRICS_PORT,$MMSERVE_ELASTIC1_METRICS_PORT" ||
-  fail "elastic answers: $(first_error elastic)"
-step "docker-compose.elastic.yml down -v"
-"${compose[@]}" down -v --remove-orphans >"$logs/down-elastic.log" 2>&1 || fail "docker-compose.elastic.yml down failed"
-brought_up=""
-nothing_left "the elastic down -v"
+other_file elastic docker-compose.elastic.yml "encoder, 2 elastic instances, router --esp" \
+  "encoder=1 elastic=2" 40 \
+  "9450,9451,$MMSERVE_ELASTIC0_METRICS_PORT,$MMSERVE_ELASTIC1_METRICS_PORT"
 
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
 rm -rf "$logs"  # kept only when something failed

@@ -195,13 +195,28 @@ bool PoolEmpty(ElasticStack& stack) {
   return s.pending == 0 && s.promised_slots == 0 && s.members.empty();
 }
 
-TEST_CASE("a request that fits one instance runs there at degree 1") {
-  ElasticStack stack({2048, 2048});
+// Every member of the stack got Abort(id) and the pool holds nothing.
+void CheckAllAborted(ElasticStack& stack, const std::string& id) {
+  CHECK(WaitFor([&] { return stack.TotalAbortsOf(id) == stack.fakes.size(); }));
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+}
+
+void SetEsp(ElasticStack& stack, const FakeElastic::EspScript& script) {
+  for (auto& f : stack.fakes) f->esp = script;
+}
+
+// Runs `request` to its end: OK, the client got `text`.
+void RunOk(ElasticStack& stack, mmserve::v1::GenerateRequest request, const std::string& text) {
   Outcome outcome;
-  Start(stack, outcome, Prompt("r1", 100, 8));
+  Start(stack, outcome, std::move(request));
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().ok());
-  CHECK(outcome.Text() == "ab");
+  CHECK(outcome.Text() == text);
+}
+
+TEST_CASE("a request that fits one instance runs there at degree 1") {
+  ElasticStack stack({2048, 2048});
+  RunOk(stack, Prompt("r1", 100, 8), "ab");
   CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 1);
   CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps == 0);
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
@@ -210,11 +225,7 @@ TEST_CASE("a request that fits one instance runs there at degree 1") {
 
 TEST_CASE("a prompt beyond one instance's pool runs on a group; every member gets Abort after") {
   ElasticStack stack({2048, 2048});
-  Outcome outcome;
-  Start(stack, outcome, Prompt("r2", 3000, 8));
-  REQUIRE(outcome.WaitForEnd());
-  CHECK(outcome.status().ok());
-  CHECK(outcome.Text() == "abc");
+  RunOk(stack, Prompt("r2", 3000, 8), "abc");
   CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 0);
   const auto a = stack.fakes[0]->EspRequests(), b = stack.fakes[1]->EspRequests();
   REQUIRE(a.size() == 1);
@@ -267,56 +278,48 @@ TEST_CASE("a queued request that never finds slots ends after the queue wait") {
 
 TEST_CASE("cancelling a group's call cancels every stream and aborts every member") {
   ElasticStack stack({2048, 2048});
-  for (auto& f : stack.fakes) {
-    f->esp = [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
-      if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
-      return UntilCancelled(ctx);
-    };
-  }
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    return UntilCancelled(ctx);
+  });
   Outcome outcome;
   auto call = Start(stack, outcome, Prompt("r5", 3000, 8));
   REQUIRE(WaitFor([&] { return outcome.Text() == "a"; }));
   call->Cancel("client went away");
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kCancelled);
-  CHECK(WaitFor([&] { return stack.TotalAbortsOf("r5") == 2; }));
-  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+  CheckAllAborted(stack, "r5");
 }
 
 TEST_CASE("a member that fails ends the call UNAVAILABLE and every member gets Abort") {
   ElasticStack stack({2048, 2048});
-  for (auto& f : stack.fakes) {
-    f->esp = [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer*) {
-      if (r.member() != r.plan().master()) {
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "member lost");
-      }
-      return UntilCancelled(ctx);
-    };
-  }
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer*) {
+    if (r.member() != r.plan().master()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "member lost");
+    }
+    return UntilCancelled(ctx);
+  });
   Outcome outcome;
   Start(stack, outcome, Prompt("r6", 3000, 8));
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
-  CHECK(WaitFor([&] { return stack.TotalAbortsOf("r6") == 2; }));
-  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+  CheckAllAborted(stack, "r6");
 }
 
 TEST_CASE("a master lost mid-decode ends the call UNAVAILABLE after its tokens") {
   ElasticStack stack({2048, 2048});
-  for (auto& f : stack.fakes) {
-    f->esp = [](const EspPrefillRequest& r, grpc::ServerContext*, Writer* w) {
-      if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
-      if (r.member() != r.plan().master()) return grpc::Status::OK;
-      w->Write(Tokens(2, "b"));
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "master lost");
-    };
-  }
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext*, Writer* w) {
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    if (r.member() != r.plan().master()) return grpc::Status::OK;
+    w->Write(Tokens(2, "b"));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "master lost");
+  });
   Outcome outcome;
   Start(stack, outcome, Prompt("r7", 3000, 8));
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
   CHECK(outcome.Text() == "ab");
-  CHECK(WaitFor([&] { return stack.TotalAbortsOf("r7") == 2; }));
+  CheckAllAborted(stack, "r7");
 }
 
 // Checks, from inside the fakes while calls run, that no instance is
@@ -349,15 +352,18 @@ struct Invariants {
 TEST_CASE("property: promised slots stay within capacity, one plan and master per request") {
   ElasticStack stack({1024, 2048, 1536});
   Invariants inv;
+  // Each call checks, then takes a moment so that calls overlap.
+  auto check = [&stack, &inv](const EspPrefillRequest* r) {
+    inv.Check(stack.pool(), r);
+    absl::SleepFor(absl::Milliseconds(2));
+  };
   for (auto& f : stack.fakes) {
-    f->esp = [&stack, &inv](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
-      inv.Check(stack.pool(), &r);
-      absl::SleepFor(absl::Milliseconds(2));
+    f->esp = [check](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+      check(&r);
       return SamplerThenMaster(r, ctx, w);
     };
-    f->prefill = [&stack, &inv](grpc::ServerContext*, Writer* w) {
-      inv.Check(stack.pool(), nullptr);
-      absl::SleepFor(absl::Milliseconds(2));
+    f->prefill = [check](grpc::ServerContext*, Writer* w) {
+      check(nullptr);
       w->Write(Final(1, "a"));
       return grpc::Status::OK;
     };

@@ -14,24 +14,29 @@
 namespace mmserve::testing {
 namespace {
 
-TEST_CASE("an elastic language instance answers demo questions as role both") {
+// Asks the first `n` demo questions, 8 at a time: each answer must be the
+// in-process engine's (ids and text).
+void AskDemoQuestions(launcher::LocalStack& stack, int n) {
   const DemoSet& set = Demo();
   const Reference& ref = InProcess(set);
-  launcher::StackOptions o = TestStackOptions(1, "shm");
-  o.language_args.push_back("--role=elastic");
-  auto stack = launcher::LocalStack::Start(o);
-  REQUIRE(stack.ok());
-  constexpr int kQuestions = 100;
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  std::vector<Answer> answers(kQuestions);
-  ParallelFor(kQuestions, 8,
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  std::vector<Answer> answers(n);
+  ParallelFor(n, 8,
               [&](int i) { answers[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], {}), {}); });
-  for (int i = 0; i < kQuestions; ++i) {
+  for (int i = 0; i < n; ++i) {
     INFO("question " << i << ": " << answers[i].status);
     REQUIRE(answers[i].status.ok());
     CHECK(answers[i].token_ids == ref.ids[i]);
     CHECK(answers[i].text == ref.text[i]);
   }
+}
+
+TEST_CASE("an elastic language instance answers demo questions as role both") {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.language_args.push_back("--role=elastic");
+  auto stack = launcher::LocalStack::Start(o);
+  REQUIRE(stack.ok());
+  AskDemoQuestions(**stack, 100);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
@@ -40,23 +45,12 @@ TEST_CASE("an elastic language instance answers demo questions as role both") {
 // The demo questions through the router's elastic manager: each fits one
 // instance, so each runs at degree 1 on one of the two.
 TEST_CASE("the elastic manager answers demo questions as role both, no leaks") {
-  const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
   launcher::StackOptions o = TestStackOptions(1, "shm");
   o.elastic = 2;
   auto stack = launcher::LocalStack::Start(o);
   REQUIRE(stack.ok());
   constexpr int kQuestions = 60;
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  std::vector<Answer> answers(kQuestions);
-  ParallelFor(kQuestions, 8,
-              [&](int i) { answers[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], {}), {}); });
-  for (int i = 0; i < kQuestions; ++i) {
-    INFO("question " << i << ": " << answers[i].status);
-    REQUIRE(answers[i].status.ok());
-    CHECK(answers[i].token_ids == ref.ids[i]);
-    CHECK(answers[i].text == ref.text[i]);
-  }
+  AskDemoQuestions(**stack, kQuestions);
   const int router_metrics = (*stack)->router().metrics_port();
   CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"1\"") ==
         kQuestions);
