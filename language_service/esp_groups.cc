@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
   ASSIGN_OR_RETURN(g->context_, transfer::UcxContext::Create(options.profile));
   const uint32_t cap = options.max_prompt_tokens != 0
                            ? options.max_prompt_tokens
-                           : static_cast<uint32_t>(engine.sizing().max_model_len);
+                           : static_cast<uint32_t>(engine.sizing().context_len);
   const transfer::EspInstance::Options o{
       .name = options.name,
       .max_prompt_tokens = cap,

@@ -110,12 +110,14 @@ class EspGroups {
   EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine);
 
   // The span server's handler (its thread).
-  absl::Status AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q,
-                           int64_t rows, float* out, float* lse);
+  absl::Status AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q, int64_t rows,
+                           float* out, float* lse);
   // Prefill's parts (esp_groups_prefill.cc).
   absl::Status Join(Group& g);
   absl::Status RunRows(Group& g);
   absl::Status Finish(Group& g, Prefilled* out);
+  void AddSpan(Group& g);
+  void StartDecode(Group& g, int32_t first_token);
   void Drop(Group& g);
   absl::Status DecodeStep(Decode& d, worker::StreamEvent* event);
 
@@ -131,7 +133,7 @@ class EspGroups {
 
   // Loop thread only.
   std::map<std::string, std::unique_ptr<Decode>> decodes_;
-  std::string client_request_;  // the request the span client is connected for
+  std::string client_request_;                  // the request the span client is connected for
   std::unique_ptr<transfer::EspInstance> esp_;  // last: its server thread stops first
 };
 

@@ -2,6 +2,7 @@
 // (esp_groups.h).
 #include <utility>
 
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "language_service/esp_groups.h"
 #include "language_service/esp_groups_internal.h"
@@ -49,6 +50,7 @@ void EspGroups::Step(const Emit& emit) {
     worker::StreamEvent event;
     absl::Status s = DecodeStep(*it->second, &event);
     if (!s.ok()) {
+      LOG(WARNING) << "ESP decode of " << id << " failed: " << s;
       event = worker::StreamEvent();
       event.request_id = id;
       event.finish_reason = worker::FinishReason::kAbort;

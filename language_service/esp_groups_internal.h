@@ -30,9 +30,9 @@ struct EspGroups::Decode {
   std::vector<int32_t> blocks;  // its span, then room for the new tokens
   int64_t keep_begin = 0;       // the first prompt token of its span
   int32_t last_token = -1;
-  int master = 0;                                  // its member index
-  std::vector<int> holders;                        // member indices holding KV, member order
-  int self_holder = 0;                             // the master's place among them
+  int master = 0;                                    // its member index
+  std::vector<int> holders;                          // member indices holding KV, member order
+  int self_holder = 0;                               // the master's place among them
   std::vector<transfer::NoticeBoardTarget> servers;  // span inboxes, member order
 };
 

@@ -107,9 +107,10 @@ absl::Status EspGroups::Join(Group& g) {
     xplan.rows.push_back(std::move(rows));
     targets.push_back(g.endpoints[m].exchange);
   }
-  ASSIGN_OR_RETURN(g.exchange, transfer::UcxEspExchange::CreateOn(
-                                   esp_->exchange_board(), std::move(xplan), g.member,
-                                   transfer::UcxEspExchange::SeqBase(g.id), options_.layer_timeout));
+  ASSIGN_OR_RETURN(g.exchange,
+                   transfer::UcxEspExchange::CreateOn(
+                       esp_->exchange_board(), std::move(xplan), g.member,
+                       transfer::UcxEspExchange::SeqBase(g.id), options_.layer_timeout));
   RETURN_IF_ERROR(g.exchange->Connect(targets));
   return g.exchange->Join(options_.join_timeout);
 }
@@ -147,20 +148,36 @@ absl::Status EspGroups::RunRows(Group& g) {
   return engine_.model().ForwardEspPrefill(b, engine_.kv_cache(), *g.exchange, &g.logits);
 }
 
-// The first token (sampler, and to the master), then what stays: a held
-// span for the master's queries, or the master's decode.
+// The first token, then what stays: a held span for the master's queries,
+// or the master's decode. Every holder and the sampler tell the master once
+// their part is done (the sampler's notice carries the first token), so the
+// master queries no span before it is registered.
 absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
   const int layers = engine_.config().text.num_hidden_layers;
   const int master = static_cast<int>(g.plan->master());
   worker::StreamEvent first;
+  int32_t token = 0;
   if (g.sampler) {
     const model::SampleResult s = g.request->Sample(absl::MakeSpan(g.logits));
     ASSIGN_OR_RETURN(first, g.request->Push(s));
-    if (!g.master) RETURN_IF_ERROR(g.exchange->SendToken(layers, master, s.token));
+    token = s.token;
     out->event = first;
-  } else if (g.master) {
-    ASSIGN_OR_RETURN(const int32_t token,
-                     g.exchange->AwaitToken(layers, static_cast<int>(g.plan->sampler())));
+  }
+  if (!g.master) {
+    if (g.holder) AddSpan(g);
+    if (!g.holder && !g.sampler) return absl::OkStatus();
+    absl::Status s = g.exchange->SendToken(layers, master, token);
+    if (!s.ok()) Release(g.id);
+    return s;
+  }
+  for (int m = 0; m < g.plan->members_size(); ++m) {
+    const v1::EspRowRange& k = g.plan->members(m).keep();
+    const bool sampler = static_cast<uint32_t>(m) == g.plan->sampler();
+    if (m == master || (!sampler && k.begin() == k.end())) continue;
+    ASSIGN_OR_RETURN(const int32_t t, g.exchange->AwaitToken(layers, m));
+    if (sampler) token = t;
+  }
+  if (!g.sampler) {
     model::SampleResult s;
     s.token = token;
     ASSIGN_OR_RETURN(first, g.request->Push(s));
@@ -172,29 +189,37 @@ absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
       out->event = first;
     }
   }
-  if (g.holder) {
-    auto span = std::make_unique<Span>();
-    span->id = g.id;
-    span->blocks = g.blocks;
-    span->keys = g.keep_len;
-    span->lane = master;
-    span->master = g.endpoints[master].span_reply.worker_address;
-    span->last_query = absl::Now();
-    absl::MutexLock lock(&mu_);
-    spans_[g.tag] = std::move(span);
-    return absl::OkStatus();
-  }
-  if (!g.master || first.finish_reason != worker::FinishReason::kNone) {
+  if (first.finish_reason != worker::FinishReason::kNone) {
     if (g.held) engine_.ReleaseSpan(g.id).IgnoreError();  // a master done at once
     g.held = false;
     return absl::OkStatus();
   }
+  StartDecode(g, token);
+  out->decodes = true;
+  return absl::OkStatus();
+}
+
+void EspGroups::AddSpan(Group& g) {
+  auto span = std::make_unique<Span>();
+  span->id = g.id;
+  span->blocks = g.blocks;
+  span->keys = g.keep_len;
+  span->lane = static_cast<int>(g.plan->master());
+  span->master = g.endpoints[span->lane].span_reply.worker_address;
+  span->last_query = absl::Now();
+  absl::MutexLock lock(&mu_);
+  spans_[g.tag] = std::move(span);
+  g.held = false;  // the span owns the blocks now (Release frees them)
+}
+
+void EspGroups::StartDecode(Group& g, int32_t first_token) {
+  const int master = static_cast<int>(g.plan->master());
   auto d = std::make_unique<Decode>();
   d->id = g.id;
   d->tag = g.tag;
   d->blocks = g.blocks;
   d->keep_begin = g.keep_begin;
-  d->last_token = first.token_ids.empty() ? -1 : first.token_ids.back();
+  d->last_token = first_token;
   d->master = master;
   d->servers.resize(g.plan->members_size());
   for (int m = 0; m < g.plan->members_size(); ++m) {
@@ -206,12 +231,11 @@ absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
   }
   d->request = std::move(g.request);
   decodes_[g.id] = std::move(d);
-  out->decodes = true;
-  return absl::OkStatus();
+  g.held = false;  // the decode owns the blocks now
 }
 
-// A failed prefill leaves nothing here (Finish records a span or a decode
-// only as its last, infallible step).
+// A failed prefill leaves nothing here (a span or decode Finish recorded
+// owns its blocks: Finish releases those itself on error).
 void EspGroups::Drop(Group& g) {
   if (g.held) engine_.ReleaseSpan(g.id).IgnoreError();
 }

@@ -46,9 +46,7 @@ absl::Status LanguageCore::EspPrefill(const v1::EspPrefillRequest& request, Requ
   return Install(std::move(r));
 }
 
-size_t LanguageCore::num_esp_spans() const {
-  return esp_ == nullptr ? 0 : esp_->num_held_spans();
-}
+size_t LanguageCore::num_esp_spans() const { return esp_ == nullptr ? 0 : esp_->num_held_spans(); }
 
 void LanguageCore::AdmitEsp(Request& r) {
   const std::string id = r.id;

@@ -81,8 +81,9 @@ class LlmEngine {
   // NotFound when `id` holds no span.
   [[nodiscard]] absl::Status ReleaseSpan(const std::string& id);
   // Role elastic: `request` prepared as AddRequest would, never queued
-  // (engine_esp.h); its errors are AddRequest's. Unimplemented with
-  // tp_size > 1.
+  // (engine_esp.h); its errors are AddRequest's, but the prompt and its
+  // max_tokens may reach the model's context (sizing().context_len), past
+  // what this engine's KV pool holds. Unimplemented with tp_size > 1.
   [[nodiscard]] absl::StatusOr<std::unique_ptr<EspRequest>> PrepareEsp(EngineRequest request);
   // The model and its thread pool, for an ESP group's forward passes on
   // the engine's thread (Qwen2Model::ForwardEspPrefill / ForwardEspDecode).
@@ -130,7 +131,8 @@ class LlmEngine {
   // AddRequest's validation and set-up (request_prep.h's functions).
   absl::StatusOr<std::unique_ptr<Live>> Prepare(EngineRequest& request, StreamCallback callback,
                                                 const KvPlan& plan,
-                                                scheduler::RequestParams* params);
+                                                scheduler::RequestParams* params,
+                                                const PromptRules& rules);
   // The image rows of `request`: its embeddings (kept in `live` unless
   // shared), or its images through the vision tower.
   absl::StatusOr<std::vector<ImageRows>> ImageRowsOf(EngineRequest& request, Live& live);

@@ -57,7 +57,9 @@ absl::StatusOr<std::unique_ptr<EspRequest>> LlmEngine::PrepareEsp(EngineRequest 
     return absl::UnimplementedError("ESP groups need tp_size 1 for now");
   }
   scheduler::RequestParams params;
-  ASSIGN_OR_RETURN(std::unique_ptr<Live> live, Prepare(request, nullptr, KvPlan{}, &params));
+  PromptRules rules = rules_;
+  rules.max_model_len = m_->sizing.context_len;
+  ASSIGN_OR_RETURN(std::unique_ptr<Live> live, Prepare(request, nullptr, KvPlan{}, &params, rules));
   EspRequest::Parts parts{.id = live->id,
                           .token_ids = params.prompt_token_ids,
                           .positions = std::move(live->positions),
