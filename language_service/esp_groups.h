@@ -62,6 +62,9 @@ struct EspGroupsOptions {
   absl::Duration join_timeout = absl::Seconds(10);
   // A held span nobody queried for this long is freed.
   absl::Duration span_idle = absl::Seconds(30);
+  // TEST ONLY: each layer of a group prefill and each decode step waits
+  // this long first (fault tests kill a member mid-exchange or mid-decode).
+  absl::Duration test_step_delay = absl::ZeroDuration();
 };
 
 class EspGroups {

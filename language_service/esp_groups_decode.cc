@@ -10,6 +10,7 @@
 namespace mmserve::language {
 
 absl::Status EspGroups::DecodeStep(Decode& d, worker::StreamEvent* event) {
+  absl::SleepFor(options_.test_step_delay);
   transfer::UcxSpanPeers& client = esp_->span_client();
   if (client_request_ != d.id) {
     client_request_.clear();

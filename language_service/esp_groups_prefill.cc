@@ -36,6 +36,22 @@ absl::StatusOr<std::vector<transfer::EspEndpoint>> Endpoints(const v1::EspPlan& 
   return out;
 }
 
+// TEST ONLY: an exchange whose layers wait first.
+class DelayedExchange final : public model::KvExchange {
+ public:
+  DelayedExchange(model::KvExchange& inner, absl::Duration delay) : inner_(inner), delay_(delay) {}
+  absl::Status AllGather(int layer, absl::Span<const int64_t> rows, const float* k, const float* v,
+                         const float** k_all, const float** v_all) override {
+    absl::SleepFor(delay_);
+    return inner_.AllGather(layer, rows, k, v, k_all, v_all);
+  }
+  void Abort() override { inner_.Abort(); }
+
+ private:
+  model::KvExchange& inner_;
+  const absl::Duration delay_;
+};
+
 }  // namespace
 
 absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(
@@ -145,7 +161,11 @@ absl::Status EspGroups::RunRows(Group& g) {
   b.keep_begin = g.keep_begin;
   const int64_t bs = engine_.kv_cache().shape().block_size;
   for (int64_t i = 0; i < g.keep_len; ++i) b.keep_slots.push_back(g.blocks[i / bs] * bs + i % bs);
-  return engine_.model().ForwardEspPrefill(b, engine_.kv_cache(), *g.exchange, &g.logits);
+  DelayedExchange delayed(*g.exchange, options_.test_step_delay);
+  model::KvExchange& exchange =
+      options_.test_step_delay > absl::ZeroDuration() ? static_cast<model::KvExchange&>(delayed)
+                                                      : *g.exchange;
+  return engine_.model().ForwardEspPrefill(b, engine_.kv_cache(), exchange, &g.logits);
 }
 
 // The first token, then what stays: a held span for the master's queries,
