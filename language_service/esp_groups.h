@@ -90,8 +90,11 @@ class EspGroups {
   // error nothing stays held. InvalidArgument for a bad plan or endpoint,
   // ResourceExhausted for a prompt past the board or a full KV pool,
   // Unavailable / DeadlineExceeded when a member fails or does not come.
+  // `on_joined` runs (on this thread) once every member joined, the span
+  // held: the caller's load report can show it during the prefill.
   [[nodiscard]] absl::StatusOr<Prefilled> Prefill(const v1::EspPlan& plan, int member,
-                                                  std::unique_ptr<worker::EspRequest> request);
+                                                  std::unique_ptr<worker::EspRequest> request,
+                                                  const std::function<void()>& on_joined = {});
 
   using Emit = std::function<void(const worker::StreamEvent&)>;
   // One decode step of every request mastered here; each step's event goes

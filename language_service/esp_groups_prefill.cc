@@ -54,8 +54,9 @@ class DelayedExchange final : public model::KvExchange {
 
 }  // namespace
 
-absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(
-    const v1::EspPlan& plan, int member, std::unique_ptr<worker::EspRequest> request) {
+absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(const v1::EspPlan& plan, int member,
+                                                        std::unique_ptr<worker::EspRequest> request,
+                                                        const std::function<void()>& on_joined) {
   Group g;
   g.plan = &plan;
   g.member = member;
@@ -77,6 +78,7 @@ absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(
   g.keep_len = keep.end() - keep.begin();
   g.holder = g.keep_len > 0 && !g.master;
   absl::Status s = Join(g);
+  if (s.ok() && on_joined) on_joined();
   if (s.ok()) s = RunRows(g);
   Prefilled out;
   if (s.ok()) s = Finish(g, &out);
@@ -162,9 +164,9 @@ absl::Status EspGroups::RunRows(Group& g) {
   const int64_t bs = engine_.kv_cache().shape().block_size;
   for (int64_t i = 0; i < g.keep_len; ++i) b.keep_slots.push_back(g.blocks[i / bs] * bs + i % bs);
   DelayedExchange delayed(*g.exchange, options_.test_step_delay);
-  model::KvExchange& exchange =
-      options_.test_step_delay > absl::ZeroDuration() ? static_cast<model::KvExchange&>(delayed)
-                                                      : *g.exchange;
+  model::KvExchange& exchange = options_.test_step_delay > absl::ZeroDuration()
+                                    ? static_cast<model::KvExchange&>(delayed)
+                                    : *g.exchange;
   return engine_.model().ForwardEspPrefill(b, engine_.kv_cache(), exchange, &g.logits);
 }
 

@@ -46,8 +46,7 @@ class FakeRegistry final : public v1::Registry::CallbackService {
     response->set_heartbeat_interval_s(1);
     return Ok(ctx);
   }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const v1::HeartbeatRequest*,
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest*,
                                       v1::HeartbeatResponse* response) override {
     response->set_known(true);
     return Ok(ctx);
@@ -151,8 +150,8 @@ Reference Greedy(const std::string& text, int max_tokens) {
 }
 
 v1::EspPrefillRequest MemberRequest(const std::vector<std::unique_ptr<Member>>& members,
-                                    const std::string& id, const std::string& text,
-                                    int max_tokens, uint32_t len, int member) {
+                                    const std::string& id, const std::string& text, int max_tokens,
+                                    uint32_t len, int member) {
   v1::EspPrefillRequest r;
   v1::PrefillRequest* p = r.mutable_request();
   p->set_request_id(id);

@@ -60,7 +60,7 @@ void LanguageCore::AdmitEsp(Request& r) {
   r.admitted_at_s = r.since_submit.ElapsedSeconds();
   // Blocks the loop for the group's prefill.
   absl::StatusOr<EspGroups::Prefilled> p =
-      esp_->Prefill(*r.esp_plan, r.esp_member, *std::move(prepared));
+      esp_->Prefill(*r.esp_plan, r.esp_member, *std::move(prepared), [this] { UpdateLoad(); });
   if (!p.ok()) {
     End(id, p.status());
     return;
