@@ -99,6 +99,12 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
   RETURN_IF_ERROR(core->role_->Attach(*core->engine_));
+  if (options.role.kind == LanguageRole::kElastic) {
+    EspGroupsOptions eo_esp = options.esp;
+    eo_esp.name = options.instance_id;
+    eo_esp.profile = options.role.kv_profile;
+    ASSIGN_OR_RETURN(core->esp_, EspGroups::Create(eo_esp, *core->engine_, metrics));
+  }
   core->UpdateLoad();
   LanguageCore* c = core.get();
   core->connector_ = std::make_unique<EventLoop>(EventLoopOptions{
@@ -148,6 +154,12 @@ void LanguageCore::Handle(Message& message) {
 }
 
 absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Request> r, MakeRequest(request, std::move(sink)));
+  return Install(std::move(r));
+}
+
+absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest(
+    const v1::PrefillRequest& request, RequestSink sink) {
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
   RETURN_IF_ERROR(role_->CheckPrefill(request));
   std::vector<model::MediaKind> slots;
@@ -185,7 +197,7 @@ absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink
     im.embedding.grid.kind = slots[r->images.size()];  // the retries' meta may omit it
     r->images.push_back(std::move(im));
   }
-  return Install(std::move(r));
+  return r;
 }
 
 void LanguageCore::OnInstall(std::unique_ptr<Request> owned) {
@@ -284,10 +296,15 @@ void LanguageCore::OnAbort(const std::string& request_id, const std::string& rea
   auto it = requests_.find(request_id);
   if (it == requests_.end()) {
     // Role elastic: a held span has no request here.
+    if (esp_ != nullptr) esp_->Release(request_id);
     if (engine_->num_held_spans() > 0) engine_->ReleaseSpan(request_id).IgnoreError();
     return;
   }
   Request& r = *it->second;
+  if (r.esp_plan != nullptr) {  // a master's decode: its span and state go now
+    End(request_id, absl::CancelledError(reason));
+    return;
+  }
   if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
     Advance(r, RequestEvent::kAbortAsked);
     engine_->Abort(request_id).IgnoreError();  // its event ends the request
@@ -403,7 +420,10 @@ void LanguageCore::End(const std::string& id, absl::Status status) {
   if (it == requests_.end()) return;
   std::unique_ptr<Request> r = std::move(it->second);
   requests_.erase(it);
-  if (InEngine(r->phase) && r->phase != RequestPhase::kAborting && !status.ok()) {
+  if (r->esp_plan != nullptr) {
+    // A member whose part ended OK keeps its span (until Abort or the lease).
+    if (esp_ != nullptr && !status.ok()) esp_->Release(id);
+  } else if (InEngine(r->phase) && r->phase != RequestPhase::kAborting && !status.ok()) {
     engine_->Abort(id).IgnoreError();
   }
   std::set<std::string> cancel;
@@ -488,10 +508,11 @@ Deadline LanguageCore::StepHook() {
     LoseRank(absl::UnavailableError("a tensor-parallel rank of this instance died"));
   }
   if (engine_->has_unfinished()) StepEngine();
+  const bool esp_busy = StepEsp();
   UpdateLoad();
   // Lost-image deadlines are checked at least every kIdleWait.
-  return engine_->has_unfinished() ? Deadline::After(absl::ZeroDuration())
-                                   : Deadline::After(kIdleWait);
+  return engine_->has_unfinished() || esp_busy ? Deadline::After(absl::ZeroDuration())
+                                               : Deadline::After(kIdleWait);
 }
 
 void LanguageCore::OnShutDown() {

@@ -46,6 +46,7 @@
 #include "common/clock.h"
 #include "common/event_loop.h"
 #include "common/metrics.h"
+#include "language_service/esp_groups.h"
 #include "language_service/role.h"
 #include "proto/language.grpc.pb.h"
 #include "proto/language.pb.h"
@@ -81,6 +82,9 @@ struct LanguageCoreOptions {
   absl::Duration lost_image_timeout = absl::Seconds(10);
   // The encoder Connect call.
   absl::Duration connect_timeout = absl::Seconds(3);
+  // Role elastic: its ESP groups (esp_groups.h; name and profile are set
+  // from instance_id and role.kv_profile).
+  EspGroupsOptions esp;
   // Called once, from the loop thread, when the instance is out of service
   // for good (a tensor-parallel rank died): main stops the process as on
   // SIGTERM, and its supervisor restarts it. Unset: only logged.
@@ -139,6 +143,19 @@ class LanguageCore {
   // ResourceExhausted as the engine's, Unavailable when shutting down.
   [[nodiscard]] absl::StatusOr<std::vector<int32_t>> HoldSpan(const std::string& id, int tokens);
 
+  // Role elastic (issue 26): member `request.member` of a group prefill
+  // (esp_groups.h). Checks as Submit does, waits for the request's images
+  // like it, then runs the member's part on the loop thread. The stream:
+  // the sampler's carries the first token (with finish_reason when that
+  // token ends the request); the master's the tokens after it, to the
+  // finish; every other member's ends OK, empty, once its span is kept (or
+  // freed, when it keeps none). Unimplemented on other roles.
+  [[nodiscard]] absl::Status EspPrefill(const v1::EspPrefillRequest& request, RequestSink sink);
+  // Role elastic: InstanceInfo.esp_endpoint (empty on other roles).
+  std::string esp_endpoint() const { return esp_ == nullptr ? "" : esp_->endpoint(); }
+  // Spans held here for other masters' decodes (role elastic).
+  size_t num_esp_spans() const;
+
   // Ends the request with CANCELLED (its sink's on_end) and frees everything
   // it holds, here and at its encoders; a held span is freed. Unknown ids
   // are ignored.
@@ -173,6 +190,15 @@ class LanguageCore {
   // Unavailable when stopping), then on the loop thread keeps `r` in
   // requests_ (OnInstall).
   absl::Status Install(std::unique_ptr<Request> r);
+  // Submit's checks and the request they build, not yet installed.
+  absl::StatusOr<std::unique_ptr<Request>> MakeRequest(const v1::PrefillRequest& request,
+                                                       RequestSink sink);
+  // Role elastic: a group member's request whose images are here runs its
+  // part (language_core_esp.cc).
+  void AdmitEsp(Request& r);
+  // Role elastic, from the step hook: the idle lease and one decode step of
+  // each request mastered here; whether any is decoding.
+  bool StepEsp();
   // AllocateKv on the loop thread.
   absl::StatusOr<v1::KvAllocation> ReserveKv(const v1::KvAllocateRequest& request);
   // CommitKv on the loop thread.
@@ -223,6 +249,8 @@ class LanguageCore {
   // What the role changes (role.h); declared after the engine, whose KV
   // cache it registers, so it goes first.
   std::unique_ptr<Role> role_;
+  // Role elastic; after the engine, whose model and KV cache it uses.
+  std::unique_ptr<EspGroups> esp_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,6 +1,8 @@
 // LanguageCore's calls of role elastic (issue 26): spans of a request's KV
-// held for a group prefill.
+// held for a group prefill, a member's part of a group prefill (EspGroups)
+// and the decode steps of the requests mastered here.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -29,6 +31,50 @@ absl::StatusOr<std::vector<int32_t>> LanguageCore::HoldSpanHere(const std::strin
   ids.reserve(blocks.size());
   for (kvpool::BlockId b : blocks) ids.push_back(b.value);
   return ids;
+}
+
+absl::Status LanguageCore::EspPrefill(const v1::EspPrefillRequest& request, RequestSink sink) {
+  if (esp_ == nullptr) {
+    return absl::UnimplementedError("only role elastic joins elastic prefill groups");
+  }
+  if (request.member() >= static_cast<uint32_t>(request.plan().members_size())) {
+    return absl::InvalidArgumentError("the receiver is not a member of the plan");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Request> r, MakeRequest(request.request(), std::move(sink)));
+  r->esp_plan = std::make_unique<v1::EspPlan>(request.plan());
+  r->esp_member = static_cast<int>(request.member());
+  return Install(std::move(r));
+}
+
+size_t LanguageCore::num_esp_spans() const { return esp_ == nullptr ? 0 : esp_->num_held_spans(); }
+
+void LanguageCore::AdmitEsp(Request& r) {
+  const std::string id = r.id;
+  absl::StatusOr<std::unique_ptr<worker::EspRequest>> prepared =
+      engine_->PrepareEsp(std::move(r.engine_request));
+  if (!prepared.ok()) {
+    End(id, prepared.status());
+    return;
+  }
+  Advance(r, RequestEvent::kImagesArrived);
+  r.admitted_at_s = r.since_submit.ElapsedSeconds();
+  // Blocks the loop for the group's prefill.
+  absl::StatusOr<EspGroups::Prefilled> p =
+      esp_->Prefill(*r.esp_plan, r.esp_member, *std::move(prepared), [this] { UpdateLoad(); });
+  if (!p.ok()) {
+    End(id, p.status());
+    return;
+  }
+  if (p->event.has_value()) OnEvent(*p->event);  // may end the request
+  if (!p->decodes) End(id, absl::OkStatus());    // no-op when it ended
+}
+
+bool LanguageCore::StepEsp() {
+  if (esp_ == nullptr) return false;
+  esp_->ExpireIdle();
+  if (!esp_->has_decodes()) return false;
+  esp_->Step([this](const worker::StreamEvent& e) { OnEvent(e); });
+  return esp_->has_decodes();
 }
 
 }  // namespace mmserve::language

@@ -259,6 +259,10 @@ void LanguageCore::MaybeAdmit(Request& r) {
   }
   r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
   for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
+  if (r.esp_plan != nullptr) {
+    AdmitEsp(r);
+    return;
+  }
   const std::string id = r.id;
   absl::Status s = engine_->AddRequest(std::move(r.engine_request),
                                        [this](const worker::StreamEvent& e) { OnEvent(e); });

@@ -32,6 +32,13 @@ class PrefillReactor final : public QueuedWriteReactor<v1::TokenBatch> {
                                        .on_end = [this](absl::Status st) { Done(std::move(st)); }});
     if (!s.ok()) Done(std::move(s));
   }
+  // Role elastic: one member's part of a group prefill.
+  void StartEsp(const v1::EspPrefillRequest& request) {
+    absl::Status s =
+        core_.EspPrefill(request, {.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
+                                   .on_end = [this](absl::Status st) { Done(std::move(st)); }});
+    if (!s.ok()) Done(std::move(s));
+  }
   // Ends the stream with `status` without reaching the core.
   void Refuse(absl::Status status) { Done(std::move(status)); }
 
@@ -81,6 +88,19 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
     reactor->Refuse(std::move(s));
   } else if (accepting_) {
     reactor->StartDecode(*request);
+  } else {
+    reactor->Refuse(absl::UnavailableError("the language instance is draining"));
+  }
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
+    grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) {
+  auto* reactor = new PrefillReactor(core_, request->request().request_id(), metrics_);
+  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
+    reactor->Refuse(std::move(s));
+  } else if (accepting_) {
+    reactor->StartEsp(*request);
   } else {
     reactor->Refuse(absl::UnavailableError("the language instance is draining"));
   }

@@ -28,6 +28,9 @@ class LanguageService final : public v1::Language::CallbackService {
                                                     const v1::PrefillRequest* request) override;
   grpc::ServerWriteReactor<v1::TokenBatch>* Decode(grpc::CallbackServerContext* ctx,
                                                    const v1::DecodeRequest* request) override;
+  // Role elastic: one member's part of a group prefill (LanguageCore::EspPrefill).
+  grpc::ServerWriteReactor<v1::TokenBatch>* EspPrefill(
+      grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) override;
   grpc::ServerUnaryReactor* AllocateKv(grpc::CallbackServerContext* ctx,
                                        const v1::KvAllocateRequest* request,
                                        v1::KvAllocation* response) override;

@@ -30,11 +30,20 @@ namespace mmserve::language::testing {
 
 constexpr char kModel[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
 
+// What an instance may change beside its role (ESP tests: several elastic
+// instances, each with its own id, UCX profile and KV pool).
+struct InstanceOptions {
+  std::string id;  // empty: the role's name
+  transfer::TransportProfile profile = transfer::TransportProfile::kShm;
+  int64_t kv_cache_bytes = 8 << 20;
+};
+
 // A language instance of one role behind a gRPC server on a free port.
 struct Instance {
   explicit Instance(LanguageRole role, absl::Duration commit_timeout = absl::Seconds(10),
-                    int tp = 1) {
-    const std::string id = role == LanguageRole::kDecode    ? "decode"
+                    int tp = 1, const InstanceOptions& io = {}) {
+    const std::string id = !io.id.empty()                   ? io.id
+                           : role == LanguageRole::kDecode  ? "decode"
                            : role == LanguageRole::kPrefill ? "prefill"
                            : role == LanguageRole::kElastic ? "elastic"
                                                             : "both";
@@ -53,9 +62,10 @@ struct Instance {
     o.instance_id = id;
     o.role.kind = role;
     o.role.kv_commit_timeout = commit_timeout;
+    o.role.kv_profile = io.profile;
     o.engine.model_dir = kModel;
     o.engine.block_size = 4;
-    o.engine.kv_cache_bytes = 8 << 20;
+    o.engine.kv_cache_bytes = io.kv_cache_bytes;
     o.engine.max_num_seqs = 8;
     o.engine.max_num_batched_tokens = 64;
     o.engine.num_threads = 1;

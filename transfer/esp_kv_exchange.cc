@@ -49,8 +49,8 @@ absl::Status CheckPlan(const UcxEspExchange::Plan& plan, int self) {
 
 }  // namespace
 
-UcxEspExchange::UcxEspExchange(Plan plan, int self, absl::Duration timeout)
-    : plan_(std::move(plan)), self_(self), timeout_(timeout) {
+UcxEspExchange::UcxEspExchange(Plan plan, int self, absl::Duration timeout, uint32_t seq_base)
+    : plan_(std::move(plan)), self_(self), timeout_(timeout), seq_base_(seq_base) {
   for (int m = 0; m < static_cast<int>(plan_.rows.size()); ++m) {
     if (m != self_) peers_.push_back(m);
   }
@@ -60,12 +60,33 @@ absl::StatusOr<std::unique_ptr<UcxEspExchange>> UcxEspExchange::Create(
     UcxContext& context, Plan plan, int self, const UcxWorkerOptions& options,
     absl::Duration layer_timeout) {
   RETURN_IF_ERROR(CheckPlan(plan, self));
-  std::unique_ptr<UcxEspExchange> ex(new UcxEspExchange(std::move(plan), self, layer_timeout));
-  const size_t data = 4 * ex->plan_.prompt_len * ex->plan_.kv_width * sizeof(float);
+  std::unique_ptr<UcxEspExchange> ex(new UcxEspExchange(std::move(plan), self, layer_timeout, 0));
   ASSIGN_OR_RETURN(
-      ex->board_,
-      UcxNoticeBoard::Create(context, data, 2 * static_cast<int>(ex->plan_.rows.size()), options));
+      ex->own_board_,
+      UcxNoticeBoard::Create(context, BoardBytes(ex->plan_.prompt_len, ex->plan_.kv_width),
+                             BoardNotices(static_cast<int>(ex->plan_.rows.size())), options));
+  ex->board_ = ex->own_board_.get();
   return ex;
+}
+
+absl::StatusOr<std::unique_ptr<UcxEspExchange>> UcxEspExchange::CreateOn(
+    UcxNoticeBoard& board, Plan plan, int self, uint32_t seq_base, absl::Duration layer_timeout) {
+  RETURN_IF_ERROR(CheckPlan(plan, self));
+  if (seq_base == 0) return absl::InvalidArgumentError("ESP exchange: sequence base 0");
+  if (BoardBytes(plan.prompt_len, plan.kv_width) > board.data_bytes() ||
+      BoardNotices(static_cast<int>(plan.rows.size())) > board.notices()) {
+    return absl::ResourceExhaustedError("ESP exchange: the prompt or group exceeds the board");
+  }
+  std::unique_ptr<UcxEspExchange> ex(
+      new UcxEspExchange(std::move(plan), self, layer_timeout, seq_base));
+  ex->board_ = &board;
+  return ex;
+}
+
+uint32_t UcxEspExchange::SeqBase(std::string_view request_id) {
+  // Layers take base .. base + layers + 1 and the abort word base - 1: keep
+  // all of them in [1, 2^31 + 2^16), far below kAbortSeq.
+  return 2 + Crc32c(request_id.data(), request_id.size()) % 0x7fffffffu;
 }
 
 UcxEspExchange::~UcxEspExchange() = default;
@@ -114,7 +135,7 @@ absl::Status UcxEspExchange::Exchange(int slot, uint32_t seq, Deadline deadline)
   std::vector<int> notices;
   for (int peer : peers_) notices.push_back(Notice(slot, peer));
   std::vector<uint64_t> words;
-  RETURN_IF_ERROR(board_->Await(notices, seq, deadline, aborted_, &words));
+  RETURN_IF_ERROR(board_->Await(notices, seq, deadline, aborted_, &words, abort_seq()));
   for (size_t i = 0; i < peers_.size(); ++i) {
     if (NoticeCrc(words[i]) != RowsCrc(slot, plan_.rows[peers_[i]])) {
       return absl::DataLossError("a member's K/V failed its CRC32C");
@@ -137,7 +158,8 @@ absl::Status UcxEspExchange::AllGather(int layer, absl::Span<const int64_t> rows
     std::memcpy(Plane(slot, 1) + mine[i] * plan_.kv_width, v + i * plan_.kv_width,
                 plan_.kv_width * sizeof(float));
   }
-  absl::Status s = Exchange(slot, static_cast<uint32_t>(layer) + 1, Deadline::After(timeout_));
+  absl::Status s =
+      Exchange(slot, seq_base_ + static_cast<uint32_t>(layer) + 1, Deadline::After(timeout_));
   if (!s.ok()) {
     aborted_ = true;
     return absl::Status(s.code(), absl::StrCat("ESP exchange: ", s.message()));
@@ -152,9 +174,47 @@ void UcxEspExchange::Abort() {
   if (abort_sent_.exchange(true)) return;
   // Best effort: an abort word in both slots of every peer, briefly.
   for (int slot = 0; slot < 2; ++slot) {
-    (void)board_->Notify(peers_, Notice(slot, self_), NoticeWord(kAbortSeq, 0),
+    (void)board_->Notify(peers_, Notice(slot, self_), NoticeWord(abort_seq(), 0),
                          Deadline::After(absl::Milliseconds(200)));
   }
+}
+
+// Slot 1 carries the join: a peer writes its layer-1 notice there only after
+// this member's layer-0 notice, which follows this member's Join.
+absl::Status UcxEspExchange::Join(absl::Duration timeout) {
+  const Deadline deadline = Deadline::After(timeout);
+  absl::Status s = board_->Notify(peers_, Notice(1, self_), NoticeWord(seq_base_, 0), deadline);
+  std::vector<int> notices;
+  for (int peer : peers_) notices.push_back(Notice(1, peer));
+  std::vector<uint64_t> words;
+  if (s.ok()) s = board_->Await(notices, seq_base_, deadline, aborted_, &words, abort_seq());
+  if (!s.ok()) {
+    aborted_ = true;
+    return absl::Status(s.code(),
+                        absl::StrCat("ESP exchange: a member did not join: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The slot after the last layer's: every member has read its notices for
+// layer num_layers - 2 before it sent its notice for num_layers - 1.
+absl::Status UcxEspExchange::SendToken(int num_layers, int to, int32_t token) {
+  const uint32_t seq = seq_base_ + static_cast<uint32_t>(num_layers) + 1;
+  return board_->Notify({to}, Notice(num_layers & 1, self_),
+                        NoticeWord(seq, static_cast<uint32_t>(token)), Deadline::After(timeout_));
+}
+
+absl::StatusOr<int32_t> UcxEspExchange::AwaitToken(int num_layers, int from) {
+  const uint32_t seq = seq_base_ + static_cast<uint32_t>(num_layers) + 1;
+  std::vector<uint64_t> words;
+  absl::Status s = board_->Await({Notice(num_layers & 1, from)}, seq, Deadline::After(timeout_),
+                                 aborted_, &words, abort_seq());
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP exchange: ", s.message()));
+  return static_cast<int32_t>(NoticeCrc(words[0]));
+}
+
+void UcxEspExchange::Finish() {
+  if (own_board_ == nullptr) board_->ClearNotices();
 }
 
 }  // namespace mmserve::transfer

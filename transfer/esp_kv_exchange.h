@@ -22,6 +22,14 @@
 // it on its progress thread (where UCX's emulated puts land), so what that
 // poll saw is ordered before the member thread's reads of the data.
 //
+// On an instance's board (CreateOn, issue 26's served groups): the board
+// outlives the exchange and serves one group after another. Sequence
+// numbers then start at a base the members derive from the request id
+// (stale words of an earlier group never match) and aborts are that
+// group's own word; Join first tells every peer this member is in the
+// group and waits for theirs, so no peer puts into a board still busy with
+// an earlier group; Finish clears the board's notices for the next.
+//
 // Errors: every wait has the layer timeout (DEADLINE_EXCEEDED); a peer's
 // Abort() or a put that fails gives UNAVAILABLE; a CRC mismatch DATA_LOSS.
 // Thread-safety: one member thread calls AllGather; Abort from any thread.
@@ -32,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,6 +68,18 @@ class UcxEspExchange : public model::KvExchange {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxEspExchange>> Create(
       UcxContext& context, Plan plan, int self, const UcxWorkerOptions& options,
       absl::Duration layer_timeout);
+  // The same over `board`, which must outlive the exchange and hold
+  // BoardBytes(plan) of data and BoardNotices(members) notices. Sequence
+  // numbers start at seq_base (SeqBase(request id)).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UcxEspExchange>> CreateOn(
+      UcxNoticeBoard& board, Plan plan, int self, uint32_t seq_base, absl::Duration layer_timeout);
+  static uint64_t BoardBytes(int64_t prompt_len, int64_t kv_width) {
+    return 4 * prompt_len * kv_width * sizeof(float);
+  }
+  static int BoardNotices(int members) { return 2 * members; }
+  // A group's sequence base from its request id: the same on every member,
+  // never 0 and with room for every layer below the abort words.
+  static uint32_t SeqBase(std::string_view request_id);
   ~UcxEspExchange() override;
   UcxEspExchange(const UcxEspExchange&) = delete;
   UcxEspExchange& operator=(const UcxEspExchange&) = delete;
@@ -67,6 +88,17 @@ class UcxEspExchange : public model::KvExchange {
   // Endpoints to every other member; targets in member order.
   [[nodiscard]] absl::Status Connect(const std::vector<EspExchangeTarget>& targets);
 
+  // CreateOn's groups: tells every peer this member is in, then waits (up
+  // to `timeout`) until every peer is. Call after Connect, before the first
+  // AllGather.
+  [[nodiscard]] absl::Status Join(absl::Duration timeout);
+  // After the last layer (`num_layers` of them): the sampling member sends
+  // the first token to member `to`, which awaits it from `from`.
+  [[nodiscard]] absl::Status SendToken(int num_layers, int to, int32_t token);
+  [[nodiscard]] absl::StatusOr<int32_t> AwaitToken(int num_layers, int from);
+  // CreateOn's groups: the group is over here; clears the board's notices.
+  void Finish();
+
   [[nodiscard]] absl::Status AllGather(int layer, absl::Span<const int64_t> rows, const float* k,
                                        const float* v, const float** k_all,
                                        const float** v_all) override;
@@ -74,7 +106,8 @@ class UcxEspExchange : public model::KvExchange {
   void Abort() override;
 
  private:
-  UcxEspExchange(Plan plan, int self, absl::Duration timeout);
+  UcxEspExchange(Plan plan, int self, absl::Duration timeout, uint32_t seq_base);
+  uint32_t abort_seq() const { return seq_base_ == 0 ? kAbortSeq : seq_base_ - 1; }
   float* Plane(int slot, int kv) const;
   int Notice(int slot, int member) const {
     return slot * static_cast<int>(plan_.rows.size()) + member;
@@ -85,7 +118,9 @@ class UcxEspExchange : public model::KvExchange {
   const Plan plan_;
   const int self_;
   const absl::Duration timeout_;
-  std::unique_ptr<UcxNoticeBoard> board_;
+  const uint32_t seq_base_;  // 0: an own board (layer l is sequence l + 1)
+  std::unique_ptr<UcxNoticeBoard> own_board_;
+  UcxNoticeBoard* board_ = nullptr;
   std::vector<int> peers_;               // every member but self
   std::atomic<bool> aborted_{false};     // this member's waits end
   std::atomic<bool> abort_sent_{false};  // the peers were told

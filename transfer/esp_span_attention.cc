@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -24,8 +25,10 @@ constexpr absl::Duration kNap = absl::Microseconds(200);
 
 struct QueryHeader {
   uint32_t layer = 0;
-  uint32_t rows = 0;
+  uint16_t rows = 0;
+  uint16_t reply = 0;  // the client's reply slot (and notice) for this server
 };
+static_assert(sizeof(QueryHeader) == 8);
 
 // Bytes of a query with `rows` rows: header, tag slots, q rows.
 uint64_t QueryBytes(const EspSpanShape& s, int64_t rows) {
@@ -47,7 +50,7 @@ EspSpanServer::EspSpanServer(const EspSpanShape& shape, int self, Handler handle
 absl::StatusOr<std::unique_ptr<EspSpanServer>> EspSpanServer::Create(
     UcxContext& context, const EspSpanShape& shape, int self, Handler handler,
     const UcxWorkerOptions& options) {
-  if (self < 0 || self >= shape.parties || shape.max_rows <= 0) {
+  if (self < 0 || self >= shape.parties || shape.max_rows <= 0 || shape.max_rows > 0xffff) {
     return absl::InvalidArgumentError("ESP span server: bad shape");
   }
   std::unique_ptr<EspSpanServer> s(new EspSpanServer(shape, self, std::move(handler)));
@@ -63,14 +66,27 @@ EspSpanServer::~EspSpanServer() {
 }
 
 absl::Status EspSpanServer::Connect(const std::vector<NoticeBoardTarget>& clients) {
-  if (static_cast<int>(clients.size()) != shape_.parties || thread_.joinable()) {
-    return absl::InvalidArgumentError("ESP span server: one target per party, once");
+  if (static_cast<int>(clients.size()) != shape_.parties) {
+    return absl::InvalidArgumentError("ESP span server: one target per party");
   }
-  RETURN_IF_ERROR(board_->Connect(clients, self_));
   for (int c = 0; c < shape_.parties; ++c) {
-    if (c != self_ && !clients[c].worker_address.empty()) clients_.push_back(c);
+    if (c != self_ && !clients[c].worker_address.empty()) RETURN_IF_ERROR(AddClient(c, clients[c]));
   }
-  thread_ = std::thread([this] { Serve(); });
+  return absl::OkStatus();
+}
+
+absl::Status EspSpanServer::AddClient(int lane, const NoticeBoardTarget& client) {
+  if (lane < 0 || lane >= shape_.parties)
+    return absl::InvalidArgumentError("ESP span server: lane");
+  absl::MutexLock lock(&mu_);
+  clients_.erase(std::remove(clients_.begin(), clients_.end(), lane), clients_.end());
+  RETURN_IF_ERROR(board_->ConnectPeer(lane, client));
+  if (client.worker_address.empty()) return absl::OkStatus();
+  std::vector<uint64_t> word;
+  RETURN_IF_ERROR(board_->Read({lane}, &word, /*ignore_lost=*/true));
+  served_[lane] = NoticeSeq(word[0]);
+  clients_.push_back(lane);
+  if (!thread_.joinable()) thread_ = std::thread([this] { Serve(); });
   return absl::OkStatus();
 }
 
@@ -78,19 +94,8 @@ void EspSpanServer::Serve() {
   int idle = 0;
   std::vector<uint64_t> words;
   while (!stop_) {
-    if (!board_->Read(clients_, &words).ok()) return;  // the worker stopped
     bool worked = false;
-    for (size_t i = 0; i < clients_.size(); ++i) {
-      const int c = clients_[i];
-      const uint32_t seq = NoticeSeq(words[i]);
-      if (seq == 0 || seq == kAbortSeq || seq == served_[c]) continue;
-      served_[c] = seq;
-      worked = true;
-      if (!Answer(c, seq, NoticeCrc(words[i])).ok()) {
-        (void)board_->Notify({c}, self_, NoticeWord(kAbortSeq, 0),
-                             Deadline::After(absl::Milliseconds(200)));
-      }
-    }
+    if (!ServeRound(words, &worked)) return;  // the worker stopped
     idle = worked ? 0 : idle + 1;
     if (idle > kSpinRounds) {
       absl::SleepFor(kNap);
@@ -100,11 +105,33 @@ void EspSpanServer::Serve() {
   }
 }
 
+bool EspSpanServer::ServeRound(std::vector<uint64_t>& words, bool* worked) {
+  absl::MutexLock lock(&mu_);
+  // Lost clients do not stop the others (Answer to one fails alone).
+  if (!board_->Read(clients_, &words, /*ignore_lost=*/true).ok()) return false;
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    const int c = clients_[i];
+    const uint32_t seq = NoticeSeq(words[i]);
+    if (seq == 0 || seq == kAbortSeq || seq == served_[c]) continue;
+    served_[c] = seq;
+    *worked = true;
+    if (Answer(c, seq, NoticeCrc(words[i])).ok() || board_->PeerLost(c)) continue;
+    QueryHeader h;
+    std::memcpy(&h, board_->data() + c * shape_.InboxBytes(), sizeof(h));
+    if (h.reply >= shape_.parties) continue;
+    (void)board_->Notify({c}, h.reply, NoticeWord(kAbortSeq, 0),
+                         Deadline::After(absl::Milliseconds(200)));
+  }
+  return true;
+}
+
 absl::Status EspSpanServer::Answer(int client, uint32_t seq, uint32_t crc) {
   const uint8_t* inbox = board_->data() + client * shape_.InboxBytes();
   QueryHeader h;
   std::memcpy(&h, inbox, sizeof(h));
-  if (h.rows > shape_.max_rows) return absl::DataLossError("query too long");
+  if (h.rows > shape_.max_rows || h.reply >= shape_.parties) {
+    return absl::DataLossError("query too long");
+  }
   if (Crc32c(inbox, QueryBytes(shape_, h.rows)) != crc) {
     return absl::DataLossError("query failed its CRC32C");
   }
@@ -115,19 +142,22 @@ absl::Status EspSpanServer::Answer(int client, uint32_t seq, uint32_t crc) {
   RETURN_IF_ERROR(handler_(static_cast<int>(h.layer), absl::MakeConstSpan(tags, h.rows), q, h.rows,
                            reinterpret_cast<float*>(reply),
                            reinterpret_cast<float*>(reply + LseOffset(shape_))));
-  const uint64_t remote = self_ * shape_.ReplyBytes();
+  const uint64_t remote = uint64_t{h.reply} * shape_.ReplyBytes();
   const Deadline deadline = Deadline::After(kReplyTimeout);
   RETURN_IF_ERROR(
       board_->PutAndFlush({{client, reply_at, remote, h.rows * shape_.q_width * sizeof(float)},
                            {client, reply_at + LseOffset(shape_), remote + LseOffset(shape_),
                             h.rows * shape_.heads * sizeof(float)}},
                           deadline));
-  return board_->Notify({client}, self_, NoticeWord(seq, ReplyCrc(shape_, reply, h.rows)),
+  return board_->Notify({client}, h.reply, NoticeWord(seq, ReplyCrc(shape_, reply, h.rows)),
                         deadline);
 }
 
 UcxSpanPeers::UcxSpanPeers(const EspSpanShape& shape, int self, absl::Duration timeout)
-    : shape_(shape), self_(self), timeout_(timeout), seq_(shape.parties, 0) {}
+    : shape_(shape),
+      self_(self),
+      timeout_(timeout),
+      seq_(static_cast<uint32_t>(absl::ToUnixNanos(absl::Now()) >> 10) | 1) {}
 
 UcxSpanPeers::~UcxSpanPeers() = default;
 
@@ -136,7 +166,7 @@ absl::StatusOr<std::unique_ptr<UcxSpanPeers>> UcxSpanPeers::Create(UcxContext& c
                                                                    int self,
                                                                    const UcxWorkerOptions& options,
                                                                    absl::Duration timeout) {
-  if (self < 0 || self >= shape.parties || shape.max_rows <= 0) {
+  if (self < 0 || self >= shape.parties || shape.max_rows <= 0 || shape.max_rows > 0xffff) {
     return absl::InvalidArgumentError("ESP span peers: bad shape");
   }
   std::unique_ptr<UcxSpanPeers> p(new UcxSpanPeers(shape, self, timeout));
@@ -153,6 +183,16 @@ absl::Status UcxSpanPeers::Connect(const std::vector<NoticeBoardTarget>& servers
   return board_->Connect(servers, self_);
 }
 
+absl::Status UcxSpanPeers::Retarget(int self, const std::vector<NoticeBoardTarget>& servers) {
+  if (self < 0 || self >= shape_.parties || static_cast<int>(servers.size()) > shape_.parties) {
+    return absl::InvalidArgumentError("ESP span peers: self or servers out of range");
+  }
+  self_ = self;
+  std::vector<NoticeBoardTarget> all = servers;
+  all.resize(shape_.parties);
+  return Connect(all);
+}
+
 void UcxSpanPeers::SetBatch(std::vector<int> members, int self_member,
                             std::vector<uint64_t> row_tags) {
   members_ = std::move(members);
@@ -167,10 +207,12 @@ absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t 
     return absl::InvalidArgumentError("ESP span query: bad member or rows");
   }
   const int server = members_[member];
-  const uint32_t seq = ++seq_[server];
+  if (++seq_ == kAbortSeq || seq_ == 0) seq_ = 1;
+  const uint32_t seq = seq_;
   const uint64_t staging = shape_.parties * shape_.ReplyBytes();
   uint8_t* query = board_->data() + staging;
-  const QueryHeader h{static_cast<uint32_t>(layer), static_cast<uint32_t>(rows)};
+  const QueryHeader h{static_cast<uint32_t>(layer), static_cast<uint16_t>(rows),
+                      static_cast<uint16_t>(server)};
   std::memcpy(query, &h, sizeof(h));
   std::memcpy(query + 8, tags_.data(), rows * sizeof(uint64_t));
   std::memcpy(query + 8 + shape_.max_rows * 8, q, rows * shape_.q_width * sizeof(float));

@@ -19,11 +19,18 @@
 //   peers->SetBatch(/*members=*/{1, 0}, /*self member=*/1, row_tags);  // span order
 //   RETURN_IF_ERROR(model.ForwardEspDecode(batch, kv, *peers, &logits));
 //
-// A query: the client puts {layer, rows}, the rows' tags (which sequence
+// A query: the client puts {layer, rows, its reply slot}, the rows' tags (which sequence
 // each row is, the server's business) and q into its inbox on the server,
 // flushes, then a notice {seq, CRC32C}; the server thread checks the CRC,
 // calls the handler, puts out and lse into the client's reply inbox, flushes
-// and notifies likewise. Every wait has the client's timeout.
+// and notifies likewise (at the reply slot the query names: the server's
+// party index in the client's view). Every wait has the client's timeout.
+//
+// An instance's server and client (issue 26's served groups) live as long
+// as the instance: parties are then a group's member indices, the server
+// takes clients one lane at a time (AddClient: lane = the master's member
+// index in its group, reconnected for each group) and the client is moved
+// between groups (Retarget).
 // Thread-safety: one thread drives a UcxSpanPeers; the server's handler runs
 // on the server's own thread, one query at a time, beside whatever else the
 // holder runs: it reads only held (immutable) spans, and a ThreadPool it
@@ -38,7 +45,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "model/esp.h"
@@ -72,20 +81,29 @@ class EspSpanServer {
   // The clients' boards (party order; entries of parties that are not
   // clients may be empty), then starts answering.
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& clients);
+  // Or one client at a time: `client` queries in inbox `lane` from now on
+  // (replacing the lane's earlier client; an empty target closes the lane).
+  // Starts answering at the first call. Thread-safe.
+  [[nodiscard]] absl::Status AddClient(int lane, const NoticeBoardTarget& client);
 
  private:
   EspSpanServer(const EspSpanShape& shape, int self, Handler handler);
   void Serve();
+  // One poll of every lane, answering what came; false once the worker stopped.
+  bool ServeRound(std::vector<uint64_t>& words, bool* worked);
   absl::Status Answer(int client, uint32_t seq, uint32_t crc);
 
   const EspSpanShape shape_;
   const int self_;
   const Handler handler_;
   std::unique_ptr<UcxNoticeBoard> board_;
-  std::vector<int> clients_;      // connected parties
-  std::vector<uint32_t> served_;  // per party, the last query answered; server thread
+  absl::Mutex mu_;
+  std::vector<int> clients_ ABSL_GUARDED_BY(mu_);  // connected lanes
+  // Per lane, the last query answered; a lane's new client starts from the
+  // word its inbox holds then.
+  std::vector<uint32_t> served_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::thread thread_;  // started once, under mu_
 };
 
 class UcxSpanPeers : public model::SpanAttentionPeers {
@@ -98,6 +116,10 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   const NoticeBoardTarget& target() const { return board_->target(); }
   // The servers' boards, party order (entries of non-servers may be empty).
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& servers);
+  // An instance's client moved to another group: it is party `self` there
+  // (its lane on each server) and the servers are `servers` (party order,
+  // at most `parties`; the rest are none).
+  [[nodiscard]] absl::Status Retarget(int self, const std::vector<NoticeBoardTarget>& servers);
   // The next decode batch: its span holders in span order (parties; this
   // party among them at self_member) and each row's tag.
   void SetBatch(std::vector<int> members, int self_member, std::vector<uint64_t> row_tags);
@@ -111,10 +133,12 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   UcxSpanPeers(const EspSpanShape& shape, int self, absl::Duration timeout);
 
   const EspSpanShape shape_;
-  const int self_;
+  int self_;
   const absl::Duration timeout_;
   std::unique_ptr<UcxNoticeBoard> board_;
-  std::vector<uint32_t> seq_;  // per party, the last query sent
+  // The last query sent, to any party: starts from the clock, so a new
+  // client of a lane never repeats the word its predecessor left there.
+  uint32_t seq_;
   std::vector<int> members_;
   int self_member_ = 0;
   std::vector<uint64_t> tags_;

@@ -36,6 +36,7 @@ struct UcxNoticeBoard::Peer {
   std::unique_ptr<UcxEndpoint> ep;
   std::unique_ptr<UcxRemoteKey> rkey;
   uint64_t base = 0;
+  uint64_t notice_offset = 0;
   std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
 };
 
@@ -53,6 +54,7 @@ absl::StatusOr<std::unique_ptr<UcxNoticeBoard>> UcxNoticeBoard::Create(
   ASSIGN_OR_RETURN(b->target_.rkey, b->region_->PackRkey());
   b->target_.worker_address = b->worker_->address();
   b->target_.base_address = reinterpret_cast<uint64_t>(b->region_->address());
+  b->target_.notice_offset = b->NoticeOffset(0);
   return b;
 }
 
@@ -82,8 +84,45 @@ absl::Status UcxNoticeBoard::Connect(const std::vector<NoticeBoardTarget>& targe
                                                      [failed](absl::Status) { *failed = true; }));
       ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), targets[i].rkey));
       peer->base = targets[i].base_address;
+      peer->notice_offset =
+          targets[i].notice_offset != 0 ? targets[i].notice_offset : NoticeOffset(0);
       peers_.back() = std::move(peer);
     }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status UcxNoticeBoard::ConnectPeer(int index, const NoticeBoardTarget& target) {
+  if (index < 0) return absl::InvalidArgumentError("notice board: no such peer");
+  return worker_->RunSync([&]() -> absl::Status {
+    if (static_cast<int>(peers_.size()) <= index) peers_.resize(index + 1);
+    peers_[index].reset();
+    if (target.worker_address.empty()) return absl::OkStatus();
+    auto peer = std::make_unique<Peer>();
+    std::shared_ptr<std::atomic<bool>> failed = peer->failed;
+    ASSIGN_OR_RETURN(peer->ep, UcxEndpoint::Create(*worker_, target.worker_address,
+                                                   [failed](absl::Status) { *failed = true; }));
+    ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), target.rkey));
+    peer->base = target.base_address;
+    peer->notice_offset = target.notice_offset != 0 ? target.notice_offset : NoticeOffset(0);
+    peers_[index] = std::move(peer);
+    return absl::OkStatus();
+  });
+}
+
+bool UcxNoticeBoard::PeerLost(int index) {
+  bool lost = false;
+  (void)worker_->RunSync([&] {
+    lost = index >= 0 && index < static_cast<int>(peers_.size()) && peers_[index] != nullptr &&
+           *peers_[index]->failed;
+    return absl::OkStatus();
+  });
+  return lost;
+}
+
+void UcxNoticeBoard::ClearNotices() {
+  (void)worker_->RunSync([&] {
+    std::memset(data() + NoticeOffset(0), 0, notices_ * sizeof(uint64_t));
     return absl::OkStatus();
   });
 }
@@ -104,10 +143,12 @@ absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadl
       const Peer& p = *peers_[piece.peer];
       if (*p.failed) return absl::UnavailableError("notice board: a peer is lost");
       named.insert(piece.peer);
+      const uint64_t remote =
+          piece.to_notice ? p.notice_offset + piece.remote_offset * 8 : piece.remote_offset;
       StartUcxOp(
           [&](const ucp_request_param_t& param) {
             return ucp_put_nbx(p.ep->get(), data() + piece.local_offset, piece.bytes,
-                               p.base + piece.remote_offset, p.rkey->get(), &param);
+                               p.base + remote, p.rkey->get(), &param);
           },
           note);
     }
@@ -140,11 +181,14 @@ absl::Status UcxNoticeBoard::Notify(const std::vector<int>& peers, int index, ui
   const uint64_t staging = NoticeOffset(notices_);
   std::memcpy(data() + staging, &word, sizeof(word));
   std::vector<Piece> pieces;
-  for (int p : peers) pieces.push_back({p, staging, NoticeOffset(index), sizeof(word)});
+  for (int p : peers) {
+    pieces.push_back({p, staging, static_cast<uint64_t>(index), sizeof(word), /*to_notice=*/true});
+  }
   return PutAndFlush(pieces, deadline);
 }
 
-absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words) {
+absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
+                                  bool ignore_lost) {
   words->assign(indices.size(), 0);
   // On the progress thread: emulated puts land there, so what it read (and
   // every byte put before it) is ordered before the caller's later reads.
@@ -154,20 +198,23 @@ absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<u
           reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
     }
     for (const std::unique_ptr<Peer>& p : peers_) {
-      if (p != nullptr && *p->failed) return absl::UnavailableError("a peer is lost");
+      if (!ignore_lost && p != nullptr && *p->failed) {
+        return absl::UnavailableError("a peer is lost");
+      }
     }
     return absl::OkStatus();
   });
 }
 
 absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
-                                   const std::atomic<bool>& cancelled,
-                                   std::vector<uint64_t>* words) {
+                                   const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
+                                   uint32_t abort_seq) {
   for (;;) {
     RETURN_IF_ERROR(Read(indices, words));
     size_t ready = 0;
     for (uint64_t word : *words) {
-      if (NoticeSeq(word) == kAbortSeq) return absl::UnavailableError("a peer gave up");
+      if (NoticeSeq(word) == kAbortSeq || NoticeSeq(word) == abort_seq)
+        return absl::UnavailableError("a peer gave up");
       ready += NoticeSeq(word) == seq;
     }
     if (ready == indices.size()) return absl::OkStatus();

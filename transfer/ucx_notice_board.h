@@ -45,6 +45,10 @@ struct NoticeBoardTarget {
   std::string worker_address;
   std::string rkey;
   uint64_t base_address = 0;
+  // Where the board's notice words start, from base_address. 0: where the
+  // writer's own board has them (boards of one size; targets from before
+  // this field).
+  uint64_t notice_offset = 0;
 };
 
 inline constexpr uint32_t kAbortSeq = 0xffffffffu;
@@ -63,15 +67,25 @@ class UcxNoticeBoard {
 
   const NoticeBoardTarget& target() const { return target_; }
   uint8_t* data() const { return static_cast<uint8_t*>(region_->address()); }
+  size_t data_bytes() const { return data_bytes_; }
+  int notices() const { return notices_; }
 
   // Endpoints to targets[i] for every i but `self` (-1: all) and those
   // with no address.
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& targets, int self);
+  // Peer `index` alone (a target with no address drops it); the others stay.
+  [[nodiscard]] absl::Status ConnectPeer(int index, const NoticeBoardTarget& target);
+  // Whether UCX reported peer `index` lost (false for unconnected ones).
+  bool PeerLost(int index);
+  // Zeroes every notice word (on the progress thread). A board reused by
+  // several exchanges clears them between two.
+  void ClearNotices();
 
   // This board's data [local_offset, + bytes) to the peer's data at remote_offset.
   struct Piece {
     int peer = 0;
     uint64_t local_offset = 0, remote_offset = 0, bytes = 0;
+    bool to_notice = false;  // remote_offset is a notice index of the peer's board
   };
   // The pieces, then a flush of every peer named (or of `flush_peers` when
   // pieces is empty). DEADLINE_EXCEEDED past the deadline, UNAVAILABLE when
@@ -80,16 +94,19 @@ class UcxNoticeBoard {
   // `word` into notice `index` of each peer, flushed.
   [[nodiscard]] absl::Status Notify(const std::vector<int>& peers, int index, uint64_t word,
                                     Deadline deadline);
-  // Waits until every notice in `indices` has sequence `seq` (*words gets
-  // them, in the order of indices). UNAVAILABLE on an abort word or once
-  // `cancelled` is set; DEADLINE_EXCEEDED past the deadline.
   // The notices in `indices` now (read once on the progress thread, with
   // the same ordering as Await). UNAVAILABLE once UCX has reported any
-  // connected peer lost (tcp: within ~0.1 s of its death).
-  [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words);
+  // connected peer lost (tcp: within ~0.1 s of its death), unless
+  // `ignore_lost` (a server whose clients come and go).
+  [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
+                                  bool ignore_lost = false);
+  // Waits until every notice in `indices` has sequence `seq` (*words gets
+  // them, in the order of indices). UNAVAILABLE on an abort word (kAbortSeq
+  // or `abort_seq`) or once `cancelled` is set; DEADLINE_EXCEEDED past the
+  // deadline.
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
-                                   const std::atomic<bool>& cancelled,
-                                   std::vector<uint64_t>* words);
+                                   const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
+                                   uint32_t abort_seq = kAbortSeq);
 
  private:
   struct Peer;

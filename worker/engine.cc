@@ -79,32 +79,32 @@ absl::StatusOr<std::vector<ImageRows>> LlmEngine::ImageRowsOf(EngineRequest& req
 
 absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
     EngineRequest& request, StreamCallback callback, const KvPlan& plan,
-    scheduler::RequestParams* params) {
+    scheduler::RequestParams* params, const PromptRules& rules) {
   if (request.id.empty() || requests_.contains(request.id)) {
     return absl::InvalidArgumentError(
         absl::StrCat("request id \"", request.id, "\" is empty or already in use"));
   }
-  RETURN_IF_ERROR(model::ValidateSamplingParams(request.sampling, rules_.vocab_size));
+  RETURN_IF_ERROR(model::ValidateSamplingParams(request.sampling, rules.vocab_size));
   std::vector<int32_t> ids = request.prompt_token_ids;
   if (!request.prompt.empty()) {
     if (!ids.empty()) return absl::InvalidArgumentError("give a prompt or token ids, not both");
     ASSIGN_OR_RETURN(ids, m_->tokenizer->Encode(request.prompt));
   }
-  RETURN_IF_ERROR(CheckTokenIds(ids, rules_.vocab_size));
+  RETURN_IF_ERROR(CheckTokenIds(ids, rules.vocab_size));
   auto live = std::make_unique<Live>();
   PreparedPrompt prompt;
   if (!request.handoff_images.empty()) {
-    ASSIGN_OR_RETURN(prompt, PlaceHandoffImages(ids, request.handoff_images, rules_));
+    ASSIGN_OR_RETURN(prompt, PlaceHandoffImages(ids, request.handoff_images, rules));
   } else {
     ASSIGN_OR_RETURN(std::vector<ImageRows> rows, ImageRowsOf(request, *live));
-    ASSIGN_OR_RETURN(prompt, ExpandImages(ids, rows, rules_));
+    ASSIGN_OR_RETURN(prompt, ExpandImages(ids, rows, rules));
   }
   ASSIGN_OR_RETURN(const int max_tokens,
                    ResolveMaxTokens(request.sampling, request.max_tokens_to_context,
-                                    prompt.token_ids.size(), rules_));
+                                    prompt.token_ids.size(), rules));
   request.sampling.max_tokens = max_tokens;
   *params = SchedulerParams(scheduler::RequestId{next_id_++}, prompt, request.sampling, max_tokens,
-                            rules_);
+                            rules);
   for (const PreparedImage& image : prompt.images) {
     if (image.rows == nullptr) continue;  // handed off: its KV is here, not its rows
     live->runner.image_offsets.push_back(image.offset);
@@ -121,8 +121,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
   live->sampler = model::SamplerState(request.sampling.seed);
   live->runner.sampling = request.sampling;
   live->runner.sampler = &live->sampler;
-  live->runner.eos_token_ids =
-      request.sampling.ignore_eos ? std::vector<int32_t>() : rules_.eos_ids;
+  live->runner.eos_token_ids = request.sampling.ignore_eos ? std::vector<int32_t>() : rules.eos_ids;
   live->streamer = std::make_unique<model::TextStreamer>(*m_->tokenizer, request.sampling);
   live->prompt_tokens = static_cast<int>(prompt.token_ids.size());
   live->runner.prompt_positions = &live->positions;
@@ -147,7 +146,8 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     return absl::InvalidArgumentError("hand-off images are for remote prompts only");
   }
   scheduler::RequestParams p;
-  ASSIGN_OR_RETURN(std::unique_ptr<Live> live, Prepare(request, std::move(callback), plan, &p));
+  ASSIGN_OR_RETURN(std::unique_ptr<Live> live,
+                   Prepare(request, std::move(callback), plan, &p, rules_));
   if (plan.remote_prompt) return Reserve(std::move(live), std::move(p), info, remote_kv);
   if (plan.prompt_only) p.max_tokens = 1;  // the decode engine produces the rest
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));

@@ -30,6 +30,7 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
+#include "worker/engine_esp.h"
 #include "worker/engine_load.h"
 #include "worker/engine_options.h"
 #include "worker/engine_request.h"
@@ -79,6 +80,14 @@ class LlmEngine {
                                                                       int tokens);
   // NotFound when `id` holds no span.
   [[nodiscard]] absl::Status ReleaseSpan(const std::string& id);
+  // Role elastic: `request` prepared as AddRequest would, never queued
+  // (engine_esp.h); its errors are AddRequest's, but the prompt and its
+  // max_tokens may reach the model's context (sizing().context_len), past
+  // what this engine's KV pool holds. Unimplemented with tp_size > 1.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<EspRequest>> PrepareEsp(EngineRequest request);
+  // The model and its thread pool, for an ESP group's forward passes on
+  // the engine's thread (Qwen2Model::ForwardEspPrefill / ForwardEspDecode).
+  model::Qwen2Model& model() { return *m_->model; }
   size_t num_held_spans() const { return held_.size(); }
 
   // The reserved blocks of a remote prompt hold its KV (written and verified
@@ -122,7 +131,8 @@ class LlmEngine {
   // AddRequest's validation and set-up (request_prep.h's functions).
   absl::StatusOr<std::unique_ptr<Live>> Prepare(EngineRequest& request, StreamCallback callback,
                                                 const KvPlan& plan,
-                                                scheduler::RequestParams* params);
+                                                scheduler::RequestParams* params,
+                                                const PromptRules& rules);
   // The image rows of `request`: its embeddings (kept in `live` unless
   // shared), or its images through the vision tower.
   absl::StatusOr<std::vector<ImageRows>> ImageRowsOf(EngineRequest& request, Live& live);

@@ -145,6 +145,7 @@ absl::Status Load(const EngineOptions& options, EngineModel& m) {
       options.max_model_len > 0
           ? options.max_model_len
           : std::min(positions > 0 ? positions : kMaxModelLenCap, kMaxModelLenCap);
+  m.sizing.context_len = m.sizing.max_model_len;
   if (options.tp_size > 1) RETURN_IF_ERROR(StartRanks(options, threads, weight_options, m));
   RETURN_IF_ERROR(LoadWeights(options, threads, weight_options, m));
   for (int id : m.config.tokens.eos) m.eos_ids.push_back(id);

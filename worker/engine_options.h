@@ -78,6 +78,9 @@ struct EngineSizing {
   size_t kv_bytes = 0;
   int num_kv_blocks = 0;
   int max_model_len = 0;
+  // The context before max_model_len was lowered to what one KV pool holds:
+  // the limit of a prompt an elastic group spreads over several pools.
+  int context_len = 0;
 };
 
 }  // namespace mmserve::worker

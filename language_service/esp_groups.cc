@@ -1,0 +1,129 @@
+// EspGroups: creation, the span server's answers, release and the idle
+// lease (the prefill and the decode are in esp_groups_prefill.cc and
+// esp_groups_decode.cc).
+#include "language_service/esp_groups.h"
+
+#include <cmath>
+#include <utility>
+
+#include "common/crc32c.h"
+#include "common/status_macros.h"
+#include "language_service/esp_groups_internal.h"
+#include "language_service/esp_plan.h"
+#include "model/cpu/split_attention.h"
+
+namespace mmserve::language {
+
+uint64_t EspSpanTag(const std::string& request_id) {
+  const uint32_t a = Crc32c(request_id.data(), request_id.size());
+  const uint32_t b = Crc32cExtend(a ^ 0x5a5a5a5au, request_id.data(), request_id.size());
+  return (uint64_t{a} << 32) | b;
+}
+
+EspGroups::EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine)
+    : options_(options), engine_(engine) {}
+
+EspGroups::~EspGroups() {
+  esp_.reset();  // the span server's thread first
+}
+
+absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOptions& options,
+                                                             worker::LlmEngine& engine,
+                                                             metrics::Registry& metrics) {
+  std::unique_ptr<EspGroups> g(new EspGroups(options, engine));
+  const model::TextConfig& cfg = engine.config().text;
+  const int64_t head_dim = cfg.head_dim();
+  g->scale_ = static_cast<float>(std::pow(static_cast<double>(head_dim), -0.5));
+  g->expired_ = &metrics.GetCounter(
+      "mmserve_language_esp_spans_expired_total",
+      "Held ESP spans freed by the idle lease (no span query for --esp_span_idle_s).");
+  ASSIGN_OR_RETURN(g->context_, transfer::UcxContext::Create(options.profile));
+  const uint32_t cap = options.max_prompt_tokens != 0
+                           ? options.max_prompt_tokens
+                           : static_cast<uint32_t>(engine.sizing().context_len);
+  const transfer::EspInstance::Options o{
+      .name = options.name,
+      .max_prompt_tokens = cap,
+      .kv_width = static_cast<uint32_t>(cfg.num_key_value_heads * head_dim),
+      .q_width = cfg.num_attention_heads * head_dim,
+      .heads = cfg.num_attention_heads,
+      .max_members = kMaxEspMembers,
+      .query_timeout = options.layer_timeout};
+  EspGroups* self = g.get();
+  ASSIGN_OR_RETURN(g->esp_, transfer::EspInstance::Create(
+                                *g->context_, o,
+                                [self](int layer, absl::Span<const uint64_t> tags, const float* q,
+                                       int64_t rows, float* out, float* lse) {
+                                  return self->AnswerQuery(layer, tags, q, rows, out, lse);
+                                }));
+  return g;
+}
+
+absl::Status EspGroups::AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q,
+                                    int64_t rows, float* out, float* lse) {
+  const model::TextConfig& cfg = engine_.config().text;
+  if (layer < 0 || layer >= cfg.num_hidden_layers) {
+    return absl::InvalidArgumentError("no such layer");
+  }
+  model::KvCache& kv = engine_.kv_cache();
+  const model::cpu::PagedKvLayer layer_kv{kv.Key(layer), kv.Value(layer), kv.shape().block_size,
+                                          cfg.num_key_value_heads, cfg.head_dim()};
+  // Held while the blocks are read: Release waits for the answer.
+  absl::MutexLock lock(&mu_);
+  std::vector<model::cpu::PartialSpan> spans;
+  const absl::Time now = absl::Now();
+  for (int64_t r = 0; r < rows; ++r) {
+    auto it = spans_.find(tags[r]);
+    // A span that is gone (released, expired) must not merge as empty.
+    if (it == spans_.end()) return absl::NotFoundError("no span of that request here");
+    it->second->last_query = now;
+    spans.push_back({r, it->second->blocks.data(), it->second->keys});
+  }
+  model::cpu::PartialAttention(server_pool_, q, cfg.num_attention_heads, layer_kv, spans, scale_,
+                               out, lse);
+  return absl::OkStatus();
+}
+
+bool EspGroups::Release(const std::string& id) {
+  bool known = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = spans_.begin(); it != spans_.end(); ++it) {
+      if (it->second->id != id) continue;
+      spans_.erase(it);
+      known = true;
+      break;
+    }
+  }
+  known |= decodes_.erase(id) > 0;
+  if (client_request_ == id) client_request_.clear();
+  if (known) engine_.ReleaseSpan(id).IgnoreError();
+  return known;
+}
+
+void EspGroups::ExpireIdle() {
+  std::vector<std::string> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time oldest = absl::Now() - options_.span_idle;
+    for (auto it = spans_.begin(); it != spans_.end();) {
+      if (it->second->last_query >= oldest) {
+        ++it;
+        continue;
+      }
+      idle.push_back(it->second->id);
+      it = spans_.erase(it);
+    }
+  }
+  for (const std::string& id : idle) {
+    engine_.ReleaseSpan(id).IgnoreError();
+    expired_->Increment();
+  }
+}
+
+size_t EspGroups::num_held_spans() const {
+  absl::MutexLock lock(&mu_);
+  return spans_.size();
+}
+
+}  // namespace mmserve::language

@@ -1,0 +1,151 @@
+// An elastic instance's part in elastic-sequence-parallelism groups (issue
+// 26; role elastic): its ESP endpoint (transfer/esp_endpoint.h), a member's
+// share of a group prefill, the spans it holds for other masters' decodes
+// and the requests it masters.
+//
+//   ASSIGN_OR_RETURN(auto esp, EspGroups::Create(options, engine, metrics));
+//   registration.set_esp_endpoint(esp->endpoint());
+//   // loop thread:
+//   ASSIGN_OR_RETURN(EspGroups::Prefilled p, esp->Prefill(plan, member, std::move(request)));
+//   esp->Step(emit);      // one decode step of each request mastered here
+//   esp->Release(id);     // Abort: frees its span and state
+//   esp->ExpireIdle();    // the idle lease
+//
+// One group prefill at a time: it runs on the engine's (loop) thread and
+// blocks it for its duration (LoongServe pauses the instance's batch for it
+// too); a second EspPrefill waits on the loop behind it, bounded by its
+// group's join timeout. The master decodes each of its requests as a batch
+// of one (ForwardEspDecode), interleaved with the engine's batched steps.
+// Holders answer the masters' span queries on the span server's thread,
+// reading only held blocks, with their own one-thread pool.
+//
+// A holder keeps its span (the blocks of its `keep` range) until Release
+// (the router's Abort), or until no master queried it for span_idle (the
+// idle lease; mmserve_language_esp_spans_expired_total counts those). The
+// master holds its span plus room for max_tokens new tokens (the manager
+// plans the whole future KV) and frees it when the request ends.
+// Thread-safety: every method but endpoint() on the loop thread.
+#ifndef MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
+#define MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "model/cpu/thread_pool.h"
+#include "proto/language.pb.h"
+#include "transfer/esp_endpoint.h"
+#include "worker/engine.h"
+
+namespace mmserve::language {
+
+namespace v1 = ::mmserve::internal::v1;
+
+struct EspGroupsOptions {
+  std::string name;  // the instance id
+  transfer::TransportProfile profile = transfer::TransportProfile::kShm;
+  // The longest prompt a group may bring (the exchange board holds 2 layers
+  // of its K and V: 16 x kv_width bytes a token). 0: the model's context.
+  uint32_t max_prompt_tokens = 0;
+  // One layer's exchange, the first token's notice and one span query.
+  absl::Duration layer_timeout = absl::Seconds(2);
+  // How long members wait for each other to join a group.
+  absl::Duration join_timeout = absl::Seconds(10);
+  // A held span nobody queried for this long is freed.
+  absl::Duration span_idle = absl::Seconds(30);
+  // TEST ONLY: each layer of a group prefill and each decode step waits
+  // this long first (fault tests kill a member mid-exchange or mid-decode).
+  absl::Duration test_step_delay = absl::ZeroDuration();
+};
+
+class EspGroups {
+ public:
+  // `engine` must outlive the object.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<EspGroups>> Create(
+      const EspGroupsOptions& options, worker::LlmEngine& engine, metrics::Registry& metrics);
+  ~EspGroups();
+
+  // The registration's InstanceInfo.esp_endpoint.
+  const std::string& endpoint() const { return esp_->endpoint(); }
+
+  // What a member's part produced.
+  struct Prefilled {
+    // The sampler's first-token event (its stream's batch); also the
+    // master's when the first token ended the request (no tokens then).
+    std::optional<worker::StreamEvent> event;
+    bool decodes = false;  // the master goes on: Step emits the rest
+  };
+  // Member `member`'s part of `plan` for `request`: checks, holds the span,
+  // runs its rows through every layer exchanging K/V with the others, keeps
+  // its range, samples (the sampler) and starts decoding (the master). On
+  // error nothing stays held. InvalidArgument for a bad plan or endpoint,
+  // ResourceExhausted for a prompt past the board or a full KV pool,
+  // Unavailable / DeadlineExceeded when a member fails or does not come.
+  // `on_joined` runs (on this thread) once every member joined, the span
+  // held: the caller's load report can show it during the prefill.
+  [[nodiscard]] absl::StatusOr<Prefilled> Prefill(const v1::EspPlan& plan, int member,
+                                                  std::unique_ptr<worker::EspRequest> request,
+                                                  const std::function<void()>& on_joined = {});
+
+  using Emit = std::function<void(const worker::StreamEvent&)>;
+  // One decode step of every request mastered here; each step's event goes
+  // to `emit` (a request that fails ends with finish_reason kAbort and the
+  // error). A finished or failed request frees its span first.
+  void Step(const Emit& emit);
+  bool has_decodes() const { return !decodes_.empty(); }
+  // Frees request `id`'s span and state here; whether it had any.
+  bool Release(const std::string& id);
+  // Frees spans idle past span_idle.
+  void ExpireIdle();
+  // Spans held for other masters (tests and the load report).
+  size_t num_held_spans() const;
+
+ private:
+  struct Span;
+  struct Decode;
+  struct Group;
+  EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine);
+
+  // The span server's handler (its thread).
+  absl::Status AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q, int64_t rows,
+                           float* out, float* lse);
+  // Prefill's parts (esp_groups_prefill.cc).
+  absl::Status Join(Group& g);
+  absl::Status RunRows(Group& g);
+  absl::Status Finish(Group& g, Prefilled* out);
+  void AddSpan(Group& g);
+  void StartDecode(Group& g, int32_t first_token);
+  void Drop(Group& g);
+  absl::Status DecodeStep(Decode& d, worker::StreamEvent* event);
+
+  const EspGroupsOptions options_;
+  worker::LlmEngine& engine_;
+  std::unique_ptr<transfer::UcxContext> context_;
+  model::cpu::ThreadPool server_pool_{1};  // the span server's
+  float scale_ = 0;
+  metrics::Counter* expired_ = nullptr;
+
+  mutable absl::Mutex mu_;  // the span server thread reads spans_
+  std::map<uint64_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);  // by tag
+
+  // Loop thread only.
+  std::map<std::string, std::unique_ptr<Decode>> decodes_;
+  std::string client_request_;                  // the request the span client is connected for
+  std::unique_ptr<transfer::EspInstance> esp_;  // last: its server thread stops first
+};
+
+// A request's tag in span queries: the same on every member.
+uint64_t EspSpanTag(const std::string& request_id);
+
+}  // namespace mmserve::language
+
+#endif  // MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_

@@ -1,0 +1,239 @@
+// Group prefills served by elastic instances (issue 26), in one process
+// over real gRPC and real UCX, shm and tcp: each member gets EspPrefill with
+// a hand-built plan and the members' endpoints (LanguageCore::esp_endpoint,
+// what main puts in the registration). The sampler's first token and the
+// master's tokens are role both's; after the prefill each holder keeps
+// exactly its range's blocks; Abort on every member leaves nothing held. A
+// prompt longer than one instance's KV pool is served by two of them.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "language_service/roles_testing.h"
+
+namespace mmserve::language::testing {
+namespace {
+
+constexpr int kBlock = 4;  // roles_testing's engine block size
+
+// One stream's batches, with the prompt length when usage came.
+struct Stream {
+  Output out;
+  uint32_t prompt_tokens = 0;
+};
+
+template <typename Reader>
+void DrainUsage(Reader& reader, Stream* s) {
+  v1::TokenBatch b;
+  while (reader->Read(&b)) {
+    s->out.tokens.insert(s->out.tokens.end(), b.token_ids().begin(), b.token_ids().end());
+    s->out.text += b.text();
+    if (b.has_usage()) s->prompt_tokens = b.usage().prompt_tokens();
+    if (b.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
+      s->out.finish = b.finish_reason();
+    }
+  }
+  s->out.status = reader->Finish();
+}
+
+Stream RunBothWithUsage(Instance& both, const v1::PrefillRequest& request) {
+  grpc::ClientContext ctx;
+  auto reader = both.stub->Prefill(&ctx, request);
+  Stream s;
+  DrainUsage(reader, &s);
+  return s;
+}
+
+struct Share {
+  uint32_t begin = 0, end = 0;            // rows computed
+  uint32_t keep_begin = 0, keep_end = 0;  // the span kept
+};
+
+v1::EspPlan MakePlan(const std::vector<Instance*>& members, const std::vector<Share>& shares,
+                     uint32_t sampler, uint32_t master) {
+  v1::EspPlan plan;
+  for (size_t m = 0; m < members.size(); ++m) {
+    v1::EspMember* e = plan.add_members();
+    e->set_instance_id("elastic-" + std::to_string(m));
+    v1::EspRowRange* rows = e->add_rows();
+    rows->set_begin(shares[m].begin);
+    rows->set_end(shares[m].end);
+    e->mutable_keep()->set_begin(shares[m].keep_begin);
+    e->mutable_keep()->set_end(shares[m].keep_end);
+    e->set_endpoint(members[m]->core->esp_endpoint());
+  }
+  plan.set_sampler(sampler);
+  plan.set_master(master);
+  return plan;
+}
+
+// Contiguous near-equal rows, block-aligned spans; the last member samples
+// and masters.
+std::vector<Share> EvenShares(uint32_t len, int n) {
+  std::vector<Share> s(n);
+  for (int m = 0; m < n; ++m) {
+    s[m].begin = len * m / n;
+    s[m].end = len * (m + 1) / n;
+    s[m].keep_begin = m == 0 ? 0 : s[m - 1].keep_end;
+    s[m].keep_end = m == n - 1 ? len : std::max(s[m].keep_begin, s[m].end / kBlock * kBlock);
+  }
+  return s;
+}
+
+// Every member's EspPrefill at once; request(m) is member m's copy.
+std::vector<Stream> RunGroup(const std::vector<Instance*>& members, const v1::EspPlan& plan,
+                             const std::function<v1::PrefillRequest(int)>& request) {
+  std::vector<Stream> out(members.size());
+  std::vector<std::thread> threads;
+  for (size_t m = 0; m < members.size(); ++m) {
+    threads.emplace_back([&, m] {
+      v1::EspPrefillRequest r;
+      *r.mutable_request() = request(static_cast<int>(m));
+      *r.mutable_plan() = plan;
+      r.set_member(static_cast<uint32_t>(m));
+      grpc::ClientContext ctx;
+      auto reader = members[m]->stub->EspPrefill(&ctx, r);
+      DrainUsage(reader, &out[m]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+// Blocks in use once the load report settles on `want`.
+uint32_t UsedBlocks(Instance& i, uint32_t want) {
+  const Deadline d = Deadline::After(absl::Seconds(5));
+  uint32_t used = 0;
+  do {
+    used = i.core->Capacity().kv_blocks_total() - i.core->Load().kv_blocks_free();
+    if (used == want) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  } while (!d.Expired());
+  return used;
+}
+
+uint32_t Blocks(uint32_t tokens) { return (tokens + kBlock - 1) / kBlock; }
+
+// Runs `plan`'s group for one request and checks the streams against role
+// both's, the held blocks, then aborts and checks nothing is left.
+void CheckGroup(const std::vector<Instance*>& members, const std::vector<Share>& shares,
+                uint32_t sampler, uint32_t master, const Stream& want,
+                const std::function<v1::PrefillRequest(int)>& request) {
+  const v1::EspPlan plan = MakePlan(members, shares, sampler, master);
+  const std::vector<Stream> got = RunGroup(members, plan, request);
+  for (size_t m = 0; m < members.size(); ++m) {
+    INFO("member " << m << ": " << got[m].out.status.error_message());
+    REQUIRE(got[m].out.status.ok());
+    if (m != sampler && m != master) CHECK(got[m].out.tokens.empty());
+  }
+  // The sampler's stream: the first token; the master's: the rest.
+  REQUIRE(!got[sampler].out.tokens.empty());
+  std::vector<uint32_t> tokens = {got[sampler].out.tokens.front()};
+  if (sampler != master) CHECK(got[sampler].out.tokens.size() == 1);
+  const std::vector<uint32_t>& rest = got[master].out.tokens;
+  tokens.insert(tokens.end(), rest.begin() + (sampler == master ? 1 : 0), rest.end());
+  CHECK(tokens == want.out.tokens);
+  CHECK(got[master].out.finish == want.out.finish);
+  if (sampler == master) CHECK(got[master].out.text == want.out.text);
+  // Scale-down: a holder keeps exactly its range's blocks; the master freed
+  // its own at the end, a member keeping nothing holds nothing.
+  for (size_t m = 0; m < members.size(); ++m) {
+    const uint32_t keep = m == master ? 0 : shares[m].keep_end - shares[m].keep_begin;
+    INFO("member " << m);
+    CHECK(UsedBlocks(*members[m], Blocks(keep)) == Blocks(keep));
+    CHECK(members[m]->core->num_esp_spans() == (keep > 0 ? 1u : 0u));
+  }
+  for (Instance* i : members) {
+    v1::AbortRequest a;
+    a.set_request_id(request(0).request_id());
+    v1::AbortResponse ar;
+    grpc::ClientContext ctx;
+    REQUIRE(i->stub->Abort(&ctx, a, &ar).ok());
+  }
+  for (Instance* i : members) {
+    CHECK(i->Idle());
+    CHECK(i->core->num_esp_spans() == 0);
+  }
+}
+
+std::vector<std::unique_ptr<Instance>> Elastic(int n, transfer::TransportProfile profile,
+                                               int64_t kv_bytes = 8 << 20) {
+  std::vector<std::unique_ptr<Instance>> out;
+  for (int m = 0; m < n; ++m) {
+    out.push_back(std::make_unique<Instance>(
+        LanguageRole::kElastic, absl::Seconds(10), 1,
+        InstanceOptions{"elastic-" + std::to_string(m), profile, kv_bytes}));
+  }
+  return out;
+}
+
+std::vector<Instance*> Ptrs(const std::vector<std::unique_ptr<Instance>>& v, int n) {
+  std::vector<Instance*> out;
+  for (int m = 0; m < n; ++m) out.push_back(v[m].get());
+  return out;
+}
+
+TEST_CASE("a group of elastic instances gives role both's tokens, text and images", "[esp]") {
+  Instance both(LanguageRole::kBoth);
+  FakeEncoder encoder(static_cast<uint32_t>(both.core->config().text.hidden_size));
+  const std::string kImage = "<|vision_start|><|image_pad|><|vision_end|>";
+  for (transfer::TransportProfile profile :
+       {transfer::TransportProfile::kShm, transfer::TransportProfile::kTcp}) {
+    INFO(transfer::TransportProfileName(profile));
+    auto elastic = Elastic(3, profile);
+    int n = 0;
+    for (bool image : {false, true}) {
+      const std::string text =
+          image ? "Compare " + kImage + " with the sky, and tell me a story about both of them."
+                : "Tell me a long story about elastic sequence parallelism across instances.";
+      const mmserve::v1::SamplingParams s = Greedy(10);
+      const std::string id = "esp" + std::to_string(n++);
+      auto request = [&](const std::string& tag) {
+        v1::PrefillRequest r = Request(id, text, s);
+        if (image) *r.add_images() = encoder.Publish(id + "@" + tag, 0, 1, 8, 6, 4242);
+        return r;
+      };
+      const Stream want = RunBothWithUsage(both, request("both"));
+      REQUIRE(want.out.status.ok());
+      REQUIRE(want.out.tokens.size() == 10);
+      const uint32_t len = want.prompt_tokens;
+      REQUIRE(len > 24);
+      auto member_request = [&](int m) { return request("m" + std::to_string(m)); };
+      for (int size : {2, 3}) {
+        INFO((image ? "image" : "text") << ", " << size << " members");
+        const std::vector<Share> shares = EvenShares(len, size);
+        CheckGroup(Ptrs(elastic, size), shares, size - 1, size - 1, want, member_request);
+      }
+      // The sampler computes the last rows and keeps nothing; the master
+      // keeps the whole prompt and gets the first token over UCX.
+      INFO("sampler apart from the master");
+      const uint32_t a = len / 2;
+      CheckGroup(Ptrs(elastic, 2), {{0, a, 0, len}, {a, len, len, len}}, 1, 0, want,
+                 member_request);
+    }
+  }
+}
+
+TEST_CASE("a prompt longer than one instance's KV pool is served by two", "[esp]") {
+  Instance both(LanguageRole::kBoth);
+  // 96 KiB: 96 tokens of the tiny model's KV (2 layers x K, V x 64 floats).
+  auto elastic = Elastic(2, transfer::TransportProfile::kShm, 96 << 10);
+  std::string text;
+  for (int i = 0; i < 7; ++i) text += "the quick brown fox jumps over a lazy dog ";
+  const v1::PrefillRequest request = Request("long", text, Greedy(6));
+  const Stream want = RunBothWithUsage(both, request);
+  REQUIRE(want.out.status.ok());
+  const uint32_t len = want.prompt_tokens;
+  const uint32_t pool = elastic[0]->core->Capacity().kv_blocks_total() * kBlock;
+  INFO("prompt " << len << " tokens, pool " << pool);
+  REQUIRE(len > pool);
+  // Alone, one instance refuses it.
+  const Output alone = RunBoth(*elastic[0], request);
+  CHECK(alone.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CheckGroup(Ptrs(elastic, 2), EvenShares(len, 2), 1, 1, want, [&](int) { return request; });
+}
+
+}  // namespace
+}  // namespace mmserve::language::testing

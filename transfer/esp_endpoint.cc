@@ -1,0 +1,126 @@
+#include "transfer/esp_endpoint.h"
+
+#include <cstring>
+#include <utility>
+
+#include "common/status_macros.h"
+#include "transfer/esp_kv_exchange.h"
+
+namespace mmserve::transfer {
+namespace {
+
+constexpr uint16_t kBoards = 3;
+constexpr uint32_t kMaxField = 1 << 16;  // a worker address or rkey
+
+template <typename T>
+void Put(std::string& out, T v) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(bytes, sizeof(T));
+}
+
+void PutBytes(std::string& out, const std::string& bytes) {
+  Put<uint32_t>(out, static_cast<uint32_t>(bytes.size()));
+  out += bytes;
+}
+
+// Reads the blob front to back; every read checks what is left.
+class Reader {
+ public:
+  explicit Reader(std::string_view blob) : rest_(blob) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (rest_.size() < sizeof(T)) return false;
+    std::memcpy(v, rest_.data(), sizeof(T));
+    rest_.remove_prefix(sizeof(T));
+    return true;
+  }
+  bool GetBytes(std::string* out) {
+    uint32_t n = 0;
+    if (!Get(&n) || n > kMaxField || rest_.size() < n) return false;
+    out->assign(rest_.data(), n);
+    rest_.remove_prefix(n);
+    return true;
+  }
+  bool done() const { return rest_.empty(); }
+
+ private:
+  std::string_view rest_;
+};
+
+bool GetBoard(Reader& r, NoticeBoardTarget* t) {
+  return r.Get(&t->base_address) && r.Get(&t->notice_offset) && r.GetBytes(&t->worker_address) &&
+         r.GetBytes(&t->rkey) && !t->worker_address.empty() && !t->rkey.empty();
+}
+
+}  // namespace
+
+std::string EncodeEspEndpoint(const EspEndpoint& e) {
+  std::string out;
+  Put<uint32_t>(out, kEspEndpointMagic);
+  Put<uint16_t>(out, kEspEndpointVersion);
+  Put<uint16_t>(out, kBoards);
+  Put<uint32_t>(out, e.max_prompt_tokens);
+  Put<uint32_t>(out, e.kv_width);
+  Put<uint32_t>(out, e.max_members);
+  for (const NoticeBoardTarget* t : {&e.exchange, &e.span_inbox, &e.span_reply}) {
+    Put<uint64_t>(out, t->base_address);
+    Put<uint64_t>(out, t->notice_offset);
+    PutBytes(out, t->worker_address);
+    PutBytes(out, t->rkey);
+  }
+  return out;
+}
+
+absl::StatusOr<EspEndpoint> DecodeEspEndpoint(std::string_view blob) {
+  Reader r(blob);
+  uint32_t magic = 0;
+  uint16_t version = 0, boards = 0;
+  EspEndpoint e;
+  if (!r.Get(&magic) || magic != kEspEndpointMagic || !r.Get(&version) || !r.Get(&boards)) {
+    return absl::InvalidArgumentError("not an ESP endpoint");
+  }
+  if (version != kEspEndpointVersion || boards != kBoards) {
+    return absl::InvalidArgumentError("an ESP endpoint of an unknown version");
+  }
+  if (!r.Get(&e.max_prompt_tokens) || !r.Get(&e.kv_width) || !r.Get(&e.max_members) ||
+      !GetBoard(r, &e.exchange) || !GetBoard(r, &e.span_inbox) || !GetBoard(r, &e.span_reply) ||
+      !r.done()) {
+    return absl::InvalidArgumentError("a malformed ESP endpoint");
+  }
+  if (e.max_prompt_tokens == 0 || e.kv_width == 0 || e.max_members < 2) {
+    return absl::InvalidArgumentError("an ESP endpoint with no room");
+  }
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<EspInstance>> EspInstance::Create(UcxContext& context,
+                                                                 const Options& o,
+                                                                 EspSpanServer::Handler handler) {
+  if (o.max_prompt_tokens == 0 || o.kv_width == 0 || o.q_width <= 0 || o.heads <= 0 ||
+      o.max_members < 2) {
+    return absl::InvalidArgumentError("ESP instance: bad options");
+  }
+  std::unique_ptr<EspInstance> esp(new EspInstance(o));
+  ASSIGN_OR_RETURN(
+      esp->board_,
+      UcxNoticeBoard::Create(context, UcxEspExchange::BoardBytes(o.max_prompt_tokens, o.kv_width),
+                             UcxEspExchange::BoardNotices(static_cast<int>(o.max_members)),
+                             {.name = o.name + "-esp-kv"}));
+  // One decode row a query: the master steps each ESP request alone.
+  const EspSpanShape shape{static_cast<int>(o.max_members), 1, o.q_width, o.heads};
+  ASSIGN_OR_RETURN(
+      esp->client_,
+      UcxSpanPeers::Create(context, shape, 0, {.name = o.name + "-esp-master"}, o.query_timeout));
+  ASSIGN_OR_RETURN(esp->server_, EspSpanServer::Create(context, shape, 0, std::move(handler),
+                                                       {.name = o.name + "-esp-spans"}));
+  esp->endpoint_ = EncodeEspEndpoint({.max_prompt_tokens = o.max_prompt_tokens,
+                                      .kv_width = o.kv_width,
+                                      .max_members = o.max_members,
+                                      .exchange = esp->board_->target(),
+                                      .span_inbox = esp->server_->target(),
+                                      .span_reply = esp->client_->target()});
+  return esp;
+}
+
+}  // namespace mmserve::transfer

@@ -1,0 +1,80 @@
+// Role elastic (issue 26): a request that an elastic-sequence-parallelism
+// group prefills, prepared by LlmEngine::PrepareEsp exactly as AddRequest
+// would prepare it (tokens, image rows and M-RoPE positions, max_tokens,
+// sampling, stop ids and strings) but never queued: the group's member runs
+// its rows through Qwen2Model::ForwardEspPrefill, the sampler samples the
+// first token here, and the master decodes on with the same sampler and
+// text stream.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<EspRequest> r, engine.PrepareEsp(std::move(request)));
+//   // ... ForwardEspPrefill over r->token_ids(), r->positions(), r->images() ...
+//   model::SampleResult s = r->Sample(logits_of_last_row);
+//   ASSIGN_OR_RETURN(StreamEvent e, r->Push(s));   // e.finish_reason: done?
+//
+// Not thread-safe: the engine's thread uses it.
+#ifndef MMSERVE_WORKER_ENGINE_ESP_H_
+#define MMSERVE_WORKER_ENGINE_ESP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/mrope_positions.h"
+#include "model/sampling.h"
+#include "model/text_streamer.h"
+#include "scheduler/request.h"
+#include "worker/engine_request.h"
+#include "worker/model_runner.h"
+
+namespace mmserve::worker {
+
+class EspRequest {
+ public:
+  // The parts LlmEngine::PrepareEsp made (engine_esp.cc).
+  struct Parts {
+    std::string id;
+    std::vector<int32_t> token_ids;  // the expanded prompt
+    model::MropePositions positions;
+    std::vector<std::vector<float>> owned_rows;  // image rows runner points into
+    RunnerRequestState runner;                   // sampling, eos ids, image rows
+    std::unique_ptr<model::TextStreamer> streamer;
+    scheduler::RequestParams params;  // stop ids, eos, max_tokens
+  };
+  explicit EspRequest(Parts parts);
+
+  const std::string& id() const { return id_; }
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }
+  int64_t prompt_len() const { return static_cast<int64_t>(token_ids_.size()); }
+  const model::MropePositions& positions() const { return positions_; }
+  // Image k covers prompt rows [image_offsets[k], + image_lengths[k]),
+  // hidden_size floats each.
+  const RunnerRequestState& runner() const { return runner_; }
+  const model::SamplingParams& sampling() const { return runner_.sampling; }
+  int max_tokens() const { return request_.params().max_tokens; }
+  int num_generated() const { return request_.num_output_tokens(); }
+
+  // The next token from `logits` (vocab floats; changed: end-of-sequence and
+  // stop ids are masked before min_tokens, as the engine's runner does).
+  model::SampleResult Sample(absl::Span<float> logits);
+  // Appends `s.token` as the next generated token: its event (text,
+  // log-probabilities when asked) and, when it ends the request (eos, a stop
+  // id or string, max_tokens), the finish reason and counts.
+  [[nodiscard]] absl::StatusOr<StreamEvent> Push(const model::SampleResult& s);
+
+ private:
+  std::string id_;
+  std::vector<int32_t> token_ids_;
+  model::MropePositions positions_;
+  std::vector<std::vector<float>> owned_rows_;
+  RunnerRequestState runner_;
+  model::SamplerState sampler_;
+  std::unique_ptr<model::TextStreamer> streamer_;
+  scheduler::Request request_;  // its finish rules
+};
+
+}  // namespace mmserve::worker
+
+#endif  // MMSERVE_WORKER_ENGINE_ESP_H_
