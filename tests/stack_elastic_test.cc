@@ -3,13 +3,25 @@
 // --esp serves requests as role both; two under `router --esp` (the
 // elastic manager) serve demo questions, each of which fits one instance,
 // at degree 1. Both give the in-process engine's token ids and text, and
-// nothing leaks.
+// nothing leaks. With pools of about 2k tokens (--kv_cache_mb=3), a
+// 3k-token prompt is refused by a role-both instance and served by the two
+// elastic instances as a group with the in-process engine's tokens; a
+// member killed mid-prefill or the master killed mid-decode ends the call
+// UNAVAILABLE within 2 s and leaves nothing on the survivor.
+#include <signal.h>
+
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/grpc_server.h"
+#include "model/tokenizer.h"
 #include "tests/stack_harness.h"
+#include "worker/engine.h"
 
 namespace mmserve::testing {
 namespace {
@@ -58,6 +70,152 @@ TEST_CASE("the elastic manager answers demo questions as role both, no leaks") {
   INFO(leaks.ToString());
   CHECK(leaks.zero());
   CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_promised_slots") == 0);
+}
+
+// A raw prompt of at least `tokens` tokens of the demo model.
+std::string LongPrompt(int tokens) {
+  auto tok = model::Tokenizer::FromFile(DemoModelDir() + "/tokenizer.json");
+  REQUIRE(tok.ok());
+  std::string text;
+  for (int i = 0;; ++i) {
+    auto ids = (*tok)->Encode(text);
+    REQUIRE(ids.ok());
+    if (static_cast<int>(ids->size()) >= tokens) return text;
+    absl::StrAppend(&text, "Shape ", i, " is a ", i % 3 == 0 ? "red circle" : "blue square",
+                    " next to shape ", i + 1, ". ");
+  }
+}
+
+mmserve::v1::GenerateRequest RawRequest(const std::string& text, int max_tokens) {
+  mmserve::v1::GenerateRequest r;
+  r.mutable_raw()->set_text(text);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_max_tokens(static_cast<uint32_t>(max_tokens));
+  r.mutable_sampling()->set_ignore_eos(true);
+  r.mutable_stream()->set_include_token_ids(true);
+  return r;
+}
+
+// The in-process engine's greedy tokens for `text` (a pool that holds it).
+std::vector<int32_t> Reference(const std::string& text, int max_tokens) {
+  worker::EngineOptions o;
+  o.model_dir = DemoModelDir();
+  o.num_threads = 1;
+  o.kv_cache_bytes = 16 << 20;
+  auto engine = worker::LlmEngine::Create(o);
+  REQUIRE(engine.ok());
+  worker::EngineRequest r;
+  r.id = "ref";
+  r.prompt = text;
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  std::vector<int32_t> ids;
+  REQUIRE((*engine)
+              ->AddRequest(std::move(r),
+                           [&](const worker::StreamEvent& e) {
+                             ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
+                           })
+              .ok());
+  while ((*engine)->has_unfinished()) REQUIRE((*engine)->Step().ok());
+  return ids;
+}
+
+// Pools of about 2048 tokens (the demo model's KV is 1.5 KiB a token).
+constexpr char kSmallPool[] = "--kv_cache_mb=3";
+constexpr int kLongPrompt = 3000;
+
+// Two elastic instances of small pools under router --esp, over tcp (a
+// killed peer is seen at once); `args` go to both.
+absl::StatusOr<std::unique_ptr<launcher::LocalStack>> SmallElasticStack(
+    const std::vector<std::string>& args) {
+  launcher::StackOptions o = TestStackOptions(1, "tcp");
+  o.elastic = 2;
+  o.language_args.push_back(kSmallPool);
+  o.language_args.insert(o.language_args.end(), args.begin(), args.end());
+  return launcher::LocalStack::Start(o);
+}
+
+TEST_CASE("a 3k-token prompt beyond one 2k pool: role both refuses it, two elastic serve it") {
+  const std::string text = LongPrompt(kLongPrompt);
+  const std::vector<int32_t> ref = Reference(text, 8);
+  REQUIRE(ref.size() == 8);
+  {
+    launcher::StackOptions o = TestStackOptions(1, "tcp");
+    o.language_args.push_back(kSmallPool);
+    auto both = launcher::LocalStack::Start(o);
+    REQUIRE(both.ok());
+    auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*both)->router_address()));
+    const Answer a = AskGrpc(*stub, RawRequest(text, 8), {});
+    // Refused: the instance sizes its context to its pool (INVALID_ARGUMENT)
+    // or its scheduler finds the pool too small (RESOURCE_EXHAUSTED).
+    INFO(a.status);
+    CHECK((absl::IsInvalidArgument(a.status) || absl::IsResourceExhausted(a.status)));
+  }
+  auto stack = SmallElasticStack({});
+  REQUIRE(stack.ok());
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  for (int round = 0; round < 2; ++round) {
+    const Answer a = AskGrpc(*stub, RawRequest(text, 8), {});
+    INFO("round " << round << ": " << a.status);
+    REQUIRE(a.status.ok());
+    CHECK(a.token_ids == ref);
+  }
+  const int router_metrics = (*stack)->router().metrics_port();
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"2\"") == 2);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+// Whether elastic instance `i` holds KV blocks (it joined a group).
+bool HoldsBlocks(launcher::LocalStack& stack, int i) {
+  return ScrapeMetric(stack.elastic(i).metrics_port(), "mmserve_language_kv_blocks_used") > 0;
+}
+
+TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, survivor idle") {
+  // Each layer of a group prefill waits 400 ms: the kill lands mid-exchange.
+  auto stack = SmallElasticStack({"--test_esp_step_delay_ms=400"});
+  REQUIRE(stack.ok());
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  Answer answer;
+  std::atomic<int64_t> ended_ns{0};
+  std::thread call([&] {
+    answer = AskGrpc(*stub, RawRequest(LongPrompt(kLongPrompt), 8), {});
+    ended_ns = MonotonicNanos();
+  });
+  // The retention plan fills elastic-0 first: it holds the prompt's head.
+  const Deadline joined = Deadline::After(absl::Seconds(30));
+  while (!HoldsBlocks(**stack, 0) && ended_ns == 0 && !joined.Expired()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  REQUIRE(ended_ns == 0);
+  const int64_t killed_ns = MonotonicNanos();
+  (*stack)->elastic(0).process->Signal(SIGKILL);
+  call.join();
+  INFO(answer.status);
+  CHECK(answer.status.code() == absl::StatusCode::kUnavailable);
+  CHECK(ended_ns - killed_ns < int64_t{2'000'000'000});
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE("the master killed mid-decode ends the call UNAVAILABLE within 2 s, survivor idle") {
+  // Decode steps of 30 ms: 300 tokens take 9 s.
+  auto stack = SmallElasticStack({"--test_esp_step_delay_ms=30"});
+  REQUIRE(stack.ok());
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  // elastic-1 keeps the prompt's tail and decodes (the master).
+  const KilledStreams run = StreamAndKill(*stub, {RawRequest(LongPrompt(kLongPrompt), 300)},
+                                          [&] { (*stack)->elastic(1).process->Signal(SIGKILL); },
+                                          {.streaming_tokens = 3, .deadline = absl::Seconds(60)});
+  const absl::Status s = run.AllUnavailable(absl::Seconds(2));
+  INFO(s);
+  CHECK(s.ok());
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
 }
 
 }  // namespace
