@@ -96,28 +96,34 @@ mmserve::v1::GenerateRequest RawRequest(const std::string& text, int max_tokens)
   return r;
 }
 
+// Greedy, exactly max_tokens tokens.
+model::SamplingParams Greedy(int max_tokens) {
+  model::SamplingParams s;
+  s.temperature = 0;
+  s.max_tokens = max_tokens;
+  s.ignore_eos = true;
+  return s;
+}
+
 // The in-process engine's greedy tokens for `text` (a pool that holds it).
 std::vector<int32_t> Reference(const std::string& text, int max_tokens) {
-  worker::EngineOptions o;
-  o.model_dir = DemoModelDir();
-  o.num_threads = 1;
-  o.kv_cache_bytes = 16 << 20;
-  auto engine = worker::LlmEngine::Create(o);
+  worker::EngineOptions options;
+  options.model_dir = DemoModelDir();
+  options.kv_cache_bytes = int64_t{16} << 20;  // the whole prompt fits
+  absl::StatusOr<std::unique_ptr<worker::LlmEngine>> engine = worker::LlmEngine::Create(options);
   REQUIRE(engine.ok());
-  worker::EngineRequest r;
-  r.id = "ref";
-  r.prompt = text;
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
+  worker::EngineRequest request;
+  request.id = "reference";
+  request.prompt = text;
+  request.sampling = Greedy(max_tokens);
   std::vector<int32_t> ids;
-  REQUIRE((*engine)
-              ->AddRequest(std::move(r),
-                           [&](const worker::StreamEvent& e) {
-                             ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
-                           })
-              .ok());
-  while ((*engine)->has_unfinished()) REQUIRE((*engine)->Step().ok());
+  auto collect = [&ids](const worker::StreamEvent& e) {
+    ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
+  };
+  REQUIRE((*engine)->AddRequest(std::move(request), collect).ok());
+  do {
+    REQUIRE((*engine)->Step().ok());
+  } while ((*engine)->has_unfinished());
   return ids;
 }
 
