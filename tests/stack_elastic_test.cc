@@ -6,8 +6,9 @@
 // nothing leaks. With pools of about 2k tokens (--kv_cache_mb=3), a
 // 3k-token prompt is refused by a role-both instance and served by the two
 // elastic instances as a group with the in-process engine's tokens; a
-// member killed mid-prefill or the master killed mid-decode ends the call
-// UNAVAILABLE within 2 s and leaves nothing on the survivor.
+// member killed mid-prefill, or the master or the span holder killed
+// mid-decode, ends the call UNAVAILABLE within 2 s and leaves nothing on
+// the survivor.
 #include <signal.h>
 
 #include <atomic>
@@ -207,21 +208,34 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
   CHECK(leaks.zero());
 }
 
-TEST_CASE("the master killed mid-decode ends the call UNAVAILABLE within 2 s, survivor idle") {
+// Streams a 3k-token prompt's 300 tokens through a group of the two
+// instances, kills elastic instance `victim` once 3 tokens arrived: the
+// call must end UNAVAILABLE within 2 s and the survivor hold nothing.
+void KillMidDecode(int victim) {
   // Decode steps of 30 ms: 300 tokens take 9 s.
   auto stack = SmallElasticStack({"--test_esp_step_delay_ms=30"});
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  // elastic-1 keeps the prompt's tail and decodes (the master).
-  const KilledStreams run = StreamAndKill(*stub, {RawRequest(LongPrompt(kLongPrompt), 300)},
-                                          [&] { (*stack)->elastic(1).process->Signal(SIGKILL); },
-                                          {.streaming_tokens = 3, .deadline = absl::Seconds(60)});
+  const KilledStreams run =
+      StreamAndKill(*stub, {RawRequest(LongPrompt(kLongPrompt), 300)},
+                    [&] { (*stack)->elastic(victim).process->Signal(SIGKILL); },
+                    {.streaming_tokens = 3, .deadline = absl::Seconds(60)});
   const absl::Status s = run.AllUnavailable(absl::Seconds(2));
   INFO(s);
   CHECK(s.ok());
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
+}
+
+// elastic-1 keeps the prompt's tail and decodes (the master); elastic-0
+// holds the head's span and answers the master's span queries.
+TEST_CASE("the master killed mid-decode ends the call UNAVAILABLE within 2 s, survivor idle") {
+  KillMidDecode(1);
+}
+
+TEST_CASE("a span holder killed mid-decode ends the call UNAVAILABLE within 2 s, master idle") {
+  KillMidDecode(0);
 }
 
 }  // namespace
