@@ -113,12 +113,10 @@ void ElasticCall::LockedOnBatch(size_t member, const internal::v1::TokenBatch& b
 void ElasticCall::Relay(size_t member, const internal::v1::TokenBatch& batch) {
   const bool first = phase() == CallPhase::kPrefilling;
   RelayBatch(batch);
-  tokens_ += batch.token_ids_size();
   if (batch.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) final_member_ = member;
   if (first && phase() != CallPhase::kPrefilling) {
     deferred_.Defer([pool = &pool_, id = id_] { pool->Decoding(id); });
   }
-  deferred_.Defer([pool = &pool_, id = id_, n = tokens_] { pool->Progress(id, n); });
 }
 
 void ElasticCall::HandToMaster() {

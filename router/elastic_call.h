@@ -77,7 +77,6 @@ class ElasticCall final : public GenerateCall {
   bool held_closed_ok_ ABSL_GUARDED_BY(mu_) = false;
   // The member whose stream carried the final response.
   std::optional<size_t> final_member_ ABSL_GUARDED_BY(mu_);
-  int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mmserve::router

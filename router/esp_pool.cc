@@ -148,12 +148,6 @@ void EspPool::Decoding(const std::string& id) {
   if (it->second.group) Wake();  // its instances rejoin the pool
 }
 
-void EspPool::Progress(const std::string& id, int64_t tokens) {
-  absl::MutexLock lock(&mu_);
-  auto it = live_.find(id);
-  if (it != live_.end()) it->second.tokens = tokens;
-}
-
 void EspPool::Finished(const std::string& id) {
   std::vector<std::shared_ptr<Instance>> abort;
   {
@@ -244,7 +238,7 @@ scheduler::EspPoolState EspPool::PoolState(const std::vector<std::shared_ptr<Ins
       if (!l.decoding || l.members[l.master]->id != pool[i]->id) continue;
       const double elapsed = absl::ToDoubleSeconds(now - l.first_token_at);
       least = s.decoding_output_lens.empty() ? elapsed : std::min(least, elapsed);
-      s.decoding_output_lens.push_back(std::max<int64_t>(1, l.tokens));
+      s.decoding_output_lens.push_back(l.max_tokens);
     }
     s.min_decode_elapsed_seconds = least;
     state.instances.push_back(std::move(s));
@@ -274,7 +268,8 @@ void EspPool::Plan(std::vector<Delivery>& out) {
   for (const scheduler::EspBatchPlan& batch : plan.batches) {
     const bool group = batch.instances.size() > 1;
     for (const scheduler::EspRequestPlan& r : batch.requests) {
-      Live live{.group = group, .placed_at = absl::Now()};
+      Live live{
+          .group = group, .placed_at = absl::Now(), .max_tokens = pending_[r.id].demand.max_tokens};
       for (int i : batch.instances) live.members.push_back(pool[static_cast<size_t>(i)]);
       live.promised = PromisedPerMember(r, batch.instances, block_size);
       std::optional<internal::v1::EspPlan> wire;

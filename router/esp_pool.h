@@ -109,8 +109,6 @@ class EspPool {
   // The request's first token arrived: its group's instances rejoin the
   // pool; it counts in its master's decode batch from now on.
   void Decoding(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Tokens the request has streamed so far.
-  void Progress(const std::string& id, int64_t tokens) ABSL_LOCKS_EXCLUDED(mu_);
   // The call ended, whatever the way: drops it from the queue or frees its
   // promises, and sends Abort(id) to every member of its group (bounded by
   // abort_timeout, not waited for). Idempotent.
@@ -142,7 +140,7 @@ class EspPool {
     absl::Time placed_at;
     bool decoding = false;
     absl::Time first_token_at;
-    int64_t tokens = 0;
+    int64_t max_tokens = 1;  // its output length at most
   };
   using Delivery =
       std::pair<std::function<void(absl::StatusOr<EspPlacement>)>, absl::StatusOr<EspPlacement>>;
