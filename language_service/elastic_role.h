@@ -6,9 +6,9 @@
 //
 //   ASSIGN_OR_RETURN(auto role, MakeRole({.kind = LanguageRole::kElastic}, id));
 //
-// Not built yet (issue 26 items 2-4 in a service): the group prefill call,
-// held spans and the span server of multi-master decode; a plan naming
-// this instance is refused until then.
+// Group prefills (EspPrefill), held spans and multi-master decode are
+// LanguageCore's EspGroups (esp_groups.h), which the core creates for
+// this role.
 // Thread-safety: as Role (the language core's loop thread).
 #ifndef MMSERVE_LANGUAGE_SERVICE_ELASTIC_ROLE_H_
 #define MMSERVE_LANGUAGE_SERVICE_ELASTIC_ROLE_H_

@@ -102,6 +102,7 @@ class EspGroups {
   // error). A finished or failed request frees its span first.
   void Step(const Emit& emit);
   bool has_decodes() const { return !decodes_.empty(); }
+  size_t num_decodes() const { return decodes_.size(); }
   // Frees request `id`'s span and state here; whether it had any.
   bool Release(const std::string& id);
   // Frees spans idle past span_idle.

@@ -33,6 +33,10 @@ namespace v1 = ::mmserve::internal::v1;
 constexpr char kModel[] = "models/shapes-demo";
 constexpr int kBlock = 16;  // the engine's default block size
 
+const std::string kText =
+    "Elastic sequence parallelism spreads one long prompt over several instances: each "
+    "computes its rows, exchanges keys and values every layer and keeps a span of them.";
+
 // Captures the instances' registrations.
 class FakeRegistry final : public v1::Registry::CallbackService {
  public:
@@ -199,6 +203,18 @@ std::thread Open(Member& m, const v1::EspPrefillRequest& r, Call* call) {
   });
 }
 
+// Both members' calls for one request of kText.
+std::vector<std::thread> OpenGroup(const std::vector<std::unique_ptr<Member>>& members,
+                                   const std::string& id, int max_tokens, uint32_t len,
+                                   Call* calls) {
+  std::vector<std::thread> threads;
+  for (int m = 0; m < 2; ++m) {
+    threads.push_back(
+        Open(*members[m], MemberRequest(members, id, kText, max_tokens, len, m), &calls[m]));
+  }
+  return threads;
+}
+
 // Nothing held: every block free and no request.
 bool Idle(Member& m) {
   const Deadline d = Deadline::After(absl::Seconds(10));
@@ -254,10 +270,6 @@ struct Stack {
   }
 };
 
-const std::string kText =
-    "Elastic sequence parallelism spreads one long prompt over several instances: each "
-    "computes its rows, exchanges keys and values every layer and keeps a span of them.";
-
 TEST_CASE("two elastic processes serve a group prefill with the reference tokens", "[esp]") {
   const Reference ref = Greedy(kText, 8);
   REQUIRE(ref.tokens.size() == 8);
@@ -268,13 +280,7 @@ TEST_CASE("two elastic processes serve a group prefill with the reference tokens
     for (int round = 0; round < 2; ++round) {
       const std::string id = "group-" + std::to_string(round);
       Call calls[2];
-      std::vector<std::thread> threads;
-      for (int m = 0; m < 2; ++m) {
-        threads.push_back(Open(*stack.members[m],
-                               MemberRequest(stack.members, id, kText, 8, ref.prompt_len, m),
-                               &calls[m]));
-      }
-      for (std::thread& t : threads) t.join();
+      for (std::thread& t : OpenGroup(stack.members, id, 8, ref.prompt_len, calls)) t.join();
       INFO(calls[0].status.error_message() << " / " << calls[1].status.error_message());
       REQUIRE(calls[0].status.ok());
       REQUIRE(calls[1].status.ok());
@@ -294,12 +300,7 @@ TEST_CASE("a member killed mid-exchange ends the survivor's call UNAVAILABLE", "
   const Reference ref = Greedy(kText, 4);
   Stack stack("tcp", 300);  // each layer waits 300 ms: the kill lands mid-exchange
   Call calls[2];
-  std::vector<std::thread> threads;
-  for (int m = 0; m < 2; ++m) {
-    threads.push_back(Open(*stack.members[m],
-                           MemberRequest(stack.members, "kill-x", kText, 4, ref.prompt_len, m),
-                           &calls[m]));
-  }
+  std::vector<std::thread> threads = OpenGroup(stack.members, "kill-x", 4, ref.prompt_len, calls);
   // Member 0 holds its span once it joined the group.
   const Deadline joined = Deadline::After(absl::Seconds(20));
   while (UsedBlocks(*stack.members[0]) == 0 && !joined.Expired()) {
@@ -317,12 +318,7 @@ TEST_CASE("a span holder killed mid-decode ends the master's call UNAVAILABLE", 
   const Reference ref = Greedy(kText, 4);
   Stack stack("tcp", 20);  // decode steps of 20 ms: 200 tokens take 4 s
   Call calls[2];
-  std::vector<std::thread> threads;
-  for (int m = 0; m < 2; ++m) {
-    threads.push_back(Open(*stack.members[m],
-                           MemberRequest(stack.members, "kill-d", kText, 200, ref.prompt_len, m),
-                           &calls[m]));
-  }
+  std::vector<std::thread> threads = OpenGroup(stack.members, "kill-d", 200, ref.prompt_len, calls);
   threads[0].join();
   REQUIRE(calls[0].status.ok());  // the holder's part is done
   const Deadline decoding = Deadline::After(absl::Seconds(20));

@@ -196,6 +196,7 @@ TEST_CASE("a group of elastic instances gives role both's tokens, text and image
         return r;
       };
       const Stream want = RunBothWithUsage(both, request("both"));
+      INFO(want.out.status.error_message());
       REQUIRE(want.out.status.ok());
       REQUIRE(want.out.tokens.size() == 10);
       const uint32_t len = want.prompt_tokens;

@@ -542,9 +542,10 @@ void LanguageCore::UpdateLoad() {
   v1::LoadReport load;
   load.set_instance_id(options_.instance_id);
   const scheduler::Scheduler& s = engine_->scheduler();
-  load.set_running(static_cast<uint32_t>(s.num_running()));
-  load.set_waiting(static_cast<uint32_t>(requests_.size()) -
-                   static_cast<uint32_t>(s.num_running()));
+  // A master's ESP decodes run beside the batch (esp_groups.h).
+  const size_t running = s.num_running() + (esp_ == nullptr ? 0 : esp_->num_decodes());
+  load.set_running(static_cast<uint32_t>(running));
+  load.set_waiting(static_cast<uint32_t>(requests_.size() - std::min(requests_.size(), running)));
   uint64_t outstanding = 0;
   for (const auto& [id, r] : requests_) {
     if (r->phase == RequestPhase::kGathering)

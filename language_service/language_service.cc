@@ -1,5 +1,7 @@
 #include "language_service/language_service.h"
 
+#include <functional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -68,30 +70,42 @@ LanguageService::LanguageService(LanguageCore& core, transfer::TransferEngine& t
                                  metrics::Registry& metrics)
     : core_(core), transfer_(transfer), metrics_(metrics) {}
 
-grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
-    grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request) {
-  auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
-  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
+namespace {
+
+// A token stream for request `id`: refused without the cluster token or
+// while draining, else `start` hands it to the core.
+PrefillReactor* OpenStream(LanguageCore& core, metrics::Registry& metrics,
+                           grpc::CallbackServerContext& ctx, const std::string& id, bool accepting,
+                           const std::function<void(PrefillReactor&)>& start) {
+  auto* reactor = new PrefillReactor(core, id, metrics);
+  if (absl::Status s = CheckClusterToken(ctx); !s.ok()) {
     reactor->Refuse(std::move(s));
-  } else if (accepting_) {
-    reactor->Start(*request);
+  } else if (accepting) {
+    start(*reactor);
   } else {
     reactor->Refuse(absl::UnavailableError("the language instance is draining"));
   }
   return reactor;
 }
 
+}  // namespace
+
+grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
+    grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request) {
+  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_,
+                    [request](PrefillReactor& r) { r.Start(*request); });
+}
+
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
     grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request) {
-  auto* reactor = new PrefillReactor(core_, request->request_id(), metrics_);
-  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
-    reactor->Refuse(std::move(s));
-  } else if (accepting_) {
-    reactor->StartDecode(*request);
-  } else {
-    reactor->Refuse(absl::UnavailableError("the language instance is draining"));
-  }
-  return reactor;
+  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_,
+                    [request](PrefillReactor& r) { r.StartDecode(*request); });
+}
+
+grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
+    grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) {
+  return OpenStream(core_, metrics_, *ctx, request->request().request_id(), accepting_,
+                    [request](PrefillReactor& r) { r.StartEsp(*request); });
 }
 
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(

@@ -22,6 +22,10 @@ constexpr absl::Duration kReplyTimeout = absl::Seconds(2);
 // one poll per nap.
 constexpr int kSpinRounds = 2000;
 constexpr absl::Duration kNap = absl::Microseconds(200);
+// A server idle for longer (an instance's, whose lanes stay connected
+// between groups) naps longer: a first query after it waits up to this.
+constexpr int kLongIdleRounds = 20000;
+constexpr absl::Duration kLongNap = absl::Milliseconds(2);
 
 struct QueryHeader {
   uint32_t layer = 0;
@@ -96,8 +100,10 @@ void EspSpanServer::Serve() {
   while (!stop_) {
     bool worked = false;
     if (!ServeRound(words, &worked)) return;  // the worker stopped
-    idle = worked ? 0 : idle + 1;
-    if (idle > kSpinRounds) {
+    idle = worked ? 0 : std::min(idle + 1, kLongIdleRounds + 1);
+    if (idle > kLongIdleRounds) {
+      absl::SleepFor(kLongNap);
+    } else if (idle > kSpinRounds) {
       absl::SleepFor(kNap);
     } else {
       sched_yield();
