@@ -108,19 +108,6 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
                     [request](PrefillReactor& r) { r.StartEsp(*request); });
 }
 
-grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
-    grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) {
-  auto* reactor = new PrefillReactor(core_, request->request().request_id(), metrics_);
-  if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) {
-    reactor->Refuse(std::move(s));
-  } else if (accepting_) {
-    reactor->StartEsp(*request);
-  } else {
-    reactor->Refuse(absl::UnavailableError("the language instance is draining"));
-  }
-  return reactor;
-}
-
 grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContext* ctx,
                                                       const v1::KvAllocateRequest* request,
                                                       v1::KvAllocation* response) {
