@@ -14,7 +14,12 @@
 # then `down -v` and checks that no container, network or volume of the
 # project is left; then the same for deploy/docker-compose.pd.yml (encoder,
 # prefill, decode with two TP ranks): 100 demo questions over gRPC identical
-# to the in-process engine, no leaks, nothing left after `down -v`. Bounded to 10 minutes; prints its duration.
+# to the in-process engine, no leaks, nothing left after `down -v`; then the
+# same for deploy/docker-compose.elastic.yml (router --esp, encoder, two
+# elastic instances). Before any of that, even where no Docker engine runs,
+# every compose file must pass `docker-compose config` and the elastic
+# file's topology is checked (router --esp, two --role=elastic instances
+# with their own ids and addresses). Bounded to 10 minutes; prints its duration.
 #
 # MMSERVE_COMPOSE_IMAGE=dynamic (default) builds the image from the default
 # configuration's binaries, which `bazel test //...` has already built;
@@ -66,6 +71,38 @@ if ! [[ -x $dockerd && -x $docker && -x /usr/bin/docker-compose && -x $busybox ]
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose busybox-static >"$logs/apt.log" 2>&1 ||
     skip "apt-get install docker.io docker-compose busybox-static failed: $(tail -n 2 "$logs/apt.log" | tr '\n' ' ')"
 fi
+# 0. The compose files' configuration, without an engine.
+step "static checks of the compose files"
+for f in docker-compose.yml docker-compose.pd.yml docker-compose.elastic.yml; do
+  if [[ -x /usr/bin/docker-compose ]]; then
+    /usr/bin/docker-compose -f "$root/deploy/$f" config -q >"$logs/config.log" 2>&1 ||
+      fail "docker-compose config refuses deploy/$f: $(tail -n 2 "$logs/config.log" | tr '\n' ' ')"
+  fi
+done
+python3 - "$root/deploy/docker-compose.elastic.yml" >"$logs/elastic-config.log" 2>&1 <<'PY' ||
+import sys
+import yaml
+
+services = yaml.safe_load(open(sys.argv[1]))["services"]
+router = services["router"]["command"]
+assert "--esp" in router, "the router runs without --esp"
+elastic = {n: s for n, s in services.items() if "--role=elastic" in s.get("command", [])}
+assert len(elastic) == 2, f"{len(elastic)} elastic instances, not 2"
+ids, ports = set(), set()
+for name, s in elastic.items():
+    flags = dict(f.split("=", 1) for f in s["command"][1:] if "=" in f)
+    assert flags.get("--instance_id") == name, f"{name}: --instance_id is not the service name"
+    assert flags.get("--advertise", "").startswith(name + ":"), f"{name}: --advertise"
+    assert flags.get("--router") == "router:50052", f"{name}: --router is not the internal plane"
+    assert flags.get("--profile") == "tcp", f"{name}: containers need --profile=tcp"
+    ids.add(flags["--instance_id"])
+    ports.add(flags["--port"])
+assert len(ids) == 2 and len(ports) == 2, "the elastic instances share an id or a port"
+assert any("--role" not in " ".join(s["command"]) and "encoder" in s["command"][0]
+           for s in services.values()), "no encoder"
+PY
+  fail "deploy/docker-compose.elastic.yml: $(tail -n 1 "$logs/elastic-config.log")"
+
 if ! $docker info >/dev/null 2>&1; then
   [[ $(id -u) == 0 ]] || skip "no Docker engine answers and only root can start dockerd"
   step "starting dockerd"
@@ -259,35 +296,52 @@ step "docker-compose down -v"
 brought_up=""
 nothing_left "down -v"
 
-# 7. The disaggregated file: router, encoder, prefill, decode with two ranks;
-# KV and embeddings over UCX tcp between containers.
-project="mmserve-ci-pd-$$"
-compose=(/usr/bin/docker-compose -f "$root/deploy/docker-compose.pd.yml" -p "$project")
-export MMSERVE_PREFILL_METRICS_PORT=9454 MMSERVE_DECODE_METRICS_PORT=9455
-step "docker-compose.pd.yml up (project $project: encoder, prefill, decode --tp=2)"
-brought_up=1
-"${compose[@]}" up -d >"$logs/up-pd.log" 2>&1 ||
-  { cat "$logs/up-pd.log"; fail "docker-compose.pd.yml up failed: $(grep -v '^$' "$logs/up-pd.log" | tail -n 2 | tr '\n' ' ')"; }
-healthy_pd() {  # four containers healthy; the router sees 1 encoder, 1 prefill, 1 decode
-  local n m
+# 7 and 8. The other files, each brought up alone: four containers
+# healthy and the router seeing each "role=count" of $4, $5 demo questions
+# over gRPC identical to the in-process engine with no leak on the metrics
+# ports $6, then down -v and nothing left. $1 names the project and logs,
+# $2 is the file, $3 says what it runs.
+healthy_with() {
+  local n m rc
   n=$($docker ps --filter "label=com.docker.compose.project=$project" --filter health=healthy -q | wc -l)
   [[ $n == 4 ]] || return 1
   m=$(curl -s "127.0.0.1:$MMSERVE_ROUTER_METRICS_PORT/metrics")
-  grep -q '^mmserve_router_healthy_instances{role="encoder"} 1$' <<<"$m" &&
-    grep -q '^mmserve_router_healthy_instances{role="prefill"} 1$' <<<"$m" &&
-    grep -q '^mmserve_router_healthy_instances{role="decode"} 1$' <<<"$m"
+  for rc in $1; do
+    grep -q "^mmserve_router_healthy_instances{role=\"${rc%=*}\"} ${rc#*=}\$" <<<"$m" || return 1
+  done
 }
-for _ in $(seq 1 240); do healthy_pd && break; sleep 0.5; done
-healthy_pd || { "${compose[@]}" ps; fail "the P/D stack was not healthy within 120 s: $(stack_state)"; }
-step "100 demo questions over gRPC through prefill -> decode (KV over UCX tcp)"
-run_loadgen pd --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" --num_requests=100 \
-  --max_concurrency=8 --leak_ports="9450,9451,$MMSERVE_PREFILL_METRICS_PORT,$MMSERVE_DECODE_METRICS_PORT" ||
-  fail "P/D answers: $(first_error pd)"
-step "docker-compose.pd.yml down -v"
-"${compose[@]}" down -v --remove-orphans >"$logs/down-pd.log" 2>&1 || fail "docker-compose.pd.yml down failed"
-brought_up=""
-nothing_left "the P/D down -v"
+other_file() {
+  local name=$1 file=$2 what=$3 roles=$4 questions=$5 leak_ports=$6
+  project="mmserve-ci-$name-$$"
+  compose=(/usr/bin/docker-compose -f "$root/deploy/$file" -p "$project")
+  step "$file up (project $project: $what)"
+  brought_up=1
+  "${compose[@]}" up -d >"$logs/up-$name.log" 2>&1 ||
+    { cat "$logs/up-$name.log"; fail "$file up failed: $(grep -v '^$' "$logs/up-$name.log" | tail -n 2 | tr '\n' ' ')"; }
+  for _ in $(seq 1 240); do healthy_with "$roles" && break; sleep 0.5; done
+  healthy_with "$roles" || { "${compose[@]}" ps; fail "the $name stack was not healthy within 120 s: $(stack_state)"; }
+  step "$questions demo questions over gRPC ($what)"
+  run_loadgen "$name" --target=router --address="127.0.0.1:$MMSERVE_GRPC_PORT" \
+    --num_requests="$questions" --max_concurrency=8 --leak_ports="$leak_ports" ||
+    fail "$name answers: $(first_error "$name")"
+  step "$file down -v"
+  "${compose[@]}" down -v --remove-orphans >"$logs/down-$name.log" 2>&1 || fail "$file down failed"
+  brought_up=""
+  nothing_left "the $name down -v"
+}
+# 7. The disaggregated file: router, encoder, prefill, decode with two ranks;
+# KV and embeddings over UCX tcp between containers.
+export MMSERVE_PREFILL_METRICS_PORT=9454 MMSERVE_DECODE_METRICS_PORT=9455
+other_file pd docker-compose.pd.yml "encoder, prefill, decode --tp=2; KV over UCX tcp" \
+  "encoder=1 prefill=1 decode=1" 100 \
+  "9450,9451,$MMSERVE_PREFILL_METRICS_PORT,$MMSERVE_DECODE_METRICS_PORT"
+# 8. The elastic file: router --esp, encoder, two elastic instances (the
+# demo questions fit one instance each: degree 1 through the manager).
+export MMSERVE_ELASTIC0_METRICS_PORT=9456 MMSERVE_ELASTIC1_METRICS_PORT=9457
+other_file elastic docker-compose.elastic.yml "encoder, 2 elastic instances, router --esp" \
+  "encoder=1 elastic=2" 40 \
+  "9450,9451,$MMSERVE_ELASTIC0_METRICS_PORT,$MMSERVE_ELASTIC1_METRICS_PORT"
 
 size=$($docker image inspect -f '{{.Size}}' mmserve:latest)
 rm -rf "$logs"  # kept only when something failed
-echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); P/D file (decode --tp=2): 100 answers identical; nothing left; ${SECONDS} s)"
+echo "compose_test: PASS ($image_mode image $((size / 1024 / 1024)) MiB; 100 gRPC + 100 HTTP answers identical to the in-process engine; 150 requests with encoder-1 killed, 0 errors ($moved moved); P/D file (decode --tp=2): 100 answers identical; elastic file: 40 answers identical; nothing left; ${SECONDS} s)"

@@ -8,11 +8,14 @@
 #
 #   ./deploy/serve.sh [--model_dir=DIR] [--encoders=N] [--profile=shm|tcp]
 #                     [--port=50051] [--http_port=8000] [--tp=N]
-#                     [--prefill=N --decode=N]
+#                     [--prefill=N --decode=N] [--elastic=N]
 # --tp=N: the language instance runs as N tensor-parallel rank processes.
 # --prefill=N --decode=N: N prefill and N decode language instances (KV over
 # UCX; text and image prompts) instead of one role-both instance; with
 # --tp=N each decode instance has N ranks (prefill instances run one).
+# --elastic=N: N elastic language instances (--role=elastic) pooled by the
+# router's elastic manager (router --esp; docs/elastic.md): a long prompt
+# is prefilled by a group of them, its KV spread over their pools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -25,6 +28,7 @@ http_port=8000
 tp=1
 prefill=0
 decode=0
+elastic=0
 for arg in "$@"; do
   case "$arg" in
     --model_dir=*) model_dir="${arg#*=}" ;;
@@ -35,7 +39,8 @@ for arg in "$@"; do
     --tp=*) tp="${arg#*=}" ;;
     --prefill=*) prefill="${arg#*=}" ;;
     --decode=*) decode="${arg#*=}" ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --elastic=*) elastic="${arg#*=}" ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -63,7 +68,7 @@ logs=$(mktemp -d /tmp/mmserve-logs-XXXXXX)
 out="$logs/launcher.out"
 "$bin/deploy/launcher/mmserve_launch" --bin_dir="$bin" --model_dir="$model_dir" \
   --encoders="$encoders" --profile="$profile" --port="$port" --http_port="$http_port" \
-  --tp="$tp" --prefill="$prefill" --decode="$decode" --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
+  --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!
 stop() {
   kill -TERM "$launcher" 2>/dev/null || true

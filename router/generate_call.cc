@@ -13,6 +13,8 @@
 #include "proto/language.grpc.pb.h"
 #include "router/colocated_call.h"
 #include "router/disaggregated_call.h"
+#include "router/elastic_call.h"
+#include "router/esp_prompt.h"
 #include "scheduler/placement.h"
 
 namespace mmserve::router {
@@ -101,31 +103,44 @@ std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
   if (request.request_id().empty()) request.set_request_id(AssignId());
   absl::StatusOr<std::vector<PreparedImage>> prepared = PrepareRequest(context.options, request);
   LanguagePlacement placed;
-  if (prepared.ok()) {
-    setup.images = *std::move(prepared);
-    placed = PlaceLanguage(*context.instances);
-  }
-  setup.request = std::move(request);
-  setup.prefill = placed.prefill;
+  if (prepared.ok()) setup.images = *std::move(prepared);
+  const bool elastic = prepared.ok() && context.esp != nullptr &&
+                       !context.instances->Healthy(Role::kElastic).empty();
   std::shared_ptr<GenerateCall> call;
-  if (placed.decode != nullptr) {
-    call = std::make_shared<DisaggregatedCall>(std::move(setup), placed.decode);
+  if (elastic) {
+    absl::StatusOr<EspLength> length =
+        EspRequestLength(context.options, context.tokenizer, request, setup.images);
+    setup.request = std::move(request);
+    call = std::make_shared<ElasticCall>(std::move(setup), *context.esp, std::move(length));
   } else {
-    call = std::make_shared<ColocatedCall>(std::move(setup));
+    if (prepared.ok()) placed = PlaceLanguage(*context.instances);
+    setup.request = std::move(request);
+    setup.prefill = placed.prefill;
+    if (placed.decode != nullptr) {
+      call = std::make_shared<DisaggregatedCall>(std::move(setup), placed.decode);
+    } else {
+      call = std::make_shared<ColocatedCall>(std::move(setup));
+    }
   }
   {
     absl::MutexLock lock(&call->mu_);
     if (!prepared.ok()) {
       call->End(prepared.status());
-    } else if (call->prefill_ == nullptr) {
-      call->End(absl::UnavailableError(
-          "no healthy language instance (role both, or prefill and decode together)"));
     } else {
-      call->Run();
+      call->Place();
     }
   }
   call->deferred_.Run();
   return call;
+}
+
+void GenerateCall::Place() {
+  if (prefill_ == nullptr) {
+    End(absl::UnavailableError(
+        "no healthy language instance (role both, or prefill and decode together)"));
+    return;
+  }
+  Run();
 }
 
 void GenerateCall::Run() {

@@ -9,12 +9,13 @@
 //   ...
 //   call->Cancel("client cancelled");   // from the client's side, any time
 //
-// Two kinds share this base (its encoder dispatch, token relay and end):
+// Three kinds share this base (its encoder dispatch, token relay and end):
 // ColocatedCall (a role-both instance: one Prefill stream carries every
-// token) and DisaggregatedCall (a decode instance holds the request first,
+// token), DisaggregatedCall (a decode instance holds the request first,
 // then a prefill instance prefills and hands the KV over; the decode
-// stream carries the rest). The call's lifecycle is one CallPhase
-// (call_phase.h), changed only by Advance; docs/lifecycle_router.md draws it.
+// stream carries the rest) and ElasticCall (router --esp: the elastic
+// manager places it on one elastic instance or a group of them). The call's lifecycle is one
+// CallPhase (call_phase.h), changed only by Advance; docs/lifecycle_router.md draws it.
 //
 // Failures: a bad request ends at once with INVALID_ARGUMENT, before any
 // backend is called. An encoder that fails (Encode error other than a bad
@@ -95,7 +96,14 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // The language instances the call is placed on (charged its tokens, and
   // whose loss ends it); empty when it was never placed.
-  virtual std::vector<std::shared_ptr<Instance>> LanguageInstances() const = 0;
+  virtual std::vector<std::shared_ptr<Instance>> LanguageInstances() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Called once by Start for a valid request: places it and runs it (Run).
+  // By default the placement is made already: `prefill`, or UNAVAILABLE
+  // without one.
+  virtual void Place() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Dispatches the images and starts the language side (StartLanguage).
+  void Run() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The call is ending with `status`: cancel the kind's streams.
   virtual void CancelStreams(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
@@ -140,7 +148,6 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     bool stream_closed = false;                             // that stream closed OK
   };
 
-  void Run() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   internal::v1::PrefillRequest MakePrefillRequest(
       std::vector<internal::v1::PromptImage> images) const;
   EncoderDispatch::OnEncoded OnEncodedCallback();

@@ -198,6 +198,7 @@ void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* call
   });
   srv.Get("/health", [ctx](const httplib::Request&, httplib::Response& res) {
     const bool ok = !ctx->instances->Healthy(Role::kLanguage).empty() ||
+                    !ctx->instances->Healthy(Role::kElastic).empty() ||
                     (!ctx->instances->Healthy(Role::kPrefill).empty() &&
                      !ctx->instances->Healthy(Role::kDecode).empty());
     res.status = ok ? 200 : 503;

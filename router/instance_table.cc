@@ -48,6 +48,9 @@ void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
       case iv1::INSTANCE_ROLE_DECODE:
         inst->role = Role::kDecode;
         break;
+      case iv1::INSTANCE_ROLE_ELASTIC:
+        inst->role = options_.pool_elastic ? Role::kElastic : Role::kLanguage;
+        break;
       default:
         inst->role = Role::kLanguage;
     }
@@ -72,6 +75,7 @@ bool InstanceTable::Report(const iv1::LoadReport& load) {
   auto it = entries_.find(load.instance_id());
   if (it == entries_.end()) return false;
   it->second.load = load;
+  it->second.load_at = absl::Now();
   if (it->second.registered) it->second.heartbeat_due = absl::Now() + options_.heartbeat_timeout;
   return true;
 }
@@ -104,6 +108,13 @@ iv1::LoadReport InstanceTable::LastLoad(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   return it == entries_.end() ? iv1::LoadReport() : it->second.load;
+}
+
+LoadSnapshot InstanceTable::LastLoadSnapshot(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return {};
+  return {it->second.load, it->second.load_at};
 }
 
 bool InstanceTable::IsHealthy(const std::string& id) const {
@@ -195,6 +206,7 @@ void InstanceTable::PollLoop() {
         if (p.status.ok() && p.load.instance_id() == all[i]->id) {
           e.failures = 0;
           e.load = p.load;
+          e.load_at = absl::Now();
           const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
           if (ok && !e.healthy) LOG(INFO) << "instance " << all[i]->id << " is healthy";
           if (!ok && e.healthy) MarkDown(all[i]->id, e);

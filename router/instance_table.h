@@ -35,8 +35,10 @@ namespace mmserve::router {
 
 namespace iv1 = ::mmserve::internal::v1;
 
-// kLanguage: role both; kPrefill and kDecode: the disaggregated roles.
-enum class Role { kEncoder, kLanguage, kPrefill, kDecode };
+// kLanguage: role both; kPrefill and kDecode: the disaggregated roles;
+// kElastic: role elastic pooled for the ESP manager (router --esp; without
+// it an elastic instance is kLanguage).
+enum class Role { kEncoder, kLanguage, kPrefill, kDecode, kElastic };
 
 struct Instance {
   std::string id;
@@ -55,6 +57,14 @@ struct InstanceTableOptions {
   absl::Duration poll_timeout = absl::Milliseconds(500);
   int down_after = 2;
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // Role elastic instances become kElastic (else kLanguage).
+  bool pool_elastic = false;
+};
+
+// An instance's latest load report and when the router got it.
+struct LoadSnapshot {
+  iv1::LoadReport load;
+  absl::Time at = absl::InfinitePast();
 };
 
 class InstanceTable {
@@ -81,6 +91,7 @@ class InstanceTable {
   std::vector<std::shared_ptr<Instance>> Healthy(Role role) const;
   std::shared_ptr<Instance> Get(const std::string& id) const;
   iv1::LoadReport LastLoad(const std::string& id) const;
+  LoadSnapshot LastLoadSnapshot(const std::string& id) const;
   bool IsHealthy(const std::string& id) const;
 
   void SetDownListener(std::function<void(const std::string& id)> listener);
@@ -91,6 +102,7 @@ class InstanceTable {
   struct Entry {
     std::shared_ptr<Instance> instance;
     iv1::LoadReport load;
+    absl::Time load_at = absl::InfinitePast();
     bool healthy = false;
     int failures = 0;
     bool registered = false;

@@ -12,7 +12,13 @@
 #include "router/public_access.h"
 #include "router/request_validation.h"
 
+namespace mmserve::model {
+class Tokenizer;
+}
+
 namespace mmserve::router {
+
+class EspPool;
 
 struct RouterContext {
   RouterOptions options;
@@ -20,6 +26,10 @@ struct RouterContext {
   metrics::Registry* metrics = nullptr;
   // API keys and per-client caps of the public API; null: open, no cap.
   PublicAccess* access = nullptr;
+  // router --esp: the elastic manager (requests go to it while it has a
+  // healthy elastic instance) and the tokenizer it sizes prompts with.
+  EspPool* esp = nullptr;
+  const model::Tokenizer* tokenizer = nullptr;
 };
 
 // on_end runs exactly once, after the last on_response.

@@ -25,6 +25,8 @@
 #include "common/metrics.h"
 #include "common/service_process.h"
 #include "common/status_macros.h"
+#include "router/esp_pool.h"
+#include "router/esp_step_models.h"
 #include "router/generate_call.h"
 #include "router/http_frontend.h"
 #include "router/input_limits.h"
@@ -69,6 +71,21 @@ ABSL_FLAG(int, max_request_mb, 64, "largest HTTP body and gRPC request message, 
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "prompt text bytes refused before tokenizing (0: from tokenizer.json and the context; "
           "-1: off)");
+
+ABSL_FLAG(bool, esp, false,
+          "elastic sequence parallelism: pool the --role=elastic instances under the global "
+          "manager (one instance or a group per request; docs/elastic.md)");
+ABSL_FLAG(int, esp_tick_ms, 20, "--esp: the manager's iteration period (also on arrival and end)");
+ABSL_FLAG(int, esp_max_queue_ms, 60000,
+          "--esp: a request waiting longer for KV slots ends RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, esp_max_pending, 1024,
+          "--esp: queued requests; more are refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, esp_max_degree, 4, "--esp: the largest group (with the default step models)");
+ABSL_FLAG(double, esp_max_prefill_s, 1.0,
+          "--esp: the manager's cap on a dispatch's predicted prefill time, seconds");
+ABSL_FLAG(std::string, esp_step_models, "",
+          "--esp: a file of fitted per-degree prefill step models, lines \"degree a b c\" "
+          "(T = a + b S + c S^2 seconds); empty: the default (router/esp_step_models.h)");
 
 namespace mmserve::router {
 namespace {
@@ -155,7 +172,8 @@ void AddGauges(metrics::Registry& registry, InstanceTable& table, CallTracker& t
                             [&tracker] { return static_cast<double>(tracker.size()); });
   for (const auto& [role, name] :
        {std::pair{Role::kEncoder, "encoder"}, std::pair{Role::kLanguage, "language"},
-        std::pair{Role::kPrefill, "prefill"}, std::pair{Role::kDecode, "decode"}}) {
+        std::pair{Role::kPrefill, "prefill"}, std::pair{Role::kDecode, "decode"},
+        std::pair{Role::kElastic, "elastic"}}) {
     registry.AddGaugeCallback(
         "mmserve_router_healthy_instances", "Healthy instances by role.", {{"role", name}},
         [&table, role = role] { return static_cast<double>(table.Healthy(role).size()); });
@@ -233,6 +251,48 @@ int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& regis
   return 0;
 }
 
+// --esp's pool options.
+absl::StatusOr<EspPoolOptions> EspOptionsFromFlags() {
+  EspPoolOptions o;
+  if (absl::GetFlag(FLAGS_esp_tick_ms) < 1 || absl::GetFlag(FLAGS_esp_max_queue_ms) < 1 ||
+      absl::GetFlag(FLAGS_esp_max_pending) < 1 || absl::GetFlag(FLAGS_esp_max_degree) < 1) {
+    return absl::InvalidArgumentError(
+        "--esp_tick_ms, --esp_max_queue_ms, --esp_max_pending and --esp_max_degree must be >= 1");
+  }
+  if (!absl::GetFlag(FLAGS_presize)) {
+    return absl::InvalidArgumentError("--esp needs --presize (a group plan splits exact rows)");
+  }
+  o.tick = absl::Milliseconds(absl::GetFlag(FLAGS_esp_tick_ms));
+  o.max_queue_wait = absl::Milliseconds(absl::GetFlag(FLAGS_esp_max_queue_ms));
+  o.max_pending = static_cast<size_t>(absl::GetFlag(FLAGS_esp_max_pending));
+  o.config.max_prefill_seconds = absl::GetFlag(FLAGS_esp_max_prefill_s);
+  const std::string file = absl::GetFlag(FLAGS_esp_step_models);
+  if (file.empty()) {
+    o.config.per_degree = DefaultEspStepModels(absl::GetFlag(FLAGS_esp_max_degree));
+  } else {
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+    ASSIGN_OR_RETURN(o.config.per_degree, ParseEspStepModels(text));
+  }
+  return o;
+}
+
+// Runs the router, with the elastic manager under --esp.
+int ServeWithEsp(RouterContext& context, CallTracker& tracker, metrics::Registry& registry) {
+  if (!absl::GetFlag(FLAGS_esp)) return Serve(context, tracker, registry);
+  auto options = EspOptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  auto tokenizer = model::Tokenizer::FromFile(absl::GetFlag(FLAGS_model_dir) + "/tokenizer.json");
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  EspPool pool(*context.instances, registry, *std::move(options));
+  context.esp = &pool;
+  context.tokenizer = tokenizer->get();
+  pool.Start();
+  const int rc = Serve(context, tracker, registry);
+  pool.Stop();
+  context.esp = nullptr;
+  return rc;
+}
+
 int Main() {
   BlockTerminationSignals();
   if (absl::Status s = ConfigureInternalPlaneFromFlags(); !s.ok()) return Fail(s);
@@ -242,6 +302,7 @@ int Main() {
   if (!options.ok()) return Fail(options.status());
   auto table_options = TableOptionsFromFlags();
   if (!table_options.ok()) return Fail(table_options.status());
+  table_options->pool_elastic = absl::GetFlag(FLAGS_esp);
   InstanceTable table(*table_options);
   if (auto s = AddStatic(table, absl::GetFlag(FLAGS_encoders), iv1::INSTANCE_ROLE_ENCODER);
       !s.ok()) {
@@ -261,7 +322,7 @@ int Main() {
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);
   table.Start();
-  const int rc = Serve(context, tracker, registry);
+  const int rc = ServeWithEsp(context, tracker, registry);
   table.Stop();
   LOG(INFO) << "router: stopped";
   return rc;

@@ -1,6 +1,7 @@
 // A TokenBatch stream from a language instance, as a gRPC client reactor:
-// PrefillStream (Language.Prefill, roles both and prefill) or DecodeStream
-// (Language.Decode, role decode). Each batch and the end go to the
+// PrefillStream (Language.Prefill, roles both and prefill), DecodeStream
+// (Language.Decode, role decode) or EspStream (Language.EspPrefill, one
+// member of an elastic group). Each batch and the end go to the
 // handlers, on gRPC's threads; the handlers are dropped after on_done.
 //
 //   auto stream = std::make_shared<PrefillStream>(request, deadline, handlers);
@@ -38,6 +39,11 @@ inline void StartTokenRpc(internal::v1::Language::Stub& stub, grpc::ClientContex
                           const internal::v1::DecodeRequest* request,
                           grpc::ClientReadReactor<internal::v1::TokenBatch>* reactor) {
   stub.async()->Decode(ctx, request, reactor);
+}
+inline void StartTokenRpc(internal::v1::Language::Stub& stub, grpc::ClientContext* ctx,
+                          const internal::v1::EspPrefillRequest* request,
+                          grpc::ClientReadReactor<internal::v1::TokenBatch>* reactor) {
+  stub.async()->EspPrefill(ctx, request, reactor);
 }
 
 template <typename Request>
@@ -81,6 +87,7 @@ class TokenStream final : public grpc::ClientReadReactor<internal::v1::TokenBatc
 
 using PrefillStream = TokenStream<internal::v1::PrefillRequest>;
 using DecodeStream = TokenStream<internal::v1::DecodeRequest>;
+using EspStream = TokenStream<internal::v1::EspPrefillRequest>;
 
 }  // namespace mmserve::router
 

@@ -283,7 +283,14 @@ Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout) {
     // Summed over the prefill and decode instances when disaggregated; an
     // unreachable one (-1) makes the sum non-zero.
     std::vector<launcher::Service*> langs;
-    if (stack.disaggregated()) {
+    if (stack.elastic()) {
+      // The live elastic instances (a killed one's survivors).
+      for (int i = 0; i < stack.num_elastic(); ++i) {
+        if (stack.elastic(i).process && stack.elastic(i).process->alive()) {
+          langs.push_back(&stack.elastic(i));
+        }
+      }
+    } else if (stack.disaggregated()) {
       langs = {&stack.prefill(0), &stack.decode(0)};
     } else {
       langs = {&stack.language()};

@@ -126,7 +126,8 @@ double ScrapeMetricAt(const std::string& host, int port, const std::string& name
                       const std::string& labels = "");
 
 // Every service's blocks and live requests (prefill-0 and decode-0 summed
-// when the stack is disaggregated), once they settle (or the last
+// when the stack is disaggregated, the live elastic instances when it is
+// elastic), once they settle (or the last
 // reading after `timeout`): what leak checks assert to be zero.
 struct Leaks {
   double language_embedding_blocks_used = -1;

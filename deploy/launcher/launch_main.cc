@@ -1,5 +1,6 @@
 // mmserve_launch: runs router + encoders + language (role both, or
-// --prefill=N --decode=N instances of the disaggregated roles) on this
+// --prefill=N --decode=N instances of the disaggregated roles, or
+// --elastic=N instances of role elastic under `router --esp`) on this
 // machine and supervises them: a child that dies is restarted; SIGTERM or
 // SIGINT stops every child (each drains and frees its blocks) and exits.
 //
@@ -34,6 +35,9 @@ ABSL_FLAG(int, prefill, 0,
           "prefill/decode disaggregation: language instances of role prefill (with --decode; "
           "0: one role-both instance)");
 ABSL_FLAG(int, decode, 0, "prefill/decode disaggregation: language instances of role decode");
+ABSL_FLAG(int, elastic, 0,
+          "elastic sequence parallelism: language instances of role elastic and router --esp "
+          "(0: none)");
 ABSL_FLAG(std::vector<std::string>, router_flags, {},
           "extra router flags, comma-separated (e.g. --presize=false)");
 ABSL_FLAG(std::vector<std::string>, encoder_flags, {},
@@ -77,6 +81,10 @@ absl::StatusOr<StackOptions> OptionsFromFlags() {
   if (o.prefill < 0 || o.decode < 0 || (o.prefill > 0) != (o.decode > 0)) {
     return absl::InvalidArgumentError("--prefill and --decode go together (both >= 1)");
   }
+  o.elastic = absl::GetFlag(FLAGS_elastic);
+  if (o.elastic < 0 || (o.elastic > 0 && o.prefill > 0)) {
+    return absl::InvalidArgumentError("--elastic goes alone (not with --prefill/--decode)");
+  }
   if (absl::GetFlag(FLAGS_tp) > 1) {
     // Disaggregated: the decode instances are tensor-parallel, prefill runs
     // one rank (role prefill needs --tp=1 for now).
@@ -98,7 +106,9 @@ void PrintAddresses(LocalStack& s, const StackOptions& o) {
                 s.encoder(i).grpc_address().c_str(), s.encoder(i).metrics_port());
   }
   std::vector<Service*> langs;
-  if (s.disaggregated()) {
+  if (s.elastic()) {
+    for (int i = 0; i < o.elastic; ++i) langs.push_back(&s.elastic(i));
+  } else if (s.disaggregated()) {
     for (int i = 0; i < o.prefill; ++i) langs.push_back(&s.prefill(i));
     for (int i = 0; i < o.decode; ++i) langs.push_back(&s.decode(i));
   } else {
@@ -125,6 +135,8 @@ bool Restart(LocalStack& s, const std::string& name) {
     st = s.StartRole("prefill", std::stoi(name.substr(8)));
   } else if (name.rfind("decode-", 0) == 0) {
     st = s.StartRole("decode", std::stoi(name.substr(7)));
+  } else if (name.rfind("elastic-", 0) == 0) {
+    st = s.StartRole("elastic", std::stoi(name.substr(8)));
   } else {
     return false;
   }

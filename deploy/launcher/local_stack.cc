@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                           "--metrics_port=0",
                                           "--internal_address=" + options.host + ":0"};
   if (!options.api_key.empty()) router_args.push_back("--api_key=" + options.api_key);
+  if (options.elastic > 0) router_args.push_back("--esp");
   router_args.insert(router_args.end(), options.router_args.begin(), options.router_args.end());
   auto router = s->Launch("router", options.bin_dir + "/router/router", router_args);
   if (!router.ok()) return router.status();
@@ -55,7 +56,13 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
     if (absl::Status st = s->StartEncoder(i); !st.ok()) return st;
   }
   int languages = 1;
-  if (s->disaggregated()) {
+  if (s->elastic()) {
+    s->elastic_.resize(options.elastic);
+    for (int i = 0; i < options.elastic; ++i) {
+      if (absl::Status st = s->StartRole("elastic", i); !st.ok()) return st;
+    }
+    languages = options.elastic;
+  } else if (s->disaggregated()) {
     // Decode first: a prefill instance is useless to the router without one.
     s->decode_.resize(options.decode);
     s->prefill_.resize(options.prefill);
@@ -139,7 +146,7 @@ absl::Status LocalStack::StartRole(const std::string& role, int i) {
   }
   auto svc = Launch(id, options_.bin_dir + "/language_service/language", args);
   if (!svc.ok()) return svc.status();
-  (role == "decode" ? decode_ : prefill_)[i] = std::move(*svc);
+  (role == "decode" ? decode_ : role == "elastic" ? elastic_ : prefill_)[i] = std::move(*svc);
   return absl::OkStatus();
 }
 
@@ -185,6 +192,7 @@ std::vector<std::string> LocalStack::Exited() {
   check(language_);
   for (Service& p : prefill_) check(p);
   for (Service& d : decode_) check(d);
+  for (Service& x : elastic_) check(x);
   return out;
 }
 
@@ -195,6 +203,7 @@ void LocalStack::Stop(absl::Duration grace) {
   for (Service& e : encoders_) all.push_back(&e);
   for (Service& p : prefill_) all.push_back(&p);
   for (Service& d : decode_) all.push_back(&d);
+  for (Service& x : elastic_) all.push_back(&x);
   for (Service* s : all) {
     if (s->process) s->process->Signal(SIGTERM);
   }

@@ -1,5 +1,6 @@
 // A whole topology on this machine: router, N encoders and one language
-// instance (role both), started in order, each registering with the router
+// instance (role both; or prefill and decode instances; or N elastic
+// instances under `router --esp`), started in order, each registering with the router
 // on its internal address (--internal_address=<host>:0), and supervised
 // until Stop. deploy/serve.sh and the end-to-end tests use it.
 //
@@ -36,6 +37,10 @@ struct StackOptions {
   // the role-both one.
   int prefill = 0;
   int decode = 0;
+  // Elastic sequence parallelism: with > 0, this many `--role=elastic`
+  // language instances (elastic-i) instead of the role-both one, and the
+  // router runs with --esp.
+  int elastic = 0;
   std::string profile = "shm";
   std::string host = "127.0.0.1";
   int router_port = 0;  // 0: any free port
@@ -74,13 +79,17 @@ class LocalStack {
   Service& language() { return language_; }  // role both only
   Service& prefill(int i) { return prefill_[i]; }
   Service& decode(int i) { return decode_[i]; }
+  Service& elastic(int i) { return elastic_[i]; }
   bool disaggregated() const { return options_.prefill > 0 && options_.decode > 0; }
+  bool elastic() const { return options_.elastic > 0; }
   int num_encoders() const { return static_cast<int>(encoders_.size()); }
+  int num_elastic() const { return static_cast<int>(elastic_.size()); }
 
   // (Re)starts encoder `i` or the language instance (after a kill).
   [[nodiscard]] absl::Status StartEncoder(int i);
   [[nodiscard]] absl::Status StartLanguage();
-  // (Re)starts language instance `i` of role "prefill" or "decode".
+  // (Re)starts language instance `i` of role "prefill", "decode" or
+  // "elastic".
   [[nodiscard]] absl::Status StartRole(const std::string& role, int i);
   // Waits until the router reports this many healthy instances.
   [[nodiscard]] absl::Status WaitHealthy(int encoders, int languages, absl::Duration timeout);
@@ -101,6 +110,7 @@ class LocalStack {
   Service language_;
   std::vector<Service> prefill_;
   std::vector<Service> decode_;
+  std::vector<Service> elastic_;
   std::string router_address_;
   std::string registry_address_;
   int http_port_ = -1;

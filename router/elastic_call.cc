@@ -1,0 +1,163 @@
+#include "router/elastic_call.h"
+
+#include <utility>
+
+namespace mmserve::router {
+
+std::shared_ptr<ElasticCall> ElasticCall::Self() {
+  return std::static_pointer_cast<ElasticCall>(shared_from_this());
+}
+
+void ElasticCall::Place() {
+  if (!length_.ok()) {
+    End(length_.status());
+    return;
+  }
+  absl::Status queued = pool_.Submit({.id = id_,
+                                      .prompt_tokens = length_->prompt_tokens,
+                                      .max_tokens = length_->max_tokens,
+                                      .deadline = deadline_,
+                                      .on_placed = [self = Self()](absl::StatusOr<EspPlacement> p) {
+                                        self->OnPlaced(std::move(p));
+                                      }});
+  if (!queued.ok()) End(std::move(queued));
+}
+
+void ElasticCall::OnPlaced(absl::StatusOr<EspPlacement> placement) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase() != CallPhase::kEnded) {
+      if (!placement.ok()) {
+        End(placement.status());
+      } else {
+        members_ = std::move(placement->members);
+        plan_ = std::move(placement->plan);
+        Run();
+      }
+    }
+  }
+  deferred_.Run();
+}
+
+TokenStreamHandlers ElasticCall::Handlers(size_t member) {
+  return {.on_batch = [self = Self(),
+                       member](const internal::v1::TokenBatch& b) { self->OnBatch(member, b); },
+          .on_done = [self = Self(), member](const grpc::Status& s) { self->OnDone(member, s); }};
+}
+
+void ElasticCall::StartLanguage(internal::v1::PrefillRequest prefill) {
+  Advance(CallEvent::kPrefillStarted);
+  if (!plan_) {
+    auto stream = std::make_shared<PrefillStream>(std::move(prefill), deadline_, Handlers(0));
+    cancels_.push_back([stream] { stream->Cancel(); });
+    master_carries_ = true;
+    deferred_.Defer([stream, lang = members_[0]] { stream->Begin(stream, *lang->language); });
+    return;
+  }
+  sampler_ = plan_->sampler();
+  master_ = plan_->master();
+  master_carries_ = sampler_ == master_;
+  for (size_t m = 0; m < members_.size(); ++m) {
+    internal::v1::EspPrefillRequest request;
+    *request.mutable_request() = prefill;
+    *request.mutable_plan() = *plan_;
+    request.set_member(static_cast<uint32_t>(m));
+    auto stream = std::make_shared<EspStream>(std::move(request), deadline_, Handlers(m));
+    cancels_.push_back([stream] { stream->Cancel(); });
+    deferred_.Defer([stream, lang = members_[m]] { stream->Begin(stream, *lang->language); });
+  }
+}
+
+void ElasticCall::RetryImages(std::vector<internal::v1::PromptImage> images) {
+  for (const auto& member : members_) SendRetryImages(member, images);
+}
+
+std::vector<std::shared_ptr<Instance>> ElasticCall::LanguageInstances() const { return members_; }
+
+void ElasticCall::CancelStreams(const absl::Status&) {
+  for (auto& cancel : cancels_) {
+    if (cancel) deferred_.Defer(std::move(cancel));
+  }
+  cancels_.assign(cancels_.size(), nullptr);
+  deferred_.Defer([pool = &pool_, id = id_] { pool->Finished(id); });
+}
+
+void ElasticCall::OnBatch(size_t member, const internal::v1::TokenBatch& batch) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedOnBatch(member, batch);
+  }
+  deferred_.Run();
+}
+
+void ElasticCall::LockedOnBatch(size_t member, const internal::v1::TokenBatch& batch) {
+  if (phase() == CallPhase::kEnded || final_member_) return;
+  if (batch.lost_images_size() > 0) {
+    RelayBatch(batch);  // re-dispatches the images
+    return;
+  }
+  if (batch.token_ids_size() == 0 &&
+      batch.finish_reason() == mmserve::v1::FINISH_REASON_UNSPECIFIED) {
+    return;  // nothing for the client
+  }
+  if (master_carries_) {
+    if (member == master_) Relay(member, batch);
+  } else if (member == sampler_) {
+    Relay(member, batch);
+    HandToMaster();
+  } else if (member == master_) {
+    held_.push_back(batch);
+  }
+}
+
+void ElasticCall::Relay(size_t member, const internal::v1::TokenBatch& batch) {
+  const bool first = phase() == CallPhase::kPrefilling;
+  RelayBatch(batch);
+  if (batch.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) final_member_ = member;
+  if (first && phase() != CallPhase::kPrefilling) {
+    deferred_.Defer([pool = &pool_, id = id_] { pool->Decoding(id); });
+  }
+}
+
+void ElasticCall::HandToMaster() {
+  master_carries_ = true;
+  std::vector<internal::v1::TokenBatch> held = std::move(held_);
+  held_.clear();
+  for (const auto& b : held) {
+    if (phase() == CallPhase::kEnded || final_member_) return;
+    Relay(master_, b);
+  }
+  if (held_closed_ok_) LockedOnDone(master_, grpc::Status::OK);
+}
+
+void ElasticCall::OnDone(size_t member, const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    LockedOnDone(member, status);
+  }
+  deferred_.Run();
+}
+
+void ElasticCall::LockedOnDone(size_t member, const grpc::Status& status) {
+  if (member < cancels_.size()) cancels_[member] = nullptr;
+  if (phase() == CallPhase::kEnded) return;
+  const std::string& id = members_[member]->id;
+  const char* role = plan_ ? "elastic member" : "language";
+  if (!status.ok() || final_member_ == member) {
+    LastStreamClosed(status, role, id);
+    return;
+  }
+  if (member == master_ && !final_member_) {
+    if (!master_carries_) {
+      held_closed_ok_ = true;  // replayed after the first token
+      return;
+    }
+    LastStreamClosed(status, role, id);  // ended without a final response
+    return;
+  }
+  // The sampler closed without a first token: the master carries them all.
+  if (member == sampler_ && !master_carries_) HandToMaster();
+  // Otherwise a member kept its span (or the sampler sent the first token).
+}
+
+}  // namespace mmserve::router

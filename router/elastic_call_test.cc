@@ -1,0 +1,390 @@
+// ElasticCall and EspPool (router --esp) against in-process fake elastic
+// instances (Language EspPrefill, Prefill, Abort and GetLoad): degree 1
+// when a request fits one instance, a group when it does not, Abort to
+// every member on finish, cancel and a member's failure, refusals at once
+// and after the queue wait, and a property run: promised slots never
+// exceed an instance's capacity and each request has one master.
+#include "router/elastic_call.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_server.h"
+#include "common/metrics.h"
+#include "proto/language.grpc.pb.h"
+#include "router/call_testing.h"
+#include "router/esp_pool.h"
+#include "router/esp_step_models.h"
+
+namespace mmserve::router {
+namespace {
+
+using internal::v1::EspPrefillRequest;
+using internal::v1::PrefillRequest;
+using Writer = grpc::ServerWriter<TokenBatch>;
+
+constexpr int64_t kBlock = 16;
+
+// The sampler writes the first token, the master the rest.
+grpc::Status SamplerThenMaster(const EspPrefillRequest& r, grpc::ServerContext*, Writer* w) {
+  if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+  if (r.member() == r.plan().master()) {
+    w->Write(Tokens(2, "b"));
+    w->Write(Final(3, "c"));
+  }
+  return grpc::Status::OK;
+}
+
+// Waits for the router to cancel the call.
+grpc::Status UntilCancelled(grpc::ServerContext* ctx) {
+  WaitFor([&] { return ctx->IsCancelled(); });
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+}
+
+class FakeElastic final : public Healthy<internal::v1::Language::Service> {
+ public:
+  using EspScript =
+      std::function<grpc::Status(const EspPrefillRequest&, grpc::ServerContext*, Writer*)>;
+  using Script = std::function<grpc::Status(grpc::ServerContext*, Writer*)>;
+
+  FakeElastic(std::string id, int64_t slots) : Healthy(id), id_(std::move(id)), slots(slots) {}
+
+  const std::string id_;
+  std::atomic<int64_t> slots;  // reported free
+  EspScript esp = SamplerThenMaster;
+  Script prefill = [](grpc::ServerContext*, Writer* w) {
+    w->Write(Tokens(1, "a"));
+    w->Write(Final(2, "b"));
+    return grpc::Status::OK;
+  };
+  std::atomic<int> prefills{0}, esps{0};
+  absl::Mutex mu;
+  std::vector<EspPrefillRequest> esp_requests ABSL_GUARDED_BY(mu);
+  std::multiset<std::string> aborts ABSL_GUARDED_BY(mu);
+
+  grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
+                       internal::v1::LoadReport* load) override {
+    load->set_instance_id(id_);
+    load->set_accepting(true);
+    load->set_kv_token_slots_free(static_cast<uint64_t>(slots.load()));
+    load->set_kv_blocks_free(static_cast<uint32_t>(slots.load() / kBlock));
+    return grpc::Status::OK;
+  }
+  grpc::Status Prefill(grpc::ServerContext* ctx, const PrefillRequest*, Writer* w) override {
+    ++prefills;
+    return prefill(ctx, w);
+  }
+  grpc::Status EspPrefill(grpc::ServerContext* ctx, const EspPrefillRequest* r,
+                          Writer* w) override {
+    {
+      absl::MutexLock lock(&mu);
+      esp_requests.push_back(*r);
+    }
+    ++esps;
+    return esp(*r, ctx, w);
+  }
+  grpc::Status Abort(grpc::ServerContext*, const internal::v1::AbortRequest* r,
+                     internal::v1::AbortResponse*) override {
+    absl::MutexLock lock(&mu);
+    aborts.insert(r->request_id());
+    return grpc::Status::OK;
+  }
+  size_t AbortsOf(const std::string& id) {
+    absl::MutexLock lock(&mu);
+    return aborts.count(id);
+  }
+  std::vector<EspPrefillRequest> EspRequests() {
+    absl::MutexLock lock(&mu);
+    return esp_requests;
+  }
+};
+
+EspPoolOptions PoolOptions() {
+  EspPoolOptions o;
+  o.config.per_degree = DefaultEspStepModels(4);
+  o.tick = absl::Milliseconds(5);
+  return o;
+}
+
+// A router context with --esp over fake elastic instances x0, x1, ... of
+// the given capacities (in token slots, reported free at first).
+class ElasticStack {
+ public:
+  explicit ElasticStack(const std::vector<int64_t>& slots, EspPoolOptions options = PoolOptions())
+      : table_({.poll_interval = absl::Milliseconds(20), .pool_elastic = true}),
+        pool_(table_, metrics_, std::move(options)) {
+    context_.options.model_id = "m";
+    context_.options.presize = false;
+    context_.options.max_model_len = 8192;
+    context_.options.config.text.vocab_size = 1000;
+    context_.instances = &table_;
+    context_.metrics = &metrics_;
+    context_.esp = &pool_;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      fakes.push_back(std::make_unique<FakeElastic>(absl::StrCat("x", i), slots[i]));
+      Add(*fakes.back(), slots[i]);
+    }
+    table_.Start();
+    REQUIRE(WaitFor([&] { return table_.Healthy(Role::kElastic).size() == slots.size(); }));
+    pool_.Start();
+  }
+  ~ElasticStack() {
+    pool_.Stop();
+    table_.Stop();
+    for (auto& s : servers_) s->Shutdown(absl::ZeroDuration());
+  }
+  const RouterContext& context() const { return context_; }
+  EspPool& pool() { return pool_; }
+  size_t TotalAbortsOf(const std::string& id) {
+    size_t n = 0;
+    for (auto& f : fakes) n += f->AbortsOf(id);
+    return n;
+  }
+
+  std::vector<std::unique_ptr<FakeElastic>> fakes;
+
+ private:
+  void Add(FakeElastic& fake, int64_t slots) {
+    auto server = StartGrpcServer("127.0.0.1:0", {&fake});
+    REQUIRE(server.ok());
+    internal::v1::InstanceInfo info;
+    info.set_instance_id(fake.id_);
+    info.set_role(internal::v1::INSTANCE_ROLE_ELASTIC);
+    info.set_grpc_address(absl::StrCat("127.0.0.1:", (*server)->port()));
+    info.mutable_capacity()->set_kv_blocks_total(static_cast<uint32_t>(slots / kBlock));
+    info.mutable_capacity()->set_kv_block_size(kBlock);
+    info.set_esp_endpoint("ep-" + fake.id_);
+    table_.Upsert(info);
+    servers_.push_back(*std::move(server));
+  }
+
+  InstanceTable table_;
+  metrics::Registry metrics_;
+  EspPool pool_;
+  RouterContext context_;
+  std::vector<std::unique_ptr<GrpcServer>> servers_;
+};
+
+mmserve::v1::GenerateRequest Prompt(const std::string& id, int tokens, int max_tokens) {
+  mmserve::v1::GenerateRequest r;
+  r.set_request_id(id);
+  for (int i = 0; i < tokens; ++i) r.mutable_raw()->add_token_ids(5);
+  r.mutable_sampling()->set_max_tokens(static_cast<uint32_t>(max_tokens));
+  return r;
+}
+
+std::shared_ptr<GenerateCall> Start(ElasticStack& stack, Outcome& outcome,
+                                    mmserve::v1::GenerateRequest request) {
+  return GenerateCall::Start(stack.context(), std::move(request), outcome.Sink(),
+                             std::chrono::system_clock::now() + std::chrono::seconds(30));
+}
+
+// The pool holds nothing for anyone.
+bool PoolEmpty(ElasticStack& stack) {
+  const EspPool::Stats s = stack.pool().stats();
+  return s.pending == 0 && s.promised_slots == 0 && s.members.empty();
+}
+
+// Every member of the stack got Abort(id) and the pool holds nothing.
+void CheckAllAborted(ElasticStack& stack, const std::string& id) {
+  CHECK(WaitFor([&] { return stack.TotalAbortsOf(id) == stack.fakes.size(); }));
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+}
+
+void SetEsp(ElasticStack& stack, const FakeElastic::EspScript& script) {
+  for (auto& f : stack.fakes) f->esp = script;
+}
+
+// Runs `request` to its end: OK, the client got `text`.
+void RunOk(ElasticStack& stack, mmserve::v1::GenerateRequest request, const std::string& text) {
+  Outcome outcome;
+  Start(stack, outcome, std::move(request));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().ok());
+  CHECK(outcome.Text() == text);
+}
+
+TEST_CASE("a request that fits one instance runs there at degree 1") {
+  ElasticStack stack({2048, 2048});
+  RunOk(stack, Prompt("r1", 100, 8), "ab");
+  CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 1);
+  CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps == 0);
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+  CHECK(stack.TotalAbortsOf("r1") == 0);
+}
+
+TEST_CASE("a prompt beyond one instance's pool runs on a group; every member gets Abort after") {
+  ElasticStack stack({2048, 2048});
+  RunOk(stack, Prompt("r2", 3000, 8), "abc");
+  CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 0);
+  const auto a = stack.fakes[0]->EspRequests(), b = stack.fakes[1]->EspRequests();
+  REQUIRE(a.size() == 1);
+  REQUIRE(b.size() == 1);
+  const internal::v1::EspPlan& plan = a[0].plan();
+  CHECK(plan.SerializeAsString() == b[0].plan().SerializeAsString());
+  CHECK(a[0].member() != b[0].member());
+  REQUIRE(plan.members_size() == 2);
+  int64_t rows = 0, kept = 0;
+  for (const auto& m : plan.members()) {
+    CHECK(m.endpoint() == "ep-" + m.instance_id());
+    for (const auto& r : m.rows()) rows += r.end() - r.begin();
+    kept += m.keep().end() - m.keep().begin();
+    CHECK(m.keep().begin() % kBlock == 0);
+  }
+  CHECK(rows == 3000);
+  CHECK(kept == 3000);
+  CHECK(a[0].request().request_id() == "r2");
+  CHECK(WaitFor([&] { return stack.fakes[0]->AbortsOf("r2") == 1; }));
+  CHECK(WaitFor([&] { return stack.fakes[1]->AbortsOf("r2") == 1; }));
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+}
+
+TEST_CASE("a request no group of the pool could hold is refused at once") {
+  ElasticStack stack({2048, 2048});
+  Outcome outcome;
+  Start(stack, outcome, Prompt("r3", 4000, 200));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps + stack.fakes[0]->prefills +
+            stack.fakes[1]->prefills ==
+        0);
+  CHECK(PoolEmpty(stack));
+}
+
+TEST_CASE("a queued request that never finds slots ends after the queue wait") {
+  EspPoolOptions options = PoolOptions();
+  options.max_queue_wait = absl::Milliseconds(200);
+  ElasticStack stack({2048}, options);
+  stack.fakes[0]->slots = 0;  // reports no free slot from now on
+  REQUIRE(WaitFor(
+      [&] { return stack.context().instances->LastLoad("x0").kv_token_slots_free() == 0; }));
+  Outcome outcome;
+  Start(stack, outcome, Prompt("r4", 100, 8));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(stack.fakes[0]->prefills == 0);
+  CHECK(PoolEmpty(stack));
+}
+
+TEST_CASE("cancelling a group's call cancels every stream and aborts every member") {
+  ElasticStack stack({2048, 2048});
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    return UntilCancelled(ctx);
+  });
+  Outcome outcome;
+  auto call = Start(stack, outcome, Prompt("r5", 3000, 8));
+  REQUIRE(WaitFor([&] { return outcome.Text() == "a"; }));
+  call->Cancel("client went away");
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kCancelled);
+  CheckAllAborted(stack, "r5");
+}
+
+TEST_CASE("a member that fails ends the call UNAVAILABLE and every member gets Abort") {
+  ElasticStack stack({2048, 2048});
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer*) {
+    if (r.member() != r.plan().master()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "member lost");
+    }
+    return UntilCancelled(ctx);
+  });
+  Outcome outcome;
+  Start(stack, outcome, Prompt("r6", 3000, 8));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CheckAllAborted(stack, "r6");
+}
+
+TEST_CASE("a master lost mid-decode ends the call UNAVAILABLE after its tokens") {
+  ElasticStack stack({2048, 2048});
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext*, Writer* w) {
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    if (r.member() != r.plan().master()) return grpc::Status::OK;
+    w->Write(Tokens(2, "b"));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "master lost");
+  });
+  Outcome outcome;
+  Start(stack, outcome, Prompt("r7", 3000, 8));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(outcome.Text() == "ab");
+  CheckAllAborted(stack, "r7");
+}
+
+// Checks, from inside the fakes while calls run, that no instance is
+// promised more than its capacity and that every member of a group got the
+// same plan with one master.
+struct Invariants {
+  absl::Mutex mu;
+  std::vector<std::string> violations ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::string> plan_of ABSL_GUARDED_BY(mu);
+
+  void Check(EspPool& pool, const EspPrefillRequest* r) {
+    const EspPool::Stats s = pool.stats();
+    absl::MutexLock lock(&mu);
+    for (const auto& [id, promised] : s.promised_by_instance) {
+      if (promised > s.capacity_by_instance.at(id)) {
+        violations.push_back(absl::StrCat(id, " promised ", promised));
+      }
+    }
+    if (r == nullptr) return;
+    if (r->plan().master() >= static_cast<uint32_t>(r->plan().members_size())) {
+      violations.push_back("master outside the group");
+    }
+    auto [it, fresh] = plan_of.emplace(r->request().request_id(), r->plan().SerializeAsString());
+    if (!fresh && it->second != r->plan().SerializeAsString()) {
+      violations.push_back(r->request().request_id() + ": members got different plans");
+    }
+  }
+};
+
+TEST_CASE("property: promised slots stay within capacity, one plan and master per request") {
+  ElasticStack stack({1024, 2048, 1536});
+  Invariants inv;
+  // Each call checks, then takes a moment so that calls overlap.
+  auto check = [&stack, &inv](const EspPrefillRequest* r) {
+    inv.Check(stack.pool(), r);
+    absl::SleepFor(absl::Milliseconds(2));
+  };
+  for (auto& f : stack.fakes) {
+    f->esp = [check](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+      check(&r);
+      return SamplerThenMaster(r, ctx, w);
+    };
+    f->prefill = [check](grpc::ServerContext*, Writer* w) {
+      check(nullptr);
+      w->Write(Final(1, "a"));
+      return grpc::Status::OK;
+    };
+  }
+  std::mt19937 rng(26);
+  std::vector<std::unique_ptr<Outcome>> outcomes;
+  for (int k = 0; k < 40; ++k) {
+    outcomes.push_back(std::make_unique<Outcome>());
+    const int prompt = std::uniform_int_distribution<int>(20, 3400)(rng);
+    const int max_tokens = std::uniform_int_distribution<int>(1, 64)(rng);
+    Start(stack, *outcomes.back(), Prompt(absl::StrCat("p", k), prompt, max_tokens));
+  }
+  for (auto& o : outcomes) {
+    REQUIRE(o->WaitForEnd());
+    CHECK(o->status().ok());
+  }
+  absl::MutexLock lock(&inv.mu);
+  CHECK(inv.violations.empty());
+  CHECK(!inv.plan_of.empty());  // some requests needed a group
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+}
+
+}  // namespace
+}  // namespace mmserve::router

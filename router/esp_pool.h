@@ -1,0 +1,182 @@
+// The router's global manager of elastic sequence parallelism (router --esp;
+// issue 26, docs/elastic.md): the pool of elastic instances, the queue of
+// requests waiting for KV slots, the slots promised to placed requests and
+// each placed request's members (the span map).
+//
+//   EspPool pool(table, metrics, options);
+//   pool.Start();
+//   RETURN_IF_ERROR(pool.Submit({.id = id, .prompt_tokens = n, .max_tokens = m,
+//                                .deadline = d, .on_placed = ...}));
+//   ... on_placed(EspPlacement) runs on the pool's thread: one member (degree
+//   1: an ordinary Prefill call) or a group (an EspPrefill call to each)
+//   pool.Decoding(id);   // the first token arrived
+//   pool.Finished(id);   // the call ended: slots freed, Abort to a group
+//
+// Each iteration (an arrival, a finish, a first token, or every `tick`)
+// runs scheduler::PlanEspIteration over the pending requests, first come
+// first served, and the healthy elastic instances not in a group prefill.
+// An instance's free slots are the least of (a) its latest load report's
+// free slots less what was promised on it since that report and (b) its
+// capacity less every promise of a live request on it. A promise is the
+// request's whole future KV (prompt + max_tokens - 1, in blocks) where the
+// retention plan puts it, held until the call ends, so decode growth is
+// reserved up front (the manager's decode_growth_blocks stays 0).
+//
+// A batch at degree 1 places each of its requests on its instance. A batch
+// at degree d > 1 places its first request on the d instances as a group;
+// the others stay pending for a later iteration (a member runs one group
+// prefill at a time). A group's instances leave the pool until its first
+// token (or its end).
+//
+// Refusals: Submit answers RESOURCE_EXHAUSTED at once for a request whose
+// KV exceeds the slots of the largest group the pool could ever form (the
+// same code a role-both instance gives a request beyond its pool) or when
+// the queue is full, UNAVAILABLE without a healthy elastic instance. A
+// queued request gets DEADLINE_EXCEEDED at its deadline and
+// RESOURCE_EXHAUSTED after `max_queue_wait`.
+//
+// Thread-safe. on_placed runs with no lock of the pool held.
+#ifndef MMSERVE_ROUTER_ESP_POOL_H_
+#define MMSERVE_ROUTER_ESP_POOL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "proto/language.pb.h"
+#include "router/instance_table.h"
+#include "scheduler/esp_manager.h"
+
+namespace mmserve::router {
+
+struct EspPoolOptions {
+  // The manager's configuration. block_size is replaced by the elastic
+  // instances' registered block size when they give one.
+  scheduler::EspConfig config;
+  absl::Duration tick = absl::Milliseconds(20);
+  absl::Duration max_queue_wait = absl::Seconds(60);
+  size_t max_pending = 1024;
+  // Deadline of each Abort sent to a group's members.
+  absl::Duration abort_timeout = absl::Seconds(2);
+};
+
+// Where a request runs.
+struct EspPlacement {
+  // In plan order; one instance at degree 1.
+  std::vector<std::shared_ptr<Instance>> members;
+  // Groups only: the plan, each member's endpoint copied from its
+  // registration.
+  std::optional<internal::v1::EspPlan> plan;
+};
+
+struct EspDemand {
+  std::string id;
+  int64_t prompt_tokens = 0;
+  int64_t max_tokens = 1;  // tokens to generate at most, >= 1
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
+  std::function<void(absl::StatusOr<EspPlacement>)> on_placed;
+};
+
+class EspPool {
+ public:
+  EspPool(InstanceTable& table, metrics::Registry& metrics, EspPoolOptions options);
+  ~EspPool();
+  EspPool(const EspPool&) = delete;
+  EspPool& operator=(const EspPool&) = delete;
+
+  // Starts the manager's loop; Stop ends it and refuses what is queued
+  // (UNAVAILABLE).
+  void Start();
+  void Stop();
+
+  // Queues a request (see the refusals above); on_placed runs exactly once
+  // later unless Finished(id) comes first.
+  [[nodiscard]] absl::Status Submit(EspDemand demand) ABSL_LOCKS_EXCLUDED(mu_);
+  // The request's first token arrived: its group's instances rejoin the
+  // pool; it counts in its master's decode batch from now on.
+  void Decoding(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The call ended, whatever the way: drops it from the queue or frees its
+  // promises, and sends Abort(id) to every member of its group (bounded by
+  // abort_timeout, not waited for). Idempotent.
+  void Finished(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One iteration now (the loop runs them on its own; tests call it too).
+  void RunIteration() ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Stats {
+    size_t pending = 0;
+    int64_t promised_slots = 0;
+    // Live requests and the members of each (the span map).
+    std::map<std::string, std::vector<std::string>> members;
+    std::map<std::string, int64_t> promised_by_instance, capacity_by_instance;
+  };
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Pending {
+    EspDemand demand;
+    absl::Time since;
+  };
+  // A placed request, until Finished.
+  struct Live {
+    std::vector<std::shared_ptr<Instance>> members;
+    std::vector<int64_t> promised;  // slots, per member
+    size_t master = 0;
+    bool group = false;
+    absl::Time placed_at;
+    bool decoding = false;
+    absl::Time first_token_at;
+    int64_t max_tokens = 1;  // its output length at most
+  };
+  using Delivery =
+      std::pair<std::function<void(absl::StatusOr<EspPlacement>)>, absl::StatusOr<EspPlacement>>;
+
+  void Loop();
+  bool WakeOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; }
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
+  int64_t BlockSize(const std::vector<std::shared_ptr<Instance>>& pool) const;
+  int64_t CapacitySlots(const Instance& instance) const;
+  int64_t FreeSlots(const Instance& instance) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool InGroupPrefill(const std::string& instance_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queued requests past their deadline or the queue wait.
+  void Expire(std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the manager over the queue and places what it dispatches.
+  void Plan(std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  scheduler::EspPoolState PoolState(const std::vector<std::shared_ptr<Instance>>& pool,
+                                    int64_t block_size) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `live` under `id` and its delivery.
+  void Place(Pending& pending, Live live, std::optional<internal::v1::EspPlan> plan,
+             std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendAborts(const std::string& id, const std::vector<std::shared_ptr<Instance>>& members);
+
+  InstanceTable& table_;
+  metrics::Registry& metrics_;
+  const EspPoolOptions options_;
+  mutable absl::Mutex mu_;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Live> live_ ABSL_GUARDED_BY(mu_);
+  // Seconds a request decodes, on average (weight 0.2 for the newest).
+  double avg_decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread loop_;
+};
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_ESP_POOL_H_

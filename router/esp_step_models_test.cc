@@ -1,0 +1,33 @@
+// The elastic manager's step-time models: the default and the file format.
+#include "router/esp_step_models.h"
+
+#include <catch2/catch.hpp>
+
+namespace mmserve::router {
+namespace {
+
+TEST_CASE("the default models give no degree a speedup") {
+  const auto models = DefaultEspStepModels(4);
+  REQUIRE(models.size() == 4);
+  for (int64_t s : {16, 512, 4096}) {
+    for (size_t d = 1; d < models.size(); ++d) {
+      CHECK(models[d].Predict(s) > models[d - 1].Predict(s));
+    }
+  }
+  CHECK(DefaultEspStepModels(0).size() == 1);
+}
+
+TEST_CASE("a models file gives degrees 1..n, comments and blank lines skipped") {
+  auto models = ParseEspStepModels("# fitted\n1 0.001 1e-5 0\n\n2 0.002 6e-6 1e-9  # two\n");
+  REQUIRE(models.ok());
+  REQUIRE(models->size() == 2);
+  CHECK((*models)[1].a == 0.002);
+  CHECK((*models)[1].c == 1e-9);
+  CHECK(absl::IsInvalidArgument(ParseEspStepModels("2 0 0 0\n").status()));
+  CHECK(absl::IsInvalidArgument(ParseEspStepModels("1 0 0\n").status()));
+  CHECK(absl::IsInvalidArgument(ParseEspStepModels("1 0 0 0\n1 0 0 0\n").status()));
+  CHECK(absl::IsInvalidArgument(ParseEspStepModels("").status()));
+}
+
+}  // namespace
+}  // namespace mmserve::router
