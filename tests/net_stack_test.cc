@@ -22,14 +22,6 @@
 namespace mmserve::testing {
 namespace {
 
-// Sanitizer builds run the processes several times slower (under ASan the
-// streams of a killed router once took 12 s to end, past the 10 s bound).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kSanitizerSlowdown = 3;
-#else
-constexpr int kSanitizerSlowdown = 1;
-#endif
-
 using mmserve::v1::GenerateRequest;
 
 bool Skipped() {

@@ -22,6 +22,15 @@
 
 namespace mmserve::testing {
 
+// How many times slower sanitizer builds run the processes: the factor for
+// the few bounds that are times (a deadline that must end a call at a given
+// stage, a CPU budget).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr int kSanitizerSlowdown = 3;
+#else
+inline constexpr int kSanitizerSlowdown = 1;
+#endif
+
 // Runfiles root of a test (its binaries, model and eval set), or the
 // workspace when run with `bazel run`.
 std::string RunfilesRoot();

@@ -139,13 +139,17 @@ TEST_CASE(
     "leaves nothing in /dev/shm") {
   const DemoSet& set = Demo();
   const Reference& ref = InProcess(set);
-  auto stack = launcher::LocalStack::Start(Tp2Options("async", 2000));
+  // The encoder sleeps 2 s before it sends; the deadline ends the call in
+  // that sleep, once the language instance holds the request (longer for
+  // sanitizer builds, where reaching the instance took over 1.2 s once).
+  auto stack = launcher::LocalStack::Start(Tp2Options("async", 2000 * kSanitizerSlowdown));
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   std::atomic<bool> live_seen{false};
-  std::thread watcher([&] { live_seen = WaitForLive(**stack, 1, absl::Seconds(5)); });
+  std::thread watcher(
+      [&] { live_seen = WaitForLive(**stack, 1, absl::Seconds(5) * kSanitizerSlowdown); });
   AskOptions o;
-  o.deadline = absl::Milliseconds(1200);  // ends while the encoder sleeps
+  o.deadline = absl::Milliseconds(1200) * kSanitizerSlowdown;
   const Answer cancelled = AskGrpc(*stub, DemoRequest(set, set.items[1], {}), o);
   watcher.join();
   CHECK(live_seen.load());  // it was held by the language instance when it ended

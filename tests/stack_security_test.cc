@@ -31,12 +31,6 @@
 namespace mmserve::testing {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr double kSanitizerSlowdown = 3;
-#else
-constexpr double kSanitizerSlowdown = 1;
-#endif
-
 using mmserve::v1::GenerateRequest;
 namespace iv1 = mmserve::internal::v1;
 
