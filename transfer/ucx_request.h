@@ -30,6 +30,8 @@ using UcxRecvDone = std::function<void(absl::Status, size_t length)>;
 void* StartUcxOp(const UcxStarter& start, UcxDone done, ucp_datatype_t datatype = 0);
 // Tag receives.
 void* StartUcxTagRecv(const UcxStarter& start, UcxRecvDone done);
+// Active-message data receives (ucp_am_recv_data_nbx of a rendezvous).
+void* StartUcxAmRecv(const UcxStarter& start, UcxRecvDone done);
 
 }  // namespace mmserve::transfer
 
