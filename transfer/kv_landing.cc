@@ -97,6 +97,7 @@ void KvLandingPad::Landed(const Key& key, bool ok) {
   }
   // From inside UCX's callback, as UCX's own reply pattern does: the reply
   // endpoint is valid now, and the sender is waiting.
+  ++acks_in_flight_;
   StartUcxOp(
       [&](const ucp_request_param_t& p) {
         ucp_request_param_t q = p;
@@ -104,7 +105,8 @@ void KvLandingPad::Landed(const Key& key, bool ok) {
         q.flags = UCP_AM_SEND_FLAG_EAGER;
         return ucp_am_send_nbx(reply, kKvAmLanded, ack.get(), sizeof(*ack), nullptr, 0, &q);
       },
-      [ack](absl::Status s) {
+      [this, ack](absl::Status s) {
+        --acks_in_flight_;
         if (!s.ok()) LOG(WARNING) << "KV hand-off: landed message not sent: " << s;
       });
 }

@@ -63,9 +63,9 @@ class KvLandingPad {
   // Forgets every hand-off and refuses further messages (before the worker
   // stops: receives it cancels then must not answer).
   void Close();
-  // Whether some hand-off is partly landed (the progress thread keeps
-  // polling then).
-  bool active() const { return !landings_.empty(); }
+  // Whether some hand-off is partly landed or its landed message is still
+  // being sent (the progress thread keeps polling then).
+  bool active() const { return !landings_.empty() || acks_in_flight_ > 0; }
   // Forgets hand-offs with no message for `idle` (their sender died or gave
   // up); their late messages, if any, still land in range.
   void Expire(absl::Duration idle);
@@ -91,6 +91,9 @@ class KvLandingPad {
   const size_t length_;
   std::map<Key, Landing> landings_;
   bool closed_ = false;
+  // Landed messages not yet sent: UCX 1.13 does not always wake an armed
+  // worker to finish a send, so the loop keeps polling until they are.
+  int acks_in_flight_ = 0;
 };
 
 }  // namespace mmserve::transfer
