@@ -315,13 +315,7 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& ta
 }
 
 absl::Status KvHandoffSender::RegisterLanded() {
-  ucp_am_handler_param_t param = {};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = kKvAmLanded;
-  param.cb = &KvHandoffSender::OnLanded;
-  param.arg = this;
-  return UCX_CALL(ucp_worker_set_am_recv_handler(worker_->get(), &param));
+  return SetUcxAmHandler(worker_->get(), kKvAmLanded, &KvHandoffSender::OnLanded, this);
 }
 
 ucs_status_t KvHandoffSender::OnLanded(void* arg, const void* header, size_t header_length,

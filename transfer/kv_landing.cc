@@ -10,13 +10,7 @@
 namespace mmserve::transfer {
 
 absl::Status KvLandingPad::Register() {
-  ucp_am_handler_param_t param = {};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = kKvAmData;
-  param.cb = &KvLandingPad::OnData;
-  param.arg = this;
-  return UCX_CALL(ucp_worker_set_am_recv_handler(worker_.get(), &param));
+  return SetUcxAmHandler(worker_.get(), kKvAmData, &KvLandingPad::OnData, this);
 }
 
 void KvLandingPad::Close() {
