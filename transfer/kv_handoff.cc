@@ -180,7 +180,8 @@ absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
     UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
   std::random_device random;
   const uint64_t id = (uint64_t{random()} << 32) ^ random();
-  std::unique_ptr<KvHandoffSender> tx(new KvHandoffSender(cache, id));
+  std::unique_ptr<KvHandoffSender> tx(
+      new KvHandoffSender(cache, id, context.profile() == TransportProfile::kTcp));
   ASSIGN_OR_RETURN(tx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
   ASSIGN_OR_RETURN(tx->worker_, UcxWorker::Create(context, options));
   KvHandoffSender* self = tx.get();
@@ -279,7 +280,8 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& ta
                              .ep = conn->ep->get(),
                              .rkey = conn->rkey->get(),
                              .sender = id_,
-                             .seq = seq};
+                             .seq = seq,
+                             .in_flight = KvMessagesInFlight(tcp_)};
     if (sliced) {
       StartKvPuts(plan, state);
     } else {

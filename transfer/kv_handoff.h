@@ -16,8 +16,9 @@
 //     cores, computing the CRC in the same pass (no UCX operation, no flush);
 //   - otherwise (tcp; shm into private memory): each run of blocks
 //     consecutive on both sides is one active message that lands by
-//     rendezvous straight into the target blocks, and the receiver answers
-//     once all have landed (kv_landing.h); the CRC is computed while they fly;
+//     rendezvous straight into the target blocks (a few at a time, see
+//     KvMessagesInFlight), and the receiver answers once all have landed
+//     (kv_landing.h); the CRC is computed while they fly;
 //   - a head slice (tensor-parallel decode rank) that is not mapped: one put
 //     per token, then a flush.
 //
@@ -160,7 +161,8 @@ class KvHandoffSender {
   // here, kept across hand-offs to the same decode side (creating them maps
   // its segment anew on shm each time). Destroyed on the progress thread.
   struct Conn;
-  KvHandoffSender(model::KvCache& cache, uint64_t id) : cache_(cache), id_(id) {}
+  KvHandoffSender(model::KvCache& cache, uint64_t id, bool tcp)
+      : cache_(cache), id_(id), tcp_(tcp) {}
   absl::StatusOr<uint32_t> SendSegments(const KvHandoffTarget& target,
                                         const std::vector<KvSegment>& segments, Deadline deadline);
   // Progress thread only: forgets the connection (closed once no Send
@@ -176,6 +178,7 @@ class KvHandoffSender {
 
   model::KvCache& cache_;
   const uint64_t id_;  // random: tells this sender's hand-offs from others' at a receiver
+  const bool tcp_;     // the context's profile
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
   std::unique_ptr<ChecksumWorker> copier_;  // the second core of a mapped copy

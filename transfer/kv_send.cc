@@ -1,5 +1,7 @@
 #include "transfer/kv_send.h"
 
+#include <algorithm>
+
 #include "transfer/kv_landing.h"
 #include "transfer/ucx_request.h"
 
@@ -12,6 +14,8 @@ void KvSendState::Complete(const absl::Status& status) {
   result = status;
   done.Notify();
 }
+
+size_t KvMessagesInFlight(bool tcp) { return tcp ? 4 : 1; }
 
 void StartKvPuts(const KvSendPlan& plan, const std::shared_ptr<KvSendState>& state) {
   state->remaining = static_cast<int>(plan.segments.size()) + 1;  // and the flush
@@ -28,11 +32,6 @@ void StartKvPuts(const KvSendPlan& plan, const std::shared_ptr<KvSendState>& sta
 }
 
 namespace {
-
-// Data messages of one hand-off in flight at once. All at once (56 of 4 MiB
-// for a 4k-token prompt at Qwen2-VL-2B dims) measured 0.44-1.17 of perftest
-// tag_bw on tcp loopback, 2-4 at a time 0.87-2.56 in the same run (load ~7).
-constexpr size_t kMessagesInFlight = 4;
 
 // The data messages of one hand-off, started at most `credits` at a time.
 struct MessageQueue {
@@ -88,7 +87,7 @@ void StartKvMessages(const KvSendPlan& plan, const std::shared_ptr<KvSendState>&
     h.offset = plan.segments[i].dst;
     h.messages = static_cast<uint32_t>(n);
   }
-  q->credits = kMessagesInFlight;
+  q->credits = std::max<size_t>(1, plan.in_flight);
   Pump(q, state);
 }
 
