@@ -7,9 +7,17 @@
 // alternate the two so each pair sees the same noise; medians over rounds.
 // KV geometry defaults to Qwen2-VL-2B's (28 layers, 2 KV heads of 128, fp32).
 //
+// --net_hosts: across hosts (tests/net_hosts, root only): the decode peer and
+// the perftest server run in a network namespace of their own, this process
+// on the switch's client port, every byte through the emulated switch (a
+// userspace TAP forwarder, so perftest across the same switch is the ceiling);
+// tcp only.
+//
 //   bazel run //bench:kv_handoff_bench -- --tokens=1024,4096 --profiles=shm,tcp
+//   bazel run //bench:kv_handoff_bench -- --net_hosts --profiles=tcp --tokens=256
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "tests/net_hosts.h"
 #include "transfer/kv_handoff.h"
 #include "transfer/peer_process.h"
 
@@ -35,9 +44,30 @@ ABSL_FLAG(int64_t, block_size, 16, "tokens per block");
 ABSL_FLAG(bool, shared_kv, true,
           "decode cache in UCX-allocated (shared on shm) memory, else a registered vector");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
+ABSL_FLAG(bool, net_hosts, false,
+          "decode peer and perftest server on a namespaced host behind the emulated switch "
+          "(tcp only, root)");
 
 namespace mmserve::transfer {
 namespace {
+
+// Set with --net_hosts: where the peers run.
+testing::NetHosts* g_hosts = nullptr;
+
+// argv that runs `binary args` where the peers run.
+std::vector<std::string> OnPeerHost(const std::string& binary, std::vector<std::string> args) {
+  if (g_hosts == nullptr) {
+    args.insert(args.begin(), binary);
+    return args;
+  }
+  return g_hosts->Command(0, binary, args);
+}
+
+absl::StatusOr<std::unique_ptr<PeerProcess>> SpawnArgv(std::vector<std::string> argv) {
+  const std::string binary = argv[0];
+  argv.erase(argv.begin());
+  return PeerProcess::Spawn(binary, argv);
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -53,18 +83,16 @@ double Perftest(TransportProfile profile, const std::string& test, size_t size, 
   ++port;
   const std::string tls = std::string("UCX_TLS=") + TransportProfileTls(profile);
   const std::string bin = absl::GetFlag(FLAGS_perftest);
-  auto server = PeerProcess::Spawn("/usr/bin/env", {tls, bin, "-p", std::to_string(port)});
+  auto server = SpawnArgv(OnPeerHost("/usr/bin/env", {tls, bin, "-p", std::to_string(port)}));
   if (!server.ok()) return 0;
   for (int attempt = 0; attempt < 20; ++attempt) {
     absl::SleepFor(absl::Milliseconds(200));
-    std::vector<std::string> args = {tls,  bin,
-                                     "-p", std::to_string(port),
-                                     "-t", test,
-                                     "-s", std::to_string(size),
-                                     "-n", std::to_string(iterations),
-                                     "-w", "1"};
+    std::vector<std::string> args = {tls};
+    if (g_hosts != nullptr) args.push_back("UCX_NET_DEVICES=" + g_hosts->client_device());
+    args.insert(args.end(), {bin, "-p", std::to_string(port), "-t", test, "-s",
+                             std::to_string(size), "-n", std::to_string(iterations), "-w", "1"});
     if (peer_errors) args.push_back("-e");
-    args.push_back("localhost");
+    args.push_back(g_hosts != nullptr ? g_hosts->address(0) : "localhost");
     auto client = PeerProcess::Spawn("/usr/bin/env", args);
     if (!client.ok()) return 0;
     Deadline d = Deadline::After(absl::Seconds(120));
@@ -112,13 +140,13 @@ Result Measure(TransportProfile profile, int tokens) {
   CHECK(tx.ok()) << tx.status();
   std::string peer_path = PeerBinaryPath();
   peer_path = peer_path.substr(0, peer_path.rfind('/')) + "/kv_handoff_peer";
-  auto peer = PeerProcess::Spawn(
+  auto peer = SpawnArgv(OnPeerHost(
       peer_path,
       {absl::StrCat("--profile=", TransportProfileName(profile)),
        absl::StrCat("--layers=", s.num_layers), absl::StrCat("--blocks=", blocks),
        absl::StrCat("--block_size=", s.block_size), absl::StrCat("--kv_heads=", s.num_kv_heads),
        absl::StrCat("--head_dim=", s.head_dim),
-       absl::StrCat("--shared_kv=", absl::GetFlag(FLAGS_shared_kv) ? "true" : "false")});
+       absl::StrCat("--shared_kv=", absl::GetFlag(FLAGS_shared_kv) ? "true" : "false")}));
   CHECK(peer.ok()) << peer.status();
   auto line = (*peer)->ReadLine(Deadline::After(absl::Seconds(30)));
   CHECK(line.has_value()) << "kv_handoff_peer did not start";
@@ -170,6 +198,17 @@ Result Measure(TransportProfile profile, int tokens) {
 }
 
 int Main() {
+  std::unique_ptr<testing::NetHosts> hosts;
+  if (absl::GetFlag(FLAGS_net_hosts)) {
+    CHECK_OK(testing::NetHostsSupported());
+    auto h = testing::NetHosts::Create(1);
+    CHECK(h.ok()) << h.status();
+    hosts = *std::move(h);
+    g_hosts = hosts.get();
+    // This process's UCX (read when each context is created) on the client
+    // port only, so its traffic crosses the switch.
+    setenv("UCX_NET_DEVICES", hosts->client_device().c_str(), 1);
+  }
   std::vector<Result> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_profiles), ',')) {
     auto profile = ParseTransportProfile(name);
@@ -200,10 +239,10 @@ int Main() {
                           p > 0 ? g / p : 0, r.bytes_ok ? "true" : "false");
   }
   printf(
-      "{\"bench\":\"kv_handoff\",\"layers\":%ld,\"kv_heads\":%ld,\"head_dim\":%ld,"
+      "{\"bench\":\"kv_handoff\",\"net_hosts\":%s,\"layers\":%ld,\"kv_heads\":%ld,\"head_dim\":%ld,"
       "\"block_size\":%ld,\"dtype\":\"fp32\",\"shared_kv\":%s,\"rounds\":%d,\"iterations\":%d,"
       "\"runs\":[%s]}\n",
-      static_cast<long>(absl::GetFlag(FLAGS_layers)),
+      hosts != nullptr ? "true" : "false", static_cast<long>(absl::GetFlag(FLAGS_layers)),
       static_cast<long>(absl::GetFlag(FLAGS_kv_heads)),
       static_cast<long>(absl::GetFlag(FLAGS_head_dim)),
       static_cast<long>(absl::GetFlag(FLAGS_block_size)),

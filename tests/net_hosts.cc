@@ -209,6 +209,7 @@ absl::Status NetHosts::Build(int hosts) {
     if (fd.ok()) {
       client.fd = *fd;
       client.address = base + "254";
+      client_device_ = client_dev;
       status = RunCommand({IpBinary(), "addr", "add", client.address + "/24", "dev", client_dev})
                    .status();
       if (status.ok()) status = RunCommand({IpBinary(), "link", "set", client_dev, "up"}).status();

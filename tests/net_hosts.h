@@ -59,8 +59,10 @@ class NetHosts {
   // Host i's namespace name and IPv4 address.
   const std::string& ns(int i) const { return ports_[i].ns; }
   const std::string& address(int i) const { return ports_[i].address; }
-  // The test process's address on the switch.
+  // The test process's address on the switch, and its TAP device (for
+  // UCX_NET_DEVICES, so this process's UCX traffic crosses the switch).
   const std::string& client_address() const { return ports_.back().address; }
+  const std::string& client_device() const { return client_device_; }
   // argv that runs `binary args...` on host i (its network and a new IPC
   // namespace), with UCX restricted to the host's eth0.
   std::vector<std::string> Command(int host, const std::string& binary,
@@ -99,6 +101,7 @@ class NetHosts {
   int PortOf(const uint8_t* mac) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string prefix_;
+  std::string client_device_;
   std::vector<Port> ports_;  // the hosts, then the client port
   int wake_[2] = {-1, -1};
   std::thread thread_;

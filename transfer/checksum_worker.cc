@@ -18,4 +18,9 @@ void ChecksumWorker::Submit(const uint8_t* data, size_t size,
   CHECK(queued) << "ChecksumWorker::Submit during destruction";
 }
 
+void ChecksumWorker::Run(std::function<void()> job) {
+  const bool queued = loop_.Post(std::move(job));
+  CHECK(queued) << "ChecksumWorker::Run during destruction";
+}
+
 }  // namespace mmserve::transfer

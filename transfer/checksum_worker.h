@@ -5,6 +5,7 @@
 //   ChecksumWorker crc;
 //   crc.Submit(data, size, [](uint32_t c) { /* runs on the worker thread */ });
 //   crc.Submit(src, size, [](uint32_t c) { ... }, /*copy_to=*/dst);  // copy too
+//   crc.Run([&] { /* any copy or checksum work, on the worker thread */ });
 //
 // Jobs run in submission order. Thread-safe. The destructor finishes queued
 // jobs, then joins; the memory a job reads must stay valid until its `done`.
@@ -29,6 +30,8 @@ class ChecksumWorker {
   // there in the same pass (Crc32cCopy). `done` gets the CRC of the bytes.
   void Submit(const uint8_t* data, size_t size, std::function<void(uint32_t crc)> done,
               uint8_t* copy_to = nullptr);
+  // Runs `job` on the worker thread, after the jobs submitted before it.
+  void Run(std::function<void()> job);
 
  private:
   EventLoop loop_;  // kDrain: the destructor runs what was submitted

@@ -1,6 +1,8 @@
 #include "transfer/kv_handoff.h"
 
+#include <cstring>
 #include <memory>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -8,8 +10,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
+#include "transfer/kv_segments.h"
 #include "transfer/ucx_endpoint.h"
 #include "transfer/ucx_request.h"
+#include "transfer/ucx_status.h"
 
 namespace mmserve::transfer {
 namespace {
@@ -97,17 +101,21 @@ absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
   return absl::OkStatus();
 }
 
+namespace {
+
+// How long a partly landed hand-off is kept without a message from its
+// sender (it died, or gave up and force-closed its endpoint).
+constexpr absl::Duration kLandingIdle = absl::Seconds(60);
+// Bytes per job when two threads copy into a mapped target.
+constexpr uint64_t kCopyJobBytes = 1 << 20;
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::Create(
     UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
   std::unique_ptr<KvHandoffReceiver> rx(new KvHandoffReceiver());
   ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
-  ASSIGN_OR_RETURN(rx->worker_, UcxWorker::Create(context, options));
-  // Puts UCX emulates need this side's progress: never sleep for long.
-  rx->worker_->Start(nullptr);
-  ASSIGN_OR_RETURN(rx->target_.rkey, rx->region_->PackRkey());
-  rx->target_.worker_address = rx->worker_->address();
-  rx->target_.base_address = reinterpret_cast<uint64_t>(cache.Key(0));
-  rx->target_.shape = cache.shape();
+  RETURN_IF_ERROR(rx->Init(context, cache, options));
   return rx;
 }
 
@@ -117,143 +125,83 @@ absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::CreateWith
   ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Allocate(context, shape.TotalBytes()));
   ASSIGN_OR_RETURN(rx->owned_cache_,
                    model::KvCache::CreateOn(shape, rx->region_->address(), rx->region_->length()));
-  ASSIGN_OR_RETURN(rx->worker_, UcxWorker::Create(context, options));
-  rx->worker_->Start(nullptr);
-  ASSIGN_OR_RETURN(rx->target_.rkey, rx->region_->PackRkey());
-  rx->target_.worker_address = rx->worker_->address();
-  rx->target_.base_address = reinterpret_cast<uint64_t>(rx->owned_cache_->Key(0));
-  rx->target_.shape = shape;
+  RETURN_IF_ERROR(rx->Init(context, *rx->owned_cache_, options));
   return rx;
 }
 
+absl::Status KvHandoffReceiver::Init(UcxContext& context, model::KvCache& cache,
+                                     const UcxWorkerOptions& options) {
+  ASSIGN_OR_RETURN(worker_, UcxWorker::Create(context, options));
+  auto* base = reinterpret_cast<uint8_t*>(cache.Key(0));
+  pad_ = std::make_unique<KvLandingPad>(*worker_, base, cache.bytes());
+  KvLandingPad* pad = pad_.get();
+  // Puts UCX emulates need this side's progress, and so do the rendezvous
+  // of landing messages: never sleep while a hand-off is partly landed.
+  worker_->Start([pad] { pad->Expire(kLandingIdle); }, [pad] { return pad->active(); });
+  RETURN_IF_ERROR(worker_->RunSync([pad] { return pad->Register(); }));
+  ASSIGN_OR_RETURN(target_.rkey, region_->PackRkey());
+  target_.worker_address = worker_->address();
+  target_.base_address = reinterpret_cast<uint64_t>(base);
+  target_.shape = cache.shape();
+  return absl::OkStatus();
+}
+
 KvHandoffReceiver::~KvHandoffReceiver() {
-  if (worker_ != nullptr) worker_->Stop();
+  if (worker_ == nullptr) return;
+  if (pad_ != nullptr) {
+    (void)worker_->RunSync([this] {
+      pad_->Close();
+      return absl::OkStatus();
+    });
+  }
+  worker_->Stop();
 }
 
 absl::Status KvHandoffReceiver::AwaitLandedWrites() {
   return worker_->RunSync([] { return absl::OkStatus(); });
 }
 
-absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
-    UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
-  std::unique_ptr<KvHandoffSender> tx(new KvHandoffSender(cache));
-  ASSIGN_OR_RETURN(tx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
-  ASSIGN_OR_RETURN(tx->worker_, UcxWorker::Create(context, options));
-  tx->worker_->Start(nullptr);
-  return tx;
-}
-
 struct KvHandoffSender::Conn {
   std::unique_ptr<UcxEndpoint> ep;
   std::string packed_rkey;
   std::unique_ptr<UcxRemoteKey> rkey;
+  // The target cache's first byte where its shared segment is mapped here
+  // (shm), else null.
+  uint8_t* mapped = nullptr;
   bool failed = false;  // UCX reported the peer lost
+  // On the progress thread (the last reference is dropped there).
+  ~Conn() {
+    rkey.reset();
+    if (ep != nullptr) ep->Close(Deadline::After(absl::ZeroDuration()));
+  }
 };
 
-void KvHandoffSender::DropConn(const std::string& address) {
-  auto it = conns_.find(address);
-  if (it == conns_.end()) return;
-  if (it->second != nullptr) {
-    it->second->rkey.reset();
-    if (it->second->ep != nullptr) it->second->ep->Close(Deadline::After(absl::ZeroDuration()));
-  }
-  conns_.erase(it);
+absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
+    UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options) {
+  std::random_device random;
+  const uint64_t id = (uint64_t{random()} << 32) ^ random();
+  std::unique_ptr<KvHandoffSender> tx(
+      new KvHandoffSender(cache, id, context.profile() == TransportProfile::kTcp));
+  ASSIGN_OR_RETURN(tx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
+  ASSIGN_OR_RETURN(tx->worker_, UcxWorker::Create(context, options));
+  KvHandoffSender* self = tx.get();
+  tx->worker_->Start(nullptr, [self] { return self->in_flight_.load() > 0; });
+  RETURN_IF_ERROR(tx->worker_->RunSync([self] { return self->RegisterLanded(); }));
+  tx->copier_ = std::make_unique<ChecksumWorker>();
+  return tx;
 }
+
+void KvHandoffSender::DropConn(const std::string& address) { conns_.erase(address); }
 
 KvHandoffSender::~KvHandoffSender() {
   if (worker_ == nullptr) return;
   (void)worker_->RunSync([this] {
-    while (!conns_.empty()) DropConn(conns_.begin()->first);
+    conns_.clear();
+    pending_.clear();
     return absl::OkStatus();
   });
   worker_->Stop();
 }
-
-namespace {
-
-// One Send's state, shared with the progress thread's callbacks.
-struct SendState {
-  absl::Status first_error;  // progress thread only until `done`
-  absl::Status result;       // set once, before `done` is notified
-  absl::Notification done;
-};
-
-// What one Send puts where.
-struct PutPlan {
-  const model::KvCacheShape& source;
-  const uint8_t* base;  // the source cache's first byte
-  const KvHandoffTarget& target;
-  const std::vector<int32_t>& src;
-  const std::vector<int32_t>& dst;
-  int64_t first_head;
-  ucp_ep_h ep;
-  ucp_rkey_h rkey;
-};
-
-// Progress thread: the puts of the blocks of one layer's keys (kv = 0) or
-// values (kv = 1); each put reports its outcome to `note`.
-void StartPlanePuts(const PutPlan& plan, int64_t layer, int kv, const UcxDone& note) {
-  const model::KvCacheShape& s = plan.source;
-  // A head slice (a tensor-parallel rank): one put per token.
-  const bool sliced = plan.target.shape.num_kv_heads != s.num_kv_heads;
-  const size_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
-  const size_t slice_bytes = plan.target.shape.num_kv_heads * s.head_dim * sizeof(float);
-  const size_t skip = plan.first_head * s.head_dim * sizeof(float);
-  const size_t bytes = BlockFloats(s) * sizeof(float);
-  const std::vector<int32_t>& src = plan.src;
-  const std::vector<int32_t>& dst = plan.dst;
-  for (size_t i = 0; i < src.size(); ++i) {
-    const uint8_t* from = plan.base + BlockOffset(s, layer, kv, src[i]);
-    const uint64_t to =
-        plan.target.base_address + BlockOffset(plan.target.shape, layer, kv, dst[i]);
-    if (!sliced) {
-      // A run of blocks consecutive on both sides is one put (blocks of one
-      // layer's plane are adjacent in memory).
-      size_t run = 1;
-      while (i + run < src.size() && src[i + run] == src[i] + static_cast<int32_t>(run) &&
-             dst[i + run] == dst[i] + static_cast<int32_t>(run)) {
-        ++run;
-      }
-      const size_t run_bytes = run * bytes;
-      StartUcxOp(
-          [&](const ucp_request_param_t& p) {
-            return ucp_put_nbx(plan.ep, from, run_bytes, to, plan.rkey, &p);
-          },
-          note);
-      i += run - 1;
-      continue;
-    }
-    for (int64_t t = 0; t < s.block_size; ++t) {
-      const uint8_t* f = from + t * token_bytes + skip;
-      const uint64_t d = to + t * slice_bytes;
-      StartUcxOp(
-          [&](const ucp_request_param_t& p) {
-            return ucp_put_nbx(plan.ep, f, slice_bytes, d, plan.rkey, &p);
-          },
-          note);
-    }
-  }
-}
-
-// Progress thread: every put of `plan`, then a flush whose completion (once
-// every put is remotely complete) settles `state`.
-void StartPuts(const PutPlan& plan, const std::shared_ptr<SendState>& state) {
-  const UcxDone note = [state](absl::Status st) {
-    if (!st.ok() && state->first_error.ok()) state->first_error = st;
-  };
-  // Layer by layer, so a later version can start a layer as soon as prefill
-  // has computed it.
-  for (int64_t layer = 0; layer < plan.source.num_layers; ++layer) {
-    for (int kv = 0; kv < 2; ++kv) StartPlanePuts(plan, layer, kv, note);
-  }
-  StartUcxOp([&](const ucp_request_param_t& p) { return ucp_ep_flush_nbx(plan.ep, &p); },
-             [state](absl::Status st) {
-               state->result = !state->first_error.ok() ? state->first_error : st;
-               state->done.Notify();
-             });
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<KvHandoffSender::Conn>> KvHandoffSender::Connection(
     const KvHandoffTarget& target) {
@@ -270,6 +218,10 @@ absl::StatusOr<std::shared_ptr<KvHandoffSender::Conn>> KvHandoffSender::Connecti
                      if (auto c = weak.lock()) c->failed = true;
                    }));
   ASSIGN_OR_RETURN(conn->rkey, UcxRemoteKey::Unpack(conn->ep->get(), target.rkey));
+  void* mapped = nullptr;
+  if (ucp_rkey_ptr(conn->rkey->get(), target.base_address, &mapped) == UCS_OK) {
+    conn->mapped = static_cast<uint8_t*>(mapped);
+  }
   conn->packed_rkey = target.rkey;
   conns_.emplace(address, conn);
   return conn;
@@ -281,39 +233,76 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
                                                int64_t first_head) {
   const model::KvCacheShape& s = cache_.shape();
   RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, first_head));
-  auto state = std::make_shared<SendState>();
+  const std::vector<KvSegment> segments = PlanKvSegments(s, target.shape, src, dst, first_head);
+  ++in_flight_;
+  absl::StatusOr<uint32_t> crc = SendSegments(target, segments, deadline);
+  --in_flight_;
+  if (crc.ok() || absl::IsDeadlineExceeded(crc.status())) return crc;
+  return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", crc.status().message()));
+}
+
+absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& target,
+                                                       const std::vector<KvSegment>& segments,
+                                                       Deadline deadline) {
+  const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
   const std::string& address = target.worker_address;
-  absl::Status started = worker_->RunSync([&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<Conn> conn, Connection(target));
-    StartPuts({.source = s,
-               .base = reinterpret_cast<const uint8_t*>(cache_.Key(0)),
-               .target = target,
-               .src = src,
-               .dst = dst,
-               .first_head = first_head,
-               .ep = conn->ep->get(),
-               .rkey = conn->rkey->get()},
-              state);
+  std::shared_ptr<Conn> conn;
+  absl::Status connected = worker_->RunSync([&]() -> absl::Status {
+    ASSIGN_OR_RETURN(conn, Connection(target));
     return absl::OkStatus();
   });
-  if (!started.ok()) {
+  if (!connected.ok()) {
     (void)worker_->RunSync([&] {
-      DropConn(address);  // nothing was put
+      DropConn(address);  // nothing was sent
       return absl::OkStatus();
     });
-    return absl::UnavailableError(absl::StrCat("KV hand-off: ", started.message()));
+    return connected;
   }
-  // The checksum of the source blocks (which the puts only read) while the
-  // puts are in flight on the progress thread.
-  const bool sliced = target.shape.num_kv_heads != s.num_kv_heads;
-  const uint32_t crc = sliced ? KvBlocksCrc(cache_, src, first_head, target.shape.num_kv_heads)
-                              : KvBlocksCrc(cache_, src);
+  if (conn->mapped != nullptr) {
+    // The target's segment is mapped here: copy into it on two cores,
+    // checksumming as we copy; complete when the copy is (no UCX operation).
+    const uint32_t crc =
+        CopyKvSegments(ChunkKvSegments(segments, kCopyJobBytes), base, conn->mapped, *copier_);
+    (void)worker_->RunSync([&] {
+      conn.reset();  // a Conn is destroyed on the progress thread
+      return absl::OkStatus();
+    });
+    return crc;
+  }
+  auto state = std::make_shared<KvSendState>();
+  uint64_t seq = 0;
+  absl::Status started = worker_->RunSync([&]() -> absl::Status {
+    seq = ++next_seq_;
+    const bool sliced = target.shape.num_kv_heads != cache_.shape().num_kv_heads;
+    const KvSendPlan plan = {.segments = segments,
+                             .base = base,
+                             .target_base = target.base_address,
+                             .ep = conn->ep->get(),
+                             .rkey = conn->rkey->get(),
+                             .sender = id_,
+                             .seq = seq,
+                             .in_flight = KvMessagesInFlight(tcp_)};
+    if (sliced) {
+      StartKvPuts(plan, state);
+    } else {
+      pending_[seq] = state;
+      StartKvMessages(plan, state);
+    }
+    conn.reset();
+    return absl::OkStatus();
+  });
+  if (!started.ok()) return started;
+  // The checksum of the source bytes (which the sends only read) while they
+  // fly on the progress thread.
+  uint32_t crc = 0;
+  for (const KvSegment& seg : segments) crc = Crc32cExtend(crc, base + seg.src, seg.bytes);
   const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());
   if (!in_time || !state->result.ok()) {
-    // Force-close: a pending flush fails on tcp; on shm (error mode none)
-    // its callback may never run, hence the bound (the callbacks own
+    // Force-close: pending operations fail on tcp; on shm (error mode none)
+    // their callbacks may never run, hence the bound (the callbacks own
     // `state`, so returning first is safe).
     (void)worker_->RunSync([&] {
+      pending_.erase(seq);
       DropConn(address);
       return absl::OkStatus();
     });
@@ -321,12 +310,30 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
   }
   if (!in_time) {
     return absl::DeadlineExceededError(
-        absl::StrCat("KV hand-off of ", src.size(), " blocks did not complete in time"));
+        absl::StrCat("KV hand-off of ", segments.size(), " segments did not complete in time"));
   }
-  if (!state->result.ok()) {
-    return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", state->result.message()));
-  }
+  RETURN_IF_ERROR(state->result);
   return crc;
+}
+
+absl::Status KvHandoffSender::RegisterLanded() {
+  return SetUcxAmHandler(worker_->get(), kKvAmLanded, &KvHandoffSender::OnLanded, this);
+}
+
+ucs_status_t KvHandoffSender::OnLanded(void* arg, const void* header, size_t header_length,
+                                       void* data, size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<KvHandoffSender*>(arg);
+  KvLandedHeader h;
+  if (header_length != sizeof(h)) return UCS_OK;
+  std::memcpy(&h, header, sizeof(h));
+  auto it = self->pending_.find(h.seq);
+  if (it == self->pending_.end()) return UCS_OK;  // gave up on it already
+  std::shared_ptr<KvSendState> state = std::move(it->second);
+  self->pending_.erase(it);
+  state->Complete(h.ok == 1 ? absl::OkStatus()
+                            : absl::DataLossError("the decode side refused part of the hand-off"));
+  return UCS_OK;
 }
 
 }  // namespace mmserve::transfer

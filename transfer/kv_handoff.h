@@ -1,15 +1,26 @@
-// KV hand-off of one request's blocks, prefill -> decode, as UCX puts
-// (issue 12 item 3, first piece: the mechanics, not yet wired into
-// language_service).
+// KV hand-off of one request's blocks, prefill -> decode (issue 12 item 3;
+// the language service's P/D roles use it).
 //
 // The decode side registers its whole KvCache with UCX and publishes a
 // KvHandoffTarget (worker address, rkey, base address, cache shape); it
 // allocates blocks for the request (AllocateKv). The prefill side writes the
-// request's blocks there, layer by layer (keys then values), flushes the
-// endpoint so every byte is remotely complete, and only then returns the
-// CRC32C of what it sent - the value that travels in KvCommit, after the data
-// (ARCHITECTURE.md 5: data complete before the notice). The decode side
-// recomputes KvBlocksCrc over its copies before it adopts them.
+// request's blocks there, layer by layer (keys then values), and only once
+// every byte is remotely complete returns the CRC32C of what it sent - the
+// value that travels in KvCommit, after the data (ARCHITECTURE.md 5: data
+// complete before the notice). The decode side recomputes KvBlocksCrc over
+// its copies before it adopts them.
+//
+// How the bytes move, by what is fastest where (issue 29 item 5):
+//   - target cache mapped here (shm profile, cache in a UCX-allocated shared
+//     segment, CreateWithCache): the sender copies into it itself on two
+//     cores, computing the CRC in the same pass (no UCX operation, no flush);
+//   - otherwise (tcp; shm into private memory): each run of blocks
+//     consecutive on both sides is one active message that lands by
+//     rendezvous straight into the target blocks (a few at a time, see
+//     KvMessagesInFlight), and the receiver answers once all have landed
+//     (kv_landing.h); the CRC is computed while they fly;
+//   - a head slice (tensor-parallel decode rank) that is not mapped: one put
+//     per token, then a flush.
 //
 //   // decode
 //   ASSIGN_OR_RETURN(auto rx, KvHandoffReceiver::Create(*ctx, decode_cache, {.name = "decode-0"}));
@@ -18,16 +29,18 @@
 //   ASSIGN_OR_RETURN(auto tx, KvHandoffSender::Create(*ctx, prefill_cache, {.name = "prefill-0"}));
 //   ASSIGN_OR_RETURN(uint32_t crc, tx->Send(target, {3, 4}, {17, 9}, Deadline::After(...)));
 //   // decode, on KvCommit
+//   RETURN_IF_ERROR(rx->AwaitLandedWrites());
 //   if (KvBlocksCrc(decode_cache, {17, 9}) != crc) ... DataLoss
 //
 // Both caches must agree on layers, block size, KV heads and head dim (the
 // number of blocks may differ). The receiver's cache must outlive it, and no
 // one may write the target blocks while a hand-off into them is in flight.
 // Thread-safety: Send and target() are thread-safe; each object runs its own
-// UCX worker and progress thread.
+// UCX worker and progress thread (the sender also a copy thread).
 #ifndef MMSERVE_TRANSFER_KV_HANDOFF_H_
 #define MMSERVE_TRANSFER_KV_HANDOFF_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,6 +50,10 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "model/kv_cache.h"
+#include "transfer/checksum_worker.h"
+#include "transfer/kv_landing.h"
+#include "transfer/kv_segments.h"
+#include "transfer/kv_send.h"
 #include "transfer/ucx_context.h"
 #include "transfer/ucx_memory.h"
 #include "transfer/ucx_worker.h"
@@ -70,8 +87,9 @@ absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
                                const model::KvCacheShape& dst_shape,
                                const std::vector<int32_t>& dst, int64_t first_head = 0);
 
-// Decode side: exposes a KvCache to remote writes. The progress thread keeps
-// running so UCX can complete puts it emulates (tcp).
+// Decode side: exposes a KvCache to remote writes and lands the hand-off
+// messages of senders that cannot map it. The progress thread keeps running
+// while a hand-off is partly landed.
 class KvHandoffReceiver {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> Create(
@@ -90,20 +108,22 @@ class KvHandoffReceiver {
   const KvHandoffTarget& target() const { return target_; }
 
   // Makes the writes of every hand-off whose Send has returned visible to
-  // the calling thread. Puts that UCX emulates land on this receiver's
-  // progress thread, and a commit notice that reaches another thread (a gRPC
-  // handler, a pipe) carries no happens-before edge from them; one round
-  // trip through the progress thread's queue does (the sender's flush
-  // completed only after those writes ran there). Call it after a commit
-  // arrives and before reading or adopting its blocks, and before handing
-  // blocks that were read out for a new hand-off (the same edge the other
-  // way: earlier reads before the coming writes). Thread-safe.
+  // the calling thread. Landing messages and puts that UCX emulates are
+  // written on this receiver's progress thread, and a commit notice that reaches another thread (a
+  // gRPC handler, a pipe) carries no happens-before edge from them; one round trip through the
+  // progress thread's queue does (the sender's flush or landed message completed only after those
+  // writes ran there). Call it after a commit arrives and before reading or adopting its blocks,
+  // and before handing blocks that were read out for a new hand-off (the same edge the other way:
+  // earlier reads before the coming writes). Thread-safe.
   [[nodiscard]] absl::Status AwaitLandedWrites();
 
  private:
   KvHandoffReceiver() = default;
+  absl::Status Init(UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options);
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<model::KvCache> owned_cache_;  // lives in region_
+  // Declared before worker_: UCX callbacks reach it until the worker is gone.
+  std::unique_ptr<KvLandingPad> pad_;
   std::unique_ptr<UcxWorker> worker_;
   KvHandoffTarget target_;
 };
@@ -119,6 +139,8 @@ class KvHandoffSender {
 
   // Writes local blocks `src[i]` into the target's `dst[i]` and returns, once
   // the writes are remotely complete, KvBlocksCrc of the source blocks.
+  // (Into a mapped target the copy is done when Send returns; the deadline
+  // bounds only the other paths.)
   // InvalidArgument for a bad pairing (ValidateKvHandoff), DeadlineExceeded
   // when the target does not complete the writes in time (then the endpoint
   // is force-closed: the target blocks hold unspecified bytes and must not be
@@ -135,21 +157,37 @@ class KvHandoffSender {
                                               int64_t first_head = 0);
 
  private:
-  // An endpoint and the target's unpacked rkey, kept across hand-offs to the
-  // same decode side (creating them maps its segment anew on shm each time).
+  // An endpoint, the target's unpacked rkey and where it maps the target
+  // here, kept across hand-offs to the same decode side (creating them maps
+  // its segment anew on shm each time). Destroyed on the progress thread.
   struct Conn;
-  explicit KvHandoffSender(model::KvCache& cache) : cache_(cache) {}
-  // Progress thread only: force-closes and forgets the connection.
+  KvHandoffSender(model::KvCache& cache, uint64_t id, bool tcp)
+      : cache_(cache), id_(id), tcp_(tcp) {}
+  absl::StatusOr<uint32_t> SendSegments(const KvHandoffTarget& target,
+                                        const std::vector<KvSegment>& segments, Deadline deadline);
+  // Progress thread only: forgets the connection (closed once no Send
+  // holds it).
   void DropConn(const std::string& address);
   // Progress thread only: the live connection to the target, made anew when
   // there is none, it failed, or the target's rkey changed.
   absl::StatusOr<std::shared_ptr<Conn>> Connection(const KvHandoffTarget& target);
+  // The landed messages of KvLandingPads (kKvAmLanded).
+  absl::Status RegisterLanded();
+  static ucs_status_t OnLanded(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
 
   model::KvCache& cache_;
+  const uint64_t id_;  // random: tells this sender's hand-offs from others' at a receiver
+  const bool tcp_;     // the context's profile
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
-  // Progress thread only, by worker address.
+  std::unique_ptr<ChecksumWorker> copier_;  // the second core of a mapped copy
+  std::atomic<int> in_flight_{0};           // Sends under way: keep progressing
+  // Progress thread only: connections by worker address; hand-offs waiting
+  // for their landed message, by seq.
   std::map<std::string, std::shared_ptr<Conn>> conns_;
+  uint64_t next_seq_ = 0;
+  std::map<uint64_t, std::shared_ptr<KvSendState>> pending_;
 };
 
 }  // namespace mmserve::transfer

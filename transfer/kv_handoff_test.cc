@@ -5,7 +5,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "transfer/ucx_endpoint.h"
+#include "transfer/ucx_request.h"
 
 namespace mmserve::transfer {
 namespace {
@@ -252,6 +255,88 @@ TEST_CASE("a receiver may own its cache in UCX-allocated memory", "[kv_handoff]"
     CHECK(SameBlock(**prefill_kv, 7, decode_kv, 5));
     CHECK(SameBlock(**prefill_kv, 0, decode_kv, 2));
     CHECK(SameBlock(**prefill_kv, 3, decode_kv, 0));
+  }
+}
+
+// The landed message a test peer receives.
+struct Landed {
+  absl::Notification arrived;
+  KvLandedHeader header;
+  static ucs_status_t On(void* arg, const void* header, size_t header_length, void*, size_t,
+                         const ucp_am_recv_param_t*) {
+    auto* self = static_cast<Landed*>(arg);
+    if (header_length == sizeof(KvLandedHeader) && !self->arrived.HasBeenNotified()) {
+      std::memcpy(&self->header, header, sizeof(KvLandedHeader));
+      self->arrived.Notify();
+    }
+    return UCS_OK;
+  }
+};
+
+TEST_CASE("a landing message that would write outside the decode cache is refused",
+          "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    auto decode_kv = model::KvCache::Create(Shape(4));
+    REQUIRE(decode_kv.ok());
+    const uint32_t before = KvBlocksCrc(**decode_kv, {0, 1, 2, 3});
+    auto rx = KvHandoffReceiver::Create(**ctx, **decode_kv, {.name = "decode-0"});
+    REQUIRE(rx.ok());
+    // A peer that speaks the landing protocol, but aims past the cache.
+    auto worker = UcxWorker::Create(**ctx, {.name = "rogue"});
+    REQUIRE(worker.ok());
+    (*worker)->Start(nullptr);
+    std::vector<uint8_t> payload(1 << 20, 7);
+    const KvDataHeader header = {.sender = 1, .seq = 1, .offset = 64, .messages = 1};
+    std::unique_ptr<UcxEndpoint> ep;
+    absl::Status sent;
+    absl::Notification done;
+    Landed landed;
+    REQUIRE((*worker)
+                ->RunSync([&]() -> absl::Status {
+                  ucp_am_handler_param_t h = {};
+                  h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                 UCP_AM_HANDLER_PARAM_FIELD_ARG;
+                  h.id = kKvAmLanded;
+                  h.cb = &Landed::On;
+                  h.arg = &landed;
+                  if (ucp_worker_set_am_recv_handler((*worker)->get(), &h) != UCS_OK) {
+                    return absl::InternalError("no handler");
+                  }
+                  auto e = UcxEndpoint::Create(**worker, (*rx)->target().worker_address,
+                                               [](absl::Status) {});
+                  if (!e.ok()) return e.status();
+                  ep = *std::move(e);
+                  StartUcxOp(
+                      [&](const ucp_request_param_t& param) {
+                        ucp_request_param_t q = param;
+                        q.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+                        q.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
+                        return ucp_am_send_nbx(ep->get(), kKvAmData, &header, sizeof(header),
+                                               payload.data(), payload.size(), &q);
+                      },
+                      [&](absl::Status s) {
+                        sent = s;
+                        done.Notify();
+                      });
+                  return absl::OkStatus();
+                })
+                .ok());
+    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    CHECK_FALSE(sent.ok());
+    REQUIRE(landed.arrived.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    CHECK(landed.header.seq == 1);
+    CHECK(landed.header.ok == 0);
+    REQUIRE((*rx)->AwaitLandedWrites().ok());
+    CHECK(KvBlocksCrc(**decode_kv, {0, 1, 2, 3}) == before);
+    (void)(*worker)->RunSync([&] {
+      ep->Close(Deadline::After(absl::Milliseconds(200)));
+      ep.reset();
+      return absl::OkStatus();
+    });
+    (*worker)->Stop();
   }
 }
 

@@ -121,13 +121,7 @@ TransferEngine::~TransferEngine() {
 
 absl::Status TransferEngine::RegisterAmHandler(AmId id) {
   am_args_[id - 1] = AmArg{this, id};
-  ucp_am_handler_param_t param = {};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = id;
-  param.cb = &TransferEngine::OnAm;
-  param.arg = &am_args_[id - 1];
-  return UCX_CALL(ucp_worker_set_am_recv_handler(worker_->get(), &param));
+  return SetUcxAmHandler(worker_->get(), id, &TransferEngine::OnAm, &am_args_[id - 1]);
 }
 
 ucs_status_t TransferEngine::OnAm(void* arg, const void* header, size_t header_length, void* data,

@@ -30,6 +30,13 @@ using UcxRecvDone = std::function<void(absl::Status, size_t length)>;
 void* StartUcxOp(const UcxStarter& start, UcxDone done, ucp_datatype_t datatype = 0);
 // Tag receives.
 void* StartUcxTagRecv(const UcxStarter& start, UcxRecvDone done);
+// Active-message data receives (ucp_am_recv_data_nbx of a rendezvous).
+void* StartUcxAmRecv(const UcxStarter& start, UcxRecvDone done);
+
+// Sets the handler of active-message `id` on `worker` (UCX 1.13 crashes on a
+// message whose id has none: register before peers can send it).
+[[nodiscard]] absl::Status SetUcxAmHandler(ucp_worker_h worker, uint16_t id,
+                                           ucp_am_recv_callback_t cb, void* arg);
 
 }  // namespace mmserve::transfer
 

@@ -1,0 +1,120 @@
+#include "transfer/kv_segments.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/synchronization/mutex.h"
+#include "common/crc32c.h"
+#include "transfer/checksum_worker.h"
+
+namespace mmserve::transfer {
+namespace {
+
+uint64_t BlockBytes(const model::KvCacheShape& s) {
+  return static_cast<uint64_t>(s.block_size * s.num_kv_heads * s.head_dim) * sizeof(float);
+}
+
+// Byte offset of `block` of `layer`'s keys (kv = 0) or values (kv = 1).
+uint64_t BlockOffset(const model::KvCacheShape& s, int64_t layer, int kv, int64_t block) {
+  return static_cast<uint64_t>((2 * layer + kv) * s.LayerPlaneFloats()) * sizeof(float) +
+         block * BlockBytes(s);
+}
+
+// One plane's segments: runs of whole blocks, or per-token head slices.
+void PlanePlan(const model::KvCacheShape& s, const model::KvCacheShape& t,
+               const std::vector<int32_t>& src, const std::vector<int32_t>& dst, int64_t first_head,
+               int64_t layer, int kv, std::vector<KvSegment>* out) {
+  const bool sliced = t.num_kv_heads != s.num_kv_heads;
+  const uint64_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
+  const uint64_t slice_bytes = t.num_kv_heads * s.head_dim * sizeof(float);
+  const uint64_t skip = first_head * s.head_dim * sizeof(float);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const uint64_t from = BlockOffset(s, layer, kv, src[i]);
+    const uint64_t to = BlockOffset(t, layer, kv, dst[i]);
+    if (sliced) {
+      for (int64_t k = 0; k < s.block_size; ++k) {
+        out->push_back({from + k * token_bytes + skip, to + k * slice_bytes, slice_bytes});
+      }
+      continue;
+    }
+    size_t run = 1;
+    while (i + run < src.size() && src[i + run] == src[i] + static_cast<int32_t>(run) &&
+           dst[i + run] == dst[i] + static_cast<int32_t>(run)) {
+      ++run;
+    }
+    out->push_back({from, to, run * BlockBytes(s)});
+    i += run - 1;
+  }
+}
+
+}  // namespace
+
+std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
+                                      const model::KvCacheShape& target,
+                                      const std::vector<int32_t>& src,
+                                      const std::vector<int32_t>& dst, int64_t first_head) {
+  std::vector<KvSegment> out;
+  for (int64_t layer = 0; layer < source.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) PlanePlan(source, target, src, dst, first_head, layer, kv, &out);
+  }
+  return out;
+}
+
+std::vector<std::vector<KvSegment>> ChunkKvSegments(const std::vector<KvSegment>& segments,
+                                                    uint64_t chunk_bytes) {
+  std::vector<std::vector<KvSegment>> jobs;
+  uint64_t filled = chunk_bytes;  // bytes in jobs.back(); full: start a new job
+  for (KvSegment seg : segments) {
+    while (seg.bytes > 0) {
+      if (filled >= chunk_bytes) {
+        jobs.emplace_back();
+        filled = 0;
+      }
+      const uint64_t take = std::min(seg.bytes, chunk_bytes - filled);
+      jobs.back().push_back({seg.src, seg.dst, take});
+      filled += take;
+      seg.src += take;
+      seg.dst += take;
+      seg.bytes -= take;
+    }
+  }
+  return jobs;
+}
+
+uint32_t CopyKvSegments(const std::vector<std::vector<KvSegment>>& jobs, const uint8_t* src_base,
+                        uint8_t* dst_base, ChecksumWorker& helper) {
+  std::vector<uint32_t> crcs(jobs.size());
+  std::vector<uint64_t> lengths(jobs.size());
+  std::atomic<size_t> next{0};
+  // Both threads take the next job until none is left (on a shared machine
+  // one of them may stall; the other then does more).
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      uint32_t crc = 0;
+      uint64_t length = 0;
+      for (const KvSegment& s : jobs[j]) {
+        crc = Crc32cCopy(dst_base + s.dst, src_base + s.src, s.bytes, crc);
+        length += s.bytes;
+      }
+      crcs[j] = crc;
+      lengths[j] = length;
+    }
+  };
+  absl::Mutex mu;
+  bool helped = false;
+  helper.Run([&] {
+    work();
+    absl::MutexLock lock(&mu);
+    helped = true;
+  });
+  work();
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&helped));
+  }
+  uint32_t crc = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) crc = Crc32cCombine(crc, crcs[j], lengths[j]);
+  return crc;
+}
+
+}  // namespace mmserve::transfer

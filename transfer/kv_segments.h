@@ -1,0 +1,49 @@
+// What a KV hand-off moves, as byte ranges: each a run of the source cache
+// that lands contiguously in the target cache, in hand-off order (for each
+// layer its keys then its values, blocks in list order), so folding
+// Crc32cExtend over the segments' source bytes gives KvBlocksCrc.
+//
+//   std::vector<KvSegment> segs = PlanKvSegments(src_shape, dst_shape, src, dst, first_head);
+//   for (const auto& chunk : ChunkKvSegments(segs, 1 << 20)) ...  // ~1 MiB jobs
+//
+// A run of blocks consecutive on both sides in one layer's K or V plane is one
+// segment (blocks of a plane are adjacent in memory); a head slice (a
+// tensor-parallel target with fewer KV heads) is one segment per token.
+// Pure functions, thread-safe. Arguments must have passed ValidateKvHandoff.
+#ifndef MMSERVE_TRANSFER_KV_SEGMENTS_H_
+#define MMSERVE_TRANSFER_KV_SEGMENTS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "model/kv_cache.h"
+
+namespace mmserve::transfer {
+
+struct KvSegment {
+  uint64_t src = 0;    // byte offset in the source cache
+  uint64_t dst = 0;    // byte offset in the target cache
+  uint64_t bytes = 0;  // > 0
+};
+
+std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
+                                      const model::KvCacheShape& target,
+                                      const std::vector<int32_t>& src,
+                                      const std::vector<int32_t>& dst, int64_t first_head);
+
+// `segments` in order, cut into consecutive groups of about `chunk_bytes`
+// each: a segment longer than that is split, shorter ones share a group.
+std::vector<std::vector<KvSegment>> ChunkKvSegments(const std::vector<KvSegment>& segments,
+                                                    uint64_t chunk_bytes);
+
+// Copies each segment from `src_base` to `dst_base` and returns the CRC32C of
+// the source bytes in segment order, reading them once (Crc32cCopy). `jobs`
+// (ChunkKvSegments) are taken in turn by the calling thread and `helper`'s,
+// so two cores copy; returns when both are done.
+class ChecksumWorker;
+uint32_t CopyKvSegments(const std::vector<std::vector<KvSegment>>& jobs, const uint8_t* src_base,
+                        uint8_t* dst_base, ChecksumWorker& helper);
+
+}  // namespace mmserve::transfer
+
+#endif  // MMSERVE_TRANSFER_KV_SEGMENTS_H_
