@@ -70,6 +70,11 @@ grpc::ChannelArguments InternalChannelArguments() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Each channel its own connections: with gRPC's process-wide pool a new
+  // channel to an address whose previous process died (ports are reused:
+  // --port=0, restarts) inherited that connection's failure and backoff, and
+  // its first calls failed at once with the dead peer's error.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return args;
 }
 
