@@ -1,5 +1,6 @@
 // The kAvx512 bodies of ops.h: the same operations per element as the
-// kAvx2 ones in ops.cc, on 16 lanes with masked tails.
+// kAvx2 ones in ops.cc, on 16 lanes with masked tails. Each function is
+// compiled for AVX-512 (MMSERVE_AVX512_TARGET) and runs only at kAvx512.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -10,23 +11,14 @@
 namespace mmserve::model::cpu::internal {
 namespace {
 
-// Everything from here to the pop is compiled for AVX-512; it runs only at
-// the kAvx512 level. (Library code is included above, outside the region.)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
-#endif
-
 // ops.cc's SiluMul8: gate / (1 + e^-gate) * up.
-inline __m512 SiluMul16(__m512 g, __m512 u) {
+MMSERVE_AVX512_TARGET inline __m512 SiluMul16(__m512 g, __m512 u) {
   const __m512 e = Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
   return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
-void ScaleRow(const float* x, int64_t n, const float* weight, float inv, float* out) {
+MMSERVE_AVX512_TARGET void ScaleRow(const float* x, int64_t n, const float* weight, float inv,
+                                    float* out) {
   const __m512 inv_v = _mm512_set1_ps(inv);
   const int64_t full = n / 16 * 16;
   for (int64_t j = 0; j < full; j += 16) {
@@ -41,7 +33,8 @@ void ScaleRow(const float* x, int64_t n, const float* weight, float inv, float* 
   }
 }
 
-void SiluMulAll(const float* gate, const float* up, int64_t count, float* out) {
+MMSERVE_AVX512_TARGET void SiluMulAll(const float* gate, const float* up, int64_t count,
+                                      float* out) {
   const int64_t full = count / 16 * 16;
   for (int64_t i = 0; i < full; i += 16) {
     _mm512_storeu_ps(out + i, SiluMul16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
@@ -53,12 +46,6 @@ void SiluMulAll(const float* gate, const float* up, int64_t count, float* out) {
                                     _mm512_maskz_loadu_ps(tail, up + full)));
   }
 }
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 
 }  // namespace
 

@@ -3,10 +3,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "model/cpu/cpu_isa.h"
+#include "model/cpu/test_vectors.h"
 
 namespace mmserve::model::cpu {
 namespace {
@@ -79,13 +79,7 @@ TEST_CASE("SiluMul over a wide range, at any offset and count, is silu(gate) * u
   }
 }
 
-std::vector<float> Normal(int64_t n, float scale, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(gen);
-  return v;
-}
+using testing::NormalVector;
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -95,7 +89,8 @@ TEST_CASE("RMSNorm gives the kAvx2 bits at every level, any width", "[ops]") {
   ThreadPool pool(2);
   for (int64_t n : {1, 7, 8, 15, 16, 17, 37, 896, 1027, 1536}) {
     const int64_t rows = 19;
-    const std::vector<float> x = Normal(rows * n, 3.0f, 3 + n), w = Normal(n, 1.0f, 5 + n);
+    const std::vector<float> x = NormalVector(rows * n, 3.0f, 3 + n),
+                             w = NormalVector(n, 1.0f, 5 + n);
     std::vector<float> want(rows * n);
     {
       const ScopedCpuIsa level(CpuIsa::kAvx2);
@@ -116,7 +111,7 @@ TEST_CASE("RMSNorm gives the kAvx2 bits at every level, any width", "[ops]") {
 
 TEST_CASE("SiluMul gives the kAvx2 bits at every level, any count", "[ops]") {
   ThreadPool pool(2);
-  std::vector<float> g = Normal(40037, 8.0f, 7), u = Normal(40037, 2.0f, 8);
+  std::vector<float> g = NormalVector(40037, 8.0f, 7), u = NormalVector(40037, 2.0f, 8);
   const float special[] = {0.0f,    -0.0f, 87.0f,  -87.0f,   88.5f,     -88.5f, 100.0f,
                            -100.0f, 1e30f, -1e30f, INFINITY, -INFINITY, 1e-30f};
   std::copy(std::begin(special), std::end(special), g.begin() + 100);
