@@ -88,11 +88,12 @@ std::vector<RowOpTiming> TimeRowOps(cpu::ThreadPool& pool, const model::TextConf
       reps);
   out.push_back(rope);
 
+  std::vector<float> up(rows * inter, 0.75f);
   RowOpTiming silu{"silu_mul"};
   silu.bytes = 3.0 * rows * inter * sizeof(float);
   TimeOne(
       &silu, &pool, static_cast<int64_t>(silu.bytes / 2 / sizeof(float)),
-      [&] { cpu::SiluMul(pool, x.data(), x.data(), rows * inter, y.data()); }, reps);
+      [&] { cpu::SiluMul(pool, x.data(), up.data(), rows * inter, y.data()); }, reps);
   out.push_back(silu);
   return out;
 }
