@@ -12,9 +12,11 @@
 // --peer=torch: then transformers' tower in PyTorch (tools/torch_vision_peer.py,
 // run with --peer_python, default the tools virtualenv) on the same grids,
 // depth and threads, in bfloat16 with --activation_dtype=bf16 and float32
-// otherwise (PyTorch has no bf16-weight, fp32-activation mode), after ours
-// is freed; vs_torch = torch time / our time (> 1: we are faster). Without
-// PyTorch the peer is skipped and the reason printed.
+// otherwise (PyTorch has no bf16-weight, fp32-activation mode), each size
+// right after ours (interleaved, so both see the same machine load; a child
+// process per size, its tower built before the timed forward); vs_torch =
+// torch time / our time (> 1: we are faster). Without PyTorch the peer is
+// skipped and the reason printed.
 //
 //   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
 //       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16] [--peer=torch]
@@ -165,39 +167,57 @@ std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTo
       gflops / kernel, *activations);
 }
 
-// --peer=torch: transformers' tower on the same grids; prints its lines and
-// returns the JSON field (with a leading comma), or "" without --peer.
-std::string PeerStep(const Args& args, int threads, const std::vector<int>& sizes,
-                     const std::vector<model::ImagePatches>& inputs,
-                     const std::vector<double>& tower_s) {
-  if (args.peer.empty()) return "";
+// The Qwen2-VL-2B vision tower's dimensions, at `depth` blocks.
+model::VisionConfig TowerConfig(int depth) {
+  model::VisionConfig cfg;
+  cfg.depth = depth;
+  cfg.embed_dim = 1280;
+  cfg.num_heads = 16;
+  cfg.mlp_ratio = 4;
+  cfg.hidden_size = 1536;
+  return cfg;
+}
+
+// --peer=torch on one grid: transformers' tower in a child process.
+bench::TorchVisionPeerResult PeerOnGrid(const Args& args, int threads, const ImageGrid& grid) {
   bench::TorchVisionPeerRequest req;
   req.python = args.peer_python;
   req.script = args.peer_script;
-  for (const model::ImagePatches& p : inputs) req.grids.push_back(p.grid);
+  req.grids = {grid};
   req.depth = args.depth;
   req.threads = threads;
   req.dtype = args.bf16_activations ? "bfloat16" : "float32";
   req.iters = args.iters;
-  const bench::TorchVisionPeerResult peer = bench::RunTorchVisionPeer(req);
-  if (!peer.ran) {
-    std::printf("peer torch: skipped (%s)\n", peer.skipped_reason.c_str());
+  return bench::RunTorchVisionPeer(req);
+}
+
+// The peer's lines and JSON field (with a leading comma; "" without
+// --peer). peers[i]: the run right after our size i (the first skip ends
+// the list).
+std::string PeerReport(const Args& args, int threads, const std::vector<int>& sizes,
+                       const std::vector<double>& tower_s,
+                       const std::vector<bench::TorchVisionPeerResult>& peers) {
+  if (args.peer.empty()) return "";
+  if (peers.empty() || !peers.back().ran) {
+    const std::string reason = peers.empty() ? "not run" : peers.back().skipped_reason;
+    std::printf("peer torch: skipped (%s)\n", reason.c_str());
     return absl::StrFormat(",\"peer\":{\"name\":\"torch\",\"skipped\":\"%s\"}",
-                           absl::CEscape(peer.skipped_reason));
+                           absl::CEscape(reason));
   }
-  std::printf("peer torch %s, %s, %d threads, same grids and depth:\n", peer.torch_version.c_str(),
-              req.dtype.c_str(), threads);
+  const char* dtype = args.bf16_activations ? "bfloat16" : "float32";
+  std::printf("peer torch %s, %s, %d threads, same grids and depth, each right after ours:\n",
+              peers[0].torch_version.c_str(), dtype, threads);
   std::vector<std::string> rows;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const double ratio = peer.seconds[i] / tower_s[i];
-    std::printf("%6d  torch %10.1f ms  ours %10.1f ms  vs_torch %.2f\n", sizes[i],
-                peer.seconds[i] * 1e3, tower_s[i] * 1e3, ratio);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const double torch_s = peers[i].seconds[0], ratio = torch_s / tower_s[i];
+    std::printf("%6d  torch %10.1f ms  ours %10.1f ms  vs_torch %.2f\n", sizes[i], torch_s * 1e3,
+                tower_s[i] * 1e3, ratio);
     rows.push_back(absl::StrFormat("{\"size\":%d,\"torch_ms\":%.1f,\"vs_torch\":%.3f}", sizes[i],
-                                   peer.seconds[i] * 1e3, ratio));
+                                   torch_s * 1e3, ratio));
   }
   return absl::StrFormat(
       ",\"peer\":{\"name\":\"torch\",\"torch\":\"%s\",\"dtype\":\"%s\",\"sizes\":[%s]}",
-      peer.torch_version, req.dtype, absl::StrJoin(rows, ","));
+      peers[0].torch_version, dtype, absl::StrJoin(rows, ","));
 }
 
 int Main(int argc, char** argv) {
@@ -210,12 +230,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--peer takes \"torch\", not \"%s\"\n", args.peer.c_str());
     return 1;
   }
-  model::VisionConfig cfg;  // Qwen2-VL-2B vision tower
-  cfg.depth = args.depth;
-  cfg.embed_dim = 1280;
-  cfg.num_heads = 16;
-  cfg.mlp_ratio = 4;
-  cfg.hidden_size = 1536;
+  const model::VisionConfig cfg = TowerConfig(args.depth);
   model::PreprocessorConfig pre;  // defaults: min 56*56, max 28*28*1280 pixels
   cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
 
@@ -258,11 +273,15 @@ int Main(int argc, char** argv) {
   std::vector<std::string> json_rows;
   std::vector<double> tower_s(sizes.size());
   int64_t activations_peak = 0;
+  std::vector<bench::TorchVisionPeerResult> peers;
   for (size_t si = 0; si < sizes.size(); ++si) {
     int64_t activations = 0;
     json_rows.push_back(MeasureSize(args, pool, *tower, cfg, sizes[si], inputs[si], pre_ms[si],
                                     &tower_s[si], &activations));
     activations_peak = std::max(activations_peak, activations);
+    if (!args.peer.empty() && (peers.empty() || peers.back().ran)) {
+      peers.push_back(PeerOnGrid(args, pool.num_threads(), inputs[si].grid));
+    }
   }
   const double peak = static_cast<double>(weights_rss + activations_peak);
   const double bf16_bytes = weight_bytes * (args.dtype == model::DType::kF32 ? 0.5 : 1.0);
@@ -270,8 +289,7 @@ int Main(int argc, char** argv) {
       "\ntower created in %.1f s; its RSS %.3f GB (weights %.3f GB + activations %.3f GB at "
       "the largest input) = %.3f x the bf16 weight bytes\n",
       create_s, peak * 1e-9, weights_rss * 1e-9, activations_peak * 1e-9, peak / bf16_bytes);
-  tower.reset();  // the peer's tower does not share the machine's memory with ours
-  const std::string peer_json = PeerStep(args, pool.num_threads(), sizes, inputs, tower_s);
+  const std::string peer_json = PeerReport(args, pool.num_threads(), sizes, tower_s, peers);
   std::printf(
       "{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"dtype\":\"%s\",\"depth\":%d,"
       "\"threads\":%d,\"weight_bytes\":%.0f,\"tower_rss_bytes\":%.0f,"
