@@ -8,7 +8,8 @@
 // bytes counts what an op reads and writes (STREAM convention); the copy
 // moves the same bytes (bytes / 2 read, bytes / 2 written) over the same
 // threads (the pool for RMSNorm and SiLU*mul, which the model runs on it;
-// the calling thread for RoPE, which it runs there). Each figure is the
+// the calling thread for RoPE, which it runs there), timed on its second
+// pass (warm caches, as each level's op finds them). Each figure is the
 // best of `reps`, the copy and the levels interleaved so they see the same
 // load. Not thread-safe (uses the pool; sets the level for the duration).
 #ifndef MMSERVE_BENCH_ROW_OPS_TIMING_H_
