@@ -14,7 +14,8 @@
 // depth and threads, in bfloat16 with --activation_dtype=bf16 and float32
 // otherwise (PyTorch has no bf16-weight, fp32-activation mode), each size
 // right after ours (interleaved, so both see the same machine load; a child
-// process per size, its tower built before the timed forward); vs_torch =
+// process per size; it times a forward after an untimed one at the same
+// grid, as oneDNN sets up per shape, while ours is timed cold); vs_torch =
 // torch time / our time (> 1: we are faster). Without PyTorch the peer is
 // skipped and the reason printed.
 //

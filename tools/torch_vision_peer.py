@@ -6,8 +6,9 @@ The tower is built at Qwen2-VL-2B vision dimensions (embed 1280, 16 heads,
 MLP ratio 4, out 1536; depth from --depth) with random weights in the given
 dtype, PyTorch's own attention (sdpa), torch.set_num_threads(--threads).
 Each grid's pixel values are random (the tower's time does not depend on
-them). One warm-up forward on a 4x4-patch grid, then --iters forwards per
-grid, timed with time.perf_counter.
+them). Per grid, one untimed forward first (oneDNN sets up its kernels per
+shape, and the first call at a shape pays for it), then --iters forwards,
+timed with time.perf_counter.
 
 Prints one JSON line last:
   {"ok": true, "torch": "2.9.1", "transformers": "4.57.6", "dtype": "bfloat16",
@@ -66,10 +67,10 @@ def main():
             tower(x, grid_thw=grid)
         return time.perf_counter() - start
 
-    forward(1, 4, 4)  # warm-up: thread pool, allocator
     seconds = []
     for g in args.grids.split(","):
         t, h, w = (int(v) for v in g.split("x"))
+        forward(t, h, w)  # warm-up at this shape
         seconds.append(sum(forward(t, h, w) for _ in range(args.iters)) / args.iters)
     print(json.dumps({"ok": True, "torch": torch.__version__,
                       "transformers": transformers.__version__, "dtype": args.dtype,
