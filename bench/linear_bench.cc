@@ -119,21 +119,21 @@ std::string PeaksReport(cpu::ThreadPool& pool, const std::vector<Row>& rows) {
     i8_act = std::max(i8_act, r.i8_act);
   }
   auto ratio = [](double rate, double peak) { return peak > 0 ? rate / peak : 0.0; };
+  const double r_bf16 = ratio(bf16, p.fma512_gflops), r_dot = ratio(bf16dot, p.bf16dot_gflops);
+  const double r_i8 = ratio(i8, p.vnni_int16_gops), r_act = ratio(i8_act, p.vnni_gops);
   std::printf(
       "  peaks (measured now): fma512 %.1f, bf16dot %.1f GFLOP/s, vnni %.1f, vnni int16 %.1f "
       "GOP/s; best at 512 rows: bf16 panels %.3f of fma512, bf16 dot %.3f of bf16dot, int8 %.3f "
       "of vnni int16, int8 activations %.3f of vnni\n",
-      p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops,
-      ratio(bf16, p.fma512_gflops), ratio(bf16dot, p.bf16dot_gflops), ratio(i8, p.vnni_int16_gops),
-      ratio(i8_act, p.vnni_gops));
+      p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, r_bf16, r_dot, r_i8,
+      r_act);
   return absl::StrFormat(
       ",\"fma512_peak_gflops\":%.2f,\"bf16dot_peak_gflops\":%.2f,\"vnni_peak_gflops\":%.2f,"
       "\"vnni_int16_peak_gflops\":%.2f,\"bf16_panels_vs_fma512_peak\":%.3f,"
       "\"bf16dot_vs_bf16dot_peak\":%.3f,\"int8_vs_vnni_int16_peak\":%.3f,"
       "\"int8_act_vs_vnni_peak\":%.3f",
-      p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops,
-      ratio(bf16, p.fma512_gflops), ratio(bf16dot, p.bf16dot_gflops), ratio(i8, p.vnni_int16_gops),
-      ratio(i8_act, p.vnni_gops));
+      p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, r_bf16, r_dot, r_i8,
+      r_act);
 }
 
 // The table, then the JSON line (with the peaks).
