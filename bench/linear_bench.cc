@@ -11,8 +11,12 @@
 // AVX2 kernels where the CPU would use AVX512-VNNI (the same results; the
 // instruction sets measured side by side), on row-major bf16 and fp32
 // weights, of sgemm, and the ratio panels / sgemm. One-row rows also give
-// the weight bytes (int8: values plus scales) streamed per second. Prints a
-// human table, then one JSON line last.
+// the weight bytes (int8: values plus scales) streamed per second. After
+// the table, the widest units' peaks measured in the same run
+// (bench/isa_peaks.h) and each kernel's best 512-row rate over the peak of
+// its instruction (bf16 panels: 512-bit FMA; bf16 dot: vdpbf16ps; int8:
+// vpdpwssd; int8 activations: vpdpbusd). Prints a human table, then one JSON
+// line last.
 #include <time.h>
 
 #include <algorithm>
@@ -25,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/isa_peaks.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "model/cpu/cpu_isa.h"
@@ -100,6 +105,78 @@ double Time(cpu::ThreadPool& pool, const std::vector<float>& x, int64_t m,
   return best;
 }
 
+// The widest units' peaks (bench/isa_peaks.h), measured now, and the best
+// 512-row rate of each kernel over the peak of the instruction it runs on:
+// prints them and returns their JSON fields (with a leading comma).
+std::string PeaksReport(cpu::ThreadPool& pool, const std::vector<Row>& rows) {
+  const bench::IsaPeaks p = bench::MeasureIsaPeaks(pool, 3);
+  double bf16 = 0, bf16dot = 0, i8 = 0, i8_act = 0;
+  for (const Row& r : rows) {
+    if (r.m != 512) continue;
+    bf16 = std::max(bf16, r.bf16);
+    bf16dot = std::max(bf16dot, r.bf16dot);
+    i8 = std::max(i8, r.i8);
+    i8_act = std::max(i8_act, r.i8_act);
+  }
+  auto ratio = [](double rate, double peak) { return peak > 0 ? rate / peak : 0.0; };
+  const double r_bf16 = ratio(bf16, p.fma512_gflops), r_dot = ratio(bf16dot, p.bf16dot_gflops);
+  const double r_i8 = ratio(i8, p.vnni_int16_gops), r_act = ratio(i8_act, p.vnni_gops);
+  std::printf(
+      "  peaks (measured now): fma512 %.1f, bf16dot %.1f GFLOP/s, vnni %.1f, vnni int16 %.1f "
+      "GOP/s; best at 512 rows: bf16 panels %.3f of fma512, bf16 dot %.3f of bf16dot, int8 %.3f "
+      "of vnni int16, int8 activations %.3f of vnni\n",
+      p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, r_bf16, r_dot, r_i8,
+      r_act);
+  return absl::StrFormat(
+      ",\"fma512_peak_gflops\":%.2f,\"bf16dot_peak_gflops\":%.2f,\"vnni_peak_gflops\":%.2f,"
+      "\"vnni_int16_peak_gflops\":%.2f,\"bf16_panels_vs_fma512_peak\":%.3f,"
+      "\"bf16dot_vs_bf16dot_peak\":%.3f,\"int8_vs_vnni_int16_peak\":%.3f,"
+      "\"int8_act_vs_vnni_peak\":%.3f",
+      p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, r_bf16, r_dot, r_i8,
+      r_act);
+}
+
+// The table, then the JSON line (with the peaks).
+void PrintReport(cpu::ThreadPool& pool, const std::vector<Row>& rows, int threads, int reps,
+                 const std::string& clock) {
+  std::printf("linear_bench: %s, %d threads, isa %s (GFLOP/s on the %s clock, best of %d)\n",
+              absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(), clock.c_str(), reps);
+  std::printf("  %-8s %5s %7s %6s %10s %9s %8s %8s %8s %8s %10s %9s %9s %9s %22s\n", "shape", "m",
+              "n", "k", "bf16 panel", "bf16 avx2", "bf16 dot", "i8 row", "i8 g32", "i8 avx2",
+              "bf16 rows", "f32 rows", "sgemm", "panel/sg", "GB/s bf16 / i8 / g32");
+  std::vector<std::string> json;
+  for (const Row& r : rows) {
+    // Weight bytes per second: one pass over the matrix per call.
+    const double flops = 2.0 * r.m * r.n * r.k;
+    const double gbs = r.bf16 / flops * (2.0 * r.n * r.k);
+    const double i8_gbs = r.i8 / flops * r.i8_bytes, g32_gbs = r.i8_g32 / flops * r.i8_g32_bytes;
+    std::printf(
+        "  %-8s %5lld %7lld %6lld %10.1f %9.1f %8.1f %8.1f %8.1f %8.1f %10.1f %9.1f %9.1f %9.2f "
+        "%22s\n",
+        r.shape.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
+        static_cast<long long>(r.k), r.bf16, r.bf16_avx2, r.bf16dot, r.i8, r.i8_g32, r.i8_avx2,
+        r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm,
+        r.m == 1 ? absl::StrFormat("%.1f / %.1f / %.1f", gbs, i8_gbs, g32_gbs).c_str() : "");
+    json.push_back(absl::StrFormat(
+        "{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
+        "\"int8_row_scale_gflops\":%.2f,\"int8_g32_gflops\":%.2f,"
+        "\"int8_avx2_gflops\":%.2f,\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%."
+        "2f,\"sgemm_gflops\":%.2f,"
+        "\"panels_vs_sgemm\":%.3f,\"int8_vs_bf16\":%.3f,\"int8_g32_vs_bf16\":%.3f,"
+        "\"bf16_panels_avx2_gflops\":%.2f,\"bf16_panels_vs_avx2\":%.3f,\"bf16dot_gflops\":%.2f,"
+        "\"bf16dot_vs_bf16_panels\":%.3f,\"int8_act_gflops\":%.2f,\"int8_act_vs_int8\":%.3f}",
+        r.shape, r.m, r.n, r.k, r.bf16, r.i8, r.i8_g32, r.i8_avx2, r.bf16_rows, r.f32, r.sgemm,
+        r.bf16 / r.sgemm, r.i8 / r.bf16, r.i8_g32 / r.bf16, r.bf16_avx2, r.bf16 / r.bf16_avx2,
+        r.bf16dot, r.bf16dot / r.bf16, r.i8_act, r.i8_act / r.i8));
+  }
+  std::printf(
+      "{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"int8_vnni\":%s,"
+      "\"rows\":[%s]%s}\n",
+      absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(),
+      cpu::internal::Int8UsesVnni() ? "true" : "false", absl::StrJoin(json, ",").c_str(),
+      PeaksReport(pool, rows).c_str());
+}
+
 int Run() {
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
                                                        : cpu::ThreadPool::DefaultThreads();
@@ -155,41 +232,7 @@ int Run() {
       rows.push_back(row);
     }
   }
-  std::printf("linear_bench: %s, %d threads, isa %s (GFLOP/s on the %s clock, best of %d)\n",
-              absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(), clock.c_str(), reps);
-  std::printf("  %-8s %5s %7s %6s %10s %9s %8s %8s %8s %8s %10s %9s %9s %9s %22s\n", "shape", "m",
-              "n", "k", "bf16 panel", "bf16 avx2", "bf16 dot", "i8 row", "i8 g32", "i8 avx2",
-              "bf16 rows", "f32 rows", "sgemm", "panel/sg", "GB/s bf16 / i8 / g32");
-  std::vector<std::string> json;
-  for (const Row& r : rows) {
-    // Weight bytes per second: one pass over the matrix per call.
-    const double flops = 2.0 * r.m * r.n * r.k;
-    const double gbs = r.bf16 / flops * (2.0 * r.n * r.k);
-    const double i8_gbs = r.i8 / flops * r.i8_bytes, g32_gbs = r.i8_g32 / flops * r.i8_g32_bytes;
-    std::printf(
-        "  %-8s %5lld %7lld %6lld %10.1f %9.1f %8.1f %8.1f %8.1f %8.1f %10.1f %9.1f %9.1f %9.2f "
-        "%22s\n",
-        r.shape.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
-        static_cast<long long>(r.k), r.bf16, r.bf16_avx2, r.bf16dot, r.i8, r.i8_g32, r.i8_avx2,
-        r.bf16_rows, r.f32, r.sgemm, r.bf16 / r.sgemm,
-        r.m == 1 ? absl::StrFormat("%.1f / %.1f / %.1f", gbs, i8_gbs, g32_gbs).c_str() : "");
-    json.push_back(absl::StrFormat(
-        "{\"shape\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"bf16_panels_gflops\":%.2f,"
-        "\"int8_row_scale_gflops\":%.2f,\"int8_g32_gflops\":%.2f,"
-        "\"int8_avx2_gflops\":%.2f,\"bf16_rows_gflops\":%.2f,\"f32_rows_gflops\":%."
-        "2f,\"sgemm_gflops\":%.2f,"
-        "\"panels_vs_sgemm\":%.3f,\"int8_vs_bf16\":%.3f,\"int8_g32_vs_bf16\":%.3f,"
-        "\"bf16_panels_avx2_gflops\":%.2f,\"bf16_panels_vs_avx2\":%.3f,\"bf16dot_gflops\":%.2f,"
-        "\"bf16dot_vs_bf16_panels\":%.3f,\"int8_act_gflops\":%.2f,\"int8_act_vs_int8\":%.3f}",
-        r.shape, r.m, r.n, r.k, r.bf16, r.i8, r.i8_g32, r.i8_avx2, r.bf16_rows, r.f32, r.sgemm,
-        r.bf16 / r.sgemm, r.i8 / r.bf16, r.i8_g32 / r.bf16, r.bf16_avx2, r.bf16 / r.bf16_avx2,
-        r.bf16dot, r.bf16dot / r.bf16, r.i8_act, r.i8_act / r.i8));
-  }
-  std::printf(
-      "{\"bench\":\"linear\",\"dims\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"int8_vnni\":%s,"
-      "\"rows\":[%s]}\n",
-      absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(),
-      cpu::internal::Int8UsesVnni() ? "true" : "false", absl::StrJoin(json, ",").c_str());
+  PrintReport(pool, rows, threads, reps, clock);
   return 0;
 }
 

@@ -36,6 +36,9 @@
 // widest units' peaks (bench/isa_peaks.h) beside the 256-bit
 // fma_peak_gflops, and pp_linear_vs_isa_peak the prefill's linear layers
 // over the peak of the instruction they run on (pp_linear_isa_instruction).
+// Row ops: RMSNorm, RoPE's rotation and SiLU*mul at pp rows, timed at
+// each level beside a copy of the same bytes (bench/row_ops_timing.h):
+// <op>_avx2_us, <op>_avx512_us, <op>_copy_us.
 // pp_vs_fma_peak is that rate over the FMA peak (int8 layers' integer
 // multiply-adds are not FMAs and may run above it).
 //
@@ -66,6 +69,7 @@
 #include "bench/isa_peaks.h"
 #include "bench/lm_bench_report.h"
 #include "bench/memory_bandwidth.h"
+#include "bench/row_ops_timing.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "model/cpu/cpu_isa.h"
@@ -474,6 +478,7 @@ int Run() {
                                        o.dtype, o.kernel, o.quantize);
   r.fma_peak_gflops = bench::MeasureFmaPeakGflops(pool, 3);
   r.isa_peaks = bench::MeasureIsaPeaks(pool, 3);
+  r.row_ops = bench::TimeRowOps(pool, m.cfg, o.pp, 5);
   Report(o, m.cfg, *m.weights, r);
   return 0;
 }

@@ -91,6 +91,25 @@ std::string ReportIsa(const Options& o, const Results& r, double linear_gflops) 
       instruction);
 }
 
+// One line per row op (512-bit vs 256-bit time, each over a copy of the
+// same bytes); returns their JSON fields (with a leading comma).
+std::string ReportRowOps(const Options& o, const Results& r) {
+  std::string json;
+  for (const RowOpTiming& t : r.row_ops) {
+    const double avx2_us = 1e6 * t.level_s[0], avx512_us = 1e6 * t.level_s[1];
+    const double copy_us = 1e6 * t.copy_s;
+    std::printf(
+        "  %-28s avx2 %.1f us, avx512 %.1f us (%.2f x), copy of the same %.2f MB %.1f us: %.2f "
+        "and %.2f of copy speed\n",
+        absl::StrFormat("%s, %d rows", t.name, o.pp).c_str(), avx2_us, avx512_us,
+        avx512_us > 0 ? avx2_us / avx512_us : 0, t.bytes / 1e6, copy_us,
+        avx2_us > 0 ? copy_us / avx2_us : 0, avx512_us > 0 ? copy_us / avx512_us : 0);
+    absl::StrAppendFormat(&json, ",\"%s_avx2_us\":%.1f,\"%s_avx512_us\":%.1f,\"%s_copy_us\":%.1f",
+                          t.name, avx2_us, t.name, avx512_us, t.name, copy_us);
+  }
+  return json;
+}
+
 }  // namespace
 
 void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
@@ -154,7 +173,8 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       absl::StrFormat("tg%d x %d sequences", o.tg, o.batch).c_str(), batch_tok_s, speedup,
       gemm_ceiling, r.kernel_batch_gflops, o.batch, peak_ceiling, speedup / peak_ceiling);
   PrintBaselines(o, cfg, r, weights_mb);
-  const std::string isa_json = ReportIsa(o, r, linear_flops / r.pp_linear_s / 1e9);
+  const std::string isa_json =
+      ReportIsa(o, r, linear_flops / r.pp_linear_s / 1e9) + ReportRowOps(o, r);
   std::printf(
       "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
       "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/isa_peaks.h"
+#include "bench/row_ops_timing.h"
 #include "model/cpu/linear.h"
 #include "model/dtype.h"
 #include "model/model_config.h"
@@ -40,6 +41,8 @@ struct Results {
   // medians over the reps of the linear layers, the attention and the rest
   // of that rep's step (step - linear - attention).
   double pp_linear_s = 0, pp_attention_s = 0, pp_rest_s = 0;
+  // RMSNorm, RoPE and SiLU*mul at pp rows, each level beside a copy.
+  std::vector<RowOpTiming> row_ops;
   std::vector<double> copy_samples, read_samples;  // sorted
   double copy() const { return copy_samples[copy_samples.size() / 2]; }
   double read() const { return read_samples[read_samples.size() / 2]; }

@@ -9,8 +9,18 @@
 // heap is handed back (malloc_trim) before each measurement so that the
 // baseline's buffers are not counted or reused.
 //
+// --peer=torch: then transformers' tower in PyTorch (tools/torch_vision_peer.py,
+// run with --peer_python, default the tools virtualenv) on the same grids,
+// depth and threads, in bfloat16 with --activation_dtype=bf16 and float32
+// otherwise (PyTorch has no bf16-weight, fp32-activation mode), each size
+// right after ours (interleaved, so both see the same machine load; a child
+// process per size; it times a forward after an untimed one at the same
+// grid, as oneDNN sets up per shape, while ours is timed cold); vs_torch =
+// torch time / our time (> 1: we are faster). Without PyTorch the peer is
+// skipped and the reason printed.
+//
 //   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
-//       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16]
+//       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16] [--peer=torch]
 #include <malloc.h>
 
 #include <cstdio>
@@ -19,11 +29,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/torch_vision_peer.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
@@ -44,6 +57,9 @@ struct Args {
   model::DType dtype = model::DType::kBF16;
   std::string cpu_isa;            // --cpu_isa=avx2|avx512 (cpu_isa.h)
   bool bf16_activations = false;  // --activation_dtype=bf16
+  std::string peer;               // --peer=torch
+  std::string peer_python = "/root/.cache/mmserve-tools-venv/bin/python";
+  std::string peer_script = bench::DefaultTorchVisionPeerScript();
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -55,6 +71,9 @@ Args ParseArgs(int argc, char** argv) {
     if (s == "--dtype=f32") a.dtype = model::DType::kF32;
     if (s.rfind("--cpu_isa=", 0) == 0) a.cpu_isa = s.substr(10);
     if (s == "--activation_dtype=bf16") a.bf16_activations = true;
+    if (s.rfind("--peer=", 0) == 0) a.peer = s.substr(7);
+    if (s.rfind("--peer_python=", 0) == 0) a.peer_python = s.substr(14);
+    if (s.rfind("--peer_script=", 0) == 0) a.peer_script = s.substr(14);
   }
   return a;
 }
@@ -108,18 +127,111 @@ int64_t ProcStatusBytes(const char* key) {
   return 0;
 }
 
+// One input size through the tower, args.iters times (the baseline kernel
+// measured right before it): prints its table row, returns its JSON object
+// and sets *tower_s (mean seconds) and *activations (peak growth, bytes).
+std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTower& tower,
+                        const model::VisionConfig& cfg, int size, const model::ImagePatches& p,
+                        double pre_ms, double* tower_s, int64_t* activations) {
+  const double kernel = KernelGflops(pool);  // baseline next to each size
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";  // reset the peak RSS (VmHWM)
+  const int64_t rss_before = ProcStatusBytes("VmRSS:");
+  double total_s = 0, gemm_s = 0, attn_s = 0;
+  for (int it = 0; it < args.iters; ++it) {
+    model::VisionTrace trace;
+    trace.record_activations = false;
+    std::vector<ImageGrid> grids = {p.grid};
+    auto out = tower.Forward(p.values, grids, &trace);
+    CHECK_OK(out.status());
+    total_s += trace.total_seconds;
+    gemm_s += trace.gemm_seconds;
+    attn_s += trace.attention_seconds;
+  }
+  *activations = ProcStatusBytes("VmHWM:") - rss_before;
+  const double t = total_s / args.iters;
+  gemm_s /= args.iters;
+  attn_s /= args.iters;
+  *tower_s = t;
+  const int64_t patches = p.grid.num_patches(), tokens = p.grid.num_tokens();
+  const double gflops = TowerFlops(cfg, patches) / t * 1e-9;
+  const double ips = 1.0 / (pre_ms * 1e-3 + t);
+  std::printf("%6d %8lld %7lld %10.1f %10.1f %10.3f %7.1f%% %7.1f%% %11.1f %11.1f %9.2f\n", size,
+              static_cast<long long>(patches), static_cast<long long>(tokens), pre_ms, t * 1e3, ips,
+              100 * gemm_s / t, 100 * attn_s / t, gflops, kernel, gflops / kernel);
+  return absl::StrFormat(
+      "{\"size\":%d,\"patches\":%d,\"tokens\":%d,\"preprocess_ms\":%.1f,\"tower_ms\":%.1f,"
+      "\"images_per_s\":%.4f,\"linear_share\":%.3f,\"attention_share\":%.3f,"
+      "\"tower_gflops\":%.1f,\"kernel_gflops\":%.1f,\"tower_vs_kernel\":%.3f,"
+      "\"activation_peak_bytes\":%d}",
+      size, patches, tokens, pre_ms, t * 1e3, ips, gemm_s / t, attn_s / t, gflops, kernel,
+      gflops / kernel, *activations);
+}
+
+// The Qwen2-VL-2B vision tower's dimensions, at `depth` blocks.
+model::VisionConfig TowerConfig(int depth) {
+  model::VisionConfig cfg;
+  cfg.depth = depth;
+  cfg.embed_dim = 1280;
+  cfg.num_heads = 16;
+  cfg.mlp_ratio = 4;
+  cfg.hidden_size = 1536;
+  return cfg;
+}
+
+// --peer=torch on one grid: transformers' tower in a child process.
+bench::TorchVisionPeerResult PeerOnGrid(const Args& args, int threads, const ImageGrid& grid) {
+  bench::TorchVisionPeerRequest req;
+  req.python = args.peer_python;
+  req.script = args.peer_script;
+  req.grids = {grid};
+  req.depth = args.depth;
+  req.threads = threads;
+  req.dtype = args.bf16_activations ? "bfloat16" : "float32";
+  req.iters = args.iters;
+  return bench::RunTorchVisionPeer(req);
+}
+
+// The peer's lines and JSON field (with a leading comma; "" without
+// --peer). peers[i]: the run right after our size i (the first skip ends
+// the list).
+std::string PeerReport(const Args& args, int threads, const std::vector<int>& sizes,
+                       const std::vector<double>& tower_s,
+                       const std::vector<bench::TorchVisionPeerResult>& peers) {
+  if (args.peer.empty()) return "";
+  if (peers.empty() || !peers.back().ran) {
+    const std::string reason = peers.empty() ? "not run" : peers.back().skipped_reason;
+    std::printf("peer torch: skipped (%s)\n", reason.c_str());
+    return absl::StrFormat(",\"peer\":{\"name\":\"torch\",\"skipped\":\"%s\"}",
+                           absl::CEscape(reason));
+  }
+  const char* dtype = args.bf16_activations ? "bfloat16" : "float32";
+  std::printf("peer torch %s, %s, %d threads, same grids and depth, each right after ours:\n",
+              peers[0].torch_version.c_str(), dtype, threads);
+  std::vector<std::string> rows;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const double torch_s = peers[i].seconds[0], ratio = torch_s / tower_s[i];
+    std::printf("%6d  torch %10.1f ms  ours %10.1f ms  vs_torch %.2f\n", sizes[i], torch_s * 1e3,
+                tower_s[i] * 1e3, ratio);
+    rows.push_back(absl::StrFormat("{\"size\":%d,\"torch_ms\":%.1f,\"vs_torch\":%.3f}", sizes[i],
+                                   torch_s * 1e3, ratio));
+  }
+  return absl::StrFormat(
+      ",\"peer\":{\"name\":\"torch\",\"torch\":\"%s\",\"dtype\":\"%s\",\"sizes\":[%s]}",
+      peers[0].torch_version, dtype, absl::StrJoin(rows, ","));
+}
+
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
   if (absl::Status s = cpu::SetCpuIsaByName(args.cpu_isa); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 1;
   }
-  model::VisionConfig cfg;  // Qwen2-VL-2B vision tower
-  cfg.depth = args.depth;
-  cfg.embed_dim = 1280;
-  cfg.num_heads = 16;
-  cfg.mlp_ratio = 4;
-  cfg.hidden_size = 1536;
+  if (!args.peer.empty() && args.peer != "torch") {
+    std::fprintf(stderr, "--peer takes \"torch\", not \"%s\"\n", args.peer.c_str());
+    return 1;
+  }
+  const model::VisionConfig cfg = TowerConfig(args.depth);
   model::PreprocessorConfig pre;  // defaults: min 56*56, max 28*28*1280 pixels
   cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
 
@@ -146,7 +258,6 @@ int Main(int argc, char** argv) {
   auto tower = model::VisionTower::CreateRandom(cfg, 1, args.dtype, options);
   const double create_s = create.ElapsedSeconds();
   const int64_t weights_rss = ProcStatusBytes("VmRSS:") - rss0;
-  int64_t activations_peak = 0;
   const double weight_bytes = static_cast<double>(tower->weight_bytes());
 
   std::printf("vision tower: isa %s, %s activations\n", cpu::IsaName(),
@@ -161,42 +272,17 @@ int Main(int argc, char** argv) {
               "preproc_ms", "tower_ms", "images/s", "linear%", "attn%", "tower_GF/s", "kernel_GF/s",
               "vs_kernel");
   std::vector<std::string> json_rows;
+  std::vector<double> tower_s(sizes.size());
+  int64_t activations_peak = 0;
+  std::vector<bench::TorchVisionPeerResult> peers;
   for (size_t si = 0; si < sizes.size(); ++si) {
-    const model::ImagePatches& p = inputs[si];
-    const double kernel = KernelGflops(pool);  // baseline next to each size
-    malloc_trim(0);
-    std::ofstream("/proc/self/clear_refs") << "5";  // reset the peak RSS (VmHWM)
-    const int64_t rss_before = ProcStatusBytes("VmRSS:");
-    double tower_s = 0, gemm_s = 0, attn_s = 0;
-    for (int it = 0; it < args.iters; ++it) {
-      model::VisionTrace trace;
-      trace.record_activations = false;
-      std::vector<ImageGrid> grids = {p.grid};
-      auto out = tower->Forward(p.values, grids, &trace);
-      if (!out.ok()) return 1;
-      tower_s += trace.total_seconds;
-      gemm_s += trace.gemm_seconds;
-      attn_s += trace.attention_seconds;
-    }
-    const int64_t activations = ProcStatusBytes("VmHWM:") - rss_before;
+    int64_t activations = 0;
+    json_rows.push_back(MeasureSize(args, pool, *tower, cfg, sizes[si], inputs[si], pre_ms[si],
+                                    &tower_s[si], &activations));
     activations_peak = std::max(activations_peak, activations);
-    tower_s /= args.iters;
-    gemm_s /= args.iters;
-    attn_s /= args.iters;
-    const int64_t patches = p.grid.num_patches(), tokens = p.grid.num_tokens();
-    const double gflops = TowerFlops(cfg, patches) / tower_s * 1e-9;
-    const double ips = 1.0 / (pre_ms[si] * 1e-3 + tower_s);
-    std::printf("%6d %8lld %7lld %10.1f %10.1f %10.3f %7.1f%% %7.1f%% %11.1f %11.1f %9.2f\n",
-                sizes[si], static_cast<long long>(patches), static_cast<long long>(tokens),
-                pre_ms[si], tower_s * 1e3, ips, 100 * gemm_s / tower_s, 100 * attn_s / tower_s,
-                gflops, kernel, gflops / kernel);
-    json_rows.push_back(absl::StrFormat(
-        "{\"size\":%d,\"patches\":%d,\"tokens\":%d,\"preprocess_ms\":%.1f,\"tower_ms\":%.1f,"
-        "\"images_per_s\":%.4f,\"linear_share\":%.3f,\"attention_share\":%.3f,"
-        "\"tower_gflops\":%.1f,\"kernel_gflops\":%.1f,\"tower_vs_kernel\":%.3f,"
-        "\"activation_peak_bytes\":%d}",
-        sizes[si], patches, tokens, pre_ms[si], tower_s * 1e3, ips, gemm_s / tower_s,
-        attn_s / tower_s, gflops, kernel, gflops / kernel, activations));
+    if (!args.peer.empty() && (peers.empty() || peers.back().ran)) {
+      peers.push_back(PeerOnGrid(args, pool.num_threads(), inputs[si].grid));
+    }
   }
   const double peak = static_cast<double>(weights_rss + activations_peak);
   const double bf16_bytes = weight_bytes * (args.dtype == model::DType::kF32 ? 0.5 : 1.0);
@@ -204,12 +290,14 @@ int Main(int argc, char** argv) {
       "\ntower created in %.1f s; its RSS %.3f GB (weights %.3f GB + activations %.3f GB at "
       "the largest input) = %.3f x the bf16 weight bytes\n",
       create_s, peak * 1e-9, weights_rss * 1e-9, activations_peak * 1e-9, peak / bf16_bytes);
+  const std::string peer_json = PeerReport(args, pool.num_threads(), sizes, tower_s, peers);
   std::printf(
       "{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"dtype\":\"%s\",\"depth\":%d,"
       "\"threads\":%d,\"weight_bytes\":%.0f,\"tower_rss_bytes\":%.0f,"
-      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]}\n",
+      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]%s}\n",
       std::string(model::DTypeName(args.dtype)).c_str(), cfg.depth, pool.num_threads(),
-      weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str());
+      weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str(),
+      peer_json.c_str());
   return 0;
 }
 

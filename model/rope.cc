@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "common/logging.h"
+#include "model/cpu/rope_ops.h"
 
 namespace mmserve::model {
 
@@ -45,19 +46,7 @@ void MRope::ComputeAngles(const int64_t* positions, int64_t num_tokens, RopeAngl
 void MRope::Apply(const RopeAngles& angles, float* x, int64_t num_tokens, int64_t num_heads) const {
   const int half = head_dim_ / 2;
   CHECK_GE(static_cast<int64_t>(angles.cos.size()), num_tokens * half);
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* c = angles.cos.data() + t * half;
-    const float* s = angles.sin.data() + t * half;
-    float* row = x + t * num_heads * head_dim_;
-    for (int64_t h = 0; h < num_heads; ++h) {
-      float* v = row + h * head_dim_;
-      for (int j = 0; j < half; ++j) {
-        const float a = v[j], b = v[j + half];
-        v[j] = a * c[j] - b * s[j];
-        v[j + half] = b * c[j] + a * s[j];
-      }
-    }
-  }
+  cpu::RotateHalf({angles.cos.data(), angles.sin.data(), num_tokens, num_heads, head_dim_}, x);
 }
 
 }  // namespace mmserve::model

@@ -7,10 +7,13 @@
 //   bazel run --config=opt //model:demo_eval
 //   bazel run --config=opt //model:demo_eval -- --model_dir=... --eval_dir=...
 //   bazel run --config=opt //model:demo_eval -- --quantize=int8
+//   bazel run --config=opt //model:demo_eval -- --quantize=int8 --activation_dtype=int8
 //
 // With --quantize, the same questions run first on the weights as stored and
 // the report adds the accuracy difference in points and how many answers are
-// the same.
+// the same. --activation_dtype=int8 (with --quantize) runs the quantized
+// language model's layers on int8 activations (EngineOptions::
+// int8_activations, LinearKernel::kInt8Act).
 // Every question is one request, all in flight together (continuous
 // batching), greedy, at most 8 new tokens, ending at <|im_end|>. The answer is
 // the decoded text without special tokens, surrounding whitespace stripped,
@@ -41,6 +44,9 @@ ABSL_FLAG(std::string, quantize, "",
           "quantize the language model and the vision tower at load: int8 or int8_g32 (then the "
           "weights as stored "
           "are evaluated too, as the baseline)");
+ABSL_FLAG(std::string, activation_dtype, "",
+          "activations of the quantized language model's layers: \"\" or f32 (int16 steps), "
+          "int8 (needs --quantize)");
 
 namespace mmserve {
 namespace {
@@ -181,7 +187,7 @@ Scores Score(const std::map<int, const json*>& items, Answers& answers, Answers*
 
 // The table, then one JSON line. `baseline`: null unless --quantize.
 void PrintReport(const Scores& s, size_t num_images, double seconds, const std::string& quantize,
-                 const Answers* baseline) {
+                 bool int8_activations, const Answers* baseline) {
   const Tally& all = s.all;
   std::printf("%-12s %8s %9s %10s\n", "question", "items", "accuracy", "same_as_hf");
   std::vector<std::string> json_types;
@@ -198,14 +204,16 @@ void PrintReport(const Scores& s, size_t num_images, double seconds, const std::
     const double base_acc = double(s.baseline_correct) / all.total;
     const double acc = double(all.correct) / all.total;
     std::printf(
-        "--quantize=%s: accuracy %.3f vs %.3f with the weights as stored (%+.1f points), same "
+        "--quantize=%s%s: accuracy %.3f vs %.3f with the weights as stored (%+.1f points), same "
         "answer on %d of %d\n\n",
-        quantize.c_str(), acc, base_acc, 100 * (acc - base_acc), s.same_as_baseline, all.total);
+        quantize.c_str(), int8_activations ? " --activation_dtype=int8" : "", acc, base_acc,
+        100 * (acc - base_acc), s.same_as_baseline, all.total);
     quant_json = absl::StrFormat(
-        ",\"quantize\":\"%s\",\"accuracy_unquantized\":%.4f,\"accuracy_delta_points\":%.2f,"
+        ",\"quantize\":\"%s\",\"activation_dtype\":\"%s\",\"accuracy_unquantized\":%.4f,"
+        "\"accuracy_delta_points\":%.2f,"
         "\"same_as_unquantized\":%.4f,\"seconds_unquantized\":%.1f",
-        quantize, base_acc, 100 * (acc - base_acc), double(s.same_as_baseline) / all.total,
-        baseline->seconds);
+        quantize, int8_activations ? "int8" : "f32", base_acc, 100 * (acc - base_acc),
+        double(s.same_as_baseline) / all.total, baseline->seconds);
   }
   std::printf(
       "{\"eval\":\"shapes-demo\",\"images\":%zu,\"questions\":%d,\"accuracy\":%.4f,"
@@ -237,12 +245,18 @@ int Main() {
   options.kv_cache_bytes = 256ll << 20;
   options.quantize = absl::GetFlag(FLAGS_quantize);
   const bool quantized = !options.quantize.empty() && options.quantize != "none";
+  const std::string activations = absl::GetFlag(FLAGS_activation_dtype);
+  if (activations != "" && activations != "f32" && activations != "int8") {
+    return Fail(absl::InvalidArgumentError("--activation_dtype takes f32 or int8"));
+  }
+  options.int8_activations = activations == "int8";
   // With --quantize, the weights as stored are evaluated first, as the
   // baseline of the same run.
   Answers baseline;
   if (quantized) {
     worker::EngineOptions plain = options;
     plain.quantize = "";
+    plain.int8_activations = false;
     auto b = Evaluate(plain, items, images);
     if (!b.ok()) return Fail(b.status());
     baseline = std::move(*b);
@@ -250,7 +264,7 @@ int Main() {
   auto evaluated = Evaluate(options, items, images);
   if (!evaluated.ok()) return Fail(evaluated.status());
   const Scores scores = Score(items, *evaluated, quantized ? &baseline : nullptr, hf);
-  PrintReport(scores, images.size(), evaluated->seconds, options.quantize,
+  PrintReport(scores, images.size(), evaluated->seconds, options.quantize, options.int8_activations,
               quantized ? &baseline : nullptr);
   return 0;
 }

@@ -55,6 +55,10 @@ absl::Status CheckOptions(const EngineOptions& options) {
                      " (> 0), max_num_batched_tokens ", options.max_num_batched_tokens,
                      " (> 0), max_model_len ", options.max_model_len, " (>= 0)"));
   }
+  const bool int8_weights = !options.quantize.empty() && options.quantize != "none";
+  if (options.int8_activations && (!int8_weights || options.activation_dtype == "bf16")) {
+    return absl::InvalidArgumentError("int8 activations need int8 weights (--quantize)");
+  }
   return absl::OkStatus();
 }
 
@@ -108,6 +112,7 @@ absl::Status LoadWeights(const EngineOptions& options, int threads,
   }
   model::Qwen2ModelOptions model_options;
   if (bf16) model_options.linear_kernel = model::cpu::LinearKernel::kBf16Dot;
+  if (options.int8_activations) model_options.linear_kernel = model::cpu::LinearKernel::kInt8Act;
   if (m.tp_group != nullptr) model_options.comm = m.tp_group->comm();
   m.model = std::make_unique<model::Qwen2Model>(m.config.text, *m.weights, *m.pool, model_options);
   return absl::OkStatus();

@@ -42,6 +42,12 @@ struct EngineOptions {
   // (model::ParseBf16Activations) or with tp_size > 1 (the shard ranks
   // build their models with kDot).
   std::string activation_dtype;
+  // int8 layers quantize each row of their input to int8 (LinearKernel::
+  // kInt8Act, vpdpbusd) instead of int16: the language model's layers; the
+  // vision tower keeps int16. Needs a quantize setting and activation_dtype
+  // "" or "f32" (InvalidArgument from Create otherwise). Not a service flag:
+  // demo_eval's --activation_dtype=int8 measures its accuracy cost.
+  bool int8_activations = false;
   // Load the vision tower (vision models). A language service whose images
   // arrive as embeddings from an encoder service sets this false and passes
   // EngineRequest::image_embeddings instead of images.

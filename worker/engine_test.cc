@@ -359,6 +359,20 @@ TEST_CASE("activation_dtype: unknown values and unsupported pairs are InvalidArg
   CHECK(LlmEngine::Create(o).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("int8_activations: refused without int8 weights or with bf16 activations",
+          "[engine][int8]") {
+  EngineOptions o;
+  o.model_dir = std::string(kData) + "models/qwen2vl-tiny-mqa-bf16";
+  o.kv_cache_bytes = 8 << 20;
+  o.int8_activations = true;
+  CHECK(LlmEngine::Create(o).status().code() == absl::StatusCode::kInvalidArgument);
+  o.quantize = "int8";
+  o.activation_dtype = "bf16";
+  CHECK(LlmEngine::Create(o).status().code() == absl::StatusCode::kInvalidArgument);
+  o.activation_dtype = "";
+  CHECK(LlmEngine::Create(o).ok());
+}
+
 // Videos (issue 28): chats with one video, a video plus an image, and two
 // videos, their embeddings from the vision tower on transformers' pixel
 // values (worker/video_goldens.h).

@@ -6,6 +6,9 @@
 //
 // Each row's (or element's) result depends only on that row's inputs, never
 // on the batch around it or the thread that computes it. fp32 throughout.
+// RmsNorm and SiluMul run on 16-lane registers at the kAvx512 level
+// (cpu_isa.h), with the same operations per element as at kAvx2 (the sum of
+// squares keeps kAvx2's eight FMA chains): bitwise the kAvx2 results.
 // Thread-safety: as ThreadPool::ParallelFor (one caller per pool).
 #ifndef MMSERVE_MODEL_CPU_OPS_H_
 #define MMSERVE_MODEL_CPU_OPS_H_
@@ -27,6 +30,15 @@ void SiluMul(ThreadPool& pool, const float* gate, const float* up, int64_t count
 
 // x[i] += y[i].
 void AddInPlace(ThreadPool& pool, float* x, const float* y, int64_t count);
+
+namespace internal {
+// 1 / sqrt(mean(x^2) + eps) over one row, the sum in eight FMA chains (both
+// levels use it).
+float RmsInverse(const float* x, int64_t n, float eps);
+// The kAvx512 bodies (ops_avx512.cc); CPU must have AVX-512.
+void RmsScaleRowAvx512(const float* x, int64_t n, const float* weight, float inv, float* out);
+void SiluMulAvx512(const float* gate, const float* up, int64_t count, float* out);
+}  // namespace internal
 
 }  // namespace mmserve::model::cpu
 

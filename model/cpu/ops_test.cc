@@ -5,6 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "model/cpu/cpu_isa.h"
+#include "model/cpu/test_vectors.h"
+
 namespace mmserve::model::cpu {
 namespace {
 
@@ -73,6 +76,58 @@ TEST_CASE("SiluMul over a wide range, at any offset and count, is silu(gate) * u
     float one = 0;
     SiluMul(pool, &g[i], &u[i], 1, &one);
     CHECK(std::memcmp(&one, &out[i], sizeof(float)) == 0);
+  }
+}
+
+using testing::NormalVector;
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_CASE("RMSNorm gives the kAvx2 bits at every level, any width", "[ops]") {
+  ThreadPool pool(2);
+  for (int64_t n : {1, 7, 8, 15, 16, 17, 37, 896, 1027, 1536}) {
+    const int64_t rows = 19;
+    const std::vector<float> x = NormalVector(rows * n, 3.0f, 3 + n),
+                             w = NormalVector(n, 1.0f, 5 + n);
+    std::vector<float> want(rows * n);
+    {
+      const ScopedCpuIsa level(CpuIsa::kAvx2);
+      RmsNorm(pool, x.data(), rows, n, w.data(), 1e-6f, want.data());
+    }
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      const ScopedCpuIsa level(isa);
+      INFO(IsaName() << " n " << n);
+      std::vector<float> y(rows * n);
+      RmsNorm(pool, x.data(), rows, n, w.data(), 1e-6f, y.data());
+      CHECK(SameBits(y, want));
+      std::vector<float> in_place = x;  // out aliasing x
+      RmsNorm(pool, in_place.data(), rows, n, w.data(), 1e-6f, in_place.data());
+      CHECK(SameBits(in_place, want));
+    }
+  }
+}
+
+TEST_CASE("SiluMul gives the kAvx2 bits at every level, any count", "[ops]") {
+  ThreadPool pool(2);
+  std::vector<float> g = NormalVector(40037, 8.0f, 7), u = NormalVector(40037, 2.0f, 8);
+  const float special[] = {0.0f,    -0.0f, 87.0f,  -87.0f,   88.5f,     -88.5f, 100.0f,
+                           -100.0f, 1e30f, -1e30f, INFINITY, -INFINITY, 1e-30f};
+  std::copy(std::begin(special), std::end(special), g.begin() + 100);
+  for (int64_t count : {1, 7, 8, 15, 16, 17, 16384 + 5, 40037}) {
+    std::vector<float> want(count);
+    {
+      const ScopedCpuIsa level(CpuIsa::kAvx2);
+      SiluMul(pool, g.data(), u.data(), count, want.data());
+    }
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      const ScopedCpuIsa level(isa);
+      INFO(IsaName() << " count " << count);
+      std::vector<float> out(count);
+      SiluMul(pool, g.data(), u.data(), count, out.data());
+      CHECK(SameBits(out, want));
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "model/cpu/exp16.h"
 #include "model/cpu/vision_ops.h"
 
 namespace mmserve::model::cpu::internal {
@@ -18,39 +19,6 @@ namespace {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 #endif
-
-// All lanes: the maskz form of an intrinsic is then the plain instruction
-// (GCC 12 warns about the undefined source of some unmasked intrinsics).
-constexpr __mmask16 kAll = 0xFFFF;
-
-// exp8.h's Exp8InRange on 16 lanes: for x in [-87.3, 88.37].
-inline __m512 Exp16InRange(__m512 x) {
-  const __m512 n =
-      _mm512_maskz_roundscale_ps(kAll, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  const __m512i pow2n = _mm512_maskz_slli_epi32(
-      kAll, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll, n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2n));
-}
-
-// e^x: 0 below -87.3 (and for -inf), +inf above 88.37.
-inline __m512 Exp16(__m512 x) {
-  const __m512 lowest = _mm512_set1_ps(-87.3f), highest = _mm512_set1_ps(88.3762626647949f);
-  const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
-  const __mmask16 overflow = _mm512_cmp_ps_mask(x, highest, _CMP_GT_OQ);
-  x = _mm512_maskz_min_ps(kAll, _mm512_maskz_max_ps(kAll, x, lowest), highest);
-  const __m512 y = _mm512_maskz_mov_ps(normal, Exp16InRange(x));
-  return _mm512_mask_mov_ps(y, overflow, _mm512_set1_ps(INFINITY));
-}
 
 // The lanes' sum and maximum in a fixed order.
 inline float SumLanes(__m512 v) {
@@ -73,7 +41,7 @@ void SoftmaxRow(float* row, int64_t cols) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (cols - full)) - 1);
   __m512 mx = _mm512_set1_ps(-INFINITY);
   for (int64_t c = 0; c < full; c += 16)
-    mx = _mm512_maskz_max_ps(kAll, mx, _mm512_loadu_ps(row + c));
+    mx = _mm512_maskz_max_ps(kAllLanes, mx, _mm512_loadu_ps(row + c));
   if (tail != 0) mx = _mm512_mask_max_ps(mx, tail, mx, _mm512_maskz_loadu_ps(tail, row + full));
   const __m512 max_v = _mm512_set1_ps(MaxLanes(mx));
   __m512 sum = _mm512_setzero_ps();

@@ -7,16 +7,13 @@
 #include <vector>
 
 #include "model/cpu/cpu_isa.h"
+#include "model/cpu/test_vectors.h"
 
 namespace mmserve::model::cpu {
 namespace {
 
 std::vector<float> Random(int64_t n, float scale, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(gen);
-  return v;
+  return testing::NormalVector(n, scale, seed);
 }
 
 TEST_CASE("SoftmaxRows is softmax at every level, any width", "[vision_ops]") {
