@@ -68,6 +68,23 @@ def json_lines(paths):
                     continue
 
 
+def median_and_range(vals):
+    """Per list of rounds: the medians, and errorbar's [below, above] spans."""
+    import statistics
+    med = [statistics.median(v) for v in vals]
+    return med, [[m - min(v) for m, v in zip(med, vals)], [max(v) - m for m, v in zip(med, vals)]]
+
+
+def log2_rate_axes(axes, titles, xlabel, legend_size):
+    """Titles, a log2 x axis, a grid and a legend on each of the axes."""
+    for ax, title in zip(axes, titles):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=legend_size)
+
+
 def load_runs(paths):
     runs = collections.defaultdict(list)
     for j in json_lines(paths):
@@ -97,12 +114,8 @@ def plot_cache(paths, out):
         axes[0].plot(rates, med("cache_hit_rate"), style, label=name)
         axes[1].plot(rates, med("ttft_p50_ms"), style, label=name)
         axes[2].plot(rates, med("ttft_p99_ms"), style, label=name)
-    for ax, title in zip(axes, ("encoder cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)")):
-        ax.set_title(title)
-        ax.set_xlabel("offered request rate (req/s)")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    log2_rate_axes(axes, ("encoder cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)"),
+                   "offered request rate (req/s)", 8)
     axes[0].set_ylim(-0.05, 1.05)
     fig.tight_layout()
     fig.savefig(out + "_cache.png", dpi=100)
@@ -111,7 +124,6 @@ def plot_cache(paths, out):
 
 def plot_disagg(paths, out):
     """Colocated against disaggregated: goodput and tail latencies per mix."""
-    import statistics
     by = collections.defaultdict(list)  # (mix, config, rate) -> runs
     slo = None
     for j in json_lines(paths):
@@ -133,9 +145,7 @@ def plot_disagg(paths, out):
                 continue
             for ax, key in zip(row, ("goodput", "ttft_p99_ms", "tpot_p99_ms")):
                 vals = [[j[key] for j in by[(mix, config, r)]] for r in rates]
-                med = [statistics.median(v) for v in vals]
-                err = [[m - min(v) for m, v in zip(med, vals)],
-                       [max(v) - m for m, v in zip(med, vals)]]
+                med, err = median_and_range(vals)
                 ax.errorbar(rates, med, yerr=err, fmt=style, capsize=3,
                             label="E + language (both)" if config == "colocated" else "E + P + D")
         row[0].plot([0, max(r for (m, _, r) in by if m == mix)],
@@ -165,7 +175,6 @@ ESP_CONFIGS = (("elastic", "elastic 2 x 1 thread (router --esp)", "o-"),
 
 def plot_esp(paths, out):
     """Elastic sequence parallelism against the static configurations."""
-    import statistics
     by = collections.defaultdict(list)  # (config, rate) -> runs
     probes, summary = {}, None
     for j in json_lines(paths):
@@ -182,18 +191,12 @@ def plot_esp(paths, out):
         rates = sorted(r for (c, r) in by if c == config)
         for ax, key in zip(axes, ("goodput", "slo_attainment", "ttft_p99_ms")):
             vals = [[j[key] for j in by[(config, r)]] for r in rates]
-            med = [statistics.median(v) for v in vals]
-            err = [[m - min(v) for m, v in zip(med, vals)],
-                   [max(v) - m for m, v in zip(med, vals)]]
+            med, err = median_and_range(vals)
             ax.errorbar(rates, med, yerr=err, fmt=style, capsize=3, label=name)
     axes[1].axhline(0.9, color="red", lw=0.8, ls=":")
     axes[2].set_yscale("log")
-    for ax, title in zip(axes, ("goodput (req/s)", "SLO attainment", "TTFT p99 (ms)")):
-        ax.set_title(title)
-        ax.set_xlabel("offered load (req/s, Poisson)")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+    log2_rate_axes(axes, ("goodput (req/s)", "SLO attainment", "TTFT p99 (ms)"),
+                   "offered load (req/s, Poisson)", 7)
     names = [c for c, _, _ in ESP_CONFIGS if c in probes]
     axes[3].bar(range(len(names)), [probes[c] for c in names], color="tab:blue")
     axes[3].set_xticks(range(len(names)))
@@ -217,7 +220,6 @@ def plot_esp(paths, out):
 
 def plot_seed003(paths, out):
     """Seed 003: a prefill token budget against none, per arrival interval."""
-    import statistics
     by = collections.defaultdict(list)  # (label, interval_ms) -> runs
     for j in json_lines(paths):
         if j.get("bench") == "seed003_bench":
@@ -232,9 +234,7 @@ def plot_seed003(paths, out):
         for arm, name, style in (("none", "no budget", "s--"), ("budget_arm", "budget", "o-")):
             for ax, (key, _) in zip(axes, metrics):
                 vals = [[j[arm][key] for j in by[(label, x)]] for x in xs]
-                med = [statistics.median(v) for v in vals]
-                err = [[m - min(v) for m, v in zip(med, vals)],
-                       [max(v) - m for m, v in zip(med, vals)]]
+                med, err = median_and_range(vals)
                 ax.errorbar(xs, med, yerr=err, fmt=style, capsize=3,
                             label="%s, %s (budget %d)" % (label, name,
                                                           by[(label, xs[0])][0]["budget"]))
