@@ -57,14 +57,10 @@ slo_tpot=${SLO_TPOT_MS:-50}
 esp_flags=${ESP_BENCH_FLAGS:-"--prompt=1024 --layers=4 --rounds=3"}
 bin=${BIN:-$(bazel info bazel-bin 2>/dev/null)}
 out=$(mktemp -d /tmp/mmserve-esp-exp-XXXXXX)
-launcher=
-cleanup() {
-  if [[ -n "$launcher" ]]; then kill -TERM "$launcher" 2>/dev/null || true; wait "$launcher" || true; fi
-  rm -rf "$out"
-}
-trap cleanup EXIT
+# shellcheck source=bench/loadgen/stack_lib.sh
+source bench/loadgen/stack_lib.sh
 
-start() {  # config -> the router's address in $address, metrics ports in $ports
+start() {  # config -> $launcher, the router's address in $address, metrics ports in $ports
   local config=$1 args=() lang="--threads=1,--kv_cache_mb=$kv_mb"
   case "$config" in
     elastic) args=(--elastic=2) ;;
@@ -73,25 +69,7 @@ start() {  # config -> the router's address in $address, metrics ports in $ports
     single_2t) lang="--threads=2,--kv_cache_mb=$((2 * kv_mb))" ;;
     *) echo "esp_experiment.sh: unknown config $config" >&2; exit 2 ;;
   esac
-  rm -f "$out/launch.out"
-  "$bin/deploy/launcher/mmserve_launch" --model_dir="$PWD/models/shapes-demo" --encoders=1 \
-    --profile=shm --port=0 --http_port=-1 --log_dir="$out" --restart=false "${args[@]}" \
-    --language_flags="$lang" >"$out/launch.out" 2>"$out/launch.err" &
-  launcher=$!
-  for _ in $(seq 1 240); do grep -q '^READY' "$out/launch.out" 2>/dev/null && break; sleep 0.5; done
-  address=$(sed -n 's/^READY launcher stack grpc=\([^ ]*\) .*/\1/p' "$out/launch.out")
-  if [[ -z "$address" ]]; then
-    echo "esp_experiment.sh: the $config stack did not come up:" >&2
-    cat "$out/launch.err" >&2
-    exit 1
-  fi
-  ports=$(sed -n 's/.*metrics :\([0-9]*\)$/\1/p' "$out/launch.out" | paste -sd, -)
-}
-
-stop() {
-  kill -TERM "$launcher"
-  wait "$launcher" || true
-  launcher=
+  stack_start "$config" "${args[@]}" --language_flags="$lang"
 }
 
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
@@ -113,7 +91,7 @@ probe() {  # config -> one JSON line {"probe": config, "longest_words": N}
     local mid=$(((lo + hi) / 2))
     if served "$mid"; then lo=$mid; else hi=$mid; fi
   done
-  stop
+  stack_stop
   echo "{\"probe\": \"$config\", \"longest_words\": $lo, \"refused_words\": $hi, \"loadavg\": $(loadavg)}"
 }
 
@@ -126,7 +104,7 @@ run() {  # config rate round -> one JSON line
     --request_rate="$rate" --seed="$round" --warmup=2 --timeout_s=120 \
     --slo_ttft_ms="$slo_ttft" --slo_ttft_ms_per_prompt_token="$slo_ttft_tok" \
     --slo_tpot_ms="$slo_tpot" --leak_ports="$ports" --label="$config" | tail -n 1 >"$out/line.json"
-  stop
+  stack_stop
   python3 -c '
 import json, sys
 j = json.loads(open(sys.argv[1]).read())
