@@ -24,6 +24,15 @@ error bars; lines with a "sweep" field get their own row) and the one PNG is
   <out>_disagg.png   per mix (one row each): goodput, TTFT p99 and TPOT p99
                      against request_rate, colocated against disaggregated
 
+With --esp, the input is bench/loadgen/esp_experiment.sh output (its loadgen
+lines with "config", its probe lines and its summary line; rounds reduced to
+their median, min-max as error bars) and the one PNG is
+
+  <out>_esp.png      goodput, SLO attainment and TTFT p99 against
+                     request_rate for elastic, static data parallel, P/D
+                     and one 2-thread instance, and the longest prompt each
+                     served (probe), with esp_bench's ratios in the title
+
 With --seed003, the input is bench:seed003_bench output (its JSON lines;
 runs with the same label and interval are reduced to their median, their
 min-max drawn as error bars) and the one PNG is
@@ -59,6 +68,23 @@ def json_lines(paths):
                     continue
 
 
+def median_and_range(vals):
+    """Per list of rounds: the medians, and errorbar's [below, above] spans."""
+    import statistics
+    med = [statistics.median(v) for v in vals]
+    return med, [[m - min(v) for m, v in zip(med, vals)], [max(v) - m for m, v in zip(med, vals)]]
+
+
+def log2_rate_axes(axes, titles, xlabel, legend_size):
+    """Titles, a log2 x axis, a grid and a legend on each of the axes."""
+    for ax, title in zip(axes, titles):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=legend_size)
+
+
 def load_runs(paths):
     runs = collections.defaultdict(list)
     for j in json_lines(paths):
@@ -88,12 +114,8 @@ def plot_cache(paths, out):
         axes[0].plot(rates, med("cache_hit_rate"), style, label=name)
         axes[1].plot(rates, med("ttft_p50_ms"), style, label=name)
         axes[2].plot(rates, med("ttft_p99_ms"), style, label=name)
-    for ax, title in zip(axes, ("encoder cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)")):
-        ax.set_title(title)
-        ax.set_xlabel("offered request rate (req/s)")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    log2_rate_axes(axes, ("encoder cache hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)"),
+                   "offered request rate (req/s)", 8)
     axes[0].set_ylim(-0.05, 1.05)
     fig.tight_layout()
     fig.savefig(out + "_cache.png", dpi=100)
@@ -102,7 +124,6 @@ def plot_cache(paths, out):
 
 def plot_disagg(paths, out):
     """Colocated against disaggregated: goodput and tail latencies per mix."""
-    import statistics
     by = collections.defaultdict(list)  # (mix, config, rate) -> runs
     slo = None
     for j in json_lines(paths):
@@ -124,9 +145,7 @@ def plot_disagg(paths, out):
                 continue
             for ax, key in zip(row, ("goodput", "ttft_p99_ms", "tpot_p99_ms")):
                 vals = [[j[key] for j in by[(mix, config, r)]] for r in rates]
-                med = [statistics.median(v) for v in vals]
-                err = [[m - min(v) for m, v in zip(med, vals)],
-                       [max(v) - m for m, v in zip(med, vals)]]
+                med, err = median_and_range(vals)
                 ax.errorbar(rates, med, yerr=err, fmt=style, capsize=3,
                             label="E + language (both)" if config == "colocated" else "E + P + D")
         row[0].plot([0, max(r for (m, _, r) in by if m == mix)],
@@ -148,9 +167,59 @@ def plot_disagg(paths, out):
     print("wrote " + out + "_disagg.png")
 
 
+ESP_CONFIGS = (("elastic", "elastic 2 x 1 thread (router --esp)", "o-"),
+               ("static_dp", "static data parallel 2 x 1", "s--"),
+               ("pd", "P/D 1 + 1", "^:"),
+               ("single_2t", "one instance, 2 threads", "x-."))
+
+
+def plot_esp(paths, out):
+    """Elastic sequence parallelism against the static configurations."""
+    by = collections.defaultdict(list)  # (config, rate) -> runs
+    probes, summary = {}, None
+    for j in json_lines(paths):
+        if j.get("bench") == "loadgen" and "config" in j:
+            by[(j["config"], j["request_rate"])].append(j)
+        elif "probe" in j:
+            probes[j["probe"]] = j["longest_words"]
+        elif j.get("bench") == "esp_experiment":
+            summary = j
+    if not by:
+        sys.exit("plot_load.py: no esp experiment lines in " + " ".join(paths))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    for config, name, style in ESP_CONFIGS:
+        rates = sorted(r for (c, r) in by if c == config)
+        for ax, key in zip(axes, ("goodput", "slo_attainment", "ttft_p99_ms")):
+            vals = [[j[key] for j in by[(config, r)]] for r in rates]
+            med, err = median_and_range(vals)
+            ax.errorbar(rates, med, yerr=err, fmt=style, capsize=3, label=name)
+    axes[1].axhline(0.9, color="red", lw=0.8, ls=":")
+    axes[2].set_yscale("log")
+    log2_rate_axes(axes, ("goodput (req/s)", "SLO attainment", "TTFT p99 (ms)"),
+                   "offered load (req/s, Poisson)", 7)
+    names = [c for c, _, _ in ESP_CONFIGS if c in probes]
+    axes[3].bar(range(len(names)), [probes[c] for c in names], color="tab:blue")
+    axes[3].set_xticks(range(len(names)))
+    axes[3].set_xticklabels(names, fontsize=8)
+    axes[3].set_title("longest prompt served (words, probe)")
+    axes[3].grid(True, axis="y", alpha=0.3)
+    j = next(iter(by.values()))[0]
+    title = "SLO: TTFT <= max(%g ms, %g ms x prompt words), TPOT <= %g ms" % (
+        j["slo_ttft_ms"], j.get("slo_ttft_ms_per_prompt_token", 0), j["slo_tpot_ms"])
+    if summary:
+        title += ("; esp_bench: TTFT dop2 %.2fx faster, decode spread %.2fx, ceiling %.2f; "
+                  "load avg %.1f-%.1f" % (summary["ttft_dop2_vs_dop1"],
+                                          summary["decode_step_spread_ratio"],
+                                          summary["parallel_ceiling"],
+                                          *summary["loadavg_min_max"]))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out + "_esp.png", dpi=80)
+    print("wrote " + out + "_esp.png")
+
+
 def plot_seed003(paths, out):
     """Seed 003: a prefill token budget against none, per arrival interval."""
-    import statistics
     by = collections.defaultdict(list)  # (label, interval_ms) -> runs
     for j in json_lines(paths):
         if j.get("bench") == "seed003_bench":
@@ -165,9 +234,7 @@ def plot_seed003(paths, out):
         for arm, name, style in (("none", "no budget", "s--"), ("budget_arm", "budget", "o-")):
             for ax, (key, _) in zip(axes, metrics):
                 vals = [[j[arm][key] for j in by[(label, x)]] for x in xs]
-                med = [statistics.median(v) for v in vals]
-                err = [[m - min(v) for m, v in zip(med, vals)],
-                       [max(v) - m for m, v in zip(med, vals)]]
+                med, err = median_and_range(vals)
                 ax.errorbar(xs, med, yerr=err, fmt=style, capsize=3,
                             label="%s, %s (budget %d)" % (label, name,
                                                           by[(label, xs[0])][0]["budget"]))
@@ -193,8 +260,13 @@ def main():
                         help="disaggregation experiment lines: one _disagg.png")
     parser.add_argument("--seed003", action="store_true",
                         help="bench:seed003_bench lines: one _seed003.png")
+    parser.add_argument("--esp", action="store_true",
+                        help="esp experiment lines: one _esp.png")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
+    if args.esp:
+        plot_esp(args.files, args.out)
+        return
     if args.seed003:
         plot_seed003(args.files, args.out)
         return

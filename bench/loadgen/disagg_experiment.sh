@@ -40,38 +40,18 @@ case "$mix" in
   *) echo "disagg_experiment.sh: MIX must be text or image, not $mix" >&2; exit 2 ;;
 esac
 out=$(mktemp -d /tmp/mmserve-disagg-exp-XXXXXX)
-launcher=
-cleanup() {
-  if [[ -n "$launcher" ]]; then kill -TERM "$launcher" 2>/dev/null || true; wait "$launcher" || true; fi
-  rm -rf "$out"
-}
-trap cleanup EXIT
+# shellcheck source=bench/loadgen/stack_lib.sh
+source bench/loadgen/stack_lib.sh
 
 run() {  # config rate round -> one JSON line
-  local config=$1 rate=$2 round=$3 roles=() threads=$coloc_threads
+  local config=$1 rate=$2 round=$3 roles=() threads=$coloc_threads address ports
   if [[ "$config" == disaggregated ]]; then roles=(--prefill=1 --decode=1); threads=$pd_threads; fi
-  rm -f "$out/launch.out"
-  "$bin/deploy/launcher/mmserve_launch" --model_dir="$PWD/models/shapes-demo" --encoders=1 \
-    --profile=shm --port=0 --http_port=-1 --log_dir="$out" --restart=false "${roles[@]}" \
-    --language_flags="--threads=$threads" >"$out/launch.out" 2>"$out/launch.err" &
-  launcher=$!
-  for _ in $(seq 1 240); do grep -q '^READY' "$out/launch.out" 2>/dev/null && break; sleep 0.5; done
-  local address ports
-  address=$(sed -n 's/^READY launcher stack grpc=\([^ ]*\) .*/\1/p' "$out/launch.out")
-  if [[ -z "$address" ]]; then
-    echo "disagg_experiment.sh: the $config stack did not come up:" >&2
-    cat "$out/launch.err" >&2
-    exit 1
-  fi
-  # Every service's metrics port: loadgen checks that no block leaked.
-  ports=$(sed -n 's/.*metrics :\([0-9]*\)$/\1/p' "$out/launch.out" | paste -sd, -)
+  stack_start "$config" "${roles[@]}" --language_flags="--threads=$threads"
   "$bin/bench/loadgen/loadgen" --target=router --address="$address" --dataset=synthetic \
     "${shape[@]}" --num_requests="$n" --request_rate="$rate" --seed="$round" --warmup=4 \
     --slo_ttft_ms="$slo_ttft" --slo_tpot_ms="$slo_tpot" --leak_ports="$ports" \
     --label="$config" | tail -n 1 >"$out/line.json"
-  kill -TERM "$launcher"
-  wait "$launcher" || true
-  launcher=
+  stack_stop
   python3 -c '
 import json, sys
 j = json.loads(open(sys.argv[1]).read())

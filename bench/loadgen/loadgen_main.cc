@@ -36,6 +36,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -61,11 +62,16 @@ ABSL_FLAG(int, images, 1, "synthetic: images per request");
 ABSL_FLAG(int, image_width, 224, "synthetic: image width");
 ABSL_FLAG(int, image_height, 224, "synthetic: image height");
 ABSL_FLAG(int, prompt_tokens, 32, "synthetic: prompt words (about one token each)");
+ABSL_FLAG(std::vector<std::string>, prompt_tokens_mix, {},
+          "synthetic: prompt words drawn uniformly per request from these (e.g. 32,512,1900; "
+          "replaces --prompt_tokens)");
 ABSL_FLAG(int, output_tokens, 16, "synthetic: tokens generated (EOS ignored)");
 ABSL_FLAG(double, repeat_share, 0, "synthetic: share of images repeating an earlier one");
 ABSL_FLAG(uint64_t, seed, 1, "arrivals and synthetic data");
 ABSL_FLAG(double, slo_ttft_ms, 1000, "goodput SLO on TTFT");
 ABSL_FLAG(double, slo_tpot_ms, 100, "goodput SLO on TPOT");
+ABSL_FLAG(double, slo_ttft_ms_per_prompt_token, 0,
+          "> 0: a request's TTFT SLO is max(slo_ttft_ms, this x its prompt tokens)");
 ABSL_FLAG(double, timeout_s, 60, "per-request deadline");
 ABSL_FLAG(std::string, check, "none", "none | answers | inprocess (demo dataset only)");
 ABSL_FLAG(std::vector<std::string>, leak_ports, {},
@@ -107,8 +113,8 @@ double SettledLeaks(const std::vector<int>& ports, std::string* detail) {
   return total;
 }
 
-int Main() {
-  WorkloadSpec spec;
+// The workload from the flags; false (after a message) on a bad entry.
+bool SpecFromFlags(WorkloadSpec& spec) {
   spec.dataset = absl::GetFlag(FLAGS_dataset);
   spec.num_requests = absl::GetFlag(FLAGS_num_requests) + absl::GetFlag(FLAGS_warmup);
   spec.eval_dir =
@@ -117,9 +123,21 @@ int Main() {
   spec.image_width = absl::GetFlag(FLAGS_image_width);
   spec.image_height = absl::GetFlag(FLAGS_image_height);
   spec.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  for (const std::string& n : absl::GetFlag(FLAGS_prompt_tokens_mix)) {
+    if (!absl::SimpleAtoi(n, &spec.prompt_tokens_mix.emplace_back())) {
+      std::fprintf(stderr, "loadgen: bad --prompt_tokens_mix entry '%s'\n", n.c_str());
+      return false;
+    }
+  }
   spec.output_tokens = absl::GetFlag(FLAGS_output_tokens);
   spec.repeat_share = absl::GetFlag(FLAGS_repeat_share);
   spec.seed = absl::GetFlag(FLAGS_seed);
+  return true;
+}
+
+int Main() {
+  WorkloadSpec spec;
+  if (!SpecFromFlags(spec)) return 2;
   const std::string check = absl::GetFlag(FLAGS_check);
   if (check != "none" && check != "answers" && check != "inprocess") {
     std::fprintf(stderr, "loadgen: --check must be none, answers or inprocess\n");
@@ -197,7 +215,9 @@ int Main() {
   std::printf("loadgen: sending %zu requests\n", workload->items.size());
   std::fflush(stdout);
   std::vector<Record> records = RunLoad(**target, *workload, ro, clock);
-  const Slo slo{absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms)};
+  for (Record& r : records) r.prompt_tokens = workload->items[r.item].prompt_tokens;
+  const Slo slo{absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms),
+                absl::GetFlag(FLAGS_slo_ttft_ms_per_prompt_token)};
   const Summary summary = Summarize(records, slo);
 
   std::vector<std::pair<std::string, std::string>> extra = {
@@ -211,6 +231,10 @@ int Main() {
     extra.push_back(
         {"image_size", absl::StrCat("\"", spec.image_width, "x", spec.image_height, "\"")});
     extra.push_back({"prompt_tokens", absl::StrCat(spec.prompt_tokens)});
+    if (!spec.prompt_tokens_mix.empty()) {
+      extra.push_back({"prompt_tokens_mix",
+                       absl::StrCat("[", absl::StrJoin(spec.prompt_tokens_mix, ","), "]")});
+    }
     extra.push_back({"output_tokens", absl::StrCat(spec.output_tokens)});
     extra.push_back({"repeat_share", absl::StrCat(spec.repeat_share)});
   }

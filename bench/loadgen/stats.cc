@@ -55,13 +55,15 @@ Summary Summarize(const std::vector<Record>& records, const Slo& slo) {
     for (size_t i = 1; i < r.token_s.size(); ++i) {
       itl.push_back((r.token_s[i] - r.token_s[i - 1]) * 1e3);
     }
-    if (t <= slo.ttft_ms && per_token <= slo.tpot_ms) ++good;
+    const double ttft_bound = std::max(slo.ttft_ms, slo.ttft_ms_per_prompt_token * r.prompt_tokens);
+    if (t <= ttft_bound && per_token <= slo.tpot_ms) ++good;
   }
   s.duration_s = records.empty() ? 0 : std::max(1e-9, last - first);
   if (!records.empty()) {
     s.request_rate = s.ok / s.duration_s;
     s.output_token_rate = s.output_tokens / s.duration_s;
     s.goodput = good / s.duration_s;
+    s.slo_attainment = static_cast<double>(good) / s.requests;
     s.sink_bytes_per_s = s.sink_bytes / s.duration_s;
   }
   s.encode_ms = ComputePercentiles(encode);
@@ -118,7 +120,11 @@ std::string FormatJson(const Summary& s, const Slo& slo,
   j["output_token_throughput"] = s.output_token_rate;
   j["slo_ttft_ms"] = slo.ttft_ms;
   j["slo_tpot_ms"] = slo.tpot_ms;
+  if (slo.ttft_ms_per_prompt_token > 0) {
+    j["slo_ttft_ms_per_prompt_token"] = slo.ttft_ms_per_prompt_token;
+  }
   j["goodput"] = s.goodput;
+  j["slo_attainment"] = s.slo_attainment;
   for (const auto& [name, p] : {std::pair{"ttft", &s.ttft_ms}, std::pair{"tpot", &s.tpot_ms},
                                 std::pair{"itl", &s.itl_ms}, std::pair{"e2e", &s.e2e_ms}}) {
     j[absl::StrCat(name, "_mean_ms")] = p->mean;

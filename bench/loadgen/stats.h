@@ -10,7 +10,10 @@
 //   sink bytes/s: embedding bytes the encoder target's sink received, over
 //         the run's duration;
 //   goodput: requests per second that finished OK with TTFT <= slo_ttft and
-//            TPOT <= slo_tpot.
+//            TPOT <= slo_tpot; with slo_ttft_per_prompt_token > 0 the TTFT
+//            bound of a request of P prompt tokens is
+//            max(slo_ttft, slo_ttft_per_prompt_token * P) instead;
+//   SLO attainment: the share of all requests that met the SLO.
 //
 // Not thread-safe: the runner fills one Record per request on the thread that
 // finishes it and hands them over when the run is done.
@@ -33,6 +36,8 @@ struct Record {
   double end_s = 0;
   std::vector<double> token_s;  // arrival of each token-carrying response
   int output_tokens = 0;
+  // The request's prompt tokens (synthetic items; 0: unknown).
+  int prompt_tokens = 0;
   absl::Status status;
   std::string text;
   std::vector<int32_t> token_ids;
@@ -45,6 +50,8 @@ struct Record {
 struct Slo {
   double ttft_ms = 1000;
   double tpot_ms = 100;
+  // > 0: the TTFT bound scales with the prompt (see above).
+  double ttft_ms_per_prompt_token = 0;
 };
 
 struct Percentiles {
@@ -59,7 +66,8 @@ struct Summary {
   double duration_s = 0;                      // first send -> last end
   double request_rate = 0;                    // completed OK per second
   double output_token_rate = 0;
-  double goodput = 0;  // per second
+  double goodput = 0;         // per second
+  double slo_attainment = 0;  // [0, 1]
   int64_t output_tokens = 0;
   Percentiles ttft_ms, tpot_ms, itl_ms, e2e_ms;
   // Encoder target only (encode_ms.n == 0 otherwise).

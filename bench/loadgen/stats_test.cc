@@ -3,7 +3,12 @@
 #include "bench/loadgen/stats.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "bench/loadgen/workload.h"
 
 namespace mmserve::loadgen {
 namespace {
@@ -42,6 +47,29 @@ TEST_CASE("TTFT, TPOT, ITL and E2E come from the token arrival times") {
   CHECK(s.itl_ms.p90 == Approx(40));
   CHECK(s.e2e_ms.p50 == Approx(200));
   CHECK(s.output_tokens == 3);
+}
+
+TEST_CASE("a TTFT SLO per prompt token scales the bound; attainment counts all requests") {
+  // TTFT 100 ms each, TPOT 20 ms: prompts of 10, 100 and 1000 tokens under
+  // max(50 ms, 0.5 ms x prompt) -> bounds 50, 50 and 500 ms.
+  std::vector<Record> rs;
+  for (int prompt : {10, 100, 1000}) {
+    rs.push_back(Finished(0, {0.1, 0.12}, 0.12));
+    rs.back().prompt_tokens = prompt;
+  }
+  Record failed;
+  failed.status = absl::UnavailableError("down");
+  rs.push_back(failed);
+  const Slo slo{.ttft_ms = 50, .tpot_ms = 30, .ttft_ms_per_prompt_token = 0.5};
+  const Summary s = Summarize(rs, slo);
+  CHECK(s.slo_attainment == Approx(0.25));  // only the 1000-token prompt
+  CHECK(s.goodput == Approx(1 / 0.12));
+  const auto j = nlohmann::json::parse(FormatJson(s, slo, {}));
+  CHECK(j["slo_ttft_ms_per_prompt_token"] == 0.5);
+  CHECK(j["slo_attainment"] == Approx(0.25));
+  // Without the per-token term the fixed bound holds for every prompt.
+  CHECK(Summarize(rs, {.ttft_ms = 150, .tpot_ms = 30}).slo_attainment == Approx(0.75));
+  CHECK(nlohmann::json::parse(FormatJson(s, {}, {})).count("slo_ttft_ms_per_prompt_token") == 0);
 }
 
 TEST_CASE("errors are counted by code and excluded from latencies and goodput") {
@@ -101,6 +129,35 @@ TEST_CASE("encoder records: Encode latency and the sink's bytes per second") {
   const auto plain =
       nlohmann::json::parse(FormatJson(Summarize({Finished(0, {0.1}, 0.2)}, {}), {}, {}));
   CHECK(!plain.contains("encode_p50_ms"));
+}
+
+TEST_CASE("a prompt length mix draws each entry about equally, the words as drawn") {
+  WorkloadSpec spec;
+  spec.dataset = "synthetic";
+  spec.images = 0;
+  spec.num_requests = 300;
+  spec.prompt_tokens_mix = {4, 40, 400};
+  auto w = BuildWorkload(spec);
+  REQUIRE(w.ok());
+  std::map<int, int> count;
+  for (const WorkItem& item : w->items) {
+    ++count[item.prompt_tokens];
+    CHECK(std::vector<std::string>(absl::StrSplit(item.text, ' ')).size() ==
+          static_cast<size_t>(item.prompt_tokens));
+  }
+  REQUIRE(count.size() == 3);
+  for (int n : {4, 40, 400}) {
+    CHECK(count[n] > 60);  // 100 expected each
+    CHECK(count[n] < 140);
+  }
+  // Without a mix every prompt has prompt_tokens words; a bad entry is refused.
+  spec.prompt_tokens_mix.clear();
+  spec.prompt_tokens = 7;
+  auto fixed = BuildWorkload(spec);
+  REQUIRE(fixed.ok());
+  for (const WorkItem& item : fixed->items) CHECK(item.prompt_tokens == 7);
+  spec.prompt_tokens_mix = {8, 0};
+  CHECK(BuildWorkload(spec).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -63,6 +63,10 @@ absl::Status BuildSynthetic(const WorkloadSpec& spec, Workload& w) {
   if (spec.prompt_tokens < 1 || spec.output_tokens < 1) {
     return absl::InvalidArgumentError("synthetic: prompt_tokens and output_tokens must be >= 1");
   }
+  for (int n : spec.prompt_tokens_mix) {
+    if (n < 1)
+      return absl::InvalidArgumentError("synthetic: prompt_tokens_mix entries must be >= 1");
+  }
   if (spec.repeat_share < 0 || spec.repeat_share > 1) {
     return absl::InvalidArgumentError("synthetic: repeat_share must be in [0, 1]");
   }
@@ -82,8 +86,12 @@ absl::Status BuildSynthetic(const WorkloadSpec& spec, Workload& w) {
       }
     }
     // About one token per word; a number makes prompts differ.
+    item.prompt_tokens = spec.prompt_tokens;
+    if (!spec.prompt_tokens_mix.empty()) {
+      item.prompt_tokens = spec.prompt_tokens_mix[rng() % spec.prompt_tokens_mix.size()];
+    }
     item.text = absl::StrCat(i);
-    for (int t = 1; t < spec.prompt_tokens; ++t) absl::StrAppend(&item.text, " ", kWords[t % 10]);
+    for (int t = 1; t < item.prompt_tokens; ++t) absl::StrAppend(&item.text, " ", kWords[t % 10]);
     item.max_tokens = spec.output_tokens;
     item.ignore_eos = true;
     w.items.push_back(std::move(item));

@@ -8,7 +8,10 @@
 //              pixels, PNG), a prompt of about `prompt_tokens` words,
 //              `output_tokens` generated with EOS ignored; a share
 //              `repeat_share` of the images repeats an earlier one (encoder
-//              cache hits); `images` = 0 makes text-only requests.
+//              cache hits); `images` = 0 makes text-only requests;
+//              a non-empty `prompt_tokens_mix` draws each request's prompt
+//              length uniformly from its entries instead (a length-variance
+//              mix: `{32, 512, 1900}` gives a third of each on average).
 //
 //   ASSIGN_OR_RETURN(Workload w, BuildWorkload(spec));
 //   v1::GenerateRequest r = GrpcRequest(w.items[0]);
@@ -35,6 +38,8 @@ struct WorkloadSpec {
   int image_width = 224;
   int image_height = 224;
   int prompt_tokens = 32;
+  // Non-empty: each request's prompt words, drawn uniformly from these.
+  std::vector<int> prompt_tokens_mix;
   int output_tokens = 16;
   double repeat_share = 0.0;  // [0, 1]
   uint64_t seed = 1;
@@ -45,6 +50,8 @@ struct WorkItem {
   std::vector<const std::string*> images;
   std::string text;
   int max_tokens = 8;
+  // synthetic: the prompt's words (about one token each); 0 for demo items.
+  int prompt_tokens = 0;
   bool ignore_eos = false;
   // demo: the item's index in the evaluation set (the reference answer's);
   // -1 for synthetic items.
