@@ -68,13 +68,13 @@ grpc::ChannelArguments InternalChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // Each channel its own connections: with gRPC's process-wide pool a new
-  // channel to an address whose previous process died (ports are reused:
-  // --port=0, restarts) inherited that connection's failure and backoff, and
-  // its first calls failed at once with the dead peer's error.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Despite its name this is the time one connection attempt (TCP connect
+  // and HTTP/2 handshake) may take. It was 100 ms: on a loaded machine
+  // handshakes took longer, were cut ("tcp handshaker shutdown") and
+  // fail-fast calls on the new channel ended UNAVAILABLE. 2 s still puts an
+  // unreachable peer in TRANSIENT_FAILURE well before any call deadline.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
   return args;
 }
 
