@@ -28,28 +28,8 @@ TEST_CASE("prefill + decode instances give role both's tokens and text", "[roles
       "A much longer prompt that spans several KV blocks of four tokens each, so that the "
       "hand-off moves more than a handful of blocks and every layer's keys and values",
   };
-  int n = 0;
-  for (int round = 0; round < 2; ++round) {  // the second round hits decode's prefix cache
-    for (const std::string& text : prompts) {
-      for (bool seeded : {false, true}) {
-        const std::string id = "r" + std::to_string(n++);
-        INFO(id << ": " << text);
-        mmserve::v1::SamplingParams s = Greedy(12);
-        if (seeded) {
-          s.set_temperature(0.9f);
-          s.set_top_p(0.95f);
-          s.set_seed(1234 + n);
-        }
-        const Output want = RunBoth(both, Request(id, text, s));
-        INFO(want.status.error_message());
-        REQUIRE(want.status.ok());
-        const Output got = RunSplitJoined(prefill, decode, Request(id, text, s));
-        CHECK(got.tokens == want.tokens);
-        CHECK(got.text == want.text);
-        CHECK(got.finish == want.finish);
-      }
-    }
-  }
+  SplitEqualsBoth(both, prefill, decode, prompts,
+                  {.id_prefix = "r", .max_tokens = 12, .seed_base = 1234, .check_finish = true});
   CHECK(prefill.Idle());
   CHECK(decode.Idle());
   CHECK(both.Idle());

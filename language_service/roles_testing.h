@@ -308,6 +308,42 @@ inline mmserve::v1::SamplingParams Greedy(uint32_t n) {
   return s;
 }
 
+// Options of SplitEqualsBoth.
+struct SplitCheck {
+  std::string id_prefix;  // request ids are id_prefix + a counter
+  uint32_t max_tokens = 12;
+  uint64_t seed_base = 1234;  // seeded requests use seed_base + the counter
+  bool check_finish = false;  // also compare the finish reasons
+};
+
+// Each prompt, greedy and seeded, in two rounds (the second hits decode's
+// prefix cache): prefill + decode give role both's tokens and text.
+inline void SplitEqualsBoth(Instance& both, Instance& prefill, Instance& decode,
+                            const std::vector<std::string>& prompts, const SplitCheck& check) {
+  int n = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (const std::string& text : prompts) {
+      for (bool seeded : {false, true}) {
+        const std::string id = check.id_prefix + std::to_string(n++);
+        INFO(id << ": " << text);
+        mmserve::v1::SamplingParams s = Greedy(check.max_tokens);
+        if (seeded) {
+          s.set_temperature(0.9f);
+          s.set_top_p(0.95f);
+          s.set_seed(check.seed_base + n);
+        }
+        const Output want = RunBoth(both, Request(id, text, s));
+        INFO(want.status.error_message());
+        REQUIRE(want.status.ok());
+        const Output got = RunSplitJoined(prefill, decode, Request(id, text, s));
+        CHECK(got.tokens == want.tokens);
+        CHECK(got.text == want.text);
+        if (check.check_finish) CHECK(got.finish == want.finish);
+      }
+    }
+  }
+}
+
 }  // namespace mmserve::language::testing
 
 #endif  // MMSERVE_LANGUAGE_SERVICE_ROLES_TESTING_H_

@@ -24,15 +24,7 @@ struct TilePanels {
   int64_t ldc[kNp] = {};
 };
 
-// Everything from here to the pop is compiled for AVX-512; it runs only at
-// the kAvx512 level. (Library code is included above, outside the region.)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+#include "model/cpu/avx512_region_begin.inc"
 
 // Weights as a tile reads them: bf16 panels, widened in registers, or a
 // block already widened to fp32. Either way a zmm holds one step's 16 rows
@@ -175,11 +167,7 @@ void Columns(const float* x, int64_t m, const LinearJob& job, int64_t p0, int64_
   out.Flush();
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "model/cpu/avx512_region_end.inc"
 
 }  // namespace
 

@@ -15,15 +15,7 @@ namespace {
 constexpr int kValueQueries = 6;
 constexpr int kValueVectors = 4;
 
-// Everything from here to the pop is compiled for AVX-512; it runs only at
-// the kAvx512 level. (Library code is included above, outside the region.)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+#include "model/cpu/avx512_region_begin.inc"
 
 // As in paged_attention.cc: keeps a loaded vector in a register.
 inline void InRegister(__m512& v) { asm("" : "+v"(v)); }
@@ -71,11 +63,7 @@ void WeighTile(const QueryTile& t, int64_t stride, const float* value, TileScrat
       });
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "model/cpu/avx512_region_end.inc"
 
 }  // namespace
 

@@ -10,15 +10,7 @@
 namespace mmserve::model::cpu::internal {
 namespace {
 
-// Everything from here to the pop is compiled for AVX-512; it runs only at
-// the kAvx512 level. (Library code is included above, outside the region.)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+#include "model/cpu/avx512_region_begin.inc"
 
 // The lanes' sum and maximum in a fixed order.
 inline float SumLanes(__m512 v) {
@@ -81,11 +73,7 @@ void QuickGeluAll(float* x, int64_t count) {
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "model/cpu/avx512_region_end.inc"
 
 }  // namespace
 
