@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <string>
@@ -282,6 +283,10 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
     f->server_ = std::make_unique<httplib::Server>();
   }
   httplib::Server& srv = *f->server_;
+  // httplib's default pool is max(8, cores - 1) threads: on a small host,
+  // eight long streams would leave every later request waiting unseen.
+  const size_t threads = static_cast<size_t>(std::max(1, options.threads));
+  srv.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   AddRoutes(srv, &context, &tracker);
   AddGuards(srv, &context, options);
   if (options.port == 0) {

@@ -39,6 +39,9 @@ struct HttpFrontendOptions {
   // PEM files: HTTPS instead of HTTP when both are set.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Requests served at once: each holds one thread for its whole response
+  // (a stream for as long as it generates); the rest wait for a thread.
+  int threads = 256;
 };
 
 class HttpFrontend {

@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, model_id, "", "id clients use (default: the directory's n
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port (public API and Registry)");
 ABSL_FLAG(int, http_port, 8000, "OpenAI-compatible HTTP port (-1: off, 0: pick one)");
+ABSL_FLAG(int, http_threads, 256,
+          "HTTP requests served at once (a streaming response holds its thread until it ends; "
+          "later requests wait for one)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: pick one; -1: off)");
 ABSL_FLAG(std::vector<std::string>, encoders, {},
           "static encoders as id=host:port (in addition to registered ones)");
@@ -210,7 +213,8 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> StartHttp(RouterContext& context,
        .max_body_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_request_mb))} << 20,
        .open_health = absl::GetFlag(FLAGS_open_health),
        .tls_cert_file = TlsCertFile(),
-       .tls_key_file = TlsKeyFile()});
+       .tls_key_file = TlsKeyFile(),
+       .threads = absl::GetFlag(FLAGS_http_threads)});
 }
 
 // Serves until SIGTERM/SIGINT, then drains: running calls get
@@ -298,6 +302,9 @@ int Main() {
   if (absl::Status s = ConfigureInternalPlaneFromFlags(); !s.ok()) return Fail(s);
   if (absl::GetFlag(FLAGS_model_dir).empty())
     return ExitWithUsage("router", "--model_dir is required");
+  if (absl::GetFlag(FLAGS_http_threads) < 1) {
+    return ExitWithUsage("router", "--http_threads must be at least 1");
+  }
   auto options = RouterOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   auto table_options = TableOptionsFromFlags();

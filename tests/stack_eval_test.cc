@@ -3,8 +3,10 @@
 // answer and every generated token id identical, on the shm and tcp
 // profiles, through gRPC and the OpenAI HTTP API, with and without the
 // router's pre-sizing (the default-then-resume path).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -56,6 +58,44 @@ TEST_CASE(
   std::vector<Answer> http(200);
   ParallelFor(200, 8, [&](int i) { http[i] = AskHttp((*stack)->http_port(), set, set.items[i]); });
   for (int i = 0; i < 200; ++i) {
+    INFO("HTTP question " << i << ": " << http[i].status);
+    REQUIRE(http[i].status.ok());
+    CHECK(http[i].text == ref.text[i]);
+  }
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE(
+    "the HTTP API serves more than httplib's default pool of 8 threads at once, with the "
+    "in-process engine's answers") {
+  // Each image waits 500 ms before it is published, one after another, so
+  // the 32 requests stay open together for seconds: the router sees at
+  // least twice the default pool live at once (a pool of 8 holds it to 8,
+  // and then requests queued behind it can fail with no response).
+  constexpr int kRequests = 32;
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.encoder_args.push_back("--test_only_publish_delay_ms=500");
+  auto stack = launcher::LocalStack::Start(o);
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  const Reference& ref = InProcess(set);
+  std::vector<Answer> http(kRequests);
+  std::thread clients([&] {
+    ParallelFor(kRequests, kRequests,
+                [&](int i) { http[i] = AskHttp((*stack)->http_port(), set, set.items[i]); });
+  });
+  const int router_metrics = (*stack)->router().metrics_port();
+  const absl::Time deadline = absl::Now() + absl::Seconds(8 * kSanitizerSlowdown);
+  double most_live = 0;
+  while (most_live < 16 && absl::Now() < deadline) {
+    most_live = std::max(most_live, ScrapeMetric(router_metrics, "mmserve_router_calls_live"));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  clients.join();
+  CHECK(most_live >= 16);
+  for (int i = 0; i < kRequests; ++i) {
     INFO("HTTP question " << i << ": " << http[i].status);
     REQUIRE(http[i].status.ok());
     CHECK(http[i].text == ref.text[i]);
