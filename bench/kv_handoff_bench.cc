@@ -1,7 +1,11 @@
 // KV hand-off throughput (transfer/kv_handoff): this process is the prefill
 // side, a kv_handoff_peer child the decode side; a whole prompt's blocks move
-// per hand-off (one put per run of blocks consecutive on both sides in one
-// layer's K or V plane, a flush, a CRC32C computed while the puts fly).
+// per hand-off. By default the decode cache is laid out as the language
+// service's decode role lays it out (--decode_kv=service): on shm this side
+// maps it and copies in on two cores with the CRC32C in the same pass; on
+// tcp one active message per run of blocks consecutive on both sides, landed
+// by rendezvous, the CRC32C computed while they fly. Each run's JSON names
+// the path the hand-offs took.
 // Baseline in the same run: ucx_perftest (best of tag_bw and
 // ucp_put_bw) for the same total bytes, UCX_TLS and error mode. Rounds
 // alternate the two so each pair sees the same noise; medians over rounds.
@@ -14,6 +18,7 @@
 // tcp only.
 //
 //   bazel run //bench:kv_handoff_bench -- --tokens=1024,4096 --profiles=shm,tcp
+//   bazel run //bench:kv_handoff_bench -- --decode_kv=private  # the layout before
 //   bazel run //bench:kv_handoff_bench -- --net_hosts --profiles=tcp --tokens=256
 #include <algorithm>
 #include <cstdio>
@@ -41,8 +46,10 @@ ABSL_FLAG(int64_t, layers, 28, "layers");
 ABSL_FLAG(int64_t, kv_heads, 2, "KV heads");
 ABSL_FLAG(int64_t, head_dim, 128, "head dim");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per block");
-ABSL_FLAG(bool, shared_kv, true,
-          "decode cache in UCX-allocated (shared on shm) memory, else a registered vector");
+ABSL_FLAG(std::string, decode_kv, "service",
+          "the decode side's cache: service = as the language service's decode role makes it "
+          "(KvHandoffReceiver::CreateWithCache: a shared segment this process maps on shm, private "
+          "on tcp); private = a registered KvCache in private memory (the layout before)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(bool, net_hosts, false,
           "decode peer and perftest server on a namespaced host behind the emulated switch "
@@ -115,6 +122,7 @@ struct Result {
   std::vector<double> gbps, perftest_gbps;
   std::vector<std::string> perftest_test;
   bool bytes_ok = true;
+  std::string path;  // how the hand-offs moved (KvHandoffPathName); "mixed" if they differed
 };
 
 Result Measure(TransportProfile profile, int tokens) {
@@ -146,7 +154,7 @@ Result Measure(TransportProfile profile, int tokens) {
        absl::StrCat("--layers=", s.num_layers), absl::StrCat("--blocks=", blocks),
        absl::StrCat("--block_size=", s.block_size), absl::StrCat("--kv_heads=", s.num_kv_heads),
        absl::StrCat("--head_dim=", s.head_dim),
-       absl::StrCat("--shared_kv=", absl::GetFlag(FLAGS_shared_kv) ? "true" : "false")}));
+       absl::StrCat("--decode_kv=", absl::GetFlag(FLAGS_decode_kv))}));
   CHECK(peer.ok()) << peer.status();
   auto line = (*peer)->ReadLine(Deadline::After(absl::Seconds(30)));
   CHECK(line.has_value()) << "kv_handoff_peer did not start";
@@ -167,9 +175,12 @@ Result Measure(TransportProfile profile, int tokens) {
   const bool tcp = profile == TransportProfile::kTcp;
   uint32_t crc = 0;
   auto once = [&] {
-    auto c = (*tx)->Send(target, ids, ids, Deadline::After(absl::Seconds(120)));
+    KvHandoffPath path = KvHandoffPath::kRendezvous;
+    auto c = (*tx)->Send(target, ids, ids, Deadline::After(absl::Seconds(120)), 0, &path);
     CHECK(c.ok()) << c.status();
     crc = *c;
+    const std::string name = KvHandoffPathName(path);
+    r.path = r.path.empty() || r.path == name ? name : "mixed";
   };
   once();  // warm-up: endpoint, registration caches
   // Emulated puts over tcp crawl; measured once with few iterations.
@@ -219,8 +230,8 @@ int Main() {
       results.push_back(Measure(*profile, tokens));
     }
   }
-  printf("%-5s %7s %11s %8s %13s %6s %5s\n", "prof", "tokens", "bytes", "GB/s", "perftest GB/s",
-         "ratio", "bytes");
+  printf("%-5s %7s %11s %8s %13s %6s %5s %s\n", "prof", "tokens", "bytes", "GB/s", "perftest GB/s",
+         "ratio", "bytes", "path");
   std::string sizes;
   for (const Result& r : results) {
     const double g = Median(r.gbps), p = Median(r.perftest_gbps);
@@ -229,25 +240,24 @@ int Main() {
     for (size_t i = 0; i < r.perftest_gbps.size(); ++i) {
       if (r.perftest_gbps[i] == p) test = r.perftest_test[i];
     }
-    printf("%-5s %7d %11zu %8.3f %13.3f %6.3f %5s\n", r.profile.c_str(), r.tokens, r.bytes, g, p,
-           p > 0 ? g / p : 0, r.bytes_ok ? "ok" : "BAD");
+    printf("%-5s %7d %11zu %8.3f %13.3f %6.3f %5s %s\n", r.profile.c_str(), r.tokens, r.bytes, g, p,
+           p > 0 ? g / p : 0, r.bytes_ok ? "ok" : "BAD", r.path.c_str());
     absl::StrAppendFormat(&sizes,
-                          "%s{\"profile\":\"%s\",\"tokens\":%d,\"bytes\":%zu,\"gbps\":%.3f,"
-                          "\"perftest_gbps\":%.3f,\"perftest_test\":\"%s\",\"ratio\":%.3f,"
-                          "\"bytes_ok\":%s}",
-                          sizes.empty() ? "" : ",", r.profile, r.tokens, r.bytes, g, p, test,
-                          p > 0 ? g / p : 0, r.bytes_ok ? "true" : "false");
+                          "%s{\"profile\":\"%s\",\"tokens\":%d,\"bytes\":%zu,\"path\":\"%s\","
+                          "\"gbps\":%.3f,\"perftest_gbps\":%.3f,\"perftest_test\":\"%s\","
+                          "\"ratio\":%.3f,\"bytes_ok\":%s}",
+                          sizes.empty() ? "" : ",", r.profile, r.tokens, r.bytes, r.path, g, p,
+                          test, p > 0 ? g / p : 0, r.bytes_ok ? "true" : "false");
   }
   printf(
       "{\"bench\":\"kv_handoff\",\"net_hosts\":%s,\"layers\":%ld,\"kv_heads\":%ld,\"head_dim\":%ld,"
-      "\"block_size\":%ld,\"dtype\":\"fp32\",\"shared_kv\":%s,\"rounds\":%d,\"iterations\":%d,"
+      "\"block_size\":%ld,\"dtype\":\"fp32\",\"decode_kv\":\"%s\",\"rounds\":%d,\"iterations\":%d,"
       "\"runs\":[%s]}\n",
       hosts != nullptr ? "true" : "false", static_cast<long>(absl::GetFlag(FLAGS_layers)),
       static_cast<long>(absl::GetFlag(FLAGS_kv_heads)),
       static_cast<long>(absl::GetFlag(FLAGS_head_dim)),
-      static_cast<long>(absl::GetFlag(FLAGS_block_size)),
-      absl::GetFlag(FLAGS_shared_kv) ? "true" : "false", absl::GetFlag(FLAGS_rounds),
-      absl::GetFlag(FLAGS_iterations), sizes.c_str());
+      static_cast<long>(absl::GetFlag(FLAGS_block_size)), absl::GetFlag(FLAGS_decode_kv).c_str(),
+      absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_iterations), sizes.c_str());
   return 0;
 }
 

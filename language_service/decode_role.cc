@@ -1,5 +1,6 @@
 #include "language_service/decode_role.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,14 @@
 namespace mmserve::language {
 
 void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
+  options.kv_cache_placement =
+      [kv = rank0_, profile = options_.kv_profile, name = instance_id_ + "-kv"](
+          const model::KvCacheShape& shape) -> absl::StatusOr<std::shared_ptr<model::KvCache>> {
+    ASSIGN_OR_RETURN(kv->context, transfer::UcxContext::Create(profile));
+    ASSIGN_OR_RETURN(kv->receiver, transfer::KvHandoffReceiver::CreateWithCache(*kv->context, shape,
+                                                                                {.name = name}));
+    return std::shared_ptr<model::KvCache>(kv, kv->receiver->owned_cache());
+  };
   if (options.tp_size > 1) {
     options.tp_shard_args.push_back(
         absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options_.kv_profile)));
@@ -15,14 +24,16 @@ void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
 }
 
 absl::Status DecodeRole::Attach(worker::LlmEngine& engine) {
-  ASSIGN_OR_RETURN(kv_context_, transfer::UcxContext::Create(options_.kv_profile));
-  const transfer::UcxWorkerOptions wo{.name = instance_id_ + "-kv"};
+  if (rank0_->receiver == nullptr || rank0_->receiver->owned_cache() != &engine.kv_cache()) {
+    return absl::InternalError("role decode: the engine's KV cache is not in its receiver");
+  }
   // Every rank receives its own KV heads (worker/tp_kv_receiver.h).
   worker::TpGroup* group = engine.tp_group();
-  ASSIGN_OR_RETURN(kv_receivers_,
-                   worker::TpKvReceivers::Create(*kv_context_, engine.kv_cache(),
-                                                 group != nullptr ? group->ring() : nullptr,
-                                                 group != nullptr ? group->comm() : nullptr, wo));
+  ASSIGN_OR_RETURN(
+      kv_receivers_,
+      worker::TpKvReceivers::Create(
+          std::shared_ptr<transfer::KvHandoffReceiver>(rank0_, rank0_->receiver.get()),
+          group != nullptr ? group->ring() : nullptr, group != nullptr ? group->comm() : nullptr));
   return absl::OkStatus();
 }
 

@@ -1,7 +1,10 @@
 // Role decode (language_role.h): reserves KV blocks for requests a prefill
 // instance hands over; every rank of the instance registers its own KV cache
-// with UCX and receives only its KV heads (worker/tp_kv_receiver.h). Loop
-// thread only.
+// with UCX and receives only its KV heads (worker/tp_kv_receiver.h). Each
+// rank's cache lives in its KV receiver (KvHandoffReceiver::CreateWithCache):
+// on the shm profile a UCX shared segment that prefill instances on this
+// host map and copy into themselves (transfer/kv_handoff.h, the mapped
+// path); on tcp private memory, as before. Loop thread only.
 #ifndef MMSERVE_LANGUAGE_SERVICE_DECODE_ROLE_H_
 #define MMSERVE_LANGUAGE_SERVICE_DECODE_ROLE_H_
 
@@ -21,7 +24,8 @@ class DecodeRole final : public Role {
       : options_(options), instance_id_(std::move(instance_id)) {}
 
   LanguageRole kind() const override { return LanguageRole::kDecode; }
-  // Shard ranks receive their heads over the same transport profile.
+  // Rank 0's KV cache placed in its receiver; shard ranks receive their
+  // heads over the same transport profile.
   void AdjustEngineOptions(worker::EngineOptions& options) const override;
   std::unique_ptr<worker::KvConnector> MakeConnector() const override {
     return std::make_unique<worker::DecodeKvConnector>(
@@ -37,9 +41,17 @@ class DecodeRole final : public Role {
   absl::Status CheckCommit(const v1::KvCommit& commit, const std::vector<int32_t>& blocks) override;
 
  private:
+  // Rank 0's receiver, which owns the engine's KV cache, and its context;
+  // made when the engine places its cache. Shared with the engine (an
+  // aliasing pointer to the cache), so whichever goes last frees them.
+  struct Rank0Kv {
+    std::unique_ptr<transfer::UcxContext> context;
+    std::unique_ptr<transfer::KvHandoffReceiver> receiver;  // goes first
+  };
+
   const RoleOptions options_;
   const std::string instance_id_;
-  std::unique_ptr<transfer::UcxContext> kv_context_;
+  const std::shared_ptr<Rank0Kv> rank0_ = std::make_shared<Rank0Kv>();
   std::unique_ptr<worker::TpKvReceivers> kv_receivers_;
 };
 

@@ -74,11 +74,7 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
       "for (images move concurrently): Connect to a new encoder, then init and each resume, each "
       "answered by a chunk.",
       {0, 1, 2, 3, 4, 6, 8, 16});
-  kv_handoff_round_trips_ = &metrics.GetHistogram(
-      "mmserve_language_kv_handoff_round_trips",
-      "Per KV hand-off (role prefill), the round trips it waited for before the first token "
-      "went out: AllocateKv, a flush per decode rank, CommitKv.",
-      {1, 2, 3, 4, 5, 6, 8, 16});
+  RegisterHandOffMetrics(metrics);
   handoff_blocked_seconds_ = &metrics.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
@@ -385,28 +381,6 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
   if (final) FillFinal(r, e, now, b);
   r.sink.on_batch(std::move(b));
   if (final) End(r.id, absl::OkStatus());
-}
-
-void LanguageCore::OnHandedOff(Request& r, const worker::StreamEvent& e, v1::TokenBatch b) {
-  Advance(r, RequestEvent::kPromptDone);
-  absl::StatusOr<int> trips = role_->HandOff({.request_id = r.id,
-                                              .decode = r.decode,
-                                              .max_tokens = r.engine_request.sampling.max_tokens,
-                                              .seed = r.engine_request.sampling.seed,
-                                              .first_token = r.last_token,
-                                              .kv_blocks = &e.kv_blocks,
-                                              .prompt = &e.handoff});
-  if (!trips.ok()) {
-    End(r.id, trips.status());
-    return;
-  }
-  kv_handoff_round_trips_->Observe(*trips);
-  b.set_kv_handed_off(true);
-  mmserve::v1::RequestTiming* t = b.mutable_timing();
-  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
-  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
-  r.sink.on_batch(std::move(b));
-  End(r.id, absl::OkStatus());
 }
 
 void LanguageCore::FillFinal(Request& r, const worker::StreamEvent& e, double now,

@@ -33,6 +33,7 @@
 #ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
 #define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -207,8 +208,10 @@ class LanguageCore {
   absl::StatusOr<std::vector<int32_t>> HoldSpanHere(const std::string& id, int tokens);
   // The one place a request's phase changes (language_core_request.h).
   void Advance(Request& r, RequestEvent event);
-  // Role prefill: the prompt's KV went to the decode instance; the stream's
-  // last batch says so.
+  // The hand-off's metrics (constructor only).
+  void RegisterHandOffMetrics(metrics::Registry& metrics);
+  // Role prefill: the prompt's KV goes to the decode instance; the stream's
+  // last batch says so (language_core_kv.cc).
   void OnHandedOff(Request& r, const worker::StreamEvent& e, v1::TokenBatch b);
   // The batch and usage of a finished request's final event.
   void FillFinal(Request& r, const worker::StreamEvent& e, double now, v1::TokenBatch& b);
@@ -276,6 +279,7 @@ class LanguageCore {
   metrics::Histogram* step_seconds_;
   metrics::Histogram* embedding_round_trips_;
   metrics::Histogram* kv_handoff_round_trips_;
+  std::array<metrics::Counter*, 3> kv_handoffs_{};  // by transfer::KvHandoffPath
   metrics::Counter* handoff_blocked_seconds_;
   double engine_handoff_seconds_ = 0;  // loop thread: what the counter has of the engine's
   metrics::Counter* rows_by_descriptor_;

@@ -1,5 +1,7 @@
 // LanguageCore's calls of role decode (the Decode stream, AllocateKv,
-// CommitKv); the role's own work is in decode_role.cc.
+// CommitKv) and role prefill's hand-off; the roles' own work is in
+// decode_role.cc and prefill_role.cc.
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,52 @@
 #include "model/sampling_proto.h"
 
 namespace mmserve::language {
+
+void LanguageCore::RegisterHandOffMetrics(metrics::Registry& metrics) {
+  kv_handoff_round_trips_ = &metrics.GetHistogram(
+      "mmserve_language_kv_handoff_round_trips",
+      "Per KV hand-off (role prefill), the round trips it waited for before the first token "
+      "went out: AllocateKv, a landed reply or flush per decode rank whose cache is not mapped "
+      "here, CommitKv.",
+      {1, 2, 3, 4, 5, 6, 8, 16});
+  for (transfer::KvHandoffPath path :
+       {transfer::KvHandoffPath::kMapped, transfer::KvHandoffPath::kRendezvous,
+        transfer::KvHandoffPath::kPut}) {
+    kv_handoffs_[static_cast<int>(path)] = &metrics.GetCounter(
+        "mmserve_language_kv_handoff_total",
+        "KV written to decode ranks (role prefill; one per rank of each hand-off), by path: mapped "
+        "(copied into the rank's shared segment, mapped here: shm), rendezvous (active messages "
+        "into its private cache: tcp, or shm across IPC namespaces), put (a head slice put token "
+        "by token).",
+        {{"path", transfer::KvHandoffPathName(path)}});
+  }
+}
+
+void LanguageCore::OnHandedOff(Request& r, const worker::StreamEvent& e, v1::TokenBatch b) {
+  Advance(r, RequestEvent::kPromptDone);
+  absl::StatusOr<HandOffResult> done =
+      role_->HandOff({.request_id = r.id,
+                      .decode = r.decode,
+                      .max_tokens = r.engine_request.sampling.max_tokens,
+                      .seed = r.engine_request.sampling.seed,
+                      .first_token = r.last_token,
+                      .kv_blocks = &e.kv_blocks,
+                      .prompt = &e.handoff});
+  if (!done.ok()) {
+    End(r.id, done.status());
+    return;
+  }
+  kv_handoff_round_trips_->Observe(done->round_trips);
+  for (transfer::KvHandoffPath path : done->paths) {
+    kv_handoffs_[static_cast<int>(path)]->Increment();
+  }
+  b.set_kv_handed_off(true);
+  mmserve::v1::RequestTiming* t = b.mutable_timing();
+  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
+  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+  r.sink.on_batch(std::move(b));
+  End(r.id, absl::OkStatus());
+}
 
 absl::Status LanguageCore::RegisterDecode(const v1::DecodeRequest& request, RequestSink sink) {
   RETURN_IF_ERROR(role_->CheckDecodeCall());

@@ -95,7 +95,8 @@ v1::Language::Stub& PrefillRole::DecodeStub(const std::string& address) {
 }
 
 absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
-                                     Deadline deadline, v1::KvCommit& commit) {
+                                     Deadline deadline, v1::KvCommit& commit,
+                                     HandOffResult& result) {
   // One put set per decode rank, each its slice of the KV heads.
   const int64_t heads = engine_->kv_cache().shape().num_kv_heads;
   const int tp = alloc.ranks_size();
@@ -120,14 +121,16 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
     }
     std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
     std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
-    ASSIGN_OR_RETURN(uint32_t crc,
-                     kv_sender_->Send(target, src, dst, deadline, i * target.shape.num_kv_heads));
+    transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
+    ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline,
+                                                    i * target.shape.num_kv_heads, &path));
     commit.add_rank_crc32c(crc);
+    result.paths.push_back(path);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> PrefillRole::HandOff(const HandOffRequest& request) {
+absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request) {
   const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
   const auto grpc_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
@@ -145,7 +148,8 @@ absl::StatusOr<int> PrefillRole::HandOff(const HandOffRequest& request) {
     absl::SleepFor(options_.test_kv_handoff_delay);
   }
   v1::KvCommit commit;
-  RETURN_IF_ERROR(PutToRanks(request, alloc, deadline, commit));
+  HandOffResult result;
+  RETURN_IF_ERROR(PutToRanks(request, alloc, deadline, commit, result));
   commit.set_request_id(request.request_id);
   *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
   commit.set_first_token_id(static_cast<uint32_t>(request.first_token));
@@ -156,9 +160,14 @@ absl::StatusOr<int> PrefillRole::HandOff(const HandOffRequest& request) {
   ctx.set_deadline(grpc_deadline);
   RETURN_IF_ERROR(FromGrpcStatus(stub.CommitKv(&ctx, commit, &ack)));
   if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
-  // AllocateKv, one put set + flush per rank (Send returns once the flush
-  // completed: one round trip each, in turn), CommitKv.
-  return 2 + alloc.ranks_size();
+  // AllocateKv, CommitKv, and per rank in turn one round trip for the
+  // landed reply or flush that Send waits for, unless it copied into a
+  // mapped cache.
+  result.round_trips = 2;
+  for (transfer::KvHandoffPath path : result.paths) {
+    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
+  }
+  return result;
 }
 
 }  // namespace mmserve::language

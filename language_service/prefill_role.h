@@ -31,13 +31,14 @@ class PrefillRole final : public Role {
   // Token ids now: they travel in AllocateKv and KvCommit.
   absl::Status PreparePrefill(const v1::PrefillRequest& request, const model::Tokenizer& tokenizer,
                               worker::EngineRequest& engine_request) const override;
-  absl::StatusOr<int> HandOff(const HandOffRequest& request) override;
+  absl::StatusOr<HandOffResult> HandOff(const HandOffRequest& request) override;
 
  private:
   v1::Language::Stub& DecodeStub(const std::string& address);
-  // The puts to every decode rank of `alloc`; their CRC32Cs into `commit`.
+  // The writes to every decode rank of `alloc`; their CRC32Cs into
+  // `commit`, how each moved into result.paths.
   absl::Status PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
-                          Deadline deadline, v1::KvCommit& commit);
+                          Deadline deadline, v1::KvCommit& commit, HandOffResult& result);
 
   const RoleOptions options_;
   const std::string instance_id_;

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/language.pb.h"
+#include "transfer/kv_handoff.h"
 #include "transfer/transfer_engine.h"
 #include "worker/engine.h"
 #include "worker/kv_connector.h"
@@ -68,6 +69,15 @@ struct HandOffRequest {
   const worker::HandoffPrompt* prompt = nullptr;
 };
 
+// What a hand-off waited for and how its bytes moved (role prefill).
+struct HandOffResult {
+  // Control round trips, one after another: AllocateKv, each decode rank's
+  // landed reply or flush (none for a rank whose cache is mapped here: the
+  // copy is done when it returns), CommitKv.
+  int round_trips = 0;
+  std::vector<transfer::KvHandoffPath> paths;  // one per decode rank
+};
+
 class Role {
  public:
   virtual ~Role() = default;
@@ -95,10 +105,9 @@ class Role {
   }
 
   // Role prefill: hands a request's KV to its decode instance (blocks the
-  // loop for its duration, bounded by kv_handoff_timeout). Returns the
-  // control round trips it waited for, one after another (AllocateKv, each
-  // decode rank's flush, CommitKv): mmserve_language_kv_handoff_round_trips.
-  [[nodiscard]] virtual absl::StatusOr<int> HandOff(const HandOffRequest& request) {
+  // loop for its duration, bounded by kv_handoff_timeout):
+  // mmserve_language_kv_handoff_round_trips and _total{path}.
+  [[nodiscard]] virtual absl::StatusOr<HandOffResult> HandOff(const HandOffRequest& request) {
     return absl::InternalError("this role hands off no KV");
   }
 

@@ -8,7 +8,9 @@
 // UNAVAILABLE and leaves the survivors clean. With a TP=2 decode instance
 // (each rank receives its own KV heads) the token ids are the same too, and
 // SIGKILL of its rank 1 mid-decode or mid-hand-off gives bounded errors,
-// leaves no block or request on the survivors and no /dev/shm entry. The
+// leaves no block or request on the survivors and no /dev/shm entry. On
+// shm every hand-off copies into the decode caches, which the prefill
+// process maps (mmserve_language_kv_handoff_total{path="mapped"}). The
 // round trips a first token waits for, counted by the services' metrics,
 // are the protocol's (text and image, role both and P/D).
 #include <signal.h>
@@ -118,9 +120,24 @@ void CheckPrefillClean(launcher::LocalStack& stack) {
   CHECK(emb == 0);
 }
 
+// Every hand-off of the prefill instance copied into each decode rank's
+// cache where the prefill process maps it (shm: the caches live in UCX
+// shared segments), so none waited for a flush: AllocateKv and CommitKv only.
+void CheckMappedHandOffs(launcher::LocalStack& stack, int decode_ranks) {
+  const int pp = stack.prefill(0).metrics_port();
+  const double handoffs = ScrapeMetric(pp, "mmserve_language_kv_handoff_round_trips_count");
+  CHECK(handoffs > 0);
+  const char* total = "mmserve_language_kv_handoff_total";
+  CHECK(ScrapeMetric(pp, total, "path=\"mapped\"") == handoffs * decode_ranks);
+  CHECK(ScrapeMetric(pp, total, "path=\"rendezvous\"") == 0);
+  CHECK(ScrapeMetric(pp, total, "path=\"put\"") == 0);
+  CHECK(ScrapeMetric(pp, "mmserve_language_kv_handoff_round_trips_sum") == 2 * handoffs);
+}
+
 TEST_CASE(
     "E + P + D gives role both's token ids on 240 demo questions with images (8 tokens, EOS; "
-    "16 tokens) and 168 as text (12 tokens, EOS, one token); nothing leaks") {
+    "16 tokens) and 168 as text (12 tokens, EOS, one token), every hand-off into the decode "
+    "cache the prefill process maps; nothing leaks") {
   constexpr int kN = 120;
   AskOptions o;
   o.max_tokens = 12;
@@ -197,6 +214,7 @@ TEST_CASE(
     CHECK(got[i].token_ids == want[i].token_ids);
     CHECK(got[i].text == want[i].text);
   }
+  CheckMappedHandOffs(**stack, 1);
   const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(l.ToString());
   CHECK(l.zero());
@@ -242,7 +260,9 @@ Trips AskCounting(launcher::LocalStack& stack, bool pd, const GenerateRequest& r
 //     chunk (the router pre-sizes the demo images: one chunk), and one
 //     resume per further chunk (ResumeStackOptions: two chunks).
 //   KV hand-off (P/D, TP 1; the first token goes out after it): AllocateKv,
-//     the puts' flush, CommitKv = 3.
+//     the landed reply to the KV messages (tcp: rendezvous), CommitKv = 3.
+//     (On shm the prefill side copies into the decode cache it maps and
+//     waits for no reply: 2, see CheckMappedHandOffs.)
 TEST_CASE(
     "the services' metrics count the round trips a first token waits for: text and image, "
     "role both and P/D") {
@@ -266,6 +286,12 @@ TEST_CASE(
     check(AskCounting(**stack, pd, text), router, 0, kv);
     check(AskCounting(**stack, pd, image), router, 2, kv);  // + Connect
     check(AskCounting(**stack, pd, image), router, 1, kv);
+    if (pd) {
+      const int pp = (*stack)->prefill(0).metrics_port();
+      const char* total = "mmserve_language_kv_handoff_total";
+      CHECK(ScrapeMetric(pp, total, "path=\"rendezvous\"") == 3);
+      CHECK(ScrapeMetric(pp, total, "path=\"mapped\"") == 0);
+    }
   }
   auto resume = launcher::LocalStack::Start(ResumeStackOptions());
   REQUIRE(resume.ok());
@@ -427,7 +453,8 @@ TEST_CASE(
 
 TEST_CASE(
     "E + P + D with a TP=2 decode instance gives role both's token ids on 200 demo questions "
-    "with images and 160 as text (12 tokens, EOS); nothing leaks") {
+    "with images and 160 as text (12 tokens, EOS), every rank's heads copied into its cache "
+    "where the prefill process maps it; nothing leaks") {
   constexpr int kN = 120;
   AskOptions o;
   o.max_tokens = 12;
@@ -471,6 +498,7 @@ TEST_CASE(
     REQUIRE(got_eos[i].status.ok());
     CHECK(got_eos[i].token_ids == want_eos[i].token_ids);
   }
+  CheckMappedHandOffs(**stack, 2);
   const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(l.ToString());
   CHECK(l.zero());

@@ -1,6 +1,7 @@
 #include "transfer/kv_handoff.h"
 
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <set>
@@ -40,6 +41,18 @@ absl::Status CheckBlocks(const char* side, const model::KvCacheShape& shape,
 }
 
 }  // namespace
+
+const char* KvHandoffPathName(KvHandoffPath path) {
+  switch (path) {
+    case KvHandoffPath::kMapped:
+      return "mapped";
+    case KvHandoffPath::kRendezvous:
+      return "rendezvous";
+    case KvHandoffPath::kPut:
+      return "put";
+  }
+  return "unknown";
+}
 
 uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& blocks) {
   const model::KvCacheShape& s = cache.shape();
@@ -108,6 +121,10 @@ namespace {
 constexpr absl::Duration kLandingIdle = absl::Seconds(60);
 // Bytes per job when two threads copy into a mapped target.
 constexpr uint64_t kCopyJobBytes = 1 << 20;
+// How long a sender keeps an unused connection. On shm it maps the target's
+// whole segment, which outlives a decode process that died (error mode
+// none: nothing tells) until the last mapping goes.
+constexpr absl::Duration kConnIdle = absl::Seconds(60);
 
 }  // namespace
 
@@ -122,9 +139,15 @@ absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::Create(
 absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> KvHandoffReceiver::CreateWithCache(
     UcxContext& context, const model::KvCacheShape& shape, const UcxWorkerOptions& options) {
   std::unique_ptr<KvHandoffReceiver> rx(new KvHandoffReceiver());
-  ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Allocate(context, shape.TotalBytes()));
-  ASSIGN_OR_RETURN(rx->owned_cache_,
-                   model::KvCache::CreateOn(shape, rx->region_->address(), rx->region_->length()));
+  if (context.profile() == TransportProfile::kTcp) {
+    ASSIGN_OR_RETURN(rx->owned_cache_, model::KvCache::Create(shape));
+    ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Register(context, rx->owned_cache_->Key(0),
+                                                            rx->owned_cache_->bytes()));
+  } else {
+    ASSIGN_OR_RETURN(rx->region_, UcxMemoryRegion::Allocate(context, shape.TotalBytes()));
+    ASSIGN_OR_RETURN(rx->owned_cache_, model::KvCache::CreateOn(shape, rx->region_->address(),
+                                                                rx->region_->length()));
+  }
   RETURN_IF_ERROR(rx->Init(context, *rx->owned_cache_, options));
   return rx;
 }
@@ -169,6 +192,7 @@ struct KvHandoffSender::Conn {
   // (shm), else null.
   uint8_t* mapped = nullptr;
   bool failed = false;  // UCX reported the peer lost
+  absl::Time last_used;
   // On the progress thread (the last reference is dropped there).
   ~Conn() {
     rkey.reset();
@@ -185,13 +209,24 @@ absl::StatusOr<std::unique_ptr<KvHandoffSender>> KvHandoffSender::Create(
   ASSIGN_OR_RETURN(tx->region_, UcxMemoryRegion::Register(context, cache.Key(0), cache.bytes()));
   ASSIGN_OR_RETURN(tx->worker_, UcxWorker::Create(context, options));
   KvHandoffSender* self = tx.get();
-  tx->worker_->Start(nullptr, [self] { return self->in_flight_.load() > 0; });
+  tx->worker_->Start([self] { self->ExpireConns(kConnIdle); },
+                     [self] { return self->in_flight_.load() > 0; });
   RETURN_IF_ERROR(tx->worker_->RunSync([self] { return self->RegisterLanded(); }));
   tx->copier_ = std::make_unique<ChecksumWorker>();
   return tx;
 }
 
 void KvHandoffSender::DropConn(const std::string& address) { conns_.erase(address); }
+
+void KvHandoffSender::ExpireConns(absl::Duration idle) {
+  const absl::Time now = absl::Now();
+  if (now < next_sweep_) return;
+  next_sweep_ = now + absl::Seconds(1);
+  // A Send under way holds its own reference: it finishes with it.
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    it = now - it->second->last_used > idle ? conns_.erase(it) : std::next(it);
+  }
+}
 
 KvHandoffSender::~KvHandoffSender() {
   if (worker_ == nullptr) return;
@@ -211,8 +246,12 @@ absl::StatusOr<std::shared_ptr<KvHandoffSender::Conn>> KvHandoffSender::Connecti
     DropConn(address);  // lost, or the decode side re-registered its cache
     it = conns_.end();
   }
-  if (it != conns_.end()) return it->second;
+  if (it != conns_.end()) {
+    it->second->last_used = absl::Now();
+    return it->second;
+  }
   auto conn = std::make_shared<Conn>();
+  conn->last_used = absl::Now();
   std::weak_ptr<Conn> weak = conn;
   ASSIGN_OR_RETURN(conn->ep, UcxEndpoint::Create(*worker_, address, [weak](absl::Status) {
                      if (auto c = weak.lock()) c->failed = true;
@@ -230,12 +269,12 @@ absl::StatusOr<std::shared_ptr<KvHandoffSender::Conn>> KvHandoffSender::Connecti
 absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
                                                const std::vector<int32_t>& src,
                                                const std::vector<int32_t>& dst, Deadline deadline,
-                                               int64_t first_head) {
+                                               int64_t first_head, KvHandoffPath* path) {
   const model::KvCacheShape& s = cache_.shape();
   RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, first_head));
   const std::vector<KvSegment> segments = PlanKvSegments(s, target.shape, src, dst, first_head);
   ++in_flight_;
-  absl::StatusOr<uint32_t> crc = SendSegments(target, segments, deadline);
+  absl::StatusOr<uint32_t> crc = SendSegments(target, segments, deadline, path);
   --in_flight_;
   if (crc.ok() || absl::IsDeadlineExceeded(crc.status())) return crc;
   return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", crc.status().message()));
@@ -243,7 +282,7 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
 
 absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& target,
                                                        const std::vector<KvSegment>& segments,
-                                                       Deadline deadline) {
+                                                       Deadline deadline, KvHandoffPath* path) {
   const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
   const std::string& address = target.worker_address;
   std::shared_ptr<Conn> conn;
@@ -261,6 +300,7 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& ta
   if (conn->mapped != nullptr) {
     // The target's segment is mapped here: copy into it on two cores,
     // checksumming as we copy; complete when the copy is (no UCX operation).
+    if (path != nullptr) *path = KvHandoffPath::kMapped;
     const uint32_t crc =
         CopyKvSegments(ChunkKvSegments(segments, kCopyJobBytes), base, conn->mapped, *copier_);
     (void)worker_->RunSync([&] {
@@ -271,9 +311,10 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& ta
   }
   auto state = std::make_shared<KvSendState>();
   uint64_t seq = 0;
+  const bool sliced = target.shape.num_kv_heads != cache_.shape().num_kv_heads;
+  if (path != nullptr) *path = sliced ? KvHandoffPath::kPut : KvHandoffPath::kRendezvous;
   absl::Status started = worker_->RunSync([&]() -> absl::Status {
     seq = ++next_seq_;
-    const bool sliced = target.shape.num_kv_heads != cache_.shape().num_kv_heads;
     const KvSendPlan plan = {.segments = segments,
                              .base = base,
                              .target_base = target.base_address,

@@ -12,8 +12,9 @@
 //
 // How the bytes move, by what is fastest where (issue 29 item 5):
 //   - target cache mapped here (shm profile, cache in a UCX-allocated shared
-//     segment, CreateWithCache): the sender copies into it itself on two
-//     cores, computing the CRC in the same pass (no UCX operation, no flush);
+//     segment, CreateWithCache: what the language service's decode ranks
+//     use): the sender copies into it itself on two cores, computing the CRC
+//     in the same pass (no UCX operation, no flush);
 //   - otherwise (tcp; shm into private memory): each run of blocks
 //     consecutive on both sides is one active message that lands by
 //     rendezvous straight into the target blocks (a few at a time, see
@@ -22,12 +23,14 @@
 //   - a head slice (tensor-parallel decode rank) that is not mapped: one put
 //     per token, then a flush.
 //
-//   // decode
-//   ASSIGN_OR_RETURN(auto rx, KvHandoffReceiver::Create(*ctx, decode_cache, {.name = "decode-0"}));
+//   // decode (the cache in the receiver: mapped by senders on shm)
+//   ASSIGN_OR_RETURN(auto rx, KvHandoffReceiver::CreateWithCache(*ctx, shape, {.name = "d-0"}));
+//   model::KvCache& decode_cache = *rx->owned_cache();
 //   KvHandoffTarget target = rx->target();  // to the prefill side (Connect)
 //   // prefill
 //   ASSIGN_OR_RETURN(auto tx, KvHandoffSender::Create(*ctx, prefill_cache, {.name = "prefill-0"}));
-//   ASSIGN_OR_RETURN(uint32_t crc, tx->Send(target, {3, 4}, {17, 9}, Deadline::After(...)));
+//   KvHandoffPath path;  // optional: how the bytes moved
+//   ASSIGN_OR_RETURN(uint32_t crc, tx->Send(target, {3, 4}, {17, 9}, deadline, 0, &path));
 //   // decode, on KvCommit
 //   RETURN_IF_ERROR(rx->AwaitLandedWrites());
 //   if (KvBlocksCrc(decode_cache, {17, 9}) != crc) ... DataLoss
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "model/kv_cache.h"
 #include "transfer/checksum_worker.h"
@@ -61,6 +65,15 @@
 namespace mmserve::transfer {
 
 // What the prefill side needs to write into a decode instance's cache.
+// How one Send moved its bytes (the three paths above), for metrics.
+enum class KvHandoffPath {
+  kMapped,      // copied into the target's segment, mapped here
+  kRendezvous,  // active messages landed by rendezvous, then the landed reply
+  kPut,         // a head slice: one put per token, then a flush
+};
+// "mapped", "rendezvous", "put".
+const char* KvHandoffPathName(KvHandoffPath path);
+
 struct KvHandoffTarget {
   std::string worker_address;
   std::string rkey;
@@ -94,12 +107,14 @@ class KvHandoffReceiver {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> Create(
       UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options);
-  // Also creates the cache, in memory UCX allocates (a shared-memory segment
-  // on the shm profile: the sender maps it and each put is one memcpy; into
-  // private memory UCX 1.13 emulates puts with active messages).
+  // Also creates the cache (zeroed), owned by the receiver: on the shm
+  // profile in a shared-memory segment UCX allocates, which senders on this
+  // host map and copy into themselves (KvHandoffPath::kMapped); on tcp in
+  // private memory registered as by Create (nothing could map it).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> CreateWithCache(
       UcxContext& context, const model::KvCacheShape& shape, const UcxWorkerOptions& options);
-  // The cache CreateWithCache made (null after Create).
+  // The cache CreateWithCache made (null after Create); it lives as long as
+  // the receiver.
   model::KvCache* owned_cache() { return owned_cache_.get(); }
   ~KvHandoffReceiver();
   KvHandoffReceiver(const KvHandoffReceiver&) = delete;
@@ -120,8 +135,10 @@ class KvHandoffReceiver {
  private:
   KvHandoffReceiver() = default;
   absl::Status Init(UcxContext& context, model::KvCache& cache, const UcxWorkerOptions& options);
+  // Declared before region_: goes after the region that registers it (on
+  // shm it lies in the region, which frees the memory).
+  std::unique_ptr<model::KvCache> owned_cache_;
   std::unique_ptr<UcxMemoryRegion> region_;
-  std::unique_ptr<model::KvCache> owned_cache_;  // lives in region_
   // Declared before worker_: UCX callbacks reach it until the worker is gone.
   std::unique_ptr<KvLandingPad> pad_;
   std::unique_ptr<UcxWorker> worker_;
@@ -150,24 +167,32 @@ class KvHandoffSender {
   // A target with fewer KV heads than this cache is one rank of a
   // tensor-parallel decode group: it receives heads [first_head,
   // first_head + its heads) of every token (one put per token and block
-  // instead of one per block), and the CRC is KvBlocksCrc of that slice.
+  // instead of one per block, unless mapped), and the CRC is KvBlocksCrc of
+  // that slice. With `path`, sets *path to how the bytes moved once they
+  // start to (left alone when Send fails before).
   [[nodiscard]] absl::StatusOr<uint32_t> Send(const KvHandoffTarget& target,
                                               const std::vector<int32_t>& src,
                                               const std::vector<int32_t>& dst, Deadline deadline,
-                                              int64_t first_head = 0);
+                                              int64_t first_head = 0,
+                                              KvHandoffPath* path = nullptr);
 
  private:
   // An endpoint, the target's unpacked rkey and where it maps the target
   // here, kept across hand-offs to the same decode side (creating them maps
-  // its segment anew on shm each time). Destroyed on the progress thread.
+  // its segment anew on shm each time) until unused for a minute. Destroyed
+  // on the progress thread.
   struct Conn;
   KvHandoffSender(model::KvCache& cache, uint64_t id, bool tcp)
       : cache_(cache), id_(id), tcp_(tcp) {}
   absl::StatusOr<uint32_t> SendSegments(const KvHandoffTarget& target,
-                                        const std::vector<KvSegment>& segments, Deadline deadline);
+                                        const std::vector<KvSegment>& segments, Deadline deadline,
+                                        KvHandoffPath* path);
   // Progress thread only: forgets the connection (closed once no Send
   // holds it).
   void DropConn(const std::string& address);
+  // Progress thread only (the ticker): forgets connections unused for
+  // `idle`, so a dead decode side's segment is not kept mapped here.
+  void ExpireConns(absl::Duration idle);
   // Progress thread only: the live connection to the target, made anew when
   // there is none, it failed, or the target's rkey changed.
   absl::StatusOr<std::shared_ptr<Conn>> Connection(const KvHandoffTarget& target);
@@ -186,6 +211,7 @@ class KvHandoffSender {
   // Progress thread only: connections by worker address; hand-offs waiting
   // for their landed message, by seq.
   std::map<std::string, std::shared_ptr<Conn>> conns_;
+  absl::Time next_sweep_ = absl::InfinitePast();
   uint64_t next_seq_ = 0;
   std::map<uint64_t, std::shared_ptr<KvSendState>> pending_;
 };

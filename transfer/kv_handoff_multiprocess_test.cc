@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -31,15 +32,15 @@ struct Peer {
   KvHandoffTarget target;
 };
 
-Peer StartPeer(TransportProfile profile, bool shared_kv) {
-  auto p =
-      PeerProcess::Spawn(PeerPath(), {absl::StrCat("--profile=", TransportProfileName(profile)),
-                                      absl::StrCat("--layers=", kShape.num_layers),
-                                      absl::StrCat("--blocks=", kShape.num_blocks),
-                                      absl::StrCat("--block_size=", kShape.block_size),
-                                      absl::StrCat("--kv_heads=", kShape.num_kv_heads),
-                                      absl::StrCat("--head_dim=", kShape.head_dim),
-                                      absl::StrCat("--shared_kv=", shared_kv ? "true" : "false")});
+// `decode_kv`: "service" (the cache as role decode makes it) or "private".
+Peer StartPeer(TransportProfile profile, const std::string& decode_kv) {
+  auto p = PeerProcess::Spawn(
+      PeerPath(),
+      {absl::StrCat("--profile=", TransportProfileName(profile)),
+       absl::StrCat("--layers=", kShape.num_layers), absl::StrCat("--blocks=", kShape.num_blocks),
+       absl::StrCat("--block_size=", kShape.block_size),
+       absl::StrCat("--kv_heads=", kShape.num_kv_heads),
+       absl::StrCat("--head_dim=", kShape.head_dim), absl::StrCat("--decode_kv=", decode_kv)});
   REQUIRE(p.ok());
   Peer peer{std::move(*p), {}};
   auto line = peer.process->ReadLine(Deadline::After(absl::Seconds(10)));
@@ -90,10 +91,14 @@ TEST_CASE("KV hand-off to a decode process; a frozen or killed decode side fails
     REQUIRE(tx.ok());
 
     // A live decode process gets the blocks; its CRC matches the sender's.
-    Peer good = StartPeer(profile, /*shared_kv=*/true);
+    Peer good = StartPeer(profile, "service");
     const std::vector<int32_t> src = Range(0, 128), dst = Range(100, 128);
-    auto crc = (*tx)->Send(good.target, src, dst, Deadline::After(absl::Seconds(20)));
+    KvHandoffPath path = KvHandoffPath::kPut;
+    auto crc = (*tx)->Send(good.target, src, dst, Deadline::After(absl::Seconds(20)), 0, &path);
     REQUIRE(crc.ok());
+    // Another process's shared segment, mapped here (shm); tcp lands by rendezvous.
+    CHECK(path == (profile == TransportProfile::kShm ? KvHandoffPath::kMapped
+                                                     : KvHandoffPath::kRendezvous));
     CHECK(*crc == PeerCrc(good, dst));
 
     // A decode process that is frozen, then killed, while the blocks move.
@@ -101,7 +106,7 @@ TEST_CASE("KV hand-off to a decode process; a frozen or killed decode side fails
     // complete the puts (into a shared segment on shm they would land
     // without it, and the hand-off would succeed; the commit RPC is what
     // fails then).
-    Peer bad = StartPeer(profile, /*shared_kv=*/false);
+    Peer bad = StartPeer(profile, "private");
     REQUIRE(kill(bad.process->pid(), SIGSTOP) == 0);
     absl::StatusOr<uint32_t> result;
     Stopwatch sw;

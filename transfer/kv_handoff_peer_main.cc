@@ -3,6 +3,7 @@
 //   TARGET <hex worker address> <hex rkey> <base address>
 // then answers "CRC <blocks...>" with "CRC <KvBlocksCrc>" until "EXIT".
 //   kv_handoff_peer --profile=shm --layers=2 --blocks=64 --block_size=16 --kv_heads=2 --head_dim=64
+//                   [--decode_kv=service|private]
 #include <iostream>
 #include <string>
 #include <vector>
@@ -21,9 +22,10 @@ ABSL_FLAG(int64_t, blocks, 64, "blocks");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per block");
 ABSL_FLAG(int64_t, kv_heads, 2, "KV heads");
 ABSL_FLAG(int64_t, head_dim, 64, "head dim");
-ABSL_FLAG(bool, shared_kv, true,
-          "cache in UCX-allocated memory (KvHandoffReceiver::CreateWithCache), else a "
-          "registered KvCache");
+ABSL_FLAG(std::string, decode_kv, "service",
+          "service: the cache as role decode makes it (KvHandoffReceiver::CreateWithCache: a "
+          "shared segment senders map on shm, private memory on tcp); private: a KvCache in "
+          "private memory, registered (KvHandoffReceiver::Create)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -39,7 +41,9 @@ int main(int argc, char** argv) {
                                               .head_dim = absl::GetFlag(FLAGS_head_dim)};
   std::unique_ptr<mmserve::model::KvCache> private_cache;
   absl::StatusOr<std::unique_ptr<KvHandoffReceiver>> rx;
-  if (absl::GetFlag(FLAGS_shared_kv)) {
+  const std::string layout = absl::GetFlag(FLAGS_decode_kv);
+  CHECK(layout == "service" || layout == "private") << "--decode_kv=" << layout;
+  if (layout == "service") {
     rx = KvHandoffReceiver::CreateWithCache(**ctx, shape, {.name = "kv-peer"});
   } else {
     auto cache = mmserve::model::KvCache::Create(shape);

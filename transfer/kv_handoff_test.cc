@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -76,8 +77,10 @@ TEST_CASE("KV blocks arrive byte for byte, with the sender's CRC", "[kv_handoff]
     // 6,7 -> 3,11 only on the source side; the rest single blocks.
     const std::vector<int32_t> src = {5, 1, 2, 3, 6, 7, 0};
     const std::vector<int32_t> dst = {0, 8, 9, 10, 3, 11, 4};
-    auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)));
+    KvHandoffPath path = KvHandoffPath::kMapped;
+    auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)), 0, &path);
     REQUIRE(crc.ok());
+    CHECK(path == KvHandoffPath::kRendezvous);  // private memory: never mapped
     REQUIRE((*rx)->AwaitLandedWrites().ok());
     CHECK(*crc == KvBlocksCrc(**prefill_kv, src));
     CHECK(*crc == KvBlocksCrc(**decode_kv, dst));
@@ -193,9 +196,12 @@ TEST_CASE("each rank of a TP=2 decode group receives only its own KV heads", "[k
                                                    {.name = absl::StrCat("decode-0-rank", rank)});
       REQUIRE(rx.ok());
       model::KvCache& kv = *(*rx)->owned_cache();
+      KvHandoffPath path = KvHandoffPath::kRendezvous;
       auto crc = (*tx)->Send((*rx)->target(), src, dst, Deadline::After(absl::Seconds(10)),
-                             /*first_head=*/rank * 2);
+                             /*first_head=*/rank * 2, &path);
       REQUIRE(crc.ok());
+      // A mapped slice is copied token by token; unmapped, put token by token.
+      CHECK(path == (p == 0 ? KvHandoffPath::kMapped : KvHandoffPath::kPut));
       REQUIRE((*rx)->AwaitLandedWrites().ok());
       CHECK(*crc == KvBlocksCrc(kv, dst));
       CHECK(*crc == KvBlocksCrc(**prefill_kv, src, rank * 2, 2));
@@ -228,7 +234,8 @@ TEST_CASE("each rank of a TP=2 decode group receives only its own KV heads", "[k
   }
 }
 
-TEST_CASE("a receiver may own its cache in UCX-allocated memory", "[kv_handoff]") {
+TEST_CASE("a receiver may own its cache: in a shared segment senders map on shm, private on tcp",
+          "[kv_handoff]") {
   std::vector<float> small(10);
   CHECK(model::KvCache::CreateOn(Shape(4), small.data(), small.size() * sizeof(float))
             .status()
@@ -247,9 +254,12 @@ TEST_CASE("a receiver may own its cache in UCX-allocated memory", "[kv_handoff]"
     Fill(**prefill_kv, 5);
     auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
     REQUIRE(tx.ok());
-    auto crc =
-        (*tx)->Send((*rx)->target(), {7, 0, 3}, {5, 2, 0}, Deadline::After(absl::Seconds(10)));
+    KvHandoffPath path = KvHandoffPath::kPut;
+    auto crc = (*tx)->Send((*rx)->target(), {7, 0, 3}, {5, 2, 0},
+                           Deadline::After(absl::Seconds(10)), 0, &path);
     REQUIRE(crc.ok());
+    CHECK(path == (p == 0 ? KvHandoffPath::kMapped : KvHandoffPath::kRendezvous));
+    CHECK(std::string(KvHandoffPathName(path)) == (p == 0 ? "mapped" : "rendezvous"));
     REQUIRE((*rx)->AwaitLandedWrites().ok());
     CHECK(*crc == KvBlocksCrc(decode_kv, {5, 2, 0}));
     CHECK(SameBlock(**prefill_kv, 7, decode_kv, 5));

@@ -1,13 +1,15 @@
 // Prefill/decode disaggregation inside two engines (issue 12 item 3): a
 // prefill engine computes the prompt and samples the first token, its KV
 // blocks move into a decode engine's reservation over UCX (transfer/
-// kv_handoff), and the decode engine continues. The tokens must equal
+// kv_handoff: into the decode cache's shared segment, mapped), and the
+// decode engine continues. The tokens must equal
 // transformers' greedy goldens and a single engine's seeded sampling; the
 // moved blocks must equal the prefill side's byte for byte; nothing leaks.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -26,10 +28,13 @@ using nlohmann::json;
 constexpr char kData[] = "model/testdata/";
 constexpr int kBlockSize = 4;
 
-// `connector`: the role (null: both).
+// `connector`: the role (null: both); `placement`: where the KV cache lives
+// (unset: the engine's own memory).
 std::unique_ptr<LlmEngine> MakeEngine(const std::string& model,
-                                      std::unique_ptr<KvConnector> connector = nullptr) {
+                                      std::unique_ptr<KvConnector> connector = nullptr,
+                                      KvCachePlacement placement = nullptr) {
   EngineOptions o;
+  o.kv_cache_placement = std::move(placement);
   o.model_dir = std::string(kData) + "models/" + model;
   o.block_size = kBlockSize;
   o.max_num_batched_tokens = 32;
@@ -64,9 +69,12 @@ StreamCallback Collect(Collected* c) {
 }
 
 std::unique_ptr<LlmEngine> MakeDecode(const std::string& model,
-                                      absl::Duration commit_timeout = absl::InfiniteDuration()) {
-  return MakeEngine(model, std::make_unique<DecodeKvConnector>(
-                               DecodeKvConnector::Options{.commit_timeout = commit_timeout}));
+                                      absl::Duration commit_timeout = absl::InfiniteDuration(),
+                                      KvCachePlacement placement = nullptr) {
+  return MakeEngine(model,
+                    std::make_unique<DecodeKvConnector>(
+                        DecodeKvConnector::Options{.commit_timeout = commit_timeout}),
+                    std::move(placement));
 }
 
 // A decode engine's reservation for a remote prompt.
@@ -96,20 +104,41 @@ bool SameBlock(model::KvCache& a, int32_t ba, model::KvCache& b, int32_t bb) {
   return true;
 }
 
-// A prefill engine, a decode engine and the UCX hand-off between them.
+std::unique_ptr<transfer::UcxContext> ShmContext() {
+  auto c = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+// A prefill engine, a decode engine and the UCX hand-off between them. The
+// decode engine runs over a KV cache it does not own, in its receiver's
+// shared segment, as role decode's does: the sender maps it and copies in.
 struct Pair {
   explicit Pair(const std::string& model)
-      : prefill(MakeEngine(model, std::make_unique<PrefillKvConnector>())),
-        decode(MakeDecode(model)) {
-    auto c = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
-    REQUIRE(c.ok());
-    ctx = std::move(*c);
-    auto r = transfer::KvHandoffReceiver::Create(*ctx, decode->kv_cache(), {.name = "decode"});
-    REQUIRE(r.ok());
-    rx = std::move(*r);
+      : ctx(ShmContext()),
+        prefill(MakeEngine(model, std::make_unique<PrefillKvConnector>())),
+        decode(MakeDecode(model, absl::InfiniteDuration(),
+                          [this](const model::KvCacheShape& shape)
+                              -> absl::StatusOr<std::shared_ptr<model::KvCache>> {
+                            auto r = transfer::KvHandoffReceiver::CreateWithCache(
+                                *ctx, shape, {.name = "decode"});
+                            if (!r.ok()) return r.status();
+                            rx = std::move(*r);
+                            return std::shared_ptr<model::KvCache>(rx, rx->owned_cache());
+                          })) {
+    REQUIRE(rx != nullptr);
+    REQUIRE(&decode->kv_cache() == rx->owned_cache());
     auto t = transfer::KvHandoffSender::Create(*ctx, prefill->kv_cache(), {.name = "prefill"});
     REQUIRE(t.ok());
     tx = std::move(*t);
+  }
+
+  // Send into the decode engine's cache, which this side maps.
+  absl::StatusOr<uint32_t> Send(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+    transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
+    auto crc = tx->Send(rx->target(), src, dst, Deadline::After(absl::Seconds(10)), 0, &path);
+    CHECK(path == transfer::KvHandoffPath::kMapped);
+    return crc;
   }
 
   // What the router and the two services do for one request: reserve on
@@ -139,7 +168,7 @@ struct Pair {
     const size_t skip = reserved->num_cached_tokens / kBlockSize;
     REQUIRE(pre.kv_blocks.size() == skip + reserved->blocks.size());
     std::vector<int32_t> src(pre.kv_blocks.begin() + skip, pre.kv_blocks.end());
-    auto crc = tx->Send(rx->target(), src, reserved->blocks, Deadline::After(absl::Seconds(10)));
+    auto crc = Send(src, reserved->blocks);
     REQUIRE(crc.ok());
     REQUIRE(rx->AwaitLandedWrites().ok());
     CHECK(*crc == transfer::KvBlocksCrc(decode->kv_cache(), reserved->blocks));
@@ -175,7 +204,7 @@ struct Pair {
     const size_t skip = reserved->num_cached_tokens / kBlockSize;
     REQUIRE(pre.kv_blocks.size() == skip + reserved->blocks.size());
     std::vector<int32_t> src(pre.kv_blocks.begin() + skip, pre.kv_blocks.end());
-    auto crc = tx->Send(rx->target(), src, reserved->blocks, Deadline::After(absl::Seconds(10)));
+    auto crc = Send(src, reserved->blocks);
     REQUIRE(crc.ok());
     REQUIRE(rx->AwaitLandedWrites().ok());
     for (size_t i = 0; i < src.size(); ++i) {
@@ -185,10 +214,12 @@ struct Pair {
     return pre;
   }
 
+  // In this order: the receiver (shared with the decode engine, which
+  // holds its cache) goes after both engines, before the context.
+  std::unique_ptr<transfer::UcxContext> ctx;
+  std::shared_ptr<transfer::KvHandoffReceiver> rx;
   std::unique_ptr<LlmEngine> prefill;
   std::unique_ptr<LlmEngine> decode;
-  std::unique_ptr<transfer::UcxContext> ctx;
-  std::unique_ptr<transfer::KvHandoffReceiver> rx;
   std::unique_ptr<transfer::KvHandoffSender> tx;
 };
 

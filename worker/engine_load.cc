@@ -221,7 +221,16 @@ absl::Status SizeKvCache(const EngineOptions& options, EngineModel& m) {
                  << m.sizing.max_model_len;
     m.sizing.max_model_len = num_blocks * bs;
   }
-  ASSIGN_OR_RETURN(m.kv, model::KvCache::Create(m.model->KvShape(num_blocks, bs)));
+  const model::KvCacheShape shape = m.model->KvShape(num_blocks, bs);
+  if (options.kv_cache_placement) {
+    ASSIGN_OR_RETURN(m.kv, options.kv_cache_placement(shape));
+    if (m.kv == nullptr || m.kv->shape().num_blocks != num_blocks ||
+        m.kv->bytes() != shape.TotalBytes()) {
+      return absl::InternalError("the KV cache placement made no cache of the sized shape");
+    }
+  } else {
+    ASSIGN_OR_RETURN(m.kv, model::KvCache::Create(shape));
+  }
   if (m.tp_group != nullptr) {
     RETURN_IF_ERROR(AllocateKvOnAllRanks(*m.tp_group->ring(), num_blocks, bs));
   }

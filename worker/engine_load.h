@@ -41,7 +41,9 @@ struct EngineModel {
   std::unique_ptr<TpGroup> tp_group;           // tp_size > 1
   std::unique_ptr<model::cpu::ThreadPool> pool;
   std::unique_ptr<model::Qwen2Model> model;
-  std::unique_ptr<model::KvCache> kv;  // rank 0's with tensor parallelism
+  // Rank 0's with tensor parallelism; shared with EngineOptions::
+  // kv_cache_placement's provider when it placed it.
+  std::shared_ptr<model::KvCache> kv;
   EngineSizing sizing;
   std::vector<int32_t> eos_ids;  // config's eos, then generation_config's
   int32_t image_pad_id = -1;

@@ -1,15 +1,27 @@
 // How an engine is built (LlmEngine::Create, LoadEngineModel) and the memory
-// and capacity it decided at start. Plain values.
+// and capacity it decided at start. Plain values, but for the KV cache's
+// placement (a function).
 #ifndef MMSERVE_WORKER_ENGINE_OPTIONS_H_
 #define MMSERVE_WORKER_ENGINE_OPTIONS_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "model/kv_cache.h"
+
 namespace mmserve::worker {
+
+// Makes rank 0's KV cache of the shape the engine sized (kv_sizing.h),
+// zeroed. Shared ownership: whatever backs the cache (a UCX segment, its
+// context) stays until both the engine and the provider let go.
+using KvCachePlacement =
+    std::function<absl::StatusOr<std::shared_ptr<model::KvCache>>(const model::KvCacheShape&)>;
 
 struct EngineOptions {
   std::string model_dir;
@@ -74,6 +86,11 @@ struct EngineOptions {
   int shared_input_fd = -1;
   const uint8_t* shared_input = nullptr;
   size_t shared_input_bytes = 0;
+  // Where rank 0's KV cache lives. Unset: private memory the engine owns.
+  // Role decode places it in memory prefill instances write into (on the
+  // shm profile a segment they map: language_service/decode_role.h). Called
+  // once, after the warm-up; its error fails the engine's Create.
+  KvCachePlacement kv_cache_placement;
 };
 
 // Memory and capacity decided at start, for logs and benchmarks.

@@ -100,13 +100,15 @@ std::vector<float> LocalCheck(transfer::KvHandoffReceiver& rx, const model::KvCa
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TpKvReceivers>> TpKvReceivers::Create(
-    transfer::UcxContext& context, model::KvCache& kv, StepRing* ring, Communicator* comm,
-    const transfer::UcxWorkerOptions& options) {
+    std::shared_ptr<transfer::KvHandoffReceiver> rank0, StepRing* ring, Communicator* comm) {
   if ((ring == nullptr) != (comm == nullptr)) {
     return absl::InvalidArgumentError("TpKvReceivers needs both the step ring and communicator");
   }
-  std::unique_ptr<TpKvReceivers> r(new TpKvReceivers(kv, ring, comm));
-  ASSIGN_OR_RETURN(r->receiver_, transfer::KvHandoffReceiver::Create(context, kv, options));
+  if (rank0 == nullptr || rank0->owned_cache() == nullptr) {
+    return absl::InvalidArgumentError("TpKvReceivers needs rank 0's receiver with its cache");
+  }
+  std::unique_ptr<TpKvReceivers> r(new TpKvReceivers(std::move(rank0), ring, comm));
+  const model::KvCache& kv = r->kv_;
   r->targets_.push_back(r->receiver_->target());
   if (comm == nullptr || comm->world_size() == 1) return r;
   StepMessage m;
@@ -165,9 +167,18 @@ absl::StatusOr<std::vector<uint32_t>> TpKvReceivers::Check(const std::vector<int
   return crcs;
 }
 
-absl::Status ShardKvReceiver::Register(model::KvCache& kv) {
+absl::StatusOr<model::KvCache*> ShardKvReceiver::Allocate(const model::KvCacheShape& shape) {
   receiver_.reset();
-  ASSIGN_OR_RETURN(receiver_, transfer::KvHandoffReceiver::Create(context_, kv, options_));
+  ASSIGN_OR_RETURN(receiver_,
+                   transfer::KvHandoffReceiver::CreateWithCache(context_, shape, options_));
+  return receiver_->owned_cache();
+}
+
+absl::Status ShardKvReceiver::Register(model::KvCache& kv) {
+  if (receiver_ == nullptr || receiver_->owned_cache() != &kv) {
+    receiver_.reset();  // a cache the loop made: expose it where it lies
+    ASSIGN_OR_RETURN(receiver_, transfer::KvHandoffReceiver::Create(context_, kv, options_));
+  }
   ASSIGN_OR_RETURN(std::vector<float> mine, EncodeTarget(receiver_->target()));
   return comm_.Gather(mine, {});
 }

@@ -7,17 +7,20 @@
 // kKvCheck step, in order with the forwards) and a Gather on its
 // communicator.
 //
-//   // rank 0 (the engine's step thread), once the caches are allocated:
-//   ASSIGN_OR_RETURN(auto rx, TpKvReceivers::Create(ctx, engine_kv, ring, comm, {.name = id}));
+//   // rank 0 (the engine's step thread), once the caches are allocated (its
+//   // own by a KvHandoffReceiver::CreateWithCache, see decode_role.h):
+//   ASSIGN_OR_RETURN(auto rx, TpKvReceivers::Create(rank0_rx, ring, comm));
 //   rx->targets();  // one per rank, rank order: into KvAllocation.ranks
 //   ASSIGN_OR_RETURN(std::vector<uint32_t> crcs, rx->Check(blocks));  // on KvCommit
 //   // ranks 1..n-1 (worker/tp_shard_main.cc):
-//   ShardKvReceiver hooks(ctx, *comm, {.name = ...});
+//   ShardKvReceiver hooks(ctx, *comm, {.name = ...});  // makes the rank's cache
 //   RETURN_IF_ERROR(RunShardSteps(*ring, model, {}, &hooks));
 //
 // With one rank (ring and comm null) TpKvReceivers is rank 0's receiver
-// alone. A rank that dies fails the gather with UNAVAILABLE (the
-// communicator watches its peers), never a hang.
+// alone. Every rank's cache lives in its receiver (CreateWithCache): on the
+// shm profile a segment the prefill instance maps and copies into. A rank
+// that dies fails the gather with UNAVAILABLE (the communicator watches its
+// peers), never a hang.
 // Thread-safety: TpKvReceivers' calls and targets() on the thread that
 // publishes steps; ShardKvReceiver on its rank's step thread.
 #ifndef MMSERVE_WORKER_TP_KV_RECEIVER_H_
@@ -25,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,13 +44,13 @@ namespace mmserve::worker {
 // Rank 0's side.
 class TpKvReceivers {
  public:
-  // Exposes `kv` (rank 0's cache) and, with `ring` and `comm` (more than one
-  // rank), has every other rank expose its own and gathers their targets.
-  // Every rank's cache must be allocated (kAllocateKv) already and keep its
-  // shape while this object lives. `context` and `kv` must outlive it.
+  // Over rank 0's receiver `rank0` (its owned_cache() is rank 0's cache)
+  // and, with `ring` and `comm` (more than one rank), has every other rank
+  // expose its own cache and gathers their targets. Every rank's cache must
+  // be allocated (kAllocateKv) already and keep its shape while this object
+  // lives. InvalidArgument for a receiver that owns no cache.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<TpKvReceivers>> Create(
-      transfer::UcxContext& context, model::KvCache& kv, StepRing* ring, Communicator* comm,
-      const transfer::UcxWorkerOptions& options);
+      std::shared_ptr<transfer::KvHandoffReceiver> rank0, StepRing* ring, Communicator* comm);
 
   // One target per rank, rank order; target r holds KV heads
   // [r * heads, (r + 1) * heads) with heads = its shape's num_kv_heads.
@@ -62,13 +66,14 @@ class TpKvReceivers {
   [[nodiscard]] absl::StatusOr<std::vector<uint32_t>> Check(const std::vector<int32_t>& blocks);
 
  private:
-  TpKvReceivers(model::KvCache& kv, StepRing* ring, Communicator* comm)
-      : kv_(kv), ring_(ring), comm_(comm) {}
+  TpKvReceivers(std::shared_ptr<transfer::KvHandoffReceiver> receiver, StepRing* ring,
+                Communicator* comm)
+      : receiver_(std::move(receiver)), kv_(*receiver_->owned_cache()), ring_(ring), comm_(comm) {}
 
-  model::KvCache& kv_;
+  std::shared_ptr<transfer::KvHandoffReceiver> receiver_;
+  model::KvCache& kv_;  // in receiver_
   StepRing* ring_;
   Communicator* comm_;
-  std::unique_ptr<transfer::KvHandoffReceiver> receiver_;
   std::vector<transfer::KvHandoffTarget> targets_;
 };
 
@@ -82,6 +87,8 @@ class ShardKvReceiver final : public ShardKvHooks {
       : context_(context), comm_(comm), options_(options) {}
 
   void Release() override { receiver_.reset(); }
+  // The rank's cache in a receiver of its own (CreateWithCache).
+  [[nodiscard]] absl::StatusOr<model::KvCache*> Allocate(const model::KvCacheShape& shape) override;
   [[nodiscard]] absl::Status Register(model::KvCache& kv) override;
   [[nodiscard]] absl::Status Check(model::KvCache& kv, const std::vector<int32_t>& blocks) override;
 

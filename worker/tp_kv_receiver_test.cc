@@ -1,7 +1,8 @@
 // KV hand-off into a TP=2 decode instance, real processes: rank 1 (forked)
 // runs RunShardSteps with a ShardKvReceiver, rank 0 a TpKvReceivers, both
 // joined by the shared-memory communicator and step ring; a prefill-side
-// cache with every KV head writes each rank its head slice over UCX (shm).
+// cache with every KV head writes each rank its head slice over UCX (shm:
+// into each rank's segment, mapped by the sender).
 // Each rank's received blocks must equal the prefill side's slice byte for
 // byte (rank 1 compares its own in its process and reports through its exit
 // code), the gathered CRC32Cs must equal the sender's, and a rank killed
@@ -102,6 +103,9 @@ class VerifyingHooks final : public ShardKvHooks {
  public:
   explicit VerifyingHooks(ShardKvReceiver& inner) : inner_(inner) {}
   void Release() override { inner_.Release(); }
+  absl::StatusOr<model::KvCache*> Allocate(const model::KvCacheShape& shape) override {
+    return inner_.Allocate(shape);
+  }
   absl::Status Register(model::KvCache& kv) override { return inner_.Register(kv); }
   absl::Status Check(model::KvCache& kv, const std::vector<int32_t>& blocks) override {
     absl::Status s = inner_.Check(kv, blocks);
@@ -169,9 +173,9 @@ int ShardRank(const std::string& id) {
 
 struct Rank0 {
   Joined joined;
-  std::unique_ptr<model::KvCache> kv;
   std::unique_ptr<transfer::UcxContext> ucx;
   std::unique_ptr<TpKvReceivers> rx;
+  model::KvCache* kv = nullptr;  // in rx
 };
 
 void StartRank0(const std::string& id, Rank0* r) {
@@ -184,15 +188,14 @@ void StartRank0(const std::string& id, Rank0* r) {
   model::KvCacheShape shape{cfg->text.num_hidden_layers, kBlocks, kBlockSize,
                             cfg->text.num_key_value_heads / 2,
                             cfg->text.hidden_size / cfg->text.num_attention_heads};
-  auto kv = model::KvCache::Create(shape);
-  REQUIRE(kv.ok());
-  r->kv = std::move(*kv);
   REQUIRE(AllocateKvOnAllRanks(*r->joined.ring, kBlocks, kBlockSize).ok());
   auto ucx = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
   REQUIRE(ucx.ok());
   r->ucx = std::move(*ucx);
-  auto rx = TpKvReceivers::Create(*r->ucx, *r->kv, r->joined.ring.get(), r->joined.comm.get(),
-                                  {.name = "rank0"});
+  auto rank0 = transfer::KvHandoffReceiver::CreateWithCache(*r->ucx, shape, {.name = "rank0"});
+  REQUIRE(rank0.ok());
+  r->kv = (*rank0)->owned_cache();
+  auto rx = TpKvReceivers::Create(std::move(*rank0), r->joined.ring.get(), r->joined.comm.get());
   INFO(rx.status().ToString());
   REQUIRE(rx.ok());
   r->rx = std::move(*rx);
@@ -221,10 +224,13 @@ TEST_CASE("each decode rank receives exactly its KV heads; checks gather every r
   CHECK(fence->size() == 2);
   std::vector<uint32_t> sent;
   for (int rank = 0; rank < 2; ++rank) {
-    auto crc =
-        (*tx)->Send(targets[rank], kSrc, kDst, Deadline::After(absl::Seconds(10)), rank * heads);
+    transfer::KvHandoffPath path = transfer::KvHandoffPath::kPut;
+    auto crc = (*tx)->Send(targets[rank], kSrc, kDst, Deadline::After(absl::Seconds(10)),
+                           rank * heads, &path);
     INFO(crc.status().ToString());
     REQUIRE(crc.ok());
+    // Every rank's cache lies in a shared segment the sender maps (shm).
+    CHECK(path == transfer::KvHandoffPath::kMapped);
     CHECK(*crc == transfer::KvBlocksCrc(**prefill, kSrc, rank * heads, heads));
     sent.push_back(*crc);
   }

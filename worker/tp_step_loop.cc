@@ -33,7 +33,8 @@ absl::Status StopShardSteps(StepRing& ring) {
 absl::Status RunShardSteps(StepRing& ring, model::Qwen2Model& model,
                            absl::Span<const uint8_t> shared_buffer, ShardKvHooks* kv_hooks) {
   StepMessage m;
-  std::unique_ptr<model::KvCache> kv;
+  std::unique_ptr<model::KvCache> owned_kv;  // unless the hooks made it
+  model::KvCache* kv = nullptr;
   std::vector<float> logits;  // stays empty: only rank 0 gets logits
   // The hooks stop exposing the cache before it goes, whatever ends the loop.
   struct ReleaseOnExit {
@@ -48,9 +49,18 @@ absl::Status RunShardSteps(StepRing& ring, model::Qwen2Model& model,
       case StepKind::kStop:
         return absl::OkStatus();
       case StepKind::kAllocateKv: {
+        // The old cache goes first: both may not fit.
+        kv = nullptr;
         if (kv_hooks != nullptr) kv_hooks->Release();
-        kv.reset();  // the old cache goes first: both may not fit
-        ASSIGN_OR_RETURN(kv, model::KvCache::Create(model.KvShape(m.kv_blocks, m.kv_block_size)));
+        owned_kv.reset();
+        const model::KvCacheShape shape = model.KvShape(m.kv_blocks, m.kv_block_size);
+        if (kv_hooks != nullptr) {
+          ASSIGN_OR_RETURN(kv, kv_hooks->Allocate(shape));
+        }
+        if (kv == nullptr) {
+          ASSIGN_OR_RETURN(owned_kv, model::KvCache::Create(shape));
+          kv = owned_kv.get();
+        }
         break;
       }
       case StepKind::kKvRegister:

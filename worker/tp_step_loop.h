@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/forward_batch.h"
 #include "model/kv_cache.h"
@@ -52,8 +53,14 @@ class ShardKvHooks {
  public:
   virtual ~ShardKvHooks() = default;
   // The rank's cache is about to be dropped (kAllocateKv, kStop, an error):
-  // stop exposing it.
+  // stop exposing it (and free it, when the hooks made it).
   virtual void Release() = 0;
+  // kAllocateKv: a cache of `shape` the hooks make and hold until Release
+  // (e.g. in memory the senders map), or null to have the loop create one in
+  // private memory.
+  [[nodiscard]] virtual absl::StatusOr<model::KvCache*> Allocate(const model::KvCacheShape& shape) {
+    return nullptr;
+  }
   // kKvRegister: expose `kv` and take part in rank 0's gather of targets.
   [[nodiscard]] virtual absl::Status Register(model::KvCache& kv) = 0;
   // kKvCheck: fence the landed writes, then take part in the gather of
