@@ -35,8 +35,36 @@ TEST_CASE("a 3k-token prompt over two 2k-token instances", "[esp]") {
   CHECK(plan->master() == 1);
   CHECK(plan->sampler() == 1);
 
+  CHECK(plan->members(0).decode().end() == 0);
+  CHECK(plan->members(1).decode().begin() == 3000);
+  CHECK(plan->members(1).decode().end() == 3008);
+  CHECK(language::EspMasterChain(*plan) == std::vector<int>{1});
+
   EspRequestPlan outside{1, 3000, {{4, 0, 2048}, {5, 2048, 3008}}, 5};
   CHECK(EspWirePlan(batch, outside, ids).status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a decode tail past the first master's pool: the master moves on", "[esp]") {
+  // A 2000-token prompt and 99 new tokens on two 2048-token instances: a
+  // keeps [0, 2048), the prompt and 48 decode slots, and masters first; b
+  // masters the rest.
+  EspBatchPlan batch;
+  batch.instances = {4, 7};
+  EspRequestPlan r{1, 2000, {{4, 0, 2048}, {7, 2048, 2099}}, 7};
+  std::vector<std::string> ids(8);
+  ids[4] = "language-a";
+  ids[7] = "language-b";
+  auto plan = EspWirePlan(batch, r, ids);
+  REQUIRE(plan.ok());
+  CHECK(language::CheckEspPlan(*plan, 2000, 16).ok());
+  CHECK(plan->master() == 0);
+  CHECK(plan->members(0).keep().end() == 2000);
+  CHECK(plan->members(0).decode().begin() == 2000);
+  CHECK(plan->members(0).decode().end() == 2048);
+  CHECK(plan->members(1).keep().end() == 0);
+  CHECK(plan->members(1).decode().begin() == 2048);
+  CHECK(plan->members(1).decode().end() == 2099);
+  CHECK(language::EspMasterChain(*plan) == std::vector<int>{0, 1});
 }
 
 TEST_CASE("property: every planned request's wire plan passes the members' check", "[esp]") {
