@@ -228,6 +228,19 @@ void RunOk(ElasticStack& stack, mmserve::v1::GenerateRequest request, const std:
   CHECK(outcome.Text() == text);
 }
 
+// Runs `request` to its end: UNAVAILABLE after the client got `text`;
+// every member got Abort and the pool holds nothing.
+void RunUnavailable(ElasticStack& stack, mmserve::v1::GenerateRequest request,
+                    const std::string& text) {
+  const std::string id = request.request_id();
+  Outcome outcome;
+  Start(stack, outcome, std::move(request));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(outcome.Text() == text);
+  CheckAllAborted(stack, id);
+}
+
 TEST_CASE("a request that fits one instance runs there at degree 1") {
   ElasticStack stack({2048, 2048});
   RunOk(stack, Prompt("r1", 100, 8), "ab");
@@ -328,12 +341,7 @@ TEST_CASE("a master lost mid-decode ends the call UNAVAILABLE after its tokens")
     w->Write(Tokens(2, "b"));
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "master lost");
   });
-  Outcome outcome;
-  Start(stack, outcome, Prompt("r7", 3000, 8));
-  REQUIRE(outcome.WaitForEnd());
-  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
-  CHECK(outcome.Text() == "ab");
-  CheckAllAborted(stack, "r7");
+  RunUnavailable(stack, Prompt("r7", 3000, 8), "ab");
 }
 
 // Checks, from inside the fakes while calls run, that no instance is
@@ -450,12 +458,7 @@ TEST_CASE("a next master that refuses the move ends the call UNAVAILABLE, every 
   ElasticStack stack({2048, 2048});
   SetEsp(stack, MovingMasters(stack));
   for (auto& f : stack.fakes) f->move_status = grpc::Status(grpc::StatusCode::NOT_FOUND, "gone");
-  Outcome outcome;
-  Start(stack, outcome, Prompt("m2", 2000, 100));
-  REQUIRE(outcome.WaitForEnd());
-  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
-  CHECK(outcome.Text() == "ab");
-  CheckAllAborted(stack, "m2");
+  RunUnavailable(stack, Prompt("m2", 2000, 100), "ab");
 }
 
 }  // namespace

@@ -211,18 +211,19 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
   CHECK(leaks.zero());
 }
 
-// Streams a 3k-token prompt's 300 tokens through a group of the two
-// instances, kills elastic instance `victim` once 3 tokens arrived: the
-// call must end UNAVAILABLE within 2 s and the survivor hold nothing.
-void KillMidDecode(int victim) {
+// Streams a prompt of `prompt` tokens and `max_tokens` new ones through a
+// group of the two instances, kills elastic instance `victim` once `tokens`
+// arrived: the call must end UNAVAILABLE within 2 s and the survivor hold
+// nothing.
+void KillMidDecode(int victim, int prompt = kLongPrompt, int max_tokens = 300, int tokens = 3) {
   // Decode steps of 30 ms: 300 tokens take 9 s.
   auto stack = SmallElasticStack({"--test_esp_step_delay_ms=30"});
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   const KilledStreams run =
-      StreamAndKill(*stub, {RawRequest(LongPrompt(kLongPrompt), 300)},
+      StreamAndKill(*stub, {RawRequest(LongPrompt(prompt), max_tokens)},
                     [&] { (*stack)->elastic(victim).process->Signal(SIGKILL); },
-                    {.streaming_tokens = 3, .deadline = absl::Seconds(60)});
+                    {.streaming_tokens = tokens, .deadline = absl::Seconds(60)});
   const absl::Status s = run.AllUnavailable(absl::Seconds(2));
   INFO(s);
   CHECK(s.ok());
@@ -272,30 +273,14 @@ TEST_CASE("a decode tail past the first master's pool: the master moves, the eng
   CHECK(leaks.zero());
 }
 
-// Streams the move prompt's 200 tokens (about 45 on elastic-0, then the
-// rest on elastic-1), kills `victim` once `tokens` arrived.
-void KillAroundMove(int victim, int tokens) {
-  auto stack = SmallElasticStack({"--test_esp_step_delay_ms=30"});
-  REQUIRE(stack.ok());
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-  const KilledStreams run =
-      StreamAndKill(*stub, {RawRequest(LongPrompt(kMovePrompt), 200)},
-                    [&] { (*stack)->elastic(victim).process->Signal(SIGKILL); },
-                    {.streaming_tokens = tokens, .deadline = absl::Seconds(60)});
-  const absl::Status s = run.AllUnavailable(absl::Seconds(2));
-  INFO(s);
-  CHECK(s.ok());
-  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
-  INFO(leaks.ToString());
-  CHECK(leaks.zero());
-}
-
+// The move prompt's 200 tokens: about 45 on elastic-0, then the rest on
+// elastic-1.
 TEST_CASE("the next master killed before the move ends the call UNAVAILABLE, survivor idle") {
-  KillAroundMove(1, 3);
+  KillMidDecode(1, kMovePrompt, 200, 3);
 }
 
 TEST_CASE("the old master killed after the move ends the call UNAVAILABLE, new master idle") {
-  KillAroundMove(0, 70);
+  KillMidDecode(0, kMovePrompt, 200, 70);
 }
 
 }  // namespace
