@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
   g->expired_ = &metrics.GetCounter(
       "mmserve_language_esp_spans_expired_total",
       "Held ESP spans freed by the idle lease (no span query for --esp_span_idle_s).");
+  g->moves_ = &metrics.GetCounter(
+      "mmserve_language_esp_master_moves_total",
+      "ESP requests this instance mastered until its decode range was full and handed on "
+      "to the next master (no KV moved).");
   ASSIGN_OR_RETURN(g->context_, transfer::UcxContext::Create(options.profile));
   const uint32_t cap = options.max_prompt_tokens != 0
                            ? options.max_prompt_tokens
@@ -96,6 +100,8 @@ bool EspGroups::Release(const std::string& id) {
     }
   }
   known |= decodes_.erase(id) > 0;
+  known |= waiting_.erase(id) > 0;
+  ForgetLanes(id);
   if (client_request_ == id) client_request_.clear();
   if (known) engine_.ReleaseSpan(id).IgnoreError();
   return known;
@@ -116,6 +122,7 @@ void EspGroups::ExpireIdle() {
     }
   }
   for (const std::string& id : idle) {
+    ForgetLanes(id);
     engine_.ReleaseSpan(id).IgnoreError();
     expired_->Increment();
   }

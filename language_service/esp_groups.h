@@ -7,7 +7,8 @@
 //   registration.set_esp_endpoint(esp->endpoint());
 //   // loop thread:
 //   ASSIGN_OR_RETURN(EspGroups::Prefilled p, esp->Prefill(plan, member, std::move(request)));
-//   esp->Step(emit);      // one decode step of each request mastered here
+//   esp->Step(emit, moved);  // one decode step of each request mastered here
+//   esp->Resume(id, state);  // EspMoveMaster: a waiting next master takes over
 //   esp->Release(id);     // Abort: frees its span and state
 //   esp->ExpireIdle();    // the idle lease
 //
@@ -29,8 +30,20 @@
 // A holder keeps its span (the blocks of its `keep` range) until Release
 // (the router's Abort), or until no master queried it for span_idle (the
 // idle lease; mmserve_language_esp_spans_expired_total counts those). The
-// master holds its span plus room for max_tokens new tokens (the manager
-// plans the whole future KV) and frees it when the request ends.
+// master holds its span plus room for the KV of max_tokens - 1 new tokens
+// (the manager plans the whole future KV) and frees it when the request
+// ends.
+//
+// Master moves: a plan whose members have decode ranges (EspMember.decode)
+// names a chain of masters. Each holds its span plus its range; the first
+// decodes while its range has room, then hands its state (generated
+// tokens, the sampler's seed and draws, the M-RoPE delta) on through its
+// stream (`moved`, the router passes it to the next with EspMoveMaster)
+// and keeps its KV as an ordinary held span: no KV moves. The next master
+// waits after its prefill part (its stream open) until Resume; it then
+// queries every holder, the earlier masters among them, and the last one
+// takes whatever max_tokens leaves (mmserve_language_esp_master_moves_total
+// counts the moves away from this instance).
 // Thread-safety: every method but endpoint() on the loop thread.
 #ifndef MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
 #define MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
@@ -40,6 +53,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,6 +104,9 @@ class EspGroups {
     // master's when the first token ended the request (no tokens then).
     std::optional<worker::StreamEvent> event;
     bool decodes = false;  // the master goes on: Step emits the rest
+    // A later master of the chain: it waits for Resume (its stream stays
+    // open), then Step emits its tokens.
+    bool awaits_move = false;
   };
   // Member `member`'s part of `plan` for `request`: checks, holds the span,
   // runs its rows through every layer exchanging K/V with the others, keeps
@@ -104,10 +121,21 @@ class EspGroups {
                                                   const std::function<void()>& on_joined = {});
 
   using Emit = std::function<void(const worker::StreamEvent&)>;
+  using Moved = std::function<void(const std::string& id, const worker::EspRequest::MasterState&)>;
   // One decode step of every request mastered here; each step's event goes
   // to `emit` (a request that fails ends with finish_reason kAbort and the
-  // error). A finished or failed request frees its span first.
-  void Step(const Emit& emit);
+  // error). A finished or failed request frees its span first. A request
+  // whose range is full and that has a next master moves instead: its span
+  // stays held for the next master's queries, `moved` gets its state.
+  void Step(const Emit& emit, const Moved& moved);
+  // A waiting next master of request `id` takes over from `state`.
+  // NotFound when none waits here; InvalidArgument when the state does not
+  // continue its range (tokens out of the vocabulary or not starting with
+  // its own, the wrong count, an M-RoPE delta not its own). The random
+  // stream becomes the state's (seed and draws). The caller ends the
+  // request on error.
+  [[nodiscard]] absl::Status Resume(const std::string& id,
+                                    const worker::EspRequest::MasterState& state);
   bool has_decodes() const { return !decodes_.empty(); }
   size_t num_decodes() const { return decodes_.size(); }
   // Frees request `id`'s span and state here; whether it had any.
@@ -127,14 +155,21 @@ class EspGroups {
   absl::Status AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q, int64_t rows,
                            float* out, float* lse);
   // Prefill's parts (esp_groups_prefill.cc).
+  static void PlanChain(Group& g);
   absl::Status Join(Group& g);
-  absl::Status OpenLane(Group& g);
+  absl::Status OpenLanes(Group& g);
+  void ForgetLanes(const std::string& id);
   absl::Status RunRows(Group& g);
   absl::Status Finish(Group& g, Prefilled* out);
+  absl::Status FinishMember(Group& g, const worker::StreamEvent& first, int32_t token,
+                            Prefilled* out);
   void AddSpan(Group& g);
-  void StartDecode(Group& g, int32_t first_token);
+  // The master's decode record (waiting: a later master of the chain).
+  void StartDecode(Group& g, int32_t first_token, bool waiting);
   void Drop(Group& g);
   absl::Status DecodeStep(Decode& d, worker::StreamEvent* event);
+  // Hands request `id` on to its next master (its range is full).
+  void MoveOn(const std::string& id, const Moved& moved);
 
   const EspGroupsOptions options_;
   worker::LlmEngine& engine_;
@@ -142,12 +177,21 @@ class EspGroups {
   model::cpu::ThreadPool server_pool_{1};  // the span server's
   float scale_ = 0;
   metrics::Counter* expired_ = nullptr;
+  metrics::Counter* moves_ = nullptr;
 
   mutable absl::Mutex mu_;  // the span server thread reads spans_
   std::map<uint64_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);  // by tag
 
   // Loop thread only.
   std::map<std::string, std::unique_ptr<Decode>> decodes_;
+  std::map<std::string, std::unique_ptr<Decode>> waiting_;  // later masters, until Resume
+  // The span server's lanes in use: the master each serves and the
+  // requests (spans here, masters' chains) that need it.
+  struct Lane {
+    std::string master;  // its span-reply worker address
+    std::set<std::string> ids;
+  };
+  std::map<int, Lane> lanes_;
   std::string client_request_;                  // the request the span client is connected for
   std::unique_ptr<transfer::EspInstance> esp_;  // last: its server thread stops first
 };

@@ -1,5 +1,5 @@
-// EspGroups::Step: the master's decode of spread KV, one request at a time
-// (esp_groups.h).
+// EspGroups::Step: the master's decode of spread KV, one request at a time,
+// and its moves to the next master (esp_groups.h).
 #include <utility>
 
 #include "common/logging.h"
@@ -24,7 +24,7 @@ absl::Status EspGroups::DecodeStep(Decode& d, worker::StreamEvent* event) {
   const int64_t index = r.prompt_len() + r.num_generated() - 1;
   const int64_t local = index - d.keep_begin;
   const int64_t bs = engine_.kv_cache().shape().block_size;
-  if (local / bs >= static_cast<int64_t>(d.blocks.size())) {
+  if (index >= d.end || local / bs >= static_cast<int64_t>(d.blocks.size())) {
     return absl::InternalError("the master's span is full");
   }
   const int64_t position = index + r.positions().delta;
@@ -42,12 +42,17 @@ absl::Status EspGroups::DecodeStep(Decode& d, worker::StreamEvent* event) {
   return absl::OkStatus();
 }
 
-void EspGroups::Step(const Emit& emit) {
+void EspGroups::Step(const Emit& emit, const Moved& moved) {
   std::vector<std::string> ids;
   for (const auto& [id, d] : decodes_) ids.push_back(id);
   for (const std::string& id : ids) {
     auto it = decodes_.find(id);
     if (it == decodes_.end()) continue;
+    const Decode& d = *it->second;
+    if (!d.last && d.request->prompt_len() + d.request->num_generated() - 1 >= d.end) {
+      MoveOn(id, moved);
+      continue;
+    }
     worker::StreamEvent event;
     absl::Status s = DecodeStep(*it->second, &event);
     if (!s.ok()) {
@@ -62,6 +67,49 @@ void EspGroups::Step(const Emit& emit) {
     if (event.finish_reason != worker::FinishReason::kNone) Release(id);
     emit(event);
   }
+}
+
+// Its range is full: its KV stays here as an ordinary held span (the next
+// master queries it like any other), its state goes to `moved`.
+void EspGroups::MoveOn(const std::string& id, const Moved& moved) {
+  auto it = decodes_.find(id);
+  std::unique_ptr<Decode> d = std::move(it->second);
+  decodes_.erase(it);
+  if (client_request_ == id) client_request_.clear();
+  const worker::EspRequest& r = *d->request;
+  auto span = std::make_unique<Span>();
+  span->id = id;
+  span->blocks = std::move(d->blocks);
+  span->keys = r.prompt_len() + r.num_generated() - 1 - d->keep_begin;
+  span->last_query = absl::Now();
+  const worker::EspRequest::MasterState state = r.ExportState();
+  {
+    absl::MutexLock lock(&mu_);
+    spans_[d->tag] = std::move(span);
+  }
+  moves_->Increment();
+  moved(id, state);
+}
+
+absl::Status EspGroups::Resume(const std::string& id,
+                               const worker::EspRequest::MasterState& state) {
+  auto it = waiting_.find(id);
+  if (it == waiting_.end())
+    return absl::NotFoundError("no request of that id waits to master here");
+  Decode& d = *it->second;
+  const int vocab = engine_.config().text.vocab_size;
+  for (int32_t t : state.generated) {
+    if (t < 0 || t >= vocab) return absl::InvalidArgumentError("a token outside the vocabulary");
+  }
+  // The last token's KV is the first this master writes: its range's begin.
+  if (d.request->prompt_len() + static_cast<int64_t>(state.generated.size()) - 1 != d.first_index) {
+    return absl::InvalidArgumentError("the master state does not continue this master's range");
+  }
+  RETURN_IF_ERROR(d.request->Resume(state));
+  d.last_token = state.generated.back();
+  decodes_[id] = std::move(it->second);
+  waiting_.erase(it);
+  return absl::OkStatus();
 }
 
 }  // namespace mmserve::language

@@ -17,8 +17,6 @@ struct EspGroups::Span {
   std::string id;
   std::vector<int32_t> blocks;  // the kept range's, in token order
   int64_t keys = 0;             // tokens of the range
-  int lane = 0;                 // the master's member index: its inbox lane here
-  std::string master;           // the master's span-reply worker address
   absl::Time last_query;
 };
 
@@ -28,7 +26,10 @@ struct EspGroups::Decode {
   uint64_t tag = 0;
   std::unique_ptr<worker::EspRequest> request;
   std::vector<int32_t> blocks;  // its span, then room for the new tokens
-  int64_t keep_begin = 0;       // the first prompt token of its span
+  int64_t keep_begin = 0;       // the first token of its span
+  int64_t first_index = 0;      // the first KV index it writes (its range's begin)
+  int64_t end = 0;              // one past the last KV index it may write
+  bool last = true;             // the chain's last master: no one to move on to
   int32_t last_token = -1;
   int master = 0;                                    // its member index
   std::vector<int> holders;                          // member indices holding KV, member order
@@ -43,9 +44,16 @@ struct EspGroups::Group {
   std::unique_ptr<worker::EspRequest> request;
   std::string id;
   uint64_t tag = 0;
-  std::vector<transfer::EspEndpoint> endpoints;  // member order
-  int64_t keep_begin = 0, keep_len = 0;
+  std::vector<transfer::EspEndpoint> endpoints;          // member order
+  int64_t keep_begin = 0, keep_len = 0;                  // keep_begin: its span's first token
   bool master = false, sampler = false, holder = false;  // holder: keeps KV for a master elsewhere
+  // The masters in decode order (one unless members have decode ranges),
+  // this member's place among them (-1: none) and, there, the KV indices
+  // [decode_begin, decode_end) it writes.
+  std::vector<int> chain;
+  int chain_pos = -1;
+  int64_t decode_begin = 0, decode_end = 0;
+  bool lanes = false;  // lanes_ names it
   std::vector<int32_t> blocks;
   bool held = false;  // blocks are held in the engine under id
   std::unique_ptr<transfer::UcxEspExchange> exchange;

@@ -1,4 +1,5 @@
 // EspGroups::Prefill: one member's share of a group prefill (esp_groups.h).
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -74,9 +75,9 @@ absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(const v1::EspPlan& plan,
   const v1::EspRowRange& keep = plan.members(member).keep();
   g.master = static_cast<uint32_t>(member) == plan.master();
   g.sampler = static_cast<uint32_t>(member) == plan.sampler();
-  g.keep_begin = keep.begin() == keep.end() && g.master ? len : keep.begin();
   g.keep_len = keep.end() - keep.begin();
   g.holder = g.keep_len > 0 && !g.master;
+  PlanChain(g);
   absl::Status s = Join(g);
   if (s.ok() && on_joined) on_joined();
   if (s.ok()) s = RunRows(g);
@@ -91,8 +92,31 @@ absl::StatusOr<EspGroups::Prefilled> EspGroups::Prefill(const v1::EspPlan& plan,
   return out;
 }
 
-// Connects the exchange, holds the span, opens the master's lane (a
-// holder) and waits for every member.
+// The masters in decode order, and this member's place, range and span
+// start among them (the plan is checked: the ranges tile the decode tail
+// in order, the first is plan.master's). The last master's range reaches
+// max_tokens at least (the manager's footprint: prompt + max_tokens - 1
+// slots): without ranges, the one master holds room for all of it.
+void EspGroups::PlanChain(Group& g) {
+  const v1::EspPlan& plan = *g.plan;
+  const int64_t len = g.request->prompt_len();
+  g.chain = EspMasterChain(plan);
+  g.keep_begin = plan.members(g.member).keep().begin();
+  const auto at = std::find(g.chain.begin(), g.chain.end(), g.member);
+  if (at == g.chain.end()) return;
+  g.chain_pos = static_cast<int>(at - g.chain.begin());
+  const v1::EspRowRange& d = plan.members(g.member).decode();
+  g.decode_begin = d.begin() < d.end() ? d.begin() : len;
+  g.decode_end = d.begin() < d.end() ? d.end() : len;
+  if (static_cast<size_t>(g.chain_pos) + 1 == g.chain.size()) {
+    // The last step's KV goes to index len + max_tokens - 2.
+    g.decode_end = std::max<int64_t>(g.decode_end, len + g.request->max_tokens() - 1);
+  }
+  if (g.keep_len == 0) g.keep_begin = g.decode_begin;
+}
+
+// Connects the exchange, holds the span, opens the lanes of the masters it
+// will serve and waits for every member.
 absl::Status EspGroups::Join(Group& g) {
   transfer::UcxEspExchange::Plan xplan;
   xplan.prompt_len = g.request->prompt_len();
@@ -110,33 +134,52 @@ absl::Status EspGroups::Join(Group& g) {
                        transfer::UcxEspExchange::SeqBase(g.id), options_.layer_timeout));
   // Connected first: a member that cannot hold its span tells the others.
   RETURN_IF_ERROR(g.exchange->Connect(targets));
-  const int64_t tokens = g.keep_len + (g.master ? g.request->max_tokens() : 0);
+  const int64_t tokens = g.chain_pos >= 0 ? g.decode_end - g.keep_begin : g.keep_len;
   if (tokens > 0) {
     ASSIGN_OR_RETURN(std::vector<kvpool::BlockId> blocks,
                      engine_.HoldSpan(g.id, static_cast<int>(tokens)));
     g.held = true;
     for (kvpool::BlockId b : blocks) g.blocks.push_back(b.value);
   }
-  if (g.holder) RETURN_IF_ERROR(OpenLane(g));
+  RETURN_IF_ERROR(OpenLanes(g));
   return g.exchange->Join(options_.join_timeout);
 }
 
-// A holder's lane for the group's master (its member place) on the span
-// server; refused while another master's live span uses that lane here.
-absl::Status EspGroups::OpenLane(Group& g) {
-  const int lane = static_cast<int>(g.plan->master());
-  const transfer::NoticeBoardTarget& master = g.endpoints[lane].span_reply;
+// The lanes (member places) of the masters this member will serve on its
+// span server: every master when it keeps part of the prompt, the later
+// masters of the chain when it is one. Refused while another master uses
+// such a lane here for a live request.
+absl::Status EspGroups::OpenLanes(Group& g) {
+  std::vector<int> serve;
+  for (size_t c = 0; c < g.chain.size(); ++c) {
+    const int m = g.chain[c];
+    const bool later = g.chain_pos >= 0 && static_cast<int>(c) > g.chain_pos;
+    if (m != g.member && (g.keep_len > 0 || later)) serve.push_back(m);
+  }
+  if (serve.empty()) return absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
     if (spans_.count(g.tag) != 0) return absl::AlreadyExistsError("a span of that id is held");
-    for (const auto& [tag, span] : spans_) {
-      if (span->lane == lane && span->master != master.worker_address) {
-        return absl::ResourceExhaustedError(
-            "this instance holds a span for another master in that member place");
-      }
+  }
+  for (int lane : serve) {
+    const auto it = lanes_.find(lane);
+    if (it != lanes_.end() && !it->second.ids.empty() &&
+        it->second.master != g.endpoints[lane].span_reply.worker_address) {
+      return absl::ResourceExhaustedError(
+          "this instance holds a span for another master in that member place");
     }
   }
-  return esp_->span_server().AddClient(lane, master);
+  g.lanes = true;
+  for (int lane : serve) {
+    lanes_[lane].master = g.endpoints[lane].span_reply.worker_address;
+    lanes_[lane].ids.insert(g.id);
+    RETURN_IF_ERROR(esp_->span_server().AddClient(lane, g.endpoints[lane].span_reply));
+  }
+  return absl::OkStatus();
+}
+
+void EspGroups::ForgetLanes(const std::string& id) {
+  for (auto& [lane, use] : lanes_) use.ids.erase(id);
 }
 
 // This member's rows through every layer: their tokens, M-RoPE positions
@@ -166,7 +209,7 @@ absl::Status EspGroups::RunRows(Group& g) {
     }
   }
   if (g.sampler) b.rows.logits_rows.push_back(n - 1);
-  b.keep_begin = g.keep_begin;
+  b.keep_begin = g.keep_len > 0 ? g.keep_begin : b.prompt_len;  // a later master keeps none
   const int64_t bs = engine_.kv_cache().shape().block_size;
   for (int64_t i = 0; i < g.keep_len; ++i) b.keep_slots.push_back(g.blocks[i / bs] * bs + i % bs);
   DelayedExchange delayed(*g.exchange, options_.test_step_delay);
@@ -191,13 +234,7 @@ absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
     token = s.token;
     out->event = first;
   }
-  if (!g.master) {
-    if (g.holder) AddSpan(g);
-    if (!g.holder && !g.sampler) return absl::OkStatus();
-    absl::Status s = g.exchange->SendToken(layers, master, token);
-    if (!s.ok()) Release(g.id);
-    return s;
-  }
+  if (!g.master) return FinishMember(g, first, token, out);
   for (int m = 0; m < g.plan->members_size(); ++m) {
     const v1::EspRowRange& k = g.plan->members(m).keep();
     const bool sampler = static_cast<uint32_t>(m) == g.plan->sampler();
@@ -208,7 +245,7 @@ absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
   if (!g.sampler) {
     model::SampleResult s;
     s.token = token;
-    ASSIGN_OR_RETURN(first, g.request->Push(s));
+    ASSIGN_OR_RETURN(first, g.request->PushSampledElsewhere(s));
     if (first.finish_reason != worker::FinishReason::kNone) {
       // The sampler's stream carried the token; the master's only ends.
       first.token_ids.clear();
@@ -220,11 +257,33 @@ absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
   if (first.finish_reason != worker::FinishReason::kNone) {
     if (g.held) engine_.ReleaseSpan(g.id).IgnoreError();  // a master done at once
     g.held = false;
+    ForgetLanes(g.id);
     return absl::OkStatus();
   }
-  StartDecode(g, token);
+  StartDecode(g, token, /*waiting=*/false);
   out->decodes = true;
   return absl::OkStatus();
+}
+
+// A member other than the (first) master: its span held for the masters'
+// queries, a later master's decode waiting for its move, and its notice
+// to the master (the sampler's carries the first token).
+absl::Status EspGroups::FinishMember(Group& g, const worker::StreamEvent& first, int32_t token,
+                                     Prefilled* out) {
+  if (g.holder) AddSpan(g);
+  if (g.chain_pos > 0 && first.finish_reason == worker::FinishReason::kNone) {
+    StartDecode(g, -1, /*waiting=*/true);  // Resume starts it
+    out->awaits_move = true;
+  } else if (g.chain_pos > 0) {  // the sampler's token ended it: nothing to wait for
+    engine_.ReleaseSpan(g.id).IgnoreError();
+    g.held = false;
+    ForgetLanes(g.id);
+  }
+  if (!g.holder && !g.sampler) return absl::OkStatus();
+  absl::Status s = g.exchange->SendToken(engine_.config().text.num_hidden_layers,
+                                         static_cast<int>(g.plan->master()), token);
+  if (!s.ok()) Release(g.id);
+  return s;
 }
 
 void EspGroups::AddSpan(Group& g) {
@@ -232,33 +291,37 @@ void EspGroups::AddSpan(Group& g) {
   span->id = g.id;
   span->blocks = g.blocks;
   span->keys = g.keep_len;
-  span->lane = static_cast<int>(g.plan->master());
-  span->master = g.endpoints[span->lane].span_reply.worker_address;
   span->last_query = absl::Now();
   absl::MutexLock lock(&mu_);
   spans_[g.tag] = std::move(span);
   g.held = false;  // the span owns the blocks now (Release frees them)
 }
 
-void EspGroups::StartDecode(Group& g, int32_t first_token) {
-  const int master = static_cast<int>(g.plan->master());
+// The holders it queries: the members keeping part of the prompt and the
+// earlier masters of the chain (their decode tails), in member order.
+void EspGroups::StartDecode(Group& g, int32_t first_token, bool waiting) {
+  const int self = g.member;
   auto d = std::make_unique<Decode>();
   d->id = g.id;
   d->tag = g.tag;
   d->blocks = g.blocks;
   d->keep_begin = g.keep_begin;
+  d->first_index = g.decode_begin;
+  d->end = g.decode_end;
+  d->last = static_cast<size_t>(g.chain_pos) + 1 == g.chain.size();
   d->last_token = first_token;
-  d->master = master;
+  d->master = self;
   d->servers.resize(g.plan->members_size());
   for (int m = 0; m < g.plan->members_size(); ++m) {
     const v1::EspRowRange& k = g.plan->members(m).keep();
-    if (m != master && k.begin() == k.end()) continue;
-    if (m == master) d->self_holder = static_cast<int>(d->holders.size());
+    const int c = static_cast<int>(std::find(g.chain.begin(), g.chain.end(), m) - g.chain.begin());
+    if (m != self && k.begin() == k.end() && c >= g.chain_pos) continue;
+    if (m == self) d->self_holder = static_cast<int>(d->holders.size());
     d->holders.push_back(m);
-    if (m != master) d->servers[m] = g.endpoints[m].span_inbox;
+    if (m != self) d->servers[m] = g.endpoints[m].span_inbox;
   }
   d->request = std::move(g.request);
-  decodes_[g.id] = std::move(d);
+  (waiting ? waiting_ : decodes_)[g.id] = std::move(d);
   g.held = false;  // the decode owns the blocks now
 }
 
@@ -266,6 +329,7 @@ void EspGroups::StartDecode(Group& g, int32_t first_token) {
 // owns its blocks: Finish releases those itself on error).
 void EspGroups::Drop(Group& g) {
   if (g.held) engine_.ReleaseSpan(g.id).IgnoreError();
+  if (g.lanes) ForgetLanes(g.id);
 }
 
 }  // namespace mmserve::language

@@ -71,6 +71,34 @@ absl::Status CheckKeep(const v1::EspPlan& plan, uint32_t prompt_len, uint32_t bl
   return absl::OkStatus();
 }
 
+// The decode ranges, when any: they tile [prompt_len, end) in order, the
+// first is the master's, the later ones' members keep none of the prompt.
+absl::Status CheckDecode(const v1::EspPlan& plan, uint32_t prompt_len) {
+  std::vector<std::pair<Range, int>> ranges;
+  for (int i = 0; i < plan.members_size(); ++i) {
+    const v1::EspRowRange& d = plan.members(i).decode();
+    if (d.begin() > d.end()) return Invalid(absl::StrCat("member ", i, "'s decode is reversed"));
+    if (d.begin() < d.end()) ranges.push_back({{d.begin(), d.end()}, i});
+  }
+  if (ranges.empty()) return absl::OkStatus();
+  std::sort(ranges.begin(), ranges.end());
+  if (ranges[0].second != static_cast<int>(plan.master())) {
+    return Invalid("the master must decode first");
+  }
+  uint32_t next = prompt_len;
+  for (size_t c = 0; c < ranges.size(); ++c) {
+    const auto& [range, member] = ranges[c];
+    const v1::EspRowRange& keep = plan.members(member).keep();
+    if (range.first != next || (c > 0 && keep.begin() != keep.end())) {
+      return Invalid(
+          "the decode ranges must follow the prompt and each other, and only the "
+          "first master may keep part of the prompt");
+    }
+    next = range.second;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckEspPlan(const v1::EspPlan& plan, uint32_t prompt_len, uint32_t block_size) {
@@ -94,7 +122,7 @@ absl::Status CheckEspPlan(const v1::EspPlan& plan, uint32_t prompt_len, uint32_t
   if (master.begin() != master.end() && master.end() != prompt_len) {
     return Invalid("the master must keep the span that ends the prompt, or none");
   }
-  return absl::OkStatus();
+  return CheckDecode(plan, prompt_len);
 }
 
 std::vector<int32_t> EspMemberRows(const v1::EspMember& member) {
@@ -103,6 +131,19 @@ std::vector<int32_t> EspMemberRows(const v1::EspMember& member) {
     for (uint32_t i = r.begin(); i < r.end(); ++i) rows.push_back(static_cast<int32_t>(i));
   }
   return rows;
+}
+
+std::vector<int> EspMasterChain(const v1::EspPlan& plan) {
+  std::vector<std::pair<uint32_t, int>> ranges;  // (begin, member)
+  for (int m = 0; m < plan.members_size(); ++m) {
+    const v1::EspRowRange& d = plan.members(m).decode();
+    if (d.begin() < d.end()) ranges.emplace_back(d.begin(), m);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<int> chain;
+  for (const auto& [begin, m] : ranges) chain.push_back(m);
+  if (chain.empty()) chain.push_back(static_cast<int>(plan.master()));
+  return chain;
 }
 
 }  // namespace mmserve::language

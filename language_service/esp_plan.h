@@ -26,12 +26,18 @@ inline constexpr int kMaxEspMembers = 16;
 // together exactly [0, prompt_len), each non-empty one starting on a
 // multiple of block_size; the sampler computes row prompt_len - 1; the
 // master keeps the range that ends at prompt_len or none of the prompt
-// (its span is then only the decode tail).
+// (its span is then only the decode tail); the non-empty decode ranges, if
+// any, tile [prompt_len, the last one's end) in order, the first is the
+// master's and the later members keep none of the prompt.
 [[nodiscard]] absl::Status CheckEspPlan(const v1::EspPlan& plan, uint32_t prompt_len,
                                         uint32_t block_size);
 
 // The global rows a member computes, ascending (plan checked).
 std::vector<int32_t> EspMemberRows(const v1::EspMember& member);
+
+// The masters in decode order (plan checked): the members with decode
+// ranges by their begin, or plan.master alone when none has one.
+std::vector<int> EspMasterChain(const v1::EspPlan& plan);
 
 }  // namespace mmserve::language
 

@@ -86,5 +86,40 @@ TEST_CASE("plans that miss or repeat rows or KV are refused", "[esp_plan]") {
   CHECK(refused(p));
 }
 
+void SetDecode(v1::EspPlan& p, int m, uint32_t begin, uint32_t end) {
+  p.mutable_members(m)->mutable_decode()->set_begin(begin);
+  p.mutable_members(m)->mutable_decode()->set_end(end);
+}
+
+TEST_CASE("decode ranges name a chain of masters after the prompt", "[esp_plan]") {
+  // b keeps [4, 10) and decodes [10, 12); a decodes [12, 20) after it.
+  v1::EspPlan p = Good();
+  p.mutable_members(0)->mutable_keep()->set_end(0);
+  p.mutable_members(1)->mutable_keep()->set_begin(0);
+  SetDecode(p, 1, 10, 12);
+  SetDecode(p, 0, 12, 20);
+  CHECK(CheckEspPlan(p, 10, 4).ok());
+  auto refused = [](const v1::EspPlan& q) {
+    return CheckEspPlan(q, 10, 4).code() == absl::StatusCode::kInvalidArgument;
+  };
+  v1::EspPlan q = p;
+  SetDecode(q, 0, 13, 20);
+  CHECK(refused(q));  // a gap
+  q = p;
+  SetDecode(q, 1, 11, 12);
+  CHECK(refused(q));  // not right after the prompt
+  q = p;
+  q.set_master(0);
+  q.mutable_members(0)->mutable_keep()->set_end(0);
+  CHECK(refused(q));  // the first range is not the master's
+  q = p;
+  SetDecode(q, 0, 20, 12);
+  CHECK(refused(q));  // reversed
+  v1::EspPlan r = Good();
+  SetDecode(r, 1, 10, 12);
+  SetDecode(r, 0, 12, 20);
+  CHECK(refused(r));  // a later master keeps part of the prompt
+}
+
 }  // namespace
 }  // namespace mmserve::language

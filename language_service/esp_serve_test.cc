@@ -4,13 +4,17 @@
 // what main puts in the registration). The sampler's first token and the
 // master's tokens are role both's; after the prefill each holder keeps
 // exactly its range's blocks; Abort on every member leaves nothing held. A
-// prompt longer than one instance's KV pool is served by two of them.
+// prompt longer than one instance's KV pool is served by two of them. A
+// plan with decode ranges moves the master when its range is full (the
+// test passes the state on as the router does): greedy and seeded tokens
+// and text stay role both's, the old master keeps its KV as a held span.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "language_service/esp_plan.h"
 #include "language_service/roles_testing.h"
 
 namespace mmserve::language::testing {
@@ -82,6 +86,30 @@ std::vector<Share> EvenShares(uint32_t len, int n) {
   return s;
 }
 
+// Member m's EspPrefill call of `plan` for `request`.
+v1::EspPrefillRequest MemberCall(const v1::EspPlan& plan, v1::PrefillRequest request, size_t m) {
+  v1::EspPrefillRequest r;
+  *r.mutable_request() = std::move(request);
+  *r.mutable_plan() = plan;
+  r.set_member(static_cast<uint32_t>(m));
+  return r;
+}
+
+// Abort(id) on every member, then nothing is left on any.
+void AbortAndCheckIdle(const std::vector<Instance*>& members, const std::string& id) {
+  for (Instance* i : members) {
+    v1::AbortRequest a;
+    a.set_request_id(id);
+    v1::AbortResponse ar;
+    grpc::ClientContext ctx;
+    REQUIRE(i->stub->Abort(&ctx, a, &ar).ok());
+  }
+  for (Instance* i : members) {
+    CHECK(i->Idle());
+    CHECK(i->core->num_esp_spans() == 0);
+  }
+}
+
 // Every member's EspPrefill at once; request(m) is member m's copy.
 std::vector<Stream> RunGroup(const std::vector<Instance*>& members, const v1::EspPlan& plan,
                              const std::function<v1::PrefillRequest(int)>& request) {
@@ -89,12 +117,9 @@ std::vector<Stream> RunGroup(const std::vector<Instance*>& members, const v1::Es
   std::vector<std::thread> threads;
   for (size_t m = 0; m < members.size(); ++m) {
     threads.emplace_back([&, m] {
-      v1::EspPrefillRequest r;
-      *r.mutable_request() = request(static_cast<int>(m));
-      *r.mutable_plan() = plan;
-      r.set_member(static_cast<uint32_t>(m));
       grpc::ClientContext ctx;
-      auto reader = members[m]->stub->EspPrefill(&ctx, r);
+      auto reader =
+          members[m]->stub->EspPrefill(&ctx, MemberCall(plan, request(static_cast<int>(m)), m));
       DrainUsage(reader, &out[m]);
     });
   }
@@ -145,17 +170,7 @@ void CheckGroup(const std::vector<Instance*>& members, const std::vector<Share>&
     CHECK(UsedBlocks(*members[m], Blocks(keep)) == Blocks(keep));
     CHECK(members[m]->core->num_esp_spans() == (keep > 0 ? 1u : 0u));
   }
-  for (Instance* i : members) {
-    v1::AbortRequest a;
-    a.set_request_id(request(0).request_id());
-    v1::AbortResponse ar;
-    grpc::ClientContext ctx;
-    REQUIRE(i->stub->Abort(&ctx, a, &ar).ok());
-  }
-  for (Instance* i : members) {
-    CHECK(i->Idle());
-    CHECK(i->core->num_esp_spans() == 0);
-  }
+  AbortAndCheckIdle(members, request(0).request_id());
 }
 
 std::vector<std::unique_ptr<Instance>> Elastic(int n, transfer::TransportProfile profile,
@@ -247,6 +262,187 @@ TEST_CASE("a prompt longer than one instance's KV pool is served by two", "[esp]
   CHECK(clock.ElapsedSeconds() < 5.0);
   CHECK(elastic[0]->Idle());
   CHECK(elastic[1]->Idle());
+}
+
+// One stream's batches, in order, and how the move it asked for went.
+struct Batches {
+  std::vector<v1::TokenBatch> batches;
+  grpc::Status status, move;
+};
+
+// Every member's EspPrefill at once; a stream's esp_moved batch makes its
+// reader pass the state to the next master of the chain, as the router
+// does.
+std::vector<Batches> RunMoving(
+    const std::vector<Instance*>& members, const v1::EspPlan& plan,
+    const v1::PrefillRequest& request,
+    const std::function<void(v1::EspMoveRequest&)>& tamper = [](v1::EspMoveRequest&) {}) {
+  const std::vector<int> chain = EspMasterChain(plan);
+  std::vector<Batches> out(members.size());
+  std::vector<std::thread> threads;
+  for (size_t m = 0; m < members.size(); ++m) {
+    threads.emplace_back([&, m] {
+      grpc::ClientContext ctx;
+      auto reader = members[m]->stub->EspPrefill(&ctx, MemberCall(plan, request, m));
+      v1::TokenBatch b;
+      while (reader->Read(&b)) {
+        out[m].batches.push_back(b);
+        if (!b.has_esp_moved()) continue;
+        const auto at = std::find(chain.begin(), chain.end(), static_cast<int>(m));
+        if (at + 1 >= chain.end()) {  // no Catch2 assertions off the test's thread
+          out[m].move = grpc::Status(grpc::StatusCode::INTERNAL, "the last master moved");
+          continue;
+        }
+        v1::EspMoveRequest move;
+        move.set_request_id(request.request_id());
+        *move.mutable_state() = b.esp_moved();
+        tamper(move);
+        grpc::ClientContext move_ctx;
+        v1::EspMoveAck ack;
+        out[m].move = members[*(at + 1)]->stub->EspMoveMaster(&move_ctx, move, &ack);
+      }
+      out[m].status = reader->Finish();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+// The client's view: the sampler's first token, then each master's
+// batches in chain order.
+Output Assemble(const std::vector<Batches>& got, const v1::EspPlan& plan) {
+  Output out;
+  auto add = [&out](const v1::TokenBatch& b) {
+    out.tokens.insert(out.tokens.end(), b.token_ids().begin(), b.token_ids().end());
+    out.text += b.text();
+    if (b.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) out.finish = b.finish_reason();
+  };
+  const int sampler = static_cast<int>(plan.sampler());
+  REQUIRE(!got[sampler].batches.empty());
+  add(got[sampler].batches[0]);
+  for (int m : EspMasterChain(plan)) {
+    for (size_t k = m == sampler ? 1 : 0; k < got[m].batches.size(); ++k) add(got[m].batches[k]);
+  }
+  return out;
+}
+
+// n members: member 0 computes the first rows and keeps the whole prompt;
+// the last computes the last rows and samples. Decode: member 0 masters
+// [len, x) (x: the block after the prompt's, 5 to 8 tokens), then each
+// next member 4 tokens, the last the rest.
+v1::EspPlan MovingPlan(const std::vector<Instance*>& members, uint32_t len, uint32_t max_tokens) {
+  const int n = static_cast<int>(members.size());
+  std::vector<Share> shares(n);
+  for (int m = 0; m < n; ++m) {
+    shares[m].begin = len * m / n;
+    shares[m].end = len * (m + 1) / n;
+  }
+  shares[0].keep_end = len;
+  v1::EspPlan plan = MakePlan(members, shares, n - 1, 0);
+  uint32_t begin = len, end = (len / kBlock + 2) * kBlock;
+  for (int m = 0; m < n; ++m) {
+    if (m == n - 1) end = std::max(end, len + max_tokens);
+    plan.mutable_members(m)->mutable_decode()->set_begin(begin);
+    plan.mutable_members(m)->mutable_decode()->set_end(end);
+    begin = end;
+    end += kBlock;
+  }
+  return plan;
+}
+
+// The instance's master moves (its metric, as rendered).
+double Moves(Instance& i) {
+  const std::string name = "\nmmserve_language_esp_master_moves_total ";
+  const std::string text = i.registry.Render();
+  const size_t at = text.find(name);
+  return at == std::string::npos ? 0 : std::stod(text.substr(at + name.size()));
+}
+
+TEST_CASE("a master whose range is full moves on without copying KV; tokens stay role both's",
+          "[esp]") {
+  Instance both(LanguageRole::kBoth);
+  const std::string text =
+      "Tell me a long story about elastic sequence parallelism across instances.";
+  constexpr uint32_t kTokens = 16;
+  for (transfer::TransportProfile profile :
+       {transfer::TransportProfile::kShm, transfer::TransportProfile::kTcp}) {
+    auto elastic = Elastic(3, profile);
+    int n = 0;
+    for (int size : {2, 3}) {
+      for (bool seeded : {false, true}) {
+        INFO(transfer::TransportProfileName(profile)
+             << ", " << size << " members" << (seeded ? ", seeded" : ", greedy"));
+        mmserve::v1::SamplingParams s = Greedy(kTokens);
+        if (seeded) {
+          s.set_temperature(0.9f);
+          s.set_top_p(0.95f);
+          s.set_seed(4321);
+        }
+        const v1::PrefillRequest request = Request("move" + std::to_string(n++), text, s);
+        const Stream want = RunBothWithUsage(both, request);
+        REQUIRE(want.out.status.ok());
+        REQUIRE(want.out.tokens.size() == kTokens);
+        const uint32_t len = want.prompt_tokens;
+        const std::vector<Instance*> members = Ptrs(elastic, size);
+        const v1::EspPlan plan = MovingPlan(members, len, kTokens);
+        REQUIRE(CheckEspPlan(plan, len, kBlock).ok());
+        std::vector<double> moves_before;
+        for (Instance* i : members) moves_before.push_back(Moves(*i));
+        const std::vector<Batches> got = RunMoving(members, plan, request);
+        for (size_t m = 0; m < members.size(); ++m) {
+          INFO("member " << m << ": " << got[m].status.error_message() << " / "
+                         << got[m].move.error_message());
+          REQUIRE(got[m].status.ok());
+          REQUIRE(got[m].move.ok());
+        }
+        const Output out = Assemble(got, plan);
+        CHECK(out.tokens == want.out.tokens);
+        CHECK(out.text == want.out.text);
+        CHECK(out.finish == want.out.finish);
+        // Every master but the last moved once; each keeps its span (the
+        // first: the prompt and its range; the others: their range) as a
+        // held span, the last freed its own at the end. No KV moved.
+        for (int m = 0; m < size; ++m) {
+          INFO("member " << m);
+          const bool last = m == size - 1;
+          CHECK(Moves(*members[m]) - moves_before[m] == (last ? 0 : 1));
+          const v1::EspRowRange& d = plan.members(m).decode();
+          const uint32_t held = last ? 0 : (m == 0 ? d.end() : d.end() - d.begin());
+          CHECK(UsedBlocks(*members[m], Blocks(held)) == Blocks(held));
+          CHECK(members[m]->core->num_esp_spans() == (last ? 0u : 1u));
+        }
+        AbortAndCheckIdle(members, request.request_id());
+      }
+    }
+  }
+}
+
+TEST_CASE("a move the next master cannot continue ends its stream; nothing is left", "[esp]") {
+  auto elastic = Elastic(2, transfer::TransportProfile::kShm);
+  const std::vector<Instance*> members = Ptrs(elastic, 2);
+  const v1::PrefillRequest request =
+      Request("badmove", "Tell me a story about moving masters and their spans.", Greedy(16));
+  Instance both(LanguageRole::kBoth);
+  const Stream want = RunBothWithUsage(both, request);
+  REQUIRE(want.out.status.ok());
+  const v1::EspPlan plan = MovingPlan(members, want.prompt_tokens, 16);
+  // Unknown requests are not found.
+  v1::EspMoveRequest move;
+  move.set_request_id("nobody");
+  move.mutable_state()->add_generated_token_ids(1);
+  grpc::ClientContext ctx;
+  v1::EspMoveAck ack;
+  CHECK(members[1]->stub->EspMoveMaster(&ctx, move, &ack).error_code() ==
+        grpc::StatusCode::NOT_FOUND);
+  // A state one token short of the next master's range: refused, and its
+  // stream ends INVALID_ARGUMENT.
+  const std::vector<Batches> got = RunMoving(members, plan, request, [](v1::EspMoveRequest& m) {
+    m.mutable_state()->mutable_generated_token_ids()->RemoveLast();
+  });
+  CHECK(got[0].status.ok());
+  CHECK(got[0].move.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(got[1].status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  AbortAndCheckIdle(members, request.request_id());
 }
 
 }  // namespace

@@ -132,7 +132,7 @@ bool LanguageCore::Post(Message message) { return loop_->Post(std::move(message)
 
 void LanguageCore::Handle(Message& message) {
   std::visit(
-      [this](auto& m) {
+      [this, &message](auto& m) {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, Message::Install>) {
           OnInstall(std::move(m.request));
@@ -151,9 +151,9 @@ void LanguageCore::Handle(Message& message) {
         } else if constexpr (std::is_same_v<M, Message::CommitKv>) {
           m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
                                   : CommitReservedKv(*m.commit));
-        } else if constexpr (std::is_same_v<M, Message::HoldSpan>) {
-          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
-                                  : HoldSpanHere(m.id, m.tokens));
+        } else if constexpr (std::is_same_v<M, Message::HoldSpan> ||
+                             std::is_same_v<M, Message::EspMove>) {
+          HandleEsp(message);
         } else {
           static_assert(std::is_same_v<M, Message::ShutDown>);
           OnShutDown();

@@ -152,6 +152,13 @@ class LanguageCore {
   // finish; every other member's ends OK, empty, once its span is kept (or
   // freed, when it keeps none). Unimplemented on other roles.
   [[nodiscard]] absl::Status EspPrefill(const v1::EspPrefillRequest& request, RequestSink sink);
+  // Role elastic: the request's next master (this instance, waiting in its
+  // EspPrefill) takes over from the previous one's state (its stream's
+  // TokenBatch.esp_moved) and streams the tokens after it. NotFound when no
+  // such request waits here to master; InvalidArgument when the state does
+  // not continue its decode range (the request ends); Unimplemented on
+  // other roles.
+  [[nodiscard]] absl::Status EspMoveMaster(const v1::EspMoveRequest& request);
   // Role elastic: InstanceInfo.esp_endpoint (empty on other roles).
   std::string esp_endpoint() const { return esp_ == nullptr ? "" : esp_->endpoint(); }
   // Spans held here for other masters' decodes (role elastic).
@@ -204,8 +211,13 @@ class LanguageCore {
   absl::StatusOr<v1::KvAllocation> ReserveKv(const v1::KvAllocateRequest& request);
   // CommitKv on the loop thread.
   absl::Status CommitReservedKv(const v1::KvCommit& commit);
-  // HoldSpan on the loop thread.
+  // HoldSpan and EspMoveMaster on the loop thread (language_core_esp.cc).
+  void HandleEsp(Message& message);
   absl::StatusOr<std::vector<int32_t>> HoldSpanHere(const std::string& id, int tokens);
+  absl::Status MoveMasterHere(const v1::EspMoveRequest& request);
+  // A master's decode range is full: its stream's last batch hands the
+  // state on and ends OK (its KV stays held as a span).
+  void OnMasterMoved(const std::string& id, const worker::EspRequest::MasterState& state);
   // The one place a request's phase changes (language_core_request.h).
   void Advance(Request& r, RequestEvent event);
   // The hand-off's metrics (constructor only).

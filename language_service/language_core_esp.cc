@@ -3,6 +3,7 @@
 // and the decode steps of the requests mastered here.
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -20,6 +21,55 @@ absl::StatusOr<std::vector<int32_t>> LanguageCore::HoldSpan(const std::string& i
   return loop_->Call<Answer>([&id, tokens](Reply<Answer> reply) {
     return Message{Message::HoldSpan{id, tokens, std::move(reply)}};
   });
+}
+
+absl::Status LanguageCore::EspMoveMaster(const v1::EspMoveRequest& request) {
+  if (esp_ == nullptr) return absl::UnimplementedError("only role elastic masters ESP requests");
+  return loop_->Call<absl::Status>([&request](Reply<absl::Status> reply) {
+    return Message{Message::EspMove{&request, std::move(reply)}};
+  });
+}
+
+void LanguageCore::HandleEsp(Message& message) {
+  const absl::Status down = absl::UnavailableError("the language instance is shutting down");
+  if (auto* hold = std::get_if<Message::HoldSpan>(&message.body)) {
+    hold->reply.Send(shut_down_ ? down : HoldSpanHere(hold->id, hold->tokens));
+  } else if (auto* move = std::get_if<Message::EspMove>(&message.body)) {
+    move->reply.Send(shut_down_ ? down : MoveMasterHere(*move->request));
+  }
+}
+
+absl::Status LanguageCore::MoveMasterHere(const v1::EspMoveRequest& request) {
+  const std::string& id = request.request_id();
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->esp_plan == nullptr) {
+    return absl::NotFoundError("no request of that id waits to master here");
+  }
+  const v1::EspMasterState& m = request.state();
+  worker::EspRequest::MasterState state{
+      .generated =
+          std::vector<int32_t>(m.generated_token_ids().begin(), m.generated_token_ids().end()),
+      .seed = m.seed(),
+      .draws = m.sampler_draws(),
+      .mrope_delta = m.mrope_position_delta()};
+  absl::Status s = esp_->Resume(id, state);
+  if (!s.ok() && !absl::IsNotFound(s)) End(id, s);
+  return s;
+}
+
+void LanguageCore::OnMasterMoved(const std::string& id,
+                                 const worker::EspRequest::MasterState& state) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  v1::TokenBatch b;
+  b.set_request_id(id);
+  v1::EspMasterState* m = b.mutable_esp_moved();
+  for (int32_t t : state.generated) m->add_generated_token_ids(static_cast<uint32_t>(t));
+  m->set_seed(state.seed);
+  m->set_sampler_draws(state.draws);
+  m->set_mrope_position_delta(state.mrope_delta);
+  it->second->sink.on_batch(std::move(b));
+  End(id, absl::OkStatus());  // its span stays held
 }
 
 absl::StatusOr<std::vector<int32_t>> LanguageCore::HoldSpanHere(const std::string& id, int tokens) {
@@ -65,15 +115,18 @@ void LanguageCore::AdmitEsp(Request& r) {
     End(id, p.status());
     return;
   }
-  if (p->event.has_value()) OnEvent(*p->event);  // may end the request
-  if (!p->decodes) End(id, absl::OkStatus());    // no-op when it ended
+  if (p->event.has_value()) OnEvent(*p->event);                   // may end the request
+  if (!p->decodes && !p->awaits_move) End(id, absl::OkStatus());  // no-op when it ended
 }
 
 bool LanguageCore::StepEsp() {
   if (esp_ == nullptr) return false;
   esp_->ExpireIdle();
   if (!esp_->has_decodes()) return false;
-  esp_->Step([this](const worker::StreamEvent& e) { OnEvent(e); });
+  esp_->Step([this](const worker::StreamEvent& e) { OnEvent(e); },
+             [this](const std::string& id, const worker::EspRequest::MasterState& state) {
+               OnMasterMoved(id, state);
+             });
   return esp_->has_decodes();
 }
 

@@ -142,10 +142,14 @@ struct LanguageCore::Message {
     int tokens = 0;
     Reply<absl::StatusOr<std::vector<int32_t>>> reply;
   };
+  struct EspMove {
+    const v1::EspMoveRequest* request;  // the caller's, alive until the reply
+    Reply<absl::Status> reply;
+  };
   struct ShutDown {};  // ends every request; the last message handled
 
   std::variant<Install, Abort, Retry, Connected, ImageReceived, AllocateKv, CommitKv, HoldSpan,
-               ShutDown>
+               EspMove, ShutDown>
       body;
 };
 

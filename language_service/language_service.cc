@@ -108,6 +108,13 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
                     [request](PrefillReactor& r) { r.StartEsp(*request); });
 }
 
+grpc::ServerUnaryReactor* LanguageService::EspMoveMaster(grpc::CallbackServerContext* ctx,
+                                                         const v1::EspMoveRequest* request,
+                                                         v1::EspMoveAck*) {
+  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
+  return FinishUnary(ctx, ToGrpcStatus(core_.EspMoveMaster(*request)));
+}
+
 grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContext* ctx,
                                                       const v1::KvAllocateRequest* request,
                                                       v1::KvAllocation* response) {

@@ -31,6 +31,10 @@ class LanguageService final : public v1::Language::CallbackService {
   // Role elastic: one member's part of a group prefill (LanguageCore::EspPrefill).
   grpc::ServerWriteReactor<v1::TokenBatch>* EspPrefill(
       grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) override;
+  // Role elastic: the next master of a group takes over (LanguageCore::EspMoveMaster).
+  grpc::ServerUnaryReactor* EspMoveMaster(grpc::CallbackServerContext* ctx,
+                                          const v1::EspMoveRequest* request,
+                                          v1::EspMoveAck* response) override;
   grpc::ServerUnaryReactor* AllocateKv(grpc::CallbackServerContext* ctx,
                                        const v1::KvAllocateRequest* request,
                                        v1::KvAllocation* response) override;

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "common/logging.h"
+#include "language_service/esp_plan.h"
+
 namespace mmserve::router {
 
 std::shared_ptr<ElasticCall> ElasticCall::Self() {
@@ -55,7 +58,8 @@ void ElasticCall::StartLanguage(internal::v1::PrefillRequest prefill) {
     return;
   }
   sampler_ = plan_->sampler();
-  master_ = plan_->master();
+  for (int m : language::EspMasterChain(*plan_)) chain_.push_back(static_cast<size_t>(m));
+  master_ = chain_[0];
   master_carries_ = sampler_ == master_;
   for (size_t m = 0; m < members_.size(); ++m) {
     internal::v1::EspPrefillRequest request;
@@ -96,12 +100,12 @@ void ElasticCall::LockedOnBatch(size_t member, const internal::v1::TokenBatch& b
     RelayBatch(batch);  // re-dispatches the images
     return;
   }
-  if (batch.token_ids_size() == 0 &&
+  if (batch.token_ids_size() == 0 && !batch.has_esp_moved() &&
       batch.finish_reason() == mmserve::v1::FINISH_REASON_UNSPECIFIED) {
     return;  // nothing for the client
   }
   if (master_carries_) {
-    if (member == master_) Relay(member, batch);
+    if (member == master_) Carry(batch);
   } else if (member == sampler_) {
     Relay(member, batch);
     HandToMaster();
@@ -125,9 +129,49 @@ void ElasticCall::HandToMaster() {
   held_.clear();
   for (const auto& b : held) {
     if (phase() == CallPhase::kEnded || final_member_) return;
-    Relay(master_, b);
+    Carry(b);
   }
-  if (held_closed_ok_) LockedOnDone(master_, grpc::Status::OK);
+  if (held_closed_ok_) LockedOnDone(chain_[0], grpc::Status::OK);  // only the first is held
+}
+
+void ElasticCall::Carry(const internal::v1::TokenBatch& batch) {
+  if (!batch.has_esp_moved()) {
+    Relay(master_, batch);
+  } else if (chain_at_ + 1 >= chain_.size()) {
+    End(absl::InternalError("the last elastic master moved on"));
+  } else {
+    MoveMaster(batch.esp_moved());
+  }
+}
+
+void ElasticCall::MoveMaster(const internal::v1::EspMasterState& state) {
+  master_ = chain_[++chain_at_];
+  auto request = std::make_shared<internal::v1::EspMoveRequest>();
+  request->set_request_id(id_);
+  *request->mutable_state() = state;
+  auto ctx = std::make_shared<grpc::ClientContext>();
+  ctx->set_deadline(deadline_);
+  auto ack = std::make_shared<internal::v1::EspMoveAck>();
+  deferred_.Defer([self = Self(), lang = members_[master_], member = master_, ctx, request, ack,
+                   pool = &pool_, id = id_] {
+    pool->MasterMoved(id, member);
+    lang->language->async()->EspMoveMaster(ctx.get(), request.get(), ack.get(),
+                                           [self, member, ctx, request, ack](grpc::Status s) {
+                                             if (!s.ok()) self->OnMoveFailed(member, s);
+                                           });
+  });
+}
+
+void ElasticCall::OnMoveFailed(size_t member, const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    LOG(WARNING) << "EspMoveMaster " << id_ << ": " << status.error_message();
+    if (phase() != CallPhase::kEnded) {
+      LastStreamClosed(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the master move failed"),
+                       "elastic member", members_[member]->id);
+    }
+  }
+  deferred_.Run();
 }
 
 void ElasticCall::OnDone(size_t member, const grpc::Status& status) {

@@ -10,8 +10,15 @@
 // In a group the sampler's stream carries the first token and the
 // master's the rest; the master's batches (and its OK close) that arrive
 // before the first token are held and relayed after it. The other members'
-// streams end OK once their span is kept. Any member's stream failing, or
-// any member going down, ends the call (UNAVAILABLE for a lost instance).
+// streams end OK once their span is kept. With decode ranges in the plan
+// the masters form a chain (language_service/esp_plan.h EspMasterChain): a
+// master whose range is full sends TokenBatch.esp_moved as its last batch,
+// the call passes that state to the next master with EspMoveMaster
+// (deadline: the call's) and relays the next master's stream from then on
+// (mmserve_router_esp_master_moves_total); the next master's stream is open
+// from the start and carries nothing before it. Any member's stream
+// failing, a failed move, or any member going down, ends the call
+// (UNAVAILABLE for a lost instance).
 // Ending for any reason cancels the open streams and tells the pool
 // (EspPool::Finished), which frees the request's slots and sends Abort to
 // every member of its group. Built by GenerateCall::Start. Thread-safe.
@@ -61,6 +68,11 @@ class ElasticCall final : public GenerateCall {
   // From now on the master's stream carries the tokens: its held batches
   // (and OK close) are replayed.
   void HandToMaster() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A batch of the carrying master's stream: relayed, or its move.
+  void Carry(const internal::v1::TokenBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next master of the chain takes over from `state`.
+  void MoveMaster(const internal::v1::EspMasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnMoveFailed(size_t member, const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   EspPool& pool_;
   const absl::StatusOr<EspLength> length_;
@@ -68,6 +80,9 @@ class ElasticCall final : public GenerateCall {
   std::vector<std::shared_ptr<Instance>> members_ ABSL_GUARDED_BY(mu_);
   std::optional<internal::v1::EspPlan> plan_ ABSL_GUARDED_BY(mu_);
   size_t sampler_ ABSL_GUARDED_BY(mu_) = 0;
+  // The masters in decode order and the one that carries now (master_).
+  std::vector<size_t> chain_ ABSL_GUARDED_BY(mu_);
+  size_t chain_at_ ABSL_GUARDED_BY(mu_) = 0;
   size_t master_ ABSL_GUARDED_BY(mu_) = 0;
   // Cancels member i's stream while it is open (null once it closed).
   std::vector<std::function<void()>> cancels_ ABSL_GUARDED_BY(mu_);

@@ -17,10 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
+#include "language_service/esp_plan.h"
 #include "proto/language.grpc.pb.h"
 #include "router/call_testing.h"
 #include "router/esp_pool.h"
@@ -67,9 +69,11 @@ class FakeElastic final : public Healthy<internal::v1::Language::Service> {
     w->Write(Final(2, "b"));
     return grpc::Status::OK;
   };
-  std::atomic<int> prefills{0}, esps{0};
+  std::atomic<int> prefills{0}, esps{0}, moves{0};
+  grpc::Status move_status = grpc::Status::OK;  // EspMoveMaster's answer
   absl::Mutex mu;
   std::vector<EspPrefillRequest> esp_requests ABSL_GUARDED_BY(mu);
+  std::vector<internal::v1::EspMoveRequest> move_requests ABSL_GUARDED_BY(mu);
   std::multiset<std::string> aborts ABSL_GUARDED_BY(mu);
 
   grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
@@ -92,6 +96,15 @@ class FakeElastic final : public Healthy<internal::v1::Language::Service> {
     }
     ++esps;
     return esp(*r, ctx, w);
+  }
+  grpc::Status EspMoveMaster(grpc::ServerContext*, const internal::v1::EspMoveRequest* r,
+                             internal::v1::EspMoveAck*) override {
+    {
+      absl::MutexLock lock(&mu);
+      move_requests.push_back(*r);
+    }
+    ++moves;
+    return move_status;
   }
   grpc::Status Abort(grpc::ServerContext*, const internal::v1::AbortRequest* r,
                      internal::v1::AbortResponse*) override {
@@ -144,6 +157,7 @@ class ElasticStack {
     for (auto& s : servers_) s->Shutdown(absl::ZeroDuration());
   }
   const RouterContext& context() const { return context_; }
+  metrics::Registry& metrics() { return metrics_; }
   EspPool& pool() { return pool_; }
   size_t TotalAbortsOf(const std::string& id) {
     size_t n = 0;
@@ -212,6 +226,19 @@ void RunOk(ElasticStack& stack, mmserve::v1::GenerateRequest request, const std:
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().ok());
   CHECK(outcome.Text() == text);
+}
+
+// Runs `request` to its end: UNAVAILABLE after the client got `text`;
+// every member got Abort and the pool holds nothing.
+void RunUnavailable(ElasticStack& stack, mmserve::v1::GenerateRequest request,
+                    const std::string& text) {
+  const std::string id = request.request_id();
+  Outcome outcome;
+  Start(stack, outcome, std::move(request));
+  REQUIRE(outcome.WaitForEnd());
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(outcome.Text() == text);
+  CheckAllAborted(stack, id);
 }
 
 TEST_CASE("a request that fits one instance runs there at degree 1") {
@@ -314,12 +341,7 @@ TEST_CASE("a master lost mid-decode ends the call UNAVAILABLE after its tokens")
     w->Write(Tokens(2, "b"));
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "master lost");
   });
-  Outcome outcome;
-  Start(stack, outcome, Prompt("r7", 3000, 8));
-  REQUIRE(outcome.WaitForEnd());
-  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
-  CHECK(outcome.Text() == "ab");
-  CheckAllAborted(stack, "r7");
+  RunUnavailable(stack, Prompt("r7", 3000, 8), "ab");
 }
 
 // Checks, from inside the fakes while calls run, that no instance is
@@ -384,6 +406,59 @@ TEST_CASE("property: promised slots stay within capacity, one plan and master pe
   CHECK(inv.violations.empty());
   CHECK(!inv.plan_of.empty());  // some requests needed a group
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+}
+
+// The sampler writes the first token; the chain's first master the second,
+// then moves; the next master waits for its EspMoveMaster (or the call's
+// cancel) and writes the last.
+FakeElastic::EspScript MovingMasters(ElasticStack& stack) {
+  return [&stack](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    const std::vector<int> chain = language::EspMasterChain(r.plan());
+    const int member = static_cast<int>(r.member());
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    if (member == chain[0]) {
+      w->Write(Tokens(2, "b"));
+      TokenBatch moved;
+      moved.mutable_esp_moved()->add_generated_token_ids(1);
+      moved.mutable_esp_moved()->add_generated_token_ids(2);
+      w->Write(moved);
+    } else if (chain.size() > 1 && member == chain[1]) {
+      FakeElastic& me = *stack.fakes[r.plan().members(member).instance_id() == "x0" ? 0 : 1];
+      WaitFor([&] { return me.moves > 0 || ctx->IsCancelled(); });
+      if (me.moves == 0 || !me.move_status.ok()) return UntilCancelled(ctx);
+      w->Write(Final(3, "c"));
+    }
+    return grpc::Status::OK;
+  };
+}
+
+TEST_CASE("a decode tail past the first master's pool: the master moves, the stream goes on") {
+  ElasticStack stack({2048, 2048});
+  SetEsp(stack, MovingMasters(stack));
+  // 2000 prompt tokens + 99 new: the first master holds 48 decode slots.
+  RunOk(stack, Prompt("m1", 2000, 100), "abc");
+  const auto plan = stack.fakes[0]->EspRequests().at(0).plan();
+  const std::vector<int> chain = language::EspMasterChain(plan);
+  REQUIRE(chain.size() == 2);
+  CHECK(plan.members(chain[0]).decode().begin() == 2000);
+  CHECK(plan.members(chain[1]).decode().end() == 2099);
+  FakeElastic& next = *stack.fakes[plan.members(chain[1]).instance_id() == "x0" ? 0 : 1];
+  CHECK(next.moves == 1);
+  {
+    absl::MutexLock lock(&next.mu);
+    REQUIRE(next.move_requests.size() == 1);
+    CHECK(next.move_requests[0].request_id() == "m1");
+    CHECK(next.move_requests[0].state().generated_token_ids_size() == 2);
+  }
+  CHECK(absl::StrContains(stack.metrics().Render(), "\nmmserve_router_esp_master_moves_total 1\n"));
+  CheckAllAborted(stack, "m1");
+}
+
+TEST_CASE("a next master that refuses the move ends the call UNAVAILABLE, every member aborted") {
+  ElasticStack stack({2048, 2048});
+  SetEsp(stack, MovingMasters(stack));
+  for (auto& f : stack.fakes) f->move_status = grpc::Status(grpc::StatusCode::NOT_FOUND, "gone");
+  RunUnavailable(stack, Prompt("m2", 2000, 100), "ab");
 }
 
 }  // namespace

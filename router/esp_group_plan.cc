@@ -39,6 +39,7 @@ absl::StatusOr<iv1::EspPlan> EspWirePlan(const scheduler::EspBatchPlan& batch,
     SetRows(len, m, n, member);
     if (id == request.master) plan.set_master(static_cast<uint32_t>(m));
   }
+  bool decodes = false;  // some member has a decode range
   plan.set_sampler(static_cast<uint32_t>(n - 1));
   std::vector<bool> kept(n, false);
   for (const scheduler::EspSpan& span : request.spans) {
@@ -53,10 +54,20 @@ absl::StatusOr<iv1::EspPlan> EspWirePlan(const scheduler::EspBatchPlan& batch,
     iv1::EspRowRange* keep = plan.mutable_members(static_cast<int>(m))->mutable_keep();
     keep->set_begin(static_cast<uint32_t>(begin == end ? 0 : begin));
     keep->set_end(static_cast<uint32_t>(begin == end ? 0 : end));
+    // The decode tail past the prompt: its holder masters those tokens, the
+    // one holding the prompt's end (or starting at it) first.
+    if (span.end > len) {
+      iv1::EspRowRange* decode = plan.mutable_members(static_cast<int>(m))->mutable_decode();
+      decode->set_begin(static_cast<uint32_t>(std::max(span.begin, len)));
+      decode->set_end(static_cast<uint32_t>(span.end));
+      if (span.begin <= len) plan.set_master(static_cast<uint32_t>(m));
+      decodes = true;
+    }
   }
   if (std::find(batch.instances.begin(), batch.instances.end(), request.master) ==
-      batch.instances.end()) {
-    return absl::InternalError("ESP master outside its batch");
+          batch.instances.end() ||
+      (decodes && plan.members(static_cast<int>(plan.master())).decode().begin() != len)) {
+    return absl::InternalError("ESP master outside its batch, or the decode tail not after it");
   }
   return plan;
 }

@@ -24,7 +24,10 @@ namespace mmserve::router {
 // instance i). Rows: the prompt in contiguous runs as equal as can be, in
 // member order (the last member computes the last row and samples). Keep:
 // each member's span clipped to the prompt (empty when it holds only
-// decode tail or nothing). Master: the request's master. Internal when the
+// decode tail or nothing). Decode: each span's part past the prompt, so
+// the members master the decode tail in span order (master moves); master:
+// the one whose span holds the prompt's end or starts at it, or the
+// request's master when there is no tail (max_tokens 1). Internal when the
 // plan names an instance outside the batch or twice, or an unknown id.
 [[nodiscard]] absl::StatusOr<internal::v1::EspPlan> EspWirePlan(
     const scheduler::EspBatchPlan& batch, const scheduler::EspRequestPlan& request,

@@ -14,29 +14,59 @@ namespace {
 
 using scheduler::EspBatchPlan;
 using scheduler::EspRequestPlan;
+namespace iv1 = ::mmserve::internal::v1;
 
-TEST_CASE("a 3k-token prompt over two 2k-token instances", "[esp]") {
-  // Blocks of 16; the prompt's 3000 tokens and 8 new ones: a keeps
-  // [0, 2048), b [2048, 3008) and masters.
+// Instances 4 (language-a) and 7 (language-b), blocks of 16: the wire
+// plan of `r`, checked as every member checks it.
+iv1::EspPlan PlanOnTwo(const EspRequestPlan& r) {
   EspBatchPlan batch;
   batch.instances = {4, 7};
-  EspRequestPlan r{1, 3000, {{4, 0, 2048}, {7, 2048, 3008}}, 7};
   std::vector<std::string> ids(8);
   ids[4] = "language-a";
   ids[7] = "language-b";
   auto plan = EspWirePlan(batch, r, ids);
   REQUIRE(plan.ok());
-  CHECK(language::CheckEspPlan(*plan, 3000, 16).ok());
-  REQUIRE(plan->members_size() == 2);
-  CHECK(plan->members(0).instance_id() == "language-a");
-  CHECK(plan->members(0).rows(0).end() == 1500);
-  CHECK(plan->members(1).keep().begin() == 2048);
-  CHECK(plan->members(1).keep().end() == 3000);
-  CHECK(plan->master() == 1);
-  CHECK(plan->sampler() == 1);
+  CHECK(language::CheckEspPlan(*plan, static_cast<uint32_t>(r.input_len), 16).ok());
+  return *plan;
+}
 
+TEST_CASE("a 3k-token prompt over two 2k-token instances", "[esp]") {
+  // The prompt's 3000 tokens and 8 new ones: a keeps [0, 2048), b
+  // [2048, 3008) and masters.
+  const iv1::EspPlan plan = PlanOnTwo({1, 3000, {{4, 0, 2048}, {7, 2048, 3008}}, 7});
+  REQUIRE(plan.members_size() == 2);
+  CHECK(plan.members(0).instance_id() == "language-a");
+  CHECK(plan.members(0).rows(0).end() == 1500);
+  CHECK(plan.members(1).keep().begin() == 2048);
+  CHECK(plan.members(1).keep().end() == 3000);
+  CHECK(plan.master() == 1);
+  CHECK(plan.sampler() == 1);
+
+  CHECK(plan.members(0).decode().end() == 0);
+  CHECK(plan.members(1).decode().begin() == 3000);
+  CHECK(plan.members(1).decode().end() == 3008);
+  CHECK(language::EspMasterChain(plan) == std::vector<int>{1});
+
+  EspBatchPlan batch;
+  batch.instances = {4, 7};
   EspRequestPlan outside{1, 3000, {{4, 0, 2048}, {5, 2048, 3008}}, 5};
-  CHECK(EspWirePlan(batch, outside, ids).status().code() == absl::StatusCode::kInternal);
+  CHECK(EspWirePlan(batch, outside, std::vector<std::string>(8, "x")).status().code() ==
+        absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a decode tail past the first master's pool: the master moves on", "[esp]") {
+  // A 2000-token prompt and 99 new tokens on two 2048-token instances: a
+  // keeps [0, 2048), the prompt and 48 decode slots, and masters first; b
+  // masters the rest.
+  const iv1::EspPlan plan = PlanOnTwo({1, 2000, {{4, 0, 2048}, {7, 2048, 2099}}, 7});
+  CHECK(plan.master() == 0);
+  CHECK(plan.members(0).keep().end() == 2000);
+  CHECK(plan.members(0).decode().begin() == 2000);
+  CHECK(plan.members(0).decode().end() == 2048);
+  CHECK(plan.members(1).keep().end() == 0);
+  CHECK(plan.members(1).decode().begin() == 2048);
+  CHECK(plan.members(1).decode().end() == 2099);
+  CHECK(language::EspMasterChain(plan) == std::vector<int>{0, 1});
 }
 
 TEST_CASE("property: every planned request's wire plan passes the members' check", "[esp]") {

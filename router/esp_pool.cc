@@ -148,6 +148,16 @@ void EspPool::Decoding(const std::string& id) {
   if (it->second.group) Wake();  // its instances rejoin the pool
 }
 
+void EspPool::MasterMoved(const std::string& id, size_t member) {
+  metrics_
+      .GetCounter("mmserve_router_esp_master_moves_total",
+                  "Elastic requests whose master moved to the next member of its group.")
+      .Increment();
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(id);
+  if (it != live_.end() && member < it->second.members.size()) it->second.master = member;
+}
+
 void EspPool::Finished(const std::string& id) {
   std::vector<std::shared_ptr<Instance>> abort;
   {

@@ -10,6 +10,7 @@
 //   ... on_placed(EspPlacement) runs on the pool's thread: one member (degree
 //   1: an ordinary Prefill call) or a group (an EspPrefill call to each)
 //   pool.Decoding(id);   // the first token arrived
+//   pool.MasterMoved(id, member);  // a group's next master decodes it
 //   pool.Finished(id);   // the call ended: slots freed, Abort to a group
 //
 // Each iteration (an arrival, a finish, a first token, or every `tick`)
@@ -109,6 +110,10 @@ class EspPool {
   // The request's first token arrived: its group's instances rejoin the
   // pool; it counts in its master's decode batch from now on.
   void Decoding(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The request's master moved to member `member` of its group (its decode
+  // batch is that instance's from now on;
+  // mmserve_router_esp_master_moves_total).
+  void MasterMoved(const std::string& id, size_t member) ABSL_LOCKS_EXCLUDED(mu_);
   // The call ended, whatever the way: drops it from the queue or frees its
   // promises, and sends Abort(id) to every member of its group (bounded by
   // abort_timeout, not waited for). Idempotent.

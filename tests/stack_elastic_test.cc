@@ -8,7 +8,10 @@
 // elastic instances as a group with the in-process engine's tokens; a
 // member killed mid-prefill, or the master or the span holder killed
 // mid-decode, ends the call UNAVAILABLE within 2 s and leaves nothing on
-// the survivor.
+// the survivor. A 2k-token prompt whose decode does not fit the first
+// master's pool moves its master once, with the engine's tokens; killing
+// the next master before the move, or the old one after it, ends the call
+// UNAVAILABLE within 2 s with nothing left.
 #include <signal.h>
 
 #include <atomic>
@@ -208,18 +211,19 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
   CHECK(leaks.zero());
 }
 
-// Streams a 3k-token prompt's 300 tokens through a group of the two
-// instances, kills elastic instance `victim` once 3 tokens arrived: the
-// call must end UNAVAILABLE within 2 s and the survivor hold nothing.
-void KillMidDecode(int victim) {
+// Streams a prompt of `prompt` tokens and `max_tokens` new ones through a
+// group of the two instances, kills elastic instance `victim` once `tokens`
+// arrived: the call must end UNAVAILABLE within 2 s and the survivor hold
+// nothing.
+void KillMidDecode(int victim, int prompt = kLongPrompt, int max_tokens = 300, int tokens = 3) {
   // Decode steps of 30 ms: 300 tokens take 9 s.
   auto stack = SmallElasticStack({"--test_esp_step_delay_ms=30"});
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   const KilledStreams run =
-      StreamAndKill(*stub, {RawRequest(LongPrompt(kLongPrompt), 300)},
+      StreamAndKill(*stub, {RawRequest(LongPrompt(prompt), max_tokens)},
                     [&] { (*stack)->elastic(victim).process->Signal(SIGKILL); },
-                    {.streaming_tokens = 3, .deadline = absl::Seconds(60)});
+                    {.streaming_tokens = tokens, .deadline = absl::Seconds(60)});
   const absl::Status s = run.AllUnavailable(absl::Seconds(2));
   INFO(s);
   CHECK(s.ok());
@@ -236,6 +240,47 @@ TEST_CASE("the master killed mid-decode ends the call UNAVAILABLE within 2 s, su
 
 TEST_CASE("a span holder killed mid-decode ends the call UNAVAILABLE within 2 s, master idle") {
   KillMidDecode(0);
+}
+
+// About 2000 prompt tokens and 80 new ones: more than one 2048-token pool,
+// so the retention plan gives elastic-0 the prompt and the first decode
+// slots up to 2048 (it masters first) and elastic-1 the rest (it masters
+// after the move).
+constexpr int kMovePrompt = 2000;
+
+TEST_CASE("a decode tail past the first master's pool: the master moves, the engine's tokens") {
+  const std::string text = LongPrompt(kMovePrompt);
+  const std::vector<int32_t> ref = Reference(text, 80);
+  REQUIRE(ref.size() == 80);
+  auto stack = SmallElasticStack({});
+  REQUIRE(stack.ok());
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const Answer a = AskGrpc(*stub, RawRequest(text, 80), {});
+  INFO(a.status);
+  REQUIRE(a.status.ok());
+  CHECK(a.token_ids == ref);
+  const int router_metrics = (*stack)->router().metrics_port();
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"2\"") == 1);
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_master_moves_total") == 1);
+  double moves = 0;
+  for (int i = 0; i < 2; ++i) {
+    moves += ScrapeMetric((*stack)->elastic(i).metrics_port(),
+                          "mmserve_language_esp_master_moves_total");
+  }
+  CHECK(moves == 1);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+// The move prompt's 200 tokens: about 45 on elastic-0, then the rest on
+// elastic-1.
+TEST_CASE("the next master killed before the move ends the call UNAVAILABLE, survivor idle") {
+  KillMidDecode(1, kMovePrompt, 200, 3);
+}
+
+TEST_CASE("the old master killed after the move ends the call UNAVAILABLE, new master idle") {
+  KillMidDecode(0, kMovePrompt, 200, 70);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // LlmEngine::PrepareEsp and EspRequest (engine_esp.h).
 #include "worker/engine_esp.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -29,7 +30,55 @@ model::SampleResult EspRequest::Sample(absl::Span<float> logits) {
     for (int32_t id : runner_.eos_token_ids) logits[id] = kMasked;
     for (int32_t id : runner_.sampling.stop_token_ids) logits[id] = kMasked;
   }
+  if (!runner_.sampling.greedy()) ++draws_;  // model::Sample draws once
   return model::Sample(logits, runner_.sampling, &sampler_);
+}
+
+absl::StatusOr<StreamEvent> EspRequest::PushSampledElsewhere(const model::SampleResult& s) {
+  if (!runner_.sampling.greedy()) {
+    sampler_.Uniform();
+    ++draws_;
+  }
+  return Push(s);
+}
+
+EspRequest::MasterState EspRequest::ExportState() const {
+  const absl::Span<const int32_t> out = request_.output_token_ids();
+  return {.generated = std::vector<int32_t>(out.begin(), out.end()),
+          .seed = runner_.sampling.seed,
+          .draws = draws_,
+          .mrope_delta = positions_.delta};
+}
+
+absl::Status EspRequest::Resume(const MasterState& state) {
+  if (state.mrope_delta != positions_.delta) {
+    return absl::InvalidArgumentError("the master state's M-RoPE delta differs");
+  }
+  // One draw per sample at most; the bound keeps a bad state from looping.
+  if (state.generated.empty() || state.draws > state.generated.size()) {
+    return absl::InvalidArgumentError("the master state has no token or too many draws");
+  }
+  // Tokens this member generated already (the group's sampler: the first)
+  // must begin the state's.
+  const absl::Span<const int32_t> have = request_.output_token_ids();
+  if (have.size() > state.generated.size() ||
+      !std::equal(have.begin(), have.end(), state.generated.begin())) {
+    return absl::InvalidArgumentError("the master state does not continue this request's tokens");
+  }
+  for (size_t k = have.size(); k < state.generated.size(); ++k) {
+    model::SampleResult s;
+    s.token = state.generated[k];
+    ASSIGN_OR_RETURN(const StreamEvent e, Push(s));
+    if (e.finish_reason != FinishReason::kNone) {
+      return absl::InvalidArgumentError("the master state's tokens end the request");
+    }
+  }
+  // The random stream is the state's: its seed (a request without one
+  // has a seed drawn per member), at its draws.
+  runner_.sampling.seed = state.seed;
+  sampler_ = model::SamplerState(state.seed);
+  for (draws_ = 0; draws_ < state.draws; ++draws_) sampler_.Uniform();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StreamEvent> EspRequest::Push(const model::SampleResult& s) {

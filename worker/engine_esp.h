@@ -63,6 +63,28 @@ class EspRequest {
   // log-probabilities when asked) and, when it ends the request (eos, a stop
   // id or string, max_tokens), the finish reason and counts.
   [[nodiscard]] absl::StatusOr<StreamEvent> Push(const model::SampleResult& s);
+  // Push of a token another member sampled (the group's sampler): the
+  // random stream advances as if it was sampled here (one draw per
+  // non-greedy sample), so this master goes on with the same stream.
+  [[nodiscard]] absl::StatusOr<StreamEvent> PushSampledElsewhere(const model::SampleResult& s);
+
+  // What the next master needs to continue (issue 26's master move).
+  struct MasterState {
+    std::vector<int32_t> generated;  // every generated token, in order
+    uint64_t seed = 0;
+    uint64_t draws = 0;  // taken from the random stream so far
+    int32_t mrope_delta = 0;
+  };
+  MasterState ExportState() const;
+  // Continues from another master's state: its tokens past those generated
+  // here (the group's sampler has the first) are replayed (their text was
+  // streamed there; none may end the request) and the random stream skips
+  // to its draws on the state's seed (a request without a seed has one
+  // drawn per member). InvalidArgument when the M-RoPE delta differs, no
+  // token came, the draws are more than the tokens, the tokens do not
+  // begin with those generated here, or a replayed token ends the request
+  // (tokens must be in the vocabulary: the caller checks).
+  [[nodiscard]] absl::Status Resume(const MasterState& state);
 
  private:
   std::string id_;
@@ -71,6 +93,7 @@ class EspRequest {
   std::vector<std::vector<float>> owned_rows_;
   RunnerRequestState runner_;
   model::SamplerState sampler_;
+  uint64_t draws_ = 0;  // sampler_'s draws
   std::unique_ptr<model::TextStreamer> streamer_;
   scheduler::Request request_;  // its finish rules
 };
