@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "model/cpu/ops.h"
+#include "model/cpu/rope_ops.h"
 #include "model/cpu/vision_ops.h"
 
 namespace mmserve::model {
@@ -134,18 +136,8 @@ double* StageSeconds(VisionTrace* trace, double VisionTrace::*field) {
 void LayerNorm(cpu::ThreadPool& pool, const float* x, int64_t n, int dim,
                const std::vector<float>& w, const std::vector<float>& b, float* y) {
   pool.ParallelFor(n, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = x + r * dim;
-      float mean = 0;
-      for (int i = 0; i < dim; ++i) mean += row[i];
-      mean /= dim;
-      float var = 0;
-      for (int i = 0; i < dim; ++i) var += (row[i] - mean) * (row[i] - mean);
-      var /= dim;
-      const float inv = 1.0f / std::sqrt(var + kLayerNormEps);
-      float* out = y + r * dim;
-      for (int i = 0; i < dim; ++i) out[i] = (row[i] - mean) * inv * w[i] + b[i];
-    }
+    cpu::LayerNormRows(x + begin * dim, end - begin, dim, w.data(), b.data(), kLayerNormEps,
+                       y + begin * dim);
   });
 }
 
@@ -158,8 +150,10 @@ void MapRows(cpu::ThreadPool& pool, float* x, int64_t n, int dim, F f) {
   });
 }
 
-// cos/sin [patches][head_dim] of the 2-D rotary embedding: each patch's
-// (row, column) in its image grid, listed in merge-block order.
+// cos/sin [patches][head_dim / 2] of the 2-D rotary embedding: each patch's
+// (row, column) in its image grid, listed in merge-block order. transformers'
+// tables, cat(freqs, freqs), repeat these in the second half of each head;
+// cpu::RotateHalf takes the first half (rope_ops.h), with the same results.
 void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
                   std::vector<float>* cos_t, std::vector<float>* sin_t) {
   const int quarter = head_dim / 4;  // frequencies per axis
@@ -169,7 +163,7 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
   }
   cos_t->clear();
   sin_t->clear();
-  std::vector<float> angle(head_dim);
+  std::vector<float> angle(2 * quarter);
   for (const ImageGrid& g : grids) {
     for (int t = 0; t < g.grid_t; ++t) {
       for (int bh = 0; bh < g.grid_h / merge; ++bh) {
@@ -179,8 +173,8 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
               const float row = static_cast<float>(bh * merge + mh);
               const float col = static_cast<float>(bw * merge + mw);
               for (int i = 0; i < quarter; ++i) {
-                angle[i] = angle[i + 2 * quarter] = row * inv_freq[i];
-                angle[i + quarter] = angle[i + 3 * quarter] = col * inv_freq[i];
+                angle[i] = row * inv_freq[i];
+                angle[i + quarter] = col * inv_freq[i];
               }
               for (float a : angle) {
                 cos_t->push_back(std::cos(a));
@@ -194,31 +188,19 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
   }
 }
 
-// x = x * cos + rotate_half(x) * sin for one head vector.
-void Rotate(float* x, const float* cos_r, const float* sin_r, int head_dim) {
-  const int half = head_dim / 2;
-  float tmp[512];
-  std::copy(x, x + head_dim, tmp);
-  for (int i = 0; i < head_dim; ++i) {
-    const float rot = i < half ? -tmp[i + half] : tmp[i - half];
-    x[i] = tmp[i] * cos_r[i] + rot * sin_r[i];
-  }
-}
-
 // Rotates q and k of `rows` fused q|k|v rows (patches r0 on) in place, then
 // scatters them: q row-major into q, k and v head-major ([heads][n][head_dim])
 // into k and v. Row by row, so that each row is scattered while in cache.
 void RotateAndScatter(cpu::ThreadPool& pool, int64_t r0, int64_t rows, int64_t n, int heads,
                       int head_dim, const std::vector<float>& cos_t,
                       const std::vector<float>& sin_t, float* qkv, float* q, float* k, float* v) {
-  const int e = heads * head_dim;
+  const int e = heads * head_dim, half = head_dim / 2;
   pool.ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* src = qkv + r * 3 * e;
-      for (int hd = 0; hd < 2 * heads; ++hd) {
-        Rotate(src + hd * head_dim, &cos_t[(r0 + r) * head_dim], &sin_t[(r0 + r) * head_dim],
-               head_dim);
-      }
+      // q's heads then k's: 2 * heads head vectors at the patch's angles.
+      cpu::RotateHalf({&cos_t[(r0 + r) * half], &sin_t[(r0 + r) * half], 1, 2 * heads, head_dim},
+                      src);
       for (int hd = 0; hd < heads; ++hd) {
         const size_t at = (static_cast<size_t>(hd) * n + r0 + r) * head_dim;
         std::memcpy(k + at, src + e + hd * head_dim, head_dim * sizeof(float));
@@ -518,7 +500,7 @@ void VisionTower::MlpHalf(const Block& b, Activations* a, VisionTrace* trace) co
     Linear(b.proj, &a->q[r0 * e], rows, a->h.data(), trace);
     {
       const StageTimer t(elementwise);
-      for (int64_t i = 0; i < rows * e; ++i) xr[i] += a->h[i];
+      cpu::AddInPlace(*pool_, xr, a->h.data(), rows * e);
     }
     {
       const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
@@ -533,7 +515,7 @@ void VisionTower::MlpHalf(const Block& b, Activations* a, VisionTrace* trace) co
     }
     Linear(b.fc2, a->mlp.data(), rows, a->h.data(), trace);
     const StageTimer t(elementwise);
-    for (int64_t i = 0; i < rows * e; ++i) xr[i] += a->h[i];
+    cpu::AddInPlace(*pool_, xr, a->h.data(), rows * e);
   }
 }
 

@@ -12,13 +12,11 @@ namespace {
 
 #include "model/cpu/avx512_region_begin.inc"
 
-// The lanes' sum and maximum in a fixed order.
+// The lanes' sum (SumSixteen's tree) and maximum in a fixed order.
 inline float SumLanes(__m512 v) {
   alignas(64) float l[16];
   _mm512_store_ps(l, v);
-  float s[8];
-  for (int i = 0; i < 8; ++i) s[i] = l[i] + l[i + 8];
-  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  return SumSixteen(l);
 }
 inline float MaxLanes(__m512 v) {
   alignas(64) float l[16];
@@ -73,6 +71,42 @@ void QuickGeluAll(float* x, int64_t count) {
   }
 }
 
+// vision_ops.cc's LayerNormRowAvx2 on 16 lanes: the same 16 partial sums
+// and the same operations per element.
+void LayerNormRow(const float* x, int64_t dim, const float* w, const float* b, float eps,
+                  float* y) {
+  const int64_t full = dim / 16 * 16;
+  const __mmask16 tail = FirstLanes(dim - full);
+  alignas(64) float part[16];
+  __m512 s = _mm512_setzero_ps();
+  for (int64_t j = 0; j < full; j += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + j));
+  if (tail != 0) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail, x + full));
+  _mm512_store_ps(part, s);
+  const __m512 mean = _mm512_set1_ps(SumSixteen(part) / static_cast<float>(dim));
+  s = _mm512_setzero_ps();
+  for (int64_t j = 0; j < full; j += 16) {
+    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + j), mean);
+    s = _mm512_fmadd_ps(d, d, s);
+  }
+  if (tail != 0) {
+    const __m512 d = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, x + full), mean);
+    s = _mm512_fmadd_ps(d, d, s);
+  }
+  _mm512_store_ps(part, s);
+  const __m512 inv =
+      _mm512_set1_ps(1.0f / std::sqrt(SumSixteen(part) / static_cast<float>(dim) + eps));
+  for (int64_t j = 0; j < full; j += 16) {
+    const __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mean), inv);
+    _mm512_storeu_ps(y + j, _mm512_fmadd_ps(t, _mm512_loadu_ps(w + j), _mm512_loadu_ps(b + j)));
+  }
+  if (tail != 0) {
+    const __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + full), mean), inv);
+    _mm512_mask_storeu_ps(y + full, tail,
+                          _mm512_fmadd_ps(t, _mm512_maskz_loadu_ps(tail, w + full),
+                                          _mm512_maskz_loadu_ps(tail, b + full)));
+  }
+}
+
 #include "model/cpu/avx512_region_end.inc"
 
 }  // namespace
@@ -82,5 +116,10 @@ void SoftmaxRowsAvx512(float* s, int64_t rows, int64_t cols) {
 }
 
 void QuickGeluInPlaceAvx512(float* x, int64_t count) { QuickGeluAll(x, count); }
+
+void LayerNormRowAvx512(const float* x, int64_t dim, const float* weight, const float* bias,
+                        float eps, float* y) {
+  LayerNormRow(x, dim, weight, bias, eps, y);
+}
 
 }  // namespace mmserve::model::cpu::internal
