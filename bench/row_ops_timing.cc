@@ -10,6 +10,7 @@
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/ops.h"
 #include "model/cpu/rope_ops.h"
+#include "model/cpu/vision_ops.h"
 
 namespace mmserve::bench {
 namespace {
@@ -98,6 +99,36 @@ std::vector<RowOpTiming> TimeRowOps(cpu::ThreadPool& pool, const model::TextConf
       &silu, &pool, static_cast<int64_t>(silu.bytes / 2 / sizeof(float)),
       [&] { cpu::SiluMul(pool, x.data(), up.data(), rows * inter, y.data()); }, reps);
   out.push_back(silu);
+  return out;
+}
+
+std::vector<RowOpTiming> TimeVisionRowOps(int64_t rows, int embed, int heads, int reps) {
+  std::vector<RowOpTiming> out;
+  std::vector<float> x(rows * 2 * embed), w(embed, 1.01f), b(embed, 0.01f), y(rows * embed);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.01f * static_cast<float>(i));
+  RowOpTiming norm{"layernorm"};
+  norm.bytes = 2.0 * rows * embed * sizeof(float);
+  TimeOne(
+      &norm, nullptr, rows * embed,
+      [&] { cpu::LayerNormRows(x.data(), rows, embed, w.data(), b.data(), 1e-6f, y.data()); },
+      reps);
+  out.push_back(norm);
+
+  const int hd = embed / heads, half = hd / 2;
+  std::vector<float> cos_t(rows * half), sin_t(rows * half);
+  for (size_t i = 0; i < cos_t.size(); ++i) {
+    cos_t[i] = std::cos(0.001f * static_cast<float>(i));
+    sin_t[i] = std::sin(0.001f * static_cast<float>(i));
+  }
+  RowOpTiming rope{"vision_rope"};
+  rope.bytes = (2.0 * x.size() + 2.0 * cos_t.size()) * sizeof(float);
+  TimeOne(
+      &rope, nullptr, static_cast<int64_t>(rope.bytes / 2 / sizeof(float)),
+      [&] {
+        cpu::RotateHalf({cos_t.data(), sin_t.data(), rows, 2 * heads, hd}, x.data());
+      },
+      reps);
+  out.push_back(rope);
   return out;
 }
 

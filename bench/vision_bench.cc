@@ -10,7 +10,8 @@
 // baseline's buffers are not counted or reused. The time's shares by stage
 // (VisionTrace): linear layers, attention, then the row ops: LayerNorms
 // (norm%), the rotary embedding with the q/k/v scatter (rope%), residual
-// adds and activations (elem%).
+// adds and activations (elem%). Then LayerNorm and RoPE alone on one row
+// chunk at each kernel level beside a copy (row_ops_timing.h).
 //
 // --peer=torch: then transformers' tower in PyTorch (tools/torch_vision_peer.py,
 // run with --peer_python, default the tools virtualenv) on the same grids,
@@ -38,6 +39,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/row_ops_timing.h"
 #include "bench/torch_vision_peer.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -244,6 +246,25 @@ std::string PeerReport(const Args& args, int threads, const std::vector<int>& si
       peers[0].torch_version, dtype, absl::StrJoin(rows, ","));
 }
 
+// The tower's row ops on one of its 256-row chunks, one thread, at each
+// level beside a copy (row_ops_timing.h): prints a line per op and returns
+// the JSON fields, with a leading comma.
+std::string RowOpsReport(const model::VisionConfig& cfg) {
+  constexpr int64_t kRows = 256;
+  std::string json;
+  std::printf("row ops, %lld patches, one thread, best of 20 (us): avx2 / avx512 / copy\n",
+              static_cast<long long>(kRows));
+  for (const bench::RowOpTiming& t : bench::TimeVisionRowOps(kRows, cfg.embed_dim, cfg.num_heads,
+                                                             /*reps=*/20)) {
+    std::printf("  %-12s %8.1f / %8.1f / %8.1f\n", t.name, t.level_s[0] * 1e6, t.level_s[1] * 1e6,
+                t.copy_s * 1e6);
+    absl::StrAppendFormat(&json, ",\"%s_avx2_us\":%.1f,\"%s_avx512_us\":%.1f,\"%s_copy_us\":%.1f",
+                          t.name, t.level_s[0] * 1e6, t.name, t.level_s[1] * 1e6, t.name,
+                          t.copy_s * 1e6);
+  }
+  return json;
+}
+
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
   if (absl::Status s = cpu::SetCpuIsaByName(args.cpu_isa); !s.ok()) {
@@ -318,13 +339,14 @@ int Main(int argc, char** argv) {
       "the largest input) = %.3f x the bf16 weight bytes\n",
       create_s, peak * 1e-9, weights_rss * 1e-9, activations_peak * 1e-9, peak / bf16_bytes);
   const std::string peer_json = PeerReport(args, pool.num_threads(), sizes, tower_s, peers);
+  const std::string row_ops_json = RowOpsReport(cfg);
   std::printf(
       "{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"dtype\":\"%s\",\"depth\":%d,"
       "\"threads\":%d,\"weight_bytes\":%.0f,\"tower_rss_bytes\":%.0f,"
-      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]%s}\n",
+      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]%s%s}\n",
       std::string(model::DTypeName(args.dtype)).c_str(), cfg.depth, pool.num_threads(),
       weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str(),
-      peer_json.c_str());
+      peer_json.c_str(), row_ops_json.c_str());
   return 0;
 }
 
