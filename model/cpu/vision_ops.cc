@@ -17,45 +17,50 @@ inline __m256i FirstLanes8(int64_t n) {
                             lane);
 }
 
-// x - mean on the first n lanes of x, 0 on the others (not read).
-inline __m256 CenteredPart(const float* x, int64_t n, __m256 mean) {
-  const __m256i m = FirstLanes8(n);
-  return _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x, m), mean), _mm256_castsi256_ps(m));
+// LayerNormRows' 64 partial sums at kAvx2 (element i into sum i % 64, in
+// eight registers: a[2k] and a[2k + 1] hold sums 16k to 16k + 15), four
+// chains per 16 lanes against one add's latency; then reduced to 16 as
+// (p[l] + p[l + 16]) + (p[l + 32] + p[l + 48]) into part. add(acc, x, n)
+// adds the first n (1 to 8) floats at x into acc.
+template <typename Add>
+void PartialSumsAvx2(const float* x, int64_t dim, Add add, float* part) {
+  __m256 a[8];
+  for (__m256& v : a) v = _mm256_setzero_ps();
+  const int64_t full = dim / 64 * 64;
+  for (int64_t j = 0; j < full; j += 64) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) a[k] = add(a[k], x + j + 8 * k, 8);
+  }
+  for (int k = 0; k < 8; ++k) {
+    const int64_t n = std::min<int64_t>(dim - full - 8 * k, 8);
+    if (n > 0) a[k] = add(a[k], x + full + 8 * k, n);
+  }
+  _mm256_store_ps(part, _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[4], a[6])));
+  _mm256_store_ps(part + 8, _mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[5], a[7])));
 }
 
-// LayerNormRows' row at kAvx2: lanes 0-7 and 8-15 of the 16 partial sums in
-// two registers, the output on 8 lanes.
+// The first n of 8 floats at x (0 in the other lanes, not read).
+inline __m256 LoadFirst(const float* x, int64_t n) {
+  return n == 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, FirstLanes8(n));
+}
+
+// LayerNormRows' row at kAvx2, the output on 8 lanes.
 void LayerNormRowAvx2(const float* x, int64_t dim, const float* w, const float* b, float eps,
                       float* y) {
-  const int64_t full = dim / 16 * 16;
   alignas(32) float part[16];
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  for (int64_t j = 0; j < full; j += 16) {
-    s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + j));
-    s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + j + 8));
-  }
-  if (full < dim) {
-    s0 = _mm256_add_ps(s0, _mm256_maskload_ps(x + full, FirstLanes8(dim - full)));
-    s1 = _mm256_add_ps(s1, _mm256_maskload_ps(x + full + 8, FirstLanes8(dim - full - 8)));
-  }
-  _mm256_store_ps(part, s0);
-  _mm256_store_ps(part + 8, s1);
+  PartialSumsAvx2(
+      x, dim,
+      [](__m256 acc, const float* p, int64_t n) { return _mm256_add_ps(acc, LoadFirst(p, n)); },
+      part);
   const __m256 mean = _mm256_set1_ps(internal::SumSixteen(part) / static_cast<float>(dim));
-  s0 = s1 = _mm256_setzero_ps();
-  for (int64_t j = 0; j < full; j += 16) {
-    const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + j), mean);
-    const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + j + 8), mean);
-    s0 = _mm256_fmadd_ps(d0, d0, s0);
-    s1 = _mm256_fmadd_ps(d1, d1, s1);
-  }
-  if (full < dim) {
-    const __m256 d0 = CenteredPart(x + full, dim - full, mean);
-    const __m256 d1 = CenteredPart(x + full + 8, dim - full - 8, mean);
-    s0 = _mm256_fmadd_ps(d0, d0, s0);
-    s1 = _mm256_fmadd_ps(d1, d1, s1);
-  }
-  _mm256_store_ps(part, s0);
-  _mm256_store_ps(part + 8, s1);
+  PartialSumsAvx2(
+      x, dim,
+      [mean](__m256 acc, const float* p, int64_t n) {
+        __m256 d = _mm256_sub_ps(LoadFirst(p, n), mean);
+        if (n < 8) d = _mm256_and_ps(d, _mm256_castsi256_ps(FirstLanes8(n)));
+        return _mm256_fmadd_ps(d, d, acc);
+      },
+      part);
   const __m256 inv =
       _mm256_set1_ps(1.0f / std::sqrt(internal::SumSixteen(part) / static_cast<float>(dim) + eps));
   int64_t j = 0;

@@ -29,12 +29,12 @@ void QuickGeluInPlace(float* x, int64_t count);
 
 // y[r] = (x[r] - mean) / sqrt(var + eps) * weight + bias for `rows` rows of
 // `dim` floats (torch.nn.LayerNorm: the biased variance of the row, summed
-// as squares of x - mean). Element i of a row adds into lane i % 16 of
-// 16 partial sums, which then add in a fixed tree; the variance's squares
-// are FMAs, and so is the last step, (x - mean) * inv * weight + bias: the
-// same operations at both levels (8 lanes twice at kAvx2, 16 at kAvx512,
-// masked tails), bitwise the same results, each row's depending only on
-// that row. y may alias x.
+// as squares of x - mean). Element i of a row adds into the (i % 64)th of
+// 64 partial sums (independent chains), which then add in a fixed tree;
+// the variance's squares are FMAs, and so is the last step, (x - mean) *
+// inv * weight + bias: the same operations at both levels (8-lane
+// registers at kAvx2, 16-lane at kAvx512, masked tails), bitwise the same
+// results, each row's depending only on that row. y may alias x.
 void LayerNormRows(const float* x, int64_t rows, int64_t dim, const float* weight,
                    const float* bias, float eps, float* y);
 
@@ -44,7 +44,8 @@ void SoftmaxRowsAvx512(float* s, int64_t rows, int64_t cols);
 void QuickGeluInPlaceAvx512(float* x, int64_t count);
 void LayerNormRowAvx512(const float* x, int64_t dim, const float* weight, const float* bias,
                         float eps, float* y);
-// 16 partial sums added in LayerNormRows' fixed tree (both levels).
+// 16 partial sums added in LayerNormRows' fixed tree (both levels; also
+// the AVX-512 softmax's row sum).
 float SumSixteen(const float* part);
 }  // namespace internal
 

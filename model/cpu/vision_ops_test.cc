@@ -103,7 +103,7 @@ std::vector<double> LayerNormReference(const float* x, int64_t dim, const float*
 
 TEST_CASE("LayerNormRows is LayerNorm with the same bits at every level, any width",
           "[vision_ops]") {
-  for (int64_t dim : {1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1280, 1283}) {
+  for (int64_t dim : {1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 130, 1280, 1283}) {
     const int64_t rows = 3;
     // An offset mean, as residual streams have: the centred sums matter.
     std::vector<float> x = Random(rows * dim, 2.0f, 21 + dim);
