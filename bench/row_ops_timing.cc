@@ -10,6 +10,7 @@
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/ops.h"
 #include "model/cpu/rope_ops.h"
+#include "model/cpu/vision_ops.h"
 
 namespace mmserve::bench {
 namespace {
@@ -57,6 +58,26 @@ void TimeOne(RowOpTiming* t, cpu::ThreadPool* copy_pool, int64_t copy_floats,
   t->copy_s = copy;
 }
 
+// RoPE's rotation on the calling thread: `vectors` head vectors of hd per
+// row over `rows` rows of x, at the rows' own angles.
+RowOpTiming TimeRope(const char* name, int64_t rows, int64_t vectors, int hd, float* x, int reps) {
+  const int64_t half = hd / 2;
+  std::vector<float> cos_t(rows * half), sin_t(rows * half);
+  for (size_t i = 0; i < cos_t.size(); ++i) {
+    cos_t[i] = std::cos(0.001f * static_cast<float>(i));
+    sin_t[i] = std::sin(0.001f * static_cast<float>(i));
+  }
+  RowOpTiming rope{name};
+  rope.bytes = (2.0 * rows * vectors * hd + 2.0 * cos_t.size()) * sizeof(float);
+  TimeOne(
+      &rope, nullptr, static_cast<int64_t>(rope.bytes / 2 / sizeof(float)),
+      [&] {
+        cpu::RotateHalf({cos_t.data(), sin_t.data(), rows, vectors, hd}, x);
+      },
+      reps);
+  return rope;
+}
+
 }  // namespace
 
 std::vector<RowOpTiming> TimeRowOps(cpu::ThreadPool& pool, const model::TextConfig& cfg,
@@ -75,21 +96,8 @@ std::vector<RowOpTiming> TimeRowOps(cpu::ThreadPool& pool, const model::TextConf
   out.push_back(norm);
 
   // The query rows of a layer (the keys are heads / kv_heads times fewer).
-  const int64_t half = hd / 2;
-  std::vector<float> cos_t(rows * half), sin_t(rows * half), q(rows * heads * hd, 0.5f);
-  for (size_t i = 0; i < cos_t.size(); ++i) {
-    cos_t[i] = std::cos(0.001f * static_cast<float>(i));
-    sin_t[i] = std::sin(0.001f * static_cast<float>(i));
-  }
-  RowOpTiming rope{"rope"};
-  rope.bytes = (2.0 * q.size() + 2.0 * cos_t.size()) * sizeof(float);
-  TimeOne(
-      &rope, nullptr, static_cast<int64_t>(rope.bytes / 2 / sizeof(float)),
-      [&] {
-        cpu::RotateHalf({cos_t.data(), sin_t.data(), rows, heads, static_cast<int>(hd)}, q.data());
-      },
-      reps);
-  out.push_back(rope);
+  std::vector<float> q(rows * heads * hd, 0.5f);
+  out.push_back(TimeRope("rope", rows, heads, static_cast<int>(hd), q.data(), reps));
 
   std::vector<float> up(rows * inter, 0.75f);
   RowOpTiming silu{"silu_mul"};
@@ -98,6 +106,23 @@ std::vector<RowOpTiming> TimeRowOps(cpu::ThreadPool& pool, const model::TextConf
       &silu, &pool, static_cast<int64_t>(silu.bytes / 2 / sizeof(float)),
       [&] { cpu::SiluMul(pool, x.data(), up.data(), rows * inter, y.data()); }, reps);
   out.push_back(silu);
+  return out;
+}
+
+std::vector<RowOpTiming> TimeVisionRowOps(int64_t rows, int embed, int heads, int reps) {
+  std::vector<RowOpTiming> out;
+  std::vector<float> x(rows * 2 * embed), w(embed, 1.01f), b(embed, 0.01f), y(rows * embed);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.01f * static_cast<float>(i));
+  RowOpTiming norm{"layernorm"};
+  norm.bytes = 2.0 * rows * embed * sizeof(float);
+  TimeOne(
+      &norm, nullptr, rows * embed,
+      [&] { cpu::LayerNormRows(x.data(), rows, embed, w.data(), b.data(), 1e-6f, y.data()); },
+      reps);
+  out.push_back(norm);
+
+  // Each patch's q and k heads, as the tower rotates them.
+  out.push_back(TimeRope("vision_rope", rows, 2 * heads, embed / heads, x.data(), reps));
   return out;
 }
 

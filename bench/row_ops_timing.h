@@ -1,6 +1,6 @@
 // The decoder's memory-bound row ops (RMSNorm, RoPE's rotation, SiLU*mul)
-// at a prefill's shapes, timed at each kernel level (model/cpu/cpu_isa.h)
-// beside a copy of the same bytes: the bandwidth ceiling they are held to.
+// at a prefill's shapes (and the vision tower's LayerNorm and RoPE), timed at each kernel level
+// (model/cpu/cpu_isa.h) beside a copy of the same bytes: the bandwidth ceiling they are held to.
 //
 //   std::vector<RowOpTiming> t = TimeRowOps(pool, cfg, /*rows=*/512, /*reps=*/5);
 //   double vs_copy = t[0].copy_s / t[0].level_s[1];  // 1.0: at copy speed
@@ -32,6 +32,12 @@ struct RowOpTiming {
 
 std::vector<RowOpTiming> TimeRowOps(model::cpu::ThreadPool& pool, const model::TextConfig& cfg,
                                     int64_t rows, int reps);
+
+// The vision tower's row ops on one thread over `rows` patches (one of its
+// row chunks): "layernorm" (LayerNormRows, embed wide) and "vision_rope"
+// (RotateHalf over each patch's q and k heads, 2 * heads vectors of
+// embed / heads), each beside a copy on the calling thread.
+std::vector<RowOpTiming> TimeVisionRowOps(int64_t rows, int embed, int heads, int reps);
 
 }  // namespace mmserve::bench
 

@@ -7,7 +7,11 @@
 // the tower's RSS = the growth from creating it (its weights) + the peak
 // growth during a forward (activations), over the bf16 weight bytes; freed
 // heap is handed back (malloc_trim) before each measurement so that the
-// baseline's buffers are not counted or reused.
+// baseline's buffers are not counted or reused. The time's shares by stage
+// (VisionTrace): linear layers, attention, then the row ops: LayerNorms
+// (norm%), the rotary embedding with the q/k/v scatter (rope%), residual
+// adds and activations (elem%). Then LayerNorm and RoPE alone on one row
+// chunk at each kernel level beside a copy (row_ops_timing.h).
 //
 // --peer=torch: then transformers' tower in PyTorch (tools/torch_vision_peer.py,
 // run with --peer_python, default the tools virtualenv) on the same grids,
@@ -20,7 +24,7 @@
 // skipped and the reason printed.
 //
 //   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
-//       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16] [--peer=torch]
+//       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16] [--peer=torch] [--sizes=448,1024]
 #include <malloc.h>
 
 #include <cstdio>
@@ -34,6 +38,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/row_ops_timing.h"
 #include "bench/torch_vision_peer.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -55,9 +61,10 @@ struct Args {
   int depth = 32;
   int iters = 1;
   model::DType dtype = model::DType::kBF16;
-  std::string cpu_isa;            // --cpu_isa=avx2|avx512 (cpu_isa.h)
-  bool bf16_activations = false;  // --activation_dtype=bf16
-  std::string peer;               // --peer=torch
+  std::string cpu_isa;                   // --cpu_isa=avx2|avx512 (cpu_isa.h)
+  bool bf16_activations = false;         // --activation_dtype=bf16
+  std::string peer;                      // --peer=torch
+  std::vector<int> sizes = {448, 1024};  // --sizes=448,1024 (square images)
   std::string peer_python = "/root/.cache/mmserve-tools-venv/bin/python";
   std::string peer_script = bench::DefaultTorchVisionPeerScript();
 };
@@ -72,6 +79,14 @@ Args ParseArgs(int argc, char** argv) {
     if (s.rfind("--cpu_isa=", 0) == 0) a.cpu_isa = s.substr(10);
     if (s == "--activation_dtype=bf16") a.bf16_activations = true;
     if (s.rfind("--peer=", 0) == 0) a.peer = s.substr(7);
+    if (s.rfind("--sizes=", 0) == 0) {
+      a.sizes.clear();
+      const std::string list = s.substr(8);
+      for (absl::string_view part : absl::StrSplit(list, ',')) {
+        int size = 0;
+        if (absl::SimpleAtoi(part, &size) && size > 0) a.sizes.push_back(size);
+      }
+    }
     if (s.rfind("--peer_python=", 0) == 0) a.peer_python = s.substr(14);
     if (s.rfind("--peer_script=", 0) == 0) a.peer_script = s.substr(14);
   }
@@ -137,7 +152,7 @@ std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTo
   malloc_trim(0);
   std::ofstream("/proc/self/clear_refs") << "5";  // reset the peak RSS (VmHWM)
   const int64_t rss_before = ProcStatusBytes("VmRSS:");
-  double total_s = 0, gemm_s = 0, attn_s = 0;
+  double total_s = 0, gemm_s = 0, attn_s = 0, norm_s = 0, rope_s = 0, elem_s = 0;
   for (int it = 0; it < args.iters; ++it) {
     model::VisionTrace trace;
     trace.record_activations = false;
@@ -147,25 +162,35 @@ std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTo
     total_s += trace.total_seconds;
     gemm_s += trace.gemm_seconds;
     attn_s += trace.attention_seconds;
+    norm_s += trace.norm_seconds;
+    rope_s += trace.rope_seconds;
+    elem_s += trace.elementwise_seconds;
   }
   *activations = ProcStatusBytes("VmHWM:") - rss_before;
   const double t = total_s / args.iters;
   gemm_s /= args.iters;
   attn_s /= args.iters;
+  norm_s /= args.iters;
+  rope_s /= args.iters;
+  elem_s /= args.iters;
   *tower_s = t;
   const int64_t patches = p.grid.num_patches(), tokens = p.grid.num_tokens();
   const double gflops = TowerFlops(cfg, patches) / t * 1e-9;
   const double ips = 1.0 / (pre_ms * 1e-3 + t);
-  std::printf("%6d %8lld %7lld %10.1f %10.1f %10.3f %7.1f%% %7.1f%% %11.1f %11.1f %9.2f\n", size,
-              static_cast<long long>(patches), static_cast<long long>(tokens), pre_ms, t * 1e3, ips,
-              100 * gemm_s / t, 100 * attn_s / t, gflops, kernel, gflops / kernel);
+  std::printf(
+      "%6d %8lld %7lld %10.1f %10.1f %10.3f %7.1f%% %7.1f%% %6.2f%% %6.2f%% %6.2f%% %11.1f %11.1f "
+      "%9.2f\n",
+      size, static_cast<long long>(patches), static_cast<long long>(tokens), pre_ms, t * 1e3, ips,
+      100 * gemm_s / t, 100 * attn_s / t, 100 * norm_s / t, 100 * rope_s / t, 100 * elem_s / t,
+      gflops, kernel, gflops / kernel);
   return absl::StrFormat(
       "{\"size\":%d,\"patches\":%d,\"tokens\":%d,\"preprocess_ms\":%.1f,\"tower_ms\":%.1f,"
       "\"images_per_s\":%.4f,\"linear_share\":%.3f,\"attention_share\":%.3f,"
+      "\"norm_ms\":%.1f,\"rope_ms\":%.1f,\"elementwise_ms\":%.1f,"
       "\"tower_gflops\":%.1f,\"kernel_gflops\":%.1f,\"tower_vs_kernel\":%.3f,"
       "\"activation_peak_bytes\":%d}",
-      size, patches, tokens, pre_ms, t * 1e3, ips, gemm_s / t, attn_s / t, gflops, kernel,
-      gflops / kernel, *activations);
+      size, patches, tokens, pre_ms, t * 1e3, ips, gemm_s / t, attn_s / t, norm_s * 1e3,
+      rope_s * 1e3, elem_s * 1e3, gflops, kernel, gflops / kernel, *activations);
 }
 
 // The Qwen2-VL-2B vision tower's dimensions, at `depth` blocks.
@@ -221,6 +246,25 @@ std::string PeerReport(const Args& args, int threads, const std::vector<int>& si
       peers[0].torch_version, dtype, absl::StrJoin(rows, ","));
 }
 
+// The tower's row ops on one of its 256-row chunks, one thread, at each
+// level beside a copy (row_ops_timing.h): prints a line per op and returns
+// the JSON fields, with a leading comma.
+std::string RowOpsReport(const model::VisionConfig& cfg) {
+  constexpr int64_t kRows = 256;
+  std::string json;
+  std::printf("row ops, %lld patches, one thread, best of 20 (us): avx2 / avx512 / copy\n",
+              static_cast<long long>(kRows));
+  for (const bench::RowOpTiming& t : bench::TimeVisionRowOps(kRows, cfg.embed_dim, cfg.num_heads,
+                                                             /*reps=*/20)) {
+    std::printf("  %-12s %8.1f / %8.1f / %8.1f\n", t.name, t.level_s[0] * 1e6, t.level_s[1] * 1e6,
+                t.copy_s * 1e6);
+    absl::StrAppendFormat(&json, ",\"%s_avx2_us\":%.1f,\"%s_avx512_us\":%.1f,\"%s_copy_us\":%.1f",
+                          t.name, t.level_s[0] * 1e6, t.name, t.level_s[1] * 1e6, t.name,
+                          t.copy_s * 1e6);
+  }
+  return json;
+}
+
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
   if (absl::Status s = cpu::SetCpuIsaByName(args.cpu_isa); !s.ok()) {
@@ -236,7 +280,11 @@ int Main(int argc, char** argv) {
   cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
 
   // Inputs first, so that the memory measured below is the tower's.
-  const std::vector<int> sizes = {448, 1024};
+  const std::vector<int>& sizes = args.sizes;
+  if (sizes.empty()) {
+    std::fprintf(stderr, "--sizes takes image sizes in pixels, e.g. --sizes=448,1024\n");
+    return 1;
+  }
   std::vector<model::ImagePatches> inputs;
   std::vector<double> pre_ms;
   for (int size : sizes) {
@@ -268,9 +316,9 @@ int Main(int argc, char** argv) {
   std::printf(
       "baseline: panel kernel, 512 rows x 1280 -> 5120 bf16 = %.1f GFLOP/s (%d threads)\n\n",
       kernel_first, pool.num_threads());
-  std::printf("%6s %8s %7s %10s %10s %10s %8s %8s %11s %11s %9s\n", "input", "patches", "tokens",
-              "preproc_ms", "tower_ms", "images/s", "linear%", "attn%", "tower_GF/s", "kernel_GF/s",
-              "vs_kernel");
+  std::printf("%6s %8s %7s %10s %10s %10s %8s %8s %7s %7s %7s %11s %11s %9s\n", "input", "patches",
+              "tokens", "preproc_ms", "tower_ms", "images/s", "linear%", "attn%", "norm%", "rope%",
+              "elem%", "tower_GF/s", "kernel_GF/s", "vs_kernel");
   std::vector<std::string> json_rows;
   std::vector<double> tower_s(sizes.size());
   int64_t activations_peak = 0;
@@ -291,13 +339,14 @@ int Main(int argc, char** argv) {
       "the largest input) = %.3f x the bf16 weight bytes\n",
       create_s, peak * 1e-9, weights_rss * 1e-9, activations_peak * 1e-9, peak / bf16_bytes);
   const std::string peer_json = PeerReport(args, pool.num_threads(), sizes, tower_s, peers);
+  const std::string row_ops_json = RowOpsReport(cfg);
   std::printf(
       "{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"dtype\":\"%s\",\"depth\":%d,"
       "\"threads\":%d,\"weight_bytes\":%.0f,\"tower_rss_bytes\":%.0f,"
-      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]%s}\n",
+      "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]%s%s}\n",
       std::string(model::DTypeName(args.dtype)).c_str(), cfg.depth, pool.num_threads(),
       weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str(),
-      peer_json.c_str());
+      peer_json.c_str(), row_ops_json.c_str());
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "model/cpu/rope_ops.h"
 #include "model/cpu/vision_ops.h"
 
 namespace mmserve::model {
@@ -110,22 +111,40 @@ absl::Status LoadDense(const SafetensorsCheckpoint& ckpt, const std::string& pre
   return absl::OkStatus();
 }
 
+// Adds the time from its construction to its end to *seconds (none if null).
+class StageTimer {
+ public:
+  explicit StageTimer(double* seconds) : seconds_(seconds) {}
+  ~StageTimer() {
+    if (seconds_ != nullptr) *seconds_ += watch_.ElapsedSeconds();
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  double* seconds_;
+  Stopwatch watch_;
+};
+
+// The trace's timing field for a stage (null without a trace).
+double* StageSeconds(VisionTrace* trace, double VisionTrace::*field) {
+  return trace == nullptr ? nullptr : &(trace->*field);
+}
+
+// x += h on the calling thread (an add gives the same bits at any vector
+// width; -ffast-math lets GCC vectorize it). Handing it to the pool
+// (cpu::AddInPlace) measured slower in vision_bench on the shared 2-core
+// machine: 64 hand-offs per forward at depth 8 for ~0.1 ms of work each.
+void AddResidual(const float* h, int64_t count, float* x) {
+  for (int64_t i = 0; i < count; ++i) x[i] += h[i];
+}
+
 // Row-parallel helpers; `grain` rows per chunk handed to a thread.
 void LayerNorm(cpu::ThreadPool& pool, const float* x, int64_t n, int dim,
                const std::vector<float>& w, const std::vector<float>& b, float* y) {
   pool.ParallelFor(n, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = x + r * dim;
-      float mean = 0;
-      for (int i = 0; i < dim; ++i) mean += row[i];
-      mean /= dim;
-      float var = 0;
-      for (int i = 0; i < dim; ++i) var += (row[i] - mean) * (row[i] - mean);
-      var /= dim;
-      const float inv = 1.0f / std::sqrt(var + kLayerNormEps);
-      float* out = y + r * dim;
-      for (int i = 0; i < dim; ++i) out[i] = (row[i] - mean) * inv * w[i] + b[i];
-    }
+    cpu::LayerNormRows(x + begin * dim, end - begin, dim, w.data(), b.data(), kLayerNormEps,
+                       y + begin * dim);
   });
 }
 
@@ -138,8 +157,10 @@ void MapRows(cpu::ThreadPool& pool, float* x, int64_t n, int dim, F f) {
   });
 }
 
-// cos/sin [patches][head_dim] of the 2-D rotary embedding: each patch's
-// (row, column) in its image grid, listed in merge-block order.
+// cos/sin [patches][head_dim / 2] of the 2-D rotary embedding: each patch's
+// (row, column) in its image grid, listed in merge-block order. transformers'
+// tables, cat(freqs, freqs), repeat these in the second half of each head;
+// cpu::RotateHalf takes the first half (rope_ops.h), with the same results.
 void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
                   std::vector<float>* cos_t, std::vector<float>* sin_t) {
   const int quarter = head_dim / 4;  // frequencies per axis
@@ -149,7 +170,7 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
   }
   cos_t->clear();
   sin_t->clear();
-  std::vector<float> angle(head_dim);
+  std::vector<float> angle(2 * quarter);
   for (const ImageGrid& g : grids) {
     for (int t = 0; t < g.grid_t; ++t) {
       for (int bh = 0; bh < g.grid_h / merge; ++bh) {
@@ -159,8 +180,8 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
               const float row = static_cast<float>(bh * merge + mh);
               const float col = static_cast<float>(bw * merge + mw);
               for (int i = 0; i < quarter; ++i) {
-                angle[i] = angle[i + 2 * quarter] = row * inv_freq[i];
-                angle[i + quarter] = angle[i + 3 * quarter] = col * inv_freq[i];
+                angle[i] = row * inv_freq[i];
+                angle[i + quarter] = col * inv_freq[i];
               }
               for (float a : angle) {
                 cos_t->push_back(std::cos(a));
@@ -174,15 +195,27 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
   }
 }
 
-// x = x * cos + rotate_half(x) * sin for one head vector.
-void Rotate(float* x, const float* cos_r, const float* sin_r, int head_dim) {
-  const int half = head_dim / 2;
-  float tmp[512];
-  std::copy(x, x + head_dim, tmp);
-  for (int i = 0; i < head_dim; ++i) {
-    const float rot = i < half ? -tmp[i + half] : tmp[i - half];
-    x[i] = tmp[i] * cos_r[i] + rot * sin_r[i];
-  }
+// Rotates q and k of `rows` fused q|k|v rows (patches r0 on) in place, then
+// scatters them: q row-major into q, k and v head-major ([heads][n][head_dim])
+// into k and v. Row by row, so that each row is scattered while in cache.
+void RotateAndScatter(cpu::ThreadPool& pool, int64_t r0, int64_t rows, int64_t n, int heads,
+                      int head_dim, const std::vector<float>& cos_t,
+                      const std::vector<float>& sin_t, float* qkv, float* q, float* k, float* v) {
+  const int e = heads * head_dim, half = head_dim / 2;
+  pool.ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* src = qkv + r * 3 * e;
+      // q's heads then k's: 2 * heads head vectors at the patch's angles.
+      cpu::RotateHalf({&cos_t[(r0 + r) * half], &sin_t[(r0 + r) * half], 1, 2 * heads, head_dim},
+                      src);
+      for (int hd = 0; hd < heads; ++hd) {
+        const size_t at = (static_cast<size_t>(hd) * n + r0 + r) * head_dim;
+        std::memcpy(k + at, src + e + hd * head_dim, head_dim * sizeof(float));
+        std::memcpy(v + at, src + 2 * e + hd * head_dim, head_dim * sizeof(float));
+      }
+      std::memcpy(q + (r0 + r) * e, src, e * sizeof(float));
+    }
+  });
 }
 
 // Rows of the MLP, projections and q/k/v per chunk: bounds the scratch
@@ -440,13 +473,65 @@ void VisionTower::Attention(float* q, const float* k, const float* v, int64_t n,
   if (trace != nullptr) trace->attention_seconds += watch.ElapsedSeconds();
 }
 
+// Forward's buffers. x: the residual stream; q (then the attention output),
+// k, v: see Attention; about 4 floats per patch and embed dim. h, qkv, mlp:
+// one row chunk's; cos, sin: RotaryTables.
+struct VisionTower::Activations {
+  int64_t n = 0, chunk = 0;
+  std::vector<float> x, q, k, v, h, qkv, mlp, cos, sin;
+};
+
+void VisionTower::AttentionHalf(const Block& b, absl::Span<const int> bounds, Activations* a,
+                                VisionTrace* trace) const {
+  const int e = cfg_.embed_dim, heads = cfg_.num_heads;
+  for (int64_t r0 = 0; r0 < a->n; r0 += a->chunk) {
+    const int64_t rows = std::min(a->chunk, a->n - r0);
+    {
+      const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
+      LayerNorm(*pool_, &a->x[r0 * e], rows, e, b.norm1_w, b.norm1_b, a->h.data());
+    }
+    Linear(b.qkv, a->h.data(), rows, a->qkv.data(), trace);
+    const StageTimer t(StageSeconds(trace, &VisionTrace::rope_seconds));
+    RotateAndScatter(*pool_, r0, rows, a->n, heads, e / heads, a->cos, a->sin, a->qkv.data(),
+                     a->q.data(), a->k.data(), a->v.data());
+  }
+  Attention(a->q.data(), a->k.data(), a->v.data(), a->n, bounds, trace);
+}
+
+void VisionTower::MlpHalf(const Block& b, Activations* a, VisionTrace* trace) const {
+  const int e = cfg_.embed_dim, mlp_dim = b.fc1.out;
+  double* elementwise = StageSeconds(trace, &VisionTrace::elementwise_seconds);
+  for (int64_t r0 = 0; r0 < a->n; r0 += a->chunk) {
+    const int64_t rows = std::min(a->chunk, a->n - r0);
+    float* xr = &a->x[r0 * e];
+    Linear(b.proj, &a->q[r0 * e], rows, a->h.data(), trace);
+    {
+      const StageTimer t(elementwise);
+      AddResidual(a->h.data(), rows * e, xr);
+    }
+    {
+      const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
+      LayerNorm(*pool_, xr, rows, e, b.norm2_w, b.norm2_b, a->h.data());
+    }
+    Linear(b.fc1, a->h.data(), rows, a->mlp.data(), trace);
+    {
+      const StageTimer t(elementwise);
+      pool_->ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
+        cpu::QuickGeluInPlace(&a->mlp[begin * mlp_dim], (end - begin) * mlp_dim);
+      });
+    }
+    Linear(b.fc2, a->mlp.data(), rows, a->h.data(), trace);
+    const StageTimer t(elementwise);
+    AddResidual(a->h.data(), rows * e, xr);
+  }
+}
+
 absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> pixels,
                                                         absl::Span<const ImageGrid> grids,
                                                         VisionTrace* trace) const {
   const VisionConfig& c = cfg_;
-  const int e = c.embed_dim, heads = c.num_heads, head_dim = e / heads;
+  const int e = c.embed_dim;
   const int m2 = c.spatial_merge_size * c.spatial_merge_size;
-  const int mlp_dim = blocks_.empty() ? 0 : blocks_[0].fc1.out;
   absl::StatusOr<std::vector<int>> segments = AttentionBounds(grids, c.spatial_merge_size);
   if (!segments.ok()) return segments.status();
   const std::vector<int>& bounds = *segments;
@@ -457,66 +542,45 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
                                                    " floats, the grids need ", n, " x ", patch_in));
   }
   Stopwatch total;
-  const int64_t chunk = std::min<int64_t>(kRowChunk, n);
+  Activations a;
+  a.n = n;
+  a.chunk = std::min<int64_t>(kRowChunk, n);
   const size_t ne = static_cast<size_t>(n) * e;
-  // x: the residual stream; q (then the attention output), k, v: see
-  // Attention. About 4 floats per patch and embed dim, plus chunk buffers.
-  std::vector<float> x(ne), q(ne), k(ne), v(ne);
-  std::vector<float> h(static_cast<size_t>(chunk) * e), qkv(h.size() * 3);
-  std::vector<float> mlp(static_cast<size_t>(chunk) * mlp_dim), cos_t, sin_t;
-  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-    Linear(patch_embed_, pixels.data() + r0 * patch_in, std::min(chunk, n - r0), &x[r0 * e], trace);
+  a.x.resize(ne);
+  a.q.resize(ne);
+  a.k.resize(ne);
+  a.v.resize(ne);
+  a.h.resize(static_cast<size_t>(a.chunk) * e);
+  a.qkv.resize(a.h.size() * 3);
+  a.mlp.resize(static_cast<size_t>(a.chunk) * (blocks_.empty() ? 0 : blocks_[0].fc1.out));
+  for (int64_t r0 = 0; r0 < n; r0 += a.chunk) {
+    Linear(patch_embed_, pixels.data() + r0 * patch_in, std::min(a.chunk, n - r0), &a.x[r0 * e],
+           trace);
   }
-  if (trace != nullptr && trace->record_activations) trace->patch_embed = x;
-  RotaryTables(grids, c.spatial_merge_size, head_dim, &cos_t, &sin_t);
-
+  if (trace != nullptr && trace->record_activations) trace->patch_embed = a.x;
+  {
+    const StageTimer t(StageSeconds(trace, &VisionTrace::rope_seconds));
+    RotaryTables(grids, c.spatial_merge_size, e / c.num_heads, &a.cos, &a.sin);
+  }
   for (size_t bi = 0; bi < blocks_.size(); ++bi) {
-    const Block& b = blocks_[bi];
-    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-      const int64_t rows = std::min(chunk, n - r0);
-      LayerNorm(*pool_, &x[r0 * e], rows, e, b.norm1_w, b.norm1_b, h.data());
-      Linear(b.qkv, h.data(), rows, qkv.data(), trace);
-      // Rotate q and k, then scatter: q row-major, k and v head-major.
-      pool_->ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const float* cos_r = &cos_t[(r0 + r) * head_dim];
-          const float* sin_r = &sin_t[(r0 + r) * head_dim];
-          float* src = &qkv[r * 3 * e];
-          for (int hd = 0; hd < heads; ++hd) {
-            Rotate(src + hd * head_dim, cos_r, sin_r, head_dim);
-            Rotate(src + e + hd * head_dim, cos_r, sin_r, head_dim);
-            const size_t at = (static_cast<size_t>(hd) * n + r0 + r) * head_dim;
-            std::memcpy(&k[at], src + e + hd * head_dim, head_dim * sizeof(float));
-            std::memcpy(&v[at], src + 2 * e + hd * head_dim, head_dim * sizeof(float));
-          }
-          std::memcpy(&q[(r0 + r) * e], src, e * sizeof(float));
-        }
-      });
-    }
-    Attention(q.data(), k.data(), v.data(), n, bounds, trace);
-    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
-      const int64_t rows = std::min(chunk, n - r0);
-      float* xr = &x[r0 * e];
-      Linear(b.proj, &q[r0 * e], rows, h.data(), trace);
-      for (int64_t i = 0; i < rows * e; ++i) xr[i] += h[i];
-      LayerNorm(*pool_, xr, rows, e, b.norm2_w, b.norm2_b, h.data());
-      Linear(b.fc1, h.data(), rows, mlp.data(), trace);
-      pool_->ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
-        cpu::QuickGeluInPlace(&mlp[begin * mlp_dim], (end - begin) * mlp_dim);
-      });
-      Linear(b.fc2, mlp.data(), rows, h.data(), trace);
-      for (int64_t i = 0; i < rows * e; ++i) xr[i] += h[i];
-    }
-    if (bi == 0 && trace != nullptr && trace->record_activations) trace->block0 = x;
+    AttentionHalf(blocks_[bi], bounds, &a, trace);
+    MlpHalf(blocks_[bi], &a, trace);
+    if (bi == 0 && trace != nullptr && trace->record_activations) trace->block0 = a.x;
   }
   // Merger: LayerNorm per patch, then each run of merge^2 patches as one row.
   // q and k are free now: LayerNorm into q, fc1 into k.
-  LayerNorm(*pool_, x.data(), n, e, ln_q_w_, ln_q_b_, q.data());
+  {
+    const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
+    LayerNorm(*pool_, a.x.data(), n, e, ln_q_w_, ln_q_b_, a.q.data());
+  }
   const int64_t tokens = n / m2;
-  Linear(merger_fc1_, q.data(), tokens, k.data(), trace);
-  MapRows(*pool_, k.data(), tokens, merger_fc1_.out, Gelu);
+  Linear(merger_fc1_, a.q.data(), tokens, a.k.data(), trace);
+  {
+    const StageTimer t(StageSeconds(trace, &VisionTrace::elementwise_seconds));
+    MapRows(*pool_, a.k.data(), tokens, merger_fc1_.out, Gelu);
+  }
   std::vector<float> out(static_cast<size_t>(tokens) * merger_fc2_.out);
-  Linear(merger_fc2_, k.data(), tokens, out.data(), trace);
+  Linear(merger_fc2_, a.k.data(), tokens, out.data(), trace);
   if (trace != nullptr) trace->total_seconds = total.ElapsedSeconds();
   return out;
 }

@@ -62,6 +62,9 @@ struct VisionTrace {
   std::vector<float> block0;       // output of the first block
   double gemm_seconds = 0;         // time inside linear layers
   double attention_seconds = 0;    // time inside attention (its GEMMs and softmax)
+  double norm_seconds = 0;         // LayerNorms (the blocks' and the merger's)
+  double rope_seconds = 0;         // rotary tables, q/k rotation and the q/k/v scatter
+  double elementwise_seconds = 0;  // residual adds, QuickGELU, the merger's GELU
   double total_seconds = 0;        // the whole forward
 };
 
@@ -130,6 +133,13 @@ class VisionTower {
               VisionTrace* trace) const;
   void Attention(float* q, const float* k, const float* v, int64_t n, absl::Span<const int> bounds,
                  VisionTrace* trace) const;
+  struct Activations;  // Forward's buffers (vision_tower.cc)
+  // One block over a->x: norm1, qkv, rotary embedding and attention (the
+  // output left in a->q), then proj + residual, norm2, fc1, QuickGELU and
+  // fc2 + residual.
+  void AttentionHalf(const Block& b, absl::Span<const int> bounds, Activations* a,
+                     VisionTrace* trace) const;
+  void MlpHalf(const Block& b, Activations* a, VisionTrace* trace) const;
 
   VisionConfig cfg_;
   std::unique_ptr<cpu::ThreadPool> own_pool_;

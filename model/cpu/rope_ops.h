@@ -8,6 +8,13 @@
 //
 //   RotateHalf({angles.cos.data(), angles.sin.data(), tokens, heads, head_dim}, q);
 //
+// HF's full-width tables (cos = cat(freqs, freqs).cos()) hold each pair's
+// value in both halves of the head: their first halves are the tables here,
+// and x * cos + rotate_half(x) * sin over the full width gives the same bits
+// (a + (-b) * s rounds as a - b * s). The vision tower's 2-D tables take the
+// same path: q and k of one patch share its row of cos/sin, so one call
+// rotates both (2 * heads head vectors).
+//
 // At the kAvx2 level (cpu_isa.h) on 8 lanes, at kAvx512 on 16 lanes with a
 // masked tail: the same operations per element, bitwise the same results.
 // Runs on the calling thread. Thread-safety: no shared state.

@@ -78,5 +78,45 @@ TEST_CASE("RotateHalf leaves the other heads' memory alone past the last pair", 
   }
 }
 
+// The vision tower's rotation before it moved here: HF's full-width tables
+// (each pair's angle in both halves) and x * cos + rotate_half(x) * sin, each
+// product and the sum rounded (volatile: no fused multiply-add).
+void FullWidthReference(const float* cos_full, const float* sin_full, int head_dim, float* x) {
+  const int half = head_dim / 2;
+  std::vector<float> tmp(x, x + head_dim);
+  for (int i = 0; i < head_dim; ++i) {
+    const float rot = i < half ? -tmp[i + half] : tmp[i - half];
+    volatile float xc = tmp[i] * cos_full[i], rs = rot * sin_full[i];
+    x[i] = xc + rs;
+  }
+}
+
+TEST_CASE("RotateHalf on half tables gives the bits of the full-width rotate_half formula",
+          "[rope_ops]") {
+  // A patch's q and k heads (2 x 4 heads) at its 2-D angles, as the vision
+  // tower rotates them in one call.
+  for (int head_dim : {16, 20, 40, 64, 80}) {
+    const int half = head_dim / 2, vectors = 8;
+    const std::vector<float> angle = Uniform(half, -60.0f, 60.0f, 50 + head_dim);
+    std::vector<float> c(half), s(half), c_full(head_dim), s_full(head_dim);
+    for (int j = 0; j < half; ++j) {
+      c[j] = c_full[j] = c_full[j + half] = std::cos(angle[j]);
+      s[j] = s_full[j] = s_full[j + half] = std::sin(angle[j]);
+    }
+    const std::vector<float> x = Uniform(vectors * head_dim, -8.0f, 8.0f, 60 + head_dim);
+    std::vector<float> want = x;
+    for (int h = 0; h < vectors; ++h) {
+      FullWidthReference(c_full.data(), s_full.data(), head_dim, &want[h * head_dim]);
+    }
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      const ScopedCpuIsa level(isa);
+      INFO(IsaName() << " head_dim " << head_dim);
+      std::vector<float> got = x;
+      RotateHalf({c.data(), s.data(), 1, vectors, head_dim}, got.data());
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mmserve::model::cpu

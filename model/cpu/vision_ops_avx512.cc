@@ -1,6 +1,7 @@
 // The kAvx512 bodies of vision_ops.h.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -12,13 +13,11 @@ namespace {
 
 #include "model/cpu/avx512_region_begin.inc"
 
-// The lanes' sum and maximum in a fixed order.
+// The lanes' sum (SumSixteen's tree) and maximum in a fixed order.
 inline float SumLanes(__m512 v) {
   alignas(64) float l[16];
   _mm512_store_ps(l, v);
-  float s[8];
-  for (int i = 0; i < 8; ++i) s[i] = l[i] + l[i + 8];
-  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  return SumSixteen(l);
 }
 inline float MaxLanes(__m512 v) {
   alignas(64) float l[16];
@@ -73,6 +72,69 @@ void QuickGeluAll(float* x, int64_t count) {
   }
 }
 
+// vision_ops.cc's PartialSumsAvx2 in four registers of 16 sums each:
+// add(acc, x, m) adds the floats at x in the lanes of m into acc.
+template <typename Add>
+void PartialSums(const float* x, int64_t dim, Add add, float* part) {
+  __m512 a[4];
+  for (__m512& v : a) v = _mm512_setzero_ps();
+  const int64_t full = dim / 64 * 64;
+  for (int64_t j = 0; j < full; j += 64) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) a[k] = add(a[k], x + j + 16 * k, kAllLanes);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const int64_t n = std::min<int64_t>(dim - full - 16 * k, 16);
+    if (n > 0) a[k] = add(a[k], x + full + 16 * k, FirstLanes(n));
+  }
+  _mm512_store_ps(part, _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+}
+
+// The floats at x in the lanes of m (0 in the others, not read).
+inline __m512 LoadLanes(const float* x, __mmask16 m) {
+  return m == kAllLanes ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(m, x);
+}
+
+// PartialSums' terms (function objects: lambdas' conversion thunks would
+// fall outside the AVX-512 region): the floats, and the squares of their
+// deviations from mean (0 in the lanes outside m).
+struct AddLanes {
+  __m512 operator()(__m512 acc, const float* p, __mmask16 m) const {
+    return _mm512_add_ps(acc, LoadLanes(p, m));
+  }
+};
+struct AddSquaredDeviation {
+  __m512 mean;
+  __m512 operator()(__m512 acc, const float* p, __mmask16 m) const {
+    const __m512 d = _mm512_maskz_sub_ps(m, LoadLanes(p, m), mean);
+    return _mm512_fmadd_ps(d, d, acc);
+  }
+};
+
+// vision_ops.cc's LayerNormRowAvx2 on 16 lanes: the same 64 partial sums
+// and the same operations per element.
+void LayerNormRow(const float* x, int64_t dim, const float* w, const float* b, float eps,
+                  float* y) {
+  alignas(64) float part[16];
+  PartialSums(x, dim, AddLanes{}, part);
+  const __m512 mean = _mm512_set1_ps(SumSixteen(part) / static_cast<float>(dim));
+  PartialSums(x, dim, AddSquaredDeviation{mean}, part);
+  const __m512 inv =
+      _mm512_set1_ps(1.0f / std::sqrt(SumSixteen(part) / static_cast<float>(dim) + eps));
+  const int64_t full = dim / 16 * 16;
+  for (int64_t j = 0; j < full; j += 16) {
+    const __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mean), inv);
+    _mm512_storeu_ps(y + j, _mm512_fmadd_ps(t, _mm512_loadu_ps(w + j), _mm512_loadu_ps(b + j)));
+  }
+  if (full < dim) {
+    const __mmask16 tail = FirstLanes(dim - full);
+    const __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + full), mean), inv);
+    _mm512_mask_storeu_ps(y + full, tail,
+                          _mm512_fmadd_ps(t, _mm512_maskz_loadu_ps(tail, w + full),
+                                          _mm512_maskz_loadu_ps(tail, b + full)));
+  }
+}
+
 #include "model/cpu/avx512_region_end.inc"
 
 }  // namespace
@@ -82,5 +144,10 @@ void SoftmaxRowsAvx512(float* s, int64_t rows, int64_t cols) {
 }
 
 void QuickGeluInPlaceAvx512(float* x, int64_t count) { QuickGeluAll(x, count); }
+
+void LayerNormRowAvx512(const float* x, int64_t dim, const float* weight, const float* bias,
+                        float eps, float* y) {
+  LayerNormRow(x, dim, weight, bias, eps, y);
+}
 
 }  // namespace mmserve::model::cpu::internal
