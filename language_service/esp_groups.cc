@@ -37,6 +37,9 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
   g->expired_ = &metrics.GetCounter(
       "mmserve_language_esp_spans_expired_total",
       "Held ESP spans freed by the idle lease (no span query for --esp_span_idle_s).");
+  g->orphaned_ = &metrics.GetCounter(
+      "mmserve_language_esp_spans_orphaned_total",
+      "Held ESP spans freed because their master's process is gone (a master on this host).");
   ASSIGN_OR_RETURN(g->context_, transfer::UcxContext::Create(options.profile));
   const uint32_t cap = options.max_prompt_tokens != 0
                            ? options.max_prompt_tokens
@@ -102,22 +105,29 @@ bool EspGroups::Release(const std::string& id) {
 }
 
 void EspGroups::ExpireIdle() {
-  std::vector<std::string> idle;
+  const bool check_masters = masters_check_.Expired();
+  if (check_masters) masters_check_ = Deadline::After(transfer::kLivenessInterval);
+  std::vector<std::pair<std::string, metrics::Counter*>> freed;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time oldest = absl::Now() - options_.span_idle;
     for (auto it = spans_.begin(); it != spans_.end();) {
-      if (it->second->last_query >= oldest) {
+      const Span& span = *it->second;
+      const bool idle = span.last_query < oldest;
+      const bool orphan =
+          !idle && check_masters &&
+          transfer::CheckPeerProcess(span.master_process) == transfer::PeerState::kGone;
+      if (!idle && !orphan) {
         ++it;
         continue;
       }
-      idle.push_back(it->second->id);
+      freed.push_back({span.id, idle ? expired_ : orphaned_});
       it = spans_.erase(it);
     }
   }
-  for (const std::string& id : idle) {
+  for (const auto& [id, counter] : freed) {
     engine_.ReleaseSpan(id).IgnoreError();
-    expired_->Increment();
+    counter->Increment();
   }
 }
 

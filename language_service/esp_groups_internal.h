@@ -15,10 +15,11 @@ namespace mmserve::language {
 // A span held here for another instance's master.
 struct EspGroups::Span {
   std::string id;
-  std::vector<int32_t> blocks;  // the kept range's, in token order
-  int64_t keys = 0;             // tokens of the range
-  int lane = 0;                 // the master's member index: its inbox lane here
-  std::string master;           // the master's span-reply worker address
+  std::vector<int32_t> blocks;               // the kept range's, in token order
+  int64_t keys = 0;                          // tokens of the range
+  int lane = 0;                              // the master's member index: its inbox lane here
+  std::string master;                        // the master's span-reply worker address
+  transfer::ProcessIdentity master_process;  // gone (same host): the span is freed
   absl::Time last_query;
 };
 

@@ -234,6 +234,7 @@ void EspGroups::AddSpan(Group& g) {
   span->keys = g.keep_len;
   span->lane = static_cast<int>(g.plan->master());
   span->master = g.endpoints[span->lane].span_reply.worker_address;
+  span->master_process = g.endpoints[span->lane].process;
   span->last_query = absl::Now();
   absl::MutexLock lock(&mu_);
   spans_[g.tag] = std::move(span);
