@@ -164,12 +164,15 @@ constexpr int kLongPrompt = 3000;
 const char* const kProfiles[] = {"shm", "tcp"};
 
 // Two elastic instances of small pools under router --esp over `profile`;
-// `args` go to both.
+// `args` go to both. Under sanitizers a layer of a 3k-token group prefill
+// took over the default 2 s layer timeout here (ASan, load 12 on 2 cores):
+// they get 10 s (kills are seen by the peers' liveness, not by timeouts).
 absl::StatusOr<std::unique_ptr<launcher::LocalStack>> SmallElasticStack(
     const std::string& profile, const std::vector<std::string>& args) {
   launcher::StackOptions o = TestStackOptions(1, profile);
   o.elastic = 2;
   o.language_args.push_back(kSmallPool);
+  if (kSanitizerSlowdown > 1) o.language_args.push_back("--esp_layer_timeout_ms=10000");
   o.language_args.insert(o.language_args.end(), args.begin(), args.end());
   return launcher::LocalStack::Start(o);
 }
