@@ -218,20 +218,23 @@ std::vector<std::thread> OpenGroup(const std::vector<std::unique_ptr<Member>>& m
   return threads;
 }
 
-// Nothing held: every block free and no request.
-bool Idle(Member& m) {
+// Seconds from `since` until `m` holds nothing (every block free, no
+// request), or -1 after 10 s.
+double SecondsUntilIdle(Member& m, const Stopwatch& since) {
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (!d.Expired()) {
     v1::LoadReport load;
     grpc::ClientContext ctx;
     if (m.stub->GetLoad(&ctx, v1::LoadRequest(), &load).ok() && load.running() == 0 &&
         load.waiting() == 0 && load.kv_blocks_free() == m.info.capacity().kv_blocks_total()) {
-      return true;
+      return since.ElapsedSeconds();
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(10));
   }
-  return false;
+  return -1;
 }
+
+bool Idle(Member& m) { return SecondsUntilIdle(m, Stopwatch()) >= 0; }
 
 uint32_t UsedBlocks(Member& m) {
   v1::LoadReport load;
@@ -302,21 +305,6 @@ TEST_CASE("two elastic processes serve a group prefill with the reference tokens
 // A kill must end a survivor's wait within 2 s (shm included: the boards
 // check their peers' processes, transfer/ucx_notice_board.h).
 constexpr double kWithinS = 2.0 * kSanitizerSlowdown;
-
-// Seconds from `killed` until `m` holds nothing, or -1 after 10 s.
-double SecondsUntilIdle(Member& m, const Stopwatch& killed) {
-  const Deadline d = Deadline::After(absl::Seconds(10));
-  while (!d.Expired()) {
-    v1::LoadReport load;
-    grpc::ClientContext ctx;
-    if (m.stub->GetLoad(&ctx, v1::LoadRequest(), &load).ok() && load.running() == 0 &&
-        load.waiting() == 0 && load.kv_blocks_free() == m.info.capacity().kv_blocks_total()) {
-      return killed.ElapsedSeconds();
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return -1;
-}
 
 TEST_CASE("a member killed mid-exchange ends the survivor's call UNAVAILABLE", "[esp]") {
   const Reference ref = Greedy(kText, 4);
