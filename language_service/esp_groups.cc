@@ -41,6 +41,9 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
       "mmserve_language_esp_master_moves_total",
       "ESP requests this instance mastered until its decode range was full and handed on "
       "to the next master (no KV moved).");
+  g->orphaned_ = &metrics.GetCounter(
+      "mmserve_language_esp_spans_orphaned_total",
+      "Held ESP spans freed because their master's process is gone (a master on this host).");
   ASSIGN_OR_RETURN(g->context_, transfer::UcxContext::Create(options.profile));
   const uint32_t cap = options.max_prompt_tokens != 0
                            ? options.max_prompt_tokens
@@ -107,24 +110,40 @@ bool EspGroups::Release(const std::string& id) {
   return known;
 }
 
+namespace {
+
+bool AnyGone(const std::vector<transfer::ProcessIdentity>& processes) {
+  for (const transfer::ProcessIdentity& p : processes) {
+    if (transfer::CheckPeerProcess(p) == transfer::PeerState::kGone) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void EspGroups::ExpireIdle() {
-  std::vector<std::string> idle;
+  const bool check_masters = masters_check_.Expired();
+  if (check_masters) masters_check_ = Deadline::After(transfer::kLivenessInterval);
+  std::vector<std::pair<std::string, metrics::Counter*>> freed;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time oldest = absl::Now() - options_.span_idle;
     for (auto it = spans_.begin(); it != spans_.end();) {
-      if (it->second->last_query >= oldest) {
+      const Span& span = *it->second;
+      const bool idle = span.last_query < oldest;
+      const bool orphan = !idle && check_masters && AnyGone(span.masters);
+      if (!idle && !orphan) {
         ++it;
         continue;
       }
-      idle.push_back(it->second->id);
+      freed.push_back({span.id, idle ? expired_ : orphaned_});
       it = spans_.erase(it);
     }
   }
-  for (const std::string& id : idle) {
+  for (const auto& [id, counter] : freed) {
     ForgetLanes(id);
     engine_.ReleaseSpan(id).IgnoreError();
-    expired_->Increment();
+    counter->Increment();
   }
 }
 

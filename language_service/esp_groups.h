@@ -28,8 +28,13 @@
 // reading only held blocks, with their own one-thread pool.
 //
 // A holder keeps its span (the blocks of its `keep` range) until Release
-// (the router's Abort), or until no master queried it for span_idle (the
-// idle lease; mmserve_language_esp_spans_expired_total counts those). The
+// (the router's Abort), until no master queried it for span_idle (the
+// idle lease; mmserve_language_esp_spans_expired_total counts those), or
+// until one of its request's masters' processes is gone (a master on this
+// host and pid namespace, checked every transfer::kLivenessInterval: a
+// killed master's spans go even without the router's Abort;
+// mmserve_language_esp_spans_orphaned_total). Waits on a peer end
+// UNAVAILABLE once it is gone, over shm too (ucx_notice_board.h). The
 // master holds its span plus room for the KV of max_tokens - 1 new tokens
 // (the manager plans the whole future KV) and frees it when the request
 // ends.
@@ -61,10 +66,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "model/cpu/thread_pool.h"
 #include "proto/language.pb.h"
 #include "transfer/esp_endpoint.h"
+#include "transfer/peer_liveness.h"
 #include "worker/engine.h"
 
 namespace mmserve::language {
@@ -140,7 +147,8 @@ class EspGroups {
   size_t num_decodes() const { return decodes_.size(); }
   // Frees request `id`'s span and state here; whether it had any.
   bool Release(const std::string& id);
-  // Frees spans idle past span_idle.
+  // Frees spans idle past span_idle, and those whose master's process is
+  // gone.
   void ExpireIdle();
   // Spans held for other masters (tests and the load report).
   size_t num_held_spans() const;
@@ -178,6 +186,7 @@ class EspGroups {
   float scale_ = 0;
   metrics::Counter* expired_ = nullptr;
   metrics::Counter* moves_ = nullptr;
+  metrics::Counter* orphaned_ = nullptr;
 
   mutable absl::Mutex mu_;  // the span server thread reads spans_
   std::map<uint64_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);  // by tag
@@ -192,7 +201,8 @@ class EspGroups {
     std::set<std::string> ids;
   };
   std::map<int, Lane> lanes_;
-  std::string client_request_;                  // the request the span client is connected for
+  std::string client_request_;  // the request the span client is connected for
+  Deadline masters_check_ = Deadline::After(transfer::kLivenessInterval);  // the next one
   std::unique_ptr<transfer::EspInstance> esp_;  // last: its server thread stops first
 };
 

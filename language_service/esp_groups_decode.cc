@@ -81,6 +81,7 @@ void EspGroups::MoveOn(const std::string& id, const Moved& moved) {
   span->id = id;
   span->blocks = std::move(d->blocks);
   span->keys = r.prompt_len() + r.num_generated() - 1 - d->keep_begin;
+  span->masters = d->masters;
   span->last_query = absl::Now();
   const worker::EspRequest::MasterState state = r.ExportState();
   {

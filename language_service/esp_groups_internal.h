@@ -17,6 +17,9 @@ struct EspGroups::Span {
   std::string id;
   std::vector<int32_t> blocks;  // the kept range's, in token order
   int64_t keys = 0;             // tokens of the range
+  // The processes of the request's masters (its chain): one gone (same
+  // host), the request is lost and the span is freed.
+  std::vector<transfer::ProcessIdentity> masters;
   absl::Time last_query;
 };
 
@@ -35,6 +38,7 @@ struct EspGroups::Decode {
   std::vector<int> holders;                          // member indices holding KV, member order
   int self_holder = 0;                               // the master's place among them
   std::vector<transfer::NoticeBoardTarget> servers;  // span inboxes, member order
+  std::vector<transfer::ProcessIdentity> masters;    // the chain's processes (its span's)
 };
 
 // One member's group prefill, on the loop thread.

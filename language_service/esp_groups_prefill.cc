@@ -291,6 +291,7 @@ void EspGroups::AddSpan(Group& g) {
   span->id = g.id;
   span->blocks = g.blocks;
   span->keys = g.keep_len;
+  for (int m : g.chain) span->masters.push_back(g.endpoints[m].process);
   span->last_query = absl::Now();
   absl::MutexLock lock(&mu_);
   spans_[g.tag] = std::move(span);
@@ -311,6 +312,7 @@ void EspGroups::StartDecode(Group& g, int32_t first_token, bool waiting) {
   d->last = static_cast<size_t>(g.chain_pos) + 1 == g.chain.size();
   d->last_token = first_token;
   d->master = self;
+  for (int m : g.chain) d->masters.push_back(g.endpoints[m].process);
   d->servers.resize(g.plan->members_size());
   for (int m = 0; m < g.plan->members_size(); ++m) {
     const v1::EspRowRange& k = g.plan->members(m).keep();

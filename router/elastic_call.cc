@@ -61,9 +61,26 @@ void ElasticCall::StartLanguage(internal::v1::PrefillRequest prefill) {
   for (int m : language::EspMasterChain(*plan_)) chain_.push_back(static_cast<size_t>(m));
   master_ = chain_[0];
   master_carries_ = sampler_ == master_;
+  // A transfer has one receiver: every member past the first gets copies
+  // of the images, all dispatched before any stream starts.
+  std::vector<size_t> images;
+  for (const auto& image : prefill.images()) images.push_back(image.image_index());
+  std::vector<std::vector<internal::v1::PromptImage>> copies(members_.size());
+  for (size_t m = 1; m < members_.size() && !images.empty(); ++m) {
+    absl::StatusOr<std::vector<internal::v1::PromptImage>> c = CopyImages(images);
+    if (!c.ok()) {
+      End(c.status());
+      return;
+    }
+    copies[m] = *std::move(c);
+  }
   for (size_t m = 0; m < members_.size(); ++m) {
     internal::v1::EspPrefillRequest request;
     *request.mutable_request() = prefill;
+    if (m > 0 && !images.empty()) {
+      request.mutable_request()->clear_images();
+      for (auto& c : copies[m]) *request.mutable_request()->add_images() = std::move(c);
+    }
     *request.mutable_plan() = *plan_;
     request.set_member(static_cast<uint32_t>(m));
     auto stream = std::make_shared<EspStream>(std::move(request), deadline_, Handlers(m));
@@ -73,7 +90,20 @@ void ElasticCall::StartLanguage(internal::v1::PrefillRequest prefill) {
 }
 
 void ElasticCall::RetryImages(std::vector<internal::v1::PromptImage> images) {
-  for (const auto& member : members_) SendRetryImages(member, images);
+  std::vector<size_t> indices;
+  for (const auto& image : images) indices.push_back(image.image_index());
+  for (size_t m = 0; m < members_.size(); ++m) {
+    if (m == 0 || !plan_) {
+      SendRetryImages(members_[m], images);
+      continue;
+    }
+    absl::StatusOr<std::vector<internal::v1::PromptImage>> copies = CopyImages(indices);
+    if (!copies.ok()) {
+      End(copies.status());
+      return;
+    }
+    SendRetryImages(members_[m], *std::move(copies));
+  }
 }
 
 std::vector<std::shared_ptr<Instance>> ElasticCall::LanguageInstances() const { return members_; }

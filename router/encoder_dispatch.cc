@@ -18,6 +18,7 @@ struct EncoderDispatch::Encode {
   internal::v1::EncodeRequest request;
   internal::v1::EncodeResponse response;
   bool done = false;
+  bool copy = false;  // DispatchCopy's
 };
 
 EncoderDispatch::EncoderDispatch(const RouterContext& context,
@@ -93,21 +94,46 @@ internal::v1::PromptImage EncoderDispatch::Describe(size_t k, const Instance& en
 
 absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Dispatch(
     const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded) {
-  std::vector<internal::v1::PromptImage> described;
-  std::map<std::string, std::unique_ptr<Encode>> by_encoder;
+  std::vector<std::pair<size_t, std::shared_ptr<Instance>>> picks;
   for (size_t k : images) {
     ASSIGN_OR_RETURN(std::shared_ptr<Instance> enc, PickEncoder(k));
+    picks.push_back({k, std::move(enc)});
+  }
+  return Start(picks, /*copy=*/false, deferred, on_encoded);
+}
+
+absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::DispatchCopy(
+    const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded) {
+  std::vector<std::pair<size_t, std::shared_ptr<Instance>>> picks;
+  for (size_t k : images) {
+    std::shared_ptr<Instance> enc =
+        k < images_.size() ? context_.instances->Get(images_[k].encoder_id) : nullptr;
+    if (enc == nullptr) return absl::UnavailableError(absl::StrCat("no encoder for image ", k));
+    picks.push_back({k, std::move(enc)});
+  }
+  return Start(picks, /*copy=*/true, deferred, on_encoded);
+}
+
+absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Start(
+    const std::vector<std::pair<size_t, std::shared_ptr<Instance>>>& picks, bool copy,
+    DeferredActions& deferred, const OnEncoded& on_encoded) {
+  std::vector<internal::v1::PromptImage> described;
+  std::map<std::string, std::unique_ptr<Encode>> by_encoder;
+  for (const auto& [k, enc] : picks) {
     auto& encode = by_encoder[enc->id];
     if (encode == nullptr) {
       encode = std::make_unique<Encode>();
       encode->encoder_id = enc->id;
+      encode->copy = copy;
       encode->request.set_request_id(
           absl::StrCat(request_.request_id(), "@", enc->id, "#", next_attempt_++));
       encode->request.set_model(context_.options.model_id);
     }
     encode->images.push_back(k);
-    images_[k].encoder_id = enc->id;
-    images_[k].transfer_id = encode->request.request_id();
+    if (!copy) {
+      images_[k].encoder_id = enc->id;
+      images_[k].transfer_id = encode->request.request_id();
+    }
     internal::v1::EncodeImage* ei = encode->request.add_images();
     ei->set_image_index(static_cast<uint32_t>(k));
     const MediaPart part = RequestMedia(request_)[k];
@@ -119,6 +145,7 @@ absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Dispatch
     ei->mutable_content_hash()->set_high(images_[k].hash.high);
     ei->mutable_content_hash()->set_low(images_[k].hash.low);
     described.push_back(Describe(k, *enc));
+    described.back().set_transfer_id(encode->request.request_id());
   }
   for (auto& [eid, encode] : by_encoder) {
     std::shared_ptr<Instance> enc = context_.instances->Get(eid);
@@ -148,7 +175,8 @@ absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Move(
 
 EncodeFailure EncoderDispatch::Answered(Encode* encode, const grpc::Status& status) {
   encode->done = true;
-  EncodeFailure failure{encode->encoder_id, {}};
+  EncodeFailure failure{encode->encoder_id, {}, encode->copy};
+  if (encode->copy) return failure;  // its cache hits are the first copy's
   if (status.ok()) {
     for (const auto& e : encode->response.images()) cached_images_ += e.cache_hit() ? 1 : 0;
     return failure;

@@ -3,7 +3,9 @@
 // rendezvous hashing of its content hash over the healthy encoders it has
 // not failed on (cache affinity), to the least queued one when that encoder
 // is saturated; an image whose encoder fails moves to another, a new
-// attempt with a new transfer id, at most kMaxAttempts times.
+// attempt with a new transfer id, at most kMaxAttempts times. A transfer
+// has one receiver: an ESP group's other members get copies (DispatchCopy),
+// each its own Encode call and transfer id on the image's encoder.
 //
 //   EncoderDispatch encoders(context, request, deadline, prepared_images);
 //   ASSIGN_OR_RETURN(auto described, encoders.Dispatch(all, deferred, on_encoded));
@@ -24,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +46,7 @@ namespace mmserve::router {
 struct EncodeFailure {
   std::string encoder_id;
   std::vector<size_t> images;
+  bool copy = false;  // a copy's call (DispatchCopy): nothing moves, the call fails
 };
 
 class EncoderDispatch {
@@ -71,6 +75,13 @@ class EncoderDispatch {
   // language-side descriptors; UNAVAILABLE when an image has no healthy
   // encoder or has been tried kMaxAttempts times.
   [[nodiscard]] absl::StatusOr<std::vector<internal::v1::PromptImage>> Dispatch(
+      const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded);
+  // The same images again for another receiver (an ESP group member past
+  // the first; a transfer has one receiver): new Encode calls and transfer
+  // ids on each image's current encoder, where its embedding is cached.
+  // Copies neither move on failure (Answered says `copy`) nor count as
+  // cache hits; UNAVAILABLE when an image's encoder is gone.
+  [[nodiscard]] absl::StatusOr<std::vector<internal::v1::PromptImage>> DispatchCopy(
       const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded);
   // `images` failed on `failed_encoder`: they avoid it from now on, calls
   // still open to it are cancelled (they would only hold the final response
@@ -109,6 +120,10 @@ class EncoderDispatch {
   // The encoder for image `k`, or UNAVAILABLE.
   absl::StatusOr<std::shared_ptr<Instance>> PickEncoder(size_t k);
   internal::v1::PromptImage Describe(size_t k, const Instance& encoder) const;
+  // Encode calls for image k on picks[k]'s encoder, grouped by encoder.
+  absl::StatusOr<std::vector<internal::v1::PromptImage>> Start(
+      const std::vector<std::pair<size_t, std::shared_ptr<Instance>>>& picks, bool copy,
+      DeferredActions& deferred, const OnEncoded& on_encoded);
 
   const RouterContext& context_;
   const mmserve::v1::GenerateRequest& request_;

@@ -223,6 +223,10 @@ void GenerateCall::LockedOnEncoded(EncoderDispatch::Encode* encode, const grpc::
     End(FromGrpcStatus(status));
     return;
   }
+  if (failure.copy) {  // a group member's copy: that member cannot get the image
+    End(absl::UnavailableError("an encoder failed for a member of the request's group"));
+    return;
+  }
   Redispatch(failure.images, failure.encoder_id, status.error_message());
 }
 
@@ -239,6 +243,11 @@ void GenerateCall::Redispatch(const std::vector<size_t>& images, const std::stri
     return;
   }
   RetryImages(*std::move(described));
+}
+
+absl::StatusOr<std::vector<internal::v1::PromptImage>> GenerateCall::CopyImages(
+    const std::vector<size_t>& images) {
+  return encoders_.DispatchCopy(images, deferred_, OnEncodedCallback());
 }
 
 void GenerateCall::SendRetryImages(std::shared_ptr<Instance> language,

@@ -123,6 +123,10 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void LastStreamClosed(const grpc::Status& status, absl::string_view role,
                         absl::string_view instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The images again for another receiver (EncoderDispatch::DispatchCopy):
+  // an ESP group's members past the first.
+  [[nodiscard]] absl::StatusOr<std::vector<internal::v1::PromptImage>> CopyImages(
+      const std::vector<size_t>& images) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls RetryImages on `language` (deferred).
   void SendRetryImages(std::shared_ptr<Instance> language,
                        std::vector<internal::v1::PromptImage> images)

@@ -1,7 +1,8 @@
 // GenerateCall against in-process fake encoder and language instances:
 // the colocated and the disaggregated lifecycle, the held early decode
 // batches, a first token that is also the last, lost instances, encoder
-// failures and rejected requests. The fakes are scripted per test; the
+// failures, image copies (an ESP group's other members) and rejected
+// requests. The fakes are scripted per test; the
 // router side is the real InstanceTable and GenerateCall.
 #include "router/generate_call.h"
 
@@ -25,6 +26,8 @@
 #include "proto/encoder.grpc.pb.h"
 #include "proto/language.grpc.pb.h"
 #include "router/call_testing.h"
+#include "router/deferred_actions.h"
+#include "router/encoder_dispatch.h"
 
 namespace mmserve::router {
 namespace {
@@ -331,6 +334,46 @@ TEST_CASE("an encoder that fails while prefilling moves the image and tells the 
   CHECK(stack.e0.encodes == 1);
   CHECK(stack.e1.encodes == 1);
   CHECK(stack.both.retries == 1);
+}
+
+// An ESP group's members past the first (elastic_call.h): a transfer has
+// one receiver, so each gets its own copy of the images.
+TEST_CASE("an image copy is a new Encode call and transfer id on the image's encoder") {
+  Stack stack(/*failing_encodes=*/0);
+  stack.Start({"e0", "e1"});
+  const mmserve::v1::GenerateRequest request = ImageRequest();
+  EncoderDispatch dispatch(stack.context(), request,
+                           std::chrono::system_clock::now() + std::chrono::seconds(20),
+                           {PreparedImage{.hash = {1, 2}}});
+  DeferredActions deferred;
+  absl::Mutex mu;
+  std::vector<EncodeFailure> answers;
+  const EncoderDispatch::OnEncoded on_encoded = [&](EncoderDispatch::Encode* e,
+                                                    const grpc::Status& s) {
+    absl::MutexLock lock(&mu);
+    answers.push_back(dispatch.Answered(e, s));
+  };
+  auto first = dispatch.Dispatch({0}, deferred, on_encoded);
+  REQUIRE(first.ok());
+  auto copy = dispatch.DispatchCopy({0}, deferred, on_encoded);
+  REQUIRE(copy.ok());
+  deferred.Run();
+  REQUIRE(first->size() == 1);
+  REQUIRE(copy->size() == 1);
+  CHECK((*copy)[0].transfer_id() != (*first)[0].transfer_id());
+  CHECK((*copy)[0].encoder_id() == (*first)[0].encoder_id());
+  CHECK((*copy)[0].image_index() == 0);
+  REQUIRE(WaitFor([&] {
+    absl::MutexLock lock(&mu);
+    return answers.size() == 2;
+  }));
+  absl::MutexLock lock(&mu);
+  CHECK(dispatch.AllAnswered());
+  // Both were cache hits; the copy's is not counted.
+  CHECK(dispatch.cached_images() == 1);
+  CHECK(stack.e0.encodes + stack.e1.encodes == 2);
+  // The image's source is still the first's: a report on it is not stale.
+  CHECK(dispatch.ImagesOn((*first)[0].encoder_id()) == std::vector<size_t>{0});
 }
 
 TEST_CASE("a bad request ends with INVALID_ARGUMENT before any backend is called") {

@@ -17,19 +17,15 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/sanitizer.h"
 #include "deploy/launcher/local_stack.h"
 #include "proto/inference.grpc.pb.h"
 
 namespace mmserve::testing {
 
 // How many times slower sanitizer builds run the processes: the factor for
-// the few bounds that are times (a deadline that must end a call at a given
-// stage, a CPU budget).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr int kSanitizerSlowdown = 3;
-#else
-inline constexpr int kSanitizerSlowdown = 1;
-#endif
+// the few bounds that are times (common/sanitizer.h).
+using ::mmserve::kSanitizerSlowdown;
 
 // Runfiles root of a test (its binaries, model and eval set), or the
 // workspace when run with `bazel run`.

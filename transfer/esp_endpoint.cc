@@ -48,6 +48,11 @@ class Reader {
   std::string_view rest_;
 };
 
+bool GetProcess(Reader& r, ProcessIdentity* p) {
+  return r.Get(&p->pid) && r.Get(&p->pid_namespace) && r.Get(&p->start_ticks) &&
+         r.GetBytes(&p->boot_id);
+}
+
 bool GetBoard(Reader& r, NoticeBoardTarget* t) {
   return r.Get(&t->base_address) && r.Get(&t->notice_offset) && r.GetBytes(&t->worker_address) &&
          r.GetBytes(&t->rkey) && !t->worker_address.empty() && !t->rkey.empty();
@@ -63,6 +68,10 @@ std::string EncodeEspEndpoint(const EspEndpoint& e) {
   Put<uint32_t>(out, e.max_prompt_tokens);
   Put<uint32_t>(out, e.kv_width);
   Put<uint32_t>(out, e.max_members);
+  Put<int32_t>(out, e.process.pid);
+  Put<uint64_t>(out, e.process.pid_namespace);
+  Put<uint64_t>(out, e.process.start_ticks);
+  PutBytes(out, e.process.boot_id);
   for (const NoticeBoardTarget* t : {&e.exchange, &e.span_inbox, &e.span_reply}) {
     Put<uint64_t>(out, t->base_address);
     Put<uint64_t>(out, t->notice_offset);
@@ -84,13 +93,14 @@ absl::StatusOr<EspEndpoint> DecodeEspEndpoint(std::string_view blob) {
     return absl::InvalidArgumentError("an ESP endpoint of an unknown version");
   }
   if (!r.Get(&e.max_prompt_tokens) || !r.Get(&e.kv_width) || !r.Get(&e.max_members) ||
-      !GetBoard(r, &e.exchange) || !GetBoard(r, &e.span_inbox) || !GetBoard(r, &e.span_reply) ||
-      !r.done()) {
+      !GetProcess(r, &e.process) || !GetBoard(r, &e.exchange) || !GetBoard(r, &e.span_inbox) ||
+      !GetBoard(r, &e.span_reply) || !r.done()) {
     return absl::InvalidArgumentError("a malformed ESP endpoint");
   }
   if (e.max_prompt_tokens == 0 || e.kv_width == 0 || e.max_members < 2) {
     return absl::InvalidArgumentError("an ESP endpoint with no room");
   }
+  for (NoticeBoardTarget* t : {&e.exchange, &e.span_inbox, &e.span_reply}) t->process = e.process;
   return e;
 }
 
@@ -117,6 +127,7 @@ absl::StatusOr<std::unique_ptr<EspInstance>> EspInstance::Create(UcxContext& con
   esp->endpoint_ = EncodeEspEndpoint({.max_prompt_tokens = o.max_prompt_tokens,
                                       .kv_width = o.kv_width,
                                       .max_members = o.max_members,
+                                      .process = SelfProcessIdentity(),
                                       .exchange = esp->board_->target(),
                                       .span_inbox = esp->server_->target(),
                                       .span_reply = esp->client_->target()});

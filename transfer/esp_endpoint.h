@@ -6,13 +6,19 @@
 //   info.set_esp_endpoint(esp->endpoint());          // at registration
 //   ASSIGN_OR_RETURN(EspEndpoint peer, DecodeEspEndpoint(member.endpoint()));
 //
-// The blob, version 1 (integers little-endian; every length is checked
+// The blob, version 2 (integers little-endian; every length is checked
 // against what is left, and the blob must end exactly after the last board):
 //
-//   u32 magic 0x50534d45 ("EMSP")   u16 version (1)   u16 boards (3)
+//   u32 magic 0x50534d45 ("EMSP")   u16 version (2)   u16 boards (3)
 //   u32 max_prompt_tokens           the exchange board's prompt cap
 //   u32 kv_width                    floats of one token's K (or V), a layer
 //   u32 max_members                 the largest group it joins
+//   u32 pid, u64 pid_namespace, u64 start_ticks, u32 n, n bytes of boot id
+//                                   the instance's process (peer_liveness.h;
+//                                   all zero and n = 0: unknown), which a
+//                                   member on the same host checks while it
+//                                   waits on the instance (shm reports no
+//                                   dead peer); version 2 added it
 //   3 x { u64 base_address, u64 notice_offset, u32 n, n bytes of UCX
 //         worker address, u32 m, m bytes of packed rkey }
 //         boards in order: K/V exchange, span inbox (holder), span reply
@@ -32,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transfer/esp_span_attention.h"
+#include "transfer/peer_liveness.h"
 #include "transfer/ucx_context.h"
 #include "transfer/ucx_notice_board.h"
 
@@ -41,13 +48,15 @@ struct EspEndpoint {
   uint32_t max_prompt_tokens = 0;
   uint32_t kv_width = 0;
   uint32_t max_members = 0;
+  // The instance's process; Decode copies it into the three targets.
+  ProcessIdentity process;
   NoticeBoardTarget exchange;    // the K/V exchange board
   NoticeBoardTarget span_inbox;  // the span server's inbox (as a holder)
   NoticeBoardTarget span_reply;  // the span client's reply board (as a master)
 };
 
 inline constexpr uint32_t kEspEndpointMagic = 0x50534d45;
-inline constexpr uint16_t kEspEndpointVersion = 1;
+inline constexpr uint16_t kEspEndpointVersion = 2;
 
 std::string EncodeEspEndpoint(const EspEndpoint& endpoint);
 [[nodiscard]] absl::StatusOr<EspEndpoint> DecodeEspEndpoint(std::string_view blob);

@@ -18,6 +18,7 @@ EspEndpoint Sample() {
   return {.max_prompt_tokens = 4096,
           .kv_width = 32,
           .max_members = 8,
+          .process = {.boot_id = "boot", .pid_namespace = 7, .pid = 42, .start_ticks = 99},
           .exchange = {"addr-x", "rkey-x", 0x1000},
           .span_inbox = {"addr-in", "rkey-in", 0x2000},
           .span_reply = {"addr-out", "rkey-out", 0x3000}};
@@ -33,6 +34,16 @@ TEST_CASE("an ESP endpoint round-trips through its blob", "[esp]") {
   CHECK(back->exchange.worker_address == "addr-x");
   CHECK(back->span_inbox.rkey == "rkey-in");
   CHECK(back->span_reply.base_address == 0x3000);
+  // The process, also on each board (what a waiting peer checks).
+  CHECK(back->process == e.process);
+  CHECK(back->exchange.process == e.process);
+  CHECK(back->span_inbox.process == e.process);
+  CHECK(back->span_reply.process == e.process);
+  EspEndpoint unknown = Sample();
+  unknown.process = {};
+  auto none = DecodeEspEndpoint(EncodeEspEndpoint(unknown));
+  REQUIRE(none.ok());
+  CHECK(!none->exchange.process.known());
 }
 
 TEST_CASE("a malformed ESP endpoint is InvalidArgument", "[esp]") {
@@ -46,11 +57,16 @@ TEST_CASE("a malformed ESP endpoint is InvalidArgument", "[esp]") {
   bad[0] ^= 1;  // magic
   CHECK(DecodeEspEndpoint(bad).status().code() == absl::StatusCode::kInvalidArgument);
   bad = blob;
-  bad[4] = 2;  // version
+  bad[4] = 1;  // version 1 (no process)
   CHECK(DecodeEspEndpoint(bad).status().code() == absl::StatusCode::kInvalidArgument);
   bad = blob;
-  bad[36] = '\xff';  // the first address's length, past the end
-  bad[37] = '\xff';
+  const size_t address_length = blob.find("addr-x") - 4;
+  bad[address_length] = '\xff';  // the first address's length, past the end
+  bad[address_length + 1] = '\xff';
+  CHECK(DecodeEspEndpoint(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  bad = blob;
+  const size_t boot_length = blob.find("boot") - 4;
+  bad[boot_length + 2] = '\x01';  // the boot id's length past the field limit
   CHECK(DecodeEspEndpoint(bad).status().code() == absl::StatusCode::kInvalidArgument);
   EspEndpoint empty = Sample();
   empty.span_reply.worker_address.clear();

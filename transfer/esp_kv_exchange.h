@@ -31,7 +31,9 @@
 // an earlier group; Finish clears the board's notices for the next.
 //
 // Errors: every wait has the layer timeout (DEADLINE_EXCEEDED); a peer's
-// Abort() or a put that fails gives UNAVAILABLE; a CRC mismatch DATA_LOSS.
+// Abort() or a put that fails gives UNAVAILABLE, and so does a lost peer
+// (UCX's report over tcp; over shm its process gone, ucx_notice_board.h);
+// a CRC mismatch DATA_LOSS.
 // Thread-safety: one member thread calls AllGather; Abort from any thread.
 #ifndef MMSERVE_TRANSFER_ESP_KV_EXCHANGE_H_
 #define MMSERVE_TRANSFER_ESP_KV_EXCHANGE_H_

@@ -24,7 +24,9 @@
 // flushes, then a notice {seq, CRC32C}; the server thread checks the CRC,
 // calls the handler, puts out and lse into the client's reply inbox, flushes
 // and notifies likewise (at the reply slot the query names: the server's
-// party index in the client's view). Every wait has the client's timeout.
+// party index in the client's view). Every wait has the client's timeout;
+// a server or client that dies ends the other's wait UNAVAILABLE sooner
+// (tcp: UCX's report; shm: its process gone, ucx_notice_board.h).
 //
 // An instance's server and client (issue 26's served groups) live as long
 // as the instance: parties are then a group's member indices, the server

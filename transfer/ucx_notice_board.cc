@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -37,6 +38,7 @@ struct UcxNoticeBoard::Peer {
   std::unique_ptr<UcxRemoteKey> rkey;
   uint64_t base = 0;
   uint64_t notice_offset = 0;
+  ProcessIdentity process;
   std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
 };
 
@@ -55,6 +57,7 @@ absl::StatusOr<std::unique_ptr<UcxNoticeBoard>> UcxNoticeBoard::Create(
   b->target_.worker_address = b->worker_->address();
   b->target_.base_address = reinterpret_cast<uint64_t>(b->region_->address());
   b->target_.notice_offset = b->NoticeOffset(0);
+  b->target_.process = SelfProcessIdentity();
   return b;
 }
 
@@ -86,6 +89,7 @@ absl::Status UcxNoticeBoard::Connect(const std::vector<NoticeBoardTarget>& targe
       peer->base = targets[i].base_address;
       peer->notice_offset =
           targets[i].notice_offset != 0 ? targets[i].notice_offset : NoticeOffset(0);
+      peer->process = targets[i].process;
       peers_.back() = std::move(peer);
     }
     return absl::OkStatus();
@@ -105,16 +109,23 @@ absl::Status UcxNoticeBoard::ConnectPeer(int index, const NoticeBoardTarget& tar
     ASSIGN_OR_RETURN(peer->rkey, UcxRemoteKey::Unpack(peer->ep->get(), target.rkey));
     peer->base = target.base_address;
     peer->notice_offset = target.notice_offset != 0 ? target.notice_offset : NoticeOffset(0);
+    peer->process = target.process;
     peers_[index] = std::move(peer);
     return absl::OkStatus();
   });
 }
 
-bool UcxNoticeBoard::PeerLost(int index) {
+bool UcxNoticeBoard::PeerLost(int index) { return index >= 0 && CheckPeerProcesses({index}); }
+
+bool UcxNoticeBoard::CheckPeerProcesses(const std::set<int>& which) {
   bool lost = false;
   (void)worker_->RunSync([&] {
-    lost = index >= 0 && index < static_cast<int>(peers_.size()) && peers_[index] != nullptr &&
-           *peers_[index]->failed;
+    for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
+      Peer* p = peers_[i].get();
+      if (p == nullptr || (!which.empty() && which.count(i) == 0)) continue;
+      if (!*p->failed && CheckPeerProcess(p->process) == PeerState::kGone) *p->failed = true;
+      lost |= *p->failed;
+    }
     return absl::OkStatus();
   });
   return lost;
@@ -130,11 +141,11 @@ void UcxNoticeBoard::ClearNotices() {
 absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadline deadline) {
   auto state = std::make_shared<PutState>();
   state->pending = 1;  // a guard until every flush has started
+  std::set<int> named;
   RETURN_IF_ERROR(worker_->RunSync([&]() -> absl::Status {
     const UcxDone note = [state](absl::Status st) {
       if (!st.ok() && state->first_error.ok()) state->first_error = st;
     };
-    std::set<int> named;
     for (const Piece& piece : pieces) {
       if (piece.peer < 0 || piece.peer >= static_cast<int>(peers_.size()) ||
           peers_[piece.peer] == nullptr) {
@@ -166,8 +177,14 @@ absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadl
     Settle(*state);  // the guard
     return absl::OkStatus();
   }));
-  if (!state->done.WaitForNotificationWithTimeout(deadline.Remaining())) {
-    return absl::DeadlineExceededError("a peer did not take the data in time");
+  // A flush over shm waits for the peer's progress: check its process.
+  while (!state->done.WaitForNotificationWithTimeout(
+      std::min(deadline.Remaining(), kLivenessInterval))) {
+    if (deadline.Expired())
+      return absl::DeadlineExceededError("a peer did not take the data in time");
+    if (!named.empty() && CheckPeerProcesses(named)) {
+      return absl::UnavailableError("a peer is lost");
+    }
   }
   if (!state->result.ok()) {
     return absl::UnavailableError(absl::StrCat("a peer is lost: ", state->result.message()));
@@ -209,6 +226,7 @@ absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<u
 absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
                                    uint32_t abort_seq) {
+  Deadline check = Deadline::After(kLivenessInterval);
   for (;;) {
     RETURN_IF_ERROR(Read(indices, words));
     size_t ready = 0;
@@ -220,6 +238,10 @@ absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq
     if (ready == indices.size()) return absl::OkStatus();
     if (cancelled) return absl::UnavailableError("cancelled");
     if (deadline.Expired()) return absl::DeadlineExceededError("a notice did not come in time");
+    if (check.Expired()) {
+      (void)CheckPeerProcesses({});  // the next Read sees a gone one lost
+      check = Deadline::After(kLivenessInterval);
+    }
     sched_yield();
   }
 }

@@ -17,6 +17,16 @@
 // the caller afterwards (shm puts into the mapped segment are plain memcpys
 // by the peer, ordered by its flush). A word whose sequence is kAbortSeq
 // ends every Await on it with UNAVAILABLE.
+//
+// Dead peers: UCX tcp reports a lost peer (error mode PEER) and the board
+// marks it; UCX 1.13's shm transports report nothing. So every target also
+// names its board's process (peer_liveness.h: boot id, pid namespace, pid,
+// start time) and, while Await or a flush waits, the board asks the kernel
+// every kLivenessInterval (50 ms) whether each connected peer's process
+// still lives: one that is gone is marked lost like a tcp one (UNAVAILABLE
+// within ~50 ms of its death instead of at the deadline). A peer on another
+// host or in another pid namespace cannot be checked: the deadlines and
+// UCX's own report stay.
 // Thread-safety: PutAndFlush, Notify and Await are thread-safe (each runs
 // its UCX work on the progress thread; Notify calls are serialized, they
 // share the staging word); the caller owns the data layout: no two threads
@@ -27,12 +37,15 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
+#include "transfer/peer_liveness.h"
 #include "transfer/ucx_context.h"
 #include "transfer/ucx_endpoint.h"
 #include "transfer/ucx_memory.h"
@@ -49,6 +62,9 @@ struct NoticeBoardTarget {
   // writer's own board has them (boards of one size; targets from before
   // this field).
   uint64_t notice_offset = 0;
+  // The board's process (Create fills it in): a peer on this host checks
+  // that it lives while it waits. Empty: not checked.
+  ProcessIdentity process;
 };
 
 inline constexpr uint32_t kAbortSeq = 0xffffffffu;
@@ -75,7 +91,8 @@ class UcxNoticeBoard {
   [[nodiscard]] absl::Status Connect(const std::vector<NoticeBoardTarget>& targets, int self);
   // Peer `index` alone (a target with no address drops it); the others stay.
   [[nodiscard]] absl::Status ConnectPeer(int index, const NoticeBoardTarget& target);
-  // Whether UCX reported peer `index` lost (false for unconnected ones).
+  // Whether UCX reported peer `index` lost, or its process is gone (false
+  // for unconnected ones).
   bool PeerLost(int index);
   // Zeroes every notice word (on the progress thread). A board reused by
   // several exchanges clears them between two.
@@ -89,21 +106,22 @@ class UcxNoticeBoard {
   };
   // The pieces, then a flush of every peer named (or of `flush_peers` when
   // pieces is empty). DEADLINE_EXCEEDED past the deadline, UNAVAILABLE when
-  // UCX reports a peer lost.
+  // a peer named is lost (UCX's report, or its process gone).
   [[nodiscard]] absl::Status PutAndFlush(const std::vector<Piece>& pieces, Deadline deadline);
   // `word` into notice `index` of each peer, flushed.
   [[nodiscard]] absl::Status Notify(const std::vector<int>& peers, int index, uint64_t word,
                                     Deadline deadline);
   // The notices in `indices` now (read once on the progress thread, with
-  // the same ordering as Await). UNAVAILABLE once UCX has reported any
-  // connected peer lost (tcp: within ~0.1 s of its death), unless
-  // `ignore_lost` (a server whose clients come and go).
+  // the same ordering as Await). UNAVAILABLE once any connected peer is
+  // marked lost (tcp: within ~0.1 s of its death; a gone process: at the
+  // waits' next check), unless `ignore_lost` (a server whose clients come
+  // and go).
   [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
                                   bool ignore_lost = false);
   // Waits until every notice in `indices` has sequence `seq` (*words gets
   // them, in the order of indices). UNAVAILABLE on an abort word (kAbortSeq
-  // or `abort_seq`) or once `cancelled` is set; DEADLINE_EXCEEDED past the
-  // deadline.
+  // or `abort_seq`), once `cancelled` is set or a peer is lost (its process
+  // gone included); DEADLINE_EXCEEDED past the deadline.
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
                                    uint32_t abort_seq = kAbortSeq);
@@ -112,6 +130,9 @@ class UcxNoticeBoard {
   struct Peer;
   UcxNoticeBoard(size_t data_bytes, int notices);
   uint64_t NoticeOffset(int index) const { return (data_bytes_ + 63) / 64 * 64 + index * 8; }
+  // Marks lost each connected peer in `peers` (every one when empty) whose
+  // process is gone; whether any of them is lost now.
+  bool CheckPeerProcesses(const std::set<int>& peers);
 
   const size_t data_bytes_;
   const int notices_;
