@@ -31,6 +31,8 @@
 // idle lease; mmserve_language_esp_spans_expired_total counts those). The
 // master holds its span plus room for max_tokens new tokens (the manager
 // plans the whole future KV) and frees it when the request ends.
+// mmserve_language_kv_bytes_moved_total (kv_bytes_moved.h) counts the K/V
+// exchanged (esp_prefill) and the span queries and partials (esp_decode).
 // Thread-safety: every method but endpoint() on the loop thread.
 #ifndef MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
 #define MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
@@ -51,6 +53,7 @@
 #include "model/cpu/thread_pool.h"
 #include "proto/language.pb.h"
 #include "transfer/esp_endpoint.h"
+#include "transfer/wire_bytes.h"
 #include "worker/engine.h"
 
 namespace mmserve::language {
@@ -142,6 +145,7 @@ class EspGroups {
   model::cpu::ThreadPool server_pool_{1};  // the span server's
   float scale_ = 0;
   metrics::Counter* expired_ = nullptr;
+  transfer::WireBytes prefill_bytes_;  // kv_bytes_moved.h's esp_prefill
 
   mutable absl::Mutex mu_;  // the span server thread reads spans_
   std::map<uint64_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);  // by tag

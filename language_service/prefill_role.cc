@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "language_service/kv_bytes_moved.h"
 #include "language_service/prompt_media.h"
 
 namespace mmserve::language {
@@ -123,6 +124,7 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
     ASSIGN_OR_RETURN(uint32_t crc,
                      kv_sender_->Send(target, src, dst, deadline, i * target.shape.num_kv_heads));
     commit.add_rank_crc32c(crc);
+    bytes_.Sent(src.size() * HandoffBlockBytes(target.shape));
   }
   return absl::OkStatus();
 }
