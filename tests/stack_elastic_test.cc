@@ -8,7 +8,8 @@
 // elastic instances as a group with the in-process engine's tokens; a
 // member killed mid-prefill, or the master or the span holder killed
 // mid-decode, ends the call UNAVAILABLE within 2 s and leaves nothing on
-// the survivor.
+// the survivor. The KV bytes the instances moved (their /metrics) are 0 at
+// degree 1 and what the geometry gives for the group.
 #include <signal.h>
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
+#include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "tests/stack_harness.h"
 #include "worker/engine.h"
@@ -42,6 +44,17 @@ void AskDemoQuestions(launcher::LocalStack& stack, int n) {
     CHECK(answers[i].token_ids == ref.ids[i]);
     CHECK(answers[i].text == ref.text[i]);
   }
+}
+
+// mmserve_language_kv_bytes_moved_total of one kind and direction, summed
+// over the elastic instances (-1 from an instance that does not show it).
+double BytesMoved(launcher::LocalStack& stack, const std::string& kind, const std::string& dir) {
+  double total = 0;
+  for (int i = 0; i < stack.num_elastic(); ++i) {
+    total += ScrapeMetric(stack.elastic(i).metrics_port(), "mmserve_language_kv_bytes_moved_total",
+                          absl::StrCat("dir=\"", dir, "\",kind=\"", kind, "\""));
+  }
+  return total;
 }
 
 TEST_CASE("an elastic language instance answers demo questions as role both") {
@@ -67,6 +80,13 @@ TEST_CASE("the elastic manager answers demo questions as role both, no leaks") {
   const int router_metrics = (*stack)->router().metrics_port();
   CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"1\"") ==
         kQuestions);
+  // Degree 1 moves no KV between instances.
+  for (const std::string kind : {"esp_prefill", "esp_decode", "handoff"}) {
+    for (const std::string dir : {"sent", "received"}) {
+      INFO(kind << " " << dir);
+      CHECK(BytesMoved(**stack, kind, dir) == 0);
+    }
+  }
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
@@ -143,6 +163,36 @@ absl::StatusOr<std::unique_ptr<launcher::LocalStack>> SmallElasticStack(
   return launcher::LocalStack::Start(o);
 }
 
+// What `rounds` degree-2 groups of `text` moved between the two instances:
+// every layer, each prompt row's K and V (fp32) went to the other member
+// once; each decode step (the first token is the prefill's), one query per
+// layer from the master to the holder (header, one tag slot, q) and its
+// partial back (out and log-sum-exp).
+void CheckGroupBytesMoved(launcher::LocalStack& stack, const std::string& text, int rounds,
+                          int decode_steps) {
+  auto config = model::LoadModelConfig(DemoModelDir());
+  REQUIRE(config.ok());
+  const model::TextConfig& cfg = config->text;
+  auto tok = model::Tokenizer::FromFile(DemoModelDir() + "/tokenizer.json");
+  REQUIRE(tok.ok());
+  auto ids = (*tok)->Encode(text);
+  REQUIRE(ids.ok());
+  const double len = static_cast<double>(ids->size());
+  const double layers = cfg.num_hidden_layers;
+  const double kv_row = 2.0 * cfg.num_key_value_heads * cfg.head_dim() * sizeof(float);
+  const double q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim());
+  const double query = 8 + 8 + q_width * sizeof(float);
+  const double reply = (q_width + cfg.num_attention_heads) * sizeof(float);
+  const double prefill = rounds * layers * len * kv_row;
+  const double decode = rounds * decode_steps * layers * (query + reply);
+  for (const std::string dir : {"sent", "received"}) {
+    INFO(dir);
+    CHECK(BytesMoved(stack, "esp_prefill", dir) == prefill);
+    CHECK(BytesMoved(stack, "esp_decode", dir) == decode);
+    CHECK(BytesMoved(stack, "handoff", dir) == 0);
+  }
+}
+
 TEST_CASE("a 3k-token prompt beyond one 2k pool: role both refuses it, two elastic serve it") {
   const std::string text = LongPrompt(kLongPrompt);
   const std::vector<int32_t> ref = Reference(text, 8);
@@ -170,6 +220,7 @@ TEST_CASE("a 3k-token prompt beyond one 2k pool: role both refuses it, two elast
   }
   const int router_metrics = (*stack)->router().metrics_port();
   CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"2\"") == 2);
+  CheckGroupBytesMoved(**stack, text, /*rounds=*/2, /*decode_steps=*/7);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
