@@ -186,7 +186,8 @@ std::string Json(const Setup& s, const EspProfileFit& fit, double load_before, d
       absl::StrJoin(models, ", "), absl::StrJoin(points, ", "));
 }
 
-int Main() {
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
   absl::StatusOr<Setup> s = SetupFromFlags();
   if (!s.ok()) {
     std::fprintf(stderr, "esp_profile: %s\n", std::string(s.status().message()).c_str());
@@ -219,7 +220,4 @@ int Main() {
 }  // namespace
 }  // namespace mmserve::bench
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  return mmserve::bench::Main();
-}
+int main(int argc, char** argv) { return mmserve::bench::Main(argc, argv); }
