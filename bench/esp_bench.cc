@@ -21,6 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/esp_group.h"
 #include "bench/qwen2_dims.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -29,7 +30,6 @@
 #include "model/kv_cache.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_weights.h"
-#include "transfer/esp_kv_exchange.h"
 #include "transfer/esp_span_attention.h"
 
 ABSL_FLAG(int64_t, prompt, 1024, "prompt tokens");
@@ -45,7 +45,7 @@ using model::TextConfig;
 namespace cpu = model::cpu;
 namespace transfer = mmserve::transfer;
 
-constexpr int64_t kBlockSize = 16;
+using Node = bench::EspBenchNode;
 
 TextConfig Dims(int layers) {
   TextConfig cfg = Qwen2HalfBDims();
@@ -53,99 +53,15 @@ TextConfig Dims(int layers) {
   return cfg;
 }
 
-// One instance (or member): a model on one thread and a cache whose blocks
-// 0, 1, ... hold its tokens in order.
-struct Node {
-  cpu::ThreadPool pool{1};
-  model::Qwen2Model model;
-  std::unique_ptr<model::KvCache> kv;
-  std::vector<int32_t> table;
-  std::vector<float> logits;
-  Node(const TextConfig& cfg, const model::Qwen2Weights& w, int64_t tokens) : model(cfg, w, pool) {
-    const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 4;
-    auto c = model::KvCache::Create(model.KvShape(blocks, kBlockSize));
-    CHECK_OK(c.status());
-    kv = std::move(c).value();
-    for (int32_t b = 0; b < blocks; ++b) table.push_back(b);
-  }
-};
-
-int32_t Token(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 7919) % vocab); }
-
-// The whole prompt as one instance's single prefill step.
-ForwardBatch Prefill(const Node& node, int64_t len, int64_t vocab) {
-  ForwardBatch b;
-  for (int64_t i = 0; i < len; ++i) {
-    b.token_ids.push_back(Token(i, vocab));
-    b.slot_mapping.push_back(i);
-  }
-  for (int c = 0; c < 3; ++c) {
-    for (int64_t i = 0; i < len; ++i) b.positions.push_back(i);
-  }
-  b.sequences = {{0, len, len, node.table}};
-  b.logits_rows = {len - 1};
-  return b;
-}
-
 // A decode row at global position `pos` whose local keys are [0, local).
 ForwardBatch Decode(const Node& node, int64_t pos, int64_t local, int64_t vocab) {
   ForwardBatch b;
-  b.token_ids = {Token(pos, vocab)};
+  b.token_ids = {bench::EspBenchToken(pos, vocab)};
   b.positions = {pos, pos, pos};
   b.slot_mapping = {local - 1};
   b.sequences = {{0, 1, local, node.table}};
   b.logits_rows = {0};
   return b;
-}
-
-// Member m of 2: the prompt's rows m, m + 2, ... and its kept half.
-model::EspPrefillBatch MemberBatch(int m, int64_t len, int64_t half, int64_t vocab) {
-  model::EspPrefillBatch b;
-  b.prompt_len = len;
-  for (int64_t g = m; g < len; g += 2) {
-    b.global_rows.push_back(g);
-    b.rows.token_ids.push_back(Token(g, vocab));
-  }
-  const int64_t n = static_cast<int64_t>(b.global_rows.size());
-  for (int c = 0; c < 3; ++c) {
-    for (int64_t i = 0; i < n; ++i) b.rows.positions.push_back(b.global_rows[i]);
-  }
-  b.rows.logits_rows = {n - 1};
-  b.keep_begin = m == 0 ? 0 : half;
-  for (int64_t g = b.keep_begin; g < (m == 0 ? half : len); ++g) {
-    b.keep_slots.push_back(g - b.keep_begin);
-  }
-  return b;
-}
-
-// Degree 2 prefill over UCX shm; returns seconds (both members done).
-double PrefillDegree2(transfer::UcxContext& ctx, const TextConfig& cfg,
-                      const std::vector<std::unique_ptr<Node>>& nodes, int64_t len, int64_t half) {
-  transfer::UcxEspExchange::Plan plan{{}, len, cfg.num_key_value_heads * cfg.head_dim()};
-  std::vector<model::EspPrefillBatch> batches;
-  for (int m = 0; m < 2; ++m) {
-    batches.push_back(MemberBatch(m, len, half, cfg.vocab_size));
-    plan.rows.push_back(batches.back().global_rows);
-  }
-  std::vector<std::unique_ptr<transfer::UcxEspExchange>> ex;
-  std::vector<transfer::EspExchangeTarget> targets;
-  for (int m = 0; m < 2; ++m) {
-    auto e = transfer::UcxEspExchange::Create(ctx, plan, m, {}, absl::Seconds(600));
-    CHECK_OK(e.status());
-    targets.push_back((*e)->target());
-    ex.push_back(std::move(e).value());
-  }
-  for (auto& e : ex) CHECK_OK(e->Connect(targets));
-  const int64_t start = MonotonicNanos();
-  std::vector<std::thread> threads;
-  for (int m = 0; m < 2; ++m) {
-    threads.emplace_back([&, m] {
-      Node& n = *nodes[m];
-      CHECK_OK(n.model.ForwardEspPrefill(batches[m], *n.kv, *ex[m], &n.logits));
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return static_cast<double>(MonotonicNanos() - start) * 1e-9;
 }
 
 double Seconds(int64_t start) { return static_cast<double>(MonotonicNanos() - start) * 1e-9; }
@@ -164,9 +80,7 @@ struct Figures {
 // is the most a degree-2 prefill can gain here (2 on two idle cores).
 void Ceiling(const TextConfig& cfg, const model::Qwen2Weights& w, int64_t len, Figures& f) {
   Node a(cfg, w, len / 2), b(cfg, w, len / 2);
-  auto run = [&](Node& n) {
-    CHECK_OK(n.model.Forward(Prefill(n, len / 2, cfg.vocab_size), *n.kv, &n.logits));
-  };
+  auto run = [&](Node& n) { bench::TimedSinglePrefill(n, cfg, len / 2); };
   int64_t start = MonotonicNanos();
   run(a);
   run(b);
@@ -181,17 +95,17 @@ void Ceiling(const TextConfig& cfg, const model::Qwen2Weights& w, int64_t len, F
 // One round: both prefills, then both decodes (steps seconds each).
 void Round(transfer::UcxContext& ctx, const TextConfig& cfg, const model::Qwen2Weights& w,
            int64_t len, int steps, Figures& f) {
-  const int64_t half = (len / 2 + kBlockSize - 1) / kBlockSize * kBlockSize;
+  // Rows striped over the two members; member 0 keeps [0, half).
+  const std::vector<bench::EspShare> shares = bench::EspSplit(len, 2, bench::EspRows::kStriped);
+  const int64_t half = shares[1].keep_begin;
   Node single(cfg, w, len + steps);
-  int64_t start = MonotonicNanos();
-  CHECK_OK(single.model.Forward(Prefill(single, len, cfg.vocab_size), *single.kv, &single.logits));
-  f.prefill1.push_back(Seconds(start));
+  f.prefill1.push_back(bench::TimedSinglePrefill(single, cfg, len));
   std::vector<std::unique_ptr<Node>> nodes;
   nodes.push_back(std::make_unique<Node>(cfg, w, half));
   nodes.push_back(std::make_unique<Node>(cfg, w, len - half + steps));
-  f.prefill2.push_back(PrefillDegree2(ctx, cfg, nodes, len, half));
+  f.prefill2.push_back(bench::TimedGroupPrefill(ctx, cfg, nodes, shares));
 
-  start = MonotonicNanos();
+  int64_t start = MonotonicNanos();
   for (int s = 0; s < steps; ++s) {
     CHECK_OK(single.model.Forward(Decode(single, len + s, len + s + 1, cfg.vocab_size), *single.kv,
                                   &single.logits));

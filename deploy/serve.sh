@@ -9,6 +9,7 @@
 #   ./deploy/serve.sh [--model_dir=DIR] [--encoders=N] [--profile=shm|tcp]
 #                     [--port=50051] [--http_port=8000] [--tp=N]
 #                     [--prefill=N --decode=N] [--elastic=N]
+#                     [--esp_step_models=FILE]
 # --tp=N: the language instance runs as N tensor-parallel rank processes.
 # --prefill=N --decode=N: N prefill and N decode language instances (KV over
 # UCX; text and image prompts) instead of one role-both instance; with
@@ -16,7 +17,11 @@
 # --elastic=N: N elastic language instances (--role=elastic) pooled by the
 # router's elastic manager (router --esp; docs/elastic.md): a long prompt
 # is prefilled by a group of them, its KV spread over their pools.
+# --esp_step_models=FILE (or ESP_STEP_MODELS=FILE): with --elastic, the
+# router's per-degree step-time models, fitted on this hardware by
+# bench:esp_profile (docs/elastic.md); default: the router's own.
 set -euo pipefail
+caller_dir=$PWD
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -29,6 +34,7 @@ tp=1
 prefill=0
 decode=0
 elastic=0
+esp_step_models=${ESP_STEP_MODELS:-}
 for arg in "$@"; do
   case "$arg" in
     --model_dir=*) model_dir="${arg#*=}" ;;
@@ -40,11 +46,19 @@ for arg in "$@"; do
     --prefill=*) prefill="${arg#*=}" ;;
     --decode=*) decode="${arg#*=}" ;;
     --elastic=*) elastic="${arg#*=}" ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --esp_step_models=*) esp_step_models="${arg#*=}" ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
 model_dir=$(cd "$model_dir" && pwd)
+esp_args=()
+if [[ -n "$esp_step_models" ]]; then
+  [[ "$esp_step_models" == /* ]] || esp_step_models="$caller_dir/$esp_step_models"
+  [[ -r "$esp_step_models" ]] || { echo "serve.sh: cannot read $esp_step_models" >&2; exit 2; }
+  ((elastic > 0)) || { echo "serve.sh: --esp_step_models needs --elastic" >&2; exit 2; }
+  esp_args=(--esp_step_models="$esp_step_models")
+fi
 
 deploy/install_deps.sh
 cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
@@ -68,7 +82,8 @@ logs=$(mktemp -d /tmp/mmserve-logs-XXXXXX)
 out="$logs/launcher.out"
 "$bin/deploy/launcher/mmserve_launch" --bin_dir="$bin" --model_dir="$model_dir" \
   --encoders="$encoders" --profile="$profile" --port="$port" --http_port="$http_port" \
-  --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
+  --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" ${esp_args[@]+"${esp_args[@]}"} \
+  --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!
 stop() {
   kill -TERM "$launcher" 2>/dev/null || true

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "language_service/kv_bytes_moved.h"
 
 namespace mmserve::language {
 
@@ -87,6 +88,10 @@ absl::Status DecodeRole::CheckCommit(const v1::KvCommit& commit,
                                               ": KV CRC32C of rank ", i, " ", crcs[i],
                                               " != committed ", commit.rank_crc32c(i)));
     }
+  }
+  // Every rank received its heads of each block.
+  for (const transfer::KvHandoffTarget& t : kv_receivers_->targets()) {
+    bytes_.Received(blocks.size() * HandoffBlockBytes(t.shape));
   }
   return absl::OkStatus();
 }

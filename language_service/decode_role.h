@@ -14,14 +14,16 @@
 #include <vector>
 
 #include "language_service/role.h"
+#include "transfer/wire_bytes.h"
 #include "worker/tp_kv_receiver.h"
 
 namespace mmserve::language {
 
 class DecodeRole final : public Role {
  public:
-  DecodeRole(const RoleOptions& options, std::string instance_id)
-      : options_(options), instance_id_(std::move(instance_id)) {}
+  // `bytes` counts the KV handed over (received, once its CRC32Cs match).
+  DecodeRole(const RoleOptions& options, std::string instance_id, transfer::WireBytes bytes)
+      : options_(options), instance_id_(std::move(instance_id)), bytes_(bytes) {}
 
   LanguageRole kind() const override { return LanguageRole::kDecode; }
   // Rank 0's KV cache placed in its receiver; shard ranks receive their
@@ -52,6 +54,7 @@ class DecodeRole final : public Role {
   const RoleOptions options_;
   const std::string instance_id_;
   const std::shared_ptr<Rank0Kv> rank0_ = std::make_shared<Rank0Kv>();
+  const transfer::WireBytes bytes_;
   std::unique_ptr<worker::TpKvReceivers> kv_receivers_;
 };
 

@@ -4,7 +4,7 @@
 // role both (prefill and decode, nothing travels); the load report carries
 // what the manager plans by (free KV token slots, batch size, step time).
 //
-//   ASSIGN_OR_RETURN(auto role, MakeRole({.kind = LanguageRole::kElastic}, id));
+//   ASSIGN_OR_RETURN(auto role, MakeRole({.kind = LanguageRole::kElastic}, id, registry));
 //
 // Group prefills (EspPrefill), held spans and multi-master decode are
 // LanguageCore's EspGroups (esp_groups.h), which the core creates for

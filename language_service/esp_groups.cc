@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "language_service/esp_groups_internal.h"
 #include "language_service/esp_plan.h"
+#include "language_service/kv_bytes_moved.h"
 #include "model/cpu/split_attention.h"
 
 namespace mmserve::language {
@@ -44,6 +45,7 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
   g->orphaned_ = &metrics.GetCounter(
       "mmserve_language_esp_spans_orphaned_total",
       "Held ESP spans freed because their master's process is gone (a master on this host).");
+  g->prefill_bytes_ = KvBytesMoved(metrics, "esp_prefill");
   ASSIGN_OR_RETURN(g->context_, transfer::UcxContext::Create(options.profile));
   const uint32_t cap = options.max_prompt_tokens != 0
                            ? options.max_prompt_tokens
@@ -63,6 +65,9 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
                                        int64_t rows, float* out, float* lse) {
                                   return self->AnswerQuery(layer, tags, q, rows, out, lse);
                                 }));
+  const transfer::WireBytes decode_bytes = KvBytesMoved(metrics, "esp_decode");
+  g->esp_->span_server().CountBytes(decode_bytes);
+  g->esp_->span_client().CountBytes(decode_bytes);
   return g;
 }
 

@@ -49,6 +49,8 @@
 // queries every holder, the earlier masters among them, and the last one
 // takes whatever max_tokens leaves (mmserve_language_esp_master_moves_total
 // counts the moves away from this instance).
+// mmserve_language_kv_bytes_moved_total (kv_bytes_moved.h) counts the K/V
+// exchanged (esp_prefill) and the span queries and partials (esp_decode).
 // Thread-safety: every method but endpoint() on the loop thread.
 #ifndef MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
 #define MMSERVE_LANGUAGE_SERVICE_ESP_GROUPS_H_
@@ -72,6 +74,7 @@
 #include "proto/language.pb.h"
 #include "transfer/esp_endpoint.h"
 #include "transfer/peer_liveness.h"
+#include "transfer/wire_bytes.h"
 #include "worker/engine.h"
 
 namespace mmserve::language {
@@ -187,6 +190,7 @@ class EspGroups {
   metrics::Counter* expired_ = nullptr;
   metrics::Counter* moves_ = nullptr;
   metrics::Counter* orphaned_ = nullptr;
+  transfer::WireBytes prefill_bytes_;  // kv_bytes_moved.h's esp_prefill
 
   mutable absl::Mutex mu_;  // the span server thread reads spans_
   std::map<uint64_t, std::unique_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);  // by tag

@@ -132,6 +132,7 @@ absl::Status EspGroups::Join(Group& g) {
                    transfer::UcxEspExchange::CreateOn(
                        esp_->exchange_board(), std::move(xplan), g.member,
                        transfer::UcxEspExchange::SeqBase(g.id), options_.layer_timeout));
+  g.exchange->CountBytes(prefill_bytes_);
   // Connected first: a member that cannot hold its span tells the others.
   RETURN_IF_ERROR(g.exchange->Connect(targets));
   const int64_t tokens = g.chain_pos >= 0 ? g.decode_end - g.keep_begin : g.keep_len;

@@ -8,6 +8,7 @@
 // plan with decode ranges moves the master when its range is full (the
 // test passes the state on as the router does): greedy and seeded tokens
 // and text stay role both's, the old master keeps its KV as a held span.
+// The KV bytes each member moved are what the plan's geometry says.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "language_service/esp_plan.h"
+#include "language_service/kv_bytes_moved.h"
 #include "language_service/roles_testing.h"
 
 namespace mmserve::language::testing {
@@ -141,12 +143,65 @@ uint32_t UsedBlocks(Instance& i, uint32_t want) {
 
 uint32_t Blocks(uint32_t tokens) { return (tokens + kBlock - 1) / kBlock; }
 
+// An instance's KV bytes moved of one kind (kv_bytes_moved.h).
+struct Moved {
+  double sent = 0, received = 0;
+};
+Moved BytesMoved(Instance& i, const std::string& kind) {
+  const transfer::WireBytes b = KvBytesMoved(i.registry, kind);
+  return {b.sent->value(), b.received->value()};
+}
+
+// What each member of a group moved: every layer, its rows' K and V (fp32)
+// to each other member and theirs back (esp_prefill); per decode step and
+// layer, a query from the master to each other holder (header, one tag
+// slot, q) and its partial back (out and log-sum-exp; esp_decode).
+void CheckBytesMoved(const std::vector<Instance*>& members, const std::vector<Share>& shares,
+                     uint32_t master, int decode_steps, const std::vector<Moved>& prefill_before,
+                     const std::vector<Moved>& decode_before) {
+  const model::TextConfig& cfg = members[0]->core->config().text;
+  const double layers = cfg.num_hidden_layers;
+  const double kv_row = 2.0 * cfg.num_key_value_heads * cfg.head_dim() * sizeof(float);
+  const double q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim());
+  const double query = 8 + 8 + q_width * sizeof(float);
+  const double reply = (q_width + cfg.num_attention_heads) * sizeof(float);
+  const double peers = static_cast<double>(members.size()) - 1;
+  double len = 0, holders = 0;
+  for (size_t m = 0; m < shares.size(); ++m) {
+    len += shares[m].end - shares[m].begin;
+    if (m != master && shares[m].keep_end > shares[m].keep_begin) ++holders;
+  }
+  const double per_holder = decode_steps * layers;
+  for (size_t m = 0; m < members.size(); ++m) {
+    INFO("member " << m);
+    const double rows = shares[m].end - shares[m].begin;
+    const Moved p = BytesMoved(*members[m], "esp_prefill");
+    CHECK(p.sent - prefill_before[m].sent == layers * rows * kv_row * peers);
+    CHECK(p.received - prefill_before[m].received == layers * (len - rows) * kv_row);
+    const Moved d = BytesMoved(*members[m], "esp_decode");
+    const bool holder = m != master && shares[m].keep_end > shares[m].keep_begin;
+    const double sent = m == master ? per_holder * holders * query
+                        : holder    ? per_holder * reply
+                                    : 0;
+    const double received = m == master ? per_holder * holders * reply
+                            : holder    ? per_holder * query
+                                        : 0;
+    CHECK(d.sent - decode_before[m].sent == sent);
+    CHECK(d.received - decode_before[m].received == received);
+  }
+}
+
 // Runs `plan`'s group for one request and checks the streams against role
 // both's, the held blocks, then aborts and checks nothing is left.
 void CheckGroup(const std::vector<Instance*>& members, const std::vector<Share>& shares,
                 uint32_t sampler, uint32_t master, const Stream& want,
                 const std::function<v1::PrefillRequest(int)>& request) {
   const v1::EspPlan plan = MakePlan(members, shares, sampler, master);
+  std::vector<Moved> prefill_before, decode_before;
+  for (Instance* i : members) {
+    prefill_before.push_back(BytesMoved(*i, "esp_prefill"));
+    decode_before.push_back(BytesMoved(*i, "esp_decode"));
+  }
   const std::vector<Stream> got = RunGroup(members, plan, request);
   for (size_t m = 0; m < members.size(); ++m) {
     INFO("member " << m << ": " << got[m].out.status.error_message());
@@ -162,6 +217,9 @@ void CheckGroup(const std::vector<Instance*>& members, const std::vector<Share>&
   CHECK(tokens == want.out.tokens);
   CHECK(got[master].out.finish == want.out.finish);
   if (sampler == master) CHECK(got[master].out.text == want.out.text);
+  // The first token came from the prefill, each other from a decode step.
+  CheckBytesMoved(members, shares, master, static_cast<int>(tokens.size()) - 1, prefill_before,
+                  decode_before);
   // Scale-down: a holder keeps exactly its range's blocks; the master freed
   // its own at the end, a member keeping nothing holds nothing.
   for (size_t m = 0; m < members.size(); ++m) {

@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
   }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
-  ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id));
+  ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id, metrics));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
   core->role_->AdjustEngineOptions(eo);

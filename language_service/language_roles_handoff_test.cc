@@ -1,7 +1,10 @@
-// Roles prefill and decode, continued: a TP=2 decode instance, refusals at
-// Create, and the hand-off's rejections with their codes and no leaks.
+// Roles prefill and decode, continued: a TP=2 decode instance (and the KV
+// bytes its hand-offs moved), refusals at Create, and the hand-off's
+// rejections with their codes and no leaks.
 #include <catch2/catch.hpp>
+#include <cmath>
 
+#include "language_service/kv_bytes_moved.h"
 #include "language_service/roles_testing.h"
 
 namespace mmserve::language {
@@ -20,6 +23,20 @@ TEST_CASE("prefill + a TP=2 decode instance give role both's tokens and text", "
   };
   SplitEqualsBoth(both, prefill, decode, prompts,
                   {.id_prefix = "t", .max_tokens = 10, .seed_base = 77});
+  // The hand-offs' KV bytes: what prefill sent, the decode instance's two
+  // ranks received (each its heads), whole blocks of every layer's K and V.
+  const model::TextConfig& cfg = prefill.core->config().text;
+  const double block = 2.0 * cfg.num_hidden_layers * 4 * cfg.num_key_value_heads * cfg.head_dim() *
+                       sizeof(float);  // roles_testing's 4-token blocks
+  const transfer::WireBytes sent = KvBytesMoved(prefill.registry, "handoff");
+  const transfer::WireBytes received = KvBytesMoved(decode.registry, "handoff");
+  CHECK(sent.sent->value() >= 3 * block);
+  CHECK(std::fmod(sent.sent->value(), block) == 0);
+  CHECK(received.received->value() == sent.sent->value());
+  CHECK(sent.received->value() == 0);
+  CHECK(received.sent->value() == 0);
+  const transfer::WireBytes none = KvBytesMoved(both.registry, "handoff");
+  CHECK(none.sent->value() + none.received->value() == 0);
   SECTION("AllocateKv names both ranks; a commit needs a CRC per rank, each checked") {
     v1::DecodeRequest d;
     d.set_request_id("crc2");

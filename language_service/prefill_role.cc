@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "language_service/kv_bytes_moved.h"
 #include "language_service/prompt_media.h"
 
 namespace mmserve::language {
@@ -126,6 +127,7 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
                                                     i * target.shape.num_kv_heads, &path));
     commit.add_rank_crc32c(crc);
     result.paths.push_back(path);
+    bytes_.Sent(src.size() * HandoffBlockBytes(target.shape));
   }
   return absl::OkStatus();
 }

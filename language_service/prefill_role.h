@@ -14,13 +14,15 @@
 #include "language_service/role.h"
 #include "proto/language.grpc.pb.h"
 #include "transfer/kv_handoff.h"
+#include "transfer/wire_bytes.h"
 
 namespace mmserve::language {
 
 class PrefillRole final : public Role {
  public:
-  PrefillRole(const RoleOptions& options, std::string instance_id)
-      : options_(options), instance_id_(std::move(instance_id)) {}
+  // `bytes` counts the KV handed off (sent).
+  PrefillRole(const RoleOptions& options, std::string instance_id, transfer::WireBytes bytes)
+      : options_(options), instance_id_(std::move(instance_id)), bytes_(bytes) {}
 
   LanguageRole kind() const override { return LanguageRole::kPrefill; }
   std::unique_ptr<worker::KvConnector> MakeConnector() const override {
@@ -42,6 +44,7 @@ class PrefillRole final : public Role {
 
   const RoleOptions options_;
   const std::string instance_id_;
+  const transfer::WireBytes bytes_;
   worker::LlmEngine* engine_ = nullptr;
   std::unique_ptr<transfer::UcxContext> kv_context_;
   std::unique_ptr<transfer::KvHandoffSender> kv_sender_;

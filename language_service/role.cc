@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "language_service/decode_role.h"
 #include "language_service/elastic_role.h"
+#include "language_service/kv_bytes_moved.h"
 #include "language_service/prefill_role.h"
 #include "language_service/prompt_media.h"
 
@@ -27,14 +28,17 @@ class BothRole final : public Role {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
-                                               const std::string& instance_id) {
+                                               const std::string& instance_id,
+                                               metrics::Registry& metrics) {
+  // Every role shows the hand-off counters (at 0 where nothing is handed off).
+  const transfer::WireBytes handoff = KvBytesMoved(metrics, "handoff");
   switch (options.kind) {
     case LanguageRole::kBoth:
       return std::make_unique<BothRole>();
     case LanguageRole::kPrefill:
-      return std::make_unique<PrefillRole>(options, instance_id);
+      return std::make_unique<PrefillRole>(options, instance_id, handoff);
     case LanguageRole::kDecode:
-      return std::make_unique<DecodeRole>(options, instance_id);
+      return std::make_unique<DecodeRole>(options, instance_id, handoff);
     case LanguageRole::kElastic:
       return std::make_unique<ElasticRole>();
   }

@@ -11,7 +11,7 @@
 //   decode   holds Decode calls, reserves KV blocks for a prefill instance
 //            to write (AllocateKv), checks them (CommitKv) and decodes on.
 //
-//   ASSIGN_OR_RETURN(std::unique_ptr<Role> role, MakeRole(options, instance_id));
+//   ASSIGN_OR_RETURN(std::unique_ptr<Role> role, MakeRole(options, instance_id, registry));
 //   role->AdjustEngineOptions(engine_options);    // before the engine exists
 //   engine = LlmEngine::Create(engine_options, role->MakeConnector());
 //   RETURN_IF_ERROR(role->Attach(*engine));        // after
@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "proto/language.pb.h"
 #include "transfer/kv_handoff.h"
 #include "transfer/transfer_engine.h"
@@ -127,9 +128,12 @@ class Role {
   }
 };
 
-// `instance_id` names the role's UCX worker.
+// `instance_id` names the role's UCX worker; roles prefill and decode count
+// the KV they hand off in `metrics` (kv_bytes_moved.h, kind handoff), which
+// must outlive the role.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
-                                                             const std::string& instance_id);
+                                                             const std::string& instance_id,
+                                                             metrics::Registry& metrics);
 
 // The images of a handed-off prompt, for LlmEngine::AddRequest (which
 // checks them against the token ids): InvalidArgument for spans outside the

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -47,6 +48,19 @@ absl::StatusOr<std::vector<scheduler::StepTimeModel>> ParseEspStepModels(absl::s
   }
   if (models.empty()) return absl::InvalidArgumentError("step models: none given");
   return models;
+}
+
+std::string FormatEspStepModels(const std::vector<scheduler::StepTimeModel>& models,
+                                const std::vector<std::string>& comments) {
+  std::string out;
+  for (const std::string& c : comments) {
+    for (absl::string_view line : absl::StrSplit(c, '\n')) absl::StrAppend(&out, "# ", line, "\n");
+  }
+  for (size_t d = 0; d < models.size(); ++d) {
+    absl::StrAppendFormat(&out, "%d %.17g %.17g %.17g\n", d + 1, models[d].a, models[d].b,
+                          models[d].c);
+  }
+  return out;
 }
 
 }  // namespace mmserve::router

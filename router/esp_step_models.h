@@ -4,6 +4,7 @@
 //
 //   ASSIGN_OR_RETURN(auto models, ParseEspStepModels(text));  // "d a b c" lines
 //   auto models = DefaultEspStepModels(4);
+//   std::string file = FormatEspStepModels(fitted, {"fitted by bench:esp_profile"});
 //
 // The default gives no degree a speedup: T_d = T_1 plus the K/V exchange's
 // cost, (d - 1) (1 ms + 1 us S). That is what bench:esp_bench measured on
@@ -19,6 +20,7 @@
 #ifndef MMSERVE_ROUTER_ESP_STEP_MODELS_H_
 #define MMSERVE_ROUTER_ESP_STEP_MODELS_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +36,12 @@ std::vector<scheduler::StepTimeModel> DefaultEspStepModels(int max_degree);
 // the degrees must be exactly 1..n. INVALID_ARGUMENT otherwise.
 [[nodiscard]] absl::StatusOr<std::vector<scheduler::StepTimeModel>> ParseEspStepModels(
     absl::string_view text);
+
+// The file ParseEspStepModels reads back exactly (every double in 17
+// significant digits): each of `comments` as a "# " line (newlines in one
+// become more lines), then models[d - 1] as "d a b c" for d = 1..n.
+std::string FormatEspStepModels(const std::vector<scheduler::StepTimeModel>& models,
+                                const std::vector<std::string>& comments = {});
 
 }  // namespace mmserve::router
 

@@ -29,5 +29,22 @@ TEST_CASE("a models file gives degrees 1..n, comments and blank lines skipped") 
   CHECK(absl::IsInvalidArgument(ParseEspStepModels("").status()));
 }
 
+TEST_CASE("a formatted models file reads back exactly, comments skipped") {
+  const std::vector<scheduler::StepTimeModel> models = {{0.1 / 3, 1.0 / 7e5, 2.0 / 3e9},
+                                                        {1e-3, 0, 4.25e-9}};
+  const std::string text =
+      FormatEspStepModels(models, {"fitted 2026-11-26", "loadavg 1.5\n2 profiled layers"});
+  CHECK(text.rfind("# fitted 2026-11-26\n# loadavg 1.5\n# 2 profiled layers\n", 0) == 0);
+  auto back = ParseEspStepModels(text);
+  REQUIRE(back.ok());
+  REQUIRE(back->size() == 2);
+  for (size_t d = 0; d < 2; ++d) {
+    CHECK((*back)[d].a == models[d].a);
+    CHECK((*back)[d].b == models[d].b);
+    CHECK((*back)[d].c == models[d].c);
+  }
+  CHECK(absl::IsInvalidArgument(ParseEspStepModels(FormatEspStepModels({}, {"none"})).status()));
+}
+
 }  // namespace
 }  // namespace mmserve::router

@@ -61,9 +61,13 @@ struct StepSample {
   int64_t tokens = 0;
   double seconds = 0;
 };
-// The least-squares a, b, c over the samples (the normal equations, solved
-// in double); with fewer than 3 distinct token counts, c = 0 (and b = 0 with
-// one), so a model always exists for a degree that was profiled at all.
+// The non-negative least-squares a, b, c over the samples (the normal
+// equations, solved in double): the plain least-squares fit when none of
+// its coefficients is negative, else the best fit with some of them held at
+// 0 (a model that predicts less time for more tokens, or a negative time,
+// would mislead the batching DP). With fewer than 3 distinct token counts,
+// c = 0 (and b = 0 with one), so a model always exists for a degree that
+// was profiled at all.
 StepTimeModel FitStepTimeModel(const std::vector<StepSample>& samples);
 
 struct EspConfig {

@@ -313,5 +313,57 @@ TEST_CASE("the step-time fit recovers a quadratic and degrades to fewer samples"
   CHECK(FitStepTimeModel({}).Predict(1000) == 0);
 }
 
+// The optimality (KKT) conditions of non-negative least squares at `m`:
+// the squared error's gradient is 0 along each positive coefficient and
+// not negative along each coefficient held at 0.
+void CheckNonNegativeOptimum(const StepTimeModel& m, const std::vector<StepSample>& samples) {
+  const double coef[3] = {m.a, m.b, m.c};
+  double grad[3] = {0, 0, 0}, scale[3] = {0, 0, 0};
+  for (const StepSample& s : samples) {
+    const double x = static_cast<double>(s.tokens);
+    const double r = m.Predict(s.tokens) - s.seconds;
+    const double p[3] = {1, x, x * x};
+    for (int i = 0; i < 3; ++i) {
+      grad[i] += r * p[i];
+      scale[i] += std::fabs(s.seconds) * p[i];
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    INFO("coefficient " << i << " = " << coef[i] << ", gradient " << grad[i]);
+    CHECK(coef[i] >= 0);
+    if (coef[i] > 0) CHECK(std::fabs(grad[i]) <= 1e-9 * scale[i]);
+    if (coef[i] == 0) CHECK(grad[i] >= -1e-9 * scale[i]);
+  }
+}
+
+TEST_CASE("the step-time fit holds coefficients at 0 rather than go negative", "[esp]") {
+  // A line with a negative intercept: the plain fit's a < 0.
+  std::vector<StepSample> line;
+  for (int64_t s : {200, 400, 800, 1600}) line.push_back({s, 1e-4 * static_cast<double>(s - 100)});
+  const StepTimeModel l = FitStepTimeModel(line);
+  CHECK(l.a == 0);
+  CheckNonNegativeOptimum(l, line);
+  // Concave (a square root): the plain fit's c < 0.
+  std::vector<StepSample> root;
+  for (int64_t s : {256, 512, 1024, 2048, 4096}) {
+    root.push_back({s, 1e-3 * std::sqrt(static_cast<double>(s))});
+  }
+  const StepTimeModel r = FitStepTimeModel(root);
+  CHECK(r.c == 0);
+  CheckNonNegativeOptimum(r, root);
+  // Noisy quadratics, whichever coefficients the noise pushes below 0.
+  std::mt19937 rng(7);
+  std::normal_distribution<double> noise(0, 1);
+  for (int trial = 0; trial < 200; ++trial) {
+    const StepTimeModel truth{1e-3 * std::fabs(noise(rng)), 1e-5 * std::fabs(noise(rng)),
+                              1e-9 * std::fabs(noise(rng))};
+    std::vector<StepSample> samples;
+    for (int64_t s : {128, 256, 512, 1024, 2048, 4096}) {
+      samples.push_back({s, truth.Predict(s) * (1 + 0.2 * noise(rng))});
+    }
+    CheckNonNegativeOptimum(FitStepTimeModel(samples), samples);
+  }
+}
+
 }  // namespace
 }  // namespace mmserve::scheduler

@@ -12,7 +12,9 @@
 // the survivor. A 2k-token prompt whose decode does not fit the first
 // master's pool moves its master once, with the engine's tokens; killing
 // the next master before the move, or the old one after it, ends the call
-// UNAVAILABLE within 2 s with nothing left.
+// UNAVAILABLE within 2 s with nothing left. The KV bytes the instances
+// moved (their /metrics) are 0 at degree 1 and what the geometry gives for
+// a group.
 #include <signal.h>
 
 #include <atomic>
@@ -25,6 +27,7 @@
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "model/image_decode.h"
+#include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "tests/stack_harness.h"
 #include "worker/engine.h"
@@ -47,6 +50,17 @@ void AskDemoQuestions(launcher::LocalStack& stack, int n) {
     CHECK(answers[i].token_ids == ref.ids[i]);
     CHECK(answers[i].text == ref.text[i]);
   }
+}
+
+// mmserve_language_kv_bytes_moved_total of one kind and direction, summed
+// over the elastic instances (-1 from an instance that does not show it).
+double BytesMoved(launcher::LocalStack& stack, const std::string& kind, const std::string& dir) {
+  double total = 0;
+  for (int i = 0; i < stack.num_elastic(); ++i) {
+    total += ScrapeMetric(stack.elastic(i).metrics_port(), "mmserve_language_kv_bytes_moved_total",
+                          absl::StrCat("dir=\"", dir, "\",kind=\"", kind, "\""));
+  }
+  return total;
 }
 
 TEST_CASE("an elastic language instance answers demo questions as role both") {
@@ -194,6 +208,36 @@ TEST_CASE("a 3k-token prompt beyond one 2k pool: role both refuses it") {
   CHECK((absl::IsInvalidArgument(a.status) || absl::IsResourceExhausted(a.status)));
 }
 
+// What `rounds` degree-2 groups of `text` moved between the two instances:
+// every layer, each prompt row's K and V (fp32) went to the other member
+// once; each decode step (the first token is the prefill's), one query per
+// layer from the master to the holder (header, one tag slot, q) and its
+// partial back (out and log-sum-exp).
+void CheckGroupBytesMoved(launcher::LocalStack& stack, const std::string& text, int rounds,
+                          int decode_steps) {
+  auto config = model::LoadModelConfig(DemoModelDir());
+  REQUIRE(config.ok());
+  const model::TextConfig& cfg = config->text;
+  auto tok = model::Tokenizer::FromFile(DemoModelDir() + "/tokenizer.json");
+  REQUIRE(tok.ok());
+  auto ids = (*tok)->Encode(text);
+  REQUIRE(ids.ok());
+  const double len = static_cast<double>(ids->size());
+  const double layers = cfg.num_hidden_layers;
+  const double kv_row = 2.0 * cfg.num_key_value_heads * cfg.head_dim() * sizeof(float);
+  const double q_width = static_cast<double>(cfg.num_attention_heads * cfg.head_dim());
+  const double query = 8 + 8 + q_width * sizeof(float);
+  const double reply = (q_width + cfg.num_attention_heads) * sizeof(float);
+  const double prefill = rounds * layers * len * kv_row;
+  const double decode = rounds * decode_steps * layers * (query + reply);
+  for (const std::string dir : {"sent", "received"}) {
+    INFO(dir);
+    CHECK(BytesMoved(stack, "esp_prefill", dir) == prefill);
+    CHECK(BytesMoved(stack, "esp_decode", dir) == decode);
+    CHECK(BytesMoved(stack, "handoff", dir) == 0);
+  }
+}
+
 // The demo questions (images) fit one instance each: degree 1. The 3k-token
 // prompts need both pools: degree 2.
 TEST_CASE(
@@ -219,11 +263,19 @@ TEST_CASE(
     auto stack = SmallElasticStack(profile, {});
     REQUIRE(stack.ok());
     AskDemoQuestions(**stack, kQuestions);
+    // Degree 1 moves no KV between instances.
+    for (const std::string kind : {"esp_prefill", "esp_decode", "handoff"}) {
+      for (const std::string dir : {"sent", "received"}) {
+        INFO(kind << " " << dir);
+        CHECK(BytesMoved(**stack, kind, dir) == 0);
+      }
+    }
     auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
     const Answer t = AskGrpc(*stub, RawRequest(text, 8), {});
     INFO("text: " << t.status);
     REQUIRE(t.status.ok());
     CHECK(t.token_ids == text_ref.ids);
+    CheckGroupBytesMoved(**stack, text, /*rounds=*/1, /*decode_steps=*/7);
     const Answer i = AskGrpc(*stub, RawRequest(image.text, 8, png), {});
     INFO("image: " << i.status);
     REQUIRE(i.status.ok());

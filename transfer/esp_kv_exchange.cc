@@ -130,6 +130,7 @@ absl::Status UcxEspExchange::Exchange(int slot, uint32_t seq, Deadline deadline)
     }
   }
   RETURN_IF_ERROR(board_->PutAndFlush(pieces, deadline));
+  bytes_.Sent(2 * mine.size() * row_bytes * peers_.size());
   RETURN_IF_ERROR(
       board_->Notify(peers_, Notice(slot, self_), NoticeWord(seq, RowsCrc(slot, mine)), deadline));
   std::vector<int> notices;
@@ -140,6 +141,7 @@ absl::Status UcxEspExchange::Exchange(int slot, uint32_t seq, Deadline deadline)
     if (NoticeCrc(words[i]) != RowsCrc(slot, plan_.rows[peers_[i]])) {
       return absl::DataLossError("a member's K/V failed its CRC32C");
     }
+    bytes_.Received(2 * plan_.rows[peers_[i]].size() * row_bytes);
   }
   return absl::OkStatus();
 }

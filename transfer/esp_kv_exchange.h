@@ -51,6 +51,7 @@
 #include "transfer/ucx_context.h"
 #include "transfer/ucx_notice_board.h"
 #include "transfer/ucx_worker.h"
+#include "transfer/wire_bytes.h"
 
 namespace mmserve::transfer {
 
@@ -101,6 +102,12 @@ class UcxEspExchange : public model::KvExchange {
   // CreateOn's groups: the group is over here; clears the board's notices.
   void Finish();
 
+  // Counts the K/V payload from now on: per layer, sent = this member's
+  // rows x kv_width floats x 2 (K and V) x 4 bytes to each peer once
+  // flushed; received = each peer's rows likewise once its notice and CRC
+  // checked. Call before the first AllGather (one member thread).
+  void CountBytes(const WireBytes& bytes) { bytes_ = bytes; }
+
   [[nodiscard]] absl::Status AllGather(int layer, absl::Span<const int64_t> rows, const float* k,
                                        const float* v, const float** k_all,
                                        const float** v_all) override;
@@ -124,6 +131,7 @@ class UcxEspExchange : public model::KvExchange {
   std::unique_ptr<UcxNoticeBoard> own_board_;
   UcxNoticeBoard* board_ = nullptr;
   std::vector<int> peers_;               // every member but self
+  WireBytes bytes_;                      // the member thread's
   std::atomic<bool> aborted_{false};     // this member's waits end
   std::atomic<bool> abort_sent_{false};  // the peers were told
 };

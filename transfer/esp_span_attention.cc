@@ -94,6 +94,11 @@ absl::Status EspSpanServer::AddClient(int lane, const NoticeBoardTarget& client)
   return absl::OkStatus();
 }
 
+void EspSpanServer::CountBytes(const WireBytes& bytes) {
+  absl::MutexLock lock(&mu_);
+  bytes_ = bytes;
+}
+
 void EspSpanServer::Serve() {
   int idle = 0;
   std::vector<uint64_t> words;
@@ -141,6 +146,7 @@ absl::Status EspSpanServer::Answer(int client, uint32_t seq, uint32_t crc) {
   if (Crc32c(inbox, QueryBytes(shape_, h.rows)) != crc) {
     return absl::DataLossError("query failed its CRC32C");
   }
+  bytes_.Received(QueryBytes(shape_, h.rows));
   const auto* tags = reinterpret_cast<const uint64_t*>(inbox + 8);
   const auto* q = reinterpret_cast<const float*>(inbox + 8 + shape_.max_rows * 8);
   const uint64_t reply_at = shape_.parties * shape_.InboxBytes();
@@ -155,6 +161,7 @@ absl::Status EspSpanServer::Answer(int client, uint32_t seq, uint32_t crc) {
                            {client, reply_at + LseOffset(shape_), remote + LseOffset(shape_),
                             h.rows * shape_.heads * sizeof(float)}},
                           deadline));
+  bytes_.Sent(h.rows * (shape_.q_width + shape_.heads) * sizeof(float));
   return board_->Notify({client}, h.reply, NoticeWord(seq, ReplyCrc(shape_, reply, h.rows)),
                         deadline);
 }
@@ -226,6 +233,7 @@ absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t 
   const Deadline deadline = Deadline::After(timeout_);
   absl::Status s =
       board_->PutAndFlush({{server, staging, self_ * shape_.InboxBytes(), bytes}}, deadline);
+  if (s.ok()) bytes_.Sent(bytes);
   if (s.ok()) s = board_->Notify({server}, self_, NoticeWord(seq, Crc32c(query, bytes)), deadline);
   std::vector<uint64_t> words;
   if (s.ok()) s = board_->Await({server}, seq, deadline, never_, &words);
@@ -234,6 +242,7 @@ absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t 
     s = absl::DataLossError("a reply failed its CRC32C");
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));
+  bytes_.Received(rows * (shape_.q_width + shape_.heads) * sizeof(float));
   std::memcpy(out, reply, rows * shape_.q_width * sizeof(float));
   std::memcpy(lse, reply + LseOffset(shape_), rows * shape_.heads * sizeof(float));
   return absl::OkStatus();

@@ -54,6 +54,7 @@
 #include "absl/types/span.h"
 #include "model/esp.h"
 #include "transfer/ucx_notice_board.h"
+#include "transfer/wire_bytes.h"
 
 namespace mmserve::transfer {
 
@@ -87,13 +88,17 @@ class EspSpanServer {
   // (replacing the lane's earlier client; an empty target closes the lane).
   // Starts answering at the first call. Thread-safe.
   [[nodiscard]] absl::Status AddClient(int lane, const NoticeBoardTarget& client);
+  // Counts from now on: received = each query accepted (its header, tag
+  // slots and q rows: 8 + max_rows x 8 + rows x q_width x 4 bytes), sent =
+  // each reply flushed (rows x (q_width + heads) x 4 bytes). Thread-safe.
+  void CountBytes(const WireBytes& bytes);
 
  private:
   EspSpanServer(const EspSpanShape& shape, int self, Handler handler);
   void Serve();
   // One poll of every lane, answering what came; false once the worker stopped.
   bool ServeRound(std::vector<uint64_t>& words, bool* worked);
-  absl::Status Answer(int client, uint32_t seq, uint32_t crc);
+  absl::Status Answer(int client, uint32_t seq, uint32_t crc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EspSpanShape shape_;
   const int self_;
@@ -104,6 +109,7 @@ class EspSpanServer {
   // Per lane, the last query answered; a lane's new client starts from the
   // word its inbox holds then.
   std::vector<uint32_t> served_ ABSL_GUARDED_BY(mu_);
+  WireBytes bytes_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   std::thread thread_;  // started once, under mu_
 };
@@ -130,6 +136,10 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   int self() const override { return self_member_; }
   [[nodiscard]] absl::Status Query(int member, int layer, const float* q, int64_t rows, float* out,
                                    float* lse) override;
+  // Counts from now on: sent = each query flushed, received = each reply
+  // accepted (the sizes EspSpanServer::CountBytes gives). The driving
+  // thread.
+  void CountBytes(const WireBytes& bytes) { bytes_ = bytes; }
 
  private:
   UcxSpanPeers(const EspSpanShape& shape, int self, absl::Duration timeout);
@@ -144,6 +154,7 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   std::vector<int> members_;
   int self_member_ = 0;
   std::vector<uint64_t> tags_;
+  WireBytes bytes_;
   std::atomic<bool> never_{false};
 };
 

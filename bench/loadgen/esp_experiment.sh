@@ -26,12 +26,22 @@
 #    against degree 1, the decode step spread over 2 against one instance's,
 #    and the machine's parallel ceiling (ESP_BENCH_FLAGS).
 #
+# After each load run, before its stack stops, every service's /metrics
+# gives mmserve_language_kv_bytes_moved_total (by kind: esp_prefill,
+# esp_decode, handoff; sent and received): the run's JSON line carries the
+# sums as "kv_bytes_moved" (the 2 warm-up requests included).
+# ESP_STEP_MODELS=FILE: the elastic configuration's router gets
+# --esp_step_models=FILE (per-degree step-time models fitted by
+# bench:esp_profile for the model served, docs/elastic.md); without it the
+# router's default models (no degree faster than one instance).
+#
 # Prints every JSON line (loadgen runs with "config", "rate", "round" and
 # "loadavg" added; probe lines; the esp_bench line), then a summary JSON
 # line (last): longest_prompt_ratio (elastic over one instance),
 # goodput_vs_best_static (elastic's peak goodput over the better of static
 # data parallel's and P/D's), ttft_dop2_vs_dop1, decode_step_spread_ratio,
-# parallel_ceiling, and the raw figures per configuration.
+# parallel_ceiling, kv_bytes_moved (per configuration: bytes sent per
+# request, by kind), and the raw figures per configuration.
 #
 #   bench/loadgen/esp_experiment.sh [RATES="1 2 4"] [N=30] [ROUNDS=2]
 #
@@ -43,6 +53,8 @@
 # $BIN; esp_bench from $ESP_BENCH (default: bazel build -c opt
 # //bench:esp_bench). tools/plot_load.py --esp plots the output.
 set -euo pipefail
+step_models=${ESP_STEP_MODELS:-}
+[[ -z "$step_models" || "$step_models" == /* ]] || step_models="$PWD/$step_models"
 cd "$(dirname "$0")/../.."
 rates=${1:-"1 2 4"}
 n=${2:-30}
@@ -63,7 +75,7 @@ source bench/loadgen/stack_lib.sh
 start() {  # config -> $launcher, the router's address in $address, metrics ports in $ports
   local config=$1 args=() lang="--threads=1,--kv_cache_mb=$kv_mb"
   case "$config" in
-    elastic) args=(--elastic=2) ;;
+    elastic) args=(--elastic=2 ${step_models:+--esp_step_models="$step_models"}) ;;
     static_dp) args=(--elastic=2 --router_flags=--esp=false) ;;
     pd) args=(--prefill=1 --decode=1) ;;
     single_2t) lang="--threads=2,--kv_cache_mb=$((2 * kv_mb))" ;;
@@ -73,6 +85,24 @@ start() {  # config -> $launcher, the router's address in $address, metrics port
 }
 
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
+
+kv_moved() {  # $ports -> {"kind": {"sent": B, "received": B}} summed over the services
+  python3 - "$ports" <<'PY'
+import json, re, sys, urllib.request
+tot = {k: {"sent": 0.0, "received": 0.0} for k in ("esp_prefill", "esp_decode", "handoff")}
+for port in filter(None, sys.argv[1].split(",")):
+    try:
+        body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=5).read()
+    except OSError:
+        continue
+    for m in re.finditer(r"^mmserve_language_kv_bytes_moved_total\{([^}]*)\} (\S+)$",
+                         body.decode(), re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        tot.setdefault(labels["kind"], {"sent": 0.0, "received": 0.0})[labels["dir"]] += float(
+            m.group(2))
+print(json.dumps(tot))
+PY
+}
 
 served() {  # words -> 0 when one request of that many prompt words is served
   "$bin/bench/loadgen/loadgen" --target=router --address="$address" --dataset=synthetic \
@@ -104,6 +134,7 @@ run() {  # config rate round -> one JSON line
     --request_rate="$rate" --seed="$round" --warmup=2 --timeout_s=120 \
     --slo_ttft_ms="$slo_ttft" --slo_ttft_ms_per_prompt_token="$slo_ttft_tok" \
     --slo_tpot_ms="$slo_tpot" --leak_ports="$ports" --label="$config" | tail -n 1 >"$out/line.json"
+  kv_moved >"$out/kv.json"
   stack_stop
   python3 -c '
 import json, sys
@@ -111,7 +142,8 @@ j = json.loads(open(sys.argv[1]).read())
 j["config"], j["round"] = sys.argv[2], int(sys.argv[3])
 j["loadavg"] = [float(sys.argv[4]), float(open("/proc/loadavg").read().split()[0])]
 j["kv_mb_per_instance"] = int(sys.argv[5])
-print(json.dumps(j))' "$out/line.json" "$config" "$round" "$before" "$kv_mb"
+j["kv_bytes_moved"] = json.loads(open(sys.argv[6]).read())
+print(json.dumps(j))' "$out/line.json" "$config" "$round" "$before" "$kv_mb" "$out/kv.json"
 }
 
 configs="elastic static_dp pd single_2t"
@@ -145,9 +177,10 @@ j["bench"] = "esp_bench"
 j["loadavg"] = float(open("/proc/loadavg").read().split()[0])
 print(json.dumps(j))' | tee "$out/esp_bench.jsonl"
 
-python3 - "$out" "$n" "$kv_mb" "$mix" <<'PY'
+python3 - "$out" "$n" "$kv_mb" "$mix" "${step_models:-default}" <<'PY'
 import collections, json, statistics, sys
 d = sys.argv[1]
+WARMUP = 2  # loadgen --warmup: their bytes are in the counters too
 probes = {j["probe"]: j["longest_words"] for j in map(json.loads, open(d + "/probe.jsonl"))}
 runs = [json.loads(l) for l in open(d + "/runs.jsonl") if l.startswith("{")]
 esp = json.loads(open(d + "/esp_bench.jsonl").read().strip().splitlines()[-1])
@@ -156,8 +189,11 @@ for r in runs:
     by[(r["config"], r["request_rate"])].append(r)
 rates = sorted({r["request_rate"] for r in runs})
 configs = ["elastic", "static_dp", "pd", "single_2t"]
-print("%-6s %-10s %18s %10s %12s %12s %8s" % ("rate", "config", "goodput (min-max)", "attain",
-                                               "TTFT p99", "TPOT p99", "errors"))
+def sent(r):  # a run's KV bytes sent, every kind
+    return sum(k["sent"] for k in r.get("kv_bytes_moved", {}).values())
+print("%-6s %-10s %18s %10s %12s %12s %8s %10s" % ("rate", "config", "goodput (min-max)",
+                                                   "attain", "TTFT p99", "TPOT p99", "errors",
+                                                   "KV MB/run"))
 per = {c: {"longest_prompt_words": probes[c], "points": []} for c in configs}
 for rate in rates:
     for c in configs:
@@ -167,14 +203,15 @@ for rate in rates:
         med = lambda k: statistics.median(r[k] for r in rs)
         g = [r["goodput"] for r in rs]
         errors = sum(r["requests"] - r["ok"] for r in rs)
-        print("%-6g %-10s %8.2f (%.2f-%.2f) %10.2f %9.0f ms %9.1f ms %8d" % (
+        kv = statistics.median(sent(r) for r in rs)
+        print("%-6g %-10s %8.2f (%.2f-%.2f) %10.2f %9.0f ms %9.1f ms %8d %10.1f" % (
             rate, c, med("goodput"), min(g), max(g), med("slo_attainment"), med("ttft_p99_ms"),
-            med("tpot_p99_ms"), errors))
+            med("tpot_p99_ms"), errors, kv / 1e6))
         per[c]["points"].append({
             "rate": rate, "goodput": med("goodput"), "goodput_min": min(g), "goodput_max": max(g),
             "slo_attainment": med("slo_attainment"), "ttft_p99_ms": med("ttft_p99_ms"),
             "tpot_p99_ms": med("tpot_p99_ms"), "errors": errors,
-            "leaked": sum(r.get("leaked", 0) for r in rs),
+            "leaked": sum(r.get("leaked", 0) for r in rs), "kv_bytes_sent_per_run": kv,
             "loadavg": [r["loadavg"] for r in rs]})
 for c in configs:
     pts = per[c]["points"]
@@ -182,6 +219,20 @@ for c in configs:
     per[c]["max_rate_at_90pct_slo"] = max(ok) if ok else None
     per[c]["peak_goodput"] = max((p["goodput"] for p in pts), default=0)
 best_static = max(per["static_dp"]["peak_goodput"], per["pd"]["peak_goodput"])
+# KV bytes moved per request (sent; every byte sent was received elsewhere),
+# by kind, over all of a configuration's load runs.
+moved = {}
+for c in configs:
+    rs = [r for r in runs if r["config"] == c]
+    reqs = sum(r["requests"] + WARMUP for r in rs)
+    kinds = collections.Counter()
+    for r in rs:
+        for k, v in r.get("kv_bytes_moved", {}).items():
+            kinds[k] += v["sent"]
+    moved[c] = {"per_request": sum(kinds.values()) / reqs if reqs else None,
+                "per_request_by_kind": {k: v / reqs for k, v in kinds.items()} if reqs else None}
+print("KV bytes moved per request: " + ", ".join(
+    "%s %.0f" % (c, moved[c]["per_request"] or 0) for c in configs))
 loads = [x for r in runs for x in r["loadavg"]]
 summary = {
     "bench": "esp_experiment", "date": "2026-11-26", "requests": int(sys.argv[2]),
@@ -191,7 +242,7 @@ summary = {
     "ttft_dop2_vs_dop1": esp["ttft_dop2_vs_dop1"],
     "decode_step_spread_ratio": esp["decode_step_spread_ratio"],
     "parallel_ceiling": esp["parallel_ceiling"],
-    "kv_bytes_moved": None,  # no metric counts ESP or P/D KV bytes yet
+    "kv_bytes_moved": moved, "esp_step_models": sys.argv[5],
     "loadavg_min_max": [min(loads), max(loads)] if loads else None,
     "configs": per, "esp_bench": esp,
 }

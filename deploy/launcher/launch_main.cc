@@ -38,6 +38,9 @@ ABSL_FLAG(int, decode, 0, "prefill/decode disaggregation: language instances of 
 ABSL_FLAG(int, elastic, 0,
           "elastic sequence parallelism: language instances of role elastic and router --esp "
           "(0: none)");
+ABSL_FLAG(std::string, esp_step_models, "",
+          "with --elastic: the router's per-degree step-time models, a file of \"degree a b c\" "
+          "lines (bench:esp_profile writes one; empty: the router's default)");
 ABSL_FLAG(std::vector<std::string>, router_flags, {},
           "extra router flags, comma-separated (e.g. --presize=false)");
 ABSL_FLAG(std::vector<std::string>, encoder_flags, {},
@@ -84,6 +87,10 @@ absl::StatusOr<StackOptions> OptionsFromFlags() {
   o.elastic = absl::GetFlag(FLAGS_elastic);
   if (o.elastic < 0 || (o.elastic > 0 && o.prefill > 0)) {
     return absl::InvalidArgumentError("--elastic goes alone (not with --prefill/--decode)");
+  }
+  o.esp_step_models = absl::GetFlag(FLAGS_esp_step_models);
+  if (!o.esp_step_models.empty() && o.elastic == 0) {
+    return absl::InvalidArgumentError("--esp_step_models needs --elastic");
   }
   if (absl::GetFlag(FLAGS_tp) > 1) {
     // Disaggregated: the decode instances are tensor-parallel, prefill runs

@@ -34,6 +34,9 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                           "--internal_address=" + options.host + ":0"};
   if (!options.api_key.empty()) router_args.push_back("--api_key=" + options.api_key);
   if (options.elastic > 0) router_args.push_back("--esp");
+  if (options.elastic > 0 && !options.esp_step_models.empty()) {
+    router_args.push_back("--esp_step_models=" + options.esp_step_models);
+  }
   router_args.insert(router_args.end(), options.router_args.begin(), options.router_args.end());
   auto router = s->Launch("router", options.bin_dir + "/router/router", router_args);
   if (!router.ok()) return router.status();

@@ -41,6 +41,9 @@ struct StackOptions {
   // language instances (elastic-i) instead of the role-both one, and the
   // router runs with --esp.
   int elastic = 0;
+  // With elastic: the router's --esp_step_models (a models file,
+  // bench:esp_profile's); empty: the router's default models.
+  std::string esp_step_models;
   std::string profile = "shm";
   std::string host = "127.0.0.1";
   int router_port = 0;  // 0: any free port
