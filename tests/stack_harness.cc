@@ -148,7 +148,8 @@ Answer AskHttp(int port, const DemoSet& set, const DemoItem& item) {
   cli.set_read_timeout(60, 0);
   auto res = cli.Post("/v1/chat/completions", body.dump(), "application/json");
   if (!res) {
-    a.status = absl::UnavailableError("no HTTP response");
+    a.status =
+        absl::UnavailableError(absl::StrCat("no HTTP response: ", httplib::to_string(res.error())));
     return a;
   }
   const nlohmann::json reply = nlohmann::json::parse(res->body, nullptr, false);
