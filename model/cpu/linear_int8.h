@@ -27,10 +27,12 @@ struct QuantizedRows {
   int64_t stride = 0;
   const float* scale = nullptr;
   // Int8-activation mode (max_q 127): the same values as int8 bytes, row i
-  // at q8[i * stride], and their sums over each 4 columns, row i's group g
-  // at sum4[i * stride / 4 + g] (for vpdpbusd's offset, below).
+  // at q8[i * stride], and their prefix sums over 4-column groups: row i's
+  // sum of columns [0, 4t) at prefix[i * prefix_stride + t], t <= stride / 4
+  // (for vpdpbusd's offset, below).
   const int8_t* q8 = nullptr;
-  const int32_t* sum4 = nullptr;
+  const int32_t* prefix = nullptr;
+  int64_t prefix_stride = 0;
 };
 
 // Quantizes x [m][cols] row by row: s = max|x| / Q and q = the nearest
