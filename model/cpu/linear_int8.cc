@@ -85,11 +85,10 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 #endif
 
 // Int8 activations on vpdpbusd (AVX512-VNNI, 512-bit): 4 columns x 16 rows
-// of a panel per instruction. vpdpbusd takes one operand unsigned, so the
-// weights go in offset, w + 128 (a byte's top bit flipped), and each
-// segment's sum starts from -128 x (the row's sum of x over the segment):
-// the exact integer sum of x_q * w_q, as the other kernels get it (int32
-// wraps, but the final sum is in range).
+// of a panel per instruction. vpdpbusd takes one operand unsigned, so x goes
+// in offset, x + 128 (QuantizedRows::u8), and each segment's sum is taken
+// back by 128 x (the segment's sum of each output's weights): the exact
+// integer sum of x_q * w_q, as the other kernels get it.
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vnni"))), \
                              apply_to = function)
@@ -108,21 +107,43 @@ inline __m512i QuadIndex() {
   return _mm512_load_si512(kIndex);
 }
 
-// Quad t of a panel (columns 4t .. 4t + 3 of its 16 rows) as vpdpbusd's
-// unsigned operand: row r's four weights + 128 in dword r. A last odd pair
-// (4t + 2 >= kp) reads zeros for the absent second pair.
+// Columns k .. k + 3 of a panel (k a multiple of 4) as vpdpbusd's signed
+// operand: row r's four weights in dword r. A last odd pair (k + 2 >= kp)
+// reads zeros for the absent second pair.
 inline __m512i LoadQuad(const int8_t* panel, int64_t kp, int64_t k) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
   const __m512i raw = _mm512_maskz_loadu_epi8(valid, panel + k * kPanelRows);
-  return _mm512_xor_si512(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, QuadIndex(), raw), flip);
+  return _mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, QuadIndex(), raw);
 }
 
-// -128 x the sum of row x's int8 values over columns [k0, k1) (k0 a multiple
-// of 4), from its prefix sums: the start of a segment's int32 sum.
-inline int32_t Offset(const int32_t* prefix, int64_t k0, int64_t k1) {
-  return -128 * (prefix[(k1 + 3) / 4] - prefix[k0 / 4]);
-}
+// 128 in every byte: times the weights, vpdpbusd sums 128 x 4 of them.
+inline __m512i Bytes128() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
+
+// The segments of linear_int8_tile.inc's Tile over columns [k0, k1) (k0 a
+// segment start): cut at multiples of kSegment and of the group (0: none).
+class Segments {
+ public:
+  Segments(int64_t k0, int64_t k1, int64_t group)
+      : k_(k0), k1_(k1), group_(group), group_index_(group > 0 ? k0 / group : 0) {
+    group_end_ = group > 0 ? (group_index_ + 1) * group : k1;
+    end_ = std::min({k1_, (k_ / kSegment + 1) * kSegment, group_end_});
+  }
+  bool Done() const { return k_ >= k1_; }
+  int64_t begin() const { return k_; }
+  int64_t end() const { return end_; }
+  int64_t group_index() const { return group_index_; }
+  void Next() {
+    k_ = end_;
+    if (k_ == group_end_) {
+      ++group_index_;
+      group_end_ += group_;
+    }
+    end_ = std::min({k1_, (k_ / kSegment + 1) * kSegment, group_end_});
+  }
+
+ private:
+  int64_t k_, k1_, group_, group_index_, group_end_ = 0, end_ = 0;
+};
 
 // c[0:16] after a segment whose exact int32 sums are `sums`: c + float(s),
 // or fma(float(s), g, c) with g the segment's 16 group scales; c starts at 0
@@ -134,74 +155,85 @@ inline void AddSegment(__m512i sums, const float* g, bool first, float* c) {
       c, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev) : _mm512_add_ps(prev, sum));
 }
 
-// The segment loop of linear_int8_tile.inc's Tile for one row of x (x8 and
-// its prefix sums) and one panel, k in [k0, k1): the same segments, sums
-// and fp32 operations, 16 outputs a vector. (One row: decode.)
-void RowTile(const int8_t* x8, const int32_t* prefix, const Panels& w, int64_t kp, int64_t k0,
-             int64_t k1, float* c) {
-  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
-  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
-  for (int64_t k = k0; k < k1;) {
-    const int64_t seg_begin = k;
-    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
-    __m512i acc = _mm512_set1_epi32(Offset(prefix, seg_begin, seg_end));
-    for (; k < seg_end; k += 4) {
+// linear_int8_tile.inc's Tile for one row of x (u8: x + 128) and one
+// panel, all of k: the same segments, sums and fp32 operations, 16 outputs
+// a vector. (One row: decode, which streams the panel once.)
+void RowTile(const uint8_t* u8, const Panels& w, int64_t kp, float* c) {
+  for (Segments s(0, kp, w.group); !s.Done(); s.Next()) {
+    __m512i acc = _mm512_setzero_si512(), offset = _mm512_setzero_si512();
+    for (int64_t k = s.begin(); k < s.end(); k += 4) {
       int32_t quad;
-      std::memcpy(&quad, x8 + k, sizeof(quad));
-      acc = _mm512_dpbusd_epi32(acc, LoadQuad(w.first, kp, k), _mm512_set1_epi32(quad));
+      std::memcpy(&quad, u8 + k, sizeof(quad));
+      const __m512i wq = LoadQuad(w.first, kp, k);
+      acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(quad), wq);
+      offset = _mm512_dpbusd_epi32(offset, Bytes128(), wq);
     }
-    k = seg_end;
-    AddSegment(acc, w.group > 0 ? w.scales + group_index * kPanelRows : nullptr, seg_begin == 0, c);
-    if (k == group_end) {
-      ++group_index;
-      group_end += w.group;
-    }
+    AddSegment(_mm512_sub_epi32(acc, offset),
+               w.group > 0 ? w.scales + s.group_index() * kPanelRows : nullptr, s.begin() == 0, c);
   }
 }
 
-// Columns [k0, k1) of a panel in LoadQuad form, into out[(k1 - k0 + 3) / 4][16].
-void QuadBlock(const int8_t* panel, int64_t kp, int64_t k0, int64_t k1, uint32_t* out) {
-  for (int64_t k = k0; k < k1; k += 4) {
-    _mm512_storeu_si512(out + (k - k0) / 4 * kPanelRows, LoadQuad(panel, kp, k));
+// A panel's columns [0, kp) in LoadQuad form, into out[(kp + 3) / 4][16],
+// and for each of its segments s (Segments(0, kp, group)), -128 x the
+// segment's sum of each row's weights into offset[s][16].
+void QuadBlock(const int8_t* panel, int64_t kp, int64_t group, uint32_t* out, int32_t* offset) {
+  for (Segments s(0, kp, group); !s.Done(); s.Next(), offset += kPanelRows) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = s.begin(); k < s.end(); k += 4) {
+      const __m512i wq = LoadQuad(panel, kp, k);
+      _mm512_storeu_si512(out + k / 4 * kPanelRows, wq);
+      sum = _mm512_dpbusd_epi32(sum, Bytes128(), wq);
+    }
+    _mm512_storeu_si512(offset, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
   }
+}
+
+// Segments of [0, kp) (QuadBlock's offsets per panel).
+int64_t NumSegments(int64_t kp, int64_t group) {
+  int64_t n = 0;
+  for (Segments s(0, kp, group); !s.Done(); s.Next()) ++n;
+  return n;
 }
 
 // The x rows, weights and outputs of a block tile.
 struct BlockArgs {
-  const int8_t* x8;       // row 0's int8 values
-  const int32_t* prefix;  // row 0's prefix sums
-  int64_t ldx, ldp;       // row strides of x8 and prefix
-  const uint32_t* block;  // panel 0's QuadBlock of columns [k0, k1)
+  const uint8_t* u8;      // row 0's x + 128
+  int64_t ldx;            // row stride of u8
+  const uint32_t* block;  // panel 0's QuadBlock
+  const int32_t* offset;  // and its segment offsets
   int64_t block_stride;   // words from one panel's block to the next
+  int64_t offset_stride;  // ints from one panel's offsets to the next
   const Panels* w;        // panel 0 (its group scales)
   float* const* c;        // each panel's output row 0
   const int64_t* ldc;     // and row stride
 };
 
-// acc[i][q] = offset[i] + the products of `quads` quads of row i of x (from
-// x8, rows ldx apart) and panel q's block (from w, panels block_stride words
-// apart). Kept out of line: inlined into BlockTile's segment loop, GCC 12
-// spilled most of the 24 accumulators on every step (0.33 of the vpdpbusd
-// peak); alone it keeps them in registers.
+// acc[i][q] = panel q's offset[0:16] + the products of `quads` quads of row
+// i of x (from u8, rows ldx apart) and of panel q (from w, panels
+// block_stride words apart). Kept out of line: inlined into BlockTile's
+// segment loop, GCC 12 spilled most of the 24 accumulators on every step
+// (the tile ran at ~0.33 of the vpdpbusd peak); alone it keeps them in
+// registers.
 template <int MR, int NP>
-__attribute__((noinline)) void QuadSteps(const int8_t* x8, int64_t ldx, const uint32_t* w,
-                                         int64_t block_stride, int64_t quads,
-                                         const int32_t (&offset)[MR], __m512i (&acc)[MR][NP]) {
+__attribute__((noinline)) void QuadSteps(const uint8_t* u8, int64_t ldx, const uint32_t* w,
+                                         int64_t block_stride, int64_t quads, const int32_t* offset,
+                                         int64_t offset_stride, __m512i (&acc)[MR][NP]) {
   __m512i a[MR][NP];
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-    _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) a[i][q] = _mm512_set1_epi32(offset[i]);
+  _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+    const __m512i start = _mm512_loadu_si512(offset + q * offset_stride);
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) a[i][q] = start;
   }
-  for (; quads > 0; --quads, w += kPanelRows, x8 += 4) {
+  for (; quads > 0; --quads, w += kPanelRows, u8 += 4) {
     __m512i wv[NP];
     _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
       wv[q] = _mm512_loadu_si512(w + q * block_stride);
     }
     _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
       int32_t quad;
-      std::memcpy(&quad, x8 + i * ldx, sizeof(quad));
+      std::memcpy(&quad, u8 + i * ldx, sizeof(quad));
       const __m512i xv = _mm512_set1_epi32(quad);
       _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        a[i][q] = _mm512_dpbusd_epi32(a[i][q], wv[q], xv);
+        a[i][q] = _mm512_dpbusd_epi32(a[i][q], xv, wv[q]);
       }
     }
   }
@@ -210,39 +242,29 @@ __attribute__((noinline)) void QuadSteps(const int8_t* x8, int64_t ldx, const ui
   }
 }
 
-// RowTile's arithmetic for MR rows and NP panels over the block's columns
-// [k0, k1). 24 accumulators for 6 x 4.
+// RowTile's arithmetic for MR rows and NP panels, all of k, on QuadBlocks.
+// 24 accumulators for 6 x 4.
 template <int MR, int NP>
-void BlockTile(const BlockArgs& b, int64_t k0, int64_t k1) {
+void BlockTile(const BlockArgs& b, int64_t kp) {
   const Panels& w = *b.w;
-  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
-  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
-  for (int64_t k = k0; k < k1;) {
-    const int64_t seg_begin = k;
-    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
-    int32_t offset[MR];
-    for (int i = 0; i < MR; ++i) offset[i] = Offset(b.prefix + i * b.ldp, seg_begin, seg_end);
+  const int32_t* offset = b.offset;
+  for (Segments s(0, kp, w.group); !s.Done(); s.Next(), offset += kPanelRows) {
     __m512i acc[MR][NP];
-    QuadSteps<MR, NP>(b.x8 + seg_begin, b.ldx, b.block + (seg_begin - k0) / 4 * kPanelRows,
-                      b.block_stride, (seg_end - seg_begin + 3) / 4, offset, acc);
-    k = seg_end;
+    QuadSteps<MR, NP>(b.u8 + s.begin(), b.ldx, b.block + s.begin() / 4 * kPanelRows, b.block_stride,
+                      (s.end() - s.begin() + 3) / 4, offset, b.offset_stride, acc);
     _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
       _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
         const float* g =
-            w.group > 0 ? w.scales + q * w.scale_stride + group_index * kPanelRows : nullptr;
-        AddSegment(acc[i][q], g, seg_begin == 0, b.c[q] + i * b.ldc[q]);
+            w.group > 0 ? w.scales + q * w.scale_stride + s.group_index() * kPanelRows : nullptr;
+        AddSegment(acc[i][q], g, s.begin() == 0, b.c[q] + i * b.ldc[q]);
       }
-    }
-    if (k == group_end) {
-      ++group_index;
-      group_end += w.group;
     }
   }
 }
 
 constexpr int kBlockRows = 6;
 constexpr int kBlockPanels = 4;
-using BlockTileFn = void (*)(const BlockArgs&, int64_t, int64_t);
+using BlockTileFn = void (*)(const BlockArgs&, int64_t);
 template <int MR>
 constexpr std::array<BlockTileFn, kBlockPanels> BlockTileRow() {
   return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
@@ -341,19 +363,14 @@ void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float
   }
 }
 
-// Row q (int16 values within +-127) as int8 into q8, and its prefix sums
-// over quads: prefix[t] = the sum of columns [0, 4t), t <= stride / 4.
-void Int8Row(const int16_t* q, int64_t stride, int8_t* q8, int32_t* prefix) {
+// Row q (int16 values within +-127) as bytes q + 128 into u8.
+void OffsetBytes(const int16_t* q, int64_t stride, uint8_t* u8) {
+  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
   for (int64_t k = 0; k < stride; k += 16) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8 + k),
-                     _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
-  }
-  int32_t run = 0;
-  prefix[0] = 0;
-  for (int64_t t = 0; t < stride / 4; ++t) {
-    run += q[4 * t] + q[4 * t + 1] + q[4 * t + 2] + q[4 * t + 3];
-    prefix[t + 1] = run;
+    const __m128i bytes =
+        _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u8 + k), _mm_xor_si128(bytes, flip));
   }
 }
 
@@ -362,24 +379,21 @@ void Int8Row(const int16_t* q, int64_t stride, int8_t* q8, int32_t* prefix) {
 QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols, int max_q) {
   thread_local std::vector<int16_t> q;
   thread_local std::vector<float> scale;
-  thread_local std::vector<int8_t> q8;
-  thread_local std::vector<int32_t> prefix;
-  const int64_t stride = (cols + 15) / 16 * 16, ldp = stride / 4 + 1;
+  thread_local std::vector<uint8_t> u8;
+  const int64_t stride = (cols + 15) / 16 * 16;
   const bool int8 = max_q <= 127;
   q.resize(static_cast<size_t>(m * stride));
   scale.resize(static_cast<size_t>(m));
-  q8.resize(int8 ? q.size() : 0);
-  prefix.resize(int8 ? static_cast<size_t>(m * ldp) : 0);
+  u8.resize(int8 ? q.size() : 0);
   // The storage is this thread's (thread_local): workers see it through
   // these pointers.
   int16_t* qp = q.data();
   float* sp = scale.data();
-  int8_t* q8p = q8.data();
-  int32_t* pp = prefix.data();
+  uint8_t* u8p = u8.data();
   auto rows = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i, max_q);
-      if (int8) Int8Row(qp + i * stride, stride, q8p + i * stride, pp + i * ldp);
+      if (int8) OffsetBytes(qp + i * stride, stride, u8p + i * stride);
     }
   };
   // A few rows are not worth waking the pool.
@@ -389,11 +403,7 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
     pool.ParallelFor(m, 1, rows);
   }
   QuantizedRows out{qp, stride, sp};
-  if (int8) {
-    out.q8 = q8p;
-    out.prefix = pp;
-    out.prefix_stride = ldp;
-  }
+  if (int8) out.u8 = u8p;
   return out;
 }
 
@@ -406,39 +416,37 @@ int NextTileRows(int64_t rows) {
   return static_cast<int>((rows + tiles - 1) / tiles);
 }
 
-// Int8 activations, 2+ rows: panels [p0, p1) in groups of up to 4, each k
-// block of a group put in vpdpbusd form once (QuadBlock) for all the row
-// tiles that use it.
+// Int8 activations, 2+ rows: panels [p0, p1) in groups of up to 4, each
+// group put in vpdpbusd form once (QuadBlock, all of k) for all its row
+// tiles; a tile then runs all of k with its outputs in L1.
 template <typename Finish>
 void Vnni512BlockColumns(const QuantizedRows& x, int64_t m, const WeightMatrix& w, int64_t p0,
                          int64_t p1, const PanelOutput& out, Finish& finish) {
   const int64_t kp = PairedCols(w.cols);
-  const int64_t block_stride = kKb / 4 * kPanelRows;
+  const int64_t block_stride = (kp + 3) / 4 * kPanelRows;
+  const int64_t offset_stride = vnni512::NumSegments(kp, w.group) * kPanelRows;
   thread_local std::vector<uint32_t> block;
+  thread_local std::vector<int32_t> offsets;
   block.resize(static_cast<size_t>(vnni512::kBlockPanels * block_stride));
+  offsets.resize(static_cast<size_t>(vnni512::kBlockPanels * offset_stride));
   for (int64_t g0 = p0; g0 < p1; g0 += vnni512::kBlockPanels) {
     const int np = static_cast<int>(std::min<int64_t>(vnni512::kBlockPanels, p1 - g0));
     const Panels first = PanelsAt(w, g0);
+    for (int q = 0; q < np; ++q) {
+      vnni512::QuadBlock(first.first + q * first.stride, kp, w.group, &block[q * block_stride],
+                         &offsets[q * offset_stride]);
+    }
     float* c[vnni512::kBlockPanels];
     int64_t ldc[vnni512::kBlockPanels];
-    vnni512::BlockArgs args{x.q8,   x.prefix, x.stride, x.prefix_stride, block.data(), block_stride,
-                            &first, c,        ldc};
-    for (int64_t k0 = 0; k0 < kp; k0 += kKb) {
-      const int64_t k1 = std::min(kp, k0 + kKb);
-      for (int q = 0; q < np; ++q) {
-        vnni512::QuadBlock(first.first + q * first.stride, kp, k0, k1, &block[q * block_stride]);
-      }
-      for (int64_t i0 = 0; i0 < m;) {
-        const int mr = NextTileRows(m - i0);
-        for (int q = 0; q < np; ++q) c[q] = out.At(g0 + q, &ldc[q]) + i0 * ldc[q];
-        args.x8 = x.q8 + i0 * x.stride;
-        args.prefix = x.prefix + i0 * x.prefix_stride;
-        vnni512::kBlockTiles[mr - 1][np - 1](args, k0, k1);
-        if (k1 == kp) {
-          for (int q = 0; q < np; ++q) finish(g0 + q, i0, mr);
-        }
-        i0 += mr;
-      }
+    vnni512::BlockArgs args{
+        x.u8, x.stride, block.data(), offsets.data(), block_stride, offset_stride, &first, c, ldc};
+    for (int64_t i0 = 0; i0 < m;) {
+      const int mr = NextTileRows(m - i0);
+      for (int q = 0; q < np; ++q) c[q] = out.At(g0 + q, &ldc[q]) + i0 * ldc[q];
+      args.u8 = x.u8 + i0 * x.stride;
+      vnni512::kBlockTiles[mr - 1][np - 1](args, kp);
+      for (int q = 0; q < np; ++q) finish(g0 + q, i0, mr);
+      i0 += mr;
     }
   }
   out.Flush();
@@ -459,7 +467,7 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, out.Columns(p), row_scales,
            job.bias);
   };
-  if (x.q8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
+  if (x.u8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
     if (m > 1) {
       Vnni512BlockColumns(x, m, w, p0, p1, out, finish);
       return;
@@ -467,7 +475,7 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     // Int8 activations, one row: panel by panel, k in one run.
     for (int64_t p = p0; p < p1; ++p) {
       int64_t ldc;
-      vnni512::RowTile(x.q8, x.prefix, PanelsAt(w, p), kp, 0, kp, out.At(p, &ldc));
+      vnni512::RowTile(x.u8, PanelsAt(w, p), kp, out.At(p, &ldc));
       finish(p, 0, 1);
     }
     out.Flush();
