@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "model/cpu/cpu_isa.h"
+#include "model/cpu/linear_int8_act.h"
 #include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
 
@@ -20,10 +21,7 @@ namespace mmserve::model::cpu {
 namespace internal {
 namespace {
 
-// The int32 sums of a tile restart every kSegment steps of k (and at every
-// scale group's start): 256 products of |q| <= 32767 and |w| <= 127 stay
-// below 2^31 (1.07e9), whatever the values.
-constexpr int64_t kSegment = 256;
+constexpr int64_t kSegment = kInt8Segment;
 // Multi-row calls walk k in blocks of kKb: a row tile of x (3-6 KiB) and
 // the task's panels (4 x 4 KiB) stay in L1.
 constexpr int64_t kKb = 256;
@@ -78,202 +76,6 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 }
 #include "model/cpu/linear_int8_tile.inc"
 }  // namespace vnni
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-// Int8 activations on vpdpbusd (AVX512-VNNI, 512-bit): 4 columns x 16 rows
-// of a panel per instruction. vpdpbusd takes one operand unsigned, so x goes
-// in offset, x + 128 (QuantizedRows::u8), and each segment's sum is taken
-// back by 128 x (the segment's sum of each output's weights): the exact
-// integer sum of x_q * w_q, as the other kernels get it.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vnni"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vnni")
-#endif
-namespace vnni512 {
-
-// vpermw indices: from pairs j (words 0-15: rows 0-15) and j + 1 (words
-// 16-31) of a panel, row r's four values land in dword r.
-inline __m512i QuadIndex() {
-  alignas(64) static constexpr uint16_t kIndex[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  return _mm512_load_si512(kIndex);
-}
-
-// Columns k .. k + 3 of a panel (k a multiple of 4) as vpdpbusd's signed
-// operand: row r's four weights in dword r. A last odd pair (k + 2 >= kp)
-// reads zeros for the absent second pair.
-inline __m512i LoadQuad(const int8_t* panel, int64_t kp, int64_t k) {
-  const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
-  const __m512i raw = _mm512_maskz_loadu_epi8(valid, panel + k * kPanelRows);
-  return _mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, QuadIndex(), raw);
-}
-
-// 128 in every byte: times the weights, vpdpbusd sums 128 x 4 of them.
-inline __m512i Bytes128() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
-
-// The segments of linear_int8_tile.inc's Tile over columns [k0, k1) (k0 a
-// segment start): cut at multiples of kSegment and of the group (0: none).
-class Segments {
- public:
-  Segments(int64_t k0, int64_t k1, int64_t group)
-      : k_(k0), k1_(k1), group_(group), group_index_(group > 0 ? k0 / group : 0) {
-    group_end_ = group > 0 ? (group_index_ + 1) * group : k1;
-    end_ = std::min({k1_, (k_ / kSegment + 1) * kSegment, group_end_});
-  }
-  bool Done() const { return k_ >= k1_; }
-  int64_t begin() const { return k_; }
-  int64_t end() const { return end_; }
-  int64_t group_index() const { return group_index_; }
-  void Next() {
-    k_ = end_;
-    if (k_ == group_end_) {
-      ++group_index_;
-      group_end_ += group_;
-    }
-    end_ = std::min({k1_, (k_ / kSegment + 1) * kSegment, group_end_});
-  }
-
- private:
-  int64_t k_, k1_, group_, group_index_, group_end_ = 0, end_ = 0;
-};
-
-// c[0:16] after a segment whose exact int32 sums are `sums`: c + float(s),
-// or fma(float(s), g, c) with g the segment's 16 group scales; c starts at 0
-// (first: the segment begins at k = 0).
-inline void AddSegment(__m512i sums, const float* g, bool first, float* c) {
-  const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, sums);  // GCC 12: no undefined source
-  const __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c);
-  _mm512_storeu_ps(
-      c, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev) : _mm512_add_ps(prev, sum));
-}
-
-// linear_int8_tile.inc's Tile for one row of x (u8: x + 128) and one
-// panel, all of k: the same segments, sums and fp32 operations, 16 outputs
-// a vector. (One row: decode, which streams the panel once.)
-void RowTile(const uint8_t* u8, const Panels& w, int64_t kp, float* c) {
-  for (Segments s(0, kp, w.group); !s.Done(); s.Next()) {
-    __m512i acc = _mm512_setzero_si512(), offset = _mm512_setzero_si512();
-    for (int64_t k = s.begin(); k < s.end(); k += 4) {
-      int32_t quad;
-      std::memcpy(&quad, u8 + k, sizeof(quad));
-      const __m512i wq = LoadQuad(w.first, kp, k);
-      acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(quad), wq);
-      offset = _mm512_dpbusd_epi32(offset, Bytes128(), wq);
-    }
-    AddSegment(_mm512_sub_epi32(acc, offset),
-               w.group > 0 ? w.scales + s.group_index() * kPanelRows : nullptr, s.begin() == 0, c);
-  }
-}
-
-// A panel's columns [0, kp) in LoadQuad form, into out[(kp + 3) / 4][16],
-// and for each of its segments s (Segments(0, kp, group)), -128 x the
-// segment's sum of each row's weights into offset[s][16].
-void QuadBlock(const int8_t* panel, int64_t kp, int64_t group, uint32_t* out, int32_t* offset) {
-  for (Segments s(0, kp, group); !s.Done(); s.Next(), offset += kPanelRows) {
-    __m512i sum = _mm512_setzero_si512();
-    for (int64_t k = s.begin(); k < s.end(); k += 4) {
-      const __m512i wq = LoadQuad(panel, kp, k);
-      _mm512_storeu_si512(out + k / 4 * kPanelRows, wq);
-      sum = _mm512_dpbusd_epi32(sum, Bytes128(), wq);
-    }
-    _mm512_storeu_si512(offset, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
-  }
-}
-
-// Segments of [0, kp) (QuadBlock's offsets per panel).
-int64_t NumSegments(int64_t kp, int64_t group) {
-  int64_t n = 0;
-  for (Segments s(0, kp, group); !s.Done(); s.Next()) ++n;
-  return n;
-}
-
-// The x rows, weights and outputs of a block tile.
-struct BlockArgs {
-  const uint8_t* u8;      // row 0's x + 128
-  int64_t ldx;            // row stride of u8
-  const uint32_t* block;  // panel 0's QuadBlock
-  const int32_t* offset;  // and its segment offsets
-  int64_t block_stride;   // words from one panel's block to the next
-  int64_t offset_stride;  // ints from one panel's offsets to the next
-  const Panels* w;        // panel 0 (its group scales)
-  float* const* c;        // each panel's output row 0
-  const int64_t* ldc;     // and row stride
-};
-
-// acc[i][q] = panel q's offset[0:16] + the products of `quads` quads of row
-// i of x (from u8, rows ldx apart) and of panel q (from w, panels
-// block_stride words apart). Kept out of line: inlined into BlockTile's
-// segment loop, GCC 12 spilled most of the 24 accumulators on every step
-// (the tile ran at ~0.33 of the vpdpbusd peak); alone it keeps them in
-// registers.
-template <int MR, int NP>
-__attribute__((noinline)) void QuadSteps(const uint8_t* u8, int64_t ldx, const uint32_t* w,
-                                         int64_t block_stride, int64_t quads, const int32_t* offset,
-                                         int64_t offset_stride, __m512i (&acc)[MR][NP]) {
-  __m512i a[MR][NP];
-  _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-    const __m512i start = _mm512_loadu_si512(offset + q * offset_stride);
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) a[i][q] = start;
-  }
-  for (; quads > 0; --quads, w += kPanelRows, u8 += 4) {
-    __m512i wv[NP];
-    _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-      wv[q] = _mm512_loadu_si512(w + q * block_stride);
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      int32_t quad;
-      std::memcpy(&quad, u8 + i * ldx, sizeof(quad));
-      const __m512i xv = _mm512_set1_epi32(quad);
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        a[i][q] = _mm512_dpbusd_epi32(a[i][q], xv, wv[q]);
-      }
-    }
-  }
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-    _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) acc[i][q] = a[i][q];
-  }
-}
-
-// RowTile's arithmetic for MR rows and NP panels, all of k, on QuadBlocks.
-// 24 accumulators for 6 x 4.
-template <int MR, int NP>
-void BlockTile(const BlockArgs& b, int64_t kp) {
-  const Panels& w = *b.w;
-  const int32_t* offset = b.offset;
-  for (Segments s(0, kp, w.group); !s.Done(); s.Next(), offset += kPanelRows) {
-    __m512i acc[MR][NP];
-    QuadSteps<MR, NP>(b.u8 + s.begin(), b.ldx, b.block + s.begin() / 4 * kPanelRows, b.block_stride,
-                      (s.end() - s.begin() + 3) / 4, offset, b.offset_stride, acc);
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        const float* g =
-            w.group > 0 ? w.scales + q * w.scale_stride + s.group_index() * kPanelRows : nullptr;
-        AddSegment(acc[i][q], g, s.begin() == 0, b.c[q] + i * b.ldc[q]);
-      }
-    }
-  }
-}
-
-constexpr int kBlockRows = 6;
-constexpr int kBlockPanels = 4;
-using BlockTileFn = void (*)(const BlockArgs&, int64_t);
-template <int MR>
-constexpr std::array<BlockTileFn, kBlockPanels> BlockTileRow() {
-  return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
-}
-constexpr std::array<std::array<BlockTileFn, kBlockPanels>, kBlockRows> kBlockTiles = {
-    BlockTileRow<1>(), BlockTileRow<2>(), BlockTileRow<3>(),
-    BlockTileRow<4>(), BlockTileRow<5>(), BlockTileRow<6>()};
-
-}  // namespace vnni512
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -407,53 +209,6 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
   return out;
 }
 
-namespace {
-
-// Row tiles of at most kBlockRows rows, as even as they go (32 rows: 6, 6,
-// 5, 5, 5, 5): rows of the next tile when `rows` remain.
-int NextTileRows(int64_t rows) {
-  const int64_t tiles = (rows + vnni512::kBlockRows - 1) / vnni512::kBlockRows;
-  return static_cast<int>((rows + tiles - 1) / tiles);
-}
-
-// Int8 activations, 2+ rows: panels [p0, p1) in groups of up to 4, each
-// group put in vpdpbusd form once (QuadBlock, all of k) for all its row
-// tiles; a tile then runs all of k with its outputs in L1.
-template <typename Finish>
-void Vnni512BlockColumns(const QuantizedRows& x, int64_t m, const WeightMatrix& w, int64_t p0,
-                         int64_t p1, const PanelOutput& out, Finish& finish) {
-  const int64_t kp = PairedCols(w.cols);
-  const int64_t block_stride = (kp + 3) / 4 * kPanelRows;
-  const int64_t offset_stride = vnni512::NumSegments(kp, w.group) * kPanelRows;
-  thread_local std::vector<uint32_t> block;
-  thread_local std::vector<int32_t> offsets;
-  block.resize(static_cast<size_t>(vnni512::kBlockPanels * block_stride));
-  offsets.resize(static_cast<size_t>(vnni512::kBlockPanels * offset_stride));
-  for (int64_t g0 = p0; g0 < p1; g0 += vnni512::kBlockPanels) {
-    const int np = static_cast<int>(std::min<int64_t>(vnni512::kBlockPanels, p1 - g0));
-    const Panels first = PanelsAt(w, g0);
-    for (int q = 0; q < np; ++q) {
-      vnni512::QuadBlock(first.first + q * first.stride, kp, w.group, &block[q * block_stride],
-                         &offsets[q * offset_stride]);
-    }
-    float* c[vnni512::kBlockPanels];
-    int64_t ldc[vnni512::kBlockPanels];
-    vnni512::BlockArgs args{
-        x.u8, x.stride, block.data(), offsets.data(), block_stride, offset_stride, &first, c, ldc};
-    for (int64_t i0 = 0; i0 < m;) {
-      const int mr = NextTileRows(m - i0);
-      for (int q = 0; q < np; ++q) c[q] = out.At(g0 + q, &ldc[q]) + i0 * ldc[q];
-      args.u8 = x.u8 + i0 * x.stride;
-      vnni512::kBlockTiles[mr - 1][np - 1](args, kp);
-      for (int q = 0; q < np; ++q) finish(g0 + q, i0, mr);
-      i0 += mr;
-    }
-  }
-  out.Flush();
-}
-
-}  // namespace
-
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                       int64_t p1) {
   const WeightMatrix& w = *job.w;
@@ -468,17 +223,7 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
            job.bias);
   };
   if (x.u8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
-    if (m > 1) {
-      Vnni512BlockColumns(x, m, w, p0, p1, out, finish);
-      return;
-    }
-    // Int8 activations, one row: panel by panel, k in one run.
-    for (int64_t p = p0; p < p1; ++p) {
-      int64_t ldc;
-      vnni512::RowTile(x.u8, PanelsAt(w, p), kp, out.At(p, &ldc));
-      finish(p, 0, 1);
-    }
-    out.Flush();
+    Int8ActPanelColumns(x, m, job, p0, p1);
     return;
   }
   const bool vnni = Int8UsesVnni();

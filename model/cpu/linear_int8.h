@@ -15,6 +15,11 @@
 
 namespace mmserve::model::cpu::internal {
 
+// The int32 sums of a tile restart every kInt8Segment steps of k (and at
+// every scale group's start): 256 products of |q| <= 32767 and |w| <= 127
+// stay below 2^31 (1.07e9), whatever the values.
+inline constexpr int64_t kInt8Segment = 256;
+
 // Panels per parallel task when x has one row (decode): 16 (256 outputs,
 // 224 KiB at k = 896) streamed one after another beat 4 by 15% in tokens
 // per second and 32-64 lose to imbalance on the small matrices.

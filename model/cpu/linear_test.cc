@@ -369,6 +369,42 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
   }
 }
 
+TEST_CASE("the int8-activation tiles give the documented sums off every tile edge",
+          "[linear][int8]") {
+  ThreadPool pool(2);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    INFO("isa=" << IsaName(isa) << " vnni=" << internal::Int8UsesVnni());
+    // m around the 6-row tiles and their even split (11: 6 + 5; 31: 6, 5, 5,
+    // 5, 5, 5; 97), k off multiples of 4 and 64 (a padded pair, half a last
+    // 4-column group), n off 16 and 64 (partial panels, groups of 1-3
+    // panels), and groups that cut segments short of 256 (20, 64).
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {3, 16, 4}, {6, 33, 6}, {11, 65, 62}, {31, 200, 130}, {64, 48, 515}, {97, 20, 1100}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 7919 + n + k));
+      for (int64_t group : {0, 20, 64}) {
+        Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
+        const Int8Reference ref(p.w, n, k, group);
+        for (bool has_bias : {false, true}) {
+          std::vector<float> y(m * n, -1.0f);
+          Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
+                 LinearKernel::kInt8Act);
+          int mismatches = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              const float want =
+                  ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, /*max_q=*/127.0f);
+              if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+            }
+          }
+          INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
+          CHECK(mismatches == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]") {
   // Every weight +-127 and every activation +-32767 with equal signs: each
   // segment's sum is its maximum, 256 * 32767 * 127 < 2^31.
@@ -381,14 +417,18 @@ TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]")
   for (int64_t c = 0; c < k; c += 3) w[5 * k + c] = -1.0f;  // a mixed-sign row
   for (int64_t group : {0, 32}) {
     Int8Weights q = Int8Weights::Quantize(pool, {DType::kF32, w.data(), n, k}, group);
-    std::vector<float> y(m * n);
-    Linear(pool, x.data(), m, q.matrix(), nullptr, y.data());
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double want = 0;
-        for (int64_t c = 0; c < k; ++c) want += static_cast<double>(x[i * k + c]) * w[j * k + c];
-        INFO("group=" << group << " i=" << i << " j=" << j);
-        CHECK(std::fabs(y[i * n + j] - want) <= 1e-5 * std::fabs(want) + 1e-3);
+    // kInt8Act: activations +-127 (x + 128 at 255 and 1 on vpdpbusd).
+    for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+      std::vector<float> y(m * n);
+      Linear(pool, x.data(), m, q.matrix(), nullptr, y.data(), kernel);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0;
+          for (int64_t c = 0; c < k; ++c) want += static_cast<double>(x[i * k + c]) * w[j * k + c];
+          INFO("group=" << group << " i=" << i << " j=" << j
+                        << " int8 activations=" << (kernel == LinearKernel::kInt8Act));
+          CHECK(std::fabs(y[i * n + j] - want) <= 1e-5 * std::fabs(want) + 1e-3);
+        }
       }
     }
   }
@@ -416,13 +456,16 @@ TEST_CASE("an int8 row's output is bitwise the same in any batch and thread coun
   ThreadPool one(1), two(2);
   for (int64_t group : {0, 32}) {
     Int8Weights q = Int8Weights::Quantize(two, p.F32(), group);
-    std::vector<float> all(37 * 130);
-    Linear(two, p.x.data(), 37, q.matrix(), p.bias.data(), all.data());
-    for (int64_t row : {0, 5, 36}) {
-      std::vector<float> alone(130);
-      Linear(one, &p.x[row * 300], 1, q.matrix(), p.bias.data(), alone.data());
-      INFO("group=" << group << " row=" << row);
-      CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+    for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+      std::vector<float> all(37 * 130);
+      Linear(two, p.x.data(), 37, q.matrix(), p.bias.data(), all.data(), kernel);
+      for (int64_t row : {0, 5, 36}) {
+        std::vector<float> alone(130);
+        Linear(one, &p.x[row * 300], 1, q.matrix(), p.bias.data(), alone.data(), kernel);
+        INFO("group=" << group << " row=" << row
+                      << " int8 activations=" << (kernel == LinearKernel::kInt8Act));
+        CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+      }
     }
   }
 }
