@@ -228,6 +228,13 @@ __attribute__((noinline)) void QuadSteps(const uint8_t* u8, int64_t ldx, const u
 // the outputs hold c between segments and y after the last.
 template <int MR, int NP>
 void BlockTile(const BlockArgs& b, int64_t kp) {
+  // The outputs' lines, for writing, while the first segment runs (their
+  // first stores otherwise wait on the lines from memory).
+  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
+    _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
+      __builtin_prefetch(b.c[q] + i * b.ldc[q], 1, 3);
+    }
+  }
   const int32_t* offset = b.offset;
   for (Segments s(kp, b.group); !s.Done(); s.Next(), offset += kPanelRows) {
     __m512i acc[MR][NP];
