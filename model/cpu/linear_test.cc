@@ -35,6 +35,19 @@ float ReferenceChain(const float* x, const float* w, int64_t k, float bias, bool
   return has_bias ? acc + bias : acc;
 }
 
+// Outputs y [m][n] whose bits differ from want(i, j).
+template <typename Want>
+int BitMismatches(const std::vector<float>& y, int64_t m, int64_t n, Want want) {
+  int mismatches = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = want(i, j);
+      if (std::memcmp(&w, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+    }
+  }
+  return mismatches;
+}
+
 struct Problem {
   int64_t m, n, k;
   std::vector<float> x, w, bias;
@@ -69,13 +82,9 @@ TEST_CASE("the dot kernel computes exactly the documented fp32 and bf16 sums", "
       const std::vector<float>& wref = bf16 ? p.w_bf16_wide : p.w;
       std::vector<float> y(m * n, -1.0f);
       Linear(pool, p.x.data(), m, bf16 ? p.BF16() : p.F32(), p.bias.data(), y.data());
-      int mismatches = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          float want = ReferenceDot(&p.x[i * k], &wref[j * k], k, p.bias[j], true);
-          if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-        }
-      }
+      const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+        return ReferenceDot(&p.x[i * k], &wref[j * k], k, p.bias[j], true);
+      });
       INFO("m=" << m << " n=" << n << " k=" << k << " bf16=" << bf16);
       CHECK(mismatches == 0);
     }
@@ -107,13 +116,9 @@ TEST_CASE("the panel kernel computes exactly one fma chain per output at every l
       for (bool has_bias : {false, true}) {
         std::vector<float> y(m * n, -1.0f);
         Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-        int mismatches = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
-            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-          }
-        }
+        const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+          return ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
+        });
         INFO("isa=" << IsaName(isa) << " m=" << m << " n=" << n << " k=" << k
                     << " bias=" << has_bias);
         CHECK(mismatches == 0);
@@ -154,14 +159,9 @@ TEST_CASE("the bf16-activation kernel computes exactly its documented chain at e
         std::vector<float> y(m * n, -1.0f);
         Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
                LinearKernel::kBf16Dot);
-        int mismatches = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            const float want =
-                ReferenceBf16Dot(&p.x[i * k], &p.w_bf16[j * k], k, p.bias[j], has_bias);
-            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-          }
-        }
+        const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+          return ReferenceBf16Dot(&p.x[i * k], &p.w_bf16[j * k], k, p.bias[j], has_bias);
+        });
         INFO("isa=" << IsaName(isa) << " vdpbf16ps=" << internal::Bf16DotUsesAvx512() << " m=" << m
                     << " n=" << n << " k=" << k << " bias=" << has_bias);
         CHECK(mismatches == 0);
@@ -349,13 +349,9 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
             std::vector<float> y(m * n, -1.0f);
             Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
                    kernel);
-            int mismatches = 0;
-            for (int64_t i = 0; i < m; ++i) {
-              for (int64_t j = 0; j < n; ++j) {
-                const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, max_q);
-                if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-              }
-            }
+            const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+              return ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, max_q);
+            });
             INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias
                       << " int8 activations=" << (max_q == 127.0f));
             CHECK(mismatches == 0);
@@ -389,14 +385,9 @@ TEST_CASE("the int8-activation tiles give the documented sums off every tile edg
           std::vector<float> y(m * n, -1.0f);
           Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
                  LinearKernel::kInt8Act);
-          int mismatches = 0;
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              const float want =
-                  ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, /*max_q=*/127.0f);
-              if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-            }
-          }
+          const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+            return ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, /*max_q=*/127.0f);
+          });
           INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
           CHECK(mismatches == 0);
         }
