@@ -79,8 +79,10 @@
 // match the AVX2 ones (96-108 vs 93-107 GFLOP/s at 32 and 512 rows, 69-71
 // vs 57 at 2 rows); vdpbf16ps has twice the FMA peak, and kBf16Dot ran at
 // 140-201 GFLOP/s at 32 and 512 rows (1.6-1.9x kDot) and at kDot's rate
-// for one row. kInt8Act on vpdpbusd is not faster yet (0.77-0.94x the
-// int16-activation kernel) and costs accuracy (qwen2_int8_parity_test).
+// for one row. kInt8Act on vpdpbusd (linear_int8_act.h; 2026-11-26, 2
+// threads, quiet, Zen 5) ran at 700-710 GOP/s at 512 rows, 0.76 of the
+// vpdpbusd peak and 2.0-2.1x the int16-activation kernel, 1.6-1.8x at 32
+// rows and its rate at one row; it costs accuracy (qwen2_int8_parity_test).
 //
 // All kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
@@ -204,7 +206,8 @@ void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 // kInt8Act: as kDot, but int8 layers quantize each row of x to int8 (max|x|
 // / 127 steps) instead of int16, for vpdpbusd (4 products an instruction
 // and lane); the same segments, sums and roundings otherwise, batch
-// invariant and the same bits at every level (linear_int8.h).
+// invariant and the same bits at every level (linear_int8.h,
+// linear_int8_act.h).
 enum class LinearKernel { kDot, kOpenBlas, kBf16Dot, kInt8Act };
 
 // One layer of a LinearMany call: y = x w^T (+ bias).

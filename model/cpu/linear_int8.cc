@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "model/cpu/cpu_isa.h"
+#include "model/cpu/linear_int8_act.h"
 #include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
 
@@ -20,10 +21,7 @@ namespace mmserve::model::cpu {
 namespace internal {
 namespace {
 
-// The int32 sums of a tile restart every kSegment steps of k (and at every
-// scale group's start): 256 products of |q| <= 32767 and |w| <= 127 stay
-// below 2^31 (1.07e9), whatever the values.
-constexpr int64_t kSegment = 256;
+constexpr int64_t kSegment = kInt8Segment;
 // Multi-row calls walk k in blocks of kKb: a row tile of x (3-6 KiB) and
 // the task's panels (4 x 4 KiB) stay in L1.
 constexpr int64_t kKb = 256;
@@ -78,165 +76,6 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 }
 #include "model/cpu/linear_int8_tile.inc"
 }  // namespace vnni
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-// Int8 activations on vpdpbusd (AVX512-VNNI, 512-bit): 4 columns x 16 rows
-// of a panel per instruction. vpdpbusd takes one operand unsigned, so the
-// weights go in offset, w + 128 (a byte's top bit flipped), and each
-// segment's sum is corrected by 128 x (the row's sum of x over the segment):
-// the exact integer sum of x_q * w_q, as the other kernels get it.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vnni"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vnni")
-#endif
-namespace vnni512 {
-
-constexpr int kTileRows = 8;
-
-// vpermw indices: from pairs j (words 0-15: rows 0-15) and j + 1 (words
-// 16-31) of a panel, row r's four values land in dword r.
-inline __m512i QuadIndex() {
-  alignas(64) static constexpr uint16_t kIndex[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  return _mm512_load_si512(kIndex);
-}
-
-// The tile of linear_int8_tile.inc's Tile for MR rows of x (x8 and sum4 at
-// row 0, row strides ldx and ldx / 4) and one panel, k in [k0, k1) by
-// segments: the same segments, sums and fp32 operations, 16 rows a vector.
-template <int MR>
-void Tile(const int8_t* x8, const int32_t* sum4, int64_t ldx, const Panels& w, int64_t kp,
-          int64_t k0, int64_t k1, float* c, int64_t ldc) {
-  const __m512i index = QuadIndex(), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
-  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
-  for (int64_t k = k0; k < k1;) {
-    const int64_t seg_begin = k;
-    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
-    __m512i acc[MR];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_si512();
-    for (; k < seg_end; k += 4) {
-      // The second pair of a last odd pair count is absent: zeros.
-      const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
-      const __m512i raw = _mm512_maskz_loadu_epi8(valid, w.first + k * kPanelRows);
-      const __m512i wv =
-          _mm512_xor_si512(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, index, raw), flip);
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-        int32_t quad;
-        std::memcpy(&quad, x8 + i * ldx + k, sizeof(quad));
-        acc[i] = _mm512_dpbusd_epi32(acc[i], wv, _mm512_set1_epi32(quad));
-      }
-    }
-    k = seg_end;
-    const float* g = w.group > 0 ? w.scales + group_index * kPanelRows : nullptr;
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      int32_t xsum = 0;
-      for (int64_t t = seg_begin / 4; t < (seg_end + 3) / 4; ++t) xsum += sum4[i * (ldx / 4) + t];
-      const __m512i exact = _mm512_sub_epi32(acc[i], _mm512_set1_epi32(128 * xsum));
-      const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, exact);  // GCC 12: no undefined source
-      float* out = c + i * ldc;
-      const __m512 prev = seg_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
-      _mm512_storeu_ps(out, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev)
-                                         : _mm512_add_ps(prev, sum));
-    }
-    if (k == group_end) {
-      ++group_index;
-      group_end += w.group;
-    }
-  }
-}
-
-using TileFn = void (*)(const int8_t*, const int32_t*, int64_t, const Panels&, int64_t, int64_t,
-                        int64_t, float*, int64_t);
-constexpr std::array<TileFn, kTileRows> kRowTiles = {&Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>,
-                                                     &Tile<5>, &Tile<6>, &Tile<7>, &Tile<8>};
-
-// Columns [k0, k1) of a panel as Tile's vpdpbusd operand (4 columns of each
-// of the 16 rows a vector, offset to unsigned), into out[(k1 - k0 + 3) / 4][16].
-void QuadBlock(const int8_t* panel, int64_t kp, int64_t k0, int64_t k1, uint32_t* out) {
-  const __m512i index = QuadIndex(), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t k = k0; k < k1; k += 4) {
-    const __mmask64 valid = k + 2 < kp ? ~0ull : 0xFFFFFFFFull;
-    const __m512i raw = _mm512_maskz_loadu_epi8(valid, panel + k * kPanelRows);
-    _mm512_storeu_si512(
-        out + (k - k0) / 4 * kPanelRows,
-        _mm512_xor_si512(_mm512_maskz_permutexvar_epi16(0xFFFFFFFFu, index, raw), flip));
-  }
-}
-
-// Tile's arithmetic for MR rows and NP panels whose columns [k0, k1) are
-// in QuadBlock form (blocks block_stride words apart); w is panel 0's
-// Panels (its group scales). 24 accumulators for 6 x 4.
-template <int MR, int NP>
-void BlockTile(const int8_t* x8, const int32_t* sum4, int64_t ldx, const uint32_t* block,
-               int64_t block_stride, const Panels& w, int64_t k0, int64_t k1, float* const* c,
-               const int64_t* ldc) {
-  int64_t group_index = w.group > 0 ? k0 / w.group : 0;
-  int64_t group_end = w.group > 0 ? (group_index + 1) * w.group : k1;
-  for (int64_t k = k0; k < k1;) {
-    const int64_t seg_begin = k;
-    const int64_t seg_end = std::min({k1, (k / kSegment + 1) * kSegment, group_end});
-    __m512i acc[MR][NP];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_si512();
-    }
-    for (; k < seg_end; k += 4) {
-      __m512i wv[NP];
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        wv[q] = _mm512_loadu_si512(block + q * block_stride + (k - k0) / 4 * kPanelRows);
-      }
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-        int32_t quad;
-        std::memcpy(&quad, x8 + i * ldx + k, sizeof(quad));
-        const __m512i xv = _mm512_set1_epi32(quad);
-        _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-          acc[i][q] = _mm512_dpbusd_epi32(acc[i][q], wv[q], xv);
-        }
-      }
-    }
-    k = seg_end;
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      int32_t xsum = 0;
-      for (int64_t t = seg_begin / 4; t < (seg_end + 3) / 4; ++t) xsum += sum4[i * (ldx / 4) + t];
-      const __m512i offset = _mm512_set1_epi32(128 * xsum);
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc[i][q], offset));
-        float* out = c[q] + i * ldc[q];
-        const __m512 prev = seg_begin == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out);
-        const float* g =
-            w.group > 0 ? w.scales + q * w.scale_stride + group_index * kPanelRows : nullptr;
-        _mm512_storeu_ps(out, g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), prev)
-                                           : _mm512_add_ps(prev, sum));
-      }
-    }
-    if (k == group_end) {
-      ++group_index;
-      group_end += w.group;
-    }
-  }
-}
-
-constexpr int kBlockRows = 6;
-constexpr int kBlockPanels = 4;
-using BlockTileFn = void (*)(const int8_t*, const int32_t*, int64_t, const uint32_t*, int64_t,
-                             const Panels&, int64_t, int64_t, float* const*, const int64_t*);
-template <int MR>
-constexpr std::array<BlockTileFn, kBlockPanels> BlockTileRow() {
-  return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
-}
-constexpr std::array<std::array<BlockTileFn, kBlockPanels>, kBlockRows> kBlockTiles = {
-    BlockTileRow<1>(), BlockTileRow<2>(), BlockTileRow<3>(),
-    BlockTileRow<4>(), BlockTileRow<5>(), BlockTileRow<6>()};
-
-}  // namespace vnni512
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -326,21 +165,38 @@ void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float
   }
 }
 
+// Row q (int16 values within +-127) as bytes q + 128 into u8.
+void OffsetBytes(const int16_t* q, int64_t stride, uint8_t* u8) {
+  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
+  for (int64_t k = 0; k < stride; k += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k));
+    const __m128i bytes =
+        _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u8 + k), _mm_xor_si128(bytes, flip));
+  }
+}
+
 }  // namespace
 
 QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols, int max_q) {
   thread_local std::vector<int16_t> q;
   thread_local std::vector<float> scale;
-  thread_local std::vector<int8_t> q8;
-  thread_local std::vector<int32_t> sum4;
+  thread_local std::vector<uint8_t> u8;
   const int64_t stride = (cols + 15) / 16 * 16;
+  const bool int8 = max_q <= 127;
   q.resize(static_cast<size_t>(m * stride));
   scale.resize(static_cast<size_t>(m));
+  u8.resize(int8 ? q.size() : 0);
+  // The storage is this thread's (thread_local): workers see it through
+  // these pointers.
   int16_t* qp = q.data();
   float* sp = scale.data();
+  uint8_t* u8p = u8.data();
   auto rows = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
+    for (int64_t i = begin; i < end; ++i) {
       QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i, max_q);
+      if (int8) OffsetBytes(qp + i * stride, stride, u8p + i * stride);
+    }
   };
   // A few rows are not worth waking the pool.
   if (m * cols < (1 << 15)) {
@@ -349,49 +205,8 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
     pool.ParallelFor(m, 1, rows);
   }
   QuantizedRows out{qp, stride, sp};
-  if (max_q <= 127) {
-    q8.resize(q.size());
-    sum4.resize(q.size() / 4);
-    for (size_t t = 0; t < q8.size(); ++t) q8[t] = static_cast<int8_t>(qp[t]);
-    for (size_t g = 0; g < sum4.size(); ++g) {
-      sum4[g] = q8[4 * g] + q8[4 * g + 1] + q8[4 * g + 2] + q8[4 * g + 3];
-    }
-    out.q8 = q8.data();
-    out.sum4 = sum4.data();
-  }
+  if (int8) out.u8 = u8p;
   return out;
-}
-
-// Int8 activations, 2+ rows, up to 4 panels: each k block of the panels
-// put in vpdpbusd form once (QuadBlock) for all the row tiles that use it.
-template <typename Finish>
-void Vnni512BlockColumns(const QuantizedRows& x, int64_t m, const WeightMatrix& w, int64_t p0,
-                         int64_t p1, const PanelOutput& out, Finish& finish) {
-  const int64_t kp = PairedCols(w.cols);
-  const int np = static_cast<int>(p1 - p0);
-  const int64_t block_stride = kKb / 4 * kPanelRows;
-  thread_local std::vector<uint32_t> block;
-  block.resize(static_cast<size_t>(vnni512::kBlockPanels * block_stride));
-  const Panels first = PanelsAt(w, p0);
-  for (int64_t k0 = 0; k0 < kp; k0 += kKb) {
-    const int64_t k1 = std::min(kp, k0 + kKb);
-    for (int q = 0; q < np; ++q) {
-      vnni512::QuadBlock(first.first + q * first.stride, kp, k0, k1, &block[q * block_stride]);
-    }
-    for (int64_t i0 = 0; i0 < m; i0 += vnni512::kBlockRows) {
-      const int mr = static_cast<int>(std::min<int64_t>(vnni512::kBlockRows, m - i0));
-      float* c[vnni512::kBlockPanels];
-      int64_t ldc[vnni512::kBlockPanels];
-      for (int q = 0; q < np; ++q) c[q] = out.At(p0 + q, &ldc[q]) + i0 * ldc[q];
-      vnni512::kBlockTiles[mr - 1][np - 1](x.q8 + i0 * x.stride, x.sum4 + i0 * (x.stride / 4),
-                                           x.stride, block.data(), block_stride, first, k0, k1, c,
-                                           ldc);
-      if (k1 == kp) {
-        for (int q = 0; q < np; ++q) finish(p0 + q, i0, mr);
-      }
-    }
-  }
-  out.Flush();
 }
 
 void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
@@ -407,27 +222,8 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, out.Columns(p), row_scales,
            job.bias);
   };
-  if (x.q8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
-    if (m > 1 && p1 - p0 <= vnni512::kBlockPanels) {
-      Vnni512BlockColumns(x, m, w, p0, p1, out, finish);
-      return;
-    }
-    // Int8 activations, one row: panel by panel on the vpdpbusd tiles.
-    const int64_t kb = m == 1 ? kp : kKb;
-    for (int64_t k0 = 0; k0 < kp; k0 += kb) {
-      const int64_t k1 = std::min(kp, k0 + kb);
-      for (int64_t i0 = 0; i0 < m; i0 += vnni512::kTileRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(vnni512::kTileRows, m - i0));
-        for (int64_t p = p0; p < p1; ++p) {
-          int64_t ldc;
-          float* c = out.At(p, &ldc);
-          vnni512::kRowTiles[mr - 1](x.q8 + i0 * x.stride, x.sum4 + i0 * (x.stride / 4), x.stride,
-                                     PanelsAt(w, p), kp, k0, k1, c + i0 * ldc, ldc);
-          if (k1 == kp) finish(p, i0, mr);
-        }
-      }
-    }
-    out.Flush();
+  if (x.u8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
+    Int8ActPanelColumns(x, m, job, p0, p1);
     return;
   }
   const bool vnni = Int8UsesVnni();

@@ -15,6 +15,11 @@
 
 namespace mmserve::model::cpu::internal {
 
+// The int32 sums of a tile restart every kInt8Segment steps of k (and at
+// every scale group's start): 256 products of |q| <= 32767 and |w| <= 127
+// stay below 2^31 (1.07e9), whatever the values.
+inline constexpr int64_t kInt8Segment = 256;
+
 // Panels per parallel task when x has one row (decode): 16 (256 outputs,
 // 224 KiB at k = 896) streamed one after another beat 4 by 15% in tokens
 // per second and 32-64 lose to imbalance on the small matrices.
@@ -26,11 +31,9 @@ struct QuantizedRows {
   const int16_t* q = nullptr;
   int64_t stride = 0;
   const float* scale = nullptr;
-  // Int8-activation mode (max_q 127): the same values as int8 bytes, row i
-  // at q8[i * stride], and their sums over each 4 columns, row i's group g
-  // at sum4[i * stride / 4 + g] (for vpdpbusd's offset, below).
-  const int8_t* q8 = nullptr;
-  const int32_t* sum4 = nullptr;
+  // Int8-activation mode (max_q 127): the same values plus 128 as bytes
+  // (vpdpbusd's unsigned operand), row i at u8[i * stride].
+  const uint8_t* u8 = nullptr;
 };
 
 // Quantizes x [m][cols] row by row: s = max|x| / Q and q = the nearest
@@ -50,10 +53,10 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
 // on a CPU with VNNI (cpu_isa.h), else on AVX2's vpmaddwd + vpaddd: the same
 // exact sums, so the same results to the bit. Tests switch levels to show it.
 bool Int8UsesVnni();
-// Int8 activations (x.q8 set) run vpdpbusd on 512-bit registers at the
-// kAvx512 level with VNNI (weights offset to unsigned, w + 128, and the
-// offset's 128 * sum(x) taken back per segment), else the kernels above on
-// the same values: the same exact sums either way.
+// Int8 activations (x.u8 set) run vpdpbusd on 512-bit registers at the
+// kAvx512 level with VNNI (x + 128 times the weights, and the offset's
+// 128 * sum(w) taken back per segment and output), else the kernels above
+// on the same values: the same exact sums either way.
 bool Int8ActUsesVnni512();
 
 // out[0:cols] = row `row` of an int8 matrix dequantized: q * s.

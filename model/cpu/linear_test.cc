@@ -35,6 +35,19 @@ float ReferenceChain(const float* x, const float* w, int64_t k, float bias, bool
   return has_bias ? acc + bias : acc;
 }
 
+// Outputs y [m][n] whose bits differ from want(i, j).
+template <typename Want>
+int BitMismatches(const std::vector<float>& y, int64_t m, int64_t n, Want want) {
+  int mismatches = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = want(i, j);
+      if (std::memcmp(&w, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
+    }
+  }
+  return mismatches;
+}
+
 struct Problem {
   int64_t m, n, k;
   std::vector<float> x, w, bias;
@@ -69,13 +82,9 @@ TEST_CASE("the dot kernel computes exactly the documented fp32 and bf16 sums", "
       const std::vector<float>& wref = bf16 ? p.w_bf16_wide : p.w;
       std::vector<float> y(m * n, -1.0f);
       Linear(pool, p.x.data(), m, bf16 ? p.BF16() : p.F32(), p.bias.data(), y.data());
-      int mismatches = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          float want = ReferenceDot(&p.x[i * k], &wref[j * k], k, p.bias[j], true);
-          if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-        }
-      }
+      const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+        return ReferenceDot(&p.x[i * k], &wref[j * k], k, p.bias[j], true);
+      });
       INFO("m=" << m << " n=" << n << " k=" << k << " bf16=" << bf16);
       CHECK(mismatches == 0);
     }
@@ -107,13 +116,9 @@ TEST_CASE("the panel kernel computes exactly one fma chain per output at every l
       for (bool has_bias : {false, true}) {
         std::vector<float> y(m * n, -1.0f);
         Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data());
-        int mismatches = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            float want = ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
-            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-          }
-        }
+        const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+          return ReferenceChain(&p.x[i * k], &p.w_bf16_wide[j * k], k, p.bias[j], has_bias);
+        });
         INFO("isa=" << IsaName(isa) << " m=" << m << " n=" << n << " k=" << k
                     << " bias=" << has_bias);
         CHECK(mismatches == 0);
@@ -154,14 +159,9 @@ TEST_CASE("the bf16-activation kernel computes exactly its documented chain at e
         std::vector<float> y(m * n, -1.0f);
         Linear(pool, p.x.data(), m, packed.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
                LinearKernel::kBf16Dot);
-        int mismatches = 0;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            const float want =
-                ReferenceBf16Dot(&p.x[i * k], &p.w_bf16[j * k], k, p.bias[j], has_bias);
-            if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-          }
-        }
+        const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+          return ReferenceBf16Dot(&p.x[i * k], &p.w_bf16[j * k], k, p.bias[j], has_bias);
+        });
         INFO("isa=" << IsaName(isa) << " vdpbf16ps=" << internal::Bf16DotUsesAvx512() << " m=" << m
                     << " n=" << n << " k=" << k << " bias=" << has_bias);
         CHECK(mismatches == 0);
@@ -349,13 +349,9 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
             std::vector<float> y(m * n, -1.0f);
             Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
                    kernel);
-            int mismatches = 0;
-            for (int64_t i = 0; i < m; ++i) {
-              for (int64_t j = 0; j < n; ++j) {
-                const float want = ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, max_q);
-                if (std::memcmp(&want, &y[i * n + j], sizeof(float)) != 0) ++mismatches;
-              }
-            }
+            const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+              return ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, max_q);
+            });
             INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias
                       << " int8 activations=" << (max_q == 127.0f));
             CHECK(mismatches == 0);
@@ -366,6 +362,37 @@ TEST_CASE("the int8 kernels compute exactly their documented integer sums", "[li
   }
   if (!DetectedCpuFeatures().avx512_vnni) {
     WARN("no AVX512-VNNI on this CPU: only the AVX2 kernels ran");
+  }
+}
+
+TEST_CASE("the int8-activation tiles give the documented sums off every tile edge",
+          "[linear][int8]") {
+  ThreadPool pool(2);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    ScopedCpuIsa scoped(isa);
+    INFO("isa=" << IsaName(isa) << " vnni=" << internal::Int8UsesVnni());
+    // m around the 6-row tiles and their even split (11: 6 + 5; 31: 6, 5, 5,
+    // 5, 5, 5; 97), k off multiples of 4 and 64 (a padded pair, half a last
+    // 4-column group), n off 16 and 64 (partial panels, groups of 1-3
+    // panels), and groups that cut segments short of 256 (20, 64).
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {3, 16, 4}, {6, 33, 6}, {11, 65, 62}, {31, 200, 130}, {64, 48, 515}, {97, 20, 1100}}) {
+      Problem p(m, n, k, static_cast<uint32_t>(m * 7919 + n + k));
+      for (int64_t group : {0, 20, 64}) {
+        Int8Weights q = Int8Weights::Quantize(pool, p.F32(), group);
+        const Int8Reference ref(p.w, n, k, group);
+        for (bool has_bias : {false, true}) {
+          std::vector<float> y(m * n, -1.0f);
+          Linear(pool, p.x.data(), m, q.matrix(), has_bias ? p.bias.data() : nullptr, y.data(),
+                 LinearKernel::kInt8Act);
+          const int mismatches = BitMismatches(y, m, n, [&](int64_t i, int64_t j) {
+            return ReferenceInt8(&p.x[i * k], ref, j, p.bias[j], has_bias, /*max_q=*/127.0f);
+          });
+          INFO("m=" << m << " n=" << n << " k=" << k << " group=" << group << " bias=" << has_bias);
+          CHECK(mismatches == 0);
+        }
+      }
+    }
   }
 }
 
@@ -381,14 +408,18 @@ TEST_CASE("int8 integer sums cannot overflow at the extremes", "[linear][int8]")
   for (int64_t c = 0; c < k; c += 3) w[5 * k + c] = -1.0f;  // a mixed-sign row
   for (int64_t group : {0, 32}) {
     Int8Weights q = Int8Weights::Quantize(pool, {DType::kF32, w.data(), n, k}, group);
-    std::vector<float> y(m * n);
-    Linear(pool, x.data(), m, q.matrix(), nullptr, y.data());
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double want = 0;
-        for (int64_t c = 0; c < k; ++c) want += static_cast<double>(x[i * k + c]) * w[j * k + c];
-        INFO("group=" << group << " i=" << i << " j=" << j);
-        CHECK(std::fabs(y[i * n + j] - want) <= 1e-5 * std::fabs(want) + 1e-3);
+    // kInt8Act: activations +-127 (x + 128 at 255 and 1 on vpdpbusd).
+    for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+      std::vector<float> y(m * n);
+      Linear(pool, x.data(), m, q.matrix(), nullptr, y.data(), kernel);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0;
+          for (int64_t c = 0; c < k; ++c) want += static_cast<double>(x[i * k + c]) * w[j * k + c];
+          INFO("group=" << group << " i=" << i << " j=" << j
+                        << " int8 activations=" << (kernel == LinearKernel::kInt8Act));
+          CHECK(std::fabs(y[i * n + j] - want) <= 1e-5 * std::fabs(want) + 1e-3);
+        }
       }
     }
   }
@@ -416,13 +447,16 @@ TEST_CASE("an int8 row's output is bitwise the same in any batch and thread coun
   ThreadPool one(1), two(2);
   for (int64_t group : {0, 32}) {
     Int8Weights q = Int8Weights::Quantize(two, p.F32(), group);
-    std::vector<float> all(37 * 130);
-    Linear(two, p.x.data(), 37, q.matrix(), p.bias.data(), all.data());
-    for (int64_t row : {0, 5, 36}) {
-      std::vector<float> alone(130);
-      Linear(one, &p.x[row * 300], 1, q.matrix(), p.bias.data(), alone.data());
-      INFO("group=" << group << " row=" << row);
-      CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+    for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+      std::vector<float> all(37 * 130);
+      Linear(two, p.x.data(), 37, q.matrix(), p.bias.data(), all.data(), kernel);
+      for (int64_t row : {0, 5, 36}) {
+        std::vector<float> alone(130);
+        Linear(one, &p.x[row * 300], 1, q.matrix(), p.bias.data(), alone.data(), kernel);
+        INFO("group=" << group << " row=" << row
+                      << " int8 activations=" << (kernel == LinearKernel::kInt8Act));
+        CHECK(std::memcmp(alone.data(), &all[row * 130], 130 * sizeof(float)) == 0);
+      }
     }
   }
 }
