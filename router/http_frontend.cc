@@ -1,6 +1,7 @@
 #include "router/http_frontend.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <deque>
@@ -287,6 +288,17 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
   // eight long streams would leave every later request waiting unseen.
   const size_t threads = static_cast<size_t>(std::max(1, options.threads));
   srv.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // httplib (0.11) listens with a backlog of 5: a burst of clients
+  // overflows it, the kernel falls back to SYN cookies and some of those
+  // connections end unread ("Read" at the client). The socket-options hook
+  // sees the listening socket; once bound, listen() again with the
+  // system's largest backlog (Linux takes a new backlog on a listening
+  // socket).
+  int listen_fd = -1;
+  srv.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   AddRoutes(srv, &context, &tracker);
   AddGuards(srv, &context, options);
   if (options.port == 0) {
@@ -297,6 +309,10 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(
   if (f->port_ <= 0) {
     return absl::UnavailableError(
         absl::StrCat("HTTP: cannot listen on ", options.host, ":", options.port));
+  }
+  srv.set_socket_options(httplib::default_socket_options);  // listen_fd goes out of scope
+  if (listen_fd < 0 || ::listen(listen_fd, SOMAXCONN) != 0) {
+    return absl::InternalError("HTTP: cannot raise the listen backlog");
   }
   f->thread_ = std::thread([s = f->server_.get()] { s->listen_after_bind(); });
   return f;
