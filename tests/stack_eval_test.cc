@@ -36,6 +36,16 @@ double EvalGrpc(launcher::LocalStack& stack, int n) {
   return static_cast<double>(correct) / n;
 }
 
+// Each HTTP answer (to the demo questions in order) is the in-process
+// engine's text.
+void CheckHttpAnswers(const std::vector<Answer>& http, const Reference& ref) {
+  for (size_t i = 0; i < http.size(); ++i) {
+    INFO("HTTP question " << i << ": " << http[i].status);
+    REQUIRE(http[i].status.ok());
+    CHECK(http[i].text == ref.text[i]);
+  }
+}
+
 TEST_CASE(
     "all 1500 demo questions through the router over gRPC (shm) match the in-process "
     "engine, with zero resumes, and 200 through the HTTP API") {
@@ -57,11 +67,7 @@ TEST_CASE(
 
   std::vector<Answer> http(200);
   ParallelFor(200, 8, [&](int i) { http[i] = AskHttp((*stack)->http_port(), set, set.items[i]); });
-  for (int i = 0; i < 200; ++i) {
-    INFO("HTTP question " << i << ": " << http[i].status);
-    REQUIRE(http[i].status.ok());
-    CHECK(http[i].text == ref.text[i]);
-  }
+  CheckHttpAnswers(http, ref);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
@@ -95,11 +101,7 @@ TEST_CASE(
   }
   clients.join();
   CHECK(most_live >= 16);
-  for (int i = 0; i < kRequests; ++i) {
-    INFO("HTTP question " << i << ": " << http[i].status);
-    REQUIRE(http[i].status.ok());
-    CHECK(http[i].text == ref.text[i]);
-  }
+  CheckHttpAnswers(http, ref);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
