@@ -98,18 +98,33 @@ DemoSet LoadDemoSet(const std::string& eval_dir) {
   return set;
 }
 
-mmserve::v1::GenerateRequest DemoRequest(const DemoSet& set, const DemoItem& item,
+namespace {
+
+// One user message: the image (when given), then the question; greedy,
+// ids included.
+mmserve::v1::GenerateRequest UserRequest(const std::string* image, const std::string& question,
                                          const AskOptions& options) {
   mmserve::v1::GenerateRequest req;
   auto* msg = req.mutable_chat()->add_messages();
   msg->set_role("user");
-  msg->add_content()->mutable_image()->set_data(set.images.at(item.image_file));
-  msg->add_content()->set_text(item.question);
+  if (image != nullptr) msg->add_content()->mutable_image()->set_data(*image);
+  msg->add_content()->set_text(question);
   req.mutable_sampling()->set_temperature(0);
   req.mutable_sampling()->set_max_tokens(options.max_tokens);
   req.mutable_sampling()->set_ignore_eos(options.ignore_eos);
   req.mutable_stream()->set_include_token_ids(true);
   return req;
+}
+
+}  // namespace
+
+mmserve::v1::GenerateRequest DemoRequest(const DemoSet& set, const DemoItem& item,
+                                         const AskOptions& options) {
+  return UserRequest(&set.images.at(item.image_file), item.question, options);
+}
+
+mmserve::v1::GenerateRequest DemoTextRequest(const DemoItem& item, const AskOptions& options) {
+  return UserRequest(nullptr, item.question, options);
 }
 
 Answer AskGrpc(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRequest& request,

@@ -80,6 +80,8 @@ struct AskOptions {
 // greedy, ids included.
 mmserve::v1::GenerateRequest DemoRequest(const DemoSet& set, const DemoItem& item,
                                          const AskOptions& options);
+// The demo question alone, as text (no image).
+mmserve::v1::GenerateRequest DemoTextRequest(const DemoItem& item, const AskOptions& options);
 Answer AskGrpc(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRequest& request,
                const AskOptions& options);
 // POST /v1/chat/completions (non-streamed) on 127.0.0.1:port; the answer's

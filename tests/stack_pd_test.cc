@@ -10,9 +10,7 @@
 // SIGKILL of its rank 1 mid-decode or mid-hand-off gives bounded errors,
 // leaves no block or request on the survivors and no /dev/shm entry. On
 // shm every hand-off copies into the decode caches, which the prefill
-// process maps (mmserve_language_kv_handoff_total{path="mapped"}). The
-// round trips a first token waits for, counted by the services' metrics,
-// are the protocol's (text and image, role both and P/D).
+// process maps (mmserve_language_kv_handoff_total{path="mapped"}).
 #include <signal.h>
 
 #include <algorithm>
@@ -35,25 +33,13 @@ namespace {
 
 using mmserve::v1::GenerateRequest;
 
-GenerateRequest TextRequest(const DemoItem& item, const AskOptions& o) {
-  GenerateRequest req;
-  auto* msg = req.mutable_chat()->add_messages();
-  msg->set_role("user");
-  msg->add_content()->set_text(item.question);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(o.max_tokens);
-  req.mutable_sampling()->set_ignore_eos(o.ignore_eos);
-  req.mutable_stream()->set_include_token_ids(true);
-  return req;
-}
-
 // `n` demo questions as text, each to run for 3000 tokens.
 std::vector<GenerateRequest> LongTextRequests(const DemoSet& set, int n) {
   AskOptions o;
   o.max_tokens = 3000;
   o.ignore_eos = true;
   std::vector<GenerateRequest> out;
-  for (int i = 0; i < n; ++i) out.push_back(TextRequest(set.items[i], o));
+  for (int i = 0; i < n; ++i) out.push_back(DemoTextRequest(set.items[i], o));
   return out;
 }
 
@@ -61,7 +47,7 @@ std::vector<Answer> AskAll(launcher::LocalStack& stack, int n, const AskOptions&
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
   std::vector<Answer> out(n);
-  ParallelFor(n, 8, [&](int i) { out[i] = AskGrpc(*stub, TextRequest(set.items[i], o), o); });
+  ParallelFor(n, 8, [&](int i) { out[i] = AskGrpc(*stub, DemoTextRequest(set.items[i], o), o); });
   return out;
 }
 
@@ -218,85 +204,6 @@ TEST_CASE(
   const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(l.ToString());
   CHECK(l.zero());
-}
-
-// The round-trip metrics of one stack, summed over its language processes.
-struct Trips {
-  double router = 0, embedding = 0, kv_handoff = 0, first_tokens = 0;
-  Trips operator-(const Trips& o) const {
-    return {router - o.router, embedding - o.embedding, kv_handoff - o.kv_handoff,
-            first_tokens - o.first_tokens};
-  }
-};
-
-Trips ScrapeTrips(launcher::LocalStack& stack, bool pd) {
-  auto value = [](int port, const char* name) { return std::max(0.0, ScrapeMetric(port, name)); };
-  const int rp = stack.router().metrics_port();
-  const int lp = pd ? stack.prefill(0).metrics_port() : stack.language().metrics_port();
-  return {value(rp, "mmserve_router_critical_round_trips_sum"),
-          value(lp, "mmserve_language_embedding_round_trips_sum"),
-          value(lp, "mmserve_language_kv_handoff_round_trips_sum"),
-          value(rp, "mmserve_router_critical_round_trips_count")};
-}
-
-// Asks `request` alone and returns what the metrics counted for it.
-Trips AskCounting(launcher::LocalStack& stack, bool pd, const GenerateRequest& request) {
-  AskOptions o;
-  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
-  const Trips before = ScrapeTrips(stack, pd);
-  const Answer a = AskGrpc(*stub, request, o);
-  INFO(a.status);
-  CHECK(a.status.ok());
-  return ScrapeTrips(stack, pd) - before;
-}
-
-// What the protocol needs, one leg after another, before the first token
-// (tcp profile; the client's own Generate call is not counted):
-//   router: role both 1 (Prefill, whose stream carries the first token);
-//     P/D 2 (Decode, answered by the decode instance's empty first batch,
-//     then Prefill).
-//   embedding (Prefill reaches the language side, which asks the encoder):
-//     Connect on the first image from an encoder, then init answered by the
-//     chunk (the router pre-sizes the demo images: one chunk), and one
-//     resume per further chunk (ResumeStackOptions: two chunks).
-//   KV hand-off (P/D, TP 1; the first token goes out after it): AllocateKv,
-//     the landed reply to the KV messages (tcp: rendezvous), CommitKv = 3.
-//     (On shm the prefill side copies into the decode cache it maps and
-//     waits for no reply: 2, see CheckMappedHandOffs.)
-TEST_CASE(
-    "the services' metrics count the round trips a first token waits for: text and image, "
-    "role both and P/D") {
-  const DemoSet& set = Demo();
-  const GenerateRequest text = TextRequest(set.items[0], AskOptions());
-  const GenerateRequest image = DemoRequest(set, set.items[1], AskOptions());
-  auto check = [](const Trips& t, double router, double embedding, double kv) {
-    CHECK(t.first_tokens == 1);
-    CHECK(t.router == router);
-    CHECK(t.embedding == embedding);
-    CHECK(t.kv_handoff == kv);
-  };
-  for (const bool pd : {false, true}) {
-    INFO((pd ? "P/D" : "role both"));
-    launcher::StackOptions so = TestStackOptions(1, "tcp");
-    if (pd) so.prefill = so.decode = 1;
-    auto stack = launcher::LocalStack::Start(so);
-    INFO(stack.status());
-    REQUIRE(stack.ok());
-    const double router = pd ? 2 : 1, kv = pd ? 3 : 0;
-    check(AskCounting(**stack, pd, text), router, 0, kv);
-    check(AskCounting(**stack, pd, image), router, 2, kv);  // + Connect
-    check(AskCounting(**stack, pd, image), router, 1, kv);
-    if (pd) {
-      const int pp = (*stack)->prefill(0).metrics_port();
-      const char* total = "mmserve_language_kv_handoff_total";
-      CHECK(ScrapeMetric(pp, total, "path=\"rendezvous\"") == 3);
-      CHECK(ScrapeMetric(pp, total, "path=\"mapped\"") == 0);
-    }
-  }
-  auto resume = launcher::LocalStack::Start(ResumeStackOptions());
-  REQUIRE(resume.ok());
-  check(AskCounting(**resume, false, image), 1, 3, 0);  // Connect, init, resume
-  check(AskCounting(**resume, false, image), 1, 2, 0);
 }
 
 TEST_CASE("SIGKILL of the decode process mid-stream: UNAVAILABLE, the prefill side leaks nothing") {
@@ -552,7 +459,7 @@ TEST_CASE(
   AskOptions o;
   o.max_tokens = 6;
   o.ignore_eos = true;
-  const Answer again = AskGrpc(*stub, TextRequest(set.items[0], o), o);
+  const Answer again = AskGrpc(*stub, DemoTextRequest(set.items[0], o), o);
   INFO(again.status);
   CHECK(again.status.ok());
   CHECK(again.token_ids.size() == 6);
