@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace mmserve::model {
@@ -73,14 +75,73 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
       return bad("stop_token_ids: ", id, " is outside the vocabulary [0, ", vocab_size, ")");
     }
   }
+  if (!(p.presence_penalty >= -kMaxPenalty && p.presence_penalty <= kMaxPenalty)) {
+    return bad("presence_penalty must be in [-2, 2], got ", p.presence_penalty);
+  }
+  if (!(p.frequency_penalty >= -kMaxPenalty && p.frequency_penalty <= kMaxPenalty)) {
+    return bad("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+  }
+  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
+    return bad("repetition_penalty must be > 0 (1 disables it), got ", p.repetition_penalty);
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(kMaxLogitBiasEntries)) {
+    return bad("logit_bias: at most ", kMaxLogitBiasEntries, " entries, got ", p.logit_bias.size());
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const TokenBias& b = p.logit_bias[i];
+    if (b.token < 0 || b.token >= vocab_size) {
+      return bad("logit_bias: token ", b.token, " is outside the vocabulary [0, ", vocab_size, ")");
+    }
+    if (!(b.bias >= -kMaxLogitBias && b.bias <= kMaxLogitBias)) {
+      return bad("logit_bias: the bias of token ", b.token, " must be in [-100, 100], got ",
+                 b.bias);
+    }
+    if (i > 0 && b.token <= p.logit_bias[i - 1].token) {
+      return bad("logit_bias: tokens must be sorted and distinct");
+    }
+  }
   return absl::OkStatus();
 }
 
+void ApplyLogitsProcessors(absl::Span<float> logits, const SamplingParams& p,
+                           absl::Span<const int32_t> prompt, absl::Span<const int32_t> output) {
+  for (const TokenBias& b : p.logit_bias) logits[b.token] += b.bias;
+  if (p.repetition_penalty != 1.0f) {
+    const float r = p.repetition_penalty;
+    absl::flat_hash_set<int32_t> seen;
+    seen.reserve(prompt.size() + output.size());
+    for (absl::Span<const int32_t> ids : {prompt, output}) {
+      for (int32_t t : ids) {
+        if (!seen.insert(t).second) continue;
+        logits[t] = logits[t] > 0 ? logits[t] / r : logits[t] * r;
+      }
+    }
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    // Counts in first-occurrence order, so the float updates are the same on
+    // every run.
+    absl::flat_hash_map<int32_t, int> count;
+    std::vector<int32_t> order;
+    for (int32_t t : output) {
+      if (count[t]++ == 0) order.push_back(t);
+    }
+    for (int32_t t : order) {
+      logits[t] -= static_cast<float>(count[t]) * p.frequency_penalty;
+      logits[t] -= p.presence_penalty;
+    }
+  }
+}
+
 SampleResult Sample(absl::Span<const float> logits, const SamplingParams& p, SamplerState* state) {
+  return Sample(logits, logits, p, state);
+}
+
+SampleResult Sample(absl::Span<const float> raw, absl::Span<const float> logits,
+                    const SamplingParams& p, SamplerState* state) {
   SampleResult r;
   if (p.greedy()) {
     r.token = Argmax(logits);
-    FillLogprobs(logits, p, &r);
+    FillLogprobs(raw, p, &r);
     return r;
   }
   // Candidates sorted by logit (descending, ties by id), then truncated.
@@ -128,7 +189,7 @@ SampleResult Sample(absl::Span<const float> logits, const SamplingParams& p, Sam
     }
   }
   r.token = idx[pick];
-  FillLogprobs(logits, p, &r);
+  FillLogprobs(raw, p, &r);
   return r;
 }
 

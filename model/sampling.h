@@ -1,16 +1,24 @@
-// Token sampling for one request's logits: greedy, temperature, top-k, top-p
-// (nucleus), min-p, with a per-request seeded generator so the same seed gives
-// the same tokens whatever else shares the batch.
+// Token sampling for one request's logits: penalties and logit bias, then
+// greedy, temperature, top-k, top-p (nucleus), min-p, with a per-request
+// seeded generator so the same seed gives the same tokens whatever else
+// shares the batch.
 //
 //   SamplingParams p;  p.temperature = 0.7f;  p.top_p = 0.9f;  p.seed = 42;
 //   RETURN_IF_ERROR(ValidateSamplingParams(p, vocab_size));
 //   SamplerState state(p.seed);
 //   SampleResult r = Sample(logits, p, &state);   // r.token, r.logprob
+//   // with penalties: process a copy, report log probabilities from the raw row
+//   std::vector<float> processed(logits.begin(), logits.end());
+//   ApplyLogitsProcessors(absl::MakeSpan(processed), p, prompt_ids, output_ids);
+//   SampleResult r2 = Sample(logits, processed, p, &state);
 //
-// Filters apply in vLLM's order: temperature, then top-k, top-p and min-p on
-// the tempered distribution. Log probabilities are reported from the raw
-// logits (log_softmax before any processing), as vLLM does by default.
-// Thread-safe (pure functions over the caller's state).
+// Processing and filters apply in vLLM's order: logit_bias, repetition
+// penalty, frequency and presence penalties, then temperature, then top-k,
+// top-p and min-p on the tempered distribution. Log probabilities are
+// reported from the raw logits (log_softmax before any processing), as vLLM
+// does by default. Every step reads only its own request's row and tokens,
+// so results do not depend on the batch. Thread-safe (pure functions over the
+// caller's state).
 #ifndef MMSERVE_MODEL_SAMPLING_H_
 #define MMSERVE_MODEL_SAMPLING_H_
 
@@ -23,6 +31,12 @@
 #include "absl/types/span.h"
 
 namespace mmserve::model {
+
+// One logit_bias entry.
+struct TokenBias {
+  int32_t token = 0;
+  float bias = 0.0f;  // [-100, 100]
+};
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
@@ -37,14 +51,26 @@ struct SamplingParams {
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; 0: the sampled token's only; n: plus top n
   bool skip_special_tokens = true;
+  float presence_penalty = 0.0f;      // [-2, 2]; over generated tokens
+  float frequency_penalty = 0.0f;     // [-2, 2]; over generated tokens, per occurrence
+  float repetition_penalty = 1.0f;    // > 0; over prompt and generated tokens
+  std::vector<TokenBias> logit_bias;  // sorted by token, each token once
 
   bool greedy() const { return temperature == 0.0f || top_k == 1; }
+  // Whether ApplyLogitsProcessors changes anything.
+  bool processes_logits() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f ||
+           !logit_bias.empty();
+  }
 };
 
 // Limits checked at the service edge.
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
+inline constexpr float kMaxPenalty = 2.0f;  // presence and frequency, either sign
+inline constexpr float kMaxLogitBias = 100.0f;
+inline constexpr int kMaxLogitBiasEntries = 1024;
 
 // InvalidArgument naming the field and its allowed range.
 [[nodiscard]] absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size);
@@ -75,6 +101,24 @@ struct SampleResult {
 // Samples one token from `logits` (length vocab). Greedy picks the lowest id
 // among equal maxima, as torch.argmax does.
 SampleResult Sample(absl::Span<const float> logits, const SamplingParams& p, SamplerState* state);
+
+// Samples from `processed` (the row after ApplyLogitsProcessors) and reports
+// log probabilities from `raw` (the model's row); same length.
+SampleResult Sample(absl::Span<const float> raw, absl::Span<const float> processed,
+                    const SamplingParams& p, SamplerState* state);
+
+// Applies p's logit_bias and penalties to one row of logits, in vLLM's order:
+//   logits[t] += bias[t]
+//   for each distinct t in prompt + output (transformers'
+//   RepetitionPenaltyLogitsProcessor):
+//     logits[t] = logits[t] > 0 ? logits[t] / repetition_penalty
+//                               : logits[t] * repetition_penalty
+//   for each distinct t in output, generated c times (OpenAI):
+//     logits[t] -= c * frequency_penalty + presence_penalty
+// Token ids must lie in the row (ValidateSamplingParams checks the bias's;
+// the caller's token ids are the model's own).
+void ApplyLogitsProcessors(absl::Span<float> logits, const SamplingParams& p,
+                           absl::Span<const int32_t> prompt, absl::Span<const int32_t> output);
 
 }  // namespace mmserve::model
 

@@ -1,5 +1,6 @@
 #include "model/sampling_proto.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,26 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const mmserve::v1::SamplingPara
     p.logprobs = static_cast<int>(in.logprobs());
   }
   p.skip_special_tokens = in.has_skip_special_tokens() ? in.skip_special_tokens() : true;
+  p.presence_penalty = in.has_presence_penalty() ? in.presence_penalty() : 0.0f;
+  p.frequency_penalty = in.has_frequency_penalty() ? in.frequency_penalty() : 0.0f;
+  // generation_config.json's repetition_penalty is not a default: the
+  // greedy outputs clients and goldens rely on are those of 1.
+  p.repetition_penalty = in.has_repetition_penalty() ? in.repetition_penalty() : 1.0f;
+  if (in.logit_bias_size() > kMaxLogitBiasEntries) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias: at most ", kMaxLogitBiasEntries,
+                                                   " entries, got ", in.logit_bias_size()));
+  }
+  for (const auto& [token, bias] : in.logit_bias()) {
+    if (token >= static_cast<uint32_t>(config.text.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token ", token,
+                                                     " is outside the vocabulary [0, ",
+                                                     config.text.vocab_size, ")"));
+    }
+    p.logit_bias.push_back({static_cast<int32_t>(token), bias});
+  }
+  // A proto map has no order; the sampler adds the biases in token order.
+  std::sort(p.logit_bias.begin(), p.logit_bias.end(),
+            [](const TokenBias& a, const TokenBias& b) { return a.token < b.token; });
   RETURN_IF_ERROR(ValidateSamplingParams(p, config.text.vocab_size));
   return p;
 }

@@ -71,12 +71,50 @@ TEST_CASE("out-of-range values are refused with the field's name, never clamped"
   refuse([](auto& in) { in.set_logprobs(21); }, "logprobs");
   refuse([](auto& in) { in.add_stop_token_ids(100); }, "stop_token_ids");
   refuse([](auto& in) { in.add_stop(""); }, "stop");
+  refuse([](auto& in) { in.set_presence_penalty(-2.5f); }, "presence_penalty");
+  refuse([](auto& in) { in.set_frequency_penalty(3); }, "frequency_penalty");
+  refuse([](auto& in) { in.set_repetition_penalty(0); }, "repetition_penalty");
+  refuse([](auto& in) { in.set_repetition_penalty(-1); }, "repetition_penalty");
+  refuse([](auto& in) { (*in.mutable_logit_bias())[100] = 1; }, "logit_bias: token 100");
+  refuse([](auto& in) { (*in.mutable_logit_bias())[3] = -100.5f; }, "logit_bias");
   refuse(
       [](auto& in) {
         in.set_max_tokens(4);
         in.set_min_tokens(5);
       },
       "min_tokens");
+}
+
+TEST_CASE("penalties and logit_bias reach the sampler, the bias sorted by token") {
+  mmserve::v1::SamplingParams in;
+  in.set_presence_penalty(0.5f);
+  in.set_frequency_penalty(-1.0f);
+  in.set_repetition_penalty(1.2f);
+  (*in.mutable_logit_bias())[42] = -100;
+  (*in.mutable_logit_bias())[7] = 3.5f;
+  (*in.mutable_logit_bias())[99] = 100;
+  bool to_context = false;
+  auto p = SamplingFromProto(in, Config(), 64, &to_context);
+  REQUIRE(p.ok());
+  CHECK(p->presence_penalty == 0.5f);
+  CHECK(p->frequency_penalty == -1.0f);
+  CHECK(p->repetition_penalty == 1.2f);
+  REQUIRE(p->logit_bias.size() == 3);
+  CHECK(p->logit_bias[0].token == 7);
+  CHECK(p->logit_bias[0].bias == 3.5f);
+  CHECK(p->logit_bias[1].token == 42);
+  CHECK(p->logit_bias[2].token == 99);
+  CHECK(p->processes_logits());
+}
+
+TEST_CASE("generation_config's repetition_penalty is not a default") {
+  ModelConfig c = Config();
+  c.generation.repetition_penalty = 1.05f;
+  bool to_context = false;
+  auto p = SamplingFromProto(mmserve::v1::SamplingParams(), c, 64, &to_context);
+  REQUIRE(p.ok());
+  CHECK(p->repetition_penalty == 1.0f);
+  CHECK_FALSE(p->processes_logits());
 }
 
 }  // namespace
