@@ -22,10 +22,10 @@
 // stream_options.include_usage, temperature, top_p, top_k (-1 = off, as in
 // vLLM), min_p, seed, max_tokens / max_completion_tokens (the latter wins),
 // stop, stop_token_ids, ignore_eos, min_tokens, logprobs + top_logprobs,
-// skip_special_tokens, add_generation_prompt, n (1 only). Fields that change
-// nothing at their neutral value (presence_penalty 0, frequency_penalty 0,
-// repetition_penalty 1, n 1, logit_bias {}, tools [], response_format text,
-// ...) are accepted there and refused elsewhere; user, metadata and other
+// skip_special_tokens, presence_penalty, frequency_penalty,
+// repetition_penalty, logit_bias ({"<token id>": bias}), add_generation_prompt,
+// n (1 only). Fields that change nothing at their neutral value (n 1, tools
+// [], response_format text, ...) are accepted there and refused elsewhere; user, metadata and other
 // unknown fields are ignored, as vLLM does. Value ranges (temperature >= 0,
 // ...) are left to the router's SamplingParams validation, so both APIs
 // refuse the same values with the same reasons; only values the proto cannot

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "router/data_url.h"
@@ -79,16 +80,6 @@ constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 
 // Fields accepted only at the value that changes nothing.
 absl::Status CheckNeutralFields(const json& body) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* v = Find(body, key)) {
-      ASSIGN_OR_RETURN(double d, GetNumber(*v, key));
-      if (d != 0) return FieldError(key, "values other than 0 are not supported");
-    }
-  }
-  if (const json* v = Find(body, "repetition_penalty")) {
-    ASSIGN_OR_RETURN(double d, GetNumber(*v, "repetition_penalty"));
-    if (d != 1) return FieldError("repetition_penalty", "values other than 1 are not supported");
-  }
   for (const char* key : {"n", "best_of"}) {
     if (const json* v = Find(body, key)) {
       ASSIGN_OR_RETURN(int64_t count, GetInteger(*v, key, 1, 128));
@@ -100,10 +91,6 @@ absl::Status CheckNeutralFields(const json& body) {
       ASSIGN_OR_RETURN(bool on, GetBool(*v, key));
       if (on) return FieldError(key, "is not supported");
     }
-  }
-  if (const json* v = Find(body, "logit_bias")) {
-    if (!v->is_object()) return FieldError("logit_bias", "must be an object");
-    if (!v->empty()) return FieldError("logit_bias", "is not supported");
   }
   for (const char* key : {"tools", "functions"}) {
     if (const json* v = Find(body, key)) {
@@ -319,6 +306,38 @@ absl::Status ParseSamplerParams(const json& body, SamplingParams* s) {
   return absl::OkStatus();
 }
 
+// Penalties and logit_bias ({"<token id>": bias}, OpenAI's shape: keys are
+// decimal strings). Ranges are the router's SamplingParams validation's.
+absl::Status ParsePenalties(const json& body, SamplingParams* s) {
+  using Setter = void (SamplingParams::*)(float);
+  for (const auto& [key, set] :
+       {std::pair<const char*, Setter>{"presence_penalty", &SamplingParams::set_presence_penalty},
+        {"frequency_penalty", &SamplingParams::set_frequency_penalty},
+        {"repetition_penalty", &SamplingParams::set_repetition_penalty}}) {
+    if (const json* v = Find(body, key)) {
+      ASSIGN_OR_RETURN(double d, GetNumber(*v, key));
+      (s->*set)(static_cast<float>(d));
+    }
+  }
+  if (const json* v = Find(body, "logit_bias")) {
+    if (!v->is_object()) {
+      return FieldError("logit_bias", "must be an object of token ids (as strings) to biases");
+    }
+    for (const auto& [key, value] : v->items()) {
+      const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+      uint32_t token = 0;
+      if (key.empty() || key.size() > 10 ||
+          key.find_first_not_of("0123456789") != std::string::npos ||
+          !absl::SimpleAtoi(key, &token)) {
+        return FieldError(field, "the key must be a token id (a non-negative integer)");
+      }
+      ASSIGN_OR_RETURN(double bias, GetNumber(value, field));
+      (*s->mutable_logit_bias())[token] = static_cast<float>(bias);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Length and stop controls.
 absl::Status ParseStopping(const json& body, SamplingParams* s) {
   // max_completion_tokens is OpenAI's current name and wins over the
@@ -382,6 +401,7 @@ absl::Status ParseLogprobs(const json& body, SamplingParams* s) {
 
 absl::Status ParseSampling(const json& body, SamplingParams* s) {
   RETURN_IF_ERROR(ParseSamplerParams(body, s));
+  RETURN_IF_ERROR(ParsePenalties(body, s));
   RETURN_IF_ERROR(ParseStopping(body, s));
   return ParseLogprobs(body, s);
 }

@@ -179,6 +179,38 @@ TEST_CASE("an image part round-trips a real PNG through base64", "[openai]") {
   CHECK(MustParse(short_form).request.chat().messages(0).content(0).image().data() == TinyPng());
 }
 
+TEST_CASE("penalties and logit_bias map onto SamplingParams", "[openai]") {
+  json body = UserSays("hi");
+  body["presence_penalty"] = 0.5;
+  body["frequency_penalty"] = -1;
+  body["repetition_penalty"] = 1.1;
+  body["logit_bias"] = {{"151645", -100}, {"7", 2.5}, {"0", 100}};
+  OpenAiChatRequest r = MustParse(body);
+  const mmserve::v1::SamplingParams& s = r.request.sampling();
+  CHECK(s.presence_penalty() == 0.5f);
+  CHECK(s.frequency_penalty() == -1.0f);
+  CHECK(s.repetition_penalty() == 1.1f);
+  REQUIRE(s.logit_bias_size() == 3);
+  CHECK(s.logit_bias().at(151645) == -100.0f);
+  CHECK(s.logit_bias().at(7) == 2.5f);
+  CHECK(s.logit_bias().at(0) == 100.0f);
+
+  // Out-of-range values pass the parser: the router's SamplingParams
+  // validation refuses them with the same reasons as on gRPC.
+  json wide = UserSays("hi");
+  wide["presence_penalty"] = 5;
+  wide["logit_bias"] = {{"3", 1000}};
+  OpenAiChatRequest w = MustParse(wide);
+  CHECK(w.request.sampling().presence_penalty() == 5.0f);
+  CHECK(w.request.sampling().logit_bias().at(3) == 1000.0f);
+
+  // Neutral values are values like any other.
+  json neutral = UserSays("hi");
+  neutral["presence_penalty"] = 0;
+  neutral["repetition_penalty"] = 1.0;
+  CHECK(MustParse(neutral).request.sampling().has_presence_penalty());
+}
+
 TEST_CASE("streaming flags, vLLM conventions and neutral fields", "[openai]") {
   json body = UserSays("hi");
   body["stream"] = true;
@@ -192,9 +224,6 @@ TEST_CASE("streaming flags, vLLM conventions and neutral fields", "[openai]") {
   body["add_generation_prompt"] = false;
   // Accepted at their neutral values; the rest are ignored like vLLM does.
   body["n"] = 1;
-  body["presence_penalty"] = 0;
-  body["frequency_penalty"] = 0.0;
-  body["repetition_penalty"] = 1.0;
   body["logit_bias"] = json::object();
   body["tools"] = json::array();
   body["tool_choice"] = "none";
@@ -316,10 +345,14 @@ TEST_CASE("every malformed or unsupported request is INVALID_ARGUMENT naming the
       {with("add_generation_prompt", "no"), "add_generation_prompt: must be a boolean"},
       {with("n", 2), "n: only 1 choice per request is supported"},
       {with("best_of", 3), "best_of: only 1 choice"},
-      {with("presence_penalty", 0.5), "presence_penalty: values other than 0 are not supported"},
-      {with("frequency_penalty", -1), "frequency_penalty: values other than 0 are not supported"},
-      {with("repetition_penalty", 1.1), "repetition_penalty: values other than 1"},
-      {with("logit_bias", {{"1", 5}}), "logit_bias: is not supported"},
+      {with("presence_penalty", "high"), "presence_penalty: must be a number"},
+      {with("frequency_penalty", json::array()), "frequency_penalty: must be a number"},
+      {with("repetition_penalty", true), "repetition_penalty: must be a number"},
+      {with("logit_bias", {1, 2}), "logit_bias: must be an object of token ids"},
+      {with("logit_bias", {{"abc", 5}}), "logit_bias[\"abc\"]: the key must be a token id"},
+      {with("logit_bias", {{"-3", 5}}), "logit_bias[\"-3\"]: the key must be a token id"},
+      {with("logit_bias", {{"99999999999", 5}}), "logit_bias[\"99999999999\"]: the key must"},
+      {with("logit_bias", {{"7", "up"}}), "logit_bias[\"7\"]: must be a number"},
       {with("tools", {{{"type", "function"}}}), "tools: tool calling is not supported"},
       {with("tool_choice", "required"), "tool_choice: tool calling is not supported"},
       {with("response_format", {{"type", "json_object"}}), "response_format: only"},

@@ -25,13 +25,9 @@ EspRequest::EspRequest(Parts parts)
 }
 
 model::SampleResult EspRequest::Sample(absl::Span<float> logits) {
-  if (num_generated() < runner_.sampling.min_tokens) {
-    constexpr float kMasked = -std::numeric_limits<float>::infinity();
-    for (int32_t id : runner_.eos_token_ids) logits[id] = kMasked;
-    for (int32_t id : runner_.sampling.stop_token_ids) logits[id] = kMasked;
-  }
   if (!runner_.sampling.greedy()) ++draws_;  // model::Sample draws once
-  return model::Sample(logits, runner_.sampling, &sampler_);
+  return SampleNext(runner_, request_.prompt_token_ids(), request_.output_token_ids(), logits,
+                    &processed_);
 }
 
 absl::StatusOr<StreamEvent> EspRequest::PushSampledElsewhere(const model::SampleResult& s) {

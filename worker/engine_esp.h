@@ -57,7 +57,8 @@ class EspRequest {
   int num_generated() const { return request_.num_output_tokens(); }
 
   // The next token from `logits` (vocab floats; changed: end-of-sequence and
-  // stop ids are masked before min_tokens, as the engine's runner does).
+  // stop ids are masked before min_tokens), by the engine runner's
+  // SampleNext: the same penalties over the same tokens.
   model::SampleResult Sample(absl::Span<float> logits);
   // Appends `s.token` as the next generated token: its event (text,
   // log-probabilities when asked) and, when it ends the request (eos, a stop
@@ -95,7 +96,8 @@ class EspRequest {
   model::SamplerState sampler_;
   uint64_t draws_ = 0;  // sampler_'s draws
   std::unique_ptr<model::TextStreamer> streamer_;
-  scheduler::Request request_;  // its finish rules
+  scheduler::Request request_;    // its finish rules, prompt and generated tokens
+  std::vector<float> processed_;  // SampleNext's scratch row
 };
 
 }  // namespace mmserve::worker

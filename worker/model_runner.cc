@@ -149,18 +149,27 @@ std::vector<model::SampleResult> ModelRunner::SampleAll(const scheduler::Schedul
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     const scheduler::ScheduledRequest& s = out.scheduled[i];
     if (!s.samples) continue;
-    RunnerRequestState& st = *states_[i];
     float* logits = logits_.data() + row++ * vocab;
-    // Before min_tokens, end-of-sequence and stop tokens are not allowed.
-    if (s.request->num_output_tokens() < st.sampling.min_tokens) {
-      for (int32_t id : st.eos_token_ids) logits[id] = -std::numeric_limits<float>::infinity();
-      for (int32_t id : st.sampling.stop_token_ids) {
-        logits[id] = -std::numeric_limits<float>::infinity();
-      }
-    }
-    sampled[i] = model::Sample(absl::MakeConstSpan(logits, vocab), st.sampling, st.sampler);
+    sampled[i] =
+        SampleNext(*states_[i], s.request->prompt_token_ids(), s.request->output_token_ids(),
+                   absl::MakeSpan(logits, vocab), &processed_);
   }
   return sampled;
+}
+
+model::SampleResult SampleNext(const RunnerRequestState& st, absl::Span<const int32_t> prompt,
+                               absl::Span<const int32_t> output, absl::Span<float> logits,
+                               std::vector<float>* scratch) {
+  // Before min_tokens, end-of-sequence and stop tokens are not allowed.
+  if (static_cast<int>(output.size()) < st.sampling.min_tokens) {
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    for (int32_t id : st.eos_token_ids) logits[id] = kMasked;
+    for (int32_t id : st.sampling.stop_token_ids) logits[id] = kMasked;
+  }
+  if (!st.sampling.processes_logits()) return model::Sample(logits, st.sampling, st.sampler);
+  scratch->assign(logits.begin(), logits.end());
+  model::ApplyLogitsProcessors(absl::MakeSpan(*scratch), st.sampling, prompt, output);
+  return model::Sample(logits, *scratch, st.sampling, st.sampler);
 }
 
 }  // namespace mmserve::worker

@@ -48,6 +48,16 @@ struct RunnerRequestState {
 
 using RunnerLookup = std::function<RunnerRequestState*(scheduler::RequestId)>;
 
+// A request's next token from its row of logits: the one sampling step that
+// the engine's runner and an elastic group's sampler and master share.
+// Before min_tokens, end-of-sequence and stop ids are masked in `logits`;
+// logit_bias and the penalties (over `prompt` and `output`, the request's
+// tokens so far) apply to a copy in `*scratch`; st.sampler draws. Log
+// probabilities are those of `logits` (the model's, as masked).
+model::SampleResult SampleNext(const RunnerRequestState& st, absl::Span<const int32_t> prompt,
+                               absl::Span<const int32_t> output, absl::Span<float> logits,
+                               std::vector<float>* scratch);
+
 class ModelRunner {
  public:
   // `model` and `kv` (and `ring`) must outlive the runner. With a ring (rank
@@ -94,6 +104,7 @@ class ModelRunner {
   model::ForwardBatch batch_;                // reused across steps
   model::ForwardBatch rows_;  // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
+  std::vector<float> processed_;  // SampleNext's scratch row
 };
 
 }  // namespace mmserve::worker
