@@ -1,0 +1,262 @@
+// Penalties and logit_bias through the whole stack: the router validates
+// them (INVALID_ARGUMENT over gRPC, 400 over HTTP, the field named), and the
+// language processes apply them in their one sampler, so a role-both stack,
+// E + P + D with a TP=2 decode instance and elastic instances under
+// `router --esp` all give the in-process engine's tokens for the same
+// seeded or greedy parameters; the HTTP API gives the gRPC API's text.
+#include <httplib.h>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "tests/stack_harness.h"
+#include "worker/engine.h"
+
+namespace mmserve::testing {
+namespace {
+
+constexpr int kTokens = 16;
+constexpr int kPrompts = 6;
+
+// Greedy with a repetition penalty and a ban, or seeded sampling with every
+// penalty; `banned` is the plain greedy answer's first token of prompt 0.
+struct Params {
+  const char* name;
+  float temperature = 0;
+  uint64_t seed = 0;
+  int top_k = 0;
+  float presence = 0, frequency = 0, repetition = 1;
+  std::vector<std::pair<int32_t, float>> bias;
+};
+
+std::vector<Params> Cases(int32_t banned) {
+  Params greedy{"greedy, repetition 1.3, first token banned"};
+  greedy.repetition = 1.3f;
+  greedy.bias = {{banned, -100.0f}};
+  Params sampled{"seed 7, temperature 0.8, top_k 40, every penalty"};
+  sampled.temperature = 0.8f;
+  sampled.seed = 7;
+  sampled.top_k = 40;
+  sampled.presence = 0.4f;
+  sampled.frequency = 0.8f;
+  sampled.repetition = 1.1f;
+  sampled.bias = {{banned, 5.0f}};
+  return {greedy, sampled};
+}
+
+model::SamplingParams ToEngine(const Params& p) {
+  model::SamplingParams s;
+  s.temperature = p.temperature;
+  s.seed = p.seed;
+  s.top_k = p.top_k;
+  s.max_tokens = kTokens;
+  s.ignore_eos = true;
+  s.presence_penalty = p.presence;
+  s.frequency_penalty = p.frequency;
+  s.repetition_penalty = p.repetition;
+  for (const auto& [token, bias] : p.bias) s.logit_bias.push_back({token, bias});
+  return s;
+}
+
+void SetProto(const Params& p, mmserve::v1::SamplingParams* s) {
+  s->set_temperature(p.temperature);
+  s->set_seed(p.seed);
+  if (p.top_k > 0) s->set_top_k(p.top_k);
+  s->set_max_tokens(kTokens);
+  s->set_ignore_eos(true);
+  s->set_presence_penalty(p.presence);
+  s->set_frequency_penalty(p.frequency);
+  s->set_repetition_penalty(p.repetition);
+  for (const auto& [token, bias] : p.bias) (*s->mutable_logit_bias())[token] = bias;
+}
+
+std::string PromptText(int i) {
+  return absl::StrCat("Question: ", Demo().items[i].question, "\nAnswer:");
+}
+
+mmserve::v1::GenerateRequest RawRequest(int i, const Params& p) {
+  mmserve::v1::GenerateRequest r;
+  r.mutable_raw()->set_text(PromptText(i));
+  SetProto(p, r.mutable_sampling());
+  r.mutable_stream()->set_include_token_ids(true);
+  return r;
+}
+
+// The in-process engine's tokens for every prompt under `s`.
+std::vector<std::vector<int32_t>> InProcess(const model::SamplingParams& s) {
+  worker::EngineOptions options;
+  options.model_dir = DemoModelDir();
+  options.kv_cache_bytes = int64_t{16} << 20;
+  auto engine = worker::LlmEngine::Create(options);
+  REQUIRE(engine.ok());
+  std::vector<std::vector<int32_t>> out(kPrompts);
+  for (int i = 0; i < kPrompts; ++i) {
+    worker::EngineRequest r;
+    r.id = absl::StrCat(i);
+    r.prompt = PromptText(i);
+    r.sampling = s;
+    std::vector<int32_t>* ids = &out[i];
+    REQUIRE((*engine)
+                ->AddRequest(std::move(r),
+                             [ids](const worker::StreamEvent& e) {
+                               ids->insert(ids->end(), e.token_ids.begin(), e.token_ids.end());
+                             })
+                .ok());
+  }
+  while ((*engine)->has_unfinished()) REQUIRE((*engine)->Step().ok());
+  return out;
+}
+
+struct Expected {
+  std::vector<Params> cases;
+  std::vector<std::vector<std::vector<int32_t>>> ids;  // [case][prompt]
+};
+
+const Expected& Reference() {
+  static const Expected* e = [] {
+    auto* out = new Expected;
+    Params plain{"plain greedy"};
+    const std::vector<std::vector<int32_t>> base = InProcess(ToEngine(plain));
+    REQUIRE(base[0].size() == kTokens);
+    out->cases = Cases(base[0][0]);
+    for (const Params& p : out->cases) {
+      out->ids.push_back(InProcess(ToEngine(p)));
+      // The parameters change the answer (else equality proves nothing).
+      CHECK(out->ids.back()[0] != base[0]);
+    }
+    return out;
+  }();
+  return *e;
+}
+
+// Every case's raw prompts through the router: the in-process tokens.
+void CheckStack(launcher::LocalStack& stack) {
+  const Expected& want = Reference();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  for (size_t c = 0; c < want.cases.size(); ++c) {
+    std::vector<Answer> got(kPrompts);
+    ParallelFor(kPrompts, kPrompts,
+                [&](int i) { got[i] = AskGrpc(*stub, RawRequest(i, want.cases[c]), {}); });
+    for (int i = 0; i < kPrompts; ++i) {
+      INFO(want.cases[c].name << ", prompt " << i << ": " << got[i].status);
+      REQUIRE(got[i].status.ok());
+      CHECK(got[i].token_ids == want.ids[c][i]);
+    }
+  }
+}
+
+// POST /v1/chat/completions: the status and the reply.
+std::pair<int, nlohmann::json> PostChat(int port, const nlohmann::json& body) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto res = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(res);
+  return {res->status, nlohmann::json::parse(res->body, nullptr, false)};
+}
+
+nlohmann::json HttpBody(int i, const Params& p) {
+  nlohmann::json body;
+  body["messages"] = {{{"role", "user"}, {"content", Demo().items[i].question}}};
+  body["temperature"] = p.temperature;
+  body["seed"] = p.seed;
+  if (p.top_k > 0) body["top_k"] = p.top_k;
+  body["max_completion_tokens"] = kTokens;
+  body["ignore_eos"] = true;
+  body["presence_penalty"] = p.presence;
+  body["frequency_penalty"] = p.frequency;
+  body["repetition_penalty"] = p.repetition;
+  body["logit_bias"] = nlohmann::json::object();
+  for (const auto& [token, bias] : p.bias) body["logit_bias"][std::to_string(token)] = bias;
+  return body;
+}
+
+TEST_CASE(
+    "role both: penalties and logit_bias give the in-process engine's tokens over gRPC, the "
+    "same text over HTTP, and out-of-range values are refused naming the field") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  CheckStack(**stack);
+
+  // A chat over HTTP and over gRPC: one text.
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  for (const Params& p : Reference().cases) {
+    for (int i = 0; i < 2; ++i) {
+      AskOptions o;
+      mmserve::v1::GenerateRequest chat = DemoTextRequest(Demo().items[i], o);
+      chat.clear_sampling();
+      SetProto(p, chat.mutable_sampling());
+      const Answer grpc = AskGrpc(*stub, chat, o);
+      REQUIRE(grpc.status.ok());
+      REQUIRE(grpc.token_ids.size() == kTokens);
+      const auto [status, reply] = PostChat((*stack)->http_port(), HttpBody(i, p));
+      INFO(p.name << ", question " << i << ": " << reply.dump());
+      REQUIRE(status == 200);
+      CHECK(reply["choices"][0]["message"]["content"] == grpc.text);
+      CHECK(reply["usage"]["completion_tokens"] == kTokens);
+    }
+  }
+
+  // Refusals: gRPC INVALID_ARGUMENT and HTTP 400, the field named.
+  Params bad_bias{"bias outside the vocabulary"};
+  bad_bias.bias = {{1 << 24, 1.0f}};
+  Params bad_presence{"presence 2.5"};
+  bad_presence.presence = 2.5f;
+  Params bad_repetition{"repetition 0"};
+  bad_repetition.repetition = 0;
+  Params bad_bias_value{"bias 150"};
+  bad_bias_value.bias = {{5, 150.0f}};
+  for (const auto& [p, field] : std::vector<std::pair<Params, std::string>>{
+           {bad_bias, "logit_bias: token 16777216 is outside the vocabulary"},
+           {bad_presence, "presence_penalty must be in [-2, 2]"},
+           {bad_repetition, "repetition_penalty must be > 0"},
+           {bad_bias_value, "logit_bias: the bias of token 5 must be in [-100, 100]"}}) {
+    INFO(p.name);
+    const Answer a = AskGrpc(*stub, RawRequest(0, p), {});
+    CHECK(a.status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(a.status.message().find(field) != absl::string_view::npos);
+    const auto [status, reply] = PostChat((*stack)->http_port(), HttpBody(0, p));
+    INFO(reply.dump());
+    CHECK(status == 400);
+    CHECK(reply["error"]["message"].get<std::string>().find(field) != std::string::npos);
+  }
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE("E + P + D with a TP=2 decode instance: the in-process engine's penalised tokens") {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.prefill = 1;
+  o.decode = 1;
+  o.decode_args.push_back("--tp=2");
+  auto stack = launcher::LocalStack::Start(o);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  CheckStack(**stack);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+TEST_CASE("elastic instances under router --esp: the in-process engine's penalised tokens") {
+  launcher::StackOptions o = TestStackOptions(1, "shm");
+  o.elastic = 2;
+  auto stack = launcher::LocalStack::Start(o);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  CheckStack(**stack);
+  // The group path served them (degree 1: one member samples and decodes).
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total") ==
+        kPrompts * static_cast<int>(Reference().cases.size()));
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+}  // namespace
+}  // namespace mmserve::testing
