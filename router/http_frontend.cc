@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "router/input_limits.h"
 #include "router/openai.h"
+#include "router/openai_completions.h"
 
 namespace mmserve::router {
 namespace {
@@ -69,9 +71,10 @@ std::chrono::system_clock::time_point Deadline(const RouterContext& context) {
          absl::ToChronoNanoseconds(context.options.default_timeout);
 }
 
-// Waits for the whole answer and replies with one JSON object.
-void ReplyChatCompletion(Relay& relay, const CompletionContext& cc, httplib::Response& res) {
-  ChatCompletionBuilder reply(cc);
+// Waits for the whole answer and replies with one JSON object (a
+// ChatCompletionBuilder or TextCompletionBuilder).
+template <typename Builder>
+void ReplyWhole(Relay& relay, Builder reply, httplib::Response& res) {
   absl::MutexLock lock(&relay.mu);
   for (;;) {
     relay.mu.Await(absl::Condition(&relay, &Relay::Ready));
@@ -85,10 +88,11 @@ void ReplyChatCompletion(Relay& relay, const CompletionContext& cc, httplib::Res
   res.set_content(reply.Json(), "application/json");
 }
 
-// Streams the answer as server-sent events; a client that hangs up cancels
-// the call.
-void StreamChatCompletion(std::shared_ptr<Relay> relay, std::shared_ptr<GenerateCall> call,
-                          const CompletionContext& cc, httplib::Response& res) {
+// Streams the answer as server-sent events (a ChatCompletionStream or
+// TextCompletionStream); a client that hangs up cancels the call.
+template <typename Stream>
+void StreamEvents(std::shared_ptr<Relay> relay, std::shared_ptr<GenerateCall> call,
+                  std::shared_ptr<Stream> sse, httplib::Response& res) {
   // Wait for the first event so that an early error still gets its HTTP
   // status.
   {
@@ -98,7 +102,6 @@ void StreamChatCompletion(std::shared_ptr<Relay> relay, std::shared_ptr<Generate
       return SendError(res, *relay->end);
     }
   }
-  auto sse = std::make_shared<ChatCompletionStream>(cc);
   res.set_chunked_content_provider(
       "text/event-stream",
       [relay, sse, call](size_t, httplib::DataSink& sink) {
@@ -152,46 +155,95 @@ absl::StatusOr<std::string> ReadBody(const RouterContext& ctx,
                                                  ctx.options.max_model_len, "-token context"));
 }
 
-void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
-                          const httplib::ContentReader& content_reader, httplib::Response& res) {
+// What every OpenAI POST does first: a JSON body, read, and the client
+// admitted. Null when `res` already holds the refusal.
+struct Admitted {
+  std::string body;
+  PublicAccess::Lease lease;
+  OpenAiLimits limits;
+};
+
+std::optional<Admitted> Admit(const RouterContext& ctx, const httplib::Request& req,
+                              const httplib::ContentReader& content_reader,
+                              httplib::Response& res) {
   if (!IsJsonContentType(req)) {
-    return SendHttpError(res, 415, "unsupported_media_type",
-                         "the request body must be JSON (Content-Type: application/json)");
+    SendHttpError(res, 415, "unsupported_media_type",
+                  "the request body must be JSON (Content-Type: application/json)");
+    return std::nullopt;
   }
   absl::StatusOr<std::string> body = ReadBody(ctx, content_reader);
   if (!body.ok()) {
-    return SendError(res, body.status());
+    SendError(res, body.status());
+    return std::nullopt;
   }
-  PublicAccess::Lease lease;
+  Admitted a;
+  a.body = *std::move(body);
   if (ctx.access != nullptr) {
     const std::string authorization = req.get_header_value("Authorization");
     auto admitted = ctx.access->Admit(ctx.access->ClientOf(authorization, req.remote_addr));
-    if (!admitted.ok()) return SendError(res, admitted.status());
-    lease = *std::move(admitted);
+    if (!admitted.ok()) {
+      SendError(res, admitted.status());
+      return std::nullopt;
+    }
+    a.lease = *std::move(admitted);
   }
-  OpenAiLimits limits;
-  limits.max_image_bytes = ctx.options.max_image_bytes;
-  limits.max_images = ctx.options.max_images;
-  limits.max_video_bytes = ctx.options.max_video_bytes;
-  absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(*body, limits);
-  if (!chat.ok()) return SendError(res, chat.status());
-  CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
-                       chat->request.sampling().has_logprobs(), chat->include_usage};
+  a.limits.max_image_bytes = ctx.options.max_image_bytes;
+  a.limits.max_images = ctx.options.max_images;
+  a.limits.max_video_bytes = ctx.options.max_video_bytes;
+  return a;
+}
+
+// Starts the call (the lease held until it ends) and replies: whole with
+// Builder, or as SSE with Stream.
+template <typename Builder, typename Stream>
+void RunCall(const RouterContext& ctx, CallTracker& calls, Admitted admitted,
+             const mmserve::v1::GenerateRequest& request, bool stream, Builder builder,
+             std::shared_ptr<Stream> sse, httplib::Response& res) {
   auto relay = std::make_shared<Relay>();
   CallSink sink = relay->Sink(relay);
-  sink.on_end = [lease = std::move(lease),
+  sink.on_end = [lease = std::move(admitted.lease),
                  on_end = std::move(sink.on_end)](absl::Status s) mutable {
     lease.reset();
     on_end(std::move(s));
   };
-  auto call = StartTrackedCall(ctx, calls, chat->request, std::move(sink), Deadline(ctx));
-  if (!chat->stream) return ReplyChatCompletion(*relay, cc, res);
-  StreamChatCompletion(std::move(relay), std::move(call), cc, res);
+  auto call = StartTrackedCall(ctx, calls, request, std::move(sink), Deadline(ctx));
+  if (!stream) return ReplyWhole(*relay, std::move(builder), res);
+  StreamEvents(std::move(relay), std::move(call), std::move(sse), res);
+}
+
+void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
+                          const httplib::ContentReader& content_reader, httplib::Response& res) {
+  std::optional<Admitted> admitted = Admit(ctx, req, content_reader, res);
+  if (!admitted) return;
+  absl::StatusOr<OpenAiChatRequest> chat =
+      ParseChatCompletionRequest(admitted->body, admitted->limits);
+  if (!chat.ok()) return SendError(res, chat.status());
+  CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
+                       chat->request.sampling().has_logprobs(), chat->include_usage};
+  RunCall(ctx, calls, *std::move(admitted), chat->request, chat->stream, ChatCompletionBuilder(cc),
+          std::make_shared<ChatCompletionStream>(cc), res);
+}
+
+// POST /v1/completions.
+void HandleCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,
+                      const httplib::ContentReader& content_reader, httplib::Response& res) {
+  std::optional<Admitted> admitted = Admit(ctx, req, content_reader, res);
+  if (!admitted) return;
+  absl::StatusOr<OpenAiCompletionRequest> c =
+      ParseCompletionRequest(admitted->body, admitted->limits);
+  if (!c.ok()) return SendError(res, c.status());
+  CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
+                       c->request.sampling().has_logprobs(), c->include_usage};
+  RunCall(ctx, calls, *std::move(admitted), c->request, c->stream,
+          TextCompletionBuilder(cc, c->echo), std::make_shared<TextCompletionStream>(cc, c->echo),
+          res);
 }
 
 // The paths served and their methods; any other method on them gets 405.
-constexpr std::pair<const char*, const char*> kRoutes[] = {
-    {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"}, {"/health", "GET"}};
+constexpr std::pair<const char*, const char*> kRoutes[] = {{"/v1/chat/completions", "POST"},
+                                                           {"/v1/completions", "POST"},
+                                                           {"/v1/models", "GET"},
+                                                           {"/health", "GET"}};
 
 void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* calls) {
   srv.Get("/v1/models", [ctx](const httplib::Request&, httplib::Response& res) {
@@ -209,6 +261,10 @@ void AddRoutes(httplib::Server& srv, const RouterContext* ctx, CallTracker* call
   srv.Post("/v1/chat/completions", [ctx, calls](const httplib::Request& req, httplib::Response& res,
                                                 const httplib::ContentReader& content_reader) {
     HandleChatCompletion(*ctx, *calls, req, content_reader, res);
+  });
+  srv.Post("/v1/completions", [ctx, calls](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& content_reader) {
+    HandleCompletion(*ctx, *calls, req, content_reader, res);
   });
   for (const auto& [path, allowed] : kRoutes) {
     auto refuse = [path = path, allowed = allowed](const httplib::Request& req,

@@ -3,7 +3,8 @@
 // language processes apply them in their one sampler, so a role-both stack,
 // E + P + D with a TP=2 decode instance and elastic instances under
 // `router --esp` all give the in-process engine's tokens for the same
-// seeded or greedy parameters; the HTTP API gives the gRPC API's text.
+// seeded or greedy parameters; the HTTP API (/v1/chat/completions, and
+// /v1/completions with and without echo) gives the gRPC API's text.
 #include <httplib.h>
 
 #include <catch2/catch.hpp>
@@ -149,13 +150,17 @@ void CheckStack(launcher::LocalStack& stack) {
   }
 }
 
-// POST /v1/chat/completions: the status and the reply.
-std::pair<int, nlohmann::json> PostChat(int port, const nlohmann::json& body) {
+// POST `path`: the status and the reply.
+std::pair<int, nlohmann::json> Post(int port, const std::string& path, const nlohmann::json& body) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(60, 0);
-  auto res = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  auto res = cli.Post(path.c_str(), body.dump(), "application/json");
   REQUIRE(res);
   return {res->status, nlohmann::json::parse(res->body, nullptr, false)};
+}
+
+std::pair<int, nlohmann::json> PostChat(int port, const nlohmann::json& body) {
+  return Post(port, "/v1/chat/completions", body);
 }
 
 nlohmann::json HttpBody(int i, const Params& p) {
@@ -200,6 +205,30 @@ TEST_CASE(
       CHECK(reply["usage"]["completion_tokens"] == kTokens);
     }
   }
+
+  // /v1/completions on the raw prompt: the gRPC raw request's text, with
+  // the prompt before it when echoed.
+  for (const Params& p : Reference().cases) {
+    const Answer grpc = AskGrpc(*stub, RawRequest(0, p), {});
+    REQUIRE(grpc.status.ok());
+    nlohmann::json body = HttpBody(0, p);
+    body.erase("messages");
+    body["prompt"] = PromptText(0);
+    const auto [status, reply] = Post((*stack)->http_port(), "/v1/completions", body);
+    INFO(p.name << ": " << reply.dump());
+    REQUIRE(status == 200);
+    CHECK(reply["object"] == "text_completion");
+    CHECK(reply["choices"][0]["text"] == grpc.text);
+    CHECK(reply["usage"]["completion_tokens"] == kTokens);
+    body["echo"] = true;
+    const auto [echo_status, echoed] = Post((*stack)->http_port(), "/v1/completions", body);
+    REQUIRE(echo_status == 200);
+    CHECK(echoed["choices"][0]["text"] == PromptText(0) + grpc.text);
+  }
+  nlohmann::json suffix = {{"prompt", "def f("}, {"suffix", "return x"}};
+  const auto [suffix_status, refused] = Post((*stack)->http_port(), "/v1/completions", suffix);
+  CHECK(suffix_status == 400);
+  CHECK(refused["error"]["message"].get<std::string>().rfind("suffix: is not supported", 0) == 0);
 
   // Refusals: gRPC INVALID_ARGUMENT and HTTP 400, the field named.
   Params bad_bias{"bias outside the vocabulary"};
