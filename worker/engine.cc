@@ -162,6 +162,7 @@ absl::Status LlmEngine::Reserve(std::unique_ptr<Live> live, scheduler::RequestPa
                    scheduler_->ReserveRemoteKv(std::move(params)));
   *remote_kv = RemoteKvBlocks();
   remote_kv->num_cached_tokens = r.num_cached_tokens;
+  live->cached_prompt_tokens = r.num_cached_tokens;
   remote_kv->mrope_position_delta = live->positions.delta;
   for (kvpool::BlockId b : r.blocks) remote_kv->blocks.push_back(b.value);
   connector_->OnReserved(live->id, info);
@@ -178,6 +179,7 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
   }
   event.prompt_tokens = live.prompt_tokens;
   event.completion_tokens = live.completion_tokens;
+  event.cached_prompt_tokens = live.cached_prompt_tokens;
   const std::string id = live.id;
   if (connector_ != nullptr) connector_->OnFinished(id);
   by_scheduler_id_.erase(live.sched_id.value);

@@ -26,6 +26,9 @@ struct LlmEngine::Live {
   std::unique_ptr<model::TextStreamer> streamer;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // Prompt tokens whose KV came from the prefix cache, at the admission that
+  // sampled the first token (or the remote reservation).
+  int cached_prompt_tokens = 0;
   KvPlan plan;            // the connector's (none: local prompt, decoded here)
   HandoffPrompt handoff;  // plan.prompt_only: what a decode engine reserves
 };

@@ -266,6 +266,36 @@ TEST_CASE("a seeded penalised request gives the same tokens alone and in a crowd
   CHECK(run(false) == alone);
 }
 
+TEST_CASE("a prompt already in the prefix cache is reported as cached prompt tokens",
+          "[engine][sampling]") {
+  // What the later choices of an n > 1 request rely on: started after the
+  // first one sampled, they find its prompt's full blocks cached.
+  auto engine = MakeEngine();
+  std::vector<int32_t> prompt;
+  for (const std::vector<int32_t>& p : Prompts()) prompt.insert(prompt.end(), p.begin(), p.end());
+  REQUIRE(prompt.size() > 12);
+  std::vector<int> cached;
+  for (int round = 0; round < 2; ++round) {
+    EngineRequest r;
+    r.id = absl::StrCat("r", round);
+    r.prompt_token_ids = prompt;
+    r.sampling = Base(1.0f, 3 + round);
+    REQUIRE(engine
+                ->AddRequest(std::move(r),
+                             [&cached](const StreamEvent& e) {
+                               if (e.finish_reason != FinishReason::kNone) {
+                                 cached.push_back(e.cached_prompt_tokens);
+                               }
+                             })
+                .ok());
+    while (engine->has_unfinished()) REQUIRE(engine->Step().ok());
+  }
+  REQUIRE(cached.size() == 2);
+  CHECK(cached[0] == 0);
+  // Every full block of 4 tokens, the last token always recomputed.
+  CHECK(cached[1] == static_cast<int>((prompt.size() - 1) / 4 * 4));
+}
+
 TEST_CASE("the engine refuses out-of-range penalties and bias tokens", "[engine][sampling]") {
   auto engine = MakeEngine();
   auto refuse = [&](void (*edit)(model::SamplingParams&), const char* field) {

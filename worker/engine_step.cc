@@ -47,6 +47,7 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
     Sampled s;
     s.live = by_scheduler_id_.at(r.id().value);
     s.result = results[i];
+    if (r.num_output_tokens() == 0) s.live->cached_prompt_tokens = r.num_cached_tokens();
     // A prompt-only request's blocks, before UpdateFromOutput frees them.
     if (s.live->plan.prompt_only) {
       for (kvpool::BlockId b : scheduler_->kv_cache().block_table(r.block_table())) {
