@@ -91,8 +91,8 @@ void ReplyWhole(Relay& relay, Builder reply, httplib::Response& res) {
 // Streams the answer as server-sent events (a ChatCompletionStream or
 // TextCompletionStream); a client that hangs up cancels the call.
 template <typename Stream>
-void StreamEvents(std::shared_ptr<Relay> relay, std::shared_ptr<GenerateCall> call,
-                  std::shared_ptr<Stream> sse, httplib::Response& res) {
+void StreamEvents(std::shared_ptr<Relay> relay, CallCancel call, std::shared_ptr<Stream> sse,
+                  httplib::Response& res) {
   // Wait for the first event so that an early error still gets its HTTP
   // status.
   {
@@ -120,14 +120,14 @@ void StreamEvents(std::shared_ptr<Relay> relay, std::shared_ptr<GenerateCall> ca
           }
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
-          call->Cancel("the HTTP client hung up");
+          call("the HTTP client hung up");
           return false;
         }
         if (done) sink.done();
         return true;
       },
       [call](bool success) {
-        if (!success) call->Cancel("the HTTP client hung up");
+        if (!success) call("the HTTP client hung up");
       });
 }
 
@@ -206,7 +206,7 @@ void RunCall(const RouterContext& ctx, CallTracker& calls, Admitted admitted,
     lease.reset();
     on_end(std::move(s));
   };
-  auto call = StartTrackedCall(ctx, calls, request, std::move(sink), Deadline(ctx));
+  CallCancel call = StartTrackedCall(ctx, calls, request, std::move(sink), Deadline(ctx));
   if (!stream) return ReplyWhole(*relay, std::move(builder), res);
   StreamEvents(std::move(relay), std::move(call), std::move(sse), res);
 }
@@ -219,7 +219,8 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
       ParseChatCompletionRequest(admitted->body, admitted->limits);
   if (!chat.ok()) return SendError(res, chat.status());
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
-                       chat->request.sampling().has_logprobs(), chat->include_usage};
+                       chat->request.sampling().has_logprobs(), chat->include_usage,
+                       std::max<uint32_t>(chat->request.n(), 1)};
   RunCall(ctx, calls, *std::move(admitted), chat->request, chat->stream, ChatCompletionBuilder(cc),
           std::make_shared<ChatCompletionStream>(cc), res);
 }
@@ -233,7 +234,8 @@ void HandleCompletion(const RouterContext& ctx, CallTracker& calls, const httpli
       ParseCompletionRequest(admitted->body, admitted->limits);
   if (!c.ok()) return SendError(res, c.status());
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
-                       c->request.sampling().has_logprobs(), c->include_usage};
+                       c->request.sampling().has_logprobs(), c->include_usage,
+                       std::max<uint32_t>(c->request.n(), 1)};
   RunCall(ctx, calls, *std::move(admitted), c->request, c->stream,
           TextCompletionBuilder(cc, c->echo), std::make_shared<TextCompletionStream>(cc, c->echo),
           res);

@@ -24,8 +24,9 @@
 // stop, stop_token_ids, ignore_eos, min_tokens, logprobs + top_logprobs,
 // skip_special_tokens, presence_penalty, frequency_penalty,
 // repetition_penalty, logit_bias ({"<token id>": bias}), add_generation_prompt,
-// n (1 only). Fields that change nothing at their neutral value (n 1, tools
-// [], response_format text, ...) are accepted there and refused elsewhere; user, metadata and other
+// n (GenerateRequest.n). Fields that change nothing at their neutral value
+// (best_of 1, tools [], response_format text, ...) are accepted there and
+// refused elsewhere; user, metadata and other
 // unknown fields are ignored, as vLLM does. Value ranges (temperature >= 0,
 // ...) are left to the router's SamplingParams validation, so both APIs
 // refuse the same values with the same reasons; only values the proto cannot
@@ -36,10 +37,12 @@
 #ifndef MMSERVE_ROUTER_OPENAI_H_
 #define MMSERVE_ROUTER_OPENAI_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -78,6 +81,18 @@ struct CompletionContext {
   int64_t created = 0;         // unix seconds, echoed as "created"
   bool logprobs = false;       // the request asked for logprobs
   bool include_usage = false;  // streams only: send the usage chunk
+  uint32_t n = 1;              // choices (GenerateResponse.index 0..n-1)
+};
+
+// The usage of a request's n choices: the prompt's counts once (choice 0's),
+// completion tokens summed.
+class ChoicesUsage {
+ public:
+  void Add(uint32_t index, const mmserve::v1::Usage& usage);
+  const mmserve::v1::Usage& usage() const { return usage_; }
+
+ private:
+  mmserve::v1::Usage usage_;
 };
 
 // OpenAI's finish_reason for ours: STOP and STOP_STRING -> "stop", LENGTH ->
@@ -87,28 +102,34 @@ std::string OpenAiFinishReason(mmserve::v1::FinishReason reason);
 // Collects a whole GenerateResponse stream into one chat.completion body.
 class ChatCompletionBuilder {
  public:
-  explicit ChatCompletionBuilder(CompletionContext ctx) : ctx_(std::move(ctx)) {}
+  explicit ChatCompletionBuilder(CompletionContext ctx)
+      : ctx_(std::move(ctx)), choices_(std::max<uint32_t>(ctx_.n, 1)) {}
 
+  // A response of choice response.index() (< n; others are dropped).
   void Add(const mmserve::v1::GenerateResponse& response);
-  // Whether a response with a finish reason has arrived.
-  bool finished() const { return finish_reason_ != mmserve::v1::FINISH_REASON_UNSPECIFIED; }
-  // The "chat.completion" object: id "chatcmpl-<request_id>", choices[0]
-  // with message {role, content}, finish_reason, logprobs (null unless
-  // requested), and usage.
+  // Whether every choice's final response has arrived.
+  bool finished() const;
+  // The "chat.completion" object: id "chatcmpl-<request_id>", choices[i]
+  // (index i) with message {role, content}, finish_reason, logprobs (null
+  // unless requested), and usage (ChoicesUsage).
   std::string Json() const;
 
  private:
+  struct Choice {
+    std::string text;
+    google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs;
+    mmserve::v1::FinishReason finish_reason = mmserve::v1::FINISH_REASON_UNSPECIFIED;
+    std::string matched_stop;
+  };
   CompletionContext ctx_;
   std::string request_id_;
-  std::string text_;
-  google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs_;
-  mmserve::v1::FinishReason finish_reason_ = mmserve::v1::FINISH_REASON_UNSPECIFIED;
-  std::string matched_stop_;
-  mmserve::v1::Usage usage_;
+  std::vector<Choice> choices_;
+  ChoicesUsage usage_;
 };
 
-// One "chat.completion.chunk" for one GenerateResponse: delta.role
-// "assistant" when `first`, delta.content the response's text, logprobs when
+// One "chat.completion.chunk" for one GenerateResponse: choices[0].index
+// the response's index, delta.role "assistant" when `first` (the choice's
+// first chunk), delta.content the response's text, logprobs when
 // requested, finish_reason on the final response (null before), and
 // "usage": null when ctx.include_usage (OpenAI's shape: usage comes in its
 // own last chunk).
@@ -128,12 +149,15 @@ std::string SseDone();
 // Turns a GenerateResponse stream into SSE events.
 class ChatCompletionStream {
  public:
-  explicit ChatCompletionStream(CompletionContext ctx) : ctx_(std::move(ctx)) {}
+  explicit ChatCompletionStream(CompletionContext ctx)
+      : ctx_(std::move(ctx)),
+        opened_(std::max<uint32_t>(ctx_.n, 1)),
+        finished_(std::max<uint32_t>(ctx_.n, 1)) {}
 
-  // The events for one response (possibly none): the first call opens with
-  // the role; a response with nothing to say sends nothing; the final
-  // response ends with its finish chunk, the usage chunk when requested, and
-  // [DONE].
+  // The events for one response (possibly none): each choice's first chunk
+  // opens with the role; a response with nothing to say sends nothing; a
+  // final response sends its choice's finish chunk, and the last choice's
+  // also the usage chunk (summed, ChoicesUsage) when requested, and [DONE].
   std::string OnResponse(const mmserve::v1::GenerateResponse& response);
   // An error after the stream began (HTTP status already sent): an event
   // holding ErrorJson(status), then [DONE], as vLLM does.
@@ -142,7 +166,10 @@ class ChatCompletionStream {
 
  private:
   CompletionContext ctx_;
-  bool first_ = true;
+  std::vector<bool> opened_;    // per choice: its first chunk went out
+  std::vector<bool> finished_;  // per choice: its final chunk went out
+  uint32_t num_finished_ = 0;
+  ChoicesUsage usage_;
   bool done_ = false;
 };
 

@@ -61,12 +61,6 @@ absl::Status ParsePrompt(const json& body, mmserve::v1::RawPrompt* raw) {
 
 // Fields this endpoint refuses or takes at one value only.
 absl::Status CheckUnsupported(const json& body) {
-  for (const char* key : {"n", "best_of"}) {
-    if (const json* v = Find(body, key)) {
-      ASSIGN_OR_RETURN(int64_t count, GetInteger(*v, key, 1, 128));
-      if (count != 1) return FieldError(key, "only 1 choice per request is supported");
-    }
-  }
   if (const json* v = Find(body, "suffix")) {
     ASSIGN_OR_RETURN(std::string suffix, GetString(*v, "suffix"));
     if (!suffix.empty()) {
@@ -166,6 +160,7 @@ absl::StatusOr<OpenAiCompletionRequest> ParseCompletionRequest(absl::string_view
   RETURN_IF_ERROR(openai_fields::ParseStreamFlags(body, &out.stream, &out.include_usage));
   request.mutable_stream()->set_include_usage(true);
   RETURN_IF_ERROR(CheckUnsupported(body));
+  RETURN_IF_ERROR(openai_fields::ParseChoices(body, &request));
   RETURN_IF_ERROR(ParsePrompt(body, request.mutable_raw()));
   SamplingParams* s = request.mutable_sampling();
   RETURN_IF_ERROR(openai_fields::ParseSamplerParams(body, s));
@@ -189,42 +184,61 @@ absl::StatusOr<OpenAiCompletionRequest> ParseCompletionRequest(absl::string_view
   return out;
 }
 
+TextCompletionBuilder::TextCompletionBuilder(CompletionContext ctx, std::string echo)
+    : ctx_(std::move(ctx)), echo_size_(echo.size()), choices_(std::max<uint32_t>(ctx_.n, 1)) {
+  for (Choice& c : choices_) c.text = echo;
+}
+
 void TextCompletionBuilder::Add(const GenerateResponse& response) {
+  if (response.index() >= choices_.size()) return;
   if (request_id_.empty()) request_id_ = response.request_id();
-  text_ += response.text();
-  logprobs_.MergeFrom(response.logprobs());
+  Choice& c = choices_[response.index()];
+  c.text += response.text();
+  c.logprobs.MergeFrom(response.logprobs());
   if (response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
-    finish_reason_ = response.finish_reason();
-    matched_stop_ = response.matched_stop();
+    c.finish_reason = response.finish_reason();
+    c.matched_stop = response.matched_stop();
   }
-  if (response.has_usage()) usage_ = response.usage();
+  if (response.has_usage()) usage_.Add(response.index(), response.usage());
 }
 
 std::string TextCompletionBuilder::Json() const {
-  out_json choice;
-  choice["index"] = 0;
-  choice["text"] = text_;
-  size_t offset = logprobs_offset_;
-  choice["logprobs"] = ctx_.logprobs ? LogprobsJson(logprobs_, &offset) : out_json(nullptr);
-  choice["finish_reason"] = FinishReasonJson(finish_reason_);
-  choice["stop_reason"] = StopReasonJson(matched_stop_);  // vLLM's extension
+  out_json choices = out_json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    out_json choice;
+    choice["index"] = i;
+    choice["text"] = c.text;
+    size_t offset = echo_size_;
+    choice["logprobs"] = ctx_.logprobs ? LogprobsJson(c.logprobs, &offset) : out_json(nullptr);
+    choice["finish_reason"] = FinishReasonJson(c.finish_reason);
+    choice["stop_reason"] = StopReasonJson(c.matched_stop);  // vLLM's extension
+    choices.push_back(std::move(choice));
+  }
   out_json j = Header(ctx_, request_id_);
-  j["choices"] = out_json::array({std::move(choice)});
-  j["usage"] = UsageJson(usage_);
+  j["choices"] = std::move(choices);
+  j["usage"] = UsageJson(usage_.usage());
   return Dump(j);
 }
 
+TextCompletionStream::TextCompletionStream(CompletionContext ctx, std::string echo)
+    : ctx_(std::move(ctx)), echo_(std::move(echo)), choices_(std::max<uint32_t>(ctx_.n, 1)) {
+  for (Choice& c : choices_) c.offset = echo_.size();
+}
+
 std::string TextCompletionStream::OnResponse(const GenerateResponse& response) {
-  if (done_) return "";
+  const uint32_t i = response.index();
+  if (done_ || i >= choices_.size() || choices_[i].finished) return "";
+  Choice& c = choices_[i];
   const bool final = response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED;
   const bool logprobs = ctx_.logprobs && response.logprobs_size() > 0;
-  const std::string text = first_ ? echo_ + response.text() : response.text();
+  const std::string text = c.opened ? response.text() : echo_ + response.text();
   if (!final && text.empty() && !logprobs) return "";
-  first_ = false;
+  c.opened = true;
   out_json choice;
-  choice["index"] = 0;
+  choice["index"] = i;
   choice["text"] = text;
-  choice["logprobs"] = logprobs ? LogprobsJson(response.logprobs(), &offset_) : out_json(nullptr);
+  choice["logprobs"] = logprobs ? LogprobsJson(response.logprobs(), &c.offset) : out_json(nullptr);
   choice["finish_reason"] = FinishReasonJson(response.finish_reason());
   if (final) choice["stop_reason"] = StopReasonJson(response.matched_stop());
   out_json chunk = Header(ctx_, response.request_id());
@@ -232,14 +246,18 @@ std::string TextCompletionStream::OnResponse(const GenerateResponse& response) {
   if (ctx_.include_usage) chunk["usage"] = nullptr;
   std::string out = SseEvent(Dump(chunk));
   if (final) {
-    if (ctx_.include_usage) {
-      out_json usage = Header(ctx_, response.request_id());
-      usage["choices"] = out_json::array();
-      usage["usage"] = UsageJson(response.usage());
-      out += SseEvent(Dump(usage));
+    c.finished = true;
+    usage_.Add(i, response.usage());
+    if (++num_finished_ == choices_.size()) {
+      if (ctx_.include_usage) {
+        out_json usage = Header(ctx_, response.request_id());
+        usage["choices"] = out_json::array();
+        usage["usage"] = UsageJson(usage_.usage());
+        out += SseEvent(Dump(usage));
+      }
+      out += SseDone();
+      done_ = true;
     }
-    out += SseDone();
-    done_ = true;
   }
   return out;
 }

@@ -14,7 +14,8 @@
 // either), echo (text prompts only, without logprobs), stream,
 // stream_options.include_usage, max_tokens (default 16, as OpenAI),
 // temperature, top_p, seed, stop, presence_penalty, frequency_penalty,
-// logit_bias, logprobs (an integer, 0..20), n and best_of (1 only), and
+// logit_bias, logprobs (an integer, 0..20), n (GenerateRequest.n), best_of
+// (1 only), and
 // vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 // stop_token_ids, skip_special_tokens. `suffix` is refused (no
 // fill-in-the-middle); several prompts in one request are refused; unknown
@@ -27,6 +28,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -50,44 +52,52 @@ struct OpenAiCompletionRequest {
     absl::string_view json_body, const OpenAiLimits& limits);
 
 // Collects a GenerateResponse stream into one "text_completion" object: id
-// "cmpl-<request_id>", choices[0] {index, text (echo first), logprobs (the
-// legacy shape: tokens, token_logprobs, top_logprobs, text_offset; null
-// unless requested), finish_reason}, usage.
+// "cmpl-<request_id>", choices[i] {index, text (the echo first), logprobs
+// (the legacy shape: tokens, token_logprobs, top_logprobs, text_offset; null
+// unless requested), finish_reason}, usage (ChoicesUsage).
 class TextCompletionBuilder {
  public:
-  TextCompletionBuilder(CompletionContext ctx, std::string echo)
-      : ctx_(std::move(ctx)), text_(std::move(echo)), logprobs_offset_(text_.size()) {}
+  TextCompletionBuilder(CompletionContext ctx, std::string echo);
+  // A response of choice response.index() (< n; others are dropped).
   void Add(const mmserve::v1::GenerateResponse& response);
   std::string Json() const;
 
  private:
+  struct Choice {
+    std::string text;
+    google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs;
+    mmserve::v1::FinishReason finish_reason = mmserve::v1::FINISH_REASON_UNSPECIFIED;
+    std::string matched_stop;
+  };
   CompletionContext ctx_;
+  size_t echo_size_;  // text_offset of each choice's first token
   std::string request_id_;
-  std::string text_;
-  google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs_;
-  size_t logprobs_offset_;  // text_offset of the first token: the echo's length
-  mmserve::v1::FinishReason finish_reason_ = mmserve::v1::FINISH_REASON_UNSPECIFIED;
-  std::string matched_stop_;
-  mmserve::v1::Usage usage_;
+  std::vector<Choice> choices_;
+  ChoicesUsage usage_;
 };
 
 // Turns a GenerateResponse stream into "text_completion" SSE events: one
-// chunk per response with news (the first carries the echo), the usage
-// chunk when requested, then [DONE].
+// chunk per response with news (each choice's first carries the echo), then
+// once every choice finished the usage chunk when requested, and [DONE].
 class TextCompletionStream {
  public:
-  TextCompletionStream(CompletionContext ctx, std::string echo)
-      : ctx_(std::move(ctx)), echo_(std::move(echo)), offset_(echo_.size()) {}
+  TextCompletionStream(CompletionContext ctx, std::string echo);
   std::string OnResponse(const mmserve::v1::GenerateResponse& response);
   // An error after the stream began: its ErrorJson event, then [DONE].
   std::string OnError(const absl::Status& status);
   bool done() const { return done_; }
 
  private:
+  struct Choice {
+    bool opened = false;    // its first chunk (with the echo) went out
+    bool finished = false;  // its final chunk went out
+    size_t offset = 0;      // text_offset of its next token
+  };
   CompletionContext ctx_;
-  std::string echo_;  // sent with the first chunk
-  size_t offset_;     // text_offset of the next token
-  bool first_ = true;
+  std::string echo_;
+  std::vector<Choice> choices_;
+  uint32_t num_finished_ = 0;
+  ChoicesUsage usage_;
   bool done_ = false;
 };
 

@@ -106,8 +106,9 @@ TEST_CASE("completions refusals name the field", "[openai]") {
       {Prompt({1, -2}), "prompt[1]: must be at least 0"},
       {Prompt({1, "x"}), "prompt[1]: must be an integer"},
       {with("suffix", "the end"), "suffix: is not supported (no fill-in-the-middle)"},
-      {with("n", 2), "n: only 1 choice per request is supported"},
-      {with("best_of", 3), "best_of: only 1 choice"},
+      {with("n", 0), "n: must be at least 1"},
+      {with("n", 1000), "n: must be at most 128"},
+      {with("best_of", 3), "best_of: only 1 is supported"},
       {with("logprobs", true), "logprobs: must be an integer"},
       {with("logprobs", -1), "logprobs: must be at least 0"},
       {with("echo", "yes"), "echo: must be a boolean"},
@@ -211,6 +212,39 @@ TEST_CASE("text_completion SSE: echo first, finish, usage chunk, [DONE]", "[open
   const std::string error = failing.OnError(absl::UnavailableError("gone"));
   CHECK(absl::StrContains(error, "\"gone\""));
   CHECK(absl::EndsWith(error, "data: [DONE]\n\n"));
+}
+
+TEST_CASE("n text completions: one choice each, usage summed, [DONE] after the last", "[openai]") {
+  json body = Prompt("x");
+  body["n"] = 2;
+  CHECK(MustParse(body).request.n() == 2);
+
+  CompletionContext ctx{"served", 1, false, /*include_usage=*/true, /*n=*/2};
+  TextCompletionBuilder b(ctx, "E:");
+  TextCompletionStream sse(ctx, "E:");
+  std::string out;
+  GenerateResponse second = Final(Step("b", 2, 0));
+  second.set_index(1);  // choice 1 finishes first
+  for (const GenerateResponse& r : {Step("a", 1, 0), second, Final(Step("c", 3, 0))}) {
+    b.Add(r);
+    out += sse.OnResponse(r);
+  }
+  const json j = json::parse(b.Json());
+  REQUIRE(j["choices"].size() == 2);
+  CHECK(j["choices"][0]["index"] == 0);
+  CHECK(j["choices"][0]["text"] == "E:ac");
+  CHECK(j["choices"][1]["index"] == 1);
+  CHECK(j["choices"][1]["text"] == "E:b");
+  CHECK(j["usage"]["completion_tokens"] == 4);
+  CHECK(j["usage"]["prompt_tokens"] == 5);
+  std::vector<std::string> events = absl::StrSplit(out, "\n\n", absl::SkipEmpty());
+  REQUIRE(events.size() == 5);  // three chunks, usage, [DONE]
+  CHECK(json::parse(events[1].substr(6))["choices"][0]["index"] == 1);
+  CHECK(json::parse(events[1].substr(6))["choices"][0]["text"] == "E:b");  // its own echo
+  CHECK(json::parse(events[2].substr(6))["choices"][0]["text"] == "c");
+  CHECK(json::parse(events[3].substr(6))["usage"]["completion_tokens"] == 4);
+  CHECK(events[4] == "data: [DONE]");
+  CHECK(sse.done());
 }
 
 }  // namespace

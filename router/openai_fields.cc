@@ -171,6 +171,19 @@ absl::Status ParseStopping(const json& body, SamplingParams* s) {
   return absl::OkStatus();
 }
 
+absl::Status ParseChoices(const json& body, mmserve::v1::GenerateRequest* request) {
+  if (const json* v = Find(body, "n")) {
+    ASSIGN_OR_RETURN(int64_t n, GetInteger(*v, "n", 1, 128));
+    if (n > 1) request->set_n(static_cast<uint32_t>(n));
+  }
+  if (const json* v = Find(body, "best_of")) {
+    ASSIGN_OR_RETURN(int64_t best_of, GetInteger(*v, "best_of", 1, 128));
+    if (best_of != 1)
+      return FieldError("best_of", "only 1 is supported (use n for several choices)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseStreamFlags(const json& body, bool* stream, bool* include_usage) {
   if (const json* v = Find(body, "stream")) {
     ASSIGN_OR_RETURN(*stream, GetBool(*v, "stream"));

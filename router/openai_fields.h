@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/common.pb.h"
+#include "proto/inference.pb.h"
 
 namespace mmserve::router::openai_fields {
 
@@ -46,6 +47,10 @@ absl::StatusOr<json> ParseBody(absl::string_view json_body, size_t max_body_byte
 // "stream" and "stream_options" ({"include_usage": bool}, only with
 // "stream": true).
 absl::Status ParseStreamFlags(const json& body, bool* stream, bool* include_usage);
+
+// n (GenerateRequest.n; 1..128 here, the router's limit is lower) and
+// best_of (1 only).
+absl::Status ParseChoices(const json& body, mmserve::v1::GenerateRequest* request);
 
 // temperature, top_p, top_k (-1 = off, as in vLLM), min_p, seed.
 absl::Status ParseSamplerParams(const json& body, mmserve::v1::SamplingParams* s);

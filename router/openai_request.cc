@@ -31,12 +31,6 @@ using openai_fields::kUint32Max;
 
 // Fields accepted only at the value that changes nothing.
 absl::Status CheckNeutralFields(const json& body) {
-  for (const char* key : {"n", "best_of"}) {
-    if (const json* v = Find(body, key)) {
-      ASSIGN_OR_RETURN(int64_t count, GetInteger(*v, key, 1, 128));
-      if (count != 1) return FieldError(key, "only 1 choice per request is supported");
-    }
-  }
   for (const char* key : {"use_beam_search", "echo"}) {
     if (const json* v = Find(body, key)) {
       ASSIGN_OR_RETURN(bool on, GetBool(*v, key));
@@ -262,6 +256,7 @@ absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(absl::string_view j
   RETURN_IF_ERROR(openai_fields::ParseStreamFlags(body, &out.stream, &out.include_usage));
   request.mutable_stream()->set_include_usage(true);
   RETURN_IF_ERROR(CheckNeutralFields(body));
+  RETURN_IF_ERROR(openai_fields::ParseChoices(body, &request));
 
   const json* messages = Find(body, "messages");
   if (messages == nullptr) return FieldError("messages", "missing");

@@ -94,37 +94,60 @@ std::string OpenAiFinishReason(FinishReason reason) {
   }
 }
 
-void ChatCompletionBuilder::Add(const GenerateResponse& response) {
-  if (request_id_.empty()) request_id_ = response.request_id();
-  text_ += response.text();
-  logprobs_.MergeFrom(response.logprobs());
-  if (response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
-    finish_reason_ = response.finish_reason();
-    matched_stop_ = response.matched_stop();
+void ChoicesUsage::Add(uint32_t index, const Usage& usage) {
+  if (index == 0) {
+    usage_.set_prompt_tokens(usage.prompt_tokens());
+    usage_.set_cached_prompt_tokens(usage.cached_prompt_tokens());
+    usage_.set_image_tokens(usage.image_tokens());
+    usage_.set_cached_images(usage.cached_images());
   }
-  if (response.has_usage()) usage_ = response.usage();
+  usage_.set_completion_tokens(usage_.completion_tokens() + usage.completion_tokens());
+}
+
+void ChatCompletionBuilder::Add(const GenerateResponse& response) {
+  if (response.index() >= choices_.size()) return;
+  if (request_id_.empty()) request_id_ = response.request_id();
+  Choice& c = choices_[response.index()];
+  c.text += response.text();
+  c.logprobs.MergeFrom(response.logprobs());
+  if (response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
+    c.finish_reason = response.finish_reason();
+    c.matched_stop = response.matched_stop();
+  }
+  if (response.has_usage()) usage_.Add(response.index(), response.usage());
+}
+
+bool ChatCompletionBuilder::finished() const {
+  return std::all_of(choices_.begin(), choices_.end(), [](const Choice& c) {
+    return c.finish_reason != mmserve::v1::FINISH_REASON_UNSPECIFIED;
+  });
 }
 
 std::string ChatCompletionBuilder::Json() const {
-  json choice;
-  choice["index"] = 0;
-  choice["message"] = {{"role", "assistant"}, {"content", text_}};
-  if (ctx_.logprobs) {
-    choice["logprobs"] = LogprobsJson(logprobs_);
-  } else {
-    choice["logprobs"] = nullptr;
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    json choice;
+    choice["index"] = i;
+    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    if (ctx_.logprobs) {
+      choice["logprobs"] = LogprobsJson(c.logprobs);
+    } else {
+      choice["logprobs"] = nullptr;
+    }
+    choice["finish_reason"] = FinishReasonJson(c.finish_reason);
+    // vLLM's extension: the stop string that ended the completion.
+    choice["stop_reason"] = c.matched_stop.empty() ? json(nullptr) : json(c.matched_stop);
+    choices.push_back(std::move(choice));
   }
-  choice["finish_reason"] = FinishReasonJson(finish_reason_);
-  // vLLM's extension: the stop string that ended the completion.
-  choice["stop_reason"] = matched_stop_.empty() ? json(nullptr) : json(matched_stop_);
 
   json j;
   j["id"] = CompletionId(request_id_);
   j["object"] = "chat.completion";
   j["created"] = ctx_.created;
   j["model"] = ctx_.model;
-  j["choices"] = json::array({std::move(choice)});
-  j["usage"] = UsageJson(usage_);
+  j["choices"] = std::move(choices);
+  j["usage"] = UsageJson(usage_.usage());
   return Dump(j);
 }
 
@@ -135,7 +158,7 @@ std::string ChatCompletionChunkJson(const CompletionContext& ctx, const Generate
   if (first || !response.text().empty()) delta["content"] = response.text();
 
   json choice;
-  choice["index"] = 0;
+  choice["index"] = response.index();
   choice["delta"] = std::move(delta);
   choice["logprobs"] = ctx.logprobs && response.logprobs_size() > 0
                            ? LogprobsJson(response.logprobs())
@@ -167,19 +190,24 @@ std::string SseEvent(absl::string_view json_text) {
 std::string SseDone() { return "data: [DONE]\n\n"; }
 
 std::string ChatCompletionStream::OnResponse(const GenerateResponse& response) {
-  if (done_) return "";
+  const uint32_t i = response.index();
+  if (done_ || i >= finished_.size() || finished_[i]) return "";
   bool final = response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED;
   bool has_news =
       final || !response.text().empty() || (ctx_.logprobs && response.logprobs_size() > 0);
-  if (!first_ && !has_news) return "";
-  std::string out = SseEvent(ChatCompletionChunkJson(ctx_, response, first_));
-  first_ = false;
+  if (opened_[i] && !has_news) return "";
+  std::string out = SseEvent(ChatCompletionChunkJson(ctx_, response, !opened_[i]));
+  opened_[i] = true;
   if (final) {
-    if (ctx_.include_usage) {
-      out += SseEvent(ChatCompletionUsageChunkJson(ctx_, response.request_id(), response.usage()));
+    finished_[i] = true;
+    usage_.Add(i, response.usage());
+    if (++num_finished_ == finished_.size()) {
+      if (ctx_.include_usage) {
+        out += SseEvent(ChatCompletionUsageChunkJson(ctx_, response.request_id(), usage_.usage()));
+      }
+      out += SseDone();
+      done_ = true;
     }
-    out += SseDone();
-    done_ = true;
   }
   return out;
 }

@@ -343,8 +343,9 @@ TEST_CASE("every malformed or unsupported request is INVALID_ARGUMENT naming the
       {with("logprobs", 1), "logprobs: must be a boolean"},
       {with("top_logprobs", 3), "top_logprobs: requires \"logprobs\": true"},
       {with("add_generation_prompt", "no"), "add_generation_prompt: must be a boolean"},
-      {with("n", 2), "n: only 1 choice per request is supported"},
-      {with("best_of", 3), "best_of: only 1 choice"},
+      {with("n", 0), "n: must be at least 1"},
+      {with("n", 1.5), "n: must be an integer"},
+      {with("best_of", 3), "best_of: only 1 is supported"},
       {with("presence_penalty", "high"), "presence_penalty: must be a number"},
       {with("frequency_penalty", json::array()), "frequency_penalty: must be a number"},
       {with("repetition_penalty", true), "repetition_penalty: must be a number"},
@@ -565,6 +566,53 @@ TEST_CASE("an error mid-stream becomes an error event, then [DONE]", "[openai]")
   CHECK(error["error"]["code"] == "unavailable");
   CHECK(events[1] == "[DONE]");
   CHECK(stream.done());
+}
+
+TEST_CASE("n choices: one message each, chunks carry their index, [DONE] after the last",
+          "[openai]") {
+  json body = UserSays("hi");
+  body["n"] = 3;
+  CHECK(MustParse(body).request.n() == 3);
+
+  CompletionContext ctx{"m", 1, false, /*include_usage=*/true, /*n=*/2};
+  ChatCompletionBuilder reply(ctx);
+  ChatCompletionStream stream(ctx);
+  GenerateResponse a0 = Step("Hel");
+  GenerateResponse b0 = Step("Other");
+  b0.set_index(1);
+  GenerateResponse b1 = Final("!", mmserve::v1::FINISH_REASON_LENGTH);
+  b1.set_index(1);
+  GenerateResponse a1 = Final("lo", mmserve::v1::FINISH_REASON_STOP);
+  std::string events;
+  for (const GenerateResponse& r : {a0, b0, b1, a1}) {
+    reply.Add(r);
+    CHECK_FALSE(stream.done());
+    events += stream.OnResponse(r);
+  }
+  CHECK(reply.finished());
+  CHECK(stream.done());
+  const json whole = json::parse(reply.Json());
+  REQUIRE(whole["choices"].size() == 2);
+  CHECK(whole["choices"][0]["index"] == 0);
+  CHECK(whole["choices"][0]["message"]["content"] == "Hello");
+  CHECK(whole["choices"][0]["finish_reason"] == "stop");
+  CHECK(whole["choices"][1]["index"] == 1);
+  CHECK(whole["choices"][1]["message"]["content"] == "Other!");
+  CHECK(whole["choices"][1]["finish_reason"] == "length");
+  CHECK(whole["usage"]["prompt_tokens"] == 30);     // once
+  CHECK(whole["usage"]["completion_tokens"] == 8);  // summed
+  std::vector<std::string> chunks = absl::StrSplit(events, "\n\n", absl::SkipEmpty());
+  REQUIRE(chunks.size() == 6);  // four chunks, usage, [DONE]
+  std::vector<int> indices;
+  for (int i = 0; i < 4; ++i) {
+    const json c = json::parse(chunks[i].substr(6));
+    indices.push_back(c["choices"][0]["index"].get<int>());
+    // Each choice's first chunk opens with the role.
+    CHECK(c["choices"][0]["delta"].contains("role") == (i < 2));
+  }
+  CHECK(indices == std::vector<int>{0, 1, 1, 0});
+  CHECK(json::parse(chunks[4].substr(6))["usage"]["completion_tokens"] == 8);
+  CHECK(chunks[5] == "data: [DONE]");
 }
 
 TEST_CASE("SSE framing", "[openai]") {

@@ -19,7 +19,7 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
   void Begin(const RouterContext& context, CallTracker& tracker,
              const mmserve::v1::GenerateRequest& request,
              std::chrono::system_clock::time_point deadline, PublicAccess::Lease lease) {
-    auto call = StartTrackedCall(
+    CallCancel call = StartTrackedCall(
         context, tracker, request,
         {.on_response = [this](mmserve::v1::GenerateResponse r) { Push(std::move(r)); },
          .on_end =
@@ -28,7 +28,7 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
                {
                  absl::MutexLock lock(&mu_);
                  ended_ = true;
-                 call_.reset();
+                 call_ = nullptr;
                }
                End(s);  // may delete this
              }},
@@ -42,16 +42,16 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
 
  private:
   void CancelCall(const char* why) {
-    std::shared_ptr<GenerateCall> call;
+    CallCancel call;
     {
       absl::MutexLock lock(&mu_);
       call = call_;
     }
-    if (call) call->Cancel(why);
+    if (call) call(why);
   }
 
   absl::Mutex mu_;
-  std::shared_ptr<GenerateCall> call_ ABSL_GUARDED_BY(mu_);
+  CallCancel call_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -94,9 +94,13 @@ size_t CallTracker::size() const {
   return calls_.size();
 }
 
-std::shared_ptr<GenerateCall> StartTrackedCall(const RouterContext& context, CallTracker& tracker,
-                                               mmserve::v1::GenerateRequest request, CallSink sink,
-                                               std::chrono::system_clock::time_point deadline) {
+namespace {
+
+std::shared_ptr<GenerateCall> StartOneTrackedCall(const RouterContext& context,
+                                                  CallTracker& tracker,
+                                                  mmserve::v1::GenerateRequest request,
+                                                  CallSink sink,
+                                                  std::chrono::system_clock::time_point deadline) {
   // The call's id is known only once it exists; `ended` guards against the
   // call ending (and removing itself) before it was added.
   auto id = std::make_shared<std::string>();
@@ -112,6 +116,24 @@ std::shared_ptr<GenerateCall> StartTrackedCall(const RouterContext& context, Cal
   tracker.Add(call);
   if (ended->load()) tracker.Remove(call->id());
   return call;
+}
+
+}  // namespace
+
+CallCancel StartTrackedCall(const RouterContext& context, CallTracker& tracker,
+                            mmserve::v1::GenerateRequest request, CallSink sink,
+                            std::chrono::system_clock::time_point deadline) {
+  auto start = [&context, &tracker, deadline](mmserve::v1::GenerateRequest r, CallSink s) {
+    std::shared_ptr<GenerateCall> call =
+        StartOneTrackedCall(context, tracker, std::move(r), std::move(s), deadline);
+    return CallCancel([call](const std::string& why) { call->Cancel(why); });
+  };
+  if (request.n() <= 1) return start(std::move(request), std::move(sink));
+  std::shared_ptr<ChoiceCalls> choices =
+      ChoiceCalls::Start(std::move(request), std::move(sink), std::move(start));
+  return [choices](const std::string& why) {
+    if (choices != nullptr) choices->CancelAll(why);
+  };
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/inference.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
+#include "router/choice_calls.h"
 #include "router/generate_call.h"
 #include "router/instance_table.h"
 
@@ -32,11 +33,15 @@ class CallTracker {
   std::map<std::string, std::weak_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
 };
 
-// Starts a call whose end unregisters it from `tracker` before the sink's
-// own on_end runs.
-std::shared_ptr<GenerateCall> StartTrackedCall(const RouterContext& context, CallTracker& tracker,
-                                               mmserve::v1::GenerateRequest request, CallSink sink,
-                                               std::chrono::system_clock::time_point deadline);
+// Cancels a started request (every choice of it).
+using CallCancel = ChoiceCalls::Cancel;
+
+// Starts a request's call, or with n > 1 its choices' calls
+// (router/choice_calls.h); each call's end unregisters it from `tracker`
+// before the sink's own on_end runs.
+CallCancel StartTrackedCall(const RouterContext& context, CallTracker& tracker,
+                            mmserve::v1::GenerateRequest request, CallSink sink,
+                            std::chrono::system_clock::time_point deadline);
 
 class InferenceService final : public mmserve::v1::Inference::CallbackService {
  public:

@@ -4,16 +4,20 @@
 // E + P + D with a TP=2 decode instance and elastic instances under
 // `router --esp` all give the in-process engine's tokens for the same
 // seeded or greedy parameters; the HTTP API (/v1/chat/completions, and
-// /v1/completions with and without echo) gives the gRPC API's text.
+// /v1/completions with and without echo) gives the gRPC API's text. A
+// request with n choices gives, as choice i, the one-choice request under
+// seed + i, and its later choices take the prompt from the prefix cache.
 #include <httplib.h>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
+#include "common/grpc_status.h"
 #include "tests/stack_harness.h"
 #include "worker/engine.h"
 
@@ -134,6 +138,71 @@ const Expected& Reference() {
   return *e;
 }
 
+// One request with n choices over gRPC: per choice, its tokens and its
+// final response's usage.
+struct Choices {
+  absl::Status status;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<mmserve::v1::Usage> usage;
+  std::set<std::string> request_ids;
+};
+
+Choices AskChoices(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRequest& r) {
+  Choices out;
+  out.ids.resize(r.n());
+  out.usage.resize(r.n());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub.Generate(&ctx, r);
+  mmserve::v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    REQUIRE(response.index() < r.n());
+    out.request_ids.insert(response.request_id());
+    for (uint32_t t : response.token_ids()) {
+      out.ids[response.index()].push_back(static_cast<int32_t>(t));
+    }
+    if (response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
+      out.usage[response.index()] = response.usage();
+    }
+  }
+  out.status = FromGrpcStatus(reader->Finish());
+  return out;
+}
+
+// n = 3 under the sampled case's seed s: choice i is the one-choice request
+// under seed s + i, and choices 1 and 2 took the prompt from the prefix
+// cache (`shared`: they were placed where choice 0 ran).
+void CheckChoices(launcher::LocalStack& stack, bool shared) {
+  const Params& p = Reference().cases[1];
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+  // A prompt of several KV blocks (16 tokens each), so that there is a
+  // prefix to share.
+  std::string text;
+  for (int i = 0; i < kPrompts; ++i) text += PromptText(i) + " ";
+  mmserve::v1::GenerateRequest r = RawRequest(0, p);
+  r.mutable_raw()->set_text(text);
+  r.set_n(3);
+  const Choices got = AskChoices(*stub, r);
+  INFO(got.status);
+  REQUIRE(got.status.ok());
+  CHECK(got.request_ids.size() == 1);
+  for (uint32_t i = 0; i < 3; ++i) {
+    INFO("choice " << i);
+    mmserve::v1::GenerateRequest one = RawRequest(0, p);
+    one.mutable_raw()->set_text(text);
+    one.mutable_sampling()->set_seed(p.seed + i);
+    const Answer a = AskGrpc(*stub, one, {});
+    REQUIRE(a.status.ok());
+    CHECK(got.ids[i] == a.token_ids);
+    CHECK(got.usage[i].completion_tokens() == kTokens);
+    CHECK(got.usage[i].prompt_tokens() > 48);
+    if (shared && i > 0) {
+      CHECK(got.usage[i].cached_prompt_tokens() >= got.usage[i].prompt_tokens() - 16);
+    }
+  }
+  CHECK(got.ids[1] != got.ids[0]);
+}
+
 // Every case's raw prompts through the router: the in-process tokens.
 void CheckStack(launcher::LocalStack& stack) {
   const Expected& want = Reference();
@@ -186,6 +255,7 @@ TEST_CASE(
   INFO(stack.status());
   REQUIRE(stack.ok());
   CheckStack(**stack);
+  CheckChoices(**stack, /*shared=*/true);
 
   // A chat over HTTP and over gRPC: one text.
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
@@ -204,6 +274,32 @@ TEST_CASE(
       CHECK(reply["choices"][0]["message"]["content"] == grpc.text);
       CHECK(reply["usage"]["completion_tokens"] == kTokens);
     }
+  }
+
+  // n over HTTP: choices[i] is the one-choice request under seed + i.
+  {
+    const Params& p = Reference().cases[1];
+    nlohmann::json body = HttpBody(0, p);
+    body["n"] = 2;
+    const auto [status, reply] = PostChat((*stack)->http_port(), body);
+    INFO(reply.dump());
+    REQUIRE(status == 200);
+    REQUIRE(reply["choices"].size() == 2);
+    for (int i = 0; i < 2; ++i) {
+      Params one = p;
+      one.seed = p.seed + i;
+      const auto [one_status, one_reply] = PostChat((*stack)->http_port(), HttpBody(0, one));
+      REQUIRE(one_status == 200);
+      CHECK(reply["choices"][i]["index"] == i);
+      CHECK(reply["choices"][i]["message"]["content"] ==
+            one_reply["choices"][0]["message"]["content"]);
+    }
+    CHECK(reply["usage"]["completion_tokens"] == 2 * kTokens);
+    nlohmann::json too_many = HttpBody(0, p);
+    too_many["n"] = 17;
+    const auto [refused_status, refused] = PostChat((*stack)->http_port(), too_many);
+    CHECK(refused_status == 400);
+    CHECK(refused["error"]["message"] == "n must be in [1, 16], got 17");
   }
 
   // /v1/completions on the raw prompt: the gRPC raw request's text, with
@@ -267,6 +363,7 @@ TEST_CASE("E + P + D with a TP=2 decode instance: the in-process engine's penali
   INFO(stack.status());
   REQUIRE(stack.ok());
   CheckStack(**stack);
+  CheckChoices(**stack, /*shared=*/true);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
@@ -282,6 +379,7 @@ TEST_CASE("elastic instances under router --esp: the in-process engine's penalis
   // The group path served them (degree 1: one member samples and decodes).
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total") ==
         kPrompts * static_cast<int>(Reference().cases.size()));
+  CheckChoices(**stack, /*shared=*/false);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
