@@ -65,17 +65,23 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const mmserve::v1::SamplingPara
     return absl::InvalidArgumentError(absl::StrCat("logit_bias: at most ", kMaxLogitBiasEntries,
                                                    " entries, got ", in.logit_bias_size()));
   }
-  for (const auto& [token, bias] : in.logit_bias()) {
-    if (token >= static_cast<uint32_t>(config.text.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token ", token,
+  for (const mmserve::v1::LogitBias& b : in.logit_bias()) {
+    if (b.token_id() >= static_cast<uint32_t>(config.text.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token ", b.token_id(),
                                                      " is outside the vocabulary [0, ",
                                                      config.text.vocab_size, ")"));
     }
-    p.logit_bias.push_back({static_cast<int32_t>(token), bias});
+    p.logit_bias.push_back({static_cast<int32_t>(b.token_id()), b.bias()});
   }
-  // A proto map has no order; the sampler adds the biases in token order.
+  // The sampler adds the biases in token order, each token once.
   std::sort(p.logit_bias.begin(), p.logit_bias.end(),
             [](const TokenBias& a, const TokenBias& b) { return a.token < b.token; });
+  for (size_t i = 1; i < p.logit_bias.size(); ++i) {
+    if (p.logit_bias[i].token == p.logit_bias[i - 1].token) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token ", p.logit_bias[i].token, " appears more than once"));
+    }
+  }
   RETURN_IF_ERROR(ValidateSamplingParams(p, config.text.vocab_size));
   return p;
 }

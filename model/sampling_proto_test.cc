@@ -13,6 +13,12 @@ ModelConfig Config() {
   return c;
 }
 
+void AddBias(mmserve::v1::SamplingParams& in, uint32_t token, float bias) {
+  mmserve::v1::LogitBias* b = in.add_logit_bias();
+  b->set_token_id(token);
+  b->set_bias(bias);
+}
+
 TEST_CASE("unset fields take generation_config defaults, then the documented ones") {
   bool to_context = false;
   auto p = SamplingFromProto(mmserve::v1::SamplingParams(), Config(), 64, &to_context);
@@ -75,8 +81,14 @@ TEST_CASE("out-of-range values are refused with the field's name, never clamped"
   refuse([](auto& in) { in.set_frequency_penalty(3); }, "frequency_penalty");
   refuse([](auto& in) { in.set_repetition_penalty(0); }, "repetition_penalty");
   refuse([](auto& in) { in.set_repetition_penalty(-1); }, "repetition_penalty");
-  refuse([](auto& in) { (*in.mutable_logit_bias())[100] = 1; }, "logit_bias: token 100");
-  refuse([](auto& in) { (*in.mutable_logit_bias())[3] = -100.5f; }, "logit_bias");
+  refuse([](auto& in) { AddBias(in, 100, 1); }, "logit_bias: token 100");
+  refuse([](auto& in) { AddBias(in, 3, -100.5f); }, "logit_bias");
+  refuse(
+      [](auto& in) {
+        AddBias(in, 3, 1);
+        AddBias(in, 3, 2);
+      },
+      "logit_bias: token 3 appears more than once");
   refuse(
       [](auto& in) {
         in.set_max_tokens(4);
@@ -90,9 +102,9 @@ TEST_CASE("penalties and logit_bias reach the sampler, the bias sorted by token"
   in.set_presence_penalty(0.5f);
   in.set_frequency_penalty(-1.0f);
   in.set_repetition_penalty(1.2f);
-  (*in.mutable_logit_bias())[42] = -100;
-  (*in.mutable_logit_bias())[7] = 3.5f;
-  (*in.mutable_logit_bias())[99] = 100;
+  AddBias(in, 42, -100);
+  AddBias(in, 7, 3.5f);
+  AddBias(in, 99, 100);
   bool to_context = false;
   auto p = SamplingFromProto(in, Config(), 64, &to_context);
   REQUIRE(p.ok());

@@ -93,6 +93,8 @@ void ChoiceCalls::OnResponse(uint32_t i, mmserve::v1::GenerateResponse response)
   std::string id;
   {
     absl::MutexLock lock(&mu_);
+    if (end_sent_) return;
+    ++in_flight_;
     if (i == 0 && id_.empty()) id_ = response.request_id();
     const bool first_token = response.token_ids_size() > 0 ||
                              response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED;
@@ -106,11 +108,16 @@ void ChoiceCalls::OnResponse(uint32_t i, mmserve::v1::GenerateResponse response)
   response.set_request_id(id);
   response.set_index(i);
   if (!request_.stream().include_token_ids()) response.clear_token_ids();
+  sink_.on_response(std::move(response));
   {
-    absl::MutexLock lock(&sink_mu_);
-    if (sink_.on_response) sink_.on_response(std::move(response));
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
   }
-  if (start_rest) StartRest();
+  if (start_rest) {
+    StartRest();  // ends with MaybeEnd
+  } else {
+    MaybeEnd();
+  }
 }
 
 void ChoiceCalls::OnEnd(uint32_t i, absl::Status status) {
@@ -145,18 +152,12 @@ void ChoiceCalls::MaybeEnd() {
   std::vector<Cancel> leftover;
   {
     absl::MutexLock lock(&mu_);
-    if (end_sent_ || !rest_started_ || ended_ < expected_) return;
+    if (end_sent_ || !rest_started_ || ended_ < expected_ || in_flight_ > 0) return;
     end_sent_ = true;
     status = status_;
     leftover.swap(cancels_);
   }
-  CallSink sink;
-  {
-    absl::MutexLock lock(&sink_mu_);
-    sink = std::move(sink_);
-    sink_ = CallSink();
-  }
-  sink.on_end(std::move(status));
+  sink_.on_end(std::move(status));
 }
 
 }  // namespace mmserve::router

@@ -15,9 +15,10 @@
 //   choices->CancelAll("client cancelled");   // any time
 //
 // Thread-safe. Nothing that reaches a call or the sink runs under mu_ (calls
-// may run their sinks inline in the thread that starts or cancels them);
-// responses reach the sink one at a time under sink_mu_. Lock order: mu_
-// and sink_mu_ are never held together.
+// may run their sinks inline in the thread that starts or cancels them, and
+// a sink may cancel inline); the sink's on_response may run on several
+// threads at once (one per choice, each choice's responses in order), and
+// its on_end waits for every delivery in flight.
 #ifndef MMSERVE_ROUTER_CHOICE_CALLS_H_
 #define MMSERVE_ROUTER_CHOICE_CALLS_H_
 
@@ -83,9 +84,9 @@ class ChoiceCalls : public std::enable_shared_from_this<ChoiceCalls> {
   bool end_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);  // the first error
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;    // on_response calls running
 
-  absl::Mutex sink_mu_;
-  CallSink sink_ ABSL_GUARDED_BY(sink_mu_);
+  const CallSink sink_;
 };
 
 }  // namespace mmserve::router

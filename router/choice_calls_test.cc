@@ -149,6 +149,35 @@ TEST_CASE("cancel before the first token: only choice 0 ran, and it is cancelled
   CHECK(got.ends[0].code() == absl::StatusCode::kCancelled);
 }
 
+TEST_CASE("a sink that cancels inline, calls that end inline: one end, no deadlock", "[choices]") {
+  // As a gRPC stream whose write fails inline: the client is gone, the
+  // front end cancels, and a call's cancel runs its sink's on_end inline.
+  std::vector<std::shared_ptr<FakeCalls::Call>> calls;
+  ChoiceCalls::StartCall start = [&calls](GenerateRequest r, CallSink s) {
+    auto call = std::make_shared<FakeCalls::Call>(FakeCalls::Call{std::move(r), std::move(s), {}});
+    calls.push_back(call);
+    return ChoiceCalls::Cancel([call](const std::string& why) {
+      call->cancels.push_back(why);
+      call->sink.on_end(absl::CancelledError(why));
+    });
+  };
+  std::shared_ptr<ChoiceCalls> choices;
+  std::vector<absl::Status> ends;
+  int responses = 0;
+  CallSink sink{.on_response =
+                    [&](GenerateResponse) {
+                      ++responses;
+                      choices->CancelAll("the client is gone");
+                    },
+                .on_end = [&](absl::Status s) { ends.push_back(std::move(s)); }};
+  choices = ChoiceCalls::Start(Request(3), std::move(sink), start);
+  calls[0]->sink.on_response(Token("mine", 1));
+  CHECK(responses == 1);
+  CHECK(calls.size() == 1);  // cancelled before the others started
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0].code() == absl::StatusCode::kCancelled);
+}
+
 TEST_CASE("n above the limit is refused before anything starts", "[choices]") {
   FakeCalls fake;
   Received got;

@@ -55,7 +55,9 @@ TEST_CASE("a text prompt with sampling fields maps onto a raw GenerateRequest", 
   CHECK(s.stop(0) == "\n");
   CHECK(s.presence_penalty() == 0.5f);
   CHECK(s.frequency_penalty() == 0.25f);
-  CHECK(s.logit_bias().at(42) == -100.0f);
+  REQUIRE(s.logit_bias_size() == 1);
+  CHECK(s.logit_bias(0).token_id() == 42);
+  CHECK(s.logit_bias(0).bias() == -100.0f);
   CHECK(s.logprobs() == 3);
   CHECK(s.max_tokens() == 16);  // OpenAI's default for completions
   CHECK(r.request.stream().include_usage());

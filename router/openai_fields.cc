@@ -121,7 +121,9 @@ absl::Status ParsePenalties(const json& body, SamplingParams* s) {
         return FieldError(field, "the key must be a token id (a non-negative integer)");
       }
       ASSIGN_OR_RETURN(double bias, GetNumber(value, field));
-      (*s->mutable_logit_bias())[token] = static_cast<float>(bias);
+      mmserve::v1::LogitBias* entry = s->add_logit_bias();
+      entry->set_token_id(token);
+      entry->set_bias(static_cast<float>(bias));
     }
   }
   return absl::OkStatus();

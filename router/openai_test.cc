@@ -3,6 +3,7 @@
 #include <stb/stb_image.h>
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -191,9 +192,9 @@ TEST_CASE("penalties and logit_bias map onto SamplingParams", "[openai]") {
   CHECK(s.frequency_penalty() == -1.0f);
   CHECK(s.repetition_penalty() == 1.1f);
   REQUIRE(s.logit_bias_size() == 3);
-  CHECK(s.logit_bias().at(151645) == -100.0f);
-  CHECK(s.logit_bias().at(7) == 2.5f);
-  CHECK(s.logit_bias().at(0) == 100.0f);
+  std::map<uint32_t, float> bias;
+  for (const mmserve::v1::LogitBias& b : s.logit_bias()) bias[b.token_id()] = b.bias();
+  CHECK(bias == std::map<uint32_t, float>{{0, 100.0f}, {7, 2.5f}, {151645, -100.0f}});
 
   // Out-of-range values pass the parser: the router's SamplingParams
   // validation refuses them with the same reasons as on gRPC.
@@ -202,7 +203,9 @@ TEST_CASE("penalties and logit_bias map onto SamplingParams", "[openai]") {
   wide["logit_bias"] = {{"3", 1000}};
   OpenAiChatRequest w = MustParse(wide);
   CHECK(w.request.sampling().presence_penalty() == 5.0f);
-  CHECK(w.request.sampling().logit_bias().at(3) == 1000.0f);
+  REQUIRE(w.request.sampling().logit_bias_size() == 1);
+  CHECK(w.request.sampling().logit_bias(0).token_id() == 3);
+  CHECK(w.request.sampling().logit_bias(0).bias() == 1000.0f);
 
   // Neutral values are values like any other.
   json neutral = UserSays("hi");

@@ -76,7 +76,11 @@ void SetProto(const Params& p, mmserve::v1::SamplingParams* s) {
   s->set_presence_penalty(p.presence);
   s->set_frequency_penalty(p.frequency);
   s->set_repetition_penalty(p.repetition);
-  for (const auto& [token, bias] : p.bias) (*s->mutable_logit_bias())[token] = bias;
+  for (const auto& [token, bias] : p.bias) {
+    mmserve::v1::LogitBias* b = s->add_logit_bias();
+    b->set_token_id(static_cast<uint32_t>(token));
+    b->set_bias(bias);
+  }
 }
 
 std::string PromptText(int i) {
