@@ -15,6 +15,7 @@
 #include "router/disaggregated_call.h"
 #include "router/elastic_call.h"
 #include "router/esp_prompt.h"
+#include "router/public_error.h"
 #include "scheduler/placement.h"
 
 namespace mmserve::router {
@@ -349,8 +350,11 @@ void GenerateCall::LastStreamClosed(const grpc::Status& status, absl::string_vie
     return;
   }
   absl::Status s = FromGrpcStatus(status);
+  // A stream the router did not cancel (the call has not ended) that ends
+  // CANCELLED was cancelled by the instance: a failure, not the client's.
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::UNKNOWN) {
+      status.error_code() == grpc::StatusCode::UNKNOWN ||
+      status.error_code() == grpc::StatusCode::CANCELLED) {
     s = absl::UnavailableError(
         absl::StrCat(role, " instance ", instance_id, " failed: ", status.error_message()));
   }
@@ -391,8 +395,8 @@ void GenerateCall::End(absl::Status status) {
   encoders_.CancelOpen(deferred_);
   CancelStreams(status);
   for (const auto& instance : LanguageInstances()) instance->inflight -= placed_tokens_;
-  RecordEnd(status);
-  deferred_.Defer([sink = std::move(sink_), status = std::move(status)]() mutable {
+  RecordEnd(status);  // the whole status, for the operator
+  deferred_.Defer([sink = std::move(sink_), status = PublicStatus(status, id_)]() mutable {
     sink.on_end(std::move(status));
   });
 }
@@ -410,10 +414,17 @@ void GenerateCall::RecordEnd(const absl::Status& status) {
                  "Time in the router before dispatch (validation, hashing, pre-sizing).",
                  metrics::LatencyBuckets())
       .Observe(router_seconds_);
-  LOG(INFO) << "request " << id_ << ": " << (status.ok() ? "OK" : status.ToString()) << ", "
-            << encoders_.size() << " images, " << completion_tokens_ << " tokens, "
-            << absl::StrFormat("%.1f ms", e2e * 1e3)
-            << (prefill_ ? absl::StrCat(", on ", prefill_->id) : "");
+  const std::string summary = absl::StrCat(
+      "request ", id_, ": ", status.ok() ? "OK" : status.ToString(), ", ", encoders_.size(),
+      " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),
+      prefill_ ? absl::StrCat(", on ", prefill_->id) : "");
+  // A failure of the service is logged whole: the client sees only a
+  // generic message with the request id (public_error.h).
+  if (status.ok() || IsClientError(status.code())) {
+    LOG(INFO) << summary;
+  } else {
+    LOG(WARNING) << summary;
+  }
 }
 
 }  // namespace mmserve::router

@@ -25,7 +25,9 @@
 // encoder left the call ends with UNAVAILABLE. A language instance that fails
 // ends the call with UNAVAILABLE. Ending for any reason cancels every child
 // call, which makes each process free what the request held. The sink's
-// on_end runs exactly once, after the last on_response.
+// on_end runs exactly once, after the last on_response, with the status a
+// client may see (PublicStatus, public_error.h); the whole status goes to
+// the log with the request id.
 //
 // Thread-safe. gRPC may run reactions inline in the thread that starts or
 // cancels a call, so nothing that reaches gRPC or the sink runs under mu_:

@@ -542,6 +542,7 @@ TEST_CASE("SSE framing", "[openai]") {
 TEST_CASE("status codes map to HTTP statuses and OpenAI error bodies", "[openai]") {
   CHECK(HttpStatusFor(absl::StatusCode::kOk) == 200);
   CHECK(HttpStatusFor(absl::StatusCode::kInvalidArgument) == 400);
+  CHECK(HttpStatusFor(absl::StatusCode::kOutOfRange) == 400);
   CHECK(HttpStatusFor(absl::StatusCode::kNotFound) == 404);
   CHECK(HttpStatusFor(absl::StatusCode::kResourceExhausted) == 429);
   CHECK(HttpStatusFor(absl::StatusCode::kCancelled) == 499);
