@@ -181,6 +181,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest
   r->id = request.request_id();
   r->sink = std::move(sink);
   r->engine_request.id = r->id;
+  r->engine_request.priority = request.priority();
   r->engine_request.prompt = std::move(prompt);
   if (request.has_raw() && request.raw().token_ids_size() > 0) {
     if (!request.raw().text().empty()) {
