@@ -3,7 +3,13 @@
 # starts the stack, the CLI and the Python client answer a demo question over
 # gRPC, server reflection lists the services, curl gets an answer over HTTP,
 # SIGTERM stops it, and no process, port or SysV shared-memory segment is
-# left behind.
+# left behind. Then the options serve.sh passes through: a second stack with
+# --api_key_file, --model_id, --quantize and --language_flags refuses a call
+# without a key (UNAUTHENTICATED over gRPC, 401 over HTTP), lists the model
+# id in /v1/models, answers with the key, and its language process runs with
+# the flags; an unknown option, an unreadable file, a bad value and a flag
+# the process does not have are each refused with exit status 2 and a
+# message that names them.
 # Prints "serve_test: PASS" or "serve_test: FAIL <why>"; exit status likewise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,13 +52,68 @@ body=$(curl -s "http://127.0.0.1:$http/v1/chat/completions" -H 'Content-Type: ap
   -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}')
 grep -q '"chat.completion"' <<<"$body" || { kill -TERM "$serve"; fail "HTTP answered: $body"; }
 
-kill -TERM "$serve"
-for _ in $(seq 1 100); do kill -0 "$serve" 2>/dev/null || break; sleep 0.2; done
-kill -0 "$serve" 2>/dev/null && fail "serve.sh still runs 20 s after SIGTERM"
-sleep 0.5
-left=$(pgrep -f "$bin/(router/router|encoder_service/encoder|language_service/language|deploy/launcher/mmserve_launch)" || true)
-[[ -z "$left" ]] || fail "processes left behind: $left"
-segments_after=$(ipcs -m | grep -c '^0x' || true)
-[[ "$segments_after" -le "$segments_before" ]] || fail "SysV segments left: $segments_before -> $segments_after"
-if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then fail "port $port still open"; fi
-echo "serve_test: PASS (answer '$answer', Python '$py_answer'; $(grep -c . <<<"$services") services listed)"
+# Stops serve.sh ($1) and checks that nothing of its stack is left.
+stop_and_check() {
+  local serve=$1 port=$2
+  kill -TERM "$serve"
+  for _ in $(seq 1 100); do kill -0 "$serve" 2>/dev/null || break; sleep 0.2; done
+  kill -0 "$serve" 2>/dev/null && fail "serve.sh still runs 20 s after SIGTERM"
+  sleep 0.5
+  # serve.sh leads its own session (setsid): whatever is left of the stack is in it.
+  left=$(ps -e -o sid=,pid=,args= | awk -v sid="$serve" '$1 == sid' || true)
+  [[ -z "$left" ]] || fail "processes left behind: $left"
+  segments_after=$(ipcs -m | grep -c '^0x' || true)
+  [[ "$segments_after" -le "$segments_before" ]] || fail "SysV segments left: $segments_before -> $segments_after"
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then fail "port $port still open"; fi
+}
+stop_and_check "$serve" "$port"
+first="answer '$answer', Python '$py_answer'; $(grep -c . <<<"$services") services listed"
+
+# Options passed through to the processes.
+port2=$((port + 1))
+http2=$((http + 1))
+keys=$(mktemp)
+printf '# serve_test\nserve-test-key\n' >"$keys"
+MMSERVE_SERVE_OPT=${MMSERVE_SERVE_OPT:-0} setsid ./deploy/serve.sh --port="$port2" --http_port="$http2" \
+  --api_key_file="$keys" --model_id=shapes-int8 --quantize=int8 \
+  --language_flags=--max_num_seqs=8 >"$out" 2>&1 &
+serve=$!
+for _ in $(seq 1 600); do
+  grep -q '^READY serve.sh' "$out" && break
+  kill -0 "$serve" 2>/dev/null || fail "serve.sh with pass-through options exited before it was ready"
+  sleep 0.5
+done
+grep -q '^READY serve.sh' "$out" || { kill -TERM "$serve"; fail "not ready in 300 s (pass-through options)"; }
+unauth=$("$bin/client/cli" --address="127.0.0.1:$port2" --prompt=Hello --max_tokens=2 2>&1 >/dev/null)
+grep -q 'UNAUTHENTICATED' <<<"$unauth" ||
+  { kill -TERM "$serve"; fail "--api_key_file: a gRPC call without a key got '$unauth'"; }
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http2/v1/chat/completions" \
+  -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":2}')
+[[ "$code" == 401 ]] || { kill -TERM "$serve"; fail "--api_key_file: HTTP without a key got $code, expected 401"; }
+models=$(curl -s -H 'Authorization: Bearer serve-test-key' "http://127.0.0.1:$http2/v1/models")
+grep -q '"id": *"shapes-int8"' <<<"$models" ||
+  { kill -TERM "$serve"; fail "--model_id: /v1/models answered $models"; }
+keyed=$(MMSERVE_API_KEY=serve-test-key "$bin/client/cli" --address="127.0.0.1:$port2" --model=shapes-int8 \
+  --prompt=Hello --max_tokens=2 --temperature=0 2>&1)
+[[ $? == 0 && -n "$keyed" ]] || { kill -TERM "$serve"; fail "a call with the key failed: $keyed"; }
+lang=$(ps -e -o sid=,args= | awk -v sid="$serve" '$1 == sid' | grep "$bin/language_service/language " || true)
+grep -q -- '--quantize=int8' <<<"$lang" && grep -q -- '--max_num_seqs=8' <<<"$lang" ||
+  { kill -TERM "$serve"; fail "the language process does not run with the options: $lang"; }
+stop_and_check "$serve" "$port2"
+rm -f "$keys"
+
+# Refused before anything starts: exit status 2 and a message naming the option.
+refused() {  # what the message must contain, serve.sh arguments...
+  local want=$1 msg rc
+  shift
+  msg=$(MMSERVE_SERVE_OPT=${MMSERVE_SERVE_OPT:-0} ./deploy/serve.sh --port="$port2" "$@" 2>&1 >/dev/null)
+  rc=$?
+  [[ $rc == 2 ]] || fail "serve.sh $* exited $rc, expected 2 ($msg)"
+  grep -qF -- "$want" <<<"$msg" || fail "serve.sh $*: the message '$msg' does not say '$want'"
+}
+refused "unknown option --no_such_option (./deploy/serve.sh --help" --no_such_option=1
+refused "cannot read the file /nonexistent/keys" --api_key_file=/nonexistent/keys
+refused "--quantize=int4: expected int8 or int8_g32" --quantize=int4
+refused "--tp=0: expected a whole number >= 1" --tp=0
+refused "language_service/language has no flag --no_such_flag" --language_flags=--kv_cache_mb=64,--no_such_flag=1
+echo "serve_test: PASS ($first; pass-through: UNAUTHENTICATED without the key, 401 over HTTP, model shapes-int8 listed, language ran with --quantize=int8; 5 bad options refused)"
