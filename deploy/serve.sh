@@ -8,7 +8,8 @@
 #
 #   ./deploy/serve.sh [--model_dir=DIR] [--model_id=NAME] [--encoders=N]
 #                     [--host=ADDR] [--port=50051] [--http_port=8000]
-#                     [--api_key_file=FILE] [--quantize=int8|int8_g32]
+#                     [--api_key_file=FILE] [--cluster_token_file=FILE]
+#                     [--quantize=int8|int8_g32]
 #                     [--max_model_len=N] [--kv_cache_mb=N]
 #                     [--profile=shm|tcp] [--tp=N] [--prefill=N --decode=N]
 #                     [--elastic=N] [--esp_step_models=FILE]
@@ -16,10 +17,14 @@
 #                     [--language_flags=F,...]
 # --model_id=NAME: the model name clients send and /v1/models lists
 #   (default: the model directory's name).
-# --host=ADDR: the address every service listens on (default 127.0.0.1;
-#   0.0.0.0 serves other machines: set --api_key_file then).
+# --host=ADDR: the address every service listens on, the internal ports
+#   included (default 127.0.0.1). 0.0.0.0 serves other machines: set
+#   --api_key_file and --cluster_token_file then (docs/security.md).
 # --api_key_file=FILE: API keys, one a line; calls without one of them get
 #   UNAUTHENTICATED (HTTP 401). Default: open.
+# --cluster_token_file=FILE: the internal plane's token (the file's first
+#   line), given to the router, the encoders and the language instances:
+#   an internal call without it is refused. Default: none.
 # --quantize=MODE: the language model's weights quantized at load (int8: one
 #   scale per output row, int8_g32: one per 32 columns).
 # --max_model_len=N: the context length clients are held to (router and
@@ -58,6 +63,7 @@ elastic=0
 esp_step_models=${ESP_STEP_MODELS:-}
 model_id=
 api_key_file=
+cluster_token_file=
 quantize=
 max_model_len=
 kv_cache_mb=
@@ -84,6 +90,7 @@ for arg in "$@"; do
     --port=*) port="${arg#*=}" ;;
     --http_port=*) http_port="${arg#*=}" ;;
     --api_key_file=*) api_key_file="${arg#*=}" ;;
+    --cluster_token_file=*) cluster_token_file="${arg#*=}" ;;
     --quantize=*) quantize="${arg#*=}" ;;
     --max_model_len=*) max_model_len="${arg#*=}" ;;
     --kv_cache_mb=*) kv_cache_mb="${arg#*=}" ;;
@@ -120,6 +127,10 @@ model_dir=$(cd "$model_dir" && pwd)
 if [[ -n "$api_key_file" ]] && ! grep -q '[^[:space:]]' "$api_key_file"; then
   die "--api_key_file: $api_key_file holds no key"
 fi
+[[ -n "$cluster_token_file" ]] && cluster_token_file=$(readable --cluster_token_file "$cluster_token_file")
+if [[ -n "$cluster_token_file" ]] && ! head -n 1 "$cluster_token_file" | grep -q '[^[:space:]]'; then
+  die "--cluster_token_file: the first line of $cluster_token_file is empty"
+fi
 esp_args=()
 if [[ -n "$esp_step_models" ]]; then
   esp_step_models=$(readable --esp_step_models "$esp_step_models")
@@ -129,15 +140,22 @@ fi
 # The named options become flags of the processes they belong to, ahead of
 # the --*_flags a user passes (a later flag wins).
 join() { local IFS=,; echo "$*"; }
-router_extra=() language_extra=()
+router_extra=() encoder_extra=() language_extra=()
+if [[ -n "$cluster_token_file" ]]; then
+  router_extra+=("--cluster_token_file=$cluster_token_file")
+  encoder_extra+=("--cluster_token_file=$cluster_token_file")
+  language_extra+=("--cluster_token_file=$cluster_token_file")
+fi
 [[ -n "$model_id" ]] && router_extra+=("--model_id=$model_id")
 [[ -n "$max_model_len" ]] && router_extra+=("--max_model_len=$max_model_len") &&
   language_extra+=("--max_model_len=$max_model_len")
 [[ -n "$quantize" ]] && language_extra+=("--quantize=$quantize")
 [[ -n "$kv_cache_mb" ]] && language_extra+=("--kv_cache_mb=$kv_cache_mb")
 [[ -n "$router_flags" ]] && router_extra+=("$router_flags")
+[[ -n "$encoder_flags" ]] && encoder_extra+=("$encoder_flags")
 [[ -n "$language_flags" ]] && language_extra+=("$language_flags")
 router_flags=$(join ${router_extra[@]+"${router_extra[@]}"})
+encoder_flags=$(join ${encoder_extra[@]+"${encoder_extra[@]}"})
 language_flags=$(join ${language_extra[@]+"${language_extra[@]}"})
 
 deploy/install_deps.sh

@@ -4,7 +4,8 @@
 # gRPC, server reflection lists the services, curl gets an answer over HTTP,
 # SIGTERM stops it, and no process, port or SysV shared-memory segment is
 # left behind. Then the options serve.sh passes through: a second stack with
-# --api_key_file, --model_id, --quantize and --language_flags refuses a call
+# --api_key_file, --cluster_token_file, --model_id, --quantize and
+# --language_flags comes up (its processes register with the token) and refuses a call
 # without a key (UNAUTHENTICATED over gRPC, 401 over HTTP), lists the model
 # id in /v1/models, answers with the key, and its language process runs with
 # the flags; an unknown option, an unreadable file, a bad value and a flag
@@ -74,8 +75,10 @@ port2=$((port + 1))
 http2=$((http + 1))
 keys=$(mktemp)
 printf '# serve_test\nserve-test-key\n' >"$keys"
+token=$(mktemp)
+echo serve-test-cluster-token >"$token"
 MMSERVE_SERVE_OPT=${MMSERVE_SERVE_OPT:-0} setsid ./deploy/serve.sh --port="$port2" --http_port="$http2" \
-  --api_key_file="$keys" --model_id=shapes-int8 --quantize=int8 \
+  --api_key_file="$keys" --cluster_token_file="$token" --model_id=shapes-int8 --quantize=int8 \
   --language_flags=--max_num_seqs=8 >"$out" 2>&1 &
 serve=$!
 for _ in $(seq 1 600); do
@@ -99,8 +102,12 @@ keyed=$(MMSERVE_API_KEY=serve-test-key "$bin/client/cli" --address="127.0.0.1:$p
 lang=$(ps -e -o sid=,args= | awk -v sid="$serve" '$1 == sid' | grep "$bin/language_service/language " || true)
 grep -q -- '--quantize=int8' <<<"$lang" && grep -q -- '--max_num_seqs=8' <<<"$lang" ||
   { kill -TERM "$serve"; fail "the language process does not run with the options: $lang"; }
+for b in router/router encoder_service/encoder language_service/language; do
+  ps -e -o sid=,args= | awk -v sid="$serve" '$1 == sid' | grep "$bin/$b " | grep -q -- "--cluster_token_file=$token" ||
+    { kill -TERM "$serve"; fail "$b does not run with --cluster_token_file"; }
+done
 stop_and_check "$serve" "$port2"
-rm -f "$keys"
+rm -f "$keys" "$token"
 
 # Refused before anything starts: exit status 2 and a message naming the option.
 refused() {  # what the message must contain, serve.sh arguments...
@@ -116,4 +123,4 @@ refused "cannot read the file /nonexistent/keys" --api_key_file=/nonexistent/key
 refused "--quantize=int4: expected int8 or int8_g32" --quantize=int4
 refused "--tp=0: expected a whole number >= 1" --tp=0
 refused "language_service/language has no flag --no_such_flag" --language_flags=--kv_cache_mb=64,--no_such_flag=1
-echo "serve_test: PASS ($first; pass-through: UNAUTHENTICATED without the key, 401 over HTTP, model shapes-int8 listed, language ran with --quantize=int8; 5 bad options refused)"
+echo "serve_test: PASS ($first; pass-through: UNAUTHENTICATED without the key, 401 over HTTP, model shapes-int8 listed, language ran with --quantize=int8, every service with the cluster token; 5 bad options refused)"
