@@ -203,8 +203,13 @@ def repo_files():
 
 
 class Repo:
-    def __init__(self):
-        self.files = [f for f in repo_files() if os.path.exists(os.path.join(ROOT, f))]
+    """The files of a checkout (default: this one) and what names them."""
+
+    def __init__(self, root=ROOT, files=None):
+        self.root = root
+        if files is None:
+            files = [f for f in repo_files() if os.path.exists(os.path.join(root, f))]
+        self.files = sorted(files)
         self.file_set = set(self.files)
         self.dirs = {os.path.dirname(f) for f in self.files}
         for d in list(self.dirs):
@@ -213,6 +218,7 @@ class Repo:
                 self.dirs.add(d)
         self.top = {f.split("/")[0] for f in self.files}
         self.basenames = {os.path.basename(f) for f in self.files}
+        self.ignored_cache = {}
 
     def exists(self, rel):
         rel = os.path.normpath(rel).rstrip("/")
@@ -226,7 +232,8 @@ class Repo:
             return f"{label}: no package {pkg or '(root)'}"
         if "*" in name or "..." in name or not name:
             return None
-        text = open(os.path.join(ROOT, build[0]), encoding="utf-8").read()
+        with open(os.path.join(self.root, build[0]), encoding="utf-8") as f:
+            text = f.read()
         if re.search(r"\bname\s*=\s*\"" + re.escape(name) + "\"", text) or \
                 f"{pkg}/{name}" in self.file_set:
             return None
@@ -271,10 +278,11 @@ class Repo:
         pkg, name = os.path.dirname(rel), os.path.basename(rel)
         return "/" in rel and self.label_problem(f"//{pkg}:{name}") is None
 
-    def ignored(self, rel, cache={}):
+    def ignored(self, rel):
         """A build output .gitignore names (client/python/gen/)."""
+        cache = self.ignored_cache
         if rel not in cache:
-            r = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ROOT,
+            r = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=self.root,
                                capture_output=True)
             cache[rel] = r.returncode == 0
         return cache[rel]
@@ -373,8 +381,9 @@ def check_paths(repo, md_files):
     problems, count = [], 0
     sources = []
     for path in md_files:
-        rel = os.path.relpath(path, ROOT)
-        text = open(path, encoding="utf-8").read()
+        rel = os.path.relpath(path, repo.root)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
         sources.append((rel, list(enumerate(text.split("\n"), 1))))
     for rel in repo.files:
         if rel.startswith(("third_party/", "models/")) or "/testdata/" in rel:
@@ -383,7 +392,8 @@ def check_paths(repo, md_files):
                 ("BUILD", "WORKSPACE")):
             continue
         try:
-            text = open(os.path.join(ROOT, rel), encoding="utf-8").read()
+            with open(os.path.join(repo.root, rel), encoding="utf-8") as f:
+                text = f.read()
         except (UnicodeDecodeError, OSError):
             continue
         sources.append((rel, comment_text(rel, text)))
