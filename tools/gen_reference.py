@@ -4,7 +4,8 @@ that the committed pages are what it would write.
 
 Usage: tools/gen_reference.py [--check] [--bin_dir=DIR]
 
-Flags come from the binaries themselves: each binary in BINARIES runs with
+Flags come from the binaries themselves (and deploy/serve.sh's options from
+its --help): each binary in BINARIES runs with
 --helpfull (abseil flags), which lists every flag linked into it (those of
 its libraries included) with its help and default; the type is read from the
 ABSL_FLAG(type, name, ...) line in the source file --helpfull names. Without
@@ -380,7 +381,15 @@ def collect_flags(bin_dir):
     return result, sorted(absl_flags.items())
 
 
-def flags_page(flags, absl_flags):
+def serve_help():
+    r = subprocess.run([os.path.join(ROOT, "deploy", "serve.sh"), "--help"], capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise ReferenceError(f"deploy/serve.sh --help failed: {r.stderr[-500:]}")
+    return r.stdout
+
+
+def flags_page(flags, absl_flags, serve_help):
     out = [
         "# Flag reference",
         "",
@@ -398,11 +407,12 @@ def flags_page(flags, absl_flags):
         "list or an unset optional value. `--help` and `--helpfull` print a binary's",
         "flags.",
         "",
-        "`deploy/serve.sh` passes options on to these processes; `./deploy/serve.sh",
-        "--help` lists its own.",
+        "`deploy/serve.sh` passes options on to these processes; its own options are",
+        "[at the end](#deployservesh).",
         "",
         "Contents: " + ", ".join(f"[{h}](#{h})" for h, *_ in BINARIES)
-        + ", [flags every binary takes](#flags-every-binary-takes).",
+        + ", [flags every binary takes](#flags-every-binary-takes), "
+        "[deploy/serve.sh](#deployservesh).",
         "",
     ]
     for heading, target, path, what in BINARIES:
@@ -420,7 +430,8 @@ def flags_page(flags, absl_flags):
             "| flag | help |", "| --- | --- |"]
     for name, help_text in absl_flags:
         out.append(f"| `--{name}` | {md_cell(help_text)} |")
-    out.append("")
+    out += ["", "## deploy/serve.sh", "", "`./deploy/serve.sh --help`:", "", "```text",
+            serve_help.rstrip("\n"), "```", ""]
     return "\n".join(out)
 
 
@@ -428,7 +439,7 @@ def flags_page(flags, absl_flags):
 
 def pages(bin_dir):
     flags, absl_flags = collect_flags(bin_dir)
-    return {FLAGS_PAGE: flags_page(flags, absl_flags),
+    return {FLAGS_PAGE: flags_page(flags, absl_flags, serve_help()),
             METRICS_PAGE: metrics_page(collect_metrics())}
 
 
