@@ -2,8 +2,8 @@
 # The README's main command, tested as a user runs it: ./deploy/serve.sh
 # starts the stack, the CLI and the Python client answer a demo question over
 # gRPC, server reflection lists the services, curl gets an answer over HTTP,
-# SIGTERM stops it, and no process, port or SysV shared-memory segment is
-# left behind. Then the options serve.sh passes through: a second stack with
+# SIGTERM stops it, and no process, port or SysV shared-memory segment of
+# the stack is left behind. Then the options serve.sh passes through: a second stack with
 # --api_key_file, --cluster_token_file, --model_id, --quantize and
 # --language_flags comes up (its processes register with the token) and refuses a call
 # without a key (UNAUTHENTICATED over gRPC, 401 over HTTP), lists the model
@@ -20,7 +20,6 @@ http=${SERVE_TEST_HTTP_PORT:-8391}
 out=$(mktemp)
 fail() { echo "serve_test: FAIL $*"; tail -n 40 "$out"; exit 1; }
 
-segments_before=$(ipcs -m | grep -c '^0x' || true)
 MMSERVE_SERVE_OPT=${MMSERVE_SERVE_OPT:-0} setsid ./deploy/serve.sh --port="$port" --http_port="$http" >"$out" 2>&1 &
 serve=$!
 for _ in $(seq 1 600); do
@@ -55,16 +54,20 @@ grep -q '"chat.completion"' <<<"$body" || { kill -TERM "$serve"; fail "HTTP answ
 
 # Stops serve.sh ($1) and checks that nothing of its stack is left.
 stop_and_check() {
-  local serve=$1 port=$2
+  local serve=$1 port=$2 pids segments
+  # serve.sh leads its own session (setsid): the stack's processes are in it.
+  # Only their segments count: other stacks on this machine have their own.
+  pids=$(ps -e -o sid=,pid= | awk -v sid="$serve" '$1 == sid {print $2}')
   kill -TERM "$serve"
   for _ in $(seq 1 100); do kill -0 "$serve" 2>/dev/null || break; sleep 0.2; done
   kill -0 "$serve" 2>/dev/null && fail "serve.sh still runs 20 s after SIGTERM"
   sleep 0.5
-  # serve.sh leads its own session (setsid): whatever is left of the stack is in it.
   left=$(ps -e -o sid=,pid=,args= | awk -v sid="$serve" '$1 == sid' || true)
   [[ -z "$left" ]] || fail "processes left behind: $left"
-  segments_after=$(ipcs -m | grep -c '^0x' || true)
-  [[ "$segments_after" -le "$segments_before" ]] || fail "SysV segments left: $segments_before -> $segments_after"
+  # ipcs -m -p: shmid, owner, creator pid, last-op pid.
+  segments=$(ipcs -m -p | awk 'NF == 4 && $1 ~ /^[0-9]+$/ {print $1, $3}' |
+    while read -r id cpid; do grep -qx "$cpid" <<<"$pids" && echo "$id"; done || true)
+  [[ -z "$segments" ]] || fail "SysV segments of the stack left: $(tr '\n' ' ' <<<"$segments")"
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then fail "port $port still open"; fi
 }
 stop_and_check "$serve" "$port"
