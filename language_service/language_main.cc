@@ -77,7 +77,7 @@ ABSL_FLAG(int, priority_aging_steps, 128,
           "better for every this many scheduler steps it has waited (down to the best waiting)");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "token budget per step");
 ABSL_FLAG(int, max_prefill_tokens, 0,
-          "seed 003: prefill tokens per step at most, below max_num_batched_tokens (0: no cap)");
+          "prefill tokens per step at most, below max_num_batched_tokens (0: no cap)");
 ABSL_FLAG(bool, enable_chunked_prefill, true,
           "split prompts into chunks that fit a step's budget (off: a prompt is prefilled in "
           "one step; one larger than the budget runs as the step's only prefill)");
@@ -95,7 +95,7 @@ ABSL_FLAG(std::string, tp_shard_binary, "",
           "the //worker:tp_shard binary (default: beside this binary in bazel-bin or its "
           "runfiles)");
 ABSL_FLAG(std::string, mm_handoff, "async",
-          "seed 000: async (image embeddings are read where UCX wrote them, in a receive "
+          "async (image embeddings are read where UCX wrote them, in a receive "
           "buffer every tensor-parallel rank maps; steps carry descriptors) or blocking (the "
           "loop copies each embedding out and rank 0 copies its rows into every step: the "
           "baseline, to measure against)");

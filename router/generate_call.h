@@ -1,4 +1,4 @@
-// One Generate request as the router runs it (ARCHITECTURE.md 2, steps 2-9):
+// One Generate request as the router runs it (docs/lifecycle.md):
 // validate, hash and pre-size every image, place each image on an encoder by
 // rendezvous hashing of its content hash and the request on the language
 // instance with the least outstanding work, then call Encode on the encoders
@@ -15,7 +15,7 @@
 // then a prefill instance prefills and hands the KV over; the decode
 // stream carries the rest) and ElasticCall (router --esp: the elastic
 // manager places it on one elastic instance or a group of them). The call's lifecycle is one
-// CallPhase (call_phase.h), changed only by Advance; docs/lifecycle_router.md draws it.
+// CallPhase (call_phase.h), changed only by Advance; docs/lifecycle.md draws it.
 //
 // Failures: a bad request ends at once with INVALID_ARGUMENT, before any
 // backend is called. An encoder that fails (Encode error other than a bad

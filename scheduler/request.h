@@ -43,7 +43,7 @@ struct RequestId {
 };
 
 // Lifecycle, in order: not yet admitted, admitted, terminal. Transitions
-// (each by the event that causes it; docs/lifecycle_engine.md draws them):
+// (each by the event that causes it; docs/lifecycle.md draws them):
 //   (AddRequest) -> kWaiting               queued for admission
 //   (ReserveRemoteKv) -> kWaitingForKv     holds blocks another instance
 //                                          writes the prompt's KV into
