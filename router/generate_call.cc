@@ -302,24 +302,13 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
 void GenerateCall::CountTokens(const internal::v1::TokenBatch& batch, double now) {
   completion_tokens_ += static_cast<uint32_t>(batch.token_ids_size());
   if (batch.token_ids_size() == 0) return;
-  metrics::Registry& m = *context_.metrics;
+  const CallMetrics& m = *context_.metrics;
   if (phase_ == CallPhase::kPrefilling) {
-    m.GetHistogram("mmserve_router_ttft_seconds", "Time to first token at the router.",
-                   metrics::LatencyBuckets())
-        .Observe(now);
-    // Buckets are whole round trips: role both 1 (Prefill), P/D 2 (the
-    // Decode hold, then Prefill), each re-dispatch before the first token 1
-    // more.
-    m.GetHistogram("mmserve_router_critical_round_trips",
-                   "Router RPCs a request's first token waited for, one after another "
-                   "(Prefill; P/D: Decode hold then Prefill; RetryImages).",
-                   {1, 2, 3, 4, 5, 6, 8, 12, 16})
-        .Observe(critical_round_trips_);
+    m.ttft.Observe(now);
+    m.critical_round_trips.Observe(critical_round_trips_);
     first_token_s_ = now;
   } else {
-    m.GetHistogram("mmserve_router_itl_seconds", "Gap between streamed token batches.",
-                   metrics::LatencyBuckets())
-        .Observe(now - last_token_s_);
+    m.itl.Observe(now - last_token_s_);
   }
   last_token_s_ = now;
 }
@@ -403,17 +392,10 @@ void GenerateCall::End(absl::Status status) {
 
 void GenerateCall::RecordEnd(const absl::Status& status) {
   const double e2e = clock_.ElapsedSeconds();
-  metrics::Registry& m = *context_.metrics;
-  m.GetCounter("mmserve_router_requests_total", "Generate calls by final gRPC code.",
-               {{"code", absl::StatusCodeToString(status.code())}})
-      .Increment();
-  m.GetHistogram("mmserve_router_e2e_seconds", "Generate latency, receipt to end.",
-                 metrics::LatencyBuckets())
-      .Observe(e2e);
-  m.GetHistogram("mmserve_router_overhead_seconds",
-                 "Time in the router before dispatch (validation, hashing, pre-sizing).",
-                 metrics::LatencyBuckets())
-      .Observe(router_seconds_);
+  const CallMetrics& m = *context_.metrics;
+  m.Requests(status.code()).Increment();
+  m.e2e.Observe(e2e);
+  m.overhead.Observe(router_seconds_);
   const std::string summary = absl::StrCat(
       "request ", id_, ": ", status.ok() ? "OK" : status.ToString(), ", ", encoders_.size(),
       " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),

@@ -107,7 +107,7 @@ class Stack {
     context_.options.config.vision.emplace();
     context_.options.config.text.vocab_size = 1000;
     context_.instances = &table_;
-    context_.metrics = &metrics_;
+    context_.metrics = &call_metrics_;
   }
   ~Stack() {
     table_.Stop();
@@ -156,6 +156,7 @@ class Stack {
 
   InstanceTable table_;
   metrics::Registry metrics_;
+  CallMetrics call_metrics_{metrics_};
   RouterContext context_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;
 };
