@@ -47,10 +47,12 @@ void ChoiceCalls::StartChoice(uint32_t i) {
       .on_response = [self,
                       i](mmserve::v1::GenerateResponse r) { self->OnResponse(i, std::move(r)); },
       .on_end = [self, i](absl::Status s) { self->OnEnd(i, std::move(s)); }};
-  Cancel cancel = start_(ChoiceRequest(i), std::move(sink));
+  StartedCall started = start_(ChoiceRequest(i), std::move(sink));
+  Cancel cancel = std::move(started.cancel);
   std::string reason;
   {
     absl::MutexLock lock(&mu_);
+    if (i == 0) id_ = started.id;
     if (!cancelled_) {
       if (!ended_choices_[i]) cancels_[i] = std::move(cancel);
       return;
@@ -72,6 +74,11 @@ void ChoiceCalls::StartRest() {
     StartChoice(i);
   }
   MaybeEnd();
+}
+
+std::string ChoiceCalls::id() const {
+  absl::MutexLock lock(&mu_);
+  return id_;
 }
 
 void ChoiceCalls::CancelAll(const std::string& reason) {

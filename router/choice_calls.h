@@ -10,7 +10,8 @@
 //
 //   auto choices = ChoiceCalls::Start(request, sink, [&](GenerateRequest r, CallSink s) {
 //     auto call = GenerateCall::Start(context, std::move(r), std::move(s), deadline);
-//     return ChoiceCalls::Cancel([call](const std::string& why) { call->Cancel(why); });
+//     return ChoiceCalls::StartedCall{call->id(),
+//                                     [call](const std::string& why) { call->Cancel(why); }};
 //   });
 //   choices->CancelAll("client cancelled");   // any time
 //
@@ -41,9 +42,15 @@ class ChoiceCalls : public std::enable_shared_from_this<ChoiceCalls> {
   static constexpr uint32_t kMaxChoices = 16;
   // Cancels one started call.
   using Cancel = std::function<void(const std::string& reason)>;
+  // A started call: its request id (the router's when the client gave none)
+  // and how to cancel it.
+  struct StartedCall {
+    std::string id;
+    Cancel cancel;
+  };
   // Starts one choice's call (a request with n unset) on `sink`; may run the
   // sink inline.
-  using StartCall = std::function<Cancel(mmserve::v1::GenerateRequest, CallSink)>;
+  using StartCall = std::function<StartedCall(mmserve::v1::GenerateRequest, CallSink)>;
 
   // Starts choice 0. n above kMaxChoices ends the sink at once with
   // INVALID_ARGUMENT (nothing is started).
@@ -54,6 +61,8 @@ class ChoiceCalls : public std::enable_shared_from_this<ChoiceCalls> {
 
   // Cancels every started choice and starts no more.
   void CancelAll(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // The request's id: choice 0's.
+  std::string id() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   ChoiceCalls(mmserve::v1::GenerateRequest request, CallSink sink, StartCall start);
@@ -73,7 +82,7 @@ class ChoiceCalls : public std::enable_shared_from_this<ChoiceCalls> {
   const uint32_t n_;
   const StartCall start_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::string id_ ABSL_GUARDED_BY(mu_);               // the request's (choice 0's)
   std::vector<Cancel> cancels_ ABSL_GUARDED_BY(mu_);  // per choice, while started and not ended
   std::vector<bool> ended_choices_ ABSL_GUARDED_BY(mu_);

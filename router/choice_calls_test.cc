@@ -25,7 +25,11 @@ struct FakeCalls {
     return [this](GenerateRequest r, CallSink s) {
       auto call = std::make_shared<Call>(Call{std::move(r), std::move(s), {}});
       calls.push_back(call);
-      return ChoiceCalls::Cancel([call](const std::string& why) { call->cancels.push_back(why); });
+      const std::string id = call->request.request_id().empty()
+                                 ? "req-" + std::to_string(calls.size())
+                                 : call->request.request_id();
+      return ChoiceCalls::StartedCall{
+          id, [call](const std::string& why) { call->cancels.push_back(why); }};
     };
   }
 };
@@ -63,6 +67,7 @@ TEST_CASE("the other choices start after choice 0's first token, seeds s + i", "
   Received got;
   auto choices = ChoiceCalls::Start(Request(3), got.Sink(), fake.Starter());
   REQUIRE(choices != nullptr);
+  CHECK(choices->id() == "mine");
   REQUIRE(fake.calls.size() == 1);
   const GenerateRequest& first = fake.calls[0]->request;
   CHECK(first.n() == 0);
@@ -156,10 +161,10 @@ TEST_CASE("a sink that cancels inline, calls that end inline: one end, no deadlo
   ChoiceCalls::StartCall start = [&calls](GenerateRequest r, CallSink s) {
     auto call = std::make_shared<FakeCalls::Call>(FakeCalls::Call{std::move(r), std::move(s), {}});
     calls.push_back(call);
-    return ChoiceCalls::Cancel([call](const std::string& why) {
-      call->cancels.push_back(why);
-      call->sink.on_end(absl::CancelledError(why));
-    });
+    return ChoiceCalls::StartedCall{"mine", [call](const std::string& why) {
+                                      call->cancels.push_back(why);
+                                      call->sink.on_end(absl::CancelledError(why));
+                                    }};
   };
   std::shared_ptr<ChoiceCalls> choices;
   std::vector<absl::Status> ends;

@@ -18,6 +18,7 @@
 #include "router/input_limits.h"
 #include "router/openai.h"
 #include "router/openai_completions.h"
+#include "router/public_error.h"
 
 namespace mmserve::router {
 namespace {
@@ -43,11 +44,12 @@ struct Relay {
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !responses.empty() || end; }
 };
 
+// `s` is a public status: a client error's reason, or a generic failure
+// carrying the request id (public_error.h).
 void SendError(httplib::Response& res, const absl::Status& s) {
   res.status = HttpStatusFor(s.code());
-  if (absl::IsResourceExhausted(s)) {
-    res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
-  }
+  if (IsRetryable(s.code())) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  if (const std::string id = RequestIdOf(s); !id.empty()) res.set_header(kRequestIdHeader, id);
   res.set_content(ErrorJson(s), "application/json");
 }
 
@@ -206,9 +208,10 @@ void RunCall(const RouterContext& ctx, CallTracker& calls, Admitted admitted,
     lease.reset();
     on_end(std::move(s));
   };
-  CallCancel call = StartTrackedCall(ctx, calls, request, std::move(sink), Deadline(ctx));
+  StartedCall call = StartTrackedCall(ctx, calls, request, std::move(sink), Deadline(ctx));
+  res.set_header(kRequestIdHeader, call.id);
   if (!stream) return ReplyWhole(*relay, std::move(builder), res);
-  StreamEvents(std::move(relay), std::move(call), std::move(sse), res);
+  StreamEvents(std::move(relay), std::move(call.cancel), std::move(sse), res);
 }
 
 void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const httplib::Request& req,

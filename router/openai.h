@@ -24,7 +24,8 @@
 // stop, stop_token_ids, ignore_eos, min_tokens, logprobs + top_logprobs,
 // skip_special_tokens, presence_penalty, frequency_penalty,
 // repetition_penalty, logit_bias ({"<token id>": bias}), add_generation_prompt,
-// n (GenerateRequest.n). Fields that change nothing at their neutral value
+// n (GenerateRequest.n), priority (vLLM's extension: lower runs first among
+// waiting requests). Fields that change nothing at their neutral value
 // (best_of 1, tools [], response_format text, ...) are accepted there and
 // refused elsewhere; user, metadata and other
 // unknown fields are ignored, as vLLM does. Value ranges (temperature >= 0,
@@ -173,7 +174,7 @@ class ChatCompletionStream {
   bool done_ = false;
 };
 
-// HTTP status for a Status code: INVALID_ARGUMENT 400, UNAUTHENTICATED 401,
+// HTTP status for a Status code: INVALID_ARGUMENT and OUT_OF_RANGE 400, UNAUTHENTICATED 401,
 // PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED
 // 499, UNIMPLEMENTED 501, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, OK 200,
 // anything else 500.

@@ -3,6 +3,7 @@
 #include "router/openai_completions.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -168,6 +169,11 @@ absl::StatusOr<OpenAiCompletionRequest> ParseCompletionRequest(absl::string_view
   RETURN_IF_ERROR(openai_fields::ParseStopping(body, s));
   if (!s->has_max_tokens()) s->set_max_tokens(kDefaultMaxTokens);
   RETURN_IF_ERROR(ParseLogprobs(body, s));
+  // vLLM's extension: lower runs first among waiting requests.
+  if (const json* v = Find(body, "priority")) {
+    ASSIGN_OR_RETURN(int64_t priority, GetInteger(*v, "priority", INT32_MIN, INT32_MAX));
+    request.set_priority(static_cast<int32_t>(priority));
+  }
   if (const json* v = Find(body, "echo")) {
     ASSIGN_OR_RETURN(bool echo, GetBool(*v, "echo"));
     if (echo) {

@@ -17,7 +17,7 @@
 // logit_bias, logprobs (an integer, 0..20), n (GenerateRequest.n), best_of
 // (1 only), and
 // vLLM's top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
-// stop_token_ids, skip_special_tokens. `suffix` is refused (no
+// stop_token_ids, skip_special_tokens and priority. `suffix` is refused (no
 // fill-in-the-middle); several prompts in one request are refused; unknown
 // fields (user, ...) are ignored.
 //

@@ -43,11 +43,13 @@ TEST_CASE("a text prompt with sampling fields maps onto a raw GenerateRequest", 
   body["logit_bias"] = {{"42", -100}};
   body["logprobs"] = 3;
   body["user"] = "alice";  // ignored
+  body["priority"] = -3;
   OpenAiCompletionRequest r = MustParse(body);
   CHECK(r.model == "m");
   CHECK(r.request.model() == "m");
   CHECK(r.request.raw().text() == "Once upon a time");
   CHECK(r.request.raw().token_ids_size() == 0);
+  CHECK(r.request.priority() == -3);
   CHECK_FALSE(r.request.has_chat());
   const mmserve::v1::SamplingParams& s = r.request.sampling();
   CHECK(s.temperature() == 0.7f);

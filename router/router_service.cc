@@ -8,6 +8,7 @@
 #include "common/internal_plane.h"
 #include "common/logging.h"
 #include "common/server_stream.h"
+#include "router/public_error.h"
 
 namespace mmserve::router {
 namespace {
@@ -16,23 +17,33 @@ namespace {
 // stream cancels the call.
 class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateResponse> {
  public:
-  void Begin(const RouterContext& context, CallTracker& tracker,
+  // `ctx` outlives the call: gRPC keeps it until OnDone, after End.
+  void Begin(const RouterContext& context, CallTracker& tracker, grpc::CallbackServerContext& ctx,
              const mmserve::v1::GenerateRequest& request,
              std::chrono::system_clock::time_point deadline, PublicAccess::Lease lease) {
-    CallCancel call = StartTrackedCall(
-        context, tracker, request,
-        {.on_response = [this](mmserve::v1::GenerateResponse r) { Push(std::move(r)); },
-         .on_end =
-             [this, lease = std::move(lease)](absl::Status s) mutable {
-               lease.reset();
-               {
-                 absl::MutexLock lock(&mu_);
-                 ended_ = true;
-                 call_ = nullptr;
-               }
-               End(s);  // may delete this
-             }},
-        deadline);
+    CallCancel call =
+        StartTrackedCall(
+            context, tracker, request,
+            {.on_response = [this](mmserve::v1::GenerateResponse r) { Push(std::move(r)); },
+             .on_end =
+                 [this, &ctx, lease = std::move(lease)](absl::Status s) mutable {
+                   lease.reset();
+                   {
+                     absl::MutexLock lock(&mu_);
+                     ended_ = true;
+                     call_ = nullptr;
+                   }
+                   // Before End: trailing metadata must be added before Finish.
+                   if (const std::string id = RequestIdOf(s); !id.empty()) {
+                     ctx.AddTrailingMetadata(kRequestIdMetadata, id);
+                   }
+                   if (IsRetryable(s.code())) {
+                     ctx.AddTrailingMetadata("retry-after", std::to_string(kRetryAfterSeconds));
+                   }
+                   End(s);  // may delete this
+                 }},
+            deadline)
+            .cancel;
     absl::MutexLock lock(&mu_);
     if (!ended_) call_ = std::move(call);
   }
@@ -120,20 +131,20 @@ std::shared_ptr<GenerateCall> StartOneTrackedCall(const RouterContext& context,
 
 }  // namespace
 
-CallCancel StartTrackedCall(const RouterContext& context, CallTracker& tracker,
-                            mmserve::v1::GenerateRequest request, CallSink sink,
-                            std::chrono::system_clock::time_point deadline) {
+StartedCall StartTrackedCall(const RouterContext& context, CallTracker& tracker,
+                             mmserve::v1::GenerateRequest request, CallSink sink,
+                             std::chrono::system_clock::time_point deadline) {
   auto start = [&context, &tracker, deadline](mmserve::v1::GenerateRequest r, CallSink s) {
     std::shared_ptr<GenerateCall> call =
         StartOneTrackedCall(context, tracker, std::move(r), std::move(s), deadline);
-    return CallCancel([call](const std::string& why) { call->Cancel(why); });
+    return StartedCall{call->id(), [call](const std::string& why) { call->Cancel(why); }};
   };
   if (request.n() <= 1) return start(std::move(request), std::move(sink));
+  const std::string given_id = request.request_id();
   std::shared_ptr<ChoiceCalls> choices =
       ChoiceCalls::Start(std::move(request), std::move(sink), std::move(start));
-  return [choices](const std::string& why) {
-    if (choices != nullptr) choices->CancelAll(why);
-  };
+  if (choices == nullptr) return {given_id, [](const std::string&) {}};  // refused, ended
+  return {choices->id(), [choices](const std::string& why) { choices->CancelAll(why); }};
 }
 
 namespace {
@@ -171,7 +182,7 @@ grpc::ServerWriteReactor<mmserve::v1::GenerateResponse>* InferenceService::Gener
   const auto latest = std::chrono::system_clock::now() +
                       absl::ToChronoNanoseconds(context_.options.default_timeout);
   if (deadline > latest) deadline = latest;
-  reactor->Begin(context_, tracker_, *request, deadline, *std::move(lease));
+  reactor->Begin(context_, tracker_, *ctx, *request, deadline, *std::move(lease));
   return reactor;
 }
 

@@ -35,13 +35,15 @@ class CallTracker {
 
 // Cancels a started request (every choice of it).
 using CallCancel = ChoiceCalls::Cancel;
+// A started request: its id and its cancel.
+using StartedCall = ChoiceCalls::StartedCall;
 
 // Starts a request's call, or with n > 1 its choices' calls
 // (router/choice_calls.h); each call's end unregisters it from `tracker`
 // before the sink's own on_end runs.
-CallCancel StartTrackedCall(const RouterContext& context, CallTracker& tracker,
-                            mmserve::v1::GenerateRequest request, CallSink sink,
-                            std::chrono::system_clock::time_point deadline);
+StartedCall StartTrackedCall(const RouterContext& context, CallTracker& tracker,
+                             mmserve::v1::GenerateRequest request, CallSink sink,
+                             std::chrono::system_clock::time_point deadline);
 
 class InferenceService final : public mmserve::v1::Inference::CallbackService {
  public:
