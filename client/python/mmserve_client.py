@@ -46,7 +46,8 @@ VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
 # SamplingParams fields settable as keyword arguments, vLLM's names.
 _SCALAR_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens",
-                    "ignore_eos", "logprobs", "min_tokens", "skip_special_tokens")
+                    "ignore_eos", "logprobs", "min_tokens", "skip_special_tokens",
+                    "presence_penalty", "frequency_penalty", "repetition_penalty")
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
          ".bmp": "image/bmp", ".gif": "image/gif", ".mp4": "video/mp4", ".m4v": "video/mp4",
          ".webm": "video/webm", ".mkv": "video/x-matroska", ".mov": "video/quicktime",
@@ -94,6 +95,9 @@ def sampling_params(**sampling):
             params.stop.extend([value] if isinstance(value, str) else list(value))
         elif key == "stop_token_ids":
             params.stop_token_ids.extend(value)
+        elif key == "logit_bias":  # {token id: bias}, ids as ints or strings (OpenAI's)
+            for token, bias in value.items():
+                params.logit_bias.add(token_id=int(token), bias=bias)
         elif key in _SCALAR_SAMPLING:
             setattr(params, key, value)
         else:
@@ -187,7 +191,9 @@ class MmserveClient:
         frames), video_fps, video_max_frames, system, model, raw, request_id, and the
         sampling parameters temperature, top_p, top_k, min_p, seed, max_tokens,
         stop (str or list), stop_token_ids, ignore_eos, logprobs, min_tokens,
-        skip_special_tokens. timeout: seconds for the whole call.
+        skip_special_tokens, presence_penalty, frequency_penalty,
+        repetition_penalty, logit_bias ({token id: bias}). timeout: seconds for
+        the whole call.
         """
         self.last_response = None
         responses = self.generate_responses(prompt, images, timeout=timeout, **kwargs)

@@ -118,7 +118,15 @@ class ClientTest(FakeServerTest):
         with self.assertRaises(ValueError):
             mmserve_client.build_request("no placeholder", images=[b"x"], raw=True)
         with self.assertRaises(TypeError):
-            mmserve_client.build_request("hi", frequency_penalty=1)
+            mmserve_client.build_request("hi", best_of=2)
+        penalised = mmserve_client.build_request(
+            "hi", frequency_penalty=0.5, presence_penalty=-1, repetition_penalty=1.2,
+            logit_bias={"7": -100, 42: 2.5}).sampling
+        self.assertEqual(penalised.frequency_penalty, 0.5)
+        self.assertEqual(penalised.presence_penalty, -1)
+        self.assertAlmostEqual(penalised.repetition_penalty, 1.2, places=6)
+        self.assertEqual([(b.token_id, b.bias) for b in penalised.logit_bias],
+                         [(7, -100.0), (42, 2.5)])
         raw = mmserve_client.build_request(
             "a " + mmserve_client.IMAGE_PLACEHOLDER, images=[b"img"], raw=True)
         self.assertEqual(raw.raw.images[0].data, b"img")
