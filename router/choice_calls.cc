@@ -162,7 +162,10 @@ void ChoiceCalls::MaybeEnd() {
     if (end_sent_ || !rest_started_ || ended_ < expected_ || in_flight_ > 0) return;
     end_sent_ = true;
     status = status_;
-    leftover.swap(cancels_);
+    for (Cancel& c : cancels_) {  // released outside mu_; the slots stay
+      if (c) leftover.push_back(std::move(c));
+      c = nullptr;
+    }
   }
   sink_.on_end(std::move(status));
 }
