@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "tests/stack_harness.h"
@@ -299,6 +300,31 @@ TEST_CASE(
             one_reply["choices"][0]["message"]["content"]);
     }
     CHECK(reply["usage"]["completion_tokens"] == 2 * kTokens);
+
+    // Streamed: the chunks of each index reassemble to its choice.
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    httplib::Client cli("127.0.0.1", (*stack)->http_port());
+    cli.set_read_timeout(60, 0);
+    auto sse = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(sse);
+    REQUIRE(sse->status == 200);
+    std::vector<std::string> events = absl::StrSplit(sse->body, "\n\n", absl::SkipEmpty());
+    REQUIRE(events.size() >= 4);
+    CHECK(events.back() == "data: [DONE]");
+    std::vector<std::string> texts(2);
+    for (size_t e = 0; e + 2 < events.size(); ++e) {
+      const nlohmann::json chunk = nlohmann::json::parse(events[e].substr(6));
+      const int index = chunk["choices"][0]["index"];
+      REQUIRE(index < 2);
+      if (chunk["choices"][0]["delta"].contains("content")) {
+        texts[index] += chunk["choices"][0]["delta"]["content"].get<std::string>();
+      }
+    }
+    for (int i = 0; i < 2; ++i) CHECK(texts[i] == reply["choices"][i]["message"]["content"]);
+    const nlohmann::json usage = nlohmann::json::parse(events[events.size() - 2].substr(6));
+    CHECK(usage["usage"]["completion_tokens"] == 2 * kTokens);
+
     nlohmann::json too_many = HttpBody(0, p);
     too_many["n"] = 17;
     const auto [refused_status, refused] = PostChat((*stack)->http_port(), too_many);
