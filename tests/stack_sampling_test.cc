@@ -2,8 +2,9 @@
 // them (INVALID_ARGUMENT over gRPC, 400 over HTTP, the field named), and the
 // language processes apply them in their one sampler, so a role-both stack,
 // E + P + D with a TP=2 decode instance and elastic instances under
-// `router --esp` all give the in-process engine's tokens for the same
-// seeded or greedy parameters; the HTTP API (/v1/chat/completions, and
+// `router --esp` (alone, and as a group of two for a prompt beyond one
+// pool) all give the in-process engine's tokens for the same seeded or
+// greedy parameters; the HTTP API (/v1/chat/completions, and
 // /v1/completions with and without echo) gives the gRPC API's text. A
 // request with n choices gives, as choice i, the one-choice request under
 // seed + i, and its later choices take the prompt from the prefix cache.
@@ -19,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
+#include "model/tokenizer.h"
 #include "tests/stack_harness.h"
 #include "worker/engine.h"
 
@@ -94,6 +96,28 @@ mmserve::v1::GenerateRequest RawRequest(int i, const Params& p) {
   SetProto(p, r.mutable_sampling());
   r.mutable_stream()->set_include_token_ids(true);
   return r;
+}
+
+// The in-process engine's tokens for `text` under `s`.
+std::vector<int32_t> InProcessText(const std::string& text, const model::SamplingParams& s) {
+  worker::EngineOptions options;
+  options.model_dir = DemoModelDir();
+  options.kv_cache_bytes = int64_t{16} << 20;  // a whole 3k-token prompt fits
+  auto engine = worker::LlmEngine::Create(options);
+  REQUIRE(engine.ok());
+  worker::EngineRequest r;
+  r.id = "reference";
+  r.prompt = text;
+  r.sampling = s;
+  std::vector<int32_t> ids;
+  REQUIRE((*engine)
+              ->AddRequest(std::move(r),
+                           [&ids](const worker::StreamEvent& e) {
+                             ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
+                           })
+              .ok());
+  while ((*engine)->has_unfinished()) REQUIRE((*engine)->Step().ok());
+  return ids;
 }
 
 // The in-process engine's tokens for every prompt under `s`.
@@ -410,6 +434,51 @@ TEST_CASE("elastic instances under router --esp: the in-process engine's penalis
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total") ==
         kPrompts * static_cast<int>(Reference().cases.size()));
   CheckChoices(**stack, /*shared=*/false);
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+// A raw prompt of at least `tokens` tokens of the demo model.
+std::string LongPrompt(int tokens) {
+  static const model::Tokenizer* tok =
+      model::Tokenizer::FromFile(DemoModelDir() + "/tokenizer.json").value().release();
+  std::string text;
+  for (int i = 0;; ++i) {
+    auto ids = tok->Encode(text);
+    REQUIRE(ids.ok());
+    if (static_cast<int>(ids->size()) >= tokens) return text;
+    absl::StrAppend(&text, "Shape ", i, " is a ", i % 3 == 0 ? "red circle" : "blue square",
+                    " next to shape ", i + 1, ". ");
+  }
+}
+
+TEST_CASE(
+    "an elastic group of two (a 3k-token prompt beyond one 2k pool): the in-process engine's "
+    "penalised tokens, the first sampled by one member and the rest by the master") {
+  const std::string text = LongPrompt(3000);
+  std::vector<std::vector<int32_t>> want;
+  for (const Params& p : Reference().cases) want.push_back(InProcessText(text, ToEngine(p)));
+  launcher::StackOptions o = TestStackOptions(1, "tcp");
+  o.elastic = 2;
+  o.language_args.push_back("--kv_cache_mb=3");  // about 2k tokens each
+  if (kSanitizerSlowdown > 1) o.language_args.push_back("--esp_layer_timeout_ms=10000");
+  auto stack = launcher::LocalStack::Start(o);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  for (size_t c = 0; c < want.size(); ++c) {
+    INFO(Reference().cases[c].name);
+    REQUIRE(want[c].size() == kTokens);
+    mmserve::v1::GenerateRequest r = RawRequest(0, Reference().cases[c]);
+    r.mutable_raw()->set_text(text);
+    const Answer a = AskGrpc(*stub, r, {});
+    INFO(a.status);
+    REQUIRE(a.status.ok());
+    CHECK(a.token_ids == want[c]);
+  }
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
+                     "degree=\"2\"") == static_cast<double>(want.size()));
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
