@@ -6,20 +6,45 @@
 # healthy, prints the addresses and a client call, and on Ctrl-C or SIGTERM
 # stops every child (each drains and frees its blocks).
 #
-#   ./deploy/serve.sh [--model_dir=DIR] [--encoders=N] [--profile=shm|tcp]
-#                     [--port=50051] [--http_port=8000] [--tp=N]
-#                     [--prefill=N --decode=N] [--elastic=N]
-#                     [--esp_step_models=FILE]
+#   ./deploy/serve.sh [--model_dir=DIR] [--model_id=NAME] [--encoders=N]
+#                     [--host=ADDR] [--port=50051] [--http_port=8000]
+#                     [--api_key_file=FILE] [--cluster_token_file=FILE]
+#                     [--quantize=int8|int8_g32]
+#                     [--max_model_len=N] [--kv_cache_mb=N]
+#                     [--profile=shm|tcp] [--tp=N] [--prefill=N --decode=N]
+#                     [--elastic=N] [--esp_step_models=FILE]
+#                     [--router_flags=F,...] [--encoder_flags=F,...]
+#                     [--language_flags=F,...]
+# --model_id=NAME: the model name clients send and /v1/models lists
+#   (default: the model directory's name).
+# --host=ADDR: the address every service listens on, the internal ports
+#   included (default 127.0.0.1). 0.0.0.0 serves other machines: set
+#   --api_key_file and --cluster_token_file then (docs/security.md).
+# --api_key_file=FILE: API keys, one a line; calls without one of them get
+#   UNAUTHENTICATED (HTTP 401). Default: open.
+# --cluster_token_file=FILE: the internal plane's token (the file's first
+#   line), given to the router, the encoders and the language instances:
+#   an internal call without it is refused. Default: none.
+# --quantize=MODE: the language model's weights quantized at load (int8: one
+#   scale per output row, int8_g32: one per 32 columns).
+# --max_model_len=N: the context length clients are held to (router and
+#   language; 0: the model's). --kv_cache_mb=N: each language instance's KV
+#   cache in MiB (0: a share of free memory).
 # --tp=N: the language instance runs as N tensor-parallel rank processes.
 # --prefill=N --decode=N: N prefill and N decode language instances (KV over
-# UCX; text and image prompts) instead of one role-both instance; with
-# --tp=N each decode instance has N ranks (prefill instances run one).
+#   UCX; text and image prompts) instead of one role-both instance; with
+#   --tp=N each decode instance has N ranks (prefill instances run one).
 # --elastic=N: N elastic language instances (--role=elastic) pooled by the
-# router's elastic manager (router --esp; docs/elastic.md): a long prompt
-# is prefilled by a group of them, its KV spread over their pools.
+#   router's elastic manager (router --esp; docs/elastic.md): a long prompt
+#   is prefilled by a group of them, its KV spread over their pools.
 # --esp_step_models=FILE (or ESP_STEP_MODELS=FILE): with --elastic, the
-# router's per-degree step-time models, fitted on this hardware by
-# bench:esp_profile (docs/elastic.md); default: the router's own.
+#   router's per-degree step-time models, fitted on this hardware by
+#   bench:esp_profile (docs/elastic.md); default: the router's own.
+# --router_flags=, --encoder_flags=, --language_flags=: any other flags of
+#   that process, comma-separated (--language_flags=--max_num_seqs=16,--threads=4);
+#   each name must be one of its flags (docs/reference/flags.md).
+# An unknown option, a bad value or a file that cannot be read stops serve.sh
+# with exit status 2 before anything starts.
 set -euo pipefail
 caller_dir=$PWD
 cd "$(dirname "$0")/.."
@@ -28,6 +53,7 @@ root=$PWD
 model_dir="$root/models/shapes-demo"
 encoders=1
 profile=shm
+host=127.0.0.1
 port=50051
 http_port=8000
 tp=1
@@ -35,30 +61,102 @@ prefill=0
 decode=0
 elastic=0
 esp_step_models=${ESP_STEP_MODELS:-}
+model_id=
+api_key_file=
+cluster_token_file=
+quantize=
+max_model_len=
+kv_cache_mb=
+router_flags=
+encoder_flags=
+language_flags=
+usage_end=$(grep -n '^set -euo pipefail' "$0" | cut -d: -f1)
+die() { echo "serve.sh: $*" >&2; exit 2; }
+# A file option's path, relative to where serve.sh was started; refused
+# when it cannot be read.
+readable() {  # option, path
+  local path=$2
+  [[ "$path" == /* ]] || path="$caller_dir/$path"
+  [[ -f "$path" && -r "$path" ]] || die "$1: cannot read the file $2"
+  echo "$path"
+}
 for arg in "$@"; do
   case "$arg" in
     --model_dir=*) model_dir="${arg#*=}" ;;
+    --model_id=*) model_id="${arg#*=}" ;;
     --encoders=*) encoders="${arg#*=}" ;;
     --profile=*) profile="${arg#*=}" ;;
+    --host=*) host="${arg#*=}" ;;
     --port=*) port="${arg#*=}" ;;
     --http_port=*) http_port="${arg#*=}" ;;
+    --api_key_file=*) api_key_file="${arg#*=}" ;;
+    --cluster_token_file=*) cluster_token_file="${arg#*=}" ;;
+    --quantize=*) quantize="${arg#*=}" ;;
+    --max_model_len=*) max_model_len="${arg#*=}" ;;
+    --kv_cache_mb=*) kv_cache_mb="${arg#*=}" ;;
     --tp=*) tp="${arg#*=}" ;;
     --prefill=*) prefill="${arg#*=}" ;;
     --decode=*) decode="${arg#*=}" ;;
     --elastic=*) elastic="${arg#*=}" ;;
     --esp_step_models=*) esp_step_models="${arg#*=}" ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    *) echo "serve.sh: unknown argument $arg" >&2; exit 2 ;;
+    --router_flags=*) router_flags="${arg#*=}" ;;
+    --encoder_flags=*) encoder_flags="${arg#*=}" ;;
+    --language_flags=*) language_flags="${arg#*=}" ;;
+    -h|--help) sed -n "2,$((usage_end - 1))p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option ${arg%%=*} (./deploy/serve.sh --help lists the options)" ;;
   esac
 done
+# Whole numbers at or above a floor.
+for spec in encoders:1 tp:1 prefill:0 decode:0 elastic:0 port:1 http_port:-1 \
+            max_model_len:0 kv_cache_mb:0; do
+  name=${spec%%:*} floor=${spec#*:} value=${!name}
+  [[ -z "$value" && ( $name == max_model_len || $name == kv_cache_mb ) ]] && continue
+  [[ "$value" =~ ^-?[0-9]+$ ]] && ((value >= floor)) ||
+    die "--$name=$value: expected a whole number >= $floor"
+done
+((port <= 65535 && http_port <= 65535)) || die "--port and --http_port must be <= 65535"
+[[ "$profile" == shm || "$profile" == tcp ]] || die "--profile=$profile: expected shm or tcp"
+[[ -z "$quantize" || "$quantize" == int8 || "$quantize" == int8_g32 ]] ||
+  die "--quantize=$quantize: expected int8 or int8_g32"
+[[ "$host" =~ ^[A-Za-z0-9.:-]+$ ]] || die "--host=$host: expected an address such as 127.0.0.1 or 0.0.0.0"
+[[ -z "$model_id" || "$model_id" =~ ^[A-Za-z0-9._:/-]+$ ]] ||
+  die "--model_id=$model_id: letters, digits and . _ : / - only"
+[[ -d "$model_dir" ]] || die "--model_dir=$model_dir: no such directory"
 model_dir=$(cd "$model_dir" && pwd)
+[[ -n "$api_key_file" ]] && api_key_file=$(readable --api_key_file "$api_key_file")
+if [[ -n "$api_key_file" ]] && ! grep -q '[^[:space:]]' "$api_key_file"; then
+  die "--api_key_file: $api_key_file holds no key"
+fi
+[[ -n "$cluster_token_file" ]] && cluster_token_file=$(readable --cluster_token_file "$cluster_token_file")
+if [[ -n "$cluster_token_file" ]] && ! head -n 1 "$cluster_token_file" | grep -q '[^[:space:]]'; then
+  die "--cluster_token_file: the first line of $cluster_token_file is empty"
+fi
 esp_args=()
 if [[ -n "$esp_step_models" ]]; then
-  [[ "$esp_step_models" == /* ]] || esp_step_models="$caller_dir/$esp_step_models"
-  [[ -r "$esp_step_models" ]] || { echo "serve.sh: cannot read $esp_step_models" >&2; exit 2; }
-  ((elastic > 0)) || { echo "serve.sh: --esp_step_models needs --elastic" >&2; exit 2; }
+  esp_step_models=$(readable --esp_step_models "$esp_step_models")
+  ((elastic > 0)) || die "--esp_step_models needs --elastic"
   esp_args=(--esp_step_models="$esp_step_models")
 fi
+# The named options become flags of the processes they belong to, ahead of
+# the --*_flags a user passes (a later flag wins).
+join() { local IFS=,; echo "$*"; }
+router_extra=() encoder_extra=() language_extra=()
+if [[ -n "$cluster_token_file" ]]; then
+  router_extra+=("--cluster_token_file=$cluster_token_file")
+  encoder_extra+=("--cluster_token_file=$cluster_token_file")
+  language_extra+=("--cluster_token_file=$cluster_token_file")
+fi
+[[ -n "$model_id" ]] && router_extra+=("--model_id=$model_id")
+[[ -n "$max_model_len" ]] && router_extra+=("--max_model_len=$max_model_len") &&
+  language_extra+=("--max_model_len=$max_model_len")
+[[ -n "$quantize" ]] && language_extra+=("--quantize=$quantize")
+[[ -n "$kv_cache_mb" ]] && language_extra+=("--kv_cache_mb=$kv_cache_mb")
+[[ -n "$router_flags" ]] && router_extra+=("$router_flags")
+[[ -n "$encoder_flags" ]] && encoder_extra+=("$encoder_flags")
+[[ -n "$language_flags" ]] && language_extra+=("$language_flags")
+router_flags=$(join ${router_extra[@]+"${router_extra[@]}"})
+encoder_flags=$(join ${encoder_extra[@]+"${encoder_extra[@]}"})
+language_flags=$(join ${language_extra[@]+"${language_extra[@]}"})
 
 deploy/install_deps.sh
 cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
@@ -77,11 +175,33 @@ for b in router/router encoder_service/encoder language_service/language \
          deploy/launcher/mmserve_launch client/cli; do
   [[ -x "$bin/$b" ]] || { echo "serve.sh: $bin/$b was not built" >&2; exit 1; }
 done
+# Each passed-through flag must be one of its process's own flags (the
+# process would refuse it only once started, and the launcher restart it).
+check_flags() {  # option, binary, comma-separated flags
+  local known name
+  [[ -n "$3" ]] || return 0
+  # --helpfull exits 1 after printing.
+  known=$({ "$bin/$2" --helpfull 2>/dev/null || true; } | sed -n 's/^ *--\([A-Za-z0-9_]*\) .*/\1/p')
+  [[ -n "$known" ]] || { echo "serve.sh: $bin/$2 --helpfull listed no flags" >&2; exit 1; }
+  local IFS=,
+  for flag in $3; do
+    [[ "$flag" == --?* ]] || die "$1: '$flag' is not a flag (write --name=value, comma-separated)"
+    name=${flag#--}
+    name=${name%%=*}
+    grep -qx -e "$name" -e "${name#no}" <<<"$known" ||
+      die "$1: $2 has no flag --$name (docs/reference/flags.md lists its flags)"
+  done
+}
+check_flags --router_flags router/router "$router_flags"
+check_flags --encoder_flags encoder_service/encoder "$encoder_flags"
+check_flags --language_flags language_service/language "$language_flags"
 
 logs=$(mktemp -d /tmp/mmserve-logs-XXXXXX)
 out="$logs/launcher.out"
 "$bin/deploy/launcher/mmserve_launch" --bin_dir="$bin" --model_dir="$model_dir" \
-  --encoders="$encoders" --profile="$profile" --port="$port" --http_port="$http_port" \
+  --encoders="$encoders" --profile="$profile" --host="$host" --port="$port" --http_port="$http_port" \
+  --api_key_file="$api_key_file" --router_flags="$router_flags" --encoder_flags="$encoder_flags" \
+  --language_flags="$language_flags" \
   --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" ${esp_args[@]+"${esp_args[@]}"} \
   --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!

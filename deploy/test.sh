@@ -51,7 +51,7 @@ else
   extra+=("serve.sh smoke=failed")
 fi
 
-phase "docs: runnable blocks of README.md and docs/ against a stack, relative links (tools/docs_test.py)"
+phase "docs: every page's runnable blocks against a stack, links, paths in docs and comments, generated references (tools/docs_test.py)"
 if /usr/bin/python3 tools/docs_test.py; then
   extra+=("docs test=passed")
 else

@@ -53,7 +53,7 @@ ABSL_FLAG(double, max_video_seconds, 600, "longest video, by its container heade
 ABSL_FLAG(int64_t, max_video_frames, 36000, "most frames in a video's container or frame list");
 ABSL_FLAG(int, test_only_publish_delay_ms, 0,
           "TEST ONLY: each image waits this long before it is published (a slow encoder, for "
-          "seed 000's tests); never set in production");
+          "tests); never set in production");
 ABSL_FLAG(int, keep_for_seconds, 30, "how long a published image waits for its receiver");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long in-flight work may take");
 

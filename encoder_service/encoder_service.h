@@ -4,7 +4,7 @@
 //
 // Transfers themselves are driven by the language side's control messages,
 // which travel as UCX active messages straight to the transfer engine
-// (ARCHITECTURE.md 2, step 7); StartTransfer, ResumeTransfer and
+// (transfer/transfer_engine.h); StartTransfer, ResumeTransfer and
 // FinishTransfer therefore answer UNIMPLEMENTED. CancelTransfer drops the
 // request's images still queued here. Thread-safe.
 #ifndef MMSERVE_ENCODER_SERVICE_ENCODER_SERVICE_H_

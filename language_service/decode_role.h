@@ -1,4 +1,4 @@
-// Role decode (language_role.h): reserves KV blocks for requests a prefill
+// Role decode (role.h): reserves KV blocks for requests a prefill
 // instance hands over; every rank of the instance registers its own KV cache
 // with UCX and receives only its KV heads (worker/tp_kv_receiver.h). Each
 // rank's cache lives in its KV receiver (KvHandoffReceiver::CreateWithCache):

@@ -18,19 +18,22 @@ absl::StatusOr<std::vector<transfer::EspEndpoint>> Endpoints(const v1::EspPlan& 
   std::vector<transfer::EspEndpoint> out;
   for (const v1::EspMember& m : plan.members()) {
     absl::StatusOr<transfer::EspEndpoint> e = transfer::DecodeEspEndpoint(m.endpoint());
+    // A plan the members cannot serve is the router's fault, not the
+    // client's: INTERNAL, which the router shows clients as a generic error.
     if (!e.ok()) {
-      return absl::InvalidArgumentError(
+      return absl::InternalError(
           absl::StrCat("member ", m.instance_id(), ": ", e.status().message()));
     }
     if (e->kv_width != mine.kv_width) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("member ", m.instance_id(), " serves another model"));
+      return absl::InternalError(absl::StrCat("member ", m.instance_id(), " serves another model"));
     }
+    // A limit a client may meet: the reason reaches it, so it names no
+    // instance.
     if (prompt_len > e->max_prompt_tokens ||
         static_cast<uint32_t>(plan.members_size()) > e->max_members) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the prompt (", prompt_len, " tokens) or the group is too large for member ",
-          m.instance_id(), " (", e->max_prompt_tokens, " tokens, ", e->max_members, " members)"));
+          "the prompt (", prompt_len, " tokens) or the group is too large for a member of it (",
+          e->max_prompt_tokens, " tokens, ", e->max_members, " members)"));
     }
     out.push_back(*std::move(e));
   }

@@ -78,7 +78,7 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
   handoff_blocked_seconds_ = &metrics.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
-      "putting image rows (their floats, or descriptors) into tensor-parallel steps (seed 000).");
+      "putting image rows (their floats, or descriptors) into tensor-parallel steps.");
   const char* rows_help =
       "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
       "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
@@ -181,6 +181,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest
   r->id = request.request_id();
   r->sink = std::move(sink);
   r->engine_request.id = r->id;
+  r->engine_request.priority = request.priority();
   r->engine_request.prompt = std::move(prompt);
   if (request.has_raw() && request.raw().token_ids_size() > 0) {
     if (!request.raw().text().empty()) {

@@ -72,9 +72,12 @@ ABSL_FLAG(uint32_t, default_blocks, 1,
           "blocks a receive takes when the router could not pre-size the image");
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache size in MiB (0: a share of free memory)");
 ABSL_FLAG(int, max_num_seqs, 64, "most running sequences");
+ABSL_FLAG(int, priority_aging_steps, 128,
+          "starvation bound of request priorities: a waiting request counts one priority "
+          "better for every this many scheduler steps it has waited (down to the best waiting)");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "token budget per step");
 ABSL_FLAG(int, max_prefill_tokens, 0,
-          "seed 003: prefill tokens per step at most, below max_num_batched_tokens (0: no cap)");
+          "prefill tokens per step at most, below max_num_batched_tokens (0: no cap)");
 ABSL_FLAG(bool, enable_chunked_prefill, true,
           "split prompts into chunks that fit a step's budget (off: a prompt is prefilled in "
           "one step; one larger than the budget runs as the step's only prefill)");
@@ -92,7 +95,7 @@ ABSL_FLAG(std::string, tp_shard_binary, "",
           "the //worker:tp_shard binary (default: beside this binary in bazel-bin or its "
           "runfiles)");
 ABSL_FLAG(std::string, mm_handoff, "async",
-          "seed 000: async (image embeddings are read where UCX wrote them, in a receive "
+          "async (image embeddings are read where UCX wrote them, in a receive "
           "buffer every tensor-parallel rank maps; steps carry descriptors) or blocking (the "
           "loop copies each embedding out and rank 0 copies its rows into every step: the "
           "baseline, to measure against)");
@@ -153,6 +156,9 @@ absl::Status CheckUsage() {
   if (absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError("--threads must be >= 0");
   }
+  if (absl::GetFlag(FLAGS_priority_aging_steps) < 1) {
+    return absl::InvalidArgumentError("--priority_aging_steps must be >= 1");
+  }
   const std::string handoff = absl::GetFlag(FLAGS_mm_handoff);
   if (handoff != "async" && handoff != "blocking") {
     return absl::InvalidArgumentError(
@@ -181,6 +187,7 @@ absl::StatusOr<worker::EngineOptions> EngineOptionsFromFlags(const std::string& 
   e.model_dir = absl::GetFlag(FLAGS_model_dir);
   e.kv_cache_bytes = int64_t{absl::GetFlag(FLAGS_kv_cache_mb)} << 20;
   e.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  e.priority_aging_steps = absl::GetFlag(FLAGS_priority_aging_steps);
   e.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   if (absl::GetFlag(FLAGS_max_prefill_tokens) < 0) {
     return absl::InvalidArgumentError("--max_prefill_tokens must be >= 0 (0: no cap)");

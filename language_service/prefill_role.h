@@ -1,4 +1,4 @@
-// Role prefill (language_role.h): runs prompts to their first token and hands
+// Role prefill (role.h): runs prompts to their first token and hands
 // the prompt's KV to the decode instance each request names: AllocateKv on
 // it, one set of UCX puts per decode rank (its slice of the KV heads,
 // transfer/kv_handoff), CommitKv with each rank's CRC32C. Loop thread only.

@@ -25,7 +25,7 @@ int MaxAbsDiff(const RgbImage& img, const std::string& want) {
 }
 
 TEST_CASE("lossless formats decode to exactly the reference pixels", "[image]") {
-  // Reference: PIL + transformers convert_to_rgb (tools/gen_decode_goldens.py).
+  // Reference: PIL + transformers convert_to_rgb (tools/gen_image_goldens.py).
   for (const char* name :
        {"rgb.png", "rgb.bmp", "palette.png", "gray.png", "anim.gif", "rgba.png"}) {
     INFO(name);

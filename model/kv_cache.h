@@ -1,6 +1,6 @@
 // The language model's KV cache on the CPU: one fp32 allocation laid out as
 //   [layers][2 (key, value)][blocks][block_size][kv_heads][head_dim]
-// (ARCHITECTURE.md section 4). A token's K or V for one layer is a contiguous
+// A token's K or V for one layer is a contiguous
 // kv_heads * head_dim run at slot = block * block_size + offset, so a block
 // of one layer's keys is one contiguous region (what KV transfer sends).
 //

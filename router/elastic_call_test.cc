@@ -141,7 +141,7 @@ class ElasticStack {
     context_.options.max_model_len = 8192;
     context_.options.config.text.vocab_size = 1000;
     context_.instances = &table_;
-    context_.metrics = &metrics_;
+    context_.metrics = &call_metrics_;
     context_.esp = &pool_;
     for (size_t i = 0; i < slots.size(); ++i) {
       fakes.push_back(std::make_unique<FakeElastic>(absl::StrCat("x", i), slots[i]));
@@ -184,6 +184,7 @@ class ElasticStack {
 
   InstanceTable table_;
   metrics::Registry metrics_;
+  CallMetrics call_metrics_{metrics_};
   EspPool pool_;
   RouterContext context_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;

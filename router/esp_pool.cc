@@ -33,7 +33,19 @@ std::vector<int64_t> PromisedPerMember(const scheduler::EspRequestPlan& request,
 }  // namespace
 
 EspPool::EspPool(InstanceTable& table, metrics::Registry& metrics, EspPoolOptions options)
-    : table_(table), metrics_(metrics), options_(std::move(options)) {
+    : table_(table),
+      metrics_(metrics),
+      master_moves_(metrics.GetCounter(
+          "mmserve_router_esp_master_moves_total",
+          "Elastic requests whose master moved to the next member of its group.")),
+      aborts_sent_(metrics.GetCounter("mmserve_router_esp_aborts_total",
+                                      "Abort calls sent to the members of elastic groups.")),
+      pending_gauge_(
+          metrics.GetGauge("mmserve_router_esp_pending", "Requests waiting for elastic KV slots.")),
+      promised_gauge_(
+          metrics.GetGauge("mmserve_router_esp_promised_slots",
+                           "KV token slots promised to live requests on elastic instances.")),
+      options_(std::move(options)) {
   avg_decode_seconds_ = options_.config.avg_decode_latency;
 }
 
@@ -149,10 +161,7 @@ void EspPool::Decoding(const std::string& id) {
 }
 
 void EspPool::MasterMoved(const std::string& id, size_t member) {
-  metrics_
-      .GetCounter("mmserve_router_esp_master_moves_total",
-                  "Elastic requests whose master moved to the next member of its group.")
-      .Increment();
+  master_moves_.Increment();
   absl::MutexLock lock(&mu_);
   auto it = live_.find(id);
   if (it != live_.end() && member < it->second.members.size()) it->second.master = member;
@@ -183,8 +192,6 @@ void EspPool::Finished(const std::string& id) {
 
 void EspPool::SendAborts(const std::string& id,
                          const std::vector<std::shared_ptr<Instance>>& members) {
-  metrics::Counter& sent = metrics_.GetCounter(
-      "mmserve_router_esp_aborts_total", "Abort calls sent to the members of elastic groups.");
   for (const auto& member : members) {
     auto ctx = std::make_shared<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
@@ -192,7 +199,7 @@ void EspPool::SendAborts(const std::string& id,
     auto request = std::make_shared<internal::v1::AbortRequest>();
     request->set_request_id(id);
     auto response = std::make_shared<internal::v1::AbortResponse>();
-    sent.Increment();
+    aborts_sent_.Increment();
     member->language->async()->Abort(ctx.get(), request.get(), response.get(),
                                      [ctx, request, response, member](const grpc::Status& s) {
                                        if (!s.ok()) {
@@ -325,12 +332,8 @@ void EspPool::SetGauges() {
   for (const auto& [id, l] : live_) {
     for (int64_t p : l.promised) promised += p;
   }
-  metrics_.GetGauge("mmserve_router_esp_pending", "Requests waiting for elastic KV slots.")
-      .Set(static_cast<double>(pending_.size()));
-  metrics_
-      .GetGauge("mmserve_router_esp_promised_slots",
-                "KV token slots promised to live requests on elastic instances.")
-      .Set(static_cast<double>(promised));
+  pending_gauge_.Set(static_cast<double>(pending_.size()));
+  promised_gauge_.Set(static_cast<double>(promised));
 }
 
 EspPool::Stats EspPool::stats() const {

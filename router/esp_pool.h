@@ -171,6 +171,12 @@ class EspPool {
 
   InstanceTable& table_;
   metrics::Registry& metrics_;
+  // Resolved once (the per-degree request counters are looked up per
+  // placement).
+  metrics::Counter& master_moves_;
+  metrics::Counter& aborts_sent_;
+  metrics::Gauge& pending_gauge_;
+  metrics::Gauge& promised_gauge_;
   const EspPoolOptions options_;
   mutable absl::Mutex mu_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);

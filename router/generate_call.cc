@@ -15,6 +15,7 @@
 #include "router/disaggregated_call.h"
 #include "router/elastic_call.h"
 #include "router/esp_prompt.h"
+#include "router/public_error.h"
 #include "scheduler/placement.h"
 
 namespace mmserve::router {
@@ -301,24 +302,13 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
 void GenerateCall::CountTokens(const internal::v1::TokenBatch& batch, double now) {
   completion_tokens_ += static_cast<uint32_t>(batch.token_ids_size());
   if (batch.token_ids_size() == 0) return;
-  metrics::Registry& m = *context_.metrics;
+  const CallMetrics& m = *context_.metrics;
   if (phase_ == CallPhase::kPrefilling) {
-    m.GetHistogram("mmserve_router_ttft_seconds", "Time to first token at the router.",
-                   metrics::LatencyBuckets())
-        .Observe(now);
-    // Buckets are whole round trips: role both 1 (Prefill), P/D 2 (the
-    // Decode hold, then Prefill), each re-dispatch before the first token 1
-    // more.
-    m.GetHistogram("mmserve_router_critical_round_trips",
-                   "Router RPCs a request's first token waited for, one after another "
-                   "(Prefill; P/D: Decode hold then Prefill; RetryImages).",
-                   {1, 2, 3, 4, 5, 6, 8, 12, 16})
-        .Observe(critical_round_trips_);
+    m.ttft.Observe(now);
+    m.critical_round_trips.Observe(critical_round_trips_);
     first_token_s_ = now;
   } else {
-    m.GetHistogram("mmserve_router_itl_seconds", "Gap between streamed token batches.",
-                   metrics::LatencyBuckets())
-        .Observe(now - last_token_s_);
+    m.itl.Observe(now - last_token_s_);
   }
   last_token_s_ = now;
 }
@@ -349,8 +339,11 @@ void GenerateCall::LastStreamClosed(const grpc::Status& status, absl::string_vie
     return;
   }
   absl::Status s = FromGrpcStatus(status);
+  // A stream the router did not cancel (the call has not ended) that ends
+  // CANCELLED was cancelled by the instance: a failure, not the client's.
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::UNKNOWN) {
+      status.error_code() == grpc::StatusCode::UNKNOWN ||
+      status.error_code() == grpc::StatusCode::CANCELLED) {
     s = absl::UnavailableError(
         absl::StrCat(role, " instance ", instance_id, " failed: ", status.error_message()));
   }
@@ -391,29 +384,29 @@ void GenerateCall::End(absl::Status status) {
   encoders_.CancelOpen(deferred_);
   CancelStreams(status);
   for (const auto& instance : LanguageInstances()) instance->inflight -= placed_tokens_;
-  RecordEnd(status);
-  deferred_.Defer([sink = std::move(sink_), status = std::move(status)]() mutable {
+  RecordEnd(status);  // the whole status, for the operator
+  deferred_.Defer([sink = std::move(sink_), status = PublicStatus(status, id_)]() mutable {
     sink.on_end(std::move(status));
   });
 }
 
 void GenerateCall::RecordEnd(const absl::Status& status) {
   const double e2e = clock_.ElapsedSeconds();
-  metrics::Registry& m = *context_.metrics;
-  m.GetCounter("mmserve_router_requests_total", "Generate calls by final gRPC code.",
-               {{"code", absl::StatusCodeToString(status.code())}})
-      .Increment();
-  m.GetHistogram("mmserve_router_e2e_seconds", "Generate latency, receipt to end.",
-                 metrics::LatencyBuckets())
-      .Observe(e2e);
-  m.GetHistogram("mmserve_router_overhead_seconds",
-                 "Time in the router before dispatch (validation, hashing, pre-sizing).",
-                 metrics::LatencyBuckets())
-      .Observe(router_seconds_);
-  LOG(INFO) << "request " << id_ << ": " << (status.ok() ? "OK" : status.ToString()) << ", "
-            << encoders_.size() << " images, " << completion_tokens_ << " tokens, "
-            << absl::StrFormat("%.1f ms", e2e * 1e3)
-            << (prefill_ ? absl::StrCat(", on ", prefill_->id) : "");
+  const CallMetrics& m = *context_.metrics;
+  m.Requests(status.code()).Increment();
+  m.e2e.Observe(e2e);
+  m.overhead.Observe(router_seconds_);
+  const std::string summary = absl::StrCat(
+      "request ", id_, ": ", status.ok() ? "OK" : status.ToString(), ", ", encoders_.size(),
+      " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),
+      prefill_ ? absl::StrCat(", on ", prefill_->id) : "");
+  // A failure of the service is logged whole: the client sees only a
+  // generic message with the request id (public_error.h).
+  if (status.ok() || IsClientError(status.code())) {
+    LOG(INFO) << summary;
+  } else {
+    LOG(WARNING) << summary;
+  }
 }
 
 }  // namespace mmserve::router

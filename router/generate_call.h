@@ -1,4 +1,4 @@
-// One Generate request as the router runs it (ARCHITECTURE.md 2, steps 2-9):
+// One Generate request as the router runs it (docs/lifecycle.md):
 // validate, hash and pre-size every image, place each image on an encoder by
 // rendezvous hashing of its content hash and the request on the language
 // instance with the least outstanding work, then call Encode on the encoders
@@ -15,7 +15,7 @@
 // then a prefill instance prefills and hands the KV over; the decode
 // stream carries the rest) and ElasticCall (router --esp: the elastic
 // manager places it on one elastic instance or a group of them). The call's lifecycle is one
-// CallPhase (call_phase.h), changed only by Advance; docs/lifecycle_router.md draws it.
+// CallPhase (call_phase.h), changed only by Advance; docs/lifecycle.md draws it.
 //
 // Failures: a bad request ends at once with INVALID_ARGUMENT, before any
 // backend is called. An encoder that fails (Encode error other than a bad
@@ -25,7 +25,9 @@
 // encoder left the call ends with UNAVAILABLE. A language instance that fails
 // ends the call with UNAVAILABLE. Ending for any reason cancels every child
 // call, which makes each process free what the request held. The sink's
-// on_end runs exactly once, after the last on_response.
+// on_end runs exactly once, after the last on_response, with the status a
+// client may see (PublicStatus, public_error.h); the whole status goes to
+// the log with the request id.
 //
 // Thread-safe. gRPC may run reactions inline in the thread that starts or
 // cancels a call, so nothing that reaches gRPC or the sink runs under mu_:

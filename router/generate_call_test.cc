@@ -28,6 +28,7 @@
 #include "router/call_testing.h"
 #include "router/deferred_actions.h"
 #include "router/encoder_dispatch.h"
+#include "router/public_error.h"
 
 namespace mmserve::router {
 namespace {
@@ -106,7 +107,7 @@ class Stack {
     context_.options.config.vision.emplace();
     context_.options.config.text.vocab_size = 1000;
     context_.instances = &table_;
-    context_.metrics = &metrics_;
+    context_.metrics = &call_metrics_;
   }
   ~Stack() {
     table_.Stop();
@@ -155,6 +156,7 @@ class Stack {
 
   InstanceTable table_;
   metrics::Registry metrics_;
+  CallMetrics call_metrics_{metrics_};
   RouterContext context_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;
 };
@@ -278,7 +280,9 @@ TEST_CASE("a first token that is also the last ends the call and cancels the dec
   CHECK(WaitFor([&] { return cancelled.load(); }));
 }
 
-TEST_CASE("a decode instance that fails ends the call with UNAVAILABLE naming the decode side") {
+TEST_CASE(
+    "a decode instance that fails ends the call with UNAVAILABLE, a generic message and the "
+    "request id") {
   Stack stack;
   std::atomic<bool> cancelled{false};
   stack.decode.decode = [&](grpc::ServerContext*, Writer* w) {
@@ -293,7 +297,12 @@ TEST_CASE("a decode instance that fails ends the call with UNAVAILABLE naming th
   const absl::Status status = outcome.status();
   INFO(status);
   CHECK(status.code() == absl::StatusCode::kUnavailable);
-  CHECK(status.message().find("decode instance d0 failed") != std::string::npos);
+  // The instance and its error stay in the router's log.
+  CHECK(status.message().find("d0") == std::string::npos);
+  CHECK(status.message().find("decode broke") == std::string::npos);
+  CHECK(status.message() ==
+        "the model backend failed; retry (request id " + RequestIdOf(status) + ")");
+  CHECK(!RequestIdOf(status).empty());
   CHECK(WaitFor([&] { return cancelled.load(); }));
 }
 

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "router/input_limits.h"
 #include "router/openai.h"
+#include "router/public_error.h"
 
 namespace mmserve::router {
 namespace {
@@ -41,11 +42,12 @@ struct Relay {
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !responses.empty() || end; }
 };
 
+// `s` is a public status: a client error's reason, or a generic failure
+// carrying the request id (public_error.h).
 void SendError(httplib::Response& res, const absl::Status& s) {
   res.status = HttpStatusFor(s.code());
-  if (absl::IsResourceExhausted(s)) {
-    res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
-  }
+  if (IsRetryable(s.code())) res.set_header("Retry-After", std::to_string(kRetryAfterSeconds));
+  if (const std::string id = RequestIdOf(s); !id.empty()) res.set_header(kRequestIdHeader, id);
   res.set_content(ErrorJson(s), "application/json");
 }
 
@@ -185,6 +187,7 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
     on_end(std::move(s));
   };
   auto call = StartTrackedCall(ctx, calls, chat->request, std::move(sink), Deadline(ctx));
+  res.set_header(kRequestIdHeader, call->id());
   if (!chat->stream) return ReplyChatCompletion(*relay, cc, res);
   StreamChatCompletion(std::move(relay), std::move(call), cc, res);
 }

@@ -81,7 +81,7 @@ class InstanceTable {
   void Upsert(const iv1::InstanceInfo& info, bool registered = false);
   // FAILED_PRECONDITION when `info` runs the shm transport profile and a
   // known shm instance advertises another host (UcxPeer.host): shm peers
-  // must share a host and IPC namespace (ARCHITECTURE.md section 10).
+  // must share a host and IPC namespace (docs/deployment.md).
   [[nodiscard]] absl::Status Admit(const iv1::InstanceInfo& info) const;
   // Heartbeat: false when the instance is unknown (it should register again).
   bool Report(const iv1::LoadReport& load);

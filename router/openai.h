@@ -22,7 +22,8 @@
 // stream_options.include_usage, temperature, top_p, top_k (-1 = off, as in
 // vLLM), min_p, seed, max_tokens / max_completion_tokens (the latter wins),
 // stop, stop_token_ids, ignore_eos, min_tokens, logprobs + top_logprobs,
-// skip_special_tokens, add_generation_prompt, n (1 only). Fields that change
+// skip_special_tokens, add_generation_prompt, n (1 only), priority (vLLM's
+// extension: lower runs first among waiting requests). Fields that change
 // nothing at their neutral value (presence_penalty 0, frequency_penalty 0,
 // repetition_penalty 1, n 1, logit_bias {}, tools [], response_format text,
 // ...) are accepted there and refused elsewhere; user, metadata and other
@@ -146,7 +147,7 @@ class ChatCompletionStream {
   bool done_ = false;
 };
 
-// HTTP status for a Status code: INVALID_ARGUMENT 400, UNAUTHENTICATED 401,
+// HTTP status for a Status code: INVALID_ARGUMENT and OUT_OF_RANGE 400, UNAUTHENTICATED 401,
 // PERMISSION_DENIED 403, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED
 // 499, UNIMPLEMENTED 501, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, OK 200,
 // anything else 500.

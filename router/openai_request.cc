@@ -434,6 +434,11 @@ absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(absl::string_view j
     chat->set_add_generation_prompt(b);
   }
   RETURN_IF_ERROR(ParseSampling(body, request.mutable_sampling()));
+  // vLLM's extension: lower runs first among waiting requests.
+  if (const json* v = Find(body, "priority")) {
+    ASSIGN_OR_RETURN(int64_t priority, GetInteger(*v, "priority", INT32_MIN, INT32_MAX));
+    request.set_priority(static_cast<int32_t>(priority));
+  }
   return out;
 }
 

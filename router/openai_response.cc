@@ -195,6 +195,7 @@ int HttpStatusFor(absl::StatusCode code) {
     case absl::StatusCode::kOk:
       return 200;
     case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
       return 400;
     case absl::StatusCode::kUnauthenticated:
       return 401;

@@ -373,6 +373,21 @@ void AddLogprob(GenerateResponse* r, uint32_t id, const std::string& text, float
   alt->set_logprob(-3.5f);
 }
 
+TEST_CASE("priority (vLLM's extension) maps onto the request's priority", "[openai]") {
+  json body = UserSays("hi");
+  CHECK(MustParse(body).request.priority() == 0);
+  body["priority"] = -3;
+  CHECK(MustParse(body).request.priority() == -3);
+  for (const json& bad : {json("high"), json(1.5), json(4294967296LL)}) {
+    body["priority"] = bad;
+    absl::StatusOr<OpenAiChatRequest> r = ParseChatCompletionRequest(body.dump(), {});
+    INFO(bad.dump());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(r.status().message().find("priority") != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("the non-streamed reply accumulates the whole stream", "[openai]") {
   ChatCompletionBuilder builder(CompletionContext{"shapes-demo", 1700000000, false, false});
   builder.Add(Step("top "));
@@ -542,6 +557,7 @@ TEST_CASE("SSE framing", "[openai]") {
 TEST_CASE("status codes map to HTTP statuses and OpenAI error bodies", "[openai]") {
   CHECK(HttpStatusFor(absl::StatusCode::kOk) == 200);
   CHECK(HttpStatusFor(absl::StatusCode::kInvalidArgument) == 400);
+  CHECK(HttpStatusFor(absl::StatusCode::kOutOfRange) == 400);
   CHECK(HttpStatusFor(absl::StatusCode::kNotFound) == 404);
   CHECK(HttpStatusFor(absl::StatusCode::kResourceExhausted) == 429);
   CHECK(HttpStatusFor(absl::StatusCode::kCancelled) == 499);

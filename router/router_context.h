@@ -6,8 +6,8 @@
 #include <functional>
 
 #include "absl/status/status.h"
-#include "common/metrics.h"
 #include "proto/inference.pb.h"
+#include "router/call_metrics.h"
 #include "router/instance_table.h"
 #include "router/public_access.h"
 #include "router/request_validation.h"
@@ -23,7 +23,7 @@ class EspPool;
 struct RouterContext {
   RouterOptions options;
   InstanceTable* instances = nullptr;
-  metrics::Registry* metrics = nullptr;
+  const CallMetrics* metrics = nullptr;
   // API keys and per-client caps of the public API; null: open, no cap.
   PublicAccess* access = nullptr;
   // router --esp: the elastic manager (requests go to it while it has a

@@ -323,8 +323,11 @@ int Main() {
   PublicAccess access({.api_keys = *std::move(keys),
                        .max_calls_per_client = absl::GetFlag(FLAGS_max_calls_per_client)});
   metrics::Registry registry;
-  RouterContext context{
-      .options = *std::move(options), .instances = &table, .metrics = &registry, .access = &access};
+  const CallMetrics call_metrics(registry);
+  RouterContext context{.options = *std::move(options),
+                        .instances = &table,
+                        .metrics = &call_metrics,
+                        .access = &access};
   CallTracker tracker;
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);

@@ -8,6 +8,7 @@
 #include "common/internal_plane.h"
 #include "common/logging.h"
 #include "common/server_stream.h"
+#include "router/public_error.h"
 
 namespace mmserve::router {
 namespace {
@@ -16,19 +17,27 @@ namespace {
 // stream cancels the call.
 class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateResponse> {
  public:
-  void Begin(const RouterContext& context, CallTracker& tracker,
+  // `ctx` outlives the call: gRPC keeps it until OnDone, after End.
+  void Begin(const RouterContext& context, CallTracker& tracker, grpc::CallbackServerContext& ctx,
              const mmserve::v1::GenerateRequest& request,
              std::chrono::system_clock::time_point deadline, PublicAccess::Lease lease) {
     auto call = StartTrackedCall(
         context, tracker, request,
         {.on_response = [this](mmserve::v1::GenerateResponse r) { Push(std::move(r)); },
          .on_end =
-             [this, lease = std::move(lease)](absl::Status s) mutable {
+             [this, &ctx, lease = std::move(lease)](absl::Status s) mutable {
                lease.reset();
                {
                  absl::MutexLock lock(&mu_);
                  ended_ = true;
                  call_.reset();
+               }
+               // Before End: trailing metadata must be added before Finish.
+               if (const std::string id = RequestIdOf(s); !id.empty()) {
+                 ctx.AddTrailingMetadata(kRequestIdMetadata, id);
+               }
+               if (IsRetryable(s.code())) {
+                 ctx.AddTrailingMetadata("retry-after", std::to_string(kRetryAfterSeconds));
                }
                End(s);  // may delete this
              }},
@@ -149,7 +158,7 @@ grpc::ServerWriteReactor<mmserve::v1::GenerateResponse>* InferenceService::Gener
   const auto latest = std::chrono::system_clock::now() +
                       absl::ToChronoNanoseconds(context_.options.default_timeout);
   if (deadline > latest) deadline = latest;
-  reactor->Begin(context_, tracker_, *request, deadline, *std::move(lease));
+  reactor->Begin(context_, tracker_, *ctx, *request, deadline, *std::move(lease));
   return reactor;
 }
 

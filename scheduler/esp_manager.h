@@ -12,7 +12,7 @@
 //     // decodes it afterwards.
 //   }
 //
-// The four steps (ELASTIC.md section 1; the design's rules):
+// The four steps (docs/elastic.md; the design's rules):
 // 1. Dispatch, first-come first-served: take pending requests in order
 //    while (a) every taken request's whole future KV (prompt + max new
 //    tokens, in blocks) fits the pool's free blocks left after the decoding

@@ -1,4 +1,4 @@
-// Placement policies the router uses (ARCHITECTURE.md 7):
+// Placement policies the router uses (docs/serving.md):
 //
 //   // The same image always reaches the same encoder (cache affinity) while
 //   // that encoder is healthy; removing one moves only its own images.

@@ -43,7 +43,7 @@ struct RequestId {
 };
 
 // Lifecycle, in order: not yet admitted, admitted, terminal. Transitions
-// (each by the event that causes it; docs/lifecycle_engine.md draws them):
+// (each by the event that causes it; docs/lifecycle.md draws them):
 //   (AddRequest) -> kWaiting               queued for admission
 //   (ReserveRemoteKv) -> kWaitingForKv     holds blocks another instance
 //                                          writes the prompt's KV into
@@ -92,6 +92,9 @@ struct RequestParams {
   std::vector<TokenId> stop_token_ids;
   TokenId eos_token_id = kvpool::kNoToken;
   bool ignore_eos = false;
+  // Scheduling priority: lower is admitted first, and preempted last
+  // (SchedulerConfig::priority_aging_steps bounds the wait).
+  int priority = 0;
 };
 
 class Request {
@@ -101,8 +104,13 @@ class Request {
   Request& operator=(const Request&) = delete;
 
   RequestId id() const { return params_.id; }
-  // Order of AddRequest calls; admission is FIFO in this order.
+  // Order of AddRequest calls; admission is FIFO in this order among
+  // requests of one effective priority.
   uint64_t arrival_seq() const { return arrival_seq_; }
+  int priority() const { return params_.priority; }
+  // The scheduler step during which it was added (its wait ages from there).
+  int64_t arrival_step() const { return arrival_step_; }
+  void set_arrival_step(int64_t step) { arrival_step_ = step; }
   RequestStatus status() const { return status_; }
   FinishReason finish_reason() const { return finish_reason_; }
   // The limits and spans it was added with. Its prompt_token_ids is empty:
@@ -149,6 +157,7 @@ class Request {
  private:
   RequestParams params_;
   uint64_t arrival_seq_;
+  int64_t arrival_step_ = 0;
   std::vector<TokenId> token_ids_;
   int num_prompt_tokens_;
   int num_computed_tokens_ = 0;

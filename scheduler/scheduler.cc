@@ -56,6 +56,7 @@ absl::Status Scheduler::AddRequest(RequestParams params) {
   RETURN_IF_ERROR(ValidateParams(params));
   const RequestId id = params.id;
   auto request = std::make_unique<Request>(std::move(params), next_arrival_seq_++);
+  request->set_arrival_step(step_);
   waiting_.push_back(request.get());
   requests_.emplace(id, std::move(request));
   return absl::OkStatus();

@@ -14,14 +14,17 @@
 // One step (Schedule):
 //  1. Running requests, oldest first, each get min(tokens left to compute,
 //     budget left) (and, for prefill chunks, the prefill budget left). When
-//     the KV pool cannot give a request its slots, the newest running request
-//     is preempted (recompute: KV freed, num_computed_tokens = 0, put at the
-//     front of the waiting queue) and the request retries; when it is itself
-//     the newest, it is preempted and the running pass ends.
-//  2. Unless something was preempted, waiting requests are admitted in FIFO
-//     order (preempted ones first). Admission stops at the first
-//     request that does not fit the token budget, the prefill budget,
-//     max_num_seqs or the KV pool, so order is kept. A prefix-cache hit sets
+//     the KV pool cannot give a request its slots, the running request of
+//     the worst priority not yet scheduled this step (the newest among
+//     equals) is preempted (recompute: KV freed, num_computed_tokens = 0,
+//     put at the front of the waiting queue) and the request retries; when
+//     it is itself that one, it is preempted and the running pass ends.
+//  2. Unless something was preempted, waiting requests are admitted by
+//     priority (lower first; aged by SchedulerConfig::priority_aging_steps,
+//     the starvation bound), and within one priority in FIFO order
+//     (preempted ones first). Admission stops at the first request that
+//     does not fit the token budget, the prefill budget, max_num_seqs or
+//     the KV pool, so order is kept. A prefix-cache hit sets
 //     num_computed_tokens to the cached length. With chunked prefill, a
 //     request may start with a chunk of whatever budget is left. Without it a
 //     prompt is prefilled whole; the lone-oversize rule admits a
@@ -172,6 +175,9 @@ class Scheduler {
   // scheduler_step.cc
   void ScheduleRunning(StepBudget& budget);
   void ScheduleWaiting(StepBudget& budget);
+  // The waiting queue in admission order: by effective priority (aged),
+  // then the queue's own order.
+  std::vector<Request*> AdmissionOrder() const;
   Admission PlanAdmission(const Request& r, const StepBudget& budget) const;
   void Admit(Request* r, Admission& admission, StepBudget& budget);
   bool AppendSlotsOrPreempt(size_t index, int num_tokens, StepBudget& budget);

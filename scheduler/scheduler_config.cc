@@ -13,6 +13,7 @@ absl::Status SchedulerConfig::Validate() const {
   for (absl::Status s :
        {positive("max_num_batched_tokens", max_num_batched_tokens),
         positive("max_num_seqs", max_num_seqs),
+        positive("priority_aging_steps", priority_aging_steps),
         positive("max_prefill_tokens", max_prefill_tokens.value_or(1)),
         positive("kv.num_blocks", kv.num_blocks), positive("kv.block_size", kv.block_size)}) {
     if (!s.ok()) return s;

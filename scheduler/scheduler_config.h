@@ -33,6 +33,13 @@ struct SchedulerConfig {
   // Off: a prompt is prefilled in one step (see max_prefill_tokens and the
   // lone-oversize rule in scheduler.h).
   bool enable_chunked_prefill = true;
+  // Priorities (RequestParams::priority, lower first) order admission and
+  // preemption. The starvation bound: a waiting request's priority counts
+  // one better for every this many steps it has waited, down to the best
+  // priority waiting, so a request of priority p ranks with the best
+  // waiting class after at most (p - best) * priority_aging_steps steps and
+  // then by arrival. With equal priorities admission is FIFO.
+  int priority_aging_steps = 128;
   // The KV pool the scheduler allocates from.
   kvpool::KvCacheOptions kv;
 

@@ -45,9 +45,14 @@ void Scheduler::ScheduleRunning(StepBudget& budget) {
 bool Scheduler::AppendSlotsOrPreempt(size_t index, int num_tokens, StepBudget& budget) {
   Request* r = running_[index];
   while (!kv_.AppendSlots(r->block_table(), num_tokens)) {
-    // Victims come from the back, past `index`: none has been scheduled yet.
-    Request* victim = running_.back();
-    running_.pop_back();
+    // Victims come from `index` on (none of them is scheduled yet): the
+    // worst priority, the newest among equals.
+    size_t v = running_.size() - 1;
+    for (size_t j = running_.size() - 1; j > index; --j) {
+      if (running_[j - 1]->priority() > running_[v]->priority()) v = j - 1;
+    }
+    Request* victim = running_[v];
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v));
     Preempt(victim);
     budget.preempted = true;
     if (victim == r) return false;
@@ -66,18 +71,37 @@ void Scheduler::Preempt(Request* r) {
   output_.preempted.push_back(r->id());
 }
 
+std::vector<Request*> Scheduler::AdmissionOrder() const {
+  std::vector<Request*> order(waiting_.begin(), waiting_.end());
+  if (order.empty()) return order;
+  int best = order.front()->priority();
+  for (const Request* r : order) best = std::min(best, r->priority());
+  // Aging: one class better per priority_aging_steps waited, down to the
+  // best class waiting (so equal priorities keep the queue's order).
+  auto effective = [&](const Request* r) {
+    const int64_t aged = (step_ - r->arrival_step()) / config_.priority_aging_steps;
+    return std::max<int64_t>(best, r->priority() - aged);
+  };
+  // Stable: within a class, the queue's order (preempted first, then
+  // arrival).
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Request* a, const Request* b) { return effective(a) < effective(b); });
+  return order;
+}
+
 void Scheduler::ScheduleWaiting(StepBudget& budget) {
-  auto it = waiting_.begin();
-  while (it != waiting_.end() && budget.tokens > 0 &&
-         static_cast<int>(running_.size() + waiting_for_kv_.size()) < config_.max_num_seqs) {
-    Request* r = *it;
+  for (Request* r : AdmissionOrder()) {
+    if (budget.tokens <= 0 ||
+        static_cast<int>(running_.size() + waiting_for_kv_.size()) >= config_.max_num_seqs) {
+      break;
+    }
     Admission admission = PlanAdmission(*r, budget);
     if (!admission.admit ||
         !kv_.CanAllocate(admission.hit, admission.hit.num_tokens + admission.num_tokens)) {
-      break;  // keeps FIFO order: nobody overtakes the head
+      break;  // keeps the order: nobody overtakes the head
     }
     Admit(r, admission, budget);
-    it = waiting_.erase(it);
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
     if (admission.lone_oversize) break;
   }
 }

@@ -1,5 +1,6 @@
 #include "scheduler/scheduler.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <utility>
 #include <vector>
@@ -293,6 +294,91 @@ TEST_CASE("a request that is itself the newest preempts itself and the step goes
   Step self = RunStep(*s);
   CHECK(self.preempted == std::vector<uint64_t>{2});
   CHECK(self.scheduled == Entries{{1, 1}});
+}
+
+RequestParams Prio(uint64_t id, int len, int max_tokens, int priority) {
+  RequestParams p = Req(id, len, max_tokens);
+  p.priority = priority;
+  return p;
+}
+
+TEST_CASE("a full batch admits waiting requests by priority, lower first, FIFO within one",
+          "[scheduler][priority]") {
+  auto s = Make(Config(64, 2, 64, true));
+  REQUIRE(s->AddRequest(Prio(1, 2, 3, 5)).ok());
+  REQUIRE(s->AddRequest(Prio(2, 2, 3, 5)).ok());
+  CHECK(RunStep(*s).scheduled == Entries{{1, 2}, {2, 2}});  // the batch is full
+  REQUIRE(s->AddRequest(Prio(3, 2, 3, 5)).ok());
+  REQUIRE(s->AddRequest(Prio(4, 2, 3, 0)).ok());
+  REQUIRE(s->AddRequest(Prio(5, 2, 3, -1)).ok());
+  REQUIRE(s->AddRequest(Prio(6, 2, 3, 0)).ok());
+  // Requests 1 and 2 finish after 3 tokens; their places go to 5 (priority
+  // -1), then 4 and 6 (priority 0, in arrival order), then 3.
+  std::vector<uint64_t> admitted;
+  for (int i = 0; i < 20 && s->has_unfinished(); ++i) {
+    for (const auto& [id, n] : RunStep(*s).scheduled) {
+      if (id > 2 && n == 2) admitted.push_back(id);
+    }
+  }
+  CHECK(admitted == std::vector<uint64_t>{5, 4, 6, 3});
+}
+
+TEST_CASE("equal priorities keep FIFO admission, whatever the priority", "[scheduler][priority]") {
+  auto s = Make(Config(10, 8, 64, /*chunked=*/false));
+  REQUIRE(s->AddRequest(Prio(1, 6, 5, 3)).ok());
+  REQUIRE(s->AddRequest(Prio(2, 8, 5, 3)).ok());
+  REQUIRE(s->AddRequest(Prio(3, 2, 5, 3)).ok());  // would fit, but must not overtake 2
+  CHECK(RunStep(*s).scheduled == Entries{{1, 6}});
+  CHECK(RunStep(*s).scheduled == Entries{{1, 1}, {2, 8}});
+  CHECK(RunStep(*s).scheduled == Entries{{1, 1}, {2, 1}, {3, 2}});
+}
+
+TEST_CASE("aging bounds the wait: a low priority request ranks with the best after its steps",
+          "[scheduler][priority]") {
+  SchedulerConfig c = Config(64, 1, 64, true);
+  c.priority_aging_steps = 4;
+  auto s = Make(c);
+  // One long request holds the only place; a priority-2 request waits while
+  // priority-0 requests keep arriving, one per step.
+  REQUIRE(s->AddRequest(Prio(1, 2, 3, 0)).ok());
+  REQUIRE(s->AddRequest(Prio(2, 2, 3, 2)).ok());
+  uint64_t next_id = 3;
+  std::vector<uint64_t> admitted;
+  for (int step = 0; step < 40 && admitted.size() < 6; ++step) {
+    REQUIRE(s->AddRequest(Prio(next_id++, 2, 3, 0)).ok());
+    for (const auto& [id, n] : RunStep(*s).scheduled) {
+      if (n == 2) admitted.push_back(id);
+    }
+  }
+  // Without aging request 2 would never run: a priority-0 request always
+  // waits. Each request holds the place 3 steps (1 from steps 1-3, 3 from
+  // 4-6, 4 from 7-9). At steps 4 and 7 request 2 has waited less than
+  // (2 - 0) * 4 = 8 steps; at step 10 it ranks with the priority-0 class,
+  // where it arrived first: it goes before every later arrival.
+  CHECK(admitted == std::vector<uint64_t>{1, 3, 4, 2, 5, 6});
+}
+
+TEST_CASE("the pool runs out: the worst priority running request is preempted, not the newest",
+          "[scheduler][priority]") {
+  // 6 blocks of 4 tokens; a 7-token prompt and its first output fit 2.
+  auto s = Make(Config(64, 8, 6, true));
+  REQUIRE(s->AddRequest(Prio(1, 7, 6, 0)).ok());
+  REQUIRE(s->AddRequest(Prio(2, 7, 6, 9)).ok());
+  CHECK(RunStep(*s).scheduled == Entries{{1, 7}, {2, 7}});
+  REQUIRE(s->AddRequest(Prio(3, 7, 6, 0)).ok());
+  CHECK(RunStep(*s).scheduled == Entries{{1, 1}, {2, 1}, {3, 7}});
+  // Position 8 needs a third block for request 1: request 2 (priority 9)
+  // goes, though request 3 is newer.
+  Step step = RunStep(*s);
+  CHECK(step.preempted == std::vector<uint64_t>{2});
+  CHECK(step.scheduled == Entries{{1, 1}, {3, 1}});
+  CHECK(s->Find(RequestId{2})->status() == RequestStatus::kPreempted);
+}
+
+TEST_CASE("priority_aging_steps must be positive", "[scheduler][priority]") {
+  SchedulerConfig c = Config(64, 2, 64, true);
+  c.priority_aging_steps = 0;
+  CHECK(Scheduler::Create(c).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("abort in any state frees everything the request holds", "[scheduler]") {

@@ -29,6 +29,7 @@
 #include "model/image_decode.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
+#include "tests/public_errors.h"
 #include "tests/stack_harness.h"
 #include "worker/engine.h"
 
@@ -308,6 +309,7 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
     auto stack = SmallElasticStack(profile, {"--test_esp_step_delay_ms=400"});
     REQUIRE(stack.ok());
     auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+    const std::vector<std::string> internals = StackInternals(**stack);
     Answer answer;
     std::atomic<int64_t> ended_ns{0};
     std::thread call([&] {
@@ -327,6 +329,10 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
     INFO(answer.status);
     CHECK(answer.status.code() == absl::StatusCode::kUnavailable);
     CHECK(absl::Nanoseconds(ended_ns - killed_ns) < kWithin);
+    const absl::Status shown = CheckPublicError(answer.status, answer.request_id, internals);
+    INFO(shown);
+    CHECK(shown.ok());
+    CHECK(answer.retry_after == "1");
     const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
     INFO(leaks.ToString());
     CHECK(leaks.zero());
@@ -336,9 +342,11 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
 // Streams a prompt of `prompt` tokens and `max_tokens` new ones through a
 // group of the two instances (over each transport of `profiles`), kills
 // elastic instance `victim` once `tokens` arrived: the call must end
-// UNAVAILABLE within 2 s and the survivor hold nothing.
+// UNAVAILABLE within 2 s with an error a client may see, and the survivor
+// hold nothing. With `http_on_tcp`, the tcp stack's call is a streamed
+// OpenAI chat completion of the same text instead.
 void KillMidDecode(int victim, int prompt = kLongPrompt, int max_tokens = 300, int tokens = 3,
-                   absl::Span<const char* const> profiles = kProfiles) {
+                   absl::Span<const char* const> profiles = kProfiles, bool http_on_tcp = true) {
   const std::string text = LongPrompt(prompt);
   for (const std::string profile : profiles) {
     INFO(profile);
@@ -346,13 +354,21 @@ void KillMidDecode(int victim, int prompt = kLongPrompt, int max_tokens = 300, i
     auto stack = SmallElasticStack(profile, {"--test_esp_step_delay_ms=30"});
     REQUIRE(stack.ok());
     auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+    const std::vector<std::string> internals = StackInternals(**stack);
+    const bool http = http_on_tcp && profile == "tcp";
     const KilledStreams run =
         StreamAndKill(*stub, {RawRequest(text, max_tokens)},
                       [&] { (*stack)->elastic(victim).process->Signal(SIGKILL); },
-                      {.streaming_tokens = tokens, .deadline = absl::Seconds(60)});
+                      {.streaming_tokens = tokens,
+                       .deadline = absl::Seconds(60),
+                       .http_port = http ? (*stack)->http_port() : 0,
+                       .http_streams = http ? 1 : 0});
     const absl::Status s = run.AllUnavailable(kWithin);
     INFO(s);
     CHECK(s.ok());
+    const absl::Status shown = run.AllPublic(internals);
+    INFO(shown);
+    CHECK(shown.ok());
     const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
     INFO(leaks.ToString());
     CHECK(leaks.zero());
@@ -403,11 +419,11 @@ TEST_CASE("a decode tail past the first master's pool: the master moves, the eng
 // The move prompt's 200 tokens: about 45 on elastic-0, then the rest on
 // elastic-1.
 TEST_CASE("the next master killed before the move ends the call UNAVAILABLE, survivor idle") {
-  KillMidDecode(1, kMovePrompt, 200, 3, kTcpOnly);
+  KillMidDecode(1, kMovePrompt, 200, 3, kTcpOnly, /*http_on_tcp=*/false);
 }
 
 TEST_CASE("the old master killed after the move ends the call UNAVAILABLE, new master idle") {
-  KillMidDecode(0, kMovePrompt, 200, 70, kTcpOnly);
+  KillMidDecode(0, kMovePrompt, 200, 70, kTcpOnly, /*http_on_tcp=*/false);
 }
 
 }  // namespace

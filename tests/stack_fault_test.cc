@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
+#include "tests/public_errors.h"
 #include "tests/stack_harness.h"
 
 namespace mmserve::testing {
@@ -122,6 +123,7 @@ TEST_CASE("bad input gets INVALID_ARGUMENT with a reason and leaves other reques
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   const std::string png = set.images.at(set.items[0].image_file);
+  const std::vector<std::string> internals = StackInternals(**stack);
 
   // A long good request runs through all of it.
   Answer good;
@@ -181,6 +183,12 @@ TEST_CASE("bad input gets INVALID_ARGUMENT with a reason and leaves other reques
       INFO(a.status);
       CHECK(a.status.code() == absl::StatusCode::kInvalidArgument);
       CHECK(a.status.message().find(c.reason) != absl::string_view::npos);
+      // The precise reason, with the request id beside it and nothing of
+      // the deployment in it.
+      const absl::Status shown = CheckPublicError(a.status, a.request_id, internals);
+      INFO(shown);
+      CHECK(shown.ok());
+      CHECK(a.retry_after.empty());
     }
   }
   // The same through HTTP: JSON errors with HTTP statuses.
@@ -195,6 +203,7 @@ TEST_CASE("bad input gets INVALID_ARGUMENT with a reason and leaves other reques
   REQUIRE(res);
   CHECK(res->status == 400);
   CHECK(res->body.find("temperature") != std::string::npos);
+  CHECK(InternalDetail(res->body, "", internals).empty());
 
   background.join();
   INFO(good.status);
@@ -232,17 +241,54 @@ TEST_CASE("SIGKILL of one of two encoders mid-load: every request still gets the
 }
 
 TEST_CASE(
+    "SIGKILL of the only encoder with images in flight: UNAVAILABLE with a generic message, the "
+    "request id and Retry-After over gRPC and HTTP, nothing leaked") {
+  launcher::StackOptions so = TestStackOptions(1, "shm");
+  // Each embedding waits 5 s before it leaves the encoder: the kill lands
+  // while every image is on it.
+  so.encoder_args.push_back("--test_only_publish_delay_ms=5000");
+  auto stack = launcher::LocalStack::Start(so);
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const std::vector<std::string> internals = StackInternals(**stack);
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(DemoRequest(set, set.items[i], {}));
+  requests[0].set_request_id("client-chosen-id");
+  // No stream has a token before the kill: it comes after a second.
+  const KilledStreams run = StreamAndKill(
+      *stub, requests, [&] { (*stack)->encoder(0).process->Signal(SIGKILL); },
+      {.wait = absl::Seconds(1), .http_port = (*stack)->http_port(), .http_streams = 2});
+  for (const StreamEnd& end : run.streams) {
+    INFO(end.status << (end.http ? " (HTTP)" : ""));
+    CHECK(end.status.code() == absl::StatusCode::kUnavailable);
+    CHECK(end.tokens == 0);
+  }
+  CHECK(run.streams[0].request_id == "client-chosen-id");
+  const absl::Status shown = run.AllPublic(internals);
+  INFO(shown);
+  CHECK(shown.ok());
+  CheckNoLeaks(**stack);
+}
+
+TEST_CASE(
     "SIGKILL of the language instance: UNAVAILABLE within 2 s, the router stays up, and a "
     "restarted instance serves again") {
   auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
   REQUIRE(stack.ok());
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const std::vector<std::string> internals = StackInternals(**stack);
+  // Two streams over gRPC, two over HTTP.
   const KilledStreams run = StreamAndKill(*stub, LongRequests(set, 4),
-                                          [&] { (*stack)->language().process->Signal(SIGKILL); });
+                                          [&] { (*stack)->language().process->Signal(SIGKILL); },
+                                          {.http_port = (*stack)->http_port(), .http_streams = 2});
   const absl::Status unavailable = run.AllUnavailable(absl::Seconds(2));
   INFO(unavailable);
   CHECK(unavailable.ok());
+  const absl::Status shown = run.AllPublic(internals);
+  INFO(shown);
+  CHECK(shown.ok());
   // The router is up and stops placing on the dead instance.
   const Deadline d = Deadline::After(absl::Seconds(3));
   mmserve::v1::ListModelsResponse models;
@@ -256,6 +302,9 @@ TEST_CASE(
   Answer refused = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
   CHECK(refused.status.code() == absl::StatusCode::kUnavailable);
   CHECK(clock.ElapsedSeconds() < 1.0);
+  INFO(CheckPublicError(refused.status, refused.request_id, internals));
+  CHECK(CheckPublicError(refused.status, refused.request_id, internals).ok());
+  CHECK(refused.retry_after == "1");
 
   REQUIRE((*stack)->StartLanguage().ok());
   REQUIRE((*stack)->WaitHealthy(1, 1, absl::Seconds(30)).ok());
@@ -292,11 +341,17 @@ TEST_CASE(
   REQUIRE(shards.size() == 1);
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  const std::vector<std::string> internals = StackInternals(**stack);
   const KilledStreams run =
-      StreamAndKill(*stub, LongRequests(set, 4), [&] { kill(shards[0], SIGKILL); });
+      StreamAndKill(*stub, LongRequests(set, 4), [&] { kill(shards[0], SIGKILL); },
+                    {.http_port = (*stack)->http_port(), .http_streams = 2});
   const absl::Status unavailable = run.AllUnavailable(absl::Seconds(2));
   INFO(unavailable);
   CHECK(unavailable.ok());
+  // The segment name and the ranks' pids stay in the logs.
+  const absl::Status shown = run.AllPublic(internals);
+  INFO(shown);
+  CHECK(shown.ok());
   // The out-of-service instance leaves on its own: it drains and exits
   // cleanly, having reaped its shard; no segment of it is left.
   const Deadline gone = Deadline::After(absl::Seconds(20));
@@ -351,12 +406,16 @@ TEST_CASE(
   // Kills once both streams have a token; a stream that ends before its
   // first token (it must not) ends the wait too, and fails the check below
   // instead of hanging the test.
-  const KilledStreams run = StreamAndKill(*stub, LongRequests(set, 2),
-                                          [&] { (*stack)->language().process->Signal(SIGKILL); },
-                                          {.deadline = absl::Seconds(120)});
+  const std::vector<std::string> internals = StackInternals(**stack);
+  const KilledStreams run = StreamAndKill(
+      *stub, LongRequests(set, 2), [&] { (*stack)->language().process->Signal(SIGKILL); },
+      {.deadline = absl::Seconds(120), .http_port = (*stack)->http_port(), .http_streams = 1});
   const absl::Status unavailable = run.AllUnavailable();
   INFO(unavailable);
   CHECK(unavailable.ok());
+  const absl::Status shown = run.AllPublic(internals);
+  INFO(shown);
+  CHECK(shown.ok());
   // The shard notices rank 0's death (its step wait checks rank 0's pid).
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (!ProcessGone(shards[0]) && !d.Expired()) absl::SleepFor(absl::Milliseconds(10));

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "model/image_decode.h"
+#include "tests/public_errors.h"
 #include "worker/engine.h"
 
 namespace mmserve::testing {
@@ -143,6 +145,10 @@ Answer AskGrpc(mmserve::v1::Inference::Stub& stub, const mmserve::v1::GenerateRe
     if (options.cancel_after > 0 && a.responses == options.cancel_after) ctx.TryCancel();
   }
   a.status = FromGrpcStatus(reader->Finish());
+  for (const auto& [key, value] : ctx.GetServerTrailingMetadata()) {
+    if (key == "x-request-id") a.request_id = std::string(value.data(), value.size());
+    if (key == "retry-after") a.retry_after = std::string(value.data(), value.size());
+  }
   return a;
 }
 
@@ -202,6 +208,131 @@ absl::Status KilledStreams::AllUnavailable(absl::Duration within) const {
   return absl::FailedPreconditionError(wrong);
 }
 
+absl::Status KilledStreams::AllPublic(const std::vector<std::string>& internals) const {
+  std::string wrong;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const StreamEnd& s = streams[i];
+    const absl::Status p = CheckPublicError(s.status, s.request_id, internals);
+    if (!p.ok()) absl::StrAppend(&wrong, "stream ", i, (s.http ? " (HTTP): " : ": "), p.message());
+    // A streamed HTTP response has sent its headers before it fails.
+    if (absl::IsUnavailable(s.status) && s.retry_after.empty() && !(s.http && s.streamed)) {
+      absl::StrAppend(&wrong, "stream ", i, (s.http ? " (HTTP)" : ""), ": no retry-after; ");
+    }
+  }
+  if (wrong.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(wrong);
+}
+
+std::string OpenAiStreamBody(const mmserve::v1::GenerateRequest& request) {
+  nlohmann::json messages = nlohmann::json::array();
+  if (request.has_chat()) {
+    for (const auto& m : request.chat().messages()) {
+      nlohmann::json content = nlohmann::json::array();
+      for (const auto& part : m.content()) {
+        if (part.has_image()) {
+          content.push_back(
+              {{"type", "image_url"},
+               {"image_url",
+                {{"url", "data:image/png;base64," + absl::Base64Escape(part.image().data())}}}});
+        } else {
+          content.push_back({{"type", "text"}, {"text", part.text()}});
+        }
+      }
+      messages.push_back({{"role", m.role()}, {"content", std::move(content)}});
+    }
+  } else {
+    messages.push_back({{"role", "user"}, {"content", request.raw().text()}});
+  }
+  nlohmann::json body;
+  body["messages"] = std::move(messages);
+  body["temperature"] = request.sampling().temperature();
+  body["max_tokens"] = request.sampling().max_tokens();
+  body["ignore_eos"] = request.sampling().ignore_eos();
+  body["stream"] = true;
+  return body.dump();
+}
+
+namespace {
+
+absl::StatusCode CodeNamed(const std::string& name) {
+  for (int c = 1; c <= 16; ++c) {
+    const auto code = static_cast<absl::StatusCode>(c);
+    if (absl::AsciiStrToLower(absl::StatusCodeToString(code)) == name) return code;
+  }
+  if (name == "rate_limit_exceeded") return absl::StatusCode::kResourceExhausted;
+  if (name == "invalid_api_key") return absl::StatusCode::kUnauthenticated;
+  return absl::StatusCode::kUnknown;
+}
+
+// The status an OpenAI error object ({"error": {"message", "code"}}) stands for.
+absl::Status FromErrorJson(const nlohmann::json& j) {
+  const nlohmann::json& e = j["error"];
+  const std::string code = e.contains("code") && e["code"].is_string() ? e["code"] : "";
+  return absl::Status(CodeNamed(code), e.value("message", ""));
+}
+
+// One streamed chat completion over HTTP, read to its end; `on_token` runs
+// for each content chunk.
+void StreamHttp(int port, const std::string& body, absl::Duration deadline, StreamEnd& end,
+                const std::function<void()>& on_token) {
+  end.http = true;
+  httplib::Client cli("127.0.0.1", port);
+  const int64_t secs = deadline == absl::InfiniteDuration() ? 600 : absl::ToInt64Seconds(deadline);
+  cli.set_read_timeout(secs, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = body;
+  std::string pending, raw;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    raw.append(data, len);
+    pending.append(data, len);
+    for (size_t at = pending.find("\n\n"); at != std::string::npos; at = pending.find("\n\n")) {
+      const std::string event = pending.substr(0, at);
+      pending.erase(0, at + 2);
+      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+      const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) {
+        end.status = FromErrorJson(j);
+      } else if (j.contains("choices") && !j["choices"].empty() &&
+                 j["choices"][0]["delta"].contains("content") &&
+                 j["choices"][0]["delta"]["content"].is_string() &&
+                 !j["choices"][0]["delta"]["content"].get<std::string>().empty()) {
+        ++end.tokens;
+        on_token();
+      }
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  const bool sent = cli.send(req, res, error);
+  end.request_id = res.get_header_value("X-Request-Id");
+  end.retry_after = res.get_header_value("Retry-After");
+  if (!sent) {
+    end.status =
+        absl::UnavailableError(absl::StrCat("no HTTP response: ", httplib::to_string(error)));
+  } else if (res.status != 200) {
+    const nlohmann::json j = nlohmann::json::parse(raw, nullptr, false);
+    end.status = j.is_discarded() || !j.contains("error")
+                     ? absl::UnknownError(absl::StrCat("HTTP ", res.status, ": ", raw))
+                     : FromErrorJson(j);
+  }
+}
+
+}  // namespace
+
+StreamEnd AskHttpStream(int port, const mmserve::v1::GenerateRequest& request,
+                        absl::Duration deadline) {
+  StreamEnd end;
+  StreamHttp(port, OpenAiStreamBody(request), deadline, end, [] {});
+  end.streamed = end.tokens > 0;
+  end.ended_at_ns = MonotonicNanos();
+  return end;
+}
+
 KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
                             const std::vector<mmserve::v1::GenerateRequest>& requests,
                             const std::function<void()>& kill, const StreamKillOptions& options) {
@@ -219,8 +350,24 @@ KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
     out.killed_at_ns = MonotonicNanos();
     kill();
   });
+  const int first_http = options.http_port > 0 ? n - options.http_streams : n;
   ParallelFor(n, n, [&](int i) {
     StreamEnd& end = out.streams[i];
+    if (i >= first_http) {
+      StreamHttp(options.http_port, OpenAiStreamBody(requests[i]), options.deadline, end, [&] {
+        if (!end.streamed && end.tokens >= std::max(1, options.streaming_tokens)) {
+          end.streamed = true;
+          absl::MutexLock lock(&mu);
+          ++settled;
+        }
+      });
+      end.ended_at_ns = MonotonicNanos();
+      if (!end.streamed) {
+        absl::MutexLock lock(&mu);
+        ++settled;
+      }
+      return;
+    }
     grpc::ClientContext ctx;
     if (options.deadline != absl::InfiniteDuration()) {
       ctx.set_deadline(std::chrono::system_clock::now() +
@@ -238,6 +385,10 @@ KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
     }
     end.status = FromGrpcStatus(reader->Finish());
     end.ended_at_ns = MonotonicNanos();
+    for (const auto& [key, value] : ctx.GetServerTrailingMetadata()) {
+      if (key == "x-request-id") end.request_id = std::string(value.data(), value.size());
+      if (key == "retry-after") end.retry_after = std::string(value.data(), value.size());
+    }
     if (!end.streamed) {
       absl::MutexLock lock(&mu);
       ++settled;

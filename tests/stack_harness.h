@@ -64,6 +64,9 @@ struct Answer {
   std::vector<int32_t> token_ids;
   int responses = 0;
   bool cache_hit_reported = false;
+  // gRPC trailing metadata x-request-id and retry-after ("" when absent).
+  std::string request_id;
+  std::string retry_after;
 };
 
 struct AskOptions {
@@ -106,12 +109,23 @@ struct StreamKillOptions {
   absl::Duration wait = absl::Seconds(60);
   // Each stream's gRPC deadline.
   absl::Duration deadline = absl::InfiniteDuration();
+  // With an HTTP port, the last `http_streams` requests go over the OpenAI
+  // API there (streamed chat completions, OpenAiStreamBody) instead of gRPC.
+  int http_port = 0;
+  int http_streams = 0;
 };
 struct StreamEnd {
+  // As the client saw it: over HTTP, the code from the error event's (or
+  // error body's) "code" and its message.
   absl::Status status;
-  int tokens = 0;
+  int tokens = 0;         // token ids; over HTTP, content chunks
   bool streamed = false;  // it was streaming before it ended
   int64_t ended_at_ns = 0;
+  bool http = false;
+  // gRPC trailing metadata x-request-id / HTTP header X-Request-Id, and
+  // retry-after / Retry-After; "" when absent.
+  std::string request_id;
+  std::string retry_after;
 };
 struct KilledStreams {
   std::vector<StreamEnd> streams;
@@ -119,7 +133,21 @@ struct KilledStreams {
   // OK when every stream was streaming and then ended with UNAVAILABLE, at
   // most `within` after the kill; else what went wrong, stream by stream.
   absl::Status AllUnavailable(absl::Duration within = absl::InfiniteDuration()) const;
+  // OK when every stream's error is one a client may see (CheckPublicError
+  // in tests/public_errors.h, against the stack's `internals`) and each
+  // UNAVAILABLE asks for a retry after a pause (but over HTTP once
+  // streaming: the headers are gone).
+  absl::Status AllPublic(const std::vector<std::string>& internals) const;
 };
+// The OpenAI chat completions body for a chat or raw-text request, streamed:
+// its messages (images as data: URLs; a raw prompt as one user message),
+// temperature, max_tokens and ignore_eos.
+std::string OpenAiStreamBody(const mmserve::v1::GenerateRequest& request);
+// One streamed chat completion (OpenAiStreamBody) on 127.0.0.1:port, read
+// to its end: its error as the client saw it (the error event or error
+// body), content chunks as tokens, X-Request-Id and Retry-After.
+StreamEnd AskHttpStream(int port, const mmserve::v1::GenerateRequest& request,
+                        absl::Duration deadline = absl::Seconds(60));
 KilledStreams StreamAndKill(mmserve::v1::Inference::Stub& stub,
                             const std::vector<mmserve::v1::GenerateRequest>& requests,
                             const std::function<void()>& kill,

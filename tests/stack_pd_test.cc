@@ -26,6 +26,7 @@
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
+#include "tests/public_errors.h"
 #include "tests/stack_harness.h"
 
 namespace mmserve::testing {
@@ -212,12 +213,16 @@ TEST_CASE("SIGKILL of the decode process mid-stream: UNAVAILABLE, the prefill si
   const DemoSet& set = Demo();
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   // Past the first token (2 tokens): the decode instance is streaming.
-  const KilledStreams run =
-      StreamAndKill(*stub, LongTextRequests(set, 4),
-                    [&] { (*stack)->decode(0).process->Signal(SIGKILL); }, {.streaming_tokens = 2});
+  const std::vector<std::string> internals = StackInternals(**stack);
+  const KilledStreams run = StreamAndKill(
+      *stub, LongTextRequests(set, 4), [&] { (*stack)->decode(0).process->Signal(SIGKILL); },
+      {.streaming_tokens = 2, .http_port = (*stack)->http_port(), .http_streams = 2});
   const absl::Status unavailable = run.AllUnavailable();
   INFO(unavailable);
   CHECK(unavailable.ok());
+  const absl::Status shown = run.AllPublic(internals);
+  INFO(shown);
+  CHECK(shown.ok());
   // The prefill process is clean: no KV blocks, embedding blocks or requests.
   const int pp = (*stack)->prefill(0).metrics_port();
   const Deadline d = Deadline::After(absl::Seconds(10));
@@ -248,20 +253,34 @@ launcher::StackOptions SlowHandoffOptions() {
   return o;
 }
 
-// Starts `n` image questions (ignore EOS, 16 tokens) on their own threads.
+// Starts `n` image questions (ignore EOS, 16 tokens) on their own threads:
+// the even ones over gRPC, the odd ones over HTTP (streamed).
 struct Calls {
-  Calls(launcher::LocalStack& stack, int n) : status(n), tokens(n), seconds(n) {
+  Calls(launcher::LocalStack& stack, int n)
+      : status(n), tokens(n), seconds(n), request_id(n), retry_after(n) {
     stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
+    internals = StackInternals(stack);
     for (int i = 0; i < n; ++i) {
-      threads.emplace_back([this, i] {
+      threads.emplace_back([this, i, http_port = stack.http_port()] {
         AskOptions o;
         o.max_tokens = 16;
         o.ignore_eos = true;
         o.deadline = absl::Seconds(60);
         Stopwatch clock;
-        const Answer a = AskGrpc(*stub, DemoRequest(Demo(), Demo().items[i], o), o);
-        status[i] = a.status;
-        tokens[i] = static_cast<int>(a.token_ids.size());
+        const GenerateRequest r = DemoRequest(Demo(), Demo().items[i], o);
+        if (i % 2 == 1) {
+          const StreamEnd e = AskHttpStream(http_port, r, o.deadline);
+          status[i] = e.status;
+          tokens[i] = e.tokens;
+          request_id[i] = e.request_id;
+          retry_after[i] = e.retry_after;
+        } else {
+          const Answer a = AskGrpc(*stub, r, o);
+          status[i] = a.status;
+          tokens[i] = static_cast<int>(a.token_ids.size());
+          request_id[i] = a.request_id;
+          retry_after[i] = a.retry_after;
+        }
         seconds[i] = clock.ElapsedSeconds();
       });
     }
@@ -269,11 +288,24 @@ struct Calls {
   void Join() {
     for (std::thread& t : threads) t.join();
   }
+  // What call `i`'s client saw: a public error (tests/public_errors.h), and
+  // a retry-after on UNAVAILABLE.
+  absl::Status Public(int i) const {
+    const absl::Status shown = CheckPublicError(status[i], request_id[i], internals);
+    if (!shown.ok()) return shown;
+    if (absl::IsUnavailable(status[i]) && retry_after[i].empty()) {
+      return absl::FailedPreconditionError("no retry-after");
+    }
+    return absl::OkStatus();
+  }
   std::unique_ptr<mmserve::v1::Inference::Stub> stub;
+  std::vector<std::string> internals;  // taken before any kill
   std::vector<std::thread> threads;
   std::vector<absl::Status> status;
   std::vector<int> tokens;
   std::vector<double> seconds;
+  std::vector<std::string> request_id;
+  std::vector<std::string> retry_after;
 };
 
 // Waits until the decode instance holds KV for a reservation (the prefill
@@ -320,6 +352,8 @@ TEST_CASE(
     CHECK(calls.status[i].code() == absl::StatusCode::kUnavailable);
     CHECK(calls.tokens[i] == 0);  // the first token travels with the hand-off
     CHECK(calls.seconds[i] < 30);
+    INFO(calls.Public(i));
+    CHECK(calls.Public(i).ok());
   }
   bool zero = false;
   const std::string decode = Settled((*stack)->decode(0).metrics_port(), &zero);
@@ -346,6 +380,8 @@ TEST_CASE(
     CHECK(calls.status[i].code() == absl::StatusCode::kUnavailable);
     CHECK(calls.tokens[i] == 0);
     CHECK(calls.seconds[i] < 30);
+    INFO(calls.Public(i));
+    CHECK(calls.Public(i).ok());
   }
   bool zero = false;
   const std::string prefill = Settled((*stack)->prefill(0).metrics_port(), &zero);
@@ -423,11 +459,18 @@ TEST_CASE(
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   const std::set<std::string> shm_before = ShmEntries();
   // Past the first token (2 tokens): the decode ranks are streaming.
-  const KilledStreams run = StreamAndKill(
-      *stub, LongTextRequests(set, 4), [&] { kill(shards[0], SIGKILL); }, {.streaming_tokens = 2});
+  const std::vector<std::string> internals = StackInternals(**stack);
+  const KilledStreams run =
+      StreamAndKill(*stub, LongTextRequests(set, 4), [&] { kill(shards[0], SIGKILL); },
+                    {.streaming_tokens = 2, .http_port = (*stack)->http_port(), .http_streams = 2});
   const absl::Status unavailable = run.AllUnavailable(absl::Seconds(2));
   INFO(unavailable);
   CHECK(unavailable.ok());
+  // Before, each stream's error named the decode instance and its
+  // tensor-parallel segment (with a pid); now that stays in the router's log.
+  const absl::Status shown = run.AllPublic(internals);
+  INFO(shown);
+  CHECK(shown.ok());
   CheckPrefillClean(**stack);
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_calls_live") == 0);
   // The out-of-service decode instance leaves on its own, having reaped its
@@ -490,6 +533,8 @@ TEST_CASE(
     CHECK_FALSE(calls.status[i].ok());
     CHECK(calls.tokens[i] == 0);
     CHECK(calls.seconds[i] < 30);
+    INFO(calls.Public(i));
+    CHECK(calls.Public(i).ok());
   }
   bool zero = false;
   const std::string prefill = Settled((*stack)->prefill(0).metrics_port(), &zero);

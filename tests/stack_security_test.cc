@@ -26,6 +26,7 @@
 #include "common/internal_plane.h"
 #include "proto/encoder.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
+#include "tests/public_errors.h"
 #include "tests/stack_harness.h"
 
 namespace mmserve::testing {
@@ -92,7 +93,10 @@ void CheckOpenAiError(const httplib::Result& res, int status, const std::string&
   const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
   REQUIRE(j.is_object());
   CHECK(j["error"]["code"] == code);
-  CHECK(j["error"]["message"].is_string());
+  REQUIRE(j["error"]["message"].is_string());
+  // A refusal's reason tells the client what it did, nothing about the
+  // deployment (tests/public_errors.h).
+  CHECK(InternalDetail(j["error"]["message"].get<std::string>(), "", {}).empty());
 }
 
 launcher::StackOptions SecureStack() {

@@ -8,7 +8,7 @@ Qwen2VLImageProcessor for a few sizes and pixel bounds: "<case>.resized.rgb"
 little-endian) and "preprocess_cases.json" (inputs, configs, grid_thw).
 
 Run with the tools venv (see tools/README.md):
-  python tools/gen_decode_goldens.py
+  python tools/gen_image_goldens.py
 Deterministic: re-running rewrites identical files.
 """
 import json

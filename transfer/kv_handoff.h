@@ -6,7 +6,7 @@
 // allocates blocks for the request (AllocateKv). The prefill side writes the
 // request's blocks there, layer by layer (keys then values), and only once
 // every byte is remotely complete returns the CRC32C of what it sent - the
-// value that travels in KvCommit, after the data (ARCHITECTURE.md 5: data
+// value that travels in KvCommit, after the data (data
 // complete before the notice). The decode side recomputes KvBlocksCrc over
 // its copies before it adopts them.
 //

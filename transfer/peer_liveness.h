@@ -7,7 +7,7 @@
 //   if (CheckPeerProcess(peer) == PeerState::kGone) { /* end the wait: UNAVAILABLE */ }
 //
 // Why this and not UCX: UCX 1.13 reports a dead peer only in error mode
-// PEER, which disables its shared-memory transports (ARCHITECTURE.md 5),
+// PEER, which disables its shared-memory transports,
 // and keepalive needs that mode too. A peer that shares our shared memory
 // shares the host's kernel, so the kernel can answer instead: a process
 // identity is {boot id, pid namespace, pid, start time}. The boot id names

@@ -8,7 +8,7 @@
 // services init/resume/cancel arrive over gRPC (Encoder service) and are fed
 // to the same SenderControl methods.
 //
-// Ordering contract (ARCHITECTURE.md 4): WriteChunk's `done` runs only once
+// Ordering contract: WriteChunk's `done` runs only once
 // the chunk is remotely complete (puts + flush, or completed two-sided sends),
 // and the sender sends its EmbeddingChunkNotice only after that. On the tag
 // data path the receiver additionally waits for its own receives. When the

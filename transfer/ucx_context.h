@@ -1,4 +1,4 @@
-// A UCX context configured for one transport profile (ARCHITECTURE.md 5).
+// A UCX context configured for one transport profile.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<UcxContext> ctx, UcxContext::Create(TransportProfile::kShm));
 //   ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, UcxWorker::Create(*ctx, "encoder-0"));

@@ -2,7 +2,7 @@
 // mechanics under the elastic-sequence-parallelism transfers
 // (esp_kv_exchange.h, esp_span_attention.h). Data moves first (puts, then a
 // flush: remotely complete), then one 8-byte notice word {sequence, CRC32C}
-// is put and flushed (ARCHITECTURE.md 4: data complete before the notice).
+// is put and flushed (data complete before the notice).
 //
 //   ASSIGN_OR_RETURN(auto board, UcxNoticeBoard::Create(*ctx, data_bytes, /*notices=*/4, opts));
 //   // exchange board->target() with the peers, then

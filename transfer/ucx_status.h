@@ -5,8 +5,8 @@
 //
 // UCX_CALL evaluates a ucs_status_t expression once; UCS_OK and
 // UCS_INPROGRESS are OK, anything else becomes an error whose message is
-// "<call text> at <file>:<line>: <ucs_status_string>". Codes follow
-// ARCHITECTURE.md section 4: a lost peer -> UNAVAILABLE, a timeout ->
+// "<call text> at <file>:<line>: <ucs_status_string>". Codes:
+// a lost peer -> UNAVAILABLE, a timeout ->
 // DEADLINE_EXCEEDED, out of memory -> RESOURCE_EXHAUSTED, a cancelled request
 // -> CANCELLED, bad arguments -> INVALID_ARGUMENT, the rest -> INTERNAL.
 // Thread-safe (pure functions).

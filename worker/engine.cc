@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(
   sc.max_num_seqs = options.max_num_seqs;
   sc.max_prefill_tokens = options.max_prefill_tokens;
   sc.enable_chunked_prefill = options.enable_chunked_prefill;
+  sc.priority_aging_steps = options.priority_aging_steps;
   sc.kv.num_blocks = m.sizing.num_kv_blocks;
   sc.kv.block_size = options.block_size;
   sc.kv.enable_prefix_caching = options.enable_prefix_caching;
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
   request.sampling.max_tokens = max_tokens;
   *params = SchedulerParams(scheduler::RequestId{next_id_++}, prompt, request.sampling, max_tokens,
                             rules);
+  params->priority = request.priority;
   for (const PreparedImage& image : prompt.images) {
     if (image.rows == nullptr) continue;  // handed off: its KV is here, not its rows
     live->runner.image_offsets.push_back(image.offset);

@@ -31,6 +31,9 @@ struct EngineOptions {
   std::optional<int> max_prefill_tokens;
   bool enable_chunked_prefill = true;
   bool enable_prefix_caching = true;
+  // The scheduler's starvation bound for priorities
+  // (scheduler::SchedulerConfig::priority_aging_steps).
+  int priority_aging_steps = 128;
   // Longest prompt + completion; 0 = the model's max_position_embeddings,
   // capped at 8192.
   int max_model_len = 0;

@@ -52,6 +52,8 @@ struct EngineRequest {
   // appearance (images must then be empty).
   std::vector<ImageEmbedding> image_embeddings;
   model::SamplingParams sampling;
+  // Scheduling priority: lower is admitted first (scheduler::RequestParams).
+  int priority = 0;
   // sampling.max_tokens is a placeholder: generate up to the context length
   // (max_model_len minus the expanded prompt).
   bool max_tokens_to_context = false;

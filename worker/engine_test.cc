@@ -192,6 +192,54 @@ TEST_CASE("abort mid-stream ends the stream and frees its blocks", "[engine]") {
   CHECK(engine->Abort("a").code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("under a full batch, high-priority requests get their first token before low ones",
+          "[engine][priority]") {
+  EngineOptions o;
+  o.model_dir = std::string(kData) + "models/qwen2vl-tiny-mha-tied";
+  o.block_size = 4;
+  o.max_num_batched_tokens = 32;
+  o.max_num_seqs = 2;  // the batch is full with two
+  o.kv_cache_bytes = 8 << 20;
+  auto engine = LlmEngine::Create(o);
+  REQUIRE(engine.ok());
+  std::map<std::string, int> first_step;  // request -> step of its first token
+  std::map<std::string, std::vector<int32_t>> tokens;
+  int step = 0;
+  auto add = [&](const std::string& id, int priority) {
+    EngineRequest r = Story(id, 6);
+    r.priority = priority;
+    REQUIRE((*engine)
+                ->AddRequest(std::move(r),
+                             [&, id](const StreamEvent& e) {
+                               if (!e.token_ids.empty() && !first_step.count(id)) {
+                                 first_step[id] = step;
+                               }
+                               tokens[id].insert(tokens[id].end(), e.token_ids.begin(),
+                                                 e.token_ids.end());
+                             })
+                .ok());
+  };
+  add("running-0", 5);
+  add("running-1", 5);
+  REQUIRE((*engine)->Step().ok());  // both running
+  ++step;
+  for (const char* id : {"low-0", "low-1"}) add(id, 5);
+  for (const char* id : {"high-0", "high-1"}) add(id, -1);
+  for (; (*engine)->has_unfinished(); ++step) {
+    REQUIRE(step < 500);
+    REQUIRE((*engine)->Step().ok());
+  }
+  INFO("first tokens at steps: high " << first_step["high-0"] << ", " << first_step["high-1"]
+                                      << "; low " << first_step["low-0"] << ", "
+                                      << first_step["low-1"]);
+  CHECK(std::max(first_step["high-0"], first_step["high-1"]) <
+        std::min(first_step["low-0"], first_step["low-1"]));
+  // Order changes nothing in what each request generates.
+  for (const char* id : {"low-0", "low-1", "high-0", "high-1"}) {
+    CHECK(tokens[id] == tokens["running-0"]);
+  }
+}
+
 TEST_CASE("a held span is never scheduled, a request alone runs beside it, Abort frees it",
           "[engine][held]") {
   auto engine = MakeEngine("qwen2vl-tiny-mha-tied");

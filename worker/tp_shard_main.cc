@@ -32,7 +32,7 @@ ABSL_FLAG(int, tp, 2, "ranks in the instance");
 ABSL_FLAG(int, threads, 1, "compute threads of this rank");
 ABSL_FLAG(int, timeout_s, 120, "collective and join timeout, seconds");
 ABSL_FLAG(int, shared_input_fd, -1,
-          "inherited descriptor of the instance's shared receive buffer (seed 000), or -1");
+          "inherited descriptor of the instance's shared receive buffer, or -1");
 ABSL_FLAG(uint64_t, shared_input_bytes, 0, "bytes of the shared receive buffer");
 ABSL_FLAG(int64_t, ring_slot_bytes, int64_t{1} << 20, "step ring slot size (as rank 0's)");
 ABSL_FLAG(std::string, kv_handoff_profile, "",

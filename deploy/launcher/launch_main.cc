@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, profile, "shm", "UCX transport profile: shm or tcp");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address every service listens on");
 ABSL_FLAG(int, port, 50051, "router gRPC port");
 ABSL_FLAG(int, http_port, 8000, "router OpenAI-compatible HTTP port (-1: off)");
+ABSL_FLAG(std::string, api_key_file, "",
+          "the router's API key file (one a line); the launcher's own health calls send its first "
+          "key (empty: the API is open)");
 ABSL_FLAG(bool, restart, true, "restart a child that dies");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of the language instance (it starts its own shard ranks); with "
@@ -76,6 +79,7 @@ absl::StatusOr<StackOptions> OptionsFromFlags() {
   o.host = absl::GetFlag(FLAGS_host);
   o.router_port = absl::GetFlag(FLAGS_port);
   o.http_port = absl::GetFlag(FLAGS_http_port);
+  o.api_key_file = absl::GetFlag(FLAGS_api_key_file);
   o.router_args = absl::GetFlag(FLAGS_router_flags);
   o.encoder_args = absl::GetFlag(FLAGS_encoder_flags);
   o.language_args = absl::GetFlag(FLAGS_language_flags);

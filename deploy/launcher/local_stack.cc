@@ -4,10 +4,15 @@
 
 #include <chrono>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "common/file.h"
 #include "common/grpc_server.h"
+#include "common/status_macros.h"
 #include "proto/inference.grpc.pb.h"
 
 namespace mmserve::launcher {
@@ -24,8 +29,27 @@ int Service::metrics_port() const {
   return -1;
 }
 
+namespace {
+
+// The first key of an API key file, read as the router reads it (blank lines
+// and lines starting with '#' skipped). The message never holds a key.
+absl::StatusOr<std::string> FirstApiKey(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty() && !absl::StartsWith(line, "#")) return std::string(line);
+  }
+  return absl::InvalidArgumentError(path + ": no API key in the file");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions& options) {
   std::unique_ptr<LocalStack> s(new LocalStack(options));
+  s->health_key_ = options.api_key;
+  if (!options.api_key_file.empty() && s->health_key_.empty()) {
+    ASSIGN_OR_RETURN(s->health_key_, FirstApiKey(options.api_key_file));
+  }
   std::vector<std::string> router_args = {"--model_dir=" + options.model_dir,
                                           "--host=" + options.host,
                                           absl::StrCat("--port=", options.router_port),
@@ -33,6 +57,9 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                           "--metrics_port=0",
                                           "--internal_address=" + options.host + ":0"};
   if (!options.api_key.empty()) router_args.push_back("--api_key=" + options.api_key);
+  if (!options.api_key_file.empty()) {
+    router_args.push_back("--api_key_file=" + options.api_key_file);
+  }
   if (options.elastic > 0) router_args.push_back("--esp");
   if (options.elastic > 0 && !options.esp_step_models.empty()) {
     router_args.push_back("--esp_step_models=" + options.esp_step_models);
@@ -160,7 +187,7 @@ absl::Status LocalStack::WaitHealthy(int encoders, int languages, absl::Duration
   while (!deadline.Expired()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    if (!options_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.api_key);
+    if (!health_key_.empty()) ctx.AddMetadata("authorization", "Bearer " + health_key_);
     mmserve::v1::ListModelsResponse resp;
     grpc::Status s = stub->ListModels(&ctx, mmserve::v1::ListModelsRequest(), &resp);
     if (s.ok() && resp.models_size() > 0) {

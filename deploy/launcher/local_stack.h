@@ -50,6 +50,10 @@ struct StackOptions {
   int http_port = 0;    // 0: any free port, -1: off
   // The router's --api_key, also sent by WaitHealthy; empty: none.
   std::string api_key;
+  // The router's --api_key_file (keys one a line; blank and '#' lines
+  // skipped); with api_key empty, WaitHealthy sends the file's first key, so
+  // no key goes on a command line. Empty: none.
+  std::string api_key_file;
   std::vector<std::string> router_args;
   std::vector<std::string> encoder_args;
   std::vector<std::string> language_args;
@@ -117,6 +121,7 @@ class LocalStack {
   std::string router_address_;
   std::string registry_address_;
   int http_port_ = -1;
+  std::string health_key_;  // the API key WaitHealthy sends; empty: none
 };
 
 }  // namespace mmserve::launcher

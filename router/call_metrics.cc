@@ -1,0 +1,35 @@
+#include "router/call_metrics.h"
+
+#include <string>
+
+namespace mmserve::router {
+
+CallMetrics::CallMetrics(metrics::Registry& registry)
+    : ttft(registry.GetHistogram("mmserve_router_ttft_seconds",
+                                 "Time to first token at the router.", metrics::LatencyBuckets())),
+      critical_round_trips(
+          registry.GetHistogram("mmserve_router_critical_round_trips",
+                                "Router RPCs a request's first token waited for, one after another "
+                                "(Prefill; P/D: Decode hold then Prefill; RetryImages).",
+                                {1, 2, 3, 4, 5, 6, 8, 12, 16})),
+      itl(registry.GetHistogram("mmserve_router_itl_seconds", "Gap between streamed token batches.",
+                                metrics::LatencyBuckets())),
+      e2e(registry.GetHistogram("mmserve_router_e2e_seconds", "Generate latency, receipt to end.",
+                                metrics::LatencyBuckets())),
+      overhead(registry.GetHistogram(
+          "mmserve_router_overhead_seconds",
+          "Time in the router before dispatch (validation, hashing, pre-sizing).",
+          metrics::LatencyBuckets())) {
+  for (int c = 0; c < kNumCodes; ++c) {
+    requests_[c] = &registry.GetCounter(
+        "mmserve_router_requests_total", "Generate calls by final gRPC code.",
+        {{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c))}});
+  }
+}
+
+metrics::Counter& CallMetrics::Requests(absl::StatusCode code) const {
+  const int c = static_cast<int>(code);
+  return *requests_[c >= 0 && c < kNumCodes ? c : static_cast<int>(absl::StatusCode::kUnknown)];
+}
+
+}  // namespace mmserve::router

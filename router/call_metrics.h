@@ -1,0 +1,41 @@
+// The metric families every Generate call updates, resolved once when the
+// router starts: a call observes through references, never a lookup by
+// name on a token batch.
+//
+//   CallMetrics metrics(registry);
+//   metrics.ttft.Observe(seconds);
+//   metrics.Requests(status.code()).Increment();
+//
+// Thread-safe (the metric objects are).
+#ifndef MMSERVE_ROUTER_CALL_METRICS_H_
+#define MMSERVE_ROUTER_CALL_METRICS_H_
+
+#include <array>
+
+#include "absl/status/status.h"
+#include "common/metrics.h"
+
+namespace mmserve::router {
+
+struct CallMetrics {
+  explicit CallMetrics(metrics::Registry& registry);
+
+  // Generate calls by final gRPC code; every code is exported from the start.
+  metrics::Counter& Requests(absl::StatusCode code) const;
+
+  metrics::Histogram& ttft;
+  // Buckets are whole round trips: role both 1 (Prefill), P/D 2 (the Decode
+  // hold, then Prefill), each re-dispatch before the first token 1 more.
+  metrics::Histogram& critical_round_trips;
+  metrics::Histogram& itl;
+  metrics::Histogram& e2e;
+  metrics::Histogram& overhead;
+
+ private:
+  static constexpr int kNumCodes = 17;  // absl::StatusCode 0..16
+  std::array<metrics::Counter*, kNumCodes> requests_;
+};
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_CALL_METRICS_H_
