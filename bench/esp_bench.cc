@@ -1,4 +1,4 @@
-// Elastic sequence parallelism at Qwen2-0.5B dimensions (issue 26's spot
+// Elastic sequence parallelism at Qwen2-0.5B dimensions (a spot
 // check), random bf16 weights, every member one compute thread:
 // - TTFT of one long prompt prefilled at degree 2 (two members, rows striped,
 //   K/V all-gathered per layer over UCX shm, each keeping half) against

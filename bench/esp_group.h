@@ -1,5 +1,5 @@
 // Group prefills for the elastic-sequence-parallelism benchmarks
-// (bench:esp_bench, bench:esp_profile; issue 26): members that each run a
+// (bench:esp_bench, bench:esp_profile): members that each run a
 // Qwen2 model on one thread over their own KV cache, a prompt's rows split
 // among them, the K/V all-gathered per layer over UCX (UcxEspExchange, as
 // `language --role=elastic` runs it), each member keeping a block-aligned

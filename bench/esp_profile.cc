@@ -1,4 +1,4 @@
-// The elastic manager's profiling run (issue 26): times prefills at degrees
+// The elastic manager's profiling run: times prefills at degrees
 // 1..N (a group of N members, one compute thread each, the K/V all-gathered
 // per layer over UCX as `language --role=elastic` does; degree 1 is one
 // instance's Forward) over a range of prompt lengths, fits T_d(S) = a + b S

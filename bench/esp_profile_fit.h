@@ -1,4 +1,4 @@
-// The fit of bench:esp_profile (issue 26): per-degree prefill step-time
+// The fit of bench:esp_profile: per-degree prefill step-time
 // models T_d(S) = a + b S + c S^2 seconds (scheduler::FitStepTimeModel,
 // non-negative least squares) from profiled prefills, and the table that
 // sets each measurement beside its model's prediction.

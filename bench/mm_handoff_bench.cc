@@ -1,4 +1,4 @@
-// mm_handoff_bench (seed 000's experiment): 64 concurrent image requests and
+// mm_handoff_bench (--mm_handoff=async against blocking): 64 concurrent image requests and
 // 64 text requests on a TP=2 language instance (router, encoder, language
 // and its shard rank as separate processes), the async descriptor hand-off
 // (--mm_handoff=async: embeddings read where UCX wrote them, in a receive

@@ -1,10 +1,10 @@
-// seed003_bench: seed 003's experiment (a prefill token budget, so that a
+// seed003_bench: the prefill-budget experiment (a prefill token budget, so that a
 // long prompt cannot stall the decodes running beside it) on language
 // service processes, through bench/loadgen's `language` target.
 //
 // Two language instances (role both, the same model and flags) are started
 // side by side, one with --max_prefill_tokens=<budget> and one without; each
-// round sends the seed's workload to both, one after the other, the order
+// round sends the same workload to both, one after the other, the order
 // alternating between rounds (budget first in even rounds), so that both arms
 // see the same machine load. The workload: --num_requests text requests, one
 // every --interval_ms (fixed, not Poisson), prompts of the base prompt
@@ -20,7 +20,7 @@
 // Reported per arm (records pooled over the rounds): TTFT, ITL, TPOT and E2E
 // percentiles, output token throughput (output tokens over the summed
 // first-send-to-last-end time of the arm's rounds); then the ratios, each no-budget /
-// budget: itl_p99_ratio (> 1: the budget helps; seed 003's target >= 1.3),
+// budget: itl_p99_ratio (> 1: the budget helps; target >= 1.3),
 // ttft_p50_ratio, ttft_p99_ratio and throughput_ratio (target within 10% of
 // 1), and how many answers were token-identical between the arms.
 //

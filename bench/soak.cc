@@ -7,7 +7,7 @@
 //
 //   bazel run --config=opt //bench:soak -- --minutes=30
 //
-// Target (issue 15): RSS flat within 5% after warm-up, zero unexpected errors
+// Target: RSS flat within 5% after warm-up, zero unexpected errors
 // (only the INVALID_ARGUMENT of the bad requests and the CANCELLED of the
 // cancelled ones), zero leaked blocks.
 #include <signal.h>

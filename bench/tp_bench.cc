@@ -1,4 +1,4 @@
-// Tensor parallelism on the CPU (issue 12): decode throughput of a TP=2
+// Tensor parallelism on the CPU: decode throughput of a TP=2
 // instance (two rank processes, one compute thread each, joined by the
 // shared-memory communicator) against TP=1 (one process, two threads) on
 // the same random weights, and the communicator's all-reduce latency

@@ -81,7 +81,7 @@ struct EncoderCoreOptions {
   absl::Duration keep_for = absl::Seconds(30);
   // How long publishing waits for send-buffer blocks.
   absl::Duration block_wait = absl::Seconds(30);
-  // Test only (seed 000's slow-encoder tests and benchmark): each image
+  // Test only (the slow-encoder tests and mm_handoff_bench): each image
   // waits this long before it is published, as if the tower were slow. It
   // delays only the publish thread; 0 in production.
   absl::Duration test_only_publish_delay = absl::ZeroDuration();

@@ -1,4 +1,4 @@
-// The seed 002 protocol's control messages (init, resume, cancel, done and
+// The embedding transfer protocol's control messages (init, resume, cancel, done and
 // chunk notices) against the real EmbeddingSender, EmbeddingReceiver and
 // BlockAllocators, over a TransferLink that moves bytes with memcpy and
 // applies the engine's checks on allocations from the wire

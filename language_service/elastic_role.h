@@ -1,4 +1,4 @@
-// Role elastic (issue 26; docs/elastic.md): a full replica that the
+// Role elastic (docs/elastic.md): a full replica that the
 // router's global manager may also make a member of an elastic
 // sequence-parallelism group. A request that comes alone runs here as on
 // role both (prefill and decode, nothing travels); the load report carries

@@ -1,5 +1,5 @@
-// An elastic instance's part in elastic-sequence-parallelism groups (issue
-// 26; role elastic): its ESP endpoint (transfer/esp_endpoint.h), a member's
+// An elastic instance's part in elastic-sequence-parallelism groups
+// (role elastic): its ESP endpoint (transfer/esp_endpoint.h), a member's
 // share of a group prefill, the spans it holds for other masters' decodes
 // and the requests it masters.
 //

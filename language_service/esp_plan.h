@@ -1,5 +1,5 @@
-// Checks of an elastic-sequence-parallelism group plan (proto EspPlan;
-// issue 26) before any member acts on it: every member refuses a plan that
+// Checks of an elastic-sequence-parallelism group plan (proto EspPlan)
+// before any member acts on it: every member refuses a plan that
 // does not split the prompt's rows and its KV exactly once.
 //
 //   RETURN_IF_ERROR(CheckEspPlan(plan, prompt_len, block_size));

@@ -1,4 +1,4 @@
-// Group prefills across `language --role=elastic` processes (issue 26) over
+// Group prefills across `language --role=elastic` processes over
 // real UCX, on the demo model: the members' endpoints come from their
 // registration (InstanceInfo.esp_endpoint), captured by a small Registry in
 // the test; each member gets EspPrefill with a hand-built plan. The tokens

@@ -1,4 +1,4 @@
-// Group prefills served by elastic instances (issue 26), in one process
+// Group prefills served by elastic instances, in one process
 // over real gRPC and real UCX, shm and tcp: each member gets EspPrefill with
 // a hand-built plan and the members' endpoints (LanguageCore::esp_endpoint,
 // what main puts in the registration). The sampler's first token and the

@@ -8,7 +8,7 @@
 // request's state (common/event_loop's MessageLoop); everything else posts
 // typed messages to it (language_core_request.h), handled in one place. A request whose
 // embeddings are still in flight waits outside the engine: the loop never
-// blocks on a transfer (seed 000's principle inside one process) and keeps
+// blocks on a transfer (the asynchronous hand-off's principle inside one process) and keeps
 // stepping the requests that are ready. Per image: connect to its encoder
 // (once per encoder, on the connector thread), receive its embedding (exact
 // allocation when the router pre-sized it, else default-then-resume), derive
@@ -18,7 +18,7 @@
 // `lost_image_timeout` for Retry with new sources. Sinks run on the loop
 // thread and must not block. Thread-safe.
 //
-// Roles prefill and decode (issue 12, text and image prompts; prefill tp_size
+// Roles prefill and decode (text and image prompts; prefill tp_size
 // 1, decode any tp_size, each decode rank receiving only its own KV heads): a
 // decode core registers a request (RegisterDecode, the Decode stream),
 // reserves its KV blocks (AllocateKv with the expanded prompt, its image
@@ -67,7 +67,7 @@ enum class MmHandoff {
   kAsync,
   // Copied: the loop copies each embedding out of the receive buffer when
   // it arrives and rank 0 copies its rows into every step that uses them
-  // (the baseline seed 000 measures against).
+  // (the baseline mm_handoff_bench measures against).
   kBlocking,
 };
 
@@ -138,13 +138,13 @@ class LanguageCore {
   // the request ends) when its M-RoPE delta differs from the allocation's.
   [[nodiscard]] absl::Status CommitKv(const v1::KvCommit& commit);
 
-  // Role elastic (issue 26): keeps a span of `tokens` of request `id`'s KV
+  // Role elastic: keeps a span of `tokens` of request `id`'s KV
   // here for a group prefill (LlmEngine::HoldSpan): its block ids. Abort(id)
   // frees it. FailedPrecondition on other roles, AlreadyExists and
   // ResourceExhausted as the engine's, Unavailable when shutting down.
   [[nodiscard]] absl::StatusOr<std::vector<int32_t>> HoldSpan(const std::string& id, int tokens);
 
-  // Role elastic (issue 26): member `request.member` of a group prefill
+  // Role elastic: member `request.member` of a group prefill
   // (esp_groups.h). Checks as Submit does, waits for the request's images
   // like it, then runs the member's part on the loop thread. The stream:
   // the sampler's carries the first token (with finish_reason when that

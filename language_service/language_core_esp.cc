@@ -1,4 +1,4 @@
-// LanguageCore's calls of role elastic (issue 26): spans of a request's KV
+// LanguageCore's calls of role elastic: spans of a request's KV
 // held for a group prefill, a member's part of a group prefill (EspGroups)
 // and the decode steps of the requests mastered here.
 #include <string>

@@ -1,4 +1,4 @@
-// Roles prefill and decode (issue 12 item 3) through real gRPC servers and
+// Roles prefill and decode through real gRPC servers and
 // the UCX KV hand-off, in one process: a decode instance holds each request's
 // Decode stream, a prefill instance runs the prompt to its first token, hands
 // the KV over (AllocateKv, puts, CommitKv) and ends its stream with

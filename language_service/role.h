@@ -1,4 +1,4 @@
-// What a language instance's role changes about a request (issue 12's roles
+// What a language instance's role changes about a request (the roles
 // behind one interface, chosen once at start, so that LanguageCore has no
 // role branches):
 //

@@ -1,4 +1,4 @@
-// Elastic sequence parallelism in the language model (issue 26, seed 001):
+// Elastic sequence parallelism in the language model (after LoongServe):
 // the inputs of Qwen2Model::ForwardEspPrefill / ForwardEspDecode and the two
 // interfaces through which the members of a group exchange data.
 //

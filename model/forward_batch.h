@@ -1,6 +1,6 @@
 // The input of one model step: the tokens of many sequences flattened
 // together, prefill chunks and decode tokens alike (the model runner's
-// "prepare" step, seed 004).
+// "prepare" step).
 //
 //   ForwardBatch b;
 //   // sequence A: 3 new prompt tokens, nothing cached yet, blocks {4}

@@ -15,7 +15,7 @@
 // same whatever else is in the batch (with LinearKernel::kDot).
 // Activations are fp32; weights are used as stored (F32 or BF16).
 //
-// Tensor parallelism (issue 12): with weights loaded for rank r of n (see
+// Tensor parallelism: with weights loaded for rank r of n (see
 // TensorParallelShard) and a Communicator of n ranks, each rank computes its
 // heads and its part of the MLP; o_proj's and down_proj's partial outputs
 // are all-reduced (summed in rank order), and the lm_head slices' logits are

@@ -1,4 +1,4 @@
-// Tensor parallelism (issue 12): the model sharded over 2 (and 4) rank
+// Tensor parallelism: the model sharded over 2 (and 4) rank
 // processes, joined by the shared-memory communicator, against the same
 // model on one rank, on every golden model whose KV heads split evenly and
 // on random bf16 weights; and the refusal of models whose KV heads do not.

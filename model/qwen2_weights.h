@@ -48,7 +48,7 @@ namespace mmserve::model {
 enum class Quantization { kNone, kInt8 };
 
 // Which slices of the model one rank of a tensor-parallel instance holds
-// (issue 12; Megatron's layout). With size n and rank r:
+// (Megatron's layout). With size n and rank r:
 //  - column-parallel q/k/v (with their biases), gate and up: rank r keeps
 //    output rows [r * out / n, (r + 1) * out / n), i.e. attention heads
 //    [r * heads / n, ...) and KV heads [r * kv_heads / n, ...) (each rank's

@@ -1,4 +1,4 @@
-// A Generate call under the elastic manager (router --esp; issue 26,
+// A Generate call under the elastic manager (router --esp,
 // docs/elastic.md): the request waits in the EspPool's queue until the
 // manager places it, then runs on one elastic instance (degree 1: an
 // ordinary Prefill stream that carries every token, as on role both) or on

@@ -1,6 +1,6 @@
 // The wire plan (proto EspPlan, language_service/esp_plan.h) of one request
-// of a batch the ESP global manager formed (scheduler/esp_manager.h; issue
-// 26): what the router sends to each member of the group.
+// of a batch the ESP global manager formed (scheduler/esp_manager.h):
+// what the router sends to each member of the group.
 //
 //   for (const EspRequestPlan& r : batch.requests) {
 //     ASSIGN_OR_RETURN(v1::EspPlan plan, EspWirePlan(batch, r, instance_ids));

@@ -1,5 +1,5 @@
 // The router's global manager of elastic sequence parallelism (router --esp;
-// issue 26, docs/elastic.md): the pool of elastic instances, the queue of
+// docs/elastic.md): the pool of elastic instances, the queue of
 // requests waiting for KV slots, the slots promised to placed requests and
 // each placed request's members (the span map).
 //

@@ -1,5 +1,5 @@
-// A request's exact length for the elastic manager (router --esp; issue
-// 26): the prompt in tokens as the language side will see it (the chat
+// A request's exact length for the elastic manager (router
+// --esp): the prompt in tokens as the language side will see it (the chat
 // rendered with the model's template, or the raw text, tokenized, each
 // image or video placeholder expanded to its embedding rows) and the most
 // tokens it may generate. A group plan splits exactly these rows.

@@ -47,7 +47,7 @@ double PredictPrefill(const EspConfig& config, size_t group, int64_t tokens) {
   return config.per_degree[degree - 1].Predict(tokens);
 }
 
-// The seed's rule for pausing the decode batches of `paused` to prefill r:
+// The rule for pausing the decode batches of `paused` to prefill r:
 // Cost = T * sum of 1 / output_len of their requests; Gain = (avg decode
 // latency - least elapsed)^+ / r.input_len.
 bool WorthPausing(const std::vector<EspInstanceState>& instances, const std::vector<size_t>& paused,

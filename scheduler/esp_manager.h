@@ -1,4 +1,4 @@
-// The global manager of elastic sequence parallelism (issue 26, seed 001,
+// The global manager of elastic sequence parallelism (after
 // LoongServe): one pure decision per iteration over a pool of elastic
 // instances, for the router to carry out.
 //
@@ -12,7 +12,7 @@
 //     // decodes it afterwards.
 //   }
 //
-// The four steps (docs/elastic.md; the seed's rules):
+// The four steps (docs/elastic.md; the design's rules):
 // 1. Dispatch, first-come first-served: take pending requests in order
 //    while (a) every taken request's whole future KV (prompt + max new
 //    tokens, in blocks) fits the pool's free blocks left after the decoding

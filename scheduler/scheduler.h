@@ -27,7 +27,7 @@
 //     the KV pool, so order is kept. A prefix-cache hit sets
 //     num_computed_tokens to the cached length. With chunked prefill, a
 //     request may start with a chunk of whatever budget is left. Without it a
-//     prompt is prefilled whole; the seed 003 lone-oversize rule admits a
+//     prompt is prefilled whole; the lone-oversize rule admits a
 //     prompt larger than max_prefill_tokens as the step's only prefill (when
 //     it fits the token budget), and one larger than max_num_batched_tokens
 //     when nothing else is scheduled in the step. Otherwise it would starve.
@@ -95,7 +95,7 @@ class Scheduler {
   // NotFound for an unknown or already finished id.
   [[nodiscard]] absl::Status Abort(RequestId id);
 
-  // Role decode (issue 12): a request whose prompt KV another instance
+  // Role decode: a request whose prompt KV another instance
   // computes. Validates `params` like AddRequest, takes the cached prefix of
   // the prompt from this pool and allocates blocks for the rest; the request
   // holds them in kWaitingForKv, in neither queue and never scheduled, until
@@ -125,7 +125,7 @@ class Scheduler {
   // Requests holding blocks in kWaitingForKv.
   int num_waiting_for_kv() const { return static_cast<int>(waiting_for_kv_.size()); }
 
-  // Role elastic (issue 26): a span of a request's KV that this instance
+  // Role elastic: a span of a request's KV that this instance
   // keeps for a group prefill while another instance decodes the request.
   // The span's blocks (BlocksFor(num_tokens), no prefix-cache hit) are held
   // under `id` outside every queue: never scheduled, not counted against

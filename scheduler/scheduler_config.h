@@ -3,7 +3,7 @@
 //   SchedulerConfig config;
 //   config.max_num_batched_tokens = 2048;  // prefill + decode tokens per step
 //   config.max_num_seqs = 256;
-//   config.max_prefill_tokens = 512;        // seed 003: cap prefill per step
+//   config.max_prefill_tokens = 512;        // prefill token budget per step
 //   config.kv.num_blocks = 4096;
 //   RETURN_IF_ERROR(config.Validate());
 //

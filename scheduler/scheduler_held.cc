@@ -1,5 +1,5 @@
 // Scheduler::HoldSpan and ReleaseSpan: spans of a request's KV kept on a
-// member of an elastic-sequence-parallelism group (role elastic, issue 26).
+// member of an elastic-sequence-parallelism group (role elastic).
 #include <utility>
 #include <vector>
 

@@ -1,4 +1,4 @@
-// HoldSpan / ReleaseSpan (role elastic, issue 26): a held span is never
+// HoldSpan / ReleaseSpan (role elastic): a held span is never
 // scheduled and Abort frees it.
 #include <catch2/catch.hpp>
 #include <memory>

@@ -44,7 +44,7 @@ struct SchedulerOutput {
   std::vector<RequestId> preempted;
   int num_batched_tokens = 0;  // sum of num_tokens
   int num_prefill_tokens = 0;  // sum of num_tokens over prefill chunks
-  // Set when the seed 003 lone-oversize rule admitted a prompt beyond a budget.
+  // Set when the lone-oversize rule admitted a prompt beyond a budget.
   bool lone_oversize_prefill = false;
 
   void Clear() {

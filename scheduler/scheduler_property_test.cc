@@ -218,7 +218,7 @@ class Simulator {
     REQUIRE(prefill == out.num_prefill_tokens);
     REQUIRE(int(out.scheduled.size()) <= c.max_num_seqs);
     if (out.lone_oversize_prefill) REQUIRE_FALSE(c.enable_chunked_prefill);
-    // The only exceptions: the seed 003 lone-oversize prompt.
+    // The only exceptions: the lone-oversize prompt.
     if (tokens > c.max_num_batched_tokens) {
       REQUIRE(out.lone_oversize_prefill);
       REQUIRE(out.scheduled.size() == 1);

@@ -1,6 +1,6 @@
 // Scheduler::ReserveRemoteKv and CommitRemoteKv: requests whose prompt KV a
 // prefill instance computes and writes into this scheduler's blocks (role
-// decode, issue 12).
+// decode).
 #include <algorithm>
 #include <utility>
 

@@ -117,7 +117,7 @@ Scheduler::Admission Scheduler::PlanAdmission(const Request& r, const StepBudget
     return a;
   }
   if (config_.enable_chunked_prefill) return a;
-  // Chunking off, and the whole remainder does not fit: the seed 003 rule.
+  // Chunking off, and the whole remainder does not fit: the lone-oversize rule.
   const int max_prefill = config_.max_prefill_tokens.value_or(std::numeric_limits<int>::max());
   const bool first_prefill = output_.num_prefill_tokens == 0;
   const bool nothing_scheduled = output_.scheduled.empty();

@@ -1,8 +1,9 @@
 // The stack across test hosts (network namespaces on an emulated network,
 // tests/net_hosts.h): answers over gRPC and UCX tcp between hosts, then the
-// network faults of issue 29 one after another on the same stack, each
-// ending with every block and request freed and the service back without a
-// restart. Skipped, with the reason printed, where namespaces cannot be made.
+// network faults (delay, loss, cuts, partitions, router restart) one after
+// another on the same stack, each ending with every block and request freed
+// and the service back without a restart. Skipped, with the reason printed,
+// where namespaces cannot be made.
 #include "tests/net_stack.h"
 
 #include <signal.h>

@@ -1,4 +1,4 @@
-// Role elastic through the whole stack (issue 26): router + encoder +
+// Role elastic through the whole stack: router + encoder +
 // `--role=elastic` language processes. One instance under a router without
 // --esp serves requests as role both. Two with pools of about 2k tokens
 // (--kv_cache_mb=3) under `router --esp` (the elastic manager), one stack

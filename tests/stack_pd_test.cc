@@ -1,4 +1,4 @@
-// Prefill/decode disaggregation through the whole stack (issue 12 item 3):
+// Prefill/decode disaggregation through the whole stack:
 // router + encoder + a `--role=prefill` and a `--role=decode` language
 // process, the KV handed over UCX. The demo evaluation with its images, and
 // its questions as text prompts, give the same token ids as a role-both

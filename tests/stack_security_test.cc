@@ -1,4 +1,4 @@
-// The two planes and the public guards with real processes (issue 27): a
+// The two planes and the public guards with real processes: a
 // stack whose router wants an API key and caps each client's calls, and
 // whose internal plane (Registry on --internal_address, Encoder, Language)
 // wants a cluster token. Each hostile case is tried over gRPC and HTTP.
@@ -311,7 +311,7 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   // A 20 MB prompt: refused before tokenizing, in little router CPU. CPU
   // time (/proc, 10 ms ticks), not wall time, so a busy machine does not
   // make it flaky; the best of 3 tries, so that the router's background
-  // threads (health polls) do not either. The bound is the issue's 50 ms;
+  // threads (health polls) do not either. The bound is 50 ms;
   // a refusal measures 10-40 ms here (receiving 20 MB; the text scan is a
   // memchr pass), where tokenizing it took 2+ s.
   const std::string prompt(20 << 20, 'a');
@@ -332,7 +332,7 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   }
   WARN("router CPU for a 20 MB prompt (best of 3): gRPC " << grpc_ms << " ms, HTTP " << http_ms
                                                           << " ms");
-  // 50 ms of router CPU (the issue's bound); sanitizer builds run the same
+  // 50 ms of router CPU (the bound); sanitizer builds run the same
   // work several times slower, so they get three times the bound.
   CHECK(grpc_ms < 50 * kSanitizerSlowdown);
   CHECK(http_ms < 50 * kSanitizerSlowdown);

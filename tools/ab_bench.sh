@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Alternates a benchmark between two builds on the same machine, A then B,
 # `rounds` times, and prints each run's last JSON line tagged with its side:
-# the before/after comparison a refactor owes (issue 23), with the noise of a
+# the before/after comparison a refactor owes, with the noise of a
 # shared machine spread over both sides.
 #
 #   tools/ab_bench.sh /work/wt/before /work/main 3 bench/lm_bench --dims=qwen2-0.5b

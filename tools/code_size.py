@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Production functions past 80 lines and production files past 600 lines.
 
-Issue 23's limits, checked over the tracked *.cc and *.h files outside tests,
+The project's limits, checked over the tracked *.cc and *.h files outside tests,
 benchmarks, fuzzers and third_party/. Function lengths come from lizard
 (PyPI: pip install lizard), from the signature to the closing brace. Prints
 one line per offender and a closing count line.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Video goldens for the language side (issue 28): the vision tower on video
+"""Video goldens for the language side: the vision tower on video
 pixel values, M-RoPE positions and greedy tokens of chats holding videos.
 
 Reads the committed tiny checkpoints (model/testdata/models/, written by

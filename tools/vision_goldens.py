@@ -1,4 +1,4 @@
-"""Vision and multimodal goldens for gen_goldens.py (issue 4 groundwork).
+"""Vision and multimodal goldens for gen_goldens.py.
 
 Writes under <out>/goldens/:
   images/<name>.png            procedurally drawn inputs (PNG, lossless)

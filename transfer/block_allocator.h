@@ -1,4 +1,4 @@
-// Block allocator for embedding buffers (seed 002, ReqToMetadataBlockAllocator).
+// Block allocator for embedding buffers (after SGLang's ReqToMetadataBlockAllocator).
 //
 // A buffer holds `num_blocks` blocks of `block_size` tokens. Every allocation
 // is one contiguous run {start_block, num_blocks, num_tokens}; free runs are
@@ -31,7 +31,7 @@
 
 namespace mmserve::transfer {
 
-// A contiguous run of blocks (seed 002 MetadataAllocation).
+// A contiguous run of blocks (after SGLang's MetadataAllocation).
 struct BlockAllocation {
   uint32_t start_block = 0;
   uint32_t num_blocks = 0;

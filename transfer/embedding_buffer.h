@@ -1,4 +1,4 @@
-// Embedding buffer memory and its section layout (seed 002 MultimodalDataBuffers).
+// Embedding buffer memory and its section layout (after SGLang's MultimodalDataBuffers).
 //
 // The buffer holds num_blocks * block_size token slots in four sections,
 // stored section-major as proto EmbeddingBufferLayout describes:

@@ -1,4 +1,4 @@
-// The receiving half of the seed 002 protocol (the language side).
+// The receiving half of the embedding transfer protocol (the language side).
 //
 // Receive() allocates blocks in this process's buffer - exactly the image's
 // length when the caller knows it, else the default count - and sends

@@ -1,4 +1,4 @@
-// The sending half of the seed 002 protocol (the encoder side).
+// The sending half of the embedding transfer protocol (the encoder side).
 //
 // The encoder writes an image's four sections into its own buffer blocks and
 // Publish()es them. When the receiver's init arrives (before or after

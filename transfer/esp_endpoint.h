@@ -1,4 +1,4 @@
-// An elastic instance's ESP endpoint (issue 26): the UCX boards through
+// An elastic instance's ESP endpoint: the UCX boards through
 // which the other members of its groups reach it, and the opaque blob that
 // carries them in InstanceInfo.esp_endpoint and EspMember.endpoint.
 //

@@ -1,4 +1,4 @@
-// The K/V all-gather of an elastic prefill group over UCX (issue 26; the
+// The K/V all-gather of an elastic prefill group over UCX (the
 // model side is model/esp.h): each member exposes an exchange buffer, and per
 // layer every member puts its rows' K and V into every other member's buffer
 // at their global indices, flushes the endpoint (every byte remotely
@@ -22,7 +22,7 @@
 // it on its progress thread (where UCX's emulated puts land), so what that
 // poll saw is ordered before the member thread's reads of the data.
 //
-// On an instance's board (CreateOn, issue 26's served groups): the board
+// On an instance's board (CreateOn, served groups): the board
 // outlives the exchange and serves one group after another. Sequence
 // numbers then start at a base the members derive from the request id
 // (stale words of an earlier group never match) and aborts are that

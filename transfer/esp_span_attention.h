@@ -1,4 +1,4 @@
-// Decode attention across span holders over UCX (issue 26, model/esp.h's
+// Decode attention across span holders over UCX (model/esp.h's
 // SpanAttentionPeers): a decode master sends each layer's query rows to the
 // instances holding spans of their sequences; each holder's server thread
 // answers with its partial attention (output and log-sum-exp).
@@ -28,7 +28,7 @@
 // a server or client that dies ends the other's wait UNAVAILABLE sooner
 // (tcp: UCX's report; shm: its process gone, ucx_notice_board.h).
 //
-// An instance's server and client (issue 26's served groups) live as long
+// An instance's server and client (served groups) live as long
 // as the instance: parties are then a group's member indices, the server
 // takes clients one lane at a time (AddClient: lane = the master's member
 // index in its group, reconnected for each group) and the client is moved

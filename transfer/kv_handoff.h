@@ -1,5 +1,5 @@
-// KV hand-off of one request's blocks, prefill -> decode (issue 12 item 3;
-// the language service's P/D roles use it).
+// KV hand-off of one request's blocks, prefill -> decode (the
+// language service's P/D roles use it).
 //
 // The decode side registers its whole KvCache with UCX and publishes a
 // KvHandoffTarget (worker address, rkey, base address, cache shape); it
@@ -10,7 +10,7 @@
 // complete before the notice). The decode side recomputes KvBlocksCrc over
 // its copies before it adopts them.
 //
-// How the bytes move, by what is fastest where (issue 29 item 5):
+// How the bytes move, by what is fastest where:
 //   - target cache mapped here (shm profile, cache in a UCX-allocated shared
 //     segment, CreateWithCache: what the language service's decode ranks
 //     use): the sender copies into it itself on two cores, computing the CRC

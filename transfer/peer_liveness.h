@@ -1,5 +1,5 @@
 // Whether a peer process on this host is still alive: the dead-peer check
-// for transfers whose transport does not report one (issue 26's ESP
+// for transfers whose transport does not report one (the ESP
 // boards over the shm profile).
 //
 //   const ProcessIdentity me = SelfProcessIdentity();   // sent to the peers

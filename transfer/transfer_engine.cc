@@ -37,7 +37,7 @@ absl::Status TransferEngine::Init() {
   allocator_ = std::make_unique<BlockAllocator>(BlockAllocatorOptions{
       options_.layout.block_size, options_.layout.num_blocks, options_.default_num_blocks});
   if (options_.buffer_memory != nullptr) {
-    // Memory the caller shares with other processes (seed 000's receive
+    // Memory the caller shares with other processes (the receive
     // buffer that every tensor-parallel rank maps): registered, not ours.
     ASSIGN_OR_RETURN(region_, UcxMemoryRegion::Register(*context_, options_.buffer_memory,
                                                         options_.layout.total_bytes()));

@@ -1,6 +1,6 @@
 // The seam between the protocol state machines and the UCX engine.
 //
-// EmbeddingSender and EmbeddingReceiver (the seed 002 state machines) see the
+// EmbeddingSender and EmbeddingReceiver (the embedding protocol's state machines) see the
 // wire only through TransferLink: control messages out, chunk data moved or
 // expected. Control messages in arrive through SenderControl and
 // ReceiverControl. In this package TransferEngine implements the link with UCX

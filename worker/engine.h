@@ -1,7 +1,7 @@
 // The in-process engine: one model directory served with continuous batching
 // (after nano-vllm's LLMEngine: add a request; step = schedule, run, emit).
 // It owns what LoadEngineModel loaded (tokenizer, model, vision tower, KV
-// cache sized after a warm-up, seed 004), the scheduler, the model runner,
+// cache sized after a warm-up), the scheduler, the model runner,
 // each request's sampler and text stream, and an optional KvConnector (the
 // role: none for `both`, kv_connector.h for prefill and decode).
 //
@@ -70,7 +70,7 @@ class LlmEngine {
   // Runs one scheduler step.
   [[nodiscard]] absl::Status Step();
 
-  // Role elastic (issue 26): a span of `tokens` of request `id`'s KV that
+  // Role elastic: a span of `tokens` of request `id`'s KV that
   // this engine keeps for a group prefill while another instance decodes
   // the request (Scheduler::HoldSpan): the span's block ids, in order. It is
   // never scheduled; Abort(id) or ReleaseSpan(id) frees it. AlreadyExists

@@ -1,4 +1,4 @@
-// Role elastic (issue 26): a request that an elastic-sequence-parallelism
+// Role elastic: a request that an elastic-sequence-parallelism
 // group prefills, prepared by LlmEngine::PrepareEsp exactly as AddRequest
 // would prepare it (tokens, image rows and M-RoPE positions, max_tokens,
 // sampling, stop ids and strings) but never queued: the group's member runs
@@ -69,7 +69,7 @@ class EspRequest {
   // non-greedy sample), so this master goes on with the same stream.
   [[nodiscard]] absl::StatusOr<StreamEvent> PushSampledElsewhere(const model::SampleResult& s);
 
-  // What the next master needs to continue (issue 26's master move).
+  // What the next master needs to continue (a master move).
   struct MasterState {
     std::vector<int32_t> generated;  // every generated token, in order
     uint64_t seed = 0;

@@ -1,4 +1,4 @@
-// Prefill/decode disaggregation inside two engines (issue 12 item 3): a
+// Prefill/decode disaggregation inside two engines: a
 // prefill engine computes the prompt and samples the first token, its KV
 // blocks move into a decode engine's reservation over UCX (transfer/
 // kv_handoff: into the decode cache's shared segment, mapped), and the

@@ -1,7 +1,7 @@
 // An engine's start (after nano-vllm's model runner set-up): the options
 // checked, the tensor-parallel ranks started (tp_size > 1), the weights and
 // the vision tower loaded, a warm-up forward at the largest step the
-// scheduler can make (seed 004), and the KV cache sized from the memory left
+// scheduler can make, and the KV cache sized from the memory left
 // after it (kv_sizing.h).
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<EngineModel> m, LoadEngineModel(options));

@@ -67,7 +67,7 @@ struct EngineOptions {
   // arrive as embeddings from an encoder service sets this false and passes
   // EngineRequest::image_embeddings instead of images.
   bool load_vision = true;
-  // Tensor parallelism (issue 12): tp_size > 1 makes this engine rank 0 of
+  // Tensor parallelism: tp_size > 1 makes this engine rank 0 of
   // tp_size rank processes on this host. It starts ranks 1.. from
   // tp_shard_binary (//worker:tp_shard), each with num_threads threads (as
   // rank 0; 0: the cores divided by tp_size), joined by the shared-memory

@@ -421,7 +421,7 @@ TEST_CASE("int8_activations: refused without int8 weights or with bf16 activatio
   CHECK(LlmEngine::Create(o).ok());
 }
 
-// Videos (issue 28): chats with one video, a video plus an image, and two
+// Videos: chats with one video, a video plus an image, and two
 // videos, their embeddings from the vision tower on transformers' pixel
 // values (worker/video_goldens.h).
 VideoGoldens Load(const std::string& model) {

@@ -202,7 +202,7 @@ TEST_CASE("TP=2 image rows in the shared input travel as descriptors, with the i
   CHECK(waitpid(-1, nullptr, WNOHANG) < 0);
 }
 
-// Videos (issue 28): M-RoPE positions of video runs are rank 0's, the rows
+// Videos: M-RoPE positions of video runs are rank 0's, the rows
 // travel as for images; the tokens are transformers'.
 TEST_CASE("a TP=2 engine gives transformers' greedy tokens on video chats", "[engine][tp][video]") {
   auto goldens = VideoGoldens::Load("qwen2vl-tiny-mha-tied");

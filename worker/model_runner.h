@@ -1,4 +1,4 @@
-// The model runner's step (seed 004's prepare + execute + sample): turns the
+// The model runner's step (prepare + execute + sample): turns the
 // scheduler's decision into one ForwardBatch (token ids, M-RoPE positions,
 // slot mapping, block tables, image-embedding overrides, logits rows), runs
 // the model, and samples one token for every entry whose chunk reaches the
@@ -63,7 +63,7 @@ class ModelRunner {
   // `model` and `kv` (and `ring`) must outlive the runner. With a ring (rank
   // 0 of a tensor-parallel instance) each step is sent to the other ranks
   // first (as ForwardOnAllRanks): when every image row of the step lies in
-  // `shared_input` (memory every rank maps, seed 000) as descriptors,
+  // `shared_input` (memory every rank maps) as descriptors,
   // otherwise inline.
   ModelRunner(model::Qwen2Model& model, model::KvCache& kv, StepRing* ring = nullptr,
               absl::Span<const uint8_t> shared_input = {})

@@ -1,7 +1,7 @@
 // Memory shared by the rank processes of one tensor-parallel instance that
 // never has a name in /dev/shm: an anonymous shared-memory file (memfd) that
 // rank 0 creates and the shard ranks it spawns inherit by descriptor
-// (seed 000: the receive buffer UCX writes image embeddings into, which
+// (the receive buffer UCX writes image embeddings into, which
 // every rank reads in place).
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<ShmFile> f, ShmFile::Create("recv", bytes));

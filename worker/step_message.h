@@ -1,8 +1,8 @@
 // One step of a tensor-parallel instance as rank 0 sends it to the other
-// ranks (seed 004's control plane): the ForwardBatch's plain arrays (token
+// ranks (the step ring's control plane): the ForwardBatch's plain arrays (token
 // ids, M-RoPE positions, slot mapping, block tables, logits rows) and, for
 // image rows, descriptors of where each rank finds the input embedding
-// (seed 000) rather than pointers.
+// (in the receive buffer every rank maps) rather than pointers.
 //
 //   StepMessage m = StepMessageFromBatch(batch, hidden, EmbeddingPlacement::kInline);
 //   ASSIGN_OR_RETURN(size_t n, EncodeStep(m, slot));        // rank 0, into the ring
@@ -37,7 +37,7 @@ enum class StepKind : uint32_t {
   // (Re)create the rank's KV cache: kv_blocks blocks of kv_block_size tokens
   // (its own KV heads); the old contents are gone.
   kAllocateKv = 3,
-  // KV hand-off into a decode instance (issue 12; ranks run these only when
+  // KV hand-off into a decode instance (ranks run these only when
   // started with a ShardKvHooks): expose the rank's cache to UCX writes and
   // all-gather every rank's target (kKvRegister); order the writes landed so
   // far before the rank's reads and all-gather each rank's CRC32C of the

@@ -1,4 +1,4 @@
-// KV hand-off into a tensor-parallel decode instance (issue 12 item 3): every
+// KV hand-off into a tensor-parallel decode instance: every
 // rank registers its own KV cache (its KV heads only) with UCX, and the
 // prefill instance writes each rank its head slice of every layer directly
 // (KvHandoffSender::Send with first_head), so no rank relays another's

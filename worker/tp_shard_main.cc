@@ -1,4 +1,4 @@
-// A shard rank of a tensor-parallel language instance (issue 12), started by
+// A shard rank of a tensor-parallel language instance, started by
 // rank 0's TpGroup: joins the instance's communicator and step ring, loads
 // its slices of the weights, and runs the steps rank 0 sends until kStop.
 // In a decode instance (--kv_handoff_profile) the rank also registers its KV

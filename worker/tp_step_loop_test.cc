@@ -166,7 +166,7 @@ Instance JoinInstance(const std::string& id, int rank, absl::Duration timeout) {
 
 // Rank 1's whole life: join, load its shard, run steps until stop or error.
 // Exit code 0 on a kStop, 20 on UNAVAILABLE.
-// The receive buffer every rank maps (seed 000), here holding the image.
+// The receive buffer every rank maps, here holding the image.
 std::string BufferName(const std::string& id) { return "/mmserve-embbuf-" + id; }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> JoinBuffer(const std::string& id, int rank,

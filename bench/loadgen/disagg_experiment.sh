@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The disaggregated-against-colocated experiment of issue 13: on the same
+# The disaggregated-against-colocated experiment: on the same
 # machine (its two cores) and at the same offered load, E + language(role
 # both) against E + P + D (one prefill and one decode instance), goodput
 # under one SLO on TTFT and TPOT, for a text-heavy or an image-heavy mix at

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The encoder cache experiment of issue 13: the same synthetic workload (one
+# The encoder cache experiment: the same synthetic workload (one
 # image per request, a share of them repeating earlier ones) through a
 # launcher stack with the encoder's embedding cache on and off, alternated
 # ROUNDS times so that machine noise hits both. Prints every loadgen JSON

@@ -1,7 +1,7 @@
 // The `encoder` load target: Encode calls straight to one encoder service,
 // each image's embeddings pulled over UCX into a sink that this process
-// hosts - a real TransferEngine on the receiver side of the seed 002
-// protocol, as a language instance runs it - and freed as soon as they land.
+// hosts - a real TransferEngine on the receiver side of the embedding
+// transfer protocol, as a language instance runs it - and freed as soon as they land.
 //
 // Connect does what a language instance does on first contact: the
 // encoder's Connect RPC with the sink's UCX address and buffer layout, then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The elastic sequence parallelism experiment of issue 26: on the same
+# The elastic sequence parallelism experiment: on the same
 # machine (its two cores) four configurations of the language side, each
 # behind one router and one (idle) encoder, text-only requests:
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mmserve's lm_bench side by side with llama.cpp on the same machine, in one
-# run (issue 24, item 7). A benchmark, not part of .ci/run.
+# run. A benchmark, not part of .ci/run.
 #
 #   bench/peer/llamacpp_side_by_side.sh            # 3 rounds, 2 threads
 #   ROUNDS=1 THREADS=2 bench/peer/llamacpp_side_by_side.sh

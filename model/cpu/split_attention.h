@@ -1,4 +1,4 @@
-// Attention for elastic sequence parallelism (issue 26, seed 001): one
+// Attention for elastic sequence parallelism (after LoongServe): one
 // sequence's rows split across the members of a group.
 //
 // Prefill, all-gather form: each member computes K/V for its own rows,

@@ -1,4 +1,4 @@
-// The NCCL Communicator backend (issue 12), for ranks that each drive one
+// The NCCL Communicator backend, for ranks that each drive one
 // GPU. Built only with --config=cuda (//worker/nccl is incompatible
 // otherwise).
 //
