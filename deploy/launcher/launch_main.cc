@@ -19,7 +19,8 @@
 #include "common/grpc_server.h"
 #include "deploy/launcher/local_stack.h"
 
-ABSL_FLAG(std::string, model_dir, "", "model directory (default: models/shapes-demo)");
+ABSL_FLAG(std::string, model_dir, "",
+          "model directory (required; serve.sh passes models/shapes-demo)");
 ABSL_FLAG(std::string, bin_dir, "", "bazel-bin of the build (default: found from this binary)");
 ABSL_FLAG(std::string, log_dir, "", "where each process's log goes (default: a temp dir)");
 ABSL_FLAG(int, encoders, 1, "encoder processes");
