@@ -242,7 +242,8 @@ int Main() {
   }
 
   absl::PrintF(
-      "seed 003: %d requests every %.0f ms, prompts x{%s}, %d output tokens, max_num_seqs %d, "
+      "prefill budget: %d requests every %.0f ms, prompts x{%s}, %d output tokens, max_num_seqs "
+      "%d, "
       "chunked prefill %s, %d rounds (arms alternating); load average %s -> %s\n",
       absl::GetFlag(FLAGS_num_requests), absl::GetFlag(FLAGS_interval_ms),
       absl::StrJoin(absl::GetFlag(FLAGS_repeats), ","), absl::GetFlag(FLAGS_output_tokens),

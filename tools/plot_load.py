@@ -244,7 +244,7 @@ def plot_seed003(paths, out):
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("seed 003: prefill token budget against none (language instance alone; "
+    fig.suptitle("prefill token budget against none (language instance alone; "
                  "median of runs, bars min-max)")
     fig.tight_layout()
     fig.savefig(out + "_seed003.png", dpi=100)

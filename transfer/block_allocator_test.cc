@@ -8,7 +8,7 @@
 namespace mmserve::transfer {
 namespace {
 
-TEST_CASE("allocations follow seed 002: default blocks, exact blocks, contiguous runs") {
+TEST_CASE("allocations: default blocks, exact blocks, contiguous runs") {
   BlockAllocator alloc({.block_size = 128, .num_blocks = 64, .default_num_blocks = 8});
   auto a = alloc.AllocDefault("req-1");
   REQUIRE(a.ok());
