@@ -55,7 +55,7 @@ grep -q '"chat.completion"' <<<"$body" || { kill -TERM "$serve"; fail "HTTP answ
 # Stops serve.sh ($1) and checks that nothing of its stack is left.
 stop_and_check() {
   local serve=$1 port=$2 pids segments
-  # serve.sh leads its own session (setsid): the stack's processes are in it.
+  # serve.sh runs under setsid: every process of the stack shares its SID.
   # Only their segments count: other stacks on this machine have their own.
   pids=$(ps -e -o sid=,pid= | awk -v sid="$serve" '$1 == sid {print $2}')
   kill -TERM "$serve"

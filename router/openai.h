@@ -96,6 +96,33 @@ class ChoicesUsage {
   mmserve::v1::Usage usage_;
 };
 
+// A request's n choices collected from its GenerateResponse stream, for a
+// whole (not streamed) reply: each choice's text (after `prefix`, e.g. an
+// echoed prompt), logprobs and finish, the request id and ChoicesUsage.
+class CollectedChoices {
+ public:
+  struct Choice {
+    std::string text;
+    google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs;
+    mmserve::v1::FinishReason finish_reason = mmserve::v1::FINISH_REASON_UNSPECIFIED;
+    std::string matched_stop;
+  };
+  // max(n, 1) choices.
+  explicit CollectedChoices(uint32_t n, const std::string& prefix = "");
+  // A response of choice response.index() (< n; others are dropped).
+  void Add(const mmserve::v1::GenerateResponse& response);
+  // Whether every choice's final response has arrived.
+  bool finished() const;
+  const std::vector<Choice>& choices() const { return choices_; }
+  const std::string& request_id() const { return request_id_; }
+  const mmserve::v1::Usage& usage() const { return usage_.usage(); }
+
+ private:
+  std::string request_id_;
+  std::vector<Choice> choices_;
+  ChoicesUsage usage_;
+};
+
 // OpenAI's finish_reason for ours: STOP and STOP_STRING -> "stop", LENGTH ->
 // "length", ABORT -> "abort" (as vLLM); "" while unfinished.
 std::string OpenAiFinishReason(mmserve::v1::FinishReason reason);
@@ -103,29 +130,20 @@ std::string OpenAiFinishReason(mmserve::v1::FinishReason reason);
 // Collects a whole GenerateResponse stream into one chat.completion body.
 class ChatCompletionBuilder {
  public:
-  explicit ChatCompletionBuilder(CompletionContext ctx)
-      : ctx_(std::move(ctx)), choices_(std::max<uint32_t>(ctx_.n, 1)) {}
+  explicit ChatCompletionBuilder(CompletionContext ctx) : ctx_(std::move(ctx)), choices_(ctx_.n) {}
 
   // A response of choice response.index() (< n; others are dropped).
-  void Add(const mmserve::v1::GenerateResponse& response);
+  void Add(const mmserve::v1::GenerateResponse& response) { choices_.Add(response); }
   // Whether every choice's final response has arrived.
-  bool finished() const;
+  bool finished() const { return choices_.finished(); }
   // The "chat.completion" object: id "chatcmpl-<request_id>", choices[i]
   // (index i) with message {role, content}, finish_reason, logprobs (null
   // unless requested), and usage (ChoicesUsage).
   std::string Json() const;
 
  private:
-  struct Choice {
-    std::string text;
-    google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs;
-    mmserve::v1::FinishReason finish_reason = mmserve::v1::FINISH_REASON_UNSPECIFIED;
-    std::string matched_stop;
-  };
   CompletionContext ctx_;
-  std::string request_id_;
-  std::vector<Choice> choices_;
-  ChoicesUsage usage_;
+  CollectedChoices choices_;
 };
 
 // One "chat.completion.chunk" for one GenerateResponse: choices[0].index

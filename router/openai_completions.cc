@@ -190,28 +190,10 @@ absl::StatusOr<OpenAiCompletionRequest> ParseCompletionRequest(absl::string_view
   return out;
 }
 
-TextCompletionBuilder::TextCompletionBuilder(CompletionContext ctx, std::string echo)
-    : ctx_(std::move(ctx)), echo_size_(echo.size()), choices_(std::max<uint32_t>(ctx_.n, 1)) {
-  for (Choice& c : choices_) c.text = echo;
-}
-
-void TextCompletionBuilder::Add(const GenerateResponse& response) {
-  if (response.index() >= choices_.size()) return;
-  if (request_id_.empty()) request_id_ = response.request_id();
-  Choice& c = choices_[response.index()];
-  c.text += response.text();
-  c.logprobs.MergeFrom(response.logprobs());
-  if (response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
-    c.finish_reason = response.finish_reason();
-    c.matched_stop = response.matched_stop();
-  }
-  if (response.has_usage()) usage_.Add(response.index(), response.usage());
-}
-
 std::string TextCompletionBuilder::Json() const {
   out_json choices = out_json::array();
-  for (size_t i = 0; i < choices_.size(); ++i) {
-    const Choice& c = choices_[i];
+  for (size_t i = 0; i < choices_.choices().size(); ++i) {
+    const CollectedChoices::Choice& c = choices_.choices()[i];
     out_json choice;
     choice["index"] = i;
     choice["text"] = c.text;
@@ -221,9 +203,9 @@ std::string TextCompletionBuilder::Json() const {
     choice["stop_reason"] = StopReasonJson(c.matched_stop);  // vLLM's extension
     choices.push_back(std::move(choice));
   }
-  out_json j = Header(ctx_, request_id_);
+  out_json j = Header(ctx_, choices_.request_id());
   j["choices"] = std::move(choices);
-  j["usage"] = UsageJson(usage_.usage());
+  j["usage"] = UsageJson(choices_.usage());
   return Dump(j);
 }
 

@@ -57,23 +57,16 @@ struct OpenAiCompletionRequest {
 // unless requested), finish_reason}, usage (ChoicesUsage).
 class TextCompletionBuilder {
  public:
-  TextCompletionBuilder(CompletionContext ctx, std::string echo);
+  TextCompletionBuilder(CompletionContext ctx, const std::string& echo)
+      : ctx_(std::move(ctx)), echo_size_(echo.size()), choices_(ctx_.n, echo) {}
   // A response of choice response.index() (< n; others are dropped).
-  void Add(const mmserve::v1::GenerateResponse& response);
+  void Add(const mmserve::v1::GenerateResponse& response) { choices_.Add(response); }
   std::string Json() const;
 
  private:
-  struct Choice {
-    std::string text;
-    google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs;
-    mmserve::v1::FinishReason finish_reason = mmserve::v1::FINISH_REASON_UNSPECIFIED;
-    std::string matched_stop;
-  };
   CompletionContext ctx_;
   size_t echo_size_;  // text_offset of each choice's first token
-  std::string request_id_;
-  std::vector<Choice> choices_;
-  ChoicesUsage usage_;
+  CollectedChoices choices_;
 };
 
 // Turns a GenerateResponse stream into "text_completion" SSE events: one

@@ -104,7 +104,12 @@ void ChoicesUsage::Add(uint32_t index, const Usage& usage) {
   usage_.set_completion_tokens(usage_.completion_tokens() + usage.completion_tokens());
 }
 
-void ChatCompletionBuilder::Add(const GenerateResponse& response) {
+CollectedChoices::CollectedChoices(uint32_t n, const std::string& prefix)
+    : choices_(std::max<uint32_t>(n, 1)) {
+  for (Choice& c : choices_) c.text = prefix;
+}
+
+void CollectedChoices::Add(const GenerateResponse& response) {
   if (response.index() >= choices_.size()) return;
   if (request_id_.empty()) request_id_ = response.request_id();
   Choice& c = choices_[response.index()];
@@ -117,7 +122,7 @@ void ChatCompletionBuilder::Add(const GenerateResponse& response) {
   if (response.has_usage()) usage_.Add(response.index(), response.usage());
 }
 
-bool ChatCompletionBuilder::finished() const {
+bool CollectedChoices::finished() const {
   return std::all_of(choices_.begin(), choices_.end(), [](const Choice& c) {
     return c.finish_reason != mmserve::v1::FINISH_REASON_UNSPECIFIED;
   });
@@ -125,8 +130,8 @@ bool ChatCompletionBuilder::finished() const {
 
 std::string ChatCompletionBuilder::Json() const {
   json choices = json::array();
-  for (size_t i = 0; i < choices_.size(); ++i) {
-    const Choice& c = choices_[i];
+  for (size_t i = 0; i < choices_.choices().size(); ++i) {
+    const CollectedChoices::Choice& c = choices_.choices()[i];
     json choice;
     choice["index"] = i;
     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
@@ -142,12 +147,12 @@ std::string ChatCompletionBuilder::Json() const {
   }
 
   json j;
-  j["id"] = CompletionId(request_id_);
+  j["id"] = CompletionId(choices_.request_id());
   j["object"] = "chat.completion";
   j["created"] = ctx_.created;
   j["model"] = ctx_.model;
   j["choices"] = std::move(choices);
-  j["usage"] = UsageJson(usage_.usage());
+  j["usage"] = UsageJson(choices_.usage());
   return Dump(j);
 }
 
