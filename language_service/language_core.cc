@@ -79,6 +79,14 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
       "putting image rows (their floats, or descriptors) into tensor-parallel steps.");
+  grammar_mask_seconds_ = &metrics.GetCounter(
+      "mmserve_language_grammar_mask_seconds_total",
+      "Time spent computing structured-output token masks (on a helper thread, while the "
+      "forward pass runs).");
+  grammar_mask_wait_seconds_ = &metrics.GetCounter(
+      "mmserve_language_grammar_mask_wait_seconds_total",
+      "Time sampling waited for structured-output token masks after the forward pass: the part "
+      "of the mask time the forward did not hide.");
   const char* rows_help =
       "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
       "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
@@ -477,6 +485,11 @@ void LanguageCore::StepEngine() {
   rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
   engine_rows_by_descriptor_ = by_descriptor;
   engine_rows_inline_ = in_line;
+  grammar_mask_seconds_->Increment(engine_->grammar_mask_seconds() - engine_mask_seconds_);
+  grammar_mask_wait_seconds_->Increment(engine_->grammar_mask_wait_seconds() -
+                                        engine_mask_wait_seconds_);
+  engine_mask_seconds_ = engine_->grammar_mask_seconds();
+  engine_mask_wait_seconds_ = engine_->grammar_mask_wait_seconds();
   if (s.ok()) return;
   LOG(ERROR) << "engine step failed: " << s;
   // UNAVAILABLE with tensor parallelism: a rank died.

@@ -298,6 +298,10 @@ class LanguageCore {
   metrics::Counter* rows_inline_;
   int64_t engine_rows_by_descriptor_ = 0;  // loop thread, as engine_handoff_seconds_
   int64_t engine_rows_inline_ = 0;
+  metrics::Counter* grammar_mask_seconds_;
+  metrics::Counter* grammar_mask_wait_seconds_;
+  double engine_mask_seconds_ = 0;  // loop thread, as engine_handoff_seconds_
+  double engine_mask_wait_seconds_ = 0;
   double step_time_us_ = 0;  // loop thread: moving average of a step, for the load report
   uint32_t last_batch_ = 0;  // loop thread: requests in the last step
 

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace mmserve::model {
 namespace {
@@ -46,6 +47,34 @@ void FillLogprobs(absl::Span<const float> logits, const SamplingParams& p, Sampl
 }
 
 }  // namespace
+
+absl::string_view ConstraintField(grammar::ConstraintSpec::Kind kind) {
+  using Kind = grammar::ConstraintSpec::Kind;
+  switch (kind) {
+    case Kind::kJsonObject:
+      return "json_object";
+    case Kind::kJsonSchema:
+      return "json_schema";
+    case Kind::kRegex:
+      return "regex";
+    case Kind::kEbnf:
+      return "grammar";
+  }
+  return "constraint";
+}
+
+absl::Status ConstraintError(const grammar::ConstraintSpec& spec, const absl::Status& why) {
+  // The grammar library names the kind first ("json_schema: ...", "ebnf:
+  // ..."); the client knows the field.
+  absl::string_view reason = why.message();
+  if (const size_t colon = reason.find(": ");
+      colon != absl::string_view::npos && colon < 16 &&
+      reason.substr(0, colon).find(' ') == absl::string_view::npos) {
+    reason.remove_prefix(colon + 2);
+  }
+  return absl::Status(why.code(),
+                      absl::StrCat("constraint.", ConstraintField(spec.kind), ": ", reason));
+}
 
 absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
@@ -99,6 +128,16 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
     if (i > 0 && b.token <= p.logit_bias[i - 1].token) {
       return bad("logit_bias: tokens must be sorted and distinct");
     }
+  }
+  if (p.constraint.has_value()) {
+    if (p.ignore_eos) {
+      return bad(
+          "ignore_eos cannot be combined with a constraint: a constrained output ends "
+          "when it is complete");
+    }
+    // Parses the constraint without compiling it against a vocabulary.
+    const absl::Status valid = grammar::Validate(*p.constraint);
+    if (!valid.ok()) return ConstraintError(*p.constraint, valid);
   }
   return absl::OkStatus();
 }

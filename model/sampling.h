@@ -16,19 +16,24 @@
 // penalty, frequency and presence penalties, then temperature, then top-k,
 // top-p and min-p on the tempered distribution. Log probabilities are
 // reported from the raw logits (log_softmax before any processing), as vLLM
-// does by default. Every step reads only its own request's row and tokens,
+// does by default. A `constraint` (structured output) is carried here and
+// checked by ValidateSamplingParams; the engine compiles it and masks the
+// processed row (worker/request_grammar.h). Every step reads only its own request's row and tokens,
 // so results do not depend on the batch. Thread-safe (pure functions over the
 // caller's state).
 #ifndef MMSERVE_MODEL_SAMPLING_H_
 #define MMSERVE_MODEL_SAMPLING_H_
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "grammar/grammar.h"
 
 namespace mmserve::model {
 
@@ -55,6 +60,12 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;     // [-2, 2]; over generated tokens, per occurrence
   float repetition_penalty = 1.0f;    // > 0; over prompt and generated tokens
   std::vector<TokenBias> logit_bias;  // sorted by token, each token once
+  // Structured output: what the generated text must match (unset: free
+  // text). The request ends (stop) once the output is complete and nothing
+  // but the end may follow. min_tokens holds back the end only while the
+  // output is incomplete: a complete output may end before min_tokens.
+  // Not with ignore_eos.
+  std::optional<grammar::ConstraintSpec> constraint;
 
   bool greedy() const { return temperature == 0.0f || top_k == 1; }
   // Whether ApplyLogitsProcessors changes anything.
@@ -72,8 +83,16 @@ inline constexpr float kMaxPenalty = 2.0f;  // presence and frequency, either si
 inline constexpr float kMaxLogitBias = 100.0f;
 inline constexpr int kMaxLogitBiasEntries = 1024;
 
-// InvalidArgument naming the field and its allowed range.
+// InvalidArgument naming the field and its allowed range. A constraint is
+// parsed (grammar::Validate), not compiled.
 [[nodiscard]] absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size);
+
+// The public API's field for a constraint kind ("json_schema", "regex",
+// "grammar" for EBNF, "json_object").
+absl::string_view ConstraintField(grammar::ConstraintSpec::Kind kind);
+// `why` (a grammar library error, which names the kind first) as
+// "constraint.<field>: <reason>", same code.
+absl::Status ConstraintError(const grammar::ConstraintSpec& spec, const absl::Status& why);
 
 // A request's random stream. Copyable so a request can move between
 // processes (prefill -> decode) with its position.

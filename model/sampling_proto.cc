@@ -7,6 +7,45 @@
 #include "common/status_macros.h"
 
 namespace mmserve::model {
+namespace {
+
+// The oneof as a grammar::ConstraintSpec (validated later, with the rest).
+absl::StatusOr<grammar::ConstraintSpec> ConstraintFromProto(
+    const mmserve::v1::OutputConstraint& c) {
+  using Kind = grammar::ConstraintSpec::Kind;
+  using Proto = mmserve::v1::OutputConstraint;
+  grammar::ConstraintSpec spec;
+  switch (c.kind_case()) {
+    case Proto::kJsonObject:
+      if (!c.json_object()) {
+        return absl::InvalidArgumentError("constraint.json_object must be true when set");
+      }
+      spec.kind = Kind::kJsonObject;
+      break;
+    case Proto::kJsonSchema:
+      spec.kind = Kind::kJsonSchema;
+      spec.text = c.json_schema();
+      break;
+    case Proto::kRegex:
+      spec.kind = Kind::kRegex;
+      spec.text = c.regex();
+      break;
+    case Proto::kGrammar:
+      spec.kind = Kind::kEbnf;
+      spec.text = c.grammar();
+      break;
+    case Proto::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "constraint: set one of json_object, json_schema, regex or grammar");
+  }
+  if (c.strict() && spec.kind != Kind::kJsonSchema) {
+    return absl::InvalidArgumentError("constraint.strict applies to json_schema only");
+  }
+  spec.strict = c.strict();
+  return spec;
+}
+
+}  // namespace
 
 absl::StatusOr<SamplingParams> SamplingFromProto(const mmserve::v1::SamplingParams& in,
                                                  const ModelConfig& config, int max_model_len,
@@ -81,6 +120,9 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const mmserve::v1::SamplingPara
       return absl::InvalidArgumentError(
           absl::StrCat("logit_bias: token ", p.logit_bias[i].token, " appears more than once"));
     }
+  }
+  if (in.has_constraint()) {
+    ASSIGN_OR_RETURN(p.constraint, ConstraintFromProto(in.constraint()));
   }
   RETURN_IF_ERROR(ValidateSamplingParams(p, config.text.vocab_size));
   return p;

@@ -169,6 +169,7 @@ absl::StatusOr<OpenAiCompletionRequest> ParseCompletionRequest(absl::string_view
   RETURN_IF_ERROR(openai_fields::ParseStopping(body, s));
   if (!s->has_max_tokens()) s->set_max_tokens(kDefaultMaxTokens);
   RETURN_IF_ERROR(ParseLogprobs(body, s));
+  RETURN_IF_ERROR(openai_fields::ParseConstraint(body, json_body, s));
   // vLLM's extension: lower runs first among waiting requests.
   if (const json* v = Find(body, "priority")) {
     ASSIGN_OR_RETURN(int64_t priority, GetInteger(*v, "priority", INT32_MIN, INT32_MAX));

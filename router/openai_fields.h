@@ -61,6 +61,15 @@ absl::Status ParsePenalties(const json& body, mmserve::v1::SamplingParams* s);
 // ignore_eos, min_tokens, skip_special_tokens.
 absl::Status ParseStopping(const json& body, mmserve::v1::SamplingParams* s);
 
+// Structured output (openai_constraint.cc): response_format ({"type":
+// "text" | "json_object" | "json_schema"}, OpenAI's shape) or vLLM's
+// guided_json, guided_regex, guided_grammar, as SamplingParams.constraint;
+// at most one of them. Each is parsed (grammar::Validate), and refused
+// naming the field and the reason ("response_format.json_schema.schema:
+// ..."). `raw_body` is `body`'s text: a schema keeps its key order.
+absl::Status ParseConstraint(const json& body, absl::string_view raw_body,
+                             mmserve::v1::SamplingParams* s);
+
 }  // namespace mmserve::router::openai_fields
 
 #endif  // MMSERVE_ROUTER_OPENAI_FIELDS_H_

@@ -50,12 +50,6 @@ absl::Status CheckNeutralFields(const json& body) {
       }
     }
   }
-  if (const json* v = Find(body, "response_format")) {
-    const json* type = v->is_object() ? Find(*v, "type") : nullptr;
-    if (type == nullptr || *type != "text") {
-      return FieldError("response_format", "only {\"type\": \"text\"} is supported");
-    }
-  }
   if (const json* v = Find(body, "modalities")) {
     if (!v->is_array()) return FieldError("modalities", "must be an array");
     for (const json& m : *v) {
@@ -273,6 +267,7 @@ absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(absl::string_view j
     chat->set_add_generation_prompt(b);
   }
   RETURN_IF_ERROR(ParseSampling(body, request.mutable_sampling()));
+  RETURN_IF_ERROR(openai_fields::ParseConstraint(body, json_body, request.mutable_sampling()));
   // vLLM's extension: lower runs first among waiting requests.
   if (const json* v = Find(body, "priority")) {
     ASSIGN_OR_RETURN(int64_t priority, GetInteger(*v, "priority", INT32_MIN, INT32_MAX));

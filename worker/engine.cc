@@ -127,7 +127,23 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
   live->streamer = std::make_unique<model::TextStreamer>(*m_->tokenizer, request.sampling);
   live->prompt_tokens = static_cast<int>(prompt.token_ids.size());
   live->runner.prompt_positions = &live->positions;
+  if (request.sampling.constraint.has_value()) {
+    ASSIGN_OR_RETURN(live->runner.grammar, CompileGrammar(*request.sampling.constraint));
+  }
   return live;
+}
+
+absl::StatusOr<std::unique_ptr<RequestGrammar>> LlmEngine::CompileGrammar(
+    const grammar::ConstraintSpec& spec) {
+  if (grammars_ == nullptr) {
+    grammars_ = std::make_unique<grammar::GrammarCache>(
+        GrammarVocabulary(*m_->tokenizer, rules_.vocab_size, m_->eos_ids));
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> compiled = grammars_->Get(spec);
+  if (!compiled.ok()) {
+    return model::ConstraintError(spec, absl::InvalidArgumentError(compiled.status().message()));
+  }
+  return std::make_unique<RequestGrammar>(*std::move(compiled), rules_.vocab_size);
 }
 
 absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callback,
@@ -216,13 +232,24 @@ absl::Status LlmEngine::CommitRemoteKv(const std::string& id, int32_t first_toke
   // and text stream (its text was streamed there).
   if (!live.runner.sampling.greedy()) live.sampler.Uniform();
   live.completion_tokens = 1;
-  ASSIGN_OR_RETURN(model::TextStreamer::Step text, live.streamer->Push(first_token, 1));
   StreamEvent event;
   event.request_id = id;
+  // The grammar replays the token the prefill engine sampled under it.
+  absl::StatusOr<bool> complete = AdvanceGrammar(live.runner, first_token);
+  if (!complete.ok()) {
+    if (finished.empty()) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
+    event.error = complete.status();
+    Finish(live, FinishReason::kAbort, event);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(model::TextStreamer::Step text, live.streamer->Push(first_token, 1));
   if (text.stopped) {
     if (finished.empty()) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
     event.matched_stop = text.matched_stop;
     Finish(live, FinishReason::kStopString, event);
+  } else if (*complete) {
+    if (finished.empty()) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
+    Finish(live, FinishReason::kStop, event);
   } else if (!finished.empty()) {
     Finish(live, finished[0]->finish_reason(), event);
   }

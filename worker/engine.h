@@ -26,6 +26,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "grammar/grammar.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
@@ -36,6 +37,7 @@
 #include "worker/engine_request.h"
 #include "worker/kv_connector.h"
 #include "worker/model_runner.h"
+#include "worker/request_grammar.h"
 #include "worker/request_prep.h"
 #include "worker/tp_group.h"
 
@@ -120,6 +122,10 @@ class LlmEngine {
   // carried inline, in total.
   int64_t embedding_rows_by_descriptor() const { return runner_->rows_by_descriptor(); }
   int64_t embedding_rows_inline() const { return runner_->rows_inline(); }
+  // Seconds spent computing structured-output masks (on a helper thread,
+  // during the forward), and seconds sampling waited for them, in total.
+  double grammar_mask_seconds() const { return runner_->grammar_mask_seconds(); }
+  double grammar_mask_wait_seconds() const { return runner_->grammar_mask_wait_seconds(); }
 
  private:
   struct Live;
@@ -136,6 +142,10 @@ class LlmEngine {
   // The image rows of `request`: its embeddings (kept in `live` unless
   // shared), or its images through the vision tower.
   absl::StatusOr<std::vector<ImageRows>> ImageRowsOf(EngineRequest& request, Live& live);
+  // sampling.constraint compiled against this model's vocabulary (the
+  // grammars cached by content); InvalidArgument with the reason.
+  absl::StatusOr<std::unique_ptr<RequestGrammar>> CompileGrammar(
+      const grammar::ConstraintSpec& spec);
   absl::Status Reserve(std::unique_ptr<Live> live, scheduler::RequestParams params,
                        const KvRequestInfo& info, RemoteKvBlocks* remote_kv);
   void Finish(Live& live, FinishReason reason, StreamEvent& event);
@@ -153,6 +163,8 @@ class LlmEngine {
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvConnector> connector_;  // null: role both
+  // The structured-output grammars, from the first constrained request on.
+  std::unique_ptr<grammar::GrammarCache> grammars_;
   uint64_t next_id_ = 1;
   absl::flat_hash_map<std::string, std::unique_ptr<Live>> requests_;
   absl::flat_hash_map<uint64_t, Live*> by_scheduler_id_;

@@ -83,6 +83,8 @@ absl::StatusOr<StreamEvent> EspRequest::Push(const model::SampleResult& s) {
   event.token_ids.push_back(s.token);
   if (runner_.sampling.logprobs >= 0) event.logprobs.push_back(s);
   FinishReason reason = request_.AppendOutputToken(s.token);
+  ASSIGN_OR_RETURN(const bool complete, AdvanceGrammar(runner_, s.token));
+  if (complete) reason = FinishReason::kStop;
   ASSIGN_OR_RETURN(model::TextStreamer::Step text, streamer_->Push(s.token, num_generated()));
   event.text = std::move(text.text);
   if (text.stopped) {

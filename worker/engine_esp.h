@@ -62,7 +62,9 @@ class EspRequest {
   model::SampleResult Sample(absl::Span<float> logits);
   // Appends `s.token` as the next generated token: its event (text,
   // log-probabilities when asked) and, when it ends the request (eos, a stop
-  // id or string, max_tokens), the finish reason and counts.
+  // id or string, max_tokens, a complete constrained output), the finish
+  // reason and counts. InvalidArgument when the request's grammar does not
+  // allow the token.
   [[nodiscard]] absl::StatusOr<StreamEvent> Push(const model::SampleResult& s);
   // Push of a token another member sampled (the group's sampler): the
   // random stream advances as if it was sampled here (one draw per

@@ -76,6 +76,13 @@ absl::Status LlmEngine::Emit(Sampled& s) {
   event.token_ids.push_back(token);
   if (live.runner.sampling.logprobs >= 0) event.logprobs.push_back(s.result);
   ++live.completion_tokens;
+  absl::StatusOr<bool> complete = AdvanceGrammar(live.runner, token);
+  if (!complete.ok()) {
+    if (s.finished == FinishReason::kNone) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
+    event.error = complete.status();
+    Finish(live, FinishReason::kAbort, event);
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(model::TextStreamer::Step text,
                    live.streamer->Push(token, live.completion_tokens));
   event.text = std::move(text.text);
@@ -84,6 +91,11 @@ absl::Status LlmEngine::Emit(Sampled& s) {
     event.matched_stop = text.matched_stop;
     Finish(live, FinishReason::kStopString, event);
     return absl::OkStatus();
+  }
+  // A complete constrained output ends as an end-of-sequence token would.
+  if (*complete) {
+    if (s.finished == FinishReason::kNone) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
+    s.finished = FinishReason::kStop;
   }
   if (s.finished == FinishReason::kNone) {
     live.callback(event);

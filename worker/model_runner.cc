@@ -45,8 +45,19 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
     const RunnerLookup& lookup) {
   RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup));
-  if (ring_ != nullptr) RETURN_IF_ERROR(PublishToRanks());
-  RETURN_IF_ERROR(model_.Forward(batch_, kv_, &logits_));
+  std::vector<RequestGrammar*> grammars;
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    if (out.scheduled[i].samples && states_[i]->grammar != nullptr) {
+      grammars.push_back(states_[i]->grammar.get());
+    }
+  }
+  if (!grammars.empty() && masks_ == nullptr) masks_ = std::make_unique<MaskWorker>();
+  if (masks_ != nullptr) masks_->Start(std::move(grammars));
+  absl::Status forward = ring_ != nullptr ? PublishToRanks() : absl::OkStatus();
+  if (forward.ok()) forward = model_.Forward(batch_, kv_, &logits_);
+  // Joined on every path: the requests must not change under the helper.
+  if (masks_ != nullptr) masks_->Wait();
+  RETURN_IF_ERROR(forward);
   return SampleAll(out);
 }
 
@@ -160,16 +171,33 @@ std::vector<model::SampleResult> ModelRunner::SampleAll(const scheduler::Schedul
 model::SampleResult SampleNext(const RunnerRequestState& st, absl::Span<const int32_t> prompt,
                                absl::Span<const int32_t> output, absl::Span<float> logits,
                                std::vector<float>* scratch) {
-  // Before min_tokens, end-of-sequence and stop tokens are not allowed.
-  if (static_cast<int>(output.size()) < st.sampling.min_tokens) {
+  // Before min_tokens, end-of-sequence and stop tokens are not allowed
+  // (a complete constrained output may end all the same).
+  const bool complete = st.grammar != nullptr && st.grammar->CanTerminate();
+  if (static_cast<int>(output.size()) < st.sampling.min_tokens && !complete) {
     constexpr float kMasked = -std::numeric_limits<float>::infinity();
     for (int32_t id : st.eos_token_ids) logits[id] = kMasked;
     for (int32_t id : st.sampling.stop_token_ids) logits[id] = kMasked;
   }
-  if (!st.sampling.processes_logits()) return model::Sample(logits, st.sampling, st.sampler);
+  if (!st.sampling.processes_logits() && st.grammar == nullptr) {
+    return model::Sample(logits, st.sampling, st.sampler);
+  }
   scratch->assign(logits.begin(), logits.end());
   model::ApplyLogitsProcessors(absl::MakeSpan(*scratch), st.sampling, prompt, output);
+  if (st.grammar != nullptr) st.grammar->Apply(absl::MakeSpan(*scratch));
   return model::Sample(logits, *scratch, st.sampling, st.sampler);
+}
+
+absl::StatusOr<bool> AdvanceGrammar(RunnerRequestState& st, int32_t token) {
+  if (st.grammar == nullptr) return false;
+  for (int32_t eos : st.eos_token_ids) {
+    if (token == eos) return false;
+  }
+  if (!st.grammar->Accept(token)) {
+    return absl::InvalidArgumentError(
+        "constraint: no token of this model's vocabulary can continue the output");
+  }
+  return st.grammar->IsFinished();
 }
 
 }  // namespace mmserve::worker

@@ -11,12 +11,15 @@
 //   // sampled[i] belongs to out.scheduled[i] (meaningless unless it samples)
 //
 // Per-request inputs the scheduler does not hold (sampling parameters and
-// generator, prompt positions, image embeddings) come from `lookup`.
+// generator, prompt positions, image embeddings, grammar) come from
+// `lookup`. The grammar masks of the entries that sample are computed on a
+// helper thread while the forward runs, and joined before sampling.
 // Not thread-safe: one engine thread drives it.
 #ifndef MMSERVE_WORKER_MODEL_RUNNER_H_
 #define MMSERVE_WORKER_MODEL_RUNNER_H_
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,6 +30,7 @@
 #include "model/qwen2_model.h"
 #include "model/sampling.h"
 #include "scheduler/scheduler_output.h"
+#include "worker/request_grammar.h"
 #include "worker/step_ring.h"
 
 namespace mmserve::worker {
@@ -44,19 +48,31 @@ struct RunnerRequestState {
   std::vector<const float*> image_embeddings;
   std::vector<uint64_t> image_hashes;  // per image: its content hash (low half), or 0
   std::vector<int32_t> eos_token_ids;  // masked until min_tokens are out
+  // sampling.constraint compiled: where the output stands in its grammar.
+  std::unique_ptr<RequestGrammar> grammar;
 };
 
 using RunnerLookup = std::function<RunnerRequestState*(scheduler::RequestId)>;
 
 // A request's next token from its row of logits: the one sampling step that
 // the engine's runner and an elastic group's sampler and master share.
-// Before min_tokens, end-of-sequence and stop ids are masked in `logits`;
-// logit_bias and the penalties (over `prompt` and `output`, the request's
-// tokens so far) apply to a copy in `*scratch`; st.sampler draws. Log
-// probabilities are those of `logits` (the model's, as masked).
+// Before min_tokens, end-of-sequence and stop ids are masked in `logits`
+// (with a grammar, only while its output is incomplete); logit_bias and the
+// penalties (over `prompt` and `output`, the request's tokens so far), then
+// the grammar's mask, apply to a copy in `*scratch`; st.sampler draws. Log
+// probabilities are those of `logits` (the model's, as masked). The
+// grammar is not advanced here: the caller accepts the token it keeps.
 model::SampleResult SampleNext(const RunnerRequestState& st, absl::Span<const int32_t> prompt,
                                absl::Span<const int32_t> output, absl::Span<float> logits,
                                std::vector<float>* scratch);
+
+// Advances st's grammar (if any) over `token`, which the request just
+// generated: true when the output is then complete and nothing but the end
+// may follow (the request ends, finish reason stop). An end-of-sequence
+// token is not advanced over (it ends the request anyway). InvalidArgument
+// when the grammar does not allow `token` (its mask allowed no token of
+// this vocabulary).
+[[nodiscard]] absl::StatusOr<bool> AdvanceGrammar(RunnerRequestState& st, int32_t token);
 
 class ModelRunner {
  public:
@@ -82,6 +98,10 @@ class ModelRunner {
   // and inline in the step, in total.
   int64_t rows_by_descriptor() const { return rows_by_descriptor_; }
   int64_t rows_inline() const { return rows_inline_; }
+  // Seconds spent computing grammar masks, and seconds sampling waited for
+  // them after the forward, in total.
+  double grammar_mask_seconds() const { return masks_ ? masks_->mask_seconds() : 0; }
+  double grammar_mask_wait_seconds() const { return masks_ ? masks_->wait_seconds() : 0; }
 
  private:
   // Step's three parts: the scheduler's decision as batch_ (states_ the
@@ -104,7 +124,8 @@ class ModelRunner {
   model::ForwardBatch batch_;                // reused across steps
   model::ForwardBatch rows_;  // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
-  std::vector<float> processed_;  // SampleNext's scratch row
+  std::vector<float> processed_;       // SampleNext's scratch row
+  std::unique_ptr<MaskWorker> masks_;  // from the first constrained step on
 };
 
 }  // namespace mmserve::worker
