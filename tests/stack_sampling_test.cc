@@ -8,6 +8,8 @@
 // /v1/completions with and without echo) gives the gRPC API's text. A
 // request with n choices gives, as choice i, the one-choice request under
 // seed + i, and its later choices take the prompt from the prefix cache.
+// Structured output gives the same tokens on each topology too
+// (stack_constrained.h).
 #include <httplib.h>
 
 #include <catch2/catch.hpp>
@@ -21,6 +23,7 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "model/tokenizer.h"
+#include "tests/stack_constrained.h"
 #include "tests/stack_harness.h"
 #include "worker/engine.h"
 
@@ -285,6 +288,7 @@ TEST_CASE(
   REQUIRE(stack.ok());
   CheckStack(**stack);
   CheckChoices(**stack, /*shared=*/true);
+  CheckConstrainedOutput(**stack, /*refusals=*/true);
 
   // A chat over HTTP and over gRPC: one text.
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
@@ -418,6 +422,7 @@ TEST_CASE("E + P + D with a TP=2 decode instance: the in-process engine's penali
   REQUIRE(stack.ok());
   CheckStack(**stack);
   CheckChoices(**stack, /*shared=*/true);
+  CheckConstrainedOutput(**stack, /*refusals=*/false);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
@@ -434,6 +439,7 @@ TEST_CASE("elastic instances under router --esp: the in-process engine's penalis
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total") ==
         kPrompts * static_cast<int>(Reference().cases.size()));
   CheckChoices(**stack, /*shared=*/false);
+  CheckConstrainedOutput(**stack, /*refusals=*/false);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
@@ -479,6 +485,7 @@ TEST_CASE(
   }
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
                      "degree=\"2\"") == static_cast<double>(want.size()));
+  CheckConstrainedPrompt(**stack, text);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
