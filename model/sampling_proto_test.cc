@@ -129,5 +129,61 @@ TEST_CASE("generation_config's repetition_penalty is not a default") {
   CHECK_FALSE(p->processes_logits());
 }
 
+TEST_CASE("a constraint is carried as a grammar spec and parsed, not compiled") {
+  using Kind = grammar::ConstraintSpec::Kind;
+  auto convert = [](const mmserve::v1::OutputConstraint& c) {
+    mmserve::v1::SamplingParams in;
+    *in.mutable_constraint() = c;
+    bool to_context = false;
+    return SamplingFromProto(in, Config(), 64, &to_context);
+  };
+  mmserve::v1::OutputConstraint c;
+  c.set_json_schema(R"({"type": "object", "properties": {"a": {"type": "integer"}}})");
+  c.set_strict(true);
+  auto p = convert(c);
+  REQUIRE(p.ok());
+  REQUIRE(p->constraint.has_value());
+  CHECK(p->constraint->kind == Kind::kJsonSchema);
+  CHECK(p->constraint->text == c.json_schema());
+  CHECK(p->constraint->strict);
+  c.Clear();
+  c.set_json_object(true);
+  REQUIRE(convert(c).ok());
+  CHECK(convert(c)->constraint->kind == Kind::kJsonObject);
+  c.set_regex("[0-9]+");
+  CHECK(convert(c)->constraint->kind == Kind::kRegex);
+  c.set_grammar("root ::= \"yes\" | \"no\"");
+  CHECK(convert(c)->constraint->kind == Kind::kEbnf);
+  bool to_context = false;
+  CHECK_FALSE(SamplingFromProto({}, Config(), 64, &to_context)->constraint.has_value());
+
+  auto refused = [&](const mmserve::v1::OutputConstraint& bad, const std::string& reason) {
+    auto r = convert(bad);
+    INFO(r.status().ToString());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(r.status().message().find(reason) == 0);
+  };
+  mmserve::v1::OutputConstraint bad;
+  refused(bad, "constraint: set one of");
+  bad.set_json_object(false);
+  refused(bad, "constraint.json_object must be true");
+  bad.set_regex("(ab");
+  refused(bad, "constraint.regex: ");
+  bad.set_strict(true);
+  refused(bad, "constraint.strict applies to json_schema only");
+  bad.Clear();
+  bad.set_json_schema(R"({"type": "object", "patternProperties": {}})");
+  refused(bad, "constraint.json_schema: ");
+  bad.set_grammar("root ::= undefined_rule");
+  refused(bad, "constraint.grammar: ");
+
+  mmserve::v1::SamplingParams in;
+  in.mutable_constraint()->set_json_object(true);
+  in.set_ignore_eos(true);
+  auto r = SamplingFromProto(in, Config(), 64, &to_context);
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(r.status().message().find("ignore_eos cannot be combined with a constraint") == 0);
+}
+
 }  // namespace
 }  // namespace mmserve::model

@@ -359,7 +359,7 @@ TEST_CASE("every malformed or unsupported request is INVALID_ARGUMENT naming the
       {with("logit_bias", {{"7", "up"}}), "logit_bias[\"7\"]: must be a number"},
       {with("tools", {{{"type", "function"}}}), "tools: tool calling is not supported"},
       {with("tool_choice", "required"), "tool_choice: tool calling is not supported"},
-      {with("response_format", {{"type", "json_object"}}), "response_format: only"},
+      {with("response_format", {{"type", "xml"}}), "response_format.type: must be"},
       {with("use_beam_search", true), "use_beam_search: is not supported"},
       {with("modalities", {"text", "audio"}), "modalities: only \"text\""},
       {with("audio", {{"voice", "alloy"}}), "audio: is not supported"},
