@@ -25,8 +25,9 @@
 // skip_special_tokens, presence_penalty, frequency_penalty,
 // repetition_penalty, logit_bias ({"<token id>": bias}), add_generation_prompt,
 // n (GenerateRequest.n), priority (vLLM's extension: lower runs first among
-// waiting requests). Fields that change nothing at their neutral value
-// (best_of 1, tools [], response_format text, ...) are accepted there and
+// waiting requests), response_format and vLLM's guided_json / guided_regex
+// / guided_grammar (SamplingParams.constraint). Fields that change nothing
+// at their neutral value (best_of 1, tools [], ...) are accepted there and
 // refused elsewhere; user, metadata and other
 // unknown fields are ignored, as vLLM does. Value ranges (temperature >= 0,
 // ...) are left to the router's SamplingParams validation, so both APIs

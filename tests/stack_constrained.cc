@@ -125,7 +125,7 @@ const std::vector<std::vector<std::vector<int32_t>>>& ConstrainedReference() {
   return *ids;
 }
 
-std::pair<int, json> PostChat(int port, const json& body) {
+std::pair<int, json> PostChat(int port, const nlohmann::ordered_json& body) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(60, 0);
   auto res = cli.Post("/v1/chat/completions", body.dump(), "application/json");
@@ -133,15 +133,18 @@ std::pair<int, json> PostChat(int port, const json& body) {
   return {res->status, json::parse(res->body, nullptr, false)};
 }
 
-json HttpBody(int i, const Case& c) {
-  json body;
+// Ordered: the schema's properties keep their order (the output's).
+nlohmann::ordered_json HttpBody(int i, const Case& c) {
+  nlohmann::ordered_json body;
   body["messages"] = {{{"role", "user"}, {"content", Demo().items[i].question}}};
   body["temperature"] = c.temperature;
   body["seed"] = c.seed;
   body["max_completion_tokens"] = kMaxTokens;
-  body["response_format"] = {
-      {"type", "json_schema"},
-      {"json_schema", {{"name", "answer"}, {"schema", json::parse(c.schema)}, {"strict", true}}}};
+  body["response_format"] = {{"type", "json_schema"},
+                             {"json_schema",
+                              {{"name", "answer"},
+                               {"schema", nlohmann::ordered_json::parse(c.schema)},
+                               {"strict", true}}}};
   return body;
 }
 
@@ -179,7 +182,7 @@ void CheckConstrainedOutput(launcher::LocalStack& stack, bool refusals) {
     }
   }
   if (!refusals) return;
-  json bad = HttpBody(0, Cases()[0]);
+  nlohmann::ordered_json bad = HttpBody(0, Cases()[0]);
   bad["response_format"]["json_schema"]["schema"] = {{"type", "object"},
                                                      {"patternProperties", {{"a", {}}}}};
   const auto [status, reply] = PostChat(stack.http_port(), bad);
@@ -188,7 +191,7 @@ void CheckConstrainedOutput(launcher::LocalStack& stack, bool refusals) {
   const std::string message = reply["error"]["message"].get<std::string>();
   CHECK(message.rfind("response_format.json_schema.schema: ", 0) == 0);
   CHECK(message.find("patternProperties") != std::string::npos);
-  json two = HttpBody(0, Cases()[0]);
+  nlohmann::ordered_json two = HttpBody(0, Cases()[0]);
   two["guided_regex"] = "[a-z]+";
   const auto [two_status, two_reply] = PostChat(stack.http_port(), two);
   CHECK(two_status == 400);

@@ -25,6 +25,7 @@ exits with the gRPC code's number.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -98,6 +99,14 @@ def sampling_params(**sampling):
         elif key == "logit_bias":  # {token id: bias}, ids as ints or strings (OpenAI's)
             for token, bias in value.items():
                 params.logit_bias.add(token_id=int(token), bias=bias)
+        elif key == "guided_json":  # structured output: a JSON schema (dict or JSON text)
+            params.constraint.json_schema = value if isinstance(value, str) else json.dumps(value)
+        elif key == "guided_regex":
+            params.constraint.regex = value
+        elif key == "guided_grammar":  # EBNF (llama.cpp's GBNF), start rule root
+            params.constraint.grammar = value
+        elif key == "json_object":  # any JSON object
+            params.constraint.json_object = value
         elif key in _SCALAR_SAMPLING:
             setattr(params, key, value)
         else:
@@ -192,8 +201,10 @@ class MmserveClient:
         sampling parameters temperature, top_p, top_k, min_p, seed, max_tokens,
         stop (str or list), stop_token_ids, ignore_eos, logprobs, min_tokens,
         skip_special_tokens, presence_penalty, frequency_penalty,
-        repetition_penalty, logit_bias ({token id: bias}). timeout: seconds for
-        the whole call.
+        repetition_penalty, logit_bias ({token id: bias}), and one output
+        constraint: guided_json (a JSON schema, dict or text), guided_regex,
+        guided_grammar (EBNF) or json_object=True. timeout: seconds for the
+        whole call.
         """
         self.last_response = None
         responses = self.generate_responses(prompt, images, timeout=timeout, **kwargs)
