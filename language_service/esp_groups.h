@@ -206,6 +206,8 @@ class EspGroups {
   };
   std::map<int, Lane> lanes_;
   std::string client_request_;  // the request the span client is connected for
+  // A constrained request's next mask, computed during its decode forward.
+  std::unique_ptr<worker::MaskWorker> masks_;
   Deadline masters_check_ = Deadline::After(transfer::kLivenessInterval);  // the next one
   std::unique_ptr<transfer::EspInstance> esp_;  // last: its server thread stops first
 };

@@ -1,5 +1,6 @@
 // EspGroups::Step: the master's decode of spread KV, one request at a time,
 // and its moves to the next master (esp_groups.h).
+#include <memory>
 #include <utility>
 
 #include "common/logging.h"
@@ -34,8 +35,16 @@ absl::Status EspGroups::DecodeStep(Decode& d, worker::StreamEvent* event) {
   b.slot_mapping = {d.blocks[local / bs] * bs + local % bs};
   b.sequences = {{0, 1, local + 1, d.blocks}};
   b.logits_rows = {0};
+  // A constrained request's next mask is computed while the forward runs.
+  if (worker::RequestGrammar* g = r.grammar()) {
+    if (masks_ == nullptr) masks_ = std::make_unique<worker::MaskWorker>();
+    masks_->Start({g});
+  }
   std::vector<float> logits;
-  RETURN_IF_ERROR(engine_.model().ForwardEspDecode(b, engine_.kv_cache(), client, &logits));
+  const absl::Status forward =
+      engine_.model().ForwardEspDecode(b, engine_.kv_cache(), client, &logits);
+  if (masks_ != nullptr) masks_->Wait();  // on every path: the grammar is the request's
+  RETURN_IF_ERROR(forward);
   const model::SampleResult s = d.request->Sample(absl::MakeSpan(logits));
   ASSIGN_OR_RETURN(*event, d.request->Push(s));
   d.last_token = s.token;

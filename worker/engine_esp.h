@@ -55,6 +55,9 @@ class EspRequest {
   const model::SamplingParams& sampling() const { return runner_.sampling; }
   int max_tokens() const { return request_.params().max_tokens; }
   int num_generated() const { return request_.num_output_tokens(); }
+  // Structured output: the request's grammar (null when unconstrained), for
+  // a MaskWorker to compute its next mask while the forward runs.
+  RequestGrammar* grammar() const { return runner_.grammar.get(); }
 
   // The next token from `logits` (vocab floats; changed: end-of-sequence and
   // stop ids are masked before min_tokens), by the engine runner's
