@@ -140,27 +140,49 @@ CompiledGrammar::TopMask CompiledGrammar::ComputeTopMask(int32_t state) const {
   mask.accepted.assign(vocab_->mask_words(), 0);
   const TokenTrie& trie = vocab_->trie();
   const auto& nodes = trie.nodes();
-  // levels[d]: the stacks after the first d bytes of the current node;
-  // uncertain[d]: some path to them needed the frame below.
-  std::vector<StackSet> levels(trie.max_depth() + 1);
+  // The walk meets few distinct sets of stacks (inside a string: a handful),
+  // so each set gets an id and each (set, byte) step is computed once.
+  std::vector<StackSet> sets(1, StackSet(StackView(&state, 1)));
+  absl::flat_hash_map<std::string, int32_t> set_ids = {{StacksKey(sets[0]), 0}};
+  struct Transition {
+    int32_t to = -2;     // -1: no stack survives; -2: not computed yet
+    bool below = false;  // some path needed the frame below
+  };
+  std::vector<Transition> steps(256);  // [set id * 256 + byte]
+  const auto step = [&](int32_t from, uint8_t byte) {
+    Transition& t = steps[static_cast<size_t>(from) * 256 + byte];
+    if (t.to != -2) return t;
+    StackSet next;
+    bool below = false;
+    for (int i = 0; i < sets[from].size(); ++i) below |= pda_.Step(sets[from][i], byte, next);
+    next.Dedupe();
+    Transition out{-1, below};
+    if (!next.empty()) {
+      auto [it, inserted] = set_ids.emplace(StacksKey(next), static_cast<int32_t>(sets.size()));
+      if (inserted) {
+        sets.push_back(std::move(next));
+        steps.resize(sets.size() * 256);
+      }
+      out.to = it->second;
+    }
+    steps[static_cast<size_t>(from) * 256 + byte] = out;
+    return out;
+  };
+  // level[d]: the set after the first d bytes of the current node;
+  // uncertain[d]: some path to it needed the frame below.
+  std::vector<int32_t> level(trie.max_depth() + 1, 0);
   std::vector<bool> uncertain(trie.max_depth() + 1, false);
-  levels[0] = StackSet(StackView(&state, 1));
   for (size_t k = 1; k < nodes.size();) {
     const TokenTrie::Node& node = nodes[k];
     const int d = node.depth;
-    StackSet& next = levels[d];
-    next.Clear();
-    bool below = false;
-    for (int i = 0; i < levels[d - 1].size(); ++i) {
-      below |= pda_.Step(levels[d - 1][i], node.byte, next);
-    }
-    uncertain[d] = uncertain[d - 1] || below;
-    if (next.empty()) {
+    const Transition t = step(level[d - 1], node.byte);
+    uncertain[d] = uncertain[d - 1] || t.below;
+    if (t.to < 0) {
       if (uncertain[d]) mask.uncertain.push_back(static_cast<int32_t>(k));
       k = node.end;
       continue;
     }
-    next.Dedupe();
+    level[d] = t.to;
     for (int32_t i = 0; i < node.num_tokens; ++i) {
       SetBit(absl::MakeSpan(mask.accepted), trie.token_ids()[node.first_token + i]);
     }
