@@ -421,11 +421,25 @@ StackSet Pda::StepAll(const StackSet& stacks, std::string_view bytes) const {
     for (int i = 0; i < cur.size(); ++i) {
       Step(cur[i], static_cast<uint8_t>(c), next);
     }
-    next.Dedupe();
+    Normalize(next);
     std::swap(cur, next);
     if (cur.empty()) break;
   }
   return cur;
+}
+
+void Pda::Normalize(StackSet& stacks) const {
+  StackSet out;
+  for (int i = 0; i < stacks.size(); ++i) {
+    StackView stack = stacks[i];
+    const auto reads = [&](int32_t s) { return state_seg_[s + 1] > state_seg_[s]; };
+    while (stack.size() > 1 && !reads(stack.back()) && ends_[stack.back()]) {
+      stack.remove_suffix(1);
+    }
+    if (reads(stack.back()) || ends_[stack.back()]) out.Push(stack);
+  }
+  out.Dedupe();
+  stacks = std::move(out);
 }
 
 bool Pda::CanEnd(StackView stack) const {

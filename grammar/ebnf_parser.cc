@@ -33,16 +33,21 @@ class Parser {
       if (AtEnd()) break;
       const size_t name_pos = pos_;
       std::string name = Name();
-      if (name.empty()) return Error("expected a rule name");
+      if (name.empty()) {
+        Error("expected a rule name");
+        return error_;
+      }
       SkipSpace();
       if (text_.substr(pos_, 3) != "::=") {
-        return Error("expected \"::=\" after rule name");
+        Error("expected \"::=\" after rule name");
+        return error_;
       }
       pos_ += 3;
       const int index = RuleIndex(name);
       if (defined_[index]) {
         pos_ = name_pos;
-        return Error(absl::StrCat("rule \"", name, "\" is defined twice"));
+        Error(absl::StrCat("rule \"", name, "\" is defined twice"));
+        return error_;
       }
       defined_[index] = true;
       Expr body = Alternatives();
@@ -52,7 +57,8 @@ class Parser {
     for (size_t i = 0; i < grammar_.rules.size(); ++i) {
       if (!defined_[i]) {
         pos_ = first_use_[i];
-        return Error(absl::StrCat("rule \"", grammar_.rules[i].name, "\" is not defined"));
+        Error(absl::StrCat("rule \"", grammar_.rules[i].name, "\" is not defined"));
+        return error_;
       }
     }
     const auto root = index_.find(std::string(root_rule));
@@ -68,7 +74,7 @@ class Parser {
   bool AtEnd() const { return pos_ >= text_.size(); }
   char Peek() const { return AtEnd() ? '\0' : text_[pos_]; }
 
-  absl::Status Error(std::string_view what) {
+  void Error(std::string_view what) {
     int line = 1, col = 1;
     for (size_t i = 0; i < pos_ && i < text_.size(); ++i) {
       if (text_[i] == '\n') {
@@ -82,7 +88,6 @@ class Parser {
       error_ = absl::InvalidArgumentError(
           absl::StrCat("ebnf: ", std::string(what), " at ", line, ":", col));
     }
-    return error_;
   }
 
   void SkipSpace() {

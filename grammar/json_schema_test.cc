@@ -44,8 +44,7 @@ std::vector<int32_t> Tokenize(const std::string& text, const Vocabulary& v) {
 // (1e400), which the grammar allows as JSON does.
 bool ParsesAsJson(const std::string& doc) {
   try {
-    (void)nlohmann::json::parse(doc);
-    return true;
+    return !nlohmann::json::parse(doc).is_discarded();
   } catch (const nlohmann::json::out_of_range& e) {
     return e.id == 406;  // number overflow
   } catch (const nlohmann::json::exception&) {
@@ -164,6 +163,13 @@ TEST_CASE("unsupported keywords and bad schemas are refused with reasons") {
         "json_schema: \"maxLength\" above 1000 is not supported");
   CHECK(ErrorOf("{\"type\": ") == "json_schema: the schema is not valid JSON");
   CHECK(ErrorOf("false") == "json_schema: the schema false matches nothing");
+  CHECK(ErrorOf(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})") ==
+        "json_schema: \"oneOf\" is supported only when its schemas cannot match the same "
+        "document (different types, or objects with a required property of different "
+        "\"const\" values); use \"anyOf\"");
+  CHECK(ErrorOf(R"({"$defs": {"a": {"type": "string"}},
+                    "oneOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]})")
+            .find("\"oneOf\" is supported only") != std::string::npos);
 }
 
 TEST_CASE("schema size and nesting limits") {
