@@ -12,23 +12,20 @@ loads the vision tower). About 1 GB.
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-0.5b-random
     # fewer decoder layers (quicker benchmarks of what is not the layers):
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4
-    # a vocabulary of the model's full size (bench:constrained_bench):
-    python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4 --synthetic_vocab
+    # Qwen2's real vocabulary (bench:constrained_bench):
+    python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4 \\
+        --qwen_vocab grammar/testdata/qwen2_vocab.bin
 
---synthetic_vocab extends the demo tokenizer to the model's vocabulary size
-with made-up tokens (ids 1038 and up): words and word pieces harvested from
-the text files under /usr/share/doc and /usr/include, with and without a
-leading space or capital, numbers, punctuation and whitespace runs, so a
-constrained decoder sees a vocabulary of realistic size and byte structure.
-No merge produces them (prompts still tokenize as the demo's); they exist to
-be sampled and decoded. The directory gets a SYNTHETIC_VOCAB note.
+--qwen_vocab puts Qwen2's 151,643 token byte strings (tools/qwen_vocab.py's
+file) in tokenizer.json, with no merges (a prompt then tokenizes to single
+bytes: fine for timing), and moves the demo's special tokens and every id
+that names one (eos, image pad, ...) to Qwen2's ids 151643 and up: a model
+whose every id is a real Qwen2 token. The directory gets a QWEN_VOCAB note.
 """
 import argparse
-import glob
 import json
 import os
 import random
-import re
 import shutil
 import struct
 
@@ -65,75 +62,59 @@ def bytes_to_unicode():
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
-def synthetic_tokens(count, seed):
-    """`count` distinct made-up token byte strings (see the module doc)."""
-    rng = random.Random(seed)
-    words = {}
-    files = glob.glob("/usr/share/doc/*/copyright") + glob.glob("/usr/include/*.h")
-    for path in sorted(files):
-        try:
-            with open(path, encoding="utf-8", errors="ignore") as f:
-                for w in re.findall(r"[A-Za-z]{2,14}", f.read(200000)):
-                    words[w.lower()] = words.get(w.lower(), 0) + 1
-        except OSError:
-            continue
-    ranked = sorted(words, key=lambda w: -words[w])
-    seen, out = set(), []
-
-    def add(t):
-        b = t.encode()
-        if b and b not in seen and len(out) < count:
-            seen.add(b)
-            out.append(b)
-
-    punct = ['"', ",", ":", "{", "}", "[", "]", ".", "(", ")", ";", "-", "_", "/", "'", "!",
-             "?", "=", "*", "#", "<", ">", "\\", "|", "&", "+", "@", "%", "$", "`", "~", "^"]
-    for ws in ["\n", " ", "\t", "\n\n"]:
-        for k in range(1, 17):
-            add(ws * k)
-            add("\n" + " " * k)
-    for a in punct:
-        for b in punct + [""]:
-            for c in ["", " ", "\n", '"']:
-                add(a + b + c)
-                add(" " + a + b + c)
-    for i in range(1000):
-        add(str(i))
-        add(" " + str(i))
-    for w in ranked:
-        for form in (w, " " + w, w.capitalize(), " " + w.capitalize(), w.upper()):
-            add(form)
-        for k in range(2, len(w)):
-            add(w[:k])
-            add(" " + w[:k])
-            add(w[k:])
-    while len(out) < count:  # pieces of random words, if the text ran out
-        w = rng.choice(ranked) if ranked else "x"
-        add(w[rng.randrange(len(w)):] + w[:rng.randrange(1, len(w) + 1)] + str(len(out)))
-    return out
+DEMO_SPECIAL = range(1024, 1038)  # the demo's added tokens: Qwen2-VL's, in its order
+QWEN_SPECIAL_SHIFT = 151643 - 1024  # Qwen2's first added token id
 
 
-def extend_tokenizer(path, vocab_size, seed):
+def read_vocab_file(path):
+    """Token byte strings from a MMVOCAB1 file (tools/qwen_vocab.py)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"MMVOCAB1":
+        raise SystemExit("%s: not a MMVOCAB1 file" % path)
+    (count,) = struct.unpack("<I", data[8:12])
+    tokens, at = [], 12
+    for _ in range(count):
+        n = data[at]
+        tokens.append(data[at + 1:at + 1 + n])
+        at += 1 + n
+    return tokens
+
+
+def shift_special(value, key=""):
+    """The demo's special token ids moved to Qwen2's (151643...): values of
+    keys named *token_id or id (and in lists under them), and numeric keys."""
+    if isinstance(value, dict):
+        return {(str(int(k) + QWEN_SPECIAL_SHIFT) if k.isdigit() and int(k) in DEMO_SPECIAL
+                 else k): shift_special(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shift_special(v, key) for v in value]
+    if (isinstance(value, int) and not isinstance(value, bool) and value in DEMO_SPECIAL and
+            (key.endswith("token_id") or key == "id")):
+        return value + QWEN_SPECIAL_SHIFT
+    return value
+
+
+def use_qwen_vocab(out, vocab_path):
+    """Qwen2's real token ids and bytes in place of the demo's (see the doc)."""
+    alphabet = bytes_to_unicode()
+    tokens = read_vocab_file(vocab_path)
+    path = os.path.join(out, "tokenizer.json")
     with open(path) as f:
         tok = json.load(f)
-    vocab = tok["model"]["vocab"]
-    first = 1 + max(list(vocab.values()) + [a["id"] for a in tok["added_tokens"]])
-    alphabet = bytes_to_unicode()
-    have = set(vocab)
-    extra = synthetic_tokens(vocab_size - first + 2000, seed)
-    next_id = first
-    for b in extra:
-        if next_id == vocab_size:
-            break
-        s = "".join(alphabet[x] for x in b)
-        if s in have:
-            continue
-        have.add(s)
-        vocab[s] = next_id
-        next_id += 1
+    tok["model"]["vocab"] = {"".join(alphabet[x] for x in t): i for i, t in enumerate(tokens)}
+    tok["model"]["merges"] = []
+    tok["added_tokens"] = shift_special(tok["added_tokens"])
     with open(path, "w") as f:
         json.dump(tok, f, ensure_ascii=False)
-    return first, next_id
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        p = os.path.join(out, name)
+        if os.path.exists(p):
+            with open(p) as f:
+                cfg = shift_special(json.load(f))
+            with open(p, "w") as f:
+                json.dump(cfg, f, indent=2)
+    return len(tokens)
 
 
 def main():
@@ -144,8 +125,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--layers", type=int, default=DIMS["num_hidden_layers"],
                     help="decoder layers (Qwen2-0.5B has 24)")
-    ap.add_argument("--synthetic_vocab", action="store_true",
-                    help="extend the tokenizer to vocab_size with made-up tokens")
+    ap.add_argument("--qwen_vocab", default="",
+                    help="Qwen2's vocabulary file (grammar/testdata/qwen2_vocab.bin)")
     args = ap.parse_args()
     DIMS["num_hidden_layers"] = args.layers
     os.makedirs(args.out, exist_ok=True)
@@ -168,13 +149,11 @@ def main():
         src = os.path.join(args.demo, name)
         if os.path.exists(src):
             shutil.copy(src, os.path.join(args.out, name))
-    if args.synthetic_vocab:
-        first, end = extend_tokenizer(os.path.join(args.out, "tokenizer.json"),
-                                      DIMS["vocab_size"], args.seed)
-        with open(os.path.join(args.out, "SYNTHETIC_VOCAB"), "w") as f:
-            f.write("tokenizer.json: the demo's tokens, then ids %d..%d made up by "
-                    "tools/make_random_qwen2.py --synthetic_vocab from text on this machine\n"
-                    % (first, end - 1))
+    if args.qwen_vocab:
+        n = use_qwen_vocab(args.out, args.qwen_vocab)
+        with open(os.path.join(args.out, "QWEN_VOCAB"), "w") as f:
+            f.write("tokenizer.json: Qwen2's %d tokens (%s), no merges; special tokens at "
+                    "Qwen2's ids\n" % (n, args.qwen_vocab))
 
     h, inter = DIMS["hidden_size"], DIMS["intermediate_size"]
     kv = DIMS["num_key_value_heads"] * head_dim
