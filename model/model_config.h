@@ -37,8 +37,17 @@ struct TextConfig {
   std::vector<int> mrope_section;
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";
+  // config.json's head_dim (Qwen3); 0: hidden_size / num_attention_heads.
+  int explicit_head_dim = 0;
+  // q/k/v projections carry biases (always in Qwen2; in Qwen3 with
+  // attention_bias, which also gives o_proj one).
+  bool attention_bias = true;
+  // RMSNorm over each head of q and k before the rotary embedding (Qwen3).
+  bool qk_norm = false;
 
-  int head_dim() const { return hidden_size / num_attention_heads; }
+  int head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
+  }
 };
 
 struct VisionConfig {

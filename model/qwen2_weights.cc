@@ -73,7 +73,7 @@ class TensorBinder {
 absl::Status CheckDims(const TextConfig& cfg) {
   if (cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0 || cfg.num_key_value_heads <= 0 ||
       cfg.num_hidden_layers <= 0 || cfg.intermediate_size <= 0 || cfg.vocab_size <= 0 ||
-      cfg.hidden_size % cfg.num_attention_heads != 0 ||
+      (cfg.explicit_head_dim == 0 && cfg.hidden_size % cfg.num_attention_heads != 0) ||
       cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("text config dimensions are inconsistent: hidden ", cfg.hidden_size,
@@ -168,9 +168,18 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
     ASSIGN_OR_RETURN(lw.q, bind.Matrix(p + "self_attn.q_proj.weight", q_out, hidden));
     ASSIGN_OR_RETURN(lw.k, bind.Matrix(p + "self_attn.k_proj.weight", kv_out, hidden));
     ASSIGN_OR_RETURN(lw.v, bind.Matrix(p + "self_attn.v_proj.weight", kv_out, hidden));
-    ASSIGN_OR_RETURN(lw.q_bias, bind.Vector(p + "self_attn.q_proj.bias", q_out));
-    ASSIGN_OR_RETURN(lw.k_bias, bind.Vector(p + "self_attn.k_proj.bias", kv_out));
-    ASSIGN_OR_RETURN(lw.v_bias, bind.Vector(p + "self_attn.v_proj.bias", kv_out));
+    if (cfg.attention_bias) {
+      ASSIGN_OR_RETURN(lw.q_bias, bind.Vector(p + "self_attn.q_proj.bias", q_out));
+      ASSIGN_OR_RETURN(lw.k_bias, bind.Vector(p + "self_attn.k_proj.bias", kv_out));
+      ASSIGN_OR_RETURN(lw.v_bias, bind.Vector(p + "self_attn.v_proj.bias", kv_out));
+    }
+    if (cfg.attention_bias && cfg.qk_norm) {  // Qwen3's o_proj has one too
+      ASSIGN_OR_RETURN(lw.o_bias, bind.Vector(p + "self_attn.o_proj.bias", hidden));
+    }
+    if (cfg.qk_norm) {
+      ASSIGN_OR_RETURN(lw.q_norm, bind.Vector(p + "self_attn.q_norm.weight", cfg.head_dim()));
+      ASSIGN_OR_RETURN(lw.k_norm, bind.Vector(p + "self_attn.k_norm.weight", cfg.head_dim()));
+    }
     ASSIGN_OR_RETURN(lw.o, bind.Matrix(p + "self_attn.o_proj.weight", hidden, q_out));
     ASSIGN_OR_RETURN(lw.post_norm, bind.Vector(p + "post_attention_layernorm.weight", hidden));
     ASSIGN_OR_RETURN(lw.gate, bind.Matrix(p + "mlp.gate_proj.weight", inter, hidden));
@@ -296,9 +305,11 @@ void Qwen2Weights::Shard(const TextConfig& cfg, const std::function<void(const v
     l.q = RowSlice(l.q, r * q_rows, q_rows);
     l.k = RowSlice(l.k, r * kv_rows, kv_rows);
     l.v = RowSlice(l.v, r * kv_rows, kv_rows);
-    l.q_bias += r * q_rows;
-    l.k_bias += r * kv_rows;
-    l.v_bias += r * kv_rows;
+    if (l.q_bias != nullptr) {
+      l.q_bias += r * q_rows;
+      l.k_bias += r * kv_rows;
+      l.v_bias += r * kv_rows;
+    }
     l.o = columns(l.o, r * q_rows, q_rows);
     l.gate = RowSlice(l.gate, r * inter, inter);
     l.up = RowSlice(l.up, r * inter, inter);
@@ -406,9 +417,16 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
     lw.q = matrix(q_out, hidden);
     lw.k = matrix(kv_out, hidden);
     lw.v = matrix(kv_out, hidden);
-    lw.q_bias = vector(q_out, false);
-    lw.k_bias = vector(kv_out, false);
-    lw.v_bias = vector(kv_out, false);
+    if (cfg.attention_bias) {
+      lw.q_bias = vector(q_out, false);
+      lw.k_bias = vector(kv_out, false);
+      lw.v_bias = vector(kv_out, false);
+    }
+    if (cfg.attention_bias && cfg.qk_norm) lw.o_bias = vector(hidden, false);
+    if (cfg.qk_norm) {
+      lw.q_norm = vector(cfg.head_dim(), true);
+      lw.k_norm = vector(cfg.head_dim(), true);
+    }
     lw.o = matrix(hidden, q_out);
     lw.post_norm = vector(hidden, true);
     lw.gate = matrix(inter, hidden);

@@ -97,9 +97,12 @@ struct Qwen2LayerWeights {
   const float* input_norm = nullptr;  // [hidden]
   cpu::WeightMatrix q, k, v,
       o;  // q: [heads * head_dim][hidden], k/v: [kv_heads * head_dim][hidden]
-  const float* q_bias = nullptr;
+  const float* q_bias = nullptr;  // null without attention_bias (Qwen3)
   const float* k_bias = nullptr;
   const float* v_bias = nullptr;
+  const float* o_bias = nullptr;  // [hidden]; Qwen3 with attention_bias only
+  const float* q_norm = nullptr;  // [head_dim], per-head RMSNorm weights (Qwen3)
+  const float* k_norm = nullptr;
   const float* post_norm = nullptr;  // [hidden]
   cpu::WeightMatrix gate, up,
       down;  // gate/up: [intermediate][hidden], down: [hidden][intermediate]
