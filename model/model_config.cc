@@ -101,7 +101,7 @@ absl::StatusOr<json> ParseObject(const std::string& text, const std::string& ori
 // per-head RMSNorm of q and k. Sliding-window attention is refused for every
 // family (no kernel implements it).
 absl::Status ParseAttentionVariant(const Fields& f, const std::string& model_type, TextConfig* t) {
-  if (model_type == "qwen3") {
+  if (model_type == "qwen3" || model_type == "qwen3_moe") {
     RETURN_IF_ERROR(f.Int("head_dim", &t->explicit_head_dim, false));
     t->attention_bias = false;
     RETURN_IF_ERROR(f.Bool("attention_bias", &t->attention_bias));
@@ -111,6 +111,25 @@ absl::Status ParseAttentionVariant(const Fields& f, const std::string& model_typ
   RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
   if (sliding) return f.Error("use_sliding_window true is not supported (full attention only)");
   if (t->explicit_head_dim < 0) return f.Error("head_dim must be positive");
+  return absl::OkStatus();
+}
+
+// Qwen3-MoE's experts: counts, widths and which layers are sparse.
+absl::Status ParseExperts(const Fields& f, TextConfig* t) {
+  RETURN_IF_ERROR(f.Int("num_experts", &t->num_experts));
+  RETURN_IF_ERROR(f.Int("num_experts_per_tok", &t->num_experts_per_tok));
+  RETURN_IF_ERROR(f.Int("moe_intermediate_size", &t->moe_intermediate_size));
+  RETURN_IF_ERROR(f.Bool("norm_topk_prob", &t->norm_topk_prob));
+  RETURN_IF_ERROR(f.Int("decoder_sparse_step", &t->decoder_sparse_step, false));
+  RETURN_IF_ERROR(f.IntList("mlp_only_layers", &t->mlp_only_layers));
+  if (t->num_experts <= 0 || t->moe_intermediate_size <= 0) {
+    return f.Error("num_experts and moe_intermediate_size must be positive");
+  }
+  if (t->num_experts_per_tok < 1 || t->num_experts_per_tok > t->num_experts) {
+    return f.Error(absl::StrCat("num_experts_per_tok ", t->num_experts_per_tok,
+                                " is outside [1, num_experts ", t->num_experts, "]"));
+  }
+  if (t->decoder_sparse_step < 1) return f.Error("decoder_sparse_step must be >= 1");
   return absl::OkStatus();
 }
 
@@ -128,6 +147,7 @@ absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfi
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &t->tie_word_embeddings));
   RETURN_IF_ERROR(f.String("hidden_act", &t->hidden_act));
   RETURN_IF_ERROR(ParseAttentionVariant(f, model_type, t));
+  if (model_type == "qwen3_moe") RETURN_IF_ERROR(ParseExperts(f, t));
   auto rs = f.obj().find("rope_scaling");
   if (rs != f.obj().end() && rs->is_object()) {
     Fields scaling(*rs, "rope_scaling");
@@ -230,9 +250,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   }
   RETURN_IF_ERROR(top.String("model_type", &cfg.model_type));
   RETURN_IF_ERROR(top.String("torch_dtype", &cfg.torch_dtype));
-  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2" && cfg.model_type != "qwen3") {
+  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2" && cfg.model_type != "qwen3" &&
+      cfg.model_type != "qwen3_moe") {
     return top.Error(absl::StrCat("model_type \"", cfg.model_type,
-                                  "\" is not supported (qwen2_vl, qwen2, qwen3)"));
+                                  "\" is not supported (qwen2_vl, qwen2, qwen3, qwen3_moe)"));
   }
   // Newer transformers nest the text settings in "text_config"; older ones
   // keep them at the top level. Token ids may sit in either place.

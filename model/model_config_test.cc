@@ -108,6 +108,39 @@ TEST_CASE("a Qwen3 config: head_dim from the file, q/k norm, biases only with at
         "q3: head_dim must be positive");
 }
 
+TEST_CASE("a Qwen3-MoE config: experts, top-k, sparse and dense layers", "[config]") {
+  json j = Qwen3Config();  // Qwen3-30B-A3B's expert fields on Qwen3's shape
+  j["model_type"] = "qwen3_moe";
+  j["num_experts"] = 128;
+  j["num_experts_per_tok"] = 8;
+  j["moe_intermediate_size"] = 768;
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array({3});
+  auto cfg = ParseModelConfig(j.dump(), "moe/config.json");
+  INFO(cfg.status().ToString());
+  REQUIRE(cfg.ok());
+  CHECK(cfg->text.num_experts == 128);
+  CHECK(cfg->text.num_experts_per_tok == 8);
+  CHECK(cfg->text.norm_topk_prob);
+  CHECK(cfg->text.qk_norm);
+  CHECK(cfg->text.moe_layer(0));
+  CHECK_FALSE(cfg->text.moe_layer(3));
+  json step2 = j;
+  step2["decoder_sparse_step"] = 2;
+  CHECK_FALSE(ParseModelConfig(step2.dump(), "m")->text.moe_layer(0));
+  CHECK(ParseModelConfig(step2.dump(), "m")->text.moe_layer(1));
+
+  json too_many = j;
+  too_many["num_experts_per_tok"] = 129;
+  CHECK(ParseModelConfig(too_many.dump(), "m").status().message() ==
+        "m: num_experts_per_tok 129 is outside [1, num_experts 128]");
+  json missing = j;
+  missing.erase("moe_intermediate_size");
+  CHECK(ParseModelConfig(missing.dump(), "m").status().message() ==
+        "m: missing \"moe_intermediate_size\"");
+}
+
 TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
   struct Case {
     const char* what;

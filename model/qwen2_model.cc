@@ -220,6 +220,12 @@ void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
 
 absl::Status Qwen2Model::Mlp(int layer, int64_t num_tokens) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
+  if (!w.experts.empty()) {
+    SparseMlp(w, num_tokens);
+    RETURN_IF_ERROR(AllReduce(o_, num_tokens * hidden_));
+    cpu::AddInPlace(pool_, h_.data(), o_.data(), num_tokens * hidden_);
+    return absl::OkStatus();
+  }
   gate_.resize(num_tokens * inter_);
   up_.resize(num_tokens * inter_);
   cpu::LinearMany(pool_, x_.data(), num_tokens,

@@ -173,6 +173,24 @@ TEST_CASE("Qwen3 text models match transformers (explicit head_dim, q/k norm, bi
   CHECK(Load("qwen3-tiny-qknorm").cfg.text.head_dim() == 32);
 }
 
+// Qwen3-MoE: routed experts (8 choose 2 renormalized; 6 choose 3 with raw
+// softmax weights and a dense first layer) on Qwen3's attention.
+TEST_CASE("Qwen3-MoE text models match transformers (top-k routing, dense layers among sparse)",
+          "[parity]") {
+  for (const char* name : {"qwen3moe-tiny-top2", "qwen3moe-tiny-top3-dense0"}) {
+    LoadedModel m = Load(name);
+    CHECK(m.cfg.model_type == "qwen3_moe");
+    const TextConfig& c = m.cfg.text;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const Qwen2LayerWeights& w = m.weights->layers()[l];
+      CHECK(w.experts.size() == (c.moe_layer(l) ? static_cast<size_t>(c.num_experts) : 0u));
+      CHECK((w.gate.data == nullptr) == c.moe_layer(l));
+    }
+    CheckFp32Golden(name);
+  }
+  CHECK_FALSE(Load("qwen3moe-tiny-top3-dense0").cfg.text.moe_layer(0));
+}
+
 TEST_CASE("bf16 checkpoint against transformers computing in bf16, within the bf16 tolerance",
           "[parity]") {
   const std::string name = "qwen2vl-tiny-mqa-bf16";
@@ -293,6 +311,13 @@ void CheckBatchInvariance(const std::string& name) {
 TEST_CASE("a prompt's logits are bitwise identical alone and inside a mixed batch (fp32)",
           "[parity][batch_invariance]") {
   CheckBatchInvariance("qwen2vl-tiny-gqa2-untied-sharded");
+}
+
+TEST_CASE("a prompt's logits are bitwise identical alone and inside a mixed batch (experts)",
+          "[parity][batch_invariance]") {
+  // Tokens are gathered per expert: a row's experts and sums must not
+  // depend on which other rows share the step.
+  CheckBatchInvariance("qwen3moe-tiny-top2");
 }
 
 TEST_CASE("a prompt's logits are bitwise identical alone and inside a mixed batch (bf16)",

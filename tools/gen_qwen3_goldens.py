@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tiny random Qwen3 text checkpoints and their transformers goldens.
+"""Tiny random Qwen3 and Qwen3-MoE text checkpoints and their transformers goldens.
 
 Writes model/testdata/models/<name>/ (config.json, model.safetensors, the tiny
 tokenizer of model/testdata/tokenizer) and model/testdata/goldens/<name>/
@@ -8,9 +8,11 @@ lm_golden.{json,safetensors} in the layout of gen_goldens.py's text goldens
 computed by Qwen3ForCausalLM with eager attention. The models exercise what
 Qwen3 adds to Qwen2's decoder: head_dim given in config.json (and not
 hidden_size / num_attention_heads), no q/k/v biases (or biases with
-attention_bias), and an RMSNorm over each head of q and k before RoPE.
+attention_bias), and an RMSNorm over each head of q and k before RoPE; the
+MoE ones add routed experts (top-k of a softmax, renormalized or not, dense
+layers among sparse ones).
 
-  python3 tools/gen_qwen3_goldens.py   # versions: tools/requirements.txt
+  python3 tools/gen_qwen3_goldens.py [name ...]   # versions: tools/requirements.txt
 """
 import os
 import shutil
@@ -18,7 +20,8 @@ import sys
 
 import torch
 import transformers
-from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402
@@ -37,12 +40,25 @@ SPECS = [
     {"name": "qwen3-tiny-bias", "hidden_size": 96, "num_attention_heads": 6,
      "num_key_value_heads": 3, "head_dim": 16, "attention_bias": True,
      "tie_word_embeddings": False, "intermediate_size": 192, "rope_theta": 10000.0},
+    # Qwen3-MoE: 8 experts, 2 per token, renormalized (as Qwen3-30B-A3B).
+    {"name": "qwen3moe-tiny-top2", "hidden_size": 64, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+     "tie_word_embeddings": False, "intermediate_size": 96, "rope_theta": 1000000.0,
+     "moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+             "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}},
+    # 6 experts, 3 per token, raw softmax weights; layer 0 dense.
+    {"name": "qwen3moe-tiny-top3-dense0", "hidden_size": 64, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+     "tie_word_embeddings": False, "intermediate_size": 96, "rope_theta": 1000000.0,
+     "moe": {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 48,
+             "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [0]}},
 ]
 
 
 def build(spec, tok, tok_dir, models_dir):
     ids = special_ids(tok)
-    config = Qwen3Config(
+    moe = spec.get("moe")
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(
         vocab_size=len(tok), hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"], num_hidden_layers=2,
         num_attention_heads=spec["num_attention_heads"],
@@ -50,8 +66,8 @@ def build(spec, tok, tok_dir, models_dir):
         attention_bias=spec["attention_bias"], tie_word_embeddings=spec["tie_word_embeddings"],
         rope_theta=spec["rope_theta"], rms_norm_eps=1e-6, max_position_embeddings=4096,
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"])
-    model = Qwen3ForCausalLM(config)
+        pad_token_id=ids["<|endoftext|>"], **(moe or {}))
+    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
     init_params(model, SEED)
     if spec["tie_word_embeddings"]:
         model.tie_weights()
@@ -65,8 +81,8 @@ def build(spec, tok, tok_dir, models_dir):
 
 
 def goldens(path, spec, tok, out_dir):
-    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                             attn_implementation="eager")
+    cls = Qwen3MoeForCausalLM if spec.get("moe") else Qwen3ForCausalLM
+    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     tensors, prompts = {}, []
     for pname, text in golden_corpus.lm_prompts():
@@ -84,11 +100,11 @@ def goldens(path, spec, tok, out_dir):
     write_safetensors(os.path.join(out_dir, "lm_golden.safetensors"), tensors,
                       {"model": spec["name"], "seed": SEED})
     write_json(os.path.join(out_dir, "lm_golden.json"), {
-        "about": ("Qwen3ForCausalLM (transformers %s) forward on text prompts, eager "
+        "about": ("%s (transformers %s) forward on text prompts, eager "
                   "attention, fp32, batch 1. logits_last.fp32.<prompt> [V] in "
                   "lm_golden.safetensors; greedy: generate do_sample=False, "
                   "max_new_tokens=min_new_tokens=%d (eos ids masked until the end)."
-                  % (transformers.__version__, LM_NEW_TOKENS)),
+                  % (type(model).__name__, transformers.__version__, LM_NEW_TOKENS)),
         "model": spec["name"],
         "eos_ids_masked": greedy_config(tok)["eos_token_id"],
         "prompts": prompts,
@@ -103,7 +119,10 @@ def main():
     testdata = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model", "testdata")
     tok_dir = os.path.join(testdata, "tokenizer")
     tok = Qwen2TokenizerFast.from_pretrained(tok_dir)
+    only = sys.argv[1:]  # names to (re)write; default all
     for spec in SPECS:
+        if only and spec["name"] not in only:
+            continue
         path = build(spec, tok, tok_dir, os.path.join(testdata, "models"))
         goldens(path, spec, tok, os.path.join(testdata, "goldens", spec["name"]))
 
