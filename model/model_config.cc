@@ -208,16 +208,41 @@ absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfi
   return absl::OkStatus();
 }
 
-absl::Status ParseVision(const Fields& f, VisionConfig* v) {
+// Qwen2.5-VL's vision_config: hidden_size is the tower's width and
+// out_hidden_size the merger's; windows and full-attention blocks.
+absl::Status ParseQwen25Vision(const Fields& f, VisionConfig* v) {
+  v->arch = VisionConfig::Arch::kQwen25Vl;
+  v->hidden_act = "silu";
+  RETURN_IF_ERROR(f.Int("hidden_size", &v->embed_dim));
+  RETURN_IF_ERROR(f.Int("out_hidden_size", &v->hidden_size));
+  RETURN_IF_ERROR(f.Int("intermediate_size", &v->intermediate_size));
+  RETURN_IF_ERROR(f.Int("window_size", &v->window_size));
+  RETURN_IF_ERROR(f.IntList("fullatt_block_indexes", &v->fullatt_block_indexes));
+  RETURN_IF_ERROR(f.Int("tokens_per_second", &v->tokens_per_second, false));
+  if (v->intermediate_size <= 0) return f.Error("intermediate_size must be positive");
+  const int unit = v->spatial_merge_size * v->patch_size;
+  if (v->window_size <= 0 || unit <= 0 || v->window_size % unit != 0) {
+    return f.Error(absl::StrCat("window_size ", v->window_size,
+                                " must be a positive multiple of spatial_merge_size x patch_size ",
+                                unit));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseVision(const Fields& f, const std::string& model_type, VisionConfig* v) {
   RETURN_IF_ERROR(f.Int("depth", &v->depth));
-  RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
   RETURN_IF_ERROR(f.Int("num_heads", &v->num_heads));
-  RETURN_IF_ERROR(f.Int("mlp_ratio", &v->mlp_ratio, false));
   RETURN_IF_ERROR(f.Int("in_chans", &v->in_channels, false));
   RETURN_IF_ERROR(f.Int("in_channels", &v->in_channels, false));
-  RETURN_IF_ERROR(f.Int("hidden_size", &v->hidden_size));
   RETURN_IF_ERROR(f.Int("patch_size", &v->patch_size, false));
   RETURN_IF_ERROR(f.Int("spatial_merge_size", &v->spatial_merge_size, false));
+  if (model_type == "qwen2_5_vl") {
+    RETURN_IF_ERROR(ParseQwen25Vision(f, v));
+  } else {
+    RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
+    RETURN_IF_ERROR(f.Int("mlp_ratio", &v->mlp_ratio, false));
+    RETURN_IF_ERROR(f.Int("hidden_size", &v->hidden_size));
+  }
   RETURN_IF_ERROR(f.Int("temporal_patch_size", &v->temporal_patch_size, false));
   RETURN_IF_ERROR(f.String("hidden_act", &v->hidden_act));
   if (v->depth <= 0 || v->embed_dim <= 0 || v->num_heads <= 0 || v->patch_size <= 0 ||
@@ -250,10 +275,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   }
   RETURN_IF_ERROR(top.String("model_type", &cfg.model_type));
   RETURN_IF_ERROR(top.String("torch_dtype", &cfg.torch_dtype));
-  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2" && cfg.model_type != "qwen3" &&
-      cfg.model_type != "qwen3_moe") {
+  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2_5_vl" && cfg.model_type != "qwen2" &&
+      cfg.model_type != "qwen3" && cfg.model_type != "qwen3_moe") {
     return top.Error(absl::StrCat("model_type \"", cfg.model_type,
-                                  "\" is not supported (qwen2_vl, qwen2, qwen3, qwen3_moe)"));
+                                  "\" is not supported (qwen2_vl, qwen2_5_vl, qwen2, qwen3, "
+                                  "qwen3_moe)"));
   }
   // Newer transformers nest the text settings in "text_config"; older ones
   // keep them at the top level. Token ids may sit in either place.
@@ -268,15 +294,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   auto vis = root.find("vision_config");
   if (vis != root.end() && vis->is_object()) {
     VisionConfig v;
-    RETURN_IF_ERROR(ParseVision(Fields(*vis, origin + " vision_config"), &v));
+    RETURN_IF_ERROR(ParseVision(Fields(*vis, origin + " vision_config"), cfg.model_type, &v));
     if (v.hidden_size != cfg.text.hidden_size) {
       return top.Error(absl::StrCat("vision_config.hidden_size ", v.hidden_size,
                                     " differs from the language hidden_size ",
                                     cfg.text.hidden_size));
     }
     cfg.vision = v;
-  } else if (cfg.model_type == "qwen2_vl") {
-    return top.Error("qwen2_vl config has no \"vision_config\"");
+  } else if (cfg.model_type == "qwen2_vl" || cfg.model_type == "qwen2_5_vl") {
+    return top.Error(cfg.model_type + " config has no \"vision_config\"");
   }
   if (cfg.vision && cfg.text.mrope_section.empty()) {
     return top.Error("a vision model needs rope_scaling.mrope_section");

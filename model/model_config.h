@@ -69,13 +69,23 @@ struct TextConfig {
 };
 
 struct VisionConfig {
+  // kQwen2Vl: LayerNorm, fc1/QuickGELU/fc2 MLP, attention inside each image.
+  // kQwen25Vl: RMSNorm, gated SiLU MLP (intermediate_size wide), attention
+  // inside windows of window_size pixels except in fullatt_block_indexes.
+  enum class Arch { kQwen2Vl, kQwen25Vl };
+  Arch arch = Arch::kQwen2Vl;
   int depth = 0;
-  int embed_dim = 0;
+  int embed_dim = 0;  // the tower's width (Qwen2.5-VL's vision hidden_size)
   int num_heads = 0;
   int mlp_ratio = 4;
   int in_channels = 3;
-  // Width of the merger's output: the language model's hidden size.
+  // Width of the merger's output: the language model's hidden size
+  // (Qwen2.5-VL's out_hidden_size).
   int hidden_size = 0;
+  int intermediate_size = 0;  // kQwen25Vl's MLP width
+  int window_size = 0;        // kQwen25Vl, in pixels
+  std::vector<int> fullatt_block_indexes;
+  int tokens_per_second = 0;  // kQwen25Vl: video time positions per second
   int patch_size = 14;
   int spatial_merge_size = 2;
   int temporal_patch_size = 2;

@@ -141,6 +141,38 @@ TEST_CASE("a Qwen3-MoE config: experts, top-k, sparse and dense layers", "[confi
         "m: missing \"moe_intermediate_size\"");
 }
 
+TEST_CASE("a Qwen2.5-VL config: tower width, merger width, windows", "[config]") {
+  // Qwen2.5-VL-3B-Instruct's vision_config on a Qwen2-VL text shape.
+  json j = Qwen2Vl2bConfig();
+  j["model_type"] = "qwen2_5_vl";
+  j["vision_config"] = json::parse(R"({
+    "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+    "num_heads": 16, "in_chans": 3, "out_hidden_size": 1536, "patch_size": 14,
+    "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+    "temporal_patch_size": 2})");
+  auto cfg = ParseModelConfig(j.dump(), "q25/config.json");
+  INFO(cfg.status().ToString());
+  REQUIRE(cfg.ok());
+  REQUIRE(cfg->vision.has_value());
+  const VisionConfig& v = *cfg->vision;
+  CHECK(v.arch == VisionConfig::Arch::kQwen25Vl);
+  CHECK(v.embed_dim == 1280);
+  CHECK(v.hidden_size == 1536);
+  CHECK(v.intermediate_size == 3420);
+  CHECK(v.window_size == 112);
+  CHECK(v.fullatt_block_indexes == std::vector<int>{7, 15, 23, 31});
+  json bad = j;
+  bad["vision_config"]["window_size"] = 100;
+  CHECK(ParseModelConfig(bad.dump(), "q").status().message() ==
+        "q vision_config: window_size 100 must be a positive multiple of "
+        "spatial_merge_size x patch_size 28");
+  json no_vision = j;
+  no_vision.erase("vision_config");
+  CHECK(ParseModelConfig(no_vision.dump(), "q").status().message() ==
+        "q: qwen2_5_vl config has no \"vision_config\"");
+}
+
 TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
   struct Case {
     const char* what;
