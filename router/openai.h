@@ -85,6 +85,9 @@ struct CompletionContext {
   bool logprobs = false;       // the request asked for logprobs
   bool include_usage = false;  // streams only: send the usage chunk
   uint32_t n = 1;              // choices (GenerateResponse.index 0..n-1)
+  // The output is parsed for tool calls: a first chunk without text says
+  // content null (a reply of calls only has none).
+  bool tool_calls = false;
 };
 
 // The usage of a request's n choices: the prompt's counts once (choice 0's),

@@ -226,7 +226,7 @@ std::string ChatCompletionChunkJson(const CompletionContext& ctx, const Generate
   if (!response.text().empty()) {
     delta["content"] = response.text();
   } else if (first) {
-    delta["content"] = response.tool_calls_size() > 0 ? json(nullptr) : json("");
+    delta["content"] = ctx.tool_calls ? json(nullptr) : json("");
   }
   if (response.tool_calls_size() > 0) {
     json calls = json::array();

@@ -150,7 +150,7 @@ TEST_CASE("any split of the output parses as the whole does", "[tool_calls]") {
 
 TEST_CASE("streamed chunks reassemble to the whole chat.completion", "[tool_calls]") {
   const std::string text = "Checking.\n" + kCall + "\n" + kCall;
-  CompletionContext ctx{"m", 1, false, false, 1};
+  CompletionContext ctx{"m", 1, false, false, 1, /*tool_calls=*/true};
   ChatCompletionBuilder whole(ctx);
   ChatCompletionStream stream(ctx);
   ToolCallParser whole_parser(Tools({"get_weather"})), stream_parser(Tools({"get_weather"}));
