@@ -33,6 +33,7 @@ packages=(
   python3-grpcio           # the Python client (client/python) and its test
   python3-protobuf
   python3-yaml             # //deploy/k8s:manifests_test reads the manifests
+  python3-jsonschema       # //grammar:schema_validation_test validates generated JSON
   curl                     # deploy/serve_test.sh asks the HTTP API
   clang                    # fuzz targets (--config=fuzz, tools/fuzz/run_all.sh)
   libclang-rt-14-dev       # libFuzzer and the sanitizer runtimes for clang 14

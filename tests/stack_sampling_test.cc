@@ -8,6 +8,7 @@
 // /v1/completions with and without echo) gives the gRPC API's text. A
 // request with n choices gives, as choice i, the one-choice request under
 // seed + i, and its later choices take the prompt from the prefix cache.
+// Tool calls run on the role-both stack too (tests/stack_tools.h).
 #include <httplib.h>
 
 #include <catch2/catch.hpp>
@@ -22,6 +23,7 @@
 #include "common/grpc_status.h"
 #include "model/tokenizer.h"
 #include "tests/stack_harness.h"
+#include "tests/stack_tools.h"
 #include "worker/engine.h"
 
 namespace mmserve::testing {
@@ -279,12 +281,14 @@ nlohmann::json HttpBody(int i, const Params& p) {
 
 TEST_CASE(
     "role both: penalties and logit_bias give the in-process engine's tokens over gRPC, the "
-    "same text over HTTP, and out-of-range values are refused naming the field") {
+    "same text over HTTP, out-of-range values are refused naming the field, and tools reach the "
+    "prompt with the output parsed for calls") {
   auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
   INFO(stack.status());
   REQUIRE(stack.ok());
   CheckStack(**stack);
   CheckChoices(**stack, /*shared=*/true);
+  CheckToolCalls(**stack);
 
   // A chat over HTTP and over gRPC: one text.
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
@@ -479,6 +483,21 @@ TEST_CASE(
   }
   CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
                      "degree=\"2\"") == static_cast<double>(want.size()));
+  const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
+  INFO(leaks.ToString());
+  CHECK(leaks.zero());
+}
+
+// Needs the language side to apply sampling.constraint (constrained
+// decoding); hidden until it does.
+TEST_CASE(
+    "role both: tool_choice named and required give calls whose arguments follow the tool's "
+    "schema, streamed as whole",
+    "[.][constrained]") {
+  auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  CheckToolChoiceEnforced(**stack);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
   INFO(leaks.ToString());
   CHECK(leaks.zero());
