@@ -14,6 +14,12 @@
 //   if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
 //   // streaming handlers: if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) ...
 //
+// The check sits in each handler because gRPC C++ offers no place before
+// them that can refuse a call: server interceptors cannot fail an RPC, and an
+// AuthMetadataProcessor works only on TLS servers. A handler that forgets it
+// fails tests/stack_security_test.cc, which calls every method of every
+// internal service (from the proto descriptors) without the token.
+//
 // A wrong or missing token is UNAUTHENTICATED; the token is never logged or
 // echoed. Thread-safe after ConfigureInternalPlane.
 #ifndef MMSERVE_COMMON_INTERNAL_PLANE_H_

@@ -1,6 +1,7 @@
 // Arbitrary message lists through the Qwen2-VL chat renderer. Properties:
 // the renderer accepts exactly the chats the documented rules allow (roles
-// system/user/assistant, system only first, images and videos only in user
+// system/user/assistant/tool, system only first, a run of tool messages one
+// user turn of tool responses, images and videos only in user
 // messages, at least one message); an accepted chat renders to the text an
 // independent reading of the template gives; with add_vision_id the
 // pictures are numbered 1..N in order, and the videos apart from them.
@@ -39,10 +40,22 @@ bool Reference(const std::vector<ChatMessage>& messages, const ChatOptions& opti
   int images = 0, videos = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    const bool known = m.role == "system" || m.role == "user" || m.role == "assistant";
+    const bool known =
+        m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool";
     if (!known || (m.role == "system" && i > 0)) return false;
     if (i == 0 && m.role != "system") {
       *out += "<|im_start|>system\n" + options.default_system_prompt + "<|im_end|>\n";
+    }
+    if (m.role == "tool") {  // a run of tool results is one user turn
+      if (i == 0 || messages[i - 1].role != "tool") *out += "<|im_start|>user";
+      *out += "\n<tool_response>\n";
+      for (const ChatPart& p : m.parts) {
+        if (p.kind != ChatPart::Kind::kText) return false;
+        *out += p.text;
+      }
+      *out += "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") *out += "<|im_end|>\n";
+      continue;
     }
     *out += "<|im_start|>" + m.role + "\n";
     for (const ChatPart& p : m.parts) {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/chat_proto.h"
 #include "model/chat_template.h"
 
 namespace mmserve::language {
@@ -35,25 +36,14 @@ absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request,
   slots->clear();
   if (request.has_chat()) {
     std::vector<model::ChatMessage> messages;
-    for (const mmserve::v1::ChatMessage& m : request.chat().messages()) {
-      model::ChatMessage cm;
-      cm.role = m.role();
-      for (const mmserve::v1::ContentPart& p : m.content()) {
-        if (p.has_image()) {
-          cm.parts.push_back({model::ChatPart::Kind::kImage, ""});
-          slots->push_back(model::MediaKind::kImage);
-        } else if (p.has_video()) {
-          cm.parts.push_back({model::ChatPart::Kind::kVideo, ""});
-          slots->push_back(model::MediaKind::kVideo);
-        } else {
-          cm.parts.push_back({model::ChatPart::Kind::kText, p.text()});
-        }
-      }
-      messages.push_back(std::move(cm));
-    }
     model::ChatOptions opts;
-    opts.add_generation_prompt =
-        !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
+    model::ChatFromProto(request.chat(), &messages, &opts);
+    for (const model::ChatMessage& m : messages) {
+      for (const model::ChatPart& part : m.parts) {
+        if (part.kind == model::ChatPart::Kind::kImage) slots->push_back(model::MediaKind::kImage);
+        if (part.kind == model::ChatPart::Kind::kVideo) slots->push_back(model::MediaKind::kVideo);
+      }
+    }
     return model::RenderQwen2VlChat(messages, opts);
   }
   if (request.has_raw()) {

@@ -12,12 +12,22 @@
 //   ASSIGN_OR_RETURN(std::string prompt, RenderQwen2VlChat(messages, opts));
 //
 // Each <|image_pad|> (<|video_pad|>) is later expanded to the image's
-// (video's) token count. Roles are system, user, assistant; a system message
-// may only come first and holds no images or videos, nor may an assistant
-// message. Thread-safe (pure function).
+// (video's) token count. Roles are system, user, assistant and tool; a
+// system message may only come first and holds no images or videos, nor may
+// an assistant or tool message.
+//
+// Tools follow Qwen2.5's (Hermes-style) template: with options.tools the
+// system turn (the first message's text, else the default prompt) gets the
+// "# Tools" block listing each tool as JSON in <tools></tools>; an assistant
+// turn's tool_calls follow its text as
+// "\n<tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>"; a run
+// of tool messages is one user turn of
+// "\n<tool_response>\n{text}\n</tool_response>" parts. JSON is written as the
+// template's tojson does (model/py_json.h). Thread-safe (pure function).
 #ifndef MMSERVE_MODEL_CHAT_TEMPLATE_H_
 #define MMSERVE_MODEL_CHAT_TEMPLATE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,9 +41,25 @@ struct ChatPart {
   std::string text;  // for kText
 };
 
+// A call an assistant turn made.
+struct ChatToolCall {
+  std::string name;
+  std::string arguments;  // the JSON text of an object
+};
+
 struct ChatMessage {
   std::string role;
   std::vector<ChatPart> parts;
+  std::vector<ChatToolCall> tool_calls;  // assistant turns only
+};
+
+// A function the model may call, rendered as
+// {"type": "function", "function": {"name", "description", "parameters"}}
+// (description and parameters only when given).
+struct ChatTool {
+  std::string name;
+  std::optional<std::string> description;
+  std::string parameters;  // the JSON text of the schema; empty: none
 };
 
 struct ChatOptions {
@@ -42,10 +68,13 @@ struct ChatOptions {
   // (the template's add_vision_id; images and videos counted apart).
   bool add_vision_id = false;
   std::string default_system_prompt = "You are a helpful assistant.";
+  // The tools described in the system turn (none: no "# Tools" block).
+  std::vector<ChatTool> tools;
 };
 
 // InvalidArgument for an empty chat, an unknown role, a misplaced system
-// message or an image or video outside a user message.
+// message, an image or video outside a user message, tool calls outside an
+// assistant message, or tool parameters or call arguments that are not JSON.
 [[nodiscard]] absl::StatusOr<std::string> RenderQwen2VlChat(
     const std::vector<ChatMessage>& messages, const ChatOptions& options);
 

@@ -62,8 +62,8 @@ TEST_CASE("a video part renders as the video placeholder, numbered apart from im
 
 TEST_CASE("malformed chats are rejected with the offending message", "[chat]") {
   CHECK(RenderQwen2VlChat({}, ChatOptions()).status().code() == absl::StatusCode::kInvalidArgument);
-  auto role = RenderQwen2VlChat({{"tool", {Text("x")}}}, ChatOptions()).status();
-  CHECK(role.message() == "message 0 has role \"tool\" (system, user or assistant)");
+  auto role = RenderQwen2VlChat({{"function", {Text("x")}}}, ChatOptions()).status();
+  CHECK(role.message() == "message 0 has role \"function\" (system, user, assistant or tool)");
   auto late = RenderQwen2VlChat({{"user", {Text("x")}}, {"system", {Text("y")}}}, ChatOptions());
   CHECK(late.status().message() == "message 1: a system message may only come first");
   auto img = RenderQwen2VlChat({{"assistant", {Image()}}}, ChatOptions());

@@ -97,7 +97,43 @@ absl::StatusOr<json> ParseObject(const std::string& text, const std::string& ori
   return obj;
 }
 
-absl::Status ParseText(const Fields& f, TextConfig* t) {
+// Qwen3's attention: an explicit head_dim, optional q/k/v biases and a
+// per-head RMSNorm of q and k. Sliding-window attention is refused for every
+// family (no kernel implements it).
+absl::Status ParseAttentionVariant(const Fields& f, const std::string& model_type, TextConfig* t) {
+  if (model_type == "qwen3" || model_type == "qwen3_moe") {
+    RETURN_IF_ERROR(f.Int("head_dim", &t->explicit_head_dim, false));
+    t->attention_bias = false;
+    RETURN_IF_ERROR(f.Bool("attention_bias", &t->attention_bias));
+    t->qk_norm = true;
+  }
+  bool sliding = false;
+  RETURN_IF_ERROR(f.Bool("use_sliding_window", &sliding));
+  if (sliding) return f.Error("use_sliding_window true is not supported (full attention only)");
+  if (t->explicit_head_dim < 0) return f.Error("head_dim must be positive");
+  return absl::OkStatus();
+}
+
+// Qwen3-MoE's experts: counts, widths and which layers are sparse.
+absl::Status ParseExperts(const Fields& f, TextConfig* t) {
+  RETURN_IF_ERROR(f.Int("num_experts", &t->num_experts));
+  RETURN_IF_ERROR(f.Int("num_experts_per_tok", &t->num_experts_per_tok));
+  RETURN_IF_ERROR(f.Int("moe_intermediate_size", &t->moe_intermediate_size));
+  RETURN_IF_ERROR(f.Bool("norm_topk_prob", &t->norm_topk_prob));
+  RETURN_IF_ERROR(f.Int("decoder_sparse_step", &t->decoder_sparse_step, false));
+  RETURN_IF_ERROR(f.IntList("mlp_only_layers", &t->mlp_only_layers));
+  if (t->num_experts <= 0 || t->moe_intermediate_size <= 0) {
+    return f.Error("num_experts and moe_intermediate_size must be positive");
+  }
+  if (t->num_experts_per_tok < 1 || t->num_experts_per_tok > t->num_experts) {
+    return f.Error(absl::StrCat("num_experts_per_tok ", t->num_experts_per_tok,
+                                " is outside [1, num_experts ", t->num_experts, "]"));
+  }
+  if (t->decoder_sparse_step < 1) return f.Error("decoder_sparse_step must be >= 1");
+  return absl::OkStatus();
+}
+
+absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfig* t) {
   RETURN_IF_ERROR(f.Int("vocab_size", &t->vocab_size));
   RETURN_IF_ERROR(f.Int("hidden_size", &t->hidden_size));
   RETURN_IF_ERROR(f.Int("intermediate_size", &t->intermediate_size));
@@ -110,6 +146,8 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
   RETURN_IF_ERROR(f.Double("rope_theta", &t->rope_theta));
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &t->tie_word_embeddings));
   RETURN_IF_ERROR(f.String("hidden_act", &t->hidden_act));
+  RETURN_IF_ERROR(ParseAttentionVariant(f, model_type, t));
+  if (model_type == "qwen3_moe") RETURN_IF_ERROR(ParseExperts(f, t));
   auto rs = f.obj().find("rope_scaling");
   if (rs != f.obj().end() && rs->is_object()) {
     Fields scaling(*rs, "rope_scaling");
@@ -126,7 +164,7 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
       t->intermediate_size <= 0 || t->num_attention_heads <= 0 || t->num_key_value_heads <= 0) {
     return f.Error("sizes and counts must be positive");
   }
-  if (t->hidden_size % t->num_attention_heads != 0) {
+  if (t->explicit_head_dim == 0 && t->hidden_size % t->num_attention_heads != 0) {
     return f.Error(absl::StrCat("hidden_size ", t->hidden_size,
                                 " is not a multiple of num_attention_heads ",
                                 t->num_attention_heads));
@@ -147,6 +185,10 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
       return f.Error(absl::StrCat("rope_scaling.mrope_section must have 3 sections, got ",
                                   t->mrope_section.size()));
     }
+    if (sum != t->head_dim() / 2 && t->explicit_head_dim > 0) {
+      return f.Error(absl::StrCat("rope_scaling.mrope_section sums to ", sum, ", not head_dim ",
+                                  t->head_dim(), " / 2"));
+    }
     if (sum != t->head_dim() / 2) {
       // head_dim is not in config.json: it is hidden_size / num_attention_heads,
       // so a wrong hidden_size shows up here first. Name all three.
@@ -166,16 +208,41 @@ absl::Status ParseText(const Fields& f, TextConfig* t) {
   return absl::OkStatus();
 }
 
-absl::Status ParseVision(const Fields& f, VisionConfig* v) {
+// Qwen2.5-VL's vision_config: hidden_size is the tower's width and
+// out_hidden_size the merger's; windows and full-attention blocks.
+absl::Status ParseQwen25Vision(const Fields& f, VisionConfig* v) {
+  v->arch = VisionConfig::Arch::kQwen25Vl;
+  v->hidden_act = "silu";
+  RETURN_IF_ERROR(f.Int("hidden_size", &v->embed_dim));
+  RETURN_IF_ERROR(f.Int("out_hidden_size", &v->hidden_size));
+  RETURN_IF_ERROR(f.Int("intermediate_size", &v->intermediate_size));
+  RETURN_IF_ERROR(f.Int("window_size", &v->window_size));
+  RETURN_IF_ERROR(f.IntList("fullatt_block_indexes", &v->fullatt_block_indexes));
+  RETURN_IF_ERROR(f.Int("tokens_per_second", &v->tokens_per_second, false));
+  if (v->intermediate_size <= 0) return f.Error("intermediate_size must be positive");
+  const int unit = v->spatial_merge_size * v->patch_size;
+  if (v->window_size <= 0 || unit <= 0 || v->window_size % unit != 0) {
+    return f.Error(absl::StrCat("window_size ", v->window_size,
+                                " must be a positive multiple of spatial_merge_size x patch_size ",
+                                unit));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseVision(const Fields& f, const std::string& model_type, VisionConfig* v) {
   RETURN_IF_ERROR(f.Int("depth", &v->depth));
-  RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
   RETURN_IF_ERROR(f.Int("num_heads", &v->num_heads));
-  RETURN_IF_ERROR(f.Int("mlp_ratio", &v->mlp_ratio, false));
   RETURN_IF_ERROR(f.Int("in_chans", &v->in_channels, false));
   RETURN_IF_ERROR(f.Int("in_channels", &v->in_channels, false));
-  RETURN_IF_ERROR(f.Int("hidden_size", &v->hidden_size));
   RETURN_IF_ERROR(f.Int("patch_size", &v->patch_size, false));
   RETURN_IF_ERROR(f.Int("spatial_merge_size", &v->spatial_merge_size, false));
+  if (model_type == "qwen2_5_vl") {
+    RETURN_IF_ERROR(ParseQwen25Vision(f, v));
+  } else {
+    RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
+    RETURN_IF_ERROR(f.Int("mlp_ratio", &v->mlp_ratio, false));
+    RETURN_IF_ERROR(f.Int("hidden_size", &v->hidden_size));
+  }
   RETURN_IF_ERROR(f.Int("temporal_patch_size", &v->temporal_patch_size, false));
   RETURN_IF_ERROR(f.String("hidden_act", &v->hidden_act));
   if (v->depth <= 0 || v->embed_dim <= 0 || v->num_heads <= 0 || v->patch_size <= 0 ||
@@ -208,15 +275,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   }
   RETURN_IF_ERROR(top.String("model_type", &cfg.model_type));
   RETURN_IF_ERROR(top.String("torch_dtype", &cfg.torch_dtype));
-  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2") {
-    return top.Error(
-        absl::StrCat("model_type \"", cfg.model_type, "\" is not supported (qwen2_vl, qwen2)"));
+  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2_5_vl" && cfg.model_type != "qwen2" &&
+      cfg.model_type != "qwen3" && cfg.model_type != "qwen3_moe") {
+    return top.Error(absl::StrCat("model_type \"", cfg.model_type,
+                                  "\" is not supported (qwen2_vl, qwen2_5_vl, qwen2, qwen3, "
+                                  "qwen3_moe)"));
   }
   // Newer transformers nest the text settings in "text_config"; older ones
   // keep them at the top level. Token ids may sit in either place.
   auto text_it = root.find("text_config");
   const json& text_obj = (text_it != root.end() && text_it->is_object()) ? *text_it : root;
-  RETURN_IF_ERROR(ParseText(Fields(text_obj, origin), &cfg.text));
+  RETURN_IF_ERROR(ParseText(Fields(text_obj, origin), cfg.model_type, &cfg.text));
   RETURN_IF_ERROR(ParseTokens(Fields(text_obj, origin), &cfg.tokens));
   if (&text_obj != &root) RETURN_IF_ERROR(ParseTokens(top, &cfg.tokens));
   if (cfg.torch_dtype.empty())
@@ -225,15 +294,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   auto vis = root.find("vision_config");
   if (vis != root.end() && vis->is_object()) {
     VisionConfig v;
-    RETURN_IF_ERROR(ParseVision(Fields(*vis, origin + " vision_config"), &v));
+    RETURN_IF_ERROR(ParseVision(Fields(*vis, origin + " vision_config"), cfg.model_type, &v));
     if (v.hidden_size != cfg.text.hidden_size) {
       return top.Error(absl::StrCat("vision_config.hidden_size ", v.hidden_size,
                                     " differs from the language hidden_size ",
                                     cfg.text.hidden_size));
     }
     cfg.vision = v;
-  } else if (cfg.model_type == "qwen2_vl") {
-    return top.Error("qwen2_vl config has no \"vision_config\"");
+  } else if (cfg.model_type == "qwen2_vl" || cfg.model_type == "qwen2_5_vl") {
+    return top.Error(cfg.model_type + " config has no \"vision_config\"");
   }
   if (cfg.vision && cfg.text.mrope_section.empty()) {
     return top.Error("a vision model needs rope_scaling.mrope_section");

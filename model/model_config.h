@@ -37,18 +37,55 @@ struct TextConfig {
   std::vector<int> mrope_section;
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";
+  // config.json's head_dim (Qwen3); 0: hidden_size / num_attention_heads.
+  int explicit_head_dim = 0;
+  // q/k/v projections carry biases (always in Qwen2; in Qwen3 with
+  // attention_bias, which also gives o_proj one).
+  bool attention_bias = true;
+  // RMSNorm over each head of q and k before the rotary embedding (Qwen3).
+  bool qk_norm = false;
+  // Mixture of experts (Qwen3-MoE); num_experts 0: a dense MLP in every layer.
+  // A sparse layer routes each token to its num_experts_per_tok most likely
+  // experts (softmax over the router's logits), renormalized to sum 1 when
+  // norm_topk_prob, each an MLP of width moe_intermediate_size.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;  // dense layers among sparse ones
 
-  int head_dim() const { return hidden_size / num_attention_heads; }
+  // Whether `layer` routes to experts (transformers' Qwen3MoeDecoderLayer).
+  bool moe_layer(int layer) const {
+    for (int l : mlp_only_layers) {
+      if (l == layer) return false;
+    }
+    return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0;
+  }
+
+  int head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
+  }
 };
 
 struct VisionConfig {
+  // kQwen2Vl: LayerNorm, fc1/QuickGELU/fc2 MLP, attention inside each image.
+  // kQwen25Vl: RMSNorm, gated SiLU MLP (intermediate_size wide), attention
+  // inside windows of window_size pixels except in fullatt_block_indexes.
+  enum class Arch { kQwen2Vl, kQwen25Vl };
+  Arch arch = Arch::kQwen2Vl;
   int depth = 0;
-  int embed_dim = 0;
+  int embed_dim = 0;  // the tower's width (Qwen2.5-VL's vision hidden_size)
   int num_heads = 0;
   int mlp_ratio = 4;
   int in_channels = 3;
-  // Width of the merger's output: the language model's hidden size.
+  // Width of the merger's output: the language model's hidden size
+  // (Qwen2.5-VL's out_hidden_size).
   int hidden_size = 0;
+  int intermediate_size = 0;  // kQwen25Vl's MLP width
+  int window_size = 0;        // kQwen25Vl, in pixels
+  std::vector<int> fullatt_block_indexes;
+  int tokens_per_second = 0;  // kQwen25Vl: video time positions per second
   int patch_size = 14;
   int spatial_merge_size = 2;
   int temporal_patch_size = 2;

@@ -63,6 +63,116 @@ TEST_CASE("the newer text_config layout reads the same values", "[config]") {
   CHECK(cfg->torch_dtype == "bfloat16");
 }
 
+// The shape of Qwen3-0.6B's config.json (transformers 4.57).
+json Qwen3Config() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16,
+    "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936
+  })");
+}
+
+TEST_CASE("a Qwen3 config: head_dim from the file, q/k norm, biases only with attention_bias",
+          "[config]") {
+  auto cfg = ParseModelConfig(Qwen3Config().dump(), "q3/config.json");
+  INFO(cfg.status().ToString());
+  REQUIRE(cfg.ok());
+  CHECK(cfg->model_type == "qwen3");
+  CHECK(cfg->text.head_dim() == 128);  // not 1024 / 16 = 64
+  CHECK(cfg->text.qk_norm);
+  CHECK_FALSE(cfg->text.attention_bias);
+  CHECK_FALSE(cfg->vision.has_value());
+  json with_bias = Qwen3Config();
+  with_bias["attention_bias"] = true;
+  CHECK(ParseModelConfig(with_bias.dump(), "q3")->text.attention_bias);
+  // Qwen2 always has q/k/v biases and no q/k norm.
+  auto q2 = ParseModelConfig(Qwen2Vl2bConfig().dump(), "q2");
+  REQUIRE(q2.ok());
+  CHECK(q2->text.attention_bias);
+  CHECK_FALSE(q2->text.qk_norm);
+
+  json sliding = Qwen3Config();
+  sliding["use_sliding_window"] = true;
+  auto refused = ParseModelConfig(sliding.dump(), "q3/config.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message() ==
+        "q3/config.json: use_sliding_window true is not supported (full attention only)");
+  json bad_head = Qwen3Config();
+  bad_head["head_dim"] = -4;
+  CHECK(ParseModelConfig(bad_head.dump(), "q3").status().message() ==
+        "q3: head_dim must be positive");
+}
+
+TEST_CASE("a Qwen3-MoE config: experts, top-k, sparse and dense layers", "[config]") {
+  json j = Qwen3Config();  // Qwen3-30B-A3B's expert fields on Qwen3's shape
+  j["model_type"] = "qwen3_moe";
+  j["num_experts"] = 128;
+  j["num_experts_per_tok"] = 8;
+  j["moe_intermediate_size"] = 768;
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array({3});
+  auto cfg = ParseModelConfig(j.dump(), "moe/config.json");
+  INFO(cfg.status().ToString());
+  REQUIRE(cfg.ok());
+  CHECK(cfg->text.num_experts == 128);
+  CHECK(cfg->text.num_experts_per_tok == 8);
+  CHECK(cfg->text.norm_topk_prob);
+  CHECK(cfg->text.qk_norm);
+  CHECK(cfg->text.moe_layer(0));
+  CHECK_FALSE(cfg->text.moe_layer(3));
+  json step2 = j;
+  step2["decoder_sparse_step"] = 2;
+  CHECK_FALSE(ParseModelConfig(step2.dump(), "m")->text.moe_layer(0));
+  CHECK(ParseModelConfig(step2.dump(), "m")->text.moe_layer(1));
+
+  json too_many = j;
+  too_many["num_experts_per_tok"] = 129;
+  CHECK(ParseModelConfig(too_many.dump(), "m").status().message() ==
+        "m: num_experts_per_tok 129 is outside [1, num_experts 128]");
+  json missing = j;
+  missing.erase("moe_intermediate_size");
+  CHECK(ParseModelConfig(missing.dump(), "m").status().message() ==
+        "m: missing \"moe_intermediate_size\"");
+}
+
+TEST_CASE("a Qwen2.5-VL config: tower width, merger width, windows", "[config]") {
+  // Qwen2.5-VL-3B-Instruct's vision_config on a Qwen2-VL text shape.
+  json j = Qwen2Vl2bConfig();
+  j["model_type"] = "qwen2_5_vl";
+  j["vision_config"] = json::parse(R"({
+    "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+    "num_heads": 16, "in_chans": 3, "out_hidden_size": 1536, "patch_size": 14,
+    "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+    "temporal_patch_size": 2})");
+  auto cfg = ParseModelConfig(j.dump(), "q25/config.json");
+  INFO(cfg.status().ToString());
+  REQUIRE(cfg.ok());
+  REQUIRE(cfg->vision.has_value());
+  const VisionConfig& v = *cfg->vision;
+  CHECK(v.arch == VisionConfig::Arch::kQwen25Vl);
+  CHECK(v.embed_dim == 1280);
+  CHECK(v.hidden_size == 1536);
+  CHECK(v.intermediate_size == 3420);
+  CHECK(v.window_size == 112);
+  CHECK(v.fullatt_block_indexes == std::vector<int>{7, 15, 23, 31});
+  json bad = j;
+  bad["vision_config"]["window_size"] = 100;
+  CHECK(ParseModelConfig(bad.dump(), "q").status().message() ==
+        "q vision_config: window_size 100 must be a positive multiple of "
+        "spatial_merge_size x patch_size 28");
+  json no_vision = j;
+  no_vision.erase("vision_config");
+  CHECK(ParseModelConfig(no_vision.dump(), "q").status().message() ==
+        "q: qwen2_5_vl config has no \"vision_config\"");
+}
+
 TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
   struct Case {
     const char* what;

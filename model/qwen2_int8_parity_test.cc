@@ -105,6 +105,22 @@ TEST_CASE("int8 logits and greedy tokens match transformers on the dequantized w
   }
 }
 
+TEST_CASE("int8 experts: quantized per expert, the router kept, batch-invariant", "[int8]") {
+  auto options = ParseQuantize("int8");
+  REQUIRE(options.ok());
+  LoadedModel m = LoadTestModel("qwen3moe-tiny-top2", *options);
+  const Qwen2LayerWeights& l = m.weights->layers()[0];
+  REQUIRE(l.experts.size() == 8);
+  for (const auto& x : l.experts) {
+    CHECK(x.gate.dtype == DType::kI8);
+    CHECK(x.down.dtype == DType::kI8);
+  }
+  CHECK(l.router.dtype == DType::kF32);  // int8 router logits could route elsewhere
+  cpu::ThreadPool pool(2);
+  Qwen2Model model(m.cfg.text, *m.weights, pool);
+  CheckBatchInvariance(model);
+}
+
 TEST_CASE("an int8 sequence's logits do not depend on its batch", "[parity][int8]") {
   for (const char* scheme : kSchemes) {
     LoadedModel m = Load("qwen2vl-tiny-mqa-bf16", scheme);

@@ -159,6 +159,11 @@ absl::Status Qwen2Model::Layer(int layer, int64_t t, absl::FunctionRef<absl::Sta
   o_.resize(t * hidden_);
   Linear(attn_.data(), t, w.o, nullptr, o_.data());
   RETURN_IF_ERROR(AllReduce(o_, t * hidden_));
+  if (w.o_bias != nullptr) {  // after the sum over ranks: added once
+    for (int64_t r = 0; r < t; ++r) {
+      for (int64_t i = 0; i < hidden_; ++i) o_[r * hidden_ + i] += w.o_bias[i];
+    }
+  }
   cpu::AddInPlace(pool_, h_.data(), o_.data(), t * hidden_);
   cpu::RmsNorm(pool_, h_.data(), t, hidden_, w.post_norm, eps, x_.data());
   return Mlp(layer, t);
@@ -175,6 +180,11 @@ void Qwen2Model::ProjectQkv(int layer, int64_t t) {
       pool_, x_.data(), t,
       {{&w.q, w.q_bias, q_.data()}, {&w.k, w.k_bias, k_.data()}, {&w.v, w.v_bias, v_.data()}},
       options_.linear_kernel);
+  if (w.q_norm != nullptr) {  // Qwen3: each head normalized before the rotation
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    cpu::RmsNorm(pool_, q_.data(), t * heads_, head_dim_, w.q_norm, eps, q_.data());
+    cpu::RmsNorm(pool_, k_.data(), t * kv_heads_, head_dim_, w.k_norm, eps, k_.data());
+  }
   rope_.Apply(angles_, q_.data(), t, heads_);
   rope_.Apply(angles_, k_.data(), t, kv_heads_);
 }
@@ -210,6 +220,12 @@ void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
 
 absl::Status Qwen2Model::Mlp(int layer, int64_t num_tokens) {
   const Qwen2LayerWeights& w = weights_.layers()[layer];
+  if (!w.experts.empty()) {
+    SparseMlp(w, num_tokens);
+    RETURN_IF_ERROR(AllReduce(o_, num_tokens * hidden_));
+    cpu::AddInPlace(pool_, h_.data(), o_.data(), num_tokens * hidden_);
+    return absl::OkStatus();
+  }
   gate_.resize(num_tokens * inter_);
   up_.resize(num_tokens * inter_);
   cpu::LinearMany(pool_, x_.data(), num_tokens,

@@ -111,6 +111,8 @@ class Qwen2Model {
   // Final norm and lm_head on rows of h_.
   absl::Status Logits(const std::vector<int64_t>& logits_rows, std::vector<float>* logits);
   absl::Status Mlp(int layer, int64_t num_tokens);
+  // A sparse layer's experts on rows of x_: this rank's partial sum into o_.
+  void SparseMlp(const Qwen2LayerWeights& w, int64_t num_tokens);
   // Sums a row-parallel projection's partial output over the ranks.
   absl::Status AllReduce(std::vector<float>& v, int64_t n);
   // lm_head on rows of x_: this rank's slice, gathered into *logits.
@@ -130,6 +132,8 @@ class Qwen2Model {
   std::vector<float> h_, x_, q_, k_, v_, attn_, o_, gate_, up_;
   std::vector<float> local_logits_, gathered_;  // tensor parallel only
   std::vector<float> span_out_, span_lse_;      // ESP decode: [member][row][...]
+  // Sparse layers: router logits [T][experts], one expert's rows.
+  std::vector<float> router_logits_, expert_x_, expert_y_;
   RopeAngles angles_;
 };
 

@@ -39,6 +39,10 @@ const char* const kModelDirs[] = {
     "model/testdata/models/qwen2vl-tiny-gqa2-untied-sharded",
     "model/testdata/models/qwen2vl-tiny-gqa8-padvocab-nested",
     "models/shapes-demo",
+    "model/testdata/models/qwen3-tiny-qknorm",
+    "model/testdata/models/qwen3-tiny-bias",
+    "model/testdata/models/qwen3moe-tiny-top2",
+    "model/testdata/models/qwen3moe-tiny-top3-dense0",
 };
 
 // Everything rank 0 saw: every logits row (prompt rows, then each decode
@@ -189,10 +193,15 @@ TEST_CASE("TP=2 matches TP=1 on every golden model whose KV heads split; the oth
     if (cfg->text.num_key_value_heads % 4 == 0) CheckParallel({dir}, 4, want, dir);
     ++compared;
   }
-  // mha-tied and shapes-demo run; the MQA (1 KV head) and 3-KV-head ones
-  // are refused.
-  CHECK(compared == 2);
-  CHECK(refused == 3);
+  // mha-tied, shapes-demo, qwen3-tiny-qknorm and the two Qwen3-MoE ones
+  // (each expert split like the dense MLP) run; the MQA (1 KV head) and
+  // 3-KV-head ones are refused at TP=2.
+  CHECK(compared == 5);
+  CHECK(refused == 4);
+  // Qwen3 with attention_bias: o_proj's bias is added once, after the sum
+  // over ranks (3 KV heads split over 3 ranks).
+  const std::string bias = "model/testdata/models/qwen3-tiny-bias";
+  CheckParallel({bias}, 3, OneRank({bias}), bias);
 }
 
 TEST_CASE("TP=2 matches TP=1 on random bf16 weights, tied and untied", "[tp]") {

@@ -73,7 +73,7 @@ class TensorBinder {
 absl::Status CheckDims(const TextConfig& cfg) {
   if (cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0 || cfg.num_key_value_heads <= 0 ||
       cfg.num_hidden_layers <= 0 || cfg.intermediate_size <= 0 || cfg.vocab_size <= 0 ||
-      cfg.hidden_size % cfg.num_attention_heads != 0 ||
+      (cfg.explicit_head_dim == 0 && cfg.hidden_size % cfg.num_attention_heads != 0) ||
       cfg.num_attention_heads % cfg.num_key_value_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("text config dimensions are inconsistent: hidden ", cfg.hidden_size,
@@ -110,6 +110,23 @@ VocabSlice VocabSliceOf(int64_t vocab_size, const TensorParallelShard& shard) {
   return v;
 }
 
+// A sparse layer's router and experts (transformers' Qwen3MoeSparseMoeBlock:
+// mlp.gate, mlp.experts.<e>.{gate,up,down}_proj).
+absl::Status BindExperts(const TensorBinder& bind, const TextConfig& cfg, const std::string& p,
+                         Qwen2LayerWeights* lw) {
+  const int64_t hidden = cfg.hidden_size, width = cfg.moe_intermediate_size;
+  ASSIGN_OR_RETURN(lw->router, bind.Matrix(p + "mlp.gate.weight", cfg.num_experts, hidden));
+  lw->experts.resize(cfg.num_experts);
+  for (int e = 0; e < cfg.num_experts; ++e) {
+    const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
+    Qwen2LayerWeights::Expert& x = lw->experts[e];
+    ASSIGN_OR_RETURN(x.gate, bind.Matrix(ep + "gate_proj.weight", width, hidden));
+    ASSIGN_OR_RETURN(x.up, bind.Matrix(ep + "up_proj.weight", width, hidden));
+    ASSIGN_OR_RETURN(x.down, bind.Matrix(ep + "down_proj.weight", hidden, width));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckTensorParallel(const TextConfig& cfg, const TensorParallelShard& shard) {
   if (shard.size < 1 || shard.rank < 0 || shard.rank >= shard.size) {
     return absl::InvalidArgumentError(
@@ -120,6 +137,11 @@ absl::Status CheckTensorParallel(const TextConfig& cfg, const TensorParallelShar
         "num_key_value_heads ", cfg.num_key_value_heads,
         " is not divisible by the tensor-parallel size ", shard.size,
         ": KV heads are split across ranks, not replicated; choose a size that divides it"));
+  }
+  if (cfg.num_experts > 0 && cfg.moe_intermediate_size % shard.size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe_intermediate_size ", cfg.moe_intermediate_size,
+                     " is not divisible by the tensor-parallel size ", shard.size));
   }
   if (cfg.intermediate_size % shard.size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("intermediate_size ", cfg.intermediate_size,
@@ -168,18 +190,32 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
     ASSIGN_OR_RETURN(lw.q, bind.Matrix(p + "self_attn.q_proj.weight", q_out, hidden));
     ASSIGN_OR_RETURN(lw.k, bind.Matrix(p + "self_attn.k_proj.weight", kv_out, hidden));
     ASSIGN_OR_RETURN(lw.v, bind.Matrix(p + "self_attn.v_proj.weight", kv_out, hidden));
-    ASSIGN_OR_RETURN(lw.q_bias, bind.Vector(p + "self_attn.q_proj.bias", q_out));
-    ASSIGN_OR_RETURN(lw.k_bias, bind.Vector(p + "self_attn.k_proj.bias", kv_out));
-    ASSIGN_OR_RETURN(lw.v_bias, bind.Vector(p + "self_attn.v_proj.bias", kv_out));
+    if (cfg.attention_bias) {
+      ASSIGN_OR_RETURN(lw.q_bias, bind.Vector(p + "self_attn.q_proj.bias", q_out));
+      ASSIGN_OR_RETURN(lw.k_bias, bind.Vector(p + "self_attn.k_proj.bias", kv_out));
+      ASSIGN_OR_RETURN(lw.v_bias, bind.Vector(p + "self_attn.v_proj.bias", kv_out));
+    }
+    if (cfg.attention_bias && cfg.qk_norm) {  // Qwen3's o_proj has one too
+      ASSIGN_OR_RETURN(lw.o_bias, bind.Vector(p + "self_attn.o_proj.bias", hidden));
+    }
+    if (cfg.qk_norm) {
+      ASSIGN_OR_RETURN(lw.q_norm, bind.Vector(p + "self_attn.q_norm.weight", cfg.head_dim()));
+      ASSIGN_OR_RETURN(lw.k_norm, bind.Vector(p + "self_attn.k_norm.weight", cfg.head_dim()));
+    }
     ASSIGN_OR_RETURN(lw.o, bind.Matrix(p + "self_attn.o_proj.weight", hidden, q_out));
     ASSIGN_OR_RETURN(lw.post_norm, bind.Vector(p + "post_attention_layernorm.weight", hidden));
-    ASSIGN_OR_RETURN(lw.gate, bind.Matrix(p + "mlp.gate_proj.weight", inter, hidden));
-    ASSIGN_OR_RETURN(lw.up, bind.Matrix(p + "mlp.up_proj.weight", inter, hidden));
-    ASSIGN_OR_RETURN(lw.down, bind.Matrix(p + "mlp.down_proj.weight", hidden, inter));
+    if (cfg.moe_layer(l)) {
+      RETURN_IF_ERROR(BindExperts(bind, cfg, p, &lw));
+    } else {
+      ASSIGN_OR_RETURN(lw.gate, bind.Matrix(p + "mlp.gate_proj.weight", inter, hidden));
+      ASSIGN_OR_RETURN(lw.up, bind.Matrix(p + "mlp.up_proj.weight", inter, hidden));
+      ASSIGN_OR_RETURN(lw.down, bind.Matrix(p + "mlp.down_proj.weight", hidden, inter));
+    }
     w->layers_.push_back(lw);
   }
   ASSIGN_OR_RETURN(w->final_norm_, bind.Vector(prefix + "norm.weight", hidden));
   w->tied_ = cfg.tie_word_embeddings;
+  w->top_k_ = cfg.num_experts_per_tok;
   if (w->tied_) {
     w->lm_head_ = w->embed_;
   } else {
@@ -224,7 +260,8 @@ void Qwen2Weights::WidenF16(const std::function<void(const void*)>& release) {
     *m = it->second;
   };
   for (Qwen2LayerWeights& l : layers_) {
-    for (cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) widen(m);
+    for (cpu::WeightMatrix* m : l.Projections()) widen(m);
+    if (l.router.data != nullptr) widen(&l.router);
   }
   widen(&lm_head_);
   if (tied_) widen(&embed_);  // an untied one is only looked up (WeightRowToF32)
@@ -250,9 +287,8 @@ void Qwen2Weights::PackBf16(const std::function<void(const void*)>& release) {
     *m = it->second;
   };
   for (Qwen2LayerWeights& l : layers_) {
-    for (cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
-      pack(m);
-    }
+    for (cpu::WeightMatrix* m : l.Projections()) pack(m);
+    if (l.router.data != nullptr) pack(&l.router);
   }
   // An untied embedding is only gathered from: it stays row-major (only the
   // rows looked up become resident). A tied one is read from the panels.
@@ -296,13 +332,25 @@ void Qwen2Weights::Shard(const TextConfig& cfg, const std::function<void(const v
     l.q = RowSlice(l.q, r * q_rows, q_rows);
     l.k = RowSlice(l.k, r * kv_rows, kv_rows);
     l.v = RowSlice(l.v, r * kv_rows, kv_rows);
-    l.q_bias += r * q_rows;
-    l.k_bias += r * kv_rows;
-    l.v_bias += r * kv_rows;
+    if (l.q_bias != nullptr) {
+      l.q_bias += r * q_rows;
+      l.k_bias += r * kv_rows;
+      l.v_bias += r * kv_rows;
+    }
     l.o = columns(l.o, r * q_rows, q_rows);
-    l.gate = RowSlice(l.gate, r * inter, inter);
-    l.up = RowSlice(l.up, r * inter, inter);
-    l.down = columns(l.down, r * inter, inter);
+    if (l.experts.empty()) {
+      l.gate = RowSlice(l.gate, r * inter, inter);
+      l.up = RowSlice(l.up, r * inter, inter);
+      l.down = columns(l.down, r * inter, inter);
+    }
+    // Each expert is split like the dense MLP; the router is whole on every
+    // rank, so every rank routes a token the same way.
+    const int64_t width = cfg.moe_intermediate_size / n;
+    for (Qwen2LayerWeights::Expert& x : l.experts) {
+      x.gate = RowSlice(x.gate, r * width, width);
+      x.up = RowSlice(x.up, r * width, width);
+      x.down = columns(x.down, r * width, width);
+    }
   }
   const VocabSlice vocab = VocabSliceOf(cfg.vocab_size, shard_);
   lm_head_ = RowSlice(lm_head_, vocab.begin, vocab.end - vocab.begin);
@@ -322,8 +370,10 @@ void Qwen2Weights::QuantizeInt8(int64_t group, const std::function<void(const vo
     }
     *m = it->second;
   };
+  // The router stays in its own precision: int8 logits could route a token
+  // to other experts.
   for (Qwen2LayerWeights& l : layers_) {
-    for (cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) quantize(m);
+    for (cpu::WeightMatrix* m : l.Projections()) quantize(m);
   }
   quantize(&lm_head_);
   if (tied_) quantize(&embed_);
@@ -399,6 +449,7 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
   const int64_t q_out = static_cast<int64_t>(cfg.num_attention_heads) * cfg.head_dim();
   const int64_t kv_out = static_cast<int64_t>(cfg.num_key_value_heads) * cfg.head_dim();
   w->tied_ = cfg.tie_word_embeddings;
+  w->top_k_ = cfg.num_experts_per_tok;
   w->embed_ = matrix(cfg.vocab_size, hidden, /*keep_rows=*/!w->tied_);
   for (int l = 0; l < cfg.num_hidden_layers; ++l) {
     Qwen2LayerWeights lw;
@@ -406,14 +457,29 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
     lw.q = matrix(q_out, hidden);
     lw.k = matrix(kv_out, hidden);
     lw.v = matrix(kv_out, hidden);
-    lw.q_bias = vector(q_out, false);
-    lw.k_bias = vector(kv_out, false);
-    lw.v_bias = vector(kv_out, false);
+    if (cfg.attention_bias) {
+      lw.q_bias = vector(q_out, false);
+      lw.k_bias = vector(kv_out, false);
+      lw.v_bias = vector(kv_out, false);
+    }
+    if (cfg.attention_bias && cfg.qk_norm) lw.o_bias = vector(hidden, false);
+    if (cfg.qk_norm) {
+      lw.q_norm = vector(cfg.head_dim(), true);
+      lw.k_norm = vector(cfg.head_dim(), true);
+    }
     lw.o = matrix(hidden, q_out);
     lw.post_norm = vector(hidden, true);
-    lw.gate = matrix(inter, hidden);
-    lw.up = matrix(inter, hidden);
-    lw.down = matrix(hidden, inter);
+    if (cfg.moe_layer(l)) {
+      lw.router = matrix(cfg.num_experts, hidden, /*keep_rows=*/true);
+      const int64_t width = cfg.moe_intermediate_size;
+      for (int e = 0; e < cfg.num_experts; ++e) {
+        lw.experts.push_back({matrix(width, hidden), matrix(width, hidden), matrix(hidden, width)});
+      }
+    } else {
+      lw.gate = matrix(inter, hidden);
+      lw.up = matrix(inter, hidden);
+      lw.down = matrix(hidden, inter);
+    }
     w->layers_.push_back(lw);
   }
   w->final_norm_ = vector(hidden, true);
@@ -449,13 +515,34 @@ size_t Qwen2Weights::StepWeightBytes() const {
   size_t total = lm_head_.bytes();
   for (const Qwen2LayerWeights& l : layers_) {
     total += l.q.bytes() + l.k.bytes() + l.v.bytes() + l.o.bytes() + l.gate.bytes() + l.up.bytes() +
-             l.down.bytes();
+             l.down.bytes() + l.router.bytes();
+    // One token reads its top-k experts' weights.
+    if (!l.experts.empty()) {
+      const Qwen2LayerWeights::Expert& x = l.experts[0];
+      total += static_cast<size_t>(top_k_) * (x.gate.bytes() + x.up.bytes() + x.down.bytes());
+    }
   }
   return total;
 }
 
 size_t Qwen2Weights::TotalWeightBytes() const {
-  return StepWeightBytes() + (tied_ ? 0 : embed_.bytes());
+  size_t total = StepWeightBytes() + (tied_ ? 0 : embed_.bytes());
+  for (const Qwen2LayerWeights& l : layers_) {  // the experts no token of a step reads
+    if (l.experts.empty()) continue;
+    const Qwen2LayerWeights::Expert& x = l.experts[0];
+    total += (l.experts.size() - static_cast<size_t>(top_k_)) *
+             (x.gate.bytes() + x.up.bytes() + x.down.bytes());
+  }
+  return total;
+}
+
+std::vector<cpu::WeightMatrix*> Qwen2LayerWeights::Projections() {
+  std::vector<cpu::WeightMatrix*> out = {&q, &k, &v, &o};
+  if (experts.empty()) {
+    out.insert(out.end(), {&gate, &up, &down});
+  }
+  for (Expert& x : experts) out.insert(out.end(), {&x.gate, &x.up, &x.down});
+  return out;
 }
 
 }  // namespace mmserve::model

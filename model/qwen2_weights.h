@@ -97,12 +97,27 @@ struct Qwen2LayerWeights {
   const float* input_norm = nullptr;  // [hidden]
   cpu::WeightMatrix q, k, v,
       o;  // q: [heads * head_dim][hidden], k/v: [kv_heads * head_dim][hidden]
-  const float* q_bias = nullptr;
+  const float* q_bias = nullptr;  // null without attention_bias (Qwen3)
   const float* k_bias = nullptr;
   const float* v_bias = nullptr;
+  const float* o_bias = nullptr;  // [hidden]; Qwen3 with attention_bias only
+  const float* q_norm = nullptr;  // [head_dim], per-head RMSNorm weights (Qwen3)
+  const float* k_norm = nullptr;
   const float* post_norm = nullptr;  // [hidden]
   cpu::WeightMatrix gate, up,
-      down;  // gate/up: [intermediate][hidden], down: [hidden][intermediate]
+      down;  // gate/up: [intermediate][hidden], down: [hidden][intermediate]; dense layers
+  // A sparse (mixture-of-experts) layer: the router [num_experts][hidden]
+  // and one MLP per expert (gate/up: [moe_intermediate][hidden], down:
+  // [hidden][moe_intermediate]); empty in a dense layer.
+  cpu::WeightMatrix router;
+  struct Expert {
+    cpu::WeightMatrix gate, up, down;
+  };
+  std::vector<Expert> experts;
+
+  // Every projection a token's path multiplies (attention, then the dense
+  // MLP or every expert's), the router excluded.
+  std::vector<cpu::WeightMatrix*> Projections();
 };
 
 class Qwen2Weights {
@@ -127,7 +142,8 @@ class Qwen2Weights {
   const cpu::WeightMatrix& lm_head() const { return lm_head_; }
   const TensorParallelShard& shard() const { return shard_; }
 
-  // Bytes of the matrices one decode step reads: every layer's projections
+  // Bytes of the matrices one decode step of one sequence reads: every
+  // layer's projections (of a sparse layer, the router and top-k experts)
   // plus lm_head (the embedding table is only gathered from).
   size_t StepWeightBytes() const;
   // Bytes of all distinct matrices (embed and lm_head once when tied).
@@ -156,6 +172,7 @@ class Qwen2Weights {
   const float* final_norm_ = nullptr;
   cpu::WeightMatrix lm_head_;
   bool tied_ = false;
+  int top_k_ = 0;  // experts per token, sparse layers
   TensorParallelShard shard_;
   // fp32 copies of norms and biases, and for Random() the matrices too.
   std::vector<std::unique_ptr<std::vector<float>>> owned_f32_;

@@ -13,104 +13,16 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "model/cpu/ops.h"
 #include "model/cpu/rope_ops.h"
 #include "model/cpu/vision_ops.h"
+#include "model/vision_windows.h"
 
 namespace mmserve::model {
 namespace {
 
 constexpr float kLayerNormEps = 1e-6f;
 constexpr float kRopeTheta = 10000.0f;
-
-// Finds `name` under "visual." or "model.visual." and checks its shape.
-absl::StatusOr<const TensorView*> FindTensor(const SafetensorsCheckpoint& ckpt,
-                                             const std::string& name,
-                                             const std::vector<int64_t>& shape) {
-  const TensorView* t = ckpt.Find("visual." + name);
-  if (t == nullptr) t = ckpt.Find("model.visual." + name);
-  if (t == nullptr) return absl::InvalidArgumentError("missing tensor visual." + name);
-  if (t->shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor visual.", name, " is ", t->Describe(),
-                                                   ", expected [", absl::StrJoin(shape, ", "),
-                                                   "]"));
-  }
-  if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor visual.", name, " has unsupported dtype ", DTypeName(t->dtype)));
-  }
-  return t;
-}
-
-std::vector<float> ToF32(const TensorView& t) {
-  std::vector<float> out(t.numel());
-  const auto* u16 = reinterpret_cast<const uint16_t*>(t.data);
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t.dtype == DType::kF32) {
-      std::memcpy(&out[i], t.data + i * 4, 4);
-    } else {
-      out[i] = t.dtype == DType::kBF16 ? Bf16ToF32(u16[i]) : F16ToF32(u16[i]);
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<float>> LoadVector(const SafetensorsCheckpoint& ckpt,
-                                              const std::string& name, int n) {
-  ASSIGN_OR_RETURN(const TensorView* t, FindTensor(ckpt, name, {n}));
-  return ToF32(*t);
-}
-
-// d's matrix quantized to int8 panels from the row-major `src` (which the
-// caller may free afterwards).
-void QuantizeDense(cpu::ThreadPool& pool, const cpu::WeightMatrix& src, int64_t group,
-                   DenseWeights* d) {
-  d->int8 = cpu::Int8Weights::Quantize(pool, src, group);
-  d->matrix = d->int8.matrix();
-  d->kernel = cpu::LinearKernel::kDot;
-}
-
-absl::Status LoadDense(const SafetensorsCheckpoint& ckpt, const std::string& prefix, int out,
-                       int in, bool bias, cpu::ThreadPool& pool, int64_t int8_group,
-                       DenseWeights* d, std::vector<int64_t> shape = {}) {
-  d->out = out;
-  d->in = in;
-  if (shape.empty()) shape = {out, in};
-  ASSIGN_OR_RETURN(const TensorView* w, FindTensor(ckpt, prefix + ".weight", shape));
-  if (w->dtype == DType::kBF16 && int8_group >= 0) {
-    QuantizeDense(pool, cpu::WeightMatrix{DType::kBF16, w->data, out, in}, int8_group, d);
-    ckpt.ReleasePages(*w);
-  } else if (w->dtype == DType::kBF16) {
-    // One bf16 copy: repacked into panels, the mapped pages dropped.
-    d->panels = cpu::PanelWeights::Pack(pool, cpu::WeightMatrix{DType::kBF16, w->data, out, in});
-    d->matrix = d->panels.matrix();
-    d->kernel = cpu::LinearKernel::kDot;
-    ckpt.ReleasePages(*w);
-  } else {
-    const float* data = reinterpret_cast<const float*>(w->data);
-    if (w->dtype != DType::kF32) {
-      d->owned = ToF32(*w);
-      data = d->owned.data();
-    }
-    d->matrix = cpu::WeightMatrix{DType::kF32, data, out, in};
-    d->kernel = cpu::LinearKernel::kOpenBlas;
-    if (int8_group >= 0) {
-      QuantizeDense(pool, d->matrix, int8_group, d);
-      std::vector<float>().swap(d->owned);
-      ckpt.ReleasePages(*w);
-    }
-  }
-  if (bias) {
-    ASSIGN_OR_RETURN(const TensorView* b, FindTensor(ckpt, prefix + ".bias", {out}));
-    if (b->dtype == DType::kF32) {
-      d->b = reinterpret_cast<const float*>(b->data);
-    } else {
-      d->bias_owned = ToF32(*b);
-      d->b = d->bias_owned.data();
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Adds the time from its construction to its end to *seconds (none if null).
 class StageTimer {
  public:
@@ -225,26 +137,21 @@ void RotateAndScatter(cpu::ThreadPool& pool, int64_t r0, int64_t rows, int64_t n
 constexpr int64_t kRowChunk = 256;
 // Query rows of one head per attention task.
 constexpr int kQueryTile = 64;
-
-// A small fast generator for random weights (uniform, given std).
-class WeightRng {
- public:
-  explicit WeightRng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  float Next(float std_dev) {
-    s_ ^= s_ << 13;
-    s_ ^= s_ >> 7;
-    s_ ^= s_ << 17;
-    const float u = static_cast<float>(s_ >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    return (2.0f * u - 1.0f) * std_dev * 1.7320508f;                      // sqrt(3): unit std
-  }
-
- private:
-  uint64_t s_;
-};
-
 // The patch rows where each image's (and frame's) attention segment starts,
 // then the total: {0, n_0, n_0 + n_1, ..., n}. InvalidArgument for an empty
 // grid, one not a multiple of the merge size, or too many patches.
+// Rows of `width` floats in groups: group order[i] moves to position i
+// (inverse: position i moves back to group order[i]).
+void PermuteGroups(const std::vector<int>& order, int64_t width, bool inverse,
+                   std::vector<float>* v) {
+  std::vector<float> out(v->size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t from = inverse ? i : order[i], to = inverse ? order[i] : i;
+    std::memcpy(&out[to * width], &(*v)[from * width], width * sizeof(float));
+  }
+  v->swap(out);
+}
+
 absl::StatusOr<std::vector<int>> AttentionBounds(absl::Span<const ImageGrid> grids, int merge) {
   int64_t n = 0;
   std::vector<int> bounds = {0};
@@ -299,123 +206,6 @@ absl::StatusOr<bool> ParseBf16Activations(const std::string& activation_dtype,
   }
   return true;
 }
-
-size_t VisionTower::weight_bytes() const {
-  size_t total =
-      patch_embed_.matrix.bytes() + merger_fc1_.matrix.bytes() + merger_fc2_.matrix.bytes();
-  for (const Block& b : blocks_) {
-    total +=
-        b.qkv.matrix.bytes() + b.proj.matrix.bytes() + b.fc1.matrix.bytes() + b.fc2.matrix.bytes();
-  }
-  return total;
-}
-
-std::unique_ptr<VisionTower> VisionTower::CreateRandom(const VisionConfig& c, uint64_t seed,
-                                                       DType dtype,
-                                                       const VisionTowerOptions& options) {
-  std::unique_ptr<VisionTower> t(new VisionTower());
-  t->cfg_ = c;
-  t->SetPool(options);
-  WeightRng rng(seed);
-  std::vector<uint16_t> bf16;
-  auto dense = [&](DenseWeights* d, int out, int in, bool bias) {
-    d->out = out;
-    d->in = in;
-    const size_t count = static_cast<size_t>(out) * in;
-    if (dtype == DType::kBF16) {
-      bf16.resize(count);
-      for (uint16_t& v : bf16) v = F32ToBf16(rng.Next(0.02f));
-      const cpu::WeightMatrix src{DType::kBF16, bf16.data(), out, in};
-      if (options.int8_group >= 0) {
-        QuantizeDense(*t->pool_, src, options.int8_group, d);
-      } else {
-        d->panels = cpu::PanelWeights::Pack(*t->pool_, src);
-        d->matrix = d->panels.matrix();
-        d->kernel = cpu::LinearKernel::kDot;
-      }
-    } else {
-      d->owned.resize(count);
-      for (float& v : d->owned) v = rng.Next(0.02f);
-      d->matrix = cpu::WeightMatrix{DType::kF32, d->owned.data(), out, in};
-      d->kernel = cpu::LinearKernel::kOpenBlas;
-      if (options.int8_group >= 0) {
-        QuantizeDense(*t->pool_, d->matrix, options.int8_group, d);
-        std::vector<float>().swap(d->owned);
-      }
-    }
-    if (bias) {
-      d->bias_owned.resize(out);
-      for (float& v : d->bias_owned) v = rng.Next(0.02f);
-      d->b = d->bias_owned.data();
-    }
-  };
-  auto ones = [](int n) { return std::vector<float>(n, 1.0f); };
-  auto zeros = [](int n) { return std::vector<float>(n, 0.0f); };
-  const int e = c.embed_dim, mlp = e * c.mlp_ratio;
-  const int merged = e * c.spatial_merge_size * c.spatial_merge_size;
-  dense(&t->patch_embed_, e, c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size,
-        false);
-  t->blocks_.resize(c.depth);
-  for (Block& b : t->blocks_) {
-    b.norm1_w = b.norm2_w = ones(e);
-    b.norm1_b = b.norm2_b = zeros(e);
-    dense(&b.qkv, 3 * e, e, true);
-    dense(&b.proj, e, e, true);
-    dense(&b.fc1, mlp, e, true);
-    dense(&b.fc2, e, mlp, true);
-  }
-  t->ln_q_w_ = ones(e);
-  t->ln_q_b_ = zeros(e);
-  dense(&t->merger_fc1_, merged, merged, true);
-  dense(&t->merger_fc2_, c.hidden_size, merged, true);
-  return t;
-}
-
-absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const SafetensorsCheckpoint& ckpt,
-                                                               const ModelConfig& config,
-                                                               const VisionTowerOptions& options) {
-  if (!config.vision) return absl::InvalidArgumentError("the model has no vision_config");
-  std::unique_ptr<VisionTower> t(new VisionTower());
-  const VisionConfig& c = t->cfg_ = *config.vision;
-  if (c.hidden_act != "quick_gelu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vision hidden_act \"", c.hidden_act, "\" is not supported (quick_gelu)"));
-  }
-  if (c.embed_dim / c.num_heads > 512 || (c.embed_dim / c.num_heads) % 4 != 0) {
-    return absl::InvalidArgumentError("vision head_dim must be a multiple of 4 and at most 512");
-  }
-  t->SetPool(options);
-  cpu::ThreadPool& pool = *t->pool_;
-  const int64_t group = options.int8_group;
-  const int e = c.embed_dim,
-            patch_dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
-  RETURN_IF_ERROR(LoadDense(ckpt, "patch_embed.proj", e, patch_dim, false, pool, group,
-                            &t->patch_embed_,
-                            {e, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}));
-  t->blocks_.resize(c.depth);
-  const int mlp = e * c.mlp_ratio;
-  for (int i = 0; i < c.depth; ++i) {
-    Block& b = t->blocks_[i];
-    const std::string p = absl::StrCat("blocks.", i, ".");
-    ASSIGN_OR_RETURN(b.norm1_w, LoadVector(ckpt, p + "norm1.weight", e));
-    ASSIGN_OR_RETURN(b.norm1_b, LoadVector(ckpt, p + "norm1.bias", e));
-    ASSIGN_OR_RETURN(b.norm2_w, LoadVector(ckpt, p + "norm2.weight", e));
-    ASSIGN_OR_RETURN(b.norm2_b, LoadVector(ckpt, p + "norm2.bias", e));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.qkv", 3 * e, e, true, pool, group, &b.qkv));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.proj", e, e, true, pool, group, &b.proj));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.fc1", mlp, e, true, pool, group, &b.fc1));
-    RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.fc2", e, mlp, true, pool, group, &b.fc2));
-  }
-  const int merged = e * c.spatial_merge_size * c.spatial_merge_size;
-  ASSIGN_OR_RETURN(t->ln_q_w_, LoadVector(ckpt, "merger.ln_q.weight", e));
-  ASSIGN_OR_RETURN(t->ln_q_b_, LoadVector(ckpt, "merger.ln_q.bias", e));
-  RETURN_IF_ERROR(
-      LoadDense(ckpt, "merger.mlp.0", merged, merged, true, pool, group, &t->merger_fc1_));
-  RETURN_IF_ERROR(
-      LoadDense(ckpt, "merger.mlp.2", c.hidden_size, merged, true, pool, group, &t->merger_fc2_));
-  return t;
-}
-
 void VisionTower::Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
                          VisionTrace* trace) const {
   Stopwatch w;
@@ -478,8 +268,17 @@ void VisionTower::Attention(float* q, const float* k, const float* v, int64_t n,
 // one row chunk's; cos, sin: RotaryTables.
 struct VisionTower::Activations {
   int64_t n = 0, chunk = 0;
-  std::vector<float> x, q, k, v, h, qkv, mlp, cos, sin;
+  std::vector<float> x, q, k, v, h, qkv, mlp, up, cos, sin;
 };
+
+void VisionTower::Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x,
+                       int64_t n, float* y) const {
+  if (b.empty()) {
+    cpu::RmsNorm(*pool_, x, n, cfg_.embed_dim, w.data(), kLayerNormEps, y);
+  } else {
+    LayerNorm(*pool_, x, n, cfg_.embed_dim, w, b, y);
+  }
+}
 
 void VisionTower::AttentionHalf(const Block& b, absl::Span<const int> bounds, Activations* a,
                                 VisionTrace* trace) const {
@@ -488,7 +287,7 @@ void VisionTower::AttentionHalf(const Block& b, absl::Span<const int> bounds, Ac
     const int64_t rows = std::min(a->chunk, a->n - r0);
     {
       const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
-      LayerNorm(*pool_, &a->x[r0 * e], rows, e, b.norm1_w, b.norm1_b, a->h.data());
+      Norm(b.norm1_w, b.norm1_b, &a->x[r0 * e], rows, a->h.data());
     }
     Linear(b.qkv, a->h.data(), rows, a->qkv.data(), trace);
     const StageTimer t(StageSeconds(trace, &VisionTrace::rope_seconds));
@@ -511,14 +310,19 @@ void VisionTower::MlpHalf(const Block& b, Activations* a, VisionTrace* trace) co
     }
     {
       const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
-      LayerNorm(*pool_, xr, rows, e, b.norm2_w, b.norm2_b, a->h.data());
+      Norm(b.norm2_w, b.norm2_b, xr, rows, a->h.data());
     }
     Linear(b.fc1, a->h.data(), rows, a->mlp.data(), trace);
+    if (b.up.out > 0) Linear(b.up, a->h.data(), rows, a->up.data(), trace);
     {
       const StageTimer t(elementwise);
-      pool_->ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
-        cpu::QuickGeluInPlace(&a->mlp[begin * mlp_dim], (end - begin) * mlp_dim);
-      });
+      if (b.up.out > 0) {
+        cpu::SiluMul(*pool_, a->mlp.data(), a->up.data(), rows * mlp_dim, a->mlp.data());
+      } else {
+        pool_->ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
+          cpu::QuickGeluInPlace(&a->mlp[begin * mlp_dim], (end - begin) * mlp_dim);
+        });
+      }
     }
     Linear(b.fc2, a->mlp.data(), rows, a->h.data(), trace);
     const StageTimer t(elementwise);
@@ -553,6 +357,7 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
   a.h.resize(static_cast<size_t>(a.chunk) * e);
   a.qkv.resize(a.h.size() * 3);
   a.mlp.resize(static_cast<size_t>(a.chunk) * (blocks_.empty() ? 0 : blocks_[0].fc1.out));
+  if (!blocks_.empty() && blocks_[0].up.out > 0) a.up.resize(a.mlp.size());
   for (int64_t r0 = 0; r0 < n; r0 += a.chunk) {
     Linear(patch_embed_, pixels.data() + r0 * patch_in, std::min(a.chunk, n - r0), &a.x[r0 * e],
            trace);
@@ -562,16 +367,34 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
     const StageTimer t(StageSeconds(trace, &VisionTrace::rope_seconds));
     RotaryTables(grids, c.spatial_merge_size, e / c.num_heads, &a.cos, &a.sin);
   }
+  // Qwen2.5-VL: patches (and their angles) reordered window by window; the
+  // frames stay contiguous, so the per-frame bounds hold for full attention.
+  const bool windowed = c.arch == VisionConfig::Arch::kQwen25Vl;
+  VisionWindows windows;
+  if (windowed) {
+    windows = PlanVisionWindows(grids, c.spatial_merge_size,
+                                c.window_size / c.spatial_merge_size / c.patch_size);
+    const int half = e / c.num_heads / 2;
+    PermuteGroups(windows.group_order, int64_t{m2} * e, false, &a.x);
+    PermuteGroups(windows.group_order, int64_t{m2} * half, false, &a.cos);
+    PermuteGroups(windows.group_order, int64_t{m2} * half, false, &a.sin);
+  }
   for (size_t bi = 0; bi < blocks_.size(); ++bi) {
-    AttentionHalf(blocks_[bi], bounds, &a, trace);
+    const bool full =
+        !windowed || std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
+                               static_cast<int>(bi)) != c.fullatt_block_indexes.end();
+    AttentionHalf(blocks_[bi], full ? bounds : windows.bounds, &a, trace);
     MlpHalf(blocks_[bi], &a, trace);
-    if (bi == 0 && trace != nullptr && trace->record_activations) trace->block0 = a.x;
+    if (bi == 0 && trace != nullptr && trace->record_activations) {
+      trace->block0 = a.x;  // in patch order
+      if (windowed) PermuteGroups(windows.group_order, int64_t{m2} * e, true, &trace->block0);
+    }
   }
   // Merger: LayerNorm per patch, then each run of merge^2 patches as one row.
   // q and k are free now: LayerNorm into q, fc1 into k.
   {
     const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
-    LayerNorm(*pool_, a.x.data(), n, e, ln_q_w_, ln_q_b_, a.q.data());
+    Norm(ln_q_w_, ln_q_b_, a.x.data(), n, a.q.data());
   }
   const int64_t tokens = n / m2;
   Linear(merger_fc1_, a.q.data(), tokens, a.k.data(), trace);
@@ -581,6 +404,7 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
   }
   std::vector<float> out(static_cast<size_t>(tokens) * merger_fc2_.out);
   Linear(merger_fc2_, a.k.data(), tokens, out.data(), trace);
+  if (windowed) PermuteGroups(windows.group_order, merger_fc2_.out, true, &out);
   if (trace != nullptr) trace->total_seconds = total.ElapsedSeconds();
   return out;
 }

@@ -1,8 +1,11 @@
-// The Qwen2-VL vision tower on CPU (fp32 activations and accumulation):
-// patch embedding (the 3-D convolution as one matmul), 2-D rotary embedding
-// over each image's patch grid, transformer blocks whose attention stays
-// inside each image, and the 2x2 patch merger that maps to the language
-// model's hidden size.
+// The Qwen2-VL and Qwen2.5-VL vision towers on CPU (fp32 activations and
+// accumulation): patch embedding (the 3-D convolution as one matmul), 2-D
+// rotary embedding over each image's patch grid, transformer blocks whose
+// attention stays inside each image, and the 2x2 patch merger that maps to
+// the language model's hidden size. Qwen2.5-VL's blocks use RMSNorm and a
+// gated SiLU MLP, and attend inside windows (vision_windows.h) except in
+// its full-attention blocks; the patches run in window order and the merged
+// tokens come back in image order.
 //
 //   ASSIGN_OR_RETURN(auto tower, VisionTower::Load(*checkpoint, config));
 //   ASSIGN_OR_RETURN(std::vector<float> emb, tower->Forward(pixels, grids));
@@ -122,9 +125,11 @@ class VisionTower {
   size_t weight_bytes() const;
 
  private:
+  // Qwen2-VL: LayerNorms, fc1 -> QuickGELU -> fc2. Qwen2.5-VL: RMSNorms (no
+  // biases), fc1 = gate_proj and fc2 = down_proj around silu(gate) * up.
   struct Block {
-    std::vector<float> norm1_w, norm1_b, norm2_w, norm2_b;
-    DenseWeights qkv, proj, fc1, fc2;
+    std::vector<float> norm1_w, norm1_b, norm2_w, norm2_b;  // *_b empty: RMSNorm
+    DenseWeights qkv, proj, fc1, up, fc2;                   // up: gated MLPs only
   };
   VisionTower() = default;
   // Sets the pool and the other run-time options.
@@ -140,6 +145,9 @@ class VisionTower {
   void AttentionHalf(const Block& b, absl::Span<const int> bounds, Activations* a,
                      VisionTrace* trace) const;
   void MlpHalf(const Block& b, Activations* a, VisionTrace* trace) const;
+  // LayerNorm with a bias, RMSNorm without, over n rows of the tower's width.
+  void Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x, int64_t n,
+            float* y) const;
 
   VisionConfig cfg_;
   std::unique_ptr<cpu::ThreadPool> own_pool_;
@@ -147,7 +155,7 @@ class VisionTower {
   bool bf16_activations_ = false;  // VisionTowerOptions::bf16_activations
   DenseWeights patch_embed_;
   std::vector<Block> blocks_;
-  std::vector<float> ln_q_w_, ln_q_b_;
+  std::vector<float> ln_q_w_, ln_q_b_;  // ln_q_b_ empty: RMSNorm
   DenseWeights merger_fc1_, merger_fc2_;
 };
 

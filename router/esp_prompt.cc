@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/chat_proto.h"
 #include "model/chat_template.h"
 
 namespace mmserve::router {
@@ -14,20 +15,8 @@ namespace {
 absl::StatusOr<std::string> PromptText(const mmserve::v1::GenerateRequest& request) {
   if (!request.has_chat()) return request.raw().text();
   std::vector<model::ChatMessage> messages;
-  messages.reserve(static_cast<size_t>(request.chat().messages_size()));
-  for (const mmserve::v1::ChatMessage& m : request.chat().messages()) {
-    model::ChatMessage& cm = messages.emplace_back();
-    cm.role = m.role();
-    for (const mmserve::v1::ContentPart& p : m.content()) {
-      model::ChatPart::Kind kind = model::ChatPart::Kind::kText;
-      if (p.has_image()) kind = model::ChatPart::Kind::kImage;
-      if (p.has_video()) kind = model::ChatPart::Kind::kVideo;
-      cm.parts.push_back({kind, kind == model::ChatPart::Kind::kText ? p.text() : ""});
-    }
-  }
   model::ChatOptions opts;
-  opts.add_generation_prompt =
-      !request.chat().has_add_generation_prompt() || request.chat().add_generation_prompt();
+  model::ChatFromProto(request.chat(), &messages, &opts);
   return model::RenderQwen2VlChat(messages, opts);
 }
 

@@ -16,6 +16,7 @@
 #include "router/elastic_call.h"
 #include "router/esp_prompt.h"
 #include "router/public_error.h"
+#include "router/tool_grammar.h"
 #include "scheduler/placement.h"
 
 namespace mmserve::router {
@@ -103,6 +104,10 @@ std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
   Setup setup{.context = &context, .sink = std::move(sink), .deadline = deadline};
   if (request.request_id().empty()) request.set_request_id(AssignId());
   absl::StatusOr<std::vector<PreparedImage>> prepared = PrepareRequest(context.options, request);
+  if (prepared.ok()) {
+    // A required or named tool choice becomes the output constraint.
+    if (absl::Status s = ApplyToolChoice(&request); !s.ok()) prepared = s;
+  }
   LanguagePlacement placed;
   if (prepared.ok()) setup.images = *std::move(prepared);
   const bool elastic = prepared.ok() && context.esp != nullptr &&

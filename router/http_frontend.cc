@@ -19,6 +19,7 @@
 #include "router/openai.h"
 #include "router/openai_completions.h"
 #include "router/public_error.h"
+#include "router/tool_request.h"
 
 namespace mmserve::router {
 namespace {
@@ -221,9 +222,12 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
   absl::StatusOr<OpenAiChatRequest> chat =
       ParseChatCompletionRequest(admitted->body, admitted->limits);
   if (!chat.ok()) return SendError(res, chat.status());
-  CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),
-                       chat->request.sampling().has_logprobs(), chat->include_usage,
-                       std::max<uint32_t>(chat->request.n(), 1)};
+  CompletionContext cc{ctx.options.model_id,
+                       absl::ToUnixSeconds(absl::Now()),
+                       chat->request.sampling().has_logprobs(),
+                       chat->include_usage,
+                       std::max<uint32_t>(chat->request.n(), 1),
+                       ToolCallsParsed(chat->request)};
   RunCall(ctx, calls, *std::move(admitted), chat->request, chat->stream, ChatCompletionBuilder(cc),
           std::make_shared<ChatCompletionStream>(cc), res);
 }

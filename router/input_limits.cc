@@ -31,6 +31,12 @@ size_t PromptTextBytes(const mmserve::v1::GenerateRequest& request) {
   if (request.has_chat()) {
     for (const auto& m : request.chat().messages()) {
       for (const auto& p : m.content()) bytes += p.text().size();
+      for (const auto& c : m.tool_calls()) bytes += c.name().size() + c.arguments().size();
+    }
+    // Tools are rendered into the system turn.
+    for (const auto& t : request.chat().tools()) {
+      bytes += t.function().name().size() + t.function().description().size() +
+               t.function().parameters().size();
     }
   } else if (request.has_raw()) {
     bytes = request.raw().text().size();

@@ -33,7 +33,8 @@ size_t MaxTokenBytes(const model::Tokenizer& tokenizer);
 // Text bytes beyond which no prompt fits `max_model_len` tokens.
 size_t MaxPromptBytes(size_t max_token_bytes, int max_model_len);
 
-// The request's text bytes (chat text parts or raw text).
+// The request's text bytes (chat text parts, tool calls and tools, or raw
+// text).
 size_t PromptTextBytes(const mmserve::v1::GenerateRequest& request);
 
 // INVALID_ARGUMENT when options.max_prompt_bytes > 0 and the request's text

@@ -16,8 +16,8 @@
 //   }
 //   // on an error before any byte: Send(HttpStatusFor(s.code()), ErrorJson(s));
 //
-// Fields read from the request: model, messages (role system/user/assistant,
-// "developer" as system; content a string or a list of text and image_url
+// Fields read from the request: model, messages (role system/user/assistant/
+// tool, "developer" as system; content a string or a list of text and image_url
 // parts, images only as data: URLs with base64), stream,
 // stream_options.include_usage, temperature, top_p, top_k (-1 = off, as in
 // vLLM), min_p, seed, max_tokens / max_completion_tokens (the latter wins),
@@ -25,10 +25,12 @@
 // skip_special_tokens, presence_penalty, frequency_penalty,
 // repetition_penalty, logit_bias ({"<token id>": bias}), add_generation_prompt,
 // n (GenerateRequest.n), priority (vLLM's extension: lower runs first among
-// waiting requests), response_format and vLLM's guided_json / guided_regex
-// / guided_grammar (SamplingParams.constraint). Fields that change nothing
-// at their neutral value (best_of 1, tools [], ...) are accepted there and
-// refused elsewhere; user, metadata and other
+// waiting requests), tools, tool_choice, parallel_tool_calls, an assistant
+// message's tool_calls and a "tool" message's tool_call_id (Chat's tool
+// fields; router/openai_tools.h), response_format and vLLM's guided_json /
+// guided_regex / guided_grammar (SamplingParams.constraint). Fields that
+// change nothing at their neutral value (best_of 1, ...) are accepted there
+// and refused elsewhere; user, metadata and other
 // unknown fields are ignored, as vLLM does. Value ranges (temperature >= 0,
 // ...) are left to the router's SamplingParams validation, so both APIs
 // refuse the same values with the same reasons; only values the proto cannot
@@ -84,6 +86,9 @@ struct CompletionContext {
   bool logprobs = false;       // the request asked for logprobs
   bool include_usage = false;  // streams only: send the usage chunk
   uint32_t n = 1;              // choices (GenerateResponse.index 0..n-1)
+  // The output is parsed for tool calls: a first chunk without text says
+  // content null (a reply of calls only has none).
+  bool tool_calls = false;
 };
 
 // The usage of a request's n choices: the prompt's counts once (choice 0's),
@@ -107,6 +112,9 @@ class CollectedChoices {
     google::protobuf::RepeatedPtrField<mmserve::v1::PositionLogprobs> logprobs;
     mmserve::v1::FinishReason finish_reason = mmserve::v1::FINISH_REASON_UNSPECIFIED;
     std::string matched_stop;
+    // Tool calls assembled from the responses' ToolCallDelta (by index:
+    // id and name set, arguments concatenated).
+    std::vector<mmserve::v1::ToolCall> tool_calls;
   };
   // max(n, 1) choices.
   explicit CollectedChoices(uint32_t n, const std::string& prefix = "");
@@ -124,9 +132,10 @@ class CollectedChoices {
   ChoicesUsage usage_;
 };
 
-// OpenAI's finish_reason for ours: STOP and STOP_STRING -> "stop", LENGTH ->
-// "length", ABORT -> "abort" (as vLLM); "" while unfinished.
-std::string OpenAiFinishReason(mmserve::v1::FinishReason reason);
+// OpenAI's finish_reason for ours: STOP and STOP_STRING -> "stop" (or
+// "tool_calls" when the choice made tool calls), LENGTH -> "length", ABORT ->
+// "abort" (as vLLM); "" while unfinished.
+std::string OpenAiFinishReason(mmserve::v1::FinishReason reason, bool tool_calls = false);
 
 // Collects a whole GenerateResponse stream into one chat.completion body.
 class ChatCompletionBuilder {
@@ -138,8 +147,11 @@ class ChatCompletionBuilder {
   // Whether every choice's final response has arrived.
   bool finished() const { return choices_.finished(); }
   // The "chat.completion" object: id "chatcmpl-<request_id>", choices[i]
-  // (index i) with message {role, content}, finish_reason, logprobs (null
-  // unless requested), and usage (ChoicesUsage).
+  // (index i) with message {role, content, tool_calls} (content null when
+  // the choice made calls and said nothing else; tool_calls only when it
+  // made some: {id, type "function", function {name, arguments}}),
+  // finish_reason, logprobs (null unless requested), and usage
+  // (ChoicesUsage).
   std::string Json() const;
 
  private:
@@ -152,9 +164,13 @@ class ChatCompletionBuilder {
 // first chunk), delta.content the response's text, logprobs when
 // requested, finish_reason on the final response (null before), and
 // "usage": null when ctx.include_usage (OpenAI's shape: usage comes in its
-// own last chunk).
+// own last chunk). The response's tool call deltas go in delta.tool_calls:
+// {index, id, type "function", function {name, arguments}} for a call's first
+// delta, {index, function {arguments}} for the rest. `tool_calls`: the choice
+// has made calls (its finish_reason is then "tool_calls").
 std::string ChatCompletionChunkJson(const CompletionContext& ctx,
-                                    const mmserve::v1::GenerateResponse& response, bool first);
+                                    const mmserve::v1::GenerateResponse& response, bool first,
+                                    bool tool_calls = false);
 // The usage chunk sent after the final chunk when include_usage: empty
 // choices and the usage object.
 std::string ChatCompletionUsageChunkJson(const CompletionContext& ctx,
@@ -172,12 +188,15 @@ class ChatCompletionStream {
   explicit ChatCompletionStream(CompletionContext ctx)
       : ctx_(std::move(ctx)),
         opened_(std::max<uint32_t>(ctx_.n, 1)),
-        finished_(std::max<uint32_t>(ctx_.n, 1)) {}
+        finished_(std::max<uint32_t>(ctx_.n, 1)),
+        called_(std::max<uint32_t>(ctx_.n, 1)) {}
 
   // The events for one response (possibly none): each choice's first chunk
   // opens with the role; a response with nothing to say sends nothing; a
-  // final response sends its choice's finish chunk, and the last choice's
-  // also the usage chunk (summed, ChoicesUsage) when requested, and [DONE].
+  // response with tool call deltas sends its text, then one chunk per
+  // delta (as OpenAI does); a final response sends its choice's finish
+  // chunk, and the last choice's also the usage chunk (summed,
+  // ChoicesUsage) when requested, and [DONE].
   std::string OnResponse(const mmserve::v1::GenerateResponse& response);
   // An error after the stream began (HTTP status already sent): an event
   // holding ErrorJson(status), then [DONE], as vLLM does.
@@ -185,9 +204,13 @@ class ChatCompletionStream {
   bool done() const { return done_; }
 
  private:
+  // One chunk's worth of a response (at most one tool call delta).
+  std::string OnPart(const mmserve::v1::GenerateResponse& part);
+
   CompletionContext ctx_;
   std::vector<bool> opened_;    // per choice: its first chunk went out
   std::vector<bool> finished_;  // per choice: its final chunk went out
+  std::vector<bool> called_;    // per choice: a tool call went out
   uint32_t num_finished_ = 0;
   ChoicesUsage usage_;
   bool done_ = false;

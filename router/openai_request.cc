@@ -13,6 +13,8 @@
 #include "router/data_url.h"
 #include "router/openai.h"
 #include "router/openai_fields.h"
+#include "router/openai_tools.h"
+#include "router/tool_request.h"
 
 namespace mmserve::router {
 namespace {
@@ -37,17 +39,14 @@ absl::Status CheckNeutralFields(const json& body) {
       if (on) return FieldError(key, "is not supported");
     }
   }
-  for (const char* key : {"tools", "functions"}) {
-    if (const json* v = Find(body, key)) {
-      if (!v->is_array()) return FieldError(key, "must be an array");
-      if (!v->empty()) return FieldError(key, "tool calling is not supported");
-    }
+  // The deprecated forms of tools and tool_choice.
+  if (const json* v = Find(body, "functions")) {
+    if (!v->is_array()) return FieldError("functions", "must be an array");
+    if (!v->empty()) return FieldError("functions", "is not supported; use \"tools\"");
   }
-  for (const char* key : {"tool_choice", "function_call"}) {
-    if (const json* v = Find(body, key)) {
-      if (!(v->is_string() && (*v == "none" || *v == "auto"))) {
-        return FieldError(key, "tool calling is not supported");
-      }
+  if (const json* v = Find(body, "function_call")) {
+    if (!(v->is_string() && (*v == "none" || *v == "auto"))) {
+      return FieldError("function_call", "is not supported; use \"tool_choice\"");
     }
   }
   if (const json* v = Find(body, "modalities")) {
@@ -150,18 +149,15 @@ absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiL
   if (role_json == nullptr) return FieldError(field + ".role", "missing");
   ASSIGN_OR_RETURN(std::string role, GetString(*role_json, field + ".role"));
   if (role == "developer") role = "system";  // OpenAI's newer name for system
-  if (role == "tool" || role == "function") {
-    return FieldError(field + ".role",
-                      absl::StrCat("role \"", role, "\" is not supported (no tool calling)"));
+  if (role == "function") {
+    return FieldError(field + ".role", "role \"function\" is not supported; use \"tool\"");
   }
-  if (role != "system" && role != "user" && role != "assistant") {
-    return FieldError(field + ".role",
-                      absl::StrCat("unknown role \"", role, "\" (system, user or assistant)"));
+  if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+    return FieldError(field + ".role", absl::StrCat("unknown role \"", role,
+                                                    "\" (system, user, assistant or tool)"));
   }
   out->set_role(role);
-  if (const json* calls = Find(m, "tool_calls"); calls != nullptr && !calls->empty()) {
-    return FieldError(field + ".tool_calls", "tool calling is not supported");
-  }
+  RETURN_IF_ERROR(openai_tools::ParseMessageToolFields(m, field, role, out));
 
   const std::string content_field = field + ".content";
   const json* content = Find(m, "content");
@@ -266,6 +262,8 @@ absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(absl::string_view j
     ASSIGN_OR_RETURN(bool b, GetBool(*v, "add_generation_prompt"));
     chat->set_add_generation_prompt(b);
   }
+  RETURN_IF_ERROR(openai_tools::ParseTools(body, json_body, chat));
+  RETURN_IF_ERROR(ValidateToolUse(*chat, ToolFieldNames::kOpenAi));
   RETURN_IF_ERROR(ParseSampling(body, request.mutable_sampling()));
   RETURN_IF_ERROR(openai_fields::ParseConstraint(body, json_body, request.mutable_sampling()));
   // vLLM's extension: lower runs first among waiting requests.

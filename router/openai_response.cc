@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -28,9 +29,56 @@ std::string CompletionId(const std::string& request_id) {
   return absl::StrCat("chatcmpl-", request_id);
 }
 
-json FinishReasonJson(FinishReason reason) {
-  std::string s = OpenAiFinishReason(reason);
+json FinishReasonJson(FinishReason reason, bool tool_calls = false) {
+  std::string s = OpenAiFinishReason(reason, tool_calls);
   return s.empty() ? json(nullptr) : json(s);
+}
+
+// A whole call of a message's tool_calls.
+json ToolCallJson(const mmserve::v1::ToolCall& call) {
+  json j;
+  j["id"] = call.id();
+  j["type"] = "function";
+  j["function"] = {{"name", call.name()}, {"arguments", call.arguments()}};
+  return j;
+}
+
+// A delta's entry of delta.tool_calls: the call's first (with id) names it.
+json ToolCallDeltaJson(const mmserve::v1::ToolCallDelta& d) {
+  json j;
+  j["index"] = d.index();
+  json function;
+  if (!d.id().empty()) {
+    j["id"] = d.id();
+    j["type"] = "function";
+    function["name"] = d.name();
+  }
+  function["arguments"] = d.arguments();
+  j["function"] = std::move(function);
+  return j;
+}
+
+// A response with tool call deltas as one response per chunk: the text (and
+// logprobs) with the first, one delta each, the finish with the last.
+std::vector<GenerateResponse> SplitToolCallChunks(const GenerateResponse& response) {
+  std::vector<GenerateResponse> parts;
+  GenerateResponse head = response;
+  head.clear_tool_calls();
+  head.clear_finish_reason();
+  head.clear_matched_stop();
+  head.clear_usage();
+  if (!head.text().empty() || head.logprobs_size() > 0) parts.push_back(head);
+  for (const mmserve::v1::ToolCallDelta& d : response.tool_calls()) {
+    GenerateResponse& part = parts.emplace_back();
+    part.set_request_id(response.request_id());
+    part.set_index(response.index());
+    *part.add_tool_calls() = d;
+  }
+  GenerateResponse& last = parts.back();
+  last.set_finish_reason(response.finish_reason());
+  last.set_matched_stop(response.matched_stop());
+  if (response.has_usage()) *last.mutable_usage() = response.usage();
+  return parts;
 }
 
 // OpenAI's token entry: token text, logprob, UTF-8 bytes.
@@ -80,11 +128,11 @@ json ChunkHeader(const CompletionContext& ctx, const std::string& request_id) {
 
 }  // namespace
 
-std::string OpenAiFinishReason(FinishReason reason) {
+std::string OpenAiFinishReason(FinishReason reason, bool tool_calls) {
   switch (reason) {
     case mmserve::v1::FINISH_REASON_STOP:
     case mmserve::v1::FINISH_REASON_STOP_STRING:
-      return "stop";
+      return tool_calls ? "tool_calls" : "stop";
     case mmserve::v1::FINISH_REASON_LENGTH:
       return "length";
     case mmserve::v1::FINISH_REASON_ABORT:
@@ -120,6 +168,13 @@ void CollectedChoices::Add(const GenerateResponse& response) {
     c.matched_stop = response.matched_stop();
   }
   if (response.has_usage()) usage_.Add(response.index(), response.usage());
+  for (const mmserve::v1::ToolCallDelta& d : response.tool_calls()) {
+    if (d.index() >= c.tool_calls.size()) c.tool_calls.resize(d.index() + 1);
+    mmserve::v1::ToolCall& call = c.tool_calls[d.index()];
+    if (!d.id().empty()) call.set_id(d.id());
+    if (!d.name().empty()) call.set_name(d.name());
+    call.mutable_arguments()->append(d.arguments());
+  }
 }
 
 bool CollectedChoices::finished() const {
@@ -134,13 +189,21 @@ std::string ChatCompletionBuilder::Json() const {
     const CollectedChoices::Choice& c = choices_.choices()[i];
     json choice;
     choice["index"] = i;
-    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    const bool called = !c.tool_calls.empty();
+    json message = {{"role", "assistant"}};
+    message["content"] = called && c.text.empty() ? json(nullptr) : json(c.text);
+    if (called) {
+      json calls = json::array();
+      for (const mmserve::v1::ToolCall& call : c.tool_calls) calls.push_back(ToolCallJson(call));
+      message["tool_calls"] = std::move(calls);
+    }
+    choice["message"] = std::move(message);
     if (ctx_.logprobs) {
       choice["logprobs"] = LogprobsJson(c.logprobs);
     } else {
       choice["logprobs"] = nullptr;
     }
-    choice["finish_reason"] = FinishReasonJson(c.finish_reason);
+    choice["finish_reason"] = FinishReasonJson(c.finish_reason, called);
     // vLLM's extension: the stop string that ended the completion.
     choice["stop_reason"] = c.matched_stop.empty() ? json(nullptr) : json(c.matched_stop);
     choices.push_back(std::move(choice));
@@ -157,10 +220,21 @@ std::string ChatCompletionBuilder::Json() const {
 }
 
 std::string ChatCompletionChunkJson(const CompletionContext& ctx, const GenerateResponse& response,
-                                    bool first) {
+                                    bool first, bool tool_calls) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
-  if (first || !response.text().empty()) delta["content"] = response.text();
+  if (!response.text().empty()) {
+    delta["content"] = response.text();
+  } else if (first) {
+    delta["content"] = ctx.tool_calls ? json(nullptr) : json("");
+  }
+  if (response.tool_calls_size() > 0) {
+    json calls = json::array();
+    for (const mmserve::v1::ToolCallDelta& d : response.tool_calls()) {
+      calls.push_back(ToolCallDeltaJson(d));
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
 
   json choice;
   choice["index"] = response.index();
@@ -168,7 +242,7 @@ std::string ChatCompletionChunkJson(const CompletionContext& ctx, const Generate
   choice["logprobs"] = ctx.logprobs && response.logprobs_size() > 0
                            ? LogprobsJson(response.logprobs())
                            : json(nullptr);
-  choice["finish_reason"] = FinishReasonJson(response.finish_reason());
+  choice["finish_reason"] = FinishReasonJson(response.finish_reason(), tool_calls);
   if (response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
     choice["stop_reason"] =
         response.matched_stop().empty() ? json(nullptr) : json(response.matched_stop());
@@ -195,13 +269,21 @@ std::string SseEvent(absl::string_view json_text) {
 std::string SseDone() { return "data: [DONE]\n\n"; }
 
 std::string ChatCompletionStream::OnResponse(const GenerateResponse& response) {
+  if (response.tool_calls_size() == 0) return OnPart(response);
+  std::string out;
+  for (const GenerateResponse& part : SplitToolCallChunks(response)) out += OnPart(part);
+  return out;
+}
+
+std::string ChatCompletionStream::OnPart(const GenerateResponse& response) {
   const uint32_t i = response.index();
   if (done_ || i >= finished_.size() || finished_[i]) return "";
   bool final = response.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED;
-  bool has_news =
-      final || !response.text().empty() || (ctx_.logprobs && response.logprobs_size() > 0);
+  bool has_news = final || !response.text().empty() || response.tool_calls_size() > 0 ||
+                  (ctx_.logprobs && response.logprobs_size() > 0);
   if (opened_[i] && !has_news) return "";
-  std::string out = SseEvent(ChatCompletionChunkJson(ctx_, response, !opened_[i]));
+  if (response.tool_calls_size() > 0) called_[i] = true;
+  std::string out = SseEvent(ChatCompletionChunkJson(ctx_, response, !opened_[i], called_[i]));
   opened_[i] = true;
   if (final) {
     finished_[i] = true;

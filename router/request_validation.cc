@@ -8,6 +8,7 @@
 #include "model/sampling_proto.h"
 #include "router/input_limits.h"
 #include "router/request_media.h"
+#include "router/tool_request.h"
 
 namespace mmserve::router {
 namespace {
@@ -44,9 +45,10 @@ absl::Status ValidateRequest(const RouterOptions& options,
     if (request.chat().messages().empty()) return Invalid("chat.messages is empty");
     for (int i = 0; i < request.chat().messages_size(); ++i) {
       const auto& m = request.chat().messages(i);
-      if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+      if (m.role() != "system" && m.role() != "user" && m.role() != "assistant" &&
+          m.role() != "tool") {
         return Invalid(absl::StrCat("chat.messages[", i, "].role \"", m.role(),
-                                    "\" is not system, user or assistant"));
+                                    "\" is not system, user, assistant or tool"));
       }
       for (const auto& p : m.content()) {
         if (p.has_image() && m.role() != "user") {
@@ -57,6 +59,7 @@ absl::Status ValidateRequest(const RouterOptions& options,
         }
       }
     }
+    RETURN_IF_ERROR(ValidateToolUse(request.chat(), ToolFieldNames::kProto));
   } else if (request.has_raw()) {
     const auto& raw = request.raw();
     if (raw.token_ids_size() > 0 && (!raw.text().empty() || raw.images_size() > 0)) {

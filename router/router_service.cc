@@ -9,6 +9,8 @@
 #include "common/logging.h"
 #include "common/server_stream.h"
 #include "router/public_error.h"
+#include "router/tool_call_sink.h"
+#include "router/tool_request.h"
 
 namespace mmserve::router {
 namespace {
@@ -139,6 +141,7 @@ StartedCall StartTrackedCall(const RouterContext& context, CallTracker& tracker,
         StartOneTrackedCall(context, tracker, std::move(r), std::move(s), deadline);
     return StartedCall{call->id(), [call](const std::string& why) { call->Cancel(why); }};
   };
+  if (ToolCallsParsed(request)) sink = ParseToolCalls(request, std::move(sink));
   if (request.n() <= 1) return start(std::move(request), std::move(sink));
   const std::string given_id = request.request_id();
   std::shared_ptr<ChoiceCalls> choices =

@@ -8,8 +8,9 @@
 // /v1/completions with and without echo) gives the gRPC API's text. A
 // request with n choices gives, as choice i, the one-choice request under
 // seed + i, and its later choices take the prompt from the prefix cache.
-// Structured output gives the same tokens on each topology too
-// (stack_constrained.h).
+// Tool calls run on the role-both stack too (tests/stack_tools.h: tool_choice
+// named and required are enforced by the output grammar), and structured
+// output gives the same tokens on each topology (stack_constrained.h).
 #include <httplib.h>
 
 #include <catch2/catch.hpp>
@@ -25,6 +26,7 @@
 #include "model/tokenizer.h"
 #include "tests/stack_constrained.h"
 #include "tests/stack_harness.h"
+#include "tests/stack_tools.h"
 #include "worker/engine.h"
 
 namespace mmserve::testing {
@@ -282,13 +284,16 @@ nlohmann::json HttpBody(int i, const Params& p) {
 
 TEST_CASE(
     "role both: penalties and logit_bias give the in-process engine's tokens over gRPC, the "
-    "same text over HTTP, and out-of-range values are refused naming the field") {
+    "same text over HTTP, out-of-range values are refused naming the field, and tools reach the "
+    "prompt with the output parsed for calls") {
   auto stack = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
   INFO(stack.status());
   REQUIRE(stack.ok());
   CheckStack(**stack);
   CheckChoices(**stack, /*shared=*/true);
+  CheckToolCalls(**stack);
   CheckConstrainedOutput(**stack, /*refusals=*/true);
+  CheckToolChoiceEnforced(**stack);
 
   // A chat over HTTP and over gRPC: one text.
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));

@@ -24,7 +24,9 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/internal_plane.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/encoder.grpc.pb.h"
+#include "proto/language.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
 #include "tests/public_errors.h"
 #include "tests/stack_harness.h"
@@ -54,6 +56,61 @@ double CpuMs(pid_t pid) {
   std::vector<std::string> fields = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
   const double ticks = std::stod(fields[11]) + std::stod(fields[12]);
   return ticks * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Calls `method` ("/package.Service/Method") with one empty request and no
+// cluster token, through the generic stub (one bidirectional call shape
+// serves unary and streaming methods alike), and returns its status.
+grpc::Status CallWithoutToken(const std::shared_ptr<grpc::Channel>& channel,
+                              const std::string& method) {
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(&ctx, method, &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](int id) {
+    REQUIRE(cq.Next(&tag, &ok));
+    REQUIRE(tag == reinterpret_cast<void*>(static_cast<intptr_t>(id)));
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  step(1);
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);
+  call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  step(2);
+  grpc::ByteBuffer reply;
+  int replies = 0;
+  for (;;) {
+    call->Read(&reply, reinterpret_cast<void*>(3));
+    if (!step(3)) break;
+    ++replies;
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  step(4);
+  CHECK(replies == 0);  // nothing leaks before the refusal
+  return status;
+}
+
+// Every method of `service` (a mmserve.internal.v1 service) at `address`
+// refuses a call without the token: a new RPC whose handler forgets the
+// check fails here.
+void CheckEveryMethodNeedsToken(const std::string& address, const std::string& service) {
+  const google::protobuf::ServiceDescriptor* d =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+  REQUIRE(d != nullptr);
+  REQUIRE(d->method_count() > 0);
+  auto channel = InternalChannel(address);
+  for (int i = 0; i < d->method_count(); ++i) {
+    const std::string method = absl::StrCat("/", service, "/", d->method(i)->name());
+    INFO(method);
+    const grpc::Status s = CallWithoutToken(channel, method);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(s.error_message().find(kToken) == std::string::npos);
+  }
 }
 
 // A shell command's exit code, and its standard output.
@@ -247,6 +304,10 @@ TEST_CASE("internal services are off the public port and need the cluster token"
     CHECK(encoder->GetLoad(&ctx, iv1::LoadRequest(), &load).error_code() ==
           grpc::StatusCode::UNAUTHENTICATED);
   }
+  // Every internal method on every internal port, by the services' descriptors.
+  CheckEveryMethodNeedsToken(s.registry_address(), "mmserve.internal.v1.Registry");
+  CheckEveryMethodNeedsToken(s.encoder(0).grpc_address(), "mmserve.internal.v1.Encoder");
+  CheckEveryMethodNeedsToken(s.language().grpc_address(), "mmserve.internal.v1.Language");
   // The instance table is unchanged: the real instances serve, no "evil".
   mmserve::v1::ListModelsResponse models;
   {

@@ -110,7 +110,8 @@ TEST_CASE("batched greedy generation equals transformers on every text golden", 
 
 TEST_CASE("image chats through decode, preprocessing and the vision tower equal transformers",
           "[engine]") {
-  for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"}) {
+  for (const char* name :
+       {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded", "qwen25vl-tiny"}) {
     INFO(name);
     auto engine = MakeEngine(name, 64);
     json g = ReadJson(std::string("goldens/") + name + "/mm_golden.json");
