@@ -3,7 +3,8 @@
 // --tokens tokens, constrained by a JSON schema whose output cannot end
 // within them (so every step is masked) or free (ignore_eos), the two
 // alternating run by run (their order swapped every round) so both see
-// the same machine load; the median run of each is reported.
+// the same machine load; the median run of each is reported. Requests
+// sample at temperature 1 with top-k 50 (--top_k).
 //
 // A realistic vocabulary matters here (the mask's cost grows with it), so
 // the model is Qwen2-0.5B's width with Qwen2's real 151,643 tokens (and its
