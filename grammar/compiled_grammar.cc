@@ -18,7 +18,14 @@ absl::Status Prefixed(std::string_view kind, const absl::Status& status) {
   return absl::Status(status.code(), prefix + message);
 }
 
+constexpr size_t kMaxTextBytes = 64 * 1024;
+
 absl::StatusOr<Grammar> BuildGrammar(const ConstraintSpec& spec) {
+  if (spec.text.size() > kMaxTextBytes && spec.kind != ConstraintSpec::Kind::kJsonSchema) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.kind == ConstraintSpec::Kind::kRegex ? "regex: the pattern" : "ebnf: the grammar",
+        " is larger than 64 KiB"));
+  }
   switch (spec.kind) {
     case ConstraintSpec::Kind::kJsonObject:
     case ConstraintSpec::Kind::kJsonSchema: {
