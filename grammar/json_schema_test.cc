@@ -101,6 +101,11 @@ TEST_CASE("json_object accepts any object and nothing else") {
   auto g = MustCompile({ConstraintSpec::Kind::kJsonObject, ""});
   CHECK(Matches(g, "{}"));
   CHECK(Matches(g, R"({"a": [1, {"b": null}], "c": "\u00e9"})"));
+  Matcher m(g);
+  REQUIRE(m.AcceptBytes(R"({"a": 1)"));
+  CHECK_FALSE(m.CanTerminate());
+  REQUIRE(m.AcceptBytes("}"));
+  CHECK(m.IsFinished());  // nothing may follow the object but eos
   CHECK_FALSE(Matches(g, "[]"));
   CHECK_FALSE(Matches(g, "1"));
   CHECK_FALSE(Matches(g, R"({"a": 1,})"));
