@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kMaxNfaStates = 200000;
 constexpr int kMaxDfaStates = 50000;
-constexpr size_t kMaxStackDepth = 2000;
+constexpr size_t kMaxStackDepth = 1000;  // frames: JSON nested ~500 deep
 
 struct NfaState {
   struct ByteEdge {
@@ -426,7 +426,10 @@ bool Pda::Step(StackView stack, uint8_t byte, StackSet& out) const {
     for (int32_t i = state_seg_[top]; i < state_seg_[top + 1]; ++i) {
       const StackView seg(seg_data_.data() + seg_begin_[i], seg_begin_[i + 1] - seg_begin_[i]);
       const int32_t to = Next(seg.back(), byte);
-      if (to >= 0) out.Push(prefix, seg.subspan(0, seg.size() - 1), to);
+      // Past the depth limit, nesting stops (a document nested that deep is refused).
+      if (to >= 0 && prefix.size() + seg.size() <= kMaxStackDepth) {
+        out.Push(prefix, seg.subspan(0, seg.size() - 1), to);
+      }
     }
     if (!ends_[top]) return false;
   }

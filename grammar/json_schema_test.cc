@@ -114,6 +114,15 @@ TEST_CASE("json_object accepts any object and nothing else") {
   CHECK_FALSE(Matches(g, "{\"a\": \"\xC3\"}"));  // invalid UTF-8
 }
 
+TEST_CASE("json_object nests up to the stack limit") {
+  auto g = MustCompile({ConstraintSpec::Kind::kJsonObject, ""});
+  const auto nested = [](int depth) {
+    return "{\"a\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  CHECK(Matches(g, nested(200)));
+  CHECK_FALSE(Matches(g, nested(2000)));
+}
+
 TEST_CASE("any_whitespace allows JSON whitespace between tokens") {
   auto ebnf = JsonSchemaToEbnf(
       R"({"type": "object", "properties": {"a": {"type": "array"}},
