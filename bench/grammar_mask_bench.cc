@@ -12,12 +12,17 @@
 //   cold     the first mask of a fresh grammar (fills the per-state caches)
 //   states   per-state caches warm, no whole-mask cache (a new position)
 //   cached   the whole-mask cache hit (a position seen before)
-// All methods must give the same mask. Prints a table, then one JSON line.
+// All methods must give the same mask. Then whole documents of the schema
+// on a fresh grammar (random allowed tokens, 60 steps at most): the first
+// (every new state pays its per-state mask), a second with other choices,
+// and the first again (positions seen before): total and worst mask time.
+// Prints tables, then one JSON line.
 //   bazel run --config=opt //bench:grammar_mask_bench
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -107,16 +112,46 @@ int Main() {
     agree &= naive == walk && walk == cold && cold == states && states == cached;
     int allowed = 0;
     for (uint32_t w : states) allowed += __builtin_popcount(w);
-    printf("%-20s %8.2f %9.0f %9.1f %9.0f %9.0f %8.2f %8.2f %6d  (%d allowed)\n",
-           pos.name.c_str(), us_memset, us_naive, us_walk, us_compile, us_cold, us_states,
-           us_cached, stacks.size(), allowed);
-    absl::StrAppendFormat(&json,
-                          "%s{\"position\":\"%s\",\"memset\":%.3f,\"naive\":%.1f,\"walk\":%.1f,"
-                          "\"compile\":%.1f,\"cold\":%.1f,\"states\":%.3f,\"cached\":%.3f,\"allowed\":%d}",
-                          p ? "," : "", pos.name, us_memset, us_naive, us_walk, us_compile, us_cold, us_states,
-                          us_cached, allowed);
+    printf("%-20s %8.2f %9.0f %9.1f %9.0f %9.0f %8.2f %8.2f %6d  (%d allowed)\n", pos.name.c_str(),
+           us_memset, us_naive, us_walk, us_compile, us_cold, us_states, us_cached, stacks.size(),
+           allowed);
+    absl::StrAppendFormat(
+        &json,
+        "%s{\"position\":\"%s\",\"memset\":%.3f,\"naive\":%.1f,\"walk\":%.1f,"
+        "\"compile\":%.1f,\"cold\":%.1f,\"states\":%.3f,\"cached\":%.3f,\"allowed\":%d}",
+        p ? "," : "", pos.name, us_memset, us_naive, us_walk, us_compile, us_cold, us_states,
+        us_cached, allowed);
   }
   printf("masks agree across methods: %s\n", agree ? "yes" : "NO");
+  absl::StrAppend(&json, "],\"documents\":[");
+  printf("\n%-24s %6s %10s %10s\n", "document (fresh grammar)", "masks", "total_ms", "worst_ms");
+  auto g = testing::MustCompile(schema, vocab);
+  const char* names[] = {"first", "second", "first_again"};
+  for (int run = 0; run < 3; ++run) {
+    std::mt19937 rng(run == 1 ? 2 : 1);
+    Matcher m(g);
+    std::vector<uint32_t> mask(n);
+    double total = 0, worst = 0;
+    int masks = 0;
+    for (; masks < 60 && !m.IsFinished(); ++masks) {
+      Stopwatch watch;
+      m.FillNextTokenBitmask(absl::MakeSpan(mask));
+      const double ms = watch.ElapsedSeconds() * 1e3;
+      total += ms;
+      worst = std::max(worst, ms);
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < vocab->size(); ++t) {
+        if (mask[t / 32] >> (t % 32) & 1) allowed.push_back(t);
+      }
+      if (allowed.empty()) break;
+      const int32_t t = allowed[rng() % allowed.size()];
+      if (vocab->is_eos(t) || !m.AcceptToken(t)) break;
+    }
+    printf("%-24s %6d %10.2f %10.2f\n", names[run], masks, total, worst);
+    absl::StrAppendFormat(&json,
+                          "%s{\"run\":\"%s\",\"masks\":%d,\"total_ms\":%.3f,\"worst_ms\":%.3f}",
+                          run ? "," : "", names[run], masks, total, worst);
+  }
   printf("%s],\"agree\":%s}\n", json.c_str(), agree ? "true" : "false");
   return agree ? 0 : 1;
 }

@@ -18,7 +18,14 @@ absl::Status Prefixed(std::string_view kind, const absl::Status& status) {
   return absl::Status(status.code(), prefix + message);
 }
 
+constexpr size_t kMaxTextBytes = 64 * 1024;
+
 absl::StatusOr<Grammar> BuildGrammar(const ConstraintSpec& spec) {
+  if (spec.text.size() > kMaxTextBytes && spec.kind != ConstraintSpec::Kind::kJsonSchema) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.kind == ConstraintSpec::Kind::kRegex ? "regex: the pattern" : "ebnf: the grammar",
+        " is larger than 64 KiB"));
+  }
   switch (spec.kind) {
     case ConstraintSpec::Kind::kJsonObject:
     case ConstraintSpec::Kind::kJsonSchema: {
@@ -74,7 +81,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(
 namespace {
 
 // Whole masks cached per grammar, at most this many bytes of them.
-constexpr size_t kFullMaskCacheBytes = 16 << 20;
+constexpr size_t kFullMaskCacheBytes = 2 << 20;
 
 std::string StacksKey(const StackSet& stacks) {
   std::string key(reinterpret_cast<const char*>(stacks.data().data()),
@@ -117,7 +124,11 @@ void CompiledGrammar::FillMaskFromTopMasks(const StackSet& stacks,
   for (int i = 0; i < stacks.size(); ++i) {
     const StackView stack = stacks[i];
     const std::shared_ptr<const TopMask> top = TopMaskFor(stack.back());
-    for (size_t w = 0; w < n; ++w) words[w] |= top->accepted[w];
+    if (top->accepted.empty()) {
+      for (int32_t id : top->accepted_ids) SetBit(words, id);
+    } else {
+      for (size_t w = 0; w < n; ++w) words[w] |= top->accepted[w];
+    }
     // At the bottom frame nothing lies below: uncertain tokens fail.
     if (stack.size() > 1) CheckSubtrees(stack, top->uncertain, words);
   }
@@ -187,6 +198,17 @@ CompiledGrammar::TopMask CompiledGrammar::ComputeTopMask(int32_t state) const {
       SetBit(absl::MakeSpan(mask.accepted), trie.token_ids()[node.first_token + i]);
     }
     ++k;
+  }
+  // A bitmask is 4 bytes per 32 tokens; ids take 4 bytes each.
+  size_t count = 0;
+  for (uint32_t w : mask.accepted) count += __builtin_popcount(w);
+  if (count < mask.accepted.size()) {
+    for (size_t w = 0; w < mask.accepted.size(); ++w) {
+      for (uint32_t bits = mask.accepted[w]; bits != 0; bits &= bits - 1) {
+        mask.accepted_ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(bits)));
+      }
+    }
+    mask.accepted = {};
   }
   return mask;
 }

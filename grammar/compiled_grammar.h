@@ -46,7 +46,9 @@ class CompiledGrammar {
 
  private:
   struct TopMask {
-    std::vector<uint32_t> accepted;  // a bitmask
+    // Accepted tokens: a bitmask, or (when they are few) their ids.
+    std::vector<uint32_t> accepted;
+    std::vector<int32_t> accepted_ids;
     std::vector<int32_t> uncertain;  // trie nodes, roots of subtrees, in preorder
   };
 

@@ -16,6 +16,9 @@ bool IsNameChar(char c) {
          c == '-' || c == '.';
 }
 
+constexpr int kMaxNesting = 100;  // groups in groups
+constexpr int kMaxPostfix = 4;    // as in "a"*?
+
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -162,8 +165,13 @@ class Parser {
       return Expr::Class({}, true);
     }
     if (c == '(') {
+      if (++depth_ > kMaxNesting) {
+        Error(absl::StrCat("groups nested deeper than ", kMaxNesting));
+        return Expr::Empty();
+      }
       ++pos_;
       Expr inner = Alternatives();
+      --depth_;
       SkipSpace();
       if (Peek() != ')') {
         Error("expected \")\"");
@@ -297,8 +305,12 @@ class Parser {
   }
 
   Expr Postfix(Expr item) {
-    while (error_.ok()) {
+    for (int ops = 0; error_.ok(); ++ops) {
       const char c = Peek();
+      if (ops == kMaxPostfix && (c == '*' || c == '+' || c == '?' || c == '{')) {
+        Error(absl::StrCat("more than ", kMaxPostfix, " repetition operators on one item"));
+        break;
+      }
       if (c == '*') {
         item = Expr::Repeat(std::move(item), 0, -1);
       } else if (c == '+') {
@@ -355,6 +367,7 @@ class Parser {
   std::string_view text_;
   size_t pos_ = 0;
   absl::Status error_;
+  int depth_ = 0;  // open groups
   Grammar grammar_;
   absl::flat_hash_map<std::string, int> index_;
   std::vector<bool> defined_;

@@ -101,12 +101,26 @@ TEST_CASE("json_object accepts any object and nothing else") {
   auto g = MustCompile({ConstraintSpec::Kind::kJsonObject, ""});
   CHECK(Matches(g, "{}"));
   CHECK(Matches(g, R"({"a": [1, {"b": null}], "c": "\u00e9"})"));
+  Matcher m(g);
+  REQUIRE(m.AcceptBytes(R"({"a": 1)"));
+  CHECK_FALSE(m.CanTerminate());
+  REQUIRE(m.AcceptBytes("}"));
+  CHECK(m.IsFinished());  // nothing may follow the object but eos
   CHECK_FALSE(Matches(g, "[]"));
   CHECK_FALSE(Matches(g, "1"));
   CHECK_FALSE(Matches(g, R"({"a": 1,})"));
   CHECK_FALSE(Matches(g, R"({"a": "\ud800"})"));  // a lone surrogate
   CHECK(Matches(g, R"({"a": "\ud83d\ude42"})"));
   CHECK_FALSE(Matches(g, "{\"a\": \"\xC3\"}"));  // invalid UTF-8
+}
+
+TEST_CASE("json_object nests up to the stack limit") {
+  auto g = MustCompile({ConstraintSpec::Kind::kJsonObject, ""});
+  const auto nested = [](int depth) {
+    return "{\"a\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  CHECK(Matches(g, nested(200)));
+  CHECK_FALSE(Matches(g, nested(2000)));
 }
 
 TEST_CASE("any_whitespace allows JSON whitespace between tokens") {

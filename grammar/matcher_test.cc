@@ -89,6 +89,20 @@ TEST_CASE("eos is allowed exactly when the grammar may end") {
   for (uint32_t w : FastMask(m, *vocab)) CHECK(w == 0);
 }
 
+TEST_CASE("an eos id also marked special is still eos") {
+  std::vector<std::string> bytes = {"a", "b", "<|im_end|>", "<|im_start|>"};
+  auto vocab = std::make_shared<const Vocabulary>(
+      bytes, std::vector<bool>{false, false, true, true}, std::vector<int32_t>{2});
+  CHECK(vocab->is_eos(2));
+  CHECK_FALSE(vocab->is_special(2));
+  Matcher m(MustCompile({ConstraintSpec::Kind::kRegex, "ab"}, vocab));
+  CHECK(m.AcceptToken(0));
+  CHECK_FALSE(m.AcceptToken(3));
+  CHECK(m.AcceptToken(1));
+  CHECK(m.AcceptToken(2));
+  CHECK(m.IsFinished());
+}
+
 TEST_CASE("a rejected token leaves the matcher where it was") {
   auto vocab = RandomVocabulary(3, 200);
   auto g = MustCompile({ConstraintSpec::Kind::kRegex, "Zoë!"}, vocab);
