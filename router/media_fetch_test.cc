@@ -1,0 +1,358 @@
+// The fetch against a media server on this host's loopback: refusals of
+// non-public addresses (with loopback trusted only where a case says so),
+// redirects, size caps before and during the body, slow bodies, non-image
+// bodies, cancellation, https with a CA made at test time, and a request's
+// URLs fetched concurrently and put in place; no descriptor outlives them.
+#include "router/media_fetch.h"
+
+#include <dirent.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "router/request_fetch.h"
+
+namespace mmserve::router {
+namespace {
+
+std::string Png() {
+  std::string png;
+  REQUIRE(
+      absl::Base64Unescape("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+"
+                           "M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==",
+                           &png));
+  return png;
+}
+
+int OpenFds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+// Media over HTTP (or HTTPS with a certificate) on 127.0.0.1.
+class MediaServer {
+ public:
+  explicit MediaServer(
+      std::unique_ptr<httplib::Server> server = std::make_unique<httplib::Server>())
+      : server_(std::move(server)) {
+    httplib::Server& s = *server_;
+    const std::string png = Png();
+    s.Get("/cat.png", [png](const httplib::Request&, httplib::Response& res) {
+      res.set_content(png, "image/png");
+    });
+    s.Get("/untyped", [png](const httplib::Request&, httplib::Response& res) {
+      res.set_content(png, "application/octet-stream");
+    });
+    s.Get("/to-cat",
+          [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/cat.png"); });
+    s.Get("/to-private", [](const httplib::Request&, httplib::Response& res) {
+      res.set_redirect("http://10.0.0.1/cat.png");
+    });
+    s.Get("/to-metadata", [](const httplib::Request&, httplib::Response& res) {
+      res.set_redirect("http://169.254.169.254/latest/meta-data/");
+    });
+    s.Get("/loop",
+          [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/loop"); });
+    s.Get("/big", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(5000, 'x'), "image/png");
+    });
+    s.Get("/big-chunked", [png](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("image/png", [png](size_t offset, httplib::DataSink& sink) {
+        if (offset >= 5000) {
+          sink.done();
+          return true;
+        }
+        const std::string chunk = offset == 0 ? png : std::string(500, 'x');
+        return sink.write(chunk.data(), chunk.size());
+      });
+    });
+    s.Get("/slow", [this, png](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("image/png",
+                                       [this, png](size_t offset, httplib::DataSink& sink) {
+                                         if (offset >= png.size() || stopping_) {
+                                           sink.done();
+                                           return true;
+                                         }
+                                         absl::SleepFor(absl::Milliseconds(100));
+                                         return sink.write(png.data() + offset, std::min<size_t>(10, png.size() - offset));
+                                       });
+    });
+    s.Get("/page.html", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("<html>hello</html>", "text/html; charset=utf-8");
+    });
+    s.Get("/fake.png", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("<html>not a picture</html>", "image/png");
+    });
+    s.Get("/headers", [](const httplib::Request& req, httplib::Response& res) {
+      res.status = req.get_header_value("Accept-Encoding") == "identity" ? 200 : 500;
+    });
+    port_ = s.bind_to_any_port("127.0.0.1");
+    REQUIRE(port_ > 0);
+    thread_ = std::thread([this] { server_->listen_after_bind(); });
+  }
+  ~MediaServer() {
+    stopping_ = true;
+    server_->stop();
+    thread_.join();
+  }
+  std::string Url(const std::string& path, const char* scheme = "http") const {
+    return absl::StrCat(scheme, "://127.0.0.1:", port_, path);
+  }
+
+ private:
+  std::unique_ptr<httplib::Server> server_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// Remote media on, plain http allowed, this host's loopback trusted.
+MediaFetchOptions Trusting() {
+  MediaFetchOptions o;
+  o.enabled = true;
+  o.allow_http = true;
+  o.trusted_ranges = *ParseCidrList("127.0.0.0/8");
+  o.timeout = absl::Seconds(5);
+  return o;
+}
+
+absl::StatusOr<FetchedMedia> Get(const MediaFetchOptions& o, const std::string& url,
+                                 size_t max_bytes = 4000) {
+  FetchCancel cancel;
+  return MediaFetcher(o).Fetch(url, MediaKind::kImage, max_bytes, absl::Now() + o.timeout, cancel);
+}
+
+void CheckRefused(const absl::StatusOr<FetchedMedia>& got, const std::string& why) {
+  REQUIRE_FALSE(got.ok());
+  INFO(got.status());
+  CHECK(absl::IsInvalidArgument(got.status()));
+  CHECK_THAT(std::string(got.status().message()), Catch::Contains(why));
+  CHECK_THAT(std::string(got.status().message()), !Catch::Contains("127.0.0.1:0"));
+}
+
+TEST_CASE("a trusted host's image is fetched with its bytes and type") {
+  MediaServer server;
+  absl::StatusOr<FetchedMedia> got = Get(Trusting(), server.Url("/cat.png"));
+  REQUIRE(got.ok());
+  CHECK(got->data == Png());
+  CHECK(got->mime_type == "image/png");
+  got = Get(Trusting(), server.Url("/untyped"));
+  REQUIRE(got.ok());
+  CHECK(got->data == Png());
+  got = Get(Trusting(), server.Url("/to-cat"));  // one redirect, followed
+  REQUIRE(got.ok());
+  CHECK(got->data == Png());
+  CHECK(Get(Trusting(), server.Url("/headers")).status().message().find("HTTP 500") ==
+        std::string::npos);
+}
+
+TEST_CASE("non-public addresses are refused unless trusted, also after a redirect") {
+  MediaServer server;
+  MediaFetchOptions o = Trusting();
+  o.trusted_ranges.clear();
+  CheckRefused(Get(o, server.Url("/cat.png")), "resolves to a loopback address");
+  CheckRefused(Get(o, "http://[::1]:1/cat.png"), "resolves to a loopback address");
+  CheckRefused(Get(o, "http://[::ffff:127.0.0.1]:1/x"), "resolves to a loopback address");
+  CheckRefused(Get(o, "http://169.254.169.254/latest/meta-data/"), "a link-local address");
+  CheckRefused(Get(o, "http://10.1.2.3/x.png"), "resolves to a private address");
+  CheckRefused(Get(o, "http://localhost:1/x.png"), "names a local host name");
+  CheckRefused(Get(o, "http://metadata.google.internal/x"), "names an internal host name");
+  CheckRefused(Get(Trusting(), server.Url("/to-private")),
+               "http://10.0.0.1/cat.png resolves to a private address");
+  CheckRefused(Get(Trusting(), server.Url("/to-metadata")), "resolves to a link-local address");
+  CheckRefused(Get(Trusting(), server.Url("/loop")), "redirects more than 3 times");
+}
+
+TEST_CASE("scheme and allow-list are checked before any connection") {
+  MediaServer server;
+  MediaFetchOptions o = Trusting();
+  o.allow_http = false;
+  CheckRefused(Get(o, server.Url("/cat.png")), "plain http://");
+  o = Trusting();
+  o.hosts = *MediaHostList::Parse("*.example.com,img.example.org");
+  CheckRefused(Get(o, server.Url("/cat.png")), "is not on a host this server fetches media from");
+  o.hosts = *MediaHostList::Parse("127.0.0.1");
+  CHECK(Get(o, server.Url("/cat.png")).ok());
+  CheckRefused(Get(o, "http://unresolvable.invalid/x"), "is not on a host");
+}
+
+TEST_CASE("oversized bodies are refused by Content-Length and while chunks arrive") {
+  MediaServer server;
+  CheckRefused(Get(Trusting(), server.Url("/big")), "is 5000 bytes; at most 4000");
+  CheckRefused(Get(Trusting(), server.Url("/big-chunked")), "is larger than 4000 bytes");
+}
+
+TEST_CASE("bodies that are not images are refused with the reason") {
+  MediaServer server;
+  CheckRefused(Get(Trusting(), server.Url("/page.html")),
+               "has content type \"text/html\", not an image");
+  CheckRefused(Get(Trusting(), server.Url("/fake.png")), "is not an image");
+  CheckRefused(Get(Trusting(), server.Url("/nothing-here")), "answered HTTP 404");
+}
+
+TEST_CASE("a slow body is refused at the timeout, and a cancel stops a fetch at once") {
+  MediaServer server;
+  MediaFetchOptions o = Trusting();
+  o.timeout = absl::Milliseconds(400);
+  const absl::Time start = absl::Now();
+  CheckRefused(Get(o, server.Url("/slow")), "took longer than 400 ms to fetch");
+  CHECK(absl::Now() - start < absl::Milliseconds(1500));
+
+  FetchCancel cancel;
+  std::thread canceller([&cancel] {
+    absl::SleepFor(absl::Milliseconds(200));
+    cancel.Cancel();
+  });
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<FetchedMedia> got = MediaFetcher(Trusting())
+                                         .Fetch(server.Url("/slow"), MediaKind::kImage, 4000,
+                                                absl::Now() + absl::Seconds(30), cancel);
+  canceller.join();
+  CHECK(absl::IsCancelled(got.status()));
+  CHECK(absl::Now() - t0 < absl::Seconds(2));
+  // Once cancelled, a later fetch with it fails before connecting.
+  CHECK(absl::IsCancelled(MediaFetcher(Trusting())
+                              .Fetch(server.Url("/cat.png"), MediaKind::kImage, 4000,
+                                     absl::Now() + absl::Seconds(5), cancel)
+                              .status()));
+}
+
+bool MakeCertificates(const std::string& dir) {
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir,
+      "; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2"
+      " -subj /CN=mmserve-media-test-ca 2>/dev/null"
+      "; openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr -subj /CN=media"
+      " 2>/dev/null"
+      "; printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > ext.cnf"
+      "; openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem"
+      " -days 2 -extfile ext.cnf 2>/dev/null");
+  return std::system(script.c_str()) == 0;
+}
+
+TEST_CASE("https verifies the server against the CA bundle given, else the system's") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  REQUIRE(MakeCertificates(dir));
+  MediaServer server(std::make_unique<httplib::SSLServer>((dir + "/node.pem").c_str(),
+                                                          (dir + "/node.key").c_str()));
+  MediaFetchOptions o = Trusting();
+  o.allow_http = false;
+  o.ca_file = dir + "/ca.pem";
+  absl::StatusOr<FetchedMedia> got = Get(o, server.Url("/cat.png", "https"));
+  INFO(got.status());
+  REQUIRE(got.ok());
+  CHECK(got->data == Png());
+  o.ca_file.clear();
+  CheckRefused(Get(o, server.Url("/cat.png", "https")), "TLS certificate that does not verify");
+}
+
+mmserve::v1::GenerateRequest ChatWith(const std::vector<std::string>& urls) {
+  mmserve::v1::GenerateRequest r;
+  auto* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->add_content()->set_text("what is it?");
+  for (const std::string& u : urls) m->add_content()->mutable_image()->set_url(u);
+  m->add_content()->mutable_image()->set_data(Png());
+  return r;
+}
+
+TEST_CASE("a request's URLs are fetched concurrently and replaced by their bytes") {
+  MediaServer server;
+  auto fetcher = std::make_shared<const MediaFetcher>(Trusting());
+  RouterOptions limits;
+  const int fds = OpenFds();
+  // Three slow images (7 pieces 100 ms apart each) take about as long as one.
+  mmserve::v1::GenerateRequest r =
+      ChatWith({server.Url("/slow"), server.Url("/slow"), server.Url("/slow")});
+  REQUIRE(HasRemoteMedia(r));
+  const absl::Time start = absl::Now();
+  absl::Status s =
+      FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(), GrpcMediaField);
+  INFO(s);
+  REQUIRE(s.ok());
+  CHECK(absl::Now() - start < absl::Milliseconds(1800));
+  CHECK_FALSE(HasRemoteMedia(r));
+  for (int j = 1; j <= 4; ++j) {
+    const auto& image = r.chat().messages(0).content(j).image();
+    CHECK(image.source_case() == mmserve::v1::Image::kData);
+    CHECK(image.data() == Png());
+  }
+  CHECK(r.chat().messages(0).content(1).image().mime_type() == "image/png");
+
+  // The failing one is named by its field.
+  r = ChatWith({server.Url("/cat.png"), server.Url("/page.html")});
+  s = FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(), OpenAiMediaField);
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK_THAT(std::string(s.message()),
+             Catch::StartsWith("messages[0].content[2].image_url: " + server.Url("/page.html")));
+
+  // A timeout names the URL still fetching.
+  MediaFetchOptions quick = Trusting();
+  quick.timeout = absl::Milliseconds(300);
+  r = ChatWith({server.Url("/slow")});
+  s = FetchRequestMedia(std::make_shared<const MediaFetcher>(quick), limits, &r,
+                        std::make_shared<FetchCancel>(), GrpcMediaField);
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(s.message() == absl::StrCat("chat.messages[0].content[1].image.url: ", server.Url("/slow"),
+                                    " took longer than 300 ms to fetch"));
+
+  // A client that goes away ends the wait with CANCELLED.
+  auto cancel = std::make_shared<FetchCancel>();
+  r = ChatWith({server.Url("/slow")});
+  std::thread canceller([cancel] {
+    absl::SleepFor(absl::Milliseconds(150));
+    cancel->Cancel();
+  });
+  s = FetchRequestMedia(fetcher, limits, &r, cancel, GrpcMediaField);
+  canceller.join();
+  CHECK(absl::IsCancelled(s));
+
+  // Every socket is closed once the fetch threads end.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (OpenFds() > fds && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  CHECK(OpenFds() <= fds);
+}
+
+TEST_CASE("URLs are refused when remote media is off, and inside frame lists") {
+  RouterOptions limits;
+  mmserve::v1::GenerateRequest r = ChatWith({"https://img.example.com/cat.png"});
+  absl::Status s =
+      FetchRequestMedia(nullptr, limits, &r, std::make_shared<FetchCancel>(), OpenAiMediaField);
+  CHECK(s.message() ==
+        "messages[0].content[1].image_url: remote media is disabled on this server; send a "
+        "data: URL");
+  s = FetchRequestMedia(std::make_shared<const MediaFetcher>(MediaFetchOptions()), limits, &r,
+                        std::make_shared<FetchCancel>(), GrpcMediaField);
+  CHECK(s.message() ==
+        "chat.messages[0].content[1].image.url: remote media is disabled on this server; send a "
+        "data: URL");
+  mmserve::v1::GenerateRequest frames;
+  frames.mutable_raw()->set_text("x");
+  frames.mutable_raw()->add_videos()->mutable_frames()->add_frames()->set_url("https://x.com/a");
+  REQUIRE(HasRemoteMedia(frames));
+  s = FetchRequestMedia(std::make_shared<const MediaFetcher>(Trusting()), limits, &frames,
+                        std::make_shared<FetchCancel>(), GrpcMediaField);
+  CHECK(s.message() ==
+        "raw.videos[0].frames.frames[0].url: video frames must carry their bytes, not a URL");
+  // No URL: nothing to do, whatever the setting.
+  mmserve::v1::GenerateRequest plain = ChatWith({});
+  CHECK_FALSE(HasRemoteMedia(plain));
+  CHECK(FetchRequestMedia(nullptr, limits, &plain, std::make_shared<FetchCancel>(), GrpcMediaField)
+            .ok());
+}
+
+}  // namespace
+}  // namespace mmserve::router
