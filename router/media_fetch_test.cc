@@ -19,6 +19,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "router/openai.h"
 #include "router/request_fetch.h"
 
 namespace mmserve::router {
@@ -79,15 +80,15 @@ class MediaServer {
       });
     });
     s.Get("/slow", [this, png](const httplib::Request&, httplib::Response& res) {
-      res.set_chunked_content_provider("image/png",
-                                       [this, png](size_t offset, httplib::DataSink& sink) {
-                                         if (offset >= png.size() || stopping_) {
-                                           sink.done();
-                                           return true;
-                                         }
-                                         absl::SleepFor(absl::Milliseconds(100));
-                                         return sink.write(png.data() + offset, std::min<size_t>(10, png.size() - offset));
-                                       });
+      res.set_chunked_content_provider(
+          "image/png", [this, png](size_t offset, httplib::DataSink& sink) {
+            if (offset >= png.size() || stopping_) {
+              sink.done();
+              return true;
+            }
+            absl::SleepFor(absl::Milliseconds(100));
+            return sink.write(png.data() + offset, std::min<size_t>(10, png.size() - offset));
+          });
     });
     s.Get("/page.html", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("<html>hello</html>", "text/html; charset=utf-8");
@@ -352,6 +353,22 @@ TEST_CASE("URLs are refused when remote media is off, and inside frame lists") {
   CHECK_FALSE(HasRemoteMedia(plain));
   CHECK(FetchRequestMedia(nullptr, limits, &plain, std::make_shared<FetchCancel>(), GrpcMediaField)
             .ok());
+}
+
+TEST_CASE("the OpenAI mapping keeps http(s) image_url and video_url parts as URLs to fetch") {
+  const std::string body = R"({"messages": [{"role": "user", "content": [
+      {"type": "image_url", "image_url": {"url": "https://img.example.com/cat.png"}},
+      {"type": "image_url", "image_url": "HTTP://img.example.com/dog.png"},
+      {"type": "video_url", "video_url": {"url": "https://v.example.com/a.mp4", "fps": 2}}]}]})";
+  absl::StatusOr<OpenAiChatRequest> chat = ParseChatCompletionRequest(body, OpenAiLimits());
+  REQUIRE(chat.ok());
+  const auto& parts = chat->request.chat().messages(0).content();
+  CHECK(parts[0].image().url() == "https://img.example.com/cat.png");
+  CHECK(parts[0].image().data().empty());
+  CHECK(parts[1].image().url() == "HTTP://img.example.com/dog.png");
+  CHECK(parts[2].video().url() == "https://v.example.com/a.mp4");
+  CHECK(parts[2].video().fps() == 2);
+  CHECK(HasRemoteMedia(chat->request));
 }
 
 }  // namespace

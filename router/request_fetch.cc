@@ -121,6 +121,10 @@ absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
                                const MediaFieldName& field_name) {
   std::vector<Site> sites = Sites(request);
   if (sites.empty()) return absl::OkStatus();
+  if (static_cast<int>(sites.size()) > options.max_images) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(sites.size(), " media URLs; at most ", options.max_images, " per request"));
+  }
   for (const Site& s : sites) {
     if (fetcher == nullptr || !fetcher->options().enabled) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -4,6 +4,7 @@
 #define MMSERVE_ROUTER_ROUTER_CONTEXT_H_
 
 #include <functional>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "proto/inference.pb.h"
@@ -19,6 +20,7 @@ class Tokenizer;
 namespace mmserve::router {
 
 class EspPool;
+class MediaFetcher;
 
 struct RouterContext {
   RouterOptions options;
@@ -30,6 +32,9 @@ struct RouterContext {
   // healthy elastic instance) and the tokenizer it sizes prompts with.
   EspPool* esp = nullptr;
   const model::Tokenizer* tokenizer = nullptr;
+  // Fetches Image.url / Video.url (router/request_fetch.h); null or
+  // disabled: a URL is refused.
+  std::shared_ptr<const MediaFetcher> media;
 };
 
 // on_end runs exactly once, after the last on_response.
