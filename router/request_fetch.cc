@@ -71,6 +71,22 @@ struct Fetches {
   std::vector<absl::StatusOr<FetchedMedia>> results ABSL_GUARDED_BY(mu);
 };
 
+// Waits for every fetch, the deadline or a cancel (checked as the fetches
+// end, and every 50 ms); false when the deadline passed first.
+bool WaitForFetches(Fetches& fetches, const FetchCancel& cancel, absl::Time deadline) {
+  absl::MutexLock lock(&fetches.mu);
+  auto done = [&fetches]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetches.mu) { return fetches.pending == 0; };
+  while (!done()) {
+    if (cancel.cancelled()) return true;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return false;
+    fetches.mu.AwaitWithDeadline(absl::Condition(&done),
+                                 std::min(deadline, now + absl::Milliseconds(50)));
+  }
+  return true;
+}
+
 absl::Status AtField(const std::string& field, const absl::Status& s) {
   if (absl::IsCancelled(s)) return s;
   return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
@@ -155,24 +171,7 @@ absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
       --fetches->pending;
     }).detach();
   }
-  // Wait for every fetch, the deadline or a cancel (checked as the fetches
-  // end, and every 50 ms).
-  bool timed_out = false;
-  {
-    absl::MutexLock lock(&fetches->mu);
-    auto done = [&fetches]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetches->mu) { return fetches->pending == 0; };
-    while (!done()) {
-      if (cancel->cancelled()) break;
-      const absl::Time now = absl::Now();
-      if (now >= deadline) {
-        timed_out = true;
-        break;
-      }
-      fetches->mu.AwaitWithDeadline(absl::Condition(&done),
-                                    std::min(deadline, now + absl::Milliseconds(50)));
-    }
-  }
+  const bool timed_out = !WaitForFetches(*fetches, *cancel, deadline);
   if (!timed_out && cancel->cancelled()) return absl::CancelledError("the client went away");
   if (timed_out) cancel->Cancel();  // frees the sockets of the late fetches
   absl::MutexLock lock(&fetches->mu);
