@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -240,6 +241,32 @@ void CheckRemoteMedia(Running& r, const MediaServer& media) {
     CHECK(absl::StrContains(a.status.message(), why));
     CHECK(absl::Now() - start < absl::Seconds(5) * kSanitizerSlowdown);
   }
+  // Over the OpenAI HTTP API: the same answer, and the same refusal as 400.
+  const int http_port = std::stoi(r.stack->router().ready.fields.at("http"));
+  httplib::Client http(r.hosts->address(r.stack->router_host()), http_port);
+  http.set_read_timeout(60, 0);
+  for (const auto& [path, status] :
+       {std::pair<std::string, int>{"/img/" + item.image_file, 200}, {"/page.html", 400}}) {
+    nlohmann::json body = {{"messages",
+                            {{{"role", "user"},
+                              {"content",
+                               {{{"type", "image_url"}, {"image_url", {{"url", media.Url(path)}}}},
+                                {{"type", "text"}, {"text", item.question}}}}}}},
+                           {"temperature", 0},
+                           {"max_tokens", 8}};
+    auto res = http.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(res);
+    INFO(res->body);
+    CHECK(res->status == status);
+    const nlohmann::json reply = nlohmann::json::parse(res->body);
+    if (status == 200) {
+      CHECK(reply["choices"][0]["message"]["content"] == ref.text[0]);
+    } else {
+      CHECK(reply["error"]["message"] ==
+            absl::StrCat("messages[0].content[0].image_url: ", media.Url(path),
+                         " has content type \"text/html\", not an image"));
+    }
+  }
   // A client that gives up during a slow fetch.
   Answer gone =
       AskGrpc(*r.stub, UrlRequest(item, media.Url("/slow")), {.deadline = absl::Milliseconds(300)});
@@ -267,7 +294,8 @@ TEST_CASE(
                    "--allowed_media_domains=" + (*hosts)->client_address() + ",10.0.0.1,127.0.0.1",
                    "--media_fetch_allow_private_cidrs=10.213.0.0/16",
                    "--max_media_fetch_bytes=200000",
-                   "--media_fetch_timeout_ms=1500"};
+                   "--media_fetch_timeout_ms=1500",
+                   "--http_port=0"};
   Running r;
   r.hosts = std::move(*hosts);
   auto stack = NetStack::Start(*r.hosts, o);
