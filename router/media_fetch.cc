@@ -1,6 +1,5 @@
 #include "router/media_fetch.h"
 
-#include <httplib.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -18,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "model/image_decode.h"
+#include "router/media_http.h"
 
 namespace mmserve::router {
 namespace {
@@ -41,48 +41,8 @@ bool TypeFits(const std::string& type, MediaKind kind) {
          type == "application/octet-stream" || type == "binary/octet-stream";
 }
 
-// Microseconds left until `deadline`, at least 1.
-int64_t MicrosLeft(absl::Time deadline) {
-  return std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
-}
-
-// A descriptor owned here, registered with a FetchCancel while it lives.
-class AttachedSocket {
- public:
-  explicit AttachedSocket(FetchCancel& cancel) : cancel_(cancel) {}
-  ~AttachedSocket() {
-    if (fd_ < 0) return;
-    cancel_.Detach(fd_);
-    ::close(fd_);
-  }
-  // httplib's socket (before it connects): a duplicate is kept, so that a
-  // cancel can shut the connection down without racing httplib's close.
-  void Take(int sock) {
-    if (fd_ >= 0) return;
-    fd_ = ::dup(sock);
-    if (fd_ >= 0) cancel_.Attach(fd_);
-  }
-
- private:
-  FetchCancel& cancel_;
-  int fd_ = -1;
-};
-
-// What went wrong in one request, as the client may hear it.
-absl::Status HttplibError(const MediaUrl& url, httplib::Error error) {
-  switch (error) {
-    case httplib::Error::Connection:
-      return Refused(url, "could not be reached");
-    case httplib::Error::SSLConnection:
-      return Refused(url, "failed the TLS handshake");
-    case httplib::Error::SSLServerVerification:
-      return Refused(url, "presented a TLS certificate that does not verify for its host");
-    case httplib::Error::SSLLoadingCerts:
-      return absl::InternalError("media fetch: cannot load the CA certificates");
-    default:
-      return Refused(url, "could not be fetched (the connection failed or broke)");
-  }
-}
+// A refusal's reason, to follow the URL.
+absl::Status Reason(absl::string_view why) { return absl::InvalidArgumentError(why); }
 
 }  // namespace
 
@@ -108,6 +68,13 @@ void FetchCancel::Detach(int fd) {
   absl::MutexLock lock(&mu_);
   fds_.erase(fd);
 }
+
+MediaFetcher::MediaFetcher(MediaFetchOptions options)
+    : options_(std::move(options)), tls_(std::make_unique<MediaTls>(options_.ca_file)) {}
+
+MediaFetcher::~MediaFetcher() = default;
+
+bool MediaFetcher::tls_ready() const { return tls_->context() != nullptr; }
 
 absl::Status FetchTimedOut(absl::string_view url, absl::Duration timeout) {
   return absl::InvalidArgumentError(
@@ -154,76 +121,40 @@ absl::StatusOr<FetchedMedia> MediaFetcher::FetchOnce(const MediaUrl& url, const 
                                                      MediaKind kind, size_t max_bytes,
                                                      absl::Time deadline, FetchCancel& cancel,
                                                      std::string* location) const {
-  std::unique_ptr<httplib::ClientImpl> client;
-  if (url.https) {
-    auto tls = std::make_unique<httplib::SSLClient>(url.host, url.port);
-    if (!options_.ca_file.empty()) tls->set_ca_cert_path(options_.ca_file);
-    tls->enable_server_certificate_verification(true);
-    client = std::move(tls);
-  } else {
-    client = std::make_unique<httplib::ClientImpl>(url.host, url.port);
-  }
-  client->set_hostname_addr_map({{url.host, AddressText(address)}});
-  const int64_t left = MicrosLeft(deadline);
-  client->set_connection_timeout(left / 1000000, left % 1000000);
-  client->set_read_timeout(left / 1000000, left % 1000000);
-  client->set_write_timeout(left / 1000000, left % 1000000);
-  client->set_keep_alive(false);
-  client->set_follow_location(false);
-  client->set_decompress(false);
-  AttachedSocket socket(cancel);
-  client->set_socket_options([&socket](int sock) {
-    int one = 1;
-    ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    socket.Take(sock);
-  });
-
-  const httplib::Headers headers = {{"Host", url.HostHeader()},
-                                    {"Accept", absl::StrCat(KindName(kind), "/*")},
-                                    {"Accept-Encoding", "identity"},
-                                    {"User-Agent", "mmserve-media-fetch"}};
-  absl::Status refusal;  // set by the handlers when they stop the transfer
+  const HttpGetRequest request{.url = &url,
+                               .address = address,
+                               .tls = tls_.get(),
+                               .accept = absl::StrCat(KindName(kind), "/*"),
+                               .max_body = max_bytes,
+                               .deadline = deadline,
+                               .cancel = &cancel};
   FetchedMedia media;
-  auto on_response = [&](const httplib::Response& r) {
-    if (r.status >= 300 && r.status < 400 && r.has_header("Location")) {
-      *location = r.get_header_value("Location");
-      return false;
+  auto check_head = [&](const HttpHead& head) -> absl::Status {
+    if (head.status >= 300 && head.status < 400 && !head.location.empty()) {
+      *location = head.location;
+      return absl::OkStatus();
     }
-    if (r.status != 200) {
-      refusal = Refused(url, absl::StrCat("answered HTTP ", r.status));
-      return false;
-    }
-    media.mime_type = MediaType(r.get_header_value("Content-Type"));
+    if (head.status != 200) return Reason(absl::StrCat("answered HTTP ", head.status));
+    media.mime_type = MediaType(head.content_type);
     if (!TypeFits(media.mime_type, kind)) {
-      refusal = Refused(url, absl::StrCat("has content type \"", media.mime_type, "\", not ",
-                                          kind == MediaKind::kImage ? "an image" : "a video"));
-      return false;
+      return Reason(absl::StrCat("has content type \"", media.mime_type, "\", not ",
+                                 kind == MediaKind::kImage ? "an image" : "a video"));
     }
-    uint64_t length = 0;
-    if (absl::SimpleAtoi(r.get_header_value("Content-Length"), &length) && length > max_bytes) {
-      refusal = Refused(url, absl::StrCat("is ", length, " bytes; at most ", max_bytes));
-      return false;
+    if (head.content_length > static_cast<int64_t>(max_bytes)) {
+      return Reason(absl::StrCat("is ", head.content_length, " bytes; at most ", max_bytes));
     }
-    return true;
+    return absl::OkStatus();
   };
-  auto on_body = [&](const char* data, size_t n) {
-    if (media.data.size() + n > max_bytes) {
-      refusal = Refused(url, absl::StrCat("is larger than ", max_bytes, " bytes"));
-      return false;
-    }
-    if (absl::Now() > deadline) {
-      refusal = FetchTimedOut(url.Text(), options_.timeout);
-      return false;
-    }
-    media.data.append(data, n);
-    return true;
-  };
-  httplib::Result result = client->Get(url.target, headers, on_response, on_body);
-  if (!refusal.ok()) return refusal;
+  absl::StatusOr<HttpResult> got = HttpGet(request, check_head);
+  if (!got.ok()) {
+    if (absl::IsDeadlineExceeded(got.status())) return FetchTimedOut(url.Text(), options_.timeout);
+    if (absl::IsInvalidArgument(got.status())) return Refused(url, got.status().message());
+    return got.status();
+  }
   if (!location->empty()) return media;
-  if (cancel.cancelled()) return absl::CancelledError("the media fetch was cancelled");
-  if (absl::Now() >= deadline) return FetchTimedOut(url.Text(), options_.timeout);
-  if (!result) return HttplibError(url, result.error());
+  if (got->head.status != 200)
+    return Refused(url, absl::StrCat("answered HTTP ", got->head.status));
+  media.data = std::move(got->body);
   return media;
 }
 

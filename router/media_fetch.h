@@ -20,6 +20,7 @@
 #define MMSERVE_ROUTER_MEDIA_FETCH_H_
 
 #include <cstddef>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@
 #include "router/media_url.h"
 
 namespace mmserve::router {
+
+class MediaTls;
 
 struct MediaFetchOptions {
   // --allow_remote_media: off, a URL is refused without a fetch.
@@ -84,8 +87,11 @@ class FetchCancel {
 
 class MediaFetcher {
  public:
-  explicit MediaFetcher(MediaFetchOptions options) : options_(std::move(options)) {}
+  explicit MediaFetcher(MediaFetchOptions options);
+  ~MediaFetcher();
   const MediaFetchOptions& options() const { return options_; }
+  // Whether https fetches can verify servers (the CA bundle loaded).
+  bool tls_ready() const;
 
   // Fetches `url` (one of `kind`, at most max_bytes) by `deadline`. Refusals
   // are INVALID_ARGUMENT naming the URL; a fetch stopped by `cancel` is
@@ -107,6 +113,7 @@ class MediaFetcher {
                                                        std::string* location) const;
 
   const MediaFetchOptions options_;
+  std::unique_ptr<MediaTls> tls_;
 };
 
 // The status a fetch of `url` that passed its deadline gets.

@@ -197,7 +197,11 @@ absl::StatusOr<std::shared_ptr<const MediaFetcher>> MediaFetcherFromFlags(
   o.ca_file = absl::GetFlag(FLAGS_media_ca_file);
   if (!o.ca_file.empty()) RETURN_IF_ERROR(ReadFileToString(o.ca_file).status());
   o.video_limits = router.video_limits;
-  return std::make_shared<const MediaFetcher>(std::move(o));
+  auto fetcher = std::make_shared<const MediaFetcher>(std::move(o));
+  if (fetcher->options().enabled && !fetcher->tls_ready()) {
+    return absl::InvalidArgumentError("--media_ca_file: no CA certificates could be loaded");
+  }
+  return fetcher;
 }
 
 absl::StatusOr<InstanceTableOptions> TableOptionsFromFlags() {
