@@ -1,5 +1,7 @@
 #include "router/media_url.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -53,6 +55,9 @@ absl::Status ParseAuthority(absl::string_view authority, MediaUrl* url) {
     }
     absl::ConsumeSuffix(&host, ".");
     if (host.empty()) return Invalid("the URL has no host");
+    if (absl::StartsWith(host, ".") || absl::EndsWith(host, ".") || absl::StrContains(host, "..")) {
+      return Invalid("the host name has an empty label");
+    }
     for (char c : host) {
       if (!HostNameChar(c)) {
         return Invalid(absl::StrCat("the host name has a character '", std::string(1, c),
@@ -157,18 +162,23 @@ absl::StatusOr<MediaHostList> MediaHostList::Parse(absl::string_view comma_list)
   MediaHostList list;
   for (absl::string_view item : absl::StrSplit(comma_list, ',', absl::SkipWhitespace())) {
     item = absl::StripAsciiWhitespace(item);
-    std::string name = absl::AsciiStrToLower(item);
-    const bool wildcard = absl::ConsumePrefix(&item, "*.");
-    if (wildcard) name = absl::AsciiStrToLower(item);
-    if (name.empty() || absl::StrContains(name, '*') || absl::StrContains(name, '/') ||
-        (absl::StrContains(name, ':') && !ParseIpAddress(name).ok())) {
-      return Invalid(absl::StrCat("\"", item, "\" is not a host name or *.suffix"));
+    absl::string_view name = item;
+    const bool wildcard = absl::ConsumePrefix(&name, "*.");
+    absl::ConsumeSuffix(&name, ".");
+    // An IP literal in its canonical form, as ParseMediaUrl gives hosts.
+    if (absl::StatusOr<IpAddress> ip = ParseIpAddress(name); ip.ok() && !wildcard) {
+      list.exact_.push_back(AddressText(*ip));
+      continue;
     }
-    if (absl::EndsWith(name, ".")) name.pop_back();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), HostNameChar) ||
+        absl::StartsWith(name, ".") || absl::EndsWith(name, ".") || absl::StrContains(name, "..")) {
+      return Invalid(absl::StrCat("\"", item, "\" is not a host name, IP address or *.suffix"));
+    }
+    std::string lower = absl::AsciiStrToLower(name);
     if (wildcard) {
-      list.suffixes_.push_back("." + name);
+      list.suffixes_.push_back("." + lower);
     } else {
-      list.exact_.push_back(name);
+      list.exact_.push_back(std::move(lower));
     }
   }
   return list;

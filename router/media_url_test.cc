@@ -45,6 +45,9 @@ TEST_CASE("unusual URLs are refused with the reason") {
       {"https://ex\xc3\xa4mple.com/", "non-ASCII"},
       {"https://%31%30.0.0.1/", "not allowed"},
       {"https:///a.png", "no host"},
+      {"https://a..example.com/", "empty label"},
+      {"https://.example.com/", "empty label"},
+      {"https://example.com../", "empty label"},
       {"https://example.com:0/", "1..65535"},
       {"https://example.com:65536/", "1..65535"},
       {"https://example.com:8x/", "not a number"},
@@ -114,7 +117,9 @@ TEST_CASE("the allow-list matches exact hosts and *.suffix patterns") {
   CHECK(any->empty());
   CHECK(any->Allows("anything.example"));
 
-  for (const char* bad : {"*", "*.", "a.*.com", "http://x.com", "x.com/path", "a:b"}) {
+  CHECK(MediaHostList::Parse("0:0::1")->Allows("::1"));  // IP literals canonical
+  for (const char* bad :
+       {"*", "*.", ".", "a.*.com", "http://x.com", "x.com/path", "a:b", "a b.com", "*.::1"}) {
     INFO(bad);
     CHECK_FALSE(MediaHostList::Parse(bad).ok());
   }

@@ -2,8 +2,10 @@
 // tests/net_hosts.h): answers over gRPC and UCX tcp between hosts, then the
 // network faults (delay, loss, cuts, partitions, router restart) one after
 // another on the same stack, each ending with every block and request freed
-// and the service back without a restart. Skipped, with the reason printed,
-// where namespaces cannot be made.
+// and the service back without a restart; remote media fetched from the
+// test's own address across the switch (and every SSRF refusal) on the
+// first stack. Skipped, with the reason printed, where namespaces cannot be
+// made.
 #include "tests/net_stack.h"
 
 #include <dirent.h>
