@@ -96,7 +96,9 @@ class MediaFetcher {
   // Fetches `url` (one of `kind`, at most max_bytes) by `deadline`. Refusals
   // are INVALID_ARGUMENT naming the URL; a fetch stopped by `cancel` is
   // CANCELLED; a deadline passed is INVALID_ARGUMENT ("... took longer than
-  // N ms").
+  // N ms"). Name resolution (getaddrinfo) cannot be interrupted and may run
+  // past the deadline; FetchRequestMedia stops waiting at the deadline
+  // regardless.
   [[nodiscard]] absl::StatusOr<FetchedMedia> Fetch(absl::string_view url, MediaKind kind,
                                                    size_t max_bytes, absl::Time deadline,
                                                    FetchCancel& cancel) const;
