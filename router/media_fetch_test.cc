@@ -19,6 +19,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sanitizer.h"
 #include "router/openai.h"
 #include "router/request_fetch.h"
 
@@ -224,7 +225,7 @@ TEST_CASE("a slow body is refused at the timeout, and a cancel stops a fetch at 
   o.timeout = absl::Milliseconds(400);
   const absl::Time start = absl::Now();
   CheckRefused(Get(o, server.Url("/slow")), "took longer than 400 ms to fetch");
-  CHECK(absl::Now() - start < absl::Milliseconds(1500));
+  CHECK(absl::Now() - start < absl::Milliseconds(1500) * kSanitizerSlowdown);
 
   FetchCancel cancel;
   std::thread canceller([&cancel] {
@@ -237,7 +238,7 @@ TEST_CASE("a slow body is refused at the timeout, and a cancel stops a fetch at 
                                                 absl::Now() + absl::Seconds(30), cancel);
   canceller.join();
   CHECK(absl::IsCancelled(got.status()));
-  CHECK(absl::Now() - t0 < absl::Seconds(2));
+  CHECK(absl::Now() - t0 < absl::Seconds(2) * kSanitizerSlowdown);
   // Once cancelled, a later fetch with it fails before connecting.
   CHECK(absl::IsCancelled(MediaFetcher(Trusting())
                               .Fetch(server.Url("/cat.png"), MediaKind::kImage, 4000,
@@ -299,7 +300,7 @@ TEST_CASE("a request's URLs are fetched concurrently and replaced by their bytes
       FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(), GrpcMediaField);
   INFO(s);
   REQUIRE(s.ok());
-  CHECK(absl::Now() - start < absl::Milliseconds(1800));
+  CHECK(absl::Now() - start < absl::Milliseconds(1800) * kSanitizerSlowdown);
   CHECK_FALSE(HasRemoteMedia(r));
   for (int j = 1; j <= 4; ++j) {
     const auto& image = r.chat().messages(0).content(j).image();
