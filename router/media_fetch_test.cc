@@ -5,13 +5,18 @@
 // URLs fetched concurrently and put in place; no descriptor outlives them.
 #include "router/media_fetch.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -132,6 +137,59 @@ class MediaServer {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   int port_ = 0;
+};
+
+// Answers each connection with the canned bytes for its request path, then
+// closes it: responses an HTTP library would not send.
+class RawServer {
+ public:
+  explicit RawServer(std::map<std::string, std::string> responses)
+      : responses_(std::move(responses)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) == 0);
+    REQUIRE(::listen(fd_, 16) == 0);
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~RawServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string Url(const std::string& path) const {
+    return absl::StrCat("http://127.0.0.1:", port_, path);
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string request;
+      char buf[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+      }
+      const size_t space = request.find(' ');
+      const std::string path = request.substr(space + 1, request.find(' ', space + 1) - space - 1);
+      const auto it = responses_.find(path);
+      const std::string& out = it != responses_.end() ? it->second : responses_.begin()->second;
+      (void)::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+      ::close(c);
+    }
+  }
+
+  const std::map<std::string, std::string> responses_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
 };
 
 // Remote media on, plain http allowed, this host's loopback trusted.
@@ -274,6 +332,32 @@ TEST_CASE("https verifies the server against the CA bundle given, else the syste
   CHECK(got->data == Png());
   o.ca_file.clear();
   CheckRefused(Get(o, server.Url("/cat.png", "https")), "TLS certificate that does not verify");
+}
+
+TEST_CASE("responses an HTTP library would not send are read or refused by the reason") {
+  const std::string png = Png();
+  RawServer server({
+      {"/interim-then-close",
+       "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+       "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n\r\n" +
+           png},
+      {"/garbage", "SSH-2.0-OpenSSH_9.2\r\n\r\n"},
+      {"/short", "HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n" + png},
+      {"/bad-chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"},
+      {"/te-gzip", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"},
+      {"/two-lengths", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"},
+      {"/close-too-long", "HTTP/1.1 200 OK\r\n\r\n" + std::string(5000, 'x')},
+  });
+  absl::StatusOr<FetchedMedia> got = Get(Trusting(), server.Url("/interim-then-close"));
+  INFO(got.status());
+  REQUIRE(got.ok());
+  CHECK(got->data == png);
+  CheckRefused(Get(Trusting(), server.Url("/garbage")), "sent a malformed response");
+  CheckRefused(Get(Trusting(), server.Url("/short")), "ended the response early");
+  CheckRefused(Get(Trusting(), server.Url("/bad-chunk")), "sent a malformed chunk");
+  CheckRefused(Get(Trusting(), server.Url("/te-gzip")), "unsupported Transfer-Encoding");
+  CheckRefused(Get(Trusting(), server.Url("/two-lengths")), "malformed Content-Length");
+  CheckRefused(Get(Trusting(), server.Url("/close-too-long")), "is larger than 4000 bytes");
 }
 
 mmserve::v1::GenerateRequest ChatWith(const std::vector<std::string>& urls) {

@@ -297,7 +297,7 @@ absl::Status ReadChunked(Reader& r, size_t max, std::string* body) {
       if (n == 0) return Bad("ended the response early");
       left -= n;
     }
-    ASSIGN_OR_RETURN(size_t crlf, r.Until("\r\n", 2, "a chunk"));
+    ASSIGN_OR_RETURN(size_t crlf, r.Until("\r\n", kMaxChunkLine, "a chunk"));
     if (!r.Consume(crlf, 2).empty()) return Bad("sent a malformed chunk");
   }
   // Trailers, up to the blank line.
@@ -363,10 +363,15 @@ absl::StatusOr<HttpResult> HttpGet(const HttpGetRequest& request,
       "User-Agent: mmserve-media-fetch\r\n"
       "Connection: close\r\n\r\n")));
   Reader r(c);
-  ASSIGN_OR_RETURN(size_t end, r.Until("\r\n\r\n", kMaxHeadBytes, "response headers"));
   bool chunked = false;
   HttpResult result;
-  ASSIGN_OR_RETURN(result.head, ParseHead(r.Consume(end, 4), &chunked));
+  // Interim responses (100 Continue, 103 Early Hints) come before the final one.
+  for (int interim = 0;; ++interim) {
+    ASSIGN_OR_RETURN(size_t end, r.Until("\r\n\r\n", kMaxHeadBytes, "response headers"));
+    ASSIGN_OR_RETURN(result.head, ParseHead(r.Consume(end, 4), &chunked));
+    if (result.head.status >= 200 || result.head.status == 101) break;
+    if (interim == 8) return Bad("sent too many interim responses");
+  }
   RETURN_IF_ERROR(check_head(result.head));
   if (result.head.status != 200) return result;
   RETURN_IF_ERROR(ReadBody(r, result.head, chunked, request.max_body, &result.body));
