@@ -225,8 +225,9 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
   // Remote media is fetched here, on this handler's own thread (it blocks
   // until the fetch ends or times out).
   if (HasRemoteMedia(chat->request)) {
-    absl::Status fetched = FetchRequestMedia(ctx.media, ctx.options, &chat->request,
-                                             std::make_shared<FetchCancel>(), OpenAiMediaField);
+    absl::Status fetched =
+        FetchRequestMedia(ctx.media, ctx.options, &chat->request, std::make_shared<FetchCancel>(),
+                          OpenAiMediaField, ctx.media_metrics);
     if (!fetched.ok()) return SendError(res, fetched);
   }
   CompletionContext cc{ctx.options.model_id, absl::ToUnixSeconds(absl::Now()),

@@ -24,6 +24,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/metrics.h"
 #include "common/sanitizer.h"
 #include "router/openai.h"
 #include "router/request_fetch.h"
@@ -374,14 +375,16 @@ TEST_CASE("a request's URLs are fetched concurrently and replaced by their bytes
   MediaServer server;
   auto fetcher = std::make_shared<const MediaFetcher>(Trusting());
   RouterOptions limits;
+  metrics::Registry registry;
+  const MediaFetchMetrics counts(registry);
   const int fds = OpenFds();
   // Three slow images (7 pieces 100 ms apart each) take about as long as one.
   mmserve::v1::GenerateRequest r =
       ChatWith({server.Url("/slow"), server.Url("/slow"), server.Url("/slow")});
   REQUIRE(HasRemoteMedia(r));
   const absl::Time start = absl::Now();
-  absl::Status s =
-      FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(), GrpcMediaField);
+  absl::Status s = FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(),
+                                     GrpcMediaField, &counts);
   INFO(s);
   REQUIRE(s.ok());
   CHECK(absl::Now() - start < absl::Milliseconds(1800) * kSanitizerSlowdown);
@@ -395,7 +398,8 @@ TEST_CASE("a request's URLs are fetched concurrently and replaced by their bytes
 
   // The failing one is named by its field.
   r = ChatWith({server.Url("/cat.png"), server.Url("/page.html")});
-  s = FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(), OpenAiMediaField);
+  s = FetchRequestMedia(fetcher, limits, &r, std::make_shared<FetchCancel>(), OpenAiMediaField,
+                        &counts);
   CHECK(absl::IsInvalidArgument(s));
   CHECK_THAT(std::string(s.message()),
              Catch::StartsWith("messages[0].content[2].image_url: " + server.Url("/page.html")));
@@ -405,7 +409,7 @@ TEST_CASE("a request's URLs are fetched concurrently and replaced by their bytes
   quick.timeout = absl::Milliseconds(300);
   r = ChatWith({server.Url("/slow")});
   s = FetchRequestMedia(std::make_shared<const MediaFetcher>(quick), limits, &r,
-                        std::make_shared<FetchCancel>(), GrpcMediaField);
+                        std::make_shared<FetchCancel>(), GrpcMediaField, &counts);
   CHECK(absl::IsInvalidArgument(s));
   CHECK(s.message() == absl::StrCat("chat.messages[0].content[1].image.url: ", server.Url("/slow"),
                                     " took longer than 300 ms to fetch"));
@@ -417,9 +421,20 @@ TEST_CASE("a request's URLs are fetched concurrently and replaced by their bytes
     absl::SleepFor(absl::Milliseconds(150));
     cancel->Cancel();
   });
-  s = FetchRequestMedia(fetcher, limits, &r, cancel, GrpcMediaField);
+  s = FetchRequestMedia(fetcher, limits, &r, cancel, GrpcMediaField, &counts);
   canceller.join();
   CHECK(absl::IsCancelled(s));
+  // One request of each ending counted, each fetch's time observed.
+  r = ChatWith({"https://img.example.com/a.png"});
+  CHECK_FALSE(FetchRequestMedia(nullptr, limits, &r, std::make_shared<FetchCancel>(),
+                                GrpcMediaField, &counts)
+                  .ok());
+  CHECK(counts.fetched.value() == 1);
+  CHECK(counts.refused.value() == 1);
+  CHECK(counts.timed_out.value() == 1);
+  CHECK(counts.cancelled.value() == 1);
+  CHECK(counts.disabled.value() == 1);
+  CHECK_THAT(registry.Render(), Catch::Contains("mmserve_router_media_fetch_seconds_count 4"));
 
   // Every socket is closed once the fetch threads end.
   const absl::Time until = absl::Now() + absl::Seconds(5);

@@ -131,18 +131,23 @@ bool HasRemoteMedia(const GenerateRequest& request) {
   return false;
 }
 
-absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
-                               const RouterOptions& options, GenerateRequest* request,
-                               std::shared_ptr<FetchCancel> cancel,
-                               const MediaFieldName& field_name) {
-  std::vector<Site> sites = Sites(request);
-  if (sites.empty()) return absl::OkStatus();
+namespace {
+
+// How a request's fetch ended (MediaFetchMetrics).
+enum class FetchEnd { kFetched, kRefused, kTimedOut, kCancelled, kDisabled };
+
+// The refusals before any fetch: too many URLs, remote media off, a URL
+// inside a frame list.
+absl::Status CheckSites(const MediaFetcher* fetcher, const RouterOptions& options,
+                        const std::vector<Site>& sites, const MediaFieldName& field_name,
+                        FetchEnd* end) {
   if (static_cast<int>(sites.size()) > options.max_images) {
     return absl::InvalidArgumentError(
         absl::StrCat(sites.size(), " media URLs; at most ", options.max_images, " per request"));
   }
   for (const Site& s : sites) {
     if (fetcher == nullptr || !fetcher->options().enabled) {
+      *end = FetchEnd::kDisabled;
       return absl::InvalidArgumentError(absl::StrCat(
           field_name(s.where), ": remote media is disabled on this server; send a data: URL"));
     }
@@ -151,6 +156,13 @@ absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
           absl::StrCat(field_name(s.where), ": video frames must carry their bytes, not a URL"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Fetches every site at once and puts the bytes in place.
+absl::Status FetchSites(std::shared_ptr<const MediaFetcher> fetcher, const RouterOptions& options,
+                        const std::vector<Site>& sites, std::shared_ptr<FetchCancel> cancel,
+                        const MediaFieldName& field_name, FetchEnd* end) {
   const MediaFetchOptions& o = fetcher->options();
   const absl::Time deadline = absl::Now() + o.timeout;
   auto fetches = std::make_shared<Fetches>();
@@ -172,7 +184,10 @@ absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
     }).detach();
   }
   const bool timed_out = !WaitForFetches(*fetches, *cancel, deadline);
-  if (!timed_out && cancel->cancelled()) return absl::CancelledError("the client went away");
+  if (!timed_out && cancel->cancelled()) {
+    *end = FetchEnd::kCancelled;
+    return absl::CancelledError("the client went away");
+  }
   if (timed_out) cancel->Cancel();  // frees the sockets of the late fetches
   absl::MutexLock lock(&fetches->mu);
   for (size_t k = 0; k < sites.size(); ++k) {
@@ -180,6 +195,7 @@ absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
     if (got.ok()) continue;
     // Still running at the deadline, or stopped by the cancel that ended it.
     if (timed_out && (absl::IsUnknown(got.status()) || absl::IsCancelled(got.status()))) {
+      *end = FetchEnd::kTimedOut;
       return AtField(field_name(sites[k].where), FetchTimedOut(sites[k].url(), o.timeout));
     }
     return AtField(field_name(sites[k].where), got.status());
@@ -194,7 +210,63 @@ absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
       sites[k].video->set_mime_type(std::move(m.mime_type));
     }
   }
+  *end = FetchEnd::kFetched;
   return absl::OkStatus();
+}
+
+}  // namespace
+
+MediaFetchMetrics::MediaFetchMetrics(metrics::Registry& registry)
+    : fetched(registry.GetCounter("mmserve_router_media_fetches_total",
+                                  "Requests with remote media URLs, by how their fetch ended.",
+                                  {{"result", "fetched"}})),
+      refused(registry.GetCounter("mmserve_router_media_fetches_total",
+                                  "Requests with remote media URLs, by how their fetch ended.",
+                                  {{"result", "refused"}})),
+      timed_out(registry.GetCounter("mmserve_router_media_fetches_total",
+                                    "Requests with remote media URLs, by how their fetch ended.",
+                                    {{"result", "timed_out"}})),
+      cancelled(registry.GetCounter("mmserve_router_media_fetches_total",
+                                    "Requests with remote media URLs, by how their fetch ended.",
+                                    {{"result", "cancelled"}})),
+      disabled(registry.GetCounter("mmserve_router_media_fetches_total",
+                                   "Requests with remote media URLs, by how their fetch ended.",
+                                   {{"result", "disabled"}})),
+      seconds(registry.GetHistogram("mmserve_router_media_fetch_seconds",
+                                    "The whole fetch of a request's remote media URLs.",
+                                    metrics::LatencyBuckets())) {}
+
+absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
+                               const RouterOptions& options, GenerateRequest* request,
+                               std::shared_ptr<FetchCancel> cancel,
+                               const MediaFieldName& field_name, const MediaFetchMetrics* metrics) {
+  const std::vector<Site> sites = Sites(request);
+  if (sites.empty()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  FetchEnd end = FetchEnd::kRefused;
+  absl::Status s = CheckSites(fetcher.get(), options, sites, field_name, &end);
+  if (s.ok())
+    s = FetchSites(std::move(fetcher), options, sites, std::move(cancel), field_name, &end);
+  if (metrics == nullptr) return s;
+  switch (end) {
+    case FetchEnd::kFetched:
+      metrics->fetched.Increment();
+      break;
+    case FetchEnd::kRefused:
+      metrics->refused.Increment();
+      break;
+    case FetchEnd::kTimedOut:
+      metrics->timed_out.Increment();
+      break;
+    case FetchEnd::kCancelled:
+      metrics->cancelled.Increment();
+      break;
+    case FetchEnd::kDisabled:
+      metrics->disabled.Increment();
+      return s;
+  }
+  metrics->seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return s;
 }
 
 }  // namespace mmserve::router

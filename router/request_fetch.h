@@ -19,11 +19,26 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/metrics.h"
 #include "proto/inference.pb.h"
 #include "router/media_fetch.h"
 #include "router/request_validation.h"
 
 namespace mmserve::router {
+
+// How the fetches of remote media end, for /metrics.
+struct MediaFetchMetrics {
+  explicit MediaFetchMetrics(metrics::Registry& registry);
+  // URLs by result: fetched, refused (a check or the server), timed_out,
+  // cancelled (the client went away), disabled (remote media off).
+  metrics::Counter& fetched;
+  metrics::Counter& refused;
+  metrics::Counter& timed_out;
+  metrics::Counter& cancelled;
+  metrics::Counter& disabled;
+  // The whole fetch of a request's URLs, however it ended.
+  metrics::Histogram& seconds;
+};
 
 // Where a URL stands in a request: a chat part, or raw.images / raw.videos.
 struct MediaSite {
@@ -49,14 +64,16 @@ bool HasRemoteMedia(const mmserve::v1::GenerateRequest& request);
 // end, also past a timeout. Refusals are INVALID_ARGUMENT "<field>: <reason>": every URL
 // when `fetcher` is null or remote media is off, a URL inside a VideoFrames
 // list, any refusal of MediaFetcher::Fetch, and a fetch that outlives the
-// timeout. CANCELLED once `cancel` is cancelled. Images are held to
+// timeout. CANCELLED once `cancel` is cancelled. Each URL's end is counted
+// in `metrics` when given. Images are held to
 // options.max_image_bytes, videos to options.max_video_bytes (and to the
 // fetcher's max_bytes when lower).
 [[nodiscard]] absl::Status FetchRequestMedia(std::shared_ptr<const MediaFetcher> fetcher,
                                              const RouterOptions& options,
                                              mmserve::v1::GenerateRequest* request,
                                              std::shared_ptr<FetchCancel> cancel,
-                                             const MediaFieldName& field_name);
+                                             const MediaFieldName& field_name,
+                                             const MediaFetchMetrics* metrics = nullptr);
 
 }  // namespace mmserve::router
 

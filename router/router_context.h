@@ -21,6 +21,7 @@ namespace mmserve::router {
 
 class EspPool;
 class MediaFetcher;
+struct MediaFetchMetrics;
 
 struct RouterContext {
   RouterOptions options;
@@ -35,6 +36,7 @@ struct RouterContext {
   // Fetches Image.url / Video.url (router/request_fetch.h); null or
   // disabled: a URL is refused.
   std::shared_ptr<const MediaFetcher> media;
+  const MediaFetchMetrics* media_metrics = nullptr;
 };
 
 // on_end runs exactly once, after the last on_response.

@@ -373,11 +373,13 @@ int Main() {
                        .max_calls_per_client = absl::GetFlag(FLAGS_max_calls_per_client)});
   metrics::Registry registry;
   const CallMetrics call_metrics(registry);
+  const MediaFetchMetrics media_metrics(registry);
   RouterContext context{.options = *std::move(options),
                         .instances = &table,
                         .metrics = &call_metrics,
                         .access = &access,
-                        .media = *std::move(media)};
+                        .media = *std::move(media),
+                        .media_metrics = &media_metrics};
   CallTracker tracker;
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);

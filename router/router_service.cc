@@ -73,8 +73,8 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
     }
     std::thread([this, &context, &tracker, &ctx, request = std::move(request), deadline,
                  lease = std::move(lease), fetch]() mutable {
-      absl::Status s =
-          FetchRequestMedia(context.media, context.options, &request, fetch, GrpcMediaField);
+      absl::Status s = FetchRequestMedia(context.media, context.options, &request, fetch,
+                                         GrpcMediaField, context.media_metrics);
       {
         absl::MutexLock lock(&mu_);
         fetch_ = nullptr;
