@@ -269,6 +269,15 @@ void CheckRemoteMedia(Running& r, const MediaServer& media) {
                          " has content type \"text/html\", not an image"));
     }
   }
+  // Each request counted by how its fetch ended: the four and the HTTP one
+  // fetched, six refusals and the HTTP one refused, the slow body timed out.
+  auto fetches = [&](const char* result) {
+    return r.stack->Metric(r.stack->router(), "mmserve_router_media_fetches_total",
+                           absl::StrCat("result=\"", result, "\""));
+  };
+  CHECK(fetches("fetched") == 5);
+  CHECK(fetches("refused") == 7);
+  CHECK(fetches("timed_out") == 1);
   // A client that gives up during a slow fetch.
   Answer gone =
       AskGrpc(*r.stub, UrlRequest(item, media.Url("/slow")), {.deadline = absl::Milliseconds(300)});
