@@ -74,7 +74,7 @@ MediaFetcher::~MediaFetcher() = default;
 bool MediaFetcher::tls_ready() const { return tls_->context() != nullptr; }
 
 absl::Status FetchTimedOut(absl::string_view url, absl::Duration timeout) {
-  return absl::InvalidArgumentError(
+  return absl::DeadlineExceededError(
       absl::StrCat(url, " took longer than ", absl::ToInt64Milliseconds(timeout), " ms to fetch"));
 }
 

@@ -12,9 +12,10 @@
 //   ASSIGN_OR_RETURN(FetchedMedia m,
 //                    fetcher.Fetch(url, MediaKind::kImage, 20 << 20, deadline, cancel));
 //
-// Every refusal is INVALID_ARGUMENT and its message names the URL and the
-// reason, never an address or other server detail ("https://x/y resolves to
-// a private address"). Thread-safe: Fetch blocks its caller, so callers run
+// Every refusal is INVALID_ARGUMENT (a fetch past its deadline
+// DEADLINE_EXCEEDED) and its message names the URL and the reason, never an
+// address or other server detail ("https://x/y resolves to a private
+// address"). Thread-safe: Fetch blocks its caller, so callers run
 // it off event-loop threads (router/request_fetch.h).
 #ifndef MMSERVE_ROUTER_MEDIA_FETCH_H_
 #define MMSERVE_ROUTER_MEDIA_FETCH_H_
@@ -95,9 +96,10 @@ class MediaFetcher {
 
   // Fetches `url` (one of `kind`, at most max_bytes) by `deadline`. Refusals
   // are INVALID_ARGUMENT naming the URL; a fetch stopped by `cancel` is
-  // CANCELLED; a deadline passed is INVALID_ARGUMENT ("... took longer than
-  // N ms"). Name resolution (getaddrinfo) cannot be interrupted and may run
-  // past the deadline; FetchRequestMedia stops waiting at the deadline
+  // CANCELLED; a deadline passed is DEADLINE_EXCEEDED ("<url> took longer
+  // than N ms to fetch", which FetchRequestMedia gives the client as
+  // INVALID_ARGUMENT: the URL was the client's). Name resolution (getaddrinfo) cannot be
+  // interrupted and may run past the deadline; FetchRequestMedia stops waiting at the deadline
   // regardless.
   [[nodiscard]] absl::StatusOr<FetchedMedia> Fetch(absl::string_view url, MediaKind kind,
                                                    size_t max_bytes, absl::Time deadline,
@@ -118,7 +120,8 @@ class MediaFetcher {
   std::unique_ptr<MediaTls> tls_;
 };
 
-// The status a fetch of `url` that passed its deadline gets.
+// The status a fetch of `url` that passed its deadline gets
+// (DEADLINE_EXCEEDED).
 absl::Status FetchTimedOut(absl::string_view url, absl::Duration timeout);
 
 }  // namespace mmserve::router

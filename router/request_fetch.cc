@@ -193,12 +193,17 @@ absl::Status FetchSites(std::shared_ptr<const MediaFetcher> fetcher, const Route
   for (size_t k = 0; k < sites.size(); ++k) {
     const absl::StatusOr<FetchedMedia>& got = fetches->results[k];
     if (got.ok()) continue;
+    absl::Status why = got.status();
     // Still running at the deadline, or stopped by the cancel that ended it.
-    if (timed_out && (absl::IsUnknown(got.status()) || absl::IsCancelled(got.status()))) {
-      *end = FetchEnd::kTimedOut;
-      return AtField(field_name(sites[k].where), FetchTimedOut(sites[k].url(), o.timeout));
+    if (timed_out && (absl::IsUnknown(why) || absl::IsCancelled(why))) {
+      why = FetchTimedOut(sites[k].url(), o.timeout);
     }
-    return AtField(field_name(sites[k].where), got.status());
+    if (absl::IsDeadlineExceeded(why)) {
+      // The client's URL was too slow: its error, not the server's.
+      *end = FetchEnd::kTimedOut;
+      why = absl::InvalidArgumentError(why.message());
+    }
+    return AtField(field_name(sites[k].where), why);
   }
   for (size_t k = 0; k < sites.size(); ++k) {
     FetchedMedia& m = *fetches->results[k];
