@@ -14,7 +14,9 @@
 //
 // Errors are INVALID_ARGUMENT with a reason to follow the URL ("could not
 // be reached", "sent a malformed response"), CANCELLED when cancelled and
-// DEADLINE_EXCEEDED past the deadline. Thread-safe (MediaTls too).
+// DEADLINE_EXCEEDED past the deadline. Thread-safe (MediaTls too). TLS
+// writes go through write(2): the process must ignore SIGPIPE, as the
+// router does (common/grpc_server.cc).
 #ifndef MMSERVE_ROUTER_MEDIA_HTTP_H_
 #define MMSERVE_ROUTER_MEDIA_HTTP_H_
 
