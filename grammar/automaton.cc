@@ -12,9 +12,9 @@
 namespace mmserve::grammar {
 namespace {
 
-constexpr int kMaxNfaStates = 400000;
-constexpr int kMaxDfaStates = 200000;
-constexpr size_t kMaxStackDepth = 2000;
+constexpr int kMaxNfaStates = 200000;
+constexpr int kMaxDfaStates = 50000;
+constexpr size_t kMaxStackDepth = 1000;  // frames: JSON nested ~500 deep
 
 struct NfaState {
   struct ByteEdge {
@@ -192,26 +192,43 @@ struct RuleDfa {
   int size() const { return static_cast<int>(accepting.size()); }
 };
 
-std::vector<int> Closure(const std::vector<NfaState>& nfa, std::vector<int> set) {
-  std::vector<int> work = set;
-  absl::flat_hash_set<int> seen(set.begin(), set.end());
-  while (!work.empty()) {
-    const int s = work.back();
-    work.pop_back();
-    for (int t : nfa[s].eps) {
-      if (seen.insert(t).second) {
-        set.push_back(t);
-        work.push_back(t);
+// Epsilon closures, kept to the states that matter to a DFA state's
+// identity: those with byte or call edges, and the final state.
+class Closer {
+ public:
+  Closer(const std::vector<NfaState>& nfa, int final_state)
+      : nfa_(nfa), final_(final_state), mark_(nfa.size(), 0) {}
+
+  std::vector<int> operator()(const std::vector<int>& seeds) {
+    ++stamp_;
+    std::vector<int> work, out;
+    for (int s : seeds) {
+      if (mark_[s] != stamp_) mark_[s] = stamp_, work.push_back(s);
+    }
+    while (!work.empty()) {
+      const int s = work.back();
+      work.pop_back();
+      const NfaState& n = nfa_[s];
+      if (!n.bytes.empty() || !n.calls.empty() || s == final_) out.push_back(s);
+      for (int t : n.eps) {
+        if (mark_[t] != stamp_) mark_[t] = stamp_, work.push_back(t);
       }
     }
+    std::sort(out.begin(), out.end());
+    return out;
   }
-  std::sort(set.begin(), set.end());
-  return set;
-}
+
+ private:
+  const std::vector<NfaState>& nfa_;
+  const int final_;
+  std::vector<uint32_t> mark_;
+  uint32_t stamp_ = 0;
+};
 
 absl::StatusOr<RuleDfa> Determinize(const std::vector<NfaState>& nfa, int start, int final_state,
                                     int& total_states) {
   RuleDfa dfa;
+  Closer closure(nfa, final_state);
   std::map<std::vector<int>, int> ids;
   std::vector<std::vector<int>> sets;
   const auto intern = [&](std::vector<int> set) {
@@ -219,11 +236,11 @@ absl::StatusOr<RuleDfa> Determinize(const std::vector<NfaState>& nfa, int start,
     if (inserted) sets.push_back(std::move(set));
     return it->second;
   };
-  intern(Closure(nfa, {start}));
+  intern(closure({start}));
   for (size_t i = 0; i < sets.size(); ++i) {
     if (++total_states > kMaxDfaStates) {
-      return absl::InvalidArgumentError(
-          "the grammar is too large (more than 200000 automaton states)");
+      return absl::InvalidArgumentError(absl::StrCat("the grammar is too large (more than ",
+                                                     kMaxDfaStates, " automaton states)"));
     }
     std::vector<std::vector<int>> by_byte(256);
     std::map<int, std::vector<int>> by_call;
@@ -236,13 +253,15 @@ absl::StatusOr<RuleDfa> Determinize(const std::vector<NfaState>& nfa, int start,
       for (const auto& [rule, to] : nfa[s].calls) by_call[rule].push_back(to);
     }
     std::vector<int32_t> row(256, -1);
+    std::map<std::vector<int>, int32_t> memo;  // bytes often share targets
     for (int b = 0; b < 256; ++b) {
-      if (!by_byte[b].empty()) row[b] = intern(Closure(nfa, by_byte[b]));
+      if (by_byte[b].empty()) continue;
+      auto [it, inserted] = memo.emplace(by_byte[b], -1);
+      if (inserted) it->second = intern(closure(by_byte[b]));
+      row[b] = it->second;
     }
     std::vector<std::pair<int, int>> calls;
-    for (auto& [rule, tos] : by_call) {
-      calls.push_back({rule, intern(Closure(nfa, tos))});
-    }
+    for (auto& [rule, tos] : by_call) calls.push_back({rule, intern(closure(tos))});
     dfa.next.insert(dfa.next.end(), row.begin(), row.end());
     dfa.accepting.push_back(accepting);
     dfa.calls.push_back(std::move(calls));
@@ -407,7 +426,10 @@ bool Pda::Step(StackView stack, uint8_t byte, StackSet& out) const {
     for (int32_t i = state_seg_[top]; i < state_seg_[top + 1]; ++i) {
       const StackView seg(seg_data_.data() + seg_begin_[i], seg_begin_[i + 1] - seg_begin_[i]);
       const int32_t to = Next(seg.back(), byte);
-      if (to >= 0) out.Push(prefix, seg.subspan(0, seg.size() - 1), to);
+      // Past the depth limit, nesting stops (a document nested that deep is refused).
+      if (to >= 0 && prefix.size() + seg.size() <= kMaxStackDepth) {
+        out.Push(prefix, seg.subspan(0, seg.size() - 1), to);
+      }
     }
     if (!ends_[top]) return false;
   }
@@ -421,11 +443,25 @@ StackSet Pda::StepAll(const StackSet& stacks, std::string_view bytes) const {
     for (int i = 0; i < cur.size(); ++i) {
       Step(cur[i], static_cast<uint8_t>(c), next);
     }
-    next.Dedupe();
+    Normalize(next);
     std::swap(cur, next);
     if (cur.empty()) break;
   }
   return cur;
+}
+
+void Pda::Normalize(StackSet& stacks) const {
+  StackSet out;
+  for (int i = 0; i < stacks.size(); ++i) {
+    StackView stack = stacks[i];
+    const auto reads = [&](int32_t s) { return state_seg_[s + 1] > state_seg_[s]; };
+    while (stack.size() > 1 && !reads(stack.back()) && ends_[stack.back()]) {
+      stack.remove_suffix(1);
+    }
+    if (reads(stack.back()) || ends_[stack.back()]) out.Push(stack);
+  }
+  out.Dedupe();
+  stacks = std::move(out);
 }
 
 bool Pda::CanEnd(StackView stack) const {

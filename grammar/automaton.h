@@ -43,8 +43,12 @@ class Pda {
   // is dropped): for a whole stack it cannot continue; for a stack cut off
   // from its context, whether it continues depends on what lies below.
   bool Step(StackView stack, uint8_t byte, StackSet& out) const;
-  // Steps every stack of `stacks` over `bytes`; duplicates removed.
+  // Steps every stack of `stacks` over `bytes`; the result normalized.
   StackSet StepAll(const StackSet& stacks, std::string_view bytes) const;
+  // Pops the top frames that can only end (so that a top state always
+  // reads: masks then depend on it alone), drops stacks that can neither
+  // read nor end, and removes duplicates.
+  void Normalize(StackSet& stacks) const;
   // The stack may end here: every frame's rule may end where it stands.
   bool CanEnd(StackView stack) const;
   // Some byte may follow `stack`.

@@ -18,7 +18,14 @@ absl::Status Prefixed(std::string_view kind, const absl::Status& status) {
   return absl::Status(status.code(), prefix + message);
 }
 
+constexpr size_t kMaxTextBytes = 64 * 1024;
+
 absl::StatusOr<Grammar> BuildGrammar(const ConstraintSpec& spec) {
+  if (spec.text.size() > kMaxTextBytes && spec.kind != ConstraintSpec::Kind::kJsonSchema) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.kind == ConstraintSpec::Kind::kRegex ? "regex: the pattern" : "ebnf: the grammar",
+        " is larger than 64 KiB"));
+  }
   switch (spec.kind) {
     case ConstraintSpec::Kind::kJsonObject:
     case ConstraintSpec::Kind::kJsonSchema: {
@@ -74,7 +81,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(
 namespace {
 
 // Whole masks cached per grammar, at most this many bytes of them.
-constexpr size_t kFullMaskCacheBytes = 16 << 20;
+constexpr size_t kFullMaskCacheBytes = 2 << 20;
 
 std::string StacksKey(const StackSet& stacks) {
   std::string key(reinterpret_cast<const char*>(stacks.data().data()),
@@ -102,19 +109,29 @@ void CompiledGrammar::FillMask(const StackSet& stacks, absl::Span<uint32_t> word
       return;
     }
   }
-  std::fill(words.begin(), words.end(), 0);
-  for (int i = 0; i < stacks.size(); ++i) {
-    const StackView stack = stacks[i];
-    const std::shared_ptr<const TopMask> top = TopMaskFor(stack.back());
-    for (size_t w = 0; w < n; ++w) words[w] |= top->accepted[w];
-    // At the bottom frame nothing lies below: uncertain tokens fail.
-    if (stack.size() > 1) CheckTokens(stack, top->uncertain, words);
-  }
+  FillMaskFromTopMasks(stacks, words);
   absl::MutexLock lock(&mu_);
   if ((full_masks_.size() + 1) * n * sizeof(uint32_t) > kFullMaskCacheBytes) {
     full_masks_.clear();
   }
   full_masks_.emplace(key, std::vector<uint32_t>(words.begin(), words.begin() + n));
+}
+
+void CompiledGrammar::FillMaskFromTopMasks(const StackSet& stacks,
+                                           absl::Span<uint32_t> words) const {
+  const size_t n = vocab_->mask_words();
+  std::fill(words.begin(), words.end(), 0);
+  for (int i = 0; i < stacks.size(); ++i) {
+    const StackView stack = stacks[i];
+    const std::shared_ptr<const TopMask> top = TopMaskFor(stack.back());
+    if (top->accepted.empty()) {
+      for (int32_t id : top->accepted_ids) SetBit(words, id);
+    } else {
+      for (size_t w = 0; w < n; ++w) words[w] |= top->accepted[w];
+    }
+    // At the bottom frame nothing lies below: uncertain tokens fail.
+    if (stack.size() > 1) CheckSubtrees(stack, top->uncertain, words);
+  }
 }
 
 std::shared_ptr<const CompiledGrammar::TopMask> CompiledGrammar::TopMaskFor(int32_t state) const {
@@ -134,80 +151,73 @@ CompiledGrammar::TopMask CompiledGrammar::ComputeTopMask(int32_t state) const {
   mask.accepted.assign(vocab_->mask_words(), 0);
   const TokenTrie& trie = vocab_->trie();
   const auto& nodes = trie.nodes();
-  const auto add_tokens = [&](const TokenTrie::Node& node, std::vector<int32_t>& out) {
-    out.insert(out.end(), trie.token_ids().begin() + node.first_token,
-               trie.token_ids().begin() + node.first_token + node.num_tokens);
+  // The walk meets few distinct sets of stacks (inside a string: a handful),
+  // so each set gets an id and each (set, byte) step is computed once.
+  std::vector<StackSet> sets(1, StackSet(StackView(&state, 1)));
+  absl::flat_hash_map<std::string, int32_t> set_ids = {{StacksKey(sets[0]), 0}};
+  struct Transition {
+    int32_t to = -2;     // -1: no stack survives; -2: not computed yet
+    bool below = false;  // some path needed the frame below
   };
-  // levels[d]: the stacks after the first d bytes of the current node;
-  // uncertain[d]: some path to them needed the frame below.
-  std::vector<StackSet> levels(trie.max_depth() + 1);
+  std::vector<Transition> steps(256);  // [set id * 256 + byte]
+  const auto step = [&](int32_t from, uint8_t byte) {
+    Transition& t = steps[static_cast<size_t>(from) * 256 + byte];
+    if (t.to != -2) return t;
+    StackSet next;
+    bool below = false;
+    for (int i = 0; i < sets[from].size(); ++i) below |= pda_.Step(sets[from][i], byte, next);
+    next.Dedupe();
+    Transition out{-1, below};
+    if (!next.empty()) {
+      auto [it, inserted] = set_ids.emplace(StacksKey(next), static_cast<int32_t>(sets.size()));
+      if (inserted) {
+        sets.push_back(std::move(next));
+        steps.resize(sets.size() * 256);
+      }
+      out.to = it->second;
+    }
+    steps[static_cast<size_t>(from) * 256 + byte] = out;
+    return out;
+  };
+  // level[d]: the set after the first d bytes of the current node;
+  // uncertain[d]: some path to it needed the frame below.
+  std::vector<int32_t> level(trie.max_depth() + 1, 0);
   std::vector<bool> uncertain(trie.max_depth() + 1, false);
-  levels[0] = StackSet(StackView(&state, 1));
-  std::vector<int32_t> accepted;
   for (size_t k = 1; k < nodes.size();) {
     const TokenTrie::Node& node = nodes[k];
     const int d = node.depth;
-    StackSet& next = levels[d];
-    next.Clear();
-    bool below = false;
-    for (int i = 0; i < levels[d - 1].size(); ++i) {
-      below |= pda_.Step(levels[d - 1][i], node.byte, next);
-    }
-    uncertain[d] = uncertain[d - 1] || below;
-    if (next.empty()) {
-      if (uncertain[d]) {
-        for (size_t j = k; j < static_cast<size_t>(node.end); ++j) {
-          add_tokens(nodes[j], mask.uncertain);
-        }
-      }
+    const Transition t = step(level[d - 1], node.byte);
+    uncertain[d] = uncertain[d - 1] || t.below;
+    if (t.to < 0) {
+      if (uncertain[d]) mask.uncertain.push_back(static_cast<int32_t>(k));
       k = node.end;
       continue;
     }
-    next.Dedupe();
-    accepted.clear();
-    add_tokens(node, accepted);
-    for (int32_t id : accepted) SetBit(absl::MakeSpan(mask.accepted), id);
+    level[d] = t.to;
+    for (int32_t i = 0; i < node.num_tokens; ++i) {
+      SetBit(absl::MakeSpan(mask.accepted), trie.token_ids()[node.first_token + i]);
+    }
     ++k;
+  }
+  // A bitmask is 4 bytes per 32 tokens; ids take 4 bytes each.
+  size_t count = 0;
+  for (uint32_t w : mask.accepted) count += __builtin_popcount(w);
+  if (count < mask.accepted.size()) {
+    for (size_t w = 0; w < mask.accepted.size(); ++w) {
+      for (uint32_t bits = mask.accepted[w]; bits != 0; bits &= bits - 1) {
+        mask.accepted_ids.push_back(static_cast<int32_t>(w * 32 + __builtin_ctz(bits)));
+      }
+    }
+    mask.accepted = {};
   }
   return mask;
 }
 
-void CompiledGrammar::CheckTokens(StackView stack, const std::vector<int32_t>& tokens,
+void CompiledGrammar::WalkSubtree(int32_t root, std::vector<StackSet>& levels,
                                   absl::Span<uint32_t> words) const {
-  std::vector<StackSet> levels(vocab_->trie().max_depth() + 1);
-  levels[0] = StackSet(stack);
-  size_t valid = 0;  // levels[0..valid] hold the prefix of `prev`
-  const std::string* prev = nullptr;
-  for (int32_t id : tokens) {
-    const std::string& bytes = vocab_->bytes(id);
-    size_t d = 0;
-    if (prev != nullptr) {
-      while (d < valid && d < bytes.size() && (*prev)[d] == bytes[d]) ++d;
-    }
-    valid = d;
-    prev = &bytes;
-    bool alive = !levels[d].empty();
-    for (; alive && d < bytes.size(); ++d) {
-      StackSet& next = levels[d + 1];
-      next.Clear();
-      for (int i = 0; i < levels[d].size(); ++i) {
-        pda_.Step(levels[d][i], static_cast<uint8_t>(bytes[d]), next);
-      }
-      next.Dedupe();
-      valid = d + 1;
-      alive = !next.empty();
-    }
-    if (alive) SetBit(words, id);
-  }
-}
-
-void CompiledGrammar::FillMaskByWalk(const StackSet& stacks, absl::Span<uint32_t> words) const {
-  std::fill(words.begin(), words.end(), 0);
   const TokenTrie& trie = vocab_->trie();
   const auto& nodes = trie.nodes();
-  std::vector<StackSet> levels(trie.max_depth() + 1);
-  levels[0] = stacks;
-  for (size_t k = 1; k < nodes.size();) {
+  for (int32_t k = root == 0 ? 1 : root; k < nodes[root].end;) {
     const TokenTrie::Node& node = nodes[k];
     StackSet& next = levels[node.depth];
     next.Clear();
@@ -224,6 +234,42 @@ void CompiledGrammar::FillMaskByWalk(const StackSet& stacks, absl::Span<uint32_t
     }
     ++k;
   }
+}
+
+void CompiledGrammar::CheckSubtrees(StackView stack, const std::vector<int32_t>& roots,
+                                    absl::Span<uint32_t> words) const {
+  const auto& nodes = vocab_->trie().nodes();
+  std::vector<StackSet> levels(vocab_->trie().max_depth() + 1);
+  levels[0] = StackSet(stack);
+  // path[i]: the node at depth i + 1 whose stacks levels[i + 1] holds.
+  std::vector<int32_t> path, ancestors;
+  for (int32_t root : roots) {
+    ancestors.clear();
+    for (int32_t a = nodes[root].parent; a > 0; a = nodes[a].parent) ancestors.push_back(a);
+    std::reverse(ancestors.begin(), ancestors.end());
+    size_t d = 0;
+    while (d < path.size() && d < ancestors.size() && path[d] == ancestors[d]) ++d;
+    path.resize(d);
+    bool alive = !levels[d].empty();
+    for (; alive && d < ancestors.size(); ++d) {
+      StackSet& next = levels[d + 1];
+      next.Clear();
+      for (int i = 0; i < levels[d].size(); ++i) {
+        pda_.Step(levels[d][i], nodes[ancestors[d]].byte, next);
+      }
+      next.Dedupe();
+      path.push_back(ancestors[d]);
+      alive = !next.empty();
+    }
+    if (alive) WalkSubtree(root, levels, words);
+  }
+}
+
+void CompiledGrammar::FillMaskByWalk(const StackSet& stacks, absl::Span<uint32_t> words) const {
+  std::fill(words.begin(), words.end(), 0);
+  std::vector<StackSet> levels(vocab_->trie().max_depth() + 1);
+  levels[0] = stacks;
+  WalkSubtree(0, levels, words);
 }
 
 }  // namespace mmserve::grammar

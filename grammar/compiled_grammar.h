@@ -4,9 +4,9 @@
 // tokens split by its top state alone (computed once per state, then
 // cached): accepted (read within the top frame, whatever lies below),
 // rejected (die within it), and uncertain (need the top rule to end and the
-// frames below to continue): only the uncertain ones are checked against
-// the whole stack. Whole masks are also cached per position (set of
-// stacks), since decoding inside a long string revisits the same one.
+// frames below to continue). Uncertain tokens come as whole subtrees of the
+// vocabulary trie, which are walked with the whole stack. Whole masks are also cached per position
+// (set of stacks), since decoding inside a long string revisits the same one.
 #ifndef MMSERVE_GRAMMAR_COMPILED_GRAMMAR_H_
 #define MMSERVE_GRAMMAR_COMPILED_GRAMMAR_H_
 
@@ -38,21 +38,30 @@ class CompiledGrammar {
   // Sets the bit of every ordinary token that `stacks` may read next and
   // clears all others (eos included: the caller adds it). Thread-safe.
   void FillMask(const StackSet& stacks, absl::Span<uint32_t> words) const;
+  // The same without the whole-mask cache (per-state caches only).
+  void FillMaskFromTopMasks(const StackSet& stacks, absl::Span<uint32_t> words) const;
   // The same by walking the whole trie with the whole stacks, no caches
   // (the benchmark's and the tests' reference).
   void FillMaskByWalk(const StackSet& stacks, absl::Span<uint32_t> words) const;
 
  private:
   struct TopMask {
-    std::vector<uint32_t> accepted;  // a bitmask
-    std::vector<int32_t> uncertain;  // token ids in trie order
+    // Accepted tokens: a bitmask, or (when they are few) their ids.
+    std::vector<uint32_t> accepted;
+    std::vector<int32_t> accepted_ids;
+    std::vector<int32_t> uncertain;  // trie nodes, roots of subtrees, in preorder
   };
 
   std::shared_ptr<const TopMask> TopMaskFor(int32_t state) const;
   TopMask ComputeTopMask(int32_t state) const;
-  // Sets the bits of `tokens` (in trie order) that `stack` may read.
-  void CheckTokens(StackView stack, const std::vector<int32_t>& tokens,
-                   absl::Span<uint32_t> words) const;
+  // Sets the bits of the tokens in the subtrees under `roots` (in
+  // preorder) that `stack` may read.
+  void CheckSubtrees(StackView stack, const std::vector<int32_t>& roots,
+                     absl::Span<uint32_t> words) const;
+
+  // Walks the trie under `root` (the root's node included; 0: the whole
+  // trie) from levels[depth of root - 1], setting the tokens that stay alive.
+  void WalkSubtree(int32_t root, std::vector<StackSet>& levels, absl::Span<uint32_t> words) const;
 
   const Pda pda_;
   const std::shared_ptr<const Vocabulary> vocab_;

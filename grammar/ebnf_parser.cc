@@ -16,6 +16,9 @@ bool IsNameChar(char c) {
          c == '-' || c == '.';
 }
 
+constexpr int kMaxNesting = 100;  // groups in groups
+constexpr int kMaxPostfix = 4;    // as in "a"*?
+
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -33,16 +36,21 @@ class Parser {
       if (AtEnd()) break;
       const size_t name_pos = pos_;
       std::string name = Name();
-      if (name.empty()) return Error("expected a rule name");
+      if (name.empty()) {
+        Error("expected a rule name");
+        return error_;
+      }
       SkipSpace();
       if (text_.substr(pos_, 3) != "::=") {
-        return Error("expected \"::=\" after rule name");
+        Error("expected \"::=\" after rule name");
+        return error_;
       }
       pos_ += 3;
       const int index = RuleIndex(name);
       if (defined_[index]) {
         pos_ = name_pos;
-        return Error(absl::StrCat("rule \"", name, "\" is defined twice"));
+        Error(absl::StrCat("rule \"", name, "\" is defined twice"));
+        return error_;
       }
       defined_[index] = true;
       Expr body = Alternatives();
@@ -52,7 +60,8 @@ class Parser {
     for (size_t i = 0; i < grammar_.rules.size(); ++i) {
       if (!defined_[i]) {
         pos_ = first_use_[i];
-        return Error(absl::StrCat("rule \"", grammar_.rules[i].name, "\" is not defined"));
+        Error(absl::StrCat("rule \"", grammar_.rules[i].name, "\" is not defined"));
+        return error_;
       }
     }
     const auto root = index_.find(std::string(root_rule));
@@ -68,7 +77,7 @@ class Parser {
   bool AtEnd() const { return pos_ >= text_.size(); }
   char Peek() const { return AtEnd() ? '\0' : text_[pos_]; }
 
-  absl::Status Error(std::string_view what) {
+  void Error(std::string_view what) {
     int line = 1, col = 1;
     for (size_t i = 0; i < pos_ && i < text_.size(); ++i) {
       if (text_[i] == '\n') {
@@ -82,7 +91,6 @@ class Parser {
       error_ = absl::InvalidArgumentError(
           absl::StrCat("ebnf: ", std::string(what), " at ", line, ":", col));
     }
-    return error_;
   }
 
   void SkipSpace() {
@@ -157,8 +165,13 @@ class Parser {
       return Expr::Class({}, true);
     }
     if (c == '(') {
+      if (++depth_ > kMaxNesting) {
+        Error(absl::StrCat("groups nested deeper than ", kMaxNesting));
+        return Expr::Empty();
+      }
       ++pos_;
       Expr inner = Alternatives();
+      --depth_;
       SkipSpace();
       if (Peek() != ')') {
         Error("expected \")\"");
@@ -292,8 +305,12 @@ class Parser {
   }
 
   Expr Postfix(Expr item) {
-    while (error_.ok()) {
+    for (int ops = 0; error_.ok(); ++ops) {
       const char c = Peek();
+      if (ops == kMaxPostfix && (c == '*' || c == '+' || c == '?' || c == '{')) {
+        Error(absl::StrCat("more than ", kMaxPostfix, " repetition operators on one item"));
+        break;
+      }
       if (c == '*') {
         item = Expr::Repeat(std::move(item), 0, -1);
       } else if (c == '+') {
@@ -350,6 +367,7 @@ class Parser {
   std::string_view text_;
   size_t pos_ = 0;
   absl::Status error_;
+  int depth_ = 0;  // open groups
   Grammar grammar_;
   absl::flat_hash_map<std::string, int> index_;
   std::vector<bool> defined_;

@@ -73,7 +73,7 @@ class Vocabulary {
  public:
   // token_bytes[id]: the bytes the token decodes to. special[id]: never
   // allowed by a grammar (shorter than token_bytes means false). `eos` ids:
-  // allowed exactly when the grammar may end.
+  // allowed exactly when the grammar may end, even when also marked special.
   Vocabulary(std::vector<std::string> token_bytes, std::vector<bool> special,
              std::vector<int32_t> eos);
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cctype>
 #include <optional>
 #include <set>
@@ -53,15 +54,29 @@ const std::set<std::string>& Supported() {
 
 }  // namespace
 
+std::string JsonTypeOf(const Json& v) {
+  return v.is_object()           ? "object"
+         : v.is_array()          ? "array"
+         : v.is_string()         ? "string"
+         : v.is_number_integer() ? "integer"
+         : v.is_number()         ? "number"
+         : v.is_boolean()        ? "boolean"
+                                 : "null";
+}
+
 bool IsAnnotation(const std::string& key) { return AnnotationSet().count(key) > 0; }
 
 absl::StatusOr<std::string> SchemaConverter::Run(std::string_view text) {
   if (text.size() > kMaxSchemaBytes) {
-    return Fail("", absl::StrCat("the schema is larger than ", kMaxSchemaBytes / 1024, " KiB"));
+    Fail("", absl::StrCat("the schema is larger than ", kMaxSchemaBytes / 1024, " KiB"));
+    return error_;
   }
   Json::parser_callback_t no_callback = nullptr;
   root_ = Json::parse(text, no_callback, /*allow_exceptions=*/false);
-  if (root_.is_discarded()) return Fail("", "the schema is not valid JSON");
+  if (root_.is_discarded()) {
+    Fail("", "the schema is not valid JSON");
+    return error_;
+  }
   std::string body = Visit(root_, "", 0);
   if (!error_.ok()) return error_;
   AddRule(p_ + "root", body);
@@ -72,13 +87,12 @@ absl::StatusOr<std::string> SchemaConverter::Run(std::string_view text) {
   return out;
 }
 
-absl::Status SchemaConverter::Fail(const std::string& path, std::string_view reason) {
+void SchemaConverter::Fail(const std::string& path, std::string_view reason) {
   if (error_.ok()) {
     error_ = absl::InvalidArgumentError(absl::StrCat("json_schema: ", std::string(reason),
                                                      path.empty() ? "" : " (at ", path,
                                                      path.empty() ? "" : ")"));
   }
-  return error_;
 }
 
 void SchemaConverter::AddRule(const std::string& name, std::string body) {
@@ -261,22 +275,13 @@ std::string SchemaConverter::Ref(const Json& s, const std::string& path, int dep
   if (auto it = ref_rules_.find(target); it != ref_rules_.end()) {
     return it->second;
   }
-  const Json* node = nullptr;
-  std::string def;
-  for (const char* dir : {"#/$defs/", "#/definitions/"}) {
-    if (target.rfind(dir, 0) == 0) {
-      def = target.substr(std::string(dir).size());
-      const Json& defs = root_[std::string(dir).substr(2, std::string(dir).size() - 3)];
-      if (defs.is_object() && defs.contains(def)) node = &defs[def];
-    }
-  }
-  if (target == "#") node = &root_;
+  const Json* node = ResolveRef(target);
   if (node == nullptr) {
     Fail(path, absl::StrCat("\"$ref\" \"", target,
-                            "\" does not name a schema in \"$defs\" or "
-                            "\"definitions\""));
+                            "\" does not name a schema in \"$defs\" or \"definitions\""));
     return "";
   }
+  const std::string def = target.substr(target.rfind('/') + 1);
   std::string hint;
   for (char c : def) {
     const bool ok = std::isalnum(static_cast<unsigned char>(c));
@@ -287,6 +292,93 @@ std::string SchemaConverter::Ref(const Json& s, const std::string& path, int dep
   const std::string body = Visit(*node, target.substr(1), depth + 1);
   AddRule(name, body);
   return name;
+}
+
+const Json* SchemaConverter::ResolveRef(const std::string& target) const {
+  if (target == "#") return &root_;
+  for (const std::string dir : {"$defs", "definitions"}) {
+    const std::string prefix = "#/" + dir + "/";
+    if (target.rfind(prefix, 0) != 0) continue;
+    const auto defs = root_.find(dir);
+    if (defs == root_.end() || !defs->is_object()) return nullptr;
+    const auto def = defs->find(target.substr(prefix.size()));
+    return def == defs->end() ? nullptr : &*def;
+  }
+  return nullptr;
+}
+
+std::set<std::string> SchemaConverter::PossibleTypes(const Json& s, int depth) const {
+  static const std::set<std::string> kAll = {"object", "array",   "string",
+                                             "number", "boolean", "null"};
+  if (!s.is_object() || depth > 8) return kAll;
+  const auto value_types = [](const Json& values) {
+    std::set<std::string> out;
+    for (const Json& v : values) out.insert(JsonTypeOf(v) == "integer" ? "number" : JsonTypeOf(v));
+    return out;
+  };
+  if (s.contains("$ref") && s["$ref"].is_string()) {
+    const Json* node = ResolveRef(s["$ref"].get<std::string>());
+    return node ? PossibleTypes(*node, depth + 1) : kAll;
+  }
+  if (s.contains("const")) return value_types(Json::array({s["const"]}));
+  if (s.contains("enum") && s["enum"].is_array()) return value_types(s["enum"]);
+  for (const char* key : {"anyOf", "oneOf", "allOf"}) {
+    if (!s.contains(key) || !s[key].is_array()) continue;
+    std::set<std::string> out;
+    for (const Json& m : s[key]) {
+      for (const std::string& t : PossibleTypes(m, depth + 1)) out.insert(t);
+    }
+    return out;
+  }
+  std::set<std::string> out;
+  if (s.contains("type")) {
+    const Json& t = s["type"];
+    for (const Json& name : t.is_array() ? t : Json::array({t})) {
+      if (!name.is_string()) return kAll;
+      out.insert(name == "integer" ? "number" : name.get<std::string>());
+    }
+    return out;
+  }
+  for (std::string t : const_cast<SchemaConverter*>(this)->Types(s, "")) {
+    out.insert(t == "integer" ? "number" : t);
+  }
+  return out;
+}
+
+// The const value of required property `key` of an object schema, if any.
+static const Json* Discriminator(const Json& s, const std::string& key) {
+  if (!s.is_object() || !s.contains("properties") || !s.contains("required")) return nullptr;
+  const Json& props = s["properties"];
+  const Json& required = s["required"];
+  if (!props.is_object() || !required.is_array() || !props.contains(key)) return nullptr;
+  if (std::find(required.begin(), required.end(), Json(key)) == required.end()) return nullptr;
+  const Json& prop = props[key];
+  return prop.is_object() && prop.contains("const") ? &prop["const"] : nullptr;
+}
+
+bool SchemaConverter::OneOfDisjoint(const Json& members) const {
+  // Different JSON types cannot match the same document.
+  std::set<std::string> seen;
+  bool disjoint_types = true;
+  for (const Json& m : members) {
+    for (const std::string& t : PossibleTypes(m, 0)) disjoint_types &= seen.insert(t).second;
+  }
+  if (disjoint_types) return true;
+  // Objects told apart by a required property with a different const each.
+  if (!members[0].is_object() || !members[0].contains("properties") ||
+      !members[0]["properties"].is_object()) {
+    return false;
+  }
+  for (const auto& [key, unused] : members[0]["properties"].items()) {
+    std::vector<Json> values;
+    for (const Json& m : members) {
+      const Json* v = Discriminator(m, key);
+      if (v == nullptr || std::find(values.begin(), values.end(), *v) != values.end()) break;
+      values.push_back(*v);
+    }
+    if (values.size() == members.size()) return true;
+  }
+  return false;
 }
 
 std::string SchemaConverter::Combinator(const Json& s, const std::string& key,
@@ -300,6 +392,13 @@ std::string SchemaConverter::Combinator(const Json& s, const std::string& key,
   }
   if (!members.is_array() || members.empty()) {
     Fail(path, absl::StrCat("\"", key, "\" must be a non-empty array"));
+    return "";
+  }
+  if (key == "oneOf" && !OneOfDisjoint(members)) {
+    Fail(path,
+         "\"oneOf\" is supported only when its schemas cannot match the same document "
+         "(different types, or objects with a required property of different \"const\" "
+         "values); use \"anyOf\"");
     return "";
   }
   if (key == "allOf" && members.size() != 1) {
@@ -331,13 +430,7 @@ std::string SchemaConverter::Values(const std::vector<Json>& values, const Json&
   }
   std::vector<std::string> alts;
   for (const Json& v : values) {
-    std::string t = v.is_object()           ? "object"
-                    : v.is_array()          ? "array"
-                    : v.is_string()         ? "string"
-                    : v.is_number_integer() ? "integer"
-                    : v.is_number()         ? "number"
-                    : v.is_boolean()        ? "boolean"
-                                            : "null";
+    const std::string t = JsonTypeOf(v);
     const bool fits = types.empty() || types.count(t) || (t == "integer" && types.count("number"));
     if (fits) alts.push_back(EbnfLiteral(DumpJson(v)));
   }

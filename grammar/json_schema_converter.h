@@ -21,6 +21,9 @@ namespace mmserve::grammar::internal {
 
 using Json = nlohmann::ordered_json;
 
+// "object", "array", "string", "integer", "number", "boolean" or "null".
+std::string JsonTypeOf(const Json& value);
+
 // Keywords that do not change which documents are valid.
 bool IsAnnotation(const std::string& key);
 
@@ -32,8 +35,8 @@ class SchemaConverter {
   absl::StatusOr<std::string> Run(std::string_view text);
 
  private:
-  // Records the first error (InvalidArgument naming `path`); returns it.
-  absl::Status Fail(const std::string& path, std::string_view reason);
+  // Records the first error (InvalidArgument naming `path`).
+  void Fail(const std::string& path, std::string_view reason);
   void AddRule(const std::string& name, std::string body);
   std::string NewName(std::string_view hint);
   // A shared rule ("value", "object", "string", "char", "number", ...),
@@ -47,6 +50,12 @@ class SchemaConverter {
   std::vector<std::string> Types(const Json& s, const std::string& path);
   bool HasValidationSiblings(const Json& s, std::string_view self);
   std::string Ref(const Json& s, const std::string& path, int depth);
+  // The schema a "$ref" names ("#", "#/$defs/x", "#/definitions/x"), or null.
+  const Json* ResolveRef(const std::string& target) const;
+  // The JSON types a schema may match ("integer" counted as "number").
+  std::set<std::string> PossibleTypes(const Json& s, int depth) const;
+  // No document can match two of `members` (the cheap cases only).
+  bool OneOfDisjoint(const Json& members) const;
   std::string Combinator(const Json& s, const std::string& key, const std::string& path, int depth);
   std::string Values(const std::vector<Json>& values, const Json& s, const std::string& path);
   std::string Object(const Json& s, const std::string& path, int depth);

@@ -44,8 +44,7 @@ std::vector<int32_t> Tokenize(const std::string& text, const Vocabulary& v) {
 // (1e400), which the grammar allows as JSON does.
 bool ParsesAsJson(const std::string& doc) {
   try {
-    (void)nlohmann::json::parse(doc);
-    return true;
+    return !nlohmann::json::parse(doc).is_discarded();
   } catch (const nlohmann::json::out_of_range& e) {
     return e.id == 406;  // number overflow
   } catch (const nlohmann::json::exception&) {
@@ -102,12 +101,26 @@ TEST_CASE("json_object accepts any object and nothing else") {
   auto g = MustCompile({ConstraintSpec::Kind::kJsonObject, ""});
   CHECK(Matches(g, "{}"));
   CHECK(Matches(g, R"({"a": [1, {"b": null}], "c": "\u00e9"})"));
+  Matcher m(g);
+  REQUIRE(m.AcceptBytes(R"({"a": 1)"));
+  CHECK_FALSE(m.CanTerminate());
+  REQUIRE(m.AcceptBytes("}"));
+  CHECK(m.IsFinished());  // nothing may follow the object but eos
   CHECK_FALSE(Matches(g, "[]"));
   CHECK_FALSE(Matches(g, "1"));
   CHECK_FALSE(Matches(g, R"({"a": 1,})"));
   CHECK_FALSE(Matches(g, R"({"a": "\ud800"})"));  // a lone surrogate
   CHECK(Matches(g, R"({"a": "\ud83d\ude42"})"));
   CHECK_FALSE(Matches(g, "{\"a\": \"\xC3\"}"));  // invalid UTF-8
+}
+
+TEST_CASE("json_object nests up to the stack limit") {
+  auto g = MustCompile({ConstraintSpec::Kind::kJsonObject, ""});
+  const auto nested = [](int depth) {
+    return "{\"a\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  CHECK(Matches(g, nested(200)));
+  CHECK_FALSE(Matches(g, nested(2000)));
 }
 
 TEST_CASE("any_whitespace allows JSON whitespace between tokens") {
@@ -164,6 +177,13 @@ TEST_CASE("unsupported keywords and bad schemas are refused with reasons") {
         "json_schema: \"maxLength\" above 1000 is not supported");
   CHECK(ErrorOf("{\"type\": ") == "json_schema: the schema is not valid JSON");
   CHECK(ErrorOf("false") == "json_schema: the schema false matches nothing");
+  CHECK(ErrorOf(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})") ==
+        "json_schema: \"oneOf\" is supported only when its schemas cannot match the same "
+        "document (different types, or objects with a required property of different "
+        "\"const\" values); use \"anyOf\"");
+  CHECK(ErrorOf(R"({"$defs": {"a": {"type": "string"}},
+                    "oneOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]})")
+            .find("\"oneOf\" is supported only") != std::string::npos);
 }
 
 TEST_CASE("schema size and nesting limits") {

@@ -17,6 +17,7 @@ namespace mmserve::grammar::internal {
 namespace {
 
 constexpr int64_t kMaxCount = 1000;  // minItems, maxLength, ...
+constexpr size_t kMaxPrefixItems = 64;
 
 // Characters an object key may hold without escapes.
 constexpr char kPlainChar[] = "[^\"\\\\\\x00-\\x1F]";
@@ -156,6 +157,11 @@ std::string SchemaConverter::Array(const Json& s, const std::string& path, int d
       Fail(path, "\"prefixItems\" must be an array");
       return "";
     }
+    if (items.size() > kMaxPrefixItems) {
+      Fail(path, absl::StrCat("\"prefixItems\" with more than ", kMaxPrefixItems,
+                              " schemas is not supported"));
+      return "";
+    }
     for (size_t i = 0; i < items.size(); ++i) {
       prefix.push_back(Visit(items[i], absl::StrCat(path, "/prefixItems/", i), depth + 1));
     }
@@ -183,12 +189,13 @@ std::string SchemaConverter::Array(const Json& s, const std::string& path, int d
     return "";
   }
   const auto element = [&](int64_t i) { return absl::StrCat("(", i < k ? prefix[i] : item, ")"); };
-  // What follows once i elements were written, from i = last down: past
-  // `last`, only `item` repeats.
-  const int64_t last = std::min(std::max({k, min, int64_t{1}}), max.value_or(INT64_MAX));
+  // What follows once i elements were written, from i = last down: the
+  // prefix items one by one (nested: each only after the one before), then
+  // `item` repeated.
+  const int64_t last = std::min(std::max(k, int64_t{1}), max.value_or(INT64_MAX));
   std::string tail = "\"\"";
   if (!max || *max > last) {
-    tail = absl::StrCat("(", Sep(), " ", element(last), "){0,",
+    tail = absl::StrCat("(", Sep(), " ", element(last), "){", std::max<int64_t>(0, min - last), ",",
                         max ? std::to_string(*max - last) : "", "}");
   }
   for (int64_t i = last; i-- > 1;) {

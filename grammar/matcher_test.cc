@@ -37,14 +37,14 @@ const std::vector<ConstraintSpec>& Specs() {
 }
 
 TEST_CASE("the mask equals trying every token, on random states") {
-  auto vocab = RandomVocabulary(7, 600);
+  auto vocab = RandomVocabulary(7, 400);
   std::mt19937 rng(11);
   for (const ConstraintSpec& spec : Specs()) {
     INFO(spec.text);
     auto g = MustCompile(spec, vocab);
-    for (int walk = 0; walk < 12; ++walk) {
+    for (int walk = 0; walk < 8; ++walk) {
       Matcher m(g);
-      for (int step = 0; step < 40; ++step) {
+      for (int step = 0; step < 30; ++step) {
         const std::vector<uint32_t> fast = FastMask(m, *vocab);
         REQUIRE(fast == NaiveMask(m, *vocab));
         std::vector<int32_t> allowed;
@@ -87,6 +87,20 @@ TEST_CASE("eos is allowed exactly when the grammar may end") {
   CHECK_FALSE(m.AcceptToken('c'));
   CHECK_FALSE(m.CanTerminate());
   for (uint32_t w : FastMask(m, *vocab)) CHECK(w == 0);
+}
+
+TEST_CASE("an eos id also marked special is still eos") {
+  std::vector<std::string> bytes = {"a", "b", "<|im_end|>", "<|im_start|>"};
+  auto vocab = std::make_shared<const Vocabulary>(
+      bytes, std::vector<bool>{false, false, true, true}, std::vector<int32_t>{2});
+  CHECK(vocab->is_eos(2));
+  CHECK_FALSE(vocab->is_special(2));
+  Matcher m(MustCompile({ConstraintSpec::Kind::kRegex, "ab"}, vocab));
+  CHECK(m.AcceptToken(0));
+  CHECK_FALSE(m.AcceptToken(3));
+  CHECK(m.AcceptToken(1));
+  CHECK(m.AcceptToken(2));
+  CHECK(m.IsFinished());
 }
 
 TEST_CASE("a rejected token leaves the matcher where it was") {

@@ -29,6 +29,8 @@ Ranges Complement(const Ranges& in) {
   return out;
 }
 
+constexpr int kMaxNesting = 100;
+
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -105,6 +107,10 @@ class Parser {
     const size_t start = pos_;
     const char c = Peek();
     if (c == '(') {
+      if (++depth_ > kMaxNesting) {
+        Error(absl::StrCat("groups nested deeper than ", kMaxNesting));
+        return Expr::Empty();
+      }
       ++pos_;
       if (Peek() == '?') {
         ++pos_;
@@ -129,6 +135,7 @@ class Parser {
         }
       }
       Expr inner = Alternatives();
+      --depth_;
       if (error_.ok() && Peek() != ')') Error("unbalanced (", start);
       ++pos_;
       return inner;
@@ -316,6 +323,7 @@ class Parser {
   }
 
   Expr Quantified(Expr atom) {
+    bool quantified = false;
     while (error_.ok() && !AtEnd()) {
       const size_t at = pos_;
       const char c = Peek();
@@ -337,10 +345,11 @@ class Parser {
         Error("possessive quantifiers are not supported");
         break;
       }
-      if (atom.kind == Expr::Kind::kRepeat) {
+      if (quantified) {
         Error("multiple repeat", at);
         break;
       }
+      quantified = true;
       atom = Expr::Repeat(std::move(atom), min, max);
     }
     return atom;
@@ -381,6 +390,7 @@ class Parser {
   std::string_view p_;
   size_t pos_ = 0;
   bool anchored_end_ = false;
+  int depth_ = 0;  // open groups
   absl::Status error_;
 };
 

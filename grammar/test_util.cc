@@ -1,7 +1,10 @@
 #include "grammar/test_util.h"
 
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <utility>
 
 namespace mmserve::grammar::testing {
@@ -36,6 +39,35 @@ std::shared_ptr<const Vocabulary> RandomVocabulary(uint32_t seed, int extra) {
   special.back() = true;
   const int32_t eos = static_cast<int32_t>(bytes.size()) - 2;
   return std::make_shared<const Vocabulary>(std::move(bytes), special, std::vector<int32_t>{eos});
+}
+
+std::shared_ptr<const Vocabulary> QwenVocabulary(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.size() < 12 || data.compare(0, 8, "MMVOCAB1") != 0) {
+    std::cerr << "cannot read the vocabulary " << path << "\n";
+    std::abort();
+  }
+  uint32_t count = 0;
+  std::memcpy(&count, data.data() + 8, 4);
+  std::vector<std::string> bytes;
+  size_t pos = 12;
+  for (uint32_t i = 0; i < count && pos < data.size(); ++i) {
+    const size_t len = static_cast<uint8_t>(data[pos]);
+    bytes.push_back(data.substr(pos + 1, len));
+    pos += 1 + len;
+  }
+  if (bytes.size() != count || pos != data.size()) {
+    std::cerr << "truncated vocabulary " << path << "\n";
+    std::abort();
+  }
+  const int32_t first_special = static_cast<int32_t>(bytes.size());
+  for (int i = 0; i < 22; ++i) bytes.push_back("<|special_" + std::to_string(i) + "|>");
+  std::vector<bool> special(bytes.size(), false);
+  for (size_t i = first_special; i < bytes.size(); ++i) special[i] = true;
+  special[first_special] = special[first_special + 2] = false;  // the eos ids
+  return std::make_shared<const Vocabulary>(std::move(bytes), std::move(special),
+                                            std::vector<int32_t>{first_special, first_special + 2});
 }
 
 std::shared_ptr<const CompiledGrammar> MustCompile(const ConstraintSpec& spec,

@@ -22,6 +22,12 @@ std::shared_ptr<const Vocabulary> ByteVocabulary();
 // and a special token.
 std::shared_ptr<const Vocabulary> RandomVocabulary(uint32_t seed, int extra);
 
+// Qwen2's vocabulary from tools/qwen_vocab.py's file (151,643 ordinary
+// tokens), then 22 special tokens of which <|endoftext|> (151643) and
+// <|im_end|> (151645) are eos. Aborts when the file cannot be read.
+std::shared_ptr<const Vocabulary> QwenVocabulary(const std::string& path);
+inline constexpr char kQwenVocabPath[] = "grammar/testdata/qwen2_vocab.bin";
+
 // The compiled grammar of `spec`; fails the test when it does not compile.
 std::shared_ptr<const CompiledGrammar> MustCompile(
     const ConstraintSpec& spec, std::shared_ptr<const Vocabulary> vocab = ByteVocabulary());

@@ -26,6 +26,7 @@ TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, std::vector<in
       Node node;
       node.byte = static_cast<uint8_t>(bytes[i]);
       node.depth = static_cast<int32_t>(i + 1);
+      node.parent = path.back();
       node.first_token = static_cast<int32_t>(token_ids_.size());
       path.push_back(static_cast<int32_t>(nodes_.size()));
       nodes_.push_back(node);

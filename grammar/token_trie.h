@@ -14,6 +14,7 @@ class TokenTrie {
   struct Node {
     uint8_t byte = 0;         // the byte that leads here from the parent
     int32_t depth = 0;        // bytes from the root
+    int32_t parent = -1;      // the node one byte up (-1 at the root)
     int32_t end = 0;          // first node after this node's subtree
     int32_t first_token = 0;  // tokens ending here: token_ids()[first, +count)
     int32_t num_tokens = 0;

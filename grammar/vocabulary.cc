@@ -28,6 +28,7 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, std::vector<bool> s
   for (int32_t id : eos) {
     if (id >= 0 && id < size()) {
       is_eos_[id] = true;
+      special_[id] = false;  // tokenizers list eos among their special tokens
       eos_.push_back(id);
     }
   }
