@@ -30,6 +30,7 @@ packages=(
   nlohmann-json3-dev       # JSON: config.json, tokenizer.json, safetensors headers
   libicu-dev               # Unicode categories and NFC for the tokenizer
   libcpp-httplib-dev       # HTTP: /metrics and the OpenAI-compatible endpoint
+  libssl-dev               # OpenSSL: TLS of the router's remote media fetch (router/media_http.h)
   python3-grpcio           # the Python client (client/python) and its test
   python3-protobuf
   python3-yaml             # //deploy/k8s:manifests_test reads the manifests

@@ -20,6 +20,7 @@
 #include "router/openai_completions.h"
 #include "router/public_error.h"
 #include "router/tool_request.h"
+#include "router/request_fetch.h"
 
 namespace mmserve::router {
 namespace {
@@ -222,6 +223,14 @@ void HandleChatCompletion(const RouterContext& ctx, CallTracker& calls, const ht
   absl::StatusOr<OpenAiChatRequest> chat =
       ParseChatCompletionRequest(admitted->body, admitted->limits);
   if (!chat.ok()) return SendError(res, chat.status());
+  // Remote media is fetched here, on this handler's own thread (it blocks
+  // until the fetch ends or times out).
+  if (HasRemoteMedia(chat->request)) {
+    absl::Status fetched =
+        FetchRequestMedia(ctx.media, ctx.options, &chat->request, std::make_shared<FetchCancel>(),
+                          OpenAiMediaField, ctx.media_metrics);
+    if (!fetched.ok()) return SendError(res, fetched);
+  }
   CompletionContext cc{ctx.options.model_id,
                        absl::ToUnixSeconds(absl::Now()),
                        chat->request.sampling().has_logprobs(),

@@ -7,7 +7,9 @@
 // (a Content-Type other than application/json), 429 with Retry-After (the
 // client's concurrent calls at the cap), 400 for a body whose text alone
 // cannot fit the context (router/input_limits.h, checked before parsing). A
-// client that hangs up mid-stream cancels its call.
+// client that hangs up mid-stream cancels its call. http(s) image_url and
+// video_url parts are fetched on the handler's thread before the call
+// starts (router/request_fetch.h), within --media_fetch_timeout_ms.
 //
 //   ASSIGN_OR_RETURN(auto http, HttpFrontend::Start(context, tracker,
 //                                                   {.host = "127.0.0.1", .port = 8000}));

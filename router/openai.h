@@ -18,7 +18,8 @@
 //
 // Fields read from the request: model, messages (role system/user/assistant/
 // tool, "developer" as system; content a string or a list of text and image_url
-// parts, images only as data: URLs with base64), stream,
+// parts, images as data: URLs with base64 or as http(s) URLs, which are put
+// in Image.url for the router to fetch, router/request_fetch.h), stream,
 // stream_options.include_usage, temperature, top_p, top_k (-1 = off, as in
 // vLLM), min_p, seed, max_tokens / max_completion_tokens (the latter wins),
 // stop, stop_token_ids, ignore_eos, min_tokens, logprobs + top_logprobs,

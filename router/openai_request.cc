@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "router/data_url.h"
+#include "router/media_url.h"
 #include "router/openai.h"
 #include "router/openai_fields.h"
 #include "router/openai_tools.h"
@@ -62,10 +63,12 @@ absl::Status CheckNeutralFields(const json& body) {
 }
 
 // The data: URL of an image_url or video_url part (`key`), of media type
-// `kind`/..., at most max_bytes decoded.
+// `kind`/..., at most max_bytes decoded; or, for an http(s) URL, that URL in
+// *remote (checked for form only: the router fetches it, if it fetches
+// remote media at all, after parsing).
 absl::StatusOr<DataUrl> ParsePartUrl(const json& part, const std::string& field,
                                      absl::string_view key, absl::string_view kind,
-                                     size_t max_bytes, const json** object) {
+                                     size_t max_bytes, const json** object, std::string* remote) {
   const json* media_url = Find(part, std::string(key).c_str());
   if (media_url == nullptr) {
     return FieldError(field, absl::StrCat(key, " part without \"", key, "\""));
@@ -80,9 +83,12 @@ absl::StatusOr<DataUrl> ParsePartUrl(const json& part, const std::string& field,
     if (url == nullptr) return FieldError(url_field, "missing");
   }
   ASSIGN_OR_RETURN(std::string text, GetString(*url, url_field));
-  if (absl::StartsWithIgnoreCase(text, "http://") || absl::StartsWithIgnoreCase(text, "https://")) {
-    return FieldError(url_field,
-                      absl::StrCat("remote ", kind, " URLs are not fetched; send a data: URL"));
+  if (IsRemoteMediaUrl(text)) {
+    if (absl::Status s = ParseMediaUrl(text).status(); !s.ok()) {
+      return FieldError(url_field, s.message());
+    }
+    *remote = std::move(text);
+    return DataUrl();
   }
   absl::StatusOr<DataUrl> data = ParseDataUrl(text, max_bytes);
   if (!data.ok()) return FieldError(url_field, data.status().message());
@@ -95,9 +101,14 @@ absl::StatusOr<DataUrl> ParsePartUrl(const json& part, const std::string& field,
   return data;
 }
 
-// An Image or Video message's bytes and media type from a data: URL.
+// An Image or Video message's bytes and media type from a data: URL, or
+// its remote URL.
 template <typename Media>
-Media* SetMedia(DataUrl data, Media* media) {
+Media* SetMedia(DataUrl data, std::string remote, Media* media) {
+  if (!remote.empty()) {
+    media->set_url(std::move(remote));
+    return media;
+  }
   media->set_data(std::move(data.data));
   media->set_mime_type(std::move(data.mime_type));
   return media;
@@ -106,21 +117,24 @@ Media* SetMedia(DataUrl data, Media* media) {
 absl::Status ParseImagePart(const json& part, const std::string& field, const OpenAiLimits& limits,
                             ContentPart* out) {
   const json* object = nullptr;
+  std::string remote;
   ASSIGN_OR_RETURN(DataUrl data, ParsePartUrl(part, field, "image_url", "image",
-                                              limits.max_image_bytes, &object));
-  SetMedia(std::move(data), out->mutable_image());
+                                              limits.max_image_bytes, &object, &remote));
+  SetMedia(std::move(data), std::move(remote), out->mutable_image());
   return absl::OkStatus();
 }
 
-// A video_url part: {"url": "data:video/mp4;base64,..."} and, an mmserve
+// A video_url part: {"url": "data:video/mp4;base64,..."} (or an http(s)
+// URL) and, an mmserve
 // extension, the sampling options of mmserve.v1.Video ("fps", "max_frames",
 // "min_frames", "min_pixels", "max_pixels").
 absl::Status ParseVideoPart(const json& part, const std::string& field, const OpenAiLimits& limits,
                             ContentPart* out) {
   const json* object = nullptr;
+  std::string remote;
   ASSIGN_OR_RETURN(DataUrl data, ParsePartUrl(part, field, "video_url", "video",
-                                              limits.max_video_bytes, &object));
-  mmserve::v1::Video* video = SetMedia(std::move(data), out->mutable_video());
+                                              limits.max_video_bytes, &object, &remote));
+  mmserve::v1::Video* video = SetMedia(std::move(data), std::move(remote), out->mutable_video());
   if (object == nullptr) return absl::OkStatus();
   const std::string f = field + ".video_url.";
   if (const json* v = Find(*object, "fps")) {

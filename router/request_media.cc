@@ -93,6 +93,9 @@ absl::Status ValidateVideos(const RouterOptions& options,
   for (const MediaPart& m : media) {
     if (m.video != nullptr) {
       ++videos;
+      if (m.video->source_case() == mmserve::v1::Video::kUrl) {
+        return Invalid(absl::StrCat("video ", k, " is a URL, which this server does not fetch"));
+      }
       const int64_t bytes = VideoBytes(*m.video);
       if (bytes == 0) return Invalid(absl::StrCat("video ", k, " is empty"));
       if (bytes > static_cast<int64_t>(options.max_video_bytes)) {

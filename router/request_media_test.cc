@@ -124,7 +124,7 @@ TEST_CASE("hostile videos are refused with the reason before any decode") {
                "videos are not supported yet for Qwen2.5-VL models");
 }
 
-TEST_CASE("the OpenAI video_url part takes a data: URL and sampling options") {
+TEST_CASE("the OpenAI video_url part takes a data: or http(s) URL and sampling options") {
   const std::string url =
       "data:video/mp4;base64," + absl::Base64Escape(Clip("clips/h264_96x64_21f.mp4"));
   const std::string body = R"({"messages":[{"role":"user","content":[{"type":"video_url",
@@ -139,14 +139,24 @@ TEST_CASE("the OpenAI video_url part takes a data: URL and sampling options") {
   CHECK(part.video().mime_type() == "video/mp4");
   CHECK(PrepareRequest(Options(), chat->request).ok());
   for (const auto& [u, reason] :
-       {std::pair<std::string, std::string>{"https://example.com/a.mp4",
-                                            "remote video URLs are not fetched"},
+       {std::pair<std::string, std::string>{"https://u@example.com/a.mp4",
+                                            "credentials in the URL are not allowed"},
         {"data:image/png;base64,AAAA", "is not a video (data:video/"}}) {
     const std::string b = R"({"messages":[{"role":"user","content":[{"type":"video_url",
         "video_url":{"url":")" +
                           u + R"("}}]}]})";
     CheckRefused(ParseChatCompletionRequest(b, OpenAiLimits()).status(), reason);
   }
+  // An http(s) URL is kept for the fetch; one that reaches validation
+  // unfetched is refused.
+  const std::string remote = R"({"messages":[{"role":"user","content":[{"type":"video_url",
+      "video_url":{"url":"https://example.com/a.mp4"}}]}]})";
+  auto fetchable = ParseChatCompletionRequest(remote, OpenAiLimits());
+  REQUIRE(fetchable.ok());
+  CHECK(fetchable->request.chat().messages(0).content(0).video().url() ==
+        "https://example.com/a.mp4");
+  CheckRefused(PrepareRequest(Options(), fetchable->request).status(),
+               "video 0 is a URL, which this server does not fetch");
 }
 
 }  // namespace

@@ -92,6 +92,10 @@ absl::Status ValidateRequest(const RouterOptions& options,
     return Invalid("this model does not accept images");
   }
   for (size_t k = 0; k < images.size(); ++k) {
+    if (images[k]->source_case() == mmserve::v1::Image::kUrl) {
+      // The front ends fetch URLs before validation when remote media is on.
+      return Invalid(absl::StrCat("image ", k, " is a URL, which this server does not fetch"));
+    }
     const std::string& data = images[k]->data();
     if (data.empty()) return Invalid(absl::StrCat("image ", k, " is empty"));
     if (data.size() > options.max_image_bytes) {

@@ -4,6 +4,7 @@
 #define MMSERVE_ROUTER_ROUTER_CONTEXT_H_
 
 #include <functional>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "proto/inference.pb.h"
@@ -19,6 +20,8 @@ class Tokenizer;
 namespace mmserve::router {
 
 class EspPool;
+class MediaFetcher;
+struct MediaFetchMetrics;
 
 struct RouterContext {
   RouterOptions options;
@@ -30,6 +33,10 @@ struct RouterContext {
   // healthy elastic instance) and the tokenizer it sizes prompts with.
   EspPool* esp = nullptr;
   const model::Tokenizer* tokenizer = nullptr;
+  // Fetches Image.url / Video.url (router/request_fetch.h); null or
+  // disabled: a URL is refused.
+  std::shared_ptr<const MediaFetcher> media;
+  const MediaFetchMetrics* media_metrics = nullptr;
 };
 
 // on_end runs exactly once, after the last on_response.

@@ -31,6 +31,7 @@
 #include "router/http_frontend.h"
 #include "router/input_limits.h"
 #include "router/instance_table.h"
+#include "router/request_fetch.h"
 #include "router/router_service.h"
 
 ABSL_FLAG(std::string, model_dir, "", "the served model's directory (configs are read)");
@@ -74,6 +75,23 @@ ABSL_FLAG(int, max_request_mb, 64, "largest HTTP body and gRPC request message, 
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "prompt text bytes refused before tokenizing (0: from tokenizer.json and the context; "
           "-1: off)");
+ABSL_FLAG(bool, allow_remote_media, false,
+          "fetch http(s) image_url / video_url (and Image.url / Video.url) media; off: such a URL "
+          "is refused with 400 / INVALID_ARGUMENT (docs/calling.md#remote-media)");
+ABSL_FLAG(std::string, allowed_media_domains, "",
+          "hosts media may be fetched from, comma-separated: exact names or *.suffix (empty: any "
+          "host whose addresses are all public)");
+ABSL_FLAG(bool, allow_http_media, false, "also fetch plain http:// media URLs (else https only)");
+ABSL_FLAG(int64_t, max_media_fetch_bytes, 0,
+          "largest fetched image or video, bytes (0: --max_image_mb and --max_video_bytes)");
+ABSL_FLAG(int, media_fetch_timeout_ms, 10000,
+          "the whole fetch of a request's remote media (connect, redirects, body); slower is 400");
+ABSL_FLAG(int, max_media_redirects, 3, "redirects a media fetch follows, each checked again");
+ABSL_FLAG(std::string, media_fetch_allow_private_cidrs, "",
+          "for tests and intranets only: address ranges (e.g. 10.0.0.0/8) media may be fetched "
+          "from although they are not public");
+ABSL_FLAG(std::string, media_ca_file, "",
+          "PEM CA bundle that https media servers are verified against (empty: the system's)");
 
 ABSL_FLAG(bool, esp, false,
           "elastic sequence parallelism: pool the --role=elastic instances under the global "
@@ -155,6 +173,35 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   options.video_limits.max_frames = absl::GetFlag(FLAGS_max_video_frames);
   ASSIGN_OR_RETURN(options.max_prompt_bytes, MaxPromptBytesFromFlags(dir, max_len));
   return options;
+}
+
+// The remote-media fetcher from the --*media* flags.
+absl::StatusOr<std::shared_ptr<const MediaFetcher>> MediaFetcherFromFlags(
+    const RouterOptions& router) {
+  MediaFetchOptions o;
+  o.enabled = absl::GetFlag(FLAGS_allow_remote_media);
+  ASSIGN_OR_RETURN(o.hosts, MediaHostList::Parse(absl::GetFlag(FLAGS_allowed_media_domains)));
+  o.allow_http = absl::GetFlag(FLAGS_allow_http_media);
+  ASSIGN_OR_RETURN(o.trusted_ranges,
+                   ParseCidrList(absl::GetFlag(FLAGS_media_fetch_allow_private_cidrs)));
+  if (absl::GetFlag(FLAGS_max_media_fetch_bytes) < 0 ||
+      absl::GetFlag(FLAGS_media_fetch_timeout_ms) < 1 ||
+      absl::GetFlag(FLAGS_max_media_redirects) < 0) {
+    return absl::InvalidArgumentError(
+        "--max_media_fetch_bytes and --max_media_redirects must be >= 0, "
+        "--media_fetch_timeout_ms >= 1");
+  }
+  o.max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_media_fetch_bytes));
+  o.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_media_fetch_timeout_ms));
+  o.max_redirects = absl::GetFlag(FLAGS_max_media_redirects);
+  o.ca_file = absl::GetFlag(FLAGS_media_ca_file);
+  if (!o.ca_file.empty()) RETURN_IF_ERROR(ReadFileToString(o.ca_file).status());
+  o.video_limits = router.video_limits;
+  auto fetcher = std::make_shared<const MediaFetcher>(std::move(o));
+  if (fetcher->options().enabled && !fetcher->tls_ready()) {
+    return absl::InvalidArgumentError("--media_ca_file: no CA certificates could be loaded");
+  }
+  return fetcher;
 }
 
 absl::StatusOr<InstanceTableOptions> TableOptionsFromFlags() {
@@ -307,6 +354,8 @@ int Main() {
   }
   auto options = RouterOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
+  auto media = MediaFetcherFromFlags(*options);
+  if (!media.ok()) return Fail(media.status());
   auto table_options = TableOptionsFromFlags();
   if (!table_options.ok()) return Fail(table_options.status());
   table_options->pool_elastic = absl::GetFlag(FLAGS_esp);
@@ -324,10 +373,13 @@ int Main() {
                        .max_calls_per_client = absl::GetFlag(FLAGS_max_calls_per_client)});
   metrics::Registry registry;
   const CallMetrics call_metrics(registry);
+  const MediaFetchMetrics media_metrics(registry);
   RouterContext context{.options = *std::move(options),
                         .instances = &table,
                         .metrics = &call_metrics,
-                        .access = &access};
+                        .access = &access,
+                        .media = *std::move(media),
+                        .media_metrics = &media_metrics};
   CallTracker tracker;
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);

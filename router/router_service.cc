@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "common/grpc_status.h"
@@ -11,6 +12,7 @@
 #include "router/public_error.h"
 #include "router/tool_call_sink.h"
 #include "router/tool_request.h"
+#include "router/request_fetch.h"
 
 namespace mmserve::router {
 namespace {
@@ -46,8 +48,46 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
                  }},
             deadline)
             .cancel;
-    absl::MutexLock lock(&mu_);
-    if (!ended_) call_ = std::move(call);
+    CallCancel cancel_now;
+    const char* why = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ended_) call_ = std::move(call);
+      // A cancel that came before the call existed.
+      if (cancelled_ != nullptr) {
+        cancel_now = call_;
+        why = cancelled_;
+      }
+    }
+    if (cancel_now) cancel_now(why);
+  }
+
+  // The request's remote media fetched on a thread of its own (the fetch
+  // blocks; gRPC's callback threads must not), then Begin. A client that
+  // goes away meanwhile stops the fetch.
+  void FetchThenBegin(const RouterContext& context, CallTracker& tracker,
+                      grpc::CallbackServerContext& ctx, mmserve::v1::GenerateRequest request,
+                      std::chrono::system_clock::time_point deadline, PublicAccess::Lease lease) {
+    auto fetch = std::make_shared<FetchCancel>();
+    {
+      absl::MutexLock lock(&mu_);
+      fetch_ = fetch;
+    }
+    std::thread([this, &context, &tracker, &ctx, request = std::move(request), deadline,
+                 lease = std::move(lease), fetch]() mutable {
+      absl::Status s = FetchRequestMedia(context.media, context.options, &request, fetch,
+                                         GrpcMediaField, context.media_metrics);
+      {
+        absl::MutexLock lock(&mu_);
+        fetch_ = nullptr;
+      }
+      if (!s.ok()) {
+        lease.reset();
+        End(s);  // may delete this
+        return;
+      }
+      Begin(context, tracker, ctx, request, deadline, std::move(lease));
+    }).detach();
   }
 
   void OnCancel() override { CancelCall("cancelled by the client"); }
@@ -56,15 +96,21 @@ class GenerateReactor final : public QueuedWriteReactor<mmserve::v1::GenerateRes
  private:
   void CancelCall(const char* why) {
     CallCancel call;
+    std::shared_ptr<FetchCancel> fetch;
     {
       absl::MutexLock lock(&mu_);
+      if (cancelled_ == nullptr) cancelled_ = why;
       call = call_;
+      fetch = fetch_;
     }
+    if (fetch) fetch->Cancel();
     if (call) call(why);
   }
 
   absl::Mutex mu_;
   CallCancel call_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<FetchCancel> fetch_ ABSL_GUARDED_BY(mu_);  // while fetching
+  const char* cancelled_ ABSL_GUARDED_BY(mu_) = nullptr;     // why, once cancelled
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -185,7 +231,11 @@ grpc::ServerWriteReactor<mmserve::v1::GenerateResponse>* InferenceService::Gener
   const auto latest = std::chrono::system_clock::now() +
                       absl::ToChronoNanoseconds(context_.options.default_timeout);
   if (deadline > latest) deadline = latest;
-  reactor->Begin(context_, tracker_, *ctx, *request, deadline, *std::move(lease));
+  if (HasRemoteMedia(*request)) {
+    reactor->FetchThenBegin(context_, tracker_, *ctx, *request, deadline, *std::move(lease));
+  } else {
+    reactor->Begin(context_, tracker_, *ctx, *request, deadline, *std::move(lease));
+  }
   return reactor;
 }
 

@@ -2,16 +2,22 @@
 // tests/net_hosts.h): answers over gRPC and UCX tcp between hosts, then the
 // network faults (delay, loss, cuts, partitions, router restart) one after
 // another on the same stack, each ending with every block and request freed
-// and the service back without a restart. Skipped, with the reason printed,
-// where namespaces cannot be made.
+// and the service back without a restart; remote media fetched from the
+// test's own address across the switch (and every SSRF refusal) on the
+// first stack. Skipped, with the reason printed, where namespaces cannot be
+// made.
 #include "tests/net_stack.h"
 
+#include <dirent.h>
+#include <httplib.h>
 #include <signal.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -124,14 +130,193 @@ Running StartOnHosts(const NetStackOptions& o) {
 const std::vector<std::string> kRouterArgs = {"--poll_ms=250", "--poll_timeout_ms=1000",
                                               "--down_after=2", "--heartbeat_timeout_ms=3000"};
 
-TEST_CASE("across hosts over tcp the answers equal the in-process engine's") {
+// Demo images and misbehaving answers over HTTP on the test's own address on
+// the switch (a private 10.213.x address the router on host 0 reaches).
+class MediaServer {
+ public:
+  explicit MediaServer(const std::string& address) {
+    for (const auto& [file, bytes] : Demo().images) {
+      server_.Get("/img/" + file, [bytes = bytes](const httplib::Request&, httplib::Response& res) {
+        res.set_content(bytes, "image/png");
+      });
+    }
+    server_.Get("/to-private", [](const httplib::Request&, httplib::Response& res) {
+      res.set_redirect("http://10.0.0.1/cat.png");
+    });
+    server_.Get("/big", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(300000, 'x'), "image/png");
+    });
+    server_.Get("/big-chunked", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("image/png", [](size_t offset, httplib::DataSink& sink) {
+        if (offset >= 300000) {
+          sink.done();
+          return true;
+        }
+        const std::string chunk(10000, 'x');
+        return sink.write(chunk.data(), chunk.size());
+      });
+    });
+    server_.Get("/slow", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("image/png", [this](size_t offset, httplib::DataSink& sink) {
+        if (offset >= 40 || stopping_) {
+          sink.done();
+          return true;
+        }
+        absl::SleepFor(absl::Milliseconds(200));
+        return sink.write("\x89PNG", 4);
+      });
+    });
+    server_.Get("/page.html", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("<html>hello</html>", "text/html");
+    });
+    port_ = server_.bind_to_any_port(address);
+    base_ = absl::StrCat("http://", address, ":", port_);
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~MediaServer() {
+    stopping_ = true;
+    server_.stop();
+    thread_.join();
+  }
+  bool ok() const { return port_ > 0; }
+  std::string Url(const std::string& path) const { return base_ + path; }
+  int port() const { return port_; }
+
+ private:
+  httplib::Server server_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+  int port_ = 0;
+  std::string base_;
+};
+
+int OpenFds(pid_t pid) {
+  int n = 0;
+  if (DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str())) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// The demo question with its image as a URL.
+GenerateRequest UrlRequest(const DemoItem& item, const std::string& url) {
+  GenerateRequest req = DemoRequest(Demo(), item, {});
+  for (auto& part : *req.mutable_chat()->mutable_messages(0)->mutable_content()) {
+    if (part.has_image()) part.mutable_image()->set_url(url);
+  }
+  return req;
+}
+
+// Remote media on the running stack: images fetched from the test's
+// address answer as their bytes do, and every refusal is INVALID_ARGUMENT
+// naming the URL and the reason; no request, socket or block is left.
+void CheckRemoteMedia(Running& r, const MediaServer& media) {
+  const DemoSet& set = Demo();
+  const Reference& ref = InProcess(set);
+  const pid_t router = r.stack->router().process->pid();
+  const int fds = OpenFds(router);
+  for (int i : Items(4, 1)) {
+    const DemoItem& item = set.items[i];
+    Answer a = AskGrpc(*r.stub, UrlRequest(item, media.Url("/img/" + item.image_file)), {});
+    INFO("item " << i << ": " << a.status);
+    REQUIRE(a.status.ok());
+    CHECK(a.token_ids == ref.ids[i]);
+  }
+  const DemoItem& item = set.items[0];
+  const std::pair<std::string, std::string> refusals[] = {
+      {absl::StrCat("http://127.0.0.1:", media.port(), "/img/", item.image_file),
+       "resolves to a loopback address"},
+      {media.Url("/to-private"), "http://10.0.0.1/cat.png resolves to a private address"},
+      {"http://169.254.169.254/latest/meta-data/", "is not on a host this server fetches"},
+      {media.Url("/big"), "is 300000 bytes; at most 200000"},
+      {media.Url("/big-chunked"), "is larger than 200000 bytes"},
+      {media.Url("/page.html"), "has content type \"text/html\", not an image"},
+      {media.Url("/slow"), "took longer than 1500 ms to fetch"},
+  };
+  for (const auto& [url, why] : refusals) {
+    const absl::Time start = absl::Now();
+    Answer a = AskGrpc(*r.stub, UrlRequest(item, url), {});
+    INFO(url << ": " << a.status);
+    CHECK(absl::IsInvalidArgument(a.status));
+    CHECK(absl::StartsWith(a.status.message(), "chat.messages[0].content[0].image.url: "));
+    CHECK(absl::StrContains(a.status.message(), why));
+    CHECK(absl::Now() - start < absl::Seconds(5) * kSanitizerSlowdown);
+  }
+  // Over the OpenAI HTTP API: the same answer, and the same refusal as 400.
+  const int http_port = std::stoi(r.stack->router().ready.fields.at("http"));
+  httplib::Client http(r.hosts->address(r.stack->router_host()), http_port);
+  http.set_read_timeout(60, 0);
+  for (const auto& [path, status] :
+       {std::pair<std::string, int>{"/img/" + item.image_file, 200}, {"/page.html", 400}}) {
+    nlohmann::json body = {{"messages",
+                            {{{"role", "user"},
+                              {"content",
+                               {{{"type", "image_url"}, {"image_url", {{"url", media.Url(path)}}}},
+                                {{"type", "text"}, {"text", item.question}}}}}}},
+                           {"temperature", 0},
+                           {"max_tokens", 8}};
+    auto res = http.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(res);
+    INFO(res->body);
+    CHECK(res->status == status);
+    const nlohmann::json reply = nlohmann::json::parse(res->body);
+    if (status == 200) {
+      CHECK(reply["choices"][0]["message"]["content"] == ref.text[0]);
+    } else {
+      CHECK(reply["error"]["message"] ==
+            absl::StrCat("messages[0].content[0].image_url: ", media.Url(path),
+                         " has content type \"text/html\", not an image"));
+    }
+  }
+  // Each request counted by how its fetch ended: the four and the HTTP one
+  // fetched, six refusals and the HTTP one refused, the slow body timed out.
+  auto fetches = [&](const char* result) {
+    return r.stack->Metric(r.stack->router(), "mmserve_router_media_fetches_total",
+                           absl::StrCat("result=\"", result, "\""));
+  };
+  CHECK(fetches("fetched") == 5);
+  CHECK(fetches("refused") == 7);
+  CHECK(fetches("timed_out") == 1);
+  // A client that gives up during a slow fetch.
+  Answer gone =
+      AskGrpc(*r.stub, UrlRequest(item, media.Url("/slow")), {.deadline = absl::Milliseconds(300)});
+  CHECK(absl::IsDeadlineExceeded(gone.status));
+  CheckNoLeaks(*r.stack);
+  CHECK(WaitFor([&] { return OpenFds(router) <= fds; }, absl::Seconds(10)));
+  INFO("router descriptors " << fds << " before, " << OpenFds(router) << " after");
+  CHECK(OpenFds(router) <= fds);
+}
+
+TEST_CASE(
+    "across hosts over tcp the answers equal the in-process engine's, also for fetched media") {
   if (Skipped()) return;
   NetStackOptions o;
   o.encoders = 2;
   o.languages = {"both"};
-  Running r = StartOnHosts(o);
+  auto hosts = NetHosts::Create(NetStack::HostsFor(o));
+  REQUIRE(hosts.ok());
+  MediaServer media((*hosts)->client_address());
+  REQUIRE(media.ok());
+  // The test's network is private: its range is trusted; its address and
+  // two non-public ones (the address check still refuses those) are allowed.
+  o.router_args = {"--allow_remote_media",
+                   "--allow_http_media",
+                   "--allowed_media_domains=" + (*hosts)->client_address() + ",10.0.0.1,127.0.0.1",
+                   "--media_fetch_allow_private_cidrs=10.213.0.0/16",
+                   "--max_media_fetch_bytes=200000",
+                   "--media_fetch_timeout_ms=1500",
+                   "--http_port=0"};
+  Running r;
+  r.hosts = std::move(*hosts);
+  auto stack = NetStack::Start(*r.hosts, o);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  r.stack = std::move(*stack);
+  r.stub = mmserve::v1::Inference::NewStub(InternalChannel(r.stack->router_address()));
   AskAndCompare(*r.stub, Items(8));
   CheckNoLeaks(*r.stack);
+  CheckRemoteMedia(r, media);
 }
 
 TEST_CASE("delay, loss, a partition and a router restart between hosts") {
@@ -145,6 +330,13 @@ TEST_CASE("delay, loss, a partition and a router restart between hosts") {
   NetStack& stack = *r.stack;
   auto& stub = r.stub;
   AskAndCompare(*stub, Items(8, 0));  // every instance connected to every encoder
+  {
+    // Remote media is off by default.
+    Answer a = AskGrpc(*stub, UrlRequest(Demo().items[0], "https://img.example.com/a.png"), {});
+    CHECK(a.status == absl::InvalidArgumentError(
+                          "chat.messages[0].content[0].image.url: remote media is disabled on "
+                          "this server; send a data: URL"));
+  }
 
   // Delay: one at a time, so that the time to the first token is the
   // critical path's round trips times 2 x the one-way delay (every port,
