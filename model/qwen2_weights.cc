@@ -398,6 +398,46 @@ class RandomDraws {
   uint64_t state_;
 };
 
+// One layer of Random's draws, in the order Random has always drawn them
+// (`matrix` and `vector` as there).
+Qwen2LayerWeights DrawLayer(const TextConfig& cfg, int l,
+                            const std::function<cpu::WeightMatrix(int64_t, int64_t, bool)>& matrix,
+                            const std::function<const float*(int64_t, bool)>& vector) {
+  const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+  const int64_t q_out = static_cast<int64_t>(cfg.num_attention_heads) * cfg.head_dim();
+  const int64_t kv_out = static_cast<int64_t>(cfg.num_key_value_heads) * cfg.head_dim();
+  Qwen2LayerWeights lw;
+  lw.input_norm = vector(hidden, true);
+  lw.q = matrix(q_out, hidden, false);
+  lw.k = matrix(kv_out, hidden, false);
+  lw.v = matrix(kv_out, hidden, false);
+  if (cfg.attention_bias) {
+    lw.q_bias = vector(q_out, false);
+    lw.k_bias = vector(kv_out, false);
+    lw.v_bias = vector(kv_out, false);
+  }
+  if (cfg.attention_bias && cfg.qk_norm) lw.o_bias = vector(hidden, false);
+  if (cfg.qk_norm) {
+    lw.q_norm = vector(cfg.head_dim(), true);
+    lw.k_norm = vector(cfg.head_dim(), true);
+  }
+  lw.o = matrix(hidden, q_out, false);
+  lw.post_norm = vector(hidden, true);
+  if (cfg.moe_layer(l)) {
+    lw.router = matrix(cfg.num_experts, hidden, /*keep_rows=*/true);
+    const int64_t width = cfg.moe_intermediate_size;
+    for (int e = 0; e < cfg.num_experts; ++e) {
+      lw.experts.push_back({matrix(width, hidden, false), matrix(width, hidden, false),
+                            matrix(hidden, width, false)});
+    }
+  } else {
+    lw.gate = matrix(inter, hidden, false);
+    lw.up = matrix(inter, hidden, false);
+    lw.down = matrix(hidden, inter, false);
+  }
+  return lw;
+}
+
 }  // namespace
 
 std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType dtype,
@@ -445,42 +485,12 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
     w->owned_f32_.push_back(std::move(v));
     return static_cast<const float*>(w->owned_f32_.back()->data());
   };
-  const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size;
-  const int64_t q_out = static_cast<int64_t>(cfg.num_attention_heads) * cfg.head_dim();
-  const int64_t kv_out = static_cast<int64_t>(cfg.num_key_value_heads) * cfg.head_dim();
+  const int64_t hidden = cfg.hidden_size;
   w->tied_ = cfg.tie_word_embeddings;
   w->top_k_ = cfg.num_experts_per_tok;
   w->embed_ = matrix(cfg.vocab_size, hidden, /*keep_rows=*/!w->tied_);
   for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-    Qwen2LayerWeights lw;
-    lw.input_norm = vector(hidden, true);
-    lw.q = matrix(q_out, hidden);
-    lw.k = matrix(kv_out, hidden);
-    lw.v = matrix(kv_out, hidden);
-    if (cfg.attention_bias) {
-      lw.q_bias = vector(q_out, false);
-      lw.k_bias = vector(kv_out, false);
-      lw.v_bias = vector(kv_out, false);
-    }
-    if (cfg.attention_bias && cfg.qk_norm) lw.o_bias = vector(hidden, false);
-    if (cfg.qk_norm) {
-      lw.q_norm = vector(cfg.head_dim(), true);
-      lw.k_norm = vector(cfg.head_dim(), true);
-    }
-    lw.o = matrix(hidden, q_out);
-    lw.post_norm = vector(hidden, true);
-    if (cfg.moe_layer(l)) {
-      lw.router = matrix(cfg.num_experts, hidden, /*keep_rows=*/true);
-      const int64_t width = cfg.moe_intermediate_size;
-      for (int e = 0; e < cfg.num_experts; ++e) {
-        lw.experts.push_back({matrix(width, hidden), matrix(width, hidden), matrix(hidden, width)});
-      }
-    } else {
-      lw.gate = matrix(inter, hidden);
-      lw.up = matrix(inter, hidden);
-      lw.down = matrix(hidden, inter);
-    }
-    w->layers_.push_back(lw);
+    w->layers_.push_back(DrawLayer(cfg, l, matrix, vector));
   }
   w->final_norm_ = vector(hidden, true);
   w->lm_head_ = w->tied_ ? w->embed_ : matrix(cfg.vocab_size, hidden);

@@ -67,9 +67,9 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
   // qwen25vl-tiny: Qwen2.5-VL's tower (RMSNorm, gated MLP, windows of 2x2
   // merge groups with padded windows on both images, full attention in
   // blocks 1 and 3); its block0 golden is in patch order.
-  for (const char* name : {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded",
-                           "qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa8-padvocab-nested",
-                           "qwen25vl-tiny"}) {
+  for (const char* name :
+       {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded", "qwen2vl-tiny-mqa-bf16",
+        "qwen2vl-tiny-gqa8-padvocab-nested", "qwen25vl-tiny"}) {
     INFO(name);
     const LoadedTower t = LoadTower(name);
     VisionTrace trace;

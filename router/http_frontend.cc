@@ -19,8 +19,8 @@
 #include "router/openai.h"
 #include "router/openai_completions.h"
 #include "router/public_error.h"
-#include "router/tool_request.h"
 #include "router/request_fetch.h"
+#include "router/tool_request.h"
 
 namespace mmserve::router {
 namespace {

@@ -10,9 +10,9 @@
 #include "common/logging.h"
 #include "common/server_stream.h"
 #include "router/public_error.h"
+#include "router/request_fetch.h"
 #include "router/tool_call_sink.h"
 #include "router/tool_request.h"
-#include "router/request_fetch.h"
 
 namespace mmserve::router {
 namespace {

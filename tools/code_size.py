@@ -54,17 +54,26 @@ def main():
     files = [f for f in files if not skip.search(f)]
 
     long_files = long_functions = 0
+    # A class defined in a header is one class over all its files; one
+    # defined in a .cc file is local to it (two files may each have a
+    # "Parser"), so it is keyed by file.
+    texts = {f: (root / f).read_text() for f in files}
+    in_headers = {name for f in files if f.endswith(".h") for name, _ in class_bodies(texts[f])}
     class_lines = collections.Counter()
     class_files = collections.defaultdict(set)
+
+    def key(name, f):
+        return name if name in in_headers else f"{name} ({f})"
+
     for f in files:
-        text = (root / f).read_text()
+        text = texts[f]
         lines = text.count("\n")
         if lines > MAX_FILE:
             print(f"file {f}: {lines} lines")
             long_files += 1
         for name, n in class_bodies(text):
-            class_lines[name] += n
-            class_files[name].add(f)
+            class_lines[key(name, f)] += n
+            class_files[key(name, f)].add(f)
         for fn in lizard.analyze_file.analyze_source_code(f, text).function_list:
             if fn.length > MAX_FUNCTION:
                 print(f"function {f}:{fn.start_line} {fn.name}: {fn.length} lines")
@@ -74,8 +83,8 @@ def main():
             # Namespaces are lower case here, classes upper camel case.
             parts = fn.name.split("::")
             if len(parts) >= 2 and parts[-2][:1].isupper():
-                class_lines[parts[-2]] += fn.length
-                class_files[parts[-2]].add(f)
+                class_lines[key(parts[-2], f)] += fn.length
+                class_files[key(parts[-2], f)].add(f)
     long_classes = [(n, c) for c, n in class_lines.items() if n > MAX_CLASS]
     for n, c in sorted(long_classes, reverse=True):
         print(f"class {c}: {n} lines over {len(class_files[c])} files")
