@@ -139,7 +139,8 @@ absl::StatusOr<MediaUrl> ResolveRedirect(const MediaUrl& from, absl::string_view
     path = std::string(location);
   } else {
     // Relative to the directory of the current path.
-    absl::string_view dir = from.target.substr(0, from.target.find('?'));
+    const absl::string_view target = from.target;  // substr of a view, not a copy
+    absl::string_view dir = target.substr(0, target.find('?'));
     dir = dir.substr(0, dir.rfind('/') + 1);
     path = absl::StrCat(dir, location);
   }

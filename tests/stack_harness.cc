@@ -494,12 +494,17 @@ launcher::StackOptions TestStackOptions(int encoders, const std::string& profile
   o.http_port = 0;
   o.language_args = {"--kv_cache_mb=64", "--threads=1"};
   o.encoder_args = {"--keep_for_seconds=5"};
+  // Under a sanitizer on a loaded machine a busy instance can miss two
+  // 500 ms health polls in a row and drop out of placement for seconds,
+  // failing requests a test expects to succeed. A dead instance is still
+  // seen at once (its polls fail, they do not time out).
+  if (kSanitizerSlowdown > 1) o.router_args = {"--poll_timeout_ms=3000"};
   return o;
 }
 
 launcher::StackOptions ResumeStackOptions() {
   launcher::StackOptions o = TestStackOptions(1, "shm");
-  o.router_args = {"--presize=false"};
+  o.router_args.push_back("--presize=false");
   o.language_args.push_back("--embedding_block_size=4");
   o.language_args.push_back("--default_blocks=1");
   o.encoder_args.push_back("--block_size=4");
