@@ -393,11 +393,13 @@ TEST_CASE("API keys, 413/415/404/405 and the prompt bound, over gRPC and HTTP") 
   }
   WARN("router CPU for a 20 MB prompt (best of 3): gRPC " << grpc_ms << " ms, HTTP " << http_ms
                                                           << " ms");
-  // 50 ms of router CPU (the bound). Sanitizer builds compile the
-  // router's own code at -O0 (its scan of the 20 MB text measured 170 ms
-  // under ASan at load 13), so they get 500 ms: still far below the
+  // 100 ms of router CPU (the bound; CpuMs counts 10 ms ticks, and the
+  // gRPC case measured 30-50 ms best of 3 at load 1-3 once tool and media
+  // checks joined the request path, 2026-11-29). Sanitizer builds compile
+  // the router's own code at -O0 (its scan of the 20 MB text measured
+  // 170 ms under ASan at load 13), so they get 500 ms: both far below the
   // seconds that tokenizing the prompt would take.
-  const double bound_ms = kSanitizerSlowdown > 1 ? 500 : 50;
+  const double bound_ms = kSanitizerSlowdown > 1 ? 500 : 100;
   CHECK(grpc_ms < bound_ms);
   CHECK(http_ms < bound_ms);
   // A normal request still works.
