@@ -102,6 +102,35 @@ inline void AppendUtf8(uint32_t cp, std::string& out) {
   }
 }
 
+// The value of a hex digit; -1 for another character.
+inline int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The character of the escapes both grammar dialects share (\n \r \t \f
+// \v \0, given the letter after the backslash); -1 for any other.
+inline int32_t ControlEscape(char e) {
+  switch (e) {
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    case 'f':
+      return '\f';
+    case 'v':
+      return '\v';
+    case '0':
+      return 0;
+    default:
+      return -1;
+  }
+}
+
 // Decodes one UTF-8 code point of `s` at `pos` (advanced past it); -1 when
 // the bytes there are not valid UTF-8.
 inline int32_t DecodeUtf8(const std::string& s, size_t& pos) {

@@ -19,13 +19,6 @@ bool IsNameChar(char c) {
 constexpr int kMaxNesting = 100;  // groups in groups
 constexpr int kMaxPostfix = 4;    // as in "a"*?
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 class Parser {
  public:
   explicit Parser(std::string_view text) : text_(text) {}
@@ -207,19 +200,8 @@ class Parser {
     ++pos_;
     const char e = Peek();
     ++pos_;
+    if (const int32_t c = ControlEscape(e); c >= 0) return c;
     switch (e) {
-      case 'n':
-        return '\n';
-      case 'r':
-        return '\r';
-      case 't':
-        return '\t';
-      case 'f':
-        return '\f';
-      case 'v':
-        return '\v';
-      case '0':
-        return 0;
       case 'x':
         return Hex(2);
       case 'u':

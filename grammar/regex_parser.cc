@@ -31,13 +31,6 @@ Ranges Complement(const Ranges& in) {
 
 constexpr int kMaxNesting = 100;
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 class Parser {
  public:
   explicit Parser(std::string_view p) : p_(p) {}
@@ -216,19 +209,8 @@ class Parser {
         break;
     }
     is_class = false;
+    if (const int32_t c = ControlEscape(e); c >= 0) return c;
     switch (e) {
-      case 'n':
-        return '\n';
-      case 'r':
-        return '\r';
-      case 't':
-        return '\t';
-      case 'f':
-        return '\f';
-      case 'v':
-        return '\v';
-      case '0':
-        return 0;
       case 'x':
         return Hex(2, start);
       case 'u':
