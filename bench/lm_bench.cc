@@ -69,6 +69,7 @@
 #include "bench/isa_peaks.h"
 #include "bench/lm_bench_report.h"
 #include "bench/memory_bandwidth.h"
+#include "bench/qwen2_dims.h"
 #include "bench/row_ops_timing.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -87,7 +88,7 @@
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (overrides --dims)");
 ABSL_FLAG(std::string, dims, "qwen2-0.5b",
-          "random weights at these text dimensions: qwen2-0.5b, qwen2-vl-2b, tiny");
+          "random weights at these text dimensions: qwen2-0.5b, qwen2-vl-2b, qwen3-0.6b, tiny");
 ABSL_FLAG(std::string, dtype, "bf16",
           "weights: bf16 or fp32 (random weights' dtype), int8 or int8_g32 (quantized at load "
           "from bf16 random weights or the checkpoint)");
@@ -114,37 +115,6 @@ namespace cpu = model::cpu;
 using bench::Options;
 using bench::Report;
 using bench::Results;
-
-bool NamedDims(const std::string& name, TextConfig* cfg) {
-  cfg->rope_theta = 1000000.0;
-  cfg->rms_norm_eps = 1e-6;
-  cfg->tie_word_embeddings = true;
-  cfg->vocab_size = 151936;
-  if (name == "qwen2-0.5b") {  // Qwen/Qwen2-0.5B config.json
-    cfg->hidden_size = 896;
-    cfg->intermediate_size = 4864;
-    cfg->num_hidden_layers = 24;
-    cfg->num_attention_heads = 14;
-    cfg->num_key_value_heads = 2;
-  } else if (name == "qwen2-vl-2b") {  // Qwen/Qwen2-VL-2B-Instruct text config
-    cfg->hidden_size = 1536;
-    cfg->intermediate_size = 8960;
-    cfg->num_hidden_layers = 28;
-    cfg->num_attention_heads = 12;
-    cfg->num_key_value_heads = 2;
-    cfg->mrope_section = {16, 24, 24};
-  } else if (name == "tiny") {  // for smoke runs
-    cfg->vocab_size = 2048;
-    cfg->hidden_size = 128;
-    cfg->intermediate_size = 256;
-    cfg->num_hidden_layers = 2;
-    cfg->num_attention_heads = 4;
-    cfg->num_key_value_heads = 2;
-  } else {
-    return false;
-  }
-  return true;
-}
 
 // A sequence's share of one step: n tokens from cache position `start`, its
 // blocks starting at first_block (contiguous; the kernels do not care).
@@ -265,7 +235,7 @@ BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
   auto weight_options = model::ParseQuantize(quantize);
   CHECK_OK(weight_options.status());
   if (o.model_dir.empty()) {
-    if (!NamedDims(o.model_name, &m.cfg)) LOG(FATAL) << "unknown --dims " << o.model_name;
+    if (!NamedTextDims(o.model_name, &m.cfg)) LOG(FATAL) << "unknown --dims " << o.model_name;
     m.weights = model::Qwen2Weights::Random(m.cfg, o.dtype, 1, *weight_options);
     return m;
   }

@@ -29,6 +29,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "bench/qwen2_dims.h"
 #include "common/file.h"
 #include "common/logging.h"
 #include "model/cpu/linear.h"
@@ -43,7 +44,7 @@
 ABSL_FLAG(std::string, model_dir, "models/shapes-demo",
           "Hugging Face model directory (fp32 weights: the reference is exact)");
 ABSL_FLAG(std::string, dims, "",
-          "random weights at these text dimensions instead: qwen2-0.5b, qwen3-0.6b");
+          "random weights at these text dimensions instead: qwen2-0.5b, qwen2-vl-2b, qwen3-0.6b");
 ABSL_FLAG(int, layers, 0, "with --dims: this many decoder layers (0: the model's)");
 ABSL_FLAG(std::string, corpus, "/usr/share/common-licenses/GPL-3", "text file");
 ABSL_FLAG(std::string, tokenizer, "models/shapes-demo/tokenizer.json", "with --dims");
@@ -65,33 +66,6 @@ struct Mode {
   LinearKernel kernel;
   bool bf16_weights;  // needs bf16 weights
 };
-
-bool NamedDims(const std::string& name, TextConfig* c) {
-  c->rope_theta = 1000000.0;
-  c->rms_norm_eps = 1e-6;
-  c->tie_word_embeddings = true;
-  c->vocab_size = 151936;
-  if (name == "qwen2-0.5b") {
-    c->hidden_size = 896;
-    c->intermediate_size = 4864;
-    c->num_hidden_layers = 24;
-    c->num_attention_heads = 14;
-    c->num_key_value_heads = 2;
-    return true;
-  }
-  if (name == "qwen3-0.6b") {  // Qwen/Qwen3-0.6B config.json
-    c->hidden_size = 1024;
-    c->intermediate_size = 3072;
-    c->num_hidden_layers = 28;
-    c->num_attention_heads = 16;
-    c->num_key_value_heads = 8;
-    c->explicit_head_dim = 128;
-    c->attention_bias = false;
-    c->qk_norm = true;
-    return true;
-  }
-  return false;
-}
 
 // Every position's logits (chunk by chunk), under `mode`.
 std::vector<std::vector<float>> Logits(const TextConfig& cfg, const model::Qwen2Weights& weights,
@@ -175,7 +149,7 @@ int Main() {
   std::unique_ptr<model::SafetensorsCheckpoint> ckpt;
   std::string tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
   if (!dims.empty()) {
-    CHECK(NamedDims(dims, &cfg)) << "unknown --dims " << dims;
+    CHECK(NamedTextDims(dims, &cfg)) << "unknown --dims " << dims;
     if (absl::GetFlag(FLAGS_layers) > 0) cfg.num_hidden_layers = absl::GetFlag(FLAGS_layers);
   } else {
     auto c = model::LoadModelConfig(model_dir);
