@@ -12,6 +12,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -51,7 +52,7 @@ std::vector<int> Items(int n, int first = 0) {
 absl::Duration AskAndCompare(mmserve::v1::Inference::Stub& stub, const std::vector<int>& items,
                              int threads = 4, bool errors_ok = false) {
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
+  const Reference& ref = InProcess(set, *std::max_element(items.begin(), items.end()) + 1);
   std::vector<Answer> a(items.size());
   std::vector<int64_t> ttft(items.size(), 0);
   ParallelFor(static_cast<int>(items.size()), threads, [&](int k) {
@@ -213,10 +214,11 @@ GenerateRequest UrlRequest(const DemoItem& item, const std::string& url) {
 // naming the URL and the reason; no request, socket or block is left.
 void CheckRemoteMedia(Running& r, const MediaServer& media) {
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
+  const std::vector<int> items = Items(4, 1);
+  const Reference& ref = InProcess(set, items.back() + 1);
   const pid_t router = r.stack->router().process->pid();
   const int fds = OpenFds(router);
-  for (int i : Items(4, 1)) {
+  for (int i : items) {
     const DemoItem& item = set.items[i];
     Answer a = AskGrpc(*r.stub, UrlRequest(item, media.Url("/img/" + item.image_file)), {});
     INFO("item " << i << ": " << a.status);
@@ -436,7 +438,7 @@ std::unique_ptr<Background> AskInBackground(mmserve::v1::Inference::Stub& stub,
 // Each answer is the in-process engine's or UNAVAILABLE (never a deadline);
 // returns how many were UNAVAILABLE.
 int CheckOkOrUnavailable(const Background& b, const std::vector<int>& items) {
-  const Reference& ref = InProcess(Demo());
+  const Reference& ref = InProcess(Demo(), *std::max_element(items.begin(), items.end()) + 1);
   int unavailable = 0;
   for (size_t k = 0; k < items.size(); ++k) {
     const Answer& a = b.answers[k];

@@ -40,7 +40,7 @@ namespace {
 // in-process engine's (ids and text).
 void AskDemoQuestions(launcher::LocalStack& stack, int n) {
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
+  const Reference& ref = InProcess(set, n);
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel(stack.router_address()));
   std::vector<Answer> answers(n);
   ParallelFor(n, 8,

@@ -105,7 +105,7 @@ TEST_CASE("cancelled streams and expired deadlines free every block on every pro
     CHECK(a[i].status.code() == absl::StatusCode::kDeadlineExceeded);
   }
   CHECK(a[12].status.ok());
-  CHECK(a[12].text == InProcess(set).text[12]);
+  CHECK(a[12].text == InProcess(set, 13).text[12]);
   CheckNoLeaks(**stack);
 }
 
@@ -218,9 +218,9 @@ TEST_CASE("SIGKILL of one of two encoders mid-load: every request still gets the
   auto stack = launcher::LocalStack::Start(TestStackOptions(2, "shm"));
   REQUIRE(stack.ok());
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
   const int n = 300;
+  const Reference& ref = InProcess(set, n);
   std::vector<Answer> a(n);
   std::atomic<int> done{0};
   std::thread killer([&] {
@@ -313,7 +313,7 @@ TEST_CASE(
   Answer again = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
   INFO(again.status);
   CHECK(again.status.ok());
-  CHECK(again.text == InProcess(set).text[0]);
+  CHECK(again.text == InProcess(set, 1).text[0]);
   CheckNoLeaks(**stack);
 }
 
@@ -378,7 +378,7 @@ TEST_CASE(
   Answer again = AskGrpc(*stub, DemoRequest(set, set.items[0], {}), {});
   INFO(again.status);
   CHECK(again.status.ok());
-  CHECK(again.text == InProcess(set).text[0]);
+  CHECK(again.text == InProcess(set, 1).text[0]);
   CheckNoLeaks(**stack);
 }
 

@@ -50,13 +50,17 @@ DemoSet LoadDemoSet(const std::string& eval_dir);
 // The demo set from EvalDir(), loaded once.
 const DemoSet& Demo();
 
-// The in-process engine's answers to every demo question (greedy, 8 tokens),
-// as //model:demo_eval computes them; computed once.
+// The in-process engine's answers to the demo questions (greedy, 8 tokens),
+// as //model:demo_eval computes them. InProcess(set, n) covers at least the
+// first n questions (all of them when n is larger): each is computed once,
+// when a test first needs it, since under sanitizers the engine is several
+// times slower and most tests ask a few dozen of the 1500. Index only below
+// the n asked for; the object stays valid, its vectors grow on later calls.
 struct Reference {
   std::vector<std::string> text;
   std::vector<std::vector<int32_t>> ids;
 };
-const Reference& InProcess(const DemoSet& set);
+const Reference& InProcess(const DemoSet& set, int n);
 
 struct Answer {
   absl::Status status;

@@ -68,13 +68,13 @@ bool WaitForLive(launcher::LocalStack& stack, double n, absl::Duration timeout) 
 
 TEST_CASE("TP=2 image requests give the single-rank engine's token ids, async and blocking") {
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
+  const int n = 64;
+  const Reference& ref = InProcess(set, n);
   for (const std::string handoff : {"async", "blocking"}) {
     INFO("--mm_handoff=" << handoff);
     auto stack = launcher::LocalStack::Start(Tp2Options(handoff, 0));
     REQUIRE(stack.ok());
     auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
-    const int n = 64;
     std::vector<Answer> a(n);
     ParallelFor(n, 16,
                 [&](int i) { a[i] = AskGrpc(*stub, DemoRequest(set, set.items[i], {}), {}); });
@@ -107,7 +107,7 @@ TEST_CASE("TP=2 image requests give the single-rank engine's token ids, async an
 
 TEST_CASE("an image whose embedding is late does not hold back text requests sent after it") {
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
+  const Reference& ref = InProcess(set, 1);
   auto stack = launcher::LocalStack::Start(Tp2Options("async", 5000));
   REQUIRE(stack.ok());
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
@@ -138,7 +138,7 @@ TEST_CASE(
     "cancelling an image request while its embedding is in flight frees everything; a SIGKILL "
     "leaves nothing in /dev/shm") {
   const DemoSet& set = Demo();
-  const Reference& ref = InProcess(set);
+  const Reference& ref = InProcess(set, 3);
   // The encoder sleeps 2 s before it sends; the deadline ends the call in
   // that sleep, once the language instance holds the request (longer for
   // sanitizer builds, where reaching the instance took over 1.2 s once).

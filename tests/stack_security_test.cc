@@ -517,7 +517,7 @@ TEST_CASE("mutual TLS inside, TLS and an API key outside: gRPC, the cli and HTTP
   Answer a = AskGrpc(*stub, DemoRequest(set, set.items[0], keyed), keyed);
   INFO(a.status);
   CHECK(a.status.ok());
-  CHECK(a.text == InProcess(set).text[0]);
+  CHECK(a.text == InProcess(set, 1).text[0]);
   // Plaintext to the public port fails; so does TLS without a client
   // certificate to the internal plane.
   {

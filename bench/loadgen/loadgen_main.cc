@@ -257,8 +257,7 @@ int Main() {
       for (const Record& r : records) {
         max_index = std::max(max_index, workload->items[r.item].demo_index);
       }
-      set.items.resize(std::min<size_t>(set.items.size(), max_index + 1));
-      ref = &testing::InProcess(set);
+      ref = &testing::InProcess(set, max_index + 1);
     }
     std::string first_mismatch;
     for (const Record& r : records) {
