@@ -17,8 +17,8 @@
 //   M-RoPE     {k / (rows * cols), (k % (rows * cols)) / cols, k % cols}
 //   aux        {n, image_index, 0}
 // Stateless functions; thread-safe as far as the caller owns the blocks.
-#ifndef MMSERVE_TRANSFER_IMAGE_CODEC_H_
-#define MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#ifndef MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
+#define MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
 
 #include <cstdint>
 
@@ -70,4 +70,4 @@ inline int32_t ImageFillId(uint64_t content_hash_low) {
 
 }  // namespace mmserve::transfer
 
-#endif  // MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#endif  // MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
