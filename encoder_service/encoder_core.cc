@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "model/image_preprocess.h"
 #include "model/video_request.h"
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 namespace mmserve::encoder {
 namespace {

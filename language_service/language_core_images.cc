@@ -16,7 +16,7 @@
 #include "model/chat_template.h"
 #include "model/sampling_proto.h"
 #include "proto/encoder.grpc.pb.h"
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 namespace mmserve::language {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "model/model_config.h"
 #include "model/mrope_positions.h"
-#include "model/qwen2_golden_util.h"
+#include "model/qwen2_golden_testing.h"
 #include "model/safetensors.h"
 
 namespace mmserve::model {

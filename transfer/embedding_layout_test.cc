@@ -1,4 +1,4 @@
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>

@@ -19,8 +19,8 @@
 //              time axis is scaled to seconds (model::ImageGrid::time_step)
 //   aux        {n, image_index, 0}
 // Stateless functions; thread-safe as far as the caller owns the blocks.
-#ifndef MMSERVE_TRANSFER_IMAGE_CODEC_H_
-#define MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#ifndef MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
+#define MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
 
 #include <cstdint>
 
@@ -74,4 +74,4 @@ inline int32_t ImageFillId(uint64_t content_hash_low) {
 
 }  // namespace mmserve::transfer
 
-#endif  // MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#endif  // MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
