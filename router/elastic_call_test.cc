@@ -1,11 +1,9 @@
-// ElasticCall and EspPool (router --esp) against in-process fake elastic
+// GenerateCall and EspPool (router --esp) against in-process fake elastic
 // instances (Language EspPrefill, Prefill, Abort and GetLoad): degree 1
 // when a request fits one instance, a group when it does not, Abort to
 // every member on finish, cancel and a member's failure, refusals at once
 // and after the queue wait, and a property run: promised slots never
 // exceed an instance's capacity and each request has one master.
-#include "router/elastic_call.h"
-
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -20,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "language_service/esp_plan.h"
@@ -27,6 +26,7 @@
 #include "router/call_testing.h"
 #include "router/esp_pool.h"
 #include "router/esp_step_models.h"
+#include "router/generate_call.h"
 
 namespace mmserve::router {
 namespace {
@@ -135,7 +135,7 @@ class ElasticStack {
  public:
   explicit ElasticStack(const std::vector<int64_t>& slots, EspPoolOptions options = PoolOptions())
       : table_({.poll_interval = absl::Milliseconds(20), .pool_elastic = true}),
-        pool_(table_, metrics_, std::move(options)) {
+        pool_(table_, metrics_, loop_, std::move(options)) {
     context_.options.model_id = "m";
     context_.options.presize = false;
     context_.options.max_model_len = 8192;
@@ -182,6 +182,7 @@ class ElasticStack {
     servers_.push_back(*std::move(server));
   }
 
+  EventLoop loop_{{.name = "router"}};
   InstanceTable table_;
   metrics::Registry metrics_;
   CallMetrics call_metrics_{metrics_};
