@@ -147,7 +147,7 @@ class ElasticStack {
       fakes.push_back(std::make_unique<FakeElastic>(absl::StrCat("x", i), slots[i]));
       Add(*fakes.back(), slots[i]);
     }
-    table_.Start();
+    table_.Start(loop_);
     REQUIRE(WaitFor([&] { return table_.Healthy(Role::kElastic).size() == slots.size(); }));
     pool_.Start();
   }

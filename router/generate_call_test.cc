@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "model/chat_template.h"
@@ -123,7 +124,7 @@ class Stack {
       if (id == "p0") Add(id, internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
       if (id == "d0") Add(id, internal::v1::INSTANCE_ROLE_DECODE, &decode);
     }
-    table_.Start();
+    table_.Start(loop_);
     REQUIRE(WaitFor([&] {
       size_t healthy = 0;
       for (Role r : {Role::kEncoder, Role::kLanguage, Role::kPrefill, Role::kDecode}) {
@@ -154,6 +155,7 @@ class Stack {
     servers_.push_back(*std::move(server));
   }
 
+  EventLoop loop_{{.name = "router"}};
   InstanceTable table_;
   metrics::Registry metrics_;
   CallMetrics call_metrics_{metrics_};

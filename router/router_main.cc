@@ -387,7 +387,7 @@ int Main() {
   CallTracker tracker;
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);
-  table.Start();
+  table.Start(loop);
   const int rc = ServeWithEsp(context, tracker, registry, loop);
   table.Stop();
   LOG(INFO) << "router: stopped";
