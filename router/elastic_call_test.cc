@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
@@ -454,6 +456,41 @@ TEST_CASE("a decode tail past the first master's pool: the master moves, the str
   }
   CHECK(absl::StrContains(stack.metrics().Render(), "\nmmserve_router_esp_master_moves_total 1\n"));
   CheckAllAborted(stack, "m1");
+}
+
+TEST_CASE("the pool learns decoding and master moves from the call's phase changes") {
+  ElasticStack stack({2048, 2048});
+  // A group of two: the sampler's hand-over to the master is not a move;
+  // a hand-over to another member is.
+  absl::Notification placed;
+  std::optional<EspPlacement> placement;
+  REQUIRE(stack.pool()
+              .Submit({.id = "p1",
+                       .prompt_tokens = 3000,
+                       .max_tokens = 8,
+                       .on_placed =
+                           [&](absl::StatusOr<EspPlacement> p) {
+                             REQUIRE(p.ok());
+                             placement = *std::move(p);
+                             placed.Notify();
+                           }})
+              .ok());
+  REQUIRE(placed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE(placement->plan.has_value());
+  const size_t master = placement->plan->master();
+  const size_t other = 1 - master;
+  const auto moves = [&] {
+    return absl::StrContains(stack.metrics().Render(),
+                             "\nmmserve_router_esp_master_moves_total 1\n");
+  };
+  stack.pool().PhaseChanged("p1", CallPhase::kPrefilling, other);
+  stack.pool().PhaseChanged("p1", CallPhase::kDecoding, other);
+  stack.pool().PhaseChanged("p1", CallPhase::kHandedOver, master);
+  CHECK_FALSE(moves());
+  stack.pool().PhaseChanged("p1", CallPhase::kHandedOver, other);
+  CHECK(moves());
+  stack.pool().Finished("p1");
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
 }
 
 TEST_CASE("a next master that refuses the move ends the call UNAVAILABLE, every member aborted") {

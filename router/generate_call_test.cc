@@ -267,6 +267,33 @@ TEST_CASE(
   CHECK(LastPrefill(stack.prefill).decode().instance_id() == "d0");
 }
 
+TEST_CASE(
+    "a prefill stream that fails while the decode stream is open ends the call UNAVAILABLE; "
+    "the decode batches held for after the hand-off never reach the client") {
+  Stack stack;
+  std::atomic<bool> cancelled{false};
+  stack.decode.decode = [&](grpc::ServerContext* ctx, Writer* w) {
+    w->Write(TokenBatch());  // the request is held
+    WaitFor([&] { return stack.prefill.prefills.load() == 1; });
+    w->Write(Tokens(2, "b"));  // early: held until a hand-off that never comes
+    WaitFor([&] { return ctx->IsCancelled(); });
+    cancelled = ctx->IsCancelled();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  };
+  stack.prefill.prefill = [&](grpc::ServerContext*, Writer* w) {
+    w->Write(Tokens(1, "a"));
+    absl::SleepFor(absl::Milliseconds(50));  // lets the early decode batch arrive first
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill broke");
+  };
+  stack.Start({"e0", "p0", "d0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  INFO(outcome.status());
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(outcome.Text() == "a");
+  CHECK(WaitFor([&] { return cancelled.load(); }));
+}
+
 TEST_CASE("a first token that is also the last ends the call and cancels the decode registration") {
   Stack stack;
   std::atomic<bool> cancelled{false};
