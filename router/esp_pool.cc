@@ -48,11 +48,13 @@ EspPool::EspPool(InstanceTable& table, metrics::Registry& metrics, EventLoop& lo
                            "KV token slots promised to live requests on elastic instances.")),
       options_(std::move(options)) {
   avg_decode_seconds_ = options_.config.avg_decode_latency;
-  for (size_t d = 1; d <= std::max<size_t>(1, options_.config.per_degree.size()); ++d) {
+  // Every degree the step models allow, exported from the start.
+  const size_t max_degree = std::max<size_t>(1, options_.config.per_degree.size());
+  for (size_t degree = 1; degree <= max_degree; ++degree) {
     requests_by_degree_.push_back(
         &metrics.GetCounter("mmserve_router_esp_requests_total",
                             "Requests the elastic manager placed, by degree of parallelism.",
-                            {{"degree", absl::StrCat(d)}}));
+                            {{"degree", absl::StrCat(degree)}}));
   }
 }
 

@@ -374,7 +374,7 @@ TEST_CASE("an encoder that fails while prefilling moves the image and tells the 
   CHECK(stack.both.retries == 1);
 }
 
-// An ESP group's members past the first (elastic_call.h): a transfer has
+// An elastic group's members past the first (call_streams.cc): a transfer has
 // one receiver, so each gets its own copy of the images.
 TEST_CASE("an image copy is a new Encode call and transfer id on the image's encoder") {
   Stack stack(/*failing_encodes=*/0);
