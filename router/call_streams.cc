@@ -173,32 +173,32 @@ void GenerateCall::Carry(const internal::v1::TokenBatch& batch) {
   const bool hands_over = chain_->HandsOver(batch);
   if (batch.has_esp_moved()) {
     if (!hands_over || !chain_->HasNext()) {
-      End(absl::InternalError("the last elastic master moved on"));
+      End(absl::InternalError(chain_->HasNext() ? "an elastic member moved the master out of turn"
+                                                : "the last elastic master moved on"));
       return;
     }
-    MoveCarrier();
-    if (phase_ != CallPhase::kEnded) SendMoveMaster(batch.esp_moved());
+    MoveCarrier(&batch.esp_moved());
     return;
   }
   RelayBatch(batch);
   if (hands_over && chain_->HasNext() && phase_ != CallPhase::kEnded &&
       phase_ != CallPhase::kFinalHeld) {
-    MoveCarrier();
+    MoveCarrier(nullptr);
   }
 }
 
-void GenerateCall::MoveCarrier() {
+void GenerateCall::MoveCarrier(const internal::v1::EspMasterState* state) {
   CarrierChain::Held held = chain_->Advance();
   const size_t carrier = chain_->carrier();
   if (!Advance(CallEvent::kCarrierMoved)) return;
+  if (state != nullptr) SendMoveMaster(carrier, *state);
   for (const auto& b : held.batches) Carry(b);
   // Its close, once what it sent is replayed (which may have moved the
   // chain on again: then the close routes as a former carrier's).
   if (held.closed_ok && phase_ != CallPhase::kEnded) LockedOnStreamDone(carrier, grpc::Status::OK);
 }
 
-void GenerateCall::SendMoveMaster(const internal::v1::EspMasterState& state) {
-  const size_t next = chain_->carrier();
+void GenerateCall::SendMoveMaster(size_t next, const internal::v1::EspMasterState& state) {
   auto request = std::make_shared<internal::v1::EspMoveRequest>();
   request->set_request_id(id_);
   *request->mutable_state() = state;
@@ -245,7 +245,7 @@ void GenerateCall::LockedOnStreamDone(size_t i, const grpc::Status& status) {
   // The carrier closed OK: its turn is over (an elastic sampler without a
   // first token), or it was the last stream the call waits for.
   if (phase_ != CallPhase::kFinalHeld && chain_->ClosingHandsOver() && chain_->HasNext()) {
-    MoveCarrier();
+    MoveCarrier(nullptr);
     return;
   }
   LastStreamClosed(status, StreamRole(i), placement_.instances[i]->id);

@@ -123,10 +123,12 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   void LockedOnStreamDone(size_t i, const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A batch of the carrier: relayed, and its hand-over followed.
   void Carry(const internal::v1::TokenBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The next carrier carries from now on: what it sent early is replayed.
-  void MoveCarrier() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Elastic: the next master takes over from `state`.
-  void SendMoveMaster(const internal::v1::EspMasterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next carrier carries from now on (an elastic master taking over
+  // from `state` first, when given): what it sent early is replayed.
+  void MoveCarrier(const internal::v1::EspMasterState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic: the master on instance `next` takes over from `state`.
+  void SendMoveMaster(size_t next, const internal::v1::EspMasterState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnMoveFailed(size_t i, const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   // What stream i is called in errors ("language", "decode", "elastic member").
   const char* StreamRole(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
