@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
