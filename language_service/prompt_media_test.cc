@@ -27,7 +27,7 @@ TEST_CASE("raw text lists image and video placeholders in order", "[prompt_media
       WithKinds({v1::MEDIA_KIND_VIDEO, v1::MEDIA_KIND_IMAGE, v1::MEDIA_KIND_VIDEO});
   r.mutable_raw()->set_text(video + "a" + image + image.substr(0, 5) + video + "?");
   std::vector<MediaKind> slots;
-  auto text = RenderPrompt(r, &slots);
+  auto text = RenderPrompt(r, model::ChatFamily::kQwen2Vl, &slots);
   REQUIRE(text.ok());
   CHECK(*text == r.raw().text());
   CHECK(slots == std::vector<MediaKind>{MediaKind::kVideo, MediaKind::kImage, MediaKind::kVideo});
@@ -52,13 +52,28 @@ TEST_CASE("chat video parts render as video placeholders", "[prompt_media]") {
   m->add_content()->set_text("and");
   m->add_content()->mutable_video();
   std::vector<MediaKind> slots;
-  auto text = RenderPrompt(r, &slots);
+  auto text = RenderPrompt(r, model::ChatFamily::kQwen3Vl, &slots);
   REQUIRE(text.ok());
   CHECK(text->find(std::string(model::kQwen2VlImagePlaceholder) + "and" +
                    model::kQwen2VlVideoPlaceholder) != std::string::npos);
   CHECK(slots == std::vector<MediaKind>{MediaKind::kImage, MediaKind::kVideo});
   CHECK(CheckPromptMedia(slots, r).ok());
   CHECK(MediaKindToProto(MediaKind::kVideo) == v1::MEDIA_KIND_VIDEO);
+}
+
+TEST_CASE("a chat renders in the served model's family format", "[prompt_media]") {
+  v1::PrefillRequest r;
+  mmserve::v1::ChatMessage* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->add_content()->set_text("hi");
+  std::vector<MediaKind> slots;
+  CHECK(*RenderPrompt(r, model::ChatFamily::kQwen3, &slots) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK(RenderPrompt(r, model::ChatFamily::kQwen2Vl, &slots)
+            ->rfind("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", 0) == 0);
+  m->add_content()->mutable_image();
+  CHECK(RenderPrompt(r, model::ChatFamily::kQwen25, &slots).status().message() ==
+        "message 0: this model does not accept images");
 }
 
 }  // namespace
