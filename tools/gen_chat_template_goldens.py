@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes model/testdata/chat_template_goldens.json: a corpus of chats
 rendered by each model family's own Jinja chat template, for
-model/chat_family_test.cc (byte-for-byte comparison with model/chat_template.h).
+model/chat_template_tools_test.cc (byte-for-byte comparison with
+model/chat_template.h).
 
 The templates below are the checkpoints' own, verbatim (data, not code of
 ours); each names where its text was taken from. They are rendered the way
