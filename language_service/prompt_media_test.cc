@@ -76,5 +76,31 @@ TEST_CASE("a chat renders in the served model's family format", "[prompt_media]"
         "message 0: this model does not accept images");
 }
 
+TEST_CASE("the chat's enable_thinking and reasoning_content reach the Qwen3 format",
+          "[prompt_media]") {
+  v1::PrefillRequest r;
+  mmserve::v1::Chat* chat = r.mutable_chat();
+  mmserve::v1::ChatMessage* user = chat->add_messages();
+  user->set_role("user");
+  user->add_content()->set_text("q");
+  mmserve::v1::ChatMessage* answer = chat->add_messages();
+  answer->set_role("assistant");
+  answer->add_content()->set_text("a");
+  answer->set_reasoning_content("r");
+  chat->set_add_generation_prompt(false);
+  std::vector<MediaKind> slots;
+  CHECK(*RenderPrompt(r, model::ChatFamily::kQwen3, &slots) ==
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\na"
+        "<|im_end|>\n");
+  chat->mutable_messages()->RemoveLast();
+  chat->clear_add_generation_prompt();
+  chat->set_enable_thinking(false);
+  CHECK(*RenderPrompt(r, model::ChatFamily::kQwen3, &slots) ==
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  user->set_reasoning_content("not mine");
+  CHECK(RenderPrompt(r, model::ChatFamily::kQwen3, &slots).status().message() ==
+        "message 0: only assistant messages carry reasoning_content");
+}
+
 }  // namespace
 }  // namespace mmserve::language

@@ -94,6 +94,10 @@ absl::Status CheckMessage(ChatFamily family, const ChatMessage& m, size_t i) {
     return absl::InvalidArgumentError(
         absl::StrCat("message ", i, ": only assistant messages make tool calls"));
   }
+  if (m.reasoning_content && m.role != "assistant") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message ", i, ": only assistant messages carry reasoning_content"));
+  }
   for (const ChatPart& part : m.parts) {
     if (part.kind == ChatPart::Kind::kText) continue;
     const char* what = part.kind == ChatPart::Kind::kVideo ? "videos" : "images";

@@ -107,8 +107,8 @@ enum class ChatFamily { kQwen2Vl, kQwen25, kQwen3, kQwen3Vl };
 
 // InvalidArgument for an empty chat, an unknown role, a misplaced system
 // message, an image or video outside a user message (or anywhere, for a
-// text-only family), tool calls outside an assistant message, or tool
-// parameters or call arguments that are not JSON.
+// text-only family), tool calls or reasoning_content outside an assistant
+// message, or tool parameters or call arguments that are not JSON.
 [[nodiscard]] absl::StatusOr<std::string> RenderChat(ChatFamily family,
                                                      const std::vector<ChatMessage>& messages,
                                                      const ChatOptions& options);
