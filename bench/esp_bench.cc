@@ -36,6 +36,9 @@ ABSL_FLAG(int64_t, prompt, 1024, "prompt tokens");
 ABSL_FLAG(int, layers, 4, "decoder layers (Qwen2-0.5B has 24; the ratios are per layer)");
 ABSL_FLAG(int, rounds, 3, "alternating rounds");
 ABSL_FLAG(int, decode_steps, 16, "decode steps per timed run");
+ABSL_FLAG(int64_t, vocab, 0,
+          "vocabulary size (0: Qwen2's 151936; a small one keeps the decode step's LM head "
+          "from outweighing a few layers)");
 
 namespace mmserve {
 namespace {
@@ -47,9 +50,10 @@ namespace transfer = mmserve::transfer;
 
 using Node = bench::EspBenchNode;
 
-TextConfig Dims(int layers) {
+TextConfig Dims(int layers, int64_t vocab) {
   TextConfig cfg = Qwen2HalfBDims();
   cfg.num_hidden_layers = layers;
+  if (vocab > 0) cfg.vocab_size = vocab;
   return cfg;
 }
 
@@ -146,7 +150,7 @@ void Round(transfer::UcxContext& ctx, const TextConfig& cfg, const model::Qwen2W
 
 int Main() {
   const int64_t len = absl::GetFlag(FLAGS_prompt);
-  const TextConfig cfg = Dims(absl::GetFlag(FLAGS_layers));
+  const TextConfig cfg = Dims(absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_vocab));
   const auto weights = model::Qwen2Weights::Random(cfg, model::DType::kBF16, /*seed=*/1);
   auto ctx = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
   CHECK_OK(ctx.status());

@@ -30,7 +30,7 @@
 #include "common/clock.h"
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar.h"
-#include "grammar/test_util.h"
+#include "grammar/grammar_testing.h"
 
 namespace mmserve::grammar {
 namespace {

@@ -32,8 +32,8 @@
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "transfer/payload_testing.h"
 #include "transfer/peer_process.h"
-#include "transfer/test_payload.h"
 #include "transfer/transfer_engine.h"
 
 ABSL_FLAG(int, rounds, 5,

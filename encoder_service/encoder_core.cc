@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "model/image_preprocess.h"
 #include "model/video_request.h"
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 namespace mmserve::encoder {
 namespace {
@@ -268,8 +268,12 @@ void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::S
 
 absl::StatusOr<model::ImagePatches> EncoderCore::Preprocess(const ImageWork& w) const {
   if (w.video != nullptr) {
-    return model::LoadVideo(*w.video, *config_.preprocessor, options_.video_limits,
-                            options_.decode_limits);
+    ASSIGN_OR_RETURN(model::ImagePatches p,
+                     model::LoadVideo(*w.video, *config_.preprocessor, options_.video_limits,
+                                      options_.decode_limits));
+    p.grid.time_step = config_.VideoTimeStep(
+        w.video->has_fps() ? std::optional<double>(w.video->fps()) : std::nullopt);
+    return p;
   }
   ASSIGN_OR_RETURN(const model::RgbImage rgb, model::DecodeImage(w.data, options_.decode_limits));
   return model::PreprocessImage(rgb, *config_.preprocessor);
@@ -443,10 +447,12 @@ void EncoderCore::Publish(Work& w) {
     return;
   }
   const int merge = e.grid.merge_size;
-  const transfer::ImageRowsHeader header{
-      .image_index = image.image_index,
-      .fill_id = transfer::ImageFillId(image.hash.low),
-      .grid = {.t = e.grid.grid_t, .rows = e.grid.grid_h / merge, .cols = e.grid.grid_w / merge}};
+  const transfer::ImageRowsHeader header{.image_index = image.image_index,
+                                         .fill_id = transfer::ImageFillId(image.hash.low),
+                                         .grid = {.t = e.grid.grid_t,
+                                                  .rows = e.grid.grid_h / merge,
+                                                  .cols = e.grid.grid_w / merge,
+                                                  .time_step = e.grid.time_step}};
   transfer::EmbeddingBuffer& buffer = engine_.buffer();
   // Load checked a float buffer of the tower's width and AllocWait gave n
   // tokens: a failure would be the encoder's own bug.

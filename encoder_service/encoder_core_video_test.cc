@@ -19,7 +19,7 @@
 #include "model/safetensors.h"
 #include "model/video_request.h"
 #include "model/vision_tower.h"
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 #include "transfer/transfer_engine.h"
 
 namespace mmserve::encoder {

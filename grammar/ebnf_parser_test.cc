@@ -4,7 +4,7 @@
 #include <string>
 
 #include "grammar/grammar.h"
-#include "grammar/test_util.h"
+#include "grammar/grammar_testing.h"
 
 namespace mmserve::grammar {
 namespace {

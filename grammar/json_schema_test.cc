@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_testing.h"
 #include "grammar/schema_corpus.h"
-#include "grammar/test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace mmserve::grammar {

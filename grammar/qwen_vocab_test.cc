@@ -9,8 +9,8 @@
 
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_testing.h"
 #include "grammar/schema_corpus.h"
-#include "grammar/test_util.h"
 
 namespace mmserve::grammar {
 namespace {

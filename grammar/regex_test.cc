@@ -2,8 +2,8 @@
 #include <string>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_testing.h"
 #include "grammar/regex_parser.h"
-#include "grammar/test_util.h"
 
 namespace mmserve::grammar {
 namespace {

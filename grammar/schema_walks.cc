@@ -7,8 +7,8 @@
 #include <random>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_testing.h"
 #include "grammar/schema_corpus.h"
-#include "grammar/test_util.h"
 
 int main(int argc, char** argv) {
   using namespace mmserve::grammar;

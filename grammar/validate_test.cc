@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
-#include "grammar/test_util.h"
+#include "grammar/grammar_testing.h"
 
 namespace mmserve::grammar {
 namespace {

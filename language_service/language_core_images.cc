@@ -16,7 +16,7 @@
 #include "model/chat_template.h"
 #include "model/sampling_proto.h"
 #include "proto/encoder.grpc.pb.h"
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 namespace mmserve::language {
 namespace {
@@ -203,6 +203,7 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
   // The kind was set from the prompt's slot when the request came in.
   e.grid = model::ImageGrid::FromThw(grid->t, grid->rows * merge, grid->cols * merge, merge,
                                      e.grid.kind);
+  e.grid.time_step = grid->time_step;
   if (options_.mm_handoff == MmHandoff::kAsync && image->buffered_tokens() == 0 &&
       image->tail_blocks().has_value()) {
     // Seed 000: the rows stay where UCX wrote them (memory every rank maps);

@@ -31,6 +31,7 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
     span->set_grid_h(static_cast<uint32_t>(h.grid.grid_h));
     span->set_grid_w(static_cast<uint32_t>(h.grid.grid_w));
     span->set_kind(MediaKindToProto(h.grid.kind));
+    if (h.grid.time_step != 1) span->set_time_step(static_cast<uint32_t>(h.grid.time_step));
     span->mutable_content_hash()->set_high(h.key.high);
     span->mutable_content_hash()->set_low(h.key.low);
   }

@@ -63,6 +63,13 @@ absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
     h.grid = model::ImageGrid::FromThw(static_cast<int>(s.grid_t()), static_cast<int>(s.grid_h()),
                                        static_cast<int>(s.grid_w()));
     ASSIGN_OR_RETURN(h.grid.kind, MediaKindFromProto(s.kind()));
+    if (s.has_time_step()) {
+      if (int64_t{s.grid_t() - 1} * s.time_step() > INT32_MAX) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hand-off image ", out.size(), " has time step ", s.time_step()));
+      }
+      h.grid.time_step = static_cast<int>(s.time_step());
+    }
     h.key = ContentHash{s.content_hash().high(), s.content_hash().low()};
     out.push_back(h);
   }

@@ -28,8 +28,8 @@
 #include "model/cpu/split_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/esp_local_exchange.h"
-#include "model/esp_test_util.h"
-#include "model/qwen2_golden_util.h"
+#include "model/esp_testing.h"
+#include "model/qwen2_golden_testing.h"
 #include "model/qwen2_model.h"
 
 namespace mmserve::model {

@@ -41,6 +41,11 @@ struct ImageGrid {
   // tower treats both kinds alike, the prompt places a video's tokens on
   // <|video_pad|>.
   MediaKind kind = MediaKind::kImage;
+  // How far the M-RoPE time position advances per temporal patch
+  // (mrope_positions.h): 1 but for Qwen2.5-VL's videos, whose time axis is
+  // scaled to seconds (ModelConfig::VideoTimeStep). 0 is allowed: every
+  // temporal patch then sits at the same time position.
+  int time_step = 1;
 
   // A grid from (t, h, w) patch counts, as image_grid_thw (or
   // video_grid_thw, with kind kVideo) lists them.

@@ -1,5 +1,6 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -375,6 +376,14 @@ absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& te
     if (!(s > 0)) return f.Error("image_std must be positive");
   }
   return p;
+}
+
+int ModelConfig::VideoTimeStep(std::optional<double> fps) const {
+  if (!vision || vision->arch != VisionConfig::Arch::kQwen25Vl) return 1;
+  const int patch = preprocessor ? preprocessor->temporal_patch_size : vision->temporal_patch_size;
+  // Bounded so that positions stay far inside int32 for any positive fps.
+  const float seconds = std::min(static_cast<float>(patch / fps.value_or(2.0)), 65536.0f);
+  return static_cast<int>(seconds) * vision->tokens_per_second;
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {

@@ -131,6 +131,14 @@ struct ModelConfig {
   SpecialTokenIds tokens;
   GenerationDefaults generation;
   std::optional<PreprocessorConfig> preprocessor;
+
+  // The M-RoPE time step of a video's temporal patches (ImageGrid::time_step)
+  // when the request sampled it at `fps` (unset: the processor's default
+  // of 2). 1 for Qwen2-VL. Qwen2.5-VL follows transformers 4.57's
+  // get_rope_index: seconds per temporal patch (temporal_patch_size / fps,
+  // as float32) truncated to an integer, times tokens_per_second (vLLM keeps
+  // the fraction; at the default 2 fps both give tokens_per_second).
+  int VideoTimeStep(std::optional<double> fps) const;
 };
 
 // Parses config.json text. `origin` names it in errors.

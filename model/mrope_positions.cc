@@ -77,13 +77,14 @@ absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> i
     for (int a = 0; a < gt; ++a) {
       for (int b = 0; b < gh; ++b) {
         for (int c = 0; c < gw; ++c) {
-          p.t.push_back(next + a);
+          p.t.push_back(next + a * g.time_step);
           p.h.push_back(next + b);
           p.w.push_back(next + c);
         }
       }
     }
-    next += std::max({gt, gh, gw});
+    // The text after it resumes past the largest position used.
+    next += std::max({(gt - 1) * g.time_step, gh - 1, gw - 1}) + 1;
     i += run;
   }
   if (item != grids.size()) {

@@ -14,8 +14,9 @@
 // grid's kind says which pad its run holds. Text tokens advance all three
 // components together. An image's or video's tokens sit on a (t, h, w) grid
 // of merged patches (t: the video's temporal patches, 1 for an image) offset
-// by the position after the preceding text; the text after it resumes from
-// the largest position used plus one. Thread-safe (pure functions).
+// by the position after the preceding text (temporal patch a at time
+// a * grid.time_step); the text after it resumes from the largest position
+// used plus one. Thread-safe (pure functions).
 #ifndef MMSERVE_MODEL_MROPE_POSITIONS_H_
 #define MMSERVE_MODEL_MROPE_POSITIONS_H_
 

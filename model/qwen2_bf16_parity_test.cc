@@ -23,7 +23,7 @@
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
 #include "model/model_config.h"
-#include "model/qwen2_golden_util.h"
+#include "model/qwen2_golden_testing.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_test_runner.h"
 #include "model/qwen2_weights.h"

@@ -2,7 +2,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "model/testing_tiny_tokenizer.h"
+#include "model/tiny_tokenizer_testing.h"
 
 namespace mmserve::model {
 namespace {

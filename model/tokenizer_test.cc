@@ -10,7 +10,7 @@
 #include "model/byte_level.h"
 #include "model/detokenizer.h"
 #include "model/qwen2_pretokenizer.h"
-#include "model/testing_tiny_tokenizer.h"
+#include "model/tiny_tokenizer_testing.h"
 
 namespace mmserve::model {
 namespace {

@@ -10,12 +10,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/model_config.h"
 #include "model/mrope_positions.h"
-#include "model/qwen2_golden_util.h"
+#include "model/qwen2_golden_testing.h"
 #include "model/safetensors.h"
 
 namespace mmserve::model {
@@ -208,7 +209,8 @@ TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") 
 }
 
 using json = nlohmann::json;
-constexpr const char* kModels[] = {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"};
+constexpr const char* kModels[] = {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded",
+                                   "qwen25vl-tiny"};
 
 json Golden() { return ReadJsonFile(std::string(kData) + "video_goldens/video_lm.json"); }
 
@@ -257,35 +259,55 @@ std::vector<int32_t> Collapse(const std::vector<int32_t>& ids, const MediaPadIds
 
 TEST_CASE("video placeholders expand and get get_rope_index's positions", "[video]") {
   const json g = Golden();
-  auto cfg = LoadModelConfig(std::string(kData) + "models/" + kModels[0]);
-  REQUIRE(cfg.ok());
-  const MediaPadIds pads{.image = cfg->tokens.image_pad, .video = cfg->tokens.video_pad};
-  REQUIRE(pads.video >= 0);
-  int chats = 0;
-  for (const json& c : g["models"][kModels[0]]) {
-    INFO(c["name"].get<std::string>());
-    const std::vector<int32_t> ids = c["input_ids"];
-    // Grids in order of appearance: the rendered text says which comes first.
-    std::vector<ImageGrid> grids;
-    size_t video = 0, image = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (!pads.IsPad(ids[i]) || (i > 0 && ids[i - 1] == ids[i])) continue;
-      grids.push_back(ids[i] == pads.video
-                          ? GridOf(c["video_grid_thw"][video++], MediaKind::kVideo)
-                          : GridOf(c["image_grid_thw"][image++], MediaKind::kImage));
+  // Qwen2-VL's, and Qwen2.5-VL's with the time axis scaled by each chat's
+  // fps (second_per_grid_ts and tokens_per_second).
+  for (const char* name : {kModels[0], kModels[2]}) {
+    INFO(name);
+    auto cfg = LoadModelConfig(std::string(kData) + "models/" + name);
+    REQUIRE(cfg.ok());
+    const MediaPadIds pads{.image = cfg->tokens.image_pad, .video = cfg->tokens.video_pad};
+    REQUIRE(pads.video >= 0);
+    int chats = 0, scaled = 0;
+    for (const json& c : g["models"][name]) {
+      INFO(c["name"].get<std::string>());
+      const std::vector<int32_t> ids = c["input_ids"];
+      std::optional<double> fps;
+      if (c.contains("fps") && !c["fps"].is_null()) fps = c["fps"].get<double>();
+      const int time_step = cfg->VideoTimeStep(fps);
+      scaled += time_step != 1;
+      // Grids in order of appearance: the rendered text says which comes first.
+      std::vector<ImageGrid> grids;
+      size_t video = 0, image = 0;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (!pads.IsPad(ids[i]) || (i > 0 && ids[i - 1] == ids[i])) continue;
+        grids.push_back(ids[i] == pads.video
+                            ? GridOf(c["video_grid_thw"][video++], MediaKind::kVideo)
+                            : GridOf(c["image_grid_thw"][image++], MediaKind::kImage));
+        if (ids[i] == pads.video) grids.back().time_step = time_step;
+      }
+      auto expanded = ExpandImagePlaceholders(Collapse(ids, pads), pads, grids);
+      REQUIRE(expanded.ok());
+      CHECK(*expanded == ids);
+      auto p = ComputeMropePositions(ids, pads, grids, 2);
+      REQUIRE(p.ok());
+      CHECK(p->t == c["position_ids"][0].get<std::vector<int32_t>>());
+      CHECK(p->h == c["position_ids"][1].get<std::vector<int32_t>>());
+      CHECK(p->w == c["position_ids"][2].get<std::vector<int32_t>>());
+      CHECK(p->delta == c["rope_delta"].get<int32_t>());
+      ++chats;
     }
-    auto expanded = ExpandImagePlaceholders(Collapse(ids, pads), pads, grids);
-    REQUIRE(expanded.ok());
-    CHECK(*expanded == ids);
-    auto p = ComputeMropePositions(ids, pads, grids, 2);
-    REQUIRE(p.ok());
-    CHECK(p->t == c["position_ids"][0].get<std::vector<int32_t>>());
-    CHECK(p->h == c["position_ids"][1].get<std::vector<int32_t>>());
-    CHECK(p->w == c["position_ids"][2].get<std::vector<int32_t>>());
-    CHECK(p->delta == c["rope_delta"].get<int32_t>());
-    ++chats;
+    if (name == kModels[0]) {
+      CHECK(chats == 3);
+      CHECK(scaled == 0);
+    } else {
+      // tokens_per_second 2: 2 at the default 2 fps, 4 at 1 fps, 0 at 4 fps.
+      CHECK(chats == 5);
+      CHECK(scaled == 5);
+      CHECK(cfg->VideoTimeStep(std::nullopt) == 2);
+      CHECK(cfg->VideoTimeStep(1.0) == 4);
+      CHECK(cfg->VideoTimeStep(4.0) == 0);
+    }
   }
-  CHECK(chats == 3);
 }
 
 TEST_CASE("a video's temporal patches run in pieces give the whole's rows", "[vision]") {

@@ -106,10 +106,6 @@ absl::Status ValidateVideos(const RouterOptions& options,
     ++k;
   }
   if (videos > 0 && !options.config.vision) return Invalid("this model does not accept videos");
-  // Qwen2.5-VL times a video's positions by its frame rate; not built yet.
-  if (videos > 0 && options.config.model_type == "qwen2_5_vl") {
-    return Invalid("videos are not supported yet for Qwen2.5-VL models; send frames as images");
-  }
   if (videos > 0 && static_cast<int>(media.size()) > options.max_images) {
     return Invalid(absl::StrCat(media.size(), " images and videos; at most ", options.max_images,
                                 " per request"));

@@ -118,10 +118,6 @@ TEST_CASE("hostile videos are refused with the reason before any decode") {
   RouterOptions few = Options();
   few.max_images = 1;
   CheckRefused(PrepareRequest(few, Chat()).status(), "2 images and videos; at most 1");
-  RouterOptions qwen25 = Options();
-  qwen25.config.model_type = "qwen2_5_vl";
-  CheckRefused(PrepareRequest(qwen25, Chat()).status(),
-               "videos are not supported yet for Qwen2.5-VL models");
 }
 
 TEST_CASE("the OpenAI video_url part takes a data: or http(s) URL and sampling options") {

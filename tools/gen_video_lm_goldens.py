@@ -12,6 +12,7 @@ model/testdata/video_goldens/ (about 300 KB):
   video_lm.json                     videos (frame count, size, grid_thw) and,
                                     per model, chats: rendered text, input_ids,
                                     grids, position_ids, rope_delta, 16 greedy ids
+                                    (Qwen2.5-VL's also fps and second_per_grid_ts)
   <model>/video_lm.safetensors      vision_out.<videos> (tower on both videos
                                     in one call), logits_last.<chat>
 
@@ -29,7 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from transformers import (AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLProcessor,
+from transformers import (AutoTokenizer, Qwen2_5_VLForConditionalGeneration,
+                          Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor,
                           Qwen2VLVideoProcessor)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +40,9 @@ from golden_util import (generate_greedy, load_model, start_script,  # noqa: E40
 from vision_goldens import draw_image  # noqa: E402
 
 SEED = 20261125
-MODELS = ["qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded"]
+# Qwen2.5-VL (written by gen_qwen25vl_goldens.py) scales the M-RoPE time axis
+# by second_per_grid_ts (temporal_patch_size / fps) and tokens_per_second.
+MODELS = ["qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-untied-sharded", "qwen25vl-tiny"]
 N_NEW = 16
 # Video pixel bounds (the tiny image bounds allow no frame under 56x56).
 VIDEO_MIN_PIXELS = 28 * 28
@@ -59,6 +63,17 @@ CHATS = [
      [{"type": "video"}, {"type": "text", "text": " then "}, {"type": "video"},
       {"type": "text", "text": " Which is longer?"}]),
 ]
+# Chats only the Qwen2.5-VL model gets, with the processor's fps (the frames
+# are given as they are; fps only sets second_per_grid_ts): 1 fps gives two
+# seconds per temporal patch, 4 fps half a second (transformers truncates it
+# to 0: every temporal patch at one time position).
+FPS_CHATS = [
+    ("one_video_fps1", ["clip5x56x28"], [], 1.0,
+     [{"type": "video"}, {"type": "text", "text": "What happens here?"}]),
+    ("video_and_image_fps4", ["clip4x56x56"], ["square56"], 4.0,
+     [{"type": "text", "text": "Compare "}, {"type": "video"}, {"type": "text", "text": " with "},
+      {"type": "image"}, {"type": "text", "text": "."}]),
+]
 
 
 def draw_frames(name, n, w, h, seed):
@@ -76,8 +91,10 @@ def main():
     video_proc = Qwen2VLVideoProcessor(
         min_pixels=VIDEO_MIN_PIXELS, max_pixels=VIDEO_MAX_PIXELS,
         image_mean=image_proc.image_mean, image_std=image_proc.image_std)
-    processor = Qwen2VLProcessor(image_processor=image_proc, tokenizer=tok,
-                                 video_processor=video_proc, chat_template=tok.chat_template)
+    processors = {
+        cls: cls(image_processor=image_proc, tokenizer=tok, video_processor=video_proc,
+                 chat_template=tok.chat_template)
+        for cls in (Qwen2VLProcessor, Qwen2_5_VLProcessor)}
 
     frames, pixels, videos = {}, {}, []
     for i, (name, n, w, h) in enumerate(VIDEOS):
@@ -90,14 +107,22 @@ def main():
     write_safetensors(os.path.join(out, "video_pixels.safetensors"), pixels, {"seed": SEED})
 
     images = {}
-    for _, _, names, _ in CHATS:
-        for n in names:
+    for chat in CHATS + FPS_CHATS:
+        for n in chat[2]:
             images[n] = Image.open(os.path.join(testdata, "goldens", "images", n + ".png"))
             images[n].load()
 
     per_model = {}
     for model_name in MODELS:
-        model = load_model(os.path.join(models_dir, model_name), torch.float32)
+        qwen25 = model_name.startswith("qwen25vl")
+        if qwen25:
+            model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+                os.path.join(models_dir, model_name), dtype=torch.float32,
+                attn_implementation="eager")
+            model.eval()
+        else:
+            model = load_model(os.path.join(models_dir, model_name), torch.float32)
+        processor = processors[Qwen2_5_VLProcessor if qwen25 else Qwen2VLProcessor]
         tensors, chats = {}, []
         names = [v[0] for v in VIDEOS]
         batch = video_proc(videos=[frames[n] for n in names], return_tensors="pt")
@@ -105,15 +130,26 @@ def main():
             vout = model.model.visual(batch["pixel_values_videos"],
                                       grid_thw=batch["video_grid_thw"])
         tensors["vision_out." + "+".join(names)] = vout.float()
-        for chat_name, vids, imgs, content in CHATS:
+        chats_here = [(n, v, i, None, c) for n, v, i, c in CHATS]
+        if qwen25:
+            chats_here += FPS_CHATS
+        for chat_name, vids, imgs, fps, content in chats_here:
             messages = [{"role": "user", "content": content}]
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            kwargs = {} if fps is None else {"fps": fps}
             inputs = processor(text=[text], videos=[frames[n] for n in vids],
-                               images=[images[n] for n in imgs] or None, return_tensors="pt")
+                               images=[images[n] for n in imgs] or None, return_tensors="pt",
+                               **kwargs)
             with torch.no_grad():
-                pos, delta = model.model.get_rope_index(
-                    inputs["input_ids"], inputs.get("image_grid_thw"), inputs["video_grid_thw"],
-                    inputs["attention_mask"])
+                if qwen25:
+                    pos, delta = model.model.get_rope_index(
+                        inputs["input_ids"], inputs.get("image_grid_thw"),
+                        inputs["video_grid_thw"], inputs["second_per_grid_ts"],
+                        inputs["attention_mask"])
+                else:
+                    pos, delta = model.model.get_rope_index(
+                        inputs["input_ids"], inputs.get("image_grid_thw"),
+                        inputs["video_grid_thw"], inputs["attention_mask"])
                 logits = model(**inputs).logits[0].float()
             tensors[f"logits_last.{chat_name}"] = logits[-1]
             new, _, margins = generate_greedy(model, tok, inputs, N_NEW)
@@ -126,6 +162,9 @@ def main():
                 "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0]),
                 "greedy_ids": new, "greedy_top2_margin": margins,
             })
+            if qwen25:
+                chats[-1]["fps"] = fps
+                chats[-1]["second_per_grid_ts"] = inputs["second_per_grid_ts"].tolist()
         write_safetensors(os.path.join(out, model_name, "video_lm.safetensors"), tensors,
                           {"model": model_name, "seed": SEED})
         per_model[model_name] = chats
@@ -141,7 +180,9 @@ def main():
                   "stacked), logits_last.<chat> [vocab]. Chats: processor(text=chat template, "
                   "videos, images) expands each <|video_pad|> to t*h*w/4 copies; position_ids "
                   "[3][L] from get_rope_index(ids, image_grid_thw, video_grid_thw); rope_delta "
-                  "as in mm_golden.json; greedy_ids: 16 greedy tokens (eos masked)."
+                  "as in mm_golden.json; greedy_ids: 16 greedy tokens (eos masked). qwen25vl-tiny: "
+                  "Qwen2_5_VLProcessor (fps: the processor's, null for its default 2), "
+                  "get_rope_index(ids, image_grid_thw, video_grid_thw, second_per_grid_ts)."
                   % (__import__("transformers").__version__, VIDEO_MIN_PIXELS,
                      VIDEO_MAX_PIXELS)),
         "video_min_pixels": VIDEO_MIN_PIXELS, "video_max_pixels": VIDEO_MAX_PIXELS,

@@ -12,6 +12,9 @@ loads the vision tower). About 1 GB.
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-0.5b-random
     # fewer decoder layers (quicker benchmarks of what is not the layers):
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4
+    # a small vocabulary (the demo tokenizer's ids are below 1038), so that
+    # the LM head does not outweigh a few layers (esp_experiment.sh):
+    python3 tools/make_random_qwen2.py --out /tmp/qwen2-2l --layers 2 --vocab 2048
     # Qwen2's real vocabulary (bench:constrained_bench):
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4 \\
         --qwen_vocab grammar/testdata/qwen2_vocab.bin
@@ -64,6 +67,7 @@ def bytes_to_unicode():
 
 DEMO_SPECIAL = range(1024, 1038)  # the demo's added tokens: Qwen2-VL's, in its order
 QWEN_SPECIAL_SHIFT = 151643 - 1024  # Qwen2's first added token id
+DEMO_VOCAB = DEMO_SPECIAL.stop  # the demo tokenizer's ids are all below this
 
 
 def read_vocab_file(path):
@@ -125,10 +129,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--layers", type=int, default=DIMS["num_hidden_layers"],
                     help="decoder layers (Qwen2-0.5B has 24)")
+    ap.add_argument("--vocab", type=int, default=DIMS["vocab_size"],
+                    help="vocabulary size (Qwen2 has 151936; the demo tokenizer needs 1038)")
     ap.add_argument("--qwen_vocab", default="",
                     help="Qwen2's vocabulary file (grammar/testdata/qwen2_vocab.bin)")
     args = ap.parse_args()
     DIMS["num_hidden_layers"] = args.layers
+    if args.vocab < DEMO_VOCAB or (args.qwen_vocab and args.vocab < DIMS["vocab_size"]):
+        raise SystemExit("--vocab %d: the tokenizer's ids need at least %d" % (
+            args.vocab, DIMS["vocab_size"] if args.qwen_vocab else DEMO_VOCAB))
+    DIMS["vocab_size"] = args.vocab
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.demo, "config.json")) as f:
         cfg = json.load(f)

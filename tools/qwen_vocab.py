@@ -10,7 +10,7 @@ The source is `qwen.tiktoken` (base64 token, rank per line) as the Apache-2.0
 
 Output: b"MMVOCAB1", a little-endian uint32 token count, then per token id in
 order one length byte and the token's bytes. Read by QwenVocabulary in
-grammar/test_util.h.
+grammar/grammar_testing.h.
 """
 import base64
 import struct

@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "transfer/payload_testing.h"
 #include "transfer/peer_process.h"
-#include "transfer/test_payload.h"
 #include "transfer/transfer_engine.h"
 
 namespace mmserve::transfer {

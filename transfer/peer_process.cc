@@ -17,11 +17,11 @@ namespace mmserve::transfer {
 
 std::string PeerBinaryPath() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  if (srcdir != nullptr) return absl::StrCat(srcdir, "/mmserve/transfer/transfer_peer");
+  if (srcdir != nullptr) return absl::StrCat(srcdir, "/mmserve/tests/peers/transfer_peer");
   char self[4096] = {};
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::string exe(self, n > 0 ? n : 0);
-  return absl::StrCat(exe, ".runfiles/mmserve/transfer/transfer_peer");
+  return absl::StrCat(exe, ".runfiles/mmserve/tests/peers/transfer_peer");
 }
 
 absl::StatusOr<std::unique_ptr<PeerProcess>> PeerProcess::Spawn(

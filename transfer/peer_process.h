@@ -23,7 +23,7 @@
 
 namespace mmserve::transfer {
 
-// Path of transfer/transfer_peer in this binary's runfiles.
+// Path of tests/peers/transfer_peer in this binary's runfiles.
 std::string PeerBinaryPath();
 
 class PeerProcess {

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "transfer/test_payload.h"
+#include "transfer/payload_testing.h"
 #include "transfer/transfer_engine.h"
 
 namespace mmserve::transfer {

@@ -163,9 +163,6 @@ absl::Status Load(const EngineOptions& options, EngineModel& m) {
                                                   : m.tokenizer->TokenToId("<|image_pad|>");
   m.video_pad_id = m.config.tokens.video_pad >= 0 ? m.config.tokens.video_pad
                                                   : m.tokenizer->TokenToId("<|video_pad|>");
-  // Qwen2.5-VL scales a video's time positions by its frame rate, which the
-  // media grids do not carry yet: its videos are refused (the router says so).
-  if (m.config.model_type == "qwen2_5_vl") m.video_pad_id = -1;
   return absl::OkStatus();
 }
 

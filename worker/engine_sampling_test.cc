@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/cpu/thread_pool.h"
-#include "model/qwen2_golden_util.h"
+#include "model/qwen2_golden_testing.h"
 #include "model/sampling.h"
 #include "worker/engine.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/esp_test_util.h"
+#include "model/esp_testing.h"
 #include "transfer/esp_kv_exchange.h"
 #include "transfer/esp_span_attention.h"
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
@@ -32,8 +33,12 @@ absl::StatusOr<std::vector<float>> Floats(const model::SafetensorsFile& f,
 // The items of a chat in order of appearance (from its expanded ids), with
 // their pixel values; rows not yet computed.
 absl::StatusOr<std::vector<std::pair<VideoGoldenItem, std::vector<float>>>> ItemsOf(
-    const json& c, const model::MediaPadIds& pads, const model::SafetensorsFile& video_pixels,
+    const json& c, const model::ModelConfig& config, const model::SafetensorsFile& video_pixels,
     const model::SafetensorsFile& image_pixels) {
+  const model::MediaPadIds pads{.image = config.tokens.image_pad, .video = config.tokens.video_pad};
+  // Qwen2.5-VL's chats name the processor's fps (null: its default).
+  std::optional<double> fps;
+  if (c.contains("fps") && !c["fps"].is_null()) fps = c["fps"].get<double>();
   std::vector<std::pair<VideoGoldenItem, std::vector<float>>> out;
   const std::vector<int32_t> ids = c["input_ids"];
   size_t video = 0, image = 0;
@@ -45,6 +50,7 @@ absl::StatusOr<std::vector<std::pair<VideoGoldenItem, std::vector<float>>>> Item
     item.name = is_video ? c["videos"][video++] : c["images"][image++];
     item.grid = model::ImageGrid::FromThw(
         thw[0], thw[1], thw[2], 2, is_video ? model::MediaKind::kVideo : model::MediaKind::kImage);
+    if (is_video) item.grid.time_step = config.VideoTimeStep(fps);
     item.key = HashBytes(absl::StrCat(is_video ? "video:" : "image:", item.name));
     ASSIGN_OR_RETURN(std::vector<float> pixels,
                      is_video ? Floats(video_pixels, "pixel_values_videos." + item.name)
@@ -85,7 +91,6 @@ absl::StatusOr<VideoGoldens> VideoGoldens::Load(const std::string& model) {
   ASSIGN_OR_RETURN(
       auto image_pixels,
       model::SafetensorsFile::Open(std::string(kData) + "goldens/image_processor.safetensors"));
-  const model::MediaPadIds pads{.image = config.tokens.image_pad, .video = config.tokens.video_pad};
   VideoGoldens out;
   for (const json& c : g["models"][model]) {
     VideoChat chat;
@@ -94,7 +99,7 @@ absl::StatusOr<VideoGoldens> VideoGoldens::Load(const std::string& model) {
     chat.input_ids = c["input_ids"].get<std::vector<int32_t>>();
     chat.greedy_ids = c["greedy_ids"].get<std::vector<int32_t>>();
     chat.rope_delta = c["rope_delta"];
-    ASSIGN_OR_RETURN(auto items, ItemsOf(c, pads, *video_pixels, *image_pixels));
+    ASSIGN_OR_RETURN(auto items, ItemsOf(c, config, *video_pixels, *image_pixels));
     for (auto& [item, pixels] : items) {
       const std::vector<model::ImageGrid> one = {item.grid};
       ASSIGN_OR_RETURN(item.rows, tower->Forward(pixels, one));

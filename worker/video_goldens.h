@@ -30,7 +30,7 @@ struct VideoGoldenItem {
 };
 
 struct VideoChat {
-  std::string name;  // one_video, video_and_image, two_videos
+  std::string name;  // one_video, video_and_image, two_videos (Qwen2.5-VL: and fps chats)
   std::string rendered;
   std::vector<int32_t> input_ids;  // expanded, as transformers' processor gives them
   std::vector<int32_t> greedy_ids;
@@ -45,7 +45,8 @@ struct VideoGoldens {
   std::vector<VideoChat> chats;
 
   // `model` is a directory name under model/testdata/models with video
-  // goldens (qwen2vl-tiny-mha-tied, qwen2vl-tiny-gqa2-untied-sharded).
+  // goldens (qwen2vl-tiny-mha-tied, qwen2vl-tiny-gqa2-untied-sharded,
+  // qwen25vl-tiny: its videos' grids carry the time step of their chat's fps).
   static absl::StatusOr<VideoGoldens> Load(const std::string& model);
 };
 

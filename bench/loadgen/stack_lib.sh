@@ -1,6 +1,7 @@
 # Sourced by the experiment scripts (disagg_experiment.sh, esp_experiment.sh):
 # a fresh launcher stack per run on ports the launcher picks (--port=0),
-# the demo model, one encoder, UCX shm, no HTTP, no restarts.
+# the demo model (or $model_dir: a text model, whose encoder then serves the
+# demo's vision tower), one encoder, UCX shm, no HTTP, no restarts.
 #
 #   bin=...; out=$(mktemp -d ...); source bench/loadgen/stack_lib.sh
 #   stack_start NAME [launcher flags...]  # sets $launcher, $address, $ports
@@ -18,8 +19,10 @@ trap stack_cleanup EXIT
 stack_start() {
   local name=$1
   shift
+  local demo="$PWD/models/shapes-demo" enc=()
+  [[ "${model_dir:-$demo}" == "$demo" ]] || enc=(--encoder_flags=--model_dir="$demo")
   rm -f "$out/launch.out"
-  "$bin/deploy/launcher/mmserve_launch" --model_dir="$PWD/models/shapes-demo" --encoders=1 \
+  "$bin/deploy/launcher/mmserve_launch" --model_dir="${model_dir:-$demo}" --encoders=1 "${enc[@]}" \
     --profile=shm --port=0 --http_port=-1 --log_dir="$out" --restart=false "$@" \
     >"$out/launch.out" 2>"$out/launch.err" &
   launcher=$!

@@ -1,4 +1,4 @@
-#include "grammar/test_util.h"
+#include "grammar/grammar_testing.h"
 
 #include <cstdlib>
 #include <cstring>

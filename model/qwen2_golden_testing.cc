@@ -1,4 +1,4 @@
-#include "model/qwen2_golden_util.h"
+#include "model/qwen2_golden_testing.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -119,6 +119,34 @@ TEST_CASE("decoding rejects short, long and malformed M-RoPE sections") {
   std::vector<int32_t> interior = good;
   interior[5] = 7;
   CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(interior), 4).status()));
+  // A frame's time position that is not a multiple of the first step.
+  const std::vector<int32_t> uneven = {0, 0, 0, 2, 0, 0, 5, 0, 0};
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(uneven), 3).status()));
+  // A negative time step.
+  const std::vector<int32_t> backwards = {0, 0, 0, -2, 0, 0};
+  CHECK(absl::IsDataLoss(DecodeImageGrid(Mrope(backwards), 2).status()));
+}
+
+TEST_CASE("a video's time step round-trips in its M-RoPE section, 0 included") {
+  for (int32_t step : {1, 4, 0}) {
+    INFO("time step " << step);
+    EmbeddingBuffer buffer(kLayout);
+    const BlockAllocation blocks{.start_block = 0, .num_blocks = 3, .num_tokens = 12};
+    const ImageRowsHeader header{.grid = {.t = 3, .rows = 2, .cols = 2, .time_step = step}};
+    REQUIRE(EncodeImage(header, std::vector<float>(12 * 3), blocks, buffer).ok());
+    const std::vector<int32_t> m = Ints(Bytes(buffer, blocks, 12, kMrope));
+    // Token 9: third frame, row 0, column 1.
+    CHECK(std::vector<int32_t>(m.begin() + 27, m.begin() + 30) ==
+          std::vector<int32_t>{2 * step, 0, 1});
+    absl::StatusOr<ImageTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
+    REQUIRE(grid.ok());
+    CHECK(*grid == header.grid);
+  }
+  EmbeddingBuffer buffer(kLayout);
+  const BlockAllocation blocks{.start_block = 0, .num_blocks = 1, .num_tokens = 4};
+  CHECK(
+      absl::IsInvalidArgument(EncodeImage({.grid = {.t = 2, .rows = 1, .cols = 1, .time_step = -1}},
+                                          std::vector<float>(2 * 3), blocks, buffer)));
 }
 
 }  // namespace

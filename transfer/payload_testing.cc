@@ -1,4 +1,4 @@
-#include "transfer/test_payload.h"
+#include "transfer/payload_testing.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "transfer/image_codec.h"
+#include "transfer/embedding_layout.h"
 
 #include <cstdint>
 #include <cstring>
@@ -11,7 +11,7 @@ namespace {
 // The M-RoPE position of token k in `grid`.
 void MropePosition(const ImageTokenGrid& grid, int64_t k, int32_t out[3]) {
   const int64_t per_t = int64_t{grid.rows} * grid.cols;
-  out[0] = static_cast<int32_t>(k / per_t);
+  out[0] = static_cast<int32_t>(k / per_t * grid.time_step);
   out[1] = static_cast<int32_t>((k % per_t) / grid.cols);
   out[2] = static_cast<int32_t>(k % grid.cols);
 }
@@ -19,9 +19,11 @@ void MropePosition(const ImageTokenGrid& grid, int64_t k, int32_t out[3]) {
 absl::Status CheckFits(const ImageRowsHeader& header, absl::Span<const float> embedding,
                        const BlockAllocation& blocks, const EmbeddingLayout& layout) {
   const ImageTokenGrid& g = header.grid;
-  if (g.t <= 0 || g.rows <= 0 || g.cols <= 0 || g.num_tokens() > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("image grid ", g.t, " x ", g.rows, " x ", g.cols, " is empty or too big"));
+  if (g.t <= 0 || g.rows <= 0 || g.cols <= 0 || g.num_tokens() > INT32_MAX || g.time_step < 0 ||
+      int64_t{g.t - 1} * g.time_step > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("image grid ", g.t, " x ", g.rows, " x ", g.cols,
+                                                   " (time step ", g.time_step,
+                                                   ") is empty or too big"));
   }
   const uint32_t n = static_cast<uint32_t>(g.num_tokens());
   if (layout.dtype_bytes != sizeof(float)) {
@@ -69,17 +71,22 @@ absl::StatusOr<ImageTokenGrid> DecodeImageGrid(absl::string_view mrope, uint32_t
       mrope.size() != size_t{num_tokens} * kTokenBytes) {
     return bad();
   }
-  // The last token holds the grid's far corner; each side is at most n (so
-  // the products below stay far from overflow).
+  // The last token holds the grid's far row and column; each is at most n
+  // (so the products below stay far from overflow). The frames are what is
+  // left, and the time step is the second frame's time position.
   int32_t last[3];
   std::memcpy(last, mrope.data() + (size_t{num_tokens} - 1) * kTokenBytes, kTokenBytes);
-  for (int32_t side : last) {
-    if (side < 0 || int64_t{side} >= int64_t{num_tokens}) return bad();
-  }
-  const ImageTokenGrid grid{last[0] + 1, last[1] + 1, last[2] + 1};
-  if (int64_t{grid.t} * grid.rows > int64_t{num_tokens} ||
-      grid.num_tokens() != int64_t{num_tokens}) {
+  if (last[1] < 0 || last[2] < 0 || int64_t{last[1]} >= int64_t{num_tokens} ||
+      int64_t{last[2]} >= int64_t{num_tokens}) {
     return bad();
+  }
+  ImageTokenGrid grid{.t = 0, .rows = last[1] + 1, .cols = last[2] + 1};
+  const int64_t per_t = int64_t{grid.rows} * grid.cols;
+  if (per_t > int64_t{num_tokens} || num_tokens % per_t != 0) return bad();
+  grid.t = static_cast<int32_t>(num_tokens / per_t);
+  if (grid.t > 1) {
+    std::memcpy(&grid.time_step, mrope.data() + size_t(per_t) * kTokenBytes, sizeof(int32_t));
+    if (grid.time_step < 0 || int64_t{grid.t - 1} * grid.time_step > INT32_MAX) return bad();
   }
   for (uint32_t k = 0; k < num_tokens; ++k) {
     int32_t got[3];

@@ -14,11 +14,13 @@
 //   embedding  hidden_size values (the tower's output row k)
 //   fill id    the image's fill id (from its content hash, so that prefix
 //              caching sees the image's content)
-//   M-RoPE     {k / (rows * cols), (k % (rows * cols)) / cols, k % cols}
+//   M-RoPE     {(k / (rows * cols)) * time_step, (k % (rows * cols)) / cols,
+//              k % cols}: time_step is 1 but for Qwen2.5-VL's videos, whose
+//              time axis is scaled to seconds (model::ImageGrid::time_step)
 //   aux        {n, image_index, 0}
 // Stateless functions; thread-safe as far as the caller owns the blocks.
-#ifndef MMSERVE_TRANSFER_IMAGE_CODEC_H_
-#define MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#ifndef MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
+#define MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
 
 #include <cstdint>
 
@@ -31,15 +33,17 @@
 
 namespace mmserve::transfer {
 
-// An image's tokens after the spatial merge: t frames of rows x cols.
+// An image's tokens after the spatial merge: t frames of rows x cols, the
+// M-RoPE time position advancing time_step per frame (>= 0).
 struct ImageTokenGrid {
   int32_t t = 0;
   int32_t rows = 0;
   int32_t cols = 0;
+  int32_t time_step = 1;
 
   int64_t num_tokens() const { return int64_t{t} * rows * cols; }
   bool operator==(const ImageTokenGrid& o) const {
-    return t == o.t && rows == o.rows && cols == o.cols;
+    return t == o.t && rows == o.rows && cols == o.cols && time_step == o.time_step;
   }
 };
 
@@ -70,4 +74,4 @@ inline int32_t ImageFillId(uint64_t content_hash_low) {
 
 }  // namespace mmserve::transfer
 
-#endif  // MMSERVE_TRANSFER_IMAGE_CODEC_H_
+#endif  // MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_

@@ -8,7 +8,7 @@
 //   receiver: -> RECV <k> <status code> <chunks> <bytes ok|bad>   per image
 //             -> BLOCKS <used>                    after the last image
 //   <- EXIT (or EOF)                  then the engine shuts down and it exits 0
-// Images are deterministic (test_payload.h): image k of the --tokens list has
+// Images are deterministic (payload_testing.h): image k of the --tokens list has
 // seed --seed + (k mod list size), so the parent derives the same bytes.
 #include <cstdio>
 #include <deque>
@@ -26,8 +26,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "transfer/image_crc.h"
+#include "transfer/payload_testing.h"
 #include "transfer/peer_process.h"
-#include "transfer/test_payload.h"
 #include "transfer/transfer_engine.h"
 
 ABSL_FLAG(std::string, role, "sender", "sender or receiver");

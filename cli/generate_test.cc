@@ -24,7 +24,7 @@ struct Run {
 };
 
 Run Generate(const std::string& args) {
-  const std::string cmd = std::string("worker/generate --model_dir=") + kModel +
+  const std::string cmd = std::string("cli/generate --model_dir=") + kModel +
                           " --prompt='What is it?' --max_tokens=2 " + args + " 2>&1";
   Run r;
   FILE* p = popen(cmd.c_str(), "r");

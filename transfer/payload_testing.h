@@ -6,8 +6,8 @@
 //   CHECK(received.Section(kEmbedding) == ExpectedSection(layout, spec, kEmbedding));
 //
 // Thread-compatible (pure functions over the caller's memory).
-#ifndef MMSERVE_TRANSFER_TEST_PAYLOAD_H_
-#define MMSERVE_TRANSFER_TEST_PAYLOAD_H_
+#ifndef MMSERVE_TRANSFER_PAYLOAD_TESTING_H_
+#define MMSERVE_TRANSFER_PAYLOAD_TESTING_H_
 
 #include <cstdint>
 #include <string>
@@ -30,4 +30,4 @@ void WriteImage(EmbeddingBuffer& buffer, const BlockAllocation& blocks, const Pa
 
 }  // namespace mmserve::transfer
 
-#endif  // MMSERVE_TRANSFER_TEST_PAYLOAD_H_
+#endif  // MMSERVE_TRANSFER_PAYLOAD_TESTING_H_

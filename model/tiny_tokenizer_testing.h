@@ -2,8 +2,8 @@
 // alphabet as ids 0..255, a few merges such as "hello" and " world", and
 // Qwen2's chat special tokens after the vocab), for tests that need a real
 // Tokenizer without a model directory.
-#ifndef MMSERVE_MODEL_TESTING_TINY_TOKENIZER_H_
-#define MMSERVE_MODEL_TESTING_TINY_TOKENIZER_H_
+#ifndef MMSERVE_MODEL_TINY_TOKENIZER_TESTING_H_
+#define MMSERVE_MODEL_TINY_TOKENIZER_TESTING_H_
 
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -18,4 +18,4 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTinyTokenizer();
 
 }  // namespace mmserve::model
 
-#endif  // MMSERVE_MODEL_TESTING_TINY_TOKENIZER_H_
+#endif  // MMSERVE_MODEL_TINY_TOKENIZER_TESTING_H_

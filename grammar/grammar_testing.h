@@ -1,7 +1,7 @@
 // Helpers of the grammar tests: vocabularies, whole-text matching, the
 // naive mask (every token tried on a copy of the matcher), random walks.
-#ifndef MMSERVE_GRAMMAR_TEST_UTIL_H_
-#define MMSERVE_GRAMMAR_TEST_UTIL_H_
+#ifndef MMSERVE_GRAMMAR_GRAMMAR_TESTING_H_
+#define MMSERVE_GRAMMAR_GRAMMAR_TESTING_H_
 
 #include <cstdint>
 #include <memory>
@@ -51,4 +51,4 @@ inline bool Bit(const std::vector<uint32_t>& words, int32_t t) {
 
 }  // namespace mmserve::grammar::testing
 
-#endif  // MMSERVE_GRAMMAR_TEST_UTIL_H_
+#endif  // MMSERVE_GRAMMAR_GRAMMAR_TESTING_H_

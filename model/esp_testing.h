@@ -7,8 +7,8 @@
 //   SingleRun single = RunSingle(model, inst, TextPrompt(ids), masked, 1);
 //   InProcessKvGroup group(...);  // or UcxEspExchange members
 //   auto members = RunGroup(loaded, prompt, Plans(prompt.len())[0], {&group.member(0), ...});
-#ifndef MMSERVE_MODEL_ESP_TEST_UTIL_H_
-#define MMSERVE_MODEL_ESP_TEST_UTIL_H_
+#ifndef MMSERVE_MODEL_ESP_TESTING_H_
+#define MMSERVE_MODEL_ESP_TESTING_H_
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -23,7 +23,7 @@
 #include "model/cpu/split_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/esp.h"
-#include "model/qwen2_golden_util.h"
+#include "model/qwen2_golden_testing.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_test_runner.h"
 
@@ -283,4 +283,4 @@ inline SpreadDecode DecodeSpread(Member& master, SpanAttentionPeers& peers, cons
 
 }  // namespace mmserve::model
 
-#endif  // MMSERVE_MODEL_ESP_TEST_UTIL_H_
+#endif  // MMSERVE_MODEL_ESP_TESTING_H_

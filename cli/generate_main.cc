@@ -1,6 +1,6 @@
 // generate: streams a completion from a model directory on the CPU.
 //
-//   bazel run --config=opt //worker:generate -- --model_dir=models/shapes-demo
+//   bazel run --config=opt //cli:generate -- --model_dir=models/shapes-demo
 //       --image=circle.png --prompt="What shape is this?"
 //
 // The prompt is wrapped in the model's chat format (one user turn, images

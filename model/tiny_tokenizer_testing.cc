@@ -1,4 +1,4 @@
-#include "model/testing_tiny_tokenizer.h"
+#include "model/tiny_tokenizer_testing.h"
 
 #include <string>
 #include <utility>
