@@ -16,6 +16,8 @@ const char* RequestStatusName(RequestStatus s) {
       return "preempted";
     case RequestStatus::kWaitingForKv:
       return "waiting_for_kv";
+    case RequestStatus::kHoldingSpan:
+      return "holding_span";
     case RequestStatus::kFinished:
       return "finished";
     case RequestStatus::kAborted:

@@ -47,21 +47,25 @@ struct RequestId {
 //   (AddRequest) -> kWaiting               queued for admission
 //   (ReserveRemoteKv) -> kWaitingForKv     holds blocks another instance
 //                                          writes the prompt's KV into
+//   (HoldSpan) -> kHoldingSpan             holds a span of a group's KV for
+//                                          another instance's decode; never
+//                                          scheduled (role elastic)
 //   kWaiting, kPreempted -> kRunning       admitted by Schedule (holds KV)
 //   kWaitingForKv -> kRunning              CommitRemoteKv (with the first token)
 //   kRunning -> kPreempted                 KV pool exhausted: KV dropped,
 //                                          recomputed when admitted again
 //   kRunning, kWaitingForKv -> kFinished   stop token, eos or max_tokens
 //                                          (UpdateFromOutput, CommitRemoteKv)
-//   any non-terminal -> kAborted           Abort
+//   any non-terminal -> kAborted           Abort (ReleaseSpan for a span)
 // Every status from kFinished on is terminal (IsFinished).
 enum class RequestStatus : uint8_t {
   kWaiting = 0,
   kWaitingForKv = 1,
-  kRunning = 2,
-  kPreempted = 3,
-  kFinished = 4,
-  kAborted = 5,
+  kHoldingSpan = 2,
+  kRunning = 3,
+  kPreempted = 4,
+  kFinished = 5,
+  kAborted = 6,
 };
 
 inline bool IsFinished(RequestStatus s) { return s >= RequestStatus::kFinished; }

@@ -63,10 +63,10 @@ absl::Status Scheduler::AddRequest(RequestParams params) {
 }
 
 absl::Status Scheduler::Abort(RequestId id) {
-  if (held_.contains(id)) return ReleaseSpan(id);
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat(id.value, " is not live"));
   Request* r = it->second.get();
+  if (r->status() == RequestStatus::kHoldingSpan) return ReleaseSpan(id);
   if (r->status() == RequestStatus::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), r));
     kv_.Free(r->block_table());
@@ -144,7 +144,8 @@ void Scheduler::FinishRequests(std::vector<std::unique_ptr<Request>>* finished) 
 
 const Request* Scheduler::Find(RequestId id) const {
   auto it = requests_.find(id);
-  return it == requests_.end() ? nullptr : it->second.get();
+  if (it == requests_.end() || it->second->status() == RequestStatus::kHoldingSpan) return nullptr;
+  return it->second.get();
 }
 
 }  // namespace scheduler

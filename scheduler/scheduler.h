@@ -128,21 +128,23 @@ class Scheduler {
   // Role elastic: a span of a request's KV that this instance
   // keeps for a group prefill while another instance decodes the request.
   // The span's blocks (BlocksFor(num_tokens), no prefix-cache hit) are held
-  // under `id` outside every queue: never scheduled, not counted against
-  // max_num_seqs, freed by ReleaseSpan or by Abort(id). AlreadyExists when
+  // by a request `id` in kHoldingSpan, outside every queue: never
+  // scheduled, not counted against max_num_seqs nor by has_unfinished and
+  // Find, freed by ReleaseSpan or by Abort(id). AlreadyExists when
   // `id` is live or holds a span; ResourceExhausted (nothing changes) when
   // the pool has no room; InvalidArgument for num_tokens < 1.
   [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(RequestId id, int num_tokens);
   // Frees the span held under `id`: NotFound when none.
   [[nodiscard]] absl::Status ReleaseSpan(RequestId id);
-  int num_held_spans() const { return static_cast<int>(held_.size()); }
+  int num_held_spans() const { return num_holding_; }
 
   // The live (not finished, not aborted) request with `id`, or null.
   const Request* Find(RequestId id) const;
   int num_running() const { return static_cast<int>(running_.size()); }
   // Includes preempted requests.
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
-  bool has_unfinished() const { return !requests_.empty(); }
+  // Requests to run: held spans are not.
+  bool has_unfinished() const { return static_cast<int>(requests_.size()) > num_holding_; }
   int64_t num_preemptions() const { return num_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
   // The model runner reads block tables and slots through this.
@@ -198,8 +200,8 @@ class Scheduler {
   std::deque<Request*> waiting_;
   // kWaitingForKv requests (role decode), reservation order.
   std::vector<Request*> waiting_for_kv_;
-  // Held spans (role elastic): their block tables by request.
-  absl::flat_hash_map<RequestId, kvpool::BlockTableId> held_;
+  // Requests in kHoldingSpan (role elastic), in requests_ only.
+  int num_holding_ = 0;
   // The pending step: output_.scheduled[i] is scheduled_[i].
   SchedulerOutput output_;
   std::vector<Request*> scheduled_;

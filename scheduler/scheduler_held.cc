@@ -1,5 +1,6 @@
 // Scheduler::HoldSpan and ReleaseSpan: spans of a request's KV kept on a
 // member of an elastic-sequence-parallelism group (role elastic).
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -14,7 +15,7 @@ absl::StatusOr<std::vector<kvpool::BlockId>> Scheduler::HoldSpan(RequestId id, i
   if (num_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("a span of ", num_tokens, " tokens"));
   }
-  if (requests_.contains(id) || held_.contains(id)) {
+  if (requests_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat(id.value, " is live here already"));
   }
   const kvpool::PrefixHit none;
@@ -28,16 +29,25 @@ absl::StatusOr<std::vector<kvpool::BlockId>> Scheduler::HoldSpan(RequestId id, i
   const std::vector<TokenId> sizing(static_cast<size_t>(num_tokens), 0);
   ASSIGN_OR_RETURN(kvpool::BlockTableId table,
                    kv_.Allocate(kvpool::SequenceView{sizing, {}}, none, num_tokens));
-  held_.emplace(id, table);
+  RequestParams params;
+  params.id = id;
+  auto holder = std::make_unique<Request>(std::move(params), next_arrival_seq_++);
+  holder->set_status(RequestStatus::kHoldingSpan);
+  holder->set_block_table(table);
+  requests_.emplace(id, std::move(holder));
+  ++num_holding_;
   absl::Span<const kvpool::BlockId> blocks = kv_.block_table(table);
   return std::vector<kvpool::BlockId>(blocks.begin(), blocks.end());
 }
 
 absl::Status Scheduler::ReleaseSpan(RequestId id) {
-  auto it = held_.find(id);
-  if (it == held_.end()) return absl::NotFoundError(absl::StrCat(id.value, " holds no span"));
-  kv_.Free(it->second);
-  held_.erase(it);
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->status() != RequestStatus::kHoldingSpan) {
+    return absl::NotFoundError(absl::StrCat(id.value, " holds no span"));
+  }
+  kv_.Free(it->second->block_table());
+  requests_.erase(it);
+  --num_holding_;
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
-// HoldSpan / ReleaseSpan (role elastic): a held span is never
-// scheduled and Abort frees it.
+// HoldSpan / ReleaseSpan (role elastic): a held span is a request in
+// kHoldingSpan, never scheduled, and Abort frees it.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <utility>
@@ -66,6 +66,28 @@ TEST_CASE("HoldSpan refuses a live id, a second span, no room and empty spans",
   CHECK(s->ReleaseSpan(RequestId{2}).ok());
   CHECK(s->ReleaseSpan(RequestId{2}).code() == absl::StatusCode::kNotFound);
   CHECK(s->kv_cache().num_free_blocks() == 4);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+TEST_CASE("a held span is a request holding blocks: no other use of its id, nothing to run",
+          "[scheduler][held]") {
+  auto s = Make(8);
+  REQUIRE(s->HoldSpan(RequestId{1}, 4).ok());
+  CHECK_FALSE(s->has_unfinished());
+  CHECK(s->AddRequest(Req(1, 5)).code() == absl::StatusCode::kAlreadyExists);
+  CHECK(s->ReserveRemoteKv(Req(1, 5)).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(s->CommitRemoteKv(RequestId{1}, 3, nullptr).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(s->Schedule().scheduled.empty());
+  REQUIRE(s->UpdateFromOutput({}, nullptr).ok());
+  // A request of its own is live beside it; its release leaves the span.
+  REQUIRE(s->AddRequest(Req(2, 5)).ok());
+  CHECK(s->has_unfinished());
+  CHECK(s->ReleaseSpan(RequestId{2}).code() == absl::StatusCode::kNotFound);
+  CHECK(s->num_held_spans() == 1);
+  REQUIRE(s->CheckInvariants().ok());
+  CHECK(s->ReleaseSpan(RequestId{1}).ok());
+  CHECK(s->kv_cache().num_free_blocks() == 8);
   REQUIRE(s->CheckInvariants().ok());
 }
 

@@ -207,9 +207,9 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
 }
 
 absl::Status LlmEngine::Abort(const std::string& id) {
-  if (held_.contains(id)) return ReleaseSpan(id);
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
+  if (it->second->holds_span) return ReleaseSpan(id);
   RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
   StreamEvent event;
   event.request_id = id;

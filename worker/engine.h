@@ -74,10 +74,11 @@ class LlmEngine {
 
   // Role elastic: a span of `tokens` of request `id`'s KV that
   // this engine keeps for a group prefill while another instance decodes
-  // the request (Scheduler::HoldSpan): the span's block ids, in order. It is
-  // never scheduled; Abort(id) or ReleaseSpan(id) frees it. AlreadyExists
-  // when `id` is live here or holds a span, ResourceExhausted when the pool
-  // has no room.
+  // the request: a request in the scheduler's kHoldingSpan
+  // (Scheduler::HoldSpan); the span's block ids, in order. It is never
+  // scheduled and is no unfinished work; Abort(id) or ReleaseSpan(id) frees
+  // it. AlreadyExists when `id` is live here or holds a span,
+  // ResourceExhausted when the pool has no room.
   [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(const std::string& id,
                                                                       int tokens);
   // NotFound when `id` holds no span.
@@ -90,7 +91,7 @@ class LlmEngine {
   // The model and its thread pool, for an ESP group's forward passes on
   // the engine's thread (Qwen2Model::ForwardEspPrefill / ForwardEspDecode).
   model::Qwen2Model& model() { return *m_->model; }
-  size_t num_held_spans() const { return held_.size(); }
+  size_t num_held_spans() const { return scheduler_->num_held_spans(); }
 
   // The reserved blocks of a remote prompt hold its KV (written and verified
   // by the caller): the request decodes on from `first_token`, which the
@@ -109,7 +110,8 @@ class LlmEngine {
   // communicator, for KV hand-off steps from the engine's thread.
   TpGroup* tp_group() const { return m_->tp_group.get(); }
 
-  bool has_unfinished() const { return !requests_.empty(); }
+  // Requests to run (held spans are not).
+  bool has_unfinished() const { return requests_.size() > num_held_spans(); }
   const model::Tokenizer& tokenizer() const { return *m_->tokenizer; }
   const model::ModelConfig& config() const { return m_->config; }
   const EngineSizing& sizing() const { return m_->sizing; }
@@ -168,8 +170,6 @@ class LlmEngine {
   uint64_t next_id_ = 1;
   absl::flat_hash_map<std::string, std::unique_ptr<Live>> requests_;
   absl::flat_hash_map<uint64_t, Live*> by_scheduler_id_;
-  // Held spans (role elastic) by request id: their scheduler ids.
-  absl::flat_hash_map<std::string, scheduler::RequestId> held_;
 };
 
 }  // namespace mmserve::worker

@@ -29,6 +29,9 @@ struct LlmEngine::Live {
   // Prompt tokens whose KV came from the prefix cache, at the admission that
   // sampled the first token (or the remote reservation).
   int cached_prompt_tokens = 0;
+  // A span of a group's KV kept for another instance's decode (HoldSpan):
+  // only id and sched_id are set.
+  bool holds_span = false;
   KvPlan plan;            // the connector's (none: local prompt, decoded here)
   HandoffPrompt handoff;  // plan.prompt_only: what a decode engine reserves
 };
