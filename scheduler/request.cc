@@ -12,6 +12,8 @@ const char* RequestStatusName(RequestStatus s) {
       return "waiting";
     case RequestStatus::kRunning:
       return "running";
+    case RequestStatus::kMastering:
+      return "mastering";
     case RequestStatus::kPreempted:
       return "preempted";
     case RequestStatus::kWaitingForKv:
