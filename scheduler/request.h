@@ -148,6 +148,9 @@ class Request {
   // group's span holders); the block table holds token kv_offset() + j at
   // its position j. 0 for every other request.
   int kv_offset() const { return kv_offset_; }
+  // kHoldingSpan, kMastering: the tokens its span holds (a master decodes
+  // while token kv_offset() + span_tokens() - 1 is not computed).
+  int span_tokens() const { return span_tokens_; }
   // kMastering: requests of one decode group share their span holders.
   uint64_t decode_group() const { return decode_group_; }
   kvpool::SequenceView sequence() const { return {token_ids_, params_.mm_spans}; }
@@ -158,6 +161,7 @@ class Request {
   void set_num_computed_tokens(int n) { num_computed_tokens_ = n; }
   void set_num_cached_tokens(int n) { num_cached_tokens_ = n; }
   void set_kv_offset(int n) { kv_offset_ = n; }
+  void set_span_tokens(int n) { span_tokens_ = n; }
   void set_decode_group(uint64_t g) { decode_group_ = g; }
   void CountPreemption() { ++num_preemptions_; }
   void Finish(RequestStatus s, FinishReason r) {
@@ -182,6 +186,7 @@ class Request {
   int num_cached_tokens_ = 0;
   int num_preemptions_ = 0;
   int kv_offset_ = 0;
+  int span_tokens_ = 0;
   uint64_t decode_group_ = 0;
   int64_t last_scheduled_step_ = -1;
   RequestStatus status_ = RequestStatus::kWaiting;

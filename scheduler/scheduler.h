@@ -142,7 +142,7 @@ class Scheduler {
   // `generated` (at least one token, the last not yet computed), its KV
   // elsewhere before token kv_offset and in the span from there
   // (kv_offset() of the Request). kMastering: each step decodes one token
-  // of it while its span has a slot for it, never preempted, not counted
+  // of it while its span (of HoldSpan's num_tokens) has a slot for it, never preempted, not counted
   // against max_num_seqs; only the requests of one decode group are
   // decoded in a step (the groups take turns). It finishes as a running
   // request does (stop, eos, max_tokens: its blocks freed) or goes back to

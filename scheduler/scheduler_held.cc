@@ -36,6 +36,7 @@ absl::StatusOr<std::vector<kvpool::BlockId>> Scheduler::HoldSpan(RequestId id, i
   auto holder = std::make_unique<Request>(std::move(params), next_arrival_seq_++);
   holder->set_status(RequestStatus::kHoldingSpan);
   holder->set_block_table(table);
+  holder->set_span_tokens(num_tokens);
   requests_.emplace(id, std::move(holder));
   ++num_holding_;
   absl::Span<const kvpool::BlockId> blocks = kv_.block_table(table);
@@ -74,6 +75,7 @@ absl::Status Scheduler::StartMastering(RequestId id, RequestParams params, int k
   r->set_kv_offset(kv_offset);
   r->set_decode_group(decode_group);
   r->set_block_table(it->second->block_table());
+  r->set_span_tokens(it->second->span_tokens());
   r->set_status(RequestStatus::kMastering);
   r->set_arrival_step(step_);
   if (kv_offset < 0 || kv_offset > r->num_computed_tokens() || !HasDecodeSlot(*r)) {

@@ -230,7 +230,10 @@ absl::Status LlmEngine::CommitRemoteKv(const std::string& id, int32_t first_toke
   if (connector_ != nullptr) connector_->OnCommitted(id);
   // Continue the prefill's random stream (one draw per non-greedy sample)
   // and text stream (its text was streamed there).
-  if (!live.runner.sampling.greedy()) live.sampler.Uniform();
+  if (!live.runner.sampling.greedy()) {
+    live.sampler.Uniform();
+    ++live.draws;
+  }
   live.completion_tokens = 1;
   StreamEvent event;
   event.request_id = id;

@@ -20,6 +20,7 @@ struct LlmEngine::Live {
   scheduler::RequestId sched_id;
   StreamCallback callback;
   model::SamplerState sampler{0};
+  uint64_t draws = 0;  // taken from sampler (one per non-greedy sample)
   RunnerRequestState runner;
   model::MropePositions positions;
   std::vector<std::vector<float>> image_embeddings;  // owned rows (shared ones are not here)
