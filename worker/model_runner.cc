@@ -60,7 +60,7 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
   if (!grammars.empty() && masks_ == nullptr) masks_ = std::make_unique<MaskWorker>();
   if (masks_ != nullptr) masks_->Start(std::move(grammars));
   absl::Status forward = ring_ != nullptr ? PublishToRanks() : absl::OkStatus();
-  if (forward.ok()) {
+  if (forward.ok() && batch_.num_tokens() > 0) {  // none: only kMastering entries, left out
     forward = spread_.sequences.empty() ? model_.Forward(batch_, kv_, &logits_)
                                         : model_.ForwardSpread(batch_, kv_, spread_, &logits_);
   }
@@ -71,7 +71,7 @@ absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     // (it rewrites the others' K/V with the same values).
     *spread_status = forward;
     RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup, /*with_spread=*/false));
-    forward = model_.Forward(batch_, kv_, &logits_);
+    forward = batch_.num_tokens() > 0 ? model_.Forward(batch_, kv_, &logits_) : absl::OkStatus();
   }
   RETURN_IF_ERROR(forward);
   return SampleAll(out);
