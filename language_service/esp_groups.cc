@@ -4,7 +4,9 @@
 #include "language_service/esp_groups.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "common/crc32c.h"
 #include "common/status_macros.h"
@@ -26,6 +28,11 @@ EspGroups::EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine,
     : options_(options), engine_(engine), emit_(std::move(emit)), moved_(std::move(moved)) {}
 
 EspGroups::~EspGroups() {
+  // The engine's callbacks of the requests mastered here point at this.
+  closing_ = true;
+  std::vector<std::string> mastered;
+  for (const auto& [id, d] : decodes_) mastered.push_back(id);
+  for (const std::string& id : mastered) engine_.Abort(id).IgnoreError();
   engine_.set_master_peers(nullptr);
   esp_.reset();  // the span server's thread first
 }

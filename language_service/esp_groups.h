@@ -106,9 +106,9 @@ class EspGroups : public worker::MasterPeers {
   using Emit = std::function<void(const worker::StreamEvent&)>;
   using Moved = std::function<void(const std::string& id, const worker::EspRequest::MasterState&)>;
   // `engine` must outlive the object; it is the engine's MasterPeers until
-  // then. The events of the requests mastered here go to `emit` (a request
-  // whose holders fail ends with finish_reason kAbort and the error);
-  // `moved` gets the state of one whose range is done (Step).
+  // then (destruction aborts the requests mastered here, without events). The events of the
+  // requests mastered here go to `emit` (a request whose holders fail ends with finish_reason
+  // kAbort and the error); `moved` gets the state of one whose range is done (Step).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<EspGroups>> Create(
       const EspGroupsOptions& options, worker::LlmEngine& engine, metrics::Registry& metrics,
       Emit emit, Moved moved);
@@ -129,9 +129,10 @@ class EspGroups : public worker::MasterPeers {
   };
   // Member `member`'s part of `plan` for `request`: checks, holds the span,
   // runs its rows through every layer exchanging K/V with the others, keeps
-  // its range, samples (the sampler) and starts decoding (the master). On
-  // error nothing stays held. InvalidArgument for a bad plan or endpoint,
-  // ResourceExhausted for a prompt past the board or a full KV pool,
+  // its range, samples (the sampler) and hands the request to the engine
+  // (the master: StartMastering). On error nothing stays held.
+  // InvalidArgument for a bad plan or endpoint, ResourceExhausted for a
+  // prompt past the board or a full KV pool,
   // Unavailable / DeadlineExceeded when a member fails or does not come.
   // `on_joined` runs (on this thread) once every member joined, the span
   // held: the caller's load report can show it during the prefill.
@@ -196,6 +197,7 @@ class EspGroups : public worker::MasterPeers {
   worker::LlmEngine& engine_;
   const Emit emit_;
   const Moved moved_;
+  bool closing_ = false;  // in ~EspGroups: the engine's events go nowhere
   std::unique_ptr<transfer::UcxContext> context_;
   model::cpu::ThreadPool server_pool_{1};  // the span server's
   float scale_ = 0;

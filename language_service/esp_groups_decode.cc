@@ -37,6 +37,7 @@ absl::StatusOr<model::SpanAttentionPeers*> EspGroups::ForStep(absl::Span<const s
 
 worker::StreamCallback EspGroups::MasterCallback() {
   return [this](const worker::StreamEvent& e) {
+    if (closing_) return;  // ~EspGroups ends them; nobody listens any more
     if (e.finish_reason != worker::FinishReason::kNone) {
       if (e.finish_reason == worker::FinishReason::kAbort && !e.error.ok()) {
         LOG(WARNING) << "ESP decode of " << e.request_id << " failed: " << e.error;

@@ -19,6 +19,8 @@
 //     equals) is preempted (recompute: KV freed, num_computed_tokens = 0,
 //     put at the front of the waiting queue) and the request retries; when
 //     it is itself that one, it is preempted and the running pass ends.
+//     Then the kMastering requests (role elastic) of one decode group
+//     decode one token each, within the token budget.
 //  2. Unless something was preempted, waiting requests are admitted by
 //     priority (lower first; aged by SchedulerConfig::priority_aging_steps,
 //     the starvation bound), and within one priority in FIFO order
