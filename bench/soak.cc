@@ -59,7 +59,8 @@ int Main() {
   CHECK_OK(stack.status());
   launcher::LocalStack& s = **stack;
   auto stub = mmserve::v1::Inference::NewStub(InternalChannel(s.router_address()));
-  const Reference& ref = InProcess(set);
+  // Clients ask any question: the reference covers the whole set.
+  const Reference& ref = InProcess(set, static_cast<int>(set.items.size()));
 
   std::mutex mu;
   std::map<std::string, int> codes;  // expected and unexpected, by kind
