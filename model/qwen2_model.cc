@@ -19,7 +19,7 @@ Qwen2Model::Qwen2Model(const TextConfig& cfg, const Qwen2Weights& weights, cpu::
       options_(options),
       parallel_(weights.shard().size > 1),
       vocab_(VocabSliceOf(cfg.vocab_size, weights.shard())),
-      rope_(cfg.head_dim(), cfg.rope_theta, cfg.mrope_section),
+      rope_(cfg.head_dim(), cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved),
       hidden_(cfg.hidden_size),
       heads_(cfg.num_attention_heads / weights.shard().size),
       kv_heads_(cfg.num_key_value_heads / weights.shard().size),
