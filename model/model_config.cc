@@ -266,11 +266,14 @@ absl::Status ParseQwen3Vision(const Fields& f, VisionConfig* v) {
     return f.Error(absl::StrCat("num_position_embeddings ", v->num_position_embeddings,
                                 " must be a positive square (a grid of position embeddings)"));
   }
+  int previous = -1;
   for (int i : v->deepstack_visual_indexes) {
     if (i < 0 || i >= v->depth) {
       return f.Error(absl::StrCat("deepstack_visual_indexes has block ", i, " outside [0, depth ",
                                   v->depth, ")"));
     }
+    if (i <= previous) return f.Error("deepstack_visual_indexes must be increasing");
+    previous = i;
   }
   return absl::OkStatus();
 }
@@ -340,9 +343,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   RETURN_IF_ERROR(ParseText(Fields(text_obj, origin), cfg.model_type, &cfg.text));
   RETURN_IF_ERROR(ParseTokens(Fields(text_obj, origin), &cfg.tokens));
   if (&text_obj != &root) RETURN_IF_ERROR(ParseTokens(top, &cfg.tokens));
-  // Qwen3VLConfig keeps tie_word_embeddings at the top level.
-  if (&text_obj != &root)
-    RETURN_IF_ERROR(top.Bool("tie_word_embeddings", &cfg.text.tie_word_embeddings));
   if (cfg.torch_dtype.empty())
     RETURN_IF_ERROR(Fields(text_obj, origin).String("torch_dtype", &cfg.torch_dtype));
 

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "model/cpu/ops.h"
 #include "model/cpu/paged_attention.h"
+#include "model/deepstack.h"
 
 namespace mmserve::model {
 
@@ -73,12 +74,14 @@ absl::Status Qwen2Model::Run(const ForwardBatch& rows,
                              absl::FunctionRef<absl::Status(int)> attention,
                              std::vector<float>* logits) {
   const int64_t t = rows.num_tokens();
+  RETURN_IF_ERROR(CheckDeepstack(rows, cfg_.num_hidden_layers));
   h_.resize(t * hidden_);
   x_.resize(t * hidden_);
   Embed(rows);
   rope_.ComputeAngles(rows.positions.data(), t, &angles_);
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     RETURN_IF_ERROR(Layer(l, t, [&] { return attention(l); }));
+    AddDeepstack(rows, l, hidden_, h_.data());
   }
   return Logits(rows.logits_rows, logits);
 }
