@@ -84,6 +84,10 @@ TEST_CASE("Qwen3-VL tower: main embedding and DeepStack features match transform
   const std::vector<float> want = Floats(*g.tensors, std::string("vision_out.") + kBatch);
   REQUIRE(out->main.size() == want.size());
   CHECK(MaxAbsDiff(out->main, want.data()) < 1e-4f);
+  auto main_only = tower->Forward(Floats(*g.tensors, std::string("pixel_values.") + kBatch),
+                                  Grids(g.json["vision_batch_grid_thw"]));
+  REQUIRE(main_only.ok());
+  CHECK(*main_only == out->main);
   REQUIRE(out->deepstack.size() == 2);
   for (size_t k = 0; k < out->deepstack.size(); ++k) {
     INFO("deepstack " << k);
@@ -220,6 +224,32 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
     }
     CHECK(greedy == chat["greedy_ids"].get<std::vector<int32_t>>());
   }
+}
+
+TEST_CASE("Qwen3-VL: more DeepStack features than layers are refused before any work",
+          "[qwen3vl]") {
+  const LoadedModel m = LoadTestModel("qwen3vl-tiny");
+  cpu::ThreadPool pool(1);
+  Qwen2Model model(m.cfg.text, *m.weights, pool);
+  auto kv = KvCache::Create(model.KvShape(1, 16));
+  REQUIRE(kv.ok());
+  const int64_t hidden = m.cfg.text.hidden_size;
+  const std::vector<float> embedding(hidden, 0.5f), features(4 * hidden, 0.25f);
+  ForwardBatch b;
+  b.token_ids = {1, m.cfg.tokens.image_pad};
+  b.positions = {0, 1, 0, 1, 0, 1};
+  b.slot_mapping = {0, 1};
+  b.sequences.push_back({0, 2, 2, {0}});
+  b.logits_rows = {1};
+  b.embedding_overrides.push_back({1, embedding.data(), features.data(), 4});
+  std::vector<float> logits;
+  const absl::Status s = model.Forward(b, **kv, &logits);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message() == "row 1 has 4 DeepStack features for a model of 3 layers");
+  b.embedding_overrides[0] = {1, embedding.data(), nullptr, 2};
+  CHECK(model.Forward(b, **kv, &logits).code() == absl::StatusCode::kInvalidArgument);
+  b.embedding_overrides[0] = {1, embedding.data(), features.data(), 3};
+  CHECK(model.Forward(b, **kv, &logits).ok());
 }
 
 }  // namespace
