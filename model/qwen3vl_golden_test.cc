@@ -2,8 +2,10 @@
 // checkpoint (tools/gen_qwen3vl_goldens.py): the vision tower's main
 // embedding and DeepStack features on two images of different sizes in one
 // call, the chats' M-RoPE positions (Qwen3VLModel.get_rope_index), and the
-// chats' last logits and 16 greedy tokens with the image embeddings and
-// their DeepStack features fed to the decoder (interleaved M-RoPE).
+// chats' last logits and 16 greedy tokens with the image (or video)
+// embeddings and their DeepStack features fed to the decoder (interleaved
+// M-RoPE). The video chat shows each temporal patch after its timestamp, as
+// Qwen3VLProcessor writes the prompt.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -37,10 +39,17 @@ std::vector<float> Floats(const SafetensorsFile& f, const std::string& name) {
   return v;
 }
 
-std::vector<ImageGrid> Grids(const nlohmann::json& thw) {
+std::vector<ImageGrid> Grids(const nlohmann::json& thw, MediaKind kind = MediaKind::kImage) {
   std::vector<ImageGrid> grids;
-  for (const auto& g : thw) grids.push_back(ImageGrid::FromThw(g[0], g[1], g[2]));
+  for (const auto& g : thw) grids.push_back(ImageGrid::FromThw(g[0], g[1], g[2], 2, kind));
   return grids;
+}
+
+// A chat's images, or its video (the golden chats hold one kind).
+std::vector<ImageGrid> ChatGrids(const nlohmann::json& chat) {
+  if (!chat.contains("video_grid_thw")) return Grids(chat["image_grid_thw"]);
+  REQUIRE(chat["image_grid_thw"].empty());
+  return Grids(chat["video_grid_thw"], MediaKind::kVideo);
 }
 
 struct Goldens {
@@ -105,11 +114,12 @@ TEST_CASE("Qwen3-VL chats: positions equal get_rope_index's", "[qwen3vl]") {
   for (const auto& chat : g.json["chats"]) {
     INFO(chat["name"].get<std::string>());
     const std::vector<int32_t> ids = chat["input_ids"];
-    const std::vector<ImageGrid> grids = SplitVideoFrames(Grids(chat["image_grid_thw"]));
-    // The prompt with one placeholder per image expands to the golden ids.
+    const std::vector<ImageGrid> grids = SplitVideoFrames(ChatGrids(chat));
+    // The prompt with one placeholder per image (per video frame) expands to
+    // the golden ids.
     std::vector<int32_t> collapsed;
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] != pads.image || i == 0 || ids[i - 1] != pads.image) collapsed.push_back(ids[i]);
+      if (!pads.IsPad(ids[i]) || i == 0 || ids[i - 1] != ids[i]) collapsed.push_back(ids[i]);
     }
     auto expanded = ExpandImagePlaceholders(collapsed, pads, grids);
     REQUIRE(expanded.ok());
@@ -172,16 +182,18 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
   const MediaPadIds pads{.image = m.cfg.tokens.image_pad, .video = m.cfg.tokens.video_pad};
   // generate_greedy masks <|im_end|> (eos) and <|endoftext|> (bos and pad).
   const std::vector<int> masked = {m.cfg.tokens.eos.at(0), m.cfg.tokens.bos};
+  REQUIRE(g.json["chats"].size() == 3);  // one image, two images, a video
   for (const auto& chat : g.json["chats"]) {
     const std::string name = chat["name"];
     INFO(name);
     const std::vector<int32_t> ids = chat["input_ids"];
-    const std::vector<ImageGrid> grids = Grids(chat["image_grid_thw"]);
+    const std::vector<ImageGrid> grids = ChatGrids(chat);
     std::vector<float> pixels;
     for (const auto& image : chat["images"]) {
       const std::vector<float> p = ImagePixels(g, image);
       pixels.insert(pixels.end(), p.begin(), p.end());
     }
+    if (chat["images"].empty()) pixels = Floats(*g.tensors, "pixel_values_videos." + name);
     auto vision = tower->ForwardAll(pixels, grids);
     REQUIRE(vision.ok());
     const int levels = static_cast<int>(vision->deepstack.size());
@@ -196,13 +208,14 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
     }
     std::vector<EmbeddingOverride> overrides;
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] != pads.image) continue;
+      if (!pads.IsPad(ids[i])) continue;
       const int64_t t = static_cast<int64_t>(overrides.size());
       overrides.push_back({static_cast<int64_t>(i), &vision->main[t * hidden],
                            &deepstack[t * levels * hidden], levels});
     }
     REQUIRE(static_cast<int64_t>(overrides.size()) == tokens);
-    auto pos = ComputeMropePositions(ids, pads, grids, m.cfg.vision->spatial_merge_size);
+    auto pos =
+        ComputeMropePositions(ids, pads, SplitVideoFrames(grids), m.cfg.vision->spatial_merge_size);
     REQUIRE(pos.ok());
     std::vector<int64_t> positions;
     for (const auto* row : {&pos->t, &pos->h, &pos->w})

@@ -136,6 +136,7 @@ def goldens(path, tok, images, gdir):
                       "rendered": text, "input_ids": inputs["input_ids"][0].tolist(),
                       "image_grid_thw": inputs["image_grid_thw"].tolist(),
                       "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])})
+    chats.append(video_chat(model, tok, tensors))
     write_safetensors(os.path.join(gdir, "mm_golden.safetensors"), tensors,
                       {"model": NAME, "seed": SEED})
     write_json(os.path.join(gdir, "mm_golden.json"), {
@@ -144,13 +145,59 @@ def goldens(path, tok, images, gdir):
                   "vision_deepstack<k> [tokens, 64] (deepstack_merger_list[k] on block "
                   "deepstack_visual_indexes[k]). Chats: ids with image pads expanded, "
                   "image_grid_thw (pixel values: the batch's rows of each image), get_rope_index positions and delta, "
-                  "last logits, greedy %d tokens with eos masked."
+                  "last logits, greedy %d tokens with eos masked. The video chat: "
+                  "pixel_values_videos.video (a fixed pattern), video_grid_thw, the prompt "
+                  "with per-temporal-patch timestamps as Qwen3VLProcessor writes it."
                   % (transformers.__version__, VISION_BATCH, N_NEW)),
         "model": NAME,
         "vision_batch": VISION_BATCH,
         "vision_batch_grid_thw": feats["image_grid_thw"].tolist(),
         "chats": chats,
     })
+
+
+# A video chat: 2 temporal patches (4 frames sampled at 2 fps) of 4x4
+# patches. Its pixel values are a fixed pattern (the tower does not care
+# where they come from); the prompt places each temporal patch after its
+# timestamp as Qwen3VLProcessor does.
+VIDEO_GRID = [2, 4, 4]
+VIDEO_FPS = 2.0
+
+
+def video_chat(model, tok, tensors):
+    name = "video"
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": "What moves?"}]}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    t, h, w = VIDEO_GRID
+    gen = torch.Generator().manual_seed(SEED)
+    pixels = torch.randn(t * h * w, 3 * 2 * 16 * 16, generator=gen)
+    # Qwen3VLProcessor._calculate_timestamps: each temporal patch at the mean
+    # time of its first and last frame.
+    frames = [i / VIDEO_FPS for i in range(2 * t)]
+    stamps = [(frames[i] + frames[i + 1]) / 2 for i in range(0, 2 * t, 2)]
+    placeholder = "".join(f"<{s:.1f} seconds><|vision_start|>" + "<|video_pad|>" * (h * w // 4)
+                          + "<|vision_end|>" for s in stamps)
+    block = "<|vision_start|><|video_pad|><|vision_end|>"
+    assert block in text
+    expanded = text.replace(block, placeholder, 1)
+    enc = tok(expanded, return_tensors="pt")
+    grid = torch.tensor([VIDEO_GRID])
+    inputs = dict(enc, pixel_values_videos=pixels, video_grid_thw=grid)
+    with torch.no_grad():
+        pos, delta = model.model.get_rope_index(inputs["input_ids"], None, grid,
+                                                inputs["attention_mask"])
+        logits = model(**inputs).logits[0].float()
+    tensors[f"pixel_values_videos.{name}"] = pixels
+    tensors[f"logits_last.fp32.{name}"] = logits[-1]
+    new, chosen, margins = generate_greedy(model, tok, inputs, N_NEW)
+    print(f"  {NAME} {name}: {len(set(new))} distinct, min margin {min(margins):.4f}")
+    return {"name": name, "compute_dtype": "fp32", "greedy_ids": new,
+            "greedy_text": tok.decode(new), "greedy_chosen_logit": chosen,
+            "greedy_top2_margin": margins, "logits_last_argmax": int(logits[-1].argmax()),
+            "images": [], "rendered": expanded, "input_ids": inputs["input_ids"][0].tolist(),
+            "image_grid_thw": [], "video_grid_thw": [VIDEO_GRID],
+            "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])}
 
 
 def main():
