@@ -6,8 +6,8 @@ model/testdata/tokenizer, a patch-16 preprocessor) and
 model/testdata/goldens/qwen3vl-tiny/mm_golden.{json,safetensors}: the
 vision tower on two images of different sizes in one call (pixel values,
 merged output and one DeepStack feature per deepstack index), and image
-chats with one and two images of that batch (ids, grids, M-RoPE positions,
-last logits, greedy tokens).
+chats with one and two images of that batch and a video chat (ids, grids,
+M-RoPE positions, last logits, greedy tokens).
 
 What the model exercises: the Qwen3 decoder (explicit head_dim 32, q/k
 RMSNorm, no biases, tied embeddings) with interleaved M-RoPE (sections
