@@ -139,7 +139,9 @@ int Main(const std::vector<std::string>& image_paths) {
       chat.push_back({"system", {{model::ChatPart::Kind::kText, absl::GetFlag(FLAGS_system)}}});
     }
     chat.push_back({"user", parts});
-    auto text = model::RenderQwen2VlChat(chat, model::ChatOptions());
+    auto family = model::ChatFamilyFor((*engine)->config().model_type);
+    if (!family.ok()) return Fail(family.status());
+    auto text = model::RenderChat(*family, chat, model::ChatOptions());
     if (!text.ok()) return Fail(text.status());
     req.prompt = *text;
   }

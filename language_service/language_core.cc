@@ -180,7 +180,8 @@ absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
   RETURN_IF_ERROR(role_->CheckPrefill(request));
   std::vector<model::MediaKind> slots;
-  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, &slots));
+  ASSIGN_OR_RETURN(model::ChatFamily family, model::ChatFamilyFor(config().model_type));
+  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, family, &slots));
   RETURN_IF_ERROR(CheckPromptMedia(slots, request));
   if (request.images_size() > 0 && !config().vision) {
     return absl::InvalidArgumentError("this model does not accept images");

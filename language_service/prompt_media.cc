@@ -32,6 +32,7 @@ std::vector<model::MediaKind> RawSlots(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request,
+                                         model::ChatFamily family,
                                          std::vector<model::MediaKind>* slots) {
   slots->clear();
   if (request.has_chat()) {
@@ -44,7 +45,7 @@ absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request,
         if (part.kind == model::ChatPart::Kind::kVideo) slots->push_back(model::MediaKind::kVideo);
       }
     }
-    return model::RenderQwen2VlChat(messages, opts);
+    return model::RenderChat(family, messages, opts);
   }
   if (request.has_raw()) {
     *slots = RawSlots(request.raw().text());

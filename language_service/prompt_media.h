@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "model/chat_template.h"
 #include "model/image_tokens.h"
 #include "proto/language.pb.h"
 
@@ -29,6 +30,7 @@ namespace v1 = ::mmserve::internal::v1;
 // in order. InvalidArgument for a request without a prompt or a chat the
 // template refuses.
 [[nodiscard]] absl::StatusOr<std::string> RenderPrompt(const v1::PrefillRequest& request,
+                                                       model::ChatFamily family,
                                                        std::vector<model::MediaKind>* slots);
 
 // InvalidArgument unless request.images() has one entry per slot, each of

@@ -27,7 +27,7 @@ TEST_CASE("raw text lists image and video placeholders in order", "[prompt_media
       WithKinds({v1::MEDIA_KIND_VIDEO, v1::MEDIA_KIND_IMAGE, v1::MEDIA_KIND_VIDEO});
   r.mutable_raw()->set_text(video + "a" + image + image.substr(0, 5) + video + "?");
   std::vector<MediaKind> slots;
-  auto text = RenderPrompt(r, &slots);
+  auto text = RenderPrompt(r, model::ChatFamily::kQwen2Vl, &slots);
   REQUIRE(text.ok());
   CHECK(*text == r.raw().text());
   CHECK(slots == std::vector<MediaKind>{MediaKind::kVideo, MediaKind::kImage, MediaKind::kVideo});
@@ -52,13 +52,54 @@ TEST_CASE("chat video parts render as video placeholders", "[prompt_media]") {
   m->add_content()->set_text("and");
   m->add_content()->mutable_video();
   std::vector<MediaKind> slots;
-  auto text = RenderPrompt(r, &slots);
+  auto text = RenderPrompt(r, model::ChatFamily::kQwen3Vl, &slots);
   REQUIRE(text.ok());
   CHECK(text->find(std::string(model::kQwen2VlImagePlaceholder) + "and" +
                    model::kQwen2VlVideoPlaceholder) != std::string::npos);
   CHECK(slots == std::vector<MediaKind>{MediaKind::kImage, MediaKind::kVideo});
   CHECK(CheckPromptMedia(slots, r).ok());
   CHECK(MediaKindToProto(MediaKind::kVideo) == v1::MEDIA_KIND_VIDEO);
+}
+
+TEST_CASE("a chat renders in the served model's family format", "[prompt_media]") {
+  v1::PrefillRequest r;
+  mmserve::v1::ChatMessage* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->add_content()->set_text("hi");
+  std::vector<MediaKind> slots;
+  CHECK(*RenderPrompt(r, model::ChatFamily::kQwen3, &slots) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK(RenderPrompt(r, model::ChatFamily::kQwen2Vl, &slots)
+            ->rfind("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", 0) == 0);
+  m->add_content()->mutable_image();
+  CHECK(RenderPrompt(r, model::ChatFamily::kQwen25, &slots).status().message() ==
+        "message 0: this model does not accept images");
+}
+
+TEST_CASE("the chat's enable_thinking and reasoning_content reach the Qwen3 format",
+          "[prompt_media]") {
+  v1::PrefillRequest r;
+  mmserve::v1::Chat* chat = r.mutable_chat();
+  mmserve::v1::ChatMessage* user = chat->add_messages();
+  user->set_role("user");
+  user->add_content()->set_text("q");
+  mmserve::v1::ChatMessage* answer = chat->add_messages();
+  answer->set_role("assistant");
+  answer->add_content()->set_text("a");
+  answer->set_reasoning_content("r");
+  chat->set_add_generation_prompt(false);
+  std::vector<MediaKind> slots;
+  CHECK(*RenderPrompt(r, model::ChatFamily::kQwen3, &slots) ==
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\na"
+        "<|im_end|>\n");
+  chat->mutable_messages()->RemoveLast();
+  chat->clear_add_generation_prompt();
+  chat->set_enable_thinking(false);
+  CHECK(*RenderPrompt(r, model::ChatFamily::kQwen3, &slots) ==
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  user->set_reasoning_content("not mine");
+  CHECK(RenderPrompt(r, model::ChatFamily::kQwen3, &slots).status().message() ==
+        "message 0: only assistant messages carry reasoning_content");
 }
 
 }  // namespace

@@ -21,9 +21,11 @@ void ChatFromProto(const mmserve::v1::Chat& chat, std::vector<ChatMessage>* mess
     for (const mmserve::v1::ToolCall& call : m.tool_calls()) {
       cm.tool_calls.push_back({call.name(), call.arguments()});
     }
+    if (m.has_reasoning_content()) cm.reasoning_content = m.reasoning_content();
   }
   options->add_generation_prompt =
       !chat.has_add_generation_prompt() || chat.add_generation_prompt();
+  options->enable_thinking = !chat.has_enable_thinking() || chat.enable_thinking();
   options->tools.clear();
   for (const mmserve::v1::Tool& t : chat.tools()) {
     ChatTool& tool = options->tools.emplace_back();

@@ -1,6 +1,6 @@
 // A public mmserve.v1.Chat as RenderQwen2VlChat takes it: the messages (text,
-// image and video parts, tool calls) and the options the chat sets
-// (add_generation_prompt, tools). The router and the language service both
+// image and video parts, tool calls, reasoning) and the options the chat sets
+// (add_generation_prompt, tools, enable_thinking). The router and the language service both
 // render from it, so they render the same text.
 //
 //   ChatFromProto(request.chat(), &messages, &options);
@@ -17,8 +17,9 @@
 
 namespace mmserve::model {
 
-// Replaces *messages and sets options->add_generation_prompt (default true)
-// and options->tools; other options are left as they are.
+// Replaces *messages and sets options->add_generation_prompt (default true),
+// options->tools and options->enable_thinking (default true); other options
+// are left as they are.
 void ChatFromProto(const mmserve::v1::Chat& chat, std::vector<ChatMessage>* messages,
                    ChatOptions* options);
 

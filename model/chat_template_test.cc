@@ -70,5 +70,61 @@ TEST_CASE("malformed chats are rejected with the offending message", "[chat]") {
   CHECK(img.status().message() == "message 0: only user messages may hold images");
 }
 
+TEST_CASE("each served model_type speaks its family's format", "[chat][family]") {
+  CHECK(*ChatFamilyFor("qwen2_vl") == ChatFamily::kQwen2Vl);
+  CHECK(*ChatFamilyFor("qwen2_5_vl") == ChatFamily::kQwen2Vl);
+  CHECK(*ChatFamilyFor("qwen2") == ChatFamily::kQwen25);
+  CHECK(*ChatFamilyFor("qwen3") == ChatFamily::kQwen3);
+  CHECK(*ChatFamilyFor("qwen3_moe") == ChatFamily::kQwen3);
+  CHECK(*ChatFamilyFor("qwen3_vl") == ChatFamily::kQwen3Vl);
+  CHECK(*ChatFamilyFor("qwen3_vl_moe") == ChatFamily::kQwen3Vl);
+  auto unknown = ChatFamilyFor("llama");
+  CHECK(unknown.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(unknown.status().message() == "model_type \"llama\" has no known chat format");
+}
+
+TEST_CASE("the default system prompt is the family's own, or the one the options give",
+          "[chat][family]") {
+  const std::vector<ChatMessage> hi = {{"user", {Text("hi")}}};
+  CHECK(RenderChat(ChatFamily::kQwen25, hi, ChatOptions())
+            ->rfind("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                    "assistant.<|im_end|>\n",
+                    0) == 0);
+  ChatOptions own;
+  own.default_system_prompt = "Be kind.";
+  CHECK(RenderChat(ChatFamily::kQwen2Vl, hi, own)->rfind("<|im_start|>system\nBe kind.", 0) == 0);
+  CHECK(*RenderChat(ChatFamily::kQwen3, hi, own) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_CASE("enable_thinking=false closes an empty think block in Qwen3's prompt only",
+          "[chat][family]") {
+  const std::vector<ChatMessage> hi = {{"user", {Text("hi")}}};
+  ChatOptions off;
+  off.enable_thinking = false;
+  CHECK(*RenderChat(ChatFamily::kQwen3, hi, off) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  CHECK(*RenderChat(ChatFamily::kQwen3Vl, hi, off) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  off.add_generation_prompt = false;
+  CHECK(*RenderChat(ChatFamily::kQwen3, hi, off) == "<|im_start|>user\nhi<|im_end|>\n");
+}
+
+TEST_CASE("text-only families refuse images and videos; vision families place them",
+          "[chat][family]") {
+  for (ChatFamily text_only : {ChatFamily::kQwen25, ChatFamily::kQwen3}) {
+    auto image = RenderChat(text_only, {{"user", {Text("a"), Image()}}}, ChatOptions());
+    CHECK(image.status().message() == "message 0: this model does not accept images");
+    auto video = RenderChat(text_only, {{"user", {Video()}}}, ChatOptions());
+    CHECK(video.status().message() == "message 0: this model does not accept videos");
+  }
+  auto vl = RenderChat(ChatFamily::kQwen3Vl, {{"user", {Image(), Text("?")}}}, ChatOptions());
+  CHECK(*vl == std::string("<|im_start|>user\n") + kQwen2VlImagePlaceholder +
+                   "?<|im_end|>\n<|im_start|>assistant\n");
+  auto late = RenderChat(ChatFamily::kQwen3Vl, {{"user", {Text("x")}}, {"system", {Text("y")}}},
+                         ChatOptions());
+  CHECK(late.status().message() == "message 1: a system message may only come first");
+}
+
 }  // namespace
 }  // namespace mmserve::model

@@ -1,7 +1,10 @@
-// Tools in the chat format against the Jinja template's own rendering
-// (model/testdata/tool_template_goldens.json, written by
-// tools/gen_tool_template_goldens.py), byte for byte.
+// The chat formats against the Jinja templates' own rendering, byte for
+// byte: every family's template over one corpus
+// (model/testdata/chat_template_goldens.json, written by
+// tools/gen_chat_template_goldens.py) and Qwen2-VL's format with tools
+// (model/testdata/tool_template_goldens.json, tools/gen_tool_template_goldens.py).
 #include <catch2/catch.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,6 +31,8 @@ std::vector<ChatMessage> ToChat(const json& messages) {
       for (const json& part : content) {
         if (part["type"] == "image") {
           msg.parts.push_back({ChatPart::Kind::kImage, ""});
+        } else if (part["type"] == "video") {
+          msg.parts.push_back({ChatPart::Kind::kVideo, ""});
         } else {
           msg.parts.push_back({ChatPart::Kind::kText, part["text"]});
         }
@@ -38,6 +43,7 @@ std::vector<ChatMessage> ToChat(const json& messages) {
         msg.tool_calls.push_back({call["function"]["name"], call["function"]["arguments"]});
       }
     }
+    if (m.contains("reasoning_content")) msg.reasoning_content = m["reasoning_content"];
   }
   return out;
 }
@@ -69,6 +75,37 @@ TEST_CASE("chats with tools render as the Jinja template does, byte for byte", "
     ++cases;
   }
   CHECK(cases == 5);
+}
+
+ChatFamily FamilyNamed(const std::string& name) {
+  if (name == "qwen2_vl") return ChatFamily::kQwen2Vl;
+  if (name == "qwen2_5") return ChatFamily::kQwen25;
+  if (name == "qwen3") return ChatFamily::kQwen3;
+  REQUIRE(name == "qwen3_vl");
+  return ChatFamily::kQwen3Vl;
+}
+
+TEST_CASE("every family's chats render as its own Jinja template does, byte for byte",
+          "[chat][family]") {
+  auto text = ReadFileToString("model/testdata/chat_template_goldens.json");
+  REQUIRE(text.ok());
+  std::map<std::string, int> cases;
+  for (const json& c : json::parse(*text)) {
+    const std::string family = c["family"];
+    INFO("family " << family << ", case " << c["name"].get<std::string>());
+    const json& o = c["options"];
+    ChatOptions opts;
+    opts.add_generation_prompt = o.value("add_generation_prompt", true);
+    opts.add_vision_id = o.value("add_vision_id", false);
+    opts.enable_thinking = o.value("enable_thinking", true);
+    opts.tools = ToTools(c["tools"]);
+    auto got = RenderChat(FamilyNamed(family), ToChat(c["messages"]), opts);
+    REQUIRE(got.ok());
+    CHECK(*got == c["text"].get<std::string>());
+    ++cases[family];
+  }
+  CHECK(cases == std::map<std::string, int>{
+                     {"qwen2_vl", 7}, {"qwen2_5", 9}, {"qwen3", 19}, {"qwen3_vl", 13}});
 }
 
 TEST_CASE("tool JSON is written as Python's json.dumps writes it", "[chat][tools]") {

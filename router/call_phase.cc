@@ -11,11 +11,13 @@ std::optional<CallPhase> NextPhase(CallPhase phase, CallEvent event) {
     case CallEvent::kFirstToken:
       if (phase == P::kPrefilling) return P::kDecoding;
       break;
-    case CallEvent::kKvHandedOff:
-      if (phase == P::kPrefilling || phase == P::kDecoding) return P::kHandedOff;
+    case CallEvent::kCarrierMoved:
+      if (phase == P::kPrefilling || phase == P::kDecoding || phase == P::kHandedOver) {
+        return P::kHandedOver;
+      }
       break;
     case CallEvent::kFinalResponse:
-      if (phase == P::kPrefilling || phase == P::kDecoding || phase == P::kHandedOff) {
+      if (phase == P::kPrefilling || phase == P::kDecoding || phase == P::kHandedOver) {
         return P::kFinalHeld;
       }
       break;
@@ -34,8 +36,8 @@ absl::string_view PhaseName(CallPhase phase) {
       return "prefilling";
     case CallPhase::kDecoding:
       return "decoding";
-    case CallPhase::kHandedOff:
-      return "handed off";
+    case CallPhase::kHandedOver:
+      return "handed over";
     case CallPhase::kFinalHeld:
       return "final held";
     case CallPhase::kEnded:
@@ -50,8 +52,8 @@ absl::string_view EventName(CallEvent event) {
       return "prefill started";
     case CallEvent::kFirstToken:
       return "first token";
-    case CallEvent::kKvHandedOff:
-      return "KV handed off";
+    case CallEvent::kCarrierMoved:
+      return "carrier moved";
     case CallEvent::kFinalResponse:
       return "final response";
     case CallEvent::kEnd:

@@ -1,17 +1,16 @@
-// ElasticCall and EspPool (router --esp) against in-process fake elastic
+// GenerateCall and EspPool (router --esp) against in-process fake elastic
 // instances (Language EspPrefill, Prefill, Abort and GetLoad): degree 1
 // when a request fits one instance, a group when it does not, Abort to
 // every member on finish, cancel and a member's failure, refusals at once
 // and after the queue wait, and a property run: promised slots never
 // exceed an instance's capacity and each request has one master.
-#include "router/elastic_call.h"
-
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -20,6 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "language_service/esp_plan.h"
@@ -27,6 +28,7 @@
 #include "router/call_testing.h"
 #include "router/esp_pool.h"
 #include "router/esp_step_models.h"
+#include "router/generate_call.h"
 
 namespace mmserve::router {
 namespace {
@@ -135,7 +137,7 @@ class ElasticStack {
  public:
   explicit ElasticStack(const std::vector<int64_t>& slots, EspPoolOptions options = PoolOptions())
       : table_({.poll_interval = absl::Milliseconds(20), .pool_elastic = true}),
-        pool_(table_, metrics_, std::move(options)) {
+        pool_(table_, metrics_, loop_, std::move(options)) {
     context_.options.model_id = "m";
     context_.options.presize = false;
     context_.options.max_model_len = 8192;
@@ -147,7 +149,7 @@ class ElasticStack {
       fakes.push_back(std::make_unique<FakeElastic>(absl::StrCat("x", i), slots[i]));
       Add(*fakes.back(), slots[i]);
     }
-    table_.Start();
+    table_.Start(loop_);
     REQUIRE(WaitFor([&] { return table_.Healthy(Role::kElastic).size() == slots.size(); }));
     pool_.Start();
   }
@@ -182,6 +184,7 @@ class ElasticStack {
     servers_.push_back(*std::move(server));
   }
 
+  EventLoop loop_{{.name = "router"}};
   InstanceTable table_;
   metrics::Registry metrics_;
   CallMetrics call_metrics_{metrics_};
@@ -453,6 +456,41 @@ TEST_CASE("a decode tail past the first master's pool: the master moves, the str
   }
   CHECK(absl::StrContains(stack.metrics().Render(), "\nmmserve_router_esp_master_moves_total 1\n"));
   CheckAllAborted(stack, "m1");
+}
+
+TEST_CASE("the pool learns decoding and master moves from the call's phase changes") {
+  ElasticStack stack({2048, 2048});
+  // A group of two: the sampler's hand-over to the master is not a move;
+  // a hand-over to another member is.
+  absl::Notification placed;
+  std::optional<EspPlacement> placement;
+  REQUIRE(stack.pool()
+              .Submit({.id = "p1",
+                       .prompt_tokens = 3000,
+                       .max_tokens = 8,
+                       .on_placed =
+                           [&](absl::StatusOr<EspPlacement> p) {
+                             REQUIRE(p.ok());
+                             placement = *std::move(p);
+                             placed.Notify();
+                           }})
+              .ok());
+  REQUIRE(placed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE(placement->plan.has_value());
+  const size_t master = placement->plan->master();
+  const size_t other = 1 - master;
+  const auto moves = [&] {
+    return absl::StrContains(stack.metrics().Render(),
+                             "\nmmserve_router_esp_master_moves_total 1\n");
+  };
+  stack.pool().PhaseChanged("p1", CallPhase::kPrefilling, other);
+  stack.pool().PhaseChanged("p1", CallPhase::kDecoding, other);
+  stack.pool().PhaseChanged("p1", CallPhase::kHandedOver, master);
+  CHECK_FALSE(moves());
+  stack.pool().PhaseChanged("p1", CallPhase::kHandedOver, other);
+  CHECK(moves());
+  stack.pool().Finished("p1");
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
 }
 
 TEST_CASE("a next master that refuses the move ends the call UNAVAILABLE, every member aborted") {

@@ -32,9 +32,10 @@ std::vector<int64_t> PromisedPerMember(const scheduler::EspRequestPlan& request,
 
 }  // namespace
 
-EspPool::EspPool(InstanceTable& table, metrics::Registry& metrics, EspPoolOptions options)
+EspPool::EspPool(InstanceTable& table, metrics::Registry& metrics, EventLoop& loop,
+                 EspPoolOptions options)
     : table_(table),
-      metrics_(metrics),
+      loop_(loop),
       master_moves_(metrics.GetCounter(
           "mmserve_router_esp_master_moves_total",
           "Elastic requests whose master moved to the next member of its group.")),
@@ -47,12 +48,39 @@ EspPool::EspPool(InstanceTable& table, metrics::Registry& metrics, EspPoolOption
                            "KV token slots promised to live requests on elastic instances.")),
       options_(std::move(options)) {
   avg_decode_seconds_ = options_.config.avg_decode_latency;
+  // Every degree the step models allow, exported from the start.
+  const size_t max_degree = std::max<size_t>(1, options_.config.per_degree.size());
+  for (size_t degree = 1; degree <= max_degree; ++degree) {
+    requests_by_degree_.push_back(
+        &metrics.GetCounter("mmserve_router_esp_requests_total",
+                            "Requests the elastic manager placed, by degree of parallelism.",
+                            {{"degree", absl::StrCat(degree)}}));
+  }
 }
 
 EspPool::~EspPool() { Stop(); }
 
-void EspPool::Start() {
-  loop_ = std::thread([this] { Loop(); });
+void EspPool::Start() { ScheduleTick(); }
+
+void EspPool::ScheduleTick() {
+  loop_.PostAfter(options_.tick, [this, alive = alive_] {
+    if (!*alive) return;
+    RunIteration();
+    ScheduleTick();
+  });
+}
+
+void EspPool::Wake() {
+  if (wake_ || stopping_) return;
+  wake_ = true;
+  loop_.Post([this, alive = alive_] {
+    if (!*alive) return;
+    {
+      absl::MutexLock lock(&mu_);
+      wake_ = false;
+    }
+    RunIteration();
+  });
 }
 
 void EspPool::Stop() {
@@ -67,21 +95,17 @@ void EspPool::Stop() {
     pending_.clear();
     SetGauges();
   }
-  if (loop_.joinable()) loop_.join();
+  // Once this returns no task of the pool runs on the loop (a stopped loop
+  // runs none).
+  const absl::Status s = loop_.RunAndWait([alive = alive_] {
+    *alive = false;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) *alive_ = false;
   for (auto& [f, placement] : out) f(std::move(placement));
 }
 
-void EspPool::Loop() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(this, &EspPool::WakeOrStop), options_.tick);
-      if (stopping_) return;
-      wake_ = false;
-    }
-    RunIteration();
-  }
-}
+bool EspPool::CanPlace() const { return !table_.Healthy(Role::kElastic).empty(); }
 
 int64_t EspPool::BlockSize(const std::vector<std::shared_ptr<Instance>>& pool) const {
   for (const auto& i : pool) {
@@ -115,7 +139,7 @@ int64_t EspPool::FreeSlots(const Instance& instance) const {
 
 bool EspPool::InGroupPrefill(const std::string& instance_id) const {
   for (const auto& [id, l] : live_) {
-    if (!l.group || l.decoding) continue;
+    if (!l.group || Decoding(l)) continue;
     for (const auto& m : l.members) {
       if (m->id == instance_id) return true;
     }
@@ -125,7 +149,7 @@ bool EspPool::InGroupPrefill(const std::string& instance_id) const {
 
 absl::Status EspPool::Submit(EspDemand demand) {
   std::vector<std::shared_ptr<Instance>> pool = table_.Healthy(Role::kElastic);
-  if (pool.empty()) return absl::UnavailableError("no healthy elastic instance");
+  if (pool.empty()) return absl::UnavailableError("no healthy elastic instance");  // !CanPlace()
   std::vector<int64_t> capacities;
   for (const auto& i : pool) capacities.push_back(CapacitySlots(*i));
   std::sort(capacities.rbegin(), capacities.rend());
@@ -151,20 +175,23 @@ absl::Status EspPool::Submit(EspDemand demand) {
   return absl::OkStatus();
 }
 
-void EspPool::Decoding(const std::string& id) {
+void EspPool::PhaseChanged(const std::string& id, CallPhase phase, size_t carrier) {
   absl::MutexLock lock(&mu_);
   auto it = live_.find(id);
-  if (it == live_.end() || it->second.decoding) return;
-  it->second.decoding = true;
-  it->second.first_token_at = absl::Now();
-  if (it->second.group) Wake();  // its instances rejoin the pool
-}
-
-void EspPool::MasterMoved(const std::string& id, size_t member) {
-  master_moves_.Increment();
-  absl::MutexLock lock(&mu_);
-  auto it = live_.find(id);
-  if (it != live_.end() && member < it->second.members.size()) it->second.master = member;
+  if (it == live_.end()) return;
+  Live& l = it->second;
+  const bool was_decoding = Decoding(l);
+  l.phase = phase;
+  if (!was_decoding && Decoding(l)) {
+    l.first_token_at = absl::Now();
+    if (l.group) Wake();  // its instances rejoin the pool
+  }
+  // The sampler hands its first token over to the master: only a move
+  // away from the master is the master's.
+  if (phase == CallPhase::kHandedOver && carrier != l.master && carrier < l.members.size()) {
+    master_moves_.Increment();
+    l.master = carrier;
+  }
 }
 
 void EspPool::Finished(const std::string& id) {
@@ -177,7 +204,7 @@ void EspPool::Finished(const std::string& id) {
     auto it = live_.find(id);
     if (it != live_.end()) {
       const Live& l = it->second;
-      if (l.decoding) {
+      if (Decoding(l)) {
         const double s = absl::ToDoubleSeconds(absl::Now() - l.first_token_at);
         avg_decode_seconds_ = avg_decode_seconds_ == 0 ? s : 0.8 * avg_decode_seconds_ + 0.2 * s;
       }
@@ -252,7 +279,7 @@ scheduler::EspPoolState EspPool::PoolState(const std::vector<std::shared_ptr<Ins
                                   .free_blocks = FreeSlots(*pool[i]) / block_size};
     double least = 0;
     for (const auto& [id, l] : live_) {
-      if (!l.decoding || l.members[l.master]->id != pool[i]->id) continue;
+      if (!Decoding(l) || l.members[l.master]->id != pool[i]->id) continue;
       const double elapsed = absl::ToDoubleSeconds(now - l.first_token_at);
       least = s.decoding_output_lens.empty() ? elapsed : std::min(least, elapsed);
       s.decoding_output_lens.push_back(l.max_tokens);
@@ -317,11 +344,7 @@ void EspPool::Plan(std::vector<Delivery>& out) {
 
 void EspPool::Place(Pending& pending, Live live, std::optional<internal::v1::EspPlan> plan,
                     std::vector<Delivery>& out) {
-  metrics_
-      .GetCounter("mmserve_router_esp_requests_total",
-                  "Requests the elastic manager placed, by degree of parallelism.",
-                  {{"degree", absl::StrCat(live.members.size())}})
-      .Increment();
+  requests_by_degree_[std::min(live.members.size(), requests_by_degree_.size()) - 1]->Increment();
   EspPlacement placement{.members = live.members, .plan = std::move(plan)};
   live_[pending.demand.id] = std::move(live);
   out.emplace_back(std::move(pending.demand.on_placed), std::move(placement));

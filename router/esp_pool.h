@@ -3,19 +3,23 @@
 // requests waiting for KV slots, the slots promised to placed requests and
 // each placed request's members (the span map).
 //
-//   EspPool pool(table, metrics, options);
+//   EventLoop loop({.name = "router"});   // shared with the instance table
+//   EspPool pool(table, metrics, loop, options);
 //   pool.Start();
 //   RETURN_IF_ERROR(pool.Submit({.id = id, .prompt_tokens = n, .max_tokens = m,
 //                                .deadline = d, .on_placed = ...}));
-//   ... on_placed(EspPlacement) runs on the pool's thread: one member (degree
+//   ... on_placed(EspPlacement) runs on the loop: one member (degree
 //   1: an ordinary Prefill call) or a group (an EspPrefill call to each)
-//   pool.Decoding(id);   // the first token arrived
-//   pool.MasterMoved(id, member);  // a group's next master decodes it
+//   pool.PhaseChanged(id, CallPhase::kDecoding, member);  // from the call
 //   pool.Finished(id);   // the call ended: slots freed, Abort to a group
 //
-// Each iteration (an arrival, a finish, a first token, or every `tick`)
-// runs scheduler::PlanEspIteration over the pending requests, first come
-// first served, and the healthy elastic instances not in a group prefill.
+// The pool is the elastic placement policy (placer.h EspPlacer) and runs
+// on the router's EventLoop: each iteration (an arrival, a finish, a first
+// token, or every `tick`, a timer on the loop) runs
+// scheduler::PlanEspIteration over the pending requests, first come first
+// served, and the healthy elastic instances not in a group prefill. What a
+// placed request is doing (decoding yet, which member decodes it) it
+// learns from the call's phase changes.
 // An instance's free slots are the least of (a) its latest load report's
 // free slots less what was promised on it since that report and (b) its
 // capacity less every promise of a live request on it. A promise is the
@@ -36,10 +40,11 @@
 // queued request gets DEADLINE_EXCEEDED at its deadline and
 // RESOURCE_EXHAUSTED after `max_queue_wait`.
 //
-// Thread-safe. on_placed runs with no lock of the pool held.
+// Thread-safe. on_placed runs on the loop with no lock of the pool held.
 #ifndef MMSERVE_ROUTER_ESP_POOL_H_
 #define MMSERVE_ROUTER_ESP_POOL_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -48,7 +53,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -57,8 +61,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/event_loop.h"
 #include "common/metrics.h"
 #include "proto/language.pb.h"
+#include "router/call_phase.h"
 #include "router/instance_table.h"
 #include "scheduler/esp_manager.h"
 
@@ -94,32 +100,37 @@ struct EspDemand {
 
 class EspPool {
  public:
-  EspPool(InstanceTable& table, metrics::Registry& metrics, EspPoolOptions options);
+  // `loop` outlives the pool (or is stopped after it).
+  EspPool(InstanceTable& table, metrics::Registry& metrics, EventLoop& loop,
+          EspPoolOptions options);
   ~EspPool();
   EspPool(const EspPool&) = delete;
   EspPool& operator=(const EspPool&) = delete;
 
-  // Starts the manager's loop; Stop ends it and refuses what is queued
-  // (UNAVAILABLE).
+  // Starts the manager's tick on the loop; Stop ends it and refuses what is
+  // queued (UNAVAILABLE). Nothing of the pool runs on the loop after Stop.
   void Start();
   void Stop();
+
+  // Whether the pool has a healthy elastic instance.
+  bool CanPlace() const;
 
   // Queues a request (see the refusals above); on_placed runs exactly once
   // later unless Finished(id) comes first.
   [[nodiscard]] absl::Status Submit(EspDemand demand) ABSL_LOCKS_EXCLUDED(mu_);
-  // The request's first token arrived: its group's instances rejoin the
-  // pool; it counts in its master's decode batch from now on.
-  void Decoding(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  // The request's master moved to member `member` of its group (its decode
-  // batch is that instance's from now on;
-  // mmserve_router_esp_master_moves_total).
-  void MasterMoved(const std::string& id, size_t member) ABSL_LOCKS_EXCLUDED(mu_);
+  // The call `id` entered `phase` with member `carrier` carrying its
+  // tokens. Past kPrefilling it decodes: its group's instances rejoin the
+  // pool, and it counts in its master's decode batch. In kHandedOver a
+  // carrier other than the master is the next master (its decode batch is
+  // that instance's from now on; mmserve_router_esp_master_moves_total).
+  void PhaseChanged(const std::string& id, CallPhase phase, size_t carrier)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The call ended, whatever the way: drops it from the queue or frees its
   // promises, and sends Abort(id) to every member of its group (bounded by
   // abort_timeout, not waited for). Idempotent.
   void Finished(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One iteration now (the loop runs them on its own; tests call it too).
+  // One iteration now (the loop runs them; tests call it too).
   void RunIteration() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
@@ -140,19 +151,21 @@ class EspPool {
   struct Live {
     std::vector<std::shared_ptr<Instance>> members;
     std::vector<int64_t> promised;  // slots, per member
-    size_t master = 0;
+    size_t master = 0;              // the member that decodes it
     bool group = false;
     absl::Time placed_at;
-    bool decoding = false;
+    CallPhase phase = CallPhase::kPlacing;  // the call's, as it last said
     absl::Time first_token_at;
     int64_t max_tokens = 1;  // its output length at most
   };
   using Delivery =
       std::pair<std::function<void(absl::StatusOr<EspPlacement>)>, absl::StatusOr<EspPlacement>>;
 
-  void Loop();
-  bool WakeOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; }
-  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
+  // Runs an iteration on the loop soon (one at a time however many ask).
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next tick, `tick` from now.
+  void ScheduleTick();
+  static bool Decoding(const Live& live) { return live.phase > CallPhase::kPrefilling; }
   int64_t BlockSize(const std::vector<std::shared_ptr<Instance>>& pool) const;
   int64_t CapacitySlots(const Instance& instance) const;
   int64_t FreeSlots(const Instance& instance) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -170,9 +183,9 @@ class EspPool {
   void SendAborts(const std::string& id, const std::vector<std::shared_ptr<Instance>>& members);
 
   InstanceTable& table_;
-  metrics::Registry& metrics_;
-  // Resolved once (the per-degree request counters are looked up per
-  // placement).
+  EventLoop& loop_;
+  // Resolved once.
+  std::vector<metrics::Counter*> requests_by_degree_;  // [degree - 1]
   metrics::Counter& master_moves_;
   metrics::Counter& aborts_sent_;
   metrics::Gauge& pending_gauge_;
@@ -183,9 +196,11 @@ class EspPool {
   std::map<std::string, Live> live_ ABSL_GUARDED_BY(mu_);
   // Seconds a request decodes, on average (weight 0.2 for the newest).
   double avg_decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // an iteration is posted
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread loop_;
+  // False from Stop on, set on the loop: the pool's tasks still queued
+  // there do nothing.
+  const std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
 };
 
 }  // namespace mmserve::router

@@ -12,12 +12,14 @@ namespace {
 
 // The text the language side tokenizes (language_service/prompt_media.h
 // renders the same chat the same way).
-absl::StatusOr<std::string> PromptText(const mmserve::v1::GenerateRequest& request) {
+absl::StatusOr<std::string> PromptText(const RouterOptions& options,
+                                       const mmserve::v1::GenerateRequest& request) {
   if (!request.has_chat()) return request.raw().text();
   std::vector<model::ChatMessage> messages;
   model::ChatOptions opts;
   model::ChatFromProto(request.chat(), &messages, &opts);
-  return model::RenderQwen2VlChat(messages, opts);
+  ASSIGN_OR_RETURN(model::ChatFamily family, model::ChatFamilyFor(options.config.model_type));
+  return model::RenderChat(family, messages, opts);
 }
 
 }  // namespace
@@ -33,7 +35,7 @@ absl::StatusOr<EspLength> EspRequestLength(const RouterOptions& options,
     if (tokenizer == nullptr) {
       return absl::FailedPreconditionError("the elastic manager needs the model's tokenizer");
     }
-    ASSIGN_OR_RETURN(std::string text, PromptText(request));
+    ASSIGN_OR_RETURN(std::string text, PromptText(options, request));
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text));
     n.prompt_tokens = static_cast<int64_t>(ids.size());
   }

@@ -11,13 +11,8 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/language.grpc.pb.h"
-#include "router/colocated_call.h"
-#include "router/disaggregated_call.h"
-#include "router/elastic_call.h"
-#include "router/esp_prompt.h"
 #include "router/public_error.h"
 #include "router/tool_grammar.h"
-#include "scheduler/placement.h"
 
 namespace mmserve::router {
 namespace {
@@ -27,39 +22,6 @@ std::atomic<uint64_t> next_request{1};
 std::string AssignId() {
   static const uint64_t salt = static_cast<uint64_t>(MonotonicNanos());
   return absl::StrFormat("req-%x-%d", salt & 0xffffff, next_request.fetch_add(1));
-}
-
-// The language instances for a request: a role-both instance when there is
-// one; else (prefill/decode roles) the decode instance first (most free KV
-// blocks, then fewest running sequences), then the least loaded prefill
-// one. `prefill` is null when neither arrangement is available.
-struct LanguagePlacement {
-  std::shared_ptr<Instance> prefill;
-  std::shared_ptr<Instance> decode;  // prefill/decode roles only
-};
-
-LanguagePlacement PlaceLanguage(InstanceTable& instances) {
-  LanguagePlacement placed;
-  auto candidates = instances.Healthy(Role::kLanguage);
-  if (candidates.empty()) {
-    const auto decoders = instances.Healthy(Role::kDecode);
-    candidates = instances.Healthy(Role::kPrefill);
-    if (decoders.empty() || candidates.empty()) return placed;
-    std::vector<uint64_t> pressure;
-    for (const auto& d : decoders) {
-      const internal::v1::LoadReport load = instances.LastLoad(d->id);
-      pressure.push_back((uint64_t{0xffffffff} - load.kv_blocks_free()) << 24 |
-                         std::min<uint64_t>(load.running(), 0xffffff));
-    }
-    placed.decode = decoders[scheduler::LeastLoaded(pressure)];
-  }
-  std::vector<uint64_t> loads;
-  for (const auto& c : candidates) {
-    loads.push_back(static_cast<uint64_t>(std::max<int64_t>(0, c->inflight.load())) +
-                    instances.LastLoad(c->id).outstanding_tokens());
-  }
-  placed.prefill = candidates[scheduler::LeastLoaded(loads)];
-  return placed;
 }
 
 // The public response for a batch of the internal token stream. The one
@@ -88,7 +50,7 @@ GenerateCall::GenerateCall(Setup setup)
       request_(std::move(setup.request)),
       id_(request_.request_id()),
       deadline_(setup.deadline),
-      prefill_(std::move(setup.prefill)),
+      placer_(std::move(setup.placer)),
       clock_(setup.clock),
       sink_(std::move(setup.sink)),
       encoders_(context_, request_, deadline_, setup.images) {
@@ -108,45 +70,43 @@ std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
     // A required or named tool choice becomes the output constraint.
     if (absl::Status s = ApplyToolChoice(&request); !s.ok()) prepared = s;
   }
-  LanguagePlacement placed;
-  if (prepared.ok()) setup.images = *std::move(prepared);
-  const bool elastic = prepared.ok() && context.esp != nullptr &&
-                       !context.instances->Healthy(Role::kElastic).empty();
-  std::shared_ptr<GenerateCall> call;
-  if (elastic) {
-    absl::StatusOr<EspLength> length =
-        EspRequestLength(context.options, context.tokenizer, request, setup.images);
-    setup.request = std::move(request);
-    call = std::make_shared<ElasticCall>(std::move(setup), *context.esp, std::move(length));
-  } else {
-    if (prepared.ok()) placed = PlaceLanguage(*context.instances);
-    setup.request = std::move(request);
-    setup.prefill = placed.prefill;
-    if (placed.decode != nullptr) {
-      call = std::make_shared<DisaggregatedCall>(std::move(setup), placed.decode);
-    } else {
-      call = std::make_shared<ColocatedCall>(std::move(setup));
-    }
+  if (prepared.ok()) {
+    setup.images = *std::move(prepared);
+    setup.placer = ChoosePlacer(context);
   }
-  {
-    absl::MutexLock lock(&call->mu_);
-    if (!prepared.ok()) {
+  setup.request = std::move(request);
+  const std::vector<PreparedImage> images = setup.images;
+  // Not make_shared: the constructor is private.
+  std::shared_ptr<GenerateCall> call(new GenerateCall(std::move(setup)));
+  if (!prepared.ok()) {
+    {
+      absl::MutexLock lock(&call->mu_);
       call->End(prepared.status());
-    } else {
-      call->Place();
     }
+    call->deferred_.Run();
+    return call;
   }
-  call->deferred_.Run();
+  // Outside mu_: a placer may answer inline.
+  call->placer_->Place(
+      {.id = call->id_, .request = &call->request_, .images = &images, .deadline = deadline},
+      [call](absl::StatusOr<Placement> placement) { call->OnPlaced(std::move(placement)); });
   return call;
 }
 
-void GenerateCall::Place() {
-  if (prefill_ == nullptr) {
-    End(absl::UnavailableError(
-        "no healthy language instance (role both, or prefill and decode together)"));
-    return;
+void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase_ != CallPhase::kEnded) {
+      if (!placement.ok()) {
+        End(placement.status());
+      } else {
+        placement_ = *std::move(placement);
+        chain_.emplace(placement_.carriers);
+        Run();
+      }
+    }
   }
-  Run();
+  deferred_.Run();
 }
 
 void GenerateCall::Run() {
@@ -161,6 +121,10 @@ void GenerateCall::Run() {
     return;
   }
   StartLanguage(MakePrefillRequest(*std::move(described)));
+}
+
+const std::vector<std::shared_ptr<Instance>>& GenerateCall::LanguageInstances() const {
+  return placement_.instances;
 }
 
 internal::v1::PrefillRequest GenerateCall::MakePrefillRequest(
@@ -194,11 +158,11 @@ bool GenerateCall::Advance(CallEvent event) {
     return false;
   }
   phase_ = *next;
+  if (placer_ != nullptr && chain_ && phase_ != CallPhase::kEnded) {
+    deferred_.Defer([placer = placer_.get(), id = id_, phase = phase_,
+                     carrier = chain_->carrier()] { placer->PhaseChanged(id, phase, carrier); });
+  }
   return true;
-}
-
-CallPhase GenerateCall::TokenPhase() const {
-  return phase_ == CallPhase::kFinalHeld ? final_->arrived_in : phase_;
 }
 
 EncoderDispatch::OnEncoded GenerateCall::OnEncodedCallback() {
@@ -288,14 +252,13 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
   CountTokens(batch, now);
   mmserve::v1::GenerateResponse r = ToResponse(batch, request_);
   if (r.finish_reason() != mmserve::v1::FINISH_REASON_UNSPECIFIED) {
-    const CallPhase arrived_in = phase_;
     if (!Advance(CallEvent::kFinalResponse)) return;
     if (r.has_timing()) {
       r.mutable_timing()->set_e2e_ms(now * 1e3);
       r.mutable_timing()->set_ttft_ms(first_token_s_ * 1e3);
     }
     // Held until every Encode call has answered, for cached_images.
-    final_ = HeldFinal{.response = std::move(r), .arrived_in = arrived_in};
+    final_ = HeldFinal{.response = std::move(r)};
     MaybeSendFinal();
     return;
   }
@@ -387,7 +350,10 @@ void GenerateCall::End(absl::Status status) {
   if (phase_ == CallPhase::kEnded) return;
   Advance(CallEvent::kEnd);
   encoders_.CancelOpen(deferred_);
-  CancelStreams(status);
+  CancelStreams();
+  if (placer_ != nullptr) {
+    deferred_.Defer([placer = placer_.get(), id = id_] { placer->Released(id); });
+  }
   for (const auto& instance : LanguageInstances()) instance->inflight -= placed_tokens_;
   RecordEnd(status);  // the whole status, for the operator
   deferred_.Defer([sink = std::move(sink_), status = PublicStatus(status, id_)]() mutable {
@@ -404,7 +370,7 @@ void GenerateCall::RecordEnd(const absl::Status& status) {
   const std::string summary = absl::StrCat(
       "request ", id_, ": ", status.ok() ? "OK" : status.ToString(), ", ", encoders_.size(),
       " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),
-      prefill_ ? absl::StrCat(", on ", prefill_->id) : "");
+      LanguageInstances().empty() ? "" : absl::StrCat(", on ", LanguageInstances()[0]->id));
   // A failure of the service is logged whole: the client sees only a
   // generic message with the request id (public_error.h).
   if (status.ok() || IsClientError(status.code())) {

@@ -9,13 +9,20 @@
 //   ...
 //   call->Cancel("client cancelled");   // from the client's side, any time
 //
-// Three kinds share this base (its encoder dispatch, token relay and end):
-// ColocatedCall (a role-both instance: one Prefill stream carries every
-// token), DisaggregatedCall (a decode instance holds the request first,
-// then a prefill instance prefills and hands the KV over; the decode
-// stream carries the rest) and ElasticCall (router --esp: the elastic
-// manager places it on one elastic instance or a group of them). The call's lifecycle is one
-// CallPhase (call_phase.h), changed only by Advance; docs/lifecycle.md draws it.
+// Placement comes first (placer.h): a Placer returns the instances and the
+// carrier order, the token streams that carry the tokens in turn
+// (colocated: [prefill]; P/D: [prefill -> decode]; elastic: [sampler ->
+// master0 -> master1 ...]). The call relays that chain the same way for
+// every flow (carrier_chain.h): stream i+1's batches, and its OK close, are
+// held until stream i hands over, and each hand-over is a CallPhase event
+// (kCarrierMoved). The P/D decode stream is opened first and the prefill
+// stream once the decode instance holds the request (its empty first
+// batch); an elastic group's master hands over by sending its state, which
+// the call passes to the next master with EspMoveMaster (deadline: the
+// call's). The placer hears every phase change and the end (the elastic
+// pool learns from them which instance decodes what). The call's
+// lifecycle is one CallPhase (call_phase.h), changed only by Advance;
+// docs/lifecycle.md draws it.
 //
 // Failures: a bad request ends at once with INVALID_ARGUMENT, before any
 // backend is called. An encoder that fails (Encode error other than a bad
@@ -23,8 +30,9 @@
 // marking it down) has its images re-encoded elsewhere and the language side
 // told the new sources (RetryImages), up to kMaxAttempts per image; with no
 // encoder left the call ends with UNAVAILABLE. A language instance that fails
-// ends the call with UNAVAILABLE. Ending for any reason cancels every child
-// call, which makes each process free what the request held. The sink's
+// (any of the call's streams failing, or an elastic master move refused)
+// ends the call with UNAVAILABLE. Ending for any reason cancels every open
+// child call, which makes each process free what the request held. The sink's
 // on_end runs exactly once, after the last on_response, with the status a
 // client may see (PublicStatus, public_error.h); the whole status goes to
 // the log with the request id.
@@ -37,6 +45,7 @@
 #define MMSERVE_ROUTER_GENERATE_CALL_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,14 +59,16 @@
 #include "proto/inference.pb.h"
 #include "proto/language.pb.h"
 #include "router/call_phase.h"
+#include "router/carrier_chain.h"
 #include "router/deferred_actions.h"
 #include "router/encoder_dispatch.h"
 #include "router/instance_table.h"
+#include "router/placer.h"
 #include "router/router_context.h"
 
 namespace mmserve::router {
 
-class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
+class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
  public:
   static constexpr int kMaxAttempts = EncoderDispatch::kMaxAttempts;
 
@@ -66,7 +77,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   static std::shared_ptr<GenerateCall> Start(const RouterContext& context,
                                              mmserve::v1::GenerateRequest request, CallSink sink,
                                              std::chrono::system_clock::time_point deadline);
-  virtual ~GenerateCall();
+  ~GenerateCall();
   GenerateCall(const GenerateCall&) = delete;
   GenerateCall& operator=(const GenerateCall&) = delete;
 
@@ -75,9 +86,9 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void OnInstanceDown(const std::string& instance_id) ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& id() const { return id_; }
 
- protected:
-  // What a call is built from; `prefill` is the instance that prefills (role
-  // both or prefill), null when the call was rejected before placement.
+ private:
+  // What a call is built from; `placer` is null when the call was rejected
+  // before placement.
   struct Setup {
     const RouterContext* context = nullptr;
     mmserve::v1::GenerateRequest request;
@@ -85,48 +96,60 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     std::chrono::system_clock::time_point deadline;
     Stopwatch clock;  // started at receipt
     std::vector<PreparedImage> images;
-    std::shared_ptr<Instance> prefill;
+    std::unique_ptr<Placer> placer;
   };
   explicit GenerateCall(Setup setup);
 
-  // What a call kind does; all run under mu_.
-  // Starts the language side; `prefill` already describes every image.
-  virtual void StartLanguage(internal::v1::PrefillRequest prefill)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
-  // New sources for images of a running request (after a re-dispatch).
-  virtual void RetryImages(std::vector<internal::v1::PromptImage> images)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
-  // The language instances the call is placed on (charged its tokens, and
-  // whose loss ends it); empty when it was never placed.
-  virtual std::vector<std::shared_ptr<Instance>> LanguageInstances() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
-  // Called once by Start for a valid request: places it and runs it (Run).
-  // By default the placement is made already: `prefill`, or UNAVAILABLE
-  // without one.
-  virtual void Place() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Placement (generate_call.cc).
+  void OnPlaced(absl::StatusOr<Placement> placement) ABSL_LOCKS_EXCLUDED(mu_);
   // Dispatches the images and starts the language side (StartLanguage).
   void Run() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The call is ending with `status`: cancel the kind's streams.
-  virtual void CancelStreams(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
-  // Moves the lifecycle on (call_phase.h); false, with a warning, when
-  // `event` cannot happen in the current phase (a peer broke the protocol).
+  // The streams (call_streams.cc). Opens the placement's streams; `prefill`
+  // already describes every image.
+  void StartLanguage(internal::v1::PrefillRequest prefill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens stream `i` (on instance i) with `request`.
+  template <typename Request>
+  void OpenStream(size_t i, Request request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // P/D: the decode instance holds the request; the prefill stream opens.
+  void StartPrefill() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // New sources for images of a running request (after a re-dispatch).
+  void RetryImages(std::vector<internal::v1::PromptImage> images)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnStreamBatch(size_t i, const internal::v1::TokenBatch& batch) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnStreamDone(size_t i, const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  void LockedOnStreamBatch(size_t i, const internal::v1::TokenBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LockedOnStreamDone(size_t i, const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A batch of the carrier: relayed, and its hand-over followed.
+  void Carry(const internal::v1::TokenBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next carrier carries from now on (an elastic master taking over
+  // from `state` first, when given): what it sent early is replayed.
+  void MoveCarrier(const internal::v1::EspMasterState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic: the master on instance `next` takes over from `state`.
+  void SendMoveMaster(size_t next, const internal::v1::EspMasterState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnMoveFailed(size_t i, const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // What stream i is called in errors ("language", "decode", "elastic member").
+  const char* StreamRole(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The call is ending: cancel every open stream.
+  void CancelStreams() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Moves the lifecycle on (call_phase.h) and tells the placer; false, with
+  // a warning, when `event` cannot happen in the current phase (a peer
+  // broke the protocol).
   bool Advance(CallEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  CallPhase phase() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return phase_; }
-  // The phase tokens were in when the final response arrived (kFinalHeld),
-  // else the current phase: tells which stream carried the final response.
-  CallPhase TokenPhase() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A batch from the stream that carries tokens now: lost images re-encode,
-  // tokens go to the sink, the final response is held.
+  // A batch from the carrier: lost images re-encode, tokens go to the
+  // sink, the final response is held.
   void RelayBatch(const internal::v1::TokenBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The stream that carries the final response closed (`role` and
-  // `instance_id` name it in errors): OK needs the final response seen; a
-  // lost instance becomes UNAVAILABLE.
+  // The stream that carries the final response, or any stream with an
+  // error, closed (`role` and `instance_id` name it in errors): OK needs
+  // the final response seen; a lost instance becomes UNAVAILABLE.
   void LastStreamClosed(const grpc::Status& status, absl::string_view role,
                         absl::string_view instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The images again for another receiver (EncoderDispatch::DispatchCopy):
-  // an ESP group's members past the first.
+  // an elastic group's members past the first.
   [[nodiscard]] absl::StatusOr<std::vector<internal::v1::PromptImage>> CopyImages(
       const std::vector<size_t>& images) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls RetryImages on `language` (deferred).
@@ -137,21 +160,14 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   // ones counted before (mmserve_router_critical_round_trips): a no-op from
   // the first token on.
   void CountCriticalRoundTrip() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The language instances the call is placed on; empty before placement.
+  const std::vector<std::shared_ptr<Instance>>& LanguageInstances() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const RouterContext& context_;
-  const mmserve::v1::GenerateRequest request_;
-  const std::string id_;
-  const std::chrono::system_clock::time_point deadline_;
-  const std::shared_ptr<Instance> prefill_;
-  absl::Mutex mu_;
-  DeferredActions deferred_;
-
- private:
   // The final response from the moment it arrives (kFinalHeld).
   struct HeldFinal {
     std::optional<mmserve::v1::GenerateResponse> response;  // until sent
-    CallPhase arrived_in = CallPhase::kPrefilling;          // the stream that carried it
-    bool stream_closed = false;                             // that stream closed OK
+    bool stream_closed = false;                             // its carrier closed OK
   };
 
   internal::v1::PrefillRequest MakePrefillRequest(
@@ -172,12 +188,27 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   void MaybeSendFinal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordEnd(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const RouterContext& context_;
+  const mmserve::v1::GenerateRequest request_;
+  const std::string id_;
+  const std::chrono::system_clock::time_point deadline_;
+  const std::unique_ptr<Placer> placer_;
+  absl::Mutex mu_;
+  DeferredActions deferred_;
+
   Stopwatch clock_;
   int64_t placed_tokens_ = 0;  // charged to each language instance
   double router_seconds_ = 0;  // time spent in the router before dispatch
   CallPhase phase_ ABSL_GUARDED_BY(mu_) = CallPhase::kPlacing;
   CallSink sink_ ABSL_GUARDED_BY(mu_);
   EncoderDispatch encoders_ ABSL_GUARDED_BY(mu_);
+  // Set once, at placement.
+  Placement placement_ ABSL_GUARDED_BY(mu_);
+  std::optional<CarrierChain> chain_ ABSL_GUARDED_BY(mu_);
+  // Cancels stream i while it is open (null before it opens and once it closed).
+  std::vector<std::function<void()>> cancels_ ABSL_GUARDED_BY(mu_);
+  // P/D, until the decode instance holds the request: the Prefill call.
+  std::optional<internal::v1::PrefillRequest> pending_prefill_ ABSL_GUARDED_BY(mu_);
   std::optional<HeldFinal> final_ ABSL_GUARDED_BY(mu_);
   double last_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "model/chat_template.h"
@@ -123,7 +124,7 @@ class Stack {
       if (id == "p0") Add(id, internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
       if (id == "d0") Add(id, internal::v1::INSTANCE_ROLE_DECODE, &decode);
     }
-    table_.Start();
+    table_.Start(loop_);
     REQUIRE(WaitFor([&] {
       size_t healthy = 0;
       for (Role r : {Role::kEncoder, Role::kLanguage, Role::kPrefill, Role::kDecode}) {
@@ -154,6 +155,7 @@ class Stack {
     servers_.push_back(*std::move(server));
   }
 
+  EventLoop loop_{{.name = "router"}};
   InstanceTable table_;
   metrics::Registry metrics_;
   CallMetrics call_metrics_{metrics_};
@@ -265,6 +267,33 @@ TEST_CASE(
   CHECK(LastPrefill(stack.prefill).decode().instance_id() == "d0");
 }
 
+TEST_CASE(
+    "a prefill stream that fails while the decode stream is open ends the call UNAVAILABLE; "
+    "the decode batches held for after the hand-off never reach the client") {
+  Stack stack;
+  std::atomic<bool> cancelled{false};
+  stack.decode.decode = [&](grpc::ServerContext* ctx, Writer* w) {
+    w->Write(TokenBatch());  // the request is held
+    WaitFor([&] { return stack.prefill.prefills.load() == 1; });
+    w->Write(Tokens(2, "b"));  // early: held until a hand-off that never comes
+    WaitFor([&] { return ctx->IsCancelled(); });
+    cancelled = ctx->IsCancelled();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  };
+  stack.prefill.prefill = [&](grpc::ServerContext*, Writer* w) {
+    w->Write(Tokens(1, "a"));
+    absl::SleepFor(absl::Milliseconds(50));  // lets the early decode batch arrive first
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill broke");
+  };
+  stack.Start({"e0", "p0", "d0"});
+  Outcome outcome;
+  Run(stack, outcome);
+  INFO(outcome.status());
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(outcome.Text() == "a");
+  CHECK(WaitFor([&] { return cancelled.load(); }));
+}
+
 TEST_CASE("a first token that is also the last ends the call and cancels the decode registration") {
   Stack stack;
   std::atomic<bool> cancelled{false};
@@ -345,7 +374,7 @@ TEST_CASE("an encoder that fails while prefilling moves the image and tells the 
   CHECK(stack.both.retries == 1);
 }
 
-// An ESP group's members past the first (elastic_call.h): a transfer has
+// An elastic group's members past the first (call_streams.cc): a transfer has
 // one receiver, so each gets its own copy of the images.
 TEST_CASE("an image copy is a new Encode call and transfer id on the image's encoder") {
   Stack stack(/*failing_encodes=*/0);

@@ -128,17 +128,24 @@ void InstanceTable::SetDownListener(std::function<void(const std::string&)> list
   on_down_ = std::move(listener);
 }
 
-void InstanceTable::Start() {
-  poller_ = std::thread([this] { PollLoop(); });
+void InstanceTable::Start(EventLoop& loop) {
+  loop_ = &loop;
+  SchedulePoll();
 }
 
 void InstanceTable::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  if (poller_.joinable()) poller_.join();
+  if (loop_ == nullptr) return;
+  // Once this returns no task of the table runs on the loop (a stopped
+  // loop runs none).
+  const absl::Status s = loop_->RunAndWait([alive = alive_] {
+    *alive = false;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) *alive_ = false;
+  // A round under way touches the table until its last answer.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &polls_in_flight_));
 }
 
 void InstanceTable::MarkDown(const std::string& id, Entry& e) {
@@ -147,80 +154,91 @@ void InstanceTable::MarkDown(const std::string& id, Entry& e) {
   LOG(WARNING) << "instance " << id << " is unhealthy";
 }
 
-void InstanceTable::PollLoop() {
-  for (;;) {
-    std::vector<std::shared_ptr<Instance>> all;
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.poll_interval)) return;
-      for (const auto& [id, e] : entries_) all.push_back(e.instance);
-    }
-    // Poll every instance concurrently: one slow instance must not delay the
-    // detection of another.
-    struct Poll {
-      grpc::ClientContext ctx;
-      iv1::LoadReport load;
-      grpc::Status status;
-      bool done = false;
+// One round of GetLoad calls, shared by their callbacks.
+struct InstanceTable::PollRound {
+  struct Poll {
+    grpc::ClientContext ctx;
+    iv1::LoadRequest request;
+    iv1::LoadReport load;
+    grpc::Status status;
+  };
+  std::vector<std::shared_ptr<Instance>> instances;
+  std::vector<std::unique_ptr<Poll>> polls;  // one per instance
+  std::atomic<size_t> outstanding{0};
+};
+
+void InstanceTable::SchedulePoll() {
+  loop_->PostAfter(options_.poll_interval, [this, alive = alive_] {
+    if (*alive) Poll();
+  });
+}
+
+void InstanceTable::Poll() {
+  auto round = std::make_shared<PollRound>();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : entries_) round->instances.push_back(e.instance);
+    ++polls_in_flight_;
+  }
+  const auto deadline =
+      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.poll_timeout);
+  round->outstanding = round->instances.size() + 1;  // + this function's share
+  // The last to finish (a callback or this function) applies the round.
+  auto finish = [this, alive = alive_](const std::shared_ptr<PollRound>& r) {
+    if (--r->outstanding > 0) return;
+    loop_->Post([this, alive, r] {
+      if (!*alive) return;
+      Apply(*r);
+      SchedulePoll();
+    });
+    absl::MutexLock lock(&mu_);
+    --polls_in_flight_;
+  };
+  for (const auto& inst : round->instances) {
+    round->polls.push_back(std::make_unique<PollRound::Poll>());
+    PollRound::Poll* p = round->polls.back().get();
+    p->ctx.set_deadline(deadline);
+    auto cb = [p, round, finish](grpc::Status s) {
+      p->status = std::move(s);
+      finish(round);
     };
-    std::vector<std::unique_ptr<Poll>> polls;
-    absl::Mutex pmu;
-    int outstanding = 0;
-    for (const auto& inst : all) {
-      auto p = std::make_unique<Poll>();
-      p->ctx.set_deadline(std::chrono::system_clock::now() +
-                          absl::ToChronoNanoseconds(options_.poll_timeout));
-      iv1::LoadRequest req;
-      Poll* raw = p.get();
-      {
-        absl::MutexLock l(&pmu);
-        ++outstanding;
+    if (inst->role == Role::kEncoder) {
+      inst->encoder->async()->GetLoad(&p->ctx, &p->request, &p->load, cb);
+    } else {
+      inst->language->async()->GetLoad(&p->ctx, &p->request, &p->load, cb);
+    }
+  }
+  finish(round);
+}
+
+void InstanceTable::Apply(const PollRound& round) {
+  std::vector<std::string> down;
+  std::function<void(const std::string&)> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < round.instances.size(); ++i) {
+      const std::shared_ptr<Instance>& inst = round.instances[i];
+      auto it = entries_.find(inst->id);
+      if (it == entries_.end() || it->second.instance != inst) continue;
+      Entry& e = it->second;
+      const PollRound::Poll& p = *round.polls[i];
+      if (p.status.ok() && p.load.instance_id() == inst->id) {
+        e.failures = 0;
+        e.load = p.load;
+        e.load_at = absl::Now();
+        const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
+        if (ok && !e.healthy) LOG(INFO) << "instance " << inst->id << " is healthy";
+        if (!ok && e.healthy) MarkDown(inst->id, e);
+        e.healthy = ok;
+      } else if (++e.failures >= options_.down_after && e.healthy) {
+        MarkDown(inst->id, e);
       }
-      auto cb = [raw, &pmu, &outstanding](grpc::Status s) {
-        absl::MutexLock l(&pmu);
-        raw->status = std::move(s);
-        raw->done = true;
-        --outstanding;
-      };
-      if (inst->role == Role::kEncoder) {
-        inst->encoder->async()->GetLoad(&p->ctx, &req, &p->load, cb);
-      } else {
-        inst->language->async()->GetLoad(&p->ctx, &req, &p->load, cb);
-      }
-      polls.push_back(std::move(p));
     }
-    {
-      absl::MutexLock l(&pmu);
-      pmu.Await(absl::Condition(
-          +[](int* n) { return *n == 0; }, &outstanding));
-    }
-    std::vector<std::string> down;
-    std::function<void(const std::string&)> listener;
-    {
-      absl::MutexLock lock(&mu_);
-      for (size_t i = 0; i < all.size(); ++i) {
-        auto it = entries_.find(all[i]->id);
-        if (it == entries_.end() || it->second.instance != all[i]) continue;
-        Entry& e = it->second;
-        const Poll& p = *polls[i];
-        if (p.status.ok() && p.load.instance_id() == all[i]->id) {
-          e.failures = 0;
-          e.load = p.load;
-          e.load_at = absl::Now();
-          const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
-          if (ok && !e.healthy) LOG(INFO) << "instance " << all[i]->id << " is healthy";
-          if (!ok && e.healthy) MarkDown(all[i]->id, e);
-          e.healthy = ok;
-        } else if (++e.failures >= options_.down_after && e.healthy) {
-          MarkDown(all[i]->id, e);
-        }
-      }
-      down.swap(down_events_);
-      listener = on_down_;
-    }
-    if (listener) {
-      for (const std::string& id : down) listener(id);
-    }
+    down.swap(down_events_);
+    listener = on_down_;
+  }
+  if (listener) {
+    for (const std::string& id : down) listener(id);
   }
 }
 

@@ -4,10 +4,16 @@
 // `down_after` polls in a row (or deregisters) leaves placement at once and
 // the down listener hears of it, so calls that used it can move on.
 //
+//   EventLoop loop({.name = "router"});   // outlives the table
 //   InstanceTable table({.poll_interval = absl::Milliseconds(250)});
 //   table.SetDownListener([&](const Instance& i) { calls.OnInstanceDown(i); });
-//   table.Start();
+//   table.Start(loop);
 //   for (const auto& e : table.Healthy(Role::kEncoder)) ...
+//
+// The polls are a timer on the router's EventLoop: every instance is
+// polled at once (one slow instance must not delay the detection of
+// another), the answers are applied on the loop, and the next round is
+// `poll_interval` after that. The down listener runs on the loop.
 //
 // Thread-safe.
 #ifndef MMSERVE_ROUTER_INSTANCE_TABLE_H_
@@ -18,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -26,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/event_loop.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/encoder.grpc.pb.h"
 #include "proto/language.grpc.pb.h"
@@ -95,7 +101,11 @@ class InstanceTable {
   bool IsHealthy(const std::string& id) const;
 
   void SetDownListener(std::function<void(const std::string& id)> listener);
-  void Start();
+  // Polls on `loop` until Stop; `loop` outlives the table (or is stopped
+  // after it).
+  void Start(EventLoop& loop);
+  // Nothing of the table runs on the loop once this returns (it waits for
+  // a round under way, at most poll_timeout). Idempotent.
   void Stop();
 
  private:
@@ -108,7 +118,13 @@ class InstanceTable {
     bool registered = false;
     absl::Time heartbeat_due = absl::InfiniteFuture();
   };
-  void PollLoop();
+  struct PollRound;
+  // Loop: the next round `poll_interval` from now.
+  void SchedulePoll();
+  // Loop: GetLoad to every instance at once; the last answer posts Apply.
+  void Poll();
+  // Loop: the round's answers; tells the down listener.
+  void Apply(const PollRound& round);
   void MarkDown(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const InstanceTableOptions options_;
@@ -116,8 +132,12 @@ class InstanceTable {
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_down_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> down_events_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread poller_;
+  EventLoop* loop_ = nullptr;  // set by Start
+  // Rounds whose GetLoad calls have not all answered (0 or 1).
+  int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // False from Stop on, set on the loop: the table's tasks still queued
+  // there do nothing.
+  const std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
 };
 
 }  // namespace mmserve::router

@@ -1,8 +1,9 @@
 // InstanceTable's locking with many threads registering, heartbeating,
 // removing and looking up instances at once (the Registry service and every
 // GenerateCall do this concurrently in the router). The poller is not
-// started, so no instance ever turns healthy: placement must see none.
-// Run under ThreadSanitizer by tools/tsan/run_tsan_tests.sh.
+// started there, so no instance ever turns healthy: placement must see none.
+// Run under ThreadSanitizer by tools/tsan/run_tsan_tests.sh (no gRPC call
+// here: instance_table_poll_test has the polls).
 #include "router/instance_table.h"
 
 #include <atomic>

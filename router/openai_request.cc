@@ -156,6 +156,21 @@ absl::Status ParseVideoPart(const json& part, const std::string& field, const Op
   return absl::OkStatus();
 }
 
+// vLLM's chat_template_kwargs: the template options mmserve's formats have
+// (enable_thinking).
+absl::Status ParseChatTemplateKwargs(const json& body, mmserve::v1::Chat* chat) {
+  const json* kwargs = Find(body, "chat_template_kwargs");
+  if (kwargs == nullptr) return absl::OkStatus();
+  if (!kwargs->is_object()) return FieldError("chat_template_kwargs", "must be an object");
+  for (const auto& [key, value] : kwargs->items()) {
+    const std::string field = "chat_template_kwargs." + key;
+    if (key != "enable_thinking") return FieldError(field, "is not supported (enable_thinking)");
+    ASSIGN_OR_RETURN(bool on, GetBool(value, field));
+    chat->set_enable_thinking(on);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiLimits& limits,
                           int* images, ChatMessage* out) {
   if (!m.is_object()) return FieldError(field, "must be an object");
@@ -172,6 +187,13 @@ absl::Status ParseMessage(const json& m, const std::string& field, const OpenAiL
   }
   out->set_role(role);
   RETURN_IF_ERROR(openai_tools::ParseMessageToolFields(m, field, role, out));
+  if (const json* r = Find(m, "reasoning_content")) {
+    if (role != "assistant") {
+      return FieldError(field + ".reasoning_content", "only assistant messages carry it");
+    }
+    ASSIGN_OR_RETURN(*out->mutable_reasoning_content(),
+                     GetString(*r, field + ".reasoning_content"));
+  }
 
   const std::string content_field = field + ".content";
   const json* content = Find(m, "content");
@@ -276,6 +298,7 @@ absl::StatusOr<OpenAiChatRequest> ParseChatCompletionRequest(absl::string_view j
     ASSIGN_OR_RETURN(bool b, GetBool(*v, "add_generation_prompt"));
     chat->set_add_generation_prompt(b);
   }
+  RETURN_IF_ERROR(ParseChatTemplateKwargs(body, chat));
   RETURN_IF_ERROR(openai_tools::ParseTools(body, json_body, chat));
   RETURN_IF_ERROR(ValidateToolUse(*chat, ToolFieldNames::kOpenAi));
   RETURN_IF_ERROR(ParseSampling(body, request.mutable_sampling()));

@@ -17,6 +17,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/event_loop.h"
 #include "common/file.h"
 #include "common/grpc_server.h"
 #include "common/internal_plane.h"
@@ -329,13 +330,14 @@ absl::StatusOr<EspPoolOptions> EspOptionsFromFlags() {
 }
 
 // Runs the router, with the elastic manager under --esp.
-int ServeWithEsp(RouterContext& context, CallTracker& tracker, metrics::Registry& registry) {
+int ServeWithEsp(RouterContext& context, CallTracker& tracker, metrics::Registry& registry,
+                 EventLoop& loop) {
   if (!absl::GetFlag(FLAGS_esp)) return Serve(context, tracker, registry);
   auto options = EspOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   auto tokenizer = model::Tokenizer::FromFile(absl::GetFlag(FLAGS_model_dir) + "/tokenizer.json");
   if (!tokenizer.ok()) return Fail(tokenizer.status());
-  EspPool pool(*context.instances, registry, *std::move(options));
+  EspPool pool(*context.instances, registry, loop, *std::move(options));
   context.esp = &pool;
   context.tokenizer = tokenizer->get();
   pool.Start();
@@ -360,6 +362,8 @@ int Main() {
   auto table_options = TableOptionsFromFlags();
   if (!table_options.ok()) return Fail(table_options.status());
   table_options->pool_elastic = absl::GetFlag(FLAGS_esp);
+  // The router's periodic work (the elastic pool's iterations) runs here.
+  EventLoop loop({.name = "router"});
   InstanceTable table(*table_options);
   if (auto s = AddStatic(table, absl::GetFlag(FLAGS_encoders), iv1::INSTANCE_ROLE_ENCODER);
       !s.ok()) {
@@ -384,8 +388,8 @@ int Main() {
   CallTracker tracker;
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);
-  table.Start();
-  const int rc = ServeWithEsp(context, tracker, registry);
+  table.Start(loop);
+  const int rc = ServeWithEsp(context, tracker, registry, loop);
   table.Stop();
   LOG(INFO) << "router: stopped";
   return rc;

@@ -1,0 +1,154 @@
+// Where a Generate call's language side runs, decided before the call opens
+// any stream: a Placer returns a Placement (the instances, an elastic
+// group's plan, and the carrier order: which of the call's token streams
+// carries the tokens, in turn). The call (generate_call.h) then relays
+// that chain the same way for every flow:
+//
+//   colocated (BothPlacer):    [prefill]
+//   P/D (PdPlacer):            [prefill -> decode]
+//   elastic (EspPlacer):       [sampler -> master0 -> master1 ...]
+//
+//   std::unique_ptr<Placer> placer = ChoosePlacer(context);
+//   placer->Place({.id = id, ...}, [call](absl::StatusOr<Placement> p) { ... });
+//   placer->PhaseChanged(id, CallPhase::kDecoding, carrier);  // the call moved on
+//   placer->Released(id);                                     // the call ended
+//
+// A placer can place (CanPlace) while the instance table has healthy
+// instances of its roles; ChoosePlacer takes the first that can of elastic
+// (router --esp), role both, then prefill and decode.
+//
+// Thread-safe. on_placed may run inline in Place, or later on another
+// thread (elastic: the pool's loop), never under a lock of the placer.
+#ifndef MMSERVE_ROUTER_PLACER_H_
+#define MMSERVE_ROUTER_PLACER_H_
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/inference.pb.h"
+#include "proto/language.pb.h"
+#include "router/call_phase.h"
+#include "router/instance_table.h"
+#include "router/request_validation.h"
+
+namespace mmserve::router {
+
+class EspPool;
+struct RouterContext;
+
+// How a carrier gives the tokens to the next one of the order.
+enum class HandOver : uint8_t {
+  // The last carrier: it carries the final response.
+  kNever,
+  // P/D prefill: after its batch with kv_handed_off (the KV is on the decode
+  // instance).
+  kKvHandedOff,
+  // Elastic sampler: after its first token, or when it closes OK without one.
+  kFirstToken,
+  // Elastic master: its batch with esp_moved (not relayed); the call passes
+  // that state to the next master (EspMoveMaster).
+  kMasterMoved,
+};
+
+// One link of the carrier order: the stream of `instance` (an index into
+// Placement::instances) and how it hands over.
+struct Carrier {
+  size_t instance = 0;
+  HandOver hand_over = HandOver::kNever;
+};
+
+struct Placement {
+  // Which streams the call opens on the instances.
+  enum class Flow : uint8_t {
+    kColocated,      // a Prefill stream on instances[0] (role both, or elastic degree 1)
+    kDisaggregated,  // a Decode stream on instances[1]; once it holds the request, Prefill on [0]
+    kElastic,        // an EspPrefill stream on every member of `plan`
+  };
+  Flow flow = Flow::kColocated;
+  // The language instances, one stream each: charged the call's tokens,
+  // and their loss ends it. The first receives the images.
+  std::vector<std::shared_ptr<Instance>> instances;
+  // Elastic groups only: the plan, each member's endpoint filled in.
+  std::optional<internal::v1::EspPlan> plan;
+  // Non-empty; the last hands over kNever.
+  std::vector<Carrier> carriers;
+};
+
+// What a placer knows of the request.
+struct PlaceRequest {
+  std::string id;
+  const mmserve::v1::GenerateRequest* request = nullptr;
+  const std::vector<PreparedImage>* images = nullptr;
+  std::chrono::system_clock::time_point deadline;
+};
+
+class Placer {
+ public:
+  using OnPlaced = std::function<void(absl::StatusOr<Placement>)>;
+  virtual ~Placer() = default;
+
+  // Whether the placer has usable instances now.
+  virtual bool CanPlace() const = 0;
+  // Places the request: on_placed runs exactly once (inline or later),
+  // unless Released(id) comes first.
+  virtual void Place(const PlaceRequest& request, OnPlaced on_placed) = 0;
+  // The call `id` entered `phase`; `carrier` (an index into the
+  // placement's instances) carries its tokens now.
+  virtual void PhaseChanged(const std::string& id, CallPhase phase, size_t carrier) {}
+  // The call ended, whatever the way (also before it was placed).
+  virtual void Released(const std::string& id) {}
+};
+
+// Role both: the usable instance with the least outstanding work.
+class BothPlacer final : public Placer {
+ public:
+  explicit BothPlacer(InstanceTable& table) : table_(table) {}
+  bool CanPlace() const override;
+  void Place(const PlaceRequest& request, OnPlaced on_placed) override;
+
+ private:
+  InstanceTable& table_;
+};
+
+// Roles prefill and decode: the decode instance with the most free KV
+// blocks (then the fewest running sequences), the least loaded prefill one.
+class PdPlacer final : public Placer {
+ public:
+  explicit PdPlacer(InstanceTable& table) : table_(table) {}
+  bool CanPlace() const override;
+  void Place(const PlaceRequest& request, OnPlaced on_placed) override;
+
+ private:
+  InstanceTable& table_;
+};
+
+// router --esp: the elastic pool (esp_pool.h) places the request once it
+// has KV slots for it, on one instance (degree 1, colocated) or a group.
+class EspPlacer final : public Placer {
+ public:
+  EspPlacer(EspPool& pool, const RouterContext& context) : pool_(pool), context_(context) {}
+  bool CanPlace() const override;
+  // The request's size (esp_prompt.h) first: an error is the placement's.
+  void Place(const PlaceRequest& request, OnPlaced on_placed) override;
+  void PhaseChanged(const std::string& id, CallPhase phase, size_t carrier) override;
+  void Released(const std::string& id) override;
+
+ private:
+  EspPool& pool_;
+  const RouterContext& context_;
+};
+
+// The placer for a new call: elastic under router --esp while it has an
+// elastic instance, else role both, else P/D (which refuses with
+// UNAVAILABLE when it has no pair either).
+std::unique_ptr<Placer> ChoosePlacer(const RouterContext& context);
+
+}  // namespace mmserve::router
+
+#endif  // MMSERVE_ROUTER_PLACER_H_
