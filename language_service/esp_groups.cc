@@ -4,7 +4,9 @@
 #include "language_service/esp_groups.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "common/crc32c.h"
 #include "common/status_macros.h"
@@ -21,17 +23,25 @@ uint64_t EspSpanTag(const std::string& request_id) {
   return (uint64_t{a} << 32) | b;
 }
 
-EspGroups::EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine)
-    : options_(options), engine_(engine) {}
+EspGroups::EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine, Emit emit,
+                     Moved moved)
+    : options_(options), engine_(engine), emit_(std::move(emit)), moved_(std::move(moved)) {}
 
 EspGroups::~EspGroups() {
+  // The engine's callbacks of the requests mastered here point at this.
+  closing_ = true;
+  std::vector<std::string> mastered;
+  for (const auto& [id, d] : decodes_) mastered.push_back(id);
+  for (const std::string& id : mastered) engine_.Abort(id).IgnoreError();
+  engine_.set_master_peers(nullptr);
   esp_.reset();  // the span server's thread first
 }
 
 absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOptions& options,
                                                              worker::LlmEngine& engine,
-                                                             metrics::Registry& metrics) {
-  std::unique_ptr<EspGroups> g(new EspGroups(options, engine));
+                                                             metrics::Registry& metrics, Emit emit,
+                                                             Moved moved) {
+  std::unique_ptr<EspGroups> g(new EspGroups(options, engine, std::move(emit), std::move(moved)));
   const model::TextConfig& cfg = engine.config().text;
   const int64_t head_dim = cfg.head_dim();
   g->scale_ = static_cast<float>(std::pow(static_cast<double>(head_dim), -0.5));
@@ -68,6 +78,7 @@ absl::StatusOr<std::unique_ptr<EspGroups>> EspGroups::Create(const EspGroupsOpti
   const transfer::WireBytes decode_bytes = KvBytesMoved(metrics, "esp_decode");
   g->esp_->span_server().CountBytes(decode_bytes);
   g->esp_->span_client().CountBytes(decode_bytes);
+  engine.set_master_peers(g.get());
   return g;
 }
 
@@ -110,8 +121,9 @@ bool EspGroups::Release(const std::string& id) {
   known |= decodes_.erase(id) > 0;
   known |= waiting_.erase(id) > 0;
   ForgetLanes(id);
-  if (client_request_ == id) client_request_.clear();
-  if (known) engine_.ReleaseSpan(id).IgnoreError();
+  // Its span, held or mastered (a mastered request's final event comes
+  // from the engine and finds nothing here).
+  if (known) engine_.Abort(id).IgnoreError();
   return known;
 }
 

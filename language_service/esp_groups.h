@@ -3,11 +3,12 @@
 // share of a group prefill, the spans it holds for other masters' decodes
 // and the requests it masters.
 //
-//   ASSIGN_OR_RETURN(auto esp, EspGroups::Create(options, engine, metrics));
+//   ASSIGN_OR_RETURN(auto esp, EspGroups::Create(options, engine, metrics, emit, moved));
 //   registration.set_esp_endpoint(esp->endpoint());
 //   // loop thread:
 //   ASSIGN_OR_RETURN(EspGroups::Prefilled p, esp->Prefill(plan, member, std::move(request)));
-//   esp->Step(emit, moved);  // one decode step of each request mastered here
+//   engine.Step();  // decodes the requests mastered here with the others
+//   esp->Step();    // moves on those whose range is done
 //   esp->Resume(id, state);  // EspMoveMaster: a waiting next master takes over
 //   esp->Release(id);     // Abort: frees its span and state
 //   esp->ExpireIdle();    // the idle lease
@@ -22,8 +23,10 @@
 // One group prefill at a time: it runs on the engine's (loop) thread and
 // blocks it for its duration (LoongServe pauses the instance's batch for it
 // too); a second EspPrefill waits on the loop behind it, bounded by its
-// group's join timeout. The master decodes each of its requests as a batch
-// of one (ForwardEspDecode), interleaved with the engine's batched steps.
+// group's join timeout. A request mastered here is a request of the
+// engine's batch (LlmEngine::StartMastering): each engine step decodes it
+// beside the others, this object giving the step the span client aimed at
+// its holders (MasterPeers: the requests of one set of holders a step).
 // Holders answer the masters' span queries on the span server's thread,
 // reading only held blocks, with their own one-thread pool.
 //
@@ -98,12 +101,18 @@ struct EspGroupsOptions {
   absl::Duration test_step_delay = absl::ZeroDuration();
 };
 
-class EspGroups {
+class EspGroups : public worker::MasterPeers {
  public:
-  // `engine` must outlive the object.
+  using Emit = std::function<void(const worker::StreamEvent&)>;
+  using Moved = std::function<void(const std::string& id, const worker::EspRequest::MasterState&)>;
+  // `engine` must outlive the object; it is the engine's MasterPeers until
+  // then (destruction aborts the requests mastered here, without events). The events of the
+  // requests mastered here go to `emit` (a request whose holders fail ends with finish_reason
+  // kAbort and the error); `moved` gets the state of one whose range is done (Step).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<EspGroups>> Create(
-      const EspGroupsOptions& options, worker::LlmEngine& engine, metrics::Registry& metrics);
-  ~EspGroups();
+      const EspGroupsOptions& options, worker::LlmEngine& engine, metrics::Registry& metrics,
+      Emit emit, Moved moved);
+  ~EspGroups() override;
 
   // The registration's InstanceInfo.esp_endpoint.
   const std::string& endpoint() const { return esp_->endpoint(); }
@@ -120,9 +129,10 @@ class EspGroups {
   };
   // Member `member`'s part of `plan` for `request`: checks, holds the span,
   // runs its rows through every layer exchanging K/V with the others, keeps
-  // its range, samples (the sampler) and starts decoding (the master). On
-  // error nothing stays held. InvalidArgument for a bad plan or endpoint,
-  // ResourceExhausted for a prompt past the board or a full KV pool,
+  // its range, samples (the sampler) and hands the request to the engine
+  // (the master: StartMastering). On error nothing stays held.
+  // InvalidArgument for a bad plan or endpoint, ResourceExhausted for a
+  // prompt past the board or a full KV pool,
   // Unavailable / DeadlineExceeded when a member fails or does not come.
   // `on_joined` runs (on this thread) once every member joined, the span
   // held: the caller's load report can show it during the prefill.
@@ -130,14 +140,13 @@ class EspGroups {
                                                   std::unique_ptr<worker::EspRequest> request,
                                                   const std::function<void()>& on_joined = {});
 
-  using Emit = std::function<void(const worker::StreamEvent&)>;
-  using Moved = std::function<void(const std::string& id, const worker::EspRequest::MasterState&)>;
-  // One decode step of every request mastered here; each step's event goes
-  // to `emit` (a request that fails ends with finish_reason kAbort and the
-  // error). A finished or failed request frees its span first. A request
-  // whose range is full and that has a next master moves instead: its span
-  // stays held for the next master's queries, `moved` gets its state.
-  void Step(const Emit& emit, const Moved& moved);
+  // Each request mastered here whose range is full and that has a next
+  // master moves on: the engine stops decoding it, its span stays held for
+  // the next master's queries, `moved` gets its state.
+  void Step();
+  // MasterPeers: the span client aimed at the holders of `ids` (one set).
+  [[nodiscard]] absl::StatusOr<model::SpanAttentionPeers*> ForStep(
+      absl::Span<const std::string> ids) override;
   // A waiting next master of request `id` takes over from `state`.
   // NotFound when none waits here; InvalidArgument when the state does not
   // continue its range (tokens out of the vocabulary or not starting with
@@ -160,7 +169,7 @@ class EspGroups {
   struct Span;
   struct Decode;
   struct Group;
-  EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine);
+  EspGroups(const EspGroupsOptions& options, worker::LlmEngine& engine, Emit emit, Moved moved);
 
   // The span server's handler (its thread).
   absl::Status AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q, int64_t rows,
@@ -175,15 +184,20 @@ class EspGroups {
   absl::Status FinishMember(Group& g, const worker::StreamEvent& first, int32_t token,
                             Prefilled* out);
   void AddSpan(Group& g);
-  // The master's decode record (waiting: a later master of the chain).
-  void StartDecode(Group& g, int32_t first_token, bool waiting);
+  // The master's decode record, its request handed to the engine (waiting:
+  // a later master of the chain, until Resume).
+  absl::Status StartDecode(Group& g, bool waiting);
   void Drop(Group& g);
-  absl::Status DecodeStep(Decode& d, worker::StreamEvent* event);
+  // The engine's callback of a request mastered here.
+  worker::StreamCallback MasterCallback();
   // Hands request `id` on to its next master (its range is full).
-  void MoveOn(const std::string& id, const Moved& moved);
+  void MoveOn(const std::string& id);
 
   const EspGroupsOptions options_;
   worker::LlmEngine& engine_;
+  const Emit emit_;
+  const Moved moved_;
+  bool closing_ = false;  // in ~EspGroups: the engine's events go nowhere
   std::unique_ptr<transfer::UcxContext> context_;
   model::cpu::ThreadPool server_pool_{1};  // the span server's
   float scale_ = 0;
@@ -205,9 +219,9 @@ class EspGroups {
     std::set<std::string> ids;
   };
   std::map<int, Lane> lanes_;
-  std::string client_request_;  // the request the span client is connected for
-  // A constrained request's next mask, computed during its decode forward.
-  std::unique_ptr<worker::MaskWorker> masks_;
+  // The holders' set (Decode::holder_set) the span client is aimed at
+  // (reset when a request starts mastering: its holders' lanes are new).
+  std::optional<uint64_t> client_set_;
   Deadline masters_check_ = Deadline::After(transfer::kLivenessInterval);  // the next one
   std::unique_ptr<transfer::EspInstance> esp_;  // last: its server thread stops first
 };

@@ -23,20 +23,21 @@ struct EspGroups::Span {
   absl::Time last_query;
 };
 
-// A request this instance masters.
+// A request this instance masters (the engine decodes it).
 struct EspGroups::Decode {
   std::string id;
   uint64_t tag = 0;
+  // A later master's request until Resume hands it to the engine.
   std::unique_ptr<worker::EspRequest> request;
+  int64_t prompt_len = 0;
   std::vector<int32_t> blocks;  // its span, then room for the new tokens
   int64_t keep_begin = 0;       // the first token of its span
   int64_t first_index = 0;      // the first KV index it writes (its range's begin)
-  int64_t end = 0;              // one past the last KV index it may write
   bool last = true;             // the chain's last master: no one to move on to
-  int32_t last_token = -1;
-  int master = 0;                                    // its member index
-  std::vector<int> holders;                          // member indices holding KV, member order
-  int self_holder = 0;                               // the master's place among them
+  uint64_t holder_set = 0;      // equal for requests of the same holders (and lane)
+  int master = 0;               // its member index
+  std::vector<int> holders;     // member indices holding KV, member order
+  int self_holder = 0;          // the master's place among them
   std::vector<transfer::NoticeBoardTarget> servers;  // span inboxes, member order
   std::vector<transfer::ProcessIdentity> masters;    // the chain's processes (its span's)
 };

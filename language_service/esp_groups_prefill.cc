@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "language_service/esp_groups.h"
@@ -264,7 +265,7 @@ absl::Status EspGroups::Finish(Group& g, Prefilled* out) {
     ForgetLanes(g.id);
     return absl::OkStatus();
   }
-  StartDecode(g, token, /*waiting=*/false);
+  RETURN_IF_ERROR(StartDecode(g, /*waiting=*/false));
   out->decodes = true;
   return absl::OkStatus();
 }
@@ -276,7 +277,7 @@ absl::Status EspGroups::FinishMember(Group& g, const worker::StreamEvent& first,
                                      Prefilled* out) {
   if (g.holder) AddSpan(g);
   if (g.chain_pos > 0 && first.finish_reason == worker::FinishReason::kNone) {
-    StartDecode(g, -1, /*waiting=*/true);  // Resume starts it
+    RETURN_IF_ERROR(StartDecode(g, /*waiting=*/true));  // Resume starts it
     out->awaits_move = true;
   } else if (g.chain_pos > 0) {  // the sampler's token ended it: nothing to wait for
     engine_.ReleaseSpan(g.id).IgnoreError();
@@ -303,18 +304,18 @@ void EspGroups::AddSpan(Group& g) {
 }
 
 // The holders it queries: the members keeping part of the prompt and the
-// earlier masters of the chain (their decode tails), in member order.
-void EspGroups::StartDecode(Group& g, int32_t first_token, bool waiting) {
+// earlier masters of the chain (their decode tails), in member order. The
+// first master's request goes to the engine now, a later one's at Resume.
+absl::Status EspGroups::StartDecode(Group& g, bool waiting) {
   const int self = g.member;
   auto d = std::make_unique<Decode>();
   d->id = g.id;
   d->tag = g.tag;
+  d->prompt_len = g.request->prompt_len();
   d->blocks = g.blocks;
   d->keep_begin = g.keep_begin;
   d->first_index = g.decode_begin;
-  d->end = g.decode_end;
   d->last = static_cast<size_t>(g.chain_pos) + 1 == g.chain.size();
-  d->last_token = first_token;
   d->master = self;
   for (int m : g.chain) d->masters.push_back(g.endpoints[m].process);
   d->servers.resize(g.plan->members_size());
@@ -326,9 +327,26 @@ void EspGroups::StartDecode(Group& g, int32_t first_token, bool waiting) {
     d->holders.push_back(m);
     if (m != self) d->servers[m] = g.endpoints[m].span_inbox;
   }
-  d->request = std::move(g.request);
-  (waiting ? waiting_ : decodes_)[g.id] = std::move(d);
+  // Requests with the same holders, servers and lane share the span client.
+  std::string key = absl::StrCat(self, "/", d->self_holder);
+  for (int m : d->holders) absl::StrAppend(&key, ",", m);
+  for (const transfer::NoticeBoardTarget& t : d->servers) {
+    absl::StrAppend(&key, "|", t.worker_address, "|", t.rkey, "|", t.base_address);
+  }
+  d->holder_set = absl::Hash<std::string>{}(key);
+  if (waiting) {
+    d->request = std::move(g.request);
+    waiting_[g.id] = std::move(d);
+  } else {
+    const worker::EspRequest::MasterState state = g.request->ExportState();
+    RETURN_IF_ERROR(engine_.StartMastering(
+        std::move(g.request), state, {.kv_begin = d->keep_begin, .decode_group = d->holder_set},
+        MasterCallback()));
+    decodes_[g.id] = std::move(d);
+    client_set_.reset();  // its holders opened their lanes anew: reconnect
+  }
   g.held = false;  // the decode owns the blocks now
+  return absl::OkStatus();
 }
 
 // A failed prefill leaves nothing here (a span or decode Finish recorded

@@ -8,7 +8,9 @@
 // plan with decode ranges moves the master when its range is full (the
 // test passes the state on as the router does): greedy and seeded tokens
 // and text stay role both's, the old master keeps its KV as a held span.
-// The KV bytes each member moved are what the plan's geometry says.
+// The KV bytes each member moved are what the plan's geometry says. A
+// master's own requests decode in one batch with its group's request, each
+// as role both's.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
@@ -288,6 +290,43 @@ TEST_CASE("a group of elastic instances gives role both's tokens, text and image
                  member_request);
     }
   }
+}
+
+TEST_CASE("a master decodes its group's request in the batch of its own requests", "[esp]") {
+  Instance both(LanguageRole::kBoth);
+  auto elastic = Elastic(2, transfer::TransportProfile::kShm);
+  const mmserve::v1::SamplingParams s = Greedy(10);
+  const v1::PrefillRequest group =
+      Request("group", "Tell me a long story about elastic sequence parallelism.", s);
+  std::vector<v1::PrefillRequest> ordinary;
+  for (int k = 0; k < 4; ++k) {
+    ordinary.push_back(Request("own-" + std::to_string(k),
+                               "Story number " + std::to_string(k) + " about the sea.", s));
+  }
+  const Stream want = RunBothWithUsage(both, group);
+  REQUIRE(want.out.status.ok());
+  std::vector<Output> want_own;
+  for (const v1::PrefillRequest& r : ordinary) want_own.push_back(RunBoth(both, r));
+  const v1::EspPlan plan =
+      MakePlan(Ptrs(elastic, 2), EvenShares(want.prompt_tokens, 2), /*sampler=*/1, /*master=*/1);
+  // The master's own requests are sent at the same time as the group's.
+  std::vector<Output> own(ordinary.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < ordinary.size(); ++k) {
+    threads.emplace_back([&, k] { own[k] = RunBoth(*elastic[1], ordinary[k]); });
+  }
+  const std::vector<Stream> got = RunGroup(Ptrs(elastic, 2), plan, [&](int) { return group; });
+  for (std::thread& t : threads) t.join();
+  REQUIRE(got[1].out.status.ok());
+  CHECK(got[1].out.tokens == want.out.tokens);
+  CHECK(got[1].out.text == want.out.text);
+  for (size_t k = 0; k < ordinary.size(); ++k) {
+    INFO("own request " << k << ": " << own[k].status.error_message());
+    REQUIRE(own[k].status.ok());
+    CHECK(own[k].tokens == want_own[k].tokens);
+    CHECK(own[k].text == want_own[k].text);
+  }
+  AbortAndCheckIdle(Ptrs(elastic, 2), "group");
 }
 
 TEST_CASE("a prompt longer than one instance's KV pool is served by two", "[esp]") {

@@ -120,7 +120,14 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     EspGroupsOptions eo_esp = options.esp;
     eo_esp.name = options.instance_id;
     eo_esp.profile = options.role.kv_profile;
-    ASSIGN_OR_RETURN(core->esp_, EspGroups::Create(eo_esp, *core->engine_, metrics));
+    LanguageCore* self = core.get();
+    ASSIGN_OR_RETURN(core->esp_,
+                     EspGroups::Create(
+                         eo_esp, *core->engine_, metrics,
+                         [self](const worker::StreamEvent& e) { self->OnEvent(e); },
+                         [self](const std::string& id, const worker::EspRequest::MasterState& s) {
+                           self->OnMasterMoved(id, s);
+                         }));
   }
   core->UpdateLoad();
   LanguageCore* c = core.get();

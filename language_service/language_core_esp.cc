@@ -123,10 +123,7 @@ bool LanguageCore::StepEsp() {
   if (esp_ == nullptr) return false;
   esp_->ExpireIdle();
   if (!esp_->has_decodes()) return false;
-  esp_->Step([this](const worker::StreamEvent& e) { OnEvent(e); },
-             [this](const std::string& id, const worker::EspRequest::MasterState& state) {
-               OnMasterMoved(id, state);
-             });
+  esp_->Step();
   return esp_->has_decodes();
 }
 

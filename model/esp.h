@@ -20,7 +20,10 @@
 // sequences cover the tokens it holds (its span plus the tokens it decoded);
 // per layer every other member returns its partial attention (output and
 // log-sum-exp) over its spans, and the master merges them with its own in
-// member order (split_attention.h: within the bound stated there).
+// member order (split_attention.h: within the bound stated there). A
+// mixed batch (Qwen2Model::ForwardSpread) decodes such sequences beside
+// ordinary ones: SpreadSequences names the spread ones; the ordinary rows
+// attend as Forward's do (bitwise) and the peers see only the spread rows.
 //
 // Implementations: InProcessKvExchange (esp_local_exchange.h) now; a UCX one
 // (puts, flush, CRC32C notice) in worker/.
@@ -79,6 +82,15 @@ class SpanAttentionPeers {
   // (-inf and 0 where m holds no keys of that row's sequence).
   [[nodiscard]] virtual absl::Status Query(int member, int layer, const float* q, int64_t rows,
                                            float* out, float* lse) = 0;
+};
+
+// The sequences of a batch whose KV is spread over span holders (decodes a
+// master runs beside ordinary sequences), and those holders.
+struct SpreadSequences {
+  // Indices into batch.sequences, strictly ascending, each one decode row.
+  std::vector<int64_t> sequences;
+  // Answers for the spread rows only, in the order of `sequences`.
+  SpanAttentionPeers* peers = nullptr;
 };
 
 }  // namespace mmserve::model

@@ -13,6 +13,8 @@
 //   per-element bound is ~1e-4 relative to max |v|, measured ~1e-7), the
 //   same kind of reordering as transformers' eager attention against ours,
 //   which the parity test bounds by 1e-3 on these logits;
+// - a mixed batch (ForwardSpread): an ordinary prefill chunk, an ordinary
+//   decode and a spread decode in one step give each the bits it gets alone;
 // - a failing member aborts the exchange: the others end UNAVAILABLE.
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -142,6 +144,109 @@ TEST_CASE("ESP decode with the KV spread over 2: greedy ids equal, logits within
       CHECK(worst <= kFp32Tolerance);
     }
   }
+}
+
+// An ordinary sequence beside the master's spread one, in the master's cache:
+// the prompt's first `len` tokens on blocks of its own.
+struct Ordinary {
+  std::vector<int32_t> blocks;
+  ForwardBatch Chunk(const Prompt& p, int64_t begin, int64_t end) const {
+    ForwardBatch b;
+    for (int64_t i = begin; i < end; ++i) {
+      b.token_ids.push_back(p.ids[i]);
+      b.slot_mapping.push_back(blocks[i / kBlockSize] * kBlockSize + i % kBlockSize);
+    }
+    for (int c = 0; c < 3; ++c) {
+      for (int64_t i = begin; i < end; ++i) b.positions.push_back(i);
+    }
+    b.sequences = {{0, end - begin, end, blocks}};
+    b.logits_rows = {end - begin - 1};
+    return b;
+  }
+};
+
+// `parts` as one batch, in order (rows, positions, slots and logits rows
+// shifted).
+ForwardBatch Concat(const std::vector<ForwardBatch>& parts) {
+  ForwardBatch out;
+  int64_t total = 0;
+  for (const ForwardBatch& b : parts) total += b.num_tokens();
+  out.positions.assign(3 * total, 0);
+  int64_t row = 0;
+  for (const ForwardBatch& b : parts) {
+    const int64_t n = b.num_tokens();
+    for (int c = 0; c < 3; ++c) {
+      std::copy_n(&b.positions[c * n], n, &out.positions[c * total + row]);
+    }
+    out.token_ids.insert(out.token_ids.end(), b.token_ids.begin(), b.token_ids.end());
+    out.slot_mapping.insert(out.slot_mapping.end(), b.slot_mapping.begin(), b.slot_mapping.end());
+    for (SequenceChunk s : b.sequences) {
+      s.query_start += row;
+      out.sequences.push_back(std::move(s));
+    }
+    for (int64_t r : b.logits_rows) out.logits_rows.push_back(r + row);
+    row += n;
+  }
+  return out;
+}
+
+TEST_CASE("a mixed batch gives ordinary and spread sequences the bits each gets alone", "[esp]") {
+  LoadedModel m = LoadTestModel("qwen2vl-tiny-gqa2-untied-sharded");
+  const nlohmann::json g =
+      ReadJsonFile("model/testdata/goldens/qwen2vl-tiny-gqa2-untied-sharded/lm_golden.json");
+  const std::vector<int> masked = g["eos_ids_masked"].get<std::vector<int>>();
+  std::vector<int32_t> ids;
+  for (const auto& gp : g["prompts"]) {
+    if (gp["compute_dtype"] == "fp32" && gp["name"] == "chat")
+      ids = gp["input_ids"].get<std::vector<int32_t>>();
+  }
+  const Prompt p = TextPrompt(ids);
+  const int64_t vocab = m.cfg.text.vocab_size;
+  const int64_t a = Plans(p.len())[0][0].keep_end;
+  auto members = RunLocalGroup(m, p, Plans(p.len())[0]);
+  REQUIRE(members[1]->status.ok());
+  Member& master = *members[1];
+  LocalPeers peers(*members[0], a, m.cfg.text);
+  // Two ordinary sequences on blocks of their own: one prefilled whole
+  // first (it decodes in the mixed step), one prefilled in the mixed step.
+  Ordinary decoding, prefilling;
+  for (Ordinary* o : {&decoding, &prefilling}) {
+    for (int64_t i = 0; i < (p.len() + kBlockSize) / kBlockSize; ++i) {
+      o->blocks.push_back(master.inst->free.back());
+      master.inst->free.pop_back();
+    }
+  }
+  std::vector<float> logits;
+  REQUIRE(master.model->Forward(decoding.Chunk(p, 0, p.len()), *master.inst->kv, &logits).ok());
+  const int32_t next = GreedyToken(logits, masked);
+  const int32_t first =
+      GreedyToken(std::vector<float>(master.logits.end() - vocab, master.logits.end()), masked);
+  Prompt longer = p;
+  longer.ids.push_back(next);
+  const std::vector<ForwardBatch> parts = {
+      prefilling.Chunk(p, 0, p.len() - 3),
+      DecodeBatch(*master.inst, first, p.len(), p.len() - a + 1),
+      decoding.Chunk(longer, p.len(), p.len() + 1)};
+  // Alone: each part as its own step (a repeated step rewrites the same K/V).
+  std::vector<std::vector<float>> alone(3);
+  REQUIRE(master.model->Forward(parts[0], *master.inst->kv, &alone[0]).ok());
+  REQUIRE(master.model->ForwardEspDecode(parts[1], *master.inst->kv, peers, &alone[1]).ok());
+  REQUIRE(master.model->Forward(parts[2], *master.inst->kv, &alone[2]).ok());
+  const ForwardBatch mixed = Concat(parts);
+  const SpreadSequences spread{.sequences = {1}, .peers = &peers};
+  REQUIRE(master.model->ForwardSpread(mixed, *master.inst->kv, spread, &logits).ok());
+  REQUIRE(logits.size() == 3 * static_cast<size_t>(vocab));
+  for (int k = 0; k < 3; ++k) {
+    INFO("part " << k);
+    CHECK(std::memcmp(&logits[k * vocab], alone[k].data(), vocab * sizeof(float)) == 0);
+  }
+  // A spread list that names a prefill chunk or is out of order is refused.
+  const SpreadSequences chunk{.sequences = {0}, .peers = &peers};
+  CHECK(master.model->ForwardSpread(mixed, *master.inst->kv, chunk, &logits).code() ==
+        absl::StatusCode::kInvalidArgument);
+  const SpreadSequences unordered{.sequences = {2, 1}, .peers = &peers};
+  CHECK(master.model->ForwardSpread(mixed, *master.inst->kv, unordered, &logits).code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a member that fails aborts the exchange: the others end UNAVAILABLE", "[esp]") {

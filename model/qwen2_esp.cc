@@ -77,51 +77,93 @@ absl::Status Qwen2Model::EspPrefillAttention(int layer, const EspPrefillBatch& b
 
 absl::Status Qwen2Model::ForwardEspDecode(const ForwardBatch& batch, KvCache& kv,
                                           SpanAttentionPeers& peers, std::vector<float>* logits) {
+  SpreadSequences all{.sequences = {}, .peers = &peers};
+  for (size_t i = 0; i < batch.sequences.size(); ++i) all.sequences.push_back(i);
+  return ForwardSpread(batch, kv, all, logits);
+}
+
+absl::Status Qwen2Model::ForwardSpread(const ForwardBatch& batch, KvCache& kv,
+                                       const SpreadSequences& spread, std::vector<float>* logits) {
   if (parallel_) return absl::InvalidArgumentError("ESP decode with sharded weights");
   RETURN_IF_ERROR(CheckKvShape(kv));
   const KvCacheShape& ks = kv.shape();
   RETURN_IF_ERROR(ValidateForwardBatch(batch, {cfg_.vocab_size, ks.block_size, ks.num_blocks}));
-  for (const SequenceChunk& s : batch.sequences) {
-    if (s.query_len != 1) return absl::InvalidArgumentError("ESP decode takes one row a sequence");
+  const int64_t n = static_cast<int64_t>(batch.sequences.size());
+  for (size_t i = 0; i < spread.sequences.size(); ++i) {
+    const int64_t s = spread.sequences[i];
+    if (s < 0 || s >= n || (i > 0 && s <= spread.sequences[i - 1])) {
+      return absl::InvalidArgumentError("spread sequences must ascend within the batch");
+    }
+    if (batch.sequences[s].query_len != 1) {
+      return absl::InvalidArgumentError("ESP decode takes one row a sequence");
+    }
   }
-  if (peers.self() < 0 || peers.self() >= peers.num_members()) {
+  if (!spread.sequences.empty() && (spread.peers == nullptr || spread.peers->self() < 0 ||
+                                    spread.peers->self() >= spread.peers->num_members())) {
     return absl::InvalidArgumentError("the master is not among the span holders");
   }
   return Run(
-      batch, [&](int layer) { return EspDecodeAttention(layer, batch, kv, peers); }, logits);
+      batch, [&](int layer) { return SpreadAttention(layer, batch, kv, spread); }, logits);
 }
 
-absl::Status Qwen2Model::EspDecodeAttention(int layer, const ForwardBatch& batch, KvCache& kv,
-                                            SpanAttentionPeers& peers) {
+// The ordinary sequences as Attention attends them; the spread rows' own
+// keys, the peers' partials over theirs, merged in member order.
+absl::Status Qwen2Model::SpreadAttention(int layer, const ForwardBatch& batch, KvCache& kv,
+                                         const SpreadSequences& spread) {
   const int64_t t = batch.num_tokens();
   const int64_t q_width = heads_ * head_dim_;
   ProjectQkv(layer, t);
   WriteKv(batch.slot_mapping, k_.data(), v_.data(), kv.Key(layer), kv.Value(layer));
+  const cpu::PagedKvLayer layer_kv{kv.Key(layer), kv.Value(layer), kv.shape().block_size, kv_heads_,
+                                   head_dim_};
+  std::vector<cpu::AttentionSequence> ordinary;
+  std::vector<cpu::PartialSpan> local;
+  std::vector<int64_t> rows;  // the spread rows, in order
+  size_t next = 0;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceChunk& s = batch.sequences[i];
+    if (next < spread.sequences.size() && spread.sequences[next] == static_cast<int64_t>(i)) {
+      local.push_back({static_cast<int64_t>(rows.size()), s.block_table.data(), s.context_len});
+      rows.push_back(s.query_start);
+      ++next;
+      continue;
+    }
+    ordinary.push_back({s.query_start, s.query_len, s.context_len, s.block_table.data()});
+  }
+  if (!ordinary.empty()) {
+    cpu::PagedAttention(pool_, q_.data(), heads_, layer_kv, ordinary, AttentionScale(),
+                        attn_.data());
+  }
+  if (rows.empty()) return absl::OkStatus();
+  const int64_t m = static_cast<int64_t>(rows.size());
+  const float* q = q_.data();
+  if (m != t) {  // the peers see the spread rows only
+    span_q_.resize(m * q_width);
+    for (int64_t r = 0; r < m; ++r) {
+      std::copy_n(&q_[rows[r] * q_width], q_width, &span_q_[r * q_width]);
+    }
+    q = span_q_.data();
+  }
+  SpanAttentionPeers& peers = *spread.peers;
   const int members = peers.num_members(), self = peers.self();
-  span_out_.resize(members * t * q_width);
-  span_lse_.resize(members * t * heads_);
+  span_out_.resize(members * m * q_width);
+  span_lse_.resize(members * m * heads_);
   // A member holding nothing of a row's sequence leaves it empty.
   std::fill(span_lse_.begin(), span_lse_.end(), -INFINITY);
   std::fill(span_out_.begin(), span_out_.end(), 0.0f);
-  std::vector<cpu::PartialSpan> local;
-  for (const SequenceChunk& s : batch.sequences) {
-    local.push_back({s.query_start, s.block_table.data(), s.context_len});
-  }
-  const cpu::PagedKvLayer layer_kv{kv.Key(layer), kv.Value(layer), kv.shape().block_size, kv_heads_,
-                                   head_dim_};
-  cpu::PartialAttention(pool_, q_.data(), heads_, layer_kv, local, AttentionScale(),
-                        &span_out_[self * t * q_width], &span_lse_[self * t * heads_]);
-  for (int m = 0; m < members; ++m) {
-    if (m == self) continue;
-    RETURN_IF_ERROR(peers.Query(m, layer, q_.data(), t, &span_out_[m * t * q_width],
-                                &span_lse_[m * t * heads_]));
+  cpu::PartialAttention(pool_, q, heads_, layer_kv, local, AttentionScale(),
+                        &span_out_[self * m * q_width], &span_lse_[self * m * heads_]);
+  for (int p = 0; p < members; ++p) {
+    if (p == self) continue;
+    RETURN_IF_ERROR(
+        peers.Query(p, layer, q, m, &span_out_[p * m * q_width], &span_lse_[p * m * heads_]));
   }
   std::vector<cpu::PartialRef> parts(members);
-  for (int64_t r = 0; r < t; ++r) {
-    for (int m = 0; m < members; ++m) {
-      parts[m] = {&span_out_[(m * t + r) * q_width], &span_lse_[(m * t + r) * heads_]};
+  for (int64_t r = 0; r < m; ++r) {
+    for (int p = 0; p < members; ++p) {
+      parts[p] = {&span_out_[(p * m + r) * q_width], &span_lse_[(p * m + r) * heads_]};
     }
-    cpu::MergePartials(heads_, head_dim_, parts, &attn_[r * q_width]);
+    cpu::MergePartials(heads_, head_dim_, parts, &attn_[rows[r] * q_width]);
   }
   return absl::OkStatus();
 }

@@ -87,6 +87,15 @@ class Qwen2Model {
   [[nodiscard]] absl::Status ForwardEspDecode(const ForwardBatch& batch, KvCache& kv,
                                               SpanAttentionPeers& peers,
                                               std::vector<float>* logits);
+  // One step of a batch mixing ordinary sequences (any chunk) and the
+  // decodes of `spread` (their keys here are the master's own; the peers
+  // add the others'). Each ordinary row's logits are bitwise Forward's;
+  // ForwardEspDecode is this with every sequence spread. InvalidArgument for
+  // a malformed batch or spread list, or sharded weights (nothing written);
+  // the peers' status otherwise.
+  [[nodiscard]] absl::Status ForwardSpread(const ForwardBatch& batch, KvCache& kv,
+                                           const SpreadSequences& spread,
+                                           std::vector<float>* logits);
 
  private:
   // Embedding, every layer (with `attention` filling attn_ for a layer),
@@ -106,8 +115,8 @@ class Qwen2Model {
   void Attention(int layer, const ForwardBatch& batch, KvCache& kv);
   absl::Status EspPrefillAttention(int layer, const EspPrefillBatch& batch, KvCache& kv,
                                    KvExchange& exchange);
-  absl::Status EspDecodeAttention(int layer, const ForwardBatch& batch, KvCache& kv,
-                                  SpanAttentionPeers& peers);
+  absl::Status SpreadAttention(int layer, const ForwardBatch& batch, KvCache& kv,
+                               const SpreadSequences& spread);
   // Final norm and lm_head on rows of h_.
   absl::Status Logits(const std::vector<int64_t>& logits_rows, std::vector<float>* logits);
   absl::Status Mlp(int layer, int64_t num_tokens);
@@ -132,6 +141,7 @@ class Qwen2Model {
   std::vector<float> h_, x_, q_, k_, v_, attn_, o_, gate_, up_;
   std::vector<float> local_logits_, gathered_;  // tensor parallel only
   std::vector<float> span_out_, span_lse_;      // ESP decode: [member][row][...]
+  std::vector<float> span_q_;                   // ESP decode: the spread rows' q
   // Sparse layers: router logits [T][experts], one expert's rows.
   std::vector<float> router_logits_, expert_x_, expert_y_;
   RopeAngles angles_;

@@ -12,10 +12,14 @@ const char* RequestStatusName(RequestStatus s) {
       return "waiting";
     case RequestStatus::kRunning:
       return "running";
+    case RequestStatus::kMastering:
+      return "mastering";
     case RequestStatus::kPreempted:
       return "preempted";
     case RequestStatus::kWaitingForKv:
       return "waiting_for_kv";
+    case RequestStatus::kHoldingSpan:
+      return "holding_span";
     case RequestStatus::kFinished:
       return "finished";
     case RequestStatus::kAborted:

@@ -47,21 +47,31 @@ struct RequestId {
 //   (AddRequest) -> kWaiting               queued for admission
 //   (ReserveRemoteKv) -> kWaitingForKv     holds blocks another instance
 //                                          writes the prompt's KV into
+//   (HoldSpan) -> kHoldingSpan             holds a span of a group's KV for
+//                                          another instance's decode; never
+//                                          scheduled (role elastic)
 //   kWaiting, kPreempted -> kRunning       admitted by Schedule (holds KV)
 //   kWaitingForKv -> kRunning              CommitRemoteKv (with the first token)
+//   kHoldingSpan -> kMastering             StartMastering: decodes on its span
+//                                          (its other tokens' KV is elsewhere)
+//   kMastering -> kHoldingSpan             StopMastering: the next master
+//                                          decodes on; the span stays
 //   kRunning -> kPreempted                 KV pool exhausted: KV dropped,
 //                                          recomputed when admitted again
-//   kRunning, kWaitingForKv -> kFinished   stop token, eos or max_tokens
+//   kRunning, kMastering,                  stop token, eos or max_tokens
+//   kWaitingForKv -> kFinished
 //                                          (UpdateFromOutput, CommitRemoteKv)
-//   any non-terminal -> kAborted           Abort
+//   any non-terminal -> kAborted           Abort (ReleaseSpan for a span)
 // Every status from kFinished on is terminal (IsFinished).
 enum class RequestStatus : uint8_t {
   kWaiting = 0,
   kWaitingForKv = 1,
-  kRunning = 2,
-  kPreempted = 3,
-  kFinished = 4,
-  kAborted = 5,
+  kHoldingSpan = 2,
+  kRunning = 3,
+  kMastering = 4,
+  kPreempted = 5,
+  kFinished = 6,
+  kAborted = 7,
 };
 
 inline bool IsFinished(RequestStatus s) { return s >= RequestStatus::kFinished; }
@@ -134,6 +144,15 @@ class Request {
   int num_cached_tokens() const { return num_cached_tokens_; }
   int num_preemptions() const { return num_preemptions_; }
   kvpool::BlockTableId block_table() const { return block_table_; }
+  // Tokens before it have their KV on other instances (kMastering: the
+  // group's span holders); the block table holds token kv_offset() + j at
+  // its position j. 0 for every other request.
+  int kv_offset() const { return kv_offset_; }
+  // kHoldingSpan, kMastering: the tokens its span holds (a master decodes
+  // while token kv_offset() + span_tokens() - 1 is not computed).
+  int span_tokens() const { return span_tokens_; }
+  // kMastering: requests of one decode group share their span holders.
+  uint64_t decode_group() const { return decode_group_; }
   kvpool::SequenceView sequence() const { return {token_ids_, params_.mm_spans}; }
 
   // Mutators for the Scheduler, which enforces the transitions above.
@@ -141,6 +160,9 @@ class Request {
   void set_block_table(kvpool::BlockTableId t) { block_table_ = t; }
   void set_num_computed_tokens(int n) { num_computed_tokens_ = n; }
   void set_num_cached_tokens(int n) { num_cached_tokens_ = n; }
+  void set_kv_offset(int n) { kv_offset_ = n; }
+  void set_span_tokens(int n) { span_tokens_ = n; }
+  void set_decode_group(uint64_t g) { decode_group_ = g; }
   void CountPreemption() { ++num_preemptions_; }
   void Finish(RequestStatus s, FinishReason r) {
     status_ = s;
@@ -163,6 +185,9 @@ class Request {
   int num_computed_tokens_ = 0;
   int num_cached_tokens_ = 0;
   int num_preemptions_ = 0;
+  int kv_offset_ = 0;
+  int span_tokens_ = 0;
+  uint64_t decode_group_ = 0;
   int64_t last_scheduled_step_ = -1;
   RequestStatus status_ = RequestStatus::kWaiting;
   FinishReason finish_reason_ = FinishReason::kNone;

@@ -21,8 +21,8 @@ Scheduler::Scheduler(const SchedulerConfig& config) : config_(config), kv_(confi
   output_.scheduled.reserve(config.max_num_seqs);
 }
 
-absl::Status Scheduler::ValidateParams(const RequestParams& p) const {
-  if (requests_.contains(p.id)) {
+absl::Status Scheduler::ValidateParams(const RequestParams& p, bool fresh) const {
+  if (fresh && requests_.contains(p.id)) {
     return absl::AlreadyExistsError(absl::StrCat(p.id.value, " is already live"));
   }
   if (p.prompt_token_ids.empty()) return absl::InvalidArgumentError("empty prompt");
@@ -42,6 +42,7 @@ absl::Status Scheduler::ValidateParams(const RequestParams& p) const {
     }
     prev_end = s.offset + int64_t{s.length};
   }
+  if (!fresh) return absl::OkStatus();  // a span's: most of its KV is elsewhere
   // The last sampled token never needs KV.
   const int64_t max_kv_tokens = prompt_len + p.max_tokens - 1;
   if (kv_.BlocksFor(max_kv_tokens) > kv_.num_blocks()) {
@@ -63,12 +64,13 @@ absl::Status Scheduler::AddRequest(RequestParams params) {
 }
 
 absl::Status Scheduler::Abort(RequestId id) {
-  if (held_.contains(id)) return ReleaseSpan(id);
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat(id.value, " is not live"));
   Request* r = it->second.get();
-  if (r->status() == RequestStatus::kRunning) {
-    running_.erase(std::find(running_.begin(), running_.end(), r));
+  if (r->status() == RequestStatus::kHoldingSpan) return ReleaseSpan(id);
+  if (r->status() == RequestStatus::kRunning || r->status() == RequestStatus::kMastering) {
+    std::vector<Request*>& list = r->status() == RequestStatus::kRunning ? running_ : mastering_;
+    list.erase(std::find(list.begin(), list.end(), r));
     kv_.Free(r->block_table());
     r->set_block_table(kvpool::BlockTableId{});
   } else if (r->status() == RequestStatus::kWaitingForKv) {
@@ -100,8 +102,9 @@ absl::Status Scheduler::UpdateFromOutput(absl::Span<const TokenId> sampled_token
                                                    output_.scheduled.size(), " scheduled"));
   }
   for (size_t i = 0; i < scheduled_.size(); ++i) {
+    const RequestStatus st = scheduled_[i]->status();
     if (output_.scheduled[i].samples && sampled_token_ids[i] < 0 &&
-        scheduled_[i]->status() == RequestStatus::kRunning) {
+        (st == RequestStatus::kRunning || st == RequestStatus::kMastering)) {
       return absl::InvalidArgumentError(
           absl::StrCat("no sampled token for request ", scheduled_[i]->id().value));
     }
@@ -109,10 +112,12 @@ absl::Status Scheduler::UpdateFromOutput(absl::Span<const TokenId> sampled_token
   bool any_finished = false;
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     Request* r = scheduled_[i];
-    if (r->status() != RequestStatus::kRunning) continue;  // aborted meanwhile
+    const bool mastering = r->status() == RequestStatus::kMastering;
+    if (r->status() != RequestStatus::kRunning && !mastering) continue;  // aborted meanwhile
     const ScheduledRequest& s = output_.scheduled[i];
     r->set_num_computed_tokens(r->num_computed_tokens() + s.num_tokens);
-    kv_.CacheFullBlocks(r->block_table(), r->sequence(), r->num_computed_tokens());
+    // A span's blocks do not hold the sequence from its start: never cached.
+    if (!mastering) kv_.CacheFullBlocks(r->block_table(), r->sequence(), r->num_computed_tokens());
     if (!s.samples) continue;
     const FinishReason why = r->AppendOutputToken(sampled_token_ids[i]);
     if (why == FinishReason::kNone) continue;
@@ -140,11 +145,23 @@ void Scheduler::FinishRequests(std::vector<std::unique_ptr<Request>>* finished) 
     requests_.erase(it);
   }
   running_.resize(kept);
+  kept = 0;
+  for (Request* r : mastering_) {
+    if (r->status() == RequestStatus::kMastering) {
+      mastering_[kept++] = r;
+      continue;
+    }
+    auto it = requests_.find(r->id());
+    if (finished != nullptr) finished->push_back(std::move(it->second));
+    requests_.erase(it);
+  }
+  mastering_.resize(kept);
 }
 
 const Request* Scheduler::Find(RequestId id) const {
   auto it = requests_.find(id);
-  return it == requests_.end() ? nullptr : it->second.get();
+  if (it == requests_.end() || it->second->status() == RequestStatus::kHoldingSpan) return nullptr;
+  return it->second.get();
 }
 
 }  // namespace scheduler

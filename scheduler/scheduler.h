@@ -19,6 +19,8 @@
 //     equals) is preempted (recompute: KV freed, num_computed_tokens = 0,
 //     put at the front of the waiting queue) and the request retries; when
 //     it is itself that one, it is preempted and the running pass ends.
+//     Then the kMastering requests (role elastic) of one decode group
+//     decode one token each, within the token budget.
 //  2. Unless something was preempted, waiting requests are admitted by
 //     priority (lower first; aged by SchedulerConfig::priority_aging_steps,
 //     the starvation bound), and within one priority in FIFO order
@@ -128,21 +130,47 @@ class Scheduler {
   // Role elastic: a span of a request's KV that this instance
   // keeps for a group prefill while another instance decodes the request.
   // The span's blocks (BlocksFor(num_tokens), no prefix-cache hit) are held
-  // under `id` outside every queue: never scheduled, not counted against
-  // max_num_seqs, freed by ReleaseSpan or by Abort(id). AlreadyExists when
+  // by a request `id` in kHoldingSpan, outside every queue: never
+  // scheduled, not counted against max_num_seqs nor by has_unfinished and
+  // Find, freed by ReleaseSpan or by Abort(id). AlreadyExists when
   // `id` is live or holds a span; ResourceExhausted (nothing changes) when
   // the pool has no room; InvalidArgument for num_tokens < 1.
   [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(RequestId id, int num_tokens);
   // Frees the span held under `id`: NotFound when none.
   [[nodiscard]] absl::Status ReleaseSpan(RequestId id);
-  int num_held_spans() const { return static_cast<int>(held_.size()); }
+  int num_held_spans() const { return num_holding_; }
+  // The span held under `id` becomes the request `params` (validated as
+  // AddRequest's, but its id is `id`'s) mastered here: prompt then
+  // `generated` (at least one token, the last not yet computed), its KV
+  // elsewhere before token kv_offset and in the span from there
+  // (kv_offset() of the Request). kMastering: each step decodes one token
+  // of it while its span (of HoldSpan's num_tokens) has a slot for it, never preempted, not counted
+  // against max_num_seqs; only the requests of one decode group are
+  // decoded in a step (the groups take turns). It finishes as a running
+  // request does (stop, eos, max_tokens: its blocks freed) or goes back to
+  // holding its span (StopMastering). NotFound when `id` holds no span;
+  // InvalidArgument for bad params, no generated token, a token that ends
+  // it or a span without the slot of its next token (nothing changes on
+  // error). Not while a step is pending.
+  [[nodiscard]] absl::Status StartMastering(RequestId id, RequestParams params, int kv_offset,
+                                            absl::Span<const TokenId> generated,
+                                            uint64_t decode_group);
+  // A kMastering request holds its span again (its blocks and their KV
+  // stay). NotFound unless `id` is mastered here. Not while a step is
+  // pending.
+  [[nodiscard]] absl::Status StopMastering(RequestId id);
+  // Whether the span of kMastering request `id` has the slot of its next
+  // token (false for any other id).
+  bool HasDecodeSlot(RequestId id) const;
+  int num_mastering() const { return static_cast<int>(mastering_.size()); }
 
   // The live (not finished, not aborted) request with `id`, or null.
   const Request* Find(RequestId id) const;
   int num_running() const { return static_cast<int>(running_.size()); }
   // Includes preempted requests.
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
-  bool has_unfinished() const { return !requests_.empty(); }
+  // Requests to run: held spans are not.
+  bool has_unfinished() const { return static_cast<int>(requests_.size()) > num_holding_; }
   int64_t num_preemptions() const { return num_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
   // The model runner reads block tables and slots through this.
@@ -174,6 +202,9 @@ class Scheduler {
 
   // scheduler_step.cc
   void ScheduleRunning(StepBudget& budget);
+  // scheduler_held.cc: one decode group's kMastering requests.
+  void ScheduleMastering(StepBudget& budget);
+  bool HasDecodeSlot(const Request& r) const;
   void ScheduleWaiting(StepBudget& budget);
   // The waiting queue in admission order: by effective priority (aged),
   // then the queue's own order.
@@ -185,7 +216,10 @@ class Scheduler {
   void Emit(Request* r, int num_tokens, bool is_prefill, StepBudget& budget);
 
   // scheduler.cc
-  absl::Status ValidateParams(const RequestParams& params) const;
+  // fresh: a new id, and prompt + max_tokens fit the whole pool (not so
+  // for a span's request, whose id holds the span and whose KV is mostly
+  // elsewhere).
+  absl::Status ValidateParams(const RequestParams& params, bool fresh = true) const;
   void FinishRequests(std::vector<std::unique_ptr<Request>>* finished);
 
   const SchedulerConfig config_;
@@ -198,8 +232,12 @@ class Scheduler {
   std::deque<Request*> waiting_;
   // kWaitingForKv requests (role decode), reservation order.
   std::vector<Request*> waiting_for_kv_;
-  // Held spans (role elastic): their block tables by request.
-  absl::flat_hash_map<RequestId, kvpool::BlockTableId> held_;
+  // Requests in kHoldingSpan (role elastic), in requests_ only.
+  int num_holding_ = 0;
+  // kMastering requests (role elastic), in the order they started; the
+  // decode group whose turn is next.
+  std::vector<Request*> mastering_;
+  size_t mastering_turn_ = 0;
   // The pending step: output_.scheduled[i] is scheduled_[i].
   SchedulerOutput output_;
   std::vector<Request*> scheduled_;

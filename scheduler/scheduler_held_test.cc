@@ -1,5 +1,5 @@
-// HoldSpan / ReleaseSpan (role elastic): a held span is never
-// scheduled and Abort frees it.
+// HoldSpan / ReleaseSpan (role elastic): a held span is a request in
+// kHoldingSpan, never scheduled, and Abort frees it.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <utility>
@@ -66,6 +66,125 @@ TEST_CASE("HoldSpan refuses a live id, a second span, no room and empty spans",
   CHECK(s->ReleaseSpan(RequestId{2}).ok());
   CHECK(s->ReleaseSpan(RequestId{2}).code() == absl::StatusCode::kNotFound);
   CHECK(s->kv_cache().num_free_blocks() == 4);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+TEST_CASE("a held span is a request holding blocks: no other use of its id, nothing to run",
+          "[scheduler][held]") {
+  auto s = Make(8);
+  REQUIRE(s->HoldSpan(RequestId{1}, 4).ok());
+  CHECK_FALSE(s->has_unfinished());
+  CHECK(s->AddRequest(Req(1, 5)).code() == absl::StatusCode::kAlreadyExists);
+  CHECK(s->ReserveRemoteKv(Req(1, 5)).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(s->CommitRemoteKv(RequestId{1}, 3, nullptr).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(s->Schedule().scheduled.empty());
+  REQUIRE(s->UpdateFromOutput({}, nullptr).ok());
+  // A request of its own is live beside it; its release leaves the span.
+  REQUIRE(s->AddRequest(Req(2, 5)).ok());
+  CHECK(s->has_unfinished());
+  CHECK(s->ReleaseSpan(RequestId{2}).code() == absl::StatusCode::kNotFound);
+  CHECK(s->num_held_spans() == 1);
+  REQUIRE(s->CheckInvariants().ok());
+  CHECK(s->ReleaseSpan(RequestId{1}).ok());
+  CHECK(s->kv_cache().num_free_blocks() == 8);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+// The first entry of `out` for request `id`, or null.
+const ScheduledRequest* Entry(const SchedulerOutput& out, uint64_t id) {
+  for (const ScheduledRequest& e : out.scheduled) {
+    if (e.request->id() == RequestId{id}) return &e;
+  }
+  return nullptr;
+}
+
+TEST_CASE("a mastered span decodes one token a step beside others until its span is full",
+          "[scheduler][held]") {
+  auto s = Make(8);
+  REQUIRE(s->HoldSpan(RequestId{1}, 8).ok());  // tokens [6, 14) of request 1
+  RequestParams p = Req(1, 10);
+  p.max_tokens = 20;
+  REQUIRE(s->StartMastering(RequestId{1}, p, 6, {50}, 7).ok());
+  CHECK(s->num_held_spans() == 0);
+  CHECK(s->num_mastering() == 1);
+  CHECK(s->has_unfinished());
+  REQUIRE(s->Find(RequestId{1}) != nullptr);
+  CHECK(s->Find(RequestId{1})->status() == RequestStatus::kMastering);
+  REQUIRE(s->CheckInvariants().ok());
+  REQUIRE(s->AddRequest(Req(2, 5)).ok());
+  int decoded = 0;
+  for (int step = 0; step < 8; ++step) {
+    const SchedulerOutput& out = s->Schedule();
+    const ScheduledRequest* e = Entry(out, 1);
+    if (e == nullptr) break;
+    CHECK(e->num_computed_tokens == 10 + decoded);
+    CHECK(e->num_tokens == 1);
+    CHECK(e->samples);
+    CHECK_FALSE(e->is_prefill);
+    std::vector<TokenId> tokens(out.scheduled.size(), 60);
+    REQUIRE(s->UpdateFromOutput(tokens, nullptr).ok());
+    REQUIRE(s->CheckInvariants().ok());
+    ++decoded;
+  }
+  // Tokens 10..13 are the span's last slots: 4 decodes, then it waits.
+  CHECK(decoded == 4);
+  CHECK_FALSE(s->HasDecodeSlot(RequestId{1}));
+  REQUIRE(s->StopMastering(RequestId{1}).ok());
+  CHECK(s->num_held_spans() == 1);
+  CHECK(s->Find(RequestId{1}) == nullptr);
+  REQUIRE(s->CheckInvariants().ok());
+  REQUIRE(s->ReleaseSpan(RequestId{1}).ok());
+  CHECK(s->Find(RequestId{2}) == nullptr);  // it ran to max_tokens beside
+  CHECK(s->kv_cache().num_free_blocks() == 8);
+}
+
+TEST_CASE("a mastered request finishes as a running one does, and groups take turns",
+          "[scheduler][held]") {
+  auto s = Make(8);
+  REQUIRE(s->HoldSpan(RequestId{1}, 8).ok());
+  REQUIRE(s->HoldSpan(RequestId{2}, 8).ok());
+  REQUIRE(s->HoldSpan(RequestId{3}, 8).ok());
+  RequestParams p = Req(1, 4);
+  p.max_tokens = 2;
+  REQUIRE(s->StartMastering(RequestId{1}, p, 0, {50}, 7).ok());
+  p.id = RequestId{2};
+  REQUIRE(s->StartMastering(RequestId{2}, p, 0, {50}, 7).ok());
+  p.id = RequestId{3};
+  REQUIRE(s->StartMastering(RequestId{3}, p, 0, {50}, 9).ok());
+  const SchedulerOutput& first = s->Schedule();
+  REQUIRE(first.scheduled.size() == 2);  // group 7's two
+  CHECK(Entry(first, 3) == nullptr);
+  std::vector<std::unique_ptr<Request>> finished;
+  REQUIRE(s->UpdateFromOutput({61, 7}, &finished).ok());  // max_tokens 2, eos
+  REQUIRE(finished.size() == 2);
+  CHECK(finished[0]->finish_reason() == FinishReason::kLength);
+  CHECK(finished[1]->finish_reason() == FinishReason::kStop);
+  const SchedulerOutput& second = s->Schedule();
+  REQUIRE(second.scheduled.size() == 1);
+  CHECK(Entry(second, 3) != nullptr);
+  REQUIRE(s->Abort(RequestId{3}).ok());
+  REQUIRE(s->UpdateFromOutput({62}, &finished).ok());
+  CHECK(finished.empty());
+  CHECK(s->kv_cache().num_free_blocks() == 8);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+TEST_CASE("StartMastering refuses what is no span, no token, an ending token, no slot",
+          "[scheduler][held]") {
+  auto s = Make(8);
+  RequestParams p = Req(1, 10);
+  CHECK(s->StartMastering(RequestId{1}, p, 6, {50}, 0).code() == absl::StatusCode::kNotFound);
+  REQUIRE(s->HoldSpan(RequestId{1}, 4).ok());
+  CHECK(s->StartMastering(RequestId{1}, p, 6, {}, 0).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s->StartMastering(RequestId{1}, p, 6, {7}, 0).code() ==
+        absl::StatusCode::kInvalidArgument);  // eos
+  CHECK(s->StartMastering(RequestId{1}, p, 2, {50}, 0).code() ==
+        absl::StatusCode::kInvalidArgument);  // token 10 is past [2, 6)
+  CHECK(s->StartMastering(RequestId{1}, p, 11, {50}, 0).code() ==
+        absl::StatusCode::kInvalidArgument);  // its KV would begin past the token
+  CHECK(s->num_held_spans() == 1);
+  CHECK(s->StopMastering(RequestId{1}).code() == absl::StatusCode::kNotFound);
   REQUIRE(s->CheckInvariants().ok());
 }
 

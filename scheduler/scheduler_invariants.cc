@@ -71,6 +71,21 @@ absl::Status Scheduler::CheckInvariants() const {
     }
     if (!seen.insert(r).second) return Broken(*r, "listed twice");
   }
+  for (const Request* r : mastering_) {
+    if (r->status() != RequestStatus::kMastering) return Broken(*r, "masters by mistake");
+    if (!r->block_table().valid()) return Broken(*r, "masters without blocks");
+    if (!seen.insert(r).second) return Broken(*r, "listed twice");
+  }
+  int holding = 0;
+  for (const auto& [id, r] : requests_) {
+    if (r->status() != RequestStatus::kHoldingSpan) continue;
+    if (!r->block_table().valid()) return Broken(*r, "holds a span without blocks");
+    seen.insert(r.get());
+    ++holding;
+  }
+  if (holding != num_holding_) {
+    return absl::InternalError(absl::StrCat(holding, " held spans, counted ", num_holding_));
+  }
   if (seen.size() != requests_.size()) {
     return absl::InternalError(
         absl::StrCat(requests_.size(), " live requests, ", seen.size(), " queued"));
@@ -79,10 +94,11 @@ absl::Status Scheduler::CheckInvariants() const {
     if (!seen.contains(r.get())) return Broken(*r, "live but in no queue");
   }
   if (kv_.num_tables() !=
-      static_cast<int>(running_.size() + waiting_for_kv_.size() + held_.size())) {
+      static_cast<int>(running_.size() + waiting_for_kv_.size() + mastering_.size()) +
+          num_holding_) {
     return absl::InternalError(absl::StrCat(kv_.num_tables(), " block tables for ", running_.size(),
                                             " running requests, ", waiting_for_kv_.size(),
-                                            " waiting for KV and ", held_.size(), " held spans"));
+                                            " waiting for KV and ", num_holding_, " held spans"));
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@ const SchedulerOutput& Scheduler::Schedule() {
   budget.tokens = config_.max_num_batched_tokens;
   budget.prefill_tokens = config_.max_prefill_tokens.value_or(std::numeric_limits<int>::max());
   ScheduleRunning(budget);
+  ScheduleMastering(budget);
   // Admitting right after preempting would thrash: the preempted request sits
   // at the front of the queue and would get its blocks straight back.
   if (!budget.preempted) ScheduleWaiting(budget);

@@ -207,9 +207,9 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
 }
 
 absl::Status LlmEngine::Abort(const std::string& id) {
-  if (held_.contains(id)) return ReleaseSpan(id);
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
+  if (it->second->holds_span) return ReleaseSpan(id);
   RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
   StreamEvent event;
   event.request_id = id;
@@ -230,7 +230,10 @@ absl::Status LlmEngine::CommitRemoteKv(const std::string& id, int32_t first_toke
   if (connector_ != nullptr) connector_->OnCommitted(id);
   // Continue the prefill's random stream (one draw per non-greedy sample)
   // and text stream (its text was streamed there).
-  if (!live.runner.sampling.greedy()) live.sampler.Uniform();
+  if (!live.runner.sampling.greedy()) {
+    live.sampler.Uniform();
+    ++live.draws;
+  }
   live.completion_tokens = 1;
   StreamEvent event;
   event.request_id = id;

@@ -74,10 +74,11 @@ class LlmEngine {
 
   // Role elastic: a span of `tokens` of request `id`'s KV that
   // this engine keeps for a group prefill while another instance decodes
-  // the request (Scheduler::HoldSpan): the span's block ids, in order. It is
-  // never scheduled; Abort(id) or ReleaseSpan(id) frees it. AlreadyExists
-  // when `id` is live here or holds a span, ResourceExhausted when the pool
-  // has no room.
+  // the request: a request in the scheduler's kHoldingSpan
+  // (Scheduler::HoldSpan); the span's block ids, in order. It is never
+  // scheduled and is no unfinished work; Abort(id) or ReleaseSpan(id) frees
+  // it. AlreadyExists when `id` is live here or holds a span,
+  // ResourceExhausted when the pool has no room.
   [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(const std::string& id,
                                                                       int tokens);
   // NotFound when `id` holds no span.
@@ -87,10 +88,35 @@ class LlmEngine {
   // max_tokens may reach the model's context (sizing().context_len), past
   // what this engine's KV pool holds. Unimplemented with tp_size > 1.
   [[nodiscard]] absl::StatusOr<std::unique_ptr<EspRequest>> PrepareEsp(EngineRequest request);
-  // The model and its thread pool, for an ESP group's forward passes on
-  // the engine's thread (Qwen2Model::ForwardEspPrefill / ForwardEspDecode).
+  // Role elastic: request `request`, whose span this engine holds under its
+  // id (HoldSpan, its tokens from span.kv_begin on), decodes here from
+  // `state` on: a request of the batch (the scheduler's kMastering) whose
+  // rows the MasterPeers complete with the other members' spans; it emits
+  // through `callback` as any request. Tokens of `state` past those the
+  // request generated here are replayed (no text: streamed elsewhere) and
+  // the random stream is the state's seed at its draws. NotFound when no
+  // span of its id is held; InvalidArgument when the state does not
+  // continue the request (another M-RoPE delta, no token, a token out of
+  // the vocabulary, more draws than tokens, tokens not beginning with its
+  // own, a replayed token that ends it) or its span has no room for its
+  // next token. On error the span stays held (the caller ends the request).
+  [[nodiscard]] absl::Status StartMastering(std::unique_ptr<EspRequest> request,
+                                            const EspRequest::MasterState& state,
+                                            const MasterSpan& span, StreamCallback callback);
+  // The request mastered here stops (no event): its span stays held (as
+  // HoldSpan's) and its state goes to the next master. NotFound unless
+  // `id` is mastered here.
+  [[nodiscard]] absl::StatusOr<EspRequest::MasterState> StopMastering(const std::string& id);
+  // Whether request `id`, mastered here, has no slot left for its next
+  // token (its range is done: StopMastering).
+  bool MasterSpanFull(const std::string& id) const;
+  // The span holders of the requests mastered here; must outlive the
+  // engine's steps (null: none, and such requests fail their steps).
+  void set_master_peers(MasterPeers* peers) { master_peers_ = peers; }
+  // The model and its thread pool, for an ESP group's prefill on the
+  // engine's thread (Qwen2Model::ForwardEspPrefill).
   model::Qwen2Model& model() { return *m_->model; }
-  size_t num_held_spans() const { return held_.size(); }
+  size_t num_held_spans() const { return scheduler_->num_held_spans(); }
 
   // The reserved blocks of a remote prompt hold its KV (written and verified
   // by the caller): the request decodes on from `first_token`, which the
@@ -109,7 +135,8 @@ class LlmEngine {
   // communicator, for KV hand-off steps from the engine's thread.
   TpGroup* tp_group() const { return m_->tp_group.get(); }
 
-  bool has_unfinished() const { return !requests_.empty(); }
+  // Requests to run (held spans are not).
+  bool has_unfinished() const { return requests_.size() > num_held_spans(); }
   const model::Tokenizer& tokenizer() const { return *m_->tokenizer; }
   const model::ModelConfig& config() const { return m_->config; }
   const EngineSizing& sizing() const { return m_->sizing; }
@@ -154,6 +181,9 @@ class LlmEngine {
   absl::Status StepScheduled(const scheduler::SchedulerOutput& out);
   // The event of one sampled token; ends the request when it finished.
   absl::Status Emit(Sampled& s);
+  // The requests mastered here among out's entries (batch order) and the
+  // peers for them; *status says why they cannot run this step.
+  model::SpanAttentionPeers* PeersFor(const scheduler::SchedulerOutput& out, absl::Status* status);
   // Requests the connector would not have recomputed, aborted after a step.
   absl::Status AbortUnrecomputable(
       const std::vector<std::pair<std::string, absl::Status>>& victims);
@@ -163,13 +193,12 @@ class LlmEngine {
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvConnector> connector_;  // null: role both
+  MasterPeers* master_peers_ = nullptr;     // role elastic
   // The structured-output grammars, from the first constrained request on.
   std::unique_ptr<grammar::GrammarCache> grammars_;
   uint64_t next_id_ = 1;
   absl::flat_hash_map<std::string, std::unique_ptr<Live>> requests_;
   absl::flat_hash_map<uint64_t, Live*> by_scheduler_id_;
-  // Held spans (role elastic) by request id: their scheduler ids.
-  absl::flat_hash_map<std::string, scheduler::RequestId> held_;
 };
 
 }  // namespace mmserve::worker

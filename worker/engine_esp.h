@@ -1,15 +1,17 @@
 // Role elastic: a request that an elastic-sequence-parallelism
 // group prefills, prepared by LlmEngine::PrepareEsp exactly as AddRequest
 // would prepare it (tokens, image rows and M-RoPE positions, max_tokens,
-// sampling, stop ids and strings) but never queued: the group's member runs
-// its rows through Qwen2Model::ForwardEspPrefill, the sampler samples the
-// first token here, and the master decodes on with the same sampler and
-// text stream.
+// sampling, stop ids and strings) but not queued: the group's member runs
+// its rows through Qwen2Model::ForwardEspPrefill and the sampler samples the
+// first token here; the master then hands it to the engine
+// (LlmEngine::StartMastering), which decodes it in its batch, with its
+// sampler and text stream, as any request (its KV spread: MasterPeers).
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<EspRequest> r, engine.PrepareEsp(std::move(request)));
 //   // ... ForwardEspPrefill over r->token_ids(), r->positions(), r->images() ...
 //   model::SampleResult s = r->Sample(logits_of_last_row);
 //   ASSIGN_OR_RETURN(StreamEvent e, r->Push(s));   // e.finish_reason: done?
+//   RETURN_IF_ERROR(engine.StartMastering(std::move(r), r_state, span, callback));
 //
 // Not thread-safe: the engine's thread uses it.
 #ifndef MMSERVE_WORKER_ENGINE_ESP_H_
@@ -22,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "model/esp.h"
 #include "model/mrope_positions.h"
 #include "model/sampling.h"
 #include "model/text_streamer.h"
@@ -82,15 +85,9 @@ class EspRequest {
     int32_t mrope_delta = 0;
   };
   MasterState ExportState() const;
-  // Continues from another master's state: its tokens past those generated
-  // here (the group's sampler has the first) are replayed (their text was
-  // streamed there; none may end the request) and the random stream skips
-  // to its draws on the state's seed (a request without a seed has one
-  // drawn per member). InvalidArgument when the M-RoPE delta differs, no
-  // token came, the draws are more than the tokens, the tokens do not
-  // begin with those generated here, or a replayed token ends the request
-  // (tokens must be in the vocabulary: the caller checks).
-  [[nodiscard]] absl::Status Resume(const MasterState& state);
+  // LlmEngine::StartMastering's: the parts, the generated tokens in
+  // `*generated` and the sampler's draws in `*draws`.
+  Parts TakeParts(std::vector<int32_t>* generated, uint64_t* draws) &&;
 
  private:
   std::string id_;
@@ -103,6 +100,28 @@ class EspRequest {
   std::unique_ptr<model::TextStreamer> streamer_;
   scheduler::Request request_;    // its finish rules, prompt and generated tokens
   std::vector<float> processed_;  // SampleNext's scratch row
+};
+
+// Where a request mastered here keeps its KV: its span, held under its id
+// (LlmEngine::HoldSpan), holds tokens from kv_begin on (the others' KV is on
+// the group's other members).
+struct MasterSpan {
+  int64_t kv_begin = 0;
+  // Requests of one decode group share their span holders and decode in
+  // one step (the groups take turns).
+  uint64_t decode_group = 0;
+};
+
+// The span holders of the requests an engine masters (role elastic: an
+// instance's ESP groups). Called on the engine's thread.
+class MasterPeers {
+ public:
+  virtual ~MasterPeers() = default;
+  // The peers that answer for the rows of `ids` (mastered here, of one
+  // decode group, in batch order) in the coming step; an error fails those
+  // requests (their final event carries it), not the step.
+  [[nodiscard]] virtual absl::StatusOr<model::SpanAttentionPeers*> ForStep(
+      absl::Span<const std::string> ids) = 0;
 };
 
 }  // namespace mmserve::worker

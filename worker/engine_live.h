@@ -20,6 +20,7 @@ struct LlmEngine::Live {
   scheduler::RequestId sched_id;
   StreamCallback callback;
   model::SamplerState sampler{0};
+  uint64_t draws = 0;  // taken from sampler (one per non-greedy sample)
   RunnerRequestState runner;
   model::MropePositions positions;
   std::vector<std::vector<float>> image_embeddings;  // owned rows (shared ones are not here)
@@ -29,6 +30,9 @@ struct LlmEngine::Live {
   // Prompt tokens whose KV came from the prefix cache, at the admission that
   // sampled the first token (or the remote reservation).
   int cached_prompt_tokens = 0;
+  // A span of a group's KV kept for another instance's decode (HoldSpan):
+  // only id and sched_id are set.
+  bool holds_span = false;
   KvPlan plan;            // the connector's (none: local prompt, decoded here)
   HandoffPrompt handoff;  // plan.prompt_only: what a decode engine reserves
 };

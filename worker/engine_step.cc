@@ -36,16 +36,26 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
     auto it = by_scheduler_id_.find(id.value);
     return it == by_scheduler_id_.end() ? nullptr : &it->second->runner;
   };
+  absl::Status spread;
+  model::SpanAttentionPeers* peers = PeersFor(out, &spread);
   ASSIGN_OR_RETURN(std::vector<model::SampleResult> results,
-                   runner_->Step(out, scheduler_->kv_cache(), lookup));
+                   runner_->Step(out, scheduler_->kv_cache(), lookup, peers, &spread));
   std::vector<scheduler::TokenId> tokens(out.scheduled.size(), kvpool::kNoToken);
   std::vector<Sampled> sampled;
+  std::vector<Live*> failed;  // mastered here, their peers failed
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     if (!out.scheduled[i].samples) continue;
     const scheduler::Request& r = *out.scheduled[i].request;
+    Live* live = by_scheduler_id_.at(r.id().value);
+    if (results[i].token == kvpool::kNoToken) {
+      failed.push_back(live);
+      RETURN_IF_ERROR(scheduler_->Abort(live->sched_id));
+      continue;
+    }
     tokens[i] = results[i].token;
     Sampled s;
-    s.live = by_scheduler_id_.at(r.id().value);
+    s.live = live;
+    if (!live->runner.sampling.greedy()) ++live->draws;  // model::Sample drew once
     s.result = results[i];
     if (r.num_output_tokens() == 0) s.live->cached_prompt_tokens = r.num_cached_tokens();
     // A prompt-only request's blocks, before UpdateFromOutput frees them.
@@ -65,7 +75,35 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
     if (d != done.end()) s.finished = d->second;
     RETURN_IF_ERROR(Emit(s));
   }
+  for (Live* live : failed) {
+    StreamEvent event;
+    event.request_id = live->id;
+    // What ended it, without the transport's details.
+    event.error = absl::Status(spread.code(), "a member of the request's ESP group failed");
+    if (absl::IsNotFound(spread) || absl::IsInternal(spread)) event.error = spread;
+    Finish(*live, FinishReason::kAbort, event);
+  }
   return absl::OkStatus();
+}
+
+model::SpanAttentionPeers* LlmEngine::PeersFor(const scheduler::SchedulerOutput& out,
+                                               absl::Status* status) {
+  std::vector<std::string> ids;
+  for (const scheduler::ScheduledRequest& s : out.scheduled) {
+    if (s.request->status() != scheduler::RequestStatus::kMastering) continue;
+    ids.push_back(by_scheduler_id_.at(s.request->id().value)->id);
+  }
+  if (ids.empty()) return nullptr;
+  if (master_peers_ == nullptr) {
+    *status = absl::FailedPreconditionError("no span peers");
+    return nullptr;
+  }
+  absl::StatusOr<model::SpanAttentionPeers*> peers = master_peers_->ForStep(ids);
+  if (!peers.ok()) {
+    *status = peers.status();
+    return nullptr;
+  }
+  return *peers;
 }
 
 absl::Status LlmEngine::Emit(Sampled& s) {

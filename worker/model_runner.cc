@@ -43,27 +43,43 @@ bool Inside(absl::Span<const uint8_t> buffer, const float* values, int hidden) {
 
 absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
-    const RunnerLookup& lookup) {
-  RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup));
+    const RunnerLookup& lookup, model::SpanAttentionPeers* peers, absl::Status* spread_status) {
+  RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup, /*with_spread=*/peers != nullptr));
+  spread_.peers = peers;
+  if (peers == nullptr && spread_status != nullptr && spread_status->ok()) {
+    for (size_t i = 0; i < out.scheduled.size(); ++i) {
+      if (!in_batch_[i]) *spread_status = absl::FailedPreconditionError("no span peers");
+    }
+  }
   std::vector<RequestGrammar*> grammars;
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
-    if (out.scheduled[i].samples && states_[i]->grammar != nullptr) {
+    if (in_batch_[i] && out.scheduled[i].samples && states_[i]->grammar != nullptr) {
       grammars.push_back(states_[i]->grammar.get());
     }
   }
   if (!grammars.empty() && masks_ == nullptr) masks_ = std::make_unique<MaskWorker>();
   if (masks_ != nullptr) masks_->Start(std::move(grammars));
   absl::Status forward = ring_ != nullptr ? PublishToRanks() : absl::OkStatus();
-  if (forward.ok()) forward = model_.Forward(batch_, kv_, &logits_);
+  if (forward.ok() && batch_.num_tokens() > 0) {  // none: only kMastering entries, left out
+    forward = spread_.sequences.empty() ? model_.Forward(batch_, kv_, &logits_)
+                                        : model_.ForwardSpread(batch_, kv_, spread_, &logits_);
+  }
   // Joined on every path: the requests must not change under the helper.
   if (masks_ != nullptr) masks_->Wait();
+  if (!forward.ok() && !spread_.sequences.empty() && spread_status != nullptr) {
+    // The span holders failed the spread rows: the step again without them
+    // (it rewrites the others' K/V with the same values).
+    *spread_status = forward;
+    RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup, /*with_spread=*/false));
+    forward = batch_.num_tokens() > 0 ? model_.Forward(batch_, kv_, &logits_) : absl::OkStatus();
+  }
   RETURN_IF_ERROR(forward);
   return SampleAll(out);
 }
 
 absl::Status ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
                                      const kvpool::KvCacheManager& kv_manager,
-                                     const RunnerLookup& lookup) {
+                                     const RunnerLookup& lookup, bool with_spread) {
   model::ForwardBatch& b = batch_;
   b.token_ids.clear();
   b.positions.clear();
@@ -73,6 +89,8 @@ absl::Status ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
   b.embedding_overrides.clear();
   row_hashes_.clear();
   states_.clear();
+  in_batch_.clear();
+  spread_.sequences.clear();
   const int hidden = model_.config().hidden_size;
   std::vector<int64_t> pos_t, pos_h, pos_w;
   for (const scheduler::ScheduledRequest& s : out.scheduled) {
@@ -82,17 +100,23 @@ absl::Status ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
           absl::StrCat("no runner state for request ", s.request->id().value));
     }
     states_.push_back(st);
+    const bool spread = s.request->status() == scheduler::RequestStatus::kMastering;
+    in_batch_.push_back(with_spread || !spread);
+    if (!in_batch_.back()) continue;
+    if (spread) spread_.sequences.push_back(static_cast<int64_t>(b.sequences.size()));
     const auto tokens = s.request->token_ids();
     const auto table = kv_manager.block_table(s.request->block_table());
+    // A master's block table starts at its span's first token.
+    const int offset = s.request->kv_offset();
     model::SequenceChunk chunk;
     chunk.query_start = b.num_tokens();
     chunk.query_len = s.num_tokens;
-    chunk.context_len = s.num_computed_tokens + s.num_tokens;
+    chunk.context_len = s.num_computed_tokens + s.num_tokens - offset;
     chunk.block_table.reserve(table.size());
     for (kvpool::BlockId id : table) chunk.block_table.push_back(id.value);
     const model::MropePositions& pp = *st->prompt_positions;
     const int prompt_len = static_cast<int>(pp.t.size());
-    for (int p = s.num_computed_tokens; p < chunk.context_len; ++p) {
+    for (int p = s.num_computed_tokens; p < s.num_computed_tokens + s.num_tokens; ++p) {
       const int64_t row = b.num_tokens();
       b.token_ids.push_back(tokens[p]);
       if (p < prompt_len) {
@@ -110,7 +134,7 @@ absl::Status ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
         pos_h.push_back(q);
         pos_w.push_back(q);
       }
-      b.slot_mapping.push_back(kv_manager.Slot(s.request->block_table(), p));
+      b.slot_mapping.push_back(kv_manager.Slot(s.request->block_table(), p - offset));
     }
     if (s.samples) b.logits_rows.push_back(b.num_tokens() - 1);
     b.sequences.push_back(std::move(chunk));
@@ -160,6 +184,10 @@ std::vector<model::SampleResult> ModelRunner::SampleAll(const scheduler::Schedul
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     const scheduler::ScheduledRequest& s = out.scheduled[i];
     if (!s.samples) continue;
+    if (!in_batch_[i]) {
+      sampled[i].token = kvpool::kNoToken;
+      continue;
+    }
     float* logits = logits_.data() + row++ * vocab;
     sampled[i] =
         SampleNext(*states_[i], s.request->prompt_token_ids(), s.request->output_token_ids(),

@@ -85,9 +85,17 @@ class ModelRunner {
               absl::Span<const uint8_t> shared_input = {})
       : model_(model), kv_(kv), ring_(ring), shared_input_(shared_input) {}
 
+  // One forward and a sample per entry that samples. kMastering entries
+  // (role elastic: their KV spread over span holders, model::ForwardSpread)
+  // decode beside the others with `peers` answering for their rows; when
+  // `peers` is null or fails them, the step runs without them and
+  // *spread_status (required with such entries) says why: their results
+  // are then token kvpool::kNoToken. The other entries' results are the
+  // same either way.
   [[nodiscard]] absl::StatusOr<std::vector<model::SampleResult>> Step(
       const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
-      const RunnerLookup& lookup);
+      const RunnerLookup& lookup, model::SpanAttentionPeers* peers = nullptr,
+      absl::Status* spread_status = nullptr);
 
   // CPU seconds spent putting image rows into steps for the other ranks
   // (their floats, or descriptors into shared_input): the scheduling loop's
@@ -107,8 +115,10 @@ class ModelRunner {
   // Step's three parts: the scheduler's decision as batch_ (states_ the
   // entries' runner states), batch_ sent to ranks 1..N-1 through the ring,
   // and one sample per entry that samples, from logits_.
+  // with_spread: kMastering entries too (spread_ names their sequences).
   absl::Status BuildBatch(const scheduler::SchedulerOutput& out,
-                          const kvpool::KvCacheManager& kv_manager, const RunnerLookup& lookup);
+                          const kvpool::KvCacheManager& kv_manager, const RunnerLookup& lookup,
+                          bool with_spread);
   absl::Status PublishToRanks();
   std::vector<model::SampleResult> SampleAll(const scheduler::SchedulerOutput& out);
 
@@ -121,6 +131,8 @@ class ModelRunner {
   int64_t rows_inline_ = 0;
   std::vector<uint64_t> row_hashes_;         // per embedding override of batch_
   std::vector<RunnerRequestState*> states_;  // per entry of the step
+  std::vector<bool> in_batch_;               // per entry: batch_ has its rows
+  model::SpreadSequences spread_;            // batch_'s kMastering sequences
   model::ForwardBatch batch_;                // reused across steps
   model::ForwardBatch rows_;  // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
