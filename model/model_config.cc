@@ -345,6 +345,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   if (&text_obj != &root) RETURN_IF_ERROR(ParseTokens(top, &cfg.tokens));
   if (cfg.torch_dtype.empty())
     RETURN_IF_ERROR(Fields(text_obj, origin).String("torch_dtype", &cfg.torch_dtype));
+  // transformers 4.56 and later write "dtype" instead.
+  if (cfg.torch_dtype.empty()) RETURN_IF_ERROR(top.String("dtype", &cfg.torch_dtype));
+  if (cfg.torch_dtype.empty())
+    RETURN_IF_ERROR(Fields(text_obj, origin).String("dtype", &cfg.torch_dtype));
 
   auto vis = root.find("vision_config");
   if (vis != root.end() && vis->is_object()) {

@@ -209,6 +209,7 @@ TEST_CASE("a Qwen3-VL config: Qwen3 text, interleaved M-RoPE, DeepStack tower", 
   CHECK(t.rope_theta == 5e6);
   CHECK(t.mrope_section == std::vector<int>{24, 20, 20});
   CHECK(t.mrope_interleaved);
+  CHECK(cfg->torch_dtype == "bfloat16");  // text_config's "dtype"
   CHECK(cfg->tokens.image_pad == 151655);
   CHECK(cfg->tokens.eos == std::vector<int>{151645});
   REQUIRE(cfg->vision.has_value());
