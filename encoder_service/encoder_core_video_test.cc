@@ -159,5 +159,23 @@ TEST_CASE("hostile videos end the job with INVALID_ARGUMENT and the reason") {
   CHECK(rig->enc->allocator().used_blocks() == 0);
 }
 
+TEST_CASE("the encoder refuses a Qwen3-VL model at start (model level only)", "[encoder]") {
+  auto config = model::LoadModelConfig("model/testdata/models/qwen3vl-tiny");
+  REQUIRE(config.ok());
+  transfer::EmbeddingLayout layout{.block_size = 16,
+                                   .num_blocks = 64,
+                                   .hidden_size = static_cast<uint32_t>(config->text.hidden_size),
+                                   .dtype_bytes = sizeof(float)};
+  auto enc = transfer::TransferEngine::Create({.instance_id = "enc", .layout = layout});
+  REQUIRE(enc.ok());
+  metrics::Registry registry;
+  EncoderCoreOptions options;
+  options.model_dir = "model/testdata/models/qwen3vl-tiny";
+  auto core = EncoderCore::Create(options, **enc, registry);
+  REQUIRE_FALSE(core.ok());
+  CHECK(core.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(core.status().message(), "qwen3_vl"));
+}
+
 }  // namespace
 }  // namespace mmserve::encoder

@@ -65,7 +65,8 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const ForwardBatchLimit
   }
   std::vector<char> overridden(t_total, 0);
   for (const EmbeddingOverride& o : b.embedding_overrides) {
-    if (o.row < 0 || o.row >= t_total || o.values == nullptr) {
+    if (o.row < 0 || o.row >= t_total || o.values == nullptr || o.deepstack_layers < 0 ||
+        (o.deepstack_layers > 0 && o.deepstack == nullptr)) {
       return Bad(absl::StrCat("embedding override for row ", o.row, " is invalid"));
     }
     if (overridden[o.row]) return Bad(absl::StrCat("row ", o.row, " is overridden twice"));

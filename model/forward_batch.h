@@ -36,6 +36,11 @@ struct SequenceChunk {
 struct EmbeddingOverride {
   int64_t row = 0;
   const float* values = nullptr;  // hidden_size floats, borrowed for the call
+  // Qwen3-VL's DeepStack features of this row: deepstack_layers rows of
+  // hidden_size floats (borrowed for the call); row k is added to the
+  // row's hidden state after decoder layer k (model/deepstack.h).
+  const float* deepstack = nullptr;
+  int deepstack_layers = 0;
 };
 
 struct ForwardBatch {

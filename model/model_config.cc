@@ -1,6 +1,7 @@
 #include "model/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -102,7 +103,7 @@ absl::StatusOr<json> ParseObject(const std::string& text, const std::string& ori
 // per-head RMSNorm of q and k. Sliding-window attention is refused for every
 // family (no kernel implements it).
 absl::Status ParseAttentionVariant(const Fields& f, const std::string& model_type, TextConfig* t) {
-  if (model_type == "qwen3" || model_type == "qwen3_moe") {
+  if (model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "qwen3_vl") {
     RETURN_IF_ERROR(f.Int("head_dim", &t->explicit_head_dim, false));
     t->attention_bias = false;
     RETURN_IF_ERROR(f.Bool("attention_bias", &t->attention_bias));
@@ -134,6 +135,20 @@ absl::Status ParseExperts(const Fields& f, TextConfig* t) {
   return absl::OkStatus();
 }
 
+// transformers' apply_interleaved_mrope gives the h pairs 1, 4, 7, ... below
+// 3 x mrope_section[1] and the w pairs 2, 5, 8, ... below 3 x
+// mrope_section[2]; both runs must fit in head_dim / 2 for every section to
+// get the pairs it names.
+absl::Status CheckInterleavedSections(const Fields& f, const TextConfig& t) {
+  const int half = t.head_dim() / 2;
+  if (t.mrope_section.size() != 3 || 3 * t.mrope_section[1] - 2 >= half ||
+      3 * t.mrope_section[2] - 1 >= half) {
+    return f.Error(absl::StrCat("rope_scaling.mrope_interleaved needs 3 sections whose h and w ",
+                                "pairs fit in head_dim / 2 = ", half));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfig* t) {
   RETURN_IF_ERROR(f.Int("vocab_size", &t->vocab_size));
   RETURN_IF_ERROR(f.Int("hidden_size", &t->hidden_size));
@@ -156,6 +171,7 @@ absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfi
     RETURN_IF_ERROR(scaling.String("type", &type));
     if (type.empty()) RETURN_IF_ERROR(scaling.String("rope_type", &type));
     RETURN_IF_ERROR(scaling.IntList("mrope_section", &t->mrope_section));
+    RETURN_IF_ERROR(scaling.Bool("mrope_interleaved", &t->mrope_interleaved));
     if (type != "mrope" && type != "default" && !type.empty()) {
       return f.Error(absl::StrCat("rope_scaling type \"", type, "\" is not supported"));
     }
@@ -203,6 +219,7 @@ absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfi
               : std::string()));
     }
   }
+  if (t->mrope_interleaved) RETURN_IF_ERROR(CheckInterleavedSections(f, *t));
   if (t->hidden_act != "silu") {
     return f.Error(absl::StrCat("hidden_act \"", t->hidden_act, "\" is not supported (silu)"));
   }
@@ -230,6 +247,37 @@ absl::Status ParseQwen25Vision(const Fields& f, VisionConfig* v) {
   return absl::OkStatus();
 }
 
+// Qwen3-VL's vision_config (transformers' Qwen3VLVisionConfig): hidden_size
+// is the tower's width and out_hidden_size the mergers'; a learned position
+// grid and the DeepStack blocks.
+absl::Status ParseQwen3Vision(const Fields& f, VisionConfig* v) {
+  v->arch = VisionConfig::Arch::kQwen3Vl;
+  v->patch_size = 16;
+  v->hidden_act = "gelu_pytorch_tanh";
+  RETURN_IF_ERROR(f.Int("patch_size", &v->patch_size, false));
+  RETURN_IF_ERROR(f.Int("hidden_size", &v->embed_dim));
+  RETURN_IF_ERROR(f.Int("out_hidden_size", &v->hidden_size));
+  RETURN_IF_ERROR(f.Int("intermediate_size", &v->intermediate_size));
+  RETURN_IF_ERROR(f.Int("num_position_embeddings", &v->num_position_embeddings));
+  RETURN_IF_ERROR(f.IntList("deepstack_visual_indexes", &v->deepstack_visual_indexes));
+  if (v->intermediate_size <= 0) return f.Error("intermediate_size must be positive");
+  const int side = static_cast<int>(std::lround(std::sqrt(v->num_position_embeddings)));
+  if (v->num_position_embeddings <= 0 || side * side != v->num_position_embeddings) {
+    return f.Error(absl::StrCat("num_position_embeddings ", v->num_position_embeddings,
+                                " must be a positive square (a grid of position embeddings)"));
+  }
+  int previous = -1;
+  for (int i : v->deepstack_visual_indexes) {
+    if (i < 0 || i >= v->depth) {
+      return f.Error(absl::StrCat("deepstack_visual_indexes has block ", i, " outside [0, depth ",
+                                  v->depth, ")"));
+    }
+    if (i <= previous) return f.Error("deepstack_visual_indexes must be increasing");
+    previous = i;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseVision(const Fields& f, const std::string& model_type, VisionConfig* v) {
   RETURN_IF_ERROR(f.Int("depth", &v->depth));
   RETURN_IF_ERROR(f.Int("num_heads", &v->num_heads));
@@ -239,6 +287,8 @@ absl::Status ParseVision(const Fields& f, const std::string& model_type, VisionC
   RETURN_IF_ERROR(f.Int("spatial_merge_size", &v->spatial_merge_size, false));
   if (model_type == "qwen2_5_vl") {
     RETURN_IF_ERROR(ParseQwen25Vision(f, v));
+  } else if (model_type == "qwen3_vl") {
+    RETURN_IF_ERROR(ParseQwen3Vision(f, v));
   } else {
     RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
     RETURN_IF_ERROR(f.Int("mlp_ratio", &v->mlp_ratio, false));
@@ -246,6 +296,10 @@ absl::Status ParseVision(const Fields& f, const std::string& model_type, VisionC
   }
   RETURN_IF_ERROR(f.Int("temporal_patch_size", &v->temporal_patch_size, false));
   RETURN_IF_ERROR(f.String("hidden_act", &v->hidden_act));
+  if (v->arch == VisionConfig::Arch::kQwen3Vl && v->hidden_act != "gelu_pytorch_tanh") {
+    return f.Error(
+        absl::StrCat("hidden_act \"", v->hidden_act, "\" is not supported (gelu_pytorch_tanh)"));
+  }
   if (v->depth <= 0 || v->embed_dim <= 0 || v->num_heads <= 0 || v->patch_size <= 0 ||
       v->spatial_merge_size <= 0 || v->temporal_patch_size <= 0 ||
       v->embed_dim % v->num_heads != 0) {
@@ -277,10 +331,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   RETURN_IF_ERROR(top.String("model_type", &cfg.model_type));
   RETURN_IF_ERROR(top.String("torch_dtype", &cfg.torch_dtype));
   if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2_5_vl" && cfg.model_type != "qwen2" &&
-      cfg.model_type != "qwen3" && cfg.model_type != "qwen3_moe") {
+      cfg.model_type != "qwen3" && cfg.model_type != "qwen3_moe" && cfg.model_type != "qwen3_vl") {
     return top.Error(absl::StrCat("model_type \"", cfg.model_type,
-                                  "\" is not supported (qwen2_vl, qwen2_5_vl, qwen2, qwen3, "
-                                  "qwen3_moe)"));
+                                  "\" is not supported (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen2, "
+                                  "qwen3, qwen3_moe)"));
   }
   // Newer transformers nest the text settings in "text_config"; older ones
   // keep them at the top level. Token ids may sit in either place.
@@ -291,6 +345,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   if (&text_obj != &root) RETURN_IF_ERROR(ParseTokens(top, &cfg.tokens));
   if (cfg.torch_dtype.empty())
     RETURN_IF_ERROR(Fields(text_obj, origin).String("torch_dtype", &cfg.torch_dtype));
+  // transformers 4.56 and later write "dtype" instead.
+  if (cfg.torch_dtype.empty()) RETURN_IF_ERROR(top.String("dtype", &cfg.torch_dtype));
+  if (cfg.torch_dtype.empty())
+    RETURN_IF_ERROR(Fields(text_obj, origin).String("dtype", &cfg.torch_dtype));
 
   auto vis = root.find("vision_config");
   if (vis != root.end() && vis->is_object()) {
@@ -302,11 +360,18 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
                                     cfg.text.hidden_size));
     }
     cfg.vision = v;
-  } else if (cfg.model_type == "qwen2_vl" || cfg.model_type == "qwen2_5_vl") {
+  } else if (cfg.model_type == "qwen2_vl" || cfg.model_type == "qwen2_5_vl" ||
+             cfg.model_type == "qwen3_vl") {
     return top.Error(cfg.model_type + " config has no \"vision_config\"");
   }
   if (cfg.vision && cfg.text.mrope_section.empty()) {
     return top.Error("a vision model needs rope_scaling.mrope_section");
+  }
+  if (cfg.vision && cfg.vision->deepstack_visual_indexes.size() >
+                        static_cast<size_t>(cfg.text.num_hidden_layers)) {
+    return top.Error(absl::StrCat(
+        "vision_config.deepstack_visual_indexes has ", cfg.vision->deepstack_visual_indexes.size(),
+        " blocks, more than the language model's ", cfg.text.num_hidden_layers, " layers"));
   }
   return cfg;
 }
@@ -384,6 +449,15 @@ int ModelConfig::VideoTimeStep(std::optional<double> fps) const {
   // Bounded so that positions stay far inside int32 for any positive fps.
   const float seconds = std::min(static_cast<float>(patch / fps.value_or(2.0)), 65536.0f);
   return static_cast<int>(seconds) * vision->tokens_per_second;
+}
+
+absl::Status CheckServable(const ModelConfig& cfg) {
+  if (cfg.model_type == "qwen3_vl") {
+    return absl::FailedPreconditionError(
+        "model_type \"qwen3_vl\" is supported at the model level only: the services do not "
+        "carry its DeepStack features yet");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {

@@ -1,6 +1,6 @@
 // The model directory's JSON configs, parsed and checked: config.json
-// (Qwen2-VL text and vision settings), generation_config.json (sampling
-// defaults) and preprocessor_config.json (image preprocessing).
+// (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2, Qwen3 text and vision settings), generation_config.json
+// (sampling defaults) and preprocessor_config.json (image preprocessing).
 //
 //   ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig("/models/Qwen2-VL-2B"));
 //   int head_dim = cfg.text.head_dim();
@@ -35,6 +35,9 @@ struct TextConfig {
   // M-RoPE sections (temporal, height, width) in rotary pairs; they sum to
   // head_dim / 2. Empty for plain 1-D RoPE.
   std::vector<int> mrope_section;
+  // Qwen3-VL's layout of the sections: the h and w pairs interleaved with
+  // the t pairs (t h w t h w ... t t) instead of one block after another.
+  bool mrope_interleaved = false;
   bool tie_word_embeddings = false;
   std::string hidden_act = "silu";
   // config.json's head_dim (Qwen3); 0: hidden_size / num_attention_heads.
@@ -72,7 +75,10 @@ struct VisionConfig {
   // kQwen2Vl: LayerNorm, fc1/QuickGELU/fc2 MLP, attention inside each image.
   // kQwen25Vl: RMSNorm, gated SiLU MLP (intermediate_size wide), attention
   // inside windows of window_size pixels except in fullatt_block_indexes.
-  enum class Arch { kQwen2Vl, kQwen25Vl };
+  // kQwen3Vl: LayerNorm, fc1/GELU(tanh)/fc2 MLP (intermediate_size wide),
+  // learned position embeddings on a grid of num_position_embeddings, and
+  // DeepStack mergers on the outputs of deepstack_visual_indexes' blocks.
+  enum class Arch { kQwen2Vl, kQwen25Vl, kQwen3Vl };
   Arch arch = Arch::kQwen2Vl;
   int depth = 0;
   int embed_dim = 0;  // the tower's width (Qwen2.5-VL's vision hidden_size)
@@ -85,7 +91,9 @@ struct VisionConfig {
   int intermediate_size = 0;  // kQwen25Vl's MLP width
   int window_size = 0;        // kQwen25Vl, in pixels
   std::vector<int> fullatt_block_indexes;
-  int tokens_per_second = 0;  // kQwen25Vl: video time positions per second
+  int tokens_per_second = 0;                  // kQwen25Vl: video time positions per second
+  int num_position_embeddings = 0;            // kQwen3Vl: a square number
+  std::vector<int> deepstack_visual_indexes;  // kQwen3Vl: blocks, in order
   int patch_size = 14;
   int spatial_merge_size = 2;
   int temporal_patch_size = 2;
@@ -148,6 +156,11 @@ struct ModelConfig {
                                                                        const std::string& origin);
 [[nodiscard]] absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& json,
                                                                          const std::string& origin);
+
+// OK when the serving services (encoder, language, router) compute this
+// model correctly; otherwise FailedPrecondition naming what is missing.
+// Qwen3-VL is supported at the model level only (see docs/models.md).
+[[nodiscard]] absl::Status CheckServable(const ModelConfig& cfg);
 
 // Reads config.json (required), generation_config.json and
 // preprocessor_config.json (optional) from a model directory.

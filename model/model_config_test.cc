@@ -173,6 +173,105 @@ TEST_CASE("a Qwen2.5-VL config: tower width, merger width, windows", "[config]")
         "q: qwen2_5_vl config has no \"vision_config\"");
 }
 
+// The shape of Qwen3-VL-2B-Instruct's config.json.
+json Qwen3Vl2bConfig() {
+  return json::parse(R"({
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "image_token_id": 151655, "video_token_id": 151656, "model_type": "qwen3_vl",
+    "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "tie_word_embeddings": true,
+    "text_config": {
+      "attention_bias": false, "bos_token_id": 151643, "dtype": "bfloat16",
+      "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+      "intermediate_size": 6144, "max_position_embeddings": 262144,
+      "model_type": "qwen3_vl_text", "num_attention_heads": 16, "num_hidden_layers": 28,
+      "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+      "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20],
+                       "rope_type": "default"},
+      "rope_theta": 5000000, "tie_word_embeddings": true, "vocab_size": 151936},
+    "vision_config": {"deepstack_visual_indexes": [5, 11, 17], "depth": 24,
+      "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1024, "in_channels": 3,
+      "intermediate_size": 4096, "model_type": "qwen3_vl", "num_heads": 16,
+      "num_position_embeddings": 2304, "out_hidden_size": 2048, "patch_size": 16,
+      "spatial_merge_size": 2, "temporal_patch_size": 2}
+  })");
+}
+
+TEST_CASE("a Qwen3-VL config: Qwen3 text, interleaved M-RoPE, DeepStack tower", "[config]") {
+  auto cfg = ParseModelConfig(Qwen3Vl2bConfig().dump(), "q3vl/config.json");
+  INFO(cfg.status().ToString());
+  REQUIRE(cfg.ok());
+  const TextConfig& t = cfg->text;
+  CHECK(t.head_dim() == 128);
+  CHECK(t.qk_norm);
+  CHECK_FALSE(t.attention_bias);
+  CHECK(t.tie_word_embeddings);
+  CHECK(t.rope_theta == 5e6);
+  CHECK(t.mrope_section == std::vector<int>{24, 20, 20});
+  CHECK(t.mrope_interleaved);
+  CHECK(cfg->torch_dtype == "bfloat16");  // text_config's "dtype"
+  CHECK(cfg->tokens.image_pad == 151655);
+  CHECK(cfg->tokens.eos == std::vector<int>{151645});
+  REQUIRE(cfg->vision.has_value());
+  const VisionConfig& v = *cfg->vision;
+  CHECK(v.arch == VisionConfig::Arch::kQwen3Vl);
+  CHECK(v.embed_dim == 1024);
+  CHECK(v.hidden_size == 2048);
+  CHECK(v.intermediate_size == 4096);
+  CHECK(v.patch_size == 16);
+  CHECK(v.num_position_embeddings == 2304);
+  CHECK(v.deepstack_visual_indexes == std::vector<int>{5, 11, 17});
+  CHECK(v.hidden_act == "gelu_pytorch_tanh");
+  const absl::Status servable = CheckServable(*cfg);
+  CHECK(servable.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(servable.message().find("qwen3_vl") != absl::string_view::npos);
+
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* expect;
+  };
+  std::vector<Case> cases = {
+      {"position grid", [](json& j) { j["vision_config"]["num_position_embeddings"] = 2300; },
+       "num_position_embeddings 2300 must be a positive square"},
+      {"deepstack block",
+       [](json& j) {
+         j["vision_config"]["deepstack_visual_indexes"] = {5, 24};
+       },
+       "deepstack_visual_indexes has block 24 outside [0, depth 24)"},
+      {"deepstack layers", [](json& j) { j["text_config"]["num_hidden_layers"] = 2; },
+       "deepstack_visual_indexes has 3 blocks, more than the language model's 2 layers"},
+      {"deepstack order",
+       [](json& j) {
+         j["vision_config"]["deepstack_visual_indexes"] = {11, 5};
+       },
+       "deepstack_visual_indexes must be increasing"},
+      {"vision activation", [](json& j) { j["vision_config"]["hidden_act"] = "relu"; },
+       "hidden_act \"relu\" is not supported (gelu_pytorch_tanh)"},
+      {"interleaved sections",
+       [](json& j) {
+         j["text_config"]["rope_scaling"]["mrope_section"] = {4, 30, 30};
+       },
+       "rope_scaling.mrope_interleaved needs 3 sections whose h and w pairs fit in head_dim / 2 "
+       "= 64"},
+      {"missing field", [](json& j) { j["vision_config"].erase("out_hidden_size"); },
+       "missing \"out_hidden_size\""},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    json j = Qwen3Vl2bConfig();
+    c.edit(j);
+    auto bad = ParseModelConfig(j.dump(), "m/config.json");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(bad.status().message().find(c.expect) != absl::string_view::npos);
+  }
+  auto qwen2vl = ParseModelConfig(Qwen2Vl2bConfig().dump(), "m");
+  REQUIRE(qwen2vl.ok());
+  CHECK_FALSE(qwen2vl->text.mrope_interleaved);
+  CHECK(CheckServable(*qwen2vl).ok());
+}
+
 TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
   struct Case {
     const char* what;

@@ -42,6 +42,21 @@ absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(absl::Span<const in
   return out;
 }
 
+std::vector<ImageGrid> SplitVideoFrames(absl::Span<const ImageGrid> grids) {
+  std::vector<ImageGrid> out;
+  for (const ImageGrid& g : grids) {
+    if (g.kind != MediaKind::kVideo) {
+      out.push_back(g);
+      continue;
+    }
+    // torch.repeat_interleave(video_grid_thw, video_grid_thw[:, 0]) with t 1.
+    ImageGrid frame = g;
+    frame.grid_t = 1;
+    out.insert(out.end(), g.grid_t, frame);
+  }
+  return out;
+}
+
 absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> ids,
                                                      const MediaPadIds& pads,
                                                      absl::Span<const ImageGrid> grids,

@@ -57,6 +57,14 @@ struct MediaPadIds {
     absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const ImageGrid> grids,
     int spatial_merge_size);
 
+// Qwen3-VL's grids for ComputeMropePositions (transformers'
+// Qwen3VLModel.get_rope_index): its prompts show a video frame by frame, each
+// temporal patch a run of <|video_pad|> after its own timestamp text, so a
+// video of grid_t temporal patches becomes grid_t grids of one temporal
+// patch (time lives in the timestamps, not in the t component). Images are
+// unchanged.
+[[nodiscard]] std::vector<ImageGrid> SplitVideoFrames(absl::Span<const ImageGrid> grids);
+
 // Images only: the same with no video pad.
 [[nodiscard]] inline absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(
     absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids) {

@@ -88,5 +88,33 @@ TEST_CASE("a placeholder of the wrong kind is refused", "[mrope]") {
   CHECK(text->delta == 0);
 }
 
+TEST_CASE("Qwen3-VL videos: one run per temporal patch, positions as transformers", "[mrope]") {
+  // Expected values printed by transformers 4.57.6 Qwen3VLModel.get_rope_index
+  // for these ids (150 vision_start, 151 image pad, 152 video pad) with
+  // image_grid_thw [[1,4,6]], video_grid_thw [[2,4,4]] and merge size 2.
+  constexpr int32_t kImg = 151, kVid = 152, kStart = 150;
+  const V ids = {1,    2,    kStart, kImg, kImg, kImg,   kImg, kImg, kImg, 3,    7, kStart, kVid,
+                 kVid, kVid, kVid,   4,    8,    kStart, kVid, kVid, kVid, kVid, 5, 6};
+  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 6),
+                                        ImageGrid::FromThw(2, 4, 4, 2, MediaKind::kVideo)};
+  const std::vector<ImageGrid> frames = SplitVideoFrames(grids);
+  REQUIRE(frames.size() == 3);
+  CHECK(frames[2].kind == MediaKind::kVideo);
+  CHECK(frames[2].grid_t == 1);
+  auto p = ComputeMropePositions(ids, MediaPadIds{.image = kImg, .video = kVid}, frames, 2);
+  REQUIRE(p.ok());
+  CHECK(p->t ==
+        V{0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7, 8, 9, 9, 9, 9, 11, 12, 13, 14, 14, 14, 14, 16, 17});
+  CHECK(p->h ==
+        V{0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7, 8, 9, 9, 10, 10, 11, 12, 13, 14, 14, 15, 15, 16, 17});
+  CHECK(p->w ==
+        V{0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10, 9, 10, 11, 12, 13, 14, 15, 14, 15, 16, 17});
+  CHECK(p->delta == -7);
+  // Unsplit, the video's two frames would need one run of 8 tokens.
+  CHECK(ComputeMropePositions(ids, MediaPadIds{.image = kImg, .video = kVid}, grids, 2)
+            .status()
+            .code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace mmserve::model

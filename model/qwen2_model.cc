@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "model/cpu/ops.h"
 #include "model/cpu/paged_attention.h"
+#include "model/deepstack.h"
 
 namespace mmserve::model {
 
@@ -19,7 +20,7 @@ Qwen2Model::Qwen2Model(const TextConfig& cfg, const Qwen2Weights& weights, cpu::
       options_(options),
       parallel_(weights.shard().size > 1),
       vocab_(VocabSliceOf(cfg.vocab_size, weights.shard())),
-      rope_(cfg.head_dim(), cfg.rope_theta, cfg.mrope_section),
+      rope_(cfg.head_dim(), cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved),
       hidden_(cfg.hidden_size),
       heads_(cfg.num_attention_heads / weights.shard().size),
       kv_heads_(cfg.num_key_value_heads / weights.shard().size),
@@ -73,12 +74,14 @@ absl::Status Qwen2Model::Run(const ForwardBatch& rows,
                              absl::FunctionRef<absl::Status(int)> attention,
                              std::vector<float>* logits) {
   const int64_t t = rows.num_tokens();
+  RETURN_IF_ERROR(CheckDeepstack(rows, cfg_.num_hidden_layers));
   h_.resize(t * hidden_);
   x_.resize(t * hidden_);
   Embed(rows);
   rope_.ComputeAngles(rows.positions.data(), t, &angles_);
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     RETURN_IF_ERROR(Layer(l, t, [&] { return attention(l); }));
+    AddDeepstack(rows, l, hidden_, h_.data());
   }
   return Logits(rows.logits_rows, logits);
 }

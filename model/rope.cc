@@ -8,7 +8,8 @@
 
 namespace mmserve::model {
 
-MRope::MRope(int head_dim, double theta, std::vector<int> mrope_section) : head_dim_(head_dim) {
+MRope::MRope(int head_dim, double theta, std::vector<int> mrope_section, bool interleaved)
+    : head_dim_(head_dim) {
   CHECK(head_dim > 0 && head_dim % 2 == 0) << "head_dim " << head_dim;
   const int half = head_dim / 2;
   if (!mrope_section.empty()) {
@@ -22,6 +23,14 @@ MRope::MRope(int head_dim, double theta, std::vector<int> mrope_section) : head_
     // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in fp32.
     const float exponent = static_cast<float>(2 * j) / static_cast<float>(head_dim);
     inv_freq_[j] = 1.0f / std::pow(base, exponent);
+  }
+  if (interleaved) {
+    // transformers' Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope.
+    CHECK_EQ(mrope_section.size(), 3u);
+    for (int c = 1; c <= 2; ++c) {
+      for (int j = c; j < 3 * mrope_section[c] && j < half; j += 3) component_[j] = c;
+    }
+    return;
   }
   int j = 0;
   for (size_t c = 0; c < mrope_section.size(); ++c) {

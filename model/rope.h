@@ -10,7 +10,11 @@
 // For pair j in [0, head_dim / 2): inv_freq[j] = 1 / theta^(2j / head_dim),
 // component c(j) = the section containing j (sections in order t, h, w; an
 // empty mrope_section means plain RoPE, c(j) = 0), angle = pos[c(j)] *
-// inv_freq[j], and with HF's rotate_half convention
+// inv_freq[j]. With `interleaved` (Qwen3-VL, transformers'
+// apply_interleaved_mrope) the sections take pairs in turn instead:
+// c(j) = 1 for j % 3 == 1 below 3 x mrope_section[1], 2 for j % 3 == 2 below
+// 3 x mrope_section[2], and 0 for every other pair. With HF's rotate_half
+// convention
 //   out[j]          = x[j] * cos - x[j + d/2] * sin
 //   out[j + d/2]    = x[j + d/2] * cos + x[j] * sin.
 // Angles are formed in fp32 as transformers does (inv_freq in fp32, then
@@ -36,7 +40,7 @@ class MRope {
  public:
   // head_dim even; mrope_section empty or summing to head_dim / 2 (CHECKed:
   // LoadModelConfig validates configs before they get here).
-  MRope(int head_dim, double theta, std::vector<int> mrope_section);
+  MRope(int head_dim, double theta, std::vector<int> mrope_section, bool interleaved = false);
 
   int head_dim() const { return head_dim_; }
 

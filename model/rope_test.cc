@@ -98,5 +98,41 @@ TEST_CASE("every head of a token gets the same rotation; tokens get their own", 
   }
 }
 
+// Which component (0 t, 1 h, 2 w) each rotary pair reads: with positions
+// t 0, h 1, w 2 its angle is c(j) x inv_freq[j].
+std::vector<int> Components(const MRope& rope, double theta) {
+  const int d = rope.head_dim(), half = d / 2;
+  const std::vector<int64_t> pos = {0, 1, 2};  // t, h, w of one token
+  RopeAngles angles;
+  rope.ComputeAngles(pos.data(), 1, &angles);
+  std::vector<int> out(half, -1);
+  for (int j = 0; j < half; ++j) {
+    const double inv_freq = std::pow(theta, -2.0 * j / d);
+    double best = 1e9;
+    for (int c = 0; c < 3; ++c) {
+      const double err = std::abs(std::cos(c * inv_freq) - angles.cos[j]) +
+                         std::abs(std::sin(c * inv_freq) - angles.sin[j]);
+      if (err < best) best = err, out[j] = c;
+    }
+  }
+  return out;
+}
+
+TEST_CASE("interleaved M-RoPE takes h and w pairs in turn with t (transformers' layout)",
+          "[rope]") {
+  // transformers' Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope on
+  // sections {4, 3, 3} of head_dim 20 gives pairs t h w t h w t h w t.
+  CHECK(Components(MRope(20, 10000.0, {4, 3, 3}, /*interleaved=*/true), 10000.0) ==
+        std::vector<int>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0});
+  // The chunked layout of Qwen2-VL keeps its sections in blocks.
+  CHECK(Components(MRope(20, 10000.0, {4, 3, 3}), 10000.0) ==
+        std::vector<int>{0, 0, 0, 0, 1, 1, 1, 2, 2, 2});
+  // Qwen3-VL's {24, 20, 20}: t h w repeated 20 times, then four t pairs.
+  std::vector<int> want;
+  for (int i = 0; i < 20; ++i) want.insert(want.end(), {0, 1, 2});
+  want.insert(want.end(), {0, 0, 0, 0});
+  CHECK(Components(MRope(128, 5e6, {24, 20, 20}, /*interleaved=*/true), 5e6) == want);
+}
+
 }  // namespace
 }  // namespace mmserve::model

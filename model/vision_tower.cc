@@ -16,6 +16,7 @@
 #include "model/cpu/ops.h"
 #include "model/cpu/rope_ops.h"
 #include "model/cpu/vision_ops.h"
+#include "model/vision_position_embed.h"
 #include "model/vision_windows.h"
 
 namespace mmserve::model {
@@ -61,6 +62,12 @@ void LayerNorm(cpu::ThreadPool& pool, const float* x, int64_t n, int dim,
 }
 
 float Gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+// torch's gelu(approximate="tanh") (gelu_pytorch_tanh).
+float GeluTanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(kBeta * (x + 0.044715f * x * x * x)));
+}
 
 template <typename F>
 void MapRows(cpu::ThreadPool& pool, float* x, int64_t n, int dim, F f) {
@@ -318,6 +325,8 @@ void VisionTower::MlpHalf(const Block& b, Activations* a, VisionTrace* trace) co
       const StageTimer t(elementwise);
       if (b.up.out > 0) {
         cpu::SiluMul(*pool_, a->mlp.data(), a->up.data(), rows * mlp_dim, a->mlp.data());
+      } else if (cfg_.arch == VisionConfig::Arch::kQwen3Vl) {
+        MapRows(*pool_, a->mlp.data(), rows, mlp_dim, GeluTanh);
       } else {
         pool_->ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
           cpu::QuickGeluInPlace(&a->mlp[begin * mlp_dim], (end - begin) * mlp_dim);
@@ -330,9 +339,42 @@ void VisionTower::MlpHalf(const Block& b, Activations* a, VisionTrace* trace) co
   }
 }
 
+std::vector<float> VisionTower::Merge(const std::vector<float>& norm_w,
+                                      const std::vector<float>& norm_b, bool postshuffle,
+                                      const DenseWeights& fc1, const DenseWeights& fc2,
+                                      Activations* a, VisionTrace* trace) const {
+  // transformers' Qwen3VLVisionPatchMerger (and Qwen2-VL's PatchMerger
+  // without postshuffle): each run of merge^2 patches becomes one row.
+  const int m2 = cfg_.spatial_merge_size * cfg_.spatial_merge_size;
+  const int64_t tokens = a->n / m2;
+  {
+    const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
+    if (postshuffle) {
+      LayerNorm(*pool_, a->x.data(), tokens, cfg_.embed_dim * m2, norm_w, norm_b, a->q.data());
+    } else {
+      Norm(norm_w, norm_b, a->x.data(), a->n, a->q.data());
+    }
+  }
+  Linear(fc1, a->q.data(), tokens, a->k.data(), trace);
+  {
+    const StageTimer t(StageSeconds(trace, &VisionTrace::elementwise_seconds));
+    MapRows(*pool_, a->k.data(), tokens, fc1.out, Gelu);
+  }
+  std::vector<float> out(static_cast<size_t>(tokens) * fc2.out);
+  Linear(fc2, a->k.data(), tokens, out.data(), trace);
+  return out;
+}
+
 absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> pixels,
                                                         absl::Span<const ImageGrid> grids,
                                                         VisionTrace* trace) const {
+  ASSIGN_OR_RETURN(VisionEmbeddings all, ForwardAll(pixels, grids, trace));
+  return std::move(all.main);
+}
+
+absl::StatusOr<VisionEmbeddings> VisionTower::ForwardAll(absl::Span<const float> pixels,
+                                                         absl::Span<const ImageGrid> grids,
+                                                         VisionTrace* trace) const {
   const VisionConfig& c = cfg_;
   const int e = c.embed_dim;
   const int m2 = c.spatial_merge_size * c.spatial_merge_size;
@@ -363,6 +405,8 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
            trace);
   }
   if (trace != nullptr && trace->record_activations) trace->patch_embed = a.x;
+  if (!pos_embed_.empty())
+    AddPositionEmbeddings(pos_embed_, e, grids, c.spatial_merge_size, a.x.data());
   {
     const StageTimer t(StageSeconds(trace, &VisionTrace::rope_seconds));
     RotaryTables(grids, c.spatial_merge_size, e / c.num_heads, &a.cos, &a.sin);
@@ -379,6 +423,7 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
     PermuteGroups(windows.group_order, int64_t{m2} * half, false, &a.cos);
     PermuteGroups(windows.group_order, int64_t{m2} * half, false, &a.sin);
   }
+  VisionEmbeddings result;
   for (size_t bi = 0; bi < blocks_.size(); ++bi) {
     const bool full =
         !windowed || std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
@@ -389,24 +434,20 @@ absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> 
       trace->block0 = a.x;  // in patch order
       if (windowed) PermuteGroups(windows.group_order, int64_t{m2} * e, true, &trace->block0);
     }
+    // DeepStack (Qwen3-VL, never windowed): q and k are free between blocks.
+    const auto& ds = c.deepstack_visual_indexes;
+    const auto at = std::find(ds.begin(), ds.end(), static_cast<int>(bi));
+    if (at != ds.end()) {
+      const DeepstackMerger& m = deepstack_[at - ds.begin()];
+      result.deepstack.push_back(Merge(m.norm_w, m.norm_b, true, m.fc1, m.fc2, &a, trace));
+    }
   }
   // Merger: LayerNorm per patch, then each run of merge^2 patches as one row.
-  // q and k are free now: LayerNorm into q, fc1 into k.
-  {
-    const StageTimer t(StageSeconds(trace, &VisionTrace::norm_seconds));
-    Norm(ln_q_w_, ln_q_b_, a.x.data(), n, a.q.data());
-  }
-  const int64_t tokens = n / m2;
-  Linear(merger_fc1_, a.q.data(), tokens, a.k.data(), trace);
-  {
-    const StageTimer t(StageSeconds(trace, &VisionTrace::elementwise_seconds));
-    MapRows(*pool_, a.k.data(), tokens, merger_fc1_.out, Gelu);
-  }
-  std::vector<float> out(static_cast<size_t>(tokens) * merger_fc2_.out);
-  Linear(merger_fc2_, a.k.data(), tokens, out.data(), trace);
+  std::vector<float> out = Merge(ln_q_w_, ln_q_b_, false, merger_fc1_, merger_fc2_, &a, trace);
   if (windowed) PermuteGroups(windows.group_order, merger_fc2_.out, true, &out);
   if (trace != nullptr) trace->total_seconds = total.ElapsedSeconds();
-  return out;
+  result.main = std::move(out);
+  return result;
 }
 
 }  // namespace mmserve::model

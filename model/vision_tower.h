@@ -5,7 +5,12 @@
 // the language model's hidden size. Qwen2.5-VL's blocks use RMSNorm and a
 // gated SiLU MLP, and attend inside windows (vision_windows.h) except in
 // its full-attention blocks; the patches run in window order and the merged
-// tokens come back in image order.
+// tokens come back in image order. Qwen3-VL's tower adds learned position
+// embeddings (vision_position_embed.h) to the patch embeddings, runs
+// LayerNorm blocks with a GELU(tanh) MLP, and after each block in
+// deepstack_visual_indexes a DeepStack merger (LayerNorm over each merged
+// 2x2 group, then fc1, GELU, fc2) whose output ForwardAll returns beside the
+// main embedding.
 //
 //   ASSIGN_OR_RETURN(auto tower, VisionTower::Load(*checkpoint, config));
 //   ASSIGN_OR_RETURN(std::vector<float> emb, tower->Forward(pixels, grids));
@@ -99,6 +104,14 @@ struct VisionTowerOptions {
 [[nodiscard]] absl::StatusOr<bool> ParseBf16Activations(const std::string& activation_dtype,
                                                         const std::string& quantize);
 
+// A forward's merged tokens: the main embedding and, for Qwen3-VL, one
+// DeepStack feature per deepstack_visual_indexes entry, each
+// [tokens][hidden_size] in the same token order.
+struct VisionEmbeddings {
+  std::vector<float> main;
+  std::vector<std::vector<float>> deepstack;
+};
+
 class VisionTower {
  public:
   // Reads "visual.*" (or "model.visual.*") tensors; InvalidArgument naming a
@@ -112,6 +125,10 @@ class VisionTower {
   [[nodiscard]] absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels,
                                                            absl::Span<const ImageGrid> grids,
                                                            VisionTrace* trace = nullptr) const;
+  // The same with the DeepStack features (none but for Qwen3-VL).
+  [[nodiscard]] absl::StatusOr<VisionEmbeddings> ForwardAll(absl::Span<const float> pixels,
+                                                            absl::Span<const ImageGrid> grids,
+                                                            VisionTrace* trace = nullptr) const;
 
   // A tower with random weights (uniform, std 0.02) of the given shape and
   // dtype (kF32 or kBF16; then int8 with options.int8_group >= 0), for
@@ -131,7 +148,16 @@ class VisionTower {
     std::vector<float> norm1_w, norm1_b, norm2_w, norm2_b;  // *_b empty: RMSNorm
     DenseWeights qkv, proj, fc1, up, fc2;                   // up: gated MLPs only
   };
+  // Qwen3-VL's DeepStack merger: LayerNorm over merged rows (merge^2 x
+  // embed_dim wide), fc1, GELU, fc2.
+  struct DeepstackMerger {
+    std::vector<float> norm_w, norm_b;
+    DenseWeights fc1, fc2;
+  };
   VisionTower() = default;
+  // Loads Qwen3-VL's position embeddings, merger and DeepStack mergers into t.
+  static absl::Status LoadQwen3Parts(const SafetensorsCheckpoint& ckpt, const VisionConfig& c,
+                                     cpu::ThreadPool& pool, int64_t group, VisionTower* t);
   // Sets the pool and the other run-time options.
   void SetPool(const VisionTowerOptions& options);
   void Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
@@ -145,6 +171,11 @@ class VisionTower {
   void AttentionHalf(const Block& b, absl::Span<const int> bounds, Activations* a,
                      VisionTrace* trace) const;
   void MlpHalf(const Block& b, Activations* a, VisionTrace* trace) const;
+  // A merger on a->x (q and k as scratch): the norm (over each patch, or
+  // over each merged row when `postshuffle`), fc1, GELU and fc2.
+  std::vector<float> Merge(const std::vector<float>& norm_w, const std::vector<float>& norm_b,
+                           bool postshuffle, const DenseWeights& fc1, const DenseWeights& fc2,
+                           Activations* a, VisionTrace* trace) const;
   // LayerNorm with a bias, RMSNorm without, over n rows of the tower's width.
   void Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x, int64_t n,
             float* y) const;
@@ -157,6 +188,8 @@ class VisionTower {
   std::vector<Block> blocks_;
   std::vector<float> ln_q_w_, ln_q_b_;  // ln_q_b_ empty: RMSNorm
   DenseWeights merger_fc1_, merger_fc2_;
+  std::vector<float> pos_embed_;            // kQwen3Vl: [num_position_embeddings][embed_dim]
+  std::vector<DeepstackMerger> deepstack_;  // kQwen3Vl: one per deepstack index
 };
 
 }  // namespace mmserve::model

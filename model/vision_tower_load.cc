@@ -1,5 +1,5 @@
-// VisionTower's weights: Load from a checkpoint (Qwen2-VL's and Qwen2.5-VL's
-// tensor names), CreateRandom for benchmarks, and weight_bytes.
+// VisionTower's weights: Load from a checkpoint (Qwen2-VL's, Qwen2.5-VL's
+// and Qwen3-VL's tensor names), CreateRandom for benchmarks, and weight_bytes.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -127,6 +127,7 @@ size_t VisionTower::weight_bytes() const {
     total += b.qkv.matrix.bytes() + b.proj.matrix.bytes() + b.fc1.matrix.bytes() +
              b.up.matrix.bytes() + b.fc2.matrix.bytes();
   }
+  for (const DeepstackMerger& m : deepstack_) total += m.fc1.matrix.bytes() + m.fc2.matrix.bytes();
   return total;
 }
 
@@ -173,11 +174,23 @@ std::unique_ptr<VisionTower> VisionTower::CreateRandom(const VisionConfig& c, ui
   auto zeros = [](int n) { return std::vector<float>(n, 0.0f); };
   const int e = c.embed_dim, mlp = e * c.mlp_ratio;
   const int merged = e * c.spatial_merge_size * c.spatial_merge_size;
+  const bool qwen3 = c.arch == VisionConfig::Arch::kQwen3Vl;
   dense(&t->patch_embed_, e, c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size,
-        false);
+        qwen3);
   t->blocks_.resize(c.depth);
   const bool gated = c.arch == VisionConfig::Arch::kQwen25Vl;
-  const int width = gated ? c.intermediate_size : mlp;
+  const int width = gated || qwen3 ? c.intermediate_size : mlp;
+  if (qwen3) {
+    t->pos_embed_.resize(static_cast<size_t>(c.num_position_embeddings) * e);
+    for (float& v : t->pos_embed_) v = rng.Next(0.02f);
+    t->deepstack_.resize(c.deepstack_visual_indexes.size());
+    for (DeepstackMerger& m : t->deepstack_) {
+      m.norm_w = ones(merged);
+      m.norm_b = zeros(merged);
+      dense(&m.fc1, merged, merged, true);
+      dense(&m.fc2, c.hidden_size, merged, true);
+    }
+  }
   for (Block& b : t->blocks_) {
     b.norm1_w = b.norm2_w = ones(e);
     if (!gated) b.norm1_b = b.norm2_b = zeros(e);  // RMSNorms have no bias
@@ -194,6 +207,34 @@ std::unique_ptr<VisionTower> VisionTower::CreateRandom(const VisionConfig& c, ui
   return t;
 }
 
+// Qwen3-VL: the position embedding table, the merger (merger.norm and
+// linear_fc1/2) and the DeepStack mergers (deepstack_merger_list.k, with
+// their norm over merged rows).
+absl::Status VisionTower::LoadQwen3Parts(const SafetensorsCheckpoint& ckpt, const VisionConfig& c,
+                                         cpu::ThreadPool& pool, int64_t group, VisionTower* t) {
+  const int e = c.embed_dim, merged = e * c.spatial_merge_size * c.spatial_merge_size;
+  ASSIGN_OR_RETURN(const TensorView* pos,
+                   FindTensor(ckpt, "pos_embed.weight", {c.num_position_embeddings, e}));
+  t->pos_embed_ = ToF32(*pos);
+  ASSIGN_OR_RETURN(t->ln_q_w_, LoadVector(ckpt, "merger.norm.weight", e));
+  ASSIGN_OR_RETURN(t->ln_q_b_, LoadVector(ckpt, "merger.norm.bias", e));
+  RETURN_IF_ERROR(
+      LoadDense(ckpt, "merger.linear_fc1", merged, merged, true, pool, group, &t->merger_fc1_));
+  RETURN_IF_ERROR(LoadDense(ckpt, "merger.linear_fc2", c.hidden_size, merged, true, pool, group,
+                            &t->merger_fc2_));
+  t->deepstack_.resize(c.deepstack_visual_indexes.size());
+  for (size_t k = 0; k < t->deepstack_.size(); ++k) {
+    DeepstackMerger& m = t->deepstack_[k];
+    const std::string p = absl::StrCat("deepstack_merger_list.", k, ".");
+    ASSIGN_OR_RETURN(m.norm_w, LoadVector(ckpt, p + "norm.weight", merged));
+    ASSIGN_OR_RETURN(m.norm_b, LoadVector(ckpt, p + "norm.bias", merged));
+    RETURN_IF_ERROR(LoadDense(ckpt, p + "linear_fc1", merged, merged, true, pool, group, &m.fc1));
+    RETURN_IF_ERROR(
+        LoadDense(ckpt, p + "linear_fc2", c.hidden_size, merged, true, pool, group, &m.fc2));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const SafetensorsCheckpoint& ckpt,
                                                                const ModelConfig& config,
                                                                const VisionTowerOptions& options) {
@@ -201,7 +242,8 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
   std::unique_ptr<VisionTower> t(new VisionTower());
   const VisionConfig& c = t->cfg_ = *config.vision;
   const bool gated = c.arch == VisionConfig::Arch::kQwen25Vl;
-  const char* act = gated ? "silu" : "quick_gelu";
+  const bool qwen3 = c.arch == VisionConfig::Arch::kQwen3Vl;
+  const char* act = gated ? "silu" : qwen3 ? "gelu_pytorch_tanh" : "quick_gelu";
   if (c.hidden_act != act) {
     return absl::InvalidArgumentError(
         absl::StrCat("vision hidden_act \"", c.hidden_act, "\" is not supported (", act, ")"));
@@ -214,13 +256,13 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
   const int64_t group = options.int8_group;
   const int e = c.embed_dim,
             patch_dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
-  RETURN_IF_ERROR(LoadDense(ckpt, "patch_embed.proj", e, patch_dim, false, pool, group,
+  RETURN_IF_ERROR(LoadDense(ckpt, "patch_embed.proj", e, patch_dim, qwen3, pool, group,
                             &t->patch_embed_,
                             {e, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}));
   t->blocks_.resize(c.depth);
   // Qwen2.5-VL: RMSNorms (weights only) and the gated MLP
   // (mlp.gate_proj/up_proj/down_proj) in place of LayerNorms and fc1/fc2.
-  const int mlp = gated ? c.intermediate_size : e * c.mlp_ratio;
+  const int mlp = gated || qwen3 ? c.intermediate_size : e * c.mlp_ratio;
   for (int i = 0; i < c.depth; ++i) {
     Block& b = t->blocks_[i];
     const std::string p = absl::StrCat("blocks.", i, ".");
@@ -232,14 +274,18 @@ absl::StatusOr<std::unique_ptr<VisionTower>> VisionTower::Load(const Safetensors
     }
     RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.qkv", 3 * e, e, true, pool, group, &b.qkv));
     RETURN_IF_ERROR(LoadDense(ckpt, p + "attn.proj", e, e, true, pool, group, &b.proj));
-    const std::string fc1 = gated ? "mlp.gate_proj" : "mlp.fc1";
-    const std::string fc2 = gated ? "mlp.down_proj" : "mlp.fc2";
+    const std::string fc1 = gated ? "mlp.gate_proj" : qwen3 ? "mlp.linear_fc1" : "mlp.fc1";
+    const std::string fc2 = gated ? "mlp.down_proj" : qwen3 ? "mlp.linear_fc2" : "mlp.fc2";
     RETURN_IF_ERROR(LoadDense(ckpt, p + fc1, mlp, e, true, pool, group, &b.fc1));
     if (gated)
       RETURN_IF_ERROR(LoadDense(ckpt, p + "mlp.up_proj", mlp, e, true, pool, group, &b.up));
     RETURN_IF_ERROR(LoadDense(ckpt, p + fc2, e, mlp, true, pool, group, &b.fc2));
   }
   const int merged = e * c.spatial_merge_size * c.spatial_merge_size;
+  if (qwen3) {
+    RETURN_IF_ERROR(LoadQwen3Parts(ckpt, c, pool, group, t.get()));
+    return t;
+  }
   ASSIGN_OR_RETURN(t->ln_q_w_, LoadVector(ckpt, "merger.ln_q.weight", e));
   if (!gated) {
     ASSIGN_OR_RETURN(t->ln_q_b_, LoadVector(ckpt, "merger.ln_q.bias", e));
