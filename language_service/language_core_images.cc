@@ -32,36 +32,33 @@ int64_t ThreadCpuNanos() {
 }  // namespace
 
 bool LanguageCore::Retry(const v1::ImageRetry& retry) {
-  {
+  // The retry may overtake the Prefill call it belongs to (separate RPCs):
+  // keep it for a while and apply it when the request arrives.
+  const bool kept = requests_.RunUnlessKnown(retry.request_id(), [&] {
     absl::MutexLock lock(&mu_);
-    if (ids_.count(retry.request_id()) == 0) {
-      // The retry may overtake the Prefill call it belongs to (separate
-      // RPCs): keep it for a while and apply it when the request arrives.
-      early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
-      while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
-        early_retries_.pop_front();
-      }
-      return true;
+    early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
+    while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
+      early_retries_.pop_front();
     }
-  }
-  Post({Message::Retry{retry}});
+  });
+  if (!kept) Post({Message::Retry{retry}});
   return true;
 }
 
-void LanguageCore::ApplyRetry(Request& r, const v1::ImageRetry& retry) {
+void LanguageCore::ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry) {
   std::set<size_t> moving;
   for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
   for (const v1::PromptImage& image : retry.images()) {
     const size_t k = image.image_index();
-    if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
-    if (r.images[k].state != Request::ImageState::kLost) {
+    if (k >= r.images.size() || r.images[k].state == LiveRequest::ImageState::kArrived) continue;
+    if (r.images[k].state != LiveRequest::ImageState::kLost) {
       // The router moved an image whose source has not failed here: stop
       // that transfer; its other unfinished images not moved with it are
       // lost with it.
       const std::string old = r.TransferId(k);
       for (size_t j = 0; j < r.images.size(); ++j) {
         if (moving.count(j) && r.TransferId(j) == old) {
-          r.images[j].state = Request::ImageState::kLost;
+          r.images[j].state = LiveRequest::ImageState::kLost;
         }
       }
       LoseImages(r, old, absl::UnavailableError("moved by the router"));
@@ -71,13 +68,13 @@ void LanguageCore::ApplyRetry(Request& r, const v1::ImageRetry& retry) {
     StartImage(r, k);
   }
   bool lost = false;
-  for (const auto& im : r.images) lost |= im.state == Request::ImageState::kLost;
+  for (const auto& im : r.images) lost |= im.state == LiveRequest::ImageState::kLost;
   if (!lost) r.lost_deadline.reset();
 }
 
-void LanguageCore::StartImage(Request& r, size_t k) {
-  Request::Image& im = r.images[k];
-  im.state = Request::ImageState::kConnecting;
+void LanguageCore::StartImage(LiveRequest& r, size_t k) {
+  LiveRequest::Image& im = r.images[k];
+  im.state = LiveRequest::ImageState::kConnecting;
   auto& conn = connections_[im.meta.encoder_id()];
   if (conn == nullptr) conn = std::make_unique<Connection>();
   if (conn->address != im.meta.encoder_address()) {
@@ -136,10 +133,10 @@ void LanguageCore::OnConnected(const std::string& encoder, const std::string& ad
   std::vector<std::pair<std::string, size_t>> waiting = std::move(conn->waiting);
   conn->waiting.clear();
   for (const auto& [id, k] : waiting) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    Request& r = *it->second;
-    if (k >= r.images.size() || r.images[k].state != Request::ImageState::kConnecting ||
+    LiveRequest* found = requests_.Find(id);
+    if (found == nullptr) continue;
+    LiveRequest& r = *found;
+    if (k >= r.images.size() || r.images[k].state != LiveRequest::ImageState::kConnecting ||
         r.images[k].meta.encoder_id() != encoder) {
       continue;
     }
@@ -151,9 +148,9 @@ void LanguageCore::OnConnected(const std::string& encoder, const std::string& ad
   }
 }
 
-void LanguageCore::StartReceive(Request& r, size_t k) {
-  Request::Image& im = r.images[k];
-  im.state = Request::ImageState::kReceiving;
+void LanguageCore::StartReceive(LiveRequest& r, size_t k) {
+  LiveRequest::Image& im = r.images[k];
+  im.state = LiveRequest::ImageState::kReceiving;
   transfer::ReceiveRequest rr;
   rr.request_id = r.TransferId(k);
   rr.image_index = static_cast<uint32_t>(k);
@@ -168,11 +165,11 @@ void LanguageCore::StartReceive(Request& r, size_t k) {
 
 void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
                            absl::StatusOr<transfer::ReceivedImage> image) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
+  LiveRequest* found = requests_.Find(id);
+  if (found == nullptr) return;
+  LiveRequest& r = *found;
   if (k >= r.images.size() || r.TransferId(k) != transfer_id ||
-      r.images[k].state != Request::ImageState::kReceiving) {
+      r.images[k].state != LiveRequest::ImageState::kReceiving) {
     return;  // a superseded source
   }
   if (!image.ok()) {
@@ -219,36 +216,38 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
     image->Release();
     e.values.resize(emb.size() / sizeof(float));
     std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
-    handoff_blocked_seconds_->Increment((ThreadCpuNanos() - cpu_start) * 1e-9);
+    metrics_.handoff_blocked_seconds->Increment((ThreadCpuNanos() - cpu_start) * 1e-9);
   }
   const auto& h = r.images[k].meta.content_hash();
   e.key = ContentHash{h.high(), h.low()};
-  r.images[k].state = Request::ImageState::kArrived;
+  r.images[k].state = LiveRequest::ImageState::kArrived;
   r.image_tokens += n;
-  images_received_->Increment();
-  transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
-  transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
-  if (chunks > 1) resumes_->Increment(chunks - 1);
+  metrics_.images_received->Increment();
+  metrics_.transfer_bytes->Increment(static_cast<double>(n) *
+                                     transfer_.buffer().layout().BytesPerToken());
+  metrics_.transfer_seconds->Observe(r.images[k].started.ElapsedSeconds());
+  if (chunks > 1) metrics_.resumes->Increment(chunks - 1);
   r.images[k].round_trips += static_cast<int>(chunks);
   MaybeAdmit(r);
 }
 
-void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why) {
+void LanguageCore::LoseImages(LiveRequest& r, const std::string& transfer_id,
+                              const absl::Status& why) {
   v1::TokenBatch batch;
   batch.set_request_id(r.id);
   for (size_t j = 0; j < r.images.size(); ++j) {
-    Request::Image& im = r.images[j];
-    if (r.TransferId(j) != transfer_id || im.state == Request::ImageState::kArrived ||
-        im.state == Request::ImageState::kLost) {
+    LiveRequest::Image& im = r.images[j];
+    if (r.TransferId(j) != transfer_id || im.state == LiveRequest::ImageState::kArrived ||
+        im.state == LiveRequest::ImageState::kLost) {
       continue;
     }
-    im.state = Request::ImageState::kLost;
+    im.state = LiveRequest::ImageState::kLost;
     batch.add_lost_images(static_cast<uint32_t>(j));
   }
   // Cancelling an unknown or finished transfer is harmless.
   transfer_.Cancel(transfer_id, std::string(why.message()));
   if (batch.lost_images_size() == 0) return;
-  lost_images_->Increment(batch.lost_images_size());
+  metrics_.lost_images->Increment(batch.lost_images_size());
   batch.set_lost_reason(std::string(why.message()));
   batch.set_lost_transfer_id(transfer_id);
   LOG(WARNING) << "request " << r.id << ": lost " << batch.lost_images_size() << " image(s) from "
@@ -257,19 +256,16 @@ void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const 
   r.sink.on_batch(std::move(batch));
 }
 
-void LanguageCore::MaybeAdmit(Request& r) {
+void LanguageCore::MaybeAdmit(LiveRequest& r) {
   for (const auto& im : r.images) {
-    if (im.state != Request::ImageState::kArrived) return;
+    if (im.state != LiveRequest::ImageState::kArrived) return;
   }
   r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
   int round_trips = 0;
   for (const auto& im : r.images) round_trips = std::max(round_trips, im.round_trips);
-  embedding_round_trips_->Observe(round_trips);
+  metrics_.embedding_round_trips->Observe(round_trips);
   for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
-  if (r.esp_plan != nullptr) {
-    AdmitEsp(r);
-    return;
-  }
+  if (role_->Admit(r)) return;
   const std::string id = r.id;
   absl::Status s = engine_->AddRequest(std::move(r.engine_request),
                                        [this](const worker::StreamEvent& e) { OnEvent(e); });
