@@ -1,22 +1,17 @@
 #include "language_service/language_core.h"
 
 #include <algorithm>
-#include <cstring>
-#include <set>
 #include <type_traits>
 #include <utility>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "common/grpc_server.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "language_service/language_core_request.h"
 #include "language_service/prompt_media.h"
 #include "model/sampling_proto.h"
-#include "proto/encoder.grpc.pb.h"
 
 namespace mmserve::language {
 namespace {
@@ -67,8 +62,22 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
   RETURN_IF_ERROR(core->role_->Attach(*core));
   core->UpdateLoad();
   LanguageCore* c = core.get();
-  core->connector_ = std::make_unique<EventLoop>(EventLoopOptions{
-      .name = options.instance_id + "-connect", .on_stop = EventLoopOptions::OnStop::kDrop});
+  core->images_ = std::make_unique<ImageGather>(
+      ImageGatherOptions{
+          .name = options.instance_id,
+          .mm_handoff = options.mm_handoff,
+          .transfer_timeout = options.transfer_timeout,
+          .lost_image_timeout = options.lost_image_timeout,
+          .connect_timeout = options.connect_timeout,
+          .spatial_merge_size = c->config().vision ? c->config().vision->spatial_merge_size : 2},
+      transfer, core->metrics_,
+      ImageGather::Hooks{.post =
+                             [c](absl::AnyInvocable<void()> task) {
+                               return c->Post(
+                                   {Message::Run{[t = std::move(task)](bool) mutable { t(); }}});
+                             },
+                         .find = [c](const std::string& id) { return c->requests_.Find(id); },
+                         .on_ready = [c](LiveRequest& r) { c->Admit(r); }});
   core->loop_ = std::make_unique<MessageLoop<Message>>(
       [c](Message& m) { c->Handle(m); },
       EventLoopOptions{.name = options.instance_id + "-loop",
@@ -90,11 +99,9 @@ void LanguageCore::Handle(Message& message) {
         } else if constexpr (std::is_same_v<M, Message::Abort>) {
           OnAbort(m.id, m.reason);
         } else if constexpr (std::is_same_v<M, Message::Retry>) {
-          if (LiveRequest* r = requests_.Find(m.retry.request_id())) ApplyRetry(*r, m.retry);
-        } else if constexpr (std::is_same_v<M, Message::Connected>) {
-          OnConnected(m.encoder, m.address, m.status);
-        } else if constexpr (std::is_same_v<M, Message::ImageReceived>) {
-          OnImage(m.id, m.k, m.transfer_id, std::move(m.image));
+          if (LiveRequest* r = requests_.Find(m.retry.request_id())) {
+            images_->ApplyRetry(*r, m.retry);
+          }
         } else if constexpr (std::is_same_v<M, Message::Run>) {
           m.task(shut_down_);
         } else {
@@ -172,21 +179,29 @@ void LanguageCore::OnInstall(std::unique_ptr<LiveRequest> owned) {
     rr.sink.on_batch(std::move(registered));
     return;
   }
-  for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
-  std::vector<v1::ImageRetry> early;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = early_retries_.begin(); it != early_retries_.end();) {
-      if (it->first.request_id() == rr.id) {
-        early.push_back(std::move(it->first));
-        it = early_retries_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+  images_->Start(rr);  // Admit once every image is here
+}
+
+bool LanguageCore::Retry(const v1::ImageRetry& retry) {
+  // The retry may overtake the Prefill call it belongs to (separate RPCs):
+  // kept for a while, and applied when the request is installed.
+  if (!requests_.RunUnlessKnown(retry.request_id(), [&] { images_->KeepEarly(retry); })) {
+    Post({Message::Retry{retry}});
   }
-  for (const v1::ImageRetry& retry : early) ApplyRetry(rr, retry);
-  MaybeAdmit(rr);
+  return true;
+}
+
+void LanguageCore::Admit(LiveRequest& r) {
+  if (role_->Admit(r)) return;
+  const std::string id = r.id;
+  absl::Status s = engine_->AddRequest(std::move(r.engine_request),
+                                       [this](const worker::StreamEvent& e) { OnEvent(e); });
+  if (!s.ok()) {
+    End(id, s);
+    return;
+  }
+  Advance(r, RequestEvent::kImagesArrived);
+  r.admitted_at_s = r.since_submit.ElapsedSeconds();
 }
 
 absl::Status LanguageCore::Install(std::unique_ptr<LiveRequest> r) {
@@ -299,11 +314,7 @@ void LanguageCore::End(const std::string& id, absl::Status status) {
   } else if (InEngine(r->phase) && r->phase != RequestPhase::kAborting && !status.ok()) {
     engine_->Abort(id).IgnoreError();
   }
-  std::set<std::string> cancel;
-  for (size_t k = 0; k < r->images.size(); ++k) {
-    if (r->images[k].state == LiveRequest::ImageState::kReceiving) cancel.insert(r->TransferId(k));
-  }
-  for (const std::string& t : cancel) transfer_.Cancel(t, std::string(status.message()));
+  images_->Cancel(*r, status);
   r->sink.on_end(std::move(status));
 }
 
@@ -401,7 +412,7 @@ void LanguageCore::Shutdown() {
   // blocks); ShutDown ends every request; what comes after finds none.
   Post({Message::ShutDown{}});
   loop_->Stop();
-  connector_->Stop();
+  images_->Stop();
 }
 
 void LanguageCore::UpdateLoad() {

@@ -1,35 +1,29 @@
-// The language instance's work (role both): requests in, tokens out, with
-// image embeddings arriving over UCX from encoder services.
+// The language instance's work: requests in, tokens out, with image
+// embeddings arriving over UCX from encoder services.
 //
 //   ASSIGN_OR_RETURN(auto core, LanguageCore::Create(options, transfer_engine, registry));
 //   RETURN_IF_ERROR(core->Submit(prefill_request, {.on_batch = ..., .on_end = ...}));
 //
 // One loop thread owns the engine (scheduler, KV cache, model) and every
 // request's state (common/event_loop's MessageLoop); everything else posts
-// typed messages to it (language_core_request.h), handled in one place. A request whose
-// embeddings are still in flight waits outside the engine: the loop never
-// blocks on a transfer (the asynchronous hand-off's principle inside one process) and keeps
-// stepping the requests that are ready. Per image: connect to its encoder
-// (once per encoder, on the connector thread), receive its embedding (exact
-// allocation when the router pre-sized it, else default-then-resume), derive
-// its grid from the M-RoPE section, free the blocks. When an image's source
-// fails (lost peer, deadline, corrupt data), the request reports the lost
-// images in its stream (TokenBatch.lost_images) and waits up to
-// `lost_image_timeout` for Retry with new sources. Sinks run on the loop
-// thread and must not block. Thread-safe.
-//
-// What the role changes (role.h) it changes through hooks on this one path
-// (admission, an engine event, the step hook), and its own calls reach the
-// loop through RoleHost: the core never asks which role it runs. Its parts:
-// the request table (request_table.h), the metrics (language_metrics.h) and
-// the role.
+// typed messages to it (language_core_request.h), handled in one place. The
+// core is the loop, the dispatch of those messages to its parts and the
+// engine glue (admission, the engine's events, the step hook, the load
+// report). Its parts:
+//   RequestTable     the live ids, the records and their phases (request_table.h);
+//   ImageGather      a request's images from its encoders (image_gather.h): a
+//                    request waits outside the engine until they arrive, and
+//                    the loop never blocks on a transfer;
+//   LanguageMetrics  every metric handle, made once (language_metrics.h);
+//   Role             what the role changes (role.h), through hooks on this
+//                    one path; its own calls reach the loop through RoleHost,
+//                    which the core implements. The core never asks which
+//                    role it runs.
+// Sinks run on the loop thread and must not block. Thread-safe.
 #ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
 #define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_H_
 
-#include <array>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -41,6 +35,7 @@
 #include "common/event_loop.h"
 #include "common/metrics.h"
 #include "language_service/esp_groups.h"
+#include "language_service/image_gather.h"
 #include "language_service/language_metrics.h"
 #include "language_service/request_table.h"
 #include "language_service/role.h"
@@ -52,20 +47,6 @@
 #include "worker/engine.h"
 
 namespace mmserve::language {
-
-// Seed 000: how an arrived image embedding reaches the model (and, with
-// tensor parallelism, every rank).
-enum class MmHandoff {
-  // Read in place: the request keeps the receive-buffer blocks the
-  // embedding arrived in until it ends, and a step names its rows by offset
-  // (the buffer is memory every rank maps: engine.shared_input). Images that
-  // arrived in several chunks are copied as kBlocking does.
-  kAsync,
-  // Copied: the loop copies each embedding out of the receive buffer when
-  // it arrives and rank 0 copies its rows into every step that uses them
-  // (the baseline mm_handoff_bench measures against).
-  kBlocking,
-};
 
 struct LanguageCoreOptions {
   std::string instance_id;
@@ -129,7 +110,6 @@ class LanguageCore final : private RoleHost {
   size_t num_requests() const;
 
  private:
-  struct Connection;
   struct Message;
 
   LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
@@ -166,22 +146,14 @@ class LanguageCore final : private RoleHost {
   // A tensor-parallel rank died: ends every request in the engine with
   // `why` and tells main (options_.on_fatal) once.
   void LoseRank(const absl::Status& why);
-  // The connector thread: connects to an encoder, then tells the loop.
-  void Connect(const std::string& encoder, const std::string& address);
   // A new request starts its images; a registered one (role decode) says
   // it is held.
   void OnInstall(std::unique_ptr<LiveRequest> r);
   void OnAbort(const std::string& id, const std::string& reason);
   void OnShutDown();
   // Loop thread only, from here on.
-  void StartImage(LiveRequest& r, size_t k);
-  void StartReceive(LiveRequest& r, size_t k);
-  void OnConnected(const std::string& encoder, const std::string& address, absl::Status status);
-  void OnImage(const std::string& id, size_t k, const std::string& transfer_id,
-               absl::StatusOr<transfer::ReceivedImage> image);
-  void LoseImages(LiveRequest& r, const std::string& transfer_id, const absl::Status& why);
-  void ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry);
-  void MaybeAdmit(LiveRequest& r);
+  // A request whose images all arrived: the role's, or the engine's.
+  void Admit(LiveRequest& r);
   v1::TokenBatch Batch(const LiveRequest& r, const worker::StreamEvent& e) const;
   // Ends every request the engine holds with `why`.
   void EndInEngine(const absl::Status& why);
@@ -197,16 +169,10 @@ class LanguageCore final : private RoleHost {
   LanguageMetrics metrics_;
   RequestTable requests_;
 
-  absl::Mutex mu_;
-  // Retries that arrived before their request, oldest first, with expiry
-  // (taken under requests_.RunUnlessKnown, so the request's install sees
-  // them).
-  std::deque<std::pair<v1::ImageRetry, Deadline>> early_retries_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex load_mu_;
   v1::LoadReport load_ ABSL_GUARDED_BY(load_mu_);
 
   // Loop thread only.
-  std::map<std::string, std::unique_ptr<Connection>> connections_;
   double engine_handoff_seconds_ = 0;      // what the counter has of the engine's
   int64_t engine_rows_by_descriptor_ = 0;  // as engine_handoff_seconds_
   int64_t engine_rows_inline_ = 0;
@@ -218,7 +184,7 @@ class LanguageCore final : private RoleHost {
   bool shut_down_ = false;  // loop thread: ShutDown was handled
 
   // Last: their threads stop before anything they use goes.
-  std::unique_ptr<EventLoop> connector_;  // encoder Connect calls, one at a time
+  std::unique_ptr<ImageGather> images_;  // its connector thread
   std::unique_ptr<MessageLoop<Message>> loop_;
 };
 

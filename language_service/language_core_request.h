@@ -1,8 +1,5 @@
-// The connection records and loop messages of LanguageCore, shared by the
-// files that implement it (language_core.cc: admission, the loop and the
-// engine's events; language_core_images.cc: embeddings from encoders). Only
-// those files include this header; everything in it is touched on the
-// core's loop thread.
+// The messages of LanguageCore's loop (language_core.cc includes it; the
+// role's calls come as Run). Everything in it is touched on the loop thread.
 #ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_REQUEST_H_
 #define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_CORE_REQUEST_H_
 
@@ -22,13 +19,6 @@
 
 namespace mmserve::language {
 
-struct LanguageCore::Connection {
-  std::string address;
-  enum class State { kNone, kConnecting, kConnected } state = State::kNone;
-  // (request id, image) waiting for the connection.
-  std::vector<std::pair<std::string, size_t>> waiting;
-};
-
 // What the loop thread is told, each handled in LanguageCore::Handle.
 struct LanguageCore::Message {
   struct Install {  // Submit, EspPrefill or Decode, by the request's phase
@@ -41,23 +31,12 @@ struct LanguageCore::Message {
   struct Retry {
     v1::ImageRetry retry;
   };
-  struct Connected {
-    std::string encoder;
-    std::string address;
-    absl::Status status;
-  };
-  struct ImageReceived {
-    std::string id;
-    size_t k = 0;
-    std::string transfer_id;
-    absl::StatusOr<transfer::ReceivedImage> image;
-  };
   struct Run {  // RoleHost::RunOnLoop
     absl::AnyInvocable<void(bool shutting_down)> task;
   };
   struct ShutDown {};  // ends every request; the last message handled
 
-  std::variant<Install, Abort, Retry, Connected, ImageReceived, Run, ShutDown> body;
+  std::variant<Install, Abort, Retry, Run, ShutDown> body;
 };
 
 }  // namespace mmserve::language
