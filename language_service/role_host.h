@@ -8,7 +8,8 @@
 //   if (LiveRequest* r = host.Find(id)) host.End(id, absl::DataLossError("..."));
 //
 // RunOnLoop, Call, MakeRequest and Install are thread-safe; every other
-// method is the loop thread's.
+// method is the loop thread's, but for reading the engine's constant parts
+// (config, sizing, tokenizer) through engine().
 #ifndef MMSERVE_LANGUAGE_SERVICE_ROLE_HOST_H_
 #define MMSERVE_LANGUAGE_SERVICE_ROLE_HOST_H_
 
