@@ -10,7 +10,7 @@
 
 namespace mmserve::language {
 
-void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
+absl::Status DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
   options.kv_cache_placement =
       [kv = rank0_, profile = options_.kv_profile, name = instance_id_ + "-kv"](
           const model::KvCacheShape& shape) -> absl::StatusOr<std::shared_ptr<model::KvCache>> {
@@ -23,6 +23,7 @@ void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
     options.tp_shard_args.push_back(
         absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options_.kv_profile)));
   }
+  return absl::OkStatus();
 }
 
 absl::Status DecodeRole::Attach(RoleHost& host) {

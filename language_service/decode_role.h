@@ -29,7 +29,7 @@ class DecodeRole final : public Role, public DecodeCalls {
 
   // Rank 0's KV cache placed in its receiver; shard ranks receive their
   // heads over the same transport profile.
-  void AdjustEngineOptions(worker::EngineOptions& options) const override;
+  absl::Status AdjustEngineOptions(worker::EngineOptions& options) const override;
   std::unique_ptr<worker::KvConnector> MakeConnector() const override {
     return std::make_unique<worker::DecodeKvConnector>(
         worker::DecodeKvConnector::Options{.commit_timeout = options_.kv_commit_timeout});

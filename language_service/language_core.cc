@@ -44,14 +44,11 @@ LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::Transfe
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
-  if (options.role.kind == LanguageRole::kPrefill && options.engine.tp_size > 1) {
-    return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
-  }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
   ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id, metrics, options.esp));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
-  core->role_->AdjustEngineOptions(eo);
+  RETURN_IF_ERROR(core->role_->AdjustEngineOptions(eo));
   ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo, core->role_->MakeConnector()));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&

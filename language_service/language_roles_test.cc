@@ -182,3 +182,30 @@ TEST_CASE("video prompts in every role give transformers' greedy tokens", "[role
 // the prefill instance; decoding then runs on both ranks.
 }  // namespace
 }  // namespace mmserve::language
+
+namespace mmserve::language {
+namespace {
+
+TEST_CASE("role prefill refuses tensor parallelism before its engine starts", "[roles]") {
+  metrics::Registry registry;
+  transfer::TransferEngineOptions topts;
+  topts.instance_id = "prefill-tp";
+  topts.layout.block_size = 16;
+  topts.layout.num_blocks = 8;
+  topts.layout.hidden_size = 64;
+  topts.layout.dtype_bytes = sizeof(float);
+  auto transfer = transfer::TransferEngine::Create(topts);
+  REQUIRE(transfer.ok());
+  LanguageCoreOptions o;
+  o.instance_id = "prefill-tp";
+  o.role.kind = LanguageRole::kPrefill;
+  o.engine.model_dir = testing::kModel;
+  o.engine.tp_size = 2;
+  o.engine.tp_shard_binary = "/nonexistent/tp_shard";  // never started
+  auto core = LanguageCore::Create(o, **transfer, registry);
+  CHECK(core.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(core.status().message()).find("role prefill needs tp_size 1") == 0);
+}
+
+}  // namespace
+}  // namespace mmserve::language

@@ -46,6 +46,13 @@ class PrefillRole final : public Role {
   PrefillRole(const RoleOptions& options, std::string instance_id, transfer::WireBytes bytes)
       : options_(options), instance_id_(std::move(instance_id)), bytes_(bytes) {}
 
+  // Tensor parallelism is refused (one sender for now; decode takes --tp).
+  absl::Status AdjustEngineOptions(worker::EngineOptions& options) const override {
+    if (options.tp_size > 1) {
+      return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
+    }
+    return absl::OkStatus();
+  }
   std::unique_ptr<worker::KvConnector> MakeConnector() const override {
     return std::make_unique<worker::PrefillKvConnector>();
   }

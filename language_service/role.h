@@ -12,7 +12,7 @@
 //            to write (AllocateKv), checks them (CommitKv) and decodes on.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<Role> role, MakeRole(options, instance_id, registry));
-//   role->AdjustEngineOptions(engine_options);    // before the engine exists
+//   RETURN_IF_ERROR(role->AdjustEngineOptions(engine_options));  // before the engine exists
 //   engine = LlmEngine::Create(engine_options, role->MakeConnector());
 //   RETURN_IF_ERROR(role->Attach(host));           // after (host: the core)
 //
@@ -122,8 +122,11 @@ class Role {
  public:
   virtual ~Role() = default;
 
-  // Before the engine is created: what the role needs of it.
-  virtual void AdjustEngineOptions(worker::EngineOptions& options) const {}
+  // Before the engine is created: what the role needs of it, or why the
+  // role cannot run on such an engine (Unimplemented).
+  [[nodiscard]] virtual absl::Status AdjustEngineOptions(worker::EngineOptions& options) const {
+    return absl::OkStatus();
+  }
   // The engine's side of the role (worker/kv_connector.h); null for role
   // both, which needs none.
   virtual std::unique_ptr<worker::KvConnector> MakeConnector() const { return nullptr; }
