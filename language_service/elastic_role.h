@@ -9,8 +9,9 @@
 // The role's own calls (ElasticCalls) are group prefills (EspPrefill), the
 // master's move (EspMoveMaster) and held spans, over the role's EspGroups
 // (esp_groups.h): a member's request waits for its images as any other,
-// then runs its part of the group prefill on the loop thread (Admit), and
-// the requests mastered here decode beside the engine's batch (Step).
+// then runs its part of the group prefill on the loop thread (Admit); the
+// requests mastered here decode in the engine's batch and move on to their
+// next master from the step hook (Step).
 // Thread-safety: the calls are thread-safe (they run on the loop thread);
 // everything else is the loop thread's, as Role.
 #ifndef MMSERVE_LANGUAGE_SERVICE_ELASTIC_ROLE_H_
@@ -45,7 +46,8 @@ class ElasticRole final : public Role, public ElasticCalls {
   // A member whose part ended OK keeps its span (until Abort or the lease).
   void Release(const std::string& id, const absl::Status& status) override;
   void AbortUnknown(const std::string& id) override;
-  // The idle lease and one decode step of each request mastered here.
+  // The idle lease, and the requests mastered here whose range is done move
+  // on (EspGroups::Step).
   bool Step() override;
   size_t num_running() const override { return groups_->num_decodes(); }
 
