@@ -10,15 +10,17 @@
 //
 //   // main, after flag parsing:
 //   RETURN_IF_ERROR(ConfigureInternalPlane({.cluster_token_file = flag}));
-//   // every internal unary handler, first thing:
-//   if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-//   // streaming handlers: if (absl::Status s = CheckClusterToken(*ctx); !s.ok()) ...
+//   // every internal unary handler is one ServeInternal call:
+//   return ServeInternal(ctx, [&] { return ToGrpcStatus(core_.CommitKv(*request)); });
+//   // a service's streams open through one function of the service that
+//   // calls CheckClusterToken(*ctx) first.
 //
-// The check sits in each handler because gRPC C++ offers no place before
-// them that can refuse a call: server interceptors cannot fail an RPC, and an
-// AuthMetadataProcessor works only on TLS servers. A handler that forgets it
-// fails tests/stack_security_test.cc, which calls every method of every
-// internal service (from the proto descriptors) without the token.
+// The check sits in that one entry per service, not before the handlers,
+// because gRPC C++ offers no place before them that can refuse a call with a
+// status: server interceptors cannot fail an RPC, and an
+// AuthMetadataProcessor works only on TLS servers. A handler that does not
+// go through it fails tests/stack_security_test.cc, which calls every method
+// of every internal service (from the proto descriptors) without the token.
 //
 // A wrong or missing token is UNAUTHENTICATED; the token is never logged or
 // echoed. Thread-safe after ConfigureInternalPlane.
@@ -27,6 +29,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +62,23 @@ struct InternalPlaneOptions {
 // Null when the call may proceed, else the call's reactor, already finished
 // with UNAUTHENTICATED.
 grpc::ServerUnaryReactor* RefuseUnlessCluster(grpc::CallbackServerContext* ctx);
+
+// The one entry of an internal unary handler: UNAUTHENTICATED without the
+// cluster token, else `body` runs. A body that returns a grpc::Status
+// finishes the call with it; one that returns the call's reactor finishes
+// it itself (later, for an answer that comes from another thread).
+template <typename Body>
+grpc::ServerUnaryReactor* ServeInternal(grpc::CallbackServerContext* ctx, Body&& body) {
+  if (grpc::ServerUnaryReactor* refused = RefuseUnlessCluster(ctx)) return refused;
+  if constexpr (std::is_same_v<decltype(body()), grpc::ServerUnaryReactor*>) {
+    return body();
+  } else {
+    const grpc::Status status = body();
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(status);
+    return reactor;
+  }
+}
 
 // Credentials for an internal-plane server: mutual TLS with a CA, TLS with
 // only a certificate, else plaintext.

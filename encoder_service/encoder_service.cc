@@ -45,88 +45,95 @@ EncoderService::EncoderService(std::string instance_id, EncoderCore& core,
 grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* ctx,
                                                  const v1::EncodeRequest* request,
                                                  v1::EncodeResponse* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  if (!accepting_) {
-    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder is draining"));
-  }
-  // The router names the transfer in the request id it sends here.
-  EncodeJob job;
-  job.request_id = request->request_id();
-  job.transfer_id = request->request_id();
-  for (const v1::EncodeImage& image : request->images()) {
-    job.images.push_back(
-        {image.image_index(), image.image().data(),
-         ContentHash{image.content_hash().high(), image.content_hash().low()},
-         image.has_video() ? std::make_shared<const mmserve::v1::Video>(image.video()) : nullptr});
-  }
-  auto* reactor = new EncodeReactor(core_, job.transfer_id);
-  const size_t num_images = job.images.size();
-  core_.Encode(std::move(job), [this, reactor, response, num_images, id = request->request_id(),
-                                clock = Stopwatch()](absl::StatusOr<v1::EncodeResponse> r) {
-    encode_seconds_->Observe(clock.ElapsedSeconds());
-    int hits = 0;
-    if (r.ok()) {
-      for (const auto& e : r->images()) hits += e.cache_hit() ? 1 : 0;
-      *response = std::move(*r);
-      requests_ok_->Increment();
-    } else {
-      requests_failed_->Increment();
+  return ServeInternal(ctx, [&]() -> grpc::ServerUnaryReactor* {
+    if (!accepting_) {
+      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder is draining"));
     }
-    LOG(INFO) << "encode " << id << ": " << num_images << " images, " << hits << " cached, "
-              << absl::StrFormat("%.1f ms", clock.ElapsedSeconds() * 1e3) << ", "
-              << (r.ok() ? "OK" : r.status().ToString());
-    reactor->Finish(ToGrpcStatus(r.status()));
+    // The router names the transfer in the request id it sends here.
+    EncodeJob job;
+    job.request_id = request->request_id();
+    job.transfer_id = request->request_id();
+    for (const v1::EncodeImage& image : request->images()) {
+      job.images.push_back({image.image_index(), image.image().data(),
+                            ContentHash{image.content_hash().high(), image.content_hash().low()},
+                            image.has_video()
+                                ? std::make_shared<const mmserve::v1::Video>(image.video())
+                                : nullptr});
+    }
+    auto* reactor = new EncodeReactor(core_, job.transfer_id);
+    const size_t num_images = job.images.size();
+    core_.Encode(std::move(job), [this, reactor, response, num_images, id = request->request_id(),
+                                  clock = Stopwatch()](absl::StatusOr<v1::EncodeResponse> r) {
+      encode_seconds_->Observe(clock.ElapsedSeconds());
+      int hits = 0;
+      if (r.ok()) {
+        for (const auto& e : r->images()) hits += e.cache_hit() ? 1 : 0;
+        *response = std::move(*r);
+        requests_ok_->Increment();
+      } else {
+        requests_failed_->Increment();
+      }
+      LOG(INFO) << "encode " << id << ": " << num_images << " images, " << hits << " cached, "
+                << absl::StrFormat("%.1f ms", clock.ElapsedSeconds() * 1e3) << ", "
+                << (r.ok() ? "OK" : r.status().ToString());
+      reactor->Finish(ToGrpcStatus(r.status()));
+    });
+    return reactor;
   });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* EncoderService::StartTransfer(grpc::CallbackServerContext* ctx,
                                                         const v1::EmbeddingTransferInit*,
                                                         v1::TransferAck*) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                       "transfer control travels as UCX active messages"));
+  return ServeInternal(ctx, [&] {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "transfer control travels as UCX active messages");
+  });
 }
 
 grpc::ServerUnaryReactor* EncoderService::ResumeTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferResume*,
                                                          v1::TransferAck*) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                       "transfer control travels as UCX active messages"));
+  return ServeInternal(ctx, [&] {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "transfer control travels as UCX active messages");
+  });
 }
 
 grpc::ServerUnaryReactor* EncoderService::FinishTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferDone*,
                                                          v1::TransferAck*) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                       "transfer control travels as UCX active messages"));
+  return ServeInternal(ctx, [&] {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "transfer control travels as UCX active messages");
+  });
 }
 
 grpc::ServerUnaryReactor* EncoderService::CancelTransfer(grpc::CallbackServerContext* ctx,
                                                          const v1::EmbeddingTransferCancel* request,
                                                          v1::TransferAck* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  core_.Cancel(request->request_id());
-  response->set_accepted(true);
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    core_.Cancel(request->request_id());
+    response->set_accepted(true);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* EncoderService::Connect(grpc::CallbackServerContext* ctx,
                                                   const v1::ConnectRequest* request,
                                                   v1::ConnectResponse* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  absl::Status s = engine_.Connect(*request);
-  if (s.ok()) {
-    const v1::ConnectRequest& local = engine_.local_info();
-    response->set_instance_id(local.instance_id());
-    *response->mutable_ucx() = local.ucx();
-    *response->mutable_embedding_buffer() = local.embedding_buffer();
-    LOG(INFO) << "connected language instance " << request->instance_id() << " over "
-              << request->ucx().transport_profile();
-  }
-  return FinishUnary(ctx, ToGrpcStatus(s));
+  return ServeInternal(ctx, [&] {
+    absl::Status s = engine_.Connect(*request);
+    if (s.ok()) {
+      const v1::ConnectRequest& local = engine_.local_info();
+      response->set_instance_id(local.instance_id());
+      *response->mutable_ucx() = local.ucx();
+      *response->mutable_embedding_buffer() = local.embedding_buffer();
+      LOG(INFO) << "connected language instance " << request->instance_id() << " over "
+                << request->ucx().transport_profile();
+    }
+    return ToGrpcStatus(s);
+  });
 }
 
 v1::LoadReport EncoderService::Load() const {
@@ -142,9 +149,10 @@ v1::LoadReport EncoderService::Load() const {
 grpc::ServerUnaryReactor* EncoderService::GetLoad(grpc::CallbackServerContext* ctx,
                                                   const v1::LoadRequest*,
                                                   v1::LoadReport* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  *response = Load();
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    *response = Load();
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace mmserve::encoder

@@ -6,10 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "language_service/kv_bytes_moved.h"
+#include "model/sampling_proto.h"
 
 namespace mmserve::language {
 
-void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
+absl::Status DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
   options.kv_cache_placement =
       [kv = rank0_, profile = options_.kv_profile, name = instance_id_ + "-kv"](
           const model::KvCacheShape& shape) -> absl::StatusOr<std::shared_ptr<model::KvCache>> {
@@ -22,9 +23,12 @@ void DecodeRole::AdjustEngineOptions(worker::EngineOptions& options) const {
     options.tp_shard_args.push_back(
         absl::StrCat("--kv_handoff_profile=", transfer::TransportProfileName(options_.kv_profile)));
   }
+  return absl::OkStatus();
 }
 
-absl::Status DecodeRole::Attach(worker::LlmEngine& engine) {
+absl::Status DecodeRole::Attach(RoleHost& host) {
+  host_ = &host;
+  worker::LlmEngine& engine = host.engine();
   if (rank0_->receiver == nullptr || rank0_->receiver->owned_cache() != &engine.kv_cache()) {
     return absl::InternalError("role decode: the engine's KV cache is not in its receiver");
   }
@@ -93,6 +97,104 @@ absl::Status DecodeRole::CheckCommit(const v1::KvCommit& commit,
   for (const transfer::KvHandoffTarget& t : kv_receivers_->targets()) {
     bytes_.Received(blocks.size() * HandoffBlockBytes(t.shape));
   }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeRole::Decode(const v1::DecodeRequest& request, RequestSink sink) {
+  if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
+  auto r = std::make_unique<LiveRequest>();
+  r->id = request.request_id();
+  r->phase = RequestPhase::kRegistered;
+  r->sink = std::move(sink);
+  r->engine_request.id = r->id;
+  const worker::LlmEngine& engine = host_->engine();  // its config and sizing are constant
+  ASSIGN_OR_RETURN(
+      r->engine_request.sampling,
+      model::SamplingFromProto(request.sampling(), engine.config(), engine.sizing().max_model_len,
+                               &r->engine_request.max_tokens_to_context));
+  r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
+  return host_->Install(std::move(r));  // the core's install: an empty first batch
+}
+
+absl::StatusOr<v1::KvAllocation> DecodeRole::AllocateKv(const v1::KvAllocateRequest& request) {
+  if (request.prompt_token_ids_size() == 0) {
+    return absl::InvalidArgumentError("AllocateKv needs the prompt's token ids");
+  }
+  return host_->Call<absl::StatusOr<v1::KvAllocation>>(
+      [this, &request] { return Reserve(request); });
+}
+
+absl::StatusOr<v1::KvAllocation> DecodeRole::Reserve(const v1::KvAllocateRequest& request) {
+  LiveRequest* found = host_->Find(request.request_id());
+  if (found == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", request.request_id(), " has no open Decode call here"));
+  }
+  LiveRequest& r = *found;
+  if (r.phase != RequestPhase::kRegistered) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", r.id, " already has its KV allocated"));
+  }
+  worker::EngineRequest er = r.engine_request;
+  er.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  er.sampling.seed = request.seed();
+  ASSIGN_OR_RETURN(er.handoff_images, HandoffImagesFromProto(request));
+  uint32_t image_tokens = 0;
+  for (const worker::HandoffImage& h : er.handoff_images) {
+    image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
+  }
+  r.engine_request.sampling.seed = request.seed();
+  worker::RemoteKvBlocks blocks;  // the commit deadline is the engine's DecodeKvConnector's
+  RETURN_IF_ERROR(host_->engine().AddRequest(
+      std::move(er), [host = host_](const worker::StreamEvent& e) { host->OnEvent(e); }, &blocks));
+  Advance(r, RequestEvent::kKvReserved);
+  r.kv_blocks = blocks.blocks;
+  r.admitted_at_s = r.since_submit.ElapsedSeconds();
+  r.mrope_position_delta = blocks.mrope_position_delta;
+  r.image_tokens = image_tokens;  // er has moved into the engine
+  if (blocks.mrope_position_delta != request.mrope_position_delta()) {
+    const absl::Status why = absl::InvalidArgumentError(
+        absl::StrCat("request ", r.id, ": M-RoPE delta ", request.mrope_position_delta(),
+                     " disagrees with the images' ", blocks.mrope_position_delta));
+    host_->End(r.id, why);  // frees the reservation
+    return why;
+  }
+  return Allocation(request, blocks);
+}
+
+absl::Status DecodeRole::CommitKv(const v1::KvCommit& commit) {
+  return host_->Call<absl::Status>([this, &commit] { return Commit(commit); });
+}
+
+absl::Status DecodeRole::Commit(const v1::KvCommit& commit) {
+  LiveRequest* found = host_->Find(commit.request_id());
+  if (found == nullptr || !InEngine(found->phase)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", commit.request_id(), " has no KV allocated here"));
+  }
+  LiveRequest& r = *found;
+  if (r.phase != RequestPhase::kAwaitingKv) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", r.id, " has no KV commit pending"));
+  }
+  if (commit.mrope_position_delta() != r.mrope_position_delta) {
+    const absl::Status why = absl::InvalidArgumentError(
+        absl::StrCat("request ", r.id, ": committed M-RoPE delta ", commit.mrope_position_delta(),
+                     " != allocated ", r.mrope_position_delta));
+    host_->End(r.id, why);
+    return why;
+  }
+  if (absl::Status s = CheckCommit(commit, r.kv_blocks); !s.ok()) {
+    // A commit of the wrong shape leaves the reservation to a right one.
+    if (!absl::IsInvalidArgument(s)) host_->End(r.id, s);
+    return s;
+  }
+  const std::string id = r.id;
+  RETURN_IF_ERROR(
+      host_->engine().CommitRemoteKv(id, static_cast<int32_t>(commit.first_token_id())));
+  // The first token may have ended the request already (its final event
+  // came from CommitRemoteKv).
+  if (LiveRequest* held = host_->Find(id)) Advance(*held, RequestEvent::kKvCommitted);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // Group prefills served by elastic instances, in one process
 // over real gRPC and real UCX, shm and tcp: each member gets EspPrefill with
-// a hand-built plan and the members' endpoints (LanguageCore::esp_endpoint,
+// a hand-built plan and the members' endpoints (ElasticCalls::endpoint,
 // what main puts in the registration). The sampler's first token and the
 // master's tokens are role both's; after the prefill each holder keeps
 // exactly its range's blocks; Abort on every member leaves nothing held. A
@@ -70,7 +70,7 @@ v1::EspPlan MakePlan(const std::vector<Instance*>& members, const std::vector<Sh
     rows->set_end(shares[m].end);
     e->mutable_keep()->set_begin(shares[m].keep_begin);
     e->mutable_keep()->set_end(shares[m].keep_end);
-    e->set_endpoint(members[m]->core->esp_endpoint());
+    e->set_endpoint(members[m]->core->role().elastic_calls()->endpoint());
   }
   plan.set_sampler(sampler);
   plan.set_master(master);
@@ -110,7 +110,7 @@ void AbortAndCheckIdle(const std::vector<Instance*>& members, const std::string&
   }
   for (Instance* i : members) {
     CHECK(i->Idle());
-    CHECK(i->core->num_esp_spans() == 0);
+    CHECK(i->core->role().elastic_calls()->num_held_spans() == 0);
   }
 }
 
@@ -228,7 +228,7 @@ void CheckGroup(const std::vector<Instance*>& members, const std::vector<Share>&
     const uint32_t keep = m == master ? 0 : shares[m].keep_end - shares[m].keep_begin;
     INFO("member " << m);
     CHECK(UsedBlocks(*members[m], Blocks(keep)) == Blocks(keep));
-    CHECK(members[m]->core->num_esp_spans() == (keep > 0 ? 1u : 0u));
+    CHECK(members[m]->core->role().elastic_calls()->num_held_spans() == (keep > 0 ? 1u : 0u));
   }
   AbortAndCheckIdle(members, request(0).request_id());
 }
@@ -506,7 +506,7 @@ TEST_CASE("a master whose range is full moves on without copying KV; tokens stay
           const v1::EspRowRange& d = plan.members(m).decode();
           const uint32_t held = last ? 0 : (m == 0 ? d.end() : d.end() - d.begin());
           CHECK(UsedBlocks(*members[m], Blocks(held)) == Blocks(held));
-          CHECK(members[m]->core->num_esp_spans() == (last ? 0u : 1u));
+          CHECK(members[m]->core->role().elastic_calls()->num_held_spans() == (last ? 0u : 1u));
         }
         AbortAndCheckIdle(members, request.request_id());
       }

@@ -1,22 +1,17 @@
 #include "language_service/language_core.h"
 
 #include <algorithm>
-#include <cstring>
-#include <set>
 #include <type_traits>
 #include <utility>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "common/grpc_server.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "language_service/language_core_request.h"
 #include "language_service/prompt_media.h"
 #include "model/sampling_proto.h"
-#include "proto/encoder.grpc.pb.h"
 
 namespace mmserve::language {
 namespace {
@@ -44,70 +39,16 @@ mmserve::v1::FinishReason FinishReasonToProto(worker::FinishReason r) {
 
 LanguageCore::LanguageCore(const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
                            metrics::Registry& metrics)
-    : options_(options), transfer_(transfer) {
-  resumes_ = &metrics.GetCounter("mmserve_language_resumes_total",
-                                 "Embedding transfers that needed more than one chunk.");
-  transfer_bytes_ =
-      &metrics.GetCounter("mmserve_language_transfer_bytes_total", "Embedding bytes received.");
-  lost_images_ = &metrics.GetCounter("mmserve_language_lost_images_total",
-                                     "Images whose encoder failed during the transfer.");
-  images_received_ =
-      &metrics.GetCounter("mmserve_language_images_received_total", "Images fully received.");
-  transfer_seconds_ = &metrics.GetHistogram("mmserve_language_transfer_seconds",
-                                            "From asking for an image to holding all of it.",
-                                            metrics::LatencyBuckets());
-  ttft_seconds_ = &metrics.GetHistogram("mmserve_language_ttft_seconds", "Submit to first token.",
-                                        metrics::LatencyBuckets());
-  itl_seconds_ = &metrics.GetHistogram("mmserve_language_itl_seconds",
-                                       "Gap between consecutive tokens of a request.",
-                                       metrics::LatencyBuckets());
-  e2e_seconds_ = &metrics.GetHistogram("mmserve_language_e2e_seconds", "Submit to last token.",
-                                       metrics::LatencyBuckets());
-  step_seconds_ = &metrics.GetHistogram("mmserve_language_step_seconds",
-                                        "One engine step (schedule, forward, sample).",
-                                        metrics::LatencyBuckets());
-  // Whole round trips per request: 0 for a prompt without images, 1 for an
-  // image in one chunk from a connected encoder.
-  embedding_round_trips_ = &metrics.GetHistogram(
-      "mmserve_language_embedding_round_trips",
-      "Per admitted request, the most embedding control round trips one of its images waited "
-      "for (images move concurrently): Connect to a new encoder, then init and each resume, each "
-      "answered by a chunk.",
-      {0, 1, 2, 3, 4, 6, 8, 16});
-  RegisterHandOffMetrics(metrics);
-  handoff_blocked_seconds_ = &metrics.GetCounter(
-      "mmserve_language_mm_handoff_blocked_seconds_total",
-      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
-      "putting image rows (their floats, or descriptors) into tensor-parallel steps.");
-  grammar_mask_seconds_ = &metrics.GetCounter(
-      "mmserve_language_grammar_mask_seconds_total",
-      "Time spent computing structured-output token masks (on a helper thread, while the "
-      "forward pass runs).");
-  grammar_mask_wait_seconds_ = &metrics.GetCounter(
-      "mmserve_language_grammar_mask_wait_seconds_total",
-      "Time sampling waited for structured-output token masks after the forward pass: the part "
-      "of the mask time the forward did not hide.");
-  const char* rows_help =
-      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
-      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
-      "step).";
-  rows_by_descriptor_ = &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help,
-                                            {{"placement", "descriptor"}});
-  rows_inline_ =
-      &metrics.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
-}
+    : options_(options), transfer_(transfer), metrics_(metrics) {}
 
 absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
-  if (options.role.kind == LanguageRole::kPrefill && options.engine.tp_size > 1) {
-    return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
-  }
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
-  ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id, metrics));
+  ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id, metrics, options.esp));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
-  core->role_->AdjustEngineOptions(eo);
+  RETURN_IF_ERROR(core->role_->AdjustEngineOptions(eo));
   ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo, core->role_->MakeConnector()));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
@@ -115,24 +56,25 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
        layout.dtype_bytes != sizeof(float))) {
     return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
   }
-  RETURN_IF_ERROR(core->role_->Attach(*core->engine_));
-  if (options.role.kind == LanguageRole::kElastic) {
-    EspGroupsOptions eo_esp = options.esp;
-    eo_esp.name = options.instance_id;
-    eo_esp.profile = options.role.kv_profile;
-    LanguageCore* self = core.get();
-    ASSIGN_OR_RETURN(core->esp_,
-                     EspGroups::Create(
-                         eo_esp, *core->engine_, metrics,
-                         [self](const worker::StreamEvent& e) { self->OnEvent(e); },
-                         [self](const std::string& id, const worker::EspRequest::MasterState& s) {
-                           self->OnMasterMoved(id, s);
-                         }));
-  }
+  RETURN_IF_ERROR(core->role_->Attach(*core));
   core->UpdateLoad();
   LanguageCore* c = core.get();
-  core->connector_ = std::make_unique<EventLoop>(EventLoopOptions{
-      .name = options.instance_id + "-connect", .on_stop = EventLoopOptions::OnStop::kDrop});
+  core->images_ = std::make_unique<ImageGather>(
+      ImageGatherOptions{
+          .name = options.instance_id,
+          .mm_handoff = options.mm_handoff,
+          .transfer_timeout = options.transfer_timeout,
+          .lost_image_timeout = options.lost_image_timeout,
+          .connect_timeout = options.connect_timeout,
+          .spatial_merge_size = c->config().vision ? c->config().vision->spatial_merge_size : 2},
+      transfer, core->metrics_,
+      ImageGather::Hooks{.post =
+                             [c](absl::AnyInvocable<void()> task) {
+                               return c->Post(
+                                   {Message::Run{[t = std::move(task)](bool) mutable { t(); }}});
+                             },
+                         .find = [c](const std::string& id) { return c->requests_.Find(id); },
+                         .on_ready = [c](LiveRequest& r) { c->Admit(r); }});
   core->loop_ = std::make_unique<MessageLoop<Message>>(
       [c](Message& m) { c->Handle(m); },
       EventLoopOptions{.name = options.instance_id + "-loop",
@@ -147,28 +89,18 @@ bool LanguageCore::Post(Message message) { return loop_->Post(std::move(message)
 
 void LanguageCore::Handle(Message& message) {
   std::visit(
-      [this, &message](auto& m) {
+      [this](auto& m) {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, Message::Install>) {
           OnInstall(std::move(m.request));
         } else if constexpr (std::is_same_v<M, Message::Abort>) {
           OnAbort(m.id, m.reason);
         } else if constexpr (std::is_same_v<M, Message::Retry>) {
-          auto it = requests_.find(m.retry.request_id());
-          if (it != requests_.end()) ApplyRetry(*it->second, m.retry);
-        } else if constexpr (std::is_same_v<M, Message::Connected>) {
-          OnConnected(m.encoder, m.address, m.status);
-        } else if constexpr (std::is_same_v<M, Message::ImageReceived>) {
-          OnImage(m.id, m.k, m.transfer_id, std::move(m.image));
-        } else if constexpr (std::is_same_v<M, Message::AllocateKv>) {
-          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
-                                  : ReserveKv(*m.request));
-        } else if constexpr (std::is_same_v<M, Message::CommitKv>) {
-          m.reply.Send(shut_down_ ? absl::UnavailableError("the language instance is shutting down")
-                                  : CommitReservedKv(*m.commit));
-        } else if constexpr (std::is_same_v<M, Message::HoldSpan> ||
-                             std::is_same_v<M, Message::EspMove>) {
-          HandleEsp(message);
+          if (LiveRequest* r = requests_.Find(m.retry.request_id())) {
+            images_->ApplyRetry(*r, m.retry);
+          }
+        } else if constexpr (std::is_same_v<M, Message::Run>) {
+          m.task(shut_down_);
         } else {
           static_assert(std::is_same_v<M, Message::ShutDown>);
           OnShutDown();
@@ -177,12 +109,20 @@ void LanguageCore::Handle(Message& message) {
       message.body);
 }
 
+bool LanguageCore::RunOnLoop(absl::AnyInvocable<void(bool shutting_down)> task) {
+  if (loop_->IsInLoopThread()) {
+    task(shut_down_);
+    return true;
+  }
+  return Post({Message::Run{std::move(task)}});
+}
+
 absl::Status LanguageCore::Submit(const v1::PrefillRequest& request, RequestSink sink) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Request> r, MakeRequest(request, std::move(sink)));
+  ASSIGN_OR_RETURN(std::unique_ptr<LiveRequest> r, MakeRequest(request, std::move(sink)));
   return Install(std::move(r));
 }
 
-absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest(
+absl::StatusOr<std::unique_ptr<LiveRequest>> LanguageCore::MakeRequest(
     const v1::PrefillRequest& request, RequestSink sink) {
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is empty");
   RETURN_IF_ERROR(role_->CheckPrefill(request));
@@ -193,7 +133,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest
   if (request.images_size() > 0 && !config().vision) {
     return absl::InvalidArgumentError("this model does not accept images");
   }
-  auto r = std::make_unique<Request>();
+  auto r = std::make_unique<LiveRequest>();
   r->id = request.request_id();
   r->sink = std::move(sink);
   r->engine_request.id = r->id;
@@ -218,7 +158,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest
       return absl::InvalidArgumentError(
           absl::StrCat("image ", image.image_index(), " names no encoder"));
     }
-    Request::Image im;
+    LiveRequest::Image im;
     im.meta = image;
     im.embedding.grid.kind = slots[r->images.size()];  // the retries' meta may omit it
     r->images.push_back(std::move(im));
@@ -226,9 +166,9 @@ absl::StatusOr<std::unique_ptr<LanguageCore::Request>> LanguageCore::MakeRequest
   return r;
 }
 
-void LanguageCore::OnInstall(std::unique_ptr<Request> owned) {
-  Request& rr = *owned;
-  requests_[rr.id] = std::move(owned);
+void LanguageCore::OnInstall(std::unique_ptr<LiveRequest> owned) {
+  LiveRequest& rr = *owned;
+  requests_.Insert(std::move(owned));
   if (rr.phase == RequestPhase::kRegistered) {
     // An empty first batch: the request is held here, AllocateKv may come.
     v1::TokenBatch registered;
@@ -236,82 +176,34 @@ void LanguageCore::OnInstall(std::unique_ptr<Request> owned) {
     rr.sink.on_batch(std::move(registered));
     return;
   }
-  for (size_t k = 0; k < rr.images.size(); ++k) StartImage(rr, k);
-  std::vector<v1::ImageRetry> early;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = early_retries_.begin(); it != early_retries_.end();) {
-      if (it->first.request_id() == rr.id) {
-        early.push_back(std::move(it->first));
-        it = early_retries_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (const v1::ImageRetry& retry : early) ApplyRetry(rr, retry);
-  MaybeAdmit(rr);
+  images_->Start(rr);  // Admit once every image is here
 }
 
-absl::Status LanguageCore::Install(std::unique_ptr<Request> r) {
-  // The id and the message that installs the request go in under one lock:
-  // a caller that sees the id (num_requests) and then posts (AllocateKv)
-  // finds the request installed.
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the language instance is shutting down");
-  if (!ids_.emplace(r->id, true).second) {
-    return absl::AlreadyExistsError(absl::StrCat("request ", r->id, " is already running"));
+bool LanguageCore::Retry(const v1::ImageRetry& retry) {
+  // The retry may overtake the Prefill call it belongs to (separate RPCs):
+  // kept for a while, and applied when the request is installed.
+  if (!requests_.RunUnlessKnown(retry.request_id(), [&] { images_->KeepEarly(retry); })) {
+    Post({Message::Retry{retry}});
   }
+  return true;
+}
+
+void LanguageCore::Admit(LiveRequest& r) {
+  if (role_->Admit(r)) return;
+  const std::string id = r.id;
+  absl::Status s = engine_->AddRequest(std::move(r.engine_request),
+                                       [this](const worker::StreamEvent& e) { OnEvent(e); });
+  if (!s.ok()) {
+    End(id, s);
+    return;
+  }
+  Advance(r, RequestEvent::kImagesArrived);
+  r.admitted_at_s = r.since_submit.ElapsedSeconds();
+}
+
+absl::Status LanguageCore::Install(std::unique_ptr<LiveRequest> r) {
   const std::string id = r->id;
-  if (!Post({Message::Install{std::move(r)}})) {
-    ids_.erase(id);
-    return absl::UnavailableError("the language instance is shutting down");
-  }
-  return absl::OkStatus();
-}
-
-void LanguageCore::Advance(Request& r, RequestEvent event) {
-  using P = RequestPhase;
-  const P from = r.phase;
-  P to = from;
-  switch (event) {
-    case RequestEvent::kImagesArrived:
-      if (from == P::kGathering) to = P::kInEngine;
-      break;
-    case RequestEvent::kKvReserved:
-      if (from == P::kRegistered) to = P::kAwaitingKv;
-      break;
-    case RequestEvent::kKvCommitted:
-      if (from == P::kAwaitingKv) to = P::kInEngine;
-      break;
-    case RequestEvent::kPromptDone:
-      if (from == P::kInEngine) to = P::kHandingOff;
-      break;
-    case RequestEvent::kAbortAsked:
-      if (from == P::kAwaitingKv || from == P::kInEngine) to = P::kAborting;
-      break;
-  }
-  CHECK(to != from) << "request " << r.id << ": event " << static_cast<int>(event) << " in phase "
-                    << RequestPhaseName(from);
-  r.phase = to;
-}
-
-const char* RequestPhaseName(RequestPhase p) {
-  switch (p) {
-    case RequestPhase::kGathering:
-      return "gathering";
-    case RequestPhase::kRegistered:
-      return "registered";
-    case RequestPhase::kAwaitingKv:
-      return "awaiting_kv";
-    case RequestPhase::kInEngine:
-      return "in_engine";
-    case RequestPhase::kHandingOff:
-      return "handing_off";
-    case RequestPhase::kAborting:
-      return "aborting";
-  }
-  return "?";
+  return requests_.Claim(id, [&] { return Post({Message::Install{std::move(r)}}); });
 }
 
 void LanguageCore::Abort(const std::string& request_id, const std::string& reason) {
@@ -319,20 +211,14 @@ void LanguageCore::Abort(const std::string& request_id, const std::string& reaso
 }
 
 void LanguageCore::OnAbort(const std::string& request_id, const std::string& reason) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) {
-    // Role elastic: a held span has no request here.
-    if (esp_ != nullptr) esp_->Release(request_id);
-    if (engine_->num_held_spans() > 0) engine_->ReleaseSpan(request_id).IgnoreError();
+  LiveRequest* r = requests_.Find(request_id);
+  if (r == nullptr) {
+    role_->AbortUnknown(request_id);
     return;
   }
-  Request& r = *it->second;
-  if (r.esp_plan != nullptr) {  // a master's decode: its span and state go now
-    End(request_id, absl::CancelledError(reason));
-    return;
-  }
-  if (r.phase == RequestPhase::kAwaitingKv || r.phase == RequestPhase::kInEngine) {
-    Advance(r, RequestEvent::kAbortAsked);
+  if (!role_->Owns(*r) &&
+      (r->phase == RequestPhase::kAwaitingKv || r->phase == RequestPhase::kInEngine)) {
+    Advance(*r, RequestEvent::kAbortAsked);
     engine_->Abort(request_id).IgnoreError();  // its event ends the request
     return;
   }
@@ -340,7 +226,7 @@ void LanguageCore::OnAbort(const std::string& request_id, const std::string& rea
 }
 
 // The tokens, text and log-probabilities of one engine event.
-v1::TokenBatch LanguageCore::Batch(const Request& r, const worker::StreamEvent& e) const {
+v1::TokenBatch LanguageCore::Batch(const LiveRequest& r, const worker::StreamEvent& e) const {
   v1::TokenBatch b;
   b.set_request_id(r.id);
   b.set_text(e.text);
@@ -362,9 +248,9 @@ v1::TokenBatch LanguageCore::Batch(const Request& r, const worker::StreamEvent& 
 }
 
 void LanguageCore::OnEvent(const worker::StreamEvent& e) {
-  auto it = requests_.find(e.request_id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
+  LiveRequest* found = requests_.Find(e.request_id);
+  if (found == nullptr) return;
+  LiveRequest& r = *found;
   if (r.phase == RequestPhase::kAborting) {
     End(r.id, absl::CancelledError("aborted"));
     return;
@@ -383,24 +269,21 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
     r.last_token = e.token_ids.back();
     if (r.last_token_at_s < 0) {
       r.first_token_at_s = now;
-      ttft_seconds_->Observe(now);
+      metrics_.ttft_seconds->Observe(now);
     } else {
-      itl_seconds_->Observe(now - r.last_token_at_s);
+      metrics_.itl_seconds->Observe(now - r.last_token_at_s);
     }
     r.last_token_at_s = now;
   }
   v1::TokenBatch b = Batch(r, e);
-  if (e.finish_reason == worker::FinishReason::kHandoff) {
-    OnHandedOff(r, e, std::move(b));
-    return;
-  }
+  if (role_->TakeEvent(r, e, b)) return;
   const bool final = e.finish_reason != worker::FinishReason::kNone;
   if (final) FillFinal(r, e, now, b);
   r.sink.on_batch(std::move(b));
   if (final) End(r.id, absl::OkStatus());
 }
 
-void LanguageCore::FillFinal(Request& r, const worker::StreamEvent& e, double now,
+void LanguageCore::FillFinal(LiveRequest& r, const worker::StreamEvent& e, double now,
                              v1::TokenBatch& b) {
   b.set_finish_reason(FinishReasonToProto(e.finish_reason));
   b.set_matched_stop(e.matched_stop);
@@ -417,48 +300,34 @@ void LanguageCore::FillFinal(Request& r, const worker::StreamEvent& e, double no
   t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3 - r.multimodal_ms));
   t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
   t->set_e2e_ms(now * 1e3);
-  e2e_seconds_->Observe(now);
+  metrics_.e2e_seconds->Observe(now);
 }
 
 void LanguageCore::End(const std::string& id, absl::Status status) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return;
-  std::unique_ptr<Request> r = std::move(it->second);
-  requests_.erase(it);
-  if (r->esp_plan != nullptr) {
-    // A member whose part ended OK keeps its span (until Abort or the lease).
-    if (esp_ != nullptr && !status.ok()) esp_->Release(id);
+  std::unique_ptr<LiveRequest> r = requests_.Take(id);  // the id is free from here on
+  if (r == nullptr) return;
+  if (role_->Owns(*r)) {
+    role_->Release(id, status);
   } else if (InEngine(r->phase) && r->phase != RequestPhase::kAborting && !status.ok()) {
     engine_->Abort(id).IgnoreError();
   }
-  std::set<std::string> cancel;
-  for (size_t k = 0; k < r->images.size(); ++k) {
-    if (r->images[k].state == Request::ImageState::kReceiving) cancel.insert(r->TransferId(k));
-  }
-  for (const std::string& t : cancel) transfer_.Cancel(t, std::string(status.message()));
-  {
-    absl::MutexLock lock(&mu_);
-    ids_.erase(id);
-  }
+  images_->Cancel(*r, status);
   r->sink.on_end(std::move(status));
 }
 
 void LanguageCore::CheckLostDeadlines() {
-  std::vector<std::string> expired;
-  for (const auto& [id, r] : requests_) {
-    if (r->lost_deadline && r->lost_deadline->Expired()) expired.push_back(id);
-  }
+  const std::vector<std::string> expired = requests_.Ids(
+      [](const LiveRequest& r) { return r.lost_deadline && r.lost_deadline->Expired(); });
   for (const std::string& id : expired) {
     End(id, absl::UnavailableError("an image's encoder failed and no other encoder took over"));
   }
 }
 
 void LanguageCore::EndInEngine(const absl::Status& why) {
-  std::vector<std::string> live;
-  for (const auto& [id, r] : requests_) {
-    if (InEngine(r->phase)) live.push_back(id);
+  for (const std::string& id :
+       requests_.Ids([](const LiveRequest& r) { return InEngine(r.phase); })) {
+    End(id, why);
   }
-  for (const std::string& id : live) End(id, why);
 }
 
 void LanguageCore::LoseRank(const absl::Status& why) {
@@ -476,7 +345,7 @@ void LanguageCore::StepEngine() {
   Stopwatch clock;
   absl::Status s = engine_->Step();
   const double step_s = clock.ElapsedSeconds();
-  step_seconds_->Observe(step_s);
+  metrics_.step_seconds->Observe(step_s);
   constexpr double kStepWeight = 0.2;  // of the newest step in the average
   step_time_us_ = step_time_us_ == 0
                       ? step_s * 1e6
@@ -484,18 +353,19 @@ void LanguageCore::StepEngine() {
   last_batch_ = static_cast<uint32_t>(engine_->scheduler().num_running());
   const double handoff = engine_->embedding_handoff_seconds();
   if (handoff > engine_handoff_seconds_) {
-    handoff_blocked_seconds_->Increment(handoff - engine_handoff_seconds_);
+    metrics_.handoff_blocked_seconds->Increment(handoff - engine_handoff_seconds_);
     engine_handoff_seconds_ = handoff;
   }
   const int64_t by_descriptor = engine_->embedding_rows_by_descriptor();
   const int64_t in_line = engine_->embedding_rows_inline();
-  rows_by_descriptor_->Increment(static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
-  rows_inline_->Increment(static_cast<double>(in_line - engine_rows_inline_));
+  metrics_.rows_by_descriptor->Increment(
+      static_cast<double>(by_descriptor - engine_rows_by_descriptor_));
+  metrics_.rows_inline->Increment(static_cast<double>(in_line - engine_rows_inline_));
   engine_rows_by_descriptor_ = by_descriptor;
   engine_rows_inline_ = in_line;
-  grammar_mask_seconds_->Increment(engine_->grammar_mask_seconds() - engine_mask_seconds_);
-  grammar_mask_wait_seconds_->Increment(engine_->grammar_mask_wait_seconds() -
-                                        engine_mask_wait_seconds_);
+  metrics_.grammar_mask_seconds->Increment(engine_->grammar_mask_seconds() - engine_mask_seconds_);
+  metrics_.grammar_mask_wait_seconds->Increment(engine_->grammar_mask_wait_seconds() -
+                                                engine_mask_wait_seconds_);
   engine_mask_seconds_ = engine_->grammar_mask_seconds();
   engine_mask_wait_seconds_ = engine_->grammar_mask_wait_seconds();
   if (s.ok()) return;
@@ -518,46 +388,41 @@ Deadline LanguageCore::StepHook() {
     LoseRank(absl::UnavailableError("a tensor-parallel rank of this instance died"));
   }
   if (engine_->has_unfinished()) StepEngine();
-  const bool esp_busy = StepEsp();
+  const bool role_busy = role_->Step();
   UpdateLoad();
   // Lost-image deadlines are checked at least every kIdleWait.
-  return engine_->has_unfinished() || esp_busy ? Deadline::After(absl::ZeroDuration())
-                                               : Deadline::After(kIdleWait);
+  return engine_->has_unfinished() || role_busy ? Deadline::After(absl::ZeroDuration())
+                                                : Deadline::After(kIdleWait);
 }
 
 void LanguageCore::OnShutDown() {
   shut_down_ = true;
-  std::vector<std::string> live;
-  for (const auto& [id, r] : requests_) live.push_back(id);
-  for (const std::string& id : live) {
+  for (const std::string& id : requests_.Ids()) {
     End(id, absl::UnavailableError("the language instance is shutting down"));
   }
 }
 
 void LanguageCore::Shutdown() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;  // no new request from here on
-  }
-  if (loop_ == nullptr) return;  // Create failed before starting it
+  if (!requests_.Close()) return;  // no new request from here on
+  if (loop_ == nullptr) return;    // Create failed before starting it
   // Messages queued before ShutDown run first (transfer results free their
   // blocks); ShutDown ends every request; what comes after finds none.
   Post({Message::ShutDown{}});
   loop_->Stop();
-  connector_->Stop();
+  images_->Stop();
 }
 
 void LanguageCore::UpdateLoad() {
   v1::LoadReport load;
   load.set_instance_id(options_.instance_id);
   const scheduler::Scheduler& s = engine_->scheduler();
-  // A master's ESP decodes run beside the batch (esp_groups.h).
-  const size_t running = s.num_running() + (esp_ == nullptr ? 0 : esp_->num_decodes());
+  // The role's own requests (a master's ESP decodes) run beside the batch.
+  const size_t running = s.num_running() + role_->num_running();
+  const size_t live = requests_.records().size();
   load.set_running(static_cast<uint32_t>(running));
-  load.set_waiting(static_cast<uint32_t>(requests_.size() - std::min(requests_.size(), running)));
+  load.set_waiting(static_cast<uint32_t>(live - std::min(live, running)));
   uint64_t outstanding = 0;
-  for (const auto& [id, r] : requests_) {
+  for (const auto& [id, r] : requests_.records()) {
     if (r->phase == RequestPhase::kGathering)
       outstanding += r->engine_request.prompt.size() / 4 + 1;
   }
@@ -588,9 +453,6 @@ v1::Capacity LanguageCore::Capacity() const {
   return c;
 }
 
-size_t LanguageCore::num_requests() const {
-  absl::MutexLock lock(&const_cast<LanguageCore*>(this)->mu_);
-  return ids_.size();
-}
+size_t LanguageCore::num_requests() const { return requests_.size(); }
 
 }  // namespace mmserve::language

@@ -285,7 +285,7 @@ v1::InstanceInfo RegistryInfo(const LanguageCoreOptions& copts, LanguageCore& c,
   info.mutable_capacity()->set_max_num_seqs(static_cast<uint32_t>(copts.engine.max_num_seqs));
   info.mutable_capacity()->set_max_num_batched_tokens(
       static_cast<uint32_t>(copts.engine.max_num_batched_tokens));
-  info.set_esp_endpoint(c.esp_endpoint());  // role elastic; empty otherwise
+  c.role().Describe(info);  // role elastic: its ESP endpoint
   return info;
 }
 

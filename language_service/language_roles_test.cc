@@ -56,11 +56,13 @@ TEST_CASE("role elastic serves a request alone as role both and reports its load
   CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(elastic.Idle());
   // A span held for a group prefill: its blocks are taken until Abort.
-  auto span = elastic.core->HoldSpan("esp-0", 10);  // blocks of 4
+  ElasticCalls* calls = elastic.core->role().elastic_calls();
+  REQUIRE(calls != nullptr);
+  auto span = calls->HoldSpan("esp-0", 10);  // blocks of 4
   REQUIRE(span.ok());
   CHECK(span->size() == 3);
-  CHECK(elastic.core->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kAlreadyExists);
-  CHECK(both.core->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(calls->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(both.core->role().elastic_calls() == nullptr);  // role both holds no spans
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (elastic.core->Load().kv_blocks_free() + 3 != elastic.core->Capacity().kv_blocks_total() &&
          !d.Expired()) {
@@ -178,5 +180,32 @@ TEST_CASE("video prompts in every role give transformers' greedy tokens", "[role
 
 // Each decode rank receives only its own KV heads (2 of the model's 4) from
 // the prefill instance; decoding then runs on both ranks.
+}  // namespace
+}  // namespace mmserve::language
+
+namespace mmserve::language {
+namespace {
+
+TEST_CASE("role prefill refuses tensor parallelism before its engine starts", "[roles]") {
+  metrics::Registry registry;
+  transfer::TransferEngineOptions topts;
+  topts.instance_id = "prefill-tp";
+  topts.layout.block_size = 16;
+  topts.layout.num_blocks = 8;
+  topts.layout.hidden_size = 64;
+  topts.layout.dtype_bytes = sizeof(float);
+  auto transfer = transfer::TransferEngine::Create(topts);
+  REQUIRE(transfer.ok());
+  LanguageCoreOptions o;
+  o.instance_id = "prefill-tp";
+  o.role.kind = LanguageRole::kPrefill;
+  o.engine.model_dir = testing::kModel;
+  o.engine.tp_size = 2;
+  o.engine.tp_shard_binary = "/nonexistent/tp_shard";  // never started
+  auto core = LanguageCore::Create(o, **transfer, registry);
+  CHECK(core.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(core.status().message()).find("role prefill needs tp_size 1") == 0);
+}
+
 }  // namespace
 }  // namespace mmserve::language

@@ -20,25 +20,11 @@ class PrefillReactor final : public QueuedWriteReactor<v1::TokenBatch> {
   PrefillReactor(LanguageCore& core, std::string id, metrics::Registry& metrics)
       : core_(core), id_(std::move(id)), metrics_(metrics) {}
 
-  void Start(const v1::PrefillRequest& request) {
-    absl::Status s =
-        core_.Submit(request, {.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
-                               .on_end = [this](absl::Status st) { Done(std::move(st)); }});
-    if (!s.ok()) Done(std::move(s));
-  }
-  // Role decode: the stream of a request whose KV comes from a prefill
-  // instance.
-  void StartDecode(const v1::DecodeRequest& request) {
-    absl::Status s =
-        core_.RegisterDecode(request, {.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
-                                       .on_end = [this](absl::Status st) { Done(std::move(st)); }});
-    if (!s.ok()) Done(std::move(s));
-  }
-  // Role elastic: one member's part of a group prefill.
-  void StartEsp(const v1::EspPrefillRequest& request) {
-    absl::Status s =
-        core_.EspPrefill(request, {.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
-                                   .on_end = [this](absl::Status st) { Done(std::move(st)); }});
+  // Hands the stream to `open` (the core's Submit, or a role's call);
+  // ends it at once when `open` refuses it.
+  void Start(const std::function<absl::Status(RequestSink)>& open) {
+    absl::Status s = open({.on_batch = [this](v1::TokenBatch b) { Push(std::move(b)); },
+                           .on_end = [this](absl::Status st) { Done(std::move(st)); }});
     if (!s.ok()) Done(std::move(s));
   }
   // Ends the stream with `status` without reaching the core.
@@ -72,102 +58,133 @@ LanguageService::LanguageService(LanguageCore& core, transfer::TransferEngine& t
 
 namespace {
 
-// A token stream for request `id`: refused without the cluster token or
-// while draining, else `start` hands it to the core.
+// The one entry of every token stream, for request `id`: refused without
+// the cluster token, while draining, or (`open` null) on a role that does
+// not serve the call (`unserved`); else `open` takes the stream.
 PrefillReactor* OpenStream(LanguageCore& core, metrics::Registry& metrics,
                            grpc::CallbackServerContext& ctx, const std::string& id, bool accepting,
-                           const std::function<void(PrefillReactor&)>& start) {
+                           const std::function<absl::Status(RequestSink)>& open,
+                           const char* unserved = "") {
   auto* reactor = new PrefillReactor(core, id, metrics);
   if (absl::Status s = CheckClusterToken(ctx); !s.ok()) {
     reactor->Refuse(std::move(s));
+  } else if (!open) {
+    reactor->Refuse(absl::UnimplementedError(unserved));
   } else if (accepting) {
-    start(*reactor);
+    reactor->Start(open);
   } else {
     reactor->Refuse(absl::UnavailableError("the language instance is draining"));
   }
   return reactor;
 }
 
+constexpr char kOnlyDecode[] = "only role decode takes Decode calls and KV hand-offs";
+constexpr char kOnlyElastic[] = "only role elastic joins elastic prefill groups";
+constexpr char kOnlyElasticMaster[] = "only role elastic masters ESP requests";
+
 }  // namespace
 
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Prefill(
     grpc::CallbackServerContext* ctx, const v1::PrefillRequest* request) {
-  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_,
-                    [request](PrefillReactor& r) { r.Start(*request); });
+  return OpenStream(
+      core_, metrics_, *ctx, request->request_id(), accepting_,
+      [this, request](RequestSink sink) { return core_.Submit(*request, std::move(sink)); });
 }
 
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
     grpc::CallbackServerContext* ctx, const v1::DecodeRequest* request) {
-  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_,
-                    [request](PrefillReactor& r) { r.StartDecode(*request); });
+  std::function<absl::Status(RequestSink)> open;
+  if (DecodeCalls* calls = core_.role().decode_calls()) {
+    open = [calls, request](RequestSink sink) { return calls->Decode(*request, std::move(sink)); };
+  }
+  return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_, open, kOnlyDecode);
 }
 
 grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
     grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) {
-  return OpenStream(core_, metrics_, *ctx, request->request().request_id(), accepting_,
-                    [request](PrefillReactor& r) { r.StartEsp(*request); });
+  std::function<absl::Status(RequestSink)> open;
+  if (ElasticCalls* calls = core_.role().elastic_calls()) {
+    open = [calls, request](RequestSink sink) {
+      return calls->EspPrefill(*request, std::move(sink));
+    };
+  }
+  return OpenStream(core_, metrics_, *ctx, request->request().request_id(), accepting_, open,
+                    kOnlyElastic);
 }
 
 grpc::ServerUnaryReactor* LanguageService::EspMoveMaster(grpc::CallbackServerContext* ctx,
                                                          const v1::EspMoveRequest* request,
                                                          v1::EspMoveAck*) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  return FinishUnary(ctx, ToGrpcStatus(core_.EspMoveMaster(*request)));
+  return ServeInternal(ctx, [&] {
+    ElasticCalls* calls = core_.role().elastic_calls();
+    if (calls == nullptr) return ToGrpcStatus(absl::UnimplementedError(kOnlyElasticMaster));
+    return ToGrpcStatus(calls->EspMoveMaster(*request));
+  });
 }
 
 grpc::ServerUnaryReactor* LanguageService::AllocateKv(grpc::CallbackServerContext* ctx,
                                                       const v1::KvAllocateRequest* request,
                                                       v1::KvAllocation* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  absl::StatusOr<v1::KvAllocation> a = core_.AllocateKv(*request);
-  if (a.ok()) *response = std::move(*a);
-  return FinishUnary(ctx, ToGrpcStatus(a.status()));
+  return ServeInternal(ctx, [&] {
+    DecodeCalls* calls = core_.role().decode_calls();
+    if (calls == nullptr) return ToGrpcStatus(absl::UnimplementedError(kOnlyDecode));
+    absl::StatusOr<v1::KvAllocation> a = calls->AllocateKv(*request);
+    if (a.ok()) *response = std::move(*a);
+    return ToGrpcStatus(a.status());
+  });
 }
 
 grpc::ServerUnaryReactor* LanguageService::CommitKv(grpc::CallbackServerContext* ctx,
                                                     const v1::KvCommit* request,
                                                     v1::KvCommitAck* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  absl::Status s = core_.CommitKv(*request);
-  response->set_accepted(s.ok());
-  return FinishUnary(ctx, ToGrpcStatus(s));
+  return ServeInternal(ctx, [&] {
+    DecodeCalls* calls = core_.role().decode_calls();
+    const absl::Status s =
+        calls == nullptr ? absl::UnimplementedError(kOnlyDecode) : calls->CommitKv(*request);
+    response->set_accepted(s.ok());
+    return ToGrpcStatus(s);
+  });
 }
 
 grpc::ServerUnaryReactor* LanguageService::RetryImages(grpc::CallbackServerContext* ctx,
                                                        const v1::ImageRetry* request,
                                                        v1::ImageRetryAck* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  response->set_accepted(core_.Retry(*request));
-  if (!response->accepted()) response->set_error("unknown request");
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    response->set_accepted(core_.Retry(*request));
+    if (!response->accepted()) response->set_error("unknown request");
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* LanguageService::Abort(grpc::CallbackServerContext* ctx,
                                                  const v1::AbortRequest* request,
                                                  v1::AbortResponse* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  core_.Abort(request->request_id(), request->reason());
-  response->set_found(true);
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    core_.Abort(request->request_id(), request->reason());
+    response->set_found(true);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* LanguageService::Connect(grpc::CallbackServerContext* ctx,
                                                    const v1::ConnectRequest*,
                                                    v1::ConnectResponse* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  const v1::ConnectRequest& local = transfer_.local_info();
-  response->set_instance_id(local.instance_id());
-  *response->mutable_ucx() = local.ucx();
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    const v1::ConnectRequest& local = transfer_.local_info();
+    response->set_instance_id(local.instance_id());
+    *response->mutable_ucx() = local.ucx();
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* LanguageService::GetLoad(grpc::CallbackServerContext* ctx,
                                                    const v1::LoadRequest*,
                                                    v1::LoadReport* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  *response = core_.Load();
-  response->set_accepting(accepting_);
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    *response = core_.Load();
+    response->set_accepting(accepting_);
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace mmserve::language

@@ -3,10 +3,13 @@
 // API, so an open stream holds no thread; a client cancel or deadline aborts
 // the request in the core, which frees its KV and embedding blocks.
 //
-// Decode, AllocateKv and CommitKv serve role decode (LanguageCore's
-// RegisterDecode/AllocateKv/CommitKv) and answer UNIMPLEMENTED in the
-// other roles; Prefill in role prefill ends its stream once the KV is handed
-// off (kv_handed_off). Thread-safe.
+// Decode, AllocateKv and CommitKv are role decode's own calls (DecodeCalls),
+// EspPrefill and EspMoveMaster role elastic's (ElasticCalls); a role that
+// has none of them answers UNIMPLEMENTED. Prefill in role prefill ends its
+// stream once the KV is handed off (kv_handed_off). Every handler enters
+// through one function per kind (ServeInternal for unary calls, one
+// OpenStream for streams), which refuses a call without the cluster token
+// (common/internal_plane.h). Thread-safe.
 #ifndef MMSERVE_LANGUAGE_SERVICE_LANGUAGE_SERVICE_H_
 #define MMSERVE_LANGUAGE_SERVICE_LANGUAGE_SERVICE_H_
 
@@ -28,10 +31,10 @@ class LanguageService final : public v1::Language::CallbackService {
                                                     const v1::PrefillRequest* request) override;
   grpc::ServerWriteReactor<v1::TokenBatch>* Decode(grpc::CallbackServerContext* ctx,
                                                    const v1::DecodeRequest* request) override;
-  // Role elastic: one member's part of a group prefill (LanguageCore::EspPrefill).
+  // Role elastic: one member's part of a group prefill (ElasticCalls::EspPrefill).
   grpc::ServerWriteReactor<v1::TokenBatch>* EspPrefill(
       grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) override;
-  // Role elastic: the next master of a group takes over (LanguageCore::EspMoveMaster).
+  // Role elastic: the next master of a group takes over (ElasticCalls::EspMoveMaster).
   grpc::ServerUnaryReactor* EspMoveMaster(grpc::CallbackServerContext* ctx,
                                           const v1::EspMoveRequest* request,
                                           v1::EspMoveAck* response) override;

@@ -64,8 +64,10 @@ absl::StatusOr<transfer::KvHandoffTarget> RankTarget(const v1::KvRankTarget& ran
 
 }  // namespace
 
-absl::Status PrefillRole::Attach(worker::LlmEngine& engine) {
-  engine_ = &engine;
+absl::Status PrefillRole::Attach(RoleHost& host) {
+  host_ = &host;
+  engine_ = &host.engine();
+  worker::LlmEngine& engine = *engine_;
   ASSIGN_OR_RETURN(kv_context_, transfer::UcxContext::Create(options_.kv_profile));
   const transfer::UcxWorkerOptions wo{.name = instance_id_ + "-kv"};
   ASSIGN_OR_RETURN(kv_sender_,
@@ -171,6 +173,34 @@ absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request
     if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
   }
   return result;
+}
+
+bool PrefillRole::TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::TokenBatch& batch) {
+  if (e.finish_reason != worker::FinishReason::kHandoff) return false;
+  Advance(r, RequestEvent::kPromptDone);
+  absl::StatusOr<HandOffResult> done = HandOff({.request_id = r.id,
+                                                .decode = r.decode,
+                                                .max_tokens = r.engine_request.sampling.max_tokens,
+                                                .seed = r.engine_request.sampling.seed,
+                                                .first_token = r.last_token,
+                                                .kv_blocks = &e.kv_blocks,
+                                                .prompt = &e.handoff});
+  if (!done.ok()) {
+    host_->End(r.id, done.status());
+    return true;
+  }
+  LanguageMetrics& m = host_->metrics();
+  m.kv_handoff_round_trips->Observe(done->round_trips);
+  for (transfer::KvHandoffPath path : done->paths) {
+    m.kv_handoffs[static_cast<int>(path)]->Increment();
+  }
+  batch.set_kv_handed_off(true);
+  mmserve::v1::RequestTiming* t = batch.mutable_timing();
+  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
+  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+  r.sink.on_batch(std::move(batch));
+  host_->End(r.id, absl::OkStatus());
+  return true;
 }
 
 }  // namespace mmserve::language

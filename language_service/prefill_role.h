@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/clock.h"
 #include "language_service/role.h"
@@ -18,22 +19,56 @@
 
 namespace mmserve::language {
 
+// What a prefill instance hands over: the request's prompt as the engine
+// expanded it, its KV blocks, and the first token it sampled.
+struct HandOffRequest {
+  std::string request_id;
+  v1::DecodeTarget decode;  // where the request decodes
+  int max_tokens = 0;
+  uint64_t seed = 0;
+  int32_t first_token = -1;
+  const std::vector<int32_t>* kv_blocks = nullptr;
+  const worker::HandoffPrompt* prompt = nullptr;
+};
+
+// What a hand-off waited for and how its bytes moved.
+struct HandOffResult {
+  // Control round trips, one after another: AllocateKv, each decode rank's
+  // landed reply or flush (none for a rank whose cache is mapped here: the
+  // copy is done when it returns), CommitKv.
+  int round_trips = 0;
+  std::vector<transfer::KvHandoffPath> paths;  // one per decode rank
+};
+
 class PrefillRole final : public Role {
  public:
   // `bytes` counts the KV handed off (sent).
   PrefillRole(const RoleOptions& options, std::string instance_id, transfer::WireBytes bytes)
       : options_(options), instance_id_(std::move(instance_id)), bytes_(bytes) {}
 
-  LanguageRole kind() const override { return LanguageRole::kPrefill; }
+  // Tensor parallelism is refused (one sender for now; decode takes --tp).
+  absl::Status AdjustEngineOptions(worker::EngineOptions& options) const override {
+    if (options.tp_size > 1) {
+      return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
+    }
+    return absl::OkStatus();
+  }
   std::unique_ptr<worker::KvConnector> MakeConnector() const override {
     return std::make_unique<worker::PrefillKvConnector>();
   }
-  absl::Status Attach(worker::LlmEngine& engine) override;
+  absl::Status Attach(RoleHost& host) override;
   absl::Status CheckPrefill(const v1::PrefillRequest& request) const override;
   // Token ids now: they travel in AllocateKv and KvCommit.
   absl::Status PreparePrefill(const v1::PrefillRequest& request, const model::Tokenizer& tokenizer,
                               worker::EngineRequest& engine_request) const override;
-  absl::StatusOr<HandOffResult> HandOff(const HandOffRequest& request) override;
+  // The prompt's end (kHandoff): its KV goes to the decode instance, and
+  // the stream's last batch says so (kv_handed_off), or the request ends
+  // with the hand-off's error.
+  bool TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::TokenBatch& batch) override;
+
+  // Hands a request's KV to its decode instance:
+  // mmserve_language_kv_handoff_round_trips and _total{path}.
+  [[nodiscard]] absl::StatusOr<HandOffResult> HandOff(const HandOffRequest& request);
 
  private:
   v1::Language::Stub& DecodeStub(const std::string& address);
@@ -45,6 +80,7 @@ class PrefillRole final : public Role {
   const RoleOptions options_;
   const std::string instance_id_;
   const transfer::WireBytes bytes_;
+  RoleHost* host_ = nullptr;
   worker::LlmEngine* engine_ = nullptr;
   std::unique_ptr<transfer::UcxContext> kv_context_;
   std::unique_ptr<transfer::KvHandoffSender> kv_sender_;

@@ -16,7 +16,6 @@ namespace {
 // Role both: prefill and decode here; nothing travels.
 class BothRole final : public Role {
  public:
-  LanguageRole kind() const override { return LanguageRole::kBoth; }
   absl::Status CheckPrefill(const v1::PrefillRequest& request) const override {
     if (!request.decode().instance_id().empty()) {
       return absl::InvalidArgumentError("role both hands no KV to a decode instance");
@@ -29,7 +28,8 @@ class BothRole final : public Role {
 
 absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
                                                const std::string& instance_id,
-                                               metrics::Registry& metrics) {
+                                               metrics::Registry& metrics,
+                                               const EspGroupsOptions& esp) {
   // Every role shows the hand-off counters (at 0 where nothing is handed off).
   const transfer::WireBytes handoff = KvBytesMoved(metrics, "handoff");
   switch (options.kind) {
@@ -39,8 +39,12 @@ absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
       return std::make_unique<PrefillRole>(options, instance_id, handoff);
     case LanguageRole::kDecode:
       return std::make_unique<DecodeRole>(options, instance_id, handoff);
-    case LanguageRole::kElastic:
-      return std::make_unique<ElasticRole>();
+    case LanguageRole::kElastic: {
+      EspGroupsOptions groups = esp;
+      groups.name = instance_id;
+      groups.profile = options.kv_profile;
+      return std::make_unique<ElasticRole>(groups, metrics);
+    }
   }
   return absl::InvalidArgumentError("unknown language role");
 }

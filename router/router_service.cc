@@ -275,36 +275,39 @@ grpc::ServerUnaryReactor* InferenceService::ListModels(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext* ctx,
                                                     const iv1::RegisterRequest* request,
                                                     iv1::RegisterResponse* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  const iv1::InstanceInfo& info = request->instance();
-  if (info.instance_id().empty() || info.grpc_address().empty() ||
-      info.role() == iv1::INSTANCE_ROLE_UNSPECIFIED) {
-    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                         "instance_id, grpc_address and role are required"));
-  }
-  if (absl::Status admit = table_.Admit(info); !admit.ok()) {
-    LOG(WARNING) << "registration refused: " << admit;
-    return FinishUnary(ctx, ToGrpcStatus(admit));
-  }
-  table_.Upsert(info, /*registered=*/true);
-  response->set_heartbeat_interval_s(1);
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    const iv1::InstanceInfo& info = request->instance();
+    if (info.instance_id().empty() || info.grpc_address().empty() ||
+        info.role() == iv1::INSTANCE_ROLE_UNSPECIFIED) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "instance_id, grpc_address and role are required");
+    }
+    if (absl::Status admit = table_.Admit(info); !admit.ok()) {
+      LOG(WARNING) << "registration refused: " << admit;
+      return ToGrpcStatus(admit);
+    }
+    table_.Upsert(info, /*registered=*/true);
+    response->set_heartbeat_interval_s(1);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                      const iv1::HeartbeatRequest* request,
                                                      iv1::HeartbeatResponse* response) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  response->set_known(table_.Report(request->load()));
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    response->set_known(table_.Report(request->load()));
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* RegistryService::Deregister(grpc::CallbackServerContext* ctx,
                                                       const iv1::DeregisterRequest* request,
                                                       iv1::DeregisterResponse*) {
-  if (auto* refused = RefuseUnlessCluster(ctx)) return refused;
-  table_.Remove(request->instance_id());
-  return FinishUnary(ctx, grpc::Status::OK);
+  return ServeInternal(ctx, [&] {
+    table_.Remove(request->instance_id());
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace mmserve::router

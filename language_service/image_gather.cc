@@ -1,3 +1,5 @@
+#include "language_service/image_gather.h"
+
 #include <time.h>
 
 #include <algorithm>
@@ -8,13 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
-#include "common/status_macros.h"
-#include "language_service/language_core.h"
-#include "language_service/language_core_request.h"
 #include "model/chat_template.h"
-#include "model/sampling_proto.h"
 #include "proto/encoder.grpc.pb.h"
 #include "transfer/embedding_layout.h"
 
@@ -31,37 +28,67 @@ int64_t ThreadCpuNanos() {
 
 }  // namespace
 
-bool LanguageCore::Retry(const v1::ImageRetry& retry) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (ids_.count(retry.request_id()) == 0) {
-      // The retry may overtake the Prefill call it belongs to (separate
-      // RPCs): keep it for a while and apply it when the request arrives.
-      early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
-      while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
-        early_retries_.pop_front();
-      }
-      return true;
-    }
+ImageGather::ImageGather(const ImageGatherOptions& options, transfer::TransferEngine& transfer,
+                         LanguageMetrics& metrics, Hooks hooks)
+    : options_(options),
+      transfer_(transfer),
+      metrics_(metrics),
+      hooks_(std::move(hooks)),
+      connector_(std::make_unique<EventLoop>(EventLoopOptions{
+          .name = options.name + "-connect", .on_stop = EventLoopOptions::OnStop::kDrop})) {}
+
+ImageGather::~ImageGather() { Stop(); }
+
+void ImageGather::Stop() { connector_->Stop(); }
+
+void ImageGather::KeepEarly(const v1::ImageRetry& retry) {
+  absl::MutexLock lock(&mu_);
+  early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
+  while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
+    early_retries_.pop_front();
   }
-  Post({Message::Retry{retry}});
-  return true;
 }
 
-void LanguageCore::ApplyRetry(Request& r, const v1::ImageRetry& retry) {
+void ImageGather::Start(LiveRequest& r) {
+  for (size_t k = 0; k < r.images.size(); ++k) StartImage(r, k);
+  std::vector<v1::ImageRetry> early;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = early_retries_.begin(); it != early_retries_.end();) {
+      if (it->first.request_id() == r.id) {
+        early.push_back(std::move(it->first));
+        it = early_retries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const v1::ImageRetry& retry : early) ApplyRetry(r, retry);
+  MaybeReady(r);
+}
+
+void ImageGather::Cancel(const LiveRequest& r, const absl::Status& why) {
+  std::set<std::string> cancel;
+  for (size_t k = 0; k < r.images.size(); ++k) {
+    if (r.images[k].state == LiveRequest::ImageState::kReceiving) cancel.insert(r.TransferId(k));
+  }
+  for (const std::string& t : cancel) transfer_.Cancel(t, std::string(why.message()));
+}
+
+void ImageGather::ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry) {
   std::set<size_t> moving;
   for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
   for (const v1::PromptImage& image : retry.images()) {
     const size_t k = image.image_index();
-    if (k >= r.images.size() || r.images[k].state == Request::ImageState::kArrived) continue;
-    if (r.images[k].state != Request::ImageState::kLost) {
+    if (k >= r.images.size() || r.images[k].state == LiveRequest::ImageState::kArrived) continue;
+    if (r.images[k].state != LiveRequest::ImageState::kLost) {
       // The router moved an image whose source has not failed here: stop
       // that transfer; its other unfinished images not moved with it are
       // lost with it.
       const std::string old = r.TransferId(k);
       for (size_t j = 0; j < r.images.size(); ++j) {
         if (moving.count(j) && r.TransferId(j) == old) {
-          r.images[j].state = Request::ImageState::kLost;
+          r.images[j].state = LiveRequest::ImageState::kLost;
         }
       }
       LoseImages(r, old, absl::UnavailableError("moved by the router"));
@@ -71,13 +98,13 @@ void LanguageCore::ApplyRetry(Request& r, const v1::ImageRetry& retry) {
     StartImage(r, k);
   }
   bool lost = false;
-  for (const auto& im : r.images) lost |= im.state == Request::ImageState::kLost;
+  for (const auto& im : r.images) lost |= im.state == LiveRequest::ImageState::kLost;
   if (!lost) r.lost_deadline.reset();
 }
 
-void LanguageCore::StartImage(Request& r, size_t k) {
-  Request::Image& im = r.images[k];
-  im.state = Request::ImageState::kConnecting;
+void ImageGather::StartImage(LiveRequest& r, size_t k) {
+  LiveRequest::Image& im = r.images[k];
+  im.state = LiveRequest::ImageState::kConnecting;
   auto& conn = connections_[im.meta.encoder_id()];
   if (conn == nullptr) conn = std::make_unique<Connection>();
   if (conn->address != im.meta.encoder_address()) {
@@ -103,7 +130,7 @@ void LanguageCore::StartImage(Request& r, size_t k) {
   }
 }
 
-void LanguageCore::Connect(const std::string& encoder, const std::string& address) {
+void ImageGather::Connect(const std::string& encoder, const std::string& address) {
   auto stub = v1::Encoder::NewStub(InternalChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
@@ -125,21 +152,21 @@ void LanguageCore::Connect(const std::string& encoder, const std::string& addres
     status = transfer_.Connect(peer);
   }
   if (status.ok()) LOG(INFO) << "connected to encoder " << encoder << " at " << address;
-  Post({Message::Connected{encoder, address, status}});
+  hooks_.post([this, encoder, address, status] { OnConnected(encoder, address, status); });
 }
 
-void LanguageCore::OnConnected(const std::string& encoder, const std::string& address,
-                               absl::Status status) {
+void ImageGather::OnConnected(const std::string& encoder, const std::string& address,
+                              absl::Status status) {
   auto& conn = connections_[encoder];
   if (conn == nullptr || conn->address != address) return;  // superseded
   conn->state = status.ok() ? Connection::State::kConnected : Connection::State::kNone;
   std::vector<std::pair<std::string, size_t>> waiting = std::move(conn->waiting);
   conn->waiting.clear();
   for (const auto& [id, k] : waiting) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    Request& r = *it->second;
-    if (k >= r.images.size() || r.images[k].state != Request::ImageState::kConnecting ||
+    LiveRequest* found = hooks_.find(id);
+    if (found == nullptr) continue;
+    LiveRequest& r = *found;
+    if (k >= r.images.size() || r.images[k].state != LiveRequest::ImageState::kConnecting ||
         r.images[k].meta.encoder_id() != encoder) {
       continue;
     }
@@ -151,9 +178,9 @@ void LanguageCore::OnConnected(const std::string& encoder, const std::string& ad
   }
 }
 
-void LanguageCore::StartReceive(Request& r, size_t k) {
-  Request::Image& im = r.images[k];
-  im.state = Request::ImageState::kReceiving;
+void ImageGather::StartReceive(LiveRequest& r, size_t k) {
+  LiveRequest::Image& im = r.images[k];
+  im.state = LiveRequest::ImageState::kReceiving;
   transfer::ReceiveRequest rr;
   rr.request_id = r.TransferId(k);
   rr.image_index = static_cast<uint32_t>(k);
@@ -162,17 +189,19 @@ void LanguageCore::StartReceive(Request& r, size_t k) {
   rr.timeout = options_.transfer_timeout;
   transfer_.Receive(std::move(rr), [this, id = r.id, k, tid = r.TransferId(k)](
                                        absl::StatusOr<transfer::ReceivedImage> image) {
-    Post({Message::ImageReceived{id, k, tid, std::move(image)}});
+    hooks_.post([this, id, k, tid, image = std::move(image)]() mutable {
+      OnImage(id, k, tid, std::move(image));
+    });
   });
 }
 
-void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
-                           absl::StatusOr<transfer::ReceivedImage> image) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
+void ImageGather::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
+                          absl::StatusOr<transfer::ReceivedImage> image) {
+  LiveRequest* found = hooks_.find(id);
+  if (found == nullptr) return;
+  LiveRequest& r = *found;
   if (k >= r.images.size() || r.TransferId(k) != transfer_id ||
-      r.images[k].state != Request::ImageState::kReceiving) {
+      r.images[k].state != LiveRequest::ImageState::kReceiving) {
     return;  // a superseded source
   }
   if (!image.ok()) {
@@ -198,7 +227,7 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
                absl::DataLossError(absl::StrCat("image ", k, ": ", grid.status().message())));
     return;
   }
-  const int merge = config().vision ? config().vision->spatial_merge_size : 2;
+  const int merge = options_.spatial_merge_size;
   worker::ImageEmbedding& e = r.images[k].embedding;
   // The kind was set from the prompt's slot when the request came in.
   e.grid = model::ImageGrid::FromThw(grid->t, grid->rows * merge, grid->cols * merge, merge,
@@ -219,36 +248,38 @@ void LanguageCore::OnImage(const std::string& id, size_t k, const std::string& t
     image->Release();
     e.values.resize(emb.size() / sizeof(float));
     std::memcpy(e.values.data(), emb.data(), e.values.size() * sizeof(float));
-    handoff_blocked_seconds_->Increment((ThreadCpuNanos() - cpu_start) * 1e-9);
+    metrics_.handoff_blocked_seconds->Increment((ThreadCpuNanos() - cpu_start) * 1e-9);
   }
   const auto& h = r.images[k].meta.content_hash();
   e.key = ContentHash{h.high(), h.low()};
-  r.images[k].state = Request::ImageState::kArrived;
+  r.images[k].state = LiveRequest::ImageState::kArrived;
   r.image_tokens += n;
-  images_received_->Increment();
-  transfer_bytes_->Increment(static_cast<double>(n) * transfer_.buffer().layout().BytesPerToken());
-  transfer_seconds_->Observe(r.images[k].started.ElapsedSeconds());
-  if (chunks > 1) resumes_->Increment(chunks - 1);
+  metrics_.images_received->Increment();
+  metrics_.transfer_bytes->Increment(static_cast<double>(n) *
+                                     transfer_.buffer().layout().BytesPerToken());
+  metrics_.transfer_seconds->Observe(r.images[k].started.ElapsedSeconds());
+  if (chunks > 1) metrics_.resumes->Increment(chunks - 1);
   r.images[k].round_trips += static_cast<int>(chunks);
-  MaybeAdmit(r);
+  MaybeReady(r);
 }
 
-void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const absl::Status& why) {
+void ImageGather::LoseImages(LiveRequest& r, const std::string& transfer_id,
+                             const absl::Status& why) {
   v1::TokenBatch batch;
   batch.set_request_id(r.id);
   for (size_t j = 0; j < r.images.size(); ++j) {
-    Request::Image& im = r.images[j];
-    if (r.TransferId(j) != transfer_id || im.state == Request::ImageState::kArrived ||
-        im.state == Request::ImageState::kLost) {
+    LiveRequest::Image& im = r.images[j];
+    if (r.TransferId(j) != transfer_id || im.state == LiveRequest::ImageState::kArrived ||
+        im.state == LiveRequest::ImageState::kLost) {
       continue;
     }
-    im.state = Request::ImageState::kLost;
+    im.state = LiveRequest::ImageState::kLost;
     batch.add_lost_images(static_cast<uint32_t>(j));
   }
   // Cancelling an unknown or finished transfer is harmless.
   transfer_.Cancel(transfer_id, std::string(why.message()));
   if (batch.lost_images_size() == 0) return;
-  lost_images_->Increment(batch.lost_images_size());
+  metrics_.lost_images->Increment(batch.lost_images_size());
   batch.set_lost_reason(std::string(why.message()));
   batch.set_lost_transfer_id(transfer_id);
   LOG(WARNING) << "request " << r.id << ": lost " << batch.lost_images_size() << " image(s) from "
@@ -257,28 +288,16 @@ void LanguageCore::LoseImages(Request& r, const std::string& transfer_id, const 
   r.sink.on_batch(std::move(batch));
 }
 
-void LanguageCore::MaybeAdmit(Request& r) {
+void ImageGather::MaybeReady(LiveRequest& r) {
   for (const auto& im : r.images) {
-    if (im.state != Request::ImageState::kArrived) return;
+    if (im.state != LiveRequest::ImageState::kArrived) return;
   }
   r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
   int round_trips = 0;
   for (const auto& im : r.images) round_trips = std::max(round_trips, im.round_trips);
-  embedding_round_trips_->Observe(round_trips);
+  metrics_.embedding_round_trips->Observe(round_trips);
   for (auto& im : r.images) r.engine_request.image_embeddings.push_back(std::move(im.embedding));
-  if (r.esp_plan != nullptr) {
-    AdmitEsp(r);
-    return;
-  }
-  const std::string id = r.id;
-  absl::Status s = engine_->AddRequest(std::move(r.engine_request),
-                                       [this](const worker::StreamEvent& e) { OnEvent(e); });
-  if (!s.ok()) {
-    End(id, s);
-    return;
-  }
-  Advance(r, RequestEvent::kImagesArrived);
-  r.admitted_at_s = r.since_submit.ElapsedSeconds();
+  hooks_.on_ready(r);
 }
 
 }  // namespace mmserve::language

@@ -1,0 +1,74 @@
+#include "language_service/language_metrics.h"
+
+namespace mmserve::language {
+
+LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
+  resumes = &registry.GetCounter("mmserve_language_resumes_total",
+                                 "Embedding transfers that needed more than one chunk.");
+  transfer_bytes =
+      &registry.GetCounter("mmserve_language_transfer_bytes_total", "Embedding bytes received.");
+  lost_images = &registry.GetCounter("mmserve_language_lost_images_total",
+                                     "Images whose encoder failed during the transfer.");
+  images_received =
+      &registry.GetCounter("mmserve_language_images_received_total", "Images fully received.");
+  transfer_seconds = &registry.GetHistogram("mmserve_language_transfer_seconds",
+                                            "From asking for an image to holding all of it.",
+                                            metrics::LatencyBuckets());
+  ttft_seconds = &registry.GetHistogram("mmserve_language_ttft_seconds", "Submit to first token.",
+                                        metrics::LatencyBuckets());
+  itl_seconds = &registry.GetHistogram("mmserve_language_itl_seconds",
+                                       "Gap between consecutive tokens of a request.",
+                                       metrics::LatencyBuckets());
+  e2e_seconds = &registry.GetHistogram("mmserve_language_e2e_seconds", "Submit to last token.",
+                                       metrics::LatencyBuckets());
+  step_seconds = &registry.GetHistogram("mmserve_language_step_seconds",
+                                        "One engine step (schedule, forward, sample).",
+                                        metrics::LatencyBuckets());
+  // Whole round trips per request: 0 for a prompt without images, 1 for an
+  // image in one chunk from a connected encoder.
+  embedding_round_trips = &registry.GetHistogram(
+      "mmserve_language_embedding_round_trips",
+      "Per admitted request, the most embedding control round trips one of its images waited "
+      "for (images move concurrently): Connect to a new encoder, then init and each resume, each "
+      "answered by a chunk.",
+      {0, 1, 2, 3, 4, 6, 8, 16});
+  kv_handoff_round_trips = &registry.GetHistogram(
+      "mmserve_language_kv_handoff_round_trips",
+      "Per KV hand-off (role prefill), the round trips it waited for before the first token "
+      "went out: AllocateKv, a landed reply or flush per decode rank whose cache is not mapped "
+      "here, CommitKv.",
+      {1, 2, 3, 4, 5, 6, 8, 16});
+  for (transfer::KvHandoffPath path :
+       {transfer::KvHandoffPath::kMapped, transfer::KvHandoffPath::kRendezvous,
+        transfer::KvHandoffPath::kPut}) {
+    kv_handoffs[static_cast<int>(path)] = &registry.GetCounter(
+        "mmserve_language_kv_handoff_total",
+        "KV written to decode ranks (role prefill; one per rank of each hand-off), by path: mapped "
+        "(copied into the rank's shared segment, mapped here: shm), rendezvous (active messages "
+        "into its private cache: tcp, or shm across IPC namespaces), put (a head slice put token "
+        "by token).",
+        {{"path", transfer::KvHandoffPathName(path)}});
+  }
+  handoff_blocked_seconds = &registry.GetCounter(
+      "mmserve_language_mm_handoff_blocked_seconds_total",
+      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
+      "putting image rows (their floats, or descriptors) into tensor-parallel steps.");
+  grammar_mask_seconds = &registry.GetCounter(
+      "mmserve_language_grammar_mask_seconds_total",
+      "Time spent computing structured-output token masks (on a helper thread, while the "
+      "forward pass runs).");
+  grammar_mask_wait_seconds = &registry.GetCounter(
+      "mmserve_language_grammar_mask_wait_seconds_total",
+      "Time sampling waited for structured-output token masks after the forward pass: the part "
+      "of the mask time the forward did not hide.");
+  const char* rows_help =
+      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
+      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
+      "step).";
+  rows_by_descriptor = &registry.GetCounter("mmserve_language_mm_rows_total", rows_help,
+                                            {{"placement", "descriptor"}});
+  rows_inline =
+      &registry.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
+}
+
+}  // namespace mmserve::language
