@@ -82,6 +82,18 @@ class SpanAttentionPeers {
   // (-inf and 0 where m holds no keys of that row's sequence).
   [[nodiscard]] virtual absl::Status Query(int member, int layer, const float* q, int64_t rows,
                                            float* out, float* lse) = 0;
+  // Query in two halves, so that the master attends its own span while the
+  // others answer: StartQuery sends (q may change afterwards), FinishQuery
+  // (the same arguments) waits for the answer. By default StartQuery does
+  // nothing and FinishQuery is Query.
+  [[nodiscard]] virtual absl::Status StartQuery(int member, int layer, const float* q,
+                                                int64_t rows) {
+    return absl::OkStatus();
+  }
+  [[nodiscard]] virtual absl::Status FinishQuery(int member, int layer, const float* q,
+                                                 int64_t rows, float* out, float* lse) {
+    return Query(member, layer, q, rows, out, lse);
+  }
 };
 
 // The sequences of a batch whose KV is spread over span holders (decodes a

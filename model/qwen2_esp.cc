@@ -151,12 +151,17 @@ absl::Status Qwen2Model::SpreadAttention(int layer, const ForwardBatch& batch, K
   // A member holding nothing of a row's sequence leaves it empty.
   std::fill(span_lse_.begin(), span_lse_.end(), -INFINITY);
   std::fill(span_out_.begin(), span_out_.end(), 0.0f);
+  // The queries go out first: the peers answer while the master attends
+  // its own span.
+  for (int p = 0; p < members; ++p) {
+    if (p != self) RETURN_IF_ERROR(peers.StartQuery(p, layer, q, m));
+  }
   cpu::PartialAttention(pool_, q, heads_, layer_kv, local, AttentionScale(),
                         &span_out_[self * m * q_width], &span_lse_[self * m * heads_]);
   for (int p = 0; p < members; ++p) {
     if (p == self) continue;
     RETURN_IF_ERROR(
-        peers.Query(p, layer, q, m, &span_out_[p * m * q_width], &span_lse_[p * m * heads_]));
+        peers.FinishQuery(p, layer, q, m, &span_out_[p * m * q_width], &span_lse_[p * m * heads_]));
   }
   std::vector<cpu::PartialRef> parts(members);
   for (int64_t r = 0; r < m; ++r) {

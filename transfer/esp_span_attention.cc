@@ -16,15 +16,15 @@ namespace {
 // How long a reply may take to land (the client's own timeout bounds the
 // whole query).
 constexpr absl::Duration kReplyTimeout = absl::Seconds(2);
-// Idle polling rounds (each a round trip through the progress thread)
-// before the server thread naps between rounds: a decode step queries every
-// layer back to back, so a busy holder answers at once, an idle one costs
-// one poll per nap.
-constexpr int kSpinRounds = 2000;
+// How long an idle server thread keeps polling (a Peek of its lanes, no
+// progress-thread hop) before it naps between polls: a decode step queries
+// every layer back to back, so a busy holder answers at once, an idle one
+// costs one poll per nap.
+constexpr absl::Duration kSpin = absl::Milliseconds(20);
 constexpr absl::Duration kNap = absl::Microseconds(200);
 // A server idle for longer (an instance's, whose lanes stay connected
 // between groups) naps longer: a first query after it waits up to this.
-constexpr int kLongIdleRounds = 20000;
+constexpr absl::Duration kLongIdle = absl::Seconds(1);
 constexpr absl::Duration kLongNap = absl::Milliseconds(2);
 
 struct QueryHeader {
@@ -100,15 +100,16 @@ void EspSpanServer::CountBytes(const WireBytes& bytes) {
 }
 
 void EspSpanServer::Serve() {
-  int idle = 0;
+  absl::Time last_work = absl::Now();
   std::vector<uint64_t> words;
   while (!stop_) {
     bool worked = false;
     if (!ServeRound(words, &worked)) return;  // the worker stopped
-    idle = worked ? 0 : std::min(idle + 1, kLongIdleRounds + 1);
-    if (idle > kLongIdleRounds) {
+    const absl::Time now = absl::Now();
+    if (worked) last_work = now;
+    if (now - last_work > kLongIdle) {
       absl::SleepFor(kLongNap);
-    } else if (idle > kSpinRounds) {
+    } else if (now - last_work > kSpin) {
       absl::SleepFor(kNap);
     } else {
       sched_yield();
@@ -118,6 +119,14 @@ void EspSpanServer::Serve() {
 
 bool EspSpanServer::ServeRound(std::vector<uint64_t>& words, bool* worked) {
   absl::MutexLock lock(&mu_);
+  // A Peek finds new queries; the Read then orders their data.
+  board_->Peek(clients_, &words);
+  bool fresh = false;
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    const uint32_t seq = NoticeSeq(words[i]);
+    fresh |= seq != 0 && seq != kAbortSeq && seq != served_[clients_[i]];
+  }
+  if (!fresh) return true;
   // Lost clients do not stop the others (Answer to one fails alone).
   if (!board_->Read(clients_, &words, /*ignore_lost=*/true).ok()) return false;
   for (size_t i = 0; i < clients_.size(); ++i) {
@@ -155,15 +164,14 @@ absl::Status EspSpanServer::Answer(int client, uint32_t seq, uint32_t crc) {
                            reinterpret_cast<float*>(reply),
                            reinterpret_cast<float*>(reply + LseOffset(shape_))));
   const uint64_t remote = uint64_t{h.reply} * shape_.ReplyBytes();
-  const Deadline deadline = Deadline::After(kReplyTimeout);
   RETURN_IF_ERROR(
-      board_->PutAndFlush({{client, reply_at, remote, h.rows * shape_.q_width * sizeof(float)},
-                           {client, reply_at + LseOffset(shape_), remote + LseOffset(shape_),
-                            h.rows * shape_.heads * sizeof(float)}},
-                          deadline));
+      board_->PutAndNotify({{client, reply_at, remote, h.rows * shape_.q_width * sizeof(float)},
+                            {client, reply_at + LseOffset(shape_), remote + LseOffset(shape_),
+                             h.rows * shape_.heads * sizeof(float)}},
+                           {client}, h.reply, NoticeWord(seq, ReplyCrc(shape_, reply, h.rows)),
+                           Deadline::After(kReplyTimeout)));
   bytes_.Sent(h.rows * (shape_.q_width + shape_.heads) * sizeof(float));
-  return board_->Notify({client}, h.reply, NoticeWord(seq, ReplyCrc(shape_, reply, h.rows)),
-                        deadline);
+  return absl::OkStatus();
 }
 
 UcxSpanPeers::UcxSpanPeers(const EspSpanShape& shape, int self, absl::Duration timeout)
@@ -211,10 +219,16 @@ void UcxSpanPeers::SetBatch(std::vector<int> members, int self_member,
   members_ = std::move(members);
   self_member_ = self_member;
   tags_ = std::move(row_tags);
+  pending_.assign(members_.size(), 0);
 }
 
 absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t rows, float* out,
                                  float* lse) {
+  RETURN_IF_ERROR(StartQuery(member, layer, q, rows));
+  return FinishQuery(member, layer, q, rows, out, lse);
+}
+
+absl::Status UcxSpanPeers::StartQuery(int member, int layer, const float* q, int64_t rows) {
   if (member < 0 || member >= num_members() || member == self_member_ ||
       rows != static_cast<int64_t>(tags_.size()) || rows > shape_.max_rows) {
     return absl::InvalidArgumentError("ESP span query: bad member or rows");
@@ -230,15 +244,28 @@ absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t 
   std::memcpy(query + 8, tags_.data(), rows * sizeof(uint64_t));
   std::memcpy(query + 8 + shape_.max_rows * 8, q, rows * shape_.q_width * sizeof(float));
   const uint64_t bytes = QueryBytes(shape_, rows);
-  const Deadline deadline = Deadline::After(timeout_);
-  absl::Status s =
-      board_->PutAndFlush({{server, staging, self_ * shape_.InboxBytes(), bytes}}, deadline);
-  if (s.ok()) bytes_.Sent(bytes);
-  if (s.ok()) s = board_->Notify({server}, self_, NoticeWord(seq, Crc32c(query, bytes)), deadline);
-  std::vector<uint64_t> words;
-  if (s.ok()) s = board_->Await({server}, seq, deadline, never_, &words);
+  // The staging area is free again once this returns (flushed).
+  const absl::Status s =
+      board_->PutAndNotify({{server, staging, self_ * shape_.InboxBytes(), bytes}}, {server}, self_,
+                           NoticeWord(seq, Crc32c(query, bytes)), Deadline::After(timeout_));
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));
+  bytes_.Sent(bytes);
+  pending_[member] = seq;
+  return absl::OkStatus();
+}
+
+absl::Status UcxSpanPeers::FinishQuery(int member, int layer, const float* q, int64_t rows,
+                                       float* out, float* lse) {
+  if (member < 0 || member >= num_members() || member == self_member_ ||
+      rows != static_cast<int64_t>(tags_.size())) {
+    return absl::InvalidArgumentError("ESP span query: bad member or rows");
+  }
+  if (pending_[member] == 0) RETURN_IF_ERROR(StartQuery(member, layer, q, rows));
+  const uint32_t seq = std::exchange(pending_[member], 0);
+  const int server = members_[member];
+  absl::Status s = board_->Await({server}, seq, Deadline::After(timeout_), never_, &words_);
   const uint8_t* reply = board_->data() + server * shape_.ReplyBytes();
-  if (s.ok() && NoticeCrc(words[0]) != ReplyCrc(shape_, reply, rows)) {
+  if (s.ok() && NoticeCrc(words_[0]) != ReplyCrc(shape_, reply, rows)) {
     s = absl::DataLossError("a reply failed its CRC32C");
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));

@@ -136,6 +136,13 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   int self() const override { return self_member_; }
   [[nodiscard]] absl::Status Query(int member, int layer, const float* q, int64_t rows, float* out,
                                    float* lse) override;
+  // Sends the query (its data and notice in one flush); FinishQuery awaits
+  // the reply (and sends first when StartQuery did not). One query in
+  // flight per member; SetBatch forgets unfinished ones.
+  [[nodiscard]] absl::Status StartQuery(int member, int layer, const float* q,
+                                        int64_t rows) override;
+  [[nodiscard]] absl::Status FinishQuery(int member, int layer, const float* q, int64_t rows,
+                                         float* out, float* lse) override;
   // Counts from now on: sent = each query flushed, received = each reply
   // accepted (the sizes EspSpanServer::CountBytes gives). The driving
   // thread.
@@ -154,6 +161,8 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   std::vector<int> members_;
   int self_member_ = 0;
   std::vector<uint64_t> tags_;
+  std::vector<uint32_t> pending_;  // per member, the query in flight (0: none)
+  std::vector<uint64_t> words_;    // Await's scratch
   WireBytes bytes_;
   std::atomic<bool> never_{false};
 };

@@ -139,6 +139,11 @@ void UcxNoticeBoard::ClearNotices() {
 }
 
 absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadline deadline) {
+  return PutFenceFlush(pieces, {}, deadline);
+}
+
+absl::Status UcxNoticeBoard::PutFenceFlush(const std::vector<Piece>& first,
+                                           const std::vector<Piece>& after, Deadline deadline) {
   auto state = std::make_shared<PutState>();
   state->pending = 1;  // a guard until every flush has started
   std::set<int> named;
@@ -146,7 +151,7 @@ absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadl
     const UcxDone note = [state](absl::Status st) {
       if (!st.ok() && state->first_error.ok()) state->first_error = st;
     };
-    for (const Piece& piece : pieces) {
+    auto put = [&](const Piece& piece) -> absl::Status {
       if (piece.peer < 0 || piece.peer >= static_cast<int>(peers_.size()) ||
           peers_[piece.peer] == nullptr) {
         return absl::InvalidArgumentError("notice board: no such peer");
@@ -162,7 +167,16 @@ absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadl
                                p.base + remote, p.rkey->get(), &param);
           },
           note);
+      return absl::OkStatus();
+    };
+    for (const Piece& piece : first) RETURN_IF_ERROR(put(piece));
+    if (!first.empty() && !after.empty()) {
+      const ucs_status_t fenced = ucp_worker_fence(worker_->get());
+      if (fenced != UCS_OK) {
+        return absl::InternalError(absl::StrCat("ucp_worker_fence: ", ucs_status_string(fenced)));
+      }
     }
+    for (const Piece& piece : after) RETURN_IF_ERROR(put(piece));
     for (int i : named) {
       ++state->pending;
       StartUcxOp(
@@ -204,6 +218,27 @@ absl::Status UcxNoticeBoard::Notify(const std::vector<int>& peers, int index, ui
   return PutAndFlush(pieces, deadline);
 }
 
+absl::Status UcxNoticeBoard::PutAndNotify(const std::vector<Piece>& pieces,
+                                          const std::vector<int>& peers, int index, uint64_t word,
+                                          Deadline deadline) {
+  absl::MutexLock lock(&notify_mu_);
+  const uint64_t staging = NoticeOffset(notices_);
+  std::memcpy(data() + staging, &word, sizeof(word));
+  std::vector<Piece> notices;
+  for (int p : peers) {
+    notices.push_back({p, staging, static_cast<uint64_t>(index), sizeof(word), /*to_notice=*/true});
+  }
+  return PutFenceFlush(pieces, notices, deadline);
+}
+
+void UcxNoticeBoard::Peek(const std::vector<int>& indices, std::vector<uint64_t>* words) const {
+  words->resize(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    (*words)[i] = __atomic_load_n(
+        reinterpret_cast<const uint64_t*>(data() + NoticeOffset(indices[i])), __ATOMIC_ACQUIRE);
+  }
+}
+
 absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
                                   bool ignore_lost) {
   words->assign(indices.size(), 0);
@@ -226,21 +261,37 @@ absl::Status UcxNoticeBoard::Read(const std::vector<int>& indices, std::vector<u
 absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
                                    uint32_t abort_seq) {
+  // Polls with Peek (no hop to the progress thread, which a spinning
+  // caller would otherwise keep busy); Reads when the words look settled
+  // and at each liveness check (a lost peer's report).
   Deadline check = Deadline::After(kLivenessInterval);
+  bool read = true;
   for (;;) {
-    RETURN_IF_ERROR(Read(indices, words));
-    size_t ready = 0;
+    if (read) {
+      RETURN_IF_ERROR(Read(indices, words));
+    } else {
+      Peek(indices, words);
+    }
+    size_t ready = 0, aborted = 0;
     for (uint64_t word : *words) {
-      if (NoticeSeq(word) == kAbortSeq || NoticeSeq(word) == abort_seq)
-        return absl::UnavailableError("a peer gave up");
+      aborted += NoticeSeq(word) == kAbortSeq || NoticeSeq(word) == abort_seq;
       ready += NoticeSeq(word) == seq;
     }
-    if (ready == indices.size()) return absl::OkStatus();
+    if (aborted > 0 || ready == indices.size()) {
+      if (!read) {  // settled: Read orders the data before the caller's reads
+        read = true;
+        continue;
+      }
+      if (aborted > 0) return absl::UnavailableError("a peer gave up");
+      return absl::OkStatus();
+    }
+    read = false;
     if (cancelled) return absl::UnavailableError("cancelled");
     if (deadline.Expired()) return absl::DeadlineExceededError("a notice did not come in time");
     if (check.Expired()) {
       (void)CheckPeerProcesses({});  // the next Read sees a gone one lost
       check = Deadline::After(kLivenessInterval);
+      read = true;
     }
     sched_yield();
   }

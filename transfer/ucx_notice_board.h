@@ -12,10 +12,10 @@
 //   // the peer:
 //   RETURN_IF_ERROR(board->Await({2}, seq, deadline, cancelled, &words));
 //
-// Await reads the notice words on the progress thread, where UCX 1.13's
-// emulated puts land, so the data the peer put before them is visible to
-// the caller afterwards (shm puts into the mapped segment are plain memcpys
-// by the peer, ordered by its flush). A word whose sequence is kAbortSeq
+// Await polls the notice words from the caller's thread, then reads them
+// once more on the progress thread, where UCX 1.13's emulated puts land, so
+// the data the peer put before them is visible to the caller afterwards (shm puts into the mapped
+// segment are plain memcpys by the peer, ordered by its flush). A word whose sequence is kAbortSeq
 // ends every Await on it with UNAVAILABLE.
 //
 // Dead peers: UCX tcp reports a lost peer (error mode PEER) and the board
@@ -27,10 +27,10 @@
 // within ~50 ms of its death instead of at the deadline). A peer on another
 // host or in another pid namespace cannot be checked: the deadlines and
 // UCX's own report stay.
-// Thread-safety: PutAndFlush, Notify and Await are thread-safe (each runs
-// its UCX work on the progress thread; Notify calls are serialized, they
-// share the staging word); the caller owns the data layout: no two threads
-// may write the same bytes.
+// Thread-safety: PutAndFlush, Notify, PutAndNotify, Peek and Await are
+// thread-safe (each runs its UCX work on the progress thread; Notify and
+// PutAndNotify calls are serialized, they share the staging word); the caller owns the data layout:
+// no two threads may write the same bytes.
 #ifndef MMSERVE_TRANSFER_UCX_NOTICE_BOARD_H_
 #define MMSERVE_TRANSFER_UCX_NOTICE_BOARD_H_
 
@@ -111,6 +111,11 @@ class UcxNoticeBoard {
   // `word` into notice `index` of each peer, flushed.
   [[nodiscard]] absl::Status Notify(const std::vector<int>& peers, int index, uint64_t word,
                                     Deadline deadline);
+  // PutAndFlush then Notify in one round trip: the pieces, a fence (UCX
+  // completes them before anything after it), the notices, one flush.
+  [[nodiscard]] absl::Status PutAndNotify(const std::vector<Piece>& pieces,
+                                          const std::vector<int>& peers, int index, uint64_t word,
+                                          Deadline deadline);
   // The notices in `indices` now (read once on the progress thread, with
   // the same ordering as Await). UNAVAILABLE once any connected peer is
   // marked lost (tcp: within ~0.1 s of its death; a gone process: at the
@@ -118,10 +123,14 @@ class UcxNoticeBoard {
   // and go).
   [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
                                   bool ignore_lost = false);
+  // The notices in `indices` as the calling thread sees them now, without
+  // the progress thread: a cheap poll. It orders nothing: Read (or Await)
+  // before reading the data a word announces.
+  void Peek(const std::vector<int>& indices, std::vector<uint64_t>* words) const;
   // Waits until every notice in `indices` has sequence `seq` (*words gets
-  // them, in the order of indices). UNAVAILABLE on an abort word (kAbortSeq
-  // or `abort_seq`), once `cancelled` is set or a peer is lost (its process
-  // gone included); DEADLINE_EXCEEDED past the deadline.
+  // them, in the order of indices; polled with Peek, then Read once). UNAVAILABLE on an abort word
+  // (kAbortSeq or `abort_seq`), once `cancelled` is set or a peer is lost (its process gone
+  // included); DEADLINE_EXCEEDED past the deadline.
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,
                                    uint32_t abort_seq = kAbortSeq);
@@ -133,6 +142,9 @@ class UcxNoticeBoard {
   // Marks lost each connected peer in `peers` (every one when empty) whose
   // process is gone; whether any of them is lost now.
   bool CheckPeerProcesses(const std::set<int>& peers);
+  // `first`, a fence when both are given, `after`, then a flush of every peer named.
+  absl::Status PutFenceFlush(const std::vector<Piece>& first, const std::vector<Piece>& after,
+                             Deadline deadline);
 
   const size_t data_bytes_;
   const int notices_;
