@@ -33,8 +33,14 @@
 #    MIX_COUNTS "10 6 3 1" copies of each): SHORT words, FIT/4, FIT (0.9 x
 #    one instance's longest) and OVER (0.8 x elastic's longest, past one
 #    instance's pool: static data parallel and P/D refuse it).
-# 5. Rate probe: Poisson rates from RATE0 doubling until the better static
-#    configuration (static_dp, pd) falls below 90% SLO attainment: the knee.
+# 5. Rate probe: the knee is the lowest Poisson rate where the better static
+#    configuration (static_dp, pd) falls below 90% SLO attainment. The first
+#    rate comes from the mix (RATE0 overrides it): half of what two
+#    instances serve when each request costs its unloaded time (step 1's
+#    prefill time a token x its words + OUTPUT decode steps). Rates then
+#    double while the better static configuration holds 90%, or halve while
+#    it does not, until a rate that holds sits next to one that does not
+#    (PROBE_RATES probes at most).
 # 6. Load: at knee x RATE_FACTORS ("0.5 1 2"), the four configurations
 #    alternate ROUNDS times, the order reversed every other round, each run
 #    on a fresh stack (ports picked by the launcher, --port=0).
@@ -54,7 +60,7 @@
 #   bench/loadgen/esp_experiment.sh [--quick] [N=40] [ROUNDS=2]
 #
 # --quick: a smoke check under 5 minutes on free cores (8 requests, one
-# round, the knee rate only, probe rates 1, 2 and 4 at most, a 1 MiB pool). Binaries: the default
+# round, the knee rate only, 3 probe rates at most, a 1 MiB pool). Binaries: the default
 # configuration's (bazel build //deploy/launcher:mmserve_launch
 # //bench/loadgen:loadgen //router:router //language_service:language
 # //encoder_service:encoder //bench:esp_bench //bench:esp_profile) or those
@@ -71,12 +77,10 @@ date_start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 if ((quick)); then
   n=${1:-8} rounds=${2:-1} factors=${RATE_FACTORS:-1} probe_rates=${PROBE_RATES:-3}
-  rate0=${RATE0:-1}
   kv_mb=${KV_MB:-1} probe_step=${PROBE_STEP:-128}
   bench_flags="--prompt=512 --rounds=1" profile_flags="--tokens=128,256,512 --reps=1"
 else
   n=${1:-40} rounds=${2:-2} factors=${RATE_FACTORS:-"0.5 1 2"} probe_rates=${PROBE_RATES:-6}
-  rate0=${RATE0:-0.5}
   kv_mb=${KV_MB:-2} probe_step=${PROBE_STEP:-64}
   bench_flags="--prompt=1024 --rounds=3" profile_flags="--tokens=256,512,1024,2048 --reps=3"
 fi
@@ -217,20 +221,40 @@ PY
 )
 echo "{\"mix_words\": [$mix]}"
 
-# 5. The knee: the rate where the better static configuration falls below 90%.
-knee=$rate0 knee_found=0
+# 5. The knee: the lowest rate where the better static configuration falls
+#    below 90%, bracketed by a rate where it holds.
+rate0=${RATE0:-$(python3 - "$out/esp_bench.jsonl" "$mix" "$output" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+words = [int(w) for w in sys.argv[2].split(",")]
+per_token, step = j["prefill_dop1_s"] / j["prompt"], j["decode_step_single_ms"] / 1e3
+service = sum(per_token * w + int(sys.argv[3]) * step for w in words) / len(words)
+print("%.3g" % (0.5 * 2 / service))
+PY
+)}
+holds=() fails=()
+rate=$rate0 knee_found=0
 touch "$out/rate_probe.jsonl"
 for _ in $(seq 1 "$probe_rates"); do
-  for config in static_dp pd; do run "$config" "$knee" 0 rate_probe >>"$out/rate_probe.jsonl"; done
-  tail -n 2 "$out/rate_probe.jsonl" | python3 -c '
+  for config in static_dp pd; do run "$config" "$rate" 0 rate_probe >>"$out/rate_probe.jsonl"; done
+  if tail -n 2 "$out/rate_probe.jsonl" | python3 -c '
 import json, sys
-sys.exit(0 if max(json.loads(l)["slo_attainment"] for l in sys.stdin) < 0.9 else 1)' &&
-    knee_found=1 && break
-  knee=$(python3 -c "print($knee * 2)")
+sys.exit(0 if max(json.loads(l)["slo_attainment"] for l in sys.stdin) >= 0.9 else 1)'; then
+    holds+=("$rate")
+    ((${#fails[@]} == 0)) || { knee_found=1; break; }
+    rate=$(python3 -c "print('%g' % ($rate * 2))")
+  else
+    fails+=("$rate")
+    ((${#holds[@]} == 0)) || { knee_found=1; break; }
+    rate=$(python3 -c "print('%g' % ($rate / 2))")
+  fi
 done
+# Not bracketed: the last rate probed (the highest that held, or the
+# lowest that did not).
+if ((knee_found)) || ((${#holds[@]} == 0)); then knee=${fails[-1]}; else knee=${holds[-1]}; fi
 cat "$out/rate_probe.jsonl"
 rates=$(python3 -c "print(' '.join('%g' % (float(f) * $knee) for f in '$factors'.split()))")
-echo "{\"knee_rate\": $knee, \"rates\": [$(echo "$rates" | tr ' ' ',')]}"
+echo "{\"knee_rate\": $knee, \"first_probe_rate\": $rate0, \"rates\": [$(echo "$rates" | tr ' ' ',')]}"
 
 # 6. Load at rates around and past the knee, the configurations alternated.
 for rate in $rates; do
