@@ -13,6 +13,7 @@
 //
 // Prints a human table, then one JSON line last.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -77,7 +78,70 @@ double Median(std::vector<double> v) {
 
 struct Figures {
   std::vector<double> prefill1, prefill2, step1, step2, serial, parallel;
+  // Where a spread step's span queries go, microseconds a query (one a
+  // layer): sending it, waiting for the answer (after the master's own
+  // span attention), the holder's attention, and the master's own span
+  // attention and merge (timed alone, the same sizes).
+  std::vector<double> send_us, wait_us, holder_us, local_us, merge_us;
 };
+
+// The master's span queries, timed.
+class TimedPeers : public model::SpanAttentionPeers {
+ public:
+  explicit TimedPeers(model::SpanAttentionPeers& inner) : inner_(inner) {}
+  int num_members() const override { return inner_.num_members(); }
+  int self() const override { return inner_.self(); }
+  absl::Status Query(int member, int layer, const float* q, int64_t rows, float* out,
+                     float* lse) override {
+    return inner_.Query(member, layer, q, rows, out, lse);
+  }
+  absl::Status StartQuery(int member, int layer, const float* q, int64_t rows) override {
+    const int64_t start = MonotonicNanos();
+    absl::Status s = inner_.StartQuery(member, layer, q, rows);
+    send_ns += MonotonicNanos() - start;
+    return s;
+  }
+  absl::Status FinishQuery(int member, int layer, const float* q, int64_t rows, float* out,
+                           float* lse) override {
+    const int64_t start = MonotonicNanos();
+    absl::Status s = inner_.FinishQuery(member, layer, q, rows, out, lse);
+    wait_ns += MonotonicNanos() - start;
+    ++queries;
+    return s;
+  }
+  int64_t send_ns = 0, wait_ns = 0, queries = 0;
+
+ private:
+  model::SpanAttentionPeers& inner_;
+};
+
+// The master's own span attention over `keys` keys and the merge of two
+// partials for one row, microseconds each (the median of `reps`).
+void TimeLocal(Node& node, const TextConfig& cfg, int64_t keys, int reps, Figures& f) {
+  const int64_t heads = cfg.num_attention_heads, hd = cfg.head_dim();
+  std::vector<float> q(heads * hd, 0.01f), out(2 * heads * hd), lse(2 * heads), merged(heads * hd);
+  const model::KvCacheShape& ks = node.kv->shape();
+  const cpu::PagedKvLayer kv{node.kv->Key(0), node.kv->Value(0), ks.block_size, ks.num_kv_heads,
+                             ks.head_dim};
+  const float scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
+  std::vector<double> local, merge;
+  for (int r = 0; r < reps; ++r) {
+    int64_t start = MonotonicNanos();
+    cpu::PartialAttention(node.pool, q.data(), heads, kv, {{0, node.table.data(), keys}}, scale,
+                          out.data(), lse.data());
+    local.push_back((MonotonicNanos() - start) * 1e-3);
+    std::copy_n(out.data(), heads * hd, out.data() + heads * hd);
+    std::copy_n(lse.data(), heads, lse.data() + heads);
+    start = MonotonicNanos();
+    cpu::MergePartials(heads, hd, {{out.data(), lse.data()}, {&out[heads * hd], &lse[heads]}},
+                       merged.data());
+    merge.push_back((MonotonicNanos() - start) * 1e-3);
+  }
+  std::sort(local.begin(), local.end());
+  std::sort(merge.begin(), merge.end());
+  f.local_us.push_back(local[reps / 2]);
+  f.merge_us.push_back(merge[reps / 2]);
+}
 
 // The machine's parallelism now: two independent one-thread prefills of
 // half the prompt one after the other, then at the same time. Their ratio
@@ -119,16 +183,19 @@ void Round(transfer::UcxContext& ctx, const TextConfig& cfg, const model::Qwen2W
   const transfer::EspSpanShape shape{2, 1, q_width, cfg.num_attention_heads};
   Node& holder = *nodes[0];
   const float scale = static_cast<float>(std::pow(static_cast<double>(cfg.head_dim()), -0.5));
+  std::atomic<int64_t> holder_ns{0};
   auto server = transfer::EspSpanServer::Create(
       ctx, shape, 0,
       [&](int layer, absl::Span<const uint64_t>, const float* q, int64_t rows, float* out,
           float* lse) {
+        const int64_t begin = MonotonicNanos();
         const model::KvCacheShape& ks = holder.kv->shape();
         const cpu::PagedKvLayer kv{holder.kv->Key(layer), holder.kv->Value(layer), ks.block_size,
                                    ks.num_kv_heads, ks.head_dim};
         std::vector<cpu::PartialSpan> spans;
         for (int64_t r = 0; r < rows; ++r) spans.push_back({r, holder.table.data(), half});
         cpu::PartialAttention(holder.pool, q, cfg.num_attention_heads, kv, spans, scale, out, lse);
+        holder_ns += MonotonicNanos() - begin;
         return absl::OkStatus();
       },
       {});
@@ -139,13 +206,19 @@ void Round(transfer::UcxContext& ctx, const TextConfig& cfg, const model::Qwen2W
   CHECK_OK((*peers)->Connect({(*server)->target(), {}}));
   (*peers)->SetBatch({0, 1}, 1, {0});
   Node& master = *nodes[1];
+  TimedPeers timed(**peers);
   start = MonotonicNanos();
   for (int s = 0; s < steps; ++s) {
     CHECK_OK(
         master.model.ForwardEspDecode(Decode(master, len + s, len - half + s + 1, cfg.vocab_size),
-                                      *master.kv, **peers, &master.logits));
+                                      *master.kv, timed, &master.logits));
   }
   f.step2.push_back(Seconds(start) / steps);
+  const double queries = static_cast<double>(std::max<int64_t>(timed.queries, 1));
+  f.send_us.push_back(timed.send_ns * 1e-3 / queries);
+  f.wait_us.push_back(timed.wait_ns * 1e-3 / queries);
+  f.holder_us.push_back(holder_ns * 1e-3 / queries);
+  TimeLocal(master, cfg, len - half, 9, f);
 }
 
 int Main() {
@@ -169,13 +242,20 @@ int Main() {
               ceiling);
   std::printf("  decode   one instance %7.2f ms   spread over 2 %7.2f ms   ratio %.2f\n", s1 * 1e3,
               s2 * 1e3, s2 / s1);
+  const double send = Median(f.send_us), wait = Median(f.wait_us), held = Median(f.holder_us);
+  const double local = Median(f.local_us), merge = Median(f.merge_us);
+  std::printf(
+      "  a span query (one a layer): send %.0f us, own span attention %.0f us, answer wait %.0f "
+      "us (holder's attention %.0f us), merge %.1f us\n",
+      send, local, wait, held, merge);
   std::printf(
       "{\"prompt\": %lld, \"layers\": %d, \"prefill_dop1_s\": %.4f, \"prefill_dop2_s\": %.4f, "
       "\"ttft_dop2_vs_dop1\": %.3f, \"decode_step_single_ms\": %.3f, "
       "\"decode_step_spread_ms\": %.3f, \"decode_step_spread_ratio\": %.3f, "
-      "\"parallel_ceiling\": %.3f}\n",
+      "\"parallel_ceiling\": %.3f, \"span_query_us\": {\"send\": %.1f, \"local_attention\": %.1f, "
+      "\"wait\": %.1f, \"holder_attention\": %.1f, \"merge\": %.2f}}\n",
       static_cast<long long>(len), cfg.num_hidden_layers, p1, p2, p1 / p2, s1 * 1e3, s2 * 1e3,
-      s2 / s1, ceiling);
+      s2 / s1, ceiling, send, local, wait, held, merge);
   return 0;
 }
 
