@@ -102,11 +102,19 @@ void EspSpanServer::CountBytes(const WireBytes& bytes) {
 void EspSpanServer::Serve() {
   absl::Time last_work = absl::Now();
   std::vector<uint64_t> words;
+  // While spinning, the board's progress thread spins too (queries land
+  // only as it progresses).
+  bool held = false;
+  auto hold = [&](bool h) {
+    if (h != held) board_->HoldAwake(h);
+    held = h;
+  };
   while (!stop_) {
     bool worked = false;
-    if (!ServeRound(words, &worked)) return;  // the worker stopped
+    if (!ServeRound(words, &worked)) break;  // the worker stopped
     const absl::Time now = absl::Now();
     if (worked) last_work = now;
+    hold(now - last_work <= kSpin);
     if (now - last_work > kLongIdle) {
       absl::SleepFor(kLongNap);
     } else if (now - last_work > kSpin) {
@@ -115,6 +123,7 @@ void EspSpanServer::Serve() {
       sched_yield();
     }
   }
+  hold(false);
 }
 
 bool EspSpanServer::ServeRound(std::vector<uint64_t>& words, bool* worked) {

@@ -52,7 +52,9 @@ absl::StatusOr<std::unique_ptr<UcxNoticeBoard>> UcxNoticeBoard::Create(
   ASSIGN_OR_RETURN(b->region_, UcxMemoryRegion::Allocate(context, bytes));
   std::memset(b->data() + b->NoticeOffset(0), 0, (notices + 1) * sizeof(uint64_t));
   ASSIGN_OR_RETURN(b->worker_, UcxWorker::Create(context, options));
-  b->worker_->Start(nullptr);
+  UcxNoticeBoard* board = b.get();
+  b->worker_->Start(nullptr,
+                    [board] { return board->awake_holds_.load(std::memory_order_relaxed) > 0; });
   ASSIGN_OR_RETURN(b->target_.rkey, b->region_->PackRkey());
   b->target_.worker_address = b->worker_->address();
   b->target_.base_address = reinterpret_cast<uint64_t>(b->region_->address());
@@ -264,6 +266,11 @@ absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq
   // Polls with Peek (no hop to the progress thread, which a spinning
   // caller would otherwise keep busy); Reads when the words look settled
   // and at each liveness check (a lost peer's report).
+  HoldAwake(true);
+  struct Release {
+    UcxNoticeBoard* board;
+    ~Release() { board->HoldAwake(false); }
+  } release{this};
   Deadline check = Deadline::After(kLivenessInterval);
   bool read = true;
   for (;;) {

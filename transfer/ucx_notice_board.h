@@ -127,6 +127,11 @@ class UcxNoticeBoard {
   // the progress thread: a cheap poll. It orders nothing: Read (or Await)
   // before reading the data a word announces.
   void Peek(const std::vector<int>& indices, std::vector<uint64_t>* words) const;
+  // While held (holds count), the progress thread keeps polling UCX instead
+  // of sleeping: shm puts (UCX 1.13) land only as it progresses and do not
+  // wake it. Await holds it while it waits; a server thread polling with
+  // Peek holds it while it expects queries.
+  void HoldAwake(bool hold) { awake_holds_.fetch_add(hold ? 1 : -1, std::memory_order_relaxed); }
   // Waits until every notice in `indices` has sequence `seq` (*words gets
   // them, in the order of indices; polled with Peek, then Read once). UNAVAILABLE on an abort word
   // (kAbortSeq or `abort_seq`), once `cancelled` is set or a peer is lost (its process gone
@@ -153,6 +158,7 @@ class UcxNoticeBoard {
   std::vector<std::unique_ptr<Peer>> peers_;  // progress thread only
   NoticeBoardTarget target_;
   absl::Mutex notify_mu_;  // held across a Notify: the staging word is in flight
+  std::atomic<int> awake_holds_{0};
 };
 
 }  // namespace mmserve::transfer
