@@ -200,9 +200,11 @@ absl::StatusOr<std::unique_ptr<UcxSpanPeers>> UcxSpanPeers::Create(UcxContext& c
     return absl::InvalidArgumentError("ESP span peers: bad shape");
   }
   std::unique_ptr<UcxSpanPeers> p(new UcxSpanPeers(shape, self, timeout));
-  ASSIGN_OR_RETURN(p->board_, UcxNoticeBoard::Create(
-                                  context, shape.parties * shape.ReplyBytes() + shape.InboxBytes(),
-                                  shape.parties, options));
+  // Replies, then the query's staging area and its notice word.
+  ASSIGN_OR_RETURN(
+      p->board_,
+      UcxNoticeBoard::Create(context, shape.parties * shape.ReplyBytes() + shape.InboxBytes() + 8,
+                             shape.parties, options));
   return p;
 }
 
@@ -229,6 +231,11 @@ void UcxSpanPeers::SetBatch(std::vector<int> members, int self_member,
   self_member_ = self_member;
   tags_ = std::move(row_tags);
   pending_.assign(members_.size(), 0);
+  // An unfinished query of the last batch (its step failed): its puts end
+  // before the staging area serves this batch; how they ended is that
+  // step's business.
+  if (in_flight_ != nullptr) (void)board_->WaitPuts(*in_flight_, Deadline::After(timeout_));
+  in_flight_.reset();
 }
 
 absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t rows, float* out,
@@ -243,6 +250,11 @@ absl::Status UcxSpanPeers::StartQuery(int member, int layer, const float* q, int
     return absl::InvalidArgumentError("ESP span query: bad member or rows");
   }
   const int server = members_[member];
+  const Deadline deadline = Deadline::After(timeout_);
+  if (in_flight_ != nullptr) {  // the staging area is still being put
+    const absl::Status s = board_->WaitPuts(*std::exchange(in_flight_, nullptr), deadline);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));
+  }
   if (++seq_ == kAbortSeq || seq_ == 0) seq_ = 1;
   const uint32_t seq = seq_;
   const uint64_t staging = shape_.parties * shape_.ReplyBytes();
@@ -253,11 +265,14 @@ absl::Status UcxSpanPeers::StartQuery(int member, int layer, const float* q, int
   std::memcpy(query + 8, tags_.data(), rows * sizeof(uint64_t));
   std::memcpy(query + 8 + shape_.max_rows * 8, q, rows * shape_.q_width * sizeof(float));
   const uint64_t bytes = QueryBytes(shape_, rows);
-  // The staging area is free again once this returns (flushed).
-  const absl::Status s =
-      board_->PutAndNotify({{server, staging, self_ * shape_.InboxBytes(), bytes}}, {server}, self_,
-                           NoticeWord(seq, Crc32c(query, bytes)), Deadline::After(timeout_));
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));
+  const uint64_t word_at = staging + shape_.InboxBytes();
+  const uint64_t word = NoticeWord(seq, Crc32c(query, bytes));
+  std::memcpy(board_->data() + word_at, &word, sizeof(word));
+  // The query, a fence, its notice: in flight while the master attends its
+  // own span; FinishQuery (or the next StartQuery) waits for the flush.
+  in_flight_ = board_->StartPuts(
+      {{server, staging, self_ * shape_.InboxBytes(), bytes}},
+      {{server, word_at, static_cast<uint64_t>(self_), sizeof(word), /*to_notice=*/true}});
   bytes_.Sent(bytes);
   pending_[member] = seq;
   return absl::OkStatus();
@@ -272,7 +287,10 @@ absl::Status UcxSpanPeers::FinishQuery(int member, int layer, const float* q, in
   if (pending_[member] == 0) RETURN_IF_ERROR(StartQuery(member, layer, q, rows));
   const uint32_t seq = std::exchange(pending_[member], 0);
   const int server = members_[member];
-  absl::Status s = board_->Await({server}, seq, Deadline::After(timeout_), never_, &words_);
+  const Deadline deadline = Deadline::After(timeout_);
+  absl::Status s = absl::OkStatus();
+  if (in_flight_ != nullptr) s = board_->WaitPuts(*std::exchange(in_flight_, nullptr), deadline);
+  if (s.ok()) s = board_->Await({server}, seq, deadline, never_, &words_);
   const uint8_t* reply = board_->data() + server * shape_.ReplyBytes();
   if (s.ok() && NoticeCrc(words_[0]) != ReplyCrc(shape_, reply, rows)) {
     s = absl::DataLossError("a reply failed its CRC32C");

@@ -136,9 +136,10 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   int self() const override { return self_member_; }
   [[nodiscard]] absl::Status Query(int member, int layer, const float* q, int64_t rows, float* out,
                                    float* lse) override;
-  // Sends the query (its data and notice in one flush); FinishQuery awaits
-  // the reply (and sends first when StartQuery did not). One query in
-  // flight per member; SetBatch forgets unfinished ones.
+  // Sends the query (its data, a fence and its notice; the flush is waited
+  // for by FinishQuery or the next StartQuery); FinishQuery awaits the
+  // reply (and sends first when StartQuery did not). One query in flight
+  // per member; SetBatch forgets unfinished ones.
   [[nodiscard]] absl::Status StartQuery(int member, int layer, const float* q,
                                         int64_t rows) override;
   [[nodiscard]] absl::Status FinishQuery(int member, int layer, const float* q, int64_t rows,
@@ -162,7 +163,9 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   int self_member_ = 0;
   std::vector<uint64_t> tags_;
   std::vector<uint32_t> pending_;  // per member, the query in flight (0: none)
-  std::vector<uint64_t> words_;    // Await's scratch
+  // The last query's puts, until waited for: the staging area is theirs.
+  std::shared_ptr<UcxNoticeBoard::Puts> in_flight_;
+  std::vector<uint64_t> words_;  // Await's scratch
   WireBytes bytes_;
   std::atomic<bool> never_{false};
 };

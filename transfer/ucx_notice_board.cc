@@ -13,18 +13,22 @@
 #include "transfer/ucx_request.h"
 
 namespace mmserve::transfer {
-namespace {
+namespace {}  // namespace
 
 // One batch of puts and the flushes after them.
-struct PutState {
-  int pending = 0;           // flushes not completed, plus a guard; progress thread only
+struct UcxNoticeBoard::Puts {
+  std::set<int> named;       // the peers written to; set before the batch starts
+  int pending = 1;           // flushes not completed, plus a guard; progress thread only
   absl::Status first_error;  // progress thread only until `done`
+  absl::Status refused;      // the batch did not start (set before `done`)
   absl::Status result;
   absl::Notification done;
 };
 
+namespace {
+
 // One flush (or the guard) done; the last settles the batch.
-void Settle(PutState& state) {
+void Settle(UcxNoticeBoard::Puts& state) {
   if (--state.pending == 0) {
     state.result = state.first_error;
     state.done.Notify();
@@ -144,66 +148,92 @@ absl::Status UcxNoticeBoard::PutAndFlush(const std::vector<Piece>& pieces, Deadl
   return PutFenceFlush(pieces, {}, deadline);
 }
 
+std::shared_ptr<UcxNoticeBoard::Puts> UcxNoticeBoard::NewPuts(const std::vector<Piece>& first,
+                                                              const std::vector<Piece>& after) {
+  auto state = std::make_shared<Puts>();
+  for (const Piece& piece : first) state->named.insert(piece.peer);
+  for (const Piece& piece : after) state->named.insert(piece.peer);
+  return state;
+}
+
 absl::Status UcxNoticeBoard::PutFenceFlush(const std::vector<Piece>& first,
                                            const std::vector<Piece>& after, Deadline deadline) {
-  auto state = std::make_shared<PutState>();
-  state->pending = 1;  // a guard until every flush has started
-  std::set<int> named;
-  RETURN_IF_ERROR(worker_->RunSync([&]() -> absl::Status {
-    const UcxDone note = [state](absl::Status st) {
-      if (!st.ok() && state->first_error.ok()) state->first_error = st;
-    };
-    auto put = [&](const Piece& piece) -> absl::Status {
-      if (piece.peer < 0 || piece.peer >= static_cast<int>(peers_.size()) ||
-          peers_[piece.peer] == nullptr) {
-        return absl::InvalidArgumentError("notice board: no such peer");
-      }
-      const Peer& p = *peers_[piece.peer];
-      if (*p.failed) return absl::UnavailableError("notice board: a peer is lost");
-      named.insert(piece.peer);
-      const uint64_t remote =
-          piece.to_notice ? p.notice_offset + piece.remote_offset * 8 : piece.remote_offset;
-      StartUcxOp(
-          [&](const ucp_request_param_t& param) {
-            return ucp_put_nbx(p.ep->get(), data() + piece.local_offset, piece.bytes,
-                               p.base + remote, p.rkey->get(), &param);
-          },
-          note);
-      return absl::OkStatus();
-    };
-    for (const Piece& piece : first) RETURN_IF_ERROR(put(piece));
-    if (!first.empty() && !after.empty()) {
-      const ucs_status_t fenced = ucp_worker_fence(worker_->get());
-      if (fenced != UCS_OK) {
-        return absl::InternalError(absl::StrCat("ucp_worker_fence: ", ucs_status_string(fenced)));
-      }
+  std::shared_ptr<Puts> state = NewPuts(first, after);
+  RETURN_IF_ERROR(worker_->RunSync([&] { return IssuePuts(state, first, after); }));
+  return WaitPuts(*state, deadline);
+}
+
+std::shared_ptr<UcxNoticeBoard::Puts> UcxNoticeBoard::StartPuts(std::vector<Piece> first,
+                                                                std::vector<Piece> after) {
+  std::shared_ptr<Puts> state = NewPuts(first, after);
+  worker_->Post([this, state, first = std::move(first), after = std::move(after)] {
+    absl::Status s = IssuePuts(state, first, after);
+    if (s.ok()) return;
+    state->refused = std::move(s);  // no flush started: nothing else settles it
+    state->done.Notify();
+  });
+  return state;
+}
+
+absl::Status UcxNoticeBoard::IssuePuts(const std::shared_ptr<Puts>& state,
+                                       const std::vector<Piece>& first,
+                                       const std::vector<Piece>& after) {
+  const UcxDone note = [state](absl::Status st) {
+    if (!st.ok() && state->first_error.ok()) state->first_error = st;
+  };
+  auto put = [&](const Piece& piece) -> absl::Status {
+    if (piece.peer < 0 || piece.peer >= static_cast<int>(peers_.size()) ||
+        peers_[piece.peer] == nullptr) {
+      return absl::InvalidArgumentError("notice board: no such peer");
     }
-    for (const Piece& piece : after) RETURN_IF_ERROR(put(piece));
-    for (int i : named) {
-      ++state->pending;
-      StartUcxOp(
-          [&](const ucp_request_param_t& param) {
-            return ucp_ep_flush_nbx(peers_[i]->ep->get(), &param);
-          },
-          [state](absl::Status st) {
-            if (!st.ok() && state->first_error.ok()) state->first_error = st;
-            Settle(*state);
-          });
-    }
-    Settle(*state);  // the guard
+    const Peer& p = *peers_[piece.peer];
+    if (*p.failed) return absl::UnavailableError("notice board: a peer is lost");
+    const uint64_t remote =
+        piece.to_notice ? p.notice_offset + piece.remote_offset * 8 : piece.remote_offset;
+    StartUcxOp(
+        [&](const ucp_request_param_t& param) {
+          return ucp_put_nbx(p.ep->get(), data() + piece.local_offset, piece.bytes, p.base + remote,
+                             p.rkey->get(), &param);
+        },
+        note);
     return absl::OkStatus();
-  }));
+  };
+  for (const Piece& piece : first) RETURN_IF_ERROR(put(piece));
+  if (!first.empty() && !after.empty()) {
+    const ucs_status_t fenced = ucp_worker_fence(worker_->get());
+    if (fenced != UCS_OK) {
+      return absl::InternalError(absl::StrCat("ucp_worker_fence: ", ucs_status_string(fenced)));
+    }
+  }
+  for (const Piece& piece : after) RETURN_IF_ERROR(put(piece));
+  for (int i : state->named) {
+    ++state->pending;
+    StartUcxOp(
+        [&](const ucp_request_param_t& param) {
+          return ucp_ep_flush_nbx(peers_[i]->ep->get(), &param);
+        },
+        [state](absl::Status st) {
+          if (!st.ok() && state->first_error.ok()) state->first_error = st;
+          Settle(*state);
+        });
+  }
+  Settle(*state);  // the guard
+  return absl::OkStatus();
+}
+
+absl::Status UcxNoticeBoard::WaitPuts(Puts& state, Deadline deadline) {
   // A flush over shm waits for the peer's progress: check its process.
-  while (!state->done.WaitForNotificationWithTimeout(
+  while (!state.done.WaitForNotificationWithTimeout(
       std::min(deadline.Remaining(), kLivenessInterval))) {
     if (deadline.Expired())
       return absl::DeadlineExceededError("a peer did not take the data in time");
-    if (!named.empty() && CheckPeerProcesses(named)) {
+    if (!state.named.empty() && CheckPeerProcesses(state.named)) {
       return absl::UnavailableError("a peer is lost");
     }
   }
-  if (!state->result.ok()) {
-    return absl::UnavailableError(absl::StrCat("a peer is lost: ", state->result.message()));
+  if (!state.refused.ok()) return state.refused;
+  if (!state.result.ok()) {
+    return absl::UnavailableError(absl::StrCat("a peer is lost: ", state.result.message()));
   }
   return absl::OkStatus();
 }

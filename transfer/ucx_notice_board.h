@@ -123,6 +123,15 @@ class UcxNoticeBoard {
   // and go).
   [[nodiscard]] absl::Status Read(const std::vector<int>& indices, std::vector<uint64_t>* words,
                                   bool ignore_lost = false);
+  // A batch of puts in flight.
+  struct Puts;
+  // PutFenceFlush without the wait: `first`, a fence when both are given,
+  // `after` and the flushes go to the progress thread and this returns at
+  // once; WaitPuts waits for the flushes (PutFenceFlush's errors). The
+  // bytes put must stay as they are until WaitPuts returned. Not from the
+  // progress thread.
+  std::shared_ptr<Puts> StartPuts(std::vector<Piece> first, std::vector<Piece> after);
+  [[nodiscard]] absl::Status WaitPuts(Puts& puts, Deadline deadline);
   // The notices in `indices` as the calling thread sees them now, without
   // the progress thread: a cheap poll. It orders nothing: Read (or Await)
   // before reading the data a word announces.
@@ -148,6 +157,12 @@ class UcxNoticeBoard {
   // process is gone; whether any of them is lost now.
   bool CheckPeerProcesses(const std::set<int>& peers);
   // `first`, a fence when both are given, `after`, then a flush of every peer named.
+  static std::shared_ptr<Puts> NewPuts(const std::vector<Piece>& first,
+                                       const std::vector<Piece>& after);
+  // The batch's puts and flushes (progress thread); on an error no flush
+  // started.
+  absl::Status IssuePuts(const std::shared_ptr<Puts>& state, const std::vector<Piece>& first,
+                         const std::vector<Piece>& after);
   absl::Status PutFenceFlush(const std::vector<Piece>& first, const std::vector<Piece>& after,
                              Deadline deadline);
 
