@@ -234,8 +234,14 @@ void UcxSpanPeers::SetBatch(std::vector<int> members, int self_member,
   // An unfinished query of the last batch (its step failed): its puts end
   // before the staging area serves this batch; how they ended is that
   // step's business.
-  if (in_flight_ != nullptr) (void)board_->WaitPuts(*in_flight_, Deadline::After(timeout_));
-  in_flight_.reset();
+  (void)WaitQuerySent(Deadline::After(timeout_));
+}
+
+absl::Status UcxSpanPeers::WaitQuerySent(Deadline deadline) {
+  if (in_flight_ == nullptr) return absl::OkStatus();
+  const absl::Status s = board_->WaitPuts(*std::exchange(in_flight_, nullptr), deadline);
+  if (s.ok()) bytes_.Sent(in_flight_bytes_);
+  return s;
 }
 
 absl::Status UcxSpanPeers::Query(int member, int layer, const float* q, int64_t rows, float* out,
@@ -251,9 +257,9 @@ absl::Status UcxSpanPeers::StartQuery(int member, int layer, const float* q, int
   }
   const int server = members_[member];
   const Deadline deadline = Deadline::After(timeout_);
-  if (in_flight_ != nullptr) {  // the staging area is still being put
-    const absl::Status s = board_->WaitPuts(*std::exchange(in_flight_, nullptr), deadline);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));
+  // The last query's puts still read the staging area.
+  if (const absl::Status s = WaitQuerySent(deadline); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("ESP span query: ", s.message()));
   }
   if (++seq_ == kAbortSeq || seq_ == 0) seq_ = 1;
   const uint32_t seq = seq_;
@@ -273,7 +279,7 @@ absl::Status UcxSpanPeers::StartQuery(int member, int layer, const float* q, int
   in_flight_ = board_->StartPuts(
       {{server, staging, self_ * shape_.InboxBytes(), bytes}},
       {{server, word_at, static_cast<uint64_t>(self_), sizeof(word), /*to_notice=*/true}});
-  bytes_.Sent(bytes);
+  in_flight_bytes_ = bytes;
   pending_[member] = seq;
   return absl::OkStatus();
 }
@@ -288,8 +294,7 @@ absl::Status UcxSpanPeers::FinishQuery(int member, int layer, const float* q, in
   const uint32_t seq = std::exchange(pending_[member], 0);
   const int server = members_[member];
   const Deadline deadline = Deadline::After(timeout_);
-  absl::Status s = absl::OkStatus();
-  if (in_flight_ != nullptr) s = board_->WaitPuts(*std::exchange(in_flight_, nullptr), deadline);
+  absl::Status s = WaitQuerySent(deadline);
   if (s.ok()) s = board_->Await({server}, seq, deadline, never_, &words_);
   const uint8_t* reply = board_->data() + server * shape_.ReplyBytes();
   if (s.ok() && NoticeCrc(words_[0]) != ReplyCrc(shape_, reply, rows)) {

@@ -151,6 +151,8 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
 
  private:
   UcxSpanPeers(const EspSpanShape& shape, int self, absl::Duration timeout);
+  // Waits for the last query's puts (none: OK); counts its bytes once flushed.
+  absl::Status WaitQuerySent(Deadline deadline);
 
   const EspSpanShape shape_;
   int self_;
@@ -165,6 +167,7 @@ class UcxSpanPeers : public model::SpanAttentionPeers {
   std::vector<uint32_t> pending_;  // per member, the query in flight (0: none)
   // The last query's puts, until waited for: the staging area is theirs.
   std::shared_ptr<UcxNoticeBoard::Puts> in_flight_;
+  uint64_t in_flight_bytes_ = 0;
   std::vector<uint64_t> words_;  // Await's scratch
   WireBytes bytes_;
   std::atomic<bool> never_{false};
