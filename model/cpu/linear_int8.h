@@ -74,6 +74,14 @@ bool Int8UsesVnni();
 // on the same values: the same exact sums either way.
 bool Int8ActUsesVnni512();
 
+// The int8-activation tile's inner loop alone, for rooflines: `reps` passes
+// of its 6-row x 4-panel register tile over 256 columns held in L1 (the
+// kernel's own instruction mix: weight loads, x broadcasts, vpdpbusd).
+// Returns the integer operations done, 2 per multiply-add; its rate is what
+// bench/isa_peaks.h's vpdpbusd peak can be no lower than. The CPU must have
+// AVX512-VNNI.
+double Int8ActInnerLoop(int64_t reps);
+
 // out[0:cols] = row `row` of an int8 matrix dequantized: q * s.
 void Int8RowToF32(const WeightMatrix& w, int64_t row, float* out);
 

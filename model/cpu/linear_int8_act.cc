@@ -309,6 +309,30 @@ void BlockColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, const
 
 }  // namespace
 
+double Int8ActInnerLoop(int64_t reps) {
+  constexpr int64_t kQuads = kInt8Segment / 4;
+  constexpr int kRows = kBlockRows, kPanels = kBlockPanels;
+  alignas(64) static thread_local uint32_t w[kPanels * kQuads * kPanelRows];
+  alignas(64) static thread_local uint8_t x[kRows * kInt8Segment];
+  alignas(64) static thread_local int32_t offset[kPanels * kPanelRows];
+  for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); ++i)
+    w[i] = static_cast<uint32_t>(i * 2654435761u);
+  for (size_t i = 0; i < sizeof(x); ++i) x[i] = static_cast<uint8_t>(i * 131);
+  for (int32_t& o : offset) o = 0;
+  __m512i acc[kRows][kPanels];
+  __m512i keep = _mm512_setzero_si512();
+  for (int64_t r = 0; r < reps; ++r) {
+    QuadSteps<kRows, kPanels>(x, kInt8Segment, w, kQuads * kPanelRows, kQuads, offset, kPanelRows,
+                              acc);
+    keep = _mm512_add_epi32(keep, acc[r % kRows][r % kPanels]);
+  }
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, keep);
+  // Something the caller cannot see through keeps the loop alive.
+  offset[0] = lanes[0];
+  return 2.0 * 4 * kPanelRows * kRows * kPanels * kQuads * static_cast<double>(reps);
+}
+
 void Int8ActPanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                          int64_t p1) {
   const PanelOutput out(job, m, p1);
