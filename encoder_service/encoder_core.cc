@@ -93,8 +93,10 @@ absl::Status EncoderCore::Load() {
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options_.model_dir));
   model::VisionTowerOptions tower_options;
   ASSIGN_OR_RETURN(tower_options.int8_group, model::VisionInt8Group(options_.quantize));
-  ASSIGN_OR_RETURN(tower_options.bf16_activations,
-                   model::ParseBf16Activations(options_.activation_dtype, options_.quantize));
+  ASSIGN_OR_RETURN(const model::ActivationDtype activations,
+                   model::ParseActivationDtype(options_.activation_dtype, options_.quantize));
+  tower_options.bf16_activations = activations == model::ActivationDtype::kBf16;
+  tower_options.int8_activations = activations == model::ActivationDtype::kInt8;
   ASSIGN_OR_RETURN(tower_, model::VisionTower::Load(*checkpoint_, config_, tower_options));
   const transfer::EmbeddingLayout& layout = engine_.buffer().layout();
   if (layout.hidden_size != static_cast<uint32_t>(tower_->out_hidden()) ||

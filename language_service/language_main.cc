@@ -85,8 +85,9 @@ ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, c
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
 ABSL_FLAG(std::string, activation_dtype, "",
-          "linear layers' activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 "
-          "layer, fp32 accumulation); not with --quantize or --tp > 1");
+          "linear layers' activations: f32 (empty), bf16 (rounded to bf16 at each bf16 layer, "
+          "fp32 accumulation; not with --quantize or --tp > 1) or int8 (int8 layers quantize "
+          "their input to int8, one scale per 32 columns; needs --quantize)");
 ABSL_FLAG(int, transfer_timeout_ms, 30000, "one image's embedding transfer");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of this instance: this process is rank 0 and starts ranks "

@@ -203,9 +203,13 @@ void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 // accumulation on vdpbf16ps, for bf16 panels (other weights run kDot); batch
 // invariant, the same bits at every level; see linear_bf16dot.h for the
 // arithmetic.
-// kInt8Act: as kDot, but int8 layers quantize each row of x to int8 (max|x|
-// / 127 steps) instead of int16, for vpdpbusd (4 products an instruction
-// and lane); the same segments, sums and roundings otherwise, batch
+// kInt8Act: as kDot, but int8 layers quantize x to int8 instead of int16,
+// one scale per block of 32 columns of a row (max|x| / 127 over the block,
+// llama.cpp's Q8_0 block), for vpdpbusd (4 products an instruction and
+// lane). Segments are also cut at every block, and each segment's sum S
+// goes to fp32 as c = fma(float(S), m, c) with m the block's x scale (one
+// weight scale per row, applied at the end without the * s_x) or the
+// weight group's scale times it (one rounding); bias as in kDot. Batch
 // invariant and the same bits at every level (linear_int8.h,
 // linear_int8_act.h).
 enum class LinearKernel { kDot, kOpenBlas, kBf16Dot, kInt8Act };
