@@ -1,6 +1,7 @@
 #include "bench/isa_peaks.h"
 
 #include <immintrin.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -8,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/clock.h"
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear_int8.h"
 
@@ -20,6 +20,14 @@ constexpr int kChains = 16;
 // Passes of the int8-activation tile's inner loop per thread (about 0.1 s).
 constexpr int64_t kInnerLoopReps = 100'000;
 
+// The calling thread's CPU time in seconds: a loop's time on it leaves out
+// the time other processes held the core.
+double ThreadSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // Best over reps of the summed per-thread rates of `run`, which returns the
 // operations it did and a value that keeps it alive.
 template <typename Run>
@@ -30,9 +38,9 @@ double ThreadRate(model::cpu::ThreadPool& pool, int reps, Run run) {
     std::atomic<int64_t> sink{0};
     pool.ParallelFor(pool.num_threads(), 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        Stopwatch sw;
+        const double start = ThreadSeconds();
         const auto [ops, kept] = run(static_cast<int>(t));
-        rates[t] = ops / sw.ElapsedSeconds() / 1e9;
+        rates[t] = ops / (ThreadSeconds() - start) / 1e9;
         sink += kept;
       }
     });
@@ -46,8 +54,8 @@ double ThreadRate(model::cpu::ThreadPool& pool, int reps, Run run) {
 // Best rate over reps of `run` on every thread, where one call of run does
 // kIterations x kChains instructions of ops_per_instruction operations and
 // returns a value that keeps the loop alive. Each thread times its own
-// call and the rates add up: a thread that starts late (a worker still
-// waking, or a neighbour's process on its core) lowers only its own share.
+// call on its own CPU-time clock and the rates add up: neither a worker
+// still waking nor a neighbour's process on the core lowers the figure.
 template <typename Run>
 double Rate(model::cpu::ThreadPool& pool, int reps, double ops_per_instruction, Run run) {
   const double ops = ops_per_instruction * kChains * kIterations;

@@ -7,10 +7,11 @@
 // Each figure is one instruction back to back in 16 independent register
 // chains per thread (neither memory nor latency limits it), best of `reps`,
 // counted as 2 operations per multiply-add; each thread times its own loop
-// and the threads' rates add up. The rates are measured, not derived from
-// the CPU model, so a unit that runs 512-bit instructions as two 256-bit
-// halves (Zen 4) and one that runs them at full width (Zen 5, Intel) each
-// get their own figure.
+// on its CPU-time clock (time other processes hold its core left out) and
+// the threads' rates add up: what the cores can do, however loaded the
+// machine, so a kernel's rate under load is a smaller fraction of it. The rates are measured, not
+// derived from the CPU model, so a unit that runs 512-bit instructions as two 256-bit halves (Zen
+// 4) and one that runs them at full width (Zen 5, Intel) each get their own figure.
 //  - fma512: vfmadd231ps on zmm, 16 lanes (32 FLOPs an instruction);
 //  - bf16dot: vdpbf16ps on zmm, 32 bf16 pairs into 16 fp32 lanes (64);
 //  - vnni: vpdpbusd on zmm, 64 u8 x s8 products into 16 int32 lanes (128):
