@@ -253,78 +253,14 @@ void BlockTile(const BlockArgs& b, int64_t kp) {
   }
 }
 
-// BlockTile when the segments are the activation blocks (x_block > 0, and
-// it divides the weight group): the same operations, but each block's
-// sums go from the accumulators straight into c, in one loop that keeps
-// the accumulators in registers (the generic path's call per segment and
-// its accumulators' trip through memory cost more than the products with
-// 8 quads a block).
-template <int MR, int NP>
-__attribute__((noinline)) void BlockTileByBlocks(const BlockArgs& b, int64_t kp) {
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-    _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-      __builtin_prefetch(b.c[q] + i * b.ldc[q], 1, 3);
-    }
-  }
-  const int64_t block = b.x_block, blocks = (kp + block - 1) / block;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t k0 = blk * block;
-    __m512i a[MR][NP];
-    _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-      const __m512i start = _mm512_loadu_si512(b.offset + q * b.offset_stride + blk * kPanelRows);
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) a[i][q] = start;
-    }
-    const uint8_t* u8 = b.u8 + k0;
-    const uint32_t* w = b.block + k0 / 4 * kPanelRows;
-    for (int64_t n = (std::min(kp, k0 + block) - k0 + 3) / 4; n > 0;
-         --n, w += kPanelRows, u8 += 4) {
-      __m512i wv[NP];
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        wv[q] = _mm512_loadu_si512(w + q * b.block_stride);
-      }
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-        int32_t quad;
-        std::memcpy(&quad, u8 + i * b.ldx, sizeof(quad));
-        const __m512i xv = _mm512_set1_epi32(quad);
-        _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-          a[i][q] = _mm512_dpbusd_epi32(a[i][q], xv, wv[q]);
-        }
-      }
-    }
-    const bool last = blk == blocks - 1;
-    const int64_t group_index = b.group > 0 ? k0 / b.group : 0;
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      const __m512 sx = _mm512_set1_ps(b.sx[i * b.sx_stride + blk]);
-      _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
-        float* out = b.c[q] + i * b.ldc[q];
-        const float* g =
-            b.group > 0 ? b.scales + q * b.scale_stride + group_index * kPanelRows : nullptr;
-        __m512 c = AddSegment(blk == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out), a[i][q], g,
-                              /*block=*/true, sx);
-        if (last) c = ApplyFinish(b.finish[q], c, /*block=*/true, sx);
-        _mm512_storeu_ps(out, c);
-      }
-    }
-  }
-}
-
 using BlockTileFn = void (*)(const BlockArgs&, int64_t);
-template <int MR, bool kByBlocks>
+template <int MR>
 constexpr std::array<BlockTileFn, kBlockPanels> BlockTileRow() {
-  if constexpr (kByBlocks) {
-    return {&BlockTileByBlocks<MR, 1>, &BlockTileByBlocks<MR, 2>, &BlockTileByBlocks<MR, 3>,
-            &BlockTileByBlocks<MR, 4>};
-  } else {
-    return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
-  }
+  return {&BlockTile<MR, 1>, &BlockTile<MR, 2>, &BlockTile<MR, 3>, &BlockTile<MR, 4>};
 }
-template <bool kByBlocks>
-constexpr std::array<std::array<BlockTileFn, kBlockPanels>, kBlockRows> BlockTiles() {
-  return {BlockTileRow<1, kByBlocks>(), BlockTileRow<2, kByBlocks>(), BlockTileRow<3, kByBlocks>(),
-          BlockTileRow<4, kByBlocks>(), BlockTileRow<5, kByBlocks>(), BlockTileRow<6, kByBlocks>()};
-}
-constexpr auto kBlockTiles = BlockTiles<false>();
-constexpr auto kBlockTilesByBlocks = BlockTiles<true>();
+constexpr std::array<std::array<BlockTileFn, kBlockPanels>, kBlockRows> kBlockTiles = {
+    BlockTileRow<1>(), BlockTileRow<2>(), BlockTileRow<3>(),
+    BlockTileRow<4>(), BlockTileRow<5>(), BlockTileRow<6>()};
 
 // Panels [g0, g0 + np) (np <= 4) of the job for all m rows: put in
 // QuadBlock form once, for all of k, then every row tile over them.
@@ -361,13 +297,12 @@ void BlockColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, const
                  finish,
                  c,
                  ldc};
-  const bool by_blocks = x.block > 0 && (w.group == 0 || w.group % x.block == 0);
   for (int64_t i0 = 0; i0 < m;) {
     const int mr = NextTileRows(m - i0);
     for (int q = 0; q < np; ++q) c[q] = out.At(g0 + q, &ldc[q]) + i0 * ldc[q];
     args.u8 = x.u8 + i0 * x.stride;
     args.sx = x.scale + i0 * x.scale_stride;
-    (by_blocks ? kBlockTilesByBlocks : kBlockTiles)[mr - 1][np - 1](args, kp);
+    kBlockTiles[mr - 1][np - 1](args, kp);
     i0 += mr;
   }
 }
