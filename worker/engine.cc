@@ -167,7 +167,11 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   ASSIGN_OR_RETURN(std::unique_ptr<Live> live,
                    Prepare(request, std::move(callback), plan, &p, rules_));
   if (plan.remote_prompt) return Reserve(std::move(live), std::move(p), info, remote_kv);
-  if (plan.prompt_only) p.max_tokens = 1;  // the decode engine produces the rest
+  if (plan.prompt_only) {
+    p.max_tokens = 1;  // the decode engine produces the rest
+    // Its blocks outlive its finish while a hand-off may read them (Finish).
+    p.hold_kv_when_finished = true;
+  }
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
   by_scheduler_id_[live->sched_id.value] = live.get();
   requests_[live->id] = std::move(live);
@@ -202,7 +206,20 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
   if (connector_ != nullptr) connector_->OnFinished(id);
   by_scheduler_id_.erase(live.sched_id.value);
   StreamCallback cb = std::move(live.callback);
-  requests_.erase(id);  // `live` is gone from here on
+  if (reason == FinishReason::kHandoff) {
+    // Its blocks stay held (the scheduler's span of its id) until the
+    // hand-off that reads them is over: ReleaseSpan or Abort.
+    auto holder = std::make_unique<Live>();
+    holder->id = id;
+    holder->sched_id = live.sched_id;
+    holder->holds_span = true;
+    requests_[id] = std::move(holder);  // `live` is gone from here on
+  } else {
+    // A prompt-only request the scheduler finished keeps its blocks held
+    // (hold_kv_when_finished) unless it is handed off: free them now.
+    if (live.plan.prompt_only) scheduler_->ReleaseSpan(live.sched_id).IgnoreError();
+    requests_.erase(id);  // `live` is gone from here on
+  }
   cb(event);
 }
 

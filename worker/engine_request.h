@@ -74,7 +74,9 @@ struct StreamEvent {
   int completion_tokens = 0;
   int cached_prompt_tokens = 0;
   // kHandoff only: the prompt's KV blocks in prompt order (block ids of
-  // kv_cache()). Their contents stay valid until the next Step.
+  // kv_cache()). The engine keeps them held under the request's id (a span,
+  // as HoldSpan's) until ReleaseSpan(id) or Abort(id): the hand-off reads
+  // them meanwhile, while later steps run.
   std::vector<int32_t> kv_blocks;
   // kHandoff only: the prompt as the decode engine must reserve it.
   HandoffPrompt handoff;
