@@ -34,7 +34,7 @@
 #include "common/clock.h"
 #include "common/event_loop.h"
 #include "common/metrics.h"
-#include "language_service/esp_groups.h"
+#include "language_service/elastic_groups.h"
 #include "language_service/image_gather.h"
 #include "language_service/language_metrics.h"
 #include "language_service/request_table.h"
@@ -60,9 +60,9 @@ struct LanguageCoreOptions {
   absl::Duration lost_image_timeout = absl::Seconds(10);
   // The encoder Connect call.
   absl::Duration connect_timeout = absl::Seconds(3);
-  // Role elastic: its ESP groups (esp_groups.h; name and profile are set
+  // Role elastic: its elastic groups (elastic_groups.h; name and profile are set
   // from instance_id and role.kv_profile).
-  EspGroupsOptions esp;
+  ElasticGroupsOptions elastic;
   // Called once, from the loop thread, when the instance is out of service
   // for good (a tensor-parallel rank died): main stops the process as on
   // SIGTERM, and its supervisor restarts it. Unset: only logged.

@@ -111,9 +111,9 @@ struct LiveRequest {
   // M-RoPE delta, which the KvCommit must repeat.
   std::vector<int32_t> kv_blocks;
   int32_t mrope_position_delta = 0;
-  // Role elastic: the group plan of an EspPrefill and this member's index.
-  std::unique_ptr<v1::EspPlan> esp_plan;
-  int esp_member = 0;
+  // Role elastic: the group plan of an ElasticPrefill and this member's index.
+  std::unique_ptr<v1::ElasticPlan> elastic_plan;
+  int elastic_member = 0;
 
   const std::string& TransferId(size_t k) const {
     return images[k].meta.transfer_id().empty() ? id : images[k].meta.transfer_id();

@@ -29,7 +29,7 @@ class BothRole final : public Role {
 absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
                                                const std::string& instance_id,
                                                metrics::Registry& metrics,
-                                               const EspGroupsOptions& esp) {
+                                               const ElasticGroupsOptions& elastic) {
   // Every role shows the hand-off counters (at 0 where nothing is handed off).
   const transfer::WireBytes handoff = KvBytesMoved(metrics, "handoff");
   switch (options.kind) {
@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
     case LanguageRole::kDecode:
       return std::make_unique<DecodeRole>(options, instance_id, handoff);
     case LanguageRole::kElastic: {
-      EspGroupsOptions groups = esp;
+      ElasticGroupsOptions groups = elastic;
       groups.name = instance_id;
       groups.profile = options.kv_profile;
       return std::make_unique<ElasticRole>(groups, metrics);

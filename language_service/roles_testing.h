@@ -30,7 +30,7 @@ namespace mmserve::language::testing {
 
 constexpr char kModel[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
 
-// What an instance may change beside its role (ESP tests: several elastic
+// What an instance may change beside its role (elastic tests: several elastic
 // instances, each with its own id, UCX profile and KV pool).
 struct InstanceOptions {
   std::string id;  // empty: the role's name

@@ -4,7 +4,7 @@
 // not failed on (cache affinity), to the least queued one when that encoder
 // is saturated; an image whose encoder fails moves to another, a new
 // attempt with a new transfer id, at most kMaxAttempts times. A transfer
-// has one receiver: an ESP group's other members get copies (DispatchCopy),
+// has one receiver: an elastic group's other members get copies (DispatchCopy),
 // each its own Encode call and transfer id on the image's encoder.
 //
 //   EncoderDispatch encoders(context, request, deadline, prepared_images);
@@ -76,7 +76,7 @@ class EncoderDispatch {
   // encoder or has been tried kMaxAttempts times.
   [[nodiscard]] absl::StatusOr<std::vector<internal::v1::PromptImage>> Dispatch(
       const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded);
-  // The same images again for another receiver (an ESP group member past
+  // The same images again for another receiver (an elastic group member past
   // the first; a transfer has one receiver): new Encode calls and transfer
   // ids on each image's current encoder, where its embedding is cached.
   // Copies neither move on failure (Answered says `copy`) nor count as

@@ -1,7 +1,7 @@
 // GenerateCall against in-process fake encoder and language instances:
 // the colocated and the disaggregated lifecycle, the held early decode
 // batches, a first token that is also the last, lost instances, encoder
-// failures, image copies (an ESP group's other members) and rejected
+// failures, image copies (an elastic group's other members) and rejected
 // requests. The fakes are scripted per test; the
 // router side is the real InstanceTable and GenerateCall.
 #include "router/generate_call.h"
