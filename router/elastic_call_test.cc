@@ -71,7 +71,7 @@ class FakeElastic final : public Healthy<internal::v1::Language::Service> {
     w->Write(Final(2, "b"));
     return grpc::Status::OK;
   };
-  std::atomic<int> prefills{0}, esps{0}, moves{0};
+  std::atomic<int> prefills{0}, elastic_prefills{0}, moves{0};
   grpc::Status move_status = grpc::Status::OK;  // ElasticMoveMaster's answer
   absl::Mutex mu;
   std::vector<ElasticPrefillRequest> elastic_requests ABSL_GUARDED_BY(mu);
@@ -96,7 +96,7 @@ class FakeElastic final : public Healthy<internal::v1::Language::Service> {
       absl::MutexLock lock(&mu);
       elastic_requests.push_back(*r);
     }
-    ++esps;
+    ++elastic_prefills;
     return elastic(*r, ctx, w);
   }
   grpc::Status ElasticMoveMaster(grpc::ServerContext*, const internal::v1::ElasticMoveRequest* r,
@@ -250,7 +250,7 @@ TEST_CASE("a request that fits one instance runs there at degree 1") {
   ElasticStack stack({2048, 2048});
   RunOk(stack, Prompt("r1", 100, 8), "ab");
   CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 1);
-  CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps == 0);
+  CHECK(stack.fakes[0]->elastic_prefills + stack.fakes[1]->elastic_prefills == 0);
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
   CHECK(stack.TotalAbortsOf("r1") == 0);
 }
@@ -287,8 +287,8 @@ TEST_CASE("a request no group of the pool could hold is refused at once") {
   Start(stack, outcome, Prompt("r3", 4000, 200));
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kResourceExhausted);
-  CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps + stack.fakes[0]->prefills +
-            stack.fakes[1]->prefills ==
+  CHECK(stack.fakes[0]->elastic_prefills + stack.fakes[1]->elastic_prefills +
+            stack.fakes[0]->prefills + stack.fakes[1]->prefills ==
         0);
   CHECK(PoolEmpty(stack));
 }
