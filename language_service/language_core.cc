@@ -60,8 +60,8 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
   RETURN_IF_ERROR(core->role_->Attach(*core));
   core->UpdateLoad();
   LanguageCore* c = core.get();
-  core->images_ = std::make_unique<ImageGather>(
-      ImageGatherOptions{
+  core->images_ = std::make_unique<MediaGather>(
+      MediaGatherOptions{
           .name = options.instance_id,
           .mm_handoff = options.mm_handoff,
           .transfer_timeout = options.transfer_timeout,
@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
           .connect_timeout = options.connect_timeout,
           .spatial_merge_size = c->config().vision ? c->config().vision->spatial_merge_size : 2},
       transfer, core->metrics_,
-      ImageGather::Hooks{.post =
+      MediaGather::Hooks{.post =
                              [c](absl::AnyInvocable<void()> task) {
                                return c->Post(
                                    {Message::Run{[t = std::move(task)](bool) mutable { t(); }}});

@@ -81,18 +81,18 @@ struct LiveRequest {
   std::string id;
   worker::EngineRequest engine_request;  // prompt, sampling; embeddings filled on arrival
   RequestSink sink;
-  enum class ImageState { kConnecting, kReceiving, kArrived, kLost };
+  enum class MediaState { kConnecting, kReceiving, kArrived, kLost };
   struct Image {
     v1::PromptImage meta;
-    ImageState state = ImageState::kConnecting;
+    MediaState state = MediaState::kConnecting;
     Stopwatch started;
     // Control round trips its arrival waited for: a Connect to the encoder,
     // then one per chunk (init or resume, answered by the chunk).
     int round_trips = 0;
-    worker::ImageEmbedding embedding;
+    worker::MediaEmbedding embedding;
     // MmHandoff::kAsync: the blocks embedding.shared_values points into,
     // held until the request ends.
-    std::optional<transfer::ReceivedImage> held;
+    std::optional<transfer::ReceivedMedia> held;
   };
   std::vector<Image> images;
   RequestPhase phase = RequestPhase::kGathering;

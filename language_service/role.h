@@ -183,7 +183,7 @@ class Role {
 // The images of a handed-off prompt, for LlmEngine::AddRequest (which
 // checks them against the token ids): InvalidArgument for spans outside the
 // prompt or grids out of range.
-[[nodiscard]] absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
+[[nodiscard]] absl::StatusOr<std::vector<worker::HandoffMedia>> HandoffImagesFromProto(
     const v1::KvAllocateRequest& request);
 
 }  // namespace mmserve::language

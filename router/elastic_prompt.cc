@@ -27,7 +27,7 @@ absl::StatusOr<std::string> PromptText(const RouterOptions& options,
 absl::StatusOr<ElasticLength> ElasticRequestLength(const RouterOptions& options,
                                                    const model::Tokenizer* tokenizer,
                                                    const mmserve::v1::GenerateRequest& request,
-                                                   const std::vector<PreparedImage>& images) {
+                                                   const std::vector<PreparedMedia>& images) {
   ElasticLength n;
   if (request.has_raw() && request.raw().token_ids_size() > 0) {
     n.prompt_tokens = request.raw().token_ids_size();
@@ -39,7 +39,7 @@ absl::StatusOr<ElasticLength> ElasticRequestLength(const RouterOptions& options,
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text));
     n.prompt_tokens = static_cast<int64_t>(ids.size());
   }
-  for (const PreparedImage& image : images) {
+  for (const PreparedMedia& image : images) {
     if (!image.grid) {
       return absl::FailedPreconditionError("the elastic manager needs images pre-sized");
     }

@@ -31,7 +31,7 @@ struct ElasticLength {
 // answer); FAILED_PRECONDITION for text without a tokenizer.
 [[nodiscard]] absl::StatusOr<ElasticLength> ElasticRequestLength(
     const RouterOptions& options, const model::Tokenizer* tokenizer,
-    const mmserve::v1::GenerateRequest& request, const std::vector<PreparedImage>& images);
+    const mmserve::v1::GenerateRequest& request, const std::vector<PreparedMedia>& images);
 
 }  // namespace mmserve::router
 

@@ -62,7 +62,7 @@ class EncoderDispatch {
   // `context` and `request` (whose images it sends) must outlive it.
   EncoderDispatch(const RouterContext& context, const mmserve::v1::GenerateRequest& request,
                   std::chrono::system_clock::time_point deadline,
-                  const std::vector<PreparedImage>& images);
+                  const std::vector<PreparedMedia>& images);
   ~EncoderDispatch();
   EncoderDispatch(const EncoderDispatch&) = delete;
   EncoderDispatch& operator=(const EncoderDispatch&) = delete;
@@ -109,7 +109,7 @@ class EncoderDispatch {
  private:
   struct Image {
     ContentHash hash;
-    std::optional<model::ImageGrid> grid;  // when pre-sized
+    std::optional<model::MediaGrid> grid;  // when pre-sized
     bool video = false;
     std::string encoder_id;  // current source
     std::string transfer_id;

@@ -95,7 +95,7 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
     CallSink sink;
     std::chrono::system_clock::time_point deadline;
     Stopwatch clock;  // started at receipt
-    std::vector<PreparedImage> images;
+    std::vector<PreparedMedia> images;
     std::unique_ptr<Placer> placer;
   };
   explicit GenerateCall(Setup setup);

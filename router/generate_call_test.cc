@@ -382,7 +382,7 @@ TEST_CASE("an image copy is a new Encode call and transfer id on the image's enc
   const mmserve::v1::GenerateRequest request = ImageRequest();
   EncoderDispatch dispatch(stack.context(), request,
                            std::chrono::system_clock::now() + std::chrono::seconds(20),
-                           {PreparedImage{.hash = {1, 2}}});
+                           {PreparedMedia{.hash = {1, 2}}});
   DeferredActions deferred;
   absl::Mutex mu;
   std::vector<EncodeFailure> answers;

@@ -84,7 +84,7 @@ struct Placement {
 struct PlaceRequest {
   std::string id;
   const mmserve::v1::GenerateRequest* request = nullptr;
-  const std::vector<PreparedImage>* images = nullptr;
+  const std::vector<PreparedMedia>* images = nullptr;
   std::chrono::system_clock::time_point deadline;
 };
 

@@ -106,9 +106,9 @@ std::vector<int32_t> InProcess(const std::string& model, const Prompt& p) {
     const model::RgbImage rgb = model::DecodeImage(ImageBytes(), model::DecodeLimits()).value();
     media.push_back(model::PreprocessImage(rgb, *config.preprocessor).value());
     for (const model::ImagePatches& m : media) {
-      worker::ImageEmbedding e;
+      worker::MediaEmbedding e;
       e.grid = m.grid;
-      e.values = tower->Forward(m.values, std::vector<model::ImageGrid>{m.grid}).value();
+      e.values = tower->Forward(m.values, std::vector<model::MediaGrid>{m.grid}).value();
       req.image_embeddings.push_back(std::move(e));
     }
   }

@@ -169,7 +169,7 @@ class LlmEngine {
                                                 const PromptRules& rules);
   // The image rows of `request`: its embeddings (kept in `live` unless
   // shared), or its images through the vision tower.
-  absl::StatusOr<std::vector<ImageRows>> ImageRowsOf(EngineRequest& request, Live& live);
+  absl::StatusOr<std::vector<MediaRows>> MediaRowsOf(EngineRequest& request, Live& live);
   // sampling.constraint compiled against this model's vocabulary (the
   // grammars cached by content); InvalidArgument with the reason.
   absl::StatusOr<std::unique_ptr<RequestGrammar>> CompileGrammar(

@@ -1,4 +1,4 @@
-#include "transfer/image_crc.h"
+#include "transfer/media_crc.h"
 
 #include <catch2/catch.hpp>
 #include <random>
@@ -11,7 +11,7 @@ TEST_CASE("a chunk's combined CRC equals the CRC over its four section ranges") 
   std::mt19937 rng(5);
   for (size_t i = 0; i < buffer.size(); ++i) buffer.data()[i] = static_cast<uint8_t>(rng());
   const BlockAllocation image{.start_block = 3, .num_blocks = 20, .num_tokens = 310};
-  const ImageCrc crc = ImageCrc::Compute(buffer, image);
+  const MediaCrc crc = MediaCrc::Compute(buffer, image);
   const uint32_t cases[][2] = {{0, 310},  {0, 64},    {0, 16},   {16, 48},  {1, 1},  {63, 2},
                                {64, 128}, {100, 210}, {256, 54}, {300, 10}, {5, 300}};
   for (const auto& c : cases) {

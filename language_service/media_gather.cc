@@ -1,4 +1,4 @@
-#include "language_service/image_gather.h"
+#include "language_service/media_gather.h"
 
 #include <time.h>
 
@@ -28,7 +28,7 @@ int64_t ThreadCpuNanos() {
 
 }  // namespace
 
-ImageGather::ImageGather(const ImageGatherOptions& options, transfer::TransferEngine& transfer,
+MediaGather::MediaGather(const MediaGatherOptions& options, transfer::TransferEngine& transfer,
                          LanguageMetrics& metrics, Hooks hooks)
     : options_(options),
       transfer_(transfer),
@@ -37,11 +37,11 @@ ImageGather::ImageGather(const ImageGatherOptions& options, transfer::TransferEn
       connector_(std::make_unique<EventLoop>(EventLoopOptions{
           .name = options.name + "-connect", .on_stop = EventLoopOptions::OnStop::kDrop})) {}
 
-ImageGather::~ImageGather() { Stop(); }
+MediaGather::~MediaGather() { Stop(); }
 
-void ImageGather::Stop() { connector_->Stop(); }
+void MediaGather::Stop() { connector_->Stop(); }
 
-void ImageGather::KeepEarly(const v1::ImageRetry& retry) {
+void MediaGather::KeepEarly(const v1::ImageRetry& retry) {
   absl::MutexLock lock(&mu_);
   early_retries_.push_back({retry, Deadline::After(options_.lost_image_timeout)});
   while (!early_retries_.empty() && early_retries_.front().second.Expired()) {
@@ -49,7 +49,7 @@ void ImageGather::KeepEarly(const v1::ImageRetry& retry) {
   }
 }
 
-void ImageGather::Start(LiveRequest& r) {
+void MediaGather::Start(LiveRequest& r) {
   for (size_t k = 0; k < r.images.size(); ++k) StartImage(r, k);
   std::vector<v1::ImageRetry> early;
   {
@@ -67,28 +67,28 @@ void ImageGather::Start(LiveRequest& r) {
   MaybeReady(r);
 }
 
-void ImageGather::Cancel(const LiveRequest& r, const absl::Status& why) {
+void MediaGather::Cancel(const LiveRequest& r, const absl::Status& why) {
   std::set<std::string> cancel;
   for (size_t k = 0; k < r.images.size(); ++k) {
-    if (r.images[k].state == LiveRequest::ImageState::kReceiving) cancel.insert(r.TransferId(k));
+    if (r.images[k].state == LiveRequest::MediaState::kReceiving) cancel.insert(r.TransferId(k));
   }
   for (const std::string& t : cancel) transfer_.Cancel(t, std::string(why.message()));
 }
 
-void ImageGather::ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry) {
+void MediaGather::ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry) {
   std::set<size_t> moving;
   for (const v1::PromptImage& image : retry.images()) moving.insert(image.image_index());
   for (const v1::PromptImage& image : retry.images()) {
     const size_t k = image.image_index();
-    if (k >= r.images.size() || r.images[k].state == LiveRequest::ImageState::kArrived) continue;
-    if (r.images[k].state != LiveRequest::ImageState::kLost) {
+    if (k >= r.images.size() || r.images[k].state == LiveRequest::MediaState::kArrived) continue;
+    if (r.images[k].state != LiveRequest::MediaState::kLost) {
       // The router moved an image whose source has not failed here: stop
       // that transfer; its other unfinished images not moved with it are
       // lost with it.
       const std::string old = r.TransferId(k);
       for (size_t j = 0; j < r.images.size(); ++j) {
         if (moving.count(j) && r.TransferId(j) == old) {
-          r.images[j].state = LiveRequest::ImageState::kLost;
+          r.images[j].state = LiveRequest::MediaState::kLost;
         }
       }
       LoseImages(r, old, absl::UnavailableError("moved by the router"));
@@ -98,13 +98,13 @@ void ImageGather::ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry) {
     StartImage(r, k);
   }
   bool lost = false;
-  for (const auto& im : r.images) lost |= im.state == LiveRequest::ImageState::kLost;
+  for (const auto& im : r.images) lost |= im.state == LiveRequest::MediaState::kLost;
   if (!lost) r.lost_deadline.reset();
 }
 
-void ImageGather::StartImage(LiveRequest& r, size_t k) {
+void MediaGather::StartImage(LiveRequest& r, size_t k) {
   LiveRequest::Image& im = r.images[k];
-  im.state = LiveRequest::ImageState::kConnecting;
+  im.state = LiveRequest::MediaState::kConnecting;
   auto& conn = connections_[im.meta.encoder_id()];
   if (conn == nullptr) conn = std::make_unique<Connection>();
   if (conn->address != im.meta.encoder_address()) {
@@ -130,7 +130,7 @@ void ImageGather::StartImage(LiveRequest& r, size_t k) {
   }
 }
 
-void ImageGather::Connect(const std::string& encoder, const std::string& address) {
+void MediaGather::Connect(const std::string& encoder, const std::string& address) {
   auto stub = v1::Encoder::NewStub(InternalChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
@@ -155,7 +155,7 @@ void ImageGather::Connect(const std::string& encoder, const std::string& address
   hooks_.post([this, encoder, address, status] { OnConnected(encoder, address, status); });
 }
 
-void ImageGather::OnConnected(const std::string& encoder, const std::string& address,
+void MediaGather::OnConnected(const std::string& encoder, const std::string& address,
                               absl::Status status) {
   auto& conn = connections_[encoder];
   if (conn == nullptr || conn->address != address) return;  // superseded
@@ -166,7 +166,7 @@ void ImageGather::OnConnected(const std::string& encoder, const std::string& add
     LiveRequest* found = hooks_.find(id);
     if (found == nullptr) continue;
     LiveRequest& r = *found;
-    if (k >= r.images.size() || r.images[k].state != LiveRequest::ImageState::kConnecting ||
+    if (k >= r.images.size() || r.images[k].state != LiveRequest::MediaState::kConnecting ||
         r.images[k].meta.encoder_id() != encoder) {
       continue;
     }
@@ -178,9 +178,9 @@ void ImageGather::OnConnected(const std::string& encoder, const std::string& add
   }
 }
 
-void ImageGather::StartReceive(LiveRequest& r, size_t k) {
+void MediaGather::StartReceive(LiveRequest& r, size_t k) {
   LiveRequest::Image& im = r.images[k];
-  im.state = LiveRequest::ImageState::kReceiving;
+  im.state = LiveRequest::MediaState::kReceiving;
   transfer::ReceiveRequest rr;
   rr.request_id = r.TransferId(k);
   rr.image_index = static_cast<uint32_t>(k);
@@ -188,20 +188,20 @@ void ImageGather::StartReceive(LiveRequest& r, size_t k) {
   rr.known_tokens = im.meta.num_tokens();
   rr.timeout = options_.transfer_timeout;
   transfer_.Receive(std::move(rr), [this, id = r.id, k, tid = r.TransferId(k)](
-                                       absl::StatusOr<transfer::ReceivedImage> image) {
+                                       absl::StatusOr<transfer::ReceivedMedia> image) {
     hooks_.post([this, id, k, tid, image = std::move(image)]() mutable {
       OnImage(id, k, tid, std::move(image));
     });
   });
 }
 
-void ImageGather::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
-                          absl::StatusOr<transfer::ReceivedImage> image) {
+void MediaGather::OnImage(const std::string& id, size_t k, const std::string& transfer_id,
+                          absl::StatusOr<transfer::ReceivedMedia> image) {
   LiveRequest* found = hooks_.find(id);
   if (found == nullptr) return;
   LiveRequest& r = *found;
   if (k >= r.images.size() || r.TransferId(k) != transfer_id ||
-      r.images[k].state != LiveRequest::ImageState::kReceiving) {
+      r.images[k].state != LiveRequest::MediaState::kReceiving) {
     return;  // a superseded source
   }
   if (!image.ok()) {
@@ -220,7 +220,7 @@ void ImageGather::OnImage(const std::string& id, size_t k, const std::string& tr
   // exact whether or not the router could pre-size the image.
   const uint32_t n = image->total_tokens();
   const uint32_t chunks = image->num_chunks();
-  absl::StatusOr<transfer::ImageTokenGrid> grid =
+  absl::StatusOr<transfer::MediaTokenGrid> grid =
       transfer::DecodeImageGrid(image->Section(transfer::kMrope), n);
   if (!grid.ok()) {
     LoseImages(r, transfer_id,
@@ -228,9 +228,9 @@ void ImageGather::OnImage(const std::string& id, size_t k, const std::string& tr
     return;
   }
   const int merge = options_.spatial_merge_size;
-  worker::ImageEmbedding& e = r.images[k].embedding;
+  worker::MediaEmbedding& e = r.images[k].embedding;
   // The kind was set from the prompt's slot when the request came in.
-  e.grid = model::ImageGrid::FromThw(grid->t, grid->rows * merge, grid->cols * merge, merge,
+  e.grid = model::MediaGrid::FromThw(grid->t, grid->rows * merge, grid->cols * merge, merge,
                                      e.grid.kind);
   e.grid.time_step = grid->time_step;
   if (options_.mm_handoff == MmHandoff::kAsync && image->buffered_tokens() == 0 &&
@@ -252,7 +252,7 @@ void ImageGather::OnImage(const std::string& id, size_t k, const std::string& tr
   }
   const auto& h = r.images[k].meta.content_hash();
   e.key = ContentHash{h.high(), h.low()};
-  r.images[k].state = LiveRequest::ImageState::kArrived;
+  r.images[k].state = LiveRequest::MediaState::kArrived;
   r.image_tokens += n;
   metrics_.images_received->Increment();
   metrics_.transfer_bytes->Increment(static_cast<double>(n) *
@@ -263,17 +263,17 @@ void ImageGather::OnImage(const std::string& id, size_t k, const std::string& tr
   MaybeReady(r);
 }
 
-void ImageGather::LoseImages(LiveRequest& r, const std::string& transfer_id,
+void MediaGather::LoseImages(LiveRequest& r, const std::string& transfer_id,
                              const absl::Status& why) {
   v1::TokenBatch batch;
   batch.set_request_id(r.id);
   for (size_t j = 0; j < r.images.size(); ++j) {
     LiveRequest::Image& im = r.images[j];
-    if (r.TransferId(j) != transfer_id || im.state == LiveRequest::ImageState::kArrived ||
-        im.state == LiveRequest::ImageState::kLost) {
+    if (r.TransferId(j) != transfer_id || im.state == LiveRequest::MediaState::kArrived ||
+        im.state == LiveRequest::MediaState::kLost) {
       continue;
     }
-    im.state = LiveRequest::ImageState::kLost;
+    im.state = LiveRequest::MediaState::kLost;
     batch.add_lost_images(static_cast<uint32_t>(j));
   }
   // Cancelling an unknown or finished transfer is harmless.
@@ -288,9 +288,9 @@ void ImageGather::LoseImages(LiveRequest& r, const std::string& transfer_id,
   r.sink.on_batch(std::move(batch));
 }
 
-void ImageGather::MaybeReady(LiveRequest& r) {
+void MediaGather::MaybeReady(LiveRequest& r) {
   for (const auto& im : r.images) {
-    if (im.state != LiveRequest::ImageState::kArrived) return;
+    if (im.state != LiveRequest::MediaState::kArrived) return;
   }
   r.multimodal_ms = r.images.empty() ? 0 : r.since_submit.ElapsedSeconds() * 1e3;
   int round_trips = 0;

@@ -10,13 +10,13 @@
 // a retry with new sources (ApplyRetry; one that overtakes its request is
 // kept, KeepEarly, and applied by Start).
 //
-//   ImageGather images(options, transfer, metrics,
+//   MediaGather images(options, transfer, metrics,
 //                      {.post = ..., .find = ..., .on_ready = admit});
 //   images.Start(request);  // on the loop thread; on_ready once all arrived
 //
 // KeepEarly is thread-safe; everything else is the owner's loop thread's.
-#ifndef MMSERVE_LANGUAGE_SERVICE_IMAGE_GATHER_H_
-#define MMSERVE_LANGUAGE_SERVICE_IMAGE_GATHER_H_
+#ifndef MMSERVE_LANGUAGE_SERVICE_MEDIA_GATHER_H_
+#define MMSERVE_LANGUAGE_SERVICE_MEDIA_GATHER_H_
 
 #include <deque>
 #include <functional>
@@ -52,7 +52,7 @@ enum class MmHandoff {
   kBlocking,
 };
 
-struct ImageGatherOptions {
+struct MediaGatherOptions {
   std::string name;  // of the connector thread
   MmHandoff mm_handoff = MmHandoff::kAsync;
   absl::Duration transfer_timeout = absl::Seconds(30);
@@ -61,7 +61,7 @@ struct ImageGatherOptions {
   int spatial_merge_size = 2;  // the model's: an embedding's grid from its M-RoPE section
 };
 
-class ImageGather {
+class MediaGather {
  public:
   // What the gather needs of its owner.
   struct Hooks {
@@ -76,11 +76,11 @@ class ImageGather {
   };
 
   // `transfer` and `metrics` must outlive the gather.
-  ImageGather(const ImageGatherOptions& options, transfer::TransferEngine& transfer,
+  MediaGather(const MediaGatherOptions& options, transfer::TransferEngine& transfer,
               LanguageMetrics& metrics, Hooks hooks);
-  ~ImageGather();
-  ImageGather(const ImageGather&) = delete;
-  ImageGather& operator=(const ImageGather&) = delete;
+  ~MediaGather();
+  MediaGather(const MediaGather&) = delete;
+  MediaGather& operator=(const MediaGather&) = delete;
 
   // Keeps a retry whose request is not here yet (for lost_image_timeout).
   void KeepEarly(const v1::ImageRetry& retry);
@@ -108,11 +108,11 @@ class ImageGather {
   void Connect(const std::string& encoder, const std::string& address);
   void OnConnected(const std::string& encoder, const std::string& address, absl::Status status);
   void OnImage(const std::string& id, size_t k, const std::string& transfer_id,
-               absl::StatusOr<transfer::ReceivedImage> image);
+               absl::StatusOr<transfer::ReceivedMedia> image);
   void LoseImages(LiveRequest& r, const std::string& transfer_id, const absl::Status& why);
   void MaybeReady(LiveRequest& r);
 
-  const ImageGatherOptions options_;
+  const MediaGatherOptions options_;
   transfer::TransferEngine& transfer_;
   LanguageMetrics& metrics_;
   const Hooks hooks_;
@@ -125,4 +125,4 @@ class ImageGather {
 
 }  // namespace mmserve::language
 
-#endif  // MMSERVE_LANGUAGE_SERVICE_IMAGE_GATHER_H_
+#endif  // MMSERVE_LANGUAGE_SERVICE_MEDIA_GATHER_H_

@@ -1,7 +1,7 @@
-// ImageGather over a real transfer engine (UCX within this machine) and no
+// MediaGather over a real transfer engine (UCX within this machine) and no
 // encoder: what it does for a prompt without images, an encoder nobody
 // answers at, a retry that overtakes its request, and a cancel.
-#include "language_service/image_gather.h"
+#include "language_service/media_gather.h"
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -28,12 +28,12 @@ struct Fixture {
     auto t = transfer::TransferEngine::Create(topts);
     REQUIRE(t.ok());
     transfer = std::move(*t);
-    images = std::make_unique<ImageGather>(
-        ImageGatherOptions{.name = "gather-test",
+    images = std::make_unique<MediaGather>(
+        MediaGatherOptions{.name = "gather-test",
                            .lost_image_timeout = absl::Seconds(5),
                            .connect_timeout = absl::Seconds(2)},
         *transfer, metrics,
-        ImageGather::Hooks{
+        MediaGather::Hooks{
             .post = [this](absl::AnyInvocable<void()> task) { return loop.Post(std::move(task)); },
             .find = [this](const std::string& id) -> LiveRequest* {
               auto it = requests.find(id);
@@ -92,10 +92,10 @@ struct Fixture {
   std::map<std::string, std::unique_ptr<LiveRequest>> requests;
   std::vector<std::string> ready;
   std::vector<v1::TokenBatch> batches;
-  std::unique_ptr<ImageGather> images;  // last: stopped before the rest goes
+  std::unique_ptr<MediaGather> images;  // last: stopped before the rest goes
 };
 
-TEST_CASE("a prompt without images is ready at once", "[image_gather]") {
+TEST_CASE("a prompt without images is ready at once", "[media_gather]") {
   Fixture f;
   LiveRequest& r = f.Start("text", 0, "");
   CHECK(f.WaitFor([&] { return f.ready == std::vector<std::string>{"text"}; }));
@@ -103,7 +103,7 @@ TEST_CASE("a prompt without images is ready at once", "[image_gather]") {
   CHECK(f.batches.empty());
 }
 
-TEST_CASE("images whose encoder does not answer are reported lost, once each", "[image_gather]") {
+TEST_CASE("images whose encoder does not answer are reported lost, once each", "[media_gather]") {
   Fixture f;
   // Port 1 on this machine: nothing listens, the Connect call fails.
   LiveRequest& r = f.Start("lost", 2, "127.0.0.1:1");
@@ -116,12 +116,12 @@ TEST_CASE("images whose encoder does not answer are reported lost, once each", "
   CHECK(f.metrics.lost_images->value() == 2);
   CHECK(f.ready.empty());
   for (const LiveRequest::Image& im : r.images) {
-    CHECK(im.state == LiveRequest::ImageState::kLost);
+    CHECK(im.state == LiveRequest::MediaState::kLost);
   }
 }
 
 TEST_CASE("a retry that overtakes its request is applied when the request starts",
-          "[image_gather]") {
+          "[media_gather]") {
   Fixture f;
   v1::ImageRetry retry;
   retry.set_request_id("early");
@@ -133,7 +133,7 @@ TEST_CASE("a retry that overtakes its request is applied when the request starts
   LiveRequest& r = f.Start("early", 1, "127.0.0.1:1");
   // The image now comes from the retry's encoder (which fails in turn).
   CHECK(f.WaitFor([&] { return r.images[0].meta.encoder_id() == "encoder-1"; }));
-  CHECK(f.WaitFor([&] { return r.images[0].state == LiveRequest::ImageState::kLost; }));
+  CHECK(f.WaitFor([&] { return r.images[0].state == LiveRequest::MediaState::kLost; }));
   CHECK(f.ready.empty());
 }
 

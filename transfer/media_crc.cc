@@ -1,4 +1,4 @@
-#include "transfer/image_crc.h"
+#include "transfer/media_crc.h"
 
 #include <algorithm>
 
@@ -12,8 +12,8 @@ uint32_t ChunkRangesCrc(const EmbeddingBuffer& buffer, const ChunkRanges& ranges
   return crc;
 }
 
-ImageCrc ImageCrc::Compute(const EmbeddingBuffer& buffer, const BlockAllocation& image) {
-  ImageCrc out;
+MediaCrc MediaCrc::Compute(const EmbeddingBuffer& buffer, const BlockAllocation& image) {
+  MediaCrc out;
   out.image_ = image;
   const EmbeddingLayout& layout = buffer.layout();
   const ChunkRanges whole = layout.ChunkInfo(image, 0, image.num_tokens);
@@ -27,7 +27,7 @@ ImageCrc ImageCrc::Compute(const EmbeddingBuffer& buffer, const BlockAllocation&
   return out;
 }
 
-uint32_t ImageCrc::Chunk(const EmbeddingBuffer& buffer, uint32_t offset_tokens,
+uint32_t MediaCrc::Chunk(const EmbeddingBuffer& buffer, uint32_t offset_tokens,
                          uint32_t num_tokens) const {
   const EmbeddingLayout& layout = buffer.layout();
   const ChunkRanges ranges = layout.ChunkInfo(image_, offset_tokens, num_tokens);

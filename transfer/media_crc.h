@@ -2,15 +2,15 @@
 // gets any chunk's checksum by combining unit CRCs instead of re-reading the
 // chunk (measured: ~2.5 ms per 28 MiB chunk, a third of a shm transfer).
 //
-//   ImageCrc crc = ImageCrc::Compute(buffer, image_blocks);  // off the progress thread
+//   MediaCrc crc = MediaCrc::Compute(buffer, image_blocks);  // off the progress thread
 //   uint32_t c = crc.Chunk(buffer, /*offset_tokens=*/1024, /*num_tokens=*/976);
 //   // == CRC32C over the chunk's four section ranges in order (the notice's crc32c)
 //
 // Chunk() re-reads only the tokens of unaligned chunk edges (< kUnitTokens on
 // each side). The image's bytes must not change after Compute. A value type;
 // its methods only read, so distinct threads may use distinct objects.
-#ifndef MMSERVE_TRANSFER_IMAGE_CRC_H_
-#define MMSERVE_TRANSFER_IMAGE_CRC_H_
+#ifndef MMSERVE_TRANSFER_MEDIA_CRC_H_
+#define MMSERVE_TRANSFER_MEDIA_CRC_H_
 
 #include <array>
 #include <cstdint>
@@ -21,12 +21,12 @@
 
 namespace mmserve::transfer {
 
-class ImageCrc {
+class MediaCrc {
  public:
   static constexpr uint32_t kUnitTokens = 64;
 
   // Reads the image's tokens [0, image.num_tokens) once.
-  static ImageCrc Compute(const EmbeddingBuffer& buffer, const BlockAllocation& image);
+  static MediaCrc Compute(const EmbeddingBuffer& buffer, const BlockAllocation& image);
   // CRC32C over the chunk [offset_tokens, offset_tokens + num_tokens), sections
   // in order; must lie inside the image.
   uint32_t Chunk(const EmbeddingBuffer& buffer, uint32_t offset_tokens, uint32_t num_tokens) const;
@@ -43,4 +43,4 @@ uint32_t ChunkRangesCrc(const EmbeddingBuffer& buffer, const ChunkRanges& ranges
 
 }  // namespace mmserve::transfer
 
-#endif  // MMSERVE_TRANSFER_IMAGE_CRC_H_
+#endif  // MMSERVE_TRANSFER_MEDIA_CRC_H_
