@@ -46,7 +46,8 @@ EspPool::EspPool(InstanceTable& table, metrics::Registry& metrics, EventLoop& lo
       promised_gauge_(
           metrics.GetGauge("mmserve_router_esp_promised_slots",
                            "KV token slots promised to live requests on elastic instances.")),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      step_fit_(options_.config.per_degree) {
   avg_decode_seconds_ = options_.config.avg_decode_latency;
   // Every degree the step models allow, exported from the start.
   const size_t max_degree = std::max<size_t>(1, options_.config.per_degree.size());
@@ -184,6 +185,10 @@ void EspPool::PhaseChanged(const std::string& id, CallPhase phase, size_t carrie
   l.phase = phase;
   if (!was_decoding && Decoding(l)) {
     l.first_token_at = absl::Now();
+    if (l.sample) {
+      step_fit_.Add(static_cast<int>(l.members.size()), l.prompt_tokens,
+                    absl::ToDoubleSeconds(l.first_token_at - l.placed_at));
+    }
     if (l.group) Wake();  // its instances rejoin the pool
   }
   // The sampler hands its first token over to the master: only a move
@@ -305,6 +310,7 @@ void EspPool::Plan(std::vector<Delivery>& out) {
   scheduler::EspConfig config = options_.config;
   config.block_size = block_size;
   config.avg_decode_latency = avg_decode_seconds_;
+  config.per_degree = step_fit_.models();
   const scheduler::EspIterationPlan plan = PlanEspIteration(PoolState(pool, block_size), config);
   std::vector<std::string> ids;
   for (const auto& i : pool) ids.push_back(i->id);
@@ -312,8 +318,12 @@ void EspPool::Plan(std::vector<Delivery>& out) {
   for (const scheduler::EspBatchPlan& batch : plan.batches) {
     const bool group = batch.instances.size() > 1;
     for (const scheduler::EspRequestPlan& r : batch.requests) {
-      Live live{
-          .group = group, .placed_at = absl::Now(), .max_tokens = pending_[r.id].demand.max_tokens};
+      const EspDemand& demand = pending_[r.id].demand;
+      Live live{.group = group,
+                .placed_at = absl::Now(),
+                .max_tokens = demand.max_tokens,
+                .prompt_tokens = demand.prompt_tokens,
+                .sample = demand.images == 0};
       for (int i : batch.instances) live.members.push_back(pool[static_cast<size_t>(i)]);
       live.promised = PromisedPerMember(r, batch.instances, block_size);
       std::optional<internal::v1::EspPlan> wire;
@@ -363,6 +373,10 @@ EspPool::Stats EspPool::stats() const {
   Stats s;
   absl::MutexLock lock(&mu_);
   s.pending = pending_.size();
+  s.step_models = step_fit_.models();
+  for (size_t d = 1; d <= s.step_models.size(); ++d) {
+    if (step_fit_.fitted(static_cast<int>(d))) s.fitted_degrees.push_back(static_cast<int>(d));
+  }
   for (const auto& [id, l] : live_) {
     for (size_t m = 0; m < l.members.size(); ++m) {
       s.members[id].push_back(l.members[m]->id);

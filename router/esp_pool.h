@@ -17,7 +17,9 @@
 // on the router's EventLoop: each iteration (an arrival, a finish, a first
 // token, or every `tick`, a timer on the loop) runs
 // scheduler::PlanEspIteration over the pending requests, first come first
-// served, and the healthy elastic instances not in a group prefill. What a
+// served, and the healthy elastic instances not in a group prefill, with
+// the step-time models refitted from the pool's own prefills (EspStepFit:
+// each text request's seconds from placement to first token). What a
 // placed request is doing (decoding yet, which member decodes it) it
 // learns from the call's phase changes.
 // An instance's free slots are the least of (a) its latest load report's
@@ -65,6 +67,7 @@
 #include "common/metrics.h"
 #include "proto/language.pb.h"
 #include "router/call_phase.h"
+#include "router/esp_step_fit.h"
 #include "router/instance_table.h"
 #include "scheduler/esp_manager.h"
 
@@ -93,6 +96,9 @@ struct EspPlacement {
 struct EspDemand {
   std::string id;
   int64_t prompt_tokens = 0;
+  // Images to gather first: such a request's time to its first token is no
+  // sample of the prefill's (EspStepFit).
+  size_t images = 0;
   int64_t max_tokens = 1;  // tokens to generate at most, >= 1
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   std::function<void(absl::StatusOr<EspPlacement>)> on_placed;
@@ -139,6 +145,10 @@ class EspPool {
     // Live requests and the members of each (the span map).
     std::map<std::string, std::vector<std::string>> members;
     std::map<std::string, int64_t> promised_by_instance, capacity_by_instance;
+    // The step-time models the next iteration plans by, and the degrees
+    // among them fitted to the pool's measured prefills.
+    std::vector<scheduler::StepTimeModel> step_models;
+    std::vector<int> fitted_degrees;
   };
   Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -157,6 +167,8 @@ class EspPool {
     CallPhase phase = CallPhase::kPlacing;  // the call's, as it last said
     absl::Time first_token_at;
     int64_t max_tokens = 1;  // its output length at most
+    int64_t prompt_tokens = 0;
+    bool sample = false;  // its time to the first token is a prefill sample
   };
   using Delivery =
       std::pair<std::function<void(absl::StatusOr<EspPlacement>)>, absl::StatusOr<EspPlacement>>;
@@ -196,6 +208,7 @@ class EspPool {
   std::map<std::string, Live> live_ ABSL_GUARDED_BY(mu_);
   // Seconds a request decodes, on average (weight 0.2 for the newest).
   double avg_decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  EspStepFit step_fit_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // an iteration is posted
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // False from Stop on, set on the loop: the pool's tasks still queued
