@@ -84,7 +84,6 @@ absl::StatusOr<StreamEvent> LlmEngine::FirstEspToken(EspRequest& request,
     event.token_ids.clear();
     event.logprobs.clear();
     event.text.clear();
-    event.matched_stop.clear();
   }
   return event;
 }

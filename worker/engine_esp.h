@@ -13,7 +13,8 @@
 //   // ... ForwardEspPrefill over r->token_ids(), r->positions(), r->images() ...
 //   ASSIGN_OR_RETURN(StreamEvent e, engine.FirstEspToken(*r, {.logits = last_row}));
 //   // e.finish_reason: done?
-//   RETURN_IF_ERROR(engine.StartMastering(std::move(r), r->ExportState(), span, callback));
+//   const EspRequest::MasterState state = r->ExportState();
+//   RETURN_IF_ERROR(engine.StartMastering(std::move(r), state, span, callback));
 //
 // Not thread-safe: the engine's thread uses it.
 #ifndef MMSERVE_WORKER_ENGINE_ESP_H_
