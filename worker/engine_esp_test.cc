@@ -8,13 +8,18 @@
 //   and beside 16 ordinary requests;
 // - a holder that fails ends the group's request (kAbort, the error) and
 //   only it;
-// - nothing leaks: every block of both engines is free again at the end.
+// - nothing leaks: every block of both engines is free again at the end;
+// - the group's first token goes through the engine's sampling and emit
+//   path: the sampler's event is role both's (tokens, text, finish by
+//   max_tokens or a stop id), a member that takes it ends
+//   the same way with the same random stream.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/file.h"
@@ -347,6 +352,42 @@ TEST_CASE("the group's first token goes through the engine's sampling and emit p
       CHECK(sampler->scheduler().kv_cache().num_free_blocks() == free_blocks);
     }
   }
+}
+
+// The sampler's first-token event of `request` and a member's that took it,
+// each on an engine of its own.
+std::pair<StreamEvent, StreamEvent> FirstEvents(const EngineRequest& request) {
+  auto sampler = MakeEngine();
+  std::vector<float> logits;
+  std::unique_ptr<EspRequest> r = PrefillAlone(*sampler, request, &logits);
+  auto event = sampler->FirstEspToken(*r, {.logits = absl::MakeSpan(logits)});
+  REQUIRE(event.ok());
+  REQUIRE(event->token_ids.size() == 1);
+  auto other = MakeEngine();
+  auto taken = other->PrepareEsp(request);
+  REQUIRE(taken.ok());
+  auto took = other->FirstEspToken(**taken, {.token = event->token_ids[0]});
+  REQUIRE(took.ok());
+  CHECK(took->token_ids.empty());
+  CHECK(took->text.empty());
+  return {*event, *took};
+}
+
+TEST_CASE("a first token that is a stop id ends the group's request", "[engine][esp]") {
+  const std::vector<int32_t> ids = ChatIds();
+  EngineRequest request = Request("stop", ids, false, 5);
+  request.sampling.min_tokens = 0;
+  EngineRequest one = request;
+  one.sampling.max_tokens = 1;
+  const Collected first = Alone(one);
+  REQUIRE(first.tokens.size() == 1);
+  request.sampling.stop_token_ids = {first.tokens[0]};
+  const Collected alone = Alone(request);
+  CHECK(alone.finish == FinishReason::kStop);
+  const auto [event, took] = FirstEvents(request);
+  CHECK(event.finish_reason == FinishReason::kStop);
+  CHECK(event.text == alone.text);
+  CHECK(took.finish_reason == FinishReason::kStop);
 }
 
 TEST_CASE("a group request and ordinary ones in one batch get the tokens each gets alone",
