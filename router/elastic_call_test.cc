@@ -284,8 +284,11 @@ TEST_CASE("a prompt beyond one instance's pool runs on a group; every member get
 TEST_CASE("the pool refits degree 1's step-time model from its own prefills") {
   ElasticStack stack({2048, 2048});
   const std::vector<scheduler::StepTimeModel> given = DefaultEspStepModels(4);
+  // Each runs alone (a request beside another is no sample).
   RunOk(stack, Prompt("f1", 100, 3), "ab");
+  REQUIRE(WaitFor([&] { return PoolEmpty(stack); }));
   RunOk(stack, Prompt("f2", 250, 3), "ab");
+  REQUIRE(WaitFor([&] { return PoolEmpty(stack); }));
   EspPool::Stats s = stack.pool().stats();
   CHECK(s.fitted_degrees.empty());  // two lengths are not enough
   REQUIRE(s.step_models.size() == given.size());

@@ -148,6 +148,15 @@ bool EspPool::InGroupPrefill(const std::string& instance_id) const {
   return false;
 }
 
+bool EspPool::Busy(const std::string& instance_id) const {
+  for (const auto& [id, l] : live_) {
+    for (const auto& m : l.members) {
+      if (m->id == instance_id) return true;
+    }
+  }
+  return false;
+}
+
 absl::Status EspPool::Submit(EspDemand demand) {
   std::vector<std::shared_ptr<Instance>> pool = table_.Healthy(Role::kElastic);
   if (pool.empty()) return absl::UnavailableError("no healthy elastic instance");  // !CanPlace()
@@ -324,7 +333,10 @@ void EspPool::Plan(std::vector<Delivery>& out) {
                 .max_tokens = demand.max_tokens,
                 .prompt_tokens = demand.prompt_tokens,
                 .sample = demand.images == 0};
-      for (int i : batch.instances) live.members.push_back(pool[static_cast<size_t>(i)]);
+      for (int i : batch.instances) {
+        live.members.push_back(pool[static_cast<size_t>(i)]);
+        if (Busy(live.members.back()->id)) live.sample = false;
+      }
       live.promised = PromisedPerMember(r, batch.instances, block_size);
       std::optional<internal::v1::EspPlan> wire;
       if (group) {

@@ -19,7 +19,8 @@
 // scheduler::PlanEspIteration over the pending requests, first come first
 // served, and the healthy elastic instances not in a group prefill, with
 // the step-time models refitted from the pool's own prefills (EspStepFit:
-// each text request's seconds from placement to first token). What a
+// the seconds from placement to first token of each text request placed on
+// instances with nothing else live). What a
 // placed request is doing (decoding yet, which member decodes it) it
 // learns from the call's phase changes.
 // An instance's free slots are the least of (a) its latest load report's
@@ -168,7 +169,9 @@ class EspPool {
     absl::Time first_token_at;
     int64_t max_tokens = 1;  // its output length at most
     int64_t prompt_tokens = 0;
-    bool sample = false;  // its time to the first token is a prefill sample
+    // Its time to the first token is a prefill sample: a text request placed
+    // on instances with no other live request.
+    bool sample = false;
   };
   using Delivery =
       std::pair<std::function<void(absl::StatusOr<EspPlacement>)>, absl::StatusOr<EspPlacement>>;
@@ -182,6 +185,8 @@ class EspPool {
   int64_t CapacitySlots(const Instance& instance) const;
   int64_t FreeSlots(const Instance& instance) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool InGroupPrefill(const std::string& instance_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live request has the instance among its members.
+  bool Busy(const std::string& instance_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queued requests past their deadline or the queue wait.
   void Expire(std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the manager over the queue and places what it dispatches.

@@ -1,8 +1,8 @@
 // The elastic manager's step-time models refitted from what the pool
-// measures (router --esp): each placed text request's seconds from its
-// placement to its first token, at its degree and prompt length, is a
-// sample of T_d(S); scheduler::FitStepTimeModel turns a degree's recent
-// samples into its model.
+// measures (router --esp): the seconds from placement to first token of a
+// text request placed on instances that serve nothing else, at its degree
+// and prompt length, is a sample of T_d(S); scheduler::FitStepTimeModel
+// turns a degree's recent samples into its model.
 //
 //   EspStepFit fit(given);  // the file's models or DefaultEspStepModels
 //   fit.Add(/*degree=*/1, /*tokens=*/812, /*seconds=*/0.094);
@@ -16,9 +16,9 @@
 // scaled by the given models' ratio of degree d to degree 1, coefficient by
 // coefficient (where degree 1's given coefficient is 0, degree d's is
 // added), so the given models' judgement of what degree d gains stands
-// until the pool measured degree d itself. The samples are prefills under the load the
-// pool carries (queueing in the instance included), which is what the
-// manager's dispatch cap and batching weigh.
+// until the pool measured degree d itself. A sample includes the call's
+// set-up (gRPC, the group's join) besides the prefill: what placing a
+// request on idle instances costs until its first token.
 //
 // Not thread-safe (the pool calls it under its lock).
 #ifndef MMSERVE_ROUTER_ESP_STEP_FIT_H_
