@@ -305,6 +305,32 @@ TEST_CASE("the pool refits degree 1's step-time model from its own prefills") {
   }
 }
 
+TEST_CASE("a request placed beside a live one is no prefill sample") {
+  EspPoolOptions options = PoolOptions();
+  // A long average decode lets the manager place requests beside the
+  // group's decode (the pause rule's gain).
+  options.config.avg_decode_latency = 1000;
+  ElasticStack stack({2048, 2048}, options);
+  // A group decoding on both instances until cancelled.
+  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    return UntilCancelled(ctx);
+  });
+  Outcome group;
+  auto call = Start(stack, group, Prompt("busy", 3000, 8));
+  REQUIRE(WaitFor([&] { return group.Text() == "a"; }));
+  RunOk(stack, Prompt("b1", 100, 3), "ab");
+  RunOk(stack, Prompt("b2", 250, 3), "ab");
+  RunOk(stack, Prompt("b3", 600, 3), "ab");
+  CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 3);
+  const EspPool::Stats st = stack.pool().stats();
+  CHECK(st.members.count("busy") == 1);  // they ran beside the group
+  CHECK(st.fitted_degrees.empty());
+  call->Cancel("done");
+  REQUIRE(group.WaitForEnd());
+  CheckAllAborted(stack, "busy");
+}
+
 TEST_CASE("a request no group of the pool could hold is refused at once") {
   ElasticStack stack({2048, 2048});
   Outcome outcome;
