@@ -227,6 +227,21 @@ void ImageGather::OnImage(const std::string& id, size_t k, const std::string& tr
                absl::DataLossError(absl::StrCat("image ", k, ": ", grid.status().message())));
     return;
   }
+  // The rows must hold what the model adds: its main embedding and each
+  // DeepStack feature (a version 1 embedding is the main one alone).
+  const uint32_t row_width = transfer_.buffer().layout().hidden_size;
+  absl::StatusOr<transfer::EmbeddingSections> sections =
+      transfer::DecodeImageSections(image->Section(transfer::kAux), n, row_width);
+  if (sections.ok() && sections->count != static_cast<uint32_t>(1 + options_.deepstack_levels)) {
+    sections = absl::DataLossError(absl::StrCat("embedding of ", sections->count,
+                                                " sections; the model takes ",
+                                                1 + options_.deepstack_levels));
+  }
+  if (!sections.ok()) {
+    LoseImages(r, transfer_id,
+               absl::DataLossError(absl::StrCat("image ", k, ": ", sections.status().message())));
+    return;
+  }
   const int merge = options_.spatial_merge_size;
   worker::ImageEmbedding& e = r.images[k].embedding;
   // The kind was set from the prompt's slot when the request came in.
