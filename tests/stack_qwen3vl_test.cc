@@ -170,10 +170,11 @@ launcher::StackOptions StackFor(const Case& c) {
 }
 
 TEST_CASE("Qwen3-VL with DeepStack through the stack gives the engine's tokens") {
-  // Pools are 1 MiB: about 1000 tokens of this checkpoint's KV; 380 words
-  // are about 1500 tokens, so the elastic prompt needs a group.
+  // Pools are 1 MiB: about 670 tokens of this checkpoint's KV, a group of
+  // two 1340; 250 words are about 1000 tokens, so the elastic prompt needs
+  // a group.
   const std::string short_text = PromptText(20, 10, 10);
-  const std::string long_text = SplitInsideImage(380);
+  const std::string long_text = SplitInsideImage(250);
   const std::vector<Case> cases = {
       {"role both", Topology::kBoth, "shm"},
       {"prefill + decode --tp=2", Topology::kPd, "tcp"},
