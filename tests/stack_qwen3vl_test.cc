@@ -6,7 +6,8 @@
 // the DeepStack features differs, so a path that lost them fails. Every
 // image token's row carries its DeepStack features beside its embedding from
 // the encoder to the language model, which adds them after the first decoder
-// layers. Role both with prefill chunks that end inside an image; prefill +
+// layers. Role both with prefill chunks that end inside an image, and with
+// --tp=2 (the second rank reads rows and features in place); prefill +
 // decode --tp=2, the prefill instance's chunks again ending inside an image
 // (the features are in the KV the decode side receives); an elastic degree-2
 // group whose row split falls inside an image (each member adds the features
@@ -175,7 +176,7 @@ std::vector<int32_t> InProcess(const Prompt& p, bool deepstack = true) {
   return ids;
 }
 
-enum class Topology { kBoth, kPd, kElastic };
+enum class Topology { kBoth, kBothTp, kPd, kElastic };
 
 struct Case {
   const char* name;
@@ -190,6 +191,11 @@ launcher::StackOptions StackFor(const Case& c) {
     case Topology::kBoth:
       // Chunks of 5 rows: both images (9 and 4 rows) span chunk boundaries.
       o.language_args = {"--max_prefill_tokens=5"};
+      break;
+    case Topology::kBothTp:
+      // Rank 1 reads each image row and its features from the shared
+      // receive buffer by offset.
+      o.language_args = {"--tp=2", "--mm_handoff=async"};
       break;
     case Topology::kPd:
       o.prefill = 1;
@@ -214,6 +220,7 @@ TEST_CASE("Qwen3-VL with DeepStack through the stack gives the engine's tokens")
   const Prompt long_prompt = SplitInsideImage(250);
   const std::vector<Case> cases = {
       {"role both", Topology::kBoth, "shm"},
+      {"role both --tp=2", Topology::kBothTp, "shm"},
       {"prefill + decode --tp=2", Topology::kPd, "tcp"},
       {"elastic degree-2 group", Topology::kElastic, "shm"},
   };
@@ -231,6 +238,11 @@ TEST_CASE("Qwen3-VL with DeepStack through the stack gives the engine's tokens")
     INFO(a.status.ToString());
     REQUIRE(a.status.ok());
     CHECK(a.token_ids == want);
+    if (c.topology == Topology::kBothTp) {
+      // All 13 image rows went to rank 1 as offsets, features included.
+      CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_mm_rows_total",
+                         "placement=\"descriptor\"") == 13);
+    }
     if (c.topology == Topology::kElastic) {
       CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
                          "degree=\"2\"") == 1);
