@@ -4,8 +4,8 @@
 // call, the chats' M-RoPE positions (Qwen3VLModel.get_rope_index), and the
 // chats' last logits and 16 greedy tokens with the image (or video)
 // embeddings and their DeepStack features fed to the decoder (interleaved
-// M-RoPE). The video chat shows each temporal patch after its timestamp, as
-// Qwen3VLProcessor writes the prompt.
+// M-RoPE), and a text chat's. The video chat shows each temporal patch
+// after its timestamp, as Qwen3VLProcessor writes the prompt.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -182,7 +182,7 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
   const MediaPadIds pads{.image = m.cfg.tokens.image_pad, .video = m.cfg.tokens.video_pad};
   // generate_greedy masks <|im_end|> (eos) and <|endoftext|> (bos and pad).
   const std::vector<int> masked = {m.cfg.tokens.eos.at(0), m.cfg.tokens.bos};
-  REQUIRE(g.json["chats"].size() == 3);  // one image, two images, a video
+  REQUIRE(g.json["chats"].size() == 4);  // one image, two images, a video, text
   for (const auto& chat : g.json["chats"]) {
     const std::string name = chat["name"];
     INFO(name);
@@ -193,8 +193,13 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
       const std::vector<float> p = ImagePixels(g, image);
       pixels.insert(pixels.end(), p.begin(), p.end());
     }
-    if (chat["images"].empty()) pixels = Floats(*g.tensors, "pixel_values_videos." + name);
-    auto vision = tower->ForwardAll(pixels, grids);
+    if (chat.contains("video_grid_thw")) {
+      pixels = Floats(*g.tensors, "pixel_values_videos." + name);
+    }
+    VisionEmbeddings none;
+    none.deepstack.resize(m.cfg.vision->deepstack_visual_indexes.size());
+    auto vision =
+        grids.empty() ? absl::StatusOr<VisionEmbeddings>(none) : tower->ForwardAll(pixels, grids);
     REQUIRE(vision.ok());
     const int levels = static_cast<int>(vision->deepstack.size());
     // Each image token's DeepStack features, [token][level][hidden].
