@@ -26,20 +26,6 @@ int64_t ThreadCpuNanos() {
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-// The rows must hold what the model adds: its main embedding and each
-// DeepStack feature (a version 1 embedding is the main one alone).
-absl::Status CheckSections(const transfer::ReceivedImage& image, uint32_t row_width,
-                           int deepstack_levels) {
-  absl::StatusOr<transfer::EmbeddingSections> sections =
-      transfer::DecodeImageSections(image.Section(transfer::kAux), image.total_tokens(), row_width);
-  if (!sections.ok()) return sections.status();
-  if (sections->count != static_cast<uint32_t>(1 + deepstack_levels)) {
-    return absl::DataLossError(absl::StrCat("embedding of ", sections->count,
-                                            " sections; the model takes ", 1 + deepstack_levels));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 ImageGather::ImageGather(const ImageGatherOptions& options, transfer::TransferEngine& transfer,
@@ -241,8 +227,11 @@ void ImageGather::OnImage(const std::string& id, size_t k, const std::string& tr
                absl::DataLossError(absl::StrCat("image ", k, ": ", grid.status().message())));
     return;
   }
-  if (absl::Status s =
-          CheckSections(*image, transfer_.buffer().layout().hidden_size, options_.deepstack_levels);
+  // The rows must hold what the model adds: its main embedding and each
+  // DeepStack feature (a version 1 embedding is the main one alone).
+  if (absl::Status s = transfer::ExpectImageSections(
+          image->Section(transfer::kAux), n, transfer_.buffer().layout().hidden_size,
+          static_cast<uint32_t>(1 + options_.deepstack_levels));
       !s.ok()) {
     LoseImages(r, transfer_id, absl::DataLossError(absl::StrCat("image ", k, ": ", s.message())));
     return;

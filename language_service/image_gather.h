@@ -2,14 +2,13 @@
 // image: connect to its encoder (once per encoder, on the gather's connector
 // thread), receive its embedding over UCX (exact allocation when the router
 // pre-sized it, else default-then-resume), derive its grid from the M-RoPE
-// section, check its section header (the main embedding and each DeepStack
-// feature side by side in a token's row), free the blocks (or, MmHandoff::kAsync, keep them for the
-// request's steps to read in place). The loop never blocks on a transfer:
-// results come back through Hooks::post. When an image's source fails (lost
-// peer, deadline, corrupt data), the request's stream reports the lost
-// images (TokenBatch.lost_images) and it waits up to lost_image_timeout for
-// a retry with new sources (ApplyRetry; one that overtakes its request is
-// kept, KeepEarly, and applied by Start).
+// section, check its section header (the main embedding and each
+// DeepStack feature side by side in a token's row), free the blocks (or,
+// MmHandoff::kAsync, keep them for the request's steps to read in place). The loop never blocks on
+// a transfer: results come back through Hooks::post. When an image's source fails (lost peer,
+// deadline, corrupt data), the request's stream reports the lost images (TokenBatch.lost_images)
+// and it waits up to lost_image_timeout for a retry with new sources (ApplyRetry; one that
+// overtakes its request is kept, KeepEarly, and applied by Start).
 //
 //   ImageGather images(options, transfer, metrics,
 //                      {.post = ..., .find = ..., .on_ready = admit});

@@ -141,4 +141,15 @@ absl::StatusOr<EmbeddingSections> DecodeImageSections(absl::string_view aux, uin
   return s;
 }
 
+absl::Status ExpectImageSections(absl::string_view aux, uint32_t num_tokens, uint32_t row_width,
+                                 uint32_t count) {
+  absl::StatusOr<EmbeddingSections> s = DecodeImageSections(aux, num_tokens, row_width);
+  if (!s.ok()) return s.status();
+  if (s->count != count) {
+    return absl::DataLossError(
+        absl::StrCat("embedding of ", s->count, " sections; the model takes ", count));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace mmserve::transfer

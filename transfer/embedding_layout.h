@@ -107,6 +107,12 @@ inline int32_t ImageFillId(uint64_t content_hash_low) {
                                                                     uint32_t num_tokens,
                                                                     uint32_t row_width);
 
+// DecodeImageSections, and DataLoss unless the image has `count` sections
+// (the receiver's model takes a main embedding and count - 1 DeepStack
+// features).
+[[nodiscard]] absl::Status ExpectImageSections(absl::string_view aux, uint32_t num_tokens,
+                                               uint32_t row_width, uint32_t count);
+
 }  // namespace mmserve::transfer
 
 #endif  // MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_

@@ -97,6 +97,20 @@ TEST_CASE("the version 1 layout (no section header) reads as one section") {
   absl::StatusOr<EmbeddingSections> s = DecodeImageSections(AuxOf({0, 0, 0}), 3, 1536);
   REQUIRE(s.ok());
   CHECK(*s == EmbeddingSections{.version = 1, .count = 1, .width = 1536});
+  CHECK(ExpectImageSections(AuxOf({0, 0, 0}), 3, 1536, 1).ok());
+}
+
+TEST_CASE("a receiver refuses an image with other sections than its model takes") {
+  // Three sections of 4 (an embedding and two DeepStack features).
+  const int32_t three = SectionHeaderWord({.count = 3, .width = 4});
+  CHECK(ExpectImageSections(AuxOf({three, three}), 2, 12, 3).ok());
+  const absl::Status fewer = ExpectImageSections(AuxOf({three, three}), 2, 12, 4);
+  CHECK(absl::IsDataLoss(fewer));
+  CHECK(fewer.message() == "embedding of 3 sections; the model takes 4");
+  // A version 1 image (no features) for a model that needs them.
+  CHECK(absl::IsDataLoss(ExpectImageSections(AuxOf({0, 0}), 2, 12, 3)));
+  // Malformed headers are refused as by DecodeImageSections.
+  CHECK(absl::IsDataLoss(ExpectImageSections(AuxOf({three, 0}), 2, 12, 3)));
 }
 
 TEST_CASE("section headers that disagree, are unknown or are cut short are data loss") {
