@@ -83,18 +83,18 @@ Prompt MakePrompt(int head, int middle, int tail, bool again = false) {
 
 // Each image's embedding rows as the encoder computes them: the main
 // embedding, then its DeepStack features.
-std::vector<worker::ImageEmbedding> Encode(int n) {
+std::vector<worker::MediaEmbedding> Encode(int n) {
   const std::string dir = ModelDir();
   const model::ModelConfig config = model::LoadModelConfig(dir).value();
   auto ckpt = model::SafetensorsCheckpoint::Open(dir).value();
   auto tower = model::VisionTower::Load(*ckpt, config).value();
-  std::vector<worker::ImageEmbedding> out;
+  std::vector<worker::MediaEmbedding> out;
   for (const std::string& bytes : Images(n)) {
     const model::RgbImage rgb = model::DecodeImage(bytes, model::DecodeLimits()).value();
     const model::ImagePatches p = model::PreprocessImage(rgb, *config.preprocessor).value();
-    worker::ImageEmbedding e;
+    worker::MediaEmbedding e;
     e.grid = p.grid;
-    auto all = tower->ForwardAll(p.values, std::vector<model::ImageGrid>{p.grid}).value();
+    auto all = tower->ForwardAll(p.values, std::vector<model::MediaGrid>{p.grid}).value();
     REQUIRE(static_cast<int>(all.deepstack.size()) == config.DeepstackLevels());
     e.values = model::TokenRows(std::move(all), config.text.hidden_size);
     out.push_back(std::move(e));
@@ -107,7 +107,7 @@ std::vector<worker::ImageEmbedding> Encode(int n) {
 // expanded token row len / 2 (where a degree-2 group splits its rows) falls
 // inside the second image, not on its first row.
 Prompt SplitInsideImage(int words) {
-  const std::vector<worker::ImageEmbedding> images = Encode(2);
+  const std::vector<worker::MediaEmbedding> images = Encode(2);
   auto tok = model::Tokenizer::FromFile(ModelDir() + "/tokenizer.json").value();
   const int32_t pad = model::LoadModelConfig(ModelDir()).value().tokens.image_pad;
   for (int head = 10; head < words - 10; ++head) {
@@ -151,7 +151,7 @@ std::vector<int32_t> InProcess(const Prompt& p, bool deepstack = true) {
   req.image_embeddings = Encode(p.images);
   if (!deepstack) {
     const int64_t hidden = model::LoadModelConfig(ModelDir()).value().text.hidden_size;
-    for (worker::ImageEmbedding& e : req.image_embeddings) {
+    for (worker::MediaEmbedding& e : req.image_embeddings) {
       for (size_t r = 0; r < e.values.size(); r += 3 * hidden) {
         std::fill(e.values.begin() + r + hidden, e.values.begin() + r + 3 * hidden, 0.0f);
       }
@@ -206,7 +206,7 @@ launcher::StackOptions StackFor(const Case& c) {
     case Topology::kElastic:
       o.elastic = 2;
       o.language_args = {"--kv_cache_mb=1", "--threads=1"};
-      if (kSanitizerSlowdown > 1) o.language_args.push_back("--esp_layer_timeout_ms=10000");
+      if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
       break;
   }
   return o;
@@ -244,7 +244,7 @@ TEST_CASE("Qwen3-VL with DeepStack through the stack gives the engine's tokens")
                          "placement=\"descriptor\"") == 13);
     }
     if (c.topology == Topology::kElastic) {
-      CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
+      CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_elastic_requests_total",
                          "degree=\"2\"") == 1);
     }
     if (c.topology == Topology::kBoth) {

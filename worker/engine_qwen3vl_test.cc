@@ -49,7 +49,7 @@ model::ImagePatches Preprocess(const model::ModelConfig& config, const std::stri
 }
 
 std::vector<int32_t> Generate(const model::ModelConfig& config, std::vector<int32_t> ids,
-                              std::vector<ImageEmbedding> images, size_t n) {
+                              std::vector<MediaEmbedding> images, size_t n) {
   EngineRequest req;
   req.id = "golden";
   req.prompt_token_ids = std::move(ids);
@@ -110,12 +110,12 @@ TEST_CASE("Qwen3-VL chats: the engine's greedy tokens are transformers', with De
     const std::string name = chat["name"];
     INFO(name);
     ++chats;
-    std::vector<ImageEmbedding> images, plain;
+    std::vector<MediaEmbedding> images, plain;
     for (const auto& image : chat["images"]) {
       const model::ImagePatches p = Preprocess(config, image.get<std::string>());
-      auto all = tower->ForwardAll(p.values, std::vector<model::ImageGrid>{p.grid});
+      auto all = tower->ForwardAll(p.values, std::vector<model::MediaGrid>{p.grid});
       REQUIRE(all.ok());
-      ImageEmbedding e{.grid = p.grid};
+      MediaEmbedding e{.grid = p.grid};
       e.values = model::TokenRows(*all, hidden);
       images.push_back(e);
       // The same rows with every DeepStack feature zero.
