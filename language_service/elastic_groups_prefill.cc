@@ -208,7 +208,7 @@ absl::Status ElasticGroups::RunRows(Group& g) {
     for (size_t k = 0; k < st.image_offsets.size(); ++k) {
       const int64_t at = gr - st.image_offsets[k];
       if (at >= 0 && at < st.image_lengths[k]) {
-        b.rows.embedding_overrides.push_back({i, st.image_embeddings[k] + at * hidden});
+        b.rows.embedding_overrides.push_back(worker::ImageOverride(st, k, at, i, hidden));
       }
     }
   }

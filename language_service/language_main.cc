@@ -182,7 +182,7 @@ transfer::TransferEngineOptions TransferOptions(const std::string& id,
   topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_embedding_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_embedding_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.EmbeddingRowWidth());
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = absl::GetFlag(FLAGS_default_blocks);
   return topts;
