@@ -26,7 +26,8 @@ using FinishReason = scheduler::FinishReason;
 
 // An image or video (grid.kind) encoded elsewhere (the encoder service): its
 // patch grid and its merged-token embeddings, grid.num_tokens() rows of
-// hidden_size floats.
+// hidden_size floats (Qwen3-VL: each row followed by the token's DeepStack
+// features, ModelConfig::EmbeddingRowWidth floats a token).
 struct MediaEmbedding {
   model::MediaGrid grid;
   std::vector<float> values;
