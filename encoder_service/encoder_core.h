@@ -126,8 +126,9 @@ class EncoderCore {
   void Shutdown();
 
   const model::ModelConfig& config() const { return config_; }
-  // Floats per embedding token (the language model's hidden size).
-  int hidden_size() const { return tower_->out_hidden(); }
+  // Floats per embedding token: the language model's hidden size, times
+  // 1 + DeepStack levels (ModelConfig::EmbeddingRowWidth).
+  int hidden_size() const { return tower_->out_hidden() * (1 + config_.DeepstackLevels()); }
   // Images queued or in a stage, and the embedding cache.
   size_t num_pending() const { return pending_.load(); }
   EmbeddingCache::Stats cache_stats() const { return cache_.stats(); }

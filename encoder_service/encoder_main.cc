@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<transfer::TransferEngine>> CreateTransfer(
   topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_num_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.EmbeddingRowWidth());
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = 1;
   return transfer::TransferEngine::Create(topts);

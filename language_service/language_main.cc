@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/file.h"
+#include "common/flag_aliases.h"
 #include "common/grpc_server.h"
 #include "common/internal_plane_flags.h"
 #include "common/logging.h"
@@ -54,6 +55,11 @@ ABSL_FLAG(int, elastic_layer_timeout_ms, 2000,
           "decode step");
 ABSL_FLAG(int, elastic_join_timeout_ms, 10000,
           "role elastic: how long the members of a group prefill wait for each other to join");
+// The names these flags had before the feature was called elastic everywhere.
+ABSL_FLAG(int, esp_span_idle_s, 30, "deprecated: use --elastic_span_idle_s");
+ABSL_FLAG(int, esp_max_prompt_tokens, 0, "deprecated: use --elastic_max_prompt_tokens");
+ABSL_FLAG(int, esp_layer_timeout_ms, 2000, "deprecated: use --elastic_layer_timeout_ms");
+ABSL_FLAG(int, esp_join_timeout_ms, 10000, "deprecated: use --elastic_join_timeout_ms");
 ABSL_FLAG(
     int, test_elastic_step_delay_ms, 0,
     "TEST ONLY (fault tests): each layer of a group prefill and each decode step of an elastic "
@@ -177,7 +183,7 @@ transfer::TransferEngineOptions TransferOptions(const std::string& id,
   topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_embedding_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_embedding_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.EmbeddingRowWidth());
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = absl::GetFlag(FLAGS_default_blocks);
   return topts;
@@ -380,5 +386,13 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s =
+          mmserve::ApplyFlagAliases({{"esp_span_idle_s", "elastic_span_idle_s"},
+                                     {"esp_max_prompt_tokens", "elastic_max_prompt_tokens"},
+                                     {"esp_layer_timeout_ms", "elastic_layer_timeout_ms"},
+                                     {"esp_join_timeout_ms", "elastic_join_timeout_ms"}});
+      !s.ok()) {
+    return mmserve::ExitWithError("language", s);
+  }
   return mmserve::language::Main();
 }

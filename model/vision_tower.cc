@@ -463,4 +463,20 @@ absl::StatusOr<VisionEmbeddings> VisionTower::ForwardAll(absl::Span<const float>
   return result;
 }
 
+std::vector<float> TokenRows(VisionEmbeddings e, int64_t hidden) {
+  if (e.deepstack.empty()) return std::move(e.main);
+  const int64_t levels = static_cast<int64_t>(e.deepstack.size());
+  const int64_t tokens = static_cast<int64_t>(e.main.size()) / hidden;
+  const int64_t width = (1 + levels) * hidden;
+  std::vector<float> rows(tokens * width);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = &rows[t * width];
+    std::copy_n(&e.main[t * hidden], hidden, row);
+    for (int64_t k = 0; k < levels; ++k) {
+      std::copy_n(&e.deepstack[k][t * hidden], hidden, row + (1 + k) * hidden);
+    }
+  }
+  return rows;
+}
+
 }  // namespace mmserve::model

@@ -122,6 +122,11 @@ struct VisionEmbeddings {
   std::vector<std::vector<float>> deepstack;
 };
 
+// The embedding rows the language model takes, [tokens][(1 + levels) *
+// hidden]: each token's main embedding, then its DeepStack features in order
+// (ModelConfig::EmbeddingRowWidth). `e.main` itself when there are none.
+std::vector<float> TokenRows(VisionEmbeddings e, int64_t hidden);
+
 class VisionTower {
  public:
   // Reads "visual.*" (or "model.visual.*") tensors; InvalidArgument naming a

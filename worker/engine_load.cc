@@ -32,14 +32,15 @@ int64_t ProcBytes(const char* file, const char* key) {
 }
 
 // The largest step the scheduler can make, encoded (step_message.h): every
-// row an image row with its embedding inline, every sequence's block table
-// as long as max_model_len needs.
-int64_t StepSlotBytes(const EngineOptions& o, int64_t hidden, int64_t max_model_len) {
+// row an image row with its embedding (row_width floats: with Qwen3-VL's
+// DeepStack features) inline, every sequence's block table as long as
+// max_model_len needs.
+int64_t StepSlotBytes(const EngineOptions& o, int64_t row_width, int64_t max_model_len) {
   const int64_t rows = o.max_num_batched_tokens;
   const int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size + 1;
   // Per row: token id, 3 positions, slot, logits row, embedding descriptor
   // and values; per sequence: its chunk and block table; and the header.
-  const int64_t bytes = 1024 + rows * (4 + 3 * 8 + 8 + 8 + 48 + hidden * 4) +
+  const int64_t bytes = 1024 + rows * (4 + 3 * 8 + 8 + 8 + 48 + row_width * 4) +
                         o.max_num_seqs * (32 + blocks_per_seq * 4);
   return (bytes + 63) / 64 * 64;
 }
@@ -74,7 +75,7 @@ absl::Status StartRanks(const EngineOptions& options, int threads,
   g.shard_binary = options.tp_shard_binary;
   g.model_dir = options.model_dir;
   g.threads_per_rank = threads;
-  g.ring_slot_bytes = StepSlotBytes(options, m.config.text.hidden_size, m.sizing.max_model_len);
+  g.ring_slot_bytes = StepSlotBytes(options, m.config.EmbeddingRowWidth(), m.sizing.max_model_len);
   g.extra_args = options.tp_shard_args;
   if (options.shared_input != nullptr) {
     g.shared_input_fd = options.shared_input_fd;
