@@ -452,10 +452,9 @@ int ModelConfig::VideoTimeStep(std::optional<double> fps) const {
 }
 
 absl::Status CheckServable(const ModelConfig& cfg) {
-  if (cfg.model_type == "qwen3_vl") {
+  if (cfg.model_type == "qwen3_vl_moe") {
     return absl::FailedPreconditionError(
-        "model_type \"qwen3_vl\" is supported at the model level only: the services do not "
-        "carry its DeepStack features yet");
+        "model_type \"qwen3_vl_moe\" is not served yet: only Qwen3-VL's dense text model is");
   }
   return absl::OkStatus();
 }
