@@ -12,7 +12,7 @@
 // dtype (F16 widened to F32, which the kernels take), then drops the fused
 // tensors' mapped pages. The result is the per-expert layout, so routing,
 // tensor parallelism and int8 treat both storages the same.
-// Internal to the qwen2_weights library.
+// Used by Qwen2Weights::Load; exported for its tests.
 #ifndef MMSERVE_MODEL_EXPERT_WEIGHTS_H_
 #define MMSERVE_MODEL_EXPERT_WEIGHTS_H_
 
