@@ -103,7 +103,7 @@ struct Case {
   std::string name;
   std::string ext;
   std::string bytes;
-  model::ImageGrid grid;
+  model::MediaGrid grid;
 };
 
 double MedianMs(const Case& c, const model::PreprocessorConfig& cfg, int reps) {

@@ -58,7 +58,7 @@ TorchVisionPeerResult RunTorchVisionPeer(const TorchVisionPeerRequest& r) {
     return out;
   }
   std::vector<std::string> grids;
-  for (const model::ImageGrid& g : r.grids) {
+  for (const model::MediaGrid& g : r.grids) {
     grids.push_back(absl::StrCat(g.grid_t, "x", g.grid_h, "x", g.grid_w));
   }
   const std::string command = absl::StrCat(

@@ -23,7 +23,7 @@ namespace mmserve::bench {
 struct TorchVisionPeerRequest {
   std::string python;  // interpreter with torch + transformers
   std::string script;  // tools/torch_vision_peer.py
-  std::vector<model::ImageGrid> grids;
+  std::vector<model::MediaGrid> grids;
   int depth = 32;
   int threads = 1;
   std::string dtype;  // "float32" or "bfloat16"

@@ -108,7 +108,7 @@ double Perftest(TransportProfile profile, const std::string& test, size_t size, 
   return 0;
 }
 
-bool SameBytes(const ReceivedImage& image, const EmbeddingLayout& layout, const PayloadSpec& spec) {
+bool SameBytes(const ReceivedMedia& image, const EmbeddingLayout& layout, const PayloadSpec& spec) {
   for (int s = 0; s < kNumSections; ++s) {
     if (image.Section(s) != ExpectedSection(layout, spec, s)) return false;
   }
@@ -194,11 +194,11 @@ class ProtocolRun {
                         .sender = "sender",
                         .known_tokens = spec_.total_tokens,
                         .timeout = absl::Seconds(60)},
-                       [&, k, watch](absl::StatusOr<ReceivedImage> image) {
+                       [&, k, watch](absl::StatusOr<ReceivedMedia> image) {
                          const double s = watch->ElapsedSeconds();
                          CHECK(image.ok()) << image.status();
                          bool ok = true;
-                         std::optional<ReceivedImage> keep;
+                         std::optional<ReceivedMedia> keep;
                          if (k == 0) {
                            ok = SameBytes(*image, engine_->buffer().layout(), spec_);
                          } else if (k == total_ - 1) {
@@ -242,7 +242,7 @@ class ProtocolRun {
   int next_ = 0;
   absl::Mutex mu_;
   bool bytes_ok_ = true;
-  std::optional<ReceivedImage> last_;
+  std::optional<ReceivedMedia> last_;
 };
 
 // Rounds of: --iterations timed transfers through the protocol, then the

@@ -67,7 +67,7 @@ std::string ClipPath(const std::string& name) {
 
 struct ClipRow {
   std::string name;
-  model::ImageGrid grid;
+  model::MediaGrid grid;
   double mmserve_ms = 0;
   double peer_ms = -1;  // not measured
 };
@@ -133,17 +133,17 @@ std::vector<ClipRow> MeasureClips() {
 }
 
 struct TowerFigures {
-  model::ImageGrid video;
+  model::MediaGrid video;
   double video_us_per_patch = 0, image_us_per_patch = 0, t_images_us_per_patch = 0;
   double ratio() const { return image_us_per_patch / video_us_per_patch; }
   double ratio_t_images() const { return t_images_us_per_patch / video_us_per_patch; }
 };
 
 // Microseconds per patch of one Forward over `grids`.
-double PerPatchUs(const model::VisionTower& tower, const std::vector<model::ImageGrid>& grids,
+double PerPatchUs(const model::VisionTower& tower, const std::vector<model::MediaGrid>& grids,
                   const std::vector<float>& pixels) {
   int64_t patches = 0;
-  for (const model::ImageGrid& g : grids) patches += g.num_patches();
+  for (const model::MediaGrid& g : grids) patches += g.num_patches();
   Stopwatch w;
   auto out = tower.Forward(absl::MakeConstSpan(pixels.data(), pixels.size()), grids);
   if (!out.ok()) {
@@ -166,9 +166,9 @@ TowerFigures MeasureTower() {
   auto tower = model::VisionTower::CreateRandom(cfg, 1, model::DType::kBF16, options);
   TowerFigures f;
   // 8 temporal patches of 16 x 22 (a 224 x 308 clip of 16 frames): 2816 patches.
-  f.video = model::ImageGrid::FromThw(8, 16, 22, 2, model::MediaKind::kVideo);
-  const model::ImageGrid image = model::ImageGrid::FromThw(1, 8 * 16, 22);
-  const std::vector<model::ImageGrid> t_images(8, model::ImageGrid::FromThw(1, 16, 22));
+  f.video = model::MediaGrid::FromThw(8, 16, 22, 2, model::MediaKind::kVideo);
+  const model::MediaGrid image = model::MediaGrid::FromThw(1, 8 * 16, 22);
+  const std::vector<model::MediaGrid> t_images(8, model::MediaGrid::FromThw(1, 16, 22));
   std::vector<float> pixels(static_cast<size_t>(f.video.num_patches()) * 3 * 2 * 14 * 14);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.8f, 2.1f);

@@ -67,7 +67,7 @@
 namespace mmserve {
 namespace {
 
-using model::ImageGrid;
+using model::MediaGrid;
 using model::RgbImage;
 namespace cpu = model::cpu;
 
@@ -191,7 +191,7 @@ std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTo
   for (int it = 0; it < args.iters; ++it) {
     model::VisionTrace trace;
     trace.record_activations = false;
-    std::vector<ImageGrid> grids = {p.grid};
+    std::vector<MediaGrid> grids = {p.grid};
     auto out = tower.Forward(p.values, grids, &trace);
     CHECK_OK(out.status());
     total_s += trace.total_seconds;
@@ -240,7 +240,7 @@ model::VisionConfig TowerConfig(int depth) {
 }
 
 // --peer=torch on one grid: transformers' tower in a child process.
-bench::TorchVisionPeerResult PeerOnGrid(const Args& args, int threads, const ImageGrid& grid) {
+bench::TorchVisionPeerResult PeerOnGrid(const Args& args, int threads, const MediaGrid& grid) {
   bench::TorchVisionPeerRequest req;
   req.python = args.peer_python;
   req.script = args.peer_script;

@@ -15,10 +15,10 @@
 # project is left; then the same for deploy/docker-compose.pd.yml (encoder,
 # prefill, decode with two TP ranks): 100 demo questions over gRPC identical
 # to the in-process engine, no leaks, nothing left after `down -v`; then the
-# same for deploy/docker-compose.elastic.yml (router --esp, encoder, two
+# same for deploy/docker-compose.elastic.yml (router --elastic, encoder, two
 # elastic instances). Before any of that, even where no Docker engine runs,
 # every compose file must pass `docker-compose config` and the elastic
-# file's topology is checked (router --esp, two --role=elastic instances
+# file's topology is checked (router --elastic, two --role=elastic instances
 # with their own ids and addresses). Bounded to 10 minutes; prints its duration.
 #
 # MMSERVE_COMPOSE_IMAGE=dynamic (default) builds the image from the default
@@ -85,7 +85,7 @@ import yaml
 
 services = yaml.safe_load(open(sys.argv[1]))["services"]
 router = services["router"]["command"]
-assert "--esp" in router, "the router runs without --esp"
+assert "--elastic" in router, "the router runs without --elastic"
 elastic = {n: s for n, s in services.items() if "--role=elastic" in s.get("command", [])}
 assert len(elastic) == 2, f"{len(elastic)} elastic instances, not 2"
 ids, ports = set(), set()
@@ -335,10 +335,10 @@ export MMSERVE_PREFILL_METRICS_PORT=9454 MMSERVE_DECODE_METRICS_PORT=9455
 other_file pd docker-compose.pd.yml "encoder, prefill, decode --tp=2; KV over UCX tcp" \
   "encoder=1 prefill=1 decode=1" 100 \
   "9450,9451,$MMSERVE_PREFILL_METRICS_PORT,$MMSERVE_DECODE_METRICS_PORT"
-# 8. The elastic file: router --esp, encoder, two elastic instances (the
+# 8. The elastic file: router --elastic, encoder, two elastic instances (the
 # demo questions fit one instance each: degree 1 through the manager).
 export MMSERVE_ELASTIC0_METRICS_PORT=9456 MMSERVE_ELASTIC1_METRICS_PORT=9457
-other_file elastic docker-compose.elastic.yml "encoder, 2 elastic instances, router --esp" \
+other_file elastic docker-compose.elastic.yml "encoder, 2 elastic instances, router --elastic" \
   "encoder=1 elastic=2" 40 \
   "9450,9451,$MMSERVE_ELASTIC0_METRICS_PORT,$MMSERVE_ELASTIC1_METRICS_PORT"
 

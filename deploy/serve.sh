@@ -12,7 +12,7 @@
 #                     [--quantize=int8|int8_g32]
 #                     [--max_model_len=N] [--kv_cache_mb=N]
 #                     [--profile=shm|tcp] [--tp=N] [--prefill=N --decode=N]
-#                     [--elastic=N] [--esp_step_models=FILE]
+#                     [--elastic=N] [--elastic_step_models=FILE]
 #                     [--router_flags=F,...] [--encoder_flags=F,...]
 #                     [--language_flags=F,...]
 # --model_id=NAME: the model name clients send and /v1/models lists
@@ -35,11 +35,11 @@
 #   UCX; text and image prompts) instead of one role-both instance; with
 #   --tp=N each decode instance has N ranks (prefill instances run one).
 # --elastic=N: N elastic language instances (--role=elastic) pooled by the
-#   router's elastic manager (router --esp; docs/elastic.md): a long prompt
+#   router's elastic manager (router --elastic; docs/elastic.md): a long prompt
 #   is prefilled by a group of them, its KV spread over their pools.
-# --esp_step_models=FILE (or ESP_STEP_MODELS=FILE): with --elastic, the
+# --elastic_step_models=FILE (or ELASTIC_STEP_MODELS=FILE): with --elastic, the
 #   router's per-degree step-time models, fitted on this hardware by
-#   bench:esp_profile (docs/elastic.md); default: the router's own.
+#   bench:elastic_profile (docs/elastic.md); default: the router's own.
 # --router_flags=, --encoder_flags=, --language_flags=: any other flags of
 #   that process, comma-separated (--language_flags=--max_num_seqs=16,--threads=4);
 #   each name must be one of its flags (docs/reference/flags.md).
@@ -60,7 +60,7 @@ tp=1
 prefill=0
 decode=0
 elastic=0
-esp_step_models=${ESP_STEP_MODELS:-}
+elastic_step_models=${ELASTIC_STEP_MODELS:-}
 model_id=
 api_key_file=
 cluster_token_file=
@@ -98,7 +98,7 @@ for arg in "$@"; do
     --prefill=*) prefill="${arg#*=}" ;;
     --decode=*) decode="${arg#*=}" ;;
     --elastic=*) elastic="${arg#*=}" ;;
-    --esp_step_models=*) esp_step_models="${arg#*=}" ;;
+    --elastic_step_models=*) elastic_step_models="${arg#*=}" ;;
     --router_flags=*) router_flags="${arg#*=}" ;;
     --encoder_flags=*) encoder_flags="${arg#*=}" ;;
     --language_flags=*) language_flags="${arg#*=}" ;;
@@ -131,11 +131,11 @@ fi
 if [[ -n "$cluster_token_file" ]] && ! head -n 1 "$cluster_token_file" | grep -q '[^[:space:]]'; then
   die "--cluster_token_file: the first line of $cluster_token_file is empty"
 fi
-esp_args=()
-if [[ -n "$esp_step_models" ]]; then
-  esp_step_models=$(readable --esp_step_models "$esp_step_models")
-  ((elastic > 0)) || die "--esp_step_models needs --elastic"
-  esp_args=(--esp_step_models="$esp_step_models")
+elastic_args=()
+if [[ -n "$elastic_step_models" ]]; then
+  elastic_step_models=$(readable --elastic_step_models "$elastic_step_models")
+  ((elastic > 0)) || die "--elastic_step_models needs --elastic"
+  elastic_args=(--elastic_step_models="$elastic_step_models")
 fi
 # The named options become flags of the processes they belong to, ahead of
 # the --*_flags a user passes (a later flag wins).
@@ -202,7 +202,7 @@ out="$logs/launcher.out"
   --encoders="$encoders" --profile="$profile" --host="$host" --port="$port" --http_port="$http_port" \
   --api_key_file="$api_key_file" --router_flags="$router_flags" --encoder_flags="$encoder_flags" \
   --language_flags="$language_flags" \
-  --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" ${esp_args[@]+"${esp_args[@]}"} \
+  --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" ${elastic_args[@]+"${elastic_args[@]}"} \
   --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!
 stop() {

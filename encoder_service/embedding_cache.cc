@@ -4,7 +4,7 @@
 
 namespace mmserve::encoder {
 
-std::shared_ptr<const EncodedImage> EmbeddingCache::Lookup(const ContentHash& key) {
+std::shared_ptr<const EncodedMedia> EmbeddingCache::Lookup(const ContentHash& key) {
   absl::MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) {
@@ -16,7 +16,7 @@ std::shared_ptr<const EncodedImage> EmbeddingCache::Lookup(const ContentHash& ke
   return it->second->value;
 }
 
-void EmbeddingCache::Insert(const ContentHash& key, std::shared_ptr<const EncodedImage> value) {
+void EmbeddingCache::Insert(const ContentHash& key, std::shared_ptr<const EncodedMedia> value) {
   const size_t bytes = value->bytes();
   absl::MutexLock lock(&mu_);
   if (auto it = index_.find(key); it != index_.end()) {

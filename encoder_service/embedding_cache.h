@@ -3,8 +3,8 @@
 // decode, preprocessing and the vision tower.
 //
 //   EmbeddingCache cache(256 << 20);
-//   if (std::shared_ptr<const EncodedImage> e = cache.Lookup(hash)) { ... hit ... }
-//   cache.Insert(hash, std::make_shared<EncodedImage>(...));
+//   if (std::shared_ptr<const EncodedMedia> e = cache.Lookup(hash)) { ... hit ... }
+//   cache.Insert(hash, std::make_shared<EncodedMedia>(...));
 //
 // Entries are shared: an evicted entry stays alive while a transfer still
 // copies from it. Thread-safe.
@@ -27,8 +27,8 @@ namespace mmserve::encoder {
 
 // One encoded image: its patch grid and grid.num_tokens() rows of merged
 // embeddings (the language model's hidden size each).
-struct EncodedImage {
-  model::ImageGrid grid;
+struct EncodedMedia {
+  model::MediaGrid grid;
   std::vector<float> embedding;
 
   size_t bytes() const { return embedding.size() * sizeof(float) + sizeof(*this); }
@@ -42,10 +42,10 @@ class EmbeddingCache {
   EmbeddingCache& operator=(const EmbeddingCache&) = delete;
 
   // The entry, now most recently used; null on a miss.
-  std::shared_ptr<const EncodedImage> Lookup(const ContentHash& key);
+  std::shared_ptr<const EncodedMedia> Lookup(const ContentHash& key);
   // Adds or replaces an entry, evicting least recently used ones to fit. An
   // entry larger than the whole capacity is not kept.
-  void Insert(const ContentHash& key, std::shared_ptr<const EncodedImage> value);
+  void Insert(const ContentHash& key, std::shared_ptr<const EncodedMedia> value);
 
   struct Stats {
     size_t entries = 0;
@@ -59,7 +59,7 @@ class EmbeddingCache {
  private:
   struct Entry {
     ContentHash key;
-    std::shared_ptr<const EncodedImage> value;
+    std::shared_ptr<const EncodedMedia> value;
   };
   void EvictTo(size_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -8,9 +8,9 @@
 namespace mmserve::encoder {
 namespace {
 
-std::shared_ptr<const EncodedImage> Image(size_t floats, float fill) {
-  auto e = std::make_shared<EncodedImage>();
-  e->grid = model::ImageGrid::FromThw(1, 2, 2);
+std::shared_ptr<const EncodedMedia> Image(size_t floats, float fill) {
+  auto e = std::make_shared<EncodedMedia>();
+  e->grid = model::MediaGrid::FromThw(1, 2, 2);
   e->embedding.assign(floats, fill);
   return e;
 }

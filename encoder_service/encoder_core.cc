@@ -76,8 +76,8 @@ void EncoderCore::StartStages() {
   EventLoopOptions tower{.name = "encoder tower"};
   tower.step = [this](bool) { return TowerStep(); };
   tower.on_stop = EventLoopOptions::OnStop::kDrop;
-  tower_stage_ = std::make_unique<MessageLoop<ImageWork>>(
-      [this](ImageWork& w) { QueueForTower(w); }, std::move(tower));
+  tower_stage_ = std::make_unique<MessageLoop<MediaWork>>(
+      [this](MediaWork& w) { QueueForTower(w); }, std::move(tower));
   EventLoopOptions publish{.name = "encoder publish"};
   publish.on_stop = EventLoopOptions::OnStop::kDrop;
   publish_stage_ = std::make_unique<EventLoop>(std::move(publish));
@@ -165,7 +165,7 @@ void EncoderCore::Encode(EncodeJob request, EncodeDone done) {
         } else {
           cache_misses_->Increment();
           inflight_[hash].push_back(std::move(w.waiter));
-          ImageWork work{.hash = hash, .data = job->images[i].data, .video = job->images[i].video};
+          MediaWork work{.hash = hash, .data = job->images[i].data, .video = job->images[i].video};
           decode_stage_->Post(
               [this, work = std::move(work)]() mutable { Decode(std::move(work)); });
         }
@@ -267,7 +267,7 @@ void EncoderCore::Complete(const std::shared_ptr<Job>& job, size_t slot, absl::S
   done(std::move(result));
 }
 
-absl::StatusOr<model::ImagePatches> EncoderCore::Preprocess(const ImageWork& w) const {
+absl::StatusOr<model::ImagePatches> EncoderCore::Preprocess(const MediaWork& w) const {
   if (w.video != nullptr) {
     ASSIGN_OR_RETURN(model::ImagePatches p,
                      model::LoadVideo(*w.video, *config_.preprocessor, options_.video_limits,
@@ -280,7 +280,7 @@ absl::StatusOr<model::ImagePatches> EncoderCore::Preprocess(const ImageWork& w) 
   return model::PreprocessImage(rgb, *config_.preprocessor);
 }
 
-void EncoderCore::Decode(ImageWork w) {
+void EncoderCore::Decode(MediaWork w) {
   if (!Wanted(w.hash)) {
     for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
     return;
@@ -302,10 +302,10 @@ void EncoderCore::Decode(ImageWork w) {
   (void)tower_stage_->Post(std::move(w));
 }
 
-void EncoderCore::QueueForTower(ImageWork& w) { tower_queue_.push_back(std::move(w)); }
+void EncoderCore::QueueForTower(MediaWork& w) { tower_queue_.push_back(std::move(w)); }
 
 bool EncoderCore::FrontWanted() {
-  ImageWork& w = tower_queue_.front();
+  MediaWork& w = tower_queue_.front();
   if (Wanted(w.hash)) return true;
   for (Waiter& x : TakeWaiters(w.hash)) Complete(x.job, x.slot, absl::CancelledError("over"));
   tower_queue_.pop_front();
@@ -317,13 +317,13 @@ Deadline EncoderCore::TowerStep() {
   // one image, or one temporal patch of a video); a video over the rest of
   // the budget runs its first whole temporal patches now and stays in front
   // for the next batches. The loop calls again at once while work remains.
-  std::deque<ImageWork> whole;  // works done in this batch (stable references)
+  std::deque<MediaWork> whole;  // works done in this batch (stable references)
   std::vector<Slice> slices;
   int64_t patches = 0;
   while (!tower_queue_.empty()) {
     if (!FrontWanted()) continue;
-    ImageWork& w = tower_queue_.front();
-    const model::ImageGrid& g = w.patches.grid;
+    MediaWork& w = tower_queue_.front();
+    const model::MediaGrid& g = w.patches.grid;
     const int64_t per_t = int64_t{g.grid_h} * g.grid_w;
     const int left = g.grid_t - w.t_done;
     int take = left;
@@ -344,7 +344,7 @@ Deadline EncoderCore::TowerStep() {
   }
   if (!slices.empty()) {
     if (RunBatch(slices)) {
-      for (ImageWork& w : whole) Finish(w);
+      for (MediaWork& w : whole) Finish(w);
     } else if (!tower_queue_.empty() && slices.back().work == &tower_queue_.front()) {
       tower_queue_.pop_front();  // a failed piece: its waiters got the error
     }
@@ -354,13 +354,13 @@ Deadline EncoderCore::TowerStep() {
 
 bool EncoderCore::RunBatch(const std::vector<Slice>& slices) {
   std::vector<float> pixels;
-  std::vector<model::ImageGrid> grids;
+  std::vector<model::MediaGrid> grids;
   for (const Slice& s : slices) {
     const model::ImagePatches& p = s.work->patches;
     const size_t per_t = static_cast<size_t>(p.grid.grid_h) * p.grid.grid_w * p.patch_dim;
     pixels.insert(pixels.end(), p.values.begin() + s.t_first * per_t,
                   p.values.begin() + (s.t_first + s.t_count) * per_t);
-    model::ImageGrid g = p.grid;
+    model::MediaGrid g = p.grid;
     g.grid_t = s.t_count;
     grids.push_back(g);
   }
@@ -386,8 +386,8 @@ bool EncoderCore::RunBatch(const std::vector<Slice>& slices) {
   return true;
 }
 
-void EncoderCore::Finish(ImageWork& w) {
-  auto encoded = std::make_shared<EncodedImage>();
+void EncoderCore::Finish(MediaWork& w) {
+  auto encoded = std::make_shared<EncodedMedia>();
   encoded->grid = w.patches.grid;
   encoded->embedding = std::move(w.embedding);
   images_encoded_->Increment();
@@ -434,7 +434,7 @@ void EncoderCore::Publish(Work& w) {
     Complete(w.waiter.job, w.waiter.slot, absl::CancelledError("job over"));
     return;
   }
-  const EncodedImage& e = *w.encoded;
+  const EncodedMedia& e = *w.encoded;
   const EncodeJob::Image& image = w.waiter.job->images[w.waiter.slot];
   const uint32_t n = static_cast<uint32_t>(e.grid.num_tokens());
   transfer::BlockAllocator& allocator = engine_.allocator();
@@ -448,7 +448,7 @@ void EncoderCore::Publish(Work& w) {
     return;
   }
   const int merge = e.grid.merge_size;
-  const transfer::ImageRowsHeader header{.image_index = image.image_index,
+  const transfer::MediaRowsHeader header{.image_index = image.image_index,
                                          .fill_id = transfer::ImageFillId(image.hash.low),
                                          .grid = {.t = e.grid.grid_t,
                                                   .rows = e.grid.grid_h / merge,

@@ -141,7 +141,7 @@ class EncoderCore {
   // One distinct image (by content hash) in the decode/tower pipeline, with
   // every job slot that asked for it meanwhile (concurrent requests for the
   // same image are encoded once).
-  struct ImageWork {
+  struct MediaWork {
     ContentHash hash;
     std::string data;
     std::shared_ptr<const mmserve::v1::Video> video;
@@ -155,13 +155,13 @@ class EncoderCore {
   };
   // Temporal patches [t_first, t_first + t_count) of a work in a batch.
   struct Slice {
-    ImageWork* work = nullptr;
+    MediaWork* work = nullptr;
     int t_first = 0;
     int t_count = 0;
   };
   struct Work {
     Waiter waiter;
-    std::shared_ptr<const EncodedImage> encoded;
+    std::shared_ptr<const EncodedMedia> encoded;
   };
 
   EncoderCore(const EncoderCoreOptions& options, transfer::TransferEngine& engine,
@@ -169,17 +169,17 @@ class EncoderCore {
   absl::Status Load();
   void StartStages();
   // Decode stage, on a pool thread.
-  void Decode(ImageWork w);
-  absl::StatusOr<model::ImagePatches> Preprocess(const ImageWork& w) const;
+  void Decode(MediaWork w);
+  absl::StatusOr<model::ImagePatches> Preprocess(const MediaWork& w) const;
   // Tower loop: queues an image; the step hook runs one batch of the queue.
-  void QueueForTower(ImageWork& w);
+  void QueueForTower(MediaWork& w);
   Deadline TowerStep();
   // Whether the queue's front is still wanted (else it is dropped).
   bool FrontWanted();
   // False when the tower failed (every slice's waiters then got the error).
   bool RunBatch(const std::vector<Slice>& slices);
   // A work whose last temporal patch ran: cached and queued for publishing.
-  void Finish(ImageWork& w);
+  void Finish(MediaWork& w);
   // Queues images for the publisher, or cancels them once stopping.
   void QueueForPublish(std::vector<Work> works) ABSL_LOCKS_EXCLUDED(mu_);
   // Publish loop: publishes the oldest queued image (if Cancel left one).
@@ -206,7 +206,7 @@ class EncoderCore {
   // Cancel takes images out of it; one publish task per image queued.
   std::deque<Work> publish_queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ContentHash, std::vector<Waiter>> inflight_ ABSL_GUARDED_BY(mu_);
-  std::deque<ImageWork> tower_queue_;  // tower loop thread only
+  std::deque<MediaWork> tower_queue_;  // tower loop thread only
 
   metrics::Counter* images_encoded_;
   metrics::Counter* cache_hits_;
@@ -220,7 +220,7 @@ class EncoderCore {
 
   // Last: their threads stop before the state they use goes.
   std::unique_ptr<WorkerPool> decode_stage_;
-  std::unique_ptr<MessageLoop<ImageWork>> tower_stage_;
+  std::unique_ptr<MessageLoop<MediaWork>> tower_stage_;
   std::unique_ptr<EventLoop> publish_stage_;
 };
 

@@ -80,11 +80,11 @@ absl::StatusOr<v1::EncodeResponse> Encode(EncoderCore& core, const std::string& 
   return done.get_future().get();
 }
 
-absl::StatusOr<transfer::ReceivedImage> Receive(transfer::TransferEngine& lang,
+absl::StatusOr<transfer::ReceivedMedia> Receive(transfer::TransferEngine& lang,
                                                 const std::string& id) {
-  std::promise<absl::StatusOr<transfer::ReceivedImage>> got;
+  std::promise<absl::StatusOr<transfer::ReceivedMedia>> got;
   lang.Receive({.request_id = id, .sender = "enc"},
-               [&got](absl::StatusOr<transfer::ReceivedImage> r) { got.set_value(std::move(r)); });
+               [&got](absl::StatusOr<transfer::ReceivedMedia> r) { got.set_value(std::move(r)); });
   return got.get_future().get();
 }
 
@@ -108,7 +108,7 @@ TEST_CASE("a long video is split across tower batches, resumes and equals one to
   REQUIRE(got->total_tokens() == 66);
   auto grid = transfer::DecodeImageGrid(got->Section(transfer::kMrope), 66);
   REQUIRE(grid.ok());
-  CHECK(*grid == transfer::ImageTokenGrid{.t = 11, .rows = 2, .cols = 3});
+  CHECK(*grid == transfer::MediaTokenGrid{.t = 11, .rows = 2, .cols = 3});
 
   // The reference: the whole video in one tower call.
   auto patches = model::LoadVideo(*video, *rig->config.preprocessor, model::VideoLimits(),
@@ -118,7 +118,7 @@ TEST_CASE("a long video is split across tower batches, resumes and equals one to
   REQUIRE(ckpt.ok());
   auto tower = model::VisionTower::Load(**ckpt, rig->config);
   REQUIRE(tower.ok());
-  auto want = (*tower)->Forward(patches->values, std::vector<model::ImageGrid>{patches->grid});
+  auto want = (*tower)->Forward(patches->values, std::vector<model::MediaGrid>{patches->grid});
   REQUIRE(want.ok());
   const std::string emb = got->Section(transfer::kEmbedding);
   REQUIRE(emb.size() == want->size() * sizeof(float));

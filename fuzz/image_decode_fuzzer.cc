@@ -16,7 +16,7 @@ namespace mmserve::model {
 namespace {
 
 int64_t Tokens(int64_t width, int64_t height) {
-  absl::StatusOr<ImageGrid> grid = SmartResize(width, height, ImageGridParams());
+  absl::StatusOr<MediaGrid> grid = SmartResize(width, height, ImageGridParams());
   return grid.ok() ? grid->num_tokens() : -1;
 }
 

@@ -14,11 +14,11 @@
 namespace mmserve::fuzz {
 namespace {
 
-using Prepared = absl::StatusOr<std::vector<router::PreparedImage>>;
+using Prepared = absl::StatusOr<std::vector<router::PreparedMedia>>;
 
 constexpr char kModelDir[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
 
-bool SameGrid(const model::ImageGrid& a, const model::ImageGrid& b) {
+bool SameGrid(const model::MediaGrid& a, const model::MediaGrid& b) {
   return a.resized_height == b.resized_height && a.resized_width == b.resized_width &&
          a.grid_t == b.grid_t && a.grid_h == b.grid_h && a.grid_w == b.grid_w &&
          a.merge_size == b.merge_size;
@@ -75,7 +75,7 @@ absl::Status CheckPrepareRequest(const router::RouterOptions& options,
   const Prepared plain = router::PrepareRequest(unsized, request);
   FUZZ_CHECK(plain.status() == validated) << plain.status() << " vs " << validated;
   if (plain.ok()) {
-    for (const router::PreparedImage& im : *plain) FUZZ_CHECK(!im.grid.has_value());
+    for (const router::PreparedMedia& im : *plain) FUZZ_CHECK(!im.grid.has_value());
   }
   if (!prepared.ok()) return prepared.status();
 
@@ -86,7 +86,7 @@ absl::Status CheckPrepareRequest(const router::RouterOptions& options,
   limits.max_pixels = options.max_image_pixels;
   limits.max_bytes = static_cast<int64_t>(options.max_image_bytes);
   for (size_t k = 0; k < media.size(); ++k) {
-    const router::PreparedImage& im = (*prepared)[k];
+    const router::PreparedMedia& im = (*prepared)[k];
     FUZZ_CHECK((*plain)[k].hash == im.hash) << "media " << k;
     FUZZ_CHECK(im.grid.has_value()) << "media " << k << " accepted without a grid";
     FUZZ_CHECK(im.grid->num_tokens() > 0) << "media " << k;

@@ -264,7 +264,7 @@ class Harness {
   std::map<int, int> receive_done_;
   int next_call_ = 0;
   std::map<std::pair<std::string, uint32_t>, uint32_t> published_;  // key -> tokens
-  std::vector<ReceivedImage> images_;
+  std::vector<ReceivedMedia> images_;
   int images_ok_ = 0;
 };
 
@@ -298,7 +298,7 @@ void Harness::Receive(fuzz::FuzzInput& in) {
   receive_done_[call] = 0;
   const std::string req = r.request_id;
   const uint32_t index = r.image_index;
-  receiver_->Receive(std::move(r), [this, call, req, index](absl::StatusOr<ReceivedImage> image) {
+  receiver_->Receive(std::move(r), [this, call, req, index](absl::StatusOr<ReceivedMedia> image) {
     ++receive_done_[call];
     if (!image.ok()) {
       if (std::getenv("FUZZ_VERBOSE") != nullptr) {

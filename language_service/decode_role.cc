@@ -140,7 +140,7 @@ absl::StatusOr<v1::KvAllocation> DecodeRole::Reserve(const v1::KvAllocateRequest
   er.sampling.seed = request.seed();
   ASSIGN_OR_RETURN(er.handoff_images, HandoffImagesFromProto(request));
   uint32_t image_tokens = 0;
-  for (const worker::HandoffImage& h : er.handoff_images) {
+  for (const worker::HandoffMedia& h : er.handoff_images) {
     image_tokens += static_cast<uint32_t>(h.grid.num_tokens());
   }
   r.engine_request.sampling.seed = request.seed();

@@ -8,13 +8,13 @@ namespace mmserve::language {
 
 absl::Status ElasticRole::Attach(RoleHost& host) {
   host_ = &host;
-  ASSIGN_OR_RETURN(groups_,
-                   EspGroups::Create(
-                       options_, host.engine(), metrics_,
-                       [this](const worker::StreamEvent& e) { host_->OnEvent(e); },
-                       [this](const std::string& id, const worker::EspRequest::MasterState& state) {
-                         OnMasterMoved(id, state);
-                       }));
+  ASSIGN_OR_RETURN(
+      groups_, ElasticGroups::Create(
+                   options_, host.engine(), metrics_,
+                   [this](const worker::StreamEvent& e) { host_->OnEvent(e); },
+                   [this](const std::string& id, const worker::ElasticRequest::MasterState& state) {
+                     OnMasterMoved(id, state);
+                   }));
   return absl::OkStatus();
 }
 
@@ -25,18 +25,19 @@ absl::Status ElasticRole::CheckPrefill(const v1::PrefillRequest& request) const 
   return absl::OkStatus();
 }
 
-absl::Status ElasticRole::EspPrefill(const v1::EspPrefillRequest& request, RequestSink sink) {
+absl::Status ElasticRole::ElasticPrefill(const v1::ElasticPrefillRequest& request,
+                                         RequestSink sink) {
   if (request.member() >= static_cast<uint32_t>(request.plan().members_size())) {
     return absl::InvalidArgumentError("the receiver is not a member of the plan");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<LiveRequest> r,
                    host_->MakeRequest(request.request(), std::move(sink)));
-  r->esp_plan = std::make_unique<v1::EspPlan>(request.plan());
-  r->esp_member = static_cast<int>(request.member());
+  r->elastic_plan = std::make_unique<v1::ElasticPlan>(request.plan());
+  r->elastic_member = static_cast<int>(request.member());
   return host_->Install(std::move(r));
 }
 
-absl::Status ElasticRole::EspMoveMaster(const v1::EspMoveRequest& request) {
+absl::Status ElasticRole::ElasticMoveMaster(const v1::ElasticMoveRequest& request) {
   return host_->Call<absl::Status>([this, &request] { return MoveMasterHere(request); });
 }
 
@@ -46,14 +47,14 @@ absl::StatusOr<std::vector<int32_t>> ElasticRole::HoldSpan(const std::string& id
       [this, &id, tokens] { return HoldSpanHere(id, tokens); });
 }
 
-absl::Status ElasticRole::MoveMasterHere(const v1::EspMoveRequest& request) {
+absl::Status ElasticRole::MoveMasterHere(const v1::ElasticMoveRequest& request) {
   const std::string& id = request.request_id();
   LiveRequest* r = host_->Find(id);
-  if (r == nullptr || r->esp_plan == nullptr) {
+  if (r == nullptr || r->elastic_plan == nullptr) {
     return absl::NotFoundError("no request of that id waits to master here");
   }
-  const v1::EspMasterState& m = request.state();
-  worker::EspRequest::MasterState state{
+  const v1::ElasticMasterState& m = request.state();
+  worker::ElasticRequest::MasterState state{
       .generated =
           std::vector<int32_t>(m.generated_token_ids().begin(), m.generated_token_ids().end()),
       .seed = m.seed(),
@@ -65,12 +66,12 @@ absl::Status ElasticRole::MoveMasterHere(const v1::EspMoveRequest& request) {
 }
 
 void ElasticRole::OnMasterMoved(const std::string& id,
-                                const worker::EspRequest::MasterState& state) {
+                                const worker::ElasticRequest::MasterState& state) {
   LiveRequest* r = host_->Find(id);
   if (r == nullptr) return;
   v1::TokenBatch b;
   b.set_request_id(id);
-  v1::EspMasterState* m = b.mutable_esp_moved();
+  v1::ElasticMasterState* m = b.mutable_elastic_moved();
   for (int32_t t : state.generated) m->add_generated_token_ids(static_cast<uint32_t>(t));
   m->set_seed(state.seed);
   m->set_sampler_draws(state.draws);
@@ -90,10 +91,10 @@ absl::StatusOr<std::vector<int32_t>> ElasticRole::HoldSpanHere(const std::string
 }
 
 bool ElasticRole::Admit(LiveRequest& r) {
-  if (r.esp_plan == nullptr) return false;  // a request alone: the engine's batch
+  if (r.elastic_plan == nullptr) return false;  // a request alone: the engine's batch
   const std::string id = r.id;
-  absl::StatusOr<std::unique_ptr<worker::EspRequest>> prepared =
-      host_->engine().PrepareEsp(std::move(r.engine_request));
+  absl::StatusOr<std::unique_ptr<worker::ElasticRequest>> prepared =
+      host_->engine().PrepareElastic(std::move(r.engine_request));
   if (!prepared.ok()) {
     host_->End(id, prepared.status());
     return true;
@@ -101,8 +102,8 @@ bool ElasticRole::Admit(LiveRequest& r) {
   Advance(r, RequestEvent::kImagesArrived);
   r.admitted_at_s = r.since_submit.ElapsedSeconds();
   // Blocks the loop for the group's prefill.
-  absl::StatusOr<EspGroups::Prefilled> p = groups_->Prefill(
-      *r.esp_plan, r.esp_member, *std::move(prepared), [this] { host_->UpdateLoad(); });
+  absl::StatusOr<ElasticGroups::Prefilled> p = groups_->Prefill(
+      *r.elastic_plan, r.elastic_member, *std::move(prepared), [this] { host_->UpdateLoad(); });
   if (!p.ok()) {
     host_->End(id, p.status());
     return true;

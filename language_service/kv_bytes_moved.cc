@@ -4,8 +4,8 @@ namespace mmserve::language {
 
 transfer::WireBytes KvBytesMoved(metrics::Registry& metrics, const std::string& kind) {
   const char* help =
-      "KV payload bytes moved to or from other instances (kind: esp_prefill = the group "
-      "prefill's K/V all-gather, esp_decode = span queries and partials, handoff = P/D KV "
+      "KV payload bytes moved to or from other instances (kind: elastic_prefill = the group "
+      "prefill's K/V all-gather, elastic_decode = span queries and partials, handoff = P/D KV "
       "hand-off; notices and control messages not counted).";
   return {.sent = &metrics.GetCounter("mmserve_language_kv_bytes_moved_total", help,
                                       {{"kind", kind}, {"dir", "sent"}}),

@@ -1,10 +1,10 @@
 // mmserve_language_kv_bytes_moved_total{kind, dir}: the KV payload bytes a
 // language instance moved to or from other instances, by kind:
 //
-//   esp_prefill  the per-layer K/V all-gather of a group prefill (role
+//   elastic_prefill  the per-layer K/V all-gather of a group prefill (role
 //                elastic): this member's rows to each peer (sent), the
 //                peers' rows (received), K and V as fp32;
-//   esp_decode   multi-master decode: span queries (the master sends, a
+//   elastic_decode   multi-master decode: span queries (the master sends, a
 //                holder receives: 8 + 8 + q_width x 4 bytes a layer) and
 //                their partials (the holder sends, the master receives:
 //                (q_width + heads) x 4 bytes a layer);
@@ -14,7 +14,7 @@
 //
 // Notices, CRCs and gRPC control messages are not counted.
 //
-//   transfer::WireBytes b = KvBytesMoved(registry, "esp_prefill");
+//   transfer::WireBytes b = KvBytesMoved(registry, "elastic_prefill");
 //   exchange->CountBytes(b);
 //
 // Thread-safe (metrics::Registry and its counters are).
@@ -30,7 +30,7 @@
 
 namespace mmserve::language {
 
-// The counters of `kind` ("esp_prefill", "esp_decode", "handoff"), created
+// The counters of `kind` ("elastic_prefill", "elastic_decode", "handoff"), created
 // at 0 on first use.
 transfer::WireBytes KvBytesMoved(metrics::Registry& metrics, const std::string& kind);
 

@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
     const LanguageCoreOptions& options, transfer::TransferEngine& transfer,
     metrics::Registry& metrics) {
   std::unique_ptr<LanguageCore> core(new LanguageCore(options, transfer, metrics));
-  ASSIGN_OR_RETURN(core->role_, MakeRole(options.role, options.instance_id, metrics, options.esp));
+  ASSIGN_OR_RETURN(core->role_,
+                   MakeRole(options.role, options.instance_id, metrics, options.elastic));
   worker::EngineOptions eo = options.engine;
   eo.load_vision = false;
   RETURN_IF_ERROR(core->role_->AdjustEngineOptions(eo));
@@ -59,8 +60,8 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
   RETURN_IF_ERROR(core->role_->Attach(*core));
   core->UpdateLoad();
   LanguageCore* c = core.get();
-  core->images_ = std::make_unique<ImageGather>(
-      ImageGatherOptions{
+  core->images_ = std::make_unique<MediaGather>(
+      MediaGatherOptions{
           .name = options.instance_id,
           .mm_handoff = options.mm_handoff,
           .transfer_timeout = options.transfer_timeout,
@@ -68,7 +69,7 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
           .connect_timeout = options.connect_timeout,
           .spatial_merge_size = c->config().vision ? c->config().vision->spatial_merge_size : 2},
       transfer, core->metrics_,
-      ImageGather::Hooks{.post =
+      MediaGather::Hooks{.post =
                              [c](absl::AnyInvocable<void()> task) {
                                return c->Post(
                                    {Message::Run{[t = std::move(task)](bool) mutable { t(); }}});
@@ -416,7 +417,7 @@ void LanguageCore::UpdateLoad() {
   v1::LoadReport load;
   load.set_instance_id(options_.instance_id);
   const scheduler::Scheduler& s = engine_->scheduler();
-  // The role's own requests (a master's ESP decodes) run beside the batch.
+  // The role's own requests (a master's elastic decodes) run beside the batch.
   const size_t running = s.num_running() + role_->num_running();
   const size_t live = requests_.records().size();
   load.set_running(static_cast<uint32_t>(running));

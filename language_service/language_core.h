@@ -11,7 +11,7 @@
 // engine glue (admission, the engine's events, the step hook, the load
 // report). Its parts:
 //   RequestTable     the live ids, the records and their phases (request_table.h);
-//   ImageGather      a request's images from its encoders (image_gather.h): a
+//   MediaGather      a request's images from its encoders (media_gather.h): a
 //                    request waits outside the engine until they arrive, and
 //                    the loop never blocks on a transfer;
 //   LanguageMetrics  every metric handle, made once (language_metrics.h);
@@ -34,9 +34,9 @@
 #include "common/clock.h"
 #include "common/event_loop.h"
 #include "common/metrics.h"
-#include "language_service/esp_groups.h"
-#include "language_service/image_gather.h"
+#include "language_service/elastic_groups.h"
 #include "language_service/language_metrics.h"
+#include "language_service/media_gather.h"
 #include "language_service/request_table.h"
 #include "language_service/role.h"
 #include "language_service/role_host.h"
@@ -60,9 +60,9 @@ struct LanguageCoreOptions {
   absl::Duration lost_image_timeout = absl::Seconds(10);
   // The encoder Connect call.
   absl::Duration connect_timeout = absl::Seconds(3);
-  // Role elastic: its ESP groups (esp_groups.h; name and profile are set
+  // Role elastic: its elastic groups (elastic_groups.h; name and profile are set
   // from instance_id and role.kv_profile).
-  EspGroupsOptions esp;
+  ElasticGroupsOptions elastic;
   // Called once, from the loop thread, when the instance is out of service
   // for good (a tensor-parallel rank died): main stops the process as on
   // SIGTERM, and its supervisor restarts it. Unset: only logged.
@@ -184,7 +184,7 @@ class LanguageCore final : private RoleHost {
   bool shut_down_ = false;  // loop thread: ShutDown was handled
 
   // Last: their threads stop before anything they use goes.
-  std::unique_ptr<ImageGather> images_;  // its connector thread
+  std::unique_ptr<MediaGather> images_;  // its connector thread
   std::unique_ptr<MessageLoop<Message>> loop_;
 };
 

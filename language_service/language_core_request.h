@@ -21,7 +21,7 @@ namespace mmserve::language {
 
 // What the loop thread is told, each handled in LanguageCore::Handle.
 struct LanguageCore::Message {
-  struct Install {  // Submit, EspPrefill or Decode, by the request's phase
+  struct Install {  // Submit, ElasticPrefill or Decode, by the request's phase
     std::unique_ptr<LiveRequest> request;
   };
   struct Abort {

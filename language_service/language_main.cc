@@ -42,22 +42,23 @@ ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
 ABSL_FLAG(int, test_kv_handoff_delay_ms, 0,
           "TEST ONLY (fault tests): role prefill waits this long between AllocateKv and the "
           "KV puts of every hand-off, so that a kill lands mid-hand-off; 0 in production");
-ABSL_FLAG(int, esp_span_idle_s, 30,
+ABSL_FLAG(int, elastic_span_idle_s, 30,
           "role elastic: a span kept for another instance's decode that no span query reached for "
-          "this long is freed (mmserve_language_esp_spans_expired_total counts them)");
-ABSL_FLAG(int, esp_max_prompt_tokens, 0,
+          "this long is freed (mmserve_language_elastic_spans_expired_total counts them)");
+ABSL_FLAG(int, elastic_max_prompt_tokens, 0,
           "role elastic: the longest prompt a group prefill may bring (the K/V exchange board "
           "holds 2 layers of its K and V); 0: the model's context; longer ones are refused with "
           "RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, esp_layer_timeout_ms, 2000,
+ABSL_FLAG(int, elastic_layer_timeout_ms, 2000,
           "role elastic: one layer's K/V exchange of a group prefill, and one span query of a "
           "decode step");
-ABSL_FLAG(int, esp_join_timeout_ms, 10000,
+ABSL_FLAG(int, elastic_join_timeout_ms, 10000,
           "role elastic: how long the members of a group prefill wait for each other to join");
-ABSL_FLAG(int, test_esp_step_delay_ms, 0,
-          "TEST ONLY (fault tests): each layer of a group prefill and each decode step of an ESP "
-          "master waits this long first, so that a kill lands mid-exchange or mid-decode; 0 in "
-          "production");
+ABSL_FLAG(
+    int, test_elastic_step_delay_ms, 0,
+    "TEST ONLY (fault tests): each layer of a group prefill and each decode step of an elastic "
+    "master waits this long first, so that a kill lands mid-exchange or mid-decode; 0 in "
+    "production");
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (Qwen2 / Qwen2-VL)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int, port, 50071, "gRPC port (0: pick one; the chosen port is printed)");
@@ -232,19 +233,23 @@ absl::StatusOr<LanguageCoreOptions> CoreOptionsFromFlags(const std::string& id,
   copts.mm_handoff =
       absl::GetFlag(FLAGS_mm_handoff) == "async" ? MmHandoff::kAsync : MmHandoff::kBlocking;
   copts.transfer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_transfer_timeout_ms));
-  if (absl::GetFlag(FLAGS_esp_span_idle_s) <= 0 || absl::GetFlag(FLAGS_esp_max_prompt_tokens) < 0 ||
-      absl::GetFlag(FLAGS_esp_layer_timeout_ms) <= 0 ||
-      absl::GetFlag(FLAGS_esp_join_timeout_ms) <= 0 ||
-      absl::GetFlag(FLAGS_test_esp_step_delay_ms) < 0) {
+  if (absl::GetFlag(FLAGS_elastic_span_idle_s) <= 0 ||
+      absl::GetFlag(FLAGS_elastic_max_prompt_tokens) < 0 ||
+      absl::GetFlag(FLAGS_elastic_layer_timeout_ms) <= 0 ||
+      absl::GetFlag(FLAGS_elastic_join_timeout_ms) <= 0 ||
+      absl::GetFlag(FLAGS_test_elastic_step_delay_ms) < 0) {
     return absl::InvalidArgumentError(
-        "--esp_span_idle_s, --esp_layer_timeout_ms and --esp_join_timeout_ms must be > 0, "
-        "--esp_max_prompt_tokens and --test_esp_step_delay_ms >= 0");
+        "--elastic_span_idle_s, --elastic_layer_timeout_ms and --elastic_join_timeout_ms must be > "
+        "0, "
+        "--elastic_max_prompt_tokens and --test_elastic_step_delay_ms >= 0");
   }
-  copts.esp.span_idle = absl::Seconds(absl::GetFlag(FLAGS_esp_span_idle_s));
-  copts.esp.max_prompt_tokens = static_cast<uint32_t>(absl::GetFlag(FLAGS_esp_max_prompt_tokens));
-  copts.esp.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_esp_layer_timeout_ms));
-  copts.esp.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_esp_join_timeout_ms));
-  copts.esp.test_step_delay = absl::Milliseconds(absl::GetFlag(FLAGS_test_esp_step_delay_ms));
+  copts.elastic.span_idle = absl::Seconds(absl::GetFlag(FLAGS_elastic_span_idle_s));
+  copts.elastic.max_prompt_tokens =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_elastic_max_prompt_tokens));
+  copts.elastic.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_elastic_layer_timeout_ms));
+  copts.elastic.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_elastic_join_timeout_ms));
+  copts.elastic.test_step_delay =
+      absl::Milliseconds(absl::GetFlag(FLAGS_test_elastic_step_delay_ms));
   return copts;
 }
 
@@ -285,7 +290,7 @@ v1::InstanceInfo RegistryInfo(const LanguageCoreOptions& copts, LanguageCore& c,
   info.mutable_capacity()->set_max_num_seqs(static_cast<uint32_t>(copts.engine.max_num_seqs));
   info.mutable_capacity()->set_max_num_batched_tokens(
       static_cast<uint32_t>(copts.engine.max_num_batched_tokens));
-  c.role().Describe(info);  // role elastic: its ESP endpoint
+  c.role().Describe(info);  // role elastic: its elastic endpoint
   return info;
 }
 

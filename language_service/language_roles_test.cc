@@ -58,10 +58,10 @@ TEST_CASE("role elastic serves a request alone as role both and reports its load
   // A span held for a group prefill: its blocks are taken until Abort.
   ElasticCalls* calls = elastic.core->role().elastic_calls();
   REQUIRE(calls != nullptr);
-  auto span = calls->HoldSpan("esp-0", 10);  // blocks of 4
+  auto span = calls->HoldSpan("elastic-0", 10);  // blocks of 4
   REQUIRE(span.ok());
   CHECK(span->size() == 3);
-  CHECK(calls->HoldSpan("esp-0", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(calls->HoldSpan("elastic-0", 4).status().code() == absl::StatusCode::kAlreadyExists);
   CHECK(both.core->role().elastic_calls() == nullptr);  // role both holds no spans
   const Deadline d = Deadline::After(absl::Seconds(10));
   while (elastic.core->Load().kv_blocks_free() + 3 != elastic.core->Capacity().kv_blocks_total() &&
@@ -69,7 +69,7 @@ TEST_CASE("role elastic serves a request alone as role both and reports its load
     absl::SleepFor(absl::Milliseconds(10));
   }
   CHECK(elastic.core->Load().kv_blocks_free() + 3 == elastic.core->Capacity().kv_blocks_total());
-  elastic.core->Abort("esp-0", "the group ended");
+  elastic.core->Abort("elastic-0", "the group ended");
   CHECK(elastic.Idle());
 }
 

@@ -80,7 +80,7 @@ PrefillReactor* OpenStream(LanguageCore& core, metrics::Registry& metrics,
 
 constexpr char kOnlyDecode[] = "only role decode takes Decode calls and KV hand-offs";
 constexpr char kOnlyElastic[] = "only role elastic joins elastic prefill groups";
-constexpr char kOnlyElasticMaster[] = "only role elastic masters ESP requests";
+constexpr char kOnlyElasticMaster[] = "only role elastic masters elastic requests";
 
 }  // namespace
 
@@ -100,25 +100,25 @@ grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::Decode(
   return OpenStream(core_, metrics_, *ctx, request->request_id(), accepting_, open, kOnlyDecode);
 }
 
-grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::EspPrefill(
-    grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) {
+grpc::ServerWriteReactor<v1::TokenBatch>* LanguageService::ElasticPrefill(
+    grpc::CallbackServerContext* ctx, const v1::ElasticPrefillRequest* request) {
   std::function<absl::Status(RequestSink)> open;
   if (ElasticCalls* calls = core_.role().elastic_calls()) {
     open = [calls, request](RequestSink sink) {
-      return calls->EspPrefill(*request, std::move(sink));
+      return calls->ElasticPrefill(*request, std::move(sink));
     };
   }
   return OpenStream(core_, metrics_, *ctx, request->request().request_id(), accepting_, open,
                     kOnlyElastic);
 }
 
-grpc::ServerUnaryReactor* LanguageService::EspMoveMaster(grpc::CallbackServerContext* ctx,
-                                                         const v1::EspMoveRequest* request,
-                                                         v1::EspMoveAck*) {
+grpc::ServerUnaryReactor* LanguageService::ElasticMoveMaster(grpc::CallbackServerContext* ctx,
+                                                             const v1::ElasticMoveRequest* request,
+                                                             v1::ElasticMoveAck*) {
   return ServeInternal(ctx, [&] {
     ElasticCalls* calls = core_.role().elastic_calls();
     if (calls == nullptr) return ToGrpcStatus(absl::UnimplementedError(kOnlyElasticMaster));
-    return ToGrpcStatus(calls->EspMoveMaster(*request));
+    return ToGrpcStatus(calls->ElasticMoveMaster(*request));
   });
 }
 

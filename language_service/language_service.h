@@ -4,7 +4,7 @@
 // the request in the core, which frees its KV and embedding blocks.
 //
 // Decode, AllocateKv and CommitKv are role decode's own calls (DecodeCalls),
-// EspPrefill and EspMoveMaster role elastic's (ElasticCalls); a role that
+// ElasticPrefill and ElasticMoveMaster role elastic's (ElasticCalls); a role that
 // has none of them answers UNIMPLEMENTED. Prefill in role prefill ends its
 // stream once the KV is handed off (kv_handed_off). Every handler enters
 // through one function per kind (ServeInternal for unary calls, one
@@ -31,13 +31,13 @@ class LanguageService final : public v1::Language::CallbackService {
                                                     const v1::PrefillRequest* request) override;
   grpc::ServerWriteReactor<v1::TokenBatch>* Decode(grpc::CallbackServerContext* ctx,
                                                    const v1::DecodeRequest* request) override;
-  // Role elastic: one member's part of a group prefill (ElasticCalls::EspPrefill).
-  grpc::ServerWriteReactor<v1::TokenBatch>* EspPrefill(
-      grpc::CallbackServerContext* ctx, const v1::EspPrefillRequest* request) override;
-  // Role elastic: the next master of a group takes over (ElasticCalls::EspMoveMaster).
-  grpc::ServerUnaryReactor* EspMoveMaster(grpc::CallbackServerContext* ctx,
-                                          const v1::EspMoveRequest* request,
-                                          v1::EspMoveAck* response) override;
+  // Role elastic: one member's part of a group prefill (ElasticCalls::ElasticPrefill).
+  grpc::ServerWriteReactor<v1::TokenBatch>* ElasticPrefill(
+      grpc::CallbackServerContext* ctx, const v1::ElasticPrefillRequest* request) override;
+  // Role elastic: the next master of a group takes over (ElasticCalls::ElasticMoveMaster).
+  grpc::ServerUnaryReactor* ElasticMoveMaster(grpc::CallbackServerContext* ctx,
+                                              const v1::ElasticMoveRequest* request,
+                                              v1::ElasticMoveAck* response) override;
   grpc::ServerUnaryReactor* AllocateKv(grpc::CallbackServerContext* ctx,
                                        const v1::KvAllocateRequest* request,
                                        v1::KvAllocation* response) override;

@@ -24,7 +24,7 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
   req.set_max_new_tokens(static_cast<uint32_t>(r.max_tokens));
   for (int32_t t : ids) req.add_prompt_token_ids(static_cast<uint32_t>(t));
   req.set_seed(r.seed);
-  for (const worker::HandoffImage& h : r.prompt->images) {
+  for (const worker::HandoffMedia& h : r.prompt->images) {
     v1::KvImageSpan* span = req.add_images();
     span->set_offset(static_cast<uint32_t>(h.offset));
     span->set_grid_t(static_cast<uint32_t>(h.grid.grid_t));

@@ -81,18 +81,18 @@ struct LiveRequest {
   std::string id;
   worker::EngineRequest engine_request;  // prompt, sampling; embeddings filled on arrival
   RequestSink sink;
-  enum class ImageState { kConnecting, kReceiving, kArrived, kLost };
+  enum class MediaState { kConnecting, kReceiving, kArrived, kLost };
   struct Image {
     v1::PromptImage meta;
-    ImageState state = ImageState::kConnecting;
+    MediaState state = MediaState::kConnecting;
     Stopwatch started;
     // Control round trips its arrival waited for: a Connect to the encoder,
     // then one per chunk (init or resume, answered by the chunk).
     int round_trips = 0;
-    worker::ImageEmbedding embedding;
+    worker::MediaEmbedding embedding;
     // MmHandoff::kAsync: the blocks embedding.shared_values points into,
     // held until the request ends.
-    std::optional<transfer::ReceivedImage> held;
+    std::optional<transfer::ReceivedMedia> held;
   };
   std::vector<Image> images;
   RequestPhase phase = RequestPhase::kGathering;
@@ -111,9 +111,9 @@ struct LiveRequest {
   // M-RoPE delta, which the KvCommit must repeat.
   std::vector<int32_t> kv_blocks;
   int32_t mrope_position_delta = 0;
-  // Role elastic: the group plan of an EspPrefill and this member's index.
-  std::unique_ptr<v1::EspPlan> esp_plan;
-  int esp_member = 0;
+  // Role elastic: the group plan of an ElasticPrefill and this member's index.
+  std::unique_ptr<v1::ElasticPlan> elastic_plan;
+  int elastic_member = 0;
 
   const std::string& TransferId(size_t k) const {
     return images[k].meta.transfer_id().empty() ? id : images[k].meta.transfer_id();

@@ -29,7 +29,7 @@ class BothRole final : public Role {
 absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
                                                const std::string& instance_id,
                                                metrics::Registry& metrics,
-                                               const EspGroupsOptions& esp) {
+                                               const ElasticGroupsOptions& elastic) {
   // Every role shows the hand-off counters (at 0 where nothing is handed off).
   const transfer::WireBytes handoff = KvBytesMoved(metrics, "handoff");
   switch (options.kind) {
@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
     case LanguageRole::kDecode:
       return std::make_unique<DecodeRole>(options, instance_id, handoff);
     case LanguageRole::kElastic: {
-      EspGroupsOptions groups = esp;
+      ElasticGroupsOptions groups = elastic;
       groups.name = instance_id;
       groups.profile = options.kv_profile;
       return std::make_unique<ElasticRole>(groups, metrics);
@@ -49,10 +49,10 @@ absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
   return absl::InvalidArgumentError("unknown language role");
 }
 
-absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
+absl::StatusOr<std::vector<worker::HandoffMedia>> HandoffImagesFromProto(
     const v1::KvAllocateRequest& request) {
   constexpr uint32_t kMaxSide = 1 << 16;  // patches; keeps t * h * w in range
-  std::vector<worker::HandoffImage> out;
+  std::vector<worker::HandoffMedia> out;
   for (const v1::KvImageSpan& s : request.images()) {
     if (s.offset() >= static_cast<uint32_t>(request.prompt_token_ids_size()) || s.grid_t() == 0 ||
         s.grid_h() == 0 || s.grid_w() == 0 || s.grid_t() > kMaxSide || s.grid_h() > kMaxSide ||
@@ -62,9 +62,9 @@ absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
                        s.grid_t(), "x", s.grid_h(), "x", s.grid_w(), " for a prompt of ",
                        request.prompt_token_ids_size(), " tokens"));
     }
-    worker::HandoffImage h;
+    worker::HandoffMedia h;
     h.offset = static_cast<int>(s.offset());
-    h.grid = model::ImageGrid::FromThw(static_cast<int>(s.grid_t()), static_cast<int>(s.grid_h()),
+    h.grid = model::MediaGrid::FromThw(static_cast<int>(s.grid_t()), static_cast<int>(s.grid_h()),
                                        static_cast<int>(s.grid_w()));
     ASSIGN_OR_RETURN(h.grid.kind, MediaKindFromProto(s.kind()));
     if (s.has_time_step()) {

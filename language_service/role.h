@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
-#include "language_service/esp_groups.h"
+#include "language_service/elastic_groups.h"
 #include "language_service/request_table.h"
 #include "language_service/role_host.h"
 #include "proto/language.pb.h"
@@ -93,26 +93,26 @@ class DecodeCalls {
 class ElasticCalls {
  public:
   virtual ~ElasticCalls() = default;
-  // Member `request.member` of a group prefill (esp_groups.h). Checks as
+  // Member `request.member` of a group prefill (elastic_groups.h). Checks as
   // Submit does, waits for the request's images like it, then runs the
   // member's part on the loop thread. The stream: the sampler's carries the
   // first token (with finish_reason when that token ends the request); the
   // master's the tokens after it, to the finish; every other member's ends
   // OK, empty, once its span is kept (or freed, when it keeps none).
-  [[nodiscard]] virtual absl::Status EspPrefill(const v1::EspPrefillRequest& request,
-                                                RequestSink sink) = 0;
-  // The request's next master (this instance, waiting in its EspPrefill)
+  [[nodiscard]] virtual absl::Status ElasticPrefill(const v1::ElasticPrefillRequest& request,
+                                                    RequestSink sink) = 0;
+  // The request's next master (this instance, waiting in its ElasticPrefill)
   // takes over from the previous one's state (its stream's
-  // TokenBatch.esp_moved) and streams the tokens after it. NotFound when no
+  // TokenBatch.elastic_moved) and streams the tokens after it. NotFound when no
   // such request waits here to master; InvalidArgument when the state does
   // not continue its decode range (the request ends).
-  [[nodiscard]] virtual absl::Status EspMoveMaster(const v1::EspMoveRequest& request) = 0;
+  [[nodiscard]] virtual absl::Status ElasticMoveMaster(const v1::ElasticMoveRequest& request) = 0;
   // Keeps a span of `tokens` of request `id`'s KV here for a group prefill
   // (LlmEngine::HoldSpan): its block ids. Abort(id) frees it. AlreadyExists
   // and ResourceExhausted as the engine's, Unavailable when shutting down.
   [[nodiscard]] virtual absl::StatusOr<std::vector<int32_t>> HoldSpan(const std::string& id,
                                                                       int tokens) = 0;
-  // InstanceInfo.esp_endpoint.
+  // InstanceInfo.elastic_endpoint.
   virtual std::string endpoint() const = 0;
   // Spans held here for other masters' decodes.
   virtual size_t num_held_spans() const = 0;
@@ -174,17 +174,16 @@ class Role {
 
 // `instance_id` names the role's UCX worker; roles prefill and decode count
 // the KV they hand off in `metrics` (kv_bytes_moved.h, kind handoff), which
-// must outlive the role; role elastic's groups take `esp` (its name and
+// must outlive the role; role elastic's groups take `elastic` (its name and
 // profile are set from instance_id and options.kv_profile).
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Role>> MakeRole(const RoleOptions& options,
-                                                             const std::string& instance_id,
-                                                             metrics::Registry& metrics,
-                                                             const EspGroupsOptions& esp = {});
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Role>> MakeRole(
+    const RoleOptions& options, const std::string& instance_id, metrics::Registry& metrics,
+    const ElasticGroupsOptions& elastic = {});
 
 // The images of a handed-off prompt, for LlmEngine::AddRequest (which
 // checks them against the token ids): InvalidArgument for spans outside the
 // prompt or grids out of range.
-[[nodiscard]] absl::StatusOr<std::vector<worker::HandoffImage>> HandoffImagesFromProto(
+[[nodiscard]] absl::StatusOr<std::vector<worker::HandoffMedia>> HandoffImagesFromProto(
     const v1::KvAllocateRequest& request);
 
 }  // namespace mmserve::language

@@ -30,7 +30,7 @@ namespace mmserve::language::testing {
 
 constexpr char kModel[] = "model/testdata/models/qwen2vl-tiny-mha-tied";
 
-// What an instance may change beside its role (ESP tests: several elastic
+// What an instance may change beside its role (elastic tests: several elastic
 // instances, each with its own id, UCX profile and KV pool).
 struct InstanceOptions {
   std::string id;  // empty: the role's name
@@ -146,7 +146,7 @@ class FakeEncoder final : public v1::Encoder::CallbackService {
   v1::PromptImage Publish(const std::string& transfer_id, uint32_t index, int t, int h, int w,
                           uint64_t seed, v1::MediaKind kind = v1::MEDIA_KIND_IMAGE,
                           const std::vector<float>* rows = nullptr) {
-    const model::ImageGrid grid = model::ImageGrid::FromThw(t, h, w);
+    const model::MediaGrid grid = model::MediaGrid::FromThw(t, h, w);
     const uint32_t n = static_cast<uint32_t>(grid.num_tokens());
     auto blocks = engine_->allocator().Alloc(n, transfer_id);
     REQUIRE(blocks.ok());

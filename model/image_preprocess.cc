@@ -165,7 +165,7 @@ ImageGridParams GridParamsFor(const PreprocessorConfig& config) {
 
 absl::StatusOr<ImagePatches> PreprocessImage(const RgbImage& image,
                                              const PreprocessorConfig& config) {
-  ASSIGN_OR_RETURN(ImageGrid grid, SmartResize(image.width, image.height, GridParamsFor(config)));
+  ASSIGN_OR_RETURN(MediaGrid grid, SmartResize(image.width, image.height, GridParamsFor(config)));
   const RgbImage resized = ResizeBicubic(image, grid.resized_width, grid.resized_height);
 
   // rescale (float64 multiply, stored as float32) then normalize in float32,

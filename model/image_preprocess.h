@@ -38,7 +38,7 @@ RgbImage ResizeBicubic(const RgbImage& in, int width, int height);
 bool ResizeVerticalFirst(int in_width, int in_height, int width, int height);
 
 struct ImagePatches {
-  ImageGrid grid;
+  MediaGrid grid;
   int patch_dim = 0;          // 3 * temporal_patch_size * patch_size^2
   std::vector<float> values;  // num_patches x patch_dim, row-major
 };

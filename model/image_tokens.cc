@@ -17,7 +17,7 @@ int64_t CeilByFactor(double v, int64_t f) { return static_cast<int64_t>(std::cei
 
 }  // namespace
 
-absl::StatusOr<ImageGrid> SmartResize(int64_t width, int64_t height,
+absl::StatusOr<MediaGrid> SmartResize(int64_t width, int64_t height,
                                       const ImageGridParams& params) {
   if (width <= 0 || height <= 0) {
     return absl::InvalidArgumentError(
@@ -41,7 +41,7 @@ absl::StatusOr<ImageGrid> SmartResize(int64_t width, int64_t height,
     h = CeilByFactor(height * beta, factor);
     w = CeilByFactor(width * beta, factor);
   }
-  ImageGrid g;
+  MediaGrid g;
   g.resized_height = static_cast<int>(h);
   g.resized_width = static_cast<int>(w);
   g.grid_h = static_cast<int>(h / params.patch_size);

@@ -3,7 +3,7 @@
 // language side's receive buffer before the image is decoded) and the
 // encoder (to resize).
 //
-//   ASSIGN_OR_RETURN(ImageGrid g, SmartResize(1920, 1080, cfg));
+//   ASSIGN_OR_RETURN(MediaGrid g, SmartResize(1920, 1080, cfg));
 //   int tokens = g.num_tokens();  // (grid_h * grid_w) / merge^2
 //
 // The arithmetic follows transformers' smart_resize exactly, including
@@ -30,7 +30,7 @@ struct ImageGridParams {
 // share one index space (order of appearance in the prompt).
 enum class MediaKind { kImage, kVideo };
 
-struct ImageGrid {
+struct MediaGrid {
   int resized_height = 0;
   int resized_width = 0;
   int grid_t = 1;  // one temporal patch for a still image
@@ -49,9 +49,9 @@ struct ImageGrid {
 
   // A grid from (t, h, w) patch counts, as image_grid_thw (or
   // video_grid_thw, with kind kVideo) lists them.
-  static ImageGrid FromThw(int t, int h, int w, int merge_size = 2,
+  static MediaGrid FromThw(int t, int h, int w, int merge_size = 2,
                            MediaKind kind = MediaKind::kImage) {
-    ImageGrid g;
+    MediaGrid g;
     g.kind = kind;
     g.grid_t = t;
     g.grid_h = h;
@@ -66,7 +66,7 @@ struct ImageGrid {
 
 // InvalidArgument for a non-positive size or an aspect ratio above 200 (as
 // the reference rejects).
-[[nodiscard]] absl::StatusOr<ImageGrid> SmartResize(int64_t width, int64_t height,
+[[nodiscard]] absl::StatusOr<MediaGrid> SmartResize(int64_t width, int64_t height,
                                                     const ImageGridParams& params);
 
 }  // namespace mmserve::model

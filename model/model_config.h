@@ -142,7 +142,7 @@ struct ModelConfig {
   GenerationDefaults generation;
   std::optional<PreprocessorConfig> preprocessor;
 
-  // The M-RoPE time step of a video's temporal patches (ImageGrid::time_step)
+  // The M-RoPE time step of a video's temporal patches (MediaGrid::time_step)
   // when the request sampled it at `fps` (unset: the processor's default
   // of 2). 1 for Qwen2-VL. Qwen2.5-VL follows transformers 4.57's
   // get_rope_index: seconds per temporal patch (temporal_patch_size / fps,

@@ -13,7 +13,7 @@ const char* KindName(MediaKind kind) { return kind == MediaKind::kVideo ? "video
 
 absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(absl::Span<const int32_t> ids,
                                                              const MediaPadIds& pads,
-                                                             absl::Span<const ImageGrid> grids) {
+                                                             absl::Span<const MediaGrid> grids) {
   const size_t placeholders =
       std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return pads.IsPad(id); });
   if (placeholders != grids.size()) {
@@ -23,7 +23,7 @@ absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(absl::Span<const in
   }
   std::vector<int32_t> out;
   size_t extra = 0;
-  for (const ImageGrid& g : grids) extra += g.num_tokens() - 1;
+  for (const MediaGrid& g : grids) extra += g.num_tokens() - 1;
   out.reserve(ids.size() + extra);
   size_t item = 0;
   for (int32_t id : ids) {
@@ -31,7 +31,7 @@ absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(absl::Span<const in
       out.push_back(id);
       continue;
     }
-    const ImageGrid& g = grids[item];
+    const MediaGrid& g = grids[item];
     if (id != pads.Of(g.kind)) {
       return absl::InvalidArgumentError(
           absl::StrCat("placeholder ", item, " does not match its ", KindName(g.kind)));
@@ -42,15 +42,15 @@ absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(absl::Span<const in
   return out;
 }
 
-std::vector<ImageGrid> SplitVideoFrames(absl::Span<const ImageGrid> grids) {
-  std::vector<ImageGrid> out;
-  for (const ImageGrid& g : grids) {
+std::vector<MediaGrid> SplitVideoFrames(absl::Span<const MediaGrid> grids) {
+  std::vector<MediaGrid> out;
+  for (const MediaGrid& g : grids) {
     if (g.kind != MediaKind::kVideo) {
       out.push_back(g);
       continue;
     }
     // torch.repeat_interleave(video_grid_thw, video_grid_thw[:, 0]) with t 1.
-    ImageGrid frame = g;
+    MediaGrid frame = g;
     frame.grid_t = 1;
     out.insert(out.end(), g.grid_t, frame);
   }
@@ -59,7 +59,7 @@ std::vector<ImageGrid> SplitVideoFrames(absl::Span<const ImageGrid> grids) {
 
 absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> ids,
                                                      const MediaPadIds& pads,
-                                                     absl::Span<const ImageGrid> grids,
+                                                     absl::Span<const MediaGrid> grids,
                                                      int spatial_merge_size) {
   MropePositions p;
   p.t.reserve(ids.size());
@@ -79,7 +79,7 @@ absl::StatusOr<MropePositions> ComputeMropePositions(absl::Span<const int32_t> i
     if (item >= grids.size()) {
       return absl::InvalidArgumentError("more image or video token runs than images and videos");
     }
-    const ImageGrid& g = grids[item++];
+    const MediaGrid& g = grids[item++];
     const int32_t pad = pads.Of(g.kind);
     const int gt = g.grid_t, gh = g.grid_h / spatial_merge_size, gw = g.grid_w / spatial_merge_size;
     const size_t run = static_cast<size_t>(gt) * gh * gw;

@@ -49,12 +49,12 @@ struct MediaPadIds {
 // copies. InvalidArgument when the number of placeholders differs from
 // grids.size() or the k-th placeholder is not of grids[k].kind.
 [[nodiscard]] absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(
-    absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const ImageGrid> grids);
+    absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const MediaGrid> grids);
 
 // Positions for expanded `ids`, whose image and video runs follow `grids` in
 // order. InvalidArgument when a run's length or pad disagrees with its grid.
 [[nodiscard]] absl::StatusOr<MropePositions> ComputeMropePositions(
-    absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const ImageGrid> grids,
+    absl::Span<const int32_t> ids, const MediaPadIds& pads, absl::Span<const MediaGrid> grids,
     int spatial_merge_size);
 
 // Qwen3-VL's grids for ComputeMropePositions (transformers'
@@ -63,15 +63,15 @@ struct MediaPadIds {
 // video of grid_t temporal patches becomes grid_t grids of one temporal
 // patch (time lives in the timestamps, not in the t component). Images are
 // unchanged.
-[[nodiscard]] std::vector<ImageGrid> SplitVideoFrames(absl::Span<const ImageGrid> grids);
+[[nodiscard]] std::vector<MediaGrid> SplitVideoFrames(absl::Span<const MediaGrid> grids);
 
 // Images only: the same with no video pad.
 [[nodiscard]] inline absl::StatusOr<std::vector<int32_t>> ExpandImagePlaceholders(
-    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids) {
+    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const MediaGrid> grids) {
   return ExpandImagePlaceholders(ids, MediaPadIds{.image = image_pad_id}, grids);
 }
 [[nodiscard]] inline absl::StatusOr<MropePositions> ComputeMropePositions(
-    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const ImageGrid> grids,
+    absl::Span<const int32_t> ids, int32_t image_pad_id, absl::Span<const MediaGrid> grids,
     int spatial_merge_size) {
   return ComputeMropePositions(ids, MediaPadIds{.image = image_pad_id}, grids, spatial_merge_size);
 }

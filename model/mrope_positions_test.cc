@@ -12,7 +12,7 @@ TEST_CASE("positions match transformers get_rope_index for two images", "[mrope]
   // Expected values printed by transformers 4.57.6 Qwen2VLModel.get_rope_index
   // for these ids with image_grid_thw [[1,4,6],[1,2,2]] and merge size 2.
   const V prompt = {1, 2, 3, 150, kPad, 4, 5, 150, kPad, 6};
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 6), ImageGrid::FromThw(1, 2, 2)};
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 6), MediaGrid::FromThw(1, 2, 2)};
   auto ids = ExpandImagePlaceholders(prompt, kPad, grids);
   REQUIRE(ids.ok());
   CHECK(*ids == V{1, 2, 3, 150, kPad, kPad, kPad, kPad, kPad, kPad, 4, 5, 150, kPad, 6});
@@ -34,7 +34,7 @@ TEST_CASE("text-only prompts get ordinary positions and no delta", "[mrope]") {
 }
 
 TEST_CASE("a prompt ending in an image continues after its largest position", "[mrope]") {
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 8, 4)};  // 4 x 2 merged: 8 tokens
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 8, 4)};  // 4 x 2 merged: 8 tokens
   auto ids = ExpandImagePlaceholders(V{9, kPad}, kPad, grids);
   REQUIRE(ids.ok());
   auto p = ComputeMropePositions(*ids, kPad, grids, 2);
@@ -44,12 +44,12 @@ TEST_CASE("a prompt ending in an image continues after its largest position", "[
 }
 
 TEST_CASE("image counts and run lengths must agree with the grids", "[mrope]") {
-  const std::vector<ImageGrid> one = {ImageGrid::FromThw(1, 2, 2)};
+  const std::vector<MediaGrid> one = {MediaGrid::FromThw(1, 2, 2)};
   CHECK(ExpandImagePlaceholders(V{kPad, kPad}, kPad, one).status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(ExpandImagePlaceholders(V{1, 2}, kPad, one).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  const std::vector<ImageGrid> big = {ImageGrid::FromThw(1, 4, 4)};  // needs 4 tokens
+  const std::vector<MediaGrid> big = {MediaGrid::FromThw(1, 4, 4)};  // needs 4 tokens
   auto short_run = ComputeMropePositions(V{1, kPad, kPad, 2}, kPad, big, 2);
   CHECK(short_run.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(ComputeMropePositions(V{1, kPad}, kPad, {}, 2).status().code() ==
@@ -62,8 +62,8 @@ TEST_CASE("a video's time index advances per temporal patch; runs keep their own
   // transformers 4.57.6 get_rope_index with video_grid_thw [[3,2,4]] and
   // image_grid_thw [[1,2,2]]: the video's t axis (3) outgrows h (1), w (2).
   const MediaPadIds pads{.image = kPad, .video = kVideo};
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(3, 2, 4, 2, MediaKind::kVideo),
-                                        ImageGrid::FromThw(1, 2, 2)};
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(3, 2, 4, 2, MediaKind::kVideo),
+                                        MediaGrid::FromThw(1, 2, 2)};
   auto ids = ExpandImagePlaceholders(V{1, kVideo, 2, kPad}, pads, grids);
   REQUIRE(ids.ok());
   CHECK(*ids == V{1, kVideo, kVideo, kVideo, kVideo, kVideo, kVideo, 2, kPad});
@@ -77,7 +77,7 @@ TEST_CASE("a video's time index advances per temporal patch; runs keep their own
 
 TEST_CASE("a placeholder of the wrong kind is refused", "[mrope]") {
   const MediaPadIds pads{.image = kPad, .video = kVideo};
-  const std::vector<ImageGrid> video = {ImageGrid::FromThw(1, 2, 2, 2, MediaKind::kVideo)};
+  const std::vector<MediaGrid> video = {MediaGrid::FromThw(1, 2, 2, 2, MediaKind::kVideo)};
   CHECK(ExpandImagePlaceholders(V{1, kPad}, pads, video).status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(ComputeMropePositions(V{1, kPad}, pads, video, 2).status().code() ==
@@ -95,9 +95,9 @@ TEST_CASE("Qwen3-VL videos: one run per temporal patch, positions as transformer
   constexpr int32_t kImg = 151, kVid = 152, kStart = 150;
   const V ids = {1,    2,    kStart, kImg, kImg, kImg,   kImg, kImg, kImg, 3,    7, kStart, kVid,
                  kVid, kVid, kVid,   4,    8,    kStart, kVid, kVid, kVid, kVid, 5, 6};
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 6),
-                                        ImageGrid::FromThw(2, 4, 4, 2, MediaKind::kVideo)};
-  const std::vector<ImageGrid> frames = SplitVideoFrames(grids);
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 6),
+                                        MediaGrid::FromThw(2, 4, 4, 2, MediaKind::kVideo)};
+  const std::vector<MediaGrid> frames = SplitVideoFrames(grids);
   REQUIRE(frames.size() == 3);
   CHECK(frames[2].kind == MediaKind::kVideo);
   CHECK(frames[2].grid_t == 1);

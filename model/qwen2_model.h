@@ -36,7 +36,7 @@
 #include "common/communicator.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/thread_pool.h"
-#include "model/esp.h"
+#include "model/elastic.h"
 #include "model/forward_batch.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -74,23 +74,24 @@ class Qwen2Model {
   [[nodiscard]] absl::Status Forward(const ForwardBatch& batch, KvCache& kv,
                                      std::vector<float>* logits);
 
-  // Elastic sequence parallelism (model/esp.h; code in qwen2_esp.cc). One
+  // Elastic sequence parallelism (model/elastic.h; code in qwen2_elastic.cc). One
   // member's rows of a prompt prefilled by a group: its logits rows' logits
   // are bitwise those of a single-instance Forward over the whole prompt,
   // and only the kept range's K/V is written to kv. InvalidArgument for a
   // malformed batch or sharded weights; the exchange's status otherwise
   // (the exchange is aborted when this member fails on its own).
-  [[nodiscard]] absl::Status ForwardEspPrefill(const EspPrefillBatch& batch, KvCache& kv,
-                                               KvExchange& exchange, std::vector<float>* logits);
+  [[nodiscard]] absl::Status ForwardElasticPrefill(const ElasticPrefillBatch& batch, KvCache& kv,
+                                                   KvExchange& exchange,
+                                                   std::vector<float>* logits);
   // A decode batch (every sequence's query_len 1) on the master of spread
   // KV: batch's sequences cover the master's own keys; peers add theirs.
-  [[nodiscard]] absl::Status ForwardEspDecode(const ForwardBatch& batch, KvCache& kv,
-                                              SpanAttentionPeers& peers,
-                                              std::vector<float>* logits);
+  [[nodiscard]] absl::Status ForwardElasticDecode(const ForwardBatch& batch, KvCache& kv,
+                                                  SpanAttentionPeers& peers,
+                                                  std::vector<float>* logits);
   // One step of a batch mixing ordinary sequences (any chunk) and the
   // decodes of `spread` (their keys here are the master's own; the peers
   // add the others'). Each ordinary row's logits are bitwise Forward's;
-  // ForwardEspDecode is this with every sequence spread. InvalidArgument for
+  // ForwardElasticDecode is this with every sequence spread. InvalidArgument for
   // a malformed batch or spread list, or sharded weights (nothing written);
   // the peers' status otherwise.
   [[nodiscard]] absl::Status ForwardSpread(const ForwardBatch& batch, KvCache& kv,
@@ -113,8 +114,8 @@ class Qwen2Model {
   void WriteKv(absl::Span<const int64_t> slots, const float* k, const float* v, float* key,
                float* value) const;
   void Attention(int layer, const ForwardBatch& batch, KvCache& kv);
-  absl::Status EspPrefillAttention(int layer, const EspPrefillBatch& batch, KvCache& kv,
-                                   KvExchange& exchange);
+  absl::Status ElasticPrefillAttention(int layer, const ElasticPrefillBatch& batch, KvCache& kv,
+                                       KvExchange& exchange);
   absl::Status SpreadAttention(int layer, const ForwardBatch& batch, KvCache& kv,
                                const SpreadSequences& spread);
   // Final norm and lm_head on rows of h_.
@@ -140,8 +141,8 @@ class Qwen2Model {
   // Scratch, resized per step: [T][...] rows.
   std::vector<float> h_, x_, q_, k_, v_, attn_, o_, gate_, up_;
   std::vector<float> local_logits_, gathered_;  // tensor parallel only
-  std::vector<float> span_out_, span_lse_;      // ESP decode: [member][row][...]
-  std::vector<float> span_q_;                   // ESP decode: the spread rows' q
+  std::vector<float> span_out_, span_lse_;      // elastic decode: [member][row][...]
+  std::vector<float> span_q_;                   // elastic decode: the spread rows' q
   // Sparse layers: router logits [T][experts], one expert's rows.
   std::vector<float> router_logits_, expert_x_, expert_y_;
   RopeAngles angles_;

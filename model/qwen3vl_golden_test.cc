@@ -39,14 +39,14 @@ std::vector<float> Floats(const SafetensorsFile& f, const std::string& name) {
   return v;
 }
 
-std::vector<ImageGrid> Grids(const nlohmann::json& thw, MediaKind kind = MediaKind::kImage) {
-  std::vector<ImageGrid> grids;
-  for (const auto& g : thw) grids.push_back(ImageGrid::FromThw(g[0], g[1], g[2], 2, kind));
+std::vector<MediaGrid> Grids(const nlohmann::json& thw, MediaKind kind = MediaKind::kImage) {
+  std::vector<MediaGrid> grids;
+  for (const auto& g : thw) grids.push_back(MediaGrid::FromThw(g[0], g[1], g[2], 2, kind));
   return grids;
 }
 
 // A chat's images, or its video (the golden chats hold one kind).
-std::vector<ImageGrid> ChatGrids(const nlohmann::json& chat) {
+std::vector<MediaGrid> ChatGrids(const nlohmann::json& chat) {
   if (!chat.contains("video_grid_thw")) return Grids(chat["image_grid_thw"]);
   REQUIRE(chat["image_grid_thw"].empty());
   return Grids(chat["video_grid_thw"], MediaKind::kVideo);
@@ -73,7 +73,7 @@ std::unique_ptr<VisionTower> LoadTower(const LoadedModel& m) {
 // preprocessed on its own, so a chat's pixels are these rows in order).
 std::vector<float> ImagePixels(const Goldens& g, const std::string& image) {
   const std::vector<float> all = Floats(*g.tensors, std::string("pixel_values.") + kBatch);
-  const std::vector<ImageGrid> grids = Grids(g.json["vision_batch_grid_thw"]);
+  const std::vector<MediaGrid> grids = Grids(g.json["vision_batch_grid_thw"]);
   const size_t row = all.size() / (grids[0].num_patches() + grids[1].num_patches());
   const size_t first = grids[0].num_patches() * row;
   if (image == g.json["vision_batch"][0]) return {all.begin(), all.begin() + first};
@@ -114,7 +114,7 @@ TEST_CASE("Qwen3-VL chats: positions equal get_rope_index's", "[qwen3vl]") {
   for (const auto& chat : g.json["chats"]) {
     INFO(chat["name"].get<std::string>());
     const std::vector<int32_t> ids = chat["input_ids"];
-    const std::vector<ImageGrid> grids = SplitVideoFrames(ChatGrids(chat));
+    const std::vector<MediaGrid> grids = SplitVideoFrames(ChatGrids(chat));
     // The prompt with one placeholder per image (per video frame) expands to
     // the golden ids.
     std::vector<int32_t> collapsed;
@@ -187,7 +187,7 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
     const std::string name = chat["name"];
     INFO(name);
     const std::vector<int32_t> ids = chat["input_ids"];
-    const std::vector<ImageGrid> grids = ChatGrids(chat);
+    const std::vector<MediaGrid> grids = ChatGrids(chat);
     std::vector<float> pixels;
     for (const auto& image : chat["images"]) {
       const std::vector<float> p = ImagePixels(g, image);

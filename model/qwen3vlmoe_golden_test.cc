@@ -45,15 +45,15 @@ struct Goldens {
     REQUIRE(f.ok());
     tensors = std::move(*f);
   }
-  ImageGrid grid() const {
+  MediaGrid grid() const {
     const auto& g = json["image_grid_thw"];
-    return ImageGrid::FromThw(g[0], g[1], g[2], 2);
+    return MediaGrid::FromThw(g[0], g[1], g[2], 2);
   }
 };
 
 // The generator's pattern image: value i is ((i * 7919) % 2001 - 1000) /
 // 1000 in float32, bit for bit as torch computes it.
-std::vector<float> PatternPixels(const ImageGrid& grid) {
+std::vector<float> PatternPixels(const MediaGrid& grid) {
   const int64_t n = grid.num_patches() * 3 * 2 * 16 * 16;
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7919) % 2001 - 1000) / 1000.0f;
@@ -106,11 +106,11 @@ struct ChatResult {
 // features (from `vision`) on the image pads, the prompt prefilled at its
 // M-RoPE positions, then greedy decoding.
 ChatResult RunChat(Qwen2Model& model, const ModelConfig& cfg, const nlohmann::json& chat,
-                   const ImageGrid& grid, const VisionEmbeddings* vision) {
+                   const MediaGrid& grid, const VisionEmbeddings* vision) {
   const std::vector<int32_t> ids = chat["input_ids"];
   const int64_t hidden = cfg.text.hidden_size;
   const MediaPadIds pads{.image = cfg.tokens.image_pad, .video = cfg.tokens.video_pad};
-  std::vector<ImageGrid> grids;
+  std::vector<MediaGrid> grids;
   if (!chat["image_grid_thw"].empty()) grids.push_back(grid);
   std::vector<float> deepstack;
   std::vector<EmbeddingOverride> overrides;

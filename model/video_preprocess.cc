@@ -139,7 +139,7 @@ float* WritePatch(const std::vector<RgbImage>& frames, const float (&lut)[3][256
 // Patches in (t, h/m, w/m, m, m) order.
 void Flatten(const std::vector<RgbImage>& frames, const float (&lut)[3][256],
              const PreprocessorConfig& config, ImagePatches& out) {
-  const ImageGrid& g = out.grid;
+  const MediaGrid& g = out.grid;
   const int P = config.patch_size, M = config.merge_size, T = config.temporal_patch_size;
   float* dst = out.values.data();
   for (int gt = 0; gt < g.grid_t; ++gt) {
@@ -199,10 +199,10 @@ RgbImage ResizeBicubicTorch(const RgbImage& in, int width, int height) {
   return TorchPass(h, height, /*horizontal=*/false);
 }
 
-absl::StatusOr<ImageGrid> VideoGrid(int64_t num_frames, int64_t width, int64_t height,
+absl::StatusOr<MediaGrid> VideoGrid(int64_t num_frames, int64_t width, int64_t height,
                                     const PreprocessorConfig& config) {
   if (num_frames <= 0) return absl::InvalidArgumentError("video has no frames");
-  ASSIGN_OR_RETURN(ImageGrid grid, SmartResize(width, height, GridParamsFor(config)));
+  ASSIGN_OR_RETURN(MediaGrid grid, SmartResize(width, height, GridParamsFor(config)));
   const int64_t tps = config.temporal_patch_size;
   grid.grid_t = static_cast<int>((num_frames + tps - 1) / tps);
   grid.kind = MediaKind::kVideo;
@@ -219,7 +219,7 @@ absl::StatusOr<ImagePatches> PreprocessVideo(const std::vector<RgbImage>& frames
                                                      frames[0].height));
     }
   }
-  ASSIGN_OR_RETURN(ImageGrid grid, VideoGrid(static_cast<int64_t>(frames.size()), frames[0].width,
+  ASSIGN_OR_RETURN(MediaGrid grid, VideoGrid(static_cast<int64_t>(frames.size()), frames[0].width,
                                              frames[0].height, config));
   std::vector<RgbImage> resized;
   resized.reserve(frames.size());

@@ -54,7 +54,7 @@ RgbImage ResizeBicubicTorch(const RgbImage& in, int width, int height);
 
 // The grid of `num_frames` frames of width x height under `config`'s pixel
 // limits (the router sizes a video from its header with this).
-[[nodiscard]] absl::StatusOr<ImageGrid> VideoGrid(int64_t num_frames, int64_t width, int64_t height,
+[[nodiscard]] absl::StatusOr<MediaGrid> VideoGrid(int64_t num_frames, int64_t width, int64_t height,
                                                   const PreprocessorConfig& config);
 
 // pixel_values_videos and video_grid_thw of one video. `config` carries the

@@ -130,7 +130,7 @@ ContentHash VideoContentHash(const mmserve::v1::Video& video) {
   return ContentHash{h.high64, h.low64};
 }
 
-absl::StatusOr<ImageGrid> VideoGridFromHeaders(const mmserve::v1::Video& video,
+absl::StatusOr<MediaGrid> VideoGridFromHeaders(const mmserve::v1::Video& video,
                                                const PreprocessorConfig& base,
                                                const VideoLimits& video_limits,
                                                const DecodeLimits& image_limits) {

@@ -4,7 +4,7 @@
 // headers alone (the router sizes the receiver with it before anything is
 // decoded), and its patches (the encoder's decode + sample + preprocess).
 //
-//   ASSIGN_OR_RETURN(ImageGrid g, VideoGridFromHeaders(video, cfg, vlimits, ilimits));
+//   ASSIGN_OR_RETURN(MediaGrid g, VideoGridFromHeaders(video, cfg, vlimits, ilimits));
 //   ContentHash key = VideoContentHash(video);
 //   ASSIGN_OR_RETURN(ImagePatches p, LoadVideo(video, cfg, vlimits, ilimits));
 //
@@ -43,7 +43,7 @@ ContentHash VideoContentHash(const mmserve::v1::Video& video);
 
 // The grid (t, h, w) the video will have, from the container header or the
 // frames' image headers; checks every limit.
-[[nodiscard]] absl::StatusOr<ImageGrid> VideoGridFromHeaders(const mmserve::v1::Video& video,
+[[nodiscard]] absl::StatusOr<MediaGrid> VideoGridFromHeaders(const mmserve::v1::Video& video,
                                                              const PreprocessorConfig& base,
                                                              const VideoLimits& video_limits,
                                                              const DecodeLimits& image_limits);

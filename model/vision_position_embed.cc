@@ -44,10 +44,10 @@ Axis SampleAxis(int side, int patches) {
 }  // namespace
 
 void AddPositionEmbeddings(const std::vector<float>& table, int dim,
-                           absl::Span<const ImageGrid> grids, int merge, float* x) {
+                           absl::Span<const MediaGrid> grids, int merge, float* x) {
   const int side = static_cast<int>(std::lround(std::sqrt(table.size() / dim)));
   std::vector<float> grid_embed;
-  for (const ImageGrid& g : grids) {
+  for (const MediaGrid& g : grids) {
     const int h = g.grid_h, w = g.grid_w;
     const Axis rows = SampleAxis(side, h), cols = SampleAxis(side, w);
     // [h][w][dim] in row-major patch order: p0 + p1 + p2 + p3 as transformers

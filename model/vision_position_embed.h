@@ -23,7 +23,7 @@ namespace mmserve::model {
 
 // table: [side * side][dim]. Adds into x, [sum of grid_t * grid_h * grid_w][dim].
 void AddPositionEmbeddings(const std::vector<float>& table, int dim,
-                           absl::Span<const ImageGrid> grids, int merge, float* x);
+                           absl::Span<const MediaGrid> grids, int merge, float* x);
 
 }  // namespace mmserve::model
 

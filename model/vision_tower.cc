@@ -80,7 +80,7 @@ void MapRows(cpu::ThreadPool& pool, float* x, int64_t n, int dim, F f) {
 // (row, column) in its image grid, listed in merge-block order. transformers'
 // tables, cat(freqs, freqs), repeat these in the second half of each head;
 // cpu::RotateHalf takes the first half (rope_ops.h), with the same results.
-void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
+void RotaryTables(absl::Span<const MediaGrid> grids, int merge, int head_dim,
                   std::vector<float>* cos_t, std::vector<float>* sin_t) {
   const int quarter = head_dim / 4;  // frequencies per axis
   std::vector<float> inv_freq(quarter);
@@ -90,7 +90,7 @@ void RotaryTables(absl::Span<const ImageGrid> grids, int merge, int head_dim,
   cos_t->clear();
   sin_t->clear();
   std::vector<float> angle(2 * quarter);
-  for (const ImageGrid& g : grids) {
+  for (const MediaGrid& g : grids) {
     for (int t = 0; t < g.grid_t; ++t) {
       for (int bh = 0; bh < g.grid_h / merge; ++bh) {
         for (int bw = 0; bw < g.grid_w / merge; ++bw) {
@@ -159,10 +159,10 @@ void PermuteGroups(const std::vector<int>& order, int64_t width, bool inverse,
   v->swap(out);
 }
 
-absl::StatusOr<std::vector<int>> AttentionBounds(absl::Span<const ImageGrid> grids, int merge) {
+absl::StatusOr<std::vector<int>> AttentionBounds(absl::Span<const MediaGrid> grids, int merge) {
   int64_t n = 0;
   std::vector<int> bounds = {0};
-  for (const ImageGrid& g : grids) {
+  for (const MediaGrid& g : grids) {
     if (g.grid_t <= 0 || g.grid_h <= 0 || g.grid_w <= 0 || g.grid_h % merge != 0 ||
         g.grid_w % merge != 0) {
       return absl::InvalidArgumentError("image grid is empty or not a multiple of the merge size");
@@ -366,14 +366,14 @@ std::vector<float> VisionTower::Merge(const std::vector<float>& norm_w,
 }
 
 absl::StatusOr<std::vector<float>> VisionTower::Forward(absl::Span<const float> pixels,
-                                                        absl::Span<const ImageGrid> grids,
+                                                        absl::Span<const MediaGrid> grids,
                                                         VisionTrace* trace) const {
   ASSIGN_OR_RETURN(VisionEmbeddings all, ForwardAll(pixels, grids, trace));
   return std::move(all.main);
 }
 
 absl::StatusOr<VisionEmbeddings> VisionTower::ForwardAll(absl::Span<const float> pixels,
-                                                         absl::Span<const ImageGrid> grids,
+                                                         absl::Span<const MediaGrid> grids,
                                                          VisionTrace* trace) const {
   const VisionConfig& c = cfg_;
   const int e = c.embed_dim;

@@ -23,7 +23,7 @@
 // Qwen2VLVideoProcessor's pixel_values_videos): its rotary positions are the
 // (h, w) ones repeated per temporal patch and attention stays inside each
 // temporal patch (cu_seqlens = repeat(h * w, t)), exactly as for t images;
-// ImageGrid::kind does not matter here. Images and videos mix in one call. bf16 weights are
+// MediaGrid::kind does not matter here. Images and videos mix in one call. bf16 weights are
 // repacked at load into model/cpu's panels (linear.h: the 6x16 AVX2 kernel) and their mapped pages
 // dropped, so memory holds one bf16 copy; fp32 weights stay in the mapped checkpoint and run
 // through OpenBLAS sgemm; fp16 weights become fp32. With VisionTowerOptions::int8_group every
@@ -123,11 +123,11 @@ class VisionTower {
   // `pixels` holds sum(num_patches) rows of 3 * temporal * patch^2 values.
   // InvalidArgument when sizes disagree with the grids.
   [[nodiscard]] absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> pixels,
-                                                           absl::Span<const ImageGrid> grids,
+                                                           absl::Span<const MediaGrid> grids,
                                                            VisionTrace* trace = nullptr) const;
   // The same with the DeepStack features (none but for Qwen3-VL).
   [[nodiscard]] absl::StatusOr<VisionEmbeddings> ForwardAll(absl::Span<const float> pixels,
-                                                            absl::Span<const ImageGrid> grids,
+                                                            absl::Span<const MediaGrid> grids,
                                                             VisionTrace* trace = nullptr) const;
 
   // A tower with random weights (uniform, std 0.02) of the given shape and

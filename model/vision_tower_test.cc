@@ -63,7 +63,7 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
   std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
   std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
   pixels.insert(pixels.end(), second.begin(), second.end());
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 4), ImageGrid::FromThw(1, 6, 8)};
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 4), MediaGrid::FromThw(1, 6, 8)};
 
   // qwen25vl-tiny: Qwen2.5-VL's tower (RMSNorm, gated MLP, windows of 2x2
   // merge groups with padded windows on both images, full attention in
@@ -96,7 +96,7 @@ TEST_CASE("int8 vision tower matches transformers on the same dequantized weight
   std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
   std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
   pixels.insert(pixels.end(), second.begin(), second.end());
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 4), ImageGrid::FromThw(1, 6, 8)};
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 4), MediaGrid::FromThw(1, 6, 8)};
   for (const char* name : {"qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa2-untied-sharded"}) {
     for (const char* scheme : {"int8", "int8_g32"}) {
       INFO(name << " " << scheme);
@@ -165,13 +165,13 @@ TEST_CASE("images of different sizes in one call give each image its own embeddi
   options.int8_group = group;
   auto tower = VisionTower::CreateRandom(SmallVisionConfig(), 7, DType::kBF16, options);
   REQUIRE(tower->weight_bytes() > 0);
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 26, 24), ImageGrid::FromThw(1, 4, 6),
-                                        ImageGrid::FromThw(1, 2, 2)};
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 26, 24), MediaGrid::FromThw(1, 4, 6),
+                                        MediaGrid::FromThw(1, 2, 2)};
   const int patch_dim = 3 * 2 * 14 * 14;
   std::vector<std::vector<float>> pixels;
   std::vector<float> all;
   uint32_t s = 12345;
-  for (const ImageGrid& g : grids) {
+  for (const MediaGrid& g : grids) {
     std::vector<float> p(static_cast<size_t>(g.num_patches()) * patch_dim);
     for (float& v : p)
       v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
@@ -183,7 +183,7 @@ TEST_CASE("images of different sizes in one call give each image its own embeddi
   size_t at = 0;
   for (size_t i = 0; i < grids.size(); ++i) {
     INFO("image " << i);
-    const std::vector<ImageGrid> one = {grids[i]};
+    const std::vector<MediaGrid> one = {grids[i]};
     auto alone = tower->Forward(pixels[i], one);
     REQUIRE(alone.ok());
     REQUIRE(at + alone->size() <= batched->size());
@@ -201,9 +201,9 @@ TEST_CASE("pixel counts that disagree with the grids are rejected", "[vision]") 
   auto tower = VisionTower::Load(**ckpt, *cfg);
   REQUIRE(tower.ok());
   std::vector<float> pixels(15 * 1176);
-  const std::vector<ImageGrid> grids = {ImageGrid::FromThw(1, 4, 4)};
+  const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 4)};
   CHECK((*tower)->Forward(pixels, grids).status().code() == absl::StatusCode::kInvalidArgument);
-  const std::vector<ImageGrid> odd = {ImageGrid::FromThw(1, 3, 5)};
+  const std::vector<MediaGrid> odd = {MediaGrid::FromThw(1, 3, 5)};
   std::vector<float> odd_pixels(15 * 1176);
   CHECK((*tower)->Forward(odd_pixels, odd).status().code() == absl::StatusCode::kInvalidArgument);
 }
@@ -214,8 +214,8 @@ constexpr const char* kModels[] = {"qwen2vl-tiny-mha-tied", "qwen2vl-tiny-gqa2-u
 
 json Golden() { return ReadJsonFile(std::string(kData) + "video_goldens/video_lm.json"); }
 
-ImageGrid GridOf(const json& thw, MediaKind kind) {
-  return ImageGrid::FromThw(thw[0], thw[1], thw[2], 2, kind);
+MediaGrid GridOf(const json& thw, MediaKind kind) {
+  return MediaGrid::FromThw(thw[0], thw[1], thw[2], 2, kind);
 }
 
 TEST_CASE("vision tower matches transformers on two videos in one call", "[video]") {
@@ -224,7 +224,7 @@ TEST_CASE("vision tower matches transformers on two videos in one call", "[video
       SafetensorsFile::Open(std::string(kData) + "video_goldens/video_pixels.safetensors");
   REQUIRE(pixels_file.ok());
   std::vector<float> pixels;
-  std::vector<ImageGrid> grids;
+  std::vector<MediaGrid> grids;
   std::string key = "vision_out.";
   for (const json& v : g["videos"]) {
     const std::string name = v["name"];
@@ -276,7 +276,7 @@ TEST_CASE("video placeholders expand and get get_rope_index's positions", "[vide
       const int time_step = cfg->VideoTimeStep(fps);
       scaled += time_step != 1;
       // Grids in order of appearance: the rendered text says which comes first.
-      std::vector<ImageGrid> grids;
+      std::vector<MediaGrid> grids;
       size_t video = 0, image = 0;
       for (size_t i = 0; i < ids.size(); ++i) {
         if (!pads.IsPad(ids[i]) || (i > 0 && ids[i - 1] == ids[i])) continue;
@@ -317,17 +317,17 @@ TEST_CASE("a video's temporal patches run in pieces give the whole's rows", "[vi
   // rows do not depend on the batch).
   auto tower =
       VisionTower::CreateRandom(SmallVisionConfig(), 11, DType::kBF16, VisionTowerOptions());
-  const ImageGrid whole = ImageGrid::FromThw(3, 4, 6);
+  const MediaGrid whole = MediaGrid::FromThw(3, 4, 6);
   const size_t per_t = 4 * 6 * 3 * 2 * 14 * 14;
   std::vector<float> pixels(3 * per_t);
   uint32_t s = 777;
   for (float& v : pixels) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) / (1 << 24);
-  auto all = tower->Forward(pixels, std::vector<ImageGrid>{whole});
+  auto all = tower->Forward(pixels, std::vector<MediaGrid>{whole});
   REQUIRE(all.ok());
   const std::vector<float> first(pixels.begin(), pixels.begin() + per_t);
   const std::vector<float> rest(pixels.begin() + per_t, pixels.end());
-  auto a = tower->Forward(first, std::vector<ImageGrid>{ImageGrid::FromThw(1, 4, 6)});
-  auto b = tower->Forward(rest, std::vector<ImageGrid>{ImageGrid::FromThw(2, 4, 6)});
+  auto a = tower->Forward(first, std::vector<MediaGrid>{MediaGrid::FromThw(1, 4, 6)});
+  auto b = tower->Forward(rest, std::vector<MediaGrid>{MediaGrid::FromThw(2, 4, 6)});
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   std::vector<float> joined = *a;

@@ -2,12 +2,12 @@
 
 namespace mmserve::model {
 
-VisionWindows PlanVisionWindows(absl::Span<const ImageGrid> grids, int merge, int window) {
+VisionWindows PlanVisionWindows(absl::Span<const MediaGrid> grids, int merge, int window) {
   VisionWindows out;
   out.bounds.push_back(0);
   const int unit = merge * merge;
   int first_group = 0;
-  for (const ImageGrid& g : grids) {
+  for (const MediaGrid& g : grids) {
     const int gh = g.grid_h / merge, gw = g.grid_w / merge;
     // transformers pads by a whole window when a side is already a multiple
     // (pad = window - side % window); the extra windows are empty either way.

@@ -30,7 +30,7 @@ struct VisionWindows {
 // `window` is window_size / spatial_merge_size / patch_size (merge groups per
 // window side), >= 1. Grids must be multiples of `merge` (AttentionBounds
 // checks that first).
-VisionWindows PlanVisionWindows(absl::Span<const ImageGrid> grids, int merge, int window);
+VisionWindows PlanVisionWindows(absl::Span<const MediaGrid> grids, int merge, int window);
 
 }  // namespace mmserve::model
 

@@ -12,7 +12,7 @@ namespace {
 // A batch that gives the client nothing and moves nothing on.
 bool Empty(const internal::v1::TokenBatch& batch) {
   return batch.token_ids_size() == 0 && batch.text().empty() && batch.lost_images_size() == 0 &&
-         !batch.has_esp_moved() && !batch.kv_handed_off() &&
+         !batch.has_elastic_moved() && !batch.kv_handed_off() &&
          batch.finish_reason() == mmserve::v1::FINISH_REASON_UNSPECIFIED;
 }
 
@@ -76,7 +76,7 @@ void GenerateCall::StartLanguage(internal::v1::PrefillRequest prefill) {
     copies[m] = *std::move(c);
   }
   for (size_t m = 0; m < instances.size(); ++m) {
-    internal::v1::EspPrefillRequest request;
+    internal::v1::ElasticPrefillRequest request;
     *request.mutable_request() = prefill;
     if (m > 0 && !images.empty()) {
       request.mutable_request()->clear_images();
@@ -171,13 +171,13 @@ void GenerateCall::LockedOnStreamBatch(size_t i, const internal::v1::TokenBatch&
 void GenerateCall::Carry(const internal::v1::TokenBatch& batch) {
   if (phase_ == CallPhase::kEnded || phase_ == CallPhase::kFinalHeld) return;
   const bool hands_over = chain_->HandsOver(batch);
-  if (batch.has_esp_moved()) {
+  if (batch.has_elastic_moved()) {
     if (!hands_over || !chain_->HasNext()) {
       End(absl::InternalError(chain_->HasNext() ? "an elastic member moved the master out of turn"
                                                 : "the last elastic master moved on"));
       return;
     }
-    MoveCarrier(&batch.esp_moved());
+    MoveCarrier(&batch.elastic_moved());
     return;
   }
   RelayBatch(batch);
@@ -187,7 +187,7 @@ void GenerateCall::Carry(const internal::v1::TokenBatch& batch) {
   }
 }
 
-void GenerateCall::MoveCarrier(const internal::v1::EspMasterState* state) {
+void GenerateCall::MoveCarrier(const internal::v1::ElasticMasterState* state) {
   CarrierChain::Held held = chain_->Advance();
   const size_t carrier = chain_->carrier();
   if (!Advance(CallEvent::kCarrierMoved)) return;
@@ -198,26 +198,26 @@ void GenerateCall::MoveCarrier(const internal::v1::EspMasterState* state) {
   if (held.closed_ok && phase_ != CallPhase::kEnded) LockedOnStreamDone(carrier, grpc::Status::OK);
 }
 
-void GenerateCall::SendMoveMaster(size_t next, const internal::v1::EspMasterState& state) {
-  auto request = std::make_shared<internal::v1::EspMoveRequest>();
+void GenerateCall::SendMoveMaster(size_t next, const internal::v1::ElasticMasterState& state) {
+  auto request = std::make_shared<internal::v1::ElasticMoveRequest>();
   request->set_request_id(id_);
   *request->mutable_state() = state;
   auto ctx = std::make_shared<grpc::ClientContext>();
   ctx->set_deadline(deadline_);
-  auto ack = std::make_shared<internal::v1::EspMoveAck>();
+  auto ack = std::make_shared<internal::v1::ElasticMoveAck>();
   deferred_.Defer(
       [self = shared_from_this(), lang = placement_.instances[next], next, ctx, request, ack] {
-        lang->language->async()->EspMoveMaster(ctx.get(), request.get(), ack.get(),
-                                               [self, next, ctx, request, ack](grpc::Status s) {
-                                                 if (!s.ok()) self->OnMoveFailed(next, s);
-                                               });
+        lang->language->async()->ElasticMoveMaster(ctx.get(), request.get(), ack.get(),
+                                                   [self, next, ctx, request, ack](grpc::Status s) {
+                                                     if (!s.ok()) self->OnMoveFailed(next, s);
+                                                   });
       });
 }
 
 void GenerateCall::OnMoveFailed(size_t i, const grpc::Status& status) {
   {
     absl::MutexLock lock(&mu_);
-    LOG(WARNING) << "EspMoveMaster " << id_ << ": " << status.error_message();
+    LOG(WARNING) << "ElasticMoveMaster " << id_ << ": " << status.error_message();
     if (phase_ != CallPhase::kEnded) {
       LastStreamClosed(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the master move failed"),
                        StreamRole(i), placement_.instances[i]->id);

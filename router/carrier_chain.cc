@@ -33,7 +33,7 @@ bool CarrierChain::HandsOver(const internal::v1::TokenBatch& batch) const {
     case HandOver::kFirstToken:
       return batch.token_ids_size() > 0;
     case HandOver::kMasterMoved:
-      return batch.has_esp_moved();
+      return batch.has_elastic_moved();
   }
   return false;
 }

@@ -76,7 +76,7 @@ TEST_CASE("an elastic chain: the sampler's first token, then each master's move"
   CHECK(chain.carrier() == 0);
 
   TokenBatch moved;
-  moved.mutable_esp_moved()->add_generated_token_ids(1);
+  moved.mutable_elastic_moved()->add_generated_token_ids(1);
   CHECK_FALSE(chain.HandsOver(Text("c")));
   CHECK(chain.HandsOver(moved));
   CHECK(chain.OnBatch(1, Text("d")) == Route::kHeld);

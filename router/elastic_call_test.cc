@@ -1,5 +1,5 @@
-// GenerateCall and EspPool (router --esp) against in-process fake elastic
-// instances (Language EspPrefill, Prefill, Abort and GetLoad): degree 1
+// GenerateCall and ElasticPool (router --elastic) against in-process fake elastic
+// instances (Language ElasticPrefill, Prefill, Abort and GetLoad): degree 1
 // when a request fits one instance, a group when it does not, Abort to
 // every member on finish, cancel and a member's failure, refusals at once
 // and after the queue wait, and a property run: promised slots never
@@ -23,24 +23,24 @@
 #include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
-#include "language_service/esp_plan.h"
+#include "language_service/elastic_plan.h"
 #include "proto/language.grpc.pb.h"
 #include "router/call_testing.h"
-#include "router/esp_pool.h"
-#include "router/esp_step_models.h"
+#include "router/elastic_pool.h"
+#include "router/elastic_step_models.h"
 #include "router/generate_call.h"
 
 namespace mmserve::router {
 namespace {
 
-using internal::v1::EspPrefillRequest;
+using internal::v1::ElasticPrefillRequest;
 using internal::v1::PrefillRequest;
 using Writer = grpc::ServerWriter<TokenBatch>;
 
 constexpr int64_t kBlock = 16;
 
 // The sampler writes the first token, the master the rest.
-grpc::Status SamplerThenMaster(const EspPrefillRequest& r, grpc::ServerContext*, Writer* w) {
+grpc::Status SamplerThenMaster(const ElasticPrefillRequest& r, grpc::ServerContext*, Writer* w) {
   if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
   if (r.member() == r.plan().master()) {
     w->Write(Tokens(2, "b"));
@@ -57,25 +57,25 @@ grpc::Status UntilCancelled(grpc::ServerContext* ctx) {
 
 class FakeElastic final : public Healthy<internal::v1::Language::Service> {
  public:
-  using EspScript =
-      std::function<grpc::Status(const EspPrefillRequest&, grpc::ServerContext*, Writer*)>;
+  using ElasticScript =
+      std::function<grpc::Status(const ElasticPrefillRequest&, grpc::ServerContext*, Writer*)>;
   using Script = std::function<grpc::Status(grpc::ServerContext*, Writer*)>;
 
   FakeElastic(std::string id, int64_t slots) : Healthy(id), id_(std::move(id)), slots(slots) {}
 
   const std::string id_;
   std::atomic<int64_t> slots;  // reported free
-  EspScript esp = SamplerThenMaster;
+  ElasticScript elastic = SamplerThenMaster;
   Script prefill = [](grpc::ServerContext*, Writer* w) {
     w->Write(Tokens(1, "a"));
     w->Write(Final(2, "b"));
     return grpc::Status::OK;
   };
-  std::atomic<int> prefills{0}, esps{0}, moves{0};
-  grpc::Status move_status = grpc::Status::OK;  // EspMoveMaster's answer
+  std::atomic<int> prefills{0}, elastic_prefills{0}, moves{0};
+  grpc::Status move_status = grpc::Status::OK;  // ElasticMoveMaster's answer
   absl::Mutex mu;
-  std::vector<EspPrefillRequest> esp_requests ABSL_GUARDED_BY(mu);
-  std::vector<internal::v1::EspMoveRequest> move_requests ABSL_GUARDED_BY(mu);
+  std::vector<ElasticPrefillRequest> elastic_requests ABSL_GUARDED_BY(mu);
+  std::vector<internal::v1::ElasticMoveRequest> move_requests ABSL_GUARDED_BY(mu);
   std::multiset<std::string> aborts ABSL_GUARDED_BY(mu);
 
   grpc::Status GetLoad(grpc::ServerContext*, const internal::v1::LoadRequest*,
@@ -90,17 +90,17 @@ class FakeElastic final : public Healthy<internal::v1::Language::Service> {
     ++prefills;
     return prefill(ctx, w);
   }
-  grpc::Status EspPrefill(grpc::ServerContext* ctx, const EspPrefillRequest* r,
-                          Writer* w) override {
+  grpc::Status ElasticPrefill(grpc::ServerContext* ctx, const ElasticPrefillRequest* r,
+                              Writer* w) override {
     {
       absl::MutexLock lock(&mu);
-      esp_requests.push_back(*r);
+      elastic_requests.push_back(*r);
     }
-    ++esps;
-    return esp(*r, ctx, w);
+    ++elastic_prefills;
+    return elastic(*r, ctx, w);
   }
-  grpc::Status EspMoveMaster(grpc::ServerContext*, const internal::v1::EspMoveRequest* r,
-                             internal::v1::EspMoveAck*) override {
+  grpc::Status ElasticMoveMaster(grpc::ServerContext*, const internal::v1::ElasticMoveRequest* r,
+                                 internal::v1::ElasticMoveAck*) override {
     {
       absl::MutexLock lock(&mu);
       move_requests.push_back(*r);
@@ -118,24 +118,25 @@ class FakeElastic final : public Healthy<internal::v1::Language::Service> {
     absl::MutexLock lock(&mu);
     return aborts.count(id);
   }
-  std::vector<EspPrefillRequest> EspRequests() {
+  std::vector<ElasticPrefillRequest> ElasticRequests() {
     absl::MutexLock lock(&mu);
-    return esp_requests;
+    return elastic_requests;
   }
 };
 
-EspPoolOptions PoolOptions() {
-  EspPoolOptions o;
-  o.config.per_degree = DefaultEspStepModels(4);
+ElasticPoolOptions PoolOptions() {
+  ElasticPoolOptions o;
+  o.config.per_degree = DefaultElasticStepModels(4);
   o.tick = absl::Milliseconds(5);
   return o;
 }
 
-// A router context with --esp over fake elastic instances x0, x1, ... of
+// A router context with --elastic over fake elastic instances x0, x1, ... of
 // the given capacities (in token slots, reported free at first).
 class ElasticStack {
  public:
-  explicit ElasticStack(const std::vector<int64_t>& slots, EspPoolOptions options = PoolOptions())
+  explicit ElasticStack(const std::vector<int64_t>& slots,
+                        ElasticPoolOptions options = PoolOptions())
       : table_({.poll_interval = absl::Milliseconds(20), .pool_elastic = true}),
         pool_(table_, metrics_, loop_, std::move(options)) {
     context_.options.model_id = "m";
@@ -144,7 +145,7 @@ class ElasticStack {
     context_.options.config.text.vocab_size = 1000;
     context_.instances = &table_;
     context_.metrics = &call_metrics_;
-    context_.esp = &pool_;
+    context_.elastic = &pool_;
     for (size_t i = 0; i < slots.size(); ++i) {
       fakes.push_back(std::make_unique<FakeElastic>(absl::StrCat("x", i), slots[i]));
       Add(*fakes.back(), slots[i]);
@@ -160,7 +161,7 @@ class ElasticStack {
   }
   const RouterContext& context() const { return context_; }
   metrics::Registry& metrics() { return metrics_; }
-  EspPool& pool() { return pool_; }
+  ElasticPool& pool() { return pool_; }
   size_t TotalAbortsOf(const std::string& id) {
     size_t n = 0;
     for (auto& f : fakes) n += f->AbortsOf(id);
@@ -179,7 +180,7 @@ class ElasticStack {
     info.set_grpc_address(absl::StrCat("127.0.0.1:", (*server)->port()));
     info.mutable_capacity()->set_kv_blocks_total(static_cast<uint32_t>(slots / kBlock));
     info.mutable_capacity()->set_kv_block_size(kBlock);
-    info.set_esp_endpoint("ep-" + fake.id_);
+    info.set_elastic_endpoint("ep-" + fake.id_);
     table_.Upsert(info);
     servers_.push_back(*std::move(server));
   }
@@ -188,7 +189,7 @@ class ElasticStack {
   InstanceTable table_;
   metrics::Registry metrics_;
   CallMetrics call_metrics_{metrics_};
-  EspPool pool_;
+  ElasticPool pool_;
   RouterContext context_;
   std::vector<std::unique_ptr<GrpcServer>> servers_;
 };
@@ -209,7 +210,7 @@ std::shared_ptr<GenerateCall> Start(ElasticStack& stack, Outcome& outcome,
 
 // The pool holds nothing for anyone.
 bool PoolEmpty(ElasticStack& stack) {
-  const EspPool::Stats s = stack.pool().stats();
+  const ElasticPool::Stats s = stack.pool().stats();
   return s.pending == 0 && s.promised_slots == 0 && s.members.empty();
 }
 
@@ -219,8 +220,8 @@ void CheckAllAborted(ElasticStack& stack, const std::string& id) {
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
 }
 
-void SetEsp(ElasticStack& stack, const FakeElastic::EspScript& script) {
-  for (auto& f : stack.fakes) f->esp = script;
+void SetElastic(ElasticStack& stack, const FakeElastic::ElasticScript& script) {
+  for (auto& f : stack.fakes) f->elastic = script;
 }
 
 // Runs `request` to its end: OK, the client got `text`.
@@ -249,7 +250,7 @@ TEST_CASE("a request that fits one instance runs there at degree 1") {
   ElasticStack stack({2048, 2048});
   RunOk(stack, Prompt("r1", 100, 8), "ab");
   CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 1);
-  CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps == 0);
+  CHECK(stack.fakes[0]->elastic_prefills + stack.fakes[1]->elastic_prefills == 0);
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
   CHECK(stack.TotalAbortsOf("r1") == 0);
 }
@@ -258,10 +259,10 @@ TEST_CASE("a prompt beyond one instance's pool runs on a group; every member get
   ElasticStack stack({2048, 2048});
   RunOk(stack, Prompt("r2", 3000, 8), "abc");
   CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 0);
-  const auto a = stack.fakes[0]->EspRequests(), b = stack.fakes[1]->EspRequests();
+  const auto a = stack.fakes[0]->ElasticRequests(), b = stack.fakes[1]->ElasticRequests();
   REQUIRE(a.size() == 1);
   REQUIRE(b.size() == 1);
-  const internal::v1::EspPlan& plan = a[0].plan();
+  const internal::v1::ElasticPlan& plan = a[0].plan();
   CHECK(plan.SerializeAsString() == b[0].plan().SerializeAsString());
   CHECK(a[0].member() != b[0].member());
   REQUIRE(plan.members_size() == 2);
@@ -286,14 +287,14 @@ TEST_CASE("a request no group of the pool could hold is refused at once") {
   Start(stack, outcome, Prompt("r3", 4000, 200));
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kResourceExhausted);
-  CHECK(stack.fakes[0]->esps + stack.fakes[1]->esps + stack.fakes[0]->prefills +
-            stack.fakes[1]->prefills ==
+  CHECK(stack.fakes[0]->elastic_prefills + stack.fakes[1]->elastic_prefills +
+            stack.fakes[0]->prefills + stack.fakes[1]->prefills ==
         0);
   CHECK(PoolEmpty(stack));
 }
 
 TEST_CASE("a queued request that never finds slots ends after the queue wait") {
-  EspPoolOptions options = PoolOptions();
+  ElasticPoolOptions options = PoolOptions();
   options.max_queue_wait = absl::Milliseconds(200);
   ElasticStack stack({2048}, options);
   stack.fakes[0]->slots = 0;  // reports no free slot from now on
@@ -309,7 +310,7 @@ TEST_CASE("a queued request that never finds slots ends after the queue wait") {
 
 TEST_CASE("cancelling a group's call cancels every stream and aborts every member") {
   ElasticStack stack({2048, 2048});
-  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+  SetElastic(stack, [](const ElasticPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
     if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
     return UntilCancelled(ctx);
   });
@@ -324,7 +325,7 @@ TEST_CASE("cancelling a group's call cancels every stream and aborts every membe
 
 TEST_CASE("a member that fails ends the call UNAVAILABLE and every member gets Abort") {
   ElasticStack stack({2048, 2048});
-  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer*) {
+  SetElastic(stack, [](const ElasticPrefillRequest& r, grpc::ServerContext* ctx, Writer*) {
     if (r.member() != r.plan().master()) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "member lost");
     }
@@ -339,7 +340,7 @@ TEST_CASE("a member that fails ends the call UNAVAILABLE and every member gets A
 
 TEST_CASE("a master lost mid-decode ends the call UNAVAILABLE after its tokens") {
   ElasticStack stack({2048, 2048});
-  SetEsp(stack, [](const EspPrefillRequest& r, grpc::ServerContext*, Writer* w) {
+  SetElastic(stack, [](const ElasticPrefillRequest& r, grpc::ServerContext*, Writer* w) {
     if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
     if (r.member() != r.plan().master()) return grpc::Status::OK;
     w->Write(Tokens(2, "b"));
@@ -356,8 +357,8 @@ struct Invariants {
   std::vector<std::string> violations ABSL_GUARDED_BY(mu);
   std::map<std::string, std::string> plan_of ABSL_GUARDED_BY(mu);
 
-  void Check(EspPool& pool, const EspPrefillRequest* r) {
-    const EspPool::Stats s = pool.stats();
+  void Check(ElasticPool& pool, const ElasticPrefillRequest* r) {
+    const ElasticPool::Stats s = pool.stats();
     absl::MutexLock lock(&mu);
     for (const auto& [id, promised] : s.promised_by_instance) {
       if (promised > s.capacity_by_instance.at(id)) {
@@ -379,12 +380,12 @@ TEST_CASE("property: promised slots stay within capacity, one plan and master pe
   ElasticStack stack({1024, 2048, 1536});
   Invariants inv;
   // Each call checks, then takes a moment so that calls overlap.
-  auto check = [&stack, &inv](const EspPrefillRequest* r) {
+  auto check = [&stack, &inv](const ElasticPrefillRequest* r) {
     inv.Check(stack.pool(), r);
     absl::SleepFor(absl::Milliseconds(2));
   };
   for (auto& f : stack.fakes) {
-    f->esp = [check](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    f->elastic = [check](const ElasticPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
       check(&r);
       return SamplerThenMaster(r, ctx, w);
     };
@@ -413,18 +414,18 @@ TEST_CASE("property: promised slots stay within capacity, one plan and master pe
 }
 
 // The sampler writes the first token; the chain's first master the second,
-// then moves; the next master waits for its EspMoveMaster (or the call's
+// then moves; the next master waits for its ElasticMoveMaster (or the call's
 // cancel) and writes the last.
-FakeElastic::EspScript MovingMasters(ElasticStack& stack) {
-  return [&stack](const EspPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
-    const std::vector<int> chain = language::EspMasterChain(r.plan());
+FakeElastic::ElasticScript MovingMasters(ElasticStack& stack) {
+  return [&stack](const ElasticPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    const std::vector<int> chain = language::ElasticMasterChain(r.plan());
     const int member = static_cast<int>(r.member());
     if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
     if (member == chain[0]) {
       w->Write(Tokens(2, "b"));
       TokenBatch moved;
-      moved.mutable_esp_moved()->add_generated_token_ids(1);
-      moved.mutable_esp_moved()->add_generated_token_ids(2);
+      moved.mutable_elastic_moved()->add_generated_token_ids(1);
+      moved.mutable_elastic_moved()->add_generated_token_ids(2);
       w->Write(moved);
     } else if (chain.size() > 1 && member == chain[1]) {
       FakeElastic& me = *stack.fakes[r.plan().members(member).instance_id() == "x0" ? 0 : 1];
@@ -438,11 +439,11 @@ FakeElastic::EspScript MovingMasters(ElasticStack& stack) {
 
 TEST_CASE("a decode tail past the first master's pool: the master moves, the stream goes on") {
   ElasticStack stack({2048, 2048});
-  SetEsp(stack, MovingMasters(stack));
+  SetElastic(stack, MovingMasters(stack));
   // 2000 prompt tokens + 99 new: the first master holds 48 decode slots.
   RunOk(stack, Prompt("m1", 2000, 100), "abc");
-  const auto plan = stack.fakes[0]->EspRequests().at(0).plan();
-  const std::vector<int> chain = language::EspMasterChain(plan);
+  const auto plan = stack.fakes[0]->ElasticRequests().at(0).plan();
+  const std::vector<int> chain = language::ElasticMasterChain(plan);
   REQUIRE(chain.size() == 2);
   CHECK(plan.members(chain[0]).decode().begin() == 2000);
   CHECK(plan.members(chain[1]).decode().end() == 2099);
@@ -454,7 +455,8 @@ TEST_CASE("a decode tail past the first master's pool: the master moves, the str
     CHECK(next.move_requests[0].request_id() == "m1");
     CHECK(next.move_requests[0].state().generated_token_ids_size() == 2);
   }
-  CHECK(absl::StrContains(stack.metrics().Render(), "\nmmserve_router_esp_master_moves_total 1\n"));
+  CHECK(absl::StrContains(stack.metrics().Render(),
+                          "\nmmserve_router_elastic_master_moves_total 1\n"));
   CheckAllAborted(stack, "m1");
 }
 
@@ -463,13 +465,13 @@ TEST_CASE("the pool learns decoding and master moves from the call's phase chang
   // A group of two: the sampler's hand-over to the master is not a move;
   // a hand-over to another member is.
   absl::Notification placed;
-  std::optional<EspPlacement> placement;
+  std::optional<ElasticPlacement> placement;
   REQUIRE(stack.pool()
               .Submit({.id = "p1",
                        .prompt_tokens = 3000,
                        .max_tokens = 8,
                        .on_placed =
-                           [&](absl::StatusOr<EspPlacement> p) {
+                           [&](absl::StatusOr<ElasticPlacement> p) {
                              REQUIRE(p.ok());
                              placement = *std::move(p);
                              placed.Notify();
@@ -481,7 +483,7 @@ TEST_CASE("the pool learns decoding and master moves from the call's phase chang
   const size_t other = 1 - master;
   const auto moves = [&] {
     return absl::StrContains(stack.metrics().Render(),
-                             "\nmmserve_router_esp_master_moves_total 1\n");
+                             "\nmmserve_router_elastic_master_moves_total 1\n");
   };
   stack.pool().PhaseChanged("p1", CallPhase::kPrefilling, other);
   stack.pool().PhaseChanged("p1", CallPhase::kDecoding, other);
@@ -495,7 +497,7 @@ TEST_CASE("the pool learns decoding and master moves from the call's phase chang
 
 TEST_CASE("a next master that refuses the move ends the call UNAVAILABLE, every member aborted") {
   ElasticStack stack({2048, 2048});
-  SetEsp(stack, MovingMasters(stack));
+  SetElastic(stack, MovingMasters(stack));
   for (auto& f : stack.fakes) f->move_status = grpc::Status(grpc::StatusCode::NOT_FOUND, "gone");
   RunUnavailable(stack, Prompt("m2", 2000, 100), "ab");
 }

@@ -24,7 +24,7 @@ struct EncoderDispatch::Encode {
 EncoderDispatch::EncoderDispatch(const RouterContext& context,
                                  const mmserve::v1::GenerateRequest& request,
                                  std::chrono::system_clock::time_point deadline,
-                                 const std::vector<PreparedImage>& images)
+                                 const std::vector<PreparedMedia>& images)
     : context_(context), request_(request), deadline_(deadline), images_(images.size()) {
   for (size_t k = 0; k < images.size(); ++k) {
     images_[k].hash = images[k].hash;

@@ -4,7 +4,7 @@
 // not failed on (cache affinity), to the least queued one when that encoder
 // is saturated; an image whose encoder fails moves to another, a new
 // attempt with a new transfer id, at most kMaxAttempts times. A transfer
-// has one receiver: an ESP group's other members get copies (DispatchCopy),
+// has one receiver: an elastic group's other members get copies (DispatchCopy),
 // each its own Encode call and transfer id on the image's encoder.
 //
 //   EncoderDispatch encoders(context, request, deadline, prepared_images);
@@ -62,7 +62,7 @@ class EncoderDispatch {
   // `context` and `request` (whose images it sends) must outlive it.
   EncoderDispatch(const RouterContext& context, const mmserve::v1::GenerateRequest& request,
                   std::chrono::system_clock::time_point deadline,
-                  const std::vector<PreparedImage>& images);
+                  const std::vector<PreparedMedia>& images);
   ~EncoderDispatch();
   EncoderDispatch(const EncoderDispatch&) = delete;
   EncoderDispatch& operator=(const EncoderDispatch&) = delete;
@@ -76,7 +76,7 @@ class EncoderDispatch {
   // encoder or has been tried kMaxAttempts times.
   [[nodiscard]] absl::StatusOr<std::vector<internal::v1::PromptImage>> Dispatch(
       const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded);
-  // The same images again for another receiver (an ESP group member past
+  // The same images again for another receiver (an elastic group member past
   // the first; a transfer has one receiver): new Encode calls and transfer
   // ids on each image's current encoder, where its embedding is cached.
   // Copies neither move on failure (Answered says `copy`) nor count as
@@ -109,7 +109,7 @@ class EncoderDispatch {
  private:
   struct Image {
     ContentHash hash;
-    std::optional<model::ImageGrid> grid;  // when pre-sized
+    std::optional<model::MediaGrid> grid;  // when pre-sized
     bool video = false;
     std::string encoder_id;  // current source
     std::string transfer_id;

@@ -65,7 +65,7 @@ std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
                                                   std::chrono::system_clock::time_point deadline) {
   Setup setup{.context = &context, .sink = std::move(sink), .deadline = deadline};
   if (request.request_id().empty()) request.set_request_id(AssignId());
-  absl::StatusOr<std::vector<PreparedImage>> prepared = PrepareRequest(context.options, request);
+  absl::StatusOr<std::vector<PreparedMedia>> prepared = PrepareRequest(context.options, request);
   if (prepared.ok()) {
     // A required or named tool choice becomes the output constraint.
     if (absl::Status s = ApplyToolChoice(&request); !s.ok()) prepared = s;
@@ -75,7 +75,7 @@ std::shared_ptr<GenerateCall> GenerateCall::Start(const RouterContext& context,
     setup.placer = ChoosePlacer(context);
   }
   setup.request = std::move(request);
-  const std::vector<PreparedImage> images = setup.images;
+  const std::vector<PreparedMedia> images = setup.images;
   // Not make_shared: the constructor is private.
   std::shared_ptr<GenerateCall> call(new GenerateCall(std::move(setup)));
   if (!prepared.ok()) {

@@ -18,7 +18,7 @@
 // (kCarrierMoved). The P/D decode stream is opened first and the prefill
 // stream once the decode instance holds the request (its empty first
 // batch); an elastic group's master hands over by sending its state, which
-// the call passes to the next master with EspMoveMaster (deadline: the
+// the call passes to the next master with ElasticMoveMaster (deadline: the
 // call's). The placer hears every phase change and the end (the elastic
 // pool learns from them which instance decodes what). The call's
 // lifecycle is one CallPhase (call_phase.h), changed only by Advance;
@@ -95,7 +95,7 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
     CallSink sink;
     std::chrono::system_clock::time_point deadline;
     Stopwatch clock;  // started at receipt
-    std::vector<PreparedImage> images;
+    std::vector<PreparedMedia> images;
     std::unique_ptr<Placer> placer;
   };
   explicit GenerateCall(Setup setup);
@@ -125,9 +125,10 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   void Carry(const internal::v1::TokenBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next carrier carries from now on (an elastic master taking over
   // from `state` first, when given): what it sent early is replayed.
-  void MoveCarrier(const internal::v1::EspMasterState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MoveCarrier(const internal::v1::ElasticMasterState* state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Elastic: the master on instance `next` takes over from `state`.
-  void SendMoveMaster(size_t next, const internal::v1::EspMasterState& state)
+  void SendMoveMaster(size_t next, const internal::v1::ElasticMasterState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnMoveFailed(size_t i, const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   // What stream i is called in errors ("language", "decode", "elastic member").

@@ -1,7 +1,7 @@
 // GenerateCall against in-process fake encoder and language instances:
 // the colocated and the disaggregated lifecycle, the held early decode
 // batches, a first token that is also the last, lost instances, encoder
-// failures, image copies (an ESP group's other members) and rejected
+// failures, image copies (an elastic group's other members) and rejected
 // requests. The fakes are scripted per test; the
 // router side is the real InstanceTable and GenerateCall.
 #include "router/generate_call.h"
@@ -382,7 +382,7 @@ TEST_CASE("an image copy is a new Encode call and transfer id on the image's enc
   const mmserve::v1::GenerateRequest request = ImageRequest();
   EncoderDispatch dispatch(stack.context(), request,
                            std::chrono::system_clock::now() + std::chrono::seconds(20),
-                           {PreparedImage{.hash = {1, 2}}});
+                           {PreparedMedia{.hash = {1, 2}}});
   DeferredActions deferred;
   absl::Mutex mu;
   std::vector<EncodeFailure> answers;

@@ -42,7 +42,7 @@ namespace mmserve::router {
 namespace iv1 = ::mmserve::internal::v1;
 
 // kLanguage: role both; kPrefill and kDecode: the disaggregated roles;
-// kElastic: role elastic pooled for the ESP manager (router --esp; without
+// kElastic: role elastic pooled for the elastic manager (router --elastic; without
 // it an elastic instance is kLanguage).
 enum class Role { kEncoder, kLanguage, kPrefill, kDecode, kElastic };
 

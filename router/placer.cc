@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "language_service/esp_plan.h"
-#include "router/esp_pool.h"
-#include "router/esp_prompt.h"
+#include "language_service/elastic_plan.h"
+#include "router/elastic_pool.h"
+#include "router/elastic_prompt.h"
 #include "router/router_context.h"
 #include "scheduler/placement.h"
 
@@ -32,14 +32,14 @@ absl::Status NoLanguageInstance() {
 // An elastic placement as the call relays it: degree 1 is colocated; a
 // group's carriers are the sampler (when it is not the first master), then
 // the masters in decode order.
-Placement FromEsp(EspPlacement esp) {
-  Placement p{.instances = std::move(esp.members), .plan = std::move(esp.plan)};
+Placement FromElastic(ElasticPlacement elastic) {
+  Placement p{.instances = std::move(elastic.members), .plan = std::move(elastic.plan)};
   if (!p.plan) {
     p.carriers = {{.instance = 0}};
     return p;
   }
   p.flow = Placement::Flow::kElastic;
-  const std::vector<int> masters = language::EspMasterChain(*p.plan);
+  const std::vector<int> masters = language::ElasticMasterChain(*p.plan);
   const size_t sampler = p.plan->sampler();
   if (masters.empty() || sampler != static_cast<size_t>(masters[0])) {
     p.carriers.push_back({.instance = sampler, .hand_over = HandOver::kFirstToken});
@@ -88,11 +88,11 @@ void PdPlacer::Place(const PlaceRequest&, OnPlaced on_placed) {
       .carriers = {{.instance = 0, .hand_over = HandOver::kKvHandedOff}, {.instance = 1}}});
 }
 
-bool EspPlacer::CanPlace() const { return pool_.CanPlace(); }
+bool ElasticPlacer::CanPlace() const { return pool_.CanPlace(); }
 
-void EspPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
-  absl::StatusOr<EspLength> length =
-      EspRequestLength(context_.options, context_.tokenizer, *request.request, *request.images);
+void ElasticPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
+  absl::StatusOr<ElasticLength> length =
+      ElasticRequestLength(context_.options, context_.tokenizer, *request.request, *request.images);
   if (!length.ok()) {
     on_placed(length.status());
     return;
@@ -103,22 +103,22 @@ void EspPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
        .prompt_tokens = length->prompt_tokens,
        .max_tokens = length->max_tokens,
        .deadline = request.deadline,
-       .on_placed = [deliver](absl::StatusOr<EspPlacement> p) {
-         (*deliver)(p.ok() ? absl::StatusOr<Placement>(FromEsp(*std::move(p))) : p.status());
+       .on_placed = [deliver](absl::StatusOr<ElasticPlacement> p) {
+         (*deliver)(p.ok() ? absl::StatusOr<Placement>(FromElastic(*std::move(p))) : p.status());
        }});
   if (!queued.ok()) (*deliver)(std::move(queued));
 }
 
-void EspPlacer::PhaseChanged(const std::string& id, CallPhase phase, size_t carrier) {
+void ElasticPlacer::PhaseChanged(const std::string& id, CallPhase phase, size_t carrier) {
   pool_.PhaseChanged(id, phase, carrier);
 }
 
-void EspPlacer::Released(const std::string& id) { pool_.Finished(id); }
+void ElasticPlacer::Released(const std::string& id) { pool_.Finished(id); }
 
 std::unique_ptr<Placer> ChoosePlacer(const RouterContext& context) {
-  if (context.esp != nullptr) {
-    auto esp = std::make_unique<EspPlacer>(*context.esp, context);
-    if (esp->CanPlace()) return esp;
+  if (context.elastic != nullptr) {
+    auto elastic = std::make_unique<ElasticPlacer>(*context.elastic, context);
+    if (elastic->CanPlace()) return elastic;
   }
   auto both = std::make_unique<BothPlacer>(*context.instances);
   if (both->CanPlace()) return both;

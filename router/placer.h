@@ -6,7 +6,7 @@
 //
 //   colocated (BothPlacer):    [prefill]
 //   P/D (PdPlacer):            [prefill -> decode]
-//   elastic (EspPlacer):       [sampler -> master0 -> master1 ...]
+//   elastic (ElasticPlacer):       [sampler -> master0 -> master1 ...]
 //
 //   std::unique_ptr<Placer> placer = ChoosePlacer(context);
 //   placer->Place({.id = id, ...}, [call](absl::StatusOr<Placement> p) { ... });
@@ -15,7 +15,7 @@
 //
 // A placer can place (CanPlace) while the instance table has healthy
 // instances of its roles; ChoosePlacer takes the first that can of elastic
-// (router --esp), role both, then prefill and decode.
+// (router --elastic), role both, then prefill and decode.
 //
 // Thread-safe. on_placed may run inline in Place, or later on another
 // thread (elastic: the pool's loop), never under a lock of the placer.
@@ -39,7 +39,7 @@
 
 namespace mmserve::router {
 
-class EspPool;
+class ElasticPool;
 struct RouterContext;
 
 // How a carrier gives the tokens to the next one of the order.
@@ -51,8 +51,8 @@ enum class HandOver : uint8_t {
   kKvHandedOff,
   // Elastic sampler: after its first token, or when it closes OK without one.
   kFirstToken,
-  // Elastic master: its batch with esp_moved (not relayed); the call passes
-  // that state to the next master (EspMoveMaster).
+  // Elastic master: its batch with elastic_moved (not relayed); the call passes
+  // that state to the next master (ElasticMoveMaster).
   kMasterMoved,
 };
 
@@ -68,14 +68,14 @@ struct Placement {
   enum class Flow : uint8_t {
     kColocated,      // a Prefill stream on instances[0] (role both, or elastic degree 1)
     kDisaggregated,  // a Decode stream on instances[1]; once it holds the request, Prefill on [0]
-    kElastic,        // an EspPrefill stream on every member of `plan`
+    kElastic,        // an ElasticPrefill stream on every member of `plan`
   };
   Flow flow = Flow::kColocated;
   // The language instances, one stream each: charged the call's tokens,
   // and their loss ends it. The first receives the images.
   std::vector<std::shared_ptr<Instance>> instances;
   // Elastic groups only: the plan, each member's endpoint filled in.
-  std::optional<internal::v1::EspPlan> plan;
+  std::optional<internal::v1::ElasticPlan> plan;
   // Non-empty; the last hands over kNever.
   std::vector<Carrier> carriers;
 };
@@ -84,7 +84,7 @@ struct Placement {
 struct PlaceRequest {
   std::string id;
   const mmserve::v1::GenerateRequest* request = nullptr;
-  const std::vector<PreparedImage>* images = nullptr;
+  const std::vector<PreparedMedia>* images = nullptr;
   std::chrono::system_clock::time_point deadline;
 };
 
@@ -128,23 +128,23 @@ class PdPlacer final : public Placer {
   InstanceTable& table_;
 };
 
-// router --esp: the elastic pool (esp_pool.h) places the request once it
+// router --elastic: the elastic pool (elastic_pool.h) places the request once it
 // has KV slots for it, on one instance (degree 1, colocated) or a group.
-class EspPlacer final : public Placer {
+class ElasticPlacer final : public Placer {
  public:
-  EspPlacer(EspPool& pool, const RouterContext& context) : pool_(pool), context_(context) {}
+  ElasticPlacer(ElasticPool& pool, const RouterContext& context) : pool_(pool), context_(context) {}
   bool CanPlace() const override;
-  // The request's size (esp_prompt.h) first: an error is the placement's.
+  // The request's size (elastic_prompt.h) first: an error is the placement's.
   void Place(const PlaceRequest& request, OnPlaced on_placed) override;
   void PhaseChanged(const std::string& id, CallPhase phase, size_t carrier) override;
   void Released(const std::string& id) override;
 
  private:
-  EspPool& pool_;
+  ElasticPool& pool_;
   const RouterContext& context_;
 };
 
-// The placer for a new call: elastic under router --esp while it has an
+// The placer for a new call: elastic under router --elastic while it has an
 // elastic instance, else role both, else P/D (which refuses with
 // UNAVAILABLE when it has no pair either).
 std::unique_ptr<Placer> ChoosePlacer(const RouterContext& context);

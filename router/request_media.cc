@@ -113,9 +113,9 @@ absl::Status ValidateVideos(const RouterOptions& options,
   return absl::OkStatus();
 }
 
-absl::StatusOr<PreparedImage> PrepareVideo(const RouterOptions& options,
+absl::StatusOr<PreparedMedia> PrepareVideo(const RouterOptions& options,
                                            const mmserve::v1::Video& video, size_t k) {
-  PreparedImage out;
+  PreparedMedia out;
   out.video = true;
   out.hash = model::VideoContentHash(video);
   if (!options.presize) {
@@ -127,7 +127,7 @@ absl::StatusOr<PreparedImage> PrepareVideo(const RouterOptions& options,
   }
   model::DecodeLimits frame_limits;
   frame_limits.max_pixels = options.max_image_pixels;
-  absl::StatusOr<model::ImageGrid> g = model::VideoGridFromHeaders(
+  absl::StatusOr<model::MediaGrid> g = model::VideoGridFromHeaders(
       video, *options.config.preprocessor, options.video_limits, frame_limits);
   if (!g.ok()) {
     return Invalid(

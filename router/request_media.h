@@ -6,7 +6,7 @@
 // before anything is decoded. Pure functions, thread-safe.
 //
 //   for (const MediaPart& m : RequestMedia(request)) { m.image or m.video }
-//   ASSIGN_OR_RETURN(PreparedImage p, PrepareVideo(options, *m.video, k));
+//   ASSIGN_OR_RETURN(PreparedMedia p, PrepareVideo(options, *m.video, k));
 #ifndef MMSERVE_ROUTER_REQUEST_MEDIA_H_
 #define MMSERVE_ROUTER_REQUEST_MEDIA_H_
 
@@ -36,7 +36,7 @@ std::vector<MediaPart> RequestMedia(const mmserve::v1::GenerateRequest& request)
 
 // Media index k's content hash (bytes and sampling options) and, with
 // options.presize, its exact grid from the headers, every limit checked.
-[[nodiscard]] absl::StatusOr<PreparedImage> PrepareVideo(const RouterOptions& options,
+[[nodiscard]] absl::StatusOr<PreparedMedia> PrepareVideo(const RouterOptions& options,
                                                          const mmserve::v1::Video& video, size_t k);
 
 }  // namespace mmserve::router

@@ -111,11 +111,11 @@ absl::Status ValidateRequest(const RouterOptions& options,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<PreparedImage>> PrepareRequest(
+absl::StatusOr<std::vector<PreparedMedia>> PrepareRequest(
     const RouterOptions& options, const mmserve::v1::GenerateRequest& request) {
   RETURN_IF_ERROR(ValidateRequest(options, request));
   const std::vector<MediaPart> media = RequestMedia(request);
-  std::vector<PreparedImage> out(media.size());
+  std::vector<PreparedMedia> out(media.size());
   for (size_t k = 0; k < media.size(); ++k) {
     if (media[k].video != nullptr) {
       ASSIGN_OR_RETURN(out[k], PrepareVideo(options, *media[k].video, k));
@@ -131,7 +131,7 @@ absl::StatusOr<std::vector<PreparedImage>> PrepareRequest(
       return Invalid(absl::StrCat("image ", k, " is ", h->width, "x", h->height,
                                   " pixels; at most ", options.max_image_pixels, " pixels"));
     }
-    absl::StatusOr<model::ImageGrid> g =
+    absl::StatusOr<model::MediaGrid> g =
         model::SmartResize(h->width, h->height, model::GridParamsFor(*options.config.preprocessor));
     if (!g.ok()) return Invalid(absl::StrCat("image ", k, ": ", g.status().message()));
     out[k].grid = *g;

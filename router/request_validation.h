@@ -2,7 +2,7 @@
 // front ends: everything decided before any backend is called. Pure
 // functions, no I/O, thread-safe.
 //
-//   ASSIGN_OR_RETURN(std::vector<PreparedImage> images, PrepareRequest(options, request));
+//   ASSIGN_OR_RETURN(std::vector<PreparedMedia> images, PrepareRequest(options, request));
 //   // images[k].hash places image k; images[k].grid (when options.presize)
 //   // tells the language side how many embedding rows to allocate.
 //
@@ -62,19 +62,19 @@ std::vector<const mmserve::v1::Image*> RequestImages(const mmserve::v1::Generate
 [[nodiscard]] absl::Status ValidateRequest(const RouterOptions& options,
                                            const mmserve::v1::GenerateRequest& request);
 
-struct PreparedImage {
+struct PreparedMedia {
   // XXH3-128 of an image's bytes; model::VideoContentHash of a video.
   ContentHash hash;
   bool video = false;
   // The exact grid from the image header and the encoder's smart resize;
   // empty when options.presize is off.
-  std::optional<model::ImageGrid> grid;
+  std::optional<model::MediaGrid> grid;
 };
 
 // ValidateRequest, then every image's and video's content hash (in
 // RequestMedia order) and, with options.presize, its header read and limits
 // and its grid.
-[[nodiscard]] absl::StatusOr<std::vector<PreparedImage>> PrepareRequest(
+[[nodiscard]] absl::StatusOr<std::vector<PreparedMedia>> PrepareRequest(
     const RouterOptions& options, const mmserve::v1::GenerateRequest& request);
 
 }  // namespace mmserve::router

@@ -19,7 +19,7 @@ class Tokenizer;
 
 namespace mmserve::router {
 
-class EspPool;
+class ElasticPool;
 class MediaFetcher;
 struct MediaFetchMetrics;
 
@@ -29,9 +29,9 @@ struct RouterContext {
   const CallMetrics* metrics = nullptr;
   // API keys and per-client caps of the public API; null: open, no cap.
   PublicAccess* access = nullptr;
-  // router --esp: the elastic manager (requests go to it while it has a
+  // router --elastic: the elastic manager (requests go to it while it has a
   // healthy elastic instance) and the tokenizer it sizes prompts with.
-  EspPool* esp = nullptr;
+  ElasticPool* elastic = nullptr;
   const model::Tokenizer* tokenizer = nullptr;
   // Fetches Image.url / Video.url (router/request_fetch.h); null or
   // disabled: a URL is refused.

@@ -26,8 +26,8 @@
 #include "common/metrics.h"
 #include "common/service_process.h"
 #include "common/status_macros.h"
-#include "router/esp_pool.h"
-#include "router/esp_step_models.h"
+#include "router/elastic_pool.h"
+#include "router/elastic_step_models.h"
 #include "router/generate_call.h"
 #include "router/http_frontend.h"
 #include "router/input_limits.h"
@@ -94,20 +94,22 @@ ABSL_FLAG(std::string, media_fetch_allow_private_cidrs, "",
 ABSL_FLAG(std::string, media_ca_file, "",
           "PEM CA bundle that https media servers are verified against (empty: the system's)");
 
-ABSL_FLAG(bool, esp, false,
+ABSL_FLAG(bool, elastic, false,
           "elastic sequence parallelism: pool the --role=elastic instances under the global "
           "manager (one instance or a group per request; docs/elastic.md)");
-ABSL_FLAG(int, esp_tick_ms, 20, "--esp: the manager's iteration period (also on arrival and end)");
-ABSL_FLAG(int, esp_max_queue_ms, 60000,
-          "--esp: a request waiting longer for KV slots ends RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, esp_max_pending, 1024,
-          "--esp: queued requests; more are refused RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, esp_max_degree, 4, "--esp: the largest group (with the default step models)");
-ABSL_FLAG(double, esp_max_prefill_s, 1.0,
-          "--esp: the manager's cap on a dispatch's predicted prefill time, seconds");
-ABSL_FLAG(std::string, esp_step_models, "",
-          "--esp: a file of fitted per-degree prefill step models, lines \"degree a b c\" "
-          "(T = a + b S + c S^2 seconds); empty: the default (router/esp_step_models.h)");
+ABSL_FLAG(int, elastic_tick_ms, 20,
+          "--elastic: the manager's iteration period (also on arrival and end)");
+ABSL_FLAG(int, elastic_max_queue_ms, 60000,
+          "--elastic: a request waiting longer for KV slots ends RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, elastic_max_pending, 1024,
+          "--elastic: queued requests; more are refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, elastic_max_degree, 4,
+          "--elastic: the largest group (with the default step models)");
+ABSL_FLAG(double, elastic_max_prefill_s, 1.0,
+          "--elastic: the manager's cap on a dispatch's predicted prefill time, seconds");
+ABSL_FLAG(std::string, elastic_step_models, "",
+          "--elastic: a file of fitted per-degree prefill step models, lines \"degree a b c\" "
+          "(T = a + b S + c S^2 seconds); empty: the default (router/elastic_step_models.h)");
 
 namespace mmserve::router {
 namespace {
@@ -304,46 +306,47 @@ int Serve(RouterContext& context, CallTracker& tracker, metrics::Registry& regis
   return 0;
 }
 
-// --esp's pool options.
-absl::StatusOr<EspPoolOptions> EspOptionsFromFlags() {
-  EspPoolOptions o;
-  if (absl::GetFlag(FLAGS_esp_tick_ms) < 1 || absl::GetFlag(FLAGS_esp_max_queue_ms) < 1 ||
-      absl::GetFlag(FLAGS_esp_max_pending) < 1 || absl::GetFlag(FLAGS_esp_max_degree) < 1) {
+// --elastic's pool options.
+absl::StatusOr<ElasticPoolOptions> ElasticOptionsFromFlags() {
+  ElasticPoolOptions o;
+  if (absl::GetFlag(FLAGS_elastic_tick_ms) < 1 || absl::GetFlag(FLAGS_elastic_max_queue_ms) < 1 ||
+      absl::GetFlag(FLAGS_elastic_max_pending) < 1 || absl::GetFlag(FLAGS_elastic_max_degree) < 1) {
     return absl::InvalidArgumentError(
-        "--esp_tick_ms, --esp_max_queue_ms, --esp_max_pending and --esp_max_degree must be >= 1");
+        "--elastic_tick_ms, --elastic_max_queue_ms, --elastic_max_pending and --elastic_max_degree "
+        "must be >= 1");
   }
   if (!absl::GetFlag(FLAGS_presize)) {
-    return absl::InvalidArgumentError("--esp needs --presize (a group plan splits exact rows)");
+    return absl::InvalidArgumentError("--elastic needs --presize (a group plan splits exact rows)");
   }
-  o.tick = absl::Milliseconds(absl::GetFlag(FLAGS_esp_tick_ms));
-  o.max_queue_wait = absl::Milliseconds(absl::GetFlag(FLAGS_esp_max_queue_ms));
-  o.max_pending = static_cast<size_t>(absl::GetFlag(FLAGS_esp_max_pending));
-  o.config.max_prefill_seconds = absl::GetFlag(FLAGS_esp_max_prefill_s);
-  const std::string file = absl::GetFlag(FLAGS_esp_step_models);
+  o.tick = absl::Milliseconds(absl::GetFlag(FLAGS_elastic_tick_ms));
+  o.max_queue_wait = absl::Milliseconds(absl::GetFlag(FLAGS_elastic_max_queue_ms));
+  o.max_pending = static_cast<size_t>(absl::GetFlag(FLAGS_elastic_max_pending));
+  o.config.max_prefill_seconds = absl::GetFlag(FLAGS_elastic_max_prefill_s);
+  const std::string file = absl::GetFlag(FLAGS_elastic_step_models);
   if (file.empty()) {
-    o.config.per_degree = DefaultEspStepModels(absl::GetFlag(FLAGS_esp_max_degree));
+    o.config.per_degree = DefaultElasticStepModels(absl::GetFlag(FLAGS_elastic_max_degree));
   } else {
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
-    ASSIGN_OR_RETURN(o.config.per_degree, ParseEspStepModels(text));
+    ASSIGN_OR_RETURN(o.config.per_degree, ParseElasticStepModels(text));
   }
   return o;
 }
 
-// Runs the router, with the elastic manager under --esp.
-int ServeWithEsp(RouterContext& context, CallTracker& tracker, metrics::Registry& registry,
-                 EventLoop& loop) {
-  if (!absl::GetFlag(FLAGS_esp)) return Serve(context, tracker, registry);
-  auto options = EspOptionsFromFlags();
+// Runs the router, with the elastic manager under --elastic.
+int ServeWithElastic(RouterContext& context, CallTracker& tracker, metrics::Registry& registry,
+                     EventLoop& loop) {
+  if (!absl::GetFlag(FLAGS_elastic)) return Serve(context, tracker, registry);
+  auto options = ElasticOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   auto tokenizer = model::Tokenizer::FromFile(absl::GetFlag(FLAGS_model_dir) + "/tokenizer.json");
   if (!tokenizer.ok()) return Fail(tokenizer.status());
-  EspPool pool(*context.instances, registry, loop, *std::move(options));
-  context.esp = &pool;
+  ElasticPool pool(*context.instances, registry, loop, *std::move(options));
+  context.elastic = &pool;
   context.tokenizer = tokenizer->get();
   pool.Start();
   const int rc = Serve(context, tracker, registry);
   pool.Stop();
-  context.esp = nullptr;
+  context.elastic = nullptr;
   return rc;
 }
 
@@ -361,7 +364,7 @@ int Main() {
   if (!media.ok()) return Fail(media.status());
   auto table_options = TableOptionsFromFlags();
   if (!table_options.ok()) return Fail(table_options.status());
-  table_options->pool_elastic = absl::GetFlag(FLAGS_esp);
+  table_options->pool_elastic = absl::GetFlag(FLAGS_elastic);
   // The router's periodic work (the elastic pool's iterations) runs here.
   EventLoop loop({.name = "router"});
   InstanceTable table(*table_options);
@@ -389,7 +392,7 @@ int Main() {
   table.SetDownListener([&tracker](const std::string& id) { tracker.OnInstanceDown(id); });
   AddGauges(registry, table, tracker);
   table.Start(loop);
-  const int rc = ServeWithEsp(context, tracker, registry, loop);
+  const int rc = ServeWithElastic(context, tracker, registry, loop);
   table.Stop();
   LOG(INFO) << "router: stopped";
   return rc;

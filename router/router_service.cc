@@ -250,7 +250,7 @@ mmserve::v1::ListModelsResponse DescribeModels(const RouterContext& context) {
   card->set_vocab_size(static_cast<uint32_t>(c.text.vocab_size));
   card->set_encoder_instances(
       static_cast<uint32_t>(context.instances->Healthy(Role::kEncoder).size()));
-  // Elastic instances (router --esp) prefill and decode like role both.
+  // Elastic instances (router --elastic) prefill and decode like role both.
   const size_t both = context.instances->Healthy(Role::kLanguage).size() +
                       context.instances->Healthy(Role::kElastic).size();
   card->set_prefill_instances(

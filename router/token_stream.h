@@ -1,6 +1,6 @@
 // A TokenBatch stream from a language instance, as a gRPC client reactor:
 // PrefillStream (Language.Prefill, roles both and prefill), DecodeStream
-// (Language.Decode, role decode) or EspStream (Language.EspPrefill, one
+// (Language.Decode, role decode) or ElasticStream (Language.ElasticPrefill, one
 // member of an elastic group). Each batch and the end go to the
 // handlers, on gRPC's threads; the handlers are dropped after on_done.
 //
@@ -41,9 +41,9 @@ inline void StartTokenRpc(internal::v1::Language::Stub& stub, grpc::ClientContex
   stub.async()->Decode(ctx, request, reactor);
 }
 inline void StartTokenRpc(internal::v1::Language::Stub& stub, grpc::ClientContext* ctx,
-                          const internal::v1::EspPrefillRequest* request,
+                          const internal::v1::ElasticPrefillRequest* request,
                           grpc::ClientReadReactor<internal::v1::TokenBatch>* reactor) {
-  stub.async()->EspPrefill(ctx, request, reactor);
+  stub.async()->ElasticPrefill(ctx, request, reactor);
 }
 
 template <typename Request>
@@ -87,7 +87,7 @@ class TokenStream final : public grpc::ClientReadReactor<internal::v1::TokenBatc
 
 using PrefillStream = TokenStream<internal::v1::PrefillRequest>;
 using DecodeStream = TokenStream<internal::v1::DecodeRequest>;
-using EspStream = TokenStream<internal::v1::EspPrefillRequest>;
+using ElasticStream = TokenStream<internal::v1::ElasticPrefillRequest>;
 
 }  // namespace mmserve::router
 

@@ -1,7 +1,7 @@
 // Role elastic through the whole stack: router + encoder +
 // `--role=elastic` language processes. One instance under a router without
-// --esp serves requests as role both. Two with pools of about 2k tokens
-// (--kv_cache_mb=3) under `router --esp` (the elastic manager), one stack
+// --elastic serves requests as role both. Two with pools of about 2k tokens
+// (--kv_cache_mb=3) under `router --elastic` (the elastic manager), one stack
 // per transport (shm and tcp), serve the demo evaluation's image questions
 // (each fits one instance: degree 1), a 3k-token text prompt and a 3k-token
 // prompt with an image whose rows the group's members split (degree 2):
@@ -153,7 +153,7 @@ constexpr char kImage[] = "<|vision_start|><|image_pad|><|vision_end|>";
 
 // A raw prompt of text, one image, text, whose image rows straddle the
 // middle row: a degree-2 group's plan splits the rows there
-// (router/esp_group_plan.h: member m of n computes [len m / n,
+// (router/elastic_group_plan.h: member m of n computes [len m / n,
 // len (m + 1) / n)), so each member embeds part of the image and attends
 // the other part over the exchange.
 struct ImagePrompt {
@@ -182,7 +182,7 @@ constexpr int kLongPrompt = 3000;
 const char* const kProfiles[] = {"shm", "tcp"};
 const char* const kTcpOnly[] = {"tcp"};  // master moves: the kills over shm are covered above
 
-// Two elastic instances of small pools under router --esp over `profile`;
+// Two elastic instances of small pools under router --elastic over `profile`;
 // `args` go to both. Under sanitizers a layer of a 3k-token group prefill
 // took over the default 2 s layer timeout here (ASan, load 12 on 2 cores):
 // they get 10 s (kills are seen by the peers' liveness, not by timeouts).
@@ -191,7 +191,7 @@ absl::StatusOr<std::unique_ptr<launcher::LocalStack>> SmallElasticStack(
   launcher::StackOptions o = TestStackOptions(1, profile);
   o.elastic = 2;
   o.language_args.push_back(kSmallPool);
-  if (kSanitizerSlowdown > 1) o.language_args.push_back("--esp_layer_timeout_ms=10000");
+  if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
   o.language_args.insert(o.language_args.end(), args.begin(), args.end());
   return launcher::LocalStack::Start(o);
 }
@@ -233,8 +233,8 @@ void CheckGroupBytesMoved(launcher::LocalStack& stack, const std::string& text, 
   const double decode = rounds * decode_steps * layers * (query + reply);
   for (const std::string dir : {"sent", "received"}) {
     INFO(dir);
-    CHECK(BytesMoved(stack, "esp_prefill", dir) == prefill);
-    CHECK(BytesMoved(stack, "esp_decode", dir) == decode);
+    CHECK(BytesMoved(stack, "elastic_prefill", dir) == prefill);
+    CHECK(BytesMoved(stack, "elastic_decode", dir) == decode);
     CHECK(BytesMoved(stack, "handoff", dir) == 0);
   }
 }
@@ -265,7 +265,7 @@ TEST_CASE(
     REQUIRE(stack.ok());
     AskDemoQuestions(**stack, kQuestions);
     // Degree 1 moves no KV between instances.
-    for (const std::string kind : {"esp_prefill", "esp_decode", "handoff"}) {
+    for (const std::string kind : {"elastic_prefill", "elastic_decode", "handoff"}) {
       for (const std::string dir : {"sent", "received"}) {
         INFO(kind << " " << dir);
         CHECK(BytesMoved(**stack, kind, dir) == 0);
@@ -282,13 +282,14 @@ TEST_CASE(
     REQUIRE(i.status.ok());
     CHECK(i.token_ids == image_ref.ids);
     const int router_metrics = (*stack)->router().metrics_port();
-    CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"1\"") ==
+    CHECK(ScrapeMetric(router_metrics, "mmserve_router_elastic_requests_total", "degree=\"1\"") ==
           kQuestions);
-    CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"2\"") == 2);
+    CHECK(ScrapeMetric(router_metrics, "mmserve_router_elastic_requests_total", "degree=\"2\"") ==
+          2);
     const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));
     INFO(leaks.ToString());
     CHECK(leaks.zero());
-    CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_promised_slots") == 0);
+    CHECK(ScrapeMetric(router_metrics, "mmserve_router_elastic_promised_slots") == 0);
   }
 }
 
@@ -306,7 +307,7 @@ TEST_CASE("a member killed mid-prefill ends the call UNAVAILABLE within 2 s, sur
   for (const std::string profile : kProfiles) {
     INFO(profile);
     // Each layer of a group prefill waits 400 ms: the kill lands mid-exchange.
-    auto stack = SmallElasticStack(profile, {"--test_esp_step_delay_ms=400"});
+    auto stack = SmallElasticStack(profile, {"--test_elastic_step_delay_ms=400"});
     REQUIRE(stack.ok());
     auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
     const std::vector<std::string> internals = StackInternals(**stack);
@@ -351,7 +352,7 @@ void KillMidDecode(int victim, int prompt = kLongPrompt, int max_tokens = 300, i
   for (const std::string profile : profiles) {
     INFO(profile);
     // Decode steps of 30 ms: 300 tokens take 9 s.
-    auto stack = SmallElasticStack(profile, {"--test_esp_step_delay_ms=30"});
+    auto stack = SmallElasticStack(profile, {"--test_elastic_step_delay_ms=30"});
     REQUIRE(stack.ok());
     auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
     const std::vector<std::string> internals = StackInternals(**stack);
@@ -403,12 +404,12 @@ TEST_CASE("a decode tail past the first master's pool: the master moves, the eng
   REQUIRE(a.status.ok());
   CHECK(a.token_ids == ref);
   const int router_metrics = (*stack)->router().metrics_port();
-  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_requests_total", "degree=\"2\"") == 1);
-  CHECK(ScrapeMetric(router_metrics, "mmserve_router_esp_master_moves_total") == 1);
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_elastic_requests_total", "degree=\"2\"") == 1);
+  CHECK(ScrapeMetric(router_metrics, "mmserve_router_elastic_master_moves_total") == 1);
   double moves = 0;
   for (int i = 0; i < 2; ++i) {
     moves += ScrapeMetric((*stack)->elastic(i).metrics_port(),
-                          "mmserve_language_esp_master_moves_total");
+                          "mmserve_language_elastic_master_moves_total");
   }
   CHECK(moves == 1);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));

@@ -106,9 +106,9 @@ std::vector<int32_t> InProcess(const std::string& model, const Prompt& p) {
     const model::RgbImage rgb = model::DecodeImage(ImageBytes(), model::DecodeLimits()).value();
     media.push_back(model::PreprocessImage(rgb, *config.preprocessor).value());
     for (const model::ImagePatches& m : media) {
-      worker::ImageEmbedding e;
+      worker::MediaEmbedding e;
       e.grid = m.grid;
-      e.values = tower->Forward(m.values, std::vector<model::ImageGrid>{m.grid}).value();
+      e.values = tower->Forward(m.values, std::vector<model::MediaGrid>{m.grid}).value();
       req.image_embeddings.push_back(std::move(e));
     }
   }
@@ -174,7 +174,7 @@ launcher::StackOptions StackFor(const Case& c) {
     case Topology::kElastic:
       o.elastic = 2;
       o.language_args = {"--kv_cache_mb=1", "--threads=1"};
-      if (kSanitizerSlowdown > 1) o.language_args.push_back("--esp_layer_timeout_ms=10000");
+      if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
       break;
   }
   return o;
@@ -204,7 +204,7 @@ TEST_CASE("Qwen2.5-VL, Qwen3 and Qwen3-MoE through the stack give the engine's t
     CHECK(a.token_ids == want);
     if (c.topology == Topology::kElastic) {
       // The prompt went to a group: neither instance's pool holds it.
-      CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
+      CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_elastic_requests_total",
                          "degree=\"2\"") == 1);
     }
     const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));

@@ -2,7 +2,7 @@
 // them (INVALID_ARGUMENT over gRPC, 400 over HTTP, the field named), and the
 // language processes apply them in their one sampler, so a role-both stack,
 // E + P + D with a TP=2 decode instance and elastic instances under
-// `router --esp` (alone, and as a group of two for a prompt beyond one
+// `router --elastic` (alone, and as a group of two for a prompt beyond one
 // pool) all give the in-process engine's tokens for the same seeded or
 // greedy parameters; the HTTP API (/v1/chat/completions, and
 // /v1/completions with and without echo) gives the gRPC API's text. A
@@ -433,7 +433,7 @@ TEST_CASE("E + P + D with a TP=2 decode instance: the in-process engine's penali
   CHECK(leaks.zero());
 }
 
-TEST_CASE("elastic instances under router --esp: the in-process engine's penalised tokens") {
+TEST_CASE("elastic instances under router --elastic: the in-process engine's penalised tokens") {
   launcher::StackOptions o = TestStackOptions(1, "shm");
   o.elastic = 2;
   auto stack = launcher::LocalStack::Start(o);
@@ -441,7 +441,7 @@ TEST_CASE("elastic instances under router --esp: the in-process engine's penalis
   REQUIRE(stack.ok());
   CheckStack(**stack);
   // The group path served them (degree 1: one member samples and decodes).
-  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total") ==
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_elastic_requests_total") ==
         kPrompts * static_cast<int>(Reference().cases.size()));
   CheckChoices(**stack, /*shared=*/false);
   CheckConstrainedOutput(**stack, /*refusals=*/false);
@@ -473,7 +473,7 @@ TEST_CASE(
   launcher::StackOptions o = TestStackOptions(1, "tcp");
   o.elastic = 2;
   o.language_args.push_back("--kv_cache_mb=3");  // about 2k tokens each
-  if (kSanitizerSlowdown > 1) o.language_args.push_back("--esp_layer_timeout_ms=10000");
+  if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
   auto stack = launcher::LocalStack::Start(o);
   INFO(stack.status());
   REQUIRE(stack.ok());
@@ -488,7 +488,7 @@ TEST_CASE(
     REQUIRE(a.status.ok());
     CHECK(a.token_ids == want[c]);
   }
-  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_esp_requests_total",
+  CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_elastic_requests_total",
                      "degree=\"2\"") == static_cast<double>(want.size()));
   CheckConstrainedPrompt(**stack, text);
   const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(10));

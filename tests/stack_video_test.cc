@@ -89,9 +89,9 @@ Answer InProcessVideo(const VideoCase& c) {
   req.id = "video";
   req.prompt = model::RenderQwen2VlChat({{"user", parts}}, model::ChatOptions()).value();
   for (const model::ImagePatches& p : media) {
-    worker::ImageEmbedding e;
+    worker::MediaEmbedding e;
     e.grid = p.grid;
-    e.values = tower->Forward(p.values, std::vector<model::ImageGrid>{p.grid}).value();
+    e.values = tower->Forward(p.values, std::vector<model::MediaGrid>{p.grid}).value();
     req.image_embeddings.push_back(std::move(e));
   }
   REQUIRE(req.image_embeddings[0].grid.kind == model::MediaKind::kVideo);

@@ -15,7 +15,7 @@ configuration, so `bazel test //...` has usually built them already).
 Metrics come from the source: every GetCounter, GetGauge, GetHistogram and
 AddGaugeCallback call in the C++ that goes into the services (tests, benches
 and fuzzers left out). Families are created when their code first runs (some
-only in one role, some only with --esp), so a scrape of one process shows a
+only in one role, some only with --elastic), so a scrape of one process shows a
 subset; reading the source lists them all. A call whose metric name is not a
 string literal, or whose help is neither a literal nor a `const char*` /
 `std::string` variable initialised with literals in the same file, is an
@@ -271,8 +271,8 @@ def metrics_page(families):
         "source (tests, benches and fuzzers left out) and refuses one whose name or",
         "help it cannot read. The source is the complete list: a process creates a",
         "family when its code path first runs, so a fresh process, or one in another",
-        "role, exports only part of it (the `mmserve_router_esp_*` families appear",
-        "only with `--esp`, the request counters after the first request).",
+        "role, exports only part of it (the `mmserve_router_elastic_*` families appear",
+        "only with `--elastic`, the request counters after the first request).",
         "`tools/docs_test.py` fails when this page is not what the generator writes,",
         "and checks that every family a live stack exports is listed here.",
         "",

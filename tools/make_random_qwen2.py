@@ -13,7 +13,7 @@ loads the vision tower). About 1 GB.
     # fewer decoder layers (quicker benchmarks of what is not the layers):
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4
     # a small vocabulary (the demo tokenizer's ids are below 1038), so that
-    # the LM head does not outweigh a few layers (esp_experiment.sh):
+    # the LM head does not outweigh a few layers (elastic_experiment.sh):
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-2l --layers 2 --vocab 2048
     # Qwen2's real vocabulary (bench:constrained_bench):
     python3 tools/make_random_qwen2.py --out /tmp/qwen2-4l --layers 4 \\

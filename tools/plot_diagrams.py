@@ -107,7 +107,7 @@ def pd_tp_handoff(path):
 
 def elastic_group(path):
     fig, ax = canvas(11, 6.6)
-    ax.text(0.2, 6.35, "A long prompt on  --elastic=3  (router --esp)", fontsize=12,
+    ax.text(0.2, 6.35, "A long prompt on  --elastic=3  (router --elastic)", fontsize=12,
             fontweight="bold")
     legend(ax, 7.6, 6.4)
     box(ax, 3.3, 4.65, 4.4, 1.35, "router: elastic manager",
@@ -122,7 +122,7 @@ def elastic_group(path):
         box(ax, x, 1.55, 3.0, 1.75, f"{name}  (--role=elastic)", body, title_size=9)
     for x in xs:
         arrow(ax, (5.5, 4.65), (x + 1.5, 3.3), "", rad=0.0)
-    ax.text(5.55, 3.9, "1  EspPrefill(plan, member) to each member", fontsize=8, color=GRPC,
+    ax.text(5.55, 3.9, "1  ElasticPrefill(plan, member) to each member", fontsize=8, color=GRPC,
             ha="center", bbox=dict(fc="white", ec="none", pad=0.5))
     arrow(ax, (3.3, 2.55), (3.9, 2.55), "", color=UCX, style="<|-|>")
     arrow(ax, (6.9, 2.55), (7.5, 2.55), "", color=UCX, style="<|-|>")
@@ -136,7 +136,7 @@ def elastic_group(path):
     arrow(ax, (9.3, 3.3), (7.7, 5.0), "4  tokens", dashed=True, rad=-0.2, offset=(0.7, 0.0))
     ax.text(0.3, -0.85, "No KV is copied after the prefill: each member keeps the rows of its "
             "own span (proactive scale-down). A plan may give\nthe decode tail to several "
-            "members: the master then moves (EspMoveMaster), again without moving KV.",
+            "members: the master then moves (ElasticMoveMaster), again without moving KV.",
             fontsize=8, va="top", color="#404040")
     ax.set_ylim(-1.4, 6.6)
     fig.savefig(path, dpi=110, bbox_inches="tight")

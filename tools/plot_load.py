@@ -24,14 +24,14 @@ error bars; lines with a "sweep" field get their own row) and the one PNG is
   <out>_disagg.png   per mix (one row each): goodput, TTFT p99 and TPOT p99
                      against request_rate, colocated against disaggregated
 
-With --esp, the input is bench/loadgen/esp_experiment.sh output (its loadgen
+With --elastic, the input is bench/loadgen/elastic_experiment.sh output (its loadgen
 lines with "config", its probe lines and its summary line; rounds reduced to
 their median, min-max as error bars) and the one PNG is
 
-  <out>_esp.png      goodput, SLO attainment and TTFT p99 against
+  <out>_elastic.png      goodput, SLO attainment and TTFT p99 against
                      request_rate for elastic, static data parallel, P/D
                      and one 2-thread instance, and the longest prompt each
-                     served (probe), with esp_bench's ratios in the title
+                     served (probe), with elastic_bench's ratios in the title
 
 With --seed003, the input is bench:seed003_bench output (its JSON lines;
 runs with the same label and interval are reduced to their median, their
@@ -167,13 +167,13 @@ def plot_disagg(paths, out):
     print("wrote " + out + "_disagg.png")
 
 
-ESP_CONFIGS = (("elastic", "elastic 2 x 1 thread (router --esp)", "o-"),
+ELASTIC_CONFIGS = (("elastic", "elastic 2 x 1 thread (router --elastic)", "o-"),
                ("static_dp", "static data parallel 2 x 1", "s--"),
                ("pd", "P/D 1 + 1", "^:"),
                ("single_2t", "one instance, 2 threads", "x-."))
 
 
-def plot_esp(paths, out):
+def plot_elastic(paths, out):
     """Elastic sequence parallelism against the static configurations."""
     by = collections.defaultdict(list)  # (config, rate) -> runs
     probes, summary = {}, None
@@ -182,12 +182,12 @@ def plot_esp(paths, out):
             by[(j["config"], j["request_rate"])].append(j)
         elif "probe" in j:
             probes[j["probe"]] = j["longest_words"]
-        elif j.get("bench") == "esp_experiment":
+        elif j.get("bench") == "elastic_experiment":
             summary = j
     if not by:
-        sys.exit("plot_load.py: no esp experiment lines in " + " ".join(paths))
+        sys.exit("plot_load.py: no elastic experiment lines in " + " ".join(paths))
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
-    for config, name, style in ESP_CONFIGS:
+    for config, name, style in ELASTIC_CONFIGS:
         rates = sorted(r for (c, r) in by if c == config)
         for ax, key in zip(axes, ("goodput", "slo_attainment", "ttft_p99_ms")):
             vals = [[j[key] for j in by[(config, r)]] for r in rates]
@@ -197,7 +197,7 @@ def plot_esp(paths, out):
     axes[2].set_yscale("log")
     log2_rate_axes(axes, ("goodput (req/s)", "SLO attainment", "TTFT p99 (ms)"),
                    "offered load (req/s, Poisson)", 7)
-    names = [c for c, _, _ in ESP_CONFIGS if c in probes]
+    names = [c for c, _, _ in ELASTIC_CONFIGS if c in probes]
     axes[3].bar(range(len(names)), [probes[c] for c in names], color="tab:blue")
     axes[3].set_xticks(range(len(names)))
     axes[3].set_xticklabels(names, fontsize=8)
@@ -207,15 +207,15 @@ def plot_esp(paths, out):
     title = "SLO: TTFT <= max(%g ms, %g ms x prompt words), TPOT <= %g ms" % (
         j["slo_ttft_ms"], j.get("slo_ttft_ms_per_prompt_token", 0), j["slo_tpot_ms"])
     if summary:
-        title += ("; esp_bench: TTFT dop2 %.2fx faster, decode spread %.2fx, ceiling %.2f; "
+        title += ("; elastic_bench: TTFT dop2 %.2fx faster, decode spread %.2fx, ceiling %.2f; "
                   "load avg %.1f-%.1f" % (summary["ttft_dop2_vs_dop1"],
                                           summary["decode_step_spread_ratio"],
                                           summary["parallel_ceiling"],
                                           *summary["loadavg_min_max"]))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out + "_esp.png", dpi=80)
-    print("wrote " + out + "_esp.png")
+    fig.savefig(out + "_elastic.png", dpi=80)
+    print("wrote " + out + "_elastic.png")
 
 
 def plot_seed003(paths, out):
@@ -260,12 +260,12 @@ def main():
                         help="disaggregation experiment lines: one _disagg.png")
     parser.add_argument("--seed003", action="store_true",
                         help="bench:seed003_bench lines: one _seed003.png")
-    parser.add_argument("--esp", action="store_true",
-                        help="esp experiment lines: one _esp.png")
+    parser.add_argument("--elastic", action="store_true",
+                        help="elastic experiment lines: one _elastic.png")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
-    if args.esp:
-        plot_esp(args.files, args.out)
+    if args.elastic:
+        plot_elastic(args.files, args.out)
         return
     if args.seed003:
         plot_seed003(args.files, args.out)

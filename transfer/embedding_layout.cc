@@ -9,16 +9,16 @@ namespace mmserve::transfer {
 namespace {
 
 // The M-RoPE position of token k in `grid`.
-void MropePosition(const ImageTokenGrid& grid, int64_t k, int32_t out[3]) {
+void MropePosition(const MediaTokenGrid& grid, int64_t k, int32_t out[3]) {
   const int64_t per_t = int64_t{grid.rows} * grid.cols;
   out[0] = static_cast<int32_t>(k / per_t * grid.time_step);
   out[1] = static_cast<int32_t>((k % per_t) / grid.cols);
   out[2] = static_cast<int32_t>(k % grid.cols);
 }
 
-absl::Status CheckFits(const ImageRowsHeader& header, absl::Span<const float> embedding,
+absl::Status CheckFits(const MediaRowsHeader& header, absl::Span<const float> embedding,
                        const BlockAllocation& blocks, const EmbeddingLayout& layout) {
-  const ImageTokenGrid& g = header.grid;
+  const MediaTokenGrid& g = header.grid;
   if (g.t <= 0 || g.rows <= 0 || g.cols <= 0 || g.num_tokens() > INT32_MAX || g.time_step < 0 ||
       int64_t{g.t - 1} * g.time_step > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("image grid ", g.t, " x ", g.rows, " x ", g.cols,
@@ -43,7 +43,7 @@ absl::Status CheckFits(const ImageRowsHeader& header, absl::Span<const float> em
 
 }  // namespace
 
-absl::Status EncodeImage(const ImageRowsHeader& header, absl::Span<const float> embedding,
+absl::Status EncodeImage(const MediaRowsHeader& header, absl::Span<const float> embedding,
                          const BlockAllocation& blocks, EmbeddingBuffer& buffer) {
   if (absl::Status s = CheckFits(header, embedding, blocks, buffer.layout()); !s.ok()) return s;
   const uint32_t n = static_cast<uint32_t>(header.grid.num_tokens());
@@ -61,7 +61,7 @@ absl::Status EncodeImage(const ImageRowsHeader& header, absl::Span<const float> 
   return absl::OkStatus();
 }
 
-absl::StatusOr<ImageTokenGrid> DecodeImageGrid(absl::string_view mrope, uint32_t num_tokens) {
+absl::StatusOr<MediaTokenGrid> DecodeImageGrid(absl::string_view mrope, uint32_t num_tokens) {
   const auto bad = [&] {
     return absl::DataLossError(
         absl::StrCat("M-RoPE section of ", num_tokens, " tokens does not describe a grid"));
@@ -80,7 +80,7 @@ absl::StatusOr<ImageTokenGrid> DecodeImageGrid(absl::string_view mrope, uint32_t
       int64_t{last[2]} >= int64_t{num_tokens}) {
     return bad();
   }
-  ImageTokenGrid grid{.t = 0, .rows = last[1] + 1, .cols = last[2] + 1};
+  MediaTokenGrid grid{.t = 0, .rows = last[1] + 1, .cols = last[2] + 1};
   const int64_t per_t = int64_t{grid.rows} * grid.cols;
   if (per_t > int64_t{num_tokens} || num_tokens % per_t != 0) return bad();
   grid.t = static_cast<int32_t>(num_tokens / per_t);

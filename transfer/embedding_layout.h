@@ -7,7 +7,7 @@
 //                                .grid = {.t = 1, .rows = 16, .cols = 16}},
 //                               embedding, blocks, buffer));
 //   // Language, from a received image:
-//   ASSIGN_OR_RETURN(ImageTokenGrid g,
+//   ASSIGN_OR_RETURN(MediaTokenGrid g,
 //                    DecodeImageGrid(image.Section(kMrope), image.total_tokens()));
 //
 // Per token k of n = t * rows * cols (row-major over the merged grid):
@@ -16,7 +16,7 @@
 //              caching sees the image's content)
 //   M-RoPE     {(k / (rows * cols)) * time_step, (k % (rows * cols)) / cols,
 //              k % cols}: time_step is 1 but for Qwen2.5-VL's videos, whose
-//              time axis is scaled to seconds (model::ImageGrid::time_step)
+//              time axis is scaled to seconds (model::MediaGrid::time_step)
 //   aux        {n, image_index, 0}
 // Stateless functions; thread-safe as far as the caller owns the blocks.
 #ifndef MMSERVE_TRANSFER_EMBEDDING_LAYOUT_H_
@@ -35,22 +35,22 @@ namespace mmserve::transfer {
 
 // An image's tokens after the spatial merge: t frames of rows x cols, the
 // M-RoPE time position advancing time_step per frame (>= 0).
-struct ImageTokenGrid {
+struct MediaTokenGrid {
   int32_t t = 0;
   int32_t rows = 0;
   int32_t cols = 0;
   int32_t time_step = 1;
 
   int64_t num_tokens() const { return int64_t{t} * rows * cols; }
-  bool operator==(const ImageTokenGrid& o) const {
+  bool operator==(const MediaTokenGrid& o) const {
     return t == o.t && rows == o.rows && cols == o.cols && time_step == o.time_step;
   }
 };
 
-struct ImageRowsHeader {
+struct MediaRowsHeader {
   uint32_t image_index = 0;
   int32_t fill_id = 0;
-  ImageTokenGrid grid;
+  MediaTokenGrid grid;
 };
 
 // The fill id of an image whose content hash has this low word.
@@ -62,14 +62,14 @@ inline int32_t ImageFillId(uint64_t content_hash_low) {
 // `blocks` in `buffer`. InvalidArgument when the grid is empty, when
 // `embedding` is not num_tokens x hidden_size floats, when the buffer does
 // not hold floats, or when the tokens do not fit `blocks`.
-[[nodiscard]] absl::Status EncodeImage(const ImageRowsHeader& header,
+[[nodiscard]] absl::Status EncodeImage(const MediaRowsHeader& header,
                                        absl::Span<const float> embedding,
                                        const BlockAllocation& blocks, EmbeddingBuffer& buffer);
 
 // The grid from an image's M-RoPE section (`num_tokens` x 3 int32, in token
 // order). DataLoss when the section is short or long, or when its positions
 // are not exactly those EncodeImage writes for some grid of num_tokens.
-[[nodiscard]] absl::StatusOr<ImageTokenGrid> DecodeImageGrid(absl::string_view mrope,
+[[nodiscard]] absl::StatusOr<MediaTokenGrid> DecodeImageGrid(absl::string_view mrope,
                                                              uint32_t num_tokens);
 
 }  // namespace mmserve::transfer

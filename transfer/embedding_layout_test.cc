@@ -34,7 +34,7 @@ std::string Mrope(const std::vector<int32_t>& positions) {
 TEST_CASE("an encoded image's sections decode back to its grid") {
   EmbeddingBuffer buffer(kLayout);
   const BlockAllocation blocks{.start_block = 2, .num_blocks = 4, .num_tokens = 12};
-  const ImageRowsHeader header{.image_index = 5,
+  const MediaRowsHeader header{.image_index = 5,
                                .fill_id = ImageFillId(0x80000000deadbeefull),
                                .grid = {.t = 2, .rows = 2, .cols = 3}};
   std::vector<float> embedding(12 * 3);
@@ -54,7 +54,7 @@ TEST_CASE("an encoded image's sections decode back to its grid") {
     CHECK(aux[3 * k + 1] == 5);
     CHECK(aux[3 * k + 2] == 0);
   }
-  absl::StatusOr<ImageTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
+  absl::StatusOr<MediaTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
   REQUIRE(grid.ok());
   CHECK(*grid == header.grid);
 }
@@ -63,9 +63,9 @@ TEST_CASE("a one-token image round-trips") {
   EmbeddingBuffer buffer(kLayout);
   const BlockAllocation blocks{.start_block = 0, .num_blocks = 1, .num_tokens = 1};
   REQUIRE(EncodeImage({.grid = {1, 1, 1}}, std::vector<float>(3, 1.0f), blocks, buffer).ok());
-  absl::StatusOr<ImageTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 1, kMrope), 1);
+  absl::StatusOr<MediaTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 1, kMrope), 1);
   REQUIRE(grid.ok());
-  CHECK(*grid == ImageTokenGrid{1, 1, 1});
+  CHECK(*grid == MediaTokenGrid{1, 1, 1});
 }
 
 TEST_CASE("encoding refuses what does not fit") {
@@ -132,13 +132,13 @@ TEST_CASE("a video's time step round-trips in its M-RoPE section, 0 included") {
     INFO("time step " << step);
     EmbeddingBuffer buffer(kLayout);
     const BlockAllocation blocks{.start_block = 0, .num_blocks = 3, .num_tokens = 12};
-    const ImageRowsHeader header{.grid = {.t = 3, .rows = 2, .cols = 2, .time_step = step}};
+    const MediaRowsHeader header{.grid = {.t = 3, .rows = 2, .cols = 2, .time_step = step}};
     REQUIRE(EncodeImage(header, std::vector<float>(12 * 3), blocks, buffer).ok());
     const std::vector<int32_t> m = Ints(Bytes(buffer, blocks, 12, kMrope));
     // Token 9: third frame, row 0, column 1.
     CHECK(std::vector<int32_t>(m.begin() + 27, m.begin() + 30) ==
           std::vector<int32_t>{2 * step, 0, 1});
-    absl::StatusOr<ImageTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
+    absl::StatusOr<MediaTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
     REQUIRE(grid.ok());
     CHECK(*grid == header.grid);
   }

@@ -7,11 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
-#include "transfer/image_crc.h"
+#include "transfer/media_crc.h"
 
 namespace mmserve::transfer {
 
-std::string ReceivedImage::Section(int section) const {
+std::string ReceivedMedia::Section(int section) const {
   std::string out = buffered_[section];
   if (tail_ != nullptr) {
     ByteRange r = buffer_->layout().ChunkInfo(tail_->allocation(), 0,
@@ -21,7 +21,7 @@ std::string ReceivedImage::Section(int section) const {
   return out;
 }
 
-std::optional<BlockAllocation> ReceivedImage::tail_blocks() const {
+std::optional<BlockAllocation> ReceivedMedia::tail_blocks() const {
   if (tail_ == nullptr) return std::nullopt;
   return tail_->allocation();
 }

@@ -6,12 +6,12 @@
 // complete) the receiver verifies the chunk's CRC32C and aux record. If more
 // remain, it keeps the chunk (copied out), frees the blocks, allocates the
 // remainder and sends resume(allocation, sent_tokens). The last chunk stays in
-// the buffer, owned by the ReceivedImage. A full pool makes the transfer wait
+// the buffer, owned by the ReceivedMedia. A full pool makes the transfer wait
 // for blocks (retried whenever blocks are freed) until its deadline.
 //
 //   receiver.Receive({.request_id = "r1", .sender = "encoder-0", .known_tokens = 0,
 //                     .timeout = absl::Seconds(5)},
-//                    [](absl::StatusOr<ReceivedImage> image) { ... });
+//                    [](absl::StatusOr<ReceivedMedia> image) { ... });
 //
 // Errors: DEADLINE_EXCEEDED (timeout, incl. waiting for blocks), UNAVAILABLE
 // (peer lost or the sender failed), DATA_LOSS (checksum or aux mismatch),
@@ -56,7 +56,7 @@ namespace mmserve::transfer {
 // One fully received image. Earlier chunks are held in memory; the last
 // chunk's tokens stay in the receive buffer until this object is destroyed
 // (which frees its blocks, from any thread). Must not outlive the engine.
-class ReceivedImage {
+class ReceivedMedia {
  public:
   uint32_t total_tokens() const { return total_tokens_; }
   // Chunks the image arrived in (1 when the first allocation was big enough).
@@ -97,7 +97,7 @@ struct ReceiveRequest {
 
 class EmbeddingReceiver : public ReceiverControl {
  public:
-  using Done = std::function<void(absl::StatusOr<ReceivedImage>)>;
+  using Done = std::function<void(absl::StatusOr<ReceivedMedia>)>;
 
   EmbeddingReceiver(TransferLink& link, EmbeddingBuffer& buffer, BlockAllocator& allocator,
                     absl::Duration quarantine_limit = absl::Seconds(1))
@@ -139,7 +139,7 @@ class EmbeddingReceiver : public ReceiverControl {
     bool data_in = false;
     std::optional<ChunkDataCrc> data_crc;  // with data_in: the pieces' CRCs
     std::optional<v1::EmbeddingChunkNotice> notice;
-    ReceivedImage image;
+    ReceivedMedia image;
     std::optional<absl::Status> failure;
   };
 

@@ -20,7 +20,7 @@ EmbeddingSender::~EmbeddingSender() {
   }
 }
 
-void EmbeddingSender::Publish(const PublishedImage& image, Done done, std::optional<ImageCrc> crc) {
+void EmbeddingSender::Publish(const PublishedMedia& image, Done done, std::optional<MediaCrc> crc) {
   Key key{image.request_id, image.image_index};
   auto it = transfers_.find(key);
   if (it != transfers_.end() && it->second.source) {
@@ -37,7 +37,7 @@ void EmbeddingSender::Publish(const PublishedImage& image, Done done, std::optio
   }
   it->second.source = image.blocks;
   it->second.crc = crc && crc->image() == image.blocks ? *std::move(crc)
-                                                       : ImageCrc::Compute(buffer_, image.blocks);
+                                                       : MediaCrc::Compute(buffer_, image.blocks);
   it->second.done = std::move(done);
   MaybeStart(key);
 }

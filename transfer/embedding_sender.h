@@ -41,12 +41,12 @@
 #include "common/clock.h"
 #include "transfer/block_allocator.h"
 #include "transfer/embedding_buffer.h"
-#include "transfer/image_crc.h"
+#include "transfer/media_crc.h"
 #include "transfer/transfer_link.h"
 
 namespace mmserve::transfer {
 
-struct PublishedImage {
+struct PublishedMedia {
   std::string request_id;
   uint32_t image_index = 0;
   // Blocks of the sender's buffer holding the image, allocated under
@@ -70,9 +70,9 @@ class EmbeddingSender : public SenderControl {
   // Offers an image for transfer; `done` runs once with OK after the last
   // chunk's notice went out (when the receiver reads: after it said it read
   // the last chunk), or with the reason the image was dropped.
-  // `crc` is ImageCrc::Compute of the image's blocks, when the caller made it
+  // `crc` is MediaCrc::Compute of the image's blocks, when the caller made it
   // off the progress thread; else Publish computes it here.
-  void Publish(const PublishedImage& image, Done done, std::optional<ImageCrc> crc = std::nullopt);
+  void Publish(const PublishedMedia& image, Done done, std::optional<MediaCrc> crc = std::nullopt);
 
   void OnInit(const std::string& peer, const v1::EmbeddingTransferInit& init) override;
   void OnResume(const std::string& peer, const v1::EmbeddingTransferResume& resume) override;
@@ -97,7 +97,7 @@ class EmbeddingSender : public SenderControl {
     std::string request_id;
     uint32_t image_index = 0;
     std::optional<BlockAllocation> source;  // set by Publish
-    std::optional<ImageCrc> crc;            // of `source`, set by Publish
+    std::optional<MediaCrc> crc;            // of `source`, set by Publish
     Done done;
     std::string peer;                       // set by init
     std::optional<BlockAllocation> target;  // receiver's current allocation

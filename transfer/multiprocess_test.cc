@@ -74,9 +74,9 @@ std::vector<std::string> Fields(const std::optional<std::string>& line) {
   return absl::StrSplit(*line, ' ');
 }
 
-absl::StatusOr<ReceivedImage> ReceiveNow(TransferEngine& engine, ReceiveRequest request) {
-  auto done = std::make_shared<std::promise<absl::StatusOr<ReceivedImage>>>();
-  engine.Receive(std::move(request), [done](absl::StatusOr<ReceivedImage> image) {
+absl::StatusOr<ReceivedMedia> ReceiveNow(TransferEngine& engine, ReceiveRequest request) {
+  auto done = std::make_shared<std::promise<absl::StatusOr<ReceivedMedia>>>();
+  engine.Receive(std::move(request), [done](absl::StatusOr<ReceivedMedia> image) {
     done->set_value(std::move(image));
   });
   auto f = done->get_future();
@@ -128,7 +128,7 @@ TEST_CASE(
   for (int k = 0; k < 4; ++k) {
     INFO("image " << k);
     PayloadSpec spec{.seed = 3u + k, .total_tokens = lengths[k]};
-    absl::StatusOr<ReceivedImage> image =
+    absl::StatusOr<ReceivedMedia> image =
         ReceiveNow(*s.engine, {.request_id = "req-" + std::to_string(k),
                                .sender = "sender",
                                .known_tokens = k == 0 ? lengths[k] : 0});
@@ -185,7 +185,7 @@ TEST_CASE("a sender killed before the transfer gives the receiver an error in ti
   s.child->Kill();
   const absl::Duration timeout = absl::Milliseconds(500);
   Stopwatch watch;
-  absl::StatusOr<ReceivedImage> image =
+  absl::StatusOr<ReceivedMedia> image =
       ReceiveNow(*s.engine, {.request_id = "req-0", .sender = "sender", .timeout = timeout});
   absl::Duration took = absl::Nanoseconds(watch.ElapsedNanos());
   INFO(image.status() << " after " << took);
@@ -203,7 +203,7 @@ TEST_CASE("a sender killed mid-transfer gives the receiver an error in time and 
   const absl::Duration timeout = absl::Milliseconds(800);
   PeerProcess* child = s.child.get();
   auto killed_at = std::make_shared<std::atomic<int64_t>>(0);
-  absl::StatusOr<ReceivedImage> image = ReceiveNow(
+  absl::StatusOr<ReceivedMedia> image = ReceiveNow(
       *s.engine, {.request_id = "req-0",
                   .sender = "sender",
                   .timeout = timeout,
@@ -227,7 +227,7 @@ TEST_CASE("a sender killed after a transfer leaves the image intact and later re
   const TransportProfile profile = setup.profile;
   INFO("profile " << TransportProfileName(profile) << " data path " << DataPathName(setup.path));
   Session s = Start(setup, "lang", 16, 4, {"--role=sender", "--tokens=40", "--seed=5"});
-  absl::StatusOr<ReceivedImage> image =
+  absl::StatusOr<ReceivedMedia> image =
       ReceiveNow(*s.engine, {.request_id = "req-0", .sender = "sender"});
   REQUIRE(image.ok());
   s.child->Kill();
@@ -237,7 +237,7 @@ TEST_CASE("a sender killed after a transfer leaves the image intact and later re
   image->Release();
   const absl::Duration timeout = absl::Milliseconds(500);
   Stopwatch watch;
-  absl::StatusOr<ReceivedImage> next =
+  absl::StatusOr<ReceivedMedia> next =
       ReceiveNow(*s.engine, {.request_id = "req-1", .sender = "sender", .timeout = timeout});
   absl::Duration took = absl::Nanoseconds(watch.ElapsedNanos());
   INFO(next.status() << " after " << took);

@@ -1,5 +1,5 @@
 // Whether a peer process on this host is still alive: the dead-peer check
-// for transfers whose transport does not report one (the ESP
+// for transfers whose transport does not report one (the elastic
 // boards over the shm profile).
 //
 //   const ProcessIdentity me = SelfProcessIdentity();   // sent to the peers

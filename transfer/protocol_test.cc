@@ -60,14 +60,14 @@ std::future<absl::Status> Publish(TransferEngine& enc, const std::string& req,
   return done->get_future();
 }
 
-std::future<absl::StatusOr<ReceivedImage>> Receive(TransferEngine& lang, ReceiveRequest request) {
-  auto done = std::make_shared<std::promise<absl::StatusOr<ReceivedImage>>>();
+std::future<absl::StatusOr<ReceivedMedia>> Receive(TransferEngine& lang, ReceiveRequest request) {
+  auto done = std::make_shared<std::promise<absl::StatusOr<ReceivedMedia>>>();
   lang.Receive(std::move(request),
-               [done](absl::StatusOr<ReceivedImage> image) { done->set_value(std::move(image)); });
+               [done](absl::StatusOr<ReceivedMedia> image) { done->set_value(std::move(image)); });
   return done->get_future();
 }
 
-void CheckBytes(const ReceivedImage& image, const EmbeddingLayout& layout,
+void CheckBytes(const ReceivedMedia& image, const EmbeddingLayout& layout,
                 const PayloadSpec& spec) {
   REQUIRE(image.total_tokens() == spec.total_tokens);
   for (int s = 0; s < kNumSections; ++s) {
@@ -88,7 +88,7 @@ uint32_t RoundTrip(Pair& p, uint32_t total, uint32_t known, uint64_t seed) {
   std::string req = "req-" + std::to_string(seed);
   auto sent = Publish(*p.enc, req, spec);
   auto got = Receive(*p.lang, {.request_id = req, .sender = "enc", .known_tokens = known});
-  absl::StatusOr<ReceivedImage> image = Get(got);
+  absl::StatusOr<ReceivedMedia> image = Get(got);
   REQUIRE(image.ok());
   CHECK(Get(sent).ok());
   CheckBytes(*image, p.lang->buffer().layout(), spec);
@@ -210,7 +210,7 @@ TEST_CASE("a full pool makes a receive wait for blocks instead of failing") {
   auto sent_a = Publish(*p.enc, "a", a);
   auto sent_b = Publish(*p.enc, "b", b);
   auto got_a = Receive(*p.lang, {.request_id = "a", .sender = "enc", .known_tokens = 32});
-  absl::StatusOr<ReceivedImage> image_a = Get(got_a);
+  absl::StatusOr<ReceivedMedia> image_a = Get(got_a);
   REQUIRE(image_a.ok());  // holds the whole pool
   auto got_b = Receive(*p.lang, {.request_id = "b", .sender = "enc", .known_tokens = 20});
   Deadline d = Deadline::After(absl::Seconds(5));
@@ -219,7 +219,7 @@ TEST_CASE("a full pool makes a receive wait for blocks instead of failing") {
   CHECK(p.lang->counts().waiting_for_blocks == 1);
   CHECK(got_b.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
   image_a->Release();
-  absl::StatusOr<ReceivedImage> image_b = Get(got_b);
+  absl::StatusOr<ReceivedMedia> image_b = Get(got_b);
   REQUIRE(image_b.ok());
   CheckBytes(*image_b, p.lang->buffer().layout(), b);
   CHECK(Get(sent_a).ok());
@@ -235,7 +235,7 @@ TEST_CASE("a transfer the sender never serves times out and frees both sides") {
                                .sender = "enc",
                                .known_tokens = 16,
                                .timeout = absl::Milliseconds(200)});
-  absl::StatusOr<ReceivedImage> image = Get(got);
+  absl::StatusOr<ReceivedMedia> image = Get(got);
   INFO(image.status());
   CHECK(absl::IsDeadlineExceeded(image.status()));
   CHECK(BlocksFreedWithin(*p.lang, absl::Seconds(5)));
@@ -270,7 +270,7 @@ TEST_CASE("a chunk whose bytes do not match its checksum is rejected and frees b
   // A 16-token default allocation and a 160-token pool: the image comes in 3
   // chunks (16, 160, 24); the second is corrupted (its embedding, or its aux
   // record) inside a checksum unit the sender does not re-read
-  // (ImageCrc::kUnitTokens), so the sender is left waiting for a resume.
+  // (MediaCrc::kUnitTokens), so the sender is left waiting for a resume.
   const int section = GENERATE(kEmbedding, kAux);
   INFO("section " << section);
   Pair p = MakePair(setup, {.receiver_blocks = 10, .default_blocks = 1});
@@ -292,7 +292,7 @@ TEST_CASE("a chunk whose bytes do not match its checksum is rejected and frees b
                                .sender = "enc",
                                .timeout = absl::Seconds(10),
                                .on_chunk = [&chunks](auto&) { ++chunks; }});
-  absl::StatusOr<ReceivedImage> image = Get(got);
+  absl::StatusOr<ReceivedMedia> image = Get(got);
   INFO(image.status());
   CHECK(absl::IsDataLoss(image.status()));
   CHECK(chunks == 1);  // the first chunk verified, the second did not
@@ -333,7 +333,7 @@ TEST_CASE("control messages from an engine that never connected are dropped") {
   CHECK(absl::IsDeadlineExceeded(Get(stolen).status()));
   // The image is still there for the connected receiver, byte for byte.
   auto got = Receive(*p.lang, {.request_id = "req-x", .sender = "enc", .known_tokens = 16});
-  absl::StatusOr<ReceivedImage> image = Get(got);
+  absl::StatusOr<ReceivedMedia> image = Get(got);
   REQUIRE(image.ok());
   CHECK(Get(sent).ok());
   CheckBytes(*image, p.lang->buffer().layout(), spec);

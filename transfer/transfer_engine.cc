@@ -247,11 +247,11 @@ absl::StatusOr<bool> TransferEngine::DirectPuts(const std::string& peer) {
   return direct;
 }
 
-void TransferEngine::Publish(PublishedImage image, EmbeddingSender::Done done,
-                             std::optional<ImageCrc> crc) {
+void TransferEngine::Publish(PublishedMedia image, EmbeddingSender::Done done,
+                             std::optional<MediaCrc> crc) {
   // The checksum pass reads the whole image: do it on the caller's thread
   // (which just wrote the bytes), not on the progress thread's send path.
-  if (!crc || !(crc->image() == image.blocks)) crc = ImageCrc::Compute(*buffer_, image.blocks);
+  if (!crc || !(crc->image() == image.blocks)) crc = MediaCrc::Compute(*buffer_, image.blocks);
   worker_->Post(
       [this, image = std::move(image), done = std::move(done), crc = std::move(crc)]() mutable {
         sender_->Publish(image, std::move(done), std::move(crc));

@@ -30,7 +30,7 @@
 //
 // Thread-safety: every public method is thread-safe; callbacks run on the
 // progress thread and must not block. Lock order: UcxWorker::mu_ and
-// BlockAllocator::mu_ are leaves, never held together. ReceivedImage and
+// BlockAllocator::mu_ are leaves, never held together. ReceivedMedia and
 // allocations must not outlive the engine.
 #ifndef MMSERVE_TRANSFER_TRANSFER_ENGINE_H_
 #define MMSERVE_TRANSFER_TRANSFER_ENGINE_H_
@@ -47,7 +47,7 @@
 #include "transfer/embedding_buffer.h"
 #include "transfer/embedding_receiver.h"
 #include "transfer/embedding_sender.h"
-#include "transfer/image_crc.h"
+#include "transfer/media_crc.h"
 #include "transfer/transfer_link.h"
 #include "transfer/ucx_context.h"
 #include "transfer/ucx_endpoint.h"
@@ -97,11 +97,11 @@ class TransferEngine : private TransferLink {
   [[nodiscard]] absl::StatusOr<bool> DirectPuts(const std::string& peer);
 
   // Encoder role: offers an image whose sections are already in `image.blocks`.
-  // `crc` is the image's ImageCrc if the producer has it (computed while it
+  // `crc` is the image's MediaCrc if the producer has it (computed while it
   // wrote the bytes, or earlier for the same bytes in the same blocks);
   // otherwise Publish computes it on the calling thread.
-  void Publish(PublishedImage image, EmbeddingSender::Done done,
-               std::optional<ImageCrc> crc = std::nullopt);
+  void Publish(PublishedMedia image, EmbeddingSender::Done done,
+               std::optional<MediaCrc> crc = std::nullopt);
   // Language role: receives an image into this engine's buffer.
   void Receive(ReceiveRequest request, EmbeddingReceiver::Done done);
   // Language role: stops the receives of `request_id` here and at the sender.

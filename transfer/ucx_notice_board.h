@@ -1,6 +1,6 @@
 // Registered memory that peers put data and notice words into: the
 // mechanics under the elastic-sequence-parallelism transfers
-// (esp_kv_exchange.h, esp_span_attention.h). Data moves first (puts, then a
+// (elastic_kv_exchange.h, elastic_span_attention.h). Data moves first (puts, then a
 // flush: remotely complete), then one 8-byte notice word {sequence, CRC32C}
 // is put and flushed (data complete before the notice).
 //

@@ -45,15 +45,15 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(
   return e;
 }
 
-absl::StatusOr<std::vector<ImageRows>> LlmEngine::ImageRowsOf(EngineRequest& request, Live& live) {
-  std::vector<ImageRows> rows;
+absl::StatusOr<std::vector<MediaRows>> LlmEngine::MediaRowsOf(EngineRequest& request, Live& live) {
+  std::vector<MediaRows> rows;
   const model::ModelConfig& config = m_->config;
   if (!request.image_embeddings.empty()) {
     if (!request.images.empty()) {
       return absl::InvalidArgumentError("give images or image embeddings, not both");
     }
     if (!config.vision) return absl::InvalidArgumentError("this model does not accept images");
-    for (ImageEmbedding& e : request.image_embeddings) {
+    for (MediaEmbedding& e : request.image_embeddings) {
       RETURN_IF_ERROR(CheckImageEmbedding(e, rules_.hidden_size));
       if (e.shared_values != nullptr) {
         const size_t n = static_cast<size_t>(e.grid.num_tokens()) * rules_.hidden_size;
@@ -69,7 +69,7 @@ absl::StatusOr<std::vector<ImageRows>> LlmEngine::ImageRowsOf(EngineRequest& req
     }
     for (const model::RgbImage& img : request.images) {
       ASSIGN_OR_RETURN(model::ImagePatches p, model::PreprocessImage(img, *config.preprocessor));
-      std::vector<model::ImageGrid> one = {p.grid};
+      std::vector<model::MediaGrid> one = {p.grid};
       ASSIGN_OR_RETURN(std::vector<float> emb, m_->vision->Forward(p.values, one));
       live.image_embeddings.push_back(std::move(emb));
       rows.push_back({p.grid, live.image_embeddings.back(), std::nullopt});
@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
   if (!request.handoff_images.empty()) {
     ASSIGN_OR_RETURN(prompt, PlaceHandoffImages(ids, request.handoff_images, rules));
   } else {
-    ASSIGN_OR_RETURN(std::vector<ImageRows> rows, ImageRowsOf(request, *live));
+    ASSIGN_OR_RETURN(std::vector<MediaRows> rows, MediaRowsOf(request, *live));
     ASSIGN_OR_RETURN(prompt, ExpandImages(ids, rows, rules));
   }
   ASSIGN_OR_RETURN(const int max_tokens,
@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
   *params = SchedulerParams(scheduler::RequestId{next_id_++}, prompt, request.sampling, max_tokens,
                             rules);
   params->priority = request.priority;
-  for (const PreparedImage& image : prompt.images) {
+  for (const PreparedMedia& image : prompt.images) {
     if (image.rows == nullptr) continue;  // handed off: its KV is here, not its rows
     live->runner.image_offsets.push_back(image.offset);
     live->runner.image_lengths.push_back(image.length);

@@ -31,7 +31,7 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "scheduler/scheduler.h"
-#include "worker/engine_esp.h"
+#include "worker/engine_elastic.h"
 #include "worker/engine_load.h"
 #include "worker/engine_options.h"
 #include "worker/engine_request.h"
@@ -84,10 +84,11 @@ class LlmEngine {
   // NotFound when `id` holds no span.
   [[nodiscard]] absl::Status ReleaseSpan(const std::string& id);
   // Role elastic: `request` prepared as AddRequest would, never queued
-  // (engine_esp.h); its errors are AddRequest's, but the prompt and its
+  // (engine_elastic.h); its errors are AddRequest's, but the prompt and its
   // max_tokens may reach the model's context (sizing().context_len), past
   // what this engine's KV pool holds. Unimplemented with tp_size > 1.
-  [[nodiscard]] absl::StatusOr<std::unique_ptr<EspRequest>> PrepareEsp(EngineRequest request);
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ElasticRequest>> PrepareElastic(
+      EngineRequest request);
   // Role elastic: request `request`, whose span this engine holds under its
   // id (HoldSpan, its tokens from span.kv_begin on), decodes here from
   // `state` on: a request of the batch (the scheduler's kMastering) whose
@@ -100,21 +101,21 @@ class LlmEngine {
   // the vocabulary, more draws than tokens, tokens not beginning with its
   // own, a replayed token that ends it) or its span has no room for its
   // next token. On error the span stays held (the caller ends the request).
-  [[nodiscard]] absl::Status StartMastering(std::unique_ptr<EspRequest> request,
-                                            const EspRequest::MasterState& state,
+  [[nodiscard]] absl::Status StartMastering(std::unique_ptr<ElasticRequest> request,
+                                            const ElasticRequest::MasterState& state,
                                             const MasterSpan& span, StreamCallback callback);
   // The request mastered here stops (no event): its span stays held (as
   // HoldSpan's) and its state goes to the next master. NotFound unless
   // `id` is mastered here.
-  [[nodiscard]] absl::StatusOr<EspRequest::MasterState> StopMastering(const std::string& id);
+  [[nodiscard]] absl::StatusOr<ElasticRequest::MasterState> StopMastering(const std::string& id);
   // Whether request `id`, mastered here, has no slot left for its next
   // token (its range is done: StopMastering).
   bool MasterSpanFull(const std::string& id) const;
   // The span holders of the requests mastered here; must outlive the
   // engine's steps (null: none, and such requests fail their steps).
   void set_master_peers(MasterPeers* peers) { master_peers_ = peers; }
-  // The model and its thread pool, for an ESP group's prefill on the
-  // engine's thread (Qwen2Model::ForwardEspPrefill).
+  // The model and its thread pool, for an elastic group's prefill on the
+  // engine's thread (Qwen2Model::ForwardElasticPrefill).
   model::Qwen2Model& model() { return *m_->model; }
   size_t num_held_spans() const { return scheduler_->num_held_spans(); }
 
@@ -168,7 +169,7 @@ class LlmEngine {
                                                 const PromptRules& rules);
   // The image rows of `request`: its embeddings (kept in `live` unless
   // shared), or its images through the vision tower.
-  absl::StatusOr<std::vector<ImageRows>> ImageRowsOf(EngineRequest& request, Live& live);
+  absl::StatusOr<std::vector<MediaRows>> MediaRowsOf(EngineRequest& request, Live& live);
   // sampling.constraint compiled against this model's vocabulary (the
   // grammars cached by content); InvalidArgument with the reason.
   absl::StatusOr<std::unique_ptr<RequestGrammar>> CompileGrammar(

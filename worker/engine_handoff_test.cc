@@ -371,7 +371,7 @@ TEST_CASE("hand-off image spans that disagree with the prompt are refused withou
   EngineRequest good;
   good.id = "img";
   good.prompt_token_ids = {5, 6, pad, pad, pad, pad, pad, pad, 7};
-  good.handoff_images = {{2, model::ImageGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
+  good.handoff_images = {{2, model::MediaGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
   good.sampling = Greedy(4);
   Collected c;
   auto bad = [&](std::function<void(EngineRequest&)> edit) {
@@ -383,19 +383,19 @@ TEST_CASE("hand-off image spans that disagree with the prompt are refused withou
   CHECK(bad([](EngineRequest& r) { r.handoff_images[0].offset = 1; }) == kInvalid);
   CHECK(bad([](EngineRequest& r) { r.handoff_images[0].offset = -4; }) == kInvalid);
   CHECK(bad([](EngineRequest& r) {
-          r.handoff_images[0].grid = model::ImageGrid::FromThw(1, 4, 8);
+          r.handoff_images[0].grid = model::MediaGrid::FromThw(1, 4, 8);
         }) == kInvalid);  // a run of 8
   CHECK(bad([](EngineRequest& r) {
-          r.handoff_images[0].grid = model::ImageGrid::FromThw(1, 2, 2);
+          r.handoff_images[0].grid = model::MediaGrid::FromThw(1, 2, 2);
         }) == kInvalid);  // pads left outside the span
   CHECK(bad([](EngineRequest& r) {
-          r.handoff_images[0].grid = model::ImageGrid::FromThw(1, 3, 8);
+          r.handoff_images[0].grid = model::MediaGrid::FromThw(1, 3, 8);
         }) == kInvalid);  // not a multiple of the merge size
   CHECK(bad([](EngineRequest& r) {
-          r.handoff_images[0].grid = model::ImageGrid::FromThw(0, 4, 6);
+          r.handoff_images[0].grid = model::MediaGrid::FromThw(0, 4, 6);
         }) == kInvalid);
   CHECK(bad([](EngineRequest& r) {
-          r.handoff_images[0].grid = model::ImageGrid::FromThw(1 << 30, 1 << 30, 1 << 30);
+          r.handoff_images[0].grid = model::MediaGrid::FromThw(1 << 30, 1 << 30, 1 << 30);
         }) == kInvalid);
   CHECK(bad([](EngineRequest& r) { r.handoff_images.push_back(r.handoff_images[0]); }) ==
         kInvalid);                                                             // overlapping
@@ -446,7 +446,7 @@ TEST_CASE("a handed-off image request preempted on decode is aborted, not recomp
   EngineRequest i;
   i.id = "image";
   i.prompt_token_ids = {5, 6, pad, pad, pad, pad, pad, pad, 7};
-  i.handoff_images = {{2, model::ImageGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
+  i.handoff_images = {{2, model::MediaGrid::FromThw(1, 4, 6), ContentHash{1, 2}}};
   i.sampling = Greedy(12);
   REQUIRE(Reserve(decode, std::move(i), Collect(&image)).ok());
   REQUIRE(decode.CommitRemoteKv("text", 11).ok());

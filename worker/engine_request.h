@@ -27,8 +27,8 @@ using FinishReason = scheduler::FinishReason;
 // An image or video (grid.kind) encoded elsewhere (the encoder service): its
 // patch grid and its merged-token embeddings, grid.num_tokens() rows of
 // hidden_size floats.
-struct ImageEmbedding {
-  model::ImageGrid grid;
+struct MediaEmbedding {
+  model::MediaGrid grid;
   std::vector<float> values;
   // Alternatively (values empty) the rows in memory the caller keeps
   // unchanged until the request's final event or its Abort returns (seed
@@ -50,7 +50,7 @@ struct EngineRequest {
   std::vector<model::RgbImage> images;
   // Alternatively, images and videos already encoded, in order of
   // appearance (images must then be empty).
-  std::vector<ImageEmbedding> image_embeddings;
+  std::vector<MediaEmbedding> image_embeddings;
   model::SamplingParams sampling;
   // Scheduling priority: lower is admitted first (scheduler::RequestParams).
   int priority = 0;
@@ -60,7 +60,7 @@ struct EngineRequest {
   // A remote prompt only (KvPlan::remote_prompt): the images of
   // prompt_token_ids, which is then the prefill engine's expanded prompt
   // (HandoffPrompt).
-  std::vector<HandoffImage> handoff_images;
+  std::vector<HandoffMedia> handoff_images;
 };
 
 struct StreamEvent {

@@ -79,7 +79,7 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
     StreamEvent event;
     event.request_id = live->id;
     // What ended it, without the transport's details.
-    event.error = absl::Status(spread.code(), "a member of the request's ESP group failed");
+    event.error = absl::Status(spread.code(), "a member of the request's elastic group failed");
     if (absl::IsNotFound(spread) || absl::IsInternal(spread)) event.error = spread;
     Finish(*live, FinishReason::kAbort, event);
   }

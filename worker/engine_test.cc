@@ -245,10 +245,10 @@ TEST_CASE("a held span is never scheduled, a request alone runs beside it, Abort
           "[engine][held]") {
   auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
   const int total = engine->scheduler().kv_cache().num_free_blocks();
-  auto blocks = engine->HoldSpan("esp", 10);  // blocks of 4
+  auto blocks = engine->HoldSpan("elastic", 10);  // blocks of 4
   REQUIRE(blocks.ok());
   CHECK(blocks->size() == 3);
-  CHECK(engine->HoldSpan("esp", 4).status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(engine->HoldSpan("elastic", 4).status().code() == absl::StatusCode::kAlreadyExists);
   CHECK_FALSE(engine->has_unfinished());
   Collected c;
   REQUIRE(engine->AddRequest(Story("alone", 6), Collect(&c)).ok());
@@ -257,11 +257,11 @@ TEST_CASE("a held span is never scheduled, a request alone runs beside it, Abort
   CHECK(c.tokens.size() == 6);
   CHECK(engine->num_held_spans() == 1);
   CHECK(engine->scheduler().kv_cache().num_free_blocks() == total - 3);
-  REQUIRE(engine->Abort("esp").ok());
+  REQUIRE(engine->Abort("elastic").ok());
   CHECK(engine->num_held_spans() == 0);
   CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);
-  CHECK(engine->ReleaseSpan("esp").code() == absl::StatusCode::kNotFound);
-  CHECK(engine->Abort("esp").code() == absl::StatusCode::kNotFound);
+  CHECK(engine->ReleaseSpan("elastic").code() == absl::StatusCode::kNotFound);
+  CHECK(engine->Abort("elastic").code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("a stop string ends generation before it is emitted", "[engine]") {

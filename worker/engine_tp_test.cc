@@ -135,8 +135,8 @@ TEST_CASE("TP=2 image rows in the shared input travel as descriptors, with the i
       EngineRequest r;
       r.id = "image" + std::to_string(k);
       r.prompt = Chat(image + "What is in the picture?");
-      ImageEmbedding emb;
-      emb.grid = model::ImageGrid::FromThw(1, 4, 4, 2);
+      MediaEmbedding emb;
+      emb.grid = model::MediaGrid::FromThw(1, 4, 4, 2);
       emb.key = ContentHash{1, static_cast<uint64_t>(k + 1)};
       const float* first = rows + static_cast<size_t>(k) * kTokens * kHidden;
       if (in_shared) {
@@ -193,8 +193,8 @@ TEST_CASE("TP=2 image rows in the shared input travel as descriptors, with the i
     EngineRequest r;
     r.id = "nokey";
     r.prompt = Chat(image + "?");
-    ImageEmbedding emb;
-    emb.grid = model::ImageGrid::FromThw(1, 4, 4, 2);
+    MediaEmbedding emb;
+    emb.grid = model::MediaGrid::FromThw(1, 4, 4, 2);
     emb.shared_values = rows;
     r.image_embeddings.push_back(std::move(emb));
     CHECK(absl::IsInvalidArgument((*e)->AddRequest(std::move(r), [](const StreamEvent&) {})));

@@ -51,9 +51,9 @@ namespace mmserve::worker {
 // where its run of image pads starts in the expanded prompt, its grid (for
 // the M-RoPE positions of the tokens after it) and its prefix-cache key. Its
 // embedding never travels: its KV does.
-struct HandoffImage {
+struct HandoffMedia {
   int offset = 0;
-  model::ImageGrid grid;  // merge_size: the engine's (set by AddRequest)
+  model::MediaGrid grid;  // merge_size: the engine's (set by AddRequest)
   ContentHash key;
 };
 
@@ -62,7 +62,7 @@ struct HandoffImage {
 // M-RoPE delta (decode token n sits at position n + delta).
 struct HandoffPrompt {
   std::vector<int32_t> token_ids;
-  std::vector<HandoffImage> images;
+  std::vector<HandoffMedia> images;
   int32_t mrope_position_delta = 0;
 };
 

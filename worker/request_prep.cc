@@ -20,7 +20,7 @@ absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int vocab_size) {
   return absl::OkStatus();
 }
 
-absl::Status CheckImageEmbedding(const ImageEmbedding& e, int hidden_size) {
+absl::Status CheckImageEmbedding(const MediaEmbedding& e, int hidden_size) {
   if (e.shared_values != nullptr) {
     if (e.grid.num_tokens() <= 0 || !e.values.empty() || !e.key.has_value()) {
       return absl::InvalidArgumentError(
@@ -39,10 +39,10 @@ absl::Status CheckImageEmbedding(const ImageEmbedding& e, int hidden_size) {
 }
 
 absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
-                                            absl::Span<const ImageRows> images,
+                                            absl::Span<const MediaRows> images,
                                             const PromptRules& rules) {
-  std::vector<model::ImageGrid> grids;
-  for (const ImageRows& image : images) grids.push_back(image.grid);
+  std::vector<model::MediaGrid> grids;
+  for (const MediaRows& image : images) grids.push_back(image.grid);
   PreparedPrompt out;
   const model::MediaPadIds pads = rules.pads();
   ASSIGN_OR_RETURN(out.token_ids, model::ExpandImagePlaceholders(ids, pads, grids));
@@ -56,8 +56,8 @@ absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
       ++i;
       continue;
     }
-    const ImageRows& image = images[k];
-    PreparedImage p;
+    const MediaRows& image = images[k];
+    PreparedMedia p;
     p.offset = static_cast<int>(i);
     p.length = static_cast<int>(image.grid.num_tokens());
     p.grid = image.grid;
@@ -77,18 +77,18 @@ absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
 }
 
 absl::StatusOr<PreparedPrompt> PlaceHandoffImages(absl::Span<const int32_t> ids,
-                                                  absl::Span<const HandoffImage> images,
+                                                  absl::Span<const HandoffMedia> images,
                                                   const PromptRules& rules) {
   if (!rules.accepts_images) return absl::InvalidArgumentError("this model does not accept images");
   const int merge = rules.merge_size;
   const model::MediaPadIds pads = rules.pads();
   const int64_t n = static_cast<int64_t>(ids.size());
   PreparedPrompt out;
-  std::vector<model::ImageGrid> grids;
+  std::vector<model::MediaGrid> grids;
   int64_t end = 0, image_tokens = 0;  // end of the previous run
   for (size_t k = 0; k < images.size(); ++k) {
-    const HandoffImage& h = images[k];
-    model::ImageGrid g = h.grid;
+    const HandoffMedia& h = images[k];
+    model::MediaGrid g = h.grid;
     g.merge_size = merge;
     const bool sane = g.grid_t > 0 && g.grid_h > 0 && g.grid_w > 0 && g.grid_t <= n &&
                       g.grid_h <= n * merge && g.grid_w <= n * merge && g.grid_h % merge == 0 &&
@@ -156,7 +156,7 @@ scheduler::RequestParams SchedulerParams(scheduler::RequestId id, const Prepared
                               rules.eos_ids.end());
     }
   }
-  for (const PreparedImage& image : prompt.images) {
+  for (const PreparedMedia& image : prompt.images) {
     p.mm_spans.push_back({image.offset, image.length, image.key});
   }
   return p;
@@ -165,7 +165,7 @@ scheduler::RequestParams SchedulerParams(scheduler::RequestId id, const Prepared
 HandoffPrompt MakeHandoffPrompt(const PreparedPrompt& prompt) {
   HandoffPrompt h;
   h.token_ids = prompt.token_ids;
-  for (const PreparedImage& image : prompt.images) {
+  for (const PreparedMedia& image : prompt.images) {
     h.images.push_back({image.offset, image.grid, image.key});
   }
   h.mrope_position_delta = prompt.positions.delta;

@@ -47,17 +47,17 @@ struct PromptRules {
 
 // One image's or video's embedding (grid.kind says which):
 // grid.num_tokens() rows of hidden_size floats.
-struct ImageRows {
-  model::ImageGrid grid;
+struct MediaRows {
+  model::MediaGrid grid;
   absl::Span<const float> rows;
   std::optional<ContentHash> key;  // unset: a hash of the rows
 };
 
 // An image placed in the expanded prompt.
-struct PreparedImage {
+struct PreparedMedia {
   int offset = 0;  // its first token
   int length = 0;  // its tokens (grid.num_tokens())
-  model::ImageGrid grid;
+  model::MediaGrid grid;
   const float* rows = nullptr;  // null: a handed-off image (its KV is written remotely)
   ContentHash key;              // prefix-cache key (MultimodalSpan::content_hash)
   // For the tensor-parallel ranks' descriptors: key.low when the key came
@@ -68,7 +68,7 @@ struct PreparedImage {
 struct PreparedPrompt {
   std::vector<int32_t> token_ids;  // with each image's run of pads
   model::MropePositions positions;
-  std::vector<PreparedImage> images;  // prompt order
+  std::vector<PreparedMedia> images;  // prompt order
 };
 
 // InvalidArgument for an empty prompt or an id outside [0, vocab_size).
@@ -77,13 +77,13 @@ struct PreparedPrompt {
 // InvalidArgument unless the embedding holds its grid's rows (values of
 // grid.num_tokens() * hidden_size floats, or shared_values with a key and no
 // values).
-[[nodiscard]] absl::Status CheckImageEmbedding(const ImageEmbedding& e, int hidden_size);
+[[nodiscard]] absl::Status CheckImageEmbedding(const MediaEmbedding& e, int hidden_size);
 
 // Expands the k-th image or video pad of `ids` into images[k]'s run (images
 // and videos in order of appearance; grid.kind picks the pad) and computes
 // the M-RoPE positions. InvalidArgument when pads and images disagree.
 [[nodiscard]] absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
-                                                          absl::Span<const ImageRows> images,
+                                                          absl::Span<const MediaRows> images,
                                                           const PromptRules& rules);
 
 // `ids` is another engine's expanded prompt (HandoffPrompt::token_ids):
@@ -91,7 +91,7 @@ struct PreparedPrompt {
 // it says (in order, inside the prompt, grids multiples of merge_size, no
 // pads outside them) and computes the positions. The images get no rows. InvalidArgument otherwise.
 [[nodiscard]] absl::StatusOr<PreparedPrompt> PlaceHandoffImages(
-    absl::Span<const int32_t> ids, absl::Span<const HandoffImage> images, const PromptRules& rules);
+    absl::Span<const int32_t> ids, absl::Span<const HandoffMedia> images, const PromptRules& rules);
 
 // The request's max_tokens: sampling.max_tokens, or what the context leaves
 // (to_context). InvalidArgument when the prompt and max_tokens exceed

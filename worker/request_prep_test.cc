@@ -33,13 +33,13 @@ TEST_CASE("token ids must be a non-empty prompt inside the vocabulary", "[reques
 
 TEST_CASE("an image embedding must hold its grid's rows, or be shared with a key",
           "[request_prep]") {
-  ImageEmbedding e;
-  e.grid = model::ImageGrid::FromThw(1, 2, 4);  // 2 tokens
+  MediaEmbedding e;
+  e.grid = model::MediaGrid::FromThw(1, 2, 4);  // 2 tokens
   e.values.assign(2 * kHidden, 0.5f);
   CHECK(CheckImageEmbedding(e, kHidden).ok());
   e.values.pop_back();
   CHECK(CheckImageEmbedding(e, kHidden).code() == absl::StatusCode::kInvalidArgument);
-  ImageEmbedding shared;
+  MediaEmbedding shared;
   shared.grid = e.grid;
   const float rows[4] = {};
   shared.shared_values = rows;
@@ -51,9 +51,9 @@ TEST_CASE("an image embedding must hold its grid's rows, or be shared with a key
 TEST_CASE("each image pad expands into its run, with M-RoPE positions and spans",
           "[request_prep]") {
   const std::vector<float> a(2 * kHidden, 1.0f), b(2 * kHidden, 2.0f);
-  std::vector<ImageRows> images = {
-      {model::ImageGrid::FromThw(1, 2, 4), a, std::nullopt},
-      {model::ImageGrid::FromThw(1, 2, 4), b, ContentHash{7, 8}},
+  std::vector<MediaRows> images = {
+      {model::MediaGrid::FromThw(1, 2, 4), a, std::nullopt},
+      {model::MediaGrid::FromThw(1, 2, 4), b, ContentHash{7, 8}},
   };
   auto p = ExpandImages({1, kPad, 2, kPad, 3}, images, Rules());
   REQUIRE(p.ok());
@@ -75,7 +75,7 @@ TEST_CASE("each image pad expands into its run, with M-RoPE positions and spans"
   auto again = ExpandImages({kPad}, {images[0]}, Rules());
   REQUIRE(again.ok());
   CHECK(again->images[0].key == p->images[0].key);
-  std::vector<ImageRows> other = {{images[0].grid, b, std::nullopt}};
+  std::vector<MediaRows> other = {{images[0].grid, b, std::nullopt}};
   auto differ = ExpandImages({kPad}, other, Rules());
   REQUIRE(differ.ok());
   CHECK_FALSE(differ->images[0].key == p->images[0].key);
@@ -87,7 +87,7 @@ TEST_CASE("each image pad expands into its run, with M-RoPE positions and spans"
 
 TEST_CASE("hand-off images must lie on their runs of pads, in order", "[request_prep]") {
   const std::vector<int32_t> ids = {5, 6, kPad, kPad, kPad, kPad, kPad, kPad, 7};
-  const std::vector<HandoffImage> good = {{2, model::ImageGrid::FromThw(1, 4, 6), {1, 2}}};
+  const std::vector<HandoffMedia> good = {{2, model::MediaGrid::FromThw(1, 4, 6), {1, 2}}};
   auto p = PlaceHandoffImages(ids, good, Rules());
   REQUIRE(p.ok());
   CHECK(p->token_ids == ids);
@@ -96,13 +96,13 @@ TEST_CASE("hand-off images must lie on their runs of pads, in order", "[request_
   CHECK(p->images[0].length == 6);
   // Text 0, 1; image t 2, h 2..3, w 2..4; text 5: next position 6 at index 9.
   CHECK(p->positions.delta == 6 - 9);
-  auto bad = [&](HandoffImage h) { return PlaceHandoffImages(ids, {h}, Rules()).status().code(); };
+  auto bad = [&](HandoffMedia h) { return PlaceHandoffImages(ids, {h}, Rules()).status().code(); };
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
-  CHECK(bad({1, model::ImageGrid::FromThw(1, 4, 6), {}}) == kInvalid);   // not on pads
-  CHECK(bad({-4, model::ImageGrid::FromThw(1, 4, 6), {}}) == kInvalid);  // before the prompt
-  CHECK(bad({2, model::ImageGrid::FromThw(1, 2, 2), {}}) == kInvalid);   // pads left over
-  CHECK(bad({2, model::ImageGrid::FromThw(1, 3, 8), {}}) == kInvalid);   // not merge multiples
-  CHECK(bad({2, model::ImageGrid::FromThw(0, 4, 6), {}}) == kInvalid);
+  CHECK(bad({1, model::MediaGrid::FromThw(1, 4, 6), {}}) == kInvalid);   // not on pads
+  CHECK(bad({-4, model::MediaGrid::FromThw(1, 4, 6), {}}) == kInvalid);  // before the prompt
+  CHECK(bad({2, model::MediaGrid::FromThw(1, 2, 2), {}}) == kInvalid);   // pads left over
+  CHECK(bad({2, model::MediaGrid::FromThw(1, 3, 8), {}}) == kInvalid);   // not merge multiples
+  CHECK(bad({2, model::MediaGrid::FromThw(0, 4, 6), {}}) == kInvalid);
   CHECK(PlaceHandoffImages(ids, {good[0], good[0]}, Rules()).status().code() == kInvalid);
   CHECK(PlaceHandoffImages(ids, {}, Rules()).status().code() == kInvalid);
   PromptRules text_only = Rules();
@@ -115,9 +115,9 @@ TEST_CASE("video pads expand and hand off by their kind", "[request_prep]") {
   PromptRules rules = Rules();
   rules.video_pad_id = kVideoPad;
   const std::vector<float> v(3 * kHidden, 1.0f), a(1 * kHidden, 2.0f);
-  const std::vector<ImageRows> items = {
-      {model::ImageGrid::FromThw(3, 2, 2, 2, model::MediaKind::kVideo), v, ContentHash{3, 4}},
-      {model::ImageGrid::FromThw(1, 2, 2), a, ContentHash{5, 6}},
+  const std::vector<MediaRows> items = {
+      {model::MediaGrid::FromThw(3, 2, 2, 2, model::MediaKind::kVideo), v, ContentHash{3, 4}},
+      {model::MediaGrid::FromThw(1, 2, 2), a, ContentHash{5, 6}},
   };
   auto p = ExpandImages({1, kVideoPad, kPad, 2}, items, rules);
   REQUIRE(p.ok());
@@ -135,7 +135,7 @@ TEST_CASE("video pads expand and hand off by their kind", "[request_prep]") {
   auto placed = PlaceHandoffImages(h.token_ids, h.images, rules);
   REQUIRE(placed.ok());
   CHECK(placed->positions.t == p->positions.t);
-  std::vector<HandoffImage> as_image = h.images;
+  std::vector<HandoffMedia> as_image = h.images;
   as_image[0].grid.kind = model::MediaKind::kImage;
   CHECK(PlaceHandoffImages(h.token_ids, as_image, rules).status().code() ==
         absl::StatusCode::kInvalidArgument);
@@ -159,7 +159,7 @@ TEST_CASE("max_tokens must fit the context, or fills it", "[request_prep]") {
 TEST_CASE("scheduler parameters carry spans, eos and stop ids; the hand-off the prompt",
           "[request_prep]") {
   const std::vector<float> a(2 * kHidden, 1.0f);
-  auto p = ExpandImages({1, kPad, 3}, {{model::ImageGrid::FromThw(1, 2, 4), a, ContentHash{3, 4}}},
+  auto p = ExpandImages({1, kPad, 3}, {{model::MediaGrid::FromThw(1, 2, 4), a, ContentHash{3, 4}}},
                         Rules());
   REQUIRE(p.ok());
   model::SamplingParams s;

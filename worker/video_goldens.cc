@@ -48,7 +48,7 @@ absl::StatusOr<std::vector<std::pair<VideoGoldenItem, std::vector<float>>>> Item
     const json& thw = is_video ? c["video_grid_thw"][video] : c["image_grid_thw"][image];
     VideoGoldenItem item;
     item.name = is_video ? c["videos"][video++] : c["images"][image++];
-    item.grid = model::ImageGrid::FromThw(
+    item.grid = model::MediaGrid::FromThw(
         thw[0], thw[1], thw[2], 2, is_video ? model::MediaKind::kVideo : model::MediaKind::kImage);
     if (is_video) item.grid.time_step = config.VideoTimeStep(fps);
     item.key = HashBytes(absl::StrCat(is_video ? "video:" : "image:", item.name));
@@ -101,7 +101,7 @@ absl::StatusOr<VideoGoldens> VideoGoldens::Load(const std::string& model) {
     chat.rope_delta = c["rope_delta"];
     ASSIGN_OR_RETURN(auto items, ItemsOf(c, config, *video_pixels, *image_pixels));
     for (auto& [item, pixels] : items) {
-      const std::vector<model::ImageGrid> one = {item.grid};
+      const std::vector<model::MediaGrid> one = {item.grid};
       ASSIGN_OR_RETURN(item.rows, tower->Forward(pixels, one));
       chat.items.push_back(std::move(item));
     }

@@ -24,7 +24,7 @@ namespace mmserve::worker {
 // One image or video of a chat, encoded.
 struct VideoGoldenItem {
   std::string name;         // the golden's video or image name
-  model::ImageGrid grid;    // kind kVideo or kImage
+  model::MediaGrid grid;    // kind kVideo or kImage
   std::vector<float> rows;  // grid.num_tokens() rows of hidden_size floats
   ContentHash key;          // a stable stand-in for the content hash
 };

@@ -168,7 +168,7 @@ class EncoderTarget final : public Target {
       rr.known_tokens = 0;  // the default allocation; resumed when longer
       rr.timeout = timeout_;
       engine_->Receive(std::move(rr),
-                       [call, bytes_per_token](absl::StatusOr<transfer::ReceivedImage> image) {
+                       [call, bytes_per_token](absl::StatusOr<transfer::ReceivedMedia> image) {
                          if (!image.ok()) {
                            call->OnReceived(image.status(), 0);
                            return;

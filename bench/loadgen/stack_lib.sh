@@ -1,4 +1,4 @@
-# Sourced by the experiment scripts (disagg_experiment.sh, esp_experiment.sh):
+# Sourced by the experiment scripts (disagg_experiment.sh, elastic_experiment.sh):
 # a fresh launcher stack per run on ports the launcher picks (--port=0),
 # the demo model (or $model_dir: a text model, whose encoder then serves the
 # demo's vision tower), one encoder, UCX shm, no HTTP, no restarts.

@@ -1,6 +1,6 @@
 // mmserve_launch: runs router + encoders + language (role both, or
 // --prefill=N --decode=N instances of the disaggregated roles, or
-// --elastic=N instances of role elastic under `router --esp`) on this
+// --elastic=N instances of role elastic under `router --elastic`) on this
 // machine and supervises them: a child that dies is restarted; SIGTERM or
 // SIGINT stops every child (each drains and frees its blocks) and exits.
 //
@@ -40,11 +40,11 @@ ABSL_FLAG(int, prefill, 0,
           "0: one role-both instance)");
 ABSL_FLAG(int, decode, 0, "prefill/decode disaggregation: language instances of role decode");
 ABSL_FLAG(int, elastic, 0,
-          "elastic sequence parallelism: language instances of role elastic and router --esp "
+          "elastic sequence parallelism: language instances of role elastic and router --elastic "
           "(0: none)");
-ABSL_FLAG(std::string, esp_step_models, "",
+ABSL_FLAG(std::string, elastic_step_models, "",
           "with --elastic: the router's per-degree step-time models, a file of \"degree a b c\" "
-          "lines (bench:esp_profile writes one; empty: the router's default)");
+          "lines (bench:elastic_profile writes one; empty: the router's default)");
 ABSL_FLAG(std::vector<std::string>, router_flags, {},
           "extra router flags, comma-separated (e.g. --presize=false)");
 ABSL_FLAG(std::vector<std::string>, encoder_flags, {},
@@ -93,9 +93,9 @@ absl::StatusOr<StackOptions> OptionsFromFlags() {
   if (o.elastic < 0 || (o.elastic > 0 && o.prefill > 0)) {
     return absl::InvalidArgumentError("--elastic goes alone (not with --prefill/--decode)");
   }
-  o.esp_step_models = absl::GetFlag(FLAGS_esp_step_models);
-  if (!o.esp_step_models.empty() && o.elastic == 0) {
-    return absl::InvalidArgumentError("--esp_step_models needs --elastic");
+  o.elastic_step_models = absl::GetFlag(FLAGS_elastic_step_models);
+  if (!o.elastic_step_models.empty() && o.elastic == 0) {
+    return absl::InvalidArgumentError("--elastic_step_models needs --elastic");
   }
   if (absl::GetFlag(FLAGS_tp) > 1) {
     // Disaggregated: the decode instances are tensor-parallel, prefill runs

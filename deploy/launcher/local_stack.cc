@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   if (!options.api_key_file.empty()) {
     router_args.push_back("--api_key_file=" + options.api_key_file);
   }
-  if (options.elastic > 0) router_args.push_back("--esp");
-  if (options.elastic > 0 && !options.esp_step_models.empty()) {
-    router_args.push_back("--esp_step_models=" + options.esp_step_models);
+  if (options.elastic > 0) router_args.push_back("--elastic");
+  if (options.elastic > 0 && !options.elastic_step_models.empty()) {
+    router_args.push_back("--elastic_step_models=" + options.elastic_step_models);
   }
   router_args.insert(router_args.end(), options.router_args.begin(), options.router_args.end());
   auto router = s->Launch("router", options.bin_dir + "/router/router", router_args);

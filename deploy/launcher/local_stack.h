@@ -1,6 +1,6 @@
 // A whole topology on this machine: router, N encoders and one language
 // instance (role both; or prefill and decode instances; or N elastic
-// instances under `router --esp`), started in order, each registering with the router
+// instances under `router --elastic`), started in order, each registering with the router
 // on its internal address (--internal_address=<host>:0), and supervised
 // until Stop. deploy/serve.sh and the end-to-end tests use it.
 //
@@ -39,11 +39,11 @@ struct StackOptions {
   int decode = 0;
   // Elastic sequence parallelism: with > 0, this many `--role=elastic`
   // language instances (elastic-i) instead of the role-both one, and the
-  // router runs with --esp.
+  // router runs with --elastic.
   int elastic = 0;
-  // With elastic: the router's --esp_step_models (a models file,
-  // bench:esp_profile's); empty: the router's default models.
-  std::string esp_step_models;
+  // With elastic: the router's --elastic_step_models (a models file,
+  // bench:elastic_profile's); empty: the router's default models.
+  std::string elastic_step_models;
   std::string profile = "shm";
   std::string host = "127.0.0.1";
   int router_port = 0;  // 0: any free port

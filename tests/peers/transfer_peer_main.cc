@@ -25,7 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
-#include "transfer/image_crc.h"
+#include "transfer/media_crc.h"
 #include "transfer/payload_testing.h"
 #include "transfer/peer_process.h"
 #include "transfer/transfer_engine.h"
@@ -91,7 +91,7 @@ void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
   int in_flight = 0;
   // --reuse_payload: block runs that already hold an image's bytes -> its seed
   // and checksum (an encoder computes it as it writes the embedding).
-  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, ImageCrc>> written;
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, MediaCrc>> written;
   for (size_t k = 0; k < images.size(); ++k) {
     {
       absl::MutexLock lock(&mu);
@@ -105,13 +105,13 @@ void RunSender(TransferEngine& engine, const std::vector<Image>& images) {
     CHECK(blocks.ok()) << blocks.status();
     const std::pair<uint32_t, uint32_t> run{blocks->start_block, blocks->num_blocks};
     auto it = written.find(run);
-    std::optional<ImageCrc> crc;
+    std::optional<MediaCrc> crc;
     if (absl::GetFlag(FLAGS_reuse_payload)) {
       if (it == written.end() || it->second.first != image.spec.seed) {
         WriteImage(engine.buffer(), *blocks, image.spec);
         it = written
                  .insert_or_assign(run, std::make_pair(image.spec.seed,
-                                                       ImageCrc::Compute(engine.buffer(), *blocks)))
+                                                       MediaCrc::Compute(engine.buffer(), *blocks)))
                  .first;
       }
       crc = it->second.second;
@@ -141,7 +141,7 @@ void RunReceiver(TransferEngine& engine, const std::vector<Image>& images,
                  const std::string& sender) {
   for (size_t k = 0; k < images.size(); ++k) {
     const Image& image = images[k];
-    std::promise<absl::StatusOr<ReceivedImage>> done;
+    std::promise<absl::StatusOr<ReceivedMedia>> done;
     ReceiveRequest request{.request_id = image.request_id,
                            .sender = sender,
                            .known_tokens = absl::GetFlag(FLAGS_known) ? image.spec.total_tokens : 0,
@@ -153,8 +153,8 @@ void RunReceiver(TransferEngine& engine, const std::vector<Image>& images,
       };
     }
     engine.Receive(std::move(request),
-                   [&done](absl::StatusOr<ReceivedImage> got) { done.set_value(std::move(got)); });
-    absl::StatusOr<ReceivedImage> got = done.get_future().get();
+                   [&done](absl::StatusOr<ReceivedMedia> got) { done.set_value(std::move(got)); });
+    absl::StatusOr<ReceivedMedia> got = done.get_future().get();
     bool ok = got.ok();
     for (int s = 0; ok && s < kNumSections; ++s) {
       ok = got->Section(s) == ExpectedSection(engine.buffer().layout(), image.spec, s);
