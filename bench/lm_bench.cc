@@ -114,7 +114,7 @@ ABSL_FLAG(std::string, kernel, "dot", "linear kernel: dot (ours) or openblas");
 ABSL_FLAG(std::string, activation_dtype, "f32",
           "activations of the linear layers with --kernel=dot: f32, bf16 (bf16 layers round them "
           "at each linear, vdpbf16ps: LinearKernel::kBf16Dot) or int8 (int8 layers quantize them "
-          "per row, vpdpbusd: LinearKernel::kInt8Act)");
+          "per 32 columns, vpdpbusd: LinearKernel::kInt8Act)");
 ABSL_FLAG(int, block_size, 16, "KV block size");
 
 namespace mmserve {

@@ -92,10 +92,11 @@ std::string ReportIsa(const Options& o, const Results& r, double linear_gflops) 
       p.vnni_int16_gops, ratio, instruction);
   return absl::StrFormat(
       ",\"isa\":\"%s\",\"fma512_peak_gflops\":%.2f,\"bf16dot_peak_gflops\":%.2f,"
-      "\"vnni_peak_gflops\":%.2f,\"vnni_int16_peak_gflops\":%.2f,\"pp_linear_vs_isa_peak\":%.3f,"
+      "\"vnni_peak_gflops\":%.2f,\"vnni_loop_peak_gflops\":%.2f,\"vnni_tile_peak_gflops\":%.2f,"
+      "\"vnni_int16_peak_gflops\":%.2f,\"pp_linear_vs_isa_peak\":%.3f,"
       "\"pp_linear_isa_instruction\":\"%s\"",
-      cpu::IsaName(), p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, ratio,
-      instruction);
+      cpu::IsaName(), p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_loop_gops,
+      p.vnni_tile_gops, p.vnni_int16_gops, ratio, instruction);
 }
 
 // One line per row op (512-bit vs 256-bit time, each over a copy of the

@@ -12,13 +12,16 @@
 // checkpoint), or, with --dims, random fp32 weights whose bf16 rounding is
 // the bf16 modes' weights (Qwen2Weights::Random draws the same values).
 // Modes: bf16 weights with fp32 or bf16 activations (bf16 weights only),
-// int8 weights (one scale per row, or per 32 columns) with int16 or int8
-// activations. Quality does not depend on machine load, so the figures stand
+// int8 weights (one scale per row, or per 32 columns) with int16 (one scale
+// per row) or int8 activations (one scale per 32 columns): int8_g32 weights
+// with int8 activations is llama.cpp's Q8_0 scheme, with fp32 scales where
+// Q8_0 stores fp16 ones. Quality does not depend on machine load, so the figures stand
 // on a busy machine too. The corpus defaults to a license text every Debian
 // machine has; the tokens are the demo model's tokenizer's (their ids are
 // below every supported vocabulary size). Random weights' perplexity is
 // meaningless (their answers are noise); their KL and agreement are not.
-// Last line: JSON.
+// Last line: JSON, "modes" a list of {mode, kld (mean KL divergence), top1,
+// ppl, max_dlogit}.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -206,7 +209,7 @@ int Main() {
               0.0);
   std::string json = absl::StrFormat(
       "{\"bench\":\"quality\",\"model\":\"%s\",\"positions\":%zu,\"reference_perplexity\":%.4f,"
-      "\"modes\":{",
+      "\"modes\":[",
       dims.empty() ? model_dir : dims, ref.size(), self.ppl);
   bool first = true;
   for (const Mode& mode : modes) {
@@ -218,12 +221,12 @@ int Main() {
     std::printf("%-28s %12.3g %7.2f%% %12.3f %12.3g\n", mode.name.c_str(), q.kl, 100 * q.top1,
                 q.ppl, q.max_dlogit);
     absl::StrAppendFormat(&json,
-                          "%s\"%s\":{\"kl\":%.6g,\"top1\":%.5f,\"perplexity\":%.4f,"
+                          "%s{\"mode\":\"%s\",\"kld\":%.6g,\"top1\":%.5f,\"ppl\":%.4f,"
                           "\"max_dlogit\":%.4g}",
                           first ? "" : ",", mode.name, q.kl, q.top1, q.ppl, q.max_dlogit);
     first = false;
   }
-  absl::StrAppendFormat(&json, "},\"loadavg\":%.2f}", LoadAverage());
+  absl::StrAppendFormat(&json, "],\"loadavg\":%.2f}", LoadAverage());
   std::printf("\n%s\n", json.c_str());
   return 0;
 }

@@ -12,8 +12,8 @@
 // With --quantize, the same questions run first on the weights as stored and
 // the report adds the accuracy difference in points and how many answers are
 // the same. --activation_dtype=int8 (with --quantize) runs the quantized
-// language model's layers on int8 activations (EngineOptions::
-// int8_activations, LinearKernel::kInt8Act).
+// layers on int8 activations (EngineOptions::activation_dtype,
+// LinearKernel::kInt8Act).
 // Every question is one request, all in flight together (continuous
 // batching), greedy, at most 8 new tokens, ending at <|im_end|>. The answer is
 // the decoded text without special tokens, surrounding whitespace stripped,
@@ -249,14 +249,14 @@ int Main() {
   if (activations != "" && activations != "f32" && activations != "int8") {
     return Fail(absl::InvalidArgumentError("--activation_dtype takes f32 or int8"));
   }
-  options.int8_activations = activations == "int8";
+  options.activation_dtype = activations;
   // With --quantize, the weights as stored are evaluated first, as the
   // baseline of the same run.
   Answers baseline;
   if (quantized) {
     worker::EngineOptions plain = options;
     plain.quantize = "";
-    plain.int8_activations = false;
+    plain.activation_dtype = "";
     auto b = Evaluate(plain, items, images);
     if (!b.ok()) return Fail(b.status());
     baseline = std::move(*b);
@@ -264,8 +264,8 @@ int Main() {
   auto evaluated = Evaluate(options, items, images);
   if (!evaluated.ok()) return Fail(evaluated.status());
   const Scores scores = Score(items, *evaluated, quantized ? &baseline : nullptr, hf);
-  PrintReport(scores, images.size(), evaluated->seconds, options.quantize, options.int8_activations,
-              quantized ? &baseline : nullptr);
+  PrintReport(scores, images.size(), evaluated->seconds, options.quantize,
+              options.activation_dtype == "int8", quantized ? &baseline : nullptr);
   return 0;
 }
 

@@ -93,15 +93,18 @@ absl::Status EncoderCore::Load() {
   ASSIGN_OR_RETURN(checkpoint_, model::SafetensorsCheckpoint::Open(options_.model_dir));
   model::VisionTowerOptions tower_options;
   ASSIGN_OR_RETURN(tower_options.int8_group, model::VisionInt8Group(options_.quantize));
-  ASSIGN_OR_RETURN(tower_options.bf16_activations,
-                   model::ParseBf16Activations(options_.activation_dtype, options_.quantize));
+  ASSIGN_OR_RETURN(const model::ActivationDtype activations,
+                   model::ParseActivationDtype(options_.activation_dtype, options_.quantize));
+  tower_options.bf16_activations = activations == model::ActivationDtype::kBf16;
+  tower_options.int8_activations = activations == model::ActivationDtype::kInt8;
   ASSIGN_OR_RETURN(tower_, model::VisionTower::Load(*checkpoint_, config_, tower_options));
+  // Each token's row: the main embedding and its DeepStack features.
+  const int64_t row_width = int64_t{tower_->out_hidden()} * (1 + config_.DeepstackLevels());
   const transfer::EmbeddingLayout& layout = engine_.buffer().layout();
-  if (layout.hidden_size != static_cast<uint32_t>(tower_->out_hidden()) ||
-      layout.dtype_bytes != sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "send buffer holds ", layout.hidden_size, " x ", layout.dtype_bytes,
-        "-byte values per token; the tower produces ", tower_->out_hidden(), " floats"));
+  if (layout.hidden_size != row_width || layout.dtype_bytes != sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("send buffer holds ", layout.hidden_size, " x ", layout.dtype_bytes,
+                     "-byte values per token; the tower produces ", row_width, " floats"));
   }
   return absl::OkStatus();
 }
@@ -365,7 +368,10 @@ bool EncoderCore::RunBatch(const std::vector<Slice>& slices) {
     grids.push_back(g);
   }
   Stopwatch clock;
-  absl::StatusOr<std::vector<float>> out = tower_->Forward(pixels, grids);
+  absl::StatusOr<model::VisionEmbeddings> all = tower_->ForwardAll(pixels, grids);
+  absl::StatusOr<std::vector<float>> out =
+      all.ok() ? model::TokenRows(std::move(*all), tower_->out_hidden())
+               : absl::StatusOr<std::vector<float>>(all.status());
   tower_seconds_->Observe(clock.ElapsedSeconds());
   batch_images_->Observe(static_cast<double>(slices.size()));
   if (!out.ok()) {
@@ -374,7 +380,7 @@ bool EncoderCore::RunBatch(const std::vector<Slice>& slices) {
     }
     return false;
   }
-  const size_t hidden = static_cast<size_t>(tower_->out_hidden());
+  const size_t hidden = engine_.buffer().layout().hidden_size;  // the row's floats
   size_t row = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
     const size_t rows = static_cast<size_t>(grids[i].num_tokens());
@@ -448,12 +454,14 @@ void EncoderCore::Publish(Work& w) {
     return;
   }
   const int merge = e.grid.merge_size;
-  const transfer::MediaRowsHeader header{.image_index = image.image_index,
-                                         .fill_id = transfer::ImageFillId(image.hash.low),
-                                         .grid = {.t = e.grid.grid_t,
-                                                  .rows = e.grid.grid_h / merge,
-                                                  .cols = e.grid.grid_w / merge,
-                                                  .time_step = e.grid.time_step}};
+  const transfer::MediaRowsHeader header{
+      .image_index = image.image_index,
+      .fill_id = transfer::ImageFillId(image.hash.low),
+      .grid = {.t = e.grid.grid_t,
+               .rows = e.grid.grid_h / merge,
+               .cols = e.grid.grid_w / merge,
+               .time_step = e.grid.time_step},
+      .sections = static_cast<uint32_t>(1 + config_.DeepstackLevels())};
   transfer::EmbeddingBuffer& buffer = engine_.buffer();
   // Load checked a float buffer of the tower's width and AllocWait gave n
   // tokens: a failure would be the encoder's own bug.

@@ -70,9 +70,10 @@ struct EncoderCoreOptions {
   // The tower's weights: "" (as stored), "int8" or "int8_g32" (quantized at
   // load, see model::VisionTowerOptions::int8_group).
   std::string quantize;
-  // The tower's activations: "" or "f32", or "bf16"
-  // (model::VisionTowerOptions::bf16_activations); see
-  // model::ParseBf16Activations for what is refused.
+  // The tower's activations: "" or "f32", "bf16"
+  // (model::VisionTowerOptions::bf16_activations) or "int8" (with int8
+  // weights: model::VisionTowerOptions::int8_activations); see
+  // model::ParseActivationDtype for what is refused.
   std::string activation_dtype;
   size_t cache_bytes = size_t{256} << 20;
   model::DecodeLimits decode_limits;
@@ -125,8 +126,9 @@ class EncoderCore {
   void Shutdown();
 
   const model::ModelConfig& config() const { return config_; }
-  // Floats per embedding token (the language model's hidden size).
-  int hidden_size() const { return tower_->out_hidden(); }
+  // Floats per embedding token: the language model's hidden size, times
+  // 1 + DeepStack levels (ModelConfig::EmbeddingRowWidth).
+  int hidden_size() const { return tower_->out_hidden() * (1 + config_.DeepstackLevels()); }
   // Images queued or in a stage, and the embedding cache.
   size_t num_pending() const { return pending_.load(); }
   EmbeddingCache::Stats cache_stats() const { return cache_.stats(); }

@@ -3,7 +3,8 @@
 // its rows equal one tower call on the same patches; the receiver's default
 // allocation is too small, so the transfer resumes; the grid travels in the
 // M-RoPE section; a second request hits the cache (the key includes the
-// sampling options); hostile videos end the job with INVALID_ARGUMENT.
+// sampling options); hostile videos end the job with INVALID_ARGUMENT. A
+// Qwen3-VL image's rows carry its DeepStack features after its embedding.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -16,6 +17,8 @@
 #include "common/file.h"
 #include "common/metrics.h"
 #include "encoder_service/encoder_core.h"
+#include "model/image_decode.h"
+#include "model/image_preprocess.h"
 #include "model/safetensors.h"
 #include "model/video_request.h"
 #include "model/vision_tower.h"
@@ -159,22 +162,89 @@ TEST_CASE("hostile videos end the job with INVALID_ARGUMENT and the reason") {
   CHECK(rig->enc->allocator().used_blocks() == 0);
 }
 
-TEST_CASE("the encoder refuses a Qwen3-VL model at start (model level only)", "[encoder]") {
-  auto config = model::LoadModelConfig("model/testdata/models/qwen3vl-tiny");
+constexpr char kQwen3Vl[] = "model/testdata/models/qwen3vl-tiny";
+
+transfer::EmbeddingLayout RowsOf(uint32_t width) {
+  return {.block_size = 16, .num_blocks = 64, .hidden_size = width, .dtype_bytes = sizeof(float)};
+}
+
+TEST_CASE("a Qwen3-VL image travels as its main embedding and DeepStack sections", "[encoder]") {
+  auto config = model::LoadModelConfig(kQwen3Vl);
   REQUIRE(config.ok());
-  transfer::EmbeddingLayout layout{.block_size = 16,
-                                   .num_blocks = 64,
-                                   .hidden_size = static_cast<uint32_t>(config->text.hidden_size),
-                                   .dtype_bytes = sizeof(float)};
-  auto enc = transfer::TransferEngine::Create({.instance_id = "enc", .layout = layout});
-  REQUIRE(enc.ok());
+  REQUIRE(config->DeepstackLevels() == 2);
+  const uint32_t hidden = static_cast<uint32_t>(config->text.hidden_size);
   metrics::Registry registry;
   EncoderCoreOptions options;
-  options.model_dir = "model/testdata/models/qwen3vl-tiny";
+  options.model_dir = kQwen3Vl;
+  {
+    // A buffer of the main embedding's width has no room for the features.
+    auto narrow =
+        transfer::TransferEngine::Create({.instance_id = "enc", .layout = RowsOf(hidden)});
+    REQUIRE(narrow.ok());
+    auto core = EncoderCore::Create(options, **narrow, registry);
+    REQUIRE_FALSE(core.ok());
+    CHECK(absl::IsInvalidArgument(core.status()));
+  }
+  const uint32_t width = static_cast<uint32_t>(config->EmbeddingRowWidth());
+  REQUIRE(width == 3 * hidden);
+  auto enc = transfer::TransferEngine::Create({.instance_id = "enc", .layout = RowsOf(width)});
+  auto lang = transfer::TransferEngine::Create(
+      {.instance_id = "lang", .layout = RowsOf(width), .default_num_blocks = 1});
+  REQUIRE((enc.ok() && lang.ok()));
+  REQUIRE((*enc)->Connect((*lang)->local_info()).ok());
+  REQUIRE((*lang)->Connect((*enc)->local_info()).ok());
   auto core = EncoderCore::Create(options, **enc, registry);
-  REQUIRE_FALSE(core.ok());
-  CHECK(core.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(absl::StrContains(core.status().message(), "qwen3_vl"));
+  INFO(core.status());
+  REQUIRE(core.ok());
+  CHECK((*core)->hidden_size() == static_cast<int>(width));
+
+  auto bytes = ReadFileToString("model/testdata/images/gray.png");  // 64 x 48
+  REQUIRE(bytes.ok());
+  EncodeJob job{.request_id = "q", .transfer_id = "q"};
+  job.images.push_back({.image_index = 0, .data = *bytes, .hash = HashBytes(*bytes)});
+  std::promise<absl::StatusOr<v1::EncodeResponse>> done;
+  (*core)->Encode(std::move(job),
+                  [&done](absl::StatusOr<v1::EncodeResponse> r) { done.set_value(std::move(r)); });
+  auto r = done.get_future().get();
+  REQUIRE(r.ok());
+  auto got = Receive(**lang, "q");
+  REQUIRE(got.ok());
+  const uint32_t n = got->total_tokens();
+  REQUIRE(n == r->images(0).num_tokens());
+  auto sections = transfer::DecodeImageSections(got->Section(transfer::kAux), n, width);
+  REQUIRE(sections.ok());
+  CHECK(*sections == transfer::EmbeddingSections{.version = 2, .count = 3, .width = hidden});
+
+  // The reference: the tower's outputs on the same patches, row by row.
+  auto image = model::DecodeImage(*bytes, model::DecodeLimits());
+  REQUIRE(image.ok());
+  auto patches = model::PreprocessImage(*image, *config->preprocessor);
+  REQUIRE(patches.ok());
+  auto ckpt = model::SafetensorsCheckpoint::Open(kQwen3Vl);
+  REQUIRE(ckpt.ok());
+  auto tower = model::VisionTower::Load(**ckpt, *config);
+  REQUIRE(tower.ok());
+  auto want = (*tower)->ForwardAll(patches->values, std::vector<model::MediaGrid>{patches->grid});
+  REQUIRE(want.ok());
+  REQUIRE(want->deepstack.size() == 2);
+  const std::string emb = got->Section(transfer::kEmbedding);
+  REQUIRE(emb.size() == size_t{n} * width * sizeof(float));
+  std::vector<float> rows(size_t{n} * width);
+  std::memcpy(rows.data(), emb.data(), emb.size());
+  float worst = 0;
+  for (uint32_t t = 0; t < n; ++t) {
+    for (uint32_t i = 0; i < hidden; ++i) {
+      const float* row = &rows[size_t{t} * width];
+      worst = std::max(worst, std::fabs(row[i] - want->main[t * hidden + i]));
+      for (int k = 0; k < 2; ++k) {
+        worst = std::max(worst,
+                         std::fabs(row[(1 + k) * hidden + i] - want->deepstack[k][t * hidden + i]));
+      }
+    }
+  }
+  CHECK(worst < 1e-5f);
+  got->Release();
+  (*core)->Shutdown();
 }
 
 }  // namespace

@@ -44,8 +44,9 @@ ABSL_FLAG(std::string, quantize, "",
           "vision tower weights: as stored (empty), int8 (one scale per output row) or int8_g32 "
           "(one per 32 columns), quantized at load");
 ABSL_FLAG(std::string, activation_dtype, "",
-          "vision tower activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 linear "
-          "layer, fp32 accumulation); not with --quantize");
+          "vision tower activations: f32 (empty), bf16 (rounded to bf16 at each bf16 linear "
+          "layer, fp32 accumulation; not with --quantize) or int8 (int8 layers quantize their "
+          "input to int8, one scale per 32 columns; needs --quantize)");
 ABSL_FLAG(int64_t, max_batch_patches, 16384,
           "patches per vision tower batch (a longer video runs over several)");
 ABSL_FLAG(int64_t, max_video_bytes, int64_t{64} << 20, "bytes per video file (as the router's)");
@@ -71,7 +72,7 @@ absl::StatusOr<std::unique_ptr<transfer::TransferEngine>> CreateTransfer(
   topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_num_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.EmbeddingRowWidth());
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = 1;
   return transfer::TransferEngine::Create(topts);

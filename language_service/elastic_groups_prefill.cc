@@ -208,7 +208,7 @@ absl::Status ElasticGroups::RunRows(Group& g) {
     for (size_t k = 0; k < st.image_offsets.size(); ++k) {
       const int64_t at = gr - st.image_offsets[k];
       if (at >= 0 && at < st.image_lengths[k]) {
-        b.rows.embedding_overrides.push_back({i, st.image_embeddings[k] + at * hidden});
+        b.rows.embedding_overrides.push_back(worker::ImageOverride(st, k, at, i, hidden));
       }
     }
   }
@@ -233,9 +233,9 @@ absl::Status ElasticGroups::Finish(Group& g, Prefilled* out) {
   worker::StreamEvent first;
   int32_t token = 0;
   if (g.sampler) {
-    const model::SampleResult s = g.request->Sample(absl::MakeSpan(g.logits));
-    ASSIGN_OR_RETURN(first, g.request->Push(s));
-    token = s.token;
+    ASSIGN_OR_RETURN(first,
+                     engine_.FirstElasticToken(*g.request, {.logits = absl::MakeSpan(g.logits)}));
+    token = first.token_ids.front();
     out->event = first;
   }
   if (!g.master) return FinishMember(g, first, token, out);
@@ -247,16 +247,9 @@ absl::Status ElasticGroups::Finish(Group& g, Prefilled* out) {
     if (sampler) token = t;
   }
   if (!g.sampler) {
-    model::SampleResult s;
-    s.token = token;
-    ASSIGN_OR_RETURN(first, g.request->PushSampledElsewhere(s));
-    if (first.finish_reason != worker::FinishReason::kNone) {
-      // The sampler's stream carried the token; the master's only ends.
-      first.token_ids.clear();
-      first.logprobs.clear();
-      first.text.clear();
-      out->event = first;
-    }
+    // The sampler's stream carried the token; the master's only ends.
+    ASSIGN_OR_RETURN(first, engine_.FirstElasticToken(*g.request, {.token = token}));
+    if (first.finish_reason != worker::FinishReason::kNone) out->event = first;
   }
   if (first.finish_reason != worker::FinishReason::kNone) {
     if (g.held) engine_.ReleaseSpan(g.id).IgnoreError();  // a master done at once

@@ -53,9 +53,10 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
   ASSIGN_OR_RETURN(core->engine_, worker::LlmEngine::Create(eo, core->role_->MakeConnector()));
   const transfer::EmbeddingLayout& layout = transfer.buffer().layout();
   if (core->config().vision &&
-      (layout.hidden_size != static_cast<uint32_t>(core->config().text.hidden_size) ||
+      (layout.hidden_size != static_cast<uint32_t>(core->config().EmbeddingRowWidth()) ||
        layout.dtype_bytes != sizeof(float))) {
-    return absl::InvalidArgumentError("embedding buffer does not match the model's hidden size");
+    return absl::InvalidArgumentError(
+        "embedding buffer rows do not match the model's hidden size and DeepStack features");
   }
   RETURN_IF_ERROR(core->role_->Attach(*core));
   core->UpdateLoad();
@@ -67,7 +68,8 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
           .transfer_timeout = options.transfer_timeout,
           .lost_image_timeout = options.lost_image_timeout,
           .connect_timeout = options.connect_timeout,
-          .spatial_merge_size = c->config().vision ? c->config().vision->spatial_merge_size : 2},
+          .spatial_merge_size = c->config().vision ? c->config().vision->spatial_merge_size : 2,
+          .deepstack_levels = c->config().DeepstackLevels()},
       transfer, core->metrics_,
       MediaGather::Hooks{.post =
                              [c](absl::AnyInvocable<void()> task) {

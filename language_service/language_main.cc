@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/file.h"
+#include "common/flag_aliases.h"
 #include "common/grpc_server.h"
 #include "common/internal_plane_flags.h"
 #include "common/logging.h"
@@ -54,6 +55,11 @@ ABSL_FLAG(int, elastic_layer_timeout_ms, 2000,
           "decode step");
 ABSL_FLAG(int, elastic_join_timeout_ms, 10000,
           "role elastic: how long the members of a group prefill wait for each other to join");
+// The names these flags had before the feature was called elastic everywhere.
+ABSL_FLAG(int, esp_span_idle_s, 30, "deprecated: use --elastic_span_idle_s");
+ABSL_FLAG(int, esp_max_prompt_tokens, 0, "deprecated: use --elastic_max_prompt_tokens");
+ABSL_FLAG(int, esp_layer_timeout_ms, 2000, "deprecated: use --elastic_layer_timeout_ms");
+ABSL_FLAG(int, esp_join_timeout_ms, 10000, "deprecated: use --elastic_join_timeout_ms");
 ABSL_FLAG(
     int, test_elastic_step_delay_ms, 0,
     "TEST ONLY (fault tests): each layer of a group prefill and each decode step of an elastic "
@@ -86,8 +92,9 @@ ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, c
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
 ABSL_FLAG(std::string, activation_dtype, "",
-          "linear layers' activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 "
-          "layer, fp32 accumulation); not with --quantize or --tp > 1");
+          "linear layers' activations: f32 (empty), bf16 (rounded to bf16 at each bf16 layer, "
+          "fp32 accumulation; not with --quantize or --tp > 1) or int8 (int8 layers quantize "
+          "their input to int8, one scale per 32 columns; needs --quantize)");
 ABSL_FLAG(int, transfer_timeout_ms, 30000, "one image's embedding transfer");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of this instance: this process is rank 0 and starts ranks "
@@ -176,7 +183,7 @@ transfer::TransferEngineOptions TransferOptions(const std::string& id,
   topts.profile = profile;
   topts.layout.block_size = absl::GetFlag(FLAGS_embedding_block_size);
   topts.layout.num_blocks = absl::GetFlag(FLAGS_embedding_blocks);
-  topts.layout.hidden_size = static_cast<uint32_t>(config.text.hidden_size);
+  topts.layout.hidden_size = static_cast<uint32_t>(config.EmbeddingRowWidth());
   topts.layout.dtype_bytes = sizeof(float);
   topts.default_num_blocks = absl::GetFlag(FLAGS_default_blocks);
   return topts;
@@ -379,5 +386,13 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s =
+          mmserve::ApplyFlagAliases({{"esp_span_idle_s", "elastic_span_idle_s"},
+                                     {"esp_max_prompt_tokens", "elastic_max_prompt_tokens"},
+                                     {"esp_layer_timeout_ms", "elastic_layer_timeout_ms"},
+                                     {"esp_join_timeout_ms", "elastic_join_timeout_ms"}});
+      !s.ok()) {
+    return mmserve::ExitWithError("language", s);
+  }
   return mmserve::language::Main();
 }

@@ -227,6 +227,15 @@ void MediaGather::OnImage(const std::string& id, size_t k, const std::string& tr
                absl::DataLossError(absl::StrCat("image ", k, ": ", grid.status().message())));
     return;
   }
+  // The rows must hold what the model adds: its main embedding and each
+  // DeepStack feature (a version 1 embedding is the main one alone).
+  if (absl::Status s = transfer::ExpectImageSections(
+          image->Section(transfer::kAux), n, transfer_.buffer().layout().hidden_size,
+          static_cast<uint32_t>(1 + options_.deepstack_levels));
+      !s.ok()) {
+    LoseImages(r, transfer_id, absl::DataLossError(absl::StrCat("image ", k, ": ", s.message())));
+    return;
+  }
   const int merge = options_.spatial_merge_size;
   worker::MediaEmbedding& e = r.images[k].embedding;
   // The kind was set from the prompt's slot when the request came in.

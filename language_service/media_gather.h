@@ -2,13 +2,13 @@
 // image: connect to its encoder (once per encoder, on the gather's connector
 // thread), receive its embedding over UCX (exact allocation when the router
 // pre-sized it, else default-then-resume), derive its grid from the M-RoPE
-// section, free the blocks (or, MmHandoff::kAsync, keep them for the
-// request's steps to read in place). The loop never blocks on a transfer:
-// results come back through Hooks::post. When an image's source fails (lost
-// peer, deadline, corrupt data), the request's stream reports the lost
-// images (TokenBatch.lost_images) and it waits up to lost_image_timeout for
-// a retry with new sources (ApplyRetry; one that overtakes its request is
-// kept, KeepEarly, and applied by Start).
+// section, check its section header (the main embedding and each
+// DeepStack feature side by side in a token's row), free the blocks (or,
+// MmHandoff::kAsync, keep them for the request's steps to read in place). The loop never blocks on
+// a transfer: results come back through Hooks::post. When an image's source fails (lost peer,
+// deadline, corrupt data), the request's stream reports the lost images (TokenBatch.lost_images)
+// and it waits up to lost_image_timeout for a retry with new sources (ApplyRetry; one that
+// overtakes its request is kept, KeepEarly, and applied by Start).
 //
 //   MediaGather images(options, transfer, metrics,
 //                      {.post = ..., .find = ..., .on_ready = admit});
@@ -59,6 +59,9 @@ struct MediaGatherOptions {
   absl::Duration lost_image_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(3);
   int spatial_merge_size = 2;  // the model's: an embedding's grid from its M-RoPE section
+  // The model's DeepStack features per token: an embedding must carry
+  // 1 + deepstack_levels sections (transfer/embedding_layout.h).
+  int deepstack_levels = 0;
 };
 
 class MediaGather {

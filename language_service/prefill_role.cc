@@ -17,14 +17,14 @@ namespace mmserve::language {
 namespace {
 
 v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
-  const std::vector<int32_t>& ids = r.prompt->token_ids;
+  const std::vector<int32_t>& ids = r.prompt.token_ids;
   v1::KvAllocateRequest req;
   req.set_request_id(r.request_id);
   req.set_num_tokens(static_cast<uint32_t>(ids.size()));
   req.set_max_new_tokens(static_cast<uint32_t>(r.max_tokens));
   for (int32_t t : ids) req.add_prompt_token_ids(static_cast<uint32_t>(t));
   req.set_seed(r.seed);
-  for (const worker::HandoffMedia& h : r.prompt->images) {
+  for (const worker::HandoffMedia& h : r.prompt.images) {
     v1::KvImageSpan* span = req.add_images();
     span->set_offset(static_cast<uint32_t>(h.offset));
     span->set_grid_t(static_cast<uint32_t>(h.grid.grid_t));
@@ -35,7 +35,7 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
     span->mutable_content_hash()->set_high(h.key.high);
     span->mutable_content_hash()->set_low(h.key.low);
   }
-  req.set_mrope_position_delta(r.prompt->mrope_position_delta);
+  req.set_mrope_position_delta(r.prompt.mrope_position_delta);
   return req;
 }
 
@@ -72,6 +72,8 @@ absl::Status PrefillRole::Attach(RoleHost& host) {
   const transfer::UcxWorkerOptions wo{.name = instance_id_ + "-kv"};
   ASSIGN_OR_RETURN(kv_sender_,
                    transfer::KvHandoffSender::Create(*kv_context_, engine.kv_cache(), wo));
+  handoff_threads_ = std::make_unique<WorkerPool>(
+      WorkerPoolOptions{.name = "kv-handoff", .threads = kHandOffThreads});
   return absl::OkStatus();
 }
 
@@ -93,6 +95,7 @@ absl::Status PrefillRole::PreparePrefill(const v1::PrefillRequest& request,
 }
 
 v1::Language::Stub& PrefillRole::DecodeStub(const std::string& address) {
+  absl::MutexLock lock(&stubs_mu_);
   auto& stub = decode_stubs_[address];
   if (stub == nullptr) stub = v1::Language::NewStub(InternalChannel(address));
   return *stub;
@@ -110,7 +113,7 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
   }
   // The decode side's block size (Send refuses one that differs from ours).
   const int64_t block_size = alloc.ranks(0).layout().block_size();
-  const std::vector<int32_t>& blocks = *request.kv_blocks;
+  const std::vector<int32_t>& blocks = request.kv_blocks;
   const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
   for (int i = 0; i < tp; ++i) {
     const v1::KvRankTarget& rank = alloc.ranks(i);
@@ -135,7 +138,9 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
   return absl::OkStatus();
 }
 
-absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request) {
+absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request,
+                                                   const std::atomic<bool>& cancelled) {
+  if (cancelled) return absl::CancelledError("the request ended before its hand-off");
   const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
   const auto grpc_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
@@ -159,7 +164,10 @@ absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request
   *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
   commit.set_first_token_id(static_cast<uint32_t>(request.first_token));
   commit.set_seed(request.seed);
-  commit.set_mrope_position_delta(request.prompt->mrope_position_delta);
+  commit.set_mrope_position_delta(request.prompt.mrope_position_delta);
+  // Its decode reservation is freed at its commit deadline (or when the
+  // router cancels the decode stream).
+  if (cancelled) return absl::CancelledError("the request ended during its hand-off");
   v1::KvCommitAck ack;
   grpc::ClientContext ctx;
   ctx.set_deadline(grpc_deadline);
@@ -178,29 +186,57 @@ absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request
 bool PrefillRole::TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::TokenBatch& batch) {
   if (e.finish_reason != worker::FinishReason::kHandoff) return false;
   Advance(r, RequestEvent::kPromptDone);
-  absl::StatusOr<HandOffResult> done = HandOff({.request_id = r.id,
-                                                .decode = r.decode,
-                                                .max_tokens = r.engine_request.sampling.max_tokens,
-                                                .seed = r.engine_request.sampling.seed,
-                                                .first_token = r.last_token,
-                                                .kv_blocks = &e.kv_blocks,
-                                                .prompt = &e.handoff});
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  batch.set_kv_handed_off(true);
+  mmserve::v1::RequestTiming* t = batch.mutable_timing();
+  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
+  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+  handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch)};
+  HandOffRequest request{.request_id = r.id,
+                         .decode = r.decode,
+                         .max_tokens = r.engine_request.sampling.max_tokens,
+                         .seed = r.engine_request.sampling.seed,
+                         .first_token = r.last_token,
+                         .kv_blocks = e.kv_blocks,
+                         .prompt = e.handoff};
+  const bool posted = handoff_threads_->Post(
+      [this, request = std::move(request), cancelled = std::move(cancelled)]() {
+        absl::StatusOr<HandOffResult> done = HandOff(request, *cancelled);
+        host_->RunOnLoop(
+            [this, id = request.request_id, done = std::move(done)](bool) { Finished(id, done); });
+      });
+  if (!posted) Finished(r.id, RoleHost::ShuttingDown());
+  return true;
+}
+
+void PrefillRole::Release(const std::string& id, const absl::Status& /*status*/) {
+  auto it = handing_off_.find(id);
+  if (it == handing_off_.end()) return;
+  // The hand-off thread still reads the blocks: Finished frees them.
+  it->second.cancelled->store(true);
+  it->second.ended = true;
+}
+
+void PrefillRole::Finished(const std::string& id, const absl::StatusOr<HandOffResult>& done) {
+  auto it = handing_off_.find(id);
+  if (it == handing_off_.end()) return;
+  Pending pending = std::move(it->second);
+  handing_off_.erase(it);
+  // Nothing reads the blocks any more (an abort that came meanwhile left
+  // them held).
+  engine_->ReleaseSpan(id).IgnoreError();
+  if (pending.ended) return;
   if (!done.ok()) {
-    host_->End(r.id, done.status());
-    return true;
+    host_->End(id, done.status());
+    return;
   }
   LanguageMetrics& m = host_->metrics();
   m.kv_handoff_round_trips->Observe(done->round_trips);
   for (transfer::KvHandoffPath path : done->paths) {
     m.kv_handoffs[static_cast<int>(path)]->Increment();
   }
-  batch.set_kv_handed_off(true);
-  mmserve::v1::RequestTiming* t = batch.mutable_timing();
-  t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
-  t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
-  r.sink.on_batch(std::move(batch));
-  host_->End(r.id, absl::OkStatus());
-  return true;
+  if (LiveRequest* r = host_->Find(id)) r->sink.on_batch(std::move(pending.last));
+  host_->End(id, absl::OkStatus());
 }
 
 }  // namespace mmserve::language

@@ -1,17 +1,30 @@
 // Role prefill (role.h): runs prompts to their first token and hands
 // the prompt's KV to the decode instance each request names: AllocateKv on
 // it, one set of UCX puts per decode rank (its slice of the KV heads,
-// transfer/kv_handoff), CommitKv with each rank's CRC32C. Loop thread only.
+// transfer/kv_handoff), CommitKv with each rank's CRC32C.
+//
+// A hand-off never blocks the loop: at the prompt's end the engine keeps
+// the request's blocks held (a span of its id) and the hand-off runs on a
+// hand-off thread; the loop steps other requests meanwhile. Its result
+// comes back to the loop (RoleHost::RunOnLoop), which frees the blocks and
+// ends the request: its last batch (kv_handed_off) or the hand-off's error.
+// A request aborted meanwhile ends at once; its blocks are freed when the
+// hand-off thread is done with them (no CommitKv is sent after the abort).
+// Methods are the loop thread's unless said otherwise.
 #ifndef MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
 #define MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/worker_pool.h"
 #include "language_service/role.h"
 #include "proto/language.grpc.pb.h"
 #include "transfer/kv_handoff.h"
@@ -20,15 +33,16 @@
 namespace mmserve::language {
 
 // What a prefill instance hands over: the request's prompt as the engine
-// expanded it, its KV blocks, and the first token it sampled.
+// expanded it, its KV blocks (held by the engine until the hand-off is
+// over), and the first token it sampled.
 struct HandOffRequest {
   std::string request_id;
   v1::DecodeTarget decode;  // where the request decodes
   int max_tokens = 0;
   uint64_t seed = 0;
   int32_t first_token = -1;
-  const std::vector<int32_t>* kv_blocks = nullptr;
-  const worker::HandoffPrompt* prompt = nullptr;
+  std::vector<int32_t> kv_blocks;
+  worker::HandoffPrompt prompt;
 };
 
 // What a hand-off waited for and how its bytes moved.
@@ -66,11 +80,30 @@ class PrefillRole final : public Role {
   // with the hand-off's error.
   bool TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::TokenBatch& batch) override;
 
-  // Hands a request's KV to its decode instance:
-  // mmserve_language_kv_handoff_round_trips and _total{path}.
-  [[nodiscard]] absl::StatusOr<HandOffResult> HandOff(const HandOffRequest& request);
+  // Requests whose hand-off is under way end here (Abort, shutdown).
+  bool Owns(const LiveRequest& r) const override { return handing_off_.count(r.id) > 0; }
+  void Release(const std::string& id, const absl::Status& status) override;
+
+  // Hands a request's KV to its decode instance; CancelledError, before
+  // AllocateKv or CommitKv, once `cancelled` is set. Thread-safe (the
+  // hand-off threads run it).
+  [[nodiscard]] absl::StatusOr<HandOffResult> HandOff(const HandOffRequest& request,
+                                                      const std::atomic<bool>& cancelled);
+
+  // Hand-offs that may be under way at once; more wait for a thread.
+  static constexpr int kHandOffThreads = 8;
 
  private:
+  // A hand-off under way, by request id.
+  struct Pending {
+    std::shared_ptr<std::atomic<bool>> cancelled;
+    bool ended = false;   // the request ended meanwhile (Release)
+    v1::TokenBatch last;  // the stream's last batch, sent on success
+  };
+  // The hand-off of `id` is over: frees its blocks and ends the request
+  // with `done` (the metrics mmserve_language_kv_handoff_round_trips and
+  // _total{path} on success).
+  void Finished(const std::string& id, const absl::StatusOr<HandOffResult>& done);
   v1::Language::Stub& DecodeStub(const std::string& address);
   // The writes to every decode rank of `alloc`; their CRC32Cs into
   // `commit`, how each moved into result.paths.
@@ -84,7 +117,13 @@ class PrefillRole final : public Role {
   worker::LlmEngine* engine_ = nullptr;
   std::unique_ptr<transfer::UcxContext> kv_context_;
   std::unique_ptr<transfer::KvHandoffSender> kv_sender_;
-  std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_;
+  absl::Mutex stubs_mu_;
+  std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_
+      ABSL_GUARDED_BY(stubs_mu_);
+  std::map<std::string, Pending> handing_off_;  // loop thread only
+  // Last: its threads stop (running hand-offs finish) before what they use
+  // goes.
+  std::unique_ptr<WorkerPool> handoff_threads_;
 };
 
 }  // namespace mmserve::language

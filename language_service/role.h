@@ -61,7 +61,7 @@ struct RoleOptions {
   // Role prefill: AllocateKv, the puts and CommitKv together.
   absl::Duration kv_handoff_timeout = absl::Seconds(10);
   // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
-  // and the puts (on the loop thread, inside kv_handoff_timeout), so that
+  // and the puts (on its hand-off thread, inside kv_handoff_timeout), so that
   // fault tests kill a process mid-hand-off deterministically. Zero in
   // production.
   absl::Duration test_kv_handoff_delay = absl::ZeroDuration();

@@ -461,11 +461,9 @@ int ModelConfig::VideoTimeStep(std::optional<double> fps) const {
 }
 
 absl::Status CheckServable(const ModelConfig& cfg) {
-  if (cfg.model_type == "qwen3_vl" || cfg.model_type == "qwen3_vl_moe") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model_type \"", cfg.model_type,
-        "\" is supported at the model level only: the services do not carry its DeepStack "
-        "features yet"));
+  if (cfg.model_type == "qwen3_vl_moe") {
+    return absl::FailedPreconditionError(
+        "model_type \"qwen3_vl_moe\" is not served yet: only Qwen3-VL's dense text model is");
   }
   return absl::OkStatus();
 }

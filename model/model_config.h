@@ -149,6 +149,15 @@ struct ModelConfig {
   // as float32) truncated to an integer, times tokens_per_second (vLLM keeps
   // the fraction; at the default 2 fps both give tokens_per_second).
   int VideoTimeStep(std::optional<double> fps) const;
+
+  // Qwen3-VL's DeepStack features per image token: one per
+  // deepstack_visual_indexes entry (0 for the other families).
+  int DeepstackLevels() const {
+    return vision ? static_cast<int>(vision->deepstack_visual_indexes.size()) : 0;
+  }
+  // Floats per image token from the encoder to the language model: the main
+  // embedding, then each DeepStack feature (text.hidden_size each).
+  int EmbeddingRowWidth() const { return text.hidden_size * (1 + DeepstackLevels()); }
 };
 
 // Parses config.json text. `origin` names it in errors.
@@ -160,9 +169,8 @@ struct ModelConfig {
                                                                          const std::string& origin);
 
 // OK when the serving services (encoder, language, router) compute this
-// model correctly; otherwise FailedPrecondition naming what is missing.
-// Qwen3-VL and Qwen3-VL-MoE are supported at the model level only (see
-// docs/models.md).
+// model correctly; otherwise FailedPrecondition naming what is missing
+// (Qwen3-VL MoE: its text part is not served yet).
 [[nodiscard]] absl::Status CheckServable(const ModelConfig& cfg);
 
 // Reads config.json (required), generation_config.json and

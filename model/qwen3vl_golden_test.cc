@@ -4,8 +4,9 @@
 // call, the chats' M-RoPE positions (Qwen3VLModel.get_rope_index), and the
 // chats' last logits and 16 greedy tokens with the image (or video)
 // embeddings and their DeepStack features fed to the decoder (interleaved
-// M-RoPE). The video chat shows each temporal patch after its timestamp, as
-// Qwen3VLProcessor writes the prompt.
+// M-RoPE), a text chat's and an image-then-video chat's. The videos show
+// each temporal patch after its timestamp, as Qwen3VLProcessor writes the
+// prompt.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -45,11 +46,13 @@ std::vector<MediaGrid> Grids(const nlohmann::json& thw, MediaKind kind = MediaKi
   return grids;
 }
 
-// A chat's images, or its video (the golden chats hold one kind).
+// A chat's images, then its video (the golden chats put images first).
 std::vector<MediaGrid> ChatGrids(const nlohmann::json& chat) {
-  if (!chat.contains("video_grid_thw")) return Grids(chat["image_grid_thw"]);
-  REQUIRE(chat["image_grid_thw"].empty());
-  return Grids(chat["video_grid_thw"], MediaKind::kVideo);
+  std::vector<MediaGrid> grids = Grids(chat["image_grid_thw"]);
+  if (chat.contains("video_grid_thw")) {
+    for (const MediaGrid& g : Grids(chat["video_grid_thw"], MediaKind::kVideo)) grids.push_back(g);
+  }
+  return grids;
 }
 
 struct Goldens {
@@ -182,7 +185,8 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
   const MediaPadIds pads{.image = m.cfg.tokens.image_pad, .video = m.cfg.tokens.video_pad};
   // generate_greedy masks <|im_end|> (eos) and <|endoftext|> (bos and pad).
   const std::vector<int> masked = {m.cfg.tokens.eos.at(0), m.cfg.tokens.bos};
-  REQUIRE(g.json["chats"].size() == 3);  // one image, two images, a video
+  // One image, two images, a video, text, an image then a video.
+  REQUIRE(g.json["chats"].size() == 5);
   for (const auto& chat : g.json["chats"]) {
     const std::string name = chat["name"];
     INFO(name);
@@ -193,8 +197,14 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
       const std::vector<float> p = ImagePixels(g, image);
       pixels.insert(pixels.end(), p.begin(), p.end());
     }
-    if (chat["images"].empty()) pixels = Floats(*g.tensors, "pixel_values_videos." + name);
-    auto vision = tower->ForwardAll(pixels, grids);
+    if (chat.contains("video_grid_thw")) {
+      const std::vector<float> video = Floats(*g.tensors, "pixel_values_videos." + name);
+      pixels.insert(pixels.end(), video.begin(), video.end());
+    }
+    VisionEmbeddings none;
+    none.deepstack.resize(m.cfg.vision->deepstack_visual_indexes.size());
+    auto vision =
+        grids.empty() ? absl::StatusOr<VisionEmbeddings>(none) : tower->ForwardAll(pixels, grids);
     REQUIRE(vision.ok());
     const int levels = static_cast<int>(vision->deepstack.size());
     // Each image token's DeepStack features, [token][level][hidden].

@@ -183,6 +183,7 @@ void VisionTower::SetPool(const VisionTowerOptions& options) {
   // The pool supplies the parallelism; OpenBLAS's own threads would fight it.
   std::call_once(once, [] { openblas_set_num_threads(1); });
   bf16_activations_ = options.bf16_activations;
+  int8_activations_ = options.int8_activations;
   if (options.pool != nullptr) {
     pool_ = options.pool;
   } else {
@@ -199,19 +200,28 @@ absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize) {
       absl::StrCat("unknown --quantize \"", quantize, "\" (none, int8 or int8_g32)"));
 }
 
-absl::StatusOr<bool> ParseBf16Activations(const std::string& activation_dtype,
-                                          const std::string& quantize) {
-  if (activation_dtype.empty() || activation_dtype == "f32") return false;
-  if (activation_dtype != "bf16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown --activation_dtype \"", activation_dtype, "\" (f32 or bf16)"));
+absl::StatusOr<ActivationDtype> ParseActivationDtype(const std::string& activation_dtype,
+                                                     const std::string& quantize) {
+  const bool quantized = !quantize.empty() && quantize != "none";
+  if (activation_dtype.empty() || activation_dtype == "f32") return ActivationDtype::kF32;
+  if (activation_dtype == "bf16") {
+    if (quantized) {
+      return absl::InvalidArgumentError(
+          "--activation_dtype=bf16 does not combine with --quantize (int8 layers run fp32 "
+          "activations)");
+    }
+    return ActivationDtype::kBf16;
   }
-  if (!quantize.empty() && quantize != "none") {
-    return absl::InvalidArgumentError(
-        "--activation_dtype=bf16 does not combine with --quantize (int8 layers run fp32 "
-        "activations)");
+  if (activation_dtype == "int8") {
+    if (!quantized) {
+      return absl::InvalidArgumentError(
+          "--activation_dtype=int8 needs --quantize=int8 or int8_g32 (only int8 layers take "
+          "int8 activations)");
+    }
+    return ActivationDtype::kInt8;
   }
-  return true;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown --activation_dtype \"", activation_dtype, "\" (f32, bf16 or int8)"));
 }
 void VisionTower::Linear(const DenseWeights& d, const float* x, int64_t rows, float* y,
                          VisionTrace* trace) const {
@@ -219,8 +229,11 @@ void VisionTower::Linear(const DenseWeights& d, const float* x, int64_t rows, fl
   // kBf16Dot runs bf16 panels only; others keep their kernel.
   const bool bf16_panels =
       d.matrix.dtype == DType::kBF16 && d.matrix.layout == cpu::WeightLayout::kPanels;
-  cpu::Linear(*pool_, x, rows, d.matrix, d.b, y,
-              bf16_activations_ && bf16_panels ? cpu::LinearKernel::kBf16Dot : d.kernel);
+  const bool int8 = d.matrix.dtype == DType::kI8;
+  cpu::LinearKernel kernel = d.kernel;
+  if (bf16_activations_ && bf16_panels) kernel = cpu::LinearKernel::kBf16Dot;
+  if (int8_activations_ && int8) kernel = cpu::LinearKernel::kInt8Act;
+  cpu::Linear(*pool_, x, rows, d.matrix, d.b, y, kernel);
   if (trace != nullptr) trace->gemm_seconds += w.ElapsedSeconds();
 }
 
@@ -448,6 +461,22 @@ absl::StatusOr<VisionEmbeddings> VisionTower::ForwardAll(absl::Span<const float>
   if (trace != nullptr) trace->total_seconds = total.ElapsedSeconds();
   result.main = std::move(out);
   return result;
+}
+
+std::vector<float> TokenRows(VisionEmbeddings e, int64_t hidden) {
+  if (e.deepstack.empty()) return std::move(e.main);
+  const int64_t levels = static_cast<int64_t>(e.deepstack.size());
+  const int64_t tokens = static_cast<int64_t>(e.main.size()) / hidden;
+  const int64_t width = (1 + levels) * hidden;
+  std::vector<float> rows(tokens * width);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = &rows[t * width];
+    std::copy_n(&e.main[t * hidden], hidden, row);
+    for (int64_t k = 0; k < levels; ++k) {
+      std::copy_n(&e.deepstack[k][t * hidden], hidden, row + (1 + k) * hidden);
+    }
+  }
+  return rows;
 }
 
 }  // namespace mmserve::model

@@ -88,6 +88,10 @@ struct VisionTowerOptions {
   // LinearKernel::kBf16Dot (vdpbf16ps, fp32 accumulation); fp32 and int8
   // layers are unchanged.
   bool bf16_activations = false;
+  // true: the int8 linear layers quantize their inputs to int8, one scale
+  // per 32 columns, and run LinearKernel::kInt8Act (vpdpbusd); other layers
+  // are unchanged.
+  bool int8_activations = false;
 };
 
 // VisionTowerOptions::int8_group for a --quantize flag as ParseQuantize
@@ -95,14 +99,20 @@ struct VisionTowerOptions {
 // InvalidArgument otherwise.
 [[nodiscard]] absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize);
 
-// Whether an --activation_dtype flag asks for bf16 activations
-// (VisionTowerOptions::bf16_activations, LinearKernel::kBf16Dot): "" or
-// "f32" false, "bf16" true; InvalidArgument otherwise, and for "bf16" with a
-// --quantize other than "" or "none": --quantize makes every linear layer an
-// int8 panel, on which kBf16Dot runs kDot, so the pair would silently be
-// fp32 activations.
-[[nodiscard]] absl::StatusOr<bool> ParseBf16Activations(const std::string& activation_dtype,
-                                                        const std::string& quantize);
+// The linear layers' activations an --activation_dtype flag asks for.
+enum class ActivationDtype {
+  kF32,   // fp32 (int8 layers: int16, one scale per row)
+  kBf16,  // VisionTowerOptions::bf16_activations, LinearKernel::kBf16Dot
+  kInt8,  // VisionTowerOptions::int8_activations, LinearKernel::kInt8Act
+};
+
+// "" or "f32", "bf16", "int8"; InvalidArgument otherwise, for "bf16" with a
+// --quantize other than "" or "none" (--quantize makes every linear layer
+// an int8 panel, on which kBf16Dot runs kDot, so the pair would silently be
+// fp32 activations), and for "int8" without one (only int8 layers take
+// int8 activations, so the flag would silently do nothing).
+[[nodiscard]] absl::StatusOr<ActivationDtype> ParseActivationDtype(
+    const std::string& activation_dtype, const std::string& quantize);
 
 // A forward's merged tokens: the main embedding and, for Qwen3-VL, one
 // DeepStack feature per deepstack_visual_indexes entry, each
@@ -111,6 +121,11 @@ struct VisionEmbeddings {
   std::vector<float> main;
   std::vector<std::vector<float>> deepstack;
 };
+
+// The embedding rows the language model takes, [tokens][(1 + levels) *
+// hidden]: each token's main embedding, then its DeepStack features in order
+// (ModelConfig::EmbeddingRowWidth). `e.main` itself when there are none.
+std::vector<float> TokenRows(VisionEmbeddings e, int64_t hidden);
 
 class VisionTower {
  public:
@@ -184,6 +199,7 @@ class VisionTower {
   std::unique_ptr<cpu::ThreadPool> own_pool_;
   cpu::ThreadPool* pool_ = nullptr;
   bool bf16_activations_ = false;  // VisionTowerOptions::bf16_activations
+  bool int8_activations_ = false;  // VisionTowerOptions::int8_activations
   DenseWeights patch_embed_;
   std::vector<Block> blocks_;
   std::vector<float> ln_q_w_, ln_q_b_;  // ln_q_b_ empty: RMSNorm

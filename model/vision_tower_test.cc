@@ -9,9 +9,11 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model_config.h"
@@ -127,8 +129,36 @@ TEST_CASE("int8 vision tower matches transformers on the same dequantized weight
       // about 2^-8 of what the weight rounding does: 0.03-0.05 here (the
       // goldens' metadata), so ~2e-4; the bound is 2.5x that (measured
       // 1.1e-4 to 1.4e-4).
-      CHECK(MaxAbsDiff(*out, Floats(**golden, std::string("vision_out.") + scheme)) < 5e-4f);
+      const std::vector<float> want = Floats(**golden, std::string("vision_out.") + scheme);
+      CHECK(MaxAbsDiff(*out, want) < 5e-4f);
+      // int8 activations (one scale per 32 columns) round as coarsely as
+      // the weights, so they move the outputs about as much again as the
+      // weights' 0.03-0.05: the bound is 0.06 (measured 0.020-0.031).
+      options.int8_activations = true;
+      auto int8_tower = VisionTower::Load(**ckpt, *cfg, options);
+      REQUIRE(int8_tower.ok());
+      auto int8_out = (*int8_tower)->Forward(pixels, grids);
+      REQUIRE(int8_out.ok());
+      const float int8_diff = MaxAbsDiff(*int8_out, want);
+      std::printf("int8 vision %s %s: int8 activations max|diff| %.3g\n", name, scheme, int8_diff);
+      CHECK(int8_diff < 0.06f);
+      CHECK(*int8_out != *out);  // the option reached the kernels
     }
+  }
+}
+
+TEST_CASE("the --activation_dtype names and the pairs refused", "[vision]") {
+  CHECK(*ParseActivationDtype("", "") == ActivationDtype::kF32);
+  CHECK(*ParseActivationDtype("f32", "int8") == ActivationDtype::kF32);
+  CHECK(*ParseActivationDtype("bf16", "none") == ActivationDtype::kBf16);
+  CHECK(*ParseActivationDtype("int8", "int8") == ActivationDtype::kInt8);
+  CHECK(*ParseActivationDtype("int8", "int8_g32") == ActivationDtype::kInt8);
+  for (auto [dtype, quantize] : std::vector<std::pair<const char*, const char*>>{
+           {"bf16", "int8"}, {"int8", ""}, {"int8", "none"}, {"INT8", "int8"}, {"fp8", ""}}) {
+    INFO(dtype << " with --quantize=" << quantize);
+    const absl::Status s = ParseActivationDtype(dtype, quantize).status();
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find("--activation_dtype") != std::string::npos);
   }
 }
 

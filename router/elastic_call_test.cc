@@ -2,8 +2,9 @@
 // instances (Language ElasticPrefill, Prefill, Abort and GetLoad): degree 1
 // when a request fits one instance, a group when it does not, Abort to
 // every member on finish, cancel and a member's failure, refusals at once
-// and after the queue wait, and a property run: promised slots never
-// exceed an instance's capacity and each request has one master.
+// and after the queue wait, the step-time models refitted from the
+// pool's own prefills, and a property run: promised slots never exceed an
+// instance's capacity and each request has one master.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -279,6 +280,56 @@ TEST_CASE("a prompt beyond one instance's pool runs on a group; every member get
   CHECK(WaitFor([&] { return stack.fakes[0]->AbortsOf("r2") == 1; }));
   CHECK(WaitFor([&] { return stack.fakes[1]->AbortsOf("r2") == 1; }));
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+}
+
+TEST_CASE("the pool refits degree 1's step-time model from its own prefills") {
+  ElasticStack stack({2048, 2048});
+  const std::vector<scheduler::StepTimeModel> given = DefaultElasticStepModels(4);
+  // Each runs alone (a request beside another is no sample).
+  RunOk(stack, Prompt("f1", 100, 3), "ab");
+  REQUIRE(WaitFor([&] { return PoolEmpty(stack); }));
+  RunOk(stack, Prompt("f2", 250, 3), "ab");
+  REQUIRE(WaitFor([&] { return PoolEmpty(stack); }));
+  ElasticPool::Stats s = stack.pool().stats();
+  CHECK(s.fitted_degrees.empty());  // two lengths are not enough
+  REQUIRE(s.step_models.size() == given.size());
+  CHECK(s.step_models[0].Predict(500) == given[0].Predict(500));
+  RunOk(stack, Prompt("f3", 600, 3), "ab");
+  REQUIRE(WaitFor([&] { return stack.pool().stats().fitted_degrees == std::vector<int>{1}; }));
+  s = stack.pool().stats();
+  // The fakes answer at once: the measured prefills are far from the
+  // default's times, and the next iterations plan by them.
+  CHECK(s.step_models[0].Predict(600) != given[0].Predict(600));
+  // Degree 2 keeps the default's ratio to degree 1: still no speed-up.
+  for (int64_t tokens : {100, 1000, 3000}) {
+    CHECK(s.step_models[1].Predict(tokens) >= s.step_models[0].Predict(tokens));
+  }
+}
+
+TEST_CASE("a request placed beside a live one is no prefill sample") {
+  ElasticPoolOptions options = PoolOptions();
+  // A long average decode lets the manager place requests beside the
+  // group's decode (the pause rule's gain).
+  options.config.avg_decode_latency = 1000;
+  ElasticStack stack({2048, 2048}, options);
+  // A group decoding on both instances until cancelled.
+  SetElastic(stack, [](const ElasticPrefillRequest& r, grpc::ServerContext* ctx, Writer* w) {
+    if (r.member() == r.plan().sampler()) w->Write(Tokens(1, "a"));
+    return UntilCancelled(ctx);
+  });
+  Outcome group;
+  auto call = Start(stack, group, Prompt("busy", 3000, 8));
+  REQUIRE(WaitFor([&] { return group.Text() == "a"; }));
+  RunOk(stack, Prompt("b1", 100, 3), "ab");
+  RunOk(stack, Prompt("b2", 250, 3), "ab");
+  RunOk(stack, Prompt("b3", 600, 3), "ab");
+  CHECK(stack.fakes[0]->prefills + stack.fakes[1]->prefills == 3);
+  const ElasticPool::Stats st = stack.pool().stats();
+  CHECK(st.members.count("busy") == 1);  // they ran beside the group
+  CHECK(st.fitted_degrees.empty());
+  call->Cancel("done");
+  REQUIRE(group.WaitForEnd());
+  CheckAllAborted(stack, "busy");
 }
 
 TEST_CASE("a request no group of the pool could hold is refused at once") {

@@ -46,7 +46,8 @@ ElasticPool::ElasticPool(InstanceTable& table, metrics::Registry& metrics, Event
       promised_gauge_(
           metrics.GetGauge("mmserve_router_elastic_promised_slots",
                            "KV token slots promised to live requests on elastic instances.")),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      step_fit_(options_.config.per_degree) {
   avg_decode_seconds_ = options_.config.avg_decode_latency;
   // Every degree the step models allow, exported from the start.
   const size_t max_degree = std::max<size_t>(1, options_.config.per_degree.size());
@@ -147,6 +148,15 @@ bool ElasticPool::InGroupPrefill(const std::string& instance_id) const {
   return false;
 }
 
+bool ElasticPool::Busy(const std::string& instance_id) const {
+  for (const auto& [id, l] : live_) {
+    for (const auto& m : l.members) {
+      if (m->id == instance_id) return true;
+    }
+  }
+  return false;
+}
+
 absl::Status ElasticPool::Submit(ElasticDemand demand) {
   std::vector<std::shared_ptr<Instance>> pool = table_.Healthy(Role::kElastic);
   if (pool.empty()) return absl::UnavailableError("no healthy elastic instance");  // !CanPlace()
@@ -184,6 +194,10 @@ void ElasticPool::PhaseChanged(const std::string& id, CallPhase phase, size_t ca
   l.phase = phase;
   if (!was_decoding && Decoding(l)) {
     l.first_token_at = absl::Now();
+    if (l.sample) {
+      step_fit_.Add(static_cast<int>(l.members.size()), l.prompt_tokens,
+                    absl::ToDoubleSeconds(l.first_token_at - l.placed_at));
+    }
     if (l.group) Wake();  // its instances rejoin the pool
   }
   // The sampler hands its first token over to the master: only a move
@@ -305,6 +319,7 @@ void ElasticPool::Plan(std::vector<Delivery>& out) {
   scheduler::ElasticConfig config = options_.config;
   config.block_size = block_size;
   config.avg_decode_latency = avg_decode_seconds_;
+  config.per_degree = step_fit_.models();
   const scheduler::ElasticIterationPlan plan =
       PlanElasticIteration(PoolState(pool, block_size), config);
   std::vector<std::string> ids;
@@ -313,9 +328,16 @@ void ElasticPool::Plan(std::vector<Delivery>& out) {
   for (const scheduler::ElasticBatchPlan& batch : plan.batches) {
     const bool group = batch.instances.size() > 1;
     for (const scheduler::ElasticRequestPlan& r : batch.requests) {
-      Live live{
-          .group = group, .placed_at = absl::Now(), .max_tokens = pending_[r.id].demand.max_tokens};
-      for (int i : batch.instances) live.members.push_back(pool[static_cast<size_t>(i)]);
+      const ElasticDemand& demand = pending_[r.id].demand;
+      Live live{.group = group,
+                .placed_at = absl::Now(),
+                .max_tokens = demand.max_tokens,
+                .prompt_tokens = demand.prompt_tokens,
+                .sample = demand.images == 0};
+      for (int i : batch.instances) {
+        live.members.push_back(pool[static_cast<size_t>(i)]);
+        if (Busy(live.members.back()->id)) live.sample = false;
+      }
       live.promised = PromisedPerMember(r, batch.instances, block_size);
       std::optional<internal::v1::ElasticPlan> wire;
       if (group) {
@@ -364,6 +386,10 @@ ElasticPool::Stats ElasticPool::stats() const {
   Stats s;
   absl::MutexLock lock(&mu_);
   s.pending = pending_.size();
+  s.step_models = step_fit_.models();
+  for (size_t d = 1; d <= s.step_models.size(); ++d) {
+    if (step_fit_.fitted(static_cast<int>(d))) s.fitted_degrees.push_back(static_cast<int>(d));
+  }
   for (const auto& [id, l] : live_) {
     for (size_t m = 0; m < l.members.size(); ++m) {
       s.members[id].push_back(l.members[m]->id);

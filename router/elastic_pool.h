@@ -17,7 +17,10 @@
 // on the router's EventLoop: each iteration (an arrival, a finish, a first
 // token, or every `tick`, a timer on the loop) runs
 // scheduler::PlanElasticIteration over the pending requests, first come first
-// served, and the healthy elastic instances not in a group prefill. What a
+// served, and the healthy elastic instances not in a group prefill, with
+// the step-time models refitted from the pool's own prefills (ElasticStepFit:
+// the seconds from placement to first token of each text request placed on
+// instances with nothing else live). What a
 // placed request is doing (decoding yet, which member decodes it) it
 // learns from the call's phase changes.
 // An instance's free slots are the least of (a) its latest load report's
@@ -65,6 +68,7 @@
 #include "common/metrics.h"
 #include "proto/language.pb.h"
 #include "router/call_phase.h"
+#include "router/elastic_step_fit.h"
 #include "router/instance_table.h"
 #include "scheduler/elastic_manager.h"
 
@@ -93,6 +97,9 @@ struct ElasticPlacement {
 struct ElasticDemand {
   std::string id;
   int64_t prompt_tokens = 0;
+  // Images to gather first: such a request's time to its first token is no
+  // sample of the prefill's (ElasticStepFit).
+  size_t images = 0;
   int64_t max_tokens = 1;  // tokens to generate at most, >= 1
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   std::function<void(absl::StatusOr<ElasticPlacement>)> on_placed;
@@ -139,6 +146,10 @@ class ElasticPool {
     // Live requests and the members of each (the span map).
     std::map<std::string, std::vector<std::string>> members;
     std::map<std::string, int64_t> promised_by_instance, capacity_by_instance;
+    // The step-time models the next iteration plans by, and the degrees
+    // among them fitted to the pool's measured prefills.
+    std::vector<scheduler::StepTimeModel> step_models;
+    std::vector<int> fitted_degrees;
   };
   Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -157,6 +168,10 @@ class ElasticPool {
     CallPhase phase = CallPhase::kPlacing;  // the call's, as it last said
     absl::Time first_token_at;
     int64_t max_tokens = 1;  // its output length at most
+    int64_t prompt_tokens = 0;
+    // Its time to the first token is a prefill sample: a text request placed
+    // on instances with no other live request.
+    bool sample = false;
   };
   using Delivery = std::pair<std::function<void(absl::StatusOr<ElasticPlacement>)>,
                              absl::StatusOr<ElasticPlacement>>;
@@ -170,6 +185,8 @@ class ElasticPool {
   int64_t CapacitySlots(const Instance& instance) const;
   int64_t FreeSlots(const Instance& instance) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool InGroupPrefill(const std::string& instance_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live request has the instance among its members.
+  bool Busy(const std::string& instance_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queued requests past their deadline or the queue wait.
   void Expire(std::vector<Delivery>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the manager over the queue and places what it dispatches.
@@ -197,6 +214,7 @@ class ElasticPool {
   std::map<std::string, Live> live_ ABSL_GUARDED_BY(mu_);
   // Seconds a request decodes, on average (weight 0.2 for the newest).
   double avg_decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  ElasticStepFit step_fit_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // an iteration is posted
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // False from Stop on, set on the loop: the pool's tasks still queued

@@ -101,6 +101,7 @@ void ElasticPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
   absl::Status queued = pool_.Submit(
       {.id = request.id,
        .prompt_tokens = length->prompt_tokens,
+       .images = request.images->size(),
        .max_tokens = length->max_tokens,
        .deadline = request.deadline,
        .on_placed = [deliver](absl::StatusOr<ElasticPlacement> p) {

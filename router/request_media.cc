@@ -106,6 +106,11 @@ absl::Status ValidateVideos(const RouterOptions& options,
     ++k;
   }
   if (videos > 0 && !options.config.vision) return Invalid("this model does not accept videos");
+  if (videos > 0 && options.config.DeepstackLevels() > 0) {
+    // Its prompts show each temporal patch after a timestamp, which the
+    // serving path does not write yet.
+    return Invalid("videos are not served for Qwen3-VL models yet; send images");
+  }
   if (videos > 0 && static_cast<int>(media.size()) > options.max_images) {
     return Invalid(absl::StrCat(media.size(), " images and videos; at most ", options.max_images,
                                 " per request"));

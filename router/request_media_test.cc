@@ -120,6 +120,17 @@ TEST_CASE("hostile videos are refused with the reason before any decode") {
   CheckRefused(PrepareRequest(few, Chat()).status(), "2 images and videos; at most 1");
 }
 
+TEST_CASE("a Qwen3-VL model takes images but refuses videos for now") {
+  RouterOptions qwen3vl = Options();
+  qwen3vl.config.model_type = "qwen3_vl";
+  qwen3vl.config.vision->deepstack_visual_indexes = {5, 11, 17};
+  CheckRefused(PrepareRequest(qwen3vl, Chat()).status(),
+               "videos are not served for Qwen3-VL models yet");
+  mmserve::v1::GenerateRequest image = Chat();
+  image.mutable_chat()->mutable_messages(0)->mutable_content()->DeleteSubrange(1, 1);
+  CHECK(PrepareRequest(qwen3vl, image).ok());
+}
+
 TEST_CASE("the OpenAI video_url part takes a data: or http(s) URL and sampling options") {
   const std::string url =
       "data:video/mp4;base64," + absl::Base64Escape(Clip("clips/h264_96x64_21f.mp4"));

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/event_loop.h"
 #include "common/file.h"
+#include "common/flag_aliases.h"
 #include "common/grpc_server.h"
 #include "common/internal_plane.h"
 #include "common/internal_plane_flags.h"
@@ -110,6 +111,15 @@ ABSL_FLAG(double, elastic_max_prefill_s, 1.0,
 ABSL_FLAG(std::string, elastic_step_models, "",
           "--elastic: a file of fitted per-degree prefill step models, lines \"degree a b c\" "
           "(T = a + b S + c S^2 seconds); empty: the default (router/elastic_step_models.h)");
+
+// The names these flags had before the feature was called elastic everywhere.
+ABSL_FLAG(bool, esp, false, "deprecated: use --elastic");
+ABSL_FLAG(int, esp_tick_ms, 20, "deprecated: use --elastic_tick_ms");
+ABSL_FLAG(int, esp_max_queue_ms, 60000, "deprecated: use --elastic_max_queue_ms");
+ABSL_FLAG(int, esp_max_pending, 1024, "deprecated: use --elastic_max_pending");
+ABSL_FLAG(int, esp_max_degree, 4, "deprecated: use --elastic_max_degree");
+ABSL_FLAG(double, esp_max_prefill_s, 1.0, "deprecated: use --elastic_max_prefill_s");
+ABSL_FLAG(std::string, esp_step_models, "", "deprecated: use --elastic_step_models");
 
 namespace mmserve::router {
 namespace {
@@ -403,5 +413,15 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::ApplyFlagAliases({{"esp", "elastic"},
+                                                  {"esp_tick_ms", "elastic_tick_ms"},
+                                                  {"esp_max_queue_ms", "elastic_max_queue_ms"},
+                                                  {"esp_max_pending", "elastic_max_pending"},
+                                                  {"esp_max_degree", "elastic_max_degree"},
+                                                  {"esp_max_prefill_s", "elastic_max_prefill_s"},
+                                                  {"esp_step_models", "elastic_step_models"}});
+      !s.ok()) {
+    return mmserve::router::Fail(s);
+  }
   return mmserve::router::Main();
 }

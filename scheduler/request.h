@@ -105,6 +105,10 @@ struct RequestParams {
   // Scheduling priority: lower is admitted first, and preempted last
   // (SchedulerConfig::priority_aging_steps bounds the wait).
   int priority = 0;
+  // When it finishes (stop, eos, max_tokens; not on Abort), its blocks and
+  // their KV stay held under its id as a span (kHoldingSpan, as HoldSpan's)
+  // until ReleaseSpan: a prompt another instance is still reading.
+  bool hold_kv_when_finished = false;
 };
 
 class Request {

@@ -121,8 +121,11 @@ absl::Status Scheduler::UpdateFromOutput(absl::Span<const TokenId> sampled_token
     if (!s.samples) continue;
     const FinishReason why = r->AppendOutputToken(sampled_token_ids[i]);
     if (why == FinishReason::kNone) continue;
-    kv_.Free(r->block_table());
-    r->set_block_table(kvpool::BlockTableId{});
+    // A held request's table goes to its span holder (FinishRequests).
+    if (!r->params().hold_kv_when_finished) {
+      kv_.Free(r->block_table());
+      r->set_block_table(kvpool::BlockTableId{});
+    }
     r->Finish(RequestStatus::kFinished, why);
     any_finished = true;
   }
@@ -141,8 +144,13 @@ void Scheduler::FinishRequests(std::vector<std::unique_ptr<Request>>* finished) 
       continue;
     }
     auto it = requests_.find(r->id());
+    std::unique_ptr<Request> holder = HolderOf(*r);
     if (finished != nullptr) finished->push_back(std::move(it->second));
-    requests_.erase(it);
+    if (holder == nullptr) {
+      requests_.erase(it);
+    } else {
+      it->second = std::move(holder);
+    }
   }
   running_.resize(kept);
   kept = 0;
@@ -156,6 +164,19 @@ void Scheduler::FinishRequests(std::vector<std::unique_ptr<Request>>* finished) 
     requests_.erase(it);
   }
   mastering_.resize(kept);
+}
+
+std::unique_ptr<Request> Scheduler::HolderOf(Request& r) {
+  if (!r.params().hold_kv_when_finished || r.status() != RequestStatus::kFinished) return nullptr;
+  RequestParams params;
+  params.id = r.id();
+  auto holder = std::make_unique<Request>(std::move(params), r.arrival_seq());
+  holder->set_status(RequestStatus::kHoldingSpan);
+  holder->set_block_table(r.block_table());
+  holder->set_span_tokens(r.num_computed_tokens());
+  r.set_block_table(kvpool::BlockTableId{});
+  ++num_holding_;
+  return holder;
 }
 
 const Request* Scheduler::Find(RequestId id) const {

@@ -221,6 +221,9 @@ class Scheduler {
   // elsewhere).
   absl::Status ValidateParams(const RequestParams& params, bool fresh = true) const;
   void FinishRequests(std::vector<std::unique_ptr<Request>>* finished);
+  // The kHoldingSpan request that keeps finished `r`'s blocks (taking its
+  // table), when its params ask for that (hold_kv_when_finished); else null.
+  std::unique_ptr<Request> HolderOf(Request& r);
 
   const SchedulerConfig config_;
   kvpool::KvCacheManager kv_;

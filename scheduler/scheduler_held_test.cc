@@ -1,5 +1,6 @@
 // HoldSpan / ReleaseSpan (role elastic): a held span is a request in
 // kHoldingSpan, never scheduled, and Abort frees it.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <utility>
@@ -50,6 +51,60 @@ TEST_CASE("a held span takes its blocks, is never scheduled and Abort frees it",
   CHECK(s->Abort(RequestId{1}).ok());
   CHECK(s->num_held_spans() == 0);
   CHECK(s->Abort(RequestId{1}).code() == absl::StatusCode::kNotFound);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+TEST_CASE("a request that holds its KV when finished keeps its blocks as a span till released",
+          "[scheduler][held]") {
+  auto s = Make(8);
+  RequestParams p = Req(1, 9);
+  p.max_tokens = 1;
+  p.hold_kv_when_finished = true;
+  REQUIRE(s->AddRequest(std::move(p)).ok());
+  const SchedulerOutput& out = s->Schedule();
+  REQUIRE(out.scheduled.size() == 1);
+  std::vector<kvpool::BlockId> blocks;
+  for (kvpool::BlockId b : s->kv_cache().block_table(out.scheduled[0].request->block_table())) {
+    blocks.push_back(b);
+  }
+  CHECK(blocks.size() == 3);
+  std::vector<std::unique_ptr<Request>> finished;
+  REQUIRE(s->UpdateFromOutput({42}, &finished).ok());
+  REQUIRE(finished.size() == 1);
+  CHECK(finished[0]->finish_reason() == FinishReason::kLength);
+  CHECK(s->num_held_spans() == 1);
+  CHECK_FALSE(s->has_unfinished());
+  CHECK(s->Find(RequestId{1}) == nullptr);
+  CHECK(s->kv_cache().num_free_blocks() == 5);
+  REQUIRE(s->CheckInvariants().ok());
+  // Another request (another prompt: no prefix hit) runs meanwhile and
+  // never gets the held blocks.
+  RequestParams other = Req(2, 17);
+  for (TokenId& t : other.prompt_token_ids) t += 50;
+  REQUIRE(s->AddRequest(std::move(other)).ok());
+  const SchedulerOutput& next = s->Schedule();
+  REQUIRE(next.scheduled.size() == 1);
+  for (kvpool::BlockId b : s->kv_cache().block_table(next.scheduled[0].request->block_table())) {
+    CHECK(std::find(blocks.begin(), blocks.end(), b) == blocks.end());
+  }
+  REQUIRE(s->UpdateFromOutput({43}, nullptr).ok());
+  REQUIRE(s->ReleaseSpan(RequestId{1}).ok());
+  CHECK(s->num_held_spans() == 0);
+  CHECK(s->ReleaseSpan(RequestId{1}).code() == absl::StatusCode::kNotFound);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+TEST_CASE("a request that would hold its KV frees it when aborted", "[scheduler][held]") {
+  auto s = Make(8);
+  RequestParams p = Req(1, 9);
+  p.max_tokens = 1;
+  p.hold_kv_when_finished = true;
+  REQUIRE(s->AddRequest(std::move(p)).ok());
+  s->Schedule();
+  REQUIRE(s->Abort(RequestId{1}).ok());
+  REQUIRE(s->UpdateFromOutput({kvpool::kNoToken}, nullptr).ok());
+  CHECK(s->num_held_spans() == 0);
+  CHECK(s->kv_cache().num_free_blocks() == 8);
   REQUIRE(s->CheckInvariants().ok());
 }
 

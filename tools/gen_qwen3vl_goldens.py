@@ -6,8 +6,9 @@ model/testdata/tokenizer, a patch-16 preprocessor) and
 model/testdata/goldens/qwen3vl-tiny/mm_golden.{json,safetensors}: the
 vision tower on two images of different sizes in one call (pixel values,
 merged output and one DeepStack feature per deepstack index), and image
-chats with one and two images of that batch and a video chat (ids, grids,
-M-RoPE positions, last logits, greedy tokens).
+chats with one and two images of that batch, a video chat, a text chat and
+an image-then-video chat
+(ids, grids, M-RoPE positions, last logits, greedy tokens).
 
 What the model exercises: the Qwen3 decoder (explicit head_dim 32, q/k
 RMSNorm, no biases, tied embeddings) with interleaved M-RoPE (sections
@@ -137,6 +138,8 @@ def goldens(path, tok, images, gdir):
                       "image_grid_thw": inputs["image_grid_thw"].tolist(),
                       "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])})
     chats.append(video_chat(model, tok, tensors))
+    chats.append(text_chat(model, tok, tensors))
+    chats.append(image_video_chat(model, tok, proc, images["rect300x200"], tensors))
     write_safetensors(os.path.join(gdir, "mm_golden.safetensors"), tensors,
                       {"model": NAME, "seed": SEED})
     write_json(os.path.join(gdir, "mm_golden.json"), {
@@ -162,6 +165,67 @@ def goldens(path, tok, images, gdir):
 # timestamp as Qwen3VLProcessor does.
 VIDEO_GRID = [2, 4, 4]
 VIDEO_FPS = 2.0
+
+
+def image_video_chat(model, tok, proc, image, tensors):
+    """An image, then a video, in one chat: the image's pads expanded, the
+    video's temporal patches after their timestamps (as in video_chat)."""
+    name = "image_video"
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "video"},
+                                             {"type": "text", "text": "What changed?"}]}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    f = proc(images=[image], return_tensors="pt")
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * (int(f["image_grid_thw"][0].prod()) // 4),
+                        1)
+    t, h, w = VIDEO_GRID
+    gen = torch.Generator().manual_seed(SEED + 1)
+    pixels = torch.randn(t * h * w, 3 * 2 * 16 * 16, generator=gen)
+    frames = [i / VIDEO_FPS for i in range(2 * t)]
+    stamps = [(frames[i] + frames[i + 1]) / 2 for i in range(0, 2 * t, 2)]
+    placeholder = "".join(f"<{s:.1f} seconds><|vision_start|>" + "<|video_pad|>" * (h * w // 4)
+                          + "<|vision_end|>" for s in stamps)
+    block = "<|vision_start|><|video_pad|><|vision_end|>"
+    assert block in text
+    expanded = text.replace(block, placeholder, 1)
+    enc = tok(expanded, return_tensors="pt")
+    grid = torch.tensor([VIDEO_GRID])
+    inputs = dict(enc, pixel_values=f["pixel_values"], image_grid_thw=f["image_grid_thw"],
+                  pixel_values_videos=pixels, video_grid_thw=grid)
+    with torch.no_grad():
+        pos, delta = model.model.get_rope_index(inputs["input_ids"], f["image_grid_thw"], grid,
+                                                inputs["attention_mask"])
+        logits = model(**inputs).logits[0].float()
+    tensors[f"pixel_values_videos.{name}"] = pixels
+    tensors[f"logits_last.fp32.{name}"] = logits[-1]
+    new, chosen, margins = generate_greedy(model, tok, inputs, N_NEW)
+    print(f"  {NAME} {name}: {len(set(new))} distinct, min margin {min(margins):.4f}")
+    return {"name": name, "compute_dtype": "fp32", "greedy_ids": new,
+            "greedy_text": tok.decode(new), "greedy_chosen_logit": chosen,
+            "greedy_top2_margin": margins, "logits_last_argmax": int(logits[-1].argmax()),
+            "images": ["rect300x200"], "rendered": expanded,
+            "input_ids": inputs["input_ids"][0].tolist(),
+            "image_grid_thw": f["image_grid_thw"].tolist(), "video_grid_thw": [VIDEO_GRID],
+            "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])}
+
+
+def text_chat(model, tok, tensors):
+    name = "text"
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Name three shapes."}]}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = dict(tok(text, return_tensors="pt"))
+    with torch.no_grad():
+        pos, delta = model.model.get_rope_index(inputs["input_ids"], None, None,
+                                                inputs["attention_mask"])
+        logits = model(**inputs).logits[0].float()
+    tensors[f"logits_last.fp32.{name}"] = logits[-1]
+    new, chosen, margins = generate_greedy(model, tok, inputs, N_NEW)
+    print(f"  {NAME} {name}: {len(set(new))} distinct, min margin {min(margins):.4f}")
+    return {"name": name, "compute_dtype": "fp32", "greedy_ids": new,
+            "greedy_text": tok.decode(new), "greedy_chosen_logit": chosen,
+            "greedy_top2_margin": margins, "logits_last_argmax": int(logits[-1].argmax()),
+            "images": [], "rendered": text, "input_ids": inputs["input_ids"][0].tolist(),
+            "image_grid_thw": [], "position_ids": pos[:, 0].tolist(),
+            "rope_delta": int(delta.flatten()[0])}
 
 
 def video_chat(model, tok, tensors):

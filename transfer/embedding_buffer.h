@@ -3,7 +3,7 @@
 // The buffer holds num_blocks * block_size token slots in four sections,
 // stored section-major as proto EmbeddingBufferLayout describes:
 //   [embedding: hidden_size x dtype][fill id: int32][M-RoPE: 3 x int32]
-//   [aux: 3 x int32 = total length, image index, flags]
+//   [aux: 3 x int32 = total length, image index, section header]
 // so any run of contiguous blocks is one contiguous byte range per section and
 // a chunk of tokens is exactly four byte ranges.
 //
@@ -34,7 +34,7 @@ inline constexpr int kNumSections = 4;
 struct AuxRecord {
   int32_t total_tokens;
   int32_t image_index;
-  int32_t flags;
+  int32_t flags;  // the section header (embedding_layout.h)
 };
 
 struct ByteRange {

@@ -34,6 +34,12 @@ absl::Status CheckFits(const MediaRowsHeader& header, absl::Span<const float> em
     return absl::InvalidArgumentError(absl::StrCat(
         "embedding of ", embedding.size(), " floats for ", n, " tokens of ", layout.hidden_size));
   }
+  if (header.sections == 0 || header.sections > kMaxSections ||
+      layout.hidden_size % header.sections != 0 ||
+      layout.hidden_size / header.sections > kMaxSectionWidth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        header.sections, " sections do not divide rows of ", layout.hidden_size, " values"));
+  }
   if (!layout.FitsChunk(blocks, 0, n)) {
     return absl::InvalidArgumentError(
         absl::StrCat(n, " tokens do not fit the allocation of ", blocks.num_tokens));
@@ -42,6 +48,10 @@ absl::Status CheckFits(const MediaRowsHeader& header, absl::Span<const float> em
 }
 
 }  // namespace
+
+int32_t SectionHeaderWord(const EmbeddingSections& s) {
+  return static_cast<int32_t>((uint32_t{kSectionLayoutVersion} << 28) | (s.count << 20) | s.width);
+}
 
 absl::Status EncodeImage(const MediaRowsHeader& header, absl::Span<const float> embedding,
                          const BlockAllocation& blocks, EmbeddingBuffer& buffer) {
@@ -53,10 +63,12 @@ absl::Status EncodeImage(const MediaRowsHeader& header, absl::Span<const float> 
   auto* fill_ids = reinterpret_cast<int32_t*>(base + r[kFillId].offset);
   auto* mrope = reinterpret_cast<int32_t*>(base + r[kMrope].offset);
   auto* aux = reinterpret_cast<AuxRecord*>(base + r[kAux].offset);
+  const int32_t sections = SectionHeaderWord(
+      {.count = header.sections, .width = buffer.layout().hidden_size / header.sections});
   for (uint32_t k = 0; k < n; ++k) {
     fill_ids[k] = header.fill_id;
     MropePosition(header.grid, k, mrope + 3 * size_t{k});
-    aux[k] = {static_cast<int32_t>(n), static_cast<int32_t>(header.image_index), 0};
+    aux[k] = {static_cast<int32_t>(n), static_cast<int32_t>(header.image_index), sections};
   }
   return absl::OkStatus();
 }
@@ -96,6 +108,48 @@ absl::StatusOr<MediaTokenGrid> DecodeImageGrid(absl::string_view mrope, uint32_t
     if (std::memcmp(got, want, kTokenBytes) != 0) return bad();
   }
   return grid;
+}
+
+absl::StatusOr<EmbeddingSections> DecodeImageSections(absl::string_view aux, uint32_t num_tokens,
+                                                      uint32_t row_width) {
+  if (num_tokens == 0 || aux.size() / sizeof(AuxRecord) != num_tokens ||
+      aux.size() % sizeof(AuxRecord) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("aux section of ", aux.size(), " bytes for ", num_tokens, " tokens"));
+  }
+  AuxRecord first;
+  std::memcpy(&first, aux.data(), sizeof(first));
+  for (uint32_t k = 1; k < num_tokens; ++k) {
+    AuxRecord a;
+    std::memcpy(&a, aux.data() + size_t{k} * sizeof(a), sizeof(a));
+    if (a.flags != first.flags) {
+      return absl::DataLossError(absl::StrCat("token ", k, " has another section header"));
+    }
+  }
+  if (first.flags == 0) return EmbeddingSections{.version = 1, .count = 1, .width = row_width};
+  const uint32_t word = static_cast<uint32_t>(first.flags);
+  const EmbeddingSections s{.version = static_cast<int>(word >> 28),
+                            .count = (word >> 20) & 0xff,
+                            .width = word & kMaxSectionWidth};
+  if (s.version != kSectionLayoutVersion) {
+    return absl::DataLossError(absl::StrCat("unknown section layout version ", s.version));
+  }
+  if (s.count == 0 || uint64_t{s.count} * s.width != row_width) {
+    return absl::DataLossError(
+        absl::StrCat(s.count, " sections of ", s.width, " values do not fill rows of ", row_width));
+  }
+  return s;
+}
+
+absl::Status ExpectImageSections(absl::string_view aux, uint32_t num_tokens, uint32_t row_width,
+                                 uint32_t count) {
+  absl::StatusOr<EmbeddingSections> s = DecodeImageSections(aux, num_tokens, row_width);
+  if (!s.ok()) return s.status();
+  if (s->count != count) {
+    return absl::DataLossError(
+        absl::StrCat("embedding of ", s->count, " sections; the model takes ", count));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace mmserve::transfer

@@ -52,11 +52,80 @@ TEST_CASE("an encoded image's sections decode back to its grid") {
   for (size_t k = 0; k < 12; ++k) {
     CHECK(aux[3 * k] == 12);
     CHECK(aux[3 * k + 1] == 5);
-    CHECK(aux[3 * k + 2] == 0);
+    CHECK(aux[3 * k + 2] == (2 << 28 | 1 << 20 | 3));  // version 2, one section of 3
   }
   absl::StatusOr<MediaTokenGrid> grid = DecodeImageGrid(Bytes(buffer, blocks, 12, kMrope), 12);
   REQUIRE(grid.ok());
   CHECK(*grid == header.grid);
+  absl::StatusOr<EmbeddingSections> sections =
+      DecodeImageSections(Bytes(buffer, blocks, 12, kAux), 12, 3);
+  REQUIRE(sections.ok());
+  CHECK(*sections == EmbeddingSections{.version = 2, .count = 1, .width = 3});
+}
+
+TEST_CASE("an image's DeepStack sections travel beside its main embedding in each row") {
+  // Rows of 6 values: the main embedding (2) and two DeepStack features (2 each).
+  constexpr EmbeddingLayout kWide{
+      .block_size = 4, .num_blocks = 4, .hidden_size = 6, .dtype_bytes = sizeof(float)};
+  EmbeddingBuffer buffer(kWide);
+  const BlockAllocation blocks{.start_block = 1, .num_blocks = 1, .num_tokens = 4};
+  std::vector<float> rows(4 * 6);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+  REQUIRE(
+      EncodeImage({.image_index = 1, .grid = {1, 2, 2}, .sections = 3}, rows, blocks, buffer).ok());
+  const std::string emb = Bytes(buffer, blocks, 4, kEmbedding);
+  CHECK(std::memcmp(emb.data(), rows.data(), emb.size()) == 0);
+  absl::StatusOr<EmbeddingSections> s = DecodeImageSections(Bytes(buffer, blocks, 4, kAux), 4, 6);
+  REQUIRE(s.ok());
+  CHECK(*s == EmbeddingSections{.version = 2, .count = 3, .width = 2});
+  // Sections that do not divide the row are refused when writing.
+  CHECK(absl::IsInvalidArgument(
+      EncodeImage({.grid = {1, 2, 2}, .sections = 4}, rows, blocks, buffer)));
+  CHECK(absl::IsInvalidArgument(
+      EncodeImage({.grid = {1, 2, 2}, .sections = 0}, rows, blocks, buffer)));
+  // Read as rows of another width, the header does not fill them.
+  CHECK(absl::IsDataLoss(DecodeImageSections(Bytes(buffer, blocks, 4, kAux), 4, 8).status()));
+}
+
+std::string AuxOf(const std::vector<int32_t>& flags) {
+  std::vector<AuxRecord> aux;
+  for (int32_t f : flags) aux.push_back({static_cast<int32_t>(flags.size()), 0, f});
+  return std::string(reinterpret_cast<const char*>(aux.data()), aux.size() * sizeof(AuxRecord));
+}
+
+TEST_CASE("the version 1 layout (no section header) reads as one section") {
+  absl::StatusOr<EmbeddingSections> s = DecodeImageSections(AuxOf({0, 0, 0}), 3, 1536);
+  REQUIRE(s.ok());
+  CHECK(*s == EmbeddingSections{.version = 1, .count = 1, .width = 1536});
+  CHECK(ExpectImageSections(AuxOf({0, 0, 0}), 3, 1536, 1).ok());
+}
+
+TEST_CASE("a receiver refuses an image with other sections than its model takes") {
+  // Three sections of 4 (an embedding and two DeepStack features).
+  const int32_t three = SectionHeaderWord({.count = 3, .width = 4});
+  CHECK(ExpectImageSections(AuxOf({three, three}), 2, 12, 3).ok());
+  const absl::Status fewer = ExpectImageSections(AuxOf({three, three}), 2, 12, 4);
+  CHECK(absl::IsDataLoss(fewer));
+  CHECK(fewer.message() == "embedding of 3 sections; the model takes 4");
+  // A version 1 image (no features) for a model that needs them.
+  CHECK(absl::IsDataLoss(ExpectImageSections(AuxOf({0, 0}), 2, 12, 3)));
+  // Malformed headers are refused as by DecodeImageSections.
+  CHECK(absl::IsDataLoss(ExpectImageSections(AuxOf({three, 0}), 2, 12, 3)));
+}
+
+TEST_CASE("section headers that disagree, are unknown or are cut short are data loss") {
+  const int32_t two = SectionHeaderWord({.count = 2, .width = 4});
+  CHECK(DecodeImageSections(AuxOf({two, two}), 2, 8).ok());
+  CHECK(absl::IsDataLoss(DecodeImageSections(AuxOf({two, 0}), 2, 8).status()));
+  CHECK(absl::IsDataLoss(DecodeImageSections(AuxOf({two, two}), 3, 8).status()));
+  CHECK(absl::IsDataLoss(DecodeImageSections(AuxOf({two, two}).substr(1), 2, 8).status()));
+  CHECK(absl::IsDataLoss(DecodeImageSections("", 0, 8).status()));
+  const int32_t v3 = static_cast<int32_t>((3u << 28) | (2u << 20) | 4u);
+  const absl::Status unknown = DecodeImageSections(AuxOf({v3}), 1, 8).status();
+  CHECK(absl::IsDataLoss(unknown));
+  CHECK(unknown.message() == "unknown section layout version 3");
+  const int32_t empty = static_cast<int32_t>((2u << 28) | 4u);
+  CHECK(absl::IsDataLoss(DecodeImageSections(AuxOf({empty}), 1, 8).status()));
 }
 
 TEST_CASE("a one-token image round-trips") {

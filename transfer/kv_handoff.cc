@@ -88,6 +88,12 @@ uint32_t KvBlocksCrc(const model::KvCache& cache, const std::vector<int32_t>& bl
   return crc;
 }
 
+uint64_t KvHandoffBytes(const model::KvCacheShape& target, size_t num_blocks, int64_t num_layers) {
+  return static_cast<uint64_t>(2 * num_layers) * num_blocks *
+         static_cast<uint64_t>(target.block_size * target.num_kv_heads * target.head_dim) *
+         sizeof(float);
+}
+
 absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
                                const std::vector<int32_t>& src,
                                const model::KvCacheShape& dst_shape,
@@ -270,9 +276,23 @@ absl::StatusOr<uint32_t> KvHandoffSender::Send(const KvHandoffTarget& target,
                                                const std::vector<int32_t>& src,
                                                const std::vector<int32_t>& dst, Deadline deadline,
                                                int64_t first_head, KvHandoffPath* path) {
+  return SendLayers(target, src, dst, deadline, KvLayerRange{}, first_head, path);
+}
+
+absl::StatusOr<uint32_t> KvHandoffSender::SendLayers(const KvHandoffTarget& target,
+                                                     const std::vector<int32_t>& src,
+                                                     const std::vector<int32_t>& dst,
+                                                     Deadline deadline, KvLayerRange layers,
+                                                     int64_t first_head, KvHandoffPath* path) {
   const model::KvCacheShape& s = cache_.shape();
   RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, first_head));
-  const std::vector<KvSegment> segments = PlanKvSegments(s, target.shape, src, dst, first_head);
+  const int64_t count = layers.count == 0 ? s.num_layers - layers.first : layers.count;
+  if (layers.first < 0 || count < 1 || layers.first + count > s.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("KV hand-off: layers ", layers.first, " + ",
+                                                   layers.count, " of ", s.num_layers));
+  }
+  const std::vector<KvSegment> segments =
+      PlanKvSegments(s, target.shape, src, dst, first_head, layers.first, count);
   ++in_flight_;
   absl::StatusOr<uint32_t> crc = SendSegments(target, segments, deadline, path);
   --in_flight_;

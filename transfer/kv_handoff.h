@@ -74,6 +74,18 @@ enum class KvHandoffPath {
 // "mapped", "rendezvous", "put".
 const char* KvHandoffPathName(KvHandoffPath path);
 
+// A layer group of a layer-wise hand-off: layers [first, first + count)
+// (count 0: to the last layer). The default is every layer.
+struct KvLayerRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// Bytes a hand-off of `num_blocks` blocks moves for `num_layers` layers into
+// a target shaped `target` (its KV heads): the length that Crc32cCombine
+// needs to join the CRC32Cs of consecutive layer groups into the whole's.
+uint64_t KvHandoffBytes(const model::KvCacheShape& target, size_t num_blocks, int64_t num_layers);
+
 struct KvHandoffTarget {
   std::string worker_address;
   std::string rkey;
@@ -175,6 +187,18 @@ class KvHandoffSender {
                                               const std::vector<int32_t>& dst, Deadline deadline,
                                               int64_t first_head = 0,
                                               KvHandoffPath* path = nullptr);
+  // The same for one layer group only: what a layer-wise hand-off sends as
+  // soon as those layers are computed, overlapped with the next ones. The
+  // CRC is KvBlocksCrc's over those layers; the groups' CRCs in layer order,
+  // joined by Crc32cCombine (with KvHandoffBytes), equal the whole's, and
+  // the target blocks end up as after one Send. InvalidArgument for a range
+  // outside the cache's layers.
+  [[nodiscard]] absl::StatusOr<uint32_t> SendLayers(const KvHandoffTarget& target,
+                                                    const std::vector<int32_t>& src,
+                                                    const std::vector<int32_t>& dst,
+                                                    Deadline deadline, KvLayerRange layers,
+                                                    int64_t first_head = 0,
+                                                    KvHandoffPath* path = nullptr);
 
  private:
   // An endpoint, the target's unpacked rkey and where it maps the target

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/crc32c.h"
 #include "transfer/ucx_endpoint.h"
 #include "transfer/ucx_request.h"
 
@@ -231,6 +232,57 @@ TEST_CASE("each rank of a TP=2 decode group receives only its own KV heads", "[k
               ->Send((*rx)->target(), {0}, {0}, Deadline::After(absl::Seconds(5)), 3)
               .status()
               .code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("layer groups sent one by one equal one whole send, and their CRCs join into its",
+          "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    model::KvCacheShape full = Shape(8);
+    full.num_kv_heads = 4;
+    auto prefill_kv = model::KvCache::Create(full);
+    REQUIRE(prefill_kv.ok());
+    Fill(**prefill_kv, 11);
+    auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
+    REQUIRE(tx.ok());
+    const std::vector<int32_t> src = {6, 2, 3, 5};
+    const std::vector<int32_t> whole = {1, 4, 5, 0}, layered = {7, 2, 3, 6};
+    // Every head (one rank), then a TP=2 rank's slice (heads 2 and 3).
+    for (const int64_t heads : {int64_t{4}, int64_t{2}}) {
+      CAPTURE(heads);
+      model::KvCacheShape target_shape = Shape(8);
+      target_shape.num_kv_heads = heads;
+      const int64_t first_head = 4 - heads;
+      auto rx = KvHandoffReceiver::CreateWithCache(**ctx, target_shape,
+                                                   {.name = absl::StrCat("decode-h", heads)});
+      REQUIRE(rx.ok());
+      model::KvCache& kv = *(*rx)->owned_cache();
+      const Deadline d = Deadline::After(absl::Seconds(10));
+      auto one = (*tx)->Send((*rx)->target(), src, whole, d, first_head);
+      REQUIRE(one.ok());
+      // Layer 0 alone, then layers 1 and 2 (count 0: to the last).
+      uint32_t joined = 0;
+      for (const KvLayerRange range : {KvLayerRange{0, 1}, KvLayerRange{1, 0}}) {
+        auto part = (*tx)->SendLayers((*rx)->target(), src, layered, d, range, first_head);
+        REQUIRE(part.ok());
+        const int64_t n = range.count == 0 ? 3 - range.first : range.count;
+        joined = Crc32cCombine(joined, *part, KvHandoffBytes(target_shape, src.size(), n));
+      }
+      REQUIRE((*rx)->AwaitLandedWrites().ok());
+      CHECK(joined == *one);
+      CHECK(*one == KvBlocksCrc(**prefill_kv, src, first_head, heads));
+      CHECK(KvBlocksCrc(kv, layered) == KvBlocksCrc(kv, whole));
+      for (size_t i = 0; i < src.size(); ++i) CHECK(SameBlock(kv, whole[i], kv, layered[i]));
+      for (const KvLayerRange bad :
+           {KvLayerRange{-1, 1}, KvLayerRange{3, 0}, KvLayerRange{2, 2}, KvLayerRange{0, -1}}) {
+        CHECK(
+            (*tx)->SendLayers((*rx)->target(), src, layered, d, bad, first_head).status().code() ==
+            absl::StatusCode::kInvalidArgument);
+      }
+    }
   }
 }
 

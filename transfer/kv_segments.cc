@@ -52,9 +52,11 @@ void PlanePlan(const model::KvCacheShape& s, const model::KvCacheShape& t,
 std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
                                       const model::KvCacheShape& target,
                                       const std::vector<int32_t>& src,
-                                      const std::vector<int32_t>& dst, int64_t first_head) {
+                                      const std::vector<int32_t>& dst, int64_t first_head,
+                                      int64_t first_layer, int64_t num_layers) {
   std::vector<KvSegment> out;
-  for (int64_t layer = 0; layer < source.num_layers; ++layer) {
+  const int64_t end = num_layers < 0 ? source.num_layers : first_layer + num_layers;
+  for (int64_t layer = first_layer; layer < end; ++layer) {
     for (int kv = 0; kv < 2; ++kv) PlanePlan(source, target, src, dst, first_head, layer, kv, &out);
   }
   return out;

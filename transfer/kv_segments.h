@@ -26,10 +26,13 @@ struct KvSegment {
   uint64_t bytes = 0;  // > 0
 };
 
+// Layers [first_layer, first_layer + num_layers) only (num_layers < 0: to
+// the last layer).
 std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
                                       const model::KvCacheShape& target,
                                       const std::vector<int32_t>& src,
-                                      const std::vector<int32_t>& dst, int64_t first_head);
+                                      const std::vector<int32_t>& dst, int64_t first_head,
+                                      int64_t first_layer = 0, int64_t num_layers = -1);
 
 // `segments` in order, cut into consecutive groups of about `chunk_bytes`
 // each: a segment longer than that is split, shorter ones share a group.

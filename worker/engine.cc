@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(
   PromptRules& rules = e->rules_;
   rules.vocab_size = m.config.text.vocab_size;
   rules.hidden_size = m.config.text.hidden_size;
+  rules.deepstack_levels = m.config.DeepstackLevels();
   rules.image_pad_id = m.image_pad_id;
   rules.video_pad_id = m.video_pad_id;
   rules.accepts_images = m.config.vision.has_value();
@@ -54,9 +55,14 @@ absl::StatusOr<std::vector<MediaRows>> LlmEngine::MediaRowsOf(EngineRequest& req
     }
     if (!config.vision) return absl::InvalidArgumentError("this model does not accept images");
     for (MediaEmbedding& e : request.image_embeddings) {
-      RETURN_IF_ERROR(CheckImageEmbedding(e, rules_.hidden_size));
+      if (e.grid.kind == model::MediaKind::kVideo && rules_.deepstack_levels > 0) {
+        // Qwen3-VL shows a video's temporal patches after timestamps that
+        // this path does not write.
+        return absl::InvalidArgumentError("videos are not served for Qwen3-VL models yet");
+      }
+      RETURN_IF_ERROR(CheckImageEmbedding(e, rules_.image_row_width()));
       if (e.shared_values != nullptr) {
-        const size_t n = static_cast<size_t>(e.grid.num_tokens()) * rules_.hidden_size;
+        const size_t n = static_cast<size_t>(e.grid.num_tokens()) * rules_.image_row_width();
         rows.push_back({e.grid, absl::MakeConstSpan(e.shared_values, n), e.key});
         continue;
       }
@@ -70,8 +76,8 @@ absl::StatusOr<std::vector<MediaRows>> LlmEngine::MediaRowsOf(EngineRequest& req
     for (const model::RgbImage& img : request.images) {
       ASSIGN_OR_RETURN(model::ImagePatches p, model::PreprocessImage(img, *config.preprocessor));
       std::vector<model::MediaGrid> one = {p.grid};
-      ASSIGN_OR_RETURN(std::vector<float> emb, m_->vision->Forward(p.values, one));
-      live.image_embeddings.push_back(std::move(emb));
+      ASSIGN_OR_RETURN(model::VisionEmbeddings all, m_->vision->ForwardAll(p.values, one));
+      live.image_embeddings.push_back(model::TokenRows(std::move(all), rules_.hidden_size));
       rows.push_back({p.grid, live.image_embeddings.back(), std::nullopt});
     }
   }
@@ -114,6 +120,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
     live->runner.image_embeddings.push_back(image.rows);
     live->runner.image_hashes.push_back(image.rank_hash);
   }
+  live->runner.deepstack_levels = rules.deepstack_levels;
   live->plan = plan;
   if (plan.prompt_only) live->handoff = MakeHandoffPrompt(prompt);
   live->positions = std::move(prompt.positions);
@@ -167,7 +174,11 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   ASSIGN_OR_RETURN(std::unique_ptr<Live> live,
                    Prepare(request, std::move(callback), plan, &p, rules_));
   if (plan.remote_prompt) return Reserve(std::move(live), std::move(p), info, remote_kv);
-  if (plan.prompt_only) p.max_tokens = 1;  // the decode engine produces the rest
+  if (plan.prompt_only) {
+    p.max_tokens = 1;  // the decode engine produces the rest
+    // Its blocks outlive its finish while a hand-off may read them (Finish).
+    p.hold_kv_when_finished = true;
+  }
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
   by_scheduler_id_[live->sched_id.value] = live.get();
   requests_[live->id] = std::move(live);
@@ -202,7 +213,20 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
   if (connector_ != nullptr) connector_->OnFinished(id);
   by_scheduler_id_.erase(live.sched_id.value);
   StreamCallback cb = std::move(live.callback);
-  requests_.erase(id);  // `live` is gone from here on
+  if (reason == FinishReason::kHandoff) {
+    // Its blocks stay held (the scheduler's span of its id) until the
+    // hand-off that reads them is over: ReleaseSpan or Abort.
+    auto holder = std::make_unique<Live>();
+    holder->id = id;
+    holder->sched_id = live.sched_id;
+    holder->holds_span = true;
+    requests_[id] = std::move(holder);  // `live` is gone from here on
+  } else {
+    // A prompt-only request the scheduler finished keeps its blocks held
+    // (hold_kv_when_finished) unless it is handed off: free them now.
+    if (live.plan.prompt_only) scheduler_->ReleaseSpan(live.sched_id).IgnoreError();
+    requests_.erase(id);  // `live` is gone from here on
+  }
   cb(event);
 }
 

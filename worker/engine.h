@@ -89,6 +89,19 @@ class LlmEngine {
   // what this engine's KV pool holds. Unimplemented with tp_size > 1.
   [[nodiscard]] absl::StatusOr<std::unique_ptr<ElasticRequest>> PrepareElastic(
       EngineRequest request);
+  // Role elastic: the group's first token of `request` through the engine's
+  // sampling (SampleNext, as the runner samples) and emit path (Emit's
+  // TokenEvent): sampled here from first.logits (the group's sampler), or
+  // first.token taken as sampled here (the random stream advances one draw
+  // per non-greedy sample), so the master goes on with the same stream. The
+  // event carries the token, its text and log-probabilities when sampled
+  // here (none when taken), and the finish reason when the token ends the
+  // request (eos, a stop id or string, max_tokens, a complete constrained
+  // output). InvalidArgument when the grammar refuses the token or a taken
+  // token is outside the vocabulary; FailedPrecondition when the request
+  // has its first token already.
+  [[nodiscard]] absl::StatusOr<StreamEvent> FirstElasticToken(ElasticRequest& request,
+                                                              const ElasticFirstToken& first);
   // Role elastic: request `request`, whose span this engine holds under its
   // id (HoldSpan, its tokens from span.kv_begin on), decodes here from
   // `state` on: a request of the batch (the scheduler's kMastering) whose
@@ -182,6 +195,16 @@ class LlmEngine {
   absl::Status StepScheduled(const scheduler::SchedulerOutput& out);
   // The event of one sampled token; ends the request when it finished.
   absl::Status Emit(Sampled& s);
+  // The event of token `s` (a request's `completion`-th): its text and
+  // log-probabilities, and why it ends the request: `finished` (the
+  // scheduler's rules), kStop for a complete constrained output, kStopString
+  // (event->matched_stop), or kAbort with event->error when the grammar
+  // refuses it. The one emit rule of every sampled token (Emit's, and an elastic
+  // group's first: FirstElasticToken).
+  static absl::StatusOr<FinishReason> TokenEvent(RunnerRequestState& runner,
+                                                 model::TextStreamer& streamer,
+                                                 const model::SampleResult& s, int completion,
+                                                 FinishReason finished, StreamEvent* event);
   // The requests mastered here among out's entries (batch order) and the
   // peers for them; *status says why they cannot run this step.
   model::SpanAttentionPeers* PeersFor(const scheduler::SchedulerOutput& out, absl::Status* status);

@@ -20,28 +20,14 @@ ElasticRequest::ElasticRequest(Parts parts)
       runner_(std::move(parts.runner)),
       sampler_(runner_.sampling.seed),
       streamer_(std::move(parts.streamer)),
-      request_(std::move(parts.params), 0) {
+      params_(std::move(parts.params)) {
+  params_.prompt_token_ids.clear();  // token_ids_ holds the prompt
   runner_.sampler = &sampler_;
   runner_.prompt_positions = &positions_;
 }
 
-model::SampleResult ElasticRequest::Sample(absl::Span<float> logits) {
-  if (!runner_.sampling.greedy()) ++draws_;  // model::Sample draws once
-  return SampleNext(runner_, request_.prompt_token_ids(), request_.output_token_ids(), logits,
-                    &processed_);
-}
-
-absl::StatusOr<StreamEvent> ElasticRequest::PushSampledElsewhere(const model::SampleResult& s) {
-  if (!runner_.sampling.greedy()) {
-    sampler_.Uniform();
-    ++draws_;
-  }
-  return Push(s);
-}
-
 ElasticRequest::MasterState ElasticRequest::ExportState() const {
-  const absl::Span<const int32_t> out = request_.output_token_ids();
-  return {.generated = std::vector<int32_t>(out.begin(), out.end()),
+  return {.generated = generated_,
           .seed = runner_.sampling.seed,
           .draws = draws_,
           .mrope_delta = positions_.delta};
@@ -49,10 +35,9 @@ ElasticRequest::MasterState ElasticRequest::ExportState() const {
 
 ElasticRequest::Parts ElasticRequest::TakeParts(std::vector<int32_t>* generated,
                                                 uint64_t* draws) && {
-  const absl::Span<const int32_t> out = request_.output_token_ids();
-  generated->assign(out.begin(), out.end());
+  *generated = std::move(generated_);
   *draws = draws_;
-  scheduler::RequestParams params = request_.params();
+  scheduler::RequestParams params = std::move(params_);
   params.prompt_token_ids = token_ids_;
   return {.id = std::move(id_),
           .token_ids = std::move(token_ids_),
@@ -63,25 +48,44 @@ ElasticRequest::Parts ElasticRequest::TakeParts(std::vector<int32_t>* generated,
           .params = std::move(params)};
 }
 
-absl::StatusOr<StreamEvent> ElasticRequest::Push(const model::SampleResult& s) {
-  StreamEvent event;
-  event.request_id = id_;
-  event.token_ids.push_back(s.token);
-  if (runner_.sampling.logprobs >= 0) event.logprobs.push_back(s);
-  FinishReason reason = request_.AppendOutputToken(s.token);
-  ASSIGN_OR_RETURN(const bool complete, AdvanceGrammar(runner_, s.token));
-  if (complete) reason = FinishReason::kStop;
-  ASSIGN_OR_RETURN(model::TextStreamer::Step text, streamer_->Push(s.token, num_generated()));
-  event.text = std::move(text.text);
-  if (text.stopped) {
-    reason = FinishReason::kStopString;
-    event.matched_stop = text.matched_stop;
-  } else if (reason != FinishReason::kNone) {
-    event.text += streamer_->Finish();
+absl::StatusOr<StreamEvent> LlmEngine::FirstElasticToken(ElasticRequest& request,
+                                                         const ElasticFirstToken& first) {
+  if (!request.generated_.empty()) {
+    return absl::FailedPreconditionError("the request has its first token already");
   }
-  event.finish_reason = reason;
-  event.prompt_tokens = static_cast<int>(prompt_len());
-  event.completion_tokens = num_generated();
+  RunnerRequestState& runner = request.runner_;
+  const bool sampled_here = !first.logits.empty();
+  model::SampleResult s;
+  if (sampled_here) {
+    std::vector<float> scratch;
+    s = SampleNext(runner, request.token_ids_, {}, first.logits, &scratch);
+  } else {
+    if (first.token < 0 || first.token >= rules_.vocab_size) {
+      return absl::InvalidArgumentError("a token outside the vocabulary");
+    }
+    s.token = first.token;
+    if (!runner.sampling.greedy()) request.sampler_.Uniform();  // as if sampled here
+  }
+  if (!runner.sampling.greedy()) ++request.draws_;  // one draw per non-greedy sample
+  request.generated_.push_back(s.token);
+  // The scheduler's finish rules (eos, stop ids, max_tokens) over the token.
+  const FinishReason finished = scheduler::Request(request.params_, 0).AppendOutputToken(s.token);
+  StreamEvent event;
+  event.request_id = request.id_;
+  ASSIGN_OR_RETURN(const FinishReason why,
+                   TokenEvent(runner, *request.streamer_, s, 1, finished, &event));
+  if (why == FinishReason::kAbort) return event.error;  // the grammar refused it
+  event.finish_reason = why;
+  if (why != FinishReason::kNone && why != FinishReason::kStopString) {
+    event.text += request.streamer_->Finish();
+  }
+  event.prompt_tokens = static_cast<int>(request.prompt_len());
+  event.completion_tokens = 1;
+  if (!sampled_here) {  // the sampler's stream carries the token
+    event.token_ids.clear();
+    event.logprobs.clear();
+    event.text.clear();
+  }
   return event;
 }
 

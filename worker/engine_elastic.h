@@ -2,16 +2,19 @@
 // group prefills, prepared by LlmEngine::PrepareElastic exactly as AddRequest
 // would prepare it (tokens, image rows and M-RoPE positions, max_tokens,
 // sampling, stop ids and strings) but not queued: the group's member runs
-// its rows through Qwen2Model::ForwardElasticPrefill and the sampler samples the
-// first token here; the master then hands it to the engine
-// (LlmEngine::StartMastering), which decodes it in its batch, with its
-// sampler and text stream, as any request (its KV spread: MasterPeers).
+// its rows through Qwen2Model::ForwardElasticPrefill; the group's first token
+// goes through the engine's sampling and emit path (LlmEngine::FirstElasticToken:
+// sampled on the sampler, taken as sampled on the others); the master then
+// hands it to the engine (LlmEngine::StartMastering), which decodes it in its
+// batch, with its sampler and text stream, as any request (its KV spread:
+// MasterPeers).
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<ElasticRequest> r, engine.PrepareElastic(std::move(request)));
 //   // ... ForwardElasticPrefill over r->token_ids(), r->positions(), r->images() ...
-//   model::SampleResult s = r->Sample(logits_of_last_row);
-//   ASSIGN_OR_RETURN(StreamEvent e, r->Push(s));   // e.finish_reason: done?
-//   RETURN_IF_ERROR(engine.StartMastering(std::move(r), r_state, span, callback));
+//   ASSIGN_OR_RETURN(StreamEvent e, engine.FirstElasticToken(*r, {.logits = last_row}));
+//   // e.finish_reason: done?
+//   const ElasticRequest::MasterState state = r->ExportState();
+//   RETURN_IF_ERROR(engine.StartMastering(std::move(r), state, span, callback));
 //
 // Not thread-safe: the engine's thread uses it.
 #ifndef MMSERVE_WORKER_ENGINE_ELASTIC_H_
@@ -33,6 +36,8 @@
 #include "worker/model_runner.h"
 
 namespace mmserve::worker {
+
+class LlmEngine;
 
 class ElasticRequest {
  public:
@@ -56,26 +61,12 @@ class ElasticRequest {
   // hidden_size floats each.
   const RunnerRequestState& runner() const { return runner_; }
   const model::SamplingParams& sampling() const { return runner_.sampling; }
-  int max_tokens() const { return request_.params().max_tokens; }
-  int num_generated() const { return request_.num_output_tokens(); }
+  int max_tokens() const { return params_.max_tokens; }
+  // Tokens generated so far (the group's first, once FirstElasticToken took it).
+  int num_generated() const { return static_cast<int>(generated_.size()); }
   // Structured output: the request's grammar (null when unconstrained), for
   // a MaskWorker to compute its next mask while the forward runs.
   RequestGrammar* grammar() const { return runner_.grammar.get(); }
-
-  // The next token from `logits` (vocab floats; changed: end-of-sequence and
-  // stop ids are masked before min_tokens), by the engine runner's
-  // SampleNext: the same penalties over the same tokens.
-  model::SampleResult Sample(absl::Span<float> logits);
-  // Appends `s.token` as the next generated token: its event (text,
-  // log-probabilities when asked) and, when it ends the request (eos, a stop
-  // id or string, max_tokens, a complete constrained output), the finish
-  // reason and counts. InvalidArgument when the request's grammar does not
-  // allow the token.
-  [[nodiscard]] absl::StatusOr<StreamEvent> Push(const model::SampleResult& s);
-  // Push of a token another member sampled (the group's sampler): the
-  // random stream advances as if it was sampled here (one draw per
-  // non-greedy sample), so this master goes on with the same stream.
-  [[nodiscard]] absl::StatusOr<StreamEvent> PushSampledElsewhere(const model::SampleResult& s);
 
   // What the next master needs to continue (a master move).
   struct MasterState {
@@ -97,9 +88,19 @@ class ElasticRequest {
   RunnerRequestState runner_;
   model::SamplerState sampler_;
   uint64_t draws_ = 0;  // sampler_'s draws
+  std::vector<int32_t> generated_;
   std::unique_ptr<model::TextStreamer> streamer_;
-  scheduler::Request request_;    // its finish rules, prompt and generated tokens
-  std::vector<float> processed_;  // SampleNext's scratch row
+  scheduler::RequestParams params_;  // stop ids, eos, max_tokens (the scheduler's finish rules)
+
+  friend class LlmEngine;  // FirstElasticToken samples and emits through these
+};
+
+// The group's first token of a request, for LlmEngine::FirstElasticToken: the
+// logits of the prompt's last row (the group's sampler samples it), or the
+// token the sampler sampled (empty logits).
+struct ElasticFirstToken {
+  absl::Span<float> logits;
+  int32_t token = -1;
 };
 
 // Where a request mastered here keeps its KV: its span, held under its id

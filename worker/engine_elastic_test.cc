@@ -8,13 +8,18 @@
 //   and beside 16 ordinary requests;
 // - a holder that fails ends the group's request (kAbort, the error) and
 //   only it;
-// - nothing leaks: every block of both engines is free again at the end.
+// - nothing leaks: every block of both engines is free again at the end;
+// - the group's first token goes through the engine's sampling and emit
+//   path: the sampler's event is role both's (tokens, text, finish by
+//   max_tokens or a stop id), a member that takes it ends
+//   the same way with the same random stream.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/file.h"
@@ -194,8 +199,7 @@ std::unique_ptr<HolderPeers> StartGroup(LlmEngine& holder, LlmEngine& master,
   t.join();
   REQUIRE(status_a.ok());
   REQUIRE(status_b.ok());
-  const model::SampleResult first = (*b)->Sample(absl::MakeSpan(logits_b));
-  auto event = (*b)->Push(first);
+  auto event = master.FirstElasticToken(**b, {.logits = absl::MakeSpan(logits_b)});
   REQUIRE(event.ok());
   Add(c, *event);
   std::vector<int32_t> blocks;
@@ -208,6 +212,25 @@ std::unique_ptr<HolderPeers> StartGroup(LlmEngine& holder, LlmEngine& master,
           .StartMastering(*std::move(b), state, {.kv_begin = split, .decode_group = 1}, Collect(c))
           .ok());
   return peers;
+}
+
+// The whole prompt of `request` prefilled on `e` alone (a group of one, its
+// span held): the prepared request, its last row's logits in *logits.
+std::unique_ptr<ElasticRequest> PrefillAlone(LlmEngine& e, const EngineRequest& request,
+                                             std::vector<float>* logits) {
+  auto r = e.PrepareElastic(request);
+  REQUIRE(r.ok());
+  const int64_t len = (*r)->prompt_len();
+  auto span = e.HoldSpan(request.id, static_cast<int>(len));
+  REQUIRE(span.ok());
+  const model::TextConfig& cfg = e.config().text;
+  model::InProcessKvGroup group(1, cfg.num_hidden_layers, len,
+                                cfg.num_key_value_heads * cfg.head_dim(), absl::Seconds(60));
+  REQUIRE(e.model()
+              .ForwardElasticPrefill(Rows(**r, 0, len, *span, true), e.kv_cache(), group.member(0),
+                                     logits)
+              .ok());
+  return std::move(*r);
 }
 
 // Ordinary request k: a head of the chat prompt, greedy or seeded.
@@ -279,6 +302,92 @@ void CheckBeside(bool seeded, int ordinary) {
     CHECK(beside[k].text == want.text);
     CHECK(beside[k].finish == want.finish);
   }
+}
+
+Collected Alone(const EngineRequest& r);
+
+TEST_CASE("the group's first token goes through the engine's sampling and emit path",
+          "[engine][elastic]") {
+  const std::vector<int32_t> ids = ChatIds();
+  for (bool seeded : {false, true}) {
+    for (int n : {1, 5}) {
+      INFO((seeded ? "seeded" : "greedy") << ", max_tokens " << n);
+      const EngineRequest request = Request("first", ids, seeded, n);
+      const Collected alone = Alone(request);
+      REQUIRE(alone.tokens.size() == static_cast<size_t>(n));
+      auto sampler = MakeEngine();
+      const int free_blocks = sampler->scheduler().kv_cache().num_free_blocks();
+      std::vector<float> logits;
+      std::unique_ptr<ElasticRequest> r = PrefillAlone(*sampler, request, &logits);
+      // The sampler: role both's first token, its text, and its finish.
+      auto event = sampler->FirstElasticToken(*r, {.logits = absl::MakeSpan(logits)});
+      REQUIRE(event.ok());
+      CHECK(event->token_ids == std::vector<int32_t>{alone.tokens[0]});
+      CHECK(event->finish_reason == (n == 1 ? FinishReason::kLength : FinishReason::kNone));
+      if (n == 1) CHECK(event->text == alone.text);
+      CHECK(alone.text.rfind(event->text, 0) == 0);
+      CHECK(event->completion_tokens == 1);
+      const ElasticRequest::MasterState state = r->ExportState();
+      CHECK(state.generated == std::vector<int32_t>{alone.tokens[0]});
+      CHECK(state.draws == (seeded ? 1u : 0u));
+      CHECK(sampler->FirstElasticToken(*r, {.logits = absl::MakeSpan(logits)}).status().code() ==
+            absl::StatusCode::kFailedPrecondition);
+      // A member that takes it: no token of its own on its stream, the same
+      // finish, the same random stream.
+      auto other = MakeEngine();
+      auto taken = other->PrepareElastic(request);
+      REQUIRE(taken.ok());
+      CHECK(other->FirstElasticToken(**taken, {.token = -1}).status().code() ==
+            absl::StatusCode::kInvalidArgument);
+      auto took = other->FirstElasticToken(**taken, {.token = alone.tokens[0]});
+      REQUIRE(took.ok());
+      CHECK(took->token_ids.empty());
+      CHECK(took->text.empty());
+      CHECK(took->finish_reason == event->finish_reason);
+      const ElasticRequest::MasterState taken_state = (*taken)->ExportState();
+      CHECK(taken_state.generated == state.generated);
+      CHECK(taken_state.draws == state.draws);
+      if (seeded) CHECK(taken_state.seed == state.seed);
+      REQUIRE(sampler->ReleaseSpan("first").ok());
+      CHECK(sampler->scheduler().kv_cache().num_free_blocks() == free_blocks);
+    }
+  }
+}
+
+// The sampler's first-token event of `request` and a member's that took it,
+// each on an engine of its own.
+std::pair<StreamEvent, StreamEvent> FirstEvents(const EngineRequest& request) {
+  auto sampler = MakeEngine();
+  std::vector<float> logits;
+  std::unique_ptr<ElasticRequest> r = PrefillAlone(*sampler, request, &logits);
+  auto event = sampler->FirstElasticToken(*r, {.logits = absl::MakeSpan(logits)});
+  REQUIRE(event.ok());
+  REQUIRE(event->token_ids.size() == 1);
+  auto other = MakeEngine();
+  auto taken = other->PrepareElastic(request);
+  REQUIRE(taken.ok());
+  auto took = other->FirstElasticToken(**taken, {.token = event->token_ids[0]});
+  REQUIRE(took.ok());
+  CHECK(took->token_ids.empty());
+  CHECK(took->text.empty());
+  return {*event, *took};
+}
+
+TEST_CASE("a first token that is a stop id ends the group's request", "[engine][elastic]") {
+  const std::vector<int32_t> ids = ChatIds();
+  EngineRequest request = Request("stop", ids, false, 5);
+  request.sampling.min_tokens = 0;
+  EngineRequest one = request;
+  one.sampling.max_tokens = 1;
+  const Collected first = Alone(one);
+  REQUIRE(first.tokens.size() == 1);
+  request.sampling.stop_token_ids = {first.tokens[0]};
+  const Collected alone = Alone(request);
+  CHECK(alone.finish == FinishReason::kStop);
+  const auto [event, took] = FirstEvents(request);
+  CHECK(event.finish_reason == FinishReason::kStop);
+  CHECK(event.text == alone.text);
+  CHECK(took.finish_reason == FinishReason::kStop);
 }
 
 TEST_CASE("a group request and ordinary ones in one batch get the tokens each gets alone",

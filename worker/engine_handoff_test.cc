@@ -176,6 +176,7 @@ struct Pair {
       CHECK(SameBlock(prefill->kv_cache(), src[i], decode->kv_cache(), reserved->blocks[i]));
     }
     REQUIRE(decode->CommitRemoteKv(id, pre.tokens[0]).ok());
+    REQUIRE(prefill->ReleaseSpan(id).ok());  // the hand-off is over
     return pre;
   }
 
@@ -211,6 +212,7 @@ struct Pair {
       CHECK(SameBlock(prefill->kv_cache(), src[i], decode->kv_cache(), reserved->blocks[i]));
     }
     REQUIRE(decode->CommitRemoteKv(id, pre.tokens[0]).ok());
+    REQUIRE(prefill->ReleaseSpan(id).ok());  // the hand-off is over
     return pre;
   }
 
@@ -505,6 +507,38 @@ TEST_CASE("a decode-side prefix hit moves only the blocks after it", "[handoff]"
   CHECK(p1.tokens == p2.tokens);
   CHECK(d1.tokens == d2.tokens);
   CHECK(pair.decode->scheduler().kv_cache().stats().num_used_blocks == 0);
+}
+
+TEST_CASE("a handed-off prompt's blocks stay held while later prompts run, until released",
+          "[handoff]") {
+  auto prefill = MakeEngine("qwen2vl-tiny-mha-tied", std::make_unique<PrefillKvConnector>());
+  auto used = [&] { return prefill->scheduler().kv_cache().stats().num_used_blocks; };
+  Collected a, b, one;
+  auto add = [&](const std::string& id, int first, int max_tokens, Collected* c) {
+    EngineRequest r;
+    r.id = id;
+    for (int i = 0; i < 10; ++i) r.prompt_token_ids.push_back(first + 3 * i);
+    r.sampling = Greedy(max_tokens);
+    REQUIRE(prefill->AddRequest(std::move(r), Collect(c)).ok());
+    RunToEnd(*prefill);
+  };
+  add("a", 100, 8, &a);
+  REQUIRE(a.finish == FinishReason::kHandoff);
+  CHECK(used() == 3);
+  add("b", 400, 8, &b);  // no prefix hit: its own blocks
+  REQUIRE(b.finish == FinishReason::kHandoff);
+  for (int32_t block : b.kv_blocks) {
+    CHECK(std::find(a.kv_blocks.begin(), a.kv_blocks.end(), block) == a.kv_blocks.end());
+  }
+  add("one", 700, 1, &one);  // its first token ends it: nothing stays held
+  CHECK(one.finish == FinishReason::kLength);
+  CHECK(used() == 6);
+  CHECK(prefill->AddRequest(EngineRequest{.id = "a"}, Collect(&one)).code() ==
+        absl::StatusCode::kInvalidArgument);  // its id is in use while held
+  REQUIRE(prefill->ReleaseSpan("a").ok());
+  REQUIRE(prefill->Abort("b").ok());  // an aborted hand-off frees them as well
+  CHECK(used() == 0);
+  REQUIRE(prefill->scheduler().CheckInvariants().ok());
 }
 
 TEST_CASE("bad reservations and commits are refused; abort frees a reservation once", "[handoff]") {

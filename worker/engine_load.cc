@@ -32,14 +32,15 @@ int64_t ProcBytes(const char* file, const char* key) {
 }
 
 // The largest step the scheduler can make, encoded (step_message.h): every
-// row an image row with its embedding inline, every sequence's block table
-// as long as max_model_len needs.
-int64_t StepSlotBytes(const EngineOptions& o, int64_t hidden, int64_t max_model_len) {
+// row an image row with its embedding (row_width floats: with Qwen3-VL's
+// DeepStack features) inline, every sequence's block table as long as
+// max_model_len needs.
+int64_t StepSlotBytes(const EngineOptions& o, int64_t row_width, int64_t max_model_len) {
   const int64_t rows = o.max_num_batched_tokens;
   const int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size + 1;
   // Per row: token id, 3 positions, slot, logits row, embedding descriptor
   // and values; per sequence: its chunk and block table; and the header.
-  const int64_t bytes = 1024 + rows * (4 + 3 * 8 + 8 + 8 + 48 + hidden * 4) +
+  const int64_t bytes = 1024 + rows * (4 + 3 * 8 + 8 + 8 + 48 + row_width * 4) +
                         o.max_num_seqs * (32 + blocks_per_seq * 4);
   return (bytes + 63) / 64 * 64;
 }
@@ -55,11 +56,7 @@ absl::Status CheckOptions(const EngineOptions& options) {
                      " (> 0), max_num_batched_tokens ", options.max_num_batched_tokens,
                      " (> 0), max_model_len ", options.max_model_len, " (>= 0)"));
   }
-  const bool int8_weights = !options.quantize.empty() && options.quantize != "none";
-  if (options.int8_activations && (!int8_weights || options.activation_dtype == "bf16")) {
-    return absl::InvalidArgumentError("int8 activations need int8 weights (--quantize)");
-  }
-  return absl::OkStatus();
+  return model::ParseActivationDtype(options.activation_dtype, options.quantize).status();
 }
 
 // Ranks 1..tp_size-1, each with `threads` threads, after checking that the
@@ -78,7 +75,7 @@ absl::Status StartRanks(const EngineOptions& options, int threads,
   g.shard_binary = options.tp_shard_binary;
   g.model_dir = options.model_dir;
   g.threads_per_rank = threads;
-  g.ring_slot_bytes = StepSlotBytes(options, m.config.text.hidden_size, m.sizing.max_model_len);
+  g.ring_slot_bytes = StepSlotBytes(options, m.config.EmbeddingRowWidth(), m.sizing.max_model_len);
   g.extra_args = options.tp_shard_args;
   if (options.shared_input != nullptr) {
     g.shared_input_fd = options.shared_input_fd;
@@ -92,8 +89,10 @@ absl::Status StartRanks(const EngineOptions& options, int threads,
 // loaded) and the model over them.
 absl::Status LoadWeights(const EngineOptions& options, int threads,
                          const model::Qwen2WeightsOptions& weight_options, EngineModel& m) {
-  ASSIGN_OR_RETURN(const bool bf16,
-                   model::ParseBf16Activations(options.activation_dtype, options.quantize));
+  ASSIGN_OR_RETURN(const model::ActivationDtype activations,
+                   model::ParseActivationDtype(options.activation_dtype, options.quantize));
+  const bool bf16 = activations == model::ActivationDtype::kBf16;
+  const bool int8 = activations == model::ActivationDtype::kInt8;
   ASSIGN_OR_RETURN(m.checkpoint, model::SafetensorsCheckpoint::Open(options.model_dir));
   ASSIGN_OR_RETURN(m.weights,
                    model::Qwen2Weights::Load(*m.checkpoint, m.config.text, weight_options));
@@ -107,12 +106,13 @@ absl::Status LoadWeights(const EngineOptions& options, int threads,
       vision_options.int8_group = weight_options.int8_group;
     }
     vision_options.bf16_activations = bf16;
+    vision_options.int8_activations = int8;
     ASSIGN_OR_RETURN(m.vision, model::VisionTower::Load(*m.checkpoint, m.config, vision_options));
     m.sizing.vision_bytes = m.vision->weight_bytes();
   }
   model::Qwen2ModelOptions model_options;
   if (bf16) model_options.linear_kernel = model::cpu::LinearKernel::kBf16Dot;
-  if (options.int8_activations) model_options.linear_kernel = model::cpu::LinearKernel::kInt8Act;
+  if (int8) model_options.linear_kernel = model::cpu::LinearKernel::kInt8Act;
   if (m.tp_group != nullptr) model_options.comm = m.tp_group->comm();
   m.model = std::make_unique<model::Qwen2Model>(m.config.text, *m.weights, *m.pool, model_options);
   return absl::OkStatus();
@@ -134,9 +134,9 @@ absl::Status Load(const EngineOptions& options, EngineModel& m) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor-parallel size ", options.tp_size, " must be >= 1"));
   }
-  ASSIGN_OR_RETURN(const bool bf16,
-                   model::ParseBf16Activations(options.activation_dtype, options.quantize));
-  if (bf16 && options.tp_size > 1) {
+  ASSIGN_OR_RETURN(const model::ActivationDtype activations,
+                   model::ParseActivationDtype(options.activation_dtype, options.quantize));
+  if (activations == model::ActivationDtype::kBf16 && options.tp_size > 1) {
     // The shard ranks (tp_shard_main) build their models with kDot.
     return absl::InvalidArgumentError(
         "--activation_dtype=bf16 is not supported with tensor parallelism");

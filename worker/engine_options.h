@@ -49,20 +49,17 @@ struct EngineOptions {
   // from Create). Covers the language model and the vision tower's linear
   // layers when it is loaded.
   std::string quantize;
-  // Activations of the linear layers: "" or "f32" (fp32), "bf16" (rounded
-  // to bf16 at each bf16 layer, fp32 accumulation: LinearKernel::kBf16Dot
-  // for the language model, VisionTowerOptions::bf16_activations for the
-  // vision tower; batch invariant). InvalidArgument from Create for anything
-  // else, and for "bf16" with a quantize setting
-  // (model::ParseBf16Activations) or with tp_size > 1 (the shard ranks
-  // build their models with kDot).
+  // Activations of the linear layers: "" or "f32" (fp32; int8 layers:
+  // int16), "bf16" (rounded to bf16 at each bf16 layer, fp32 accumulation:
+  // LinearKernel::kBf16Dot for the language model,
+  // VisionTowerOptions::bf16_activations for the vision tower), "int8"
+  // (int8 layers quantize their input to int8, one scale per 32 columns:
+  // LinearKernel::kInt8Act, VisionTowerOptions::int8_activations); all
+  // batch invariant. InvalidArgument from Create for anything else, for
+  // "bf16" with a quantize setting or "int8" without one
+  // (model::ParseActivationDtype), and for "bf16" with tp_size > 1 (the
+  // shard ranks build their models with kDot; quantize is refused there).
   std::string activation_dtype;
-  // int8 layers quantize each row of their input to int8 (LinearKernel::
-  // kInt8Act, vpdpbusd) instead of int16: the language model's layers; the
-  // vision tower keeps int16. Needs a quantize setting and activation_dtype
-  // "" or "f32" (InvalidArgument from Create otherwise). Not a service flag:
-  // demo_eval's --activation_dtype=int8 measures its accuracy cost.
-  bool int8_activations = false;
   // Load the vision tower (vision models). A language service whose images
   // arrive as embeddings from an encoder service sets this false and passes
   // EngineRequest::image_embeddings instead of images.

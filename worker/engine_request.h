@@ -26,7 +26,8 @@ using FinishReason = scheduler::FinishReason;
 
 // An image or video (grid.kind) encoded elsewhere (the encoder service): its
 // patch grid and its merged-token embeddings, grid.num_tokens() rows of
-// hidden_size floats.
+// hidden_size floats (Qwen3-VL: each row followed by the token's DeepStack
+// features, ModelConfig::EmbeddingRowWidth floats a token).
 struct MediaEmbedding {
   model::MediaGrid grid;
   std::vector<float> values;
@@ -74,7 +75,9 @@ struct StreamEvent {
   int completion_tokens = 0;
   int cached_prompt_tokens = 0;
   // kHandoff only: the prompt's KV blocks in prompt order (block ids of
-  // kv_cache()). Their contents stay valid until the next Step.
+  // kv_cache()). The engine keeps them held under the request's id (a span,
+  // as HoldSpan's) until ReleaseSpan(id) or Abort(id): the hand-off reads
+  // them meanwhile, while later steps run.
   std::vector<int32_t> kv_blocks;
   // kHandoff only: the prompt as the decode engine must reserve it.
   HandoffPrompt handoff;

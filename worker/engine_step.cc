@@ -106,43 +106,47 @@ model::SpanAttentionPeers* LlmEngine::PeersFor(const scheduler::SchedulerOutput&
   return *peers;
 }
 
-absl::Status LlmEngine::Emit(Sampled& s) {
-  Live& live = *s.live;
-  const int32_t token = s.result.token;
-  StreamEvent event;
-  event.request_id = live.id;
-  event.token_ids.push_back(token);
-  if (live.runner.sampling.logprobs >= 0) event.logprobs.push_back(s.result);
-  ++live.completion_tokens;
-  absl::StatusOr<bool> complete = AdvanceGrammar(live.runner, token);
+absl::StatusOr<FinishReason> LlmEngine::TokenEvent(RunnerRequestState& runner,
+                                                   model::TextStreamer& streamer,
+                                                   const model::SampleResult& s, int completion,
+                                                   FinishReason finished, StreamEvent* event) {
+  event->token_ids.push_back(s.token);
+  if (runner.sampling.logprobs >= 0) event->logprobs.push_back(s);
+  absl::StatusOr<bool> complete = AdvanceGrammar(runner, s.token);
   if (!complete.ok()) {
-    if (s.finished == FinishReason::kNone) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
-    event.error = complete.status();
-    Finish(live, FinishReason::kAbort, event);
-    return absl::OkStatus();
+    event->error = complete.status();
+    return FinishReason::kAbort;
   }
-  ASSIGN_OR_RETURN(model::TextStreamer::Step text,
-                   live.streamer->Push(token, live.completion_tokens));
-  event.text = std::move(text.text);
+  ASSIGN_OR_RETURN(model::TextStreamer::Step text, streamer.Push(s.token, completion));
+  event->text = std::move(text.text);
   if (text.stopped) {
-    if (s.finished == FinishReason::kNone) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
-    event.matched_stop = text.matched_stop;
-    Finish(live, FinishReason::kStopString, event);
-    return absl::OkStatus();
+    event->matched_stop = text.matched_stop;
+    return FinishReason::kStopString;
   }
   // A complete constrained output ends as an end-of-sequence token would.
-  if (*complete) {
-    if (s.finished == FinishReason::kNone) RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
-    s.finished = FinishReason::kStop;
+  if (*complete) return FinishReason::kStop;
+  return finished;
+}
+
+absl::Status LlmEngine::Emit(Sampled& s) {
+  Live& live = *s.live;
+  StreamEvent event;
+  event.request_id = live.id;
+  ++live.completion_tokens;
+  ASSIGN_OR_RETURN(const FinishReason why, TokenEvent(live.runner, *live.streamer, s.result,
+                                                      live.completion_tokens, s.finished, &event));
+  // The grammar or a stop string ended what the scheduler goes on with.
+  if (why != s.finished && s.finished == FinishReason::kNone) {
+    RETURN_IF_ERROR(scheduler_->Abort(live.sched_id));
   }
-  if (s.finished == FinishReason::kNone) {
+  if (why == FinishReason::kNone) {
     live.callback(event);
     return absl::OkStatus();
   }
-  if (live.plan.prompt_only) {
+  if (live.plan.prompt_only && why != FinishReason::kAbort && why != FinishReason::kStopString) {
     const KvPromptDone done{.id = live.id,
-                            .first_token = token,
-                            .reason = s.finished,
+                            .first_token = s.result.token,
+                            .reason = why,
                             .max_tokens = live.runner.sampling.max_tokens,
                             .blocks = &s.blocks,
                             .prompt = &live.handoff};
@@ -153,7 +157,7 @@ absl::Status LlmEngine::Emit(Sampled& s) {
       return absl::OkStatus();
     }
   }
-  Finish(live, s.finished, event);
+  Finish(live, why, event);
   return absl::OkStatus();
 }
 

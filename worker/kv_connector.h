@@ -101,8 +101,8 @@ struct KvPlan {
 };
 
 // A prompt-only request's first token is out and its prompt's KV is in
-// `blocks` (block ids of the engine's kv_cache(), prompt order; their
-// contents stay valid until the next Step).
+// `blocks` (block ids of the engine's kv_cache(), prompt order; when it is
+// handed off they stay held until LlmEngine::ReleaseSpan of its id).
 struct KvPromptDone {
   absl::string_view id;
   int32_t first_token = 0;
@@ -134,7 +134,9 @@ class KvConnector {
   // final event's error.
   [[nodiscard]] virtual absl::Status OnPreempted(absl::string_view id) = 0;
   // True: the request ends here with kHandoff, its event carrying `blocks`
-  // and `prompt`; false: it finishes with `reason`.
+  // and `prompt`, and its blocks stay held under its id (a span) until the
+  // hand-off is over (LlmEngine::ReleaseSpan or Abort); false: it finishes
+  // with `reason` and its blocks are freed.
   virtual bool OnPromptDone(const KvPromptDone& done) = 0;
   virtual void OnFinished(absl::string_view id) = 0;
 };

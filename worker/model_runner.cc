@@ -19,27 +19,37 @@ int64_t ThreadCpuNanos() {
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-// The image embedding row for prompt position `pos`, or null for text;
-// *hash is its image's content hash.
-const float* ImageRow(const RunnerRequestState& st, int pos, int hidden, uint64_t* hash) {
+// Whether prompt position `pos` is an image token: then *o is its row's
+// override and *hash its image's content hash.
+bool ImageRow(const RunnerRequestState& st, int pos, int64_t row, int hidden,
+              model::EmbeddingOverride* o, uint64_t* hash) {
   for (size_t k = 0; k < st.image_offsets.size(); ++k) {
     const int rel = pos - st.image_offsets[k];
     if (rel >= 0 && rel < st.image_lengths[k]) {
       *hash = k < st.image_hashes.size() ? st.image_hashes[k] : 0;
-      return st.image_embeddings[k] + static_cast<size_t>(rel) * hidden;
+      *o = ImageOverride(st, k, rel, row, hidden);
+      return true;
     }
   }
-  return nullptr;
+  return false;
 }
 
-bool Inside(absl::Span<const uint8_t> buffer, const float* values, int hidden) {
-  const uint8_t* p = reinterpret_cast<const uint8_t*>(values);
-  const size_t bytes = static_cast<size_t>(hidden) * sizeof(float);
+// Whether the override's floats (with its DeepStack features) lie in `buffer`.
+bool Inside(absl::Span<const uint8_t> buffer, const model::EmbeddingOverride& o, int hidden) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(o.values);
+  const size_t bytes = static_cast<size_t>(hidden) * (1 + o.deepstack_layers) * sizeof(float);
   return !buffer.empty() && p >= buffer.data() && bytes <= buffer.size() &&
          p <= buffer.data() + buffer.size() - bytes;
 }
 
 }  // namespace
+
+model::EmbeddingOverride ImageOverride(const RunnerRequestState& st, size_t k, int64_t at,
+                                       int64_t row, int64_t hidden) {
+  const int levels = st.deepstack_levels;
+  const float* values = st.image_embeddings[k] + at * hidden * (1 + levels);
+  return {row, values, levels > 0 ? values + hidden : nullptr, levels};
+}
 
 absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
@@ -124,8 +134,9 @@ absl::Status ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
         pos_h.push_back(pp.h[p]);
         pos_w.push_back(pp.w[p]);
         uint64_t hash = 0;
-        if (const float* e = ImageRow(*st, p, hidden, &hash)) {
-          b.embedding_overrides.push_back({row, e});
+        model::EmbeddingOverride o;
+        if (ImageRow(*st, p, row, hidden, &o, &hash)) {
+          b.embedding_overrides.push_back(o);
           row_hashes_.push_back(hash);
         }
       } else {
@@ -152,7 +163,7 @@ absl::Status ModelRunner::PublishToRanks() {
   const int hidden = model_.config().hidden_size;
   bool shared = !shared_input_.empty();
   for (const model::EmbeddingOverride& o : b.embedding_overrides) {
-    shared = shared && Inside(shared_input_, o.values, hidden);
+    shared = shared && Inside(shared_input_, o, hidden);
   }
   rows_.embedding_overrides.swap(b.embedding_overrides);  // rows_: the image rows alone
   absl::StatusOr<StepMessage> m = StepMessageFromBatch(b, hidden, EmbeddingPlacement::kInline);

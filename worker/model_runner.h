@@ -42,10 +42,12 @@ struct RunnerRequestState {
   // M-RoPE positions of the prompt; later tokens sit at index + delta.
   const model::MropePositions* prompt_positions = nullptr;
   // Image embeddings in prompt order: image k covers prompt tokens
-  // [image_offsets[k], + image_lengths[k]) with hidden_size floats each.
+  // [image_offsets[k], + image_lengths[k]), each token a row of hidden_size
+  // floats and then its deepstack_levels DeepStack features.
   std::vector<int> image_offsets;
   std::vector<int> image_lengths;
   std::vector<const float*> image_embeddings;
+  int deepstack_levels = 0;            // Qwen3-VL's (ModelConfig::DeepstackLevels)
   std::vector<uint64_t> image_hashes;  // per image: its content hash (low half), or 0
   std::vector<int32_t> eos_token_ids;  // masked until min_tokens are out
   // sampling.constraint compiled: where the output stands in its grammar.
@@ -53,6 +55,11 @@ struct RunnerRequestState {
 };
 
 using RunnerLookup = std::function<RunnerRequestState*(scheduler::RequestId)>;
+
+// Batch row `row`'s input: token `at` of image k of `st` (the main
+// embedding and its DeepStack features).
+model::EmbeddingOverride ImageOverride(const RunnerRequestState& st, size_t k, int64_t at,
+                                       int64_t row, int64_t hidden);
 
 // A request's next token from its row of logits: the one sampling step that
 // the engine's runner and an elastic group's sampler and master share.

@@ -20,7 +20,7 @@ absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int vocab_size) {
   return absl::OkStatus();
 }
 
-absl::Status CheckImageEmbedding(const MediaEmbedding& e, int hidden_size) {
+absl::Status CheckImageEmbedding(const MediaEmbedding& e, int row_width) {
   if (e.shared_values != nullptr) {
     if (e.grid.num_tokens() <= 0 || !e.values.empty() || !e.key.has_value()) {
       return absl::InvalidArgumentError(
@@ -28,7 +28,7 @@ absl::Status CheckImageEmbedding(const MediaEmbedding& e, int hidden_size) {
     }
     return absl::OkStatus();
   }
-  const size_t hidden = static_cast<size_t>(hidden_size);
+  const size_t hidden = static_cast<size_t>(row_width);
   if (e.grid.num_tokens() <= 0 ||
       e.values.size() != static_cast<size_t>(e.grid.num_tokens()) * hidden) {
     return absl::InvalidArgumentError(absl::StrCat("image embedding holds ", e.values.size(),

@@ -35,8 +35,12 @@ namespace mmserve::worker {
 struct PromptRules {
   model::MediaPadIds pads() const { return {.image = image_pad_id, .video = video_pad_id}; }
 
+  // Floats per image token: the embedding, then Qwen3-VL's DeepStack features.
+  int image_row_width() const { return hidden_size * (1 + deepstack_levels); }
+
   int vocab_size = 0;
   int hidden_size = 0;
+  int deepstack_levels = 0;  // ModelConfig::DeepstackLevels
   int32_t image_pad_id = -1;
   int32_t video_pad_id = -1;    // -1: no video token (videos refused)
   bool accepts_images = false;  // the model has a vision config (images and videos)
@@ -46,7 +50,7 @@ struct PromptRules {
 };
 
 // One image's or video's embedding (grid.kind says which):
-// grid.num_tokens() rows of hidden_size floats.
+// grid.num_tokens() rows of PromptRules::image_row_width() floats.
 struct MediaRows {
   model::MediaGrid grid;
   absl::Span<const float> rows;
@@ -75,9 +79,9 @@ struct PreparedPrompt {
 [[nodiscard]] absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int vocab_size);
 
 // InvalidArgument unless the embedding holds its grid's rows (values of
-// grid.num_tokens() * hidden_size floats, or shared_values with a key and no
+// grid.num_tokens() * row_width floats, or shared_values with a key and no
 // values).
-[[nodiscard]] absl::Status CheckImageEmbedding(const MediaEmbedding& e, int hidden_size);
+[[nodiscard]] absl::Status CheckImageEmbedding(const MediaEmbedding& e, int row_width);
 
 // Expands the k-th image or video pad of `ids` into images[k]'s run (images
 // and videos in order of appearance; grid.kind picks the pad) and computes

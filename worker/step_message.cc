@@ -1,5 +1,6 @@
 #include "worker/step_message.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -25,7 +26,7 @@ struct WireSequence {
 struct WireEmbedding {
   int64_t row;
   uint64_t content_hash;
-  uint32_t placement, pad;
+  uint32_t placement, deepstack_layers;
   uint64_t offset, length;
 };
 
@@ -95,13 +96,22 @@ absl::StatusOr<StepMessage> StepMessageFromBatch(const model::ForwardBatch& batc
     EmbeddingRef ref;
     ref.row = o.row;
     ref.placement = placement;
-    ref.length = static_cast<uint64_t>(hidden_size);
+    ref.deepstack_layers = static_cast<uint32_t>(std::max(o.deepstack_layers, 0));
+    ref.length = static_cast<uint64_t>(hidden_size) * (1 + ref.deepstack_layers);
     if (placement == EmbeddingPlacement::kInline) {
       ref.offset = m.inline_floats.size();
       m.inline_floats.insert(m.inline_floats.end(), o.values, o.values + hidden_size);
+      if (ref.deepstack_layers > 0) {
+        m.inline_floats.insert(m.inline_floats.end(), o.deepstack,
+                               o.deepstack + hidden_size * ref.deepstack_layers);
+      }
     } else {
       const uint8_t* p = reinterpret_cast<const uint8_t*>(o.values);
-      const size_t bytes = static_cast<size_t>(hidden_size) * sizeof(float);
+      const size_t bytes = ref.length * sizeof(float);
+      if (ref.deepstack_layers > 0 && o.deepstack != o.values + hidden_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DeepStack features of row ", o.row, " do not follow its embedding in the buffer"));
+      }
       if (p < shared_buffer.data() || bytes > shared_buffer.size() ||
           p > shared_buffer.data() + shared_buffer.size() - bytes) {
         return absl::InvalidArgumentError(
@@ -147,8 +157,8 @@ absl::StatusOr<size_t> EncodeStep(const StepMessage& m, absl::Span<uint8_t> out)
   for (const auto& s : b.sequences) w.Put(s.block_table.data(), s.block_table.size());
   w.Put(b.logits_rows.data(), b.logits_rows.size());
   for (const EmbeddingRef& e : m.embeddings) {
-    w.Put(WireEmbedding{e.row, e.content_hash, static_cast<uint32_t>(e.placement), 0, e.offset,
-                        e.length});
+    w.Put(WireEmbedding{e.row, e.content_hash, static_cast<uint32_t>(e.placement),
+                        e.deepstack_layers, e.offset, e.length});
   }
   w.Put(m.inline_floats.data(), m.inline_floats.size());
   return w.size();
@@ -201,8 +211,8 @@ absl::Status DecodeStep(absl::Span<const uint8_t> in, StepMessage* m) {
     if (e.placement > static_cast<uint32_t>(EmbeddingPlacement::kSharedBuffer)) {
       return Malformed(absl::StrCat("unknown embedding placement ", e.placement));
     }
-    m->embeddings.push_back(
-        {e.row, e.content_hash, static_cast<EmbeddingPlacement>(e.placement), e.offset, e.length});
+    m->embeddings.push_back({e.row, e.content_hash, static_cast<EmbeddingPlacement>(e.placement),
+                             e.offset, e.length, e.deepstack_layers});
   }
   return absl::OkStatus();
 }
@@ -211,9 +221,11 @@ absl::Status ResolveEmbeddings(absl::Span<const uint8_t> shared_buffer, int64_t 
                                StepMessage* m) {
   m->batch.embedding_overrides.clear();
   for (const EmbeddingRef& e : m->embeddings) {
-    if (e.length != static_cast<uint64_t>(hidden_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding of row ", e.row, " has ", e.length,
-                                                     " floats; hidden size is ", hidden_size));
+    if (e.deepstack_layers > 0xffff ||
+        e.length != static_cast<uint64_t>(hidden_size) * (1 + e.deepstack_layers)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("embedding of row ", e.row, " has ", e.length, " floats; hidden size is ",
+                       hidden_size, " with ", e.deepstack_layers, " DeepStack features"));
     }
     const float* values = nullptr;
     if (e.placement == EmbeddingPlacement::kInline) {
@@ -231,7 +243,9 @@ absl::Status ResolveEmbeddings(absl::Span<const uint8_t> shared_buffer, int64_t 
       }
       values = reinterpret_cast<const float*>(shared_buffer.data() + e.offset);
     }
-    m->batch.embedding_overrides.push_back({e.row, values});
+    const int levels = static_cast<int>(e.deepstack_layers);
+    m->batch.embedding_overrides.push_back(
+        {e.row, values, levels > 0 ? values + hidden_size : nullptr, levels});
   }
   return absl::OkStatus();
 }

@@ -57,7 +57,9 @@ struct EmbeddingRef {
   uint64_t content_hash = 0;  // the image embedding's cache key (0: unknown)
   EmbeddingPlacement placement = EmbeddingPlacement::kInline;
   uint64_t offset = 0;
-  uint64_t length = 0;  // floats: hidden_size
+  uint64_t length = 0;  // floats: hidden_size * (1 + deepstack_layers)
+  // Qwen3-VL: the row's DeepStack features follow its embedding.
+  uint32_t deepstack_layers = 0;
 };
 
 struct StepMessage {
@@ -73,9 +75,10 @@ struct StepMessage {
 };
 
 // The message for `batch`: its arrays, and one descriptor per override. With
-// kInline the override values are copied into inline_floats; with
-// kSharedBuffer each override's values must lie in [buffer, buffer + bytes)
-// (InvalidArgument otherwise) and become byte offsets into it.
+// kInline the override values (and DeepStack features) are copied into
+// inline_floats; with kSharedBuffer each override's values, its features
+// right after them, must lie in [buffer, buffer + bytes) (InvalidArgument
+// otherwise) and become byte offsets into it.
 [[nodiscard]] absl::StatusOr<StepMessage> StepMessageFromBatch(
     const model::ForwardBatch& batch, int64_t hidden_size, EmbeddingPlacement placement,
     absl::Span<const uint8_t> shared_buffer = {});
@@ -89,7 +92,7 @@ size_t EncodedStepBytes(const StepMessage& m);
 
 // Points m->batch.embedding_overrides at each descriptor's floats (in
 // m->inline_floats or shared_buffer). InvalidArgument for a length other
-// than hidden_size or a range outside its buffer.
+// than hidden_size * (1 + deepstack_layers) or a range outside its buffer.
 [[nodiscard]] absl::Status ResolveEmbeddings(absl::Span<const uint8_t> shared_buffer,
                                              int64_t hidden_size, StepMessage* m);
 

@@ -179,5 +179,43 @@ TEST_CASE("a step larger than its slot is ResourceExhausted", "[step_message]") 
   CHECK(absl::IsResourceExhausted(EncodeStep(*m, absl::MakeSpan(slot)).status()));
 }
 
+TEST_CASE("a row's DeepStack features reach the ranks inline and in the shared buffer",
+          "[step_message]") {
+  // One row: its embedding then two features, side by side as they arrive.
+  std::vector<float> buffer(5 * kHidden, 0.0f);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<float>(i);
+  const float* row = buffer.data() + 2 * kHidden;
+  model::ForwardBatch batch = SampleBatch(Image());
+  batch.embedding_overrides = {{1, row, row + kHidden, 2}};
+  const absl::Span<const uint8_t> shared(reinterpret_cast<const uint8_t*>(buffer.data()),
+                                         buffer.size() * sizeof(float));
+  for (EmbeddingPlacement placement :
+       {EmbeddingPlacement::kInline, EmbeddingPlacement::kSharedBuffer}) {
+    INFO("placement " << static_cast<int>(placement));
+    auto m = StepMessageFromBatch(batch, kHidden, placement, shared);
+    REQUIRE(m.ok());
+    CHECK(m->embeddings[0].length == 3 * kHidden);
+    std::vector<uint8_t> slot(4096);
+    auto n = EncodeStep(*m, absl::MakeSpan(slot));
+    REQUIRE(n.ok());
+    StepMessage got;
+    REQUIRE(DecodeStep(absl::MakeConstSpan(slot.data(), *n), &got).ok());
+    REQUIRE(ResolveEmbeddings(shared, kHidden, &got).ok());
+    const model::EmbeddingOverride& o = got.batch.embedding_overrides.at(0);
+    CHECK(o.deepstack_layers == 2);
+    REQUIRE(o.deepstack != nullptr);
+    CHECK(std::memcmp(o.values, row, kHidden * sizeof(float)) == 0);
+    CHECK(std::memcmp(o.deepstack, row + kHidden, 2 * kHidden * sizeof(float)) == 0);
+    // A receiver that reads the features as another count refuses the row.
+    got.embeddings[0].deepstack_layers = 1;
+    CHECK(absl::IsInvalidArgument(ResolveEmbeddings(shared, kHidden, &got)));
+  }
+  // Shared placement needs the features right after the embedding.
+  std::vector<float> apart(2 * kHidden);
+  batch.embedding_overrides[0].deepstack = apart.data();
+  CHECK(absl::IsInvalidArgument(
+      StepMessageFromBatch(batch, kHidden, EmbeddingPlacement::kSharedBuffer, shared).status()));
+}
+
 }  // namespace
 }  // namespace mmserve::worker

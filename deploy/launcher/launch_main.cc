@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/flag_aliases.h"
 #include "common/grpc_server.h"
 #include "deploy/launcher/local_stack.h"
 
@@ -45,6 +46,7 @@ ABSL_FLAG(int, elastic, 0,
 ABSL_FLAG(std::string, elastic_step_models, "",
           "with --elastic: the router's per-degree step-time models, a file of \"degree a b c\" "
           "lines (bench:elastic_profile writes one; empty: the router's default)");
+ABSL_FLAG(std::string, esp_step_models, "", "deprecated: use --elastic_step_models");
 ABSL_FLAG(std::vector<std::string>, router_flags, {},
           "extra router flags, comma-separated (e.g. --presize=false)");
 ABSL_FLAG(std::vector<std::string>, encoder_flags, {},
@@ -200,5 +202,10 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = mmserve::ApplyFlagAliases({{"esp_step_models", "elastic_step_models"}});
+      !s.ok()) {
+    std::fprintf(stderr, "mmserve_launch: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   return mmserve::launcher::Main();
 }

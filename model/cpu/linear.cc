@@ -434,12 +434,13 @@ void PanelTask(CpuIsa isa, const float* x, int64_t m, const LinearJob& job, int6
 // gate/up) projections share one parallel loop.
 void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs,
                int max_q) {
-  // int8 layers take x quantized to int16 (kInt8Act: int8), once for all
-  // of them.
+  // int8 layers take x quantized to int16 (kInt8Act: int8 in blocks of
+  // kInt8ActBlock columns), once for all of them.
   internal::QuantizedRows xq;
   for (const LinearJob& job : jobs) {
     if (job.w->dtype == DType::kI8) {
-      xq = internal::QuantizeRows(pool, x, m, job.w->cols, max_q);
+      xq = internal::QuantizeRows(pool, x, m, job.w->cols, max_q,
+                                  max_q <= 127 ? internal::kInt8ActBlock : 0);
       break;
     }
   }

@@ -79,10 +79,13 @@
 // match the AVX2 ones (96-108 vs 93-107 GFLOP/s at 32 and 512 rows, 69-71
 // vs 57 at 2 rows); vdpbf16ps has twice the FMA peak, and kBf16Dot ran at
 // 140-201 GFLOP/s at 32 and 512 rows (1.6-1.9x kDot) and at kDot's rate
-// for one row. kInt8Act on vpdpbusd (linear_int8_act.h; 2026-11-26, 2
-// threads, quiet, Zen 5) ran at 700-710 GOP/s at 512 rows, 0.76 of the
-// vpdpbusd peak and 2.0-2.1x the int16-activation kernel, 1.6-1.8x at 32
-// rows and its rate at one row; it costs accuracy (qwen2_int8_parity_test).
+// for one row. kInt8Act on vpdpbusd (linear_int8_act.h) with one scale
+// per 32 activation columns (2026-11-29, an Intel Xeon with AMX, family 6,
+// one thread on the CPU-time clock, load 5-9): 170-280 GOP/s at 512 rows,
+// 1.6-2.6x the int16-activation kernel, about 0.55 of the same tiles with
+// one scale per row (each block converts and scales every accumulator
+// every 8 quads); one row runs the int16 kernels' stream on the int8
+// values. It costs accuracy (qwen2_int8_parity_test, bench:quality).
 //
 // All kernels use every thread of the pool. x is [m][cols] and y [m][rows],
 // row-major and dense; bias, when given, has `rows` entries.
@@ -203,9 +206,13 @@ void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out);
 // accumulation on vdpbf16ps, for bf16 panels (other weights run kDot); batch
 // invariant, the same bits at every level; see linear_bf16dot.h for the
 // arithmetic.
-// kInt8Act: as kDot, but int8 layers quantize each row of x to int8 (max|x|
-// / 127 steps) instead of int16, for vpdpbusd (4 products an instruction
-// and lane); the same segments, sums and roundings otherwise, batch
+// kInt8Act: as kDot, but int8 layers quantize x to int8 instead of int16,
+// one scale per block of 32 columns of a row (max|x| / 127 over the block,
+// llama.cpp's Q8_0 block), for vpdpbusd (4 products an instruction and
+// lane). Segments are also cut at every block, and each segment's sum S
+// goes to fp32 as c = fma(float(S), m, c) with m the block's x scale (one
+// weight scale per row, applied at the end without the * s_x) or the
+// weight group's scale times it (one rounding); bias as in kDot. Batch
 // invariant and the same bits at every level (linear_int8.h,
 // linear_int8_act.h).
 enum class LinearKernel { kDot, kOpenBlas, kBf16Dot, kInt8Act };

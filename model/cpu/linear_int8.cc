@@ -43,7 +43,17 @@ struct Panels {
   int64_t group = 0;              // 0: one scale per row, applied in Finish
 };
 
-using TileFn = void (*)(const int16_t*, int64_t, const Panels&, int64_t, int64_t, float*, int64_t);
+// The x scales a tile multiplies its segments by: with activation blocks
+// (block > 0), row i's block b has scale[i * stride + b]; without, the row
+// scale is left to Finish.
+struct ActScales {
+  const float* scale = nullptr;
+  int64_t stride = 0;
+  int64_t block = 0;
+};
+
+using TileFn = void (*)(const int16_t*, int64_t, const ActScales&, const Panels&, int64_t, int64_t,
+                        float*, int64_t);
 
 namespace avx2 {
 constexpr bool kFusedAccumulate = false;
@@ -84,8 +94,9 @@ inline __m256i Accumulate(__m256i acc, __m256i x, __m256i w) {
 
 // The last operations of an output element, alike in every path, as
 // separate vector roundings: y = c * s_row (one scale per output row only),
-// then * s_x (the x row's scale), then + bias; on `cols` <= 16 columns from
-// column j0, for `rows` rows of c (row stride ldc) whose x scales are sx.
+// then * s_x (the x row's scale; not with activation blocks, sx nullptr),
+// then + bias; on `cols` <= 16 columns from column j0, for `rows` rows of c
+// (row stride ldc) whose x scales are sx.
 void Finish(float* c, int64_t ldc, int rows, const float* sx, int64_t j0, int cols,
             const float* scales, const float* bias) {
   alignas(32) float s[kPanelRows], b[kPanelRows];
@@ -96,16 +107,21 @@ void Finish(float* c, int64_t ldc, int rows, const float* sx, int64_t j0, int co
   for (int i = 0; i < rows; ++i) {
     alignas(32) float v[kPanelRows] = {};
     std::memcpy(v, c + i * ldc, cols * sizeof(float));
-    const __m256 xs = _mm256_set1_ps(sx[i]);
+    const __m256 xs = _mm256_set1_ps(sx != nullptr ? sx[i] : 1.0f);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
       __m256 r = _mm256_load_ps(v + h * 8);
       if (scales != nullptr) r = _mm256_mul_ps(r, _mm256_load_ps(s + h * 8));
-      r = _mm256_mul_ps(r, xs);
+      if (sx != nullptr) r = _mm256_mul_ps(r, xs);
       if (bias != nullptr) r = _mm256_add_ps(r, _mm256_load_ps(b + h * 8));
       _mm256_store_ps(v + h * 8, r);
     }
     std::memcpy(c + i * ldc, v, cols * sizeof(float));
   }
+}
+
+// Row i0's activation scales as a tile reads them.
+ActScales RowScales(const QuantizedRows& x, int64_t i0) {
+  return {x.scale + i0 * x.scale_stride, x.scale_stride, x.block};
 }
 
 // Panels [p, p + NP) of w as a tile reads them.
@@ -122,12 +138,12 @@ Panels PanelsAt(const WeightMatrix& w, int64_t p) {
   return out;
 }
 
-void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float* scale,
-                 int max_q) {
+// Quantizes x[0:n] into q[0:n] with one scale (QuantizeRows' rule).
+void QuantizeSpan(const float* x, int64_t n, int16_t* q, float* scale, int max_q) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 vmax = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
   int64_t k = 0;
-  for (; k + 8 <= cols; k += 8) {
+  for (; k + 8 <= n; k += 8) {
     const __m256 v = _mm256_loadu_ps(x + k);
     vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, abs_mask));
     unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -137,11 +153,10 @@ void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float
   float amax = 0;
   for (float l : lanes) amax = std::max(amax, l);
   bool nan = _mm256_movemask_ps(unordered) != 0;
-  for (int64_t t = k; t < cols; ++t) {
+  for (int64_t t = k; t < n; ++t) {
     amax = std::max(amax, std::fabs(x[t]));
     nan = nan || std::isnan(x[t]);
   }
-  std::memset(q, 0, stride * sizeof(int16_t));
   if (nan || !std::isfinite(amax)) {
     *scale = std::numeric_limits<float>::quiet_NaN();
     return;
@@ -152,16 +167,27 @@ void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float
   const float inv = top / amax;
   const __m256 vinv = _mm256_set1_ps(inv);
   k = 0;
-  for (; k + 16 <= cols; k += 16) {
+  for (; k + 16 <= n; k += 16) {
     // Round to nearest even (the default MXCSR mode), saturate to int16.
     const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv));
     const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv));
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), packed);
   }
-  for (; k < cols; ++k) {
+  for (; k < n; ++k) {
     const float v = std::nearbyint(x[k] * inv);
     q[k] = static_cast<int16_t>(std::min(top, std::max(-top, v)));
+  }
+}
+
+// One row of x: q zero-padded to stride, one scale per block (0: one).
+void QuantizeRow(const float* x, int64_t cols, int16_t* q, int64_t stride, float* scale, int max_q,
+                 int64_t block) {
+  std::memset(q, 0, stride * sizeof(int16_t));
+  const int64_t step = block > 0 ? block : cols;
+  for (int64_t b = 0; b * step < cols; ++b) {
+    const int64_t k = b * step;
+    QuantizeSpan(x + k, std::min(step, cols - k), q + k, scale + b, max_q);
   }
 }
 
@@ -178,14 +204,19 @@ void OffsetBytes(const int16_t* q, int64_t stride, uint8_t* u8) {
 
 }  // namespace
 
-QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols, int max_q) {
+QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t cols, int max_q,
+                           int64_t block) {
+  CHECK(block >= 0 && block % 4 == 0 && (block == 0 || kSegment % block == 0))
+      << "activation blocks must be a multiple of 4 that divides " << kSegment << ": " << block;
+  if (block >= cols) block = 0;  // one block per row is per-row
   thread_local std::vector<int16_t> q;
   thread_local std::vector<float> scale;
   thread_local std::vector<uint8_t> u8;
   const int64_t stride = (cols + 15) / 16 * 16;
+  const int64_t scale_stride = block > 0 ? (cols + block - 1) / block : 1;
   const bool int8 = max_q <= 127;
   q.resize(static_cast<size_t>(m * stride));
-  scale.resize(static_cast<size_t>(m));
+  scale.resize(static_cast<size_t>(m * scale_stride));
   u8.resize(int8 ? q.size() : 0);
   // The storage is this thread's (thread_local): workers see it through
   // these pointers.
@@ -194,7 +225,7 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
   uint8_t* u8p = u8.data();
   auto rows = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i, max_q);
+      QuantizeRow(x + i * cols, cols, qp + i * stride, stride, sp + i * scale_stride, max_q, block);
       if (int8) OffsetBytes(qp + i * stride, stride, u8p + i * stride);
     }
   };
@@ -204,7 +235,7 @@ QuantizedRows QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t 
   } else {
     pool.ParallelFor(m, 1, rows);
   }
-  QuantizedRows out{qp, stride, sp};
+  QuantizedRows out{qp, stride, sp, block, scale_stride};
   if (int8) out.u8 = u8p;
   return out;
 }
@@ -219,10 +250,12 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
   auto finish = [&](int64_t p, int64_t i0, int rows) {
     int64_t ldc;
     float* c = out.At(p, &ldc);
-    Finish(c + i0 * ldc, ldc, rows, x.scale + i0, p * kPanelRows, out.Columns(p), row_scales,
-           job.bias);
+    Finish(c + i0 * ldc, ldc, rows, x.block > 0 ? nullptr : x.scale + i0, p * kPanelRows,
+           out.Columns(p), row_scales, job.bias);
   };
-  if (x.u8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
+  // One row runs the pair kernels below, which stream their panels with
+  // prefetching: on the same exact sums as vpdpbusd, so the same results.
+  if (m > 1 && x.u8 != nullptr && w.group % 4 == 0 && Int8ActUsesVnni512()) {
     Int8ActPanelColumns(x, m, job, p0, p1);
     return;
   }
@@ -235,7 +268,8 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
     for (int64_t p = p0; p < p1; ++p) {
       int64_t ldc;
       float* c = out.At(p, &ldc);
-      (vnni ? vnni::Tile<1, 1> : avx2::Tile<1, 1>)(x.q, x.stride, PanelsAt(w, p), 0, kp, c, ldc);
+      (vnni ? vnni::Tile<1, 1> : avx2::Tile<1, 1>)(x.q, x.stride, RowScales(x, 0), PanelsAt(w, p),
+                                                   0, kp, c, ldc);
       finish(p, 0, 1);
     }
   } else {
@@ -246,7 +280,8 @@ void Int8PanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, i
         for (int64_t p = p0; p < p1; ++p) {
           int64_t ldc;
           float* c = out.At(p, &ldc);
-          tiles[mr - 1](x.q + i0 * x.stride, x.stride, PanelsAt(w, p), k0, k1, c + i0 * ldc, ldc);
+          tiles[mr - 1](x.q + i0 * x.stride, x.stride, RowScales(x, i0), PanelsAt(w, p), k0, k1,
+                        c + i0 * ldc, ldc);
           if (k1 == kp) finish(p, i0, mr);
         }
       }

@@ -48,28 +48,40 @@ struct PanelFinish {
 };
 
 // The segments of linear_int8_tile.inc's Tile over columns [0, kp): cut at
-// multiples of kInt8Segment and of the group (0: none).
+// multiples of kInt8Segment, of the weight group and of the activation
+// block (0: none).
 class Segments {
  public:
-  Segments(int64_t kp, int64_t group) : k1_(kp), group_(group), group_end_(group > 0 ? group : kp) {
-    end_ = std::min({k1_, kInt8Segment, group_end_});
+  Segments(int64_t kp, int64_t group, int64_t block)
+      : k1_(kp),
+        group_(group),
+        block_(block),
+        group_end_(group > 0 ? group : kp),
+        block_end_(block > 0 ? block : kp) {
+    end_ = std::min({k1_, kInt8Segment, group_end_, block_end_});
   }
   bool Done() const { return k_ >= k1_; }
   int64_t begin() const { return k_; }
   int64_t end() const { return end_; }
   bool last() const { return end_ == k1_; }
   int64_t group_index() const { return group_index_; }
+  int64_t block_index() const { return block_index_; }
   void Next() {
     k_ = end_;
     if (k_ == group_end_) {
       ++group_index_;
       group_end_ += group_;
     }
-    end_ = std::min({k1_, (k_ / kInt8Segment + 1) * kInt8Segment, group_end_});
+    if (k_ == block_end_) {
+      ++block_index_;
+      block_end_ += block_;
+    }
+    end_ = std::min({k1_, (k_ / kInt8Segment + 1) * kInt8Segment, group_end_, block_end_});
   }
 
  private:
-  int64_t k_ = 0, k1_, group_, group_index_ = 0, group_end_, end_;
+  int64_t k_ = 0, k1_, group_, block_, group_index_ = 0, block_index_ = 0, group_end_, block_end_,
+          end_;
 };
 
 // Row tiles of at most kBlockRows rows, as even as they go (32 rows: 6, 6,
@@ -111,48 +123,30 @@ inline __m512i LoadQuad(const int8_t* panel, int64_t kp, int64_t k) {
 inline __m512i Bytes128() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
 
 // c after a segment whose exact int32 sums are `sums`: c + float(s), or
-// fma(float(s), g, c) with g the segment's 16 group scales (g != nullptr).
-inline __m512 AddSegment(__m512 c, __m512i sums, const float* g) {
+// fma(float(s), m, c) with m the segment's 16 group scales g (g !=
+// nullptr), its x block scale b (block), or g * b (both).
+inline __m512 AddSegment(__m512 c, __m512i sums, const float* g, bool block, __m512 b) {
   const __m512 sum = _mm512_maskz_cvtepi32_ps(0xFFFF, sums);  // GCC 12: no undefined source
-  return g != nullptr ? _mm512_fmadd_ps(sum, _mm512_loadu_ps(g), c) : _mm512_add_ps(c, sum);
+  if (g != nullptr) {
+    const __m512 gv = _mm512_loadu_ps(g);
+    return _mm512_fmadd_ps(sum, block ? _mm512_mul_ps(gv, b) : gv, c);
+  }
+  return block ? _mm512_fmadd_ps(sum, b, c) : _mm512_add_ps(c, sum);
 }
 
-inline __m512 ApplyFinish(const PanelFinish& f, __m512 c, __m512 sx) {
+// y = c * s_row, * sx (without activation blocks), + bias.
+inline __m512 ApplyFinish(const PanelFinish& f, __m512 c, bool block, __m512 sx) {
   if (f.has_scale) c = _mm512_mul_ps(c, _mm512_load_ps(f.scale));
-  c = _mm512_mul_ps(c, sx);
+  if (!block) c = _mm512_mul_ps(c, sx);
   return f.has_bias ? _mm512_add_ps(c, _mm512_load_ps(f.bias)) : c;
 }
 
-// One row of x (u8: x + 128, scale sx) times one panel, all of k, into
-// y[0:16]: the same segments, sums and fp32 operations as
-// linear_int8_tile.inc's Tile, 16 outputs a vector. (Decode: the panel
-// streams past once.)
-void RowTile(const uint8_t* u8, float sx, const WeightMatrix& w, int64_t p, const PanelFinish& f,
-             float* y) {
-  const int64_t kp = PairedCols(w.cols);
-  const int8_t* panel = PanelData(w, p);
-  const float* scales = GroupScales(w, p);
-  __m512 c = _mm512_setzero_ps();
-  for (Segments s(kp, w.group); !s.Done(); s.Next()) {
-    __m512i acc = _mm512_setzero_si512(), offset = _mm512_setzero_si512();
-    for (int64_t k = s.begin(); k < s.end(); k += 4) {
-      int32_t quad;
-      std::memcpy(&quad, u8 + k, sizeof(quad));
-      const __m512i wq = LoadQuad(panel, kp, k);
-      acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(quad), wq);
-      offset = _mm512_dpbusd_epi32(offset, Bytes128(), wq);
-    }
-    c = AddSegment(c, _mm512_sub_epi32(acc, offset),
-                   scales != nullptr ? scales + s.group_index() * kPanelRows : nullptr);
-  }
-  _mm512_storeu_ps(y, ApplyFinish(f, c, _mm512_set1_ps(sx)));
-}
-
 // A panel's columns [0, kp) in LoadQuad form, into out[(kp + 3) / 4][16],
-// and for each of its segments s (Segments(kp, group)), -128 x the
+// and for each of its segments s (Segments(kp, group, block)), -128 x the
 // segment's sum of each row's weights into offset[s][16].
-void QuadBlock(const int8_t* panel, int64_t kp, int64_t group, uint32_t* out, int32_t* offset) {
-  for (Segments s(kp, group); !s.Done(); s.Next(), offset += kPanelRows) {
+void QuadBlock(const int8_t* panel, int64_t kp, int64_t group, int64_t block, uint32_t* out,
+               int32_t* offset) {
+  for (Segments s(kp, group, block); !s.Done(); s.Next(), offset += kPanelRows) {
     __m512i sum = _mm512_setzero_si512();
     for (int64_t k = s.begin(); k < s.end(); k += 4) {
       const __m512i wq = LoadQuad(panel, kp, k);
@@ -164,9 +158,9 @@ void QuadBlock(const int8_t* panel, int64_t kp, int64_t group, uint32_t* out, in
 }
 
 // Segments of [0, kp) (QuadBlock's offsets per panel).
-int64_t NumSegments(int64_t kp, int64_t group) {
+int64_t NumSegments(int64_t kp, int64_t group, int64_t block) {
   int64_t n = 0;
-  for (Segments s(kp, group); !s.Done(); s.Next()) ++n;
+  for (Segments s(kp, group, block); !s.Done(); s.Next()) ++n;
   return n;
 }
 
@@ -177,7 +171,9 @@ int64_t NumSegments(int64_t kp, int64_t group) {
 struct BlockArgs {
   const uint8_t* u8;  // row 0's x + 128, rows ldx apart
   int64_t ldx;
-  const float* sx;  // row 0's x scale
+  const float* sx;  // row 0's x scales, rows sx_stride apart
+  int64_t sx_stride;
+  int64_t x_block;  // activation block (0: one x scale per row)
   const uint32_t* block;
   int64_t block_stride;
   const int32_t* offset;
@@ -224,7 +220,8 @@ __attribute__((noinline)) void QuadSteps(const uint8_t* u8, int64_t ldx, const u
   }
 }
 
-// RowTile's arithmetic for MR rows and NP panels, all of k, on QuadBlocks;
+// linear_int8_tile.inc's Tile's arithmetic for MR rows and NP panels, all
+// of k, on QuadBlocks (16 outputs a vector);
 // the outputs hold c between segments and y after the last.
 template <int MR, int NP>
 void BlockTile(const BlockArgs& b, int64_t kp) {
@@ -236,19 +233,20 @@ void BlockTile(const BlockArgs& b, int64_t kp) {
     }
   }
   const int32_t* offset = b.offset;
-  for (Segments s(kp, b.group); !s.Done(); s.Next(), offset += kPanelRows) {
+  for (Segments s(kp, b.group, b.x_block); !s.Done(); s.Next(), offset += kPanelRows) {
     __m512i acc[MR][NP];
     QuadSteps<MR, NP>(b.u8 + s.begin(), b.ldx, b.block + s.begin() / 4 * kPanelRows, b.block_stride,
                       (s.end() - s.begin() + 3) / 4, offset, b.offset_stride, acc);
+    const bool block = b.x_block > 0;
     _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
-      const __m512 sx = _mm512_set1_ps(b.sx[i]);
+      const __m512 sx = _mm512_set1_ps(b.sx[i * b.sx_stride + (block ? s.block_index() : 0)]);
       _Pragma("GCC unroll 4") for (int q = 0; q < NP; ++q) {
         float* out = b.c[q] + i * b.ldc[q];
         const float* g =
             b.group > 0 ? b.scales + q * b.scale_stride + s.group_index() * kPanelRows : nullptr;
-        __m512 c =
-            AddSegment(s.begin() == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out), acc[i][q], g);
-        if (s.last()) c = ApplyFinish(b.finish[q], c, sx);
+        __m512 c = AddSegment(s.begin() == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out),
+                              acc[i][q], g, block, sx);
+        if (s.last()) c = ApplyFinish(b.finish[q], c, block, sx);
         _mm512_storeu_ps(out, c);
       }
     }
@@ -271,14 +269,14 @@ void BlockColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, const
   const WeightMatrix& w = *job.w;
   const int64_t kp = PairedCols(w.cols);
   const int64_t block_stride = (kp + 3) / 4 * kPanelRows;
-  const int64_t offset_stride = NumSegments(kp, w.group) * kPanelRows;
+  const int64_t offset_stride = NumSegments(kp, w.group, x.block) * kPanelRows;
   thread_local std::vector<uint32_t> block;
   thread_local std::vector<int32_t> offsets;
   block.resize(static_cast<size_t>(kBlockPanels * block_stride));
   offsets.resize(static_cast<size_t>(kBlockPanels * offset_stride));
   PanelFinish finish[kBlockPanels];
   for (int q = 0; q < np; ++q) {
-    QuadBlock(PanelData(w, g0 + q), kp, w.group, &block[q * block_stride],
+    QuadBlock(PanelData(w, g0 + q), kp, w.group, x.block, &block[q * block_stride],
               &offsets[q * offset_stride]);
     finish[q].Set(w, job.bias, g0 + q, out.Columns(g0 + q));
   }
@@ -287,6 +285,8 @@ void BlockColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, const
   BlockArgs args{x.u8,
                  x.stride,
                  x.scale,
+                 x.scale_stride,
+                 x.block,
                  block.data(),
                  block_stride,
                  offsets.data(),
@@ -301,7 +301,7 @@ void BlockColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, const
     const int mr = NextTileRows(m - i0);
     for (int q = 0; q < np; ++q) c[q] = out.At(g0 + q, &ldc[q]) + i0 * ldc[q];
     args.u8 = x.u8 + i0 * x.stride;
-    args.sx = x.scale + i0;
+    args.sx = x.scale + i0 * x.scale_stride;
     kBlockTiles[mr - 1][np - 1](args, kp);
     i0 += mr;
   }
@@ -309,21 +309,35 @@ void BlockColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, const
 
 }  // namespace
 
+double Int8ActInnerLoop(int64_t reps) {
+  constexpr int64_t kQuads = kInt8Segment / 4;
+  constexpr int kRows = kBlockRows, kPanels = kBlockPanels;
+  alignas(64) static thread_local uint32_t w[kPanels * kQuads * kPanelRows];
+  alignas(64) static thread_local uint8_t x[kRows * kInt8Segment];
+  alignas(64) static thread_local int32_t offset[kPanels * kPanelRows];
+  for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); ++i)
+    w[i] = static_cast<uint32_t>(i * 2654435761u);
+  for (size_t i = 0; i < sizeof(x); ++i) x[i] = static_cast<uint8_t>(i * 131);
+  for (int32_t& o : offset) o = 0;
+  __m512i acc[kRows][kPanels];
+  __m512i keep = _mm512_setzero_si512();
+  for (int64_t r = 0; r < reps; ++r) {
+    QuadSteps<kRows, kPanels>(x, kInt8Segment, w, kQuads * kPanelRows, kQuads, offset, kPanelRows,
+                              acc);
+    keep = _mm512_add_epi32(keep, acc[r % kRows][r % kPanels]);
+  }
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, keep);
+  // Something the caller cannot see through keeps the loop alive.
+  offset[0] = lanes[0];
+  return 2.0 * 4 * kPanelRows * kRows * kPanels * kQuads * static_cast<double>(reps);
+}
+
 void Int8ActPanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                          int64_t p1) {
   const PanelOutput out(job, m, p1);
-  if (m == 1) {
-    // Panel by panel, each streamed once.
-    for (int64_t p = p0; p < p1; ++p) {
-      PanelFinish finish;
-      finish.Set(*job.w, job.bias, p, out.Columns(p));
-      int64_t ldc;
-      RowTile(x.u8, x.scale[0], *job.w, p, finish, out.At(p, &ldc));
-    }
-  } else {
-    for (int64_t g0 = p0; g0 < p1; g0 += kBlockPanels) {
-      BlockColumns(x, m, job, out, g0, static_cast<int>(std::min<int64_t>(kBlockPanels, p1 - g0)));
-    }
+  for (int64_t g0 = p0; g0 < p1; g0 += kBlockPanels) {
+    BlockColumns(x, m, job, out, g0, static_cast<int>(std::min<int64_t>(kBlockPanels, p1 - g0)));
   }
   out.Flush();
 }

@@ -14,7 +14,11 @@
 // 24 zmm accumulators), each tile over all of k with its outputs in L1;
 // each task first puts its panels' weights in vpdpbusd's 4-column form
 // (and their segment sums) once for all its row tiles. One row (decode)
-// reads the panels as stored.
+// does not come here: linear_int8.cc's pair kernels stream the panels as
+// stored, with prefetching, on the same int8 values (exact sums, the same
+// bits). Streaming them through vpdpbusd needed a vpermw per 64 bytes, a
+// second vpdpbusd for the offset and one dependent accumulator, and ran
+// at under half their rate.
 #ifndef MMSERVE_MODEL_CPU_LINEAR_INT8_ACT_H_
 #define MMSERVE_MODEL_CPU_LINEAR_INT8_ACT_H_
 
@@ -26,8 +30,8 @@
 namespace mmserve::model::cpu::internal {
 
 // Output columns of int8 panels [p0, p1) of one job, for every row of x;
-// linear_int8.h's Int8PanelColumns when x.u8 is set, job.w->group % 4 == 0
-// and Int8ActUsesVnni512(). The CPU must have AVX512-VNNI.
+// linear_int8.h's Int8PanelColumns when m > 1, x.u8 is set, job.w->group %
+// 4 == 0 and Int8ActUsesVnni512(). The CPU must have AVX512-VNNI.
 void Int8ActPanelColumns(const QuantizedRows& x, int64_t m, const LinearJob& job, int64_t p0,
                          int64_t p1);
 

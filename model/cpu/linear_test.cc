@@ -292,32 +292,51 @@ TEST_CASE("int8 quantization rounds each weight to its nearest step of max|w| / 
 }
 
 // linear.h's int8 arithmetic in scalar code for one output: x's row
-// quantized to int16 (max_q 32767; kInt8Act: int8, 127), exact integer sums per segment (cut at
-// multiples of 256 and of the group), each added to c once in fp32, then the scales and the bias as
+// quantized to int16 (max_q 32767) with one scale, or (kInt8Act: max_q 127)
+// to int8 with one scale per block of kInt8ActBlock columns; exact integer
+// sums per segment (cut at multiples of 256, of the group and of the
+// block), each added to c once in fp32 (times the group scale, the block
+// scale or their product), then the remaining scales and the bias as
 // separate roundings.
 float ReferenceInt8(const float* x, const Int8Reference& ref, int64_t j, float bias, bool has_bias,
                     float max_q = 32767.0f) {
   const int64_t k = ref.k;
-  float amax = 0;
-  for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
-  const float sx = amax / max_q, inv = amax > 0 ? max_q / amax : 0;
+  const int64_t block =
+      max_q == 127.0f && internal::kInt8ActBlock < k ? internal::kInt8ActBlock : k;
+  const bool blocked = block < k;
+  std::vector<float> sx((k + block - 1) / block), inv(sx.size());
+  for (size_t b = 0; b < sx.size(); ++b) {
+    float amax = 0;
+    for (int64_t c = b * block; c < std::min<int64_t>(k, (b + 1) * block); ++c) {
+      amax = std::max(amax, std::fabs(x[c]));
+    }
+    sx[b] = amax / max_q;
+    inv[b] = amax > 0 ? max_q / amax : 0;
+  }
   const bool per_row = ref.group == k;
   float c = 0;
   for (int64_t seg = 0; seg < k;) {
     int64_t end = std::min(k, (seg / 256 + 1) * 256);
     if (!per_row) end = std::min(end, (seg / ref.group + 1) * ref.group);
+    end = std::min(end, (seg / block + 1) * block);
     int64_t sum = 0;
     for (int64_t t = seg; t < end; ++t) {
-      sum +=
-          static_cast<int64_t>(std::nearbyint(x[t] * inv)) * static_cast<int64_t>(ref.q[j * k + t]);
+      sum += static_cast<int64_t>(std::nearbyint(x[t] * inv[t / block])) *
+             static_cast<int64_t>(ref.q[j * k + t]);
     }
     REQUIRE(std::llabs(sum) < (int64_t{1} << 31));
-    c = per_row ? c + static_cast<float>(sum)
-                : std::fma(static_cast<float>(sum), ref.s[j * ref.groups + seg / ref.group], c);
+    const float s = static_cast<float>(sum);
+    const float b = sx[seg / block];
+    if (per_row) {
+      c = blocked ? std::fma(s, b, c) : c + s;
+    } else {
+      const float g = ref.s[j * ref.groups + seg / ref.group];
+      c = std::fma(s, blocked ? g * b : g, c);
+    }
     seg = end;
   }
   if (per_row) c *= ref.s[j];
-  c *= sx;
+  if (!blocked) c *= sx[0];
   return has_bias ? c + bias : c;
 }
 
@@ -432,12 +451,17 @@ TEST_CASE("int8 rows holding zeros, infinities or NaN", "[linear][int8]") {
   p.x[64 + 7] = std::numeric_limits<float>::infinity();    // row 1
   p.x[128 + 9] = std::numeric_limits<float>::quiet_NaN();  // row 2
   Int8Weights q = Int8Weights::Quantize(pool, p.F32(), 0);
-  std::vector<float> y(3 * 20);
-  Linear(pool, p.x.data(), 3, q.matrix(), p.bias.data(), y.data());
-  for (int64_t j = 0; j < 20; ++j) {
-    CHECK(y[j] == p.bias[j]);  // zero times anything, plus the bias
-    CHECK(std::isnan(y[20 + j]));
-    CHECK(std::isnan(y[40 + j]));
+  // kInt8Act: the bad value's block gets a NaN scale, and its sum poisons
+  // the whole output.
+  for (LinearKernel kernel : {LinearKernel::kDot, LinearKernel::kInt8Act}) {
+    std::vector<float> y(3 * 20);
+    Linear(pool, p.x.data(), 3, q.matrix(), p.bias.data(), y.data(), kernel);
+    for (int64_t j = 0; j < 20; ++j) {
+      INFO("int8 activations=" << (kernel == LinearKernel::kInt8Act) << " j=" << j);
+      CHECK(y[j] == p.bias[j]);  // zero times anything, plus the bias
+      CHECK(std::isnan(y[20 + j]));
+      CHECK(std::isnan(y[40 + j]));
+    }
   }
 }
 

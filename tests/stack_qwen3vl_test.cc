@@ -1,0 +1,267 @@
+// Qwen3-VL through the whole stack (router, encoder, language as separate
+// processes, real gRPC and UCX) against the in-process engine on the tiny
+// random checkpoint (model/testdata/models/qwen3vl-tiny, whose goldens the
+// model tests match). Each prompt holds two images of different sizes (the
+// elastic one the two again near its end); the in-process answer without
+// the DeepStack features differs, so a path that lost them fails. Every
+// image token's row carries its DeepStack features beside its embedding from
+// the encoder to the language model, which adds them after the first decoder
+// layers. Role both with prefill chunks that end inside an image, and with
+// --tp=2 (the second rank reads rows and features in place); prefill +
+// decode --tp=2, the prefill instance's chunks again ending inside an image
+// (the features are in the KV the decode side receives); an elastic degree-2
+// group whose row split falls inside an image (each member adds the features
+// of its own rows). Over shm and tcp; every answer must be the engine's
+// tokens, and nothing may be left behind. A video is refused: Qwen3-VL shows
+// its frames after timestamps the serving path does not write yet.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/grpc_server.h"
+#include "model/image_decode.h"
+#include "model/image_preprocess.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+#include "model/vision_tower.h"
+#include "tests/stack_harness.h"
+#include "worker/engine.h"
+
+namespace mmserve::testing {
+namespace {
+
+constexpr char kImage[] = "<|vision_start|><|image_pad|><|vision_end|>";
+constexpr int kMaxTokens = 12;
+
+std::string ModelDir() { return RunfilesRoot() + "/model/testdata/models/qwen3vl-tiny"; }
+
+// `n` images: 84 x 84 (3 x 3 merged tokens here) and 64 x 48 (2 x 2) in
+// turn.
+std::vector<std::string> Images(int n) {
+  const DemoSet& set = Demo();
+  const std::string two[] = {
+      set.images.at(set.items[0].image_file),
+      ReadFileToString(RunfilesRoot() + "/model/testdata/images/gray.png").value()};
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(two[i % 2]);
+  return out;
+}
+
+// A prompt and its number of images.
+struct Prompt {
+  std::string text;
+  int images = 2;
+};
+
+// Words of text.
+std::string Words(int n, int from) {
+  static const char* const kWords[] = {" red", " square", " and", " blue", " circle", " left"};
+  std::string s;
+  for (int i = from; i < from + n; ++i) absl::StrAppend(&s, kWords[i % 6]);
+  return s;
+}
+
+// A chat as Qwen3-VL's template renders it: two images between words
+// (with `again`, the two once more near its end).
+Prompt MakePrompt(int head, int middle, int tail, bool again = false) {
+  Prompt p;
+  p.text = absl::StrCat(
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nCompare",
+      Words(head, 0), " ", kImage, Words(middle, head), " ", kImage, Words(tail, head + middle));
+  if (again) {
+    absl::StrAppend(&p.text, ". Then ", kImage, " and ", kImage);
+    p.images = 4;
+  }
+  absl::StrAppend(&p.text, ". Which is wider?<|im_end|>\n<|im_start|>assistant\n");
+  return p;
+}
+
+// Each image's embedding rows as the encoder computes them: the main
+// embedding, then its DeepStack features.
+std::vector<worker::MediaEmbedding> Encode(int n) {
+  const std::string dir = ModelDir();
+  const model::ModelConfig config = model::LoadModelConfig(dir).value();
+  auto ckpt = model::SafetensorsCheckpoint::Open(dir).value();
+  auto tower = model::VisionTower::Load(*ckpt, config).value();
+  std::vector<worker::MediaEmbedding> out;
+  for (const std::string& bytes : Images(n)) {
+    const model::RgbImage rgb = model::DecodeImage(bytes, model::DecodeLimits()).value();
+    const model::ImagePatches p = model::PreprocessImage(rgb, *config.preprocessor).value();
+    worker::MediaEmbedding e;
+    e.grid = p.grid;
+    auto all = tower->ForwardAll(p.values, std::vector<model::MediaGrid>{p.grid}).value();
+    REQUIRE(static_cast<int>(all.deepstack.size()) == config.DeepstackLevels());
+    e.values = model::TokenRows(std::move(all), config.text.hidden_size);
+    out.push_back(std::move(e));
+  }
+  REQUIRE(out[0].grid.num_tokens() != out[1].grid.num_tokens());
+  return out;
+}
+
+// A prompt of about `words` words (and two more images near its end) whose
+// expanded token row len / 2 (where a degree-2 group splits its rows) falls
+// inside the second image, not on its first row.
+Prompt SplitInsideImage(int words) {
+  const std::vector<worker::MediaEmbedding> images = Encode(2);
+  auto tok = model::Tokenizer::FromFile(ModelDir() + "/tokenizer.json").value();
+  const int32_t pad = model::LoadModelConfig(ModelDir()).value().tokens.image_pad;
+  for (int head = 10; head < words - 10; ++head) {
+    const int middle = 10;
+    const Prompt p = MakePrompt(head, middle, words - head - middle, /*again=*/true);
+    const std::vector<int32_t> ids = tok->Encode(p.text).value();
+    std::vector<int> pads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] == pad) pads.push_back(static_cast<int>(i));
+    }
+    REQUIRE(pads.size() == 4);
+    const int first = static_cast<int>(images[0].grid.num_tokens());
+    const int second = static_cast<int>(images[1].grid.num_tokens());
+    const int len = static_cast<int>(ids.size()) - 4 + 2 * (first + second);
+    const int begin = pads[1] - 1 + first;  // the second image's first row
+    if (begin < len / 2 && len / 2 < begin + second) return p;
+  }
+  FAIL("no head length puts the split inside the image");
+  return {};
+}
+
+mmserve::v1::GenerateRequest Request(const Prompt& p) {
+  mmserve::v1::GenerateRequest r;
+  r.mutable_raw()->set_text(p.text);
+  for (const std::string& bytes : Images(p.images)) {
+    r.mutable_raw()->add_images()->set_data(bytes);
+  }
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_max_tokens(kMaxTokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  r.mutable_stream()->set_include_token_ids(true);
+  return r;
+}
+
+// The in-process engine's tokens; with `deepstack` false, every DeepStack
+// feature zero (what a path that dropped them would answer).
+std::vector<int32_t> InProcess(const Prompt& p, bool deepstack = true) {
+  worker::EngineRequest req;
+  req.id = "reference";
+  req.prompt = p.text;
+  req.image_embeddings = Encode(p.images);
+  if (!deepstack) {
+    const int64_t hidden = model::LoadModelConfig(ModelDir()).value().text.hidden_size;
+    for (worker::MediaEmbedding& e : req.image_embeddings) {
+      for (size_t r = 0; r < e.values.size(); r += 3 * hidden) {
+        std::fill(e.values.begin() + r + hidden, e.values.begin() + r + 3 * hidden, 0.0f);
+      }
+    }
+  }
+  req.sampling.temperature = 0;
+  req.sampling.max_tokens = kMaxTokens;
+  req.sampling.ignore_eos = true;
+  worker::EngineOptions o;
+  o.model_dir = ModelDir();
+  o.kv_cache_bytes = int64_t{64} << 20;
+  auto engine = worker::LlmEngine::Create(o).value();
+  std::vector<int32_t> ids;
+  const absl::Status added =
+      engine->AddRequest(std::move(req), [&ids](const worker::StreamEvent& e) {
+        ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
+      });
+  INFO(added.ToString());
+  REQUIRE(added.ok());
+  while (engine->has_unfinished()) REQUIRE(engine->Step().ok());
+  REQUIRE(ids.size() == static_cast<size_t>(kMaxTokens));
+  return ids;
+}
+
+enum class Topology { kBoth, kBothTp, kPd, kElastic };
+
+struct Case {
+  const char* name;
+  Topology topology;
+  const char* profile;
+};
+
+launcher::StackOptions StackFor(const Case& c) {
+  launcher::StackOptions o = TestStackOptions(1, c.profile);
+  o.model_dir = ModelDir();
+  switch (c.topology) {
+    case Topology::kBoth:
+      // Chunks of 5 rows: both images (9 and 4 rows) span chunk boundaries.
+      o.language_args = {"--max_prefill_tokens=5"};
+      break;
+    case Topology::kBothTp:
+      // Rank 1 reads each image row and its features from the shared
+      // receive buffer by offset.
+      o.language_args = {"--tp=2", "--mm_handoff=async"};
+      break;
+    case Topology::kPd:
+      o.prefill = 1;
+      o.decode = 1;
+      o.language_args = {"--max_prefill_tokens=5"};
+      o.decode_args = {"--tp=2"};
+      break;
+    case Topology::kElastic:
+      o.elastic = 2;
+      o.language_args = {"--kv_cache_mb=1", "--threads=1"};
+      if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
+      break;
+  }
+  return o;
+}
+
+TEST_CASE("Qwen3-VL with DeepStack through the stack gives the engine's tokens") {
+  // Pools are 1 MiB: about 670 tokens of this checkpoint's KV, a group of
+  // two 1340; 250 words are about 1000 tokens, so the elastic prompt needs
+  // a group.
+  const Prompt short_prompt = MakePrompt(20, 10, 10);
+  const Prompt long_prompt = SplitInsideImage(250);
+  const std::vector<Case> cases = {
+      {"role both", Topology::kBoth, "shm"},
+      {"role both --tp=2", Topology::kBothTp, "shm"},
+      {"prefill + decode --tp=2", Topology::kPd, "tcp"},
+      {"elastic degree-2 group", Topology::kElastic, "shm"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << ", " << c.profile);
+    const Prompt& p = c.topology == Topology::kElastic ? long_prompt : short_prompt;
+    const std::vector<int32_t> want = InProcess(p);
+    // The features change the answer: a stack that lost them would fail.
+    REQUIRE(InProcess(p, /*deepstack=*/false) != want);
+    auto stack = launcher::LocalStack::Start(StackFor(c));
+    INFO(stack.status().ToString());
+    REQUIRE(stack.ok());
+    auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+    const Answer a = AskGrpc(*stub, Request(p), {});
+    INFO(a.status.ToString());
+    REQUIRE(a.status.ok());
+    CHECK(a.token_ids == want);
+    if (c.topology == Topology::kBothTp) {
+      // All 13 image rows went to rank 1 as offsets, features included.
+      CHECK(ScrapeMetric((*stack)->language().metrics_port(), "mmserve_language_mm_rows_total",
+                         "placement=\"descriptor\"") == 13);
+    }
+    if (c.topology == Topology::kElastic) {
+      CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_elastic_requests_total",
+                         "degree=\"2\"") == 1);
+    }
+    if (c.topology == Topology::kBoth) {
+      // A video is refused before any work, naming the reason.
+      mmserve::v1::GenerateRequest video = Request(p);
+      video.mutable_raw()->set_text(
+          absl::StrCat(p.text, "<|vision_start|><|video_pad|><|vision_end|>"));
+      video.mutable_raw()->add_videos()->set_data("not decoded");
+      const Answer refused = AskGrpc(*stub, video, {});
+      CHECK(refused.status.code() == absl::StatusCode::kInvalidArgument);
+      CHECK(refused.status.message().find("Qwen3-VL") != std::string::npos);
+    }
+    const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));
+    INFO(leaks.ToString());
+    CHECK(leaks.zero());
+  }
+}
+
+}  // namespace
+}  // namespace mmserve::testing
