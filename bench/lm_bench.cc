@@ -28,6 +28,12 @@
 // baselines' buffers are freed and the mark reset first), next to
 // weights_mb + kv_mb.
 //
+// --model_dir reads the model's config.json (any family: Qwen2-VL,
+// Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen2, Qwen3, Qwen3-MoE) and its
+// weights, or random weights at its dimensions when the directory has no
+// safetensors. Of a mixture-of-experts model every per-token figure counts
+// the active parameters: attention, the router and top_k experts per sparse
+// layer (parameters, FLOPs and the bytes a decode step reads).
 // FLOPs of a prefill of N tokens: 2 per parameter of the decoder layers per
 // token, 2 per lm_head parameter once (only the last row gets logits), and
 // the causal attention's 4 x N(N+1)/2 x heads x head_dim per layer.
@@ -52,8 +58,13 @@
 //   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=bf16
 //   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=int8
 //   bazel run --config=opt //bench:lm_bench -- --model_dir=/models/Qwen2-VL-2B-Instruct
+//   # any family at real dimensions, random weights (config.json only):
+//   python3 tools/make_random_checkpoint.py --preset=qwen3-vl-4b --out=/tmp/qwen3-vl-4b
+//   bazel run --config=opt //bench:lm_bench -- --model_dir=/tmp/qwen3-vl-4b
 //
 // Prints a human table, then one JSON line last.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -230,6 +241,12 @@ struct BenchModel {
   std::unique_ptr<model::Qwen2Weights> weights;
 };
 
+// Whether dir holds safetensors weights (one file or an index of shards).
+bool HasWeights(const std::string& dir) {
+  return access((dir + "/model.safetensors").c_str(), R_OK) == 0 ||
+         access((dir + "/model.safetensors.index.json").c_str(), R_OK) == 0;
+}
+
 BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
   BenchModel m;
   auto weight_options = model::ParseQuantize(quantize);
@@ -242,6 +259,14 @@ BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
   auto cfg = model::LoadModelConfig(o.model_dir);
   CHECK_OK(cfg.status());
   m.cfg = cfg->text;
+  o.model_type = cfg->model_type;
+  // A directory with only config.json: random weights at its dimensions
+  // (tools/make_random_checkpoint.py writes such directories).
+  o.random_weights = !HasWeights(o.model_dir);
+  if (o.random_weights) {
+    m.weights = model::Qwen2Weights::Random(m.cfg, o.dtype, 1, *weight_options);
+    return m;
+  }
   auto opened = model::SafetensorsCheckpoint::Open(o.model_dir);
   CHECK_OK(opened.status());
   m.ckpt = std::move(opened).value();
@@ -261,20 +286,23 @@ BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
 // each timed alone right after the prefill step they break down (so all
 // three see the same machine load); the rest of the step (norms, RoPE,
 // activations, KV writes, lm_head of the last row, thread hand-offs) is the
-// step minus both, per rep.
+// step minus both, per rep. A sparse layer's linear layers are its router
+// on pp rows and each expert on pp x top_k / experts rows (a balanced
+// router's share; the remainder to the first experts).
 class PrefillParts {
  public:
   PrefillParts(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& w,
                cpu::ThreadPool& pool)
       : o_(o), cfg_(cfg), w_(w), pool_(pool) {
-    const int64_t t = o.pp, hidden = cfg.hidden_size, inter = cfg.intermediate_size;
+    const int64_t t = o.pp, hidden = cfg.hidden_size;
+    const int64_t inter = std::max(cfg.intermediate_size, cfg.moe_intermediate_size);
     const int64_t hd = cfg.head_dim(), heads = cfg.num_attention_heads;
     const int64_t kv_heads = cfg.num_key_value_heads;
     x_.assign(t * std::max(hidden, inter), 0.01f);
     q_.assign(t * heads * hd, 0.02f);
     k_.resize(t * kv_heads * hd);
     v_.resize(t * kv_heads * hd);
-    y1_.resize(t * std::max(inter, heads * hd));
+    y1_.resize(t * std::max<int64_t>({inter, heads * hd, cfg.num_experts}));
     y2_.resize(t * inter);
     for (size_t i = 0; i < k_.size(); ++i) {
       k_[i] = 0.001f * static_cast<float>(i % 97);
@@ -296,9 +324,17 @@ class PrefillParts {
                        {&l.v, l.v_bias, y2_.data() + t * kv_width}},
                       o_.kernel);
       cpu::Linear(pool_, x_.data(), t, l.o, nullptr, y1_.data(), o_.kernel);
-      cpu::LinearMany(pool_, x_.data(), t,
-                      {{&l.gate, nullptr, y1_.data()}, {&l.up, nullptr, y2_.data()}}, o_.kernel);
-      cpu::Linear(pool_, x_.data(), t, l.down, nullptr, y1_.data(), o_.kernel);
+      if (l.experts.empty()) {
+        Mlp(l.gate, l.up, l.down, t);
+        continue;
+      }
+      cpu::Linear(pool_, x_.data(), t, l.router, nullptr, y1_.data(), o_.kernel);
+      const int64_t n = static_cast<int64_t>(l.experts.size());
+      const int64_t routed = t * cfg_.num_experts_per_tok;
+      for (int64_t e = 0; e < n; ++e) {
+        const model::Qwen2LayerWeights::Expert& x = l.experts[e];
+        Mlp(x.gate, x.up, x.down, routed / n + (e < routed % n ? 1 : 0));
+      }
     }
     return sw.ElapsedSeconds();
   }
@@ -317,6 +353,15 @@ class PrefillParts {
   }
 
  private:
+  // A SwiGLU MLP's three linear layers on `rows` rows.
+  void Mlp(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
+           const cpu::WeightMatrix& down, int64_t rows) {
+    if (rows == 0) return;
+    cpu::LinearMany(pool_, x_.data(), rows,
+                    {{&gate, nullptr, y1_.data()}, {&up, nullptr, y2_.data()}}, o_.kernel);
+    cpu::Linear(pool_, x_.data(), rows, down, nullptr, y1_.data(), o_.kernel);
+  }
+
   const Options& o_;
   const TextConfig& cfg_;
   const model::Qwen2Weights& w_;

@@ -14,18 +14,25 @@ namespace {
 
 using model::TextConfig;
 
+// Parameters one token multiplies (active parameters): attention, then the
+// dense MLP, or of a sparse layer the router and top_k experts' MLPs.
 struct ParamCounts {
   double layers = 0, lm_head = 0;
   double total() const { return layers + lm_head; }
 };
-ParamCounts CountParams(const model::Qwen2Weights& w) {
+double Params(const cpu::WeightMatrix& m) { return static_cast<double>(m.rows) * m.cols; }
+ParamCounts CountParams(const model::Qwen2Weights& w, const TextConfig& cfg) {
   ParamCounts c;
   for (const model::Qwen2LayerWeights& l : w.layers()) {
     for (const cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
-      c.layers += static_cast<double>(m->rows) * m->cols;
+      c.layers += Params(*m);  // gate, up and down are empty in a sparse layer
     }
+    if (l.experts.empty()) continue;
+    const model::Qwen2LayerWeights::Expert& x = l.experts[0];  // all the same size
+    c.layers += Params(l.router) +
+                cfg.num_experts_per_tok * (Params(x.gate) + Params(x.up) + Params(x.down));
   }
-  c.lm_head = static_cast<double>(w.lm_head().rows) * w.lm_head().cols;
+  c.lm_head = Params(w.lm_head());
   return c;
 }
 
@@ -116,7 +123,7 @@ std::string ReportRowOps(const Options& o, const Results& r) {
 void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
             const Results& r) {
   const double step_bytes = static_cast<double>(weights.StepWeightBytes());
-  const ParamCounts pc = CountParams(weights);
+  const ParamCounts pc = CountParams(weights, cfg);
   const double params = pc.total();
   const double pp_tok_s = o.pp / r.pp_s, tg_tok_s = o.tg / r.tg_s;
   const double batch_tok_s = static_cast<double>(o.tg) * o.batch / r.batch_s;
@@ -143,9 +150,11 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   const double int8_vs_bf16_tg = compared ? r.cmp_bf16_tg_s / r.cmp_int8_tg_s : 0;
   const double bf16_pp_gflops = compared ? pp_flops / r.bf16_pp_s / 1e9 : 0;
 
-  std::printf("lm_bench: %s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step)\n",
-              o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), weights_mb,
-              step_bytes / 1048576.0);
+  std::printf(
+      "lm_bench: %s%s %s, %d threads, kernel %s, %.0f MiB weights (%.0f MiB per step), %.3f G "
+      "active parameters per token\n",
+      o.model_name.c_str(), o.random_weights ? " (random weights)" : "", dname, o.threads,
+      o.kernel_name.c_str(), weights_mb, step_bytes / 1048576.0, params / 1e9);
   std::printf("  %-28s %10.1f tok/s  (%.1f GFLOP/s, %.2f x sgemm, %.3f of the FMA peak)\n",
               absl::StrFormat("pp%d", o.pp).c_str(), pp_tok_s, pp_gflops, pp_gflops / r.sgemm,
               pp_gflops / r.fma_peak_gflops);
@@ -177,7 +186,8 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
   const std::string isa_json =
       ReportIsa(o, r, linear_flops / r.pp_linear_s / 1e9) + ReportRowOps(o, r);
   std::printf(
-      "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
+      "{\"bench\":\"lm_bench\",\"model\":\"%s\",\"model_type\":\"%s\",\"random_weights\":%s,"
+      "\"active_params_g\":%.4f,\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\","
       "\"pp%d_tok_s\":%.2f,\"tg%d_tok_s\":%.3f,\"tg_step_ms\":%.2f,\"batch%d_tok_s\":%.2f,"
       "\"batch%d_speedup\":%.2f,\"batch_gemm_ceiling\":%.2f,\"batch_peak_ceiling\":%.2f,"
       "\"kernel_batch_gflops\":%.2f,\"fma_peak_gflops\":%.2f,\"step_weight_mb\":%.1f,\"tg_weight_"
@@ -188,15 +198,16 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       "\"pp_vs_fma_peak\":%.3f,\"batch_vs_peak_ceiling\":%.3f,\"batch_vs_gemm_ceiling\":%.3f,"
       "\"tg_vs_read_bandwidth\":%.3f,\"pp_linear_ms\":%.1f,\"pp_linear_vs_fma_peak\":%.3f,"
       "\"pp_attention_ms\":%.1f,\"pp_other_ms\":%.1f%s%s}\n",
-      o.model_name.c_str(), dname, o.threads, o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s,
-      1e3 * r.tg_s / o.tg, o.batch, batch_tok_s, o.batch, speedup, gemm_ceiling, peak_ceiling,
-      r.kernel_batch_gflops, r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs,
-      r.copy() / 1e9, r.read() / 1e9, tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops,
-      pp_gflops, pp_gflops / r.sgemm, r.peak_rss, weights_mb, r.kv_mb, rss_ratio,
-      pp_gflops / r.fma_peak_gflops, speedup / peak_ceiling, speedup / gemm_ceiling,
-      tg_weight_gbs * 1e9 / r.read(), 1e3 * r.pp_linear_s,
-      linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops, 1e3 * r.pp_attention_s,
-      1e3 * r.pp_rest_s, isa_json.c_str(),
+      o.model_name.c_str(), o.model_type.c_str(),
+      o.random_weights || o.model_dir.empty() ? "true" : "false", params / 1e9, dname, o.threads,
+      o.kernel_name.c_str(), o.pp, pp_tok_s, o.tg, tg_tok_s, 1e3 * r.tg_s / o.tg, o.batch,
+      batch_tok_s, o.batch, speedup, gemm_ceiling, peak_ceiling, r.kernel_batch_gflops,
+      r.fma_peak_gflops, step_bytes / 1048576.0, tg_weight_gbs, r.copy() / 1e9, r.read() / 1e9,
+      tg_weight_gbs * 1e9 / r.copy(), r.sgemm, r.kernel_gflops, pp_gflops, pp_gflops / r.sgemm,
+      r.peak_rss, weights_mb, r.kv_mb, rss_ratio, pp_gflops / r.fma_peak_gflops,
+      speedup / peak_ceiling, speedup / gemm_ceiling, tg_weight_gbs * 1e9 / r.read(),
+      1e3 * r.pp_linear_s, linear_flops / r.pp_linear_s / 1e9 / r.fma_peak_gflops,
+      1e3 * r.pp_attention_s, 1e3 * r.pp_rest_s, isa_json.c_str(),
       compared
           ? absl::StrFormat(",\"int8_vs_bf16_tg\":%.3f,\"bf16_pp_gflops\":%.2f,"
                             "\"bf16_pp_vs_fma_peak\":%.3f,\"cmp_int8_tg_step_ms\":%.2f,"

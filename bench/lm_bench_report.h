@@ -24,9 +24,11 @@ struct Options {
   int64_t block_size;
   std::string model_dir, model_name, kernel_name;
   cpu::LinearKernel kernel;
-  model::DType dtype;      // of the random weights before quantization
-  std::string quantize;    // "", "int8", "int8_g32"
-  std::string dtype_name;  // as reported
+  model::DType dtype;           // of the random weights before quantization
+  std::string quantize;         // "", "int8", "int8_g32"
+  std::string dtype_name;       // as reported
+  std::string model_type;       // config.json's, with --model_dir
+  bool random_weights = false;  // --model_dir without safetensors
 };
 
 struct Results {

@@ -23,13 +23,25 @@
 // torch time / our time (> 1: we are faster). Without PyTorch the peer is
 // skipped and the reason printed.
 //
+// --model_dir: the tower of that model's config.json (Qwen2-VL, Qwen2.5-VL
+// with its windows, Qwen3-VL and Qwen3-VL-MoE with their DeepStack mergers)
+// and its preprocessor_config.json, at the config's depth unless --depth is
+// given; its weights when the directory has safetensors, else random ones.
+// FLOPs count each family's MLP (Qwen2.5-VL's gated one), attention inside
+// windows where Qwen2.5-VL uses them, and the DeepStack mergers.
+//
 //   bazel run --config=opt //bench:vision_bench -- [--depth=32] [--iters=1] [--dtype=bf16|f32]
 //       [--cpu_isa=avx2|avx512] [--activation_dtype=bf16] [--peer=torch] [--sizes=448,1024]
+//       [--model_dir=/tmp/qwen3-vl-2b]
 #include <malloc.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +60,8 @@
 #include "model/cpu/thread_pool.h"
 #include "model/dtype.h"
 #include "model/image_preprocess.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 #include "model/vision_tower.h"
 
 namespace mmserve {
@@ -59,6 +73,8 @@ namespace cpu = model::cpu;
 
 struct Args {
   int depth = 32;
+  bool depth_given = false;
+  std::string model_dir;
   int iters = 1;
   model::DType dtype = model::DType::kBF16;
   std::string cpu_isa;                   // --cpu_isa=avx2|avx512 (cpu_isa.h)
@@ -73,7 +89,8 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
-    if (s.rfind("--depth=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.depth);
+    if (s.rfind("--depth=", 0) == 0) a.depth_given = absl::SimpleAtoi(s.substr(8), &a.depth);
+    if (s.rfind("--model_dir=", 0) == 0) a.model_dir = s.substr(12);
     if (s.rfind("--iters=", 0) == 0) (void)absl::SimpleAtoi(s.substr(8), &a.iters);
     if (s == "--dtype=f32") a.dtype = model::DType::kF32;
     if (s.rfind("--cpu_isa=", 0) == 0) a.cpu_isa = s.substr(10);
@@ -109,13 +126,31 @@ RgbImage TestImage(int size) {
   return img;
 }
 
-// FLOPs of one tower forward over n patches of one image.
+// FLOPs of one tower forward over n patches of one image, for the
+// config's family: patch embedding, per block q/k/v, proj, the MLP (gated
+// for Qwen2.5-VL) and attention (inside windows of window_size pixels in
+// Qwen2.5-VL's windowed blocks), then the merger and Qwen3-VL's DeepStack
+// mergers.
 double TowerFlops(const model::VisionConfig& c, double n) {
-  const double e = c.embed_dim, mlp = e * c.mlp_ratio, patch = 3.0 * 2 * 14 * 14;
-  const double merged = e * 4, tokens = n / 4;
-  const double block = 2 * n * e * 3 * e + 2 * n * e * e + 2 * 2 * n * e * mlp + 2 * 2 * n * n * e;
-  return 2 * n * patch * e + c.depth * block + 2 * tokens * merged * merged +
-         2 * tokens * merged * c.hidden_size;
+  using Arch = model::VisionConfig::Arch;
+  const double e = c.embed_dim;
+  const double patch = 1.0 * c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
+  const double unit = c.spatial_merge_size * c.spatial_merge_size;
+  const double merged = e * unit, tokens = n / unit;
+  const double mlp = c.arch == Arch::kQwen2Vl    ? 2 * 2 * n * e * e * c.mlp_ratio
+                     : c.arch == Arch::kQwen25Vl ? 3 * 2 * n * e * c.intermediate_size
+                                                 : 2 * 2 * n * e * c.intermediate_size;
+  const double window = c.window_size > 0 ? std::pow(c.window_size / c.patch_size, 2) : n;
+  double blocks = 0;
+  for (int b = 0; b < c.depth; ++b) {
+    const bool full = c.arch != Arch::kQwen25Vl ||
+                      std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
+                                b) != c.fullatt_block_indexes.end();
+    blocks +=
+        2 * n * e * 3 * e + 2 * n * e * e + mlp + 2 * 2 * n * (full ? n : std::min(n, window)) * e;
+  }
+  const double merger = 2 * tokens * merged * merged + 2 * tokens * merged * c.hidden_size;
+  return 2 * n * patch * e + blocks + merger * (1 + c.deepstack_visual_indexes.size());
 }
 
 // The panel kernel on 512 rows of fc1 (1280 -> 5120, bf16), GFLOP/s.
@@ -275,8 +310,43 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--peer takes \"torch\", not \"%s\"\n", args.peer.c_str());
     return 1;
   }
-  const model::VisionConfig cfg = TowerConfig(args.depth);
+  model::VisionConfig cfg = TowerConfig(args.depth);
   model::PreprocessorConfig pre;  // defaults: min 56*56, max 28*28*1280 pixels
+  std::string name = "qwen2-vl-2b", model_type = "qwen2_vl";
+  std::unique_ptr<model::SafetensorsCheckpoint> ckpt;  // --model_dir with weights
+  std::optional<model::ModelConfig> model_cfg;
+  if (!args.model_dir.empty()) {
+    auto loaded = model::LoadModelConfig(args.model_dir);
+    if (!loaded.ok() || !loaded->vision) {
+      std::fprintf(stderr, "%s\n",
+                   loaded.ok() ? "--model_dir: config.json has no vision_config"
+                               : std::string(loaded.status().message()).c_str());
+      return 1;
+    }
+    if (!args.peer.empty()) {
+      std::fprintf(stderr, "--peer runs the Qwen2-VL-2B tower only: drop --model_dir\n");
+      return 1;
+    }
+    model_cfg = *loaded;
+    cfg = *loaded->vision;
+    if (args.depth_given) cfg.depth = args.depth;
+    if (loaded->preprocessor) {
+      pre = *loaded->preprocessor;
+    } else {  // the tower's own patching
+      pre.patch_size = cfg.patch_size;
+      pre.merge_size = cfg.spatial_merge_size;
+      pre.temporal_patch_size = cfg.temporal_patch_size;
+    }
+    name = args.model_dir;
+    model_type = loaded->model_type;
+    // Its tower's weights, if the directory holds them (a checkpoint of the
+    // language model alone does not).
+    if (auto opened = model::SafetensorsCheckpoint::Open(args.model_dir);
+        opened.ok() && ((*opened)->Find("model.visual.patch_embed.proj.weight") != nullptr ||
+                        (*opened)->Find("visual.patch_embed.proj.weight") != nullptr)) {
+      ckpt = std::move(*opened);
+    }
+  }
   cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
 
   // Inputs first, so that the memory measured below is the tower's.
@@ -303,16 +373,27 @@ int Main(int argc, char** argv) {
   options.pool = &pool;
   options.bf16_activations = args.bf16_activations;
   Stopwatch create;
-  auto tower = model::VisionTower::CreateRandom(cfg, 1, args.dtype, options);
+  std::unique_ptr<model::VisionTower> tower;
+  if (ckpt != nullptr) {
+    model::ModelConfig at_depth = *model_cfg;
+    at_depth.vision = cfg;
+    auto loaded = model::VisionTower::Load(*ckpt, at_depth, options);
+    CHECK_OK(loaded.status());
+    tower = std::move(*loaded);
+  } else {
+    tower = model::VisionTower::CreateRandom(cfg, 1, args.dtype, options);
+  }
   const double create_s = create.ElapsedSeconds();
   const int64_t weights_rss = ProcStatusBytes("VmRSS:") - rss0;
   const double weight_bytes = static_cast<double>(tower->weight_bytes());
 
   std::printf("vision tower: isa %s, %s activations\n", cpu::IsaName(),
               args.bf16_activations ? "bf16" : "fp32");
-  std::printf("vision tower: depth %d, embed %d, heads %d, out %d, %s weights (random, %.2f GB)\n",
-              cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.hidden_size,
-              std::string(model::DTypeName(args.dtype)).c_str(), weight_bytes * 1e-9);
+  std::printf(
+      "vision tower: %s (%s), depth %d, embed %d, heads %d, out %d, %s weights (%s, %.2f GB)\n",
+      name.c_str(), model_type.c_str(), cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.hidden_size,
+      std::string(model::DTypeName(args.dtype)).c_str(),
+      ckpt != nullptr ? "from the checkpoint" : "random", weight_bytes * 1e-9);
   std::printf(
       "baseline: panel kernel, 512 rows x 1280 -> 5120 bf16 = %.1f GFLOP/s (%d threads)\n\n",
       kernel_first, pool.num_threads());
@@ -341,9 +422,11 @@ int Main(int argc, char** argv) {
   const std::string peer_json = PeerReport(args, pool.num_threads(), sizes, tower_s, peers);
   const std::string row_ops_json = RowOpsReport(cfg);
   std::printf(
-      "{\"bench\":\"vision\",\"dims\":\"qwen2-vl-2b\",\"dtype\":\"%s\",\"depth\":%d,"
+      "{\"bench\":\"vision\",\"dims\":\"%s\",\"model_type\":\"%s\",\"random_weights\":%s,"
+      "\"dtype\":\"%s\",\"depth\":%d,"
       "\"threads\":%d,\"weight_bytes\":%.0f,\"tower_rss_bytes\":%.0f,"
       "\"rss_vs_bf16_weights\":%.3f,\"sizes\":[%s]%s%s}\n",
+      name.c_str(), model_type.c_str(), ckpt != nullptr ? "false" : "true",
       std::string(model::DTypeName(args.dtype)).c_str(), cfg.depth, pool.num_threads(),
       weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str(),
       peer_json.c_str(), row_ops_json.c_str());

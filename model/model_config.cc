@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file.h"
 #include "common/status_macros.h"
 
@@ -103,7 +105,8 @@ absl::StatusOr<json> ParseObject(const std::string& text, const std::string& ori
 // per-head RMSNorm of q and k. Sliding-window attention is refused for every
 // family (no kernel implements it).
 absl::Status ParseAttentionVariant(const Fields& f, const std::string& model_type, TextConfig* t) {
-  if (model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "qwen3_vl") {
+  if (model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "qwen3_vl" ||
+      model_type == "qwen3_vl_moe") {
     RETURN_IF_ERROR(f.Int("head_dim", &t->explicit_head_dim, false));
     t->attention_bias = false;
     RETURN_IF_ERROR(f.Bool("attention_bias", &t->attention_bias));
@@ -116,12 +119,15 @@ absl::Status ParseAttentionVariant(const Fields& f, const std::string& model_typ
   return absl::OkStatus();
 }
 
-// Qwen3-MoE's experts: counts, widths and which layers are sparse.
-absl::Status ParseExperts(const Fields& f, TextConfig* t) {
+// Qwen3-MoE's and Qwen3-VL-MoE's experts: counts, widths and which layers
+// are sparse. Qwen3-VL-MoE always renormalizes the top-k weights:
+// transformers' Qwen3VLMoeTextSparseMoeBlock ignores norm_topk_prob.
+absl::Status ParseExperts(const Fields& f, const std::string& model_type, TextConfig* t) {
   RETURN_IF_ERROR(f.Int("num_experts", &t->num_experts));
   RETURN_IF_ERROR(f.Int("num_experts_per_tok", &t->num_experts_per_tok));
   RETURN_IF_ERROR(f.Int("moe_intermediate_size", &t->moe_intermediate_size));
   RETURN_IF_ERROR(f.Bool("norm_topk_prob", &t->norm_topk_prob));
+  if (model_type == "qwen3_vl_moe") t->norm_topk_prob = true;
   RETURN_IF_ERROR(f.Int("decoder_sparse_step", &t->decoder_sparse_step, false));
   RETURN_IF_ERROR(f.IntList("mlp_only_layers", &t->mlp_only_layers));
   if (t->num_experts <= 0 || t->moe_intermediate_size <= 0) {
@@ -163,7 +169,9 @@ absl::Status ParseText(const Fields& f, const std::string& model_type, TextConfi
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &t->tie_word_embeddings));
   RETURN_IF_ERROR(f.String("hidden_act", &t->hidden_act));
   RETURN_IF_ERROR(ParseAttentionVariant(f, model_type, t));
-  if (model_type == "qwen3_moe") RETURN_IF_ERROR(ParseExperts(f, t));
+  if (model_type == "qwen3_moe" || model_type == "qwen3_vl_moe") {
+    RETURN_IF_ERROR(ParseExperts(f, model_type, t));
+  }
   auto rs = f.obj().find("rope_scaling");
   if (rs != f.obj().end() && rs->is_object()) {
     Fields scaling(*rs, "rope_scaling");
@@ -287,7 +295,7 @@ absl::Status ParseVision(const Fields& f, const std::string& model_type, VisionC
   RETURN_IF_ERROR(f.Int("spatial_merge_size", &v->spatial_merge_size, false));
   if (model_type == "qwen2_5_vl") {
     RETURN_IF_ERROR(ParseQwen25Vision(f, v));
-  } else if (model_type == "qwen3_vl") {
+  } else if (model_type == "qwen3_vl" || model_type == "qwen3_vl_moe") {
     RETURN_IF_ERROR(ParseQwen3Vision(f, v));
   } else {
     RETURN_IF_ERROR(f.Int("embed_dim", &v->embed_dim));
@@ -330,11 +338,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   }
   RETURN_IF_ERROR(top.String("model_type", &cfg.model_type));
   RETURN_IF_ERROR(top.String("torch_dtype", &cfg.torch_dtype));
-  if (cfg.model_type != "qwen2_vl" && cfg.model_type != "qwen2_5_vl" && cfg.model_type != "qwen2" &&
-      cfg.model_type != "qwen3" && cfg.model_type != "qwen3_moe" && cfg.model_type != "qwen3_vl") {
-    return top.Error(absl::StrCat("model_type \"", cfg.model_type,
-                                  "\" is not supported (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen2, "
-                                  "qwen3, qwen3_moe)"));
+  static constexpr const char* kFamilies[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+                                              "qwen2",    "qwen3",      "qwen3_moe"};
+  if (std::find(std::begin(kFamilies), std::end(kFamilies), cfg.model_type) ==
+      std::end(kFamilies)) {
+    return top.Error(absl::StrCat("model_type \"", cfg.model_type, "\" is not supported (",
+                                  absl::StrJoin(kFamilies, ", "), ")"));
   }
   // Newer transformers nest the text settings in "text_config"; older ones
   // keep them at the top level. Token ids may sit in either place.
@@ -361,7 +370,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
     }
     cfg.vision = v;
   } else if (cfg.model_type == "qwen2_vl" || cfg.model_type == "qwen2_5_vl" ||
-             cfg.model_type == "qwen3_vl") {
+             cfg.model_type == "qwen3_vl" || cfg.model_type == "qwen3_vl_moe") {
     return top.Error(cfg.model_type + " config has no \"vision_config\"");
   }
   if (cfg.vision && cfg.text.mrope_section.empty()) {

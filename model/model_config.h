@@ -1,5 +1,6 @@
 // The model directory's JSON configs, parsed and checked: config.json
-// (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2, Qwen3 text and vision settings), generation_config.json
+// (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen2, Qwen3, Qwen3-MoE
+// text and vision settings), generation_config.json
 // (sampling defaults) and preprocessor_config.json (image preprocessing).
 //
 //   ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig("/models/Qwen2-VL-2B"));
@@ -47,7 +48,8 @@ struct TextConfig {
   bool attention_bias = true;
   // RMSNorm over each head of q and k before the rotary embedding (Qwen3).
   bool qk_norm = false;
-  // Mixture of experts (Qwen3-MoE); num_experts 0: a dense MLP in every layer.
+  // Mixture of experts (Qwen3-MoE, Qwen3-VL-MoE); num_experts 0: a dense MLP
+  // in every layer.
   // A sparse layer routes each token to its num_experts_per_tok most likely
   // experts (softmax over the router's logits), renormalized to sum 1 when
   // norm_topk_prob, each an MLP of width moe_intermediate_size.

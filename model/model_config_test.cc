@@ -314,9 +314,17 @@ TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
       {"heads", [](json& j) { j["num_attention_heads"] = 7; },
        "hidden_size 1536 is not a multiple of num_attention_heads 7"},
       {"model type", [](json& j) { j["model_type"] = "llava"; },
-       "model_type \"llava\" is not supported"},
+       "model_type \"llava\" is not supported (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, "
+       "qwen2, qwen3, qwen3_moe)"},
       {"rope type", [](json& j) { j["rope_scaling"]["type"] = "yarn"; },
        "rope_scaling type \"yarn\" is not supported"},
+      // The newer key spelling, as Qwen3-VL's configs write it.
+      {"rope_type",
+       [](json& j) {
+         j["rope_scaling"].erase("type");
+         j["rope_scaling"]["rope_type"] = "linear";
+       },
+       "rope_scaling type \"linear\" is not supported"},
       {"vision width", [](json& j) { j["vision_config"]["hidden_size"] = 1024; },
        "vision_config.hidden_size 1024 differs"},
       {"no vision", [](json& j) { j.erase("vision_config"); }, "has no \"vision_config\""},
@@ -331,6 +339,7 @@ TEST_CASE("inconsistent or unsupported configs name the problem", "[config]") {
     CHECK(cfg.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(cfg.status().message().find(c.expect) != absl::string_view::npos);
     CHECK(cfg.status().message().find("m/config.json") != absl::string_view::npos);
+    CHECK(cfg.status().message().find('\n') == absl::string_view::npos);  // one line
   }
   CHECK_FALSE(ParseModelConfig("not json", "x").ok());
 }

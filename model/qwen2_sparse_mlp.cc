@@ -1,5 +1,7 @@
 // Qwen2Model::SparseMlp: a mixture-of-experts layer, as transformers'
-// Qwen3MoeSparseMoeBlock computes it. Per token: the router's logits, a
+// Qwen3MoeSparseMoeBlock and Qwen3VLMoeTextSparseMoeBlock compute it (the
+// latter evaluates every expert on every token and weights the unchosen
+// ones by 0: the same sum, in another order). Per token: the router's logits, a
 // float softmax over all experts, the num_experts_per_tok most likely
 // (ties to the lower expert id), renormalized to sum 1 when norm_topk_prob;
 // each chosen expert's SwiGLU MLP on the token, scaled by its weight and

@@ -43,6 +43,7 @@ const char* const kModelDirs[] = {
     "model/testdata/models/qwen3-tiny-bias",
     "model/testdata/models/qwen3moe-tiny-top2",
     "model/testdata/models/qwen3moe-tiny-top3-dense0",
+    "model/testdata/models/qwen3vlmoe-tiny",
 };
 
 // Everything rank 0 saw: every logits row (prompt rows, then each decode
@@ -193,10 +194,11 @@ TEST_CASE("TP=2 matches TP=1 on every golden model whose KV heads split; the oth
     if (cfg->text.num_key_value_heads % 4 == 0) CheckParallel({dir}, 4, want, dir);
     ++compared;
   }
-  // mha-tied, shapes-demo, qwen3-tiny-qknorm and the two Qwen3-MoE ones
-  // (each expert split like the dense MLP) run; the MQA (1 KV head) and
-  // 3-KV-head ones are refused at TP=2.
-  CHECK(compared == 5);
+  // mha-tied, shapes-demo, qwen3-tiny-qknorm, the two Qwen3-MoE ones and
+  // Qwen3-VL-MoE's language model (each expert split like the dense MLP,
+  // fused experts as well) run; the MQA (1 KV head) and 3-KV-head ones are
+  // refused at TP=2.
+  CHECK(compared == 6);
   CHECK(refused == 4);
   // Qwen3 with attention_bias: o_proj's bias is added once, after the sum
   // over ranks (3 KV heads split over 3 ranks).

@@ -7,17 +7,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/cpu/thread_pool.h"
+#include "model/expert_weights.h"
 
 namespace mmserve::model {
 namespace {
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // Looks tensors up by name and checks them against expected shapes.
 class TensorBinder {
@@ -28,21 +24,7 @@ class TensorBinder {
 
   absl::StatusOr<const TensorView*> Find(const std::string& name,
                                          const std::vector<int64_t>& shape) const {
-    const TensorView* t = ckpt_.Find(name);
-    if (t == nullptr) {
-      return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", name,
-                                              "' (expected shape ", ShapeString(shape), ")"));
-    }
-    if (t->shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ",
-                                                     ShapeString(t->shape), ", expected ",
-                                                     ShapeString(shape)));
-    }
-    if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' has dtype ", DTypeName(t->dtype), ", expected F32, BF16 or F16"));
-    }
-    return t;
+    return FindWeightTensor(ckpt_, name, shape);
   }
 
   absl::StatusOr<cpu::WeightMatrix> Matrix(const std::string& name, int64_t rows,
@@ -110,12 +92,15 @@ VocabSlice VocabSliceOf(int64_t vocab_size, const TensorParallelShard& shard) {
   return v;
 }
 
-// A sparse layer's router and experts (transformers' Qwen3MoeSparseMoeBlock:
-// mlp.gate, mlp.experts.<e>.{gate,up,down}_proj).
-absl::Status BindExperts(const TensorBinder& bind, const TextConfig& cfg, const std::string& p,
+// A sparse layer's router and experts: transformers' Qwen3MoeSparseMoeBlock
+// (mlp.gate, mlp.experts.<e>.{gate,up,down}_proj) or the fused experts of
+// Qwen3VLMoeTextSparseMoeBlock (expert_weights.h).
+absl::Status BindExperts(const TensorBinder& bind, const SafetensorsCheckpoint& ckpt,
+                         const TextConfig& cfg, const std::string& p, OwnedWeightStorage owned,
                          Qwen2LayerWeights* lw) {
   const int64_t hidden = cfg.hidden_size, width = cfg.moe_intermediate_size;
   ASSIGN_OR_RETURN(lw->router, bind.Matrix(p + "mlp.gate.weight", cfg.num_experts, hidden));
+  if (HasFusedExperts(ckpt, p)) return BindFusedExperts(ckpt, p, cfg, owned, &lw->experts);
   lw->experts.resize(cfg.num_experts);
   for (int e = 0; e < cfg.num_experts; ++e) {
     const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
@@ -205,7 +190,7 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
     ASSIGN_OR_RETURN(lw.o, bind.Matrix(p + "self_attn.o_proj.weight", hidden, q_out));
     ASSIGN_OR_RETURN(lw.post_norm, bind.Vector(p + "post_attention_layernorm.weight", hidden));
     if (cfg.moe_layer(l)) {
-      RETURN_IF_ERROR(BindExperts(bind, cfg, p, &lw));
+      RETURN_IF_ERROR(BindExperts(bind, ckpt, cfg, p, {&w->owned_f32_, &w->owned_bf16_}, &lw));
     } else {
       ASSIGN_OR_RETURN(lw.gate, bind.Matrix(p + "mlp.gate_proj.weight", inter, hidden));
       ASSIGN_OR_RETURN(lw.up, bind.Matrix(p + "mlp.up_proj.weight", inter, hidden));

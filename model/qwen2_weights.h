@@ -11,6 +11,8 @@
 // plain Qwen2 use "model." (vision under "visual."). Both are accepted; the
 // prefix is chosen by where model.*embed_tokens.weight is found. lm_head is
 // "lm_head.weight", or the embedding table when tie_word_embeddings.
+// Experts: one tensor per expert and projection (Qwen3-MoE) or Qwen3-VL-MoE's
+// fused input-major tensors, transposed at load (model/expert_weights.h).
 //
 // F32 matrices are used in place from the mapping (fp32 is the compute
 // dtype: no copy). BF16 matrices are repacked into the panel layout of
