@@ -195,16 +195,6 @@ class LlmEngine {
   absl::Status StepScheduled(const scheduler::SchedulerOutput& out);
   // The event of one sampled token; ends the request when it finished.
   absl::Status Emit(Sampled& s);
-  // The event of token `s` (a request's `completion`-th): its text and
-  // log-probabilities, and why it ends the request: `finished` (the
-  // scheduler's rules), kStop for a complete constrained output, kStopString
-  // (event->matched_stop), or kAbort with event->error when the grammar
-  // refuses it. The one emit rule of every sampled token (Emit's, and an elastic
-  // group's first: FirstElasticToken).
-  static absl::StatusOr<FinishReason> TokenEvent(RunnerRequestState& runner,
-                                                 model::TextStreamer& streamer,
-                                                 const model::SampleResult& s, int completion,
-                                                 FinishReason finished, StreamEvent* event);
   // The requests mastered here among out's entries (batch order) and the
   // peers for them; *status says why they cannot run this step.
   model::SpanAttentionPeers* PeersFor(const scheduler::SchedulerOutput& out, absl::Status* status);

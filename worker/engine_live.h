@@ -1,4 +1,4 @@
-// Private to the engine (engine.cc, engine_step.cc): a request's state
+// Private to the engine (engine*.cc): a request's state outside the
 // outside the scheduler.
 #ifndef MMSERVE_WORKER_ENGINE_LIVE_H_
 #define MMSERVE_WORKER_ENGINE_LIVE_H_
@@ -44,6 +44,16 @@ struct LlmEngine::Sampled {
   FinishReason finished = FinishReason::kNone;
   std::vector<int32_t> blocks;  // plan.prompt_only: its prompt's KV blocks
 };
+
+// The event of token `s` (a request's `completion`-th): its text and
+// log-probabilities, and why it ends the request: `finished` (the
+// scheduler's rules), kStop for a complete constrained output, kStopString
+// (event->matched_stop), or kAbort with event->error when the grammar
+// refuses it. The one emit rule of every sampled token (Emit's, and an elastic
+// group's first: FirstElasticToken).
+absl::StatusOr<FinishReason> TokenEvent(RunnerRequestState& runner, model::TextStreamer& streamer,
+                                        const model::SampleResult& s, int completion,
+                                        FinishReason finished, StreamEvent* event);
 
 }  // namespace mmserve::worker
 

@@ -106,10 +106,9 @@ model::SpanAttentionPeers* LlmEngine::PeersFor(const scheduler::SchedulerOutput&
   return *peers;
 }
 
-absl::StatusOr<FinishReason> LlmEngine::TokenEvent(RunnerRequestState& runner,
-                                                   model::TextStreamer& streamer,
-                                                   const model::SampleResult& s, int completion,
-                                                   FinishReason finished, StreamEvent* event) {
+absl::StatusOr<FinishReason> TokenEvent(RunnerRequestState& runner, model::TextStreamer& streamer,
+                                        const model::SampleResult& s, int completion,
+                                        FinishReason finished, StreamEvent* event) {
   event->token_ids.push_back(s.token);
   if (runner.sampling.logprobs >= 0) event->logprobs.push_back(s);
   absl::StatusOr<bool> complete = AdvanceGrammar(runner, s.token);
