@@ -1,5 +1,5 @@
 // Private to the engine (engine*.cc): a request's state outside the
-// outside the scheduler.
+// scheduler.
 #ifndef MMSERVE_WORKER_ENGINE_LIVE_H_
 #define MMSERVE_WORKER_ENGINE_LIVE_H_
 
