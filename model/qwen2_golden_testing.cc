@@ -99,4 +99,14 @@ void CheckBatchInvariance(Qwen2Model& model) {
   CHECK(std::memcmp((*one2)[0][0].data(), (*both2)[0][0].data(), x.size() * sizeof(float)) == 0);
 }
 
+std::vector<float> F32Tensor(const SafetensorsFile& f, const std::string& name) {
+  const TensorView* t = f.Find(name);
+  INFO(name);
+  REQUIRE(t != nullptr);
+  REQUIRE(t->dtype == DType::kF32);
+  std::vector<float> v(t->numel());
+  std::memcpy(v.data(), t->data, t->nbytes);
+  return v;
+}
+
 }  // namespace mmserve::model

@@ -38,6 +38,9 @@ LoadedModel LoadModelDir(const std::string& dir, const Qwen2WeightsOptions& opti
 // model/testdata/models/<name>.
 LoadedModel LoadTestModel(const std::string& name, const Qwen2WeightsOptions& options = {});
 
+// The f32 tensor `name` of f, copied; REQUIREs that it is there and f32.
+std::vector<float> F32Tensor(const SafetensorsFile& f, const std::string& name);
+
 // max_i |a[i] - b[i]| over a.size() entries.
 float MaxAbsDiff(const std::vector<float>& a, const float* b);
 

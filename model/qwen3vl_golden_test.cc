@@ -30,16 +30,6 @@ constexpr char kModel[] = "model/testdata/models/qwen3vl-tiny";
 constexpr char kGoldens[] = "model/testdata/goldens/qwen3vl-tiny/";
 constexpr char kBatch[] = "fp32.square56+rect300x200";
 
-std::vector<float> Floats(const SafetensorsFile& f, const std::string& name) {
-  const TensorView* t = f.Find(name);
-  INFO(name);
-  REQUIRE(t != nullptr);
-  REQUIRE(t->dtype == DType::kF32);
-  std::vector<float> v(t->numel());
-  std::memcpy(v.data(), t->data, t->nbytes);
-  return v;
-}
-
 std::vector<MediaGrid> Grids(const nlohmann::json& thw, MediaKind kind = MediaKind::kImage) {
   std::vector<MediaGrid> grids;
   for (const auto& g : thw) grids.push_back(MediaGrid::FromThw(g[0], g[1], g[2], 2, kind));
@@ -75,7 +65,7 @@ std::unique_ptr<VisionTower> LoadTower(const LoadedModel& m) {
 // The pixel rows of `image` within the vision batch (each image is
 // preprocessed on its own, so a chat's pixels are these rows in order).
 std::vector<float> ImagePixels(const Goldens& g, const std::string& image) {
-  const std::vector<float> all = Floats(*g.tensors, std::string("pixel_values.") + kBatch);
+  const std::vector<float> all = F32Tensor(*g.tensors, std::string("pixel_values.") + kBatch);
   const std::vector<MediaGrid> grids = Grids(g.json["vision_batch_grid_thw"]);
   const size_t row = all.size() / (grids[0].num_patches() + grids[1].num_patches());
   const size_t first = grids[0].num_patches() * row;
@@ -89,14 +79,14 @@ TEST_CASE("Qwen3-VL tower: main embedding and DeepStack features match transform
   const LoadedModel m = OpenModelDir(kModel);
   REQUIRE(m.cfg.vision->arch == VisionConfig::Arch::kQwen3Vl);
   const auto tower = LoadTower(m);
-  auto out = tower->ForwardAll(Floats(*g.tensors, std::string("pixel_values.") + kBatch),
+  auto out = tower->ForwardAll(F32Tensor(*g.tensors, std::string("pixel_values.") + kBatch),
                                Grids(g.json["vision_batch_grid_thw"]));
   INFO(out.status().ToString());
   REQUIRE(out.ok());
-  const std::vector<float> want = Floats(*g.tensors, std::string("vision_out.") + kBatch);
+  const std::vector<float> want = F32Tensor(*g.tensors, std::string("vision_out.") + kBatch);
   REQUIRE(out->main.size() == want.size());
   CHECK(MaxAbsDiff(out->main, want.data()) < 1e-4f);
-  auto main_only = tower->Forward(Floats(*g.tensors, std::string("pixel_values.") + kBatch),
+  auto main_only = tower->Forward(F32Tensor(*g.tensors, std::string("pixel_values.") + kBatch),
                                   Grids(g.json["vision_batch_grid_thw"]));
   REQUIRE(main_only.ok());
   CHECK(*main_only == out->main);
@@ -104,7 +94,7 @@ TEST_CASE("Qwen3-VL tower: main embedding and DeepStack features match transform
   for (size_t k = 0; k < out->deepstack.size(); ++k) {
     INFO("deepstack " << k);
     const std::vector<float> ds =
-        Floats(*g.tensors, "vision_deepstack" + std::to_string(k) + "." + kBatch);
+        F32Tensor(*g.tensors, "vision_deepstack" + std::to_string(k) + "." + kBatch);
     REQUIRE(out->deepstack[k].size() == ds.size());
     CHECK(MaxAbsDiff(out->deepstack[k], ds.data()) < 1e-4f);
   }
@@ -198,7 +188,7 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
       pixels.insert(pixels.end(), p.begin(), p.end());
     }
     if (chat.contains("video_grid_thw")) {
-      const std::vector<float> video = Floats(*g.tensors, "pixel_values_videos." + name);
+      const std::vector<float> video = F32Tensor(*g.tensors, "pixel_values_videos." + name);
       pixels.insert(pixels.end(), video.begin(), video.end());
     }
     VisionEmbeddings none;
@@ -233,7 +223,7 @@ TEST_CASE("Qwen3-VL chats: last logits and greedy tokens match transformers, wit
 
     Sequence seq(model, static_cast<int64_t>(ids.size()) + 32);
     std::vector<float> logits = seq.Step(ids, positions, overrides);
-    const std::vector<float> want = Floats(*g.tensors, "logits_last.fp32." + name);
+    const std::vector<float> want = F32Tensor(*g.tensors, "logits_last.fp32." + name);
     REQUIRE(logits.size() == want.size());
     CHECK(MaxAbsDiff(logits, want.data()) < 1e-4f);
 

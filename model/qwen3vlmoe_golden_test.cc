@@ -27,16 +27,6 @@ namespace {
 constexpr char kModel[] = "model/testdata/models/qwen3vlmoe-tiny";
 constexpr char kGoldens[] = "model/testdata/goldens/qwen3vlmoe-tiny/";
 
-std::vector<float> Floats(const SafetensorsFile& f, const std::string& name) {
-  const TensorView* t = f.Find(name);
-  INFO(name);
-  REQUIRE(t != nullptr);
-  REQUIRE(t->dtype == DType::kF32);
-  std::vector<float> v(t->numel());
-  std::memcpy(v.data(), t->data, t->nbytes);
-  return v;
-}
-
 struct Goldens {
   nlohmann::json json = ReadJsonFile(std::string(kGoldens) + "mm_golden.json");
   std::unique_ptr<SafetensorsFile> tensors;
@@ -189,12 +179,12 @@ TEST_CASE("Qwen3-VL-MoE tower: main embedding and DeepStack features match trans
   auto out = tower->ForwardAll(PatternPixels(g.grid()), {g.grid()});
   INFO(out.status().ToString());
   REQUIRE(out.ok());
-  const std::vector<float> want = Floats(*g.tensors, "vision_out");
+  const std::vector<float> want = F32Tensor(*g.tensors, "vision_out");
   REQUIRE(out->main.size() == want.size());
   CHECK(MaxAbsDiff(out->main, want.data()) < 1e-4f);
   REQUIRE(out->deepstack.size() == 2);
   for (size_t k = 0; k < out->deepstack.size(); ++k) {
-    const std::vector<float> ds = Floats(*g.tensors, "vision_deepstack" + std::to_string(k));
+    const std::vector<float> ds = F32Tensor(*g.tensors, "vision_deepstack" + std::to_string(k));
     REQUIRE(out->deepstack[k].size() == ds.size());
     CHECK(MaxAbsDiff(out->deepstack[k], ds.data()) < 1e-4f);
   }
@@ -220,7 +210,7 @@ TEST_CASE("Qwen3-VL-MoE chats: positions, last logits and greedy tokens match tr
     const std::string name = chat["name"];
     INFO(name);
     const ChatResult r = RunChat(model, m.cfg, chat, g.grid(), &*vision);
-    const std::vector<float> want = Floats(*g.tensors, "logits_last." + name);
+    const std::vector<float> want = F32Tensor(*g.tensors, "logits_last." + name);
     REQUIRE(r.last_logits.size() == want.size());
     CHECK(MaxAbsDiff(r.last_logits, want.data()) < 1e-4f);
     CHECK(r.greedy == chat["greedy_ids"].get<std::vector<int32_t>>());
@@ -248,7 +238,7 @@ TEST_CASE("Qwen3-VL-MoE int8: the fused experts quantize and the chats stay clos
     const std::string name = chat["name"];
     INFO(name);
     const ChatResult r = RunChat(model, m.cfg, chat, g.grid(), &*vision);
-    const std::vector<float> want = Floats(*g.tensors, "logits_last." + name);
+    const std::vector<float> want = F32Tensor(*g.tensors, "logits_last." + name);
     float range = 0;
     for (float x : want) range = std::max(range, std::abs(x));
     // Per-row int8 weights move these logits by about 1% of their range.

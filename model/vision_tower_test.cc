@@ -26,16 +26,6 @@ namespace {
 
 constexpr char kData[] = "model/testdata/";
 
-std::vector<float> Floats(const SafetensorsFile& f, const std::string& name) {
-  const TensorView* t = f.Find(name);
-  INFO(name);
-  REQUIRE(t != nullptr);
-  REQUIRE(t->dtype == DType::kF32);
-  std::vector<float> v(t->numel());
-  std::memcpy(v.data(), t->data, t->nbytes);
-  return v;
-}
-
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   float worst = 0;
@@ -62,8 +52,8 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
   auto pixels_file =
       SafetensorsFile::Open(std::string(kData) + "goldens/image_processor.safetensors");
   REQUIRE(pixels_file.ok());
-  std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
-  std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
+  std::vector<float> pixels = F32Tensor(**pixels_file, "pixel_values.square56");
+  std::vector<float> second = F32Tensor(**pixels_file, "pixel_values.rect300x200");
   pixels.insert(pixels.end(), second.begin(), second.end());
   const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 4), MediaGrid::FromThw(1, 6, 8)};
 
@@ -85,9 +75,10 @@ TEST_CASE("vision tower matches transformers on two images in one batch", "[visi
     REQUIRE(golden.ok());
     const std::string suffix = ".fp32.square56+rect300x200";
     // fp32 on both sides; only summation order differs.
-    CHECK(MaxAbsDiff(trace.patch_embed, Floats(**golden, "vision_patch_embed" + suffix)) < 1e-4f);
-    CHECK(MaxAbsDiff(trace.block0, Floats(**golden, "vision_block0" + suffix)) < 1e-4f);
-    CHECK(MaxAbsDiff(*out, Floats(**golden, "vision_out" + suffix)) < 1e-4f);
+    CHECK(MaxAbsDiff(trace.patch_embed, F32Tensor(**golden, "vision_patch_embed" + suffix)) <
+          1e-4f);
+    CHECK(MaxAbsDiff(trace.block0, F32Tensor(**golden, "vision_block0" + suffix)) < 1e-4f);
+    CHECK(MaxAbsDiff(*out, F32Tensor(**golden, "vision_out" + suffix)) < 1e-4f);
   }
 }
 
@@ -95,8 +86,8 @@ TEST_CASE("int8 vision tower matches transformers on the same dequantized weight
   auto pixels_file =
       SafetensorsFile::Open(std::string(kData) + "goldens/image_processor.safetensors");
   REQUIRE(pixels_file.ok());
-  std::vector<float> pixels = Floats(**pixels_file, "pixel_values.square56");
-  std::vector<float> second = Floats(**pixels_file, "pixel_values.rect300x200");
+  std::vector<float> pixels = F32Tensor(**pixels_file, "pixel_values.square56");
+  std::vector<float> second = F32Tensor(**pixels_file, "pixel_values.rect300x200");
   pixels.insert(pixels.end(), second.begin(), second.end());
   const std::vector<MediaGrid> grids = {MediaGrid::FromThw(1, 4, 4), MediaGrid::FromThw(1, 6, 8)};
   for (const char* name : {"qwen2vl-tiny-mqa-bf16", "qwen2vl-tiny-gqa2-untied-sharded"}) {
@@ -129,7 +120,7 @@ TEST_CASE("int8 vision tower matches transformers on the same dequantized weight
       // about 2^-8 of what the weight rounding does: 0.03-0.05 here (the
       // goldens' metadata), so ~2e-4; the bound is 2.5x that (measured
       // 1.1e-4 to 1.4e-4).
-      const std::vector<float> want = Floats(**golden, std::string("vision_out.") + scheme);
+      const std::vector<float> want = F32Tensor(**golden, std::string("vision_out.") + scheme);
       CHECK(MaxAbsDiff(*out, want) < 5e-4f);
       // int8 activations (one scale per 32 columns) round as coarsely as
       // the weights, so they move the outputs about as much again as the
@@ -258,7 +249,7 @@ TEST_CASE("vision tower matches transformers on two videos in one call", "[video
   std::string key = "vision_out.";
   for (const json& v : g["videos"]) {
     const std::string name = v["name"];
-    std::vector<float> p = Floats(**pixels_file, "pixel_values_videos." + name);
+    std::vector<float> p = F32Tensor(**pixels_file, "pixel_values_videos." + name);
     pixels.insert(pixels.end(), p.begin(), p.end());
     grids.push_back(GridOf(v["grid_thw"], MediaKind::kVideo));
     key += (grids.size() > 1 ? "+" : "") + name;
@@ -273,7 +264,7 @@ TEST_CASE("vision tower matches transformers on two videos in one call", "[video
     auto golden = SafetensorsFile::Open(std::string(kData) + "video_goldens/" + name +
                                         "/video_lm.safetensors");
     REQUIRE(golden.ok());
-    CHECK(MaxAbsDiff(*out, Floats(**golden, key)) < 1e-4f);
+    CHECK(MaxAbsDiff(*out, F32Tensor(**golden, key)) < 1e-4f);
   }
 }
 
