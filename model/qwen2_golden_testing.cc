@@ -109,4 +109,30 @@ std::vector<float> F32Tensor(const SafetensorsFile& f, const std::string& name) 
   return v;
 }
 
+GoldenSequence::GoldenSequence(Qwen2Model& model, int64_t capacity) : model_(model) {
+  auto kv = KvCache::Create(model.KvShape(capacity / kBlock + 1, kBlock));
+  REQUIRE(kv.ok());
+  kv_ = std::move(*kv);
+  for (int32_t b = 0; b <= capacity / kBlock; ++b) blocks_.push_back(b);
+}
+
+std::vector<float> GoldenSequence::Step(const std::vector<int32_t>& ids,
+                                        const std::vector<int64_t>& pos,
+                                        std::vector<EmbeddingOverride> overrides) {
+  ForwardBatch b;
+  b.token_ids = ids;
+  b.positions = pos;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  for (int64_t i = 0; i < n; ++i) b.slot_mapping.push_back(len_ + i);
+  len_ += n;
+  b.sequences.push_back({0, n, len_, blocks_});
+  b.logits_rows = {n - 1};
+  b.embedding_overrides = std::move(overrides);
+  std::vector<float> logits;
+  const absl::Status s = model_.Forward(b, *kv_, &logits);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return logits;
+}
+
 }  // namespace mmserve::model

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "model/forward_batch.h"
+#include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/qwen2_model.h"
 #include "model/qwen2_test_runner.h"
@@ -40,6 +42,25 @@ LoadedModel LoadTestModel(const std::string& name, const Qwen2WeightsOptions& op
 
 // The f32 tensor `name` of f, copied; REQUIREs that it is there and f32.
 std::vector<float> F32Tensor(const SafetensorsFile& f, const std::string& name);
+
+// One sequence's prefill and decode through Qwen2Model::Forward, its KV in a
+// cache of its own sized for `capacity` rows; REQUIREs every step succeeds.
+class GoldenSequence {
+ public:
+  GoldenSequence(Qwen2Model& model, int64_t capacity);
+
+  // Feeds rows [len, len + ids.size()) at positions `pos` ([3][rows]);
+  // returns the last row's logits.
+  std::vector<float> Step(const std::vector<int32_t>& ids, const std::vector<int64_t>& pos,
+                          std::vector<EmbeddingOverride> overrides = {});
+
+ private:
+  static constexpr int64_t kBlock = 16;
+  Qwen2Model& model_;
+  std::unique_ptr<KvCache> kv_;
+  std::vector<int32_t> blocks_;
+  int64_t len_ = 0;
+};
 
 // max_i |a[i] - b[i]| over a.size() entries.
 float MaxAbsDiff(const std::vector<float>& a, const float* b);

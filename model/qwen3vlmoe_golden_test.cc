@@ -51,42 +51,6 @@ std::vector<float> PatternPixels(const MediaGrid& grid) {
 }
 
 // One sequence on a contiguous block table: prefill, then decode steps.
-class Sequence {
- public:
-  Sequence(Qwen2Model& model, int64_t capacity) : model_(model) {
-    auto kv = KvCache::Create(model.KvShape(capacity / kBlock + 1, kBlock));
-    REQUIRE(kv.ok());
-    kv_ = std::move(*kv);
-    for (int32_t b = 0; b <= capacity / kBlock; ++b) blocks_.push_back(b);
-  }
-
-  // Feeds ids at positions `pos` ([3][rows]); returns the last row's logits.
-  std::vector<float> Step(const std::vector<int32_t>& ids, const std::vector<int64_t>& pos,
-                          std::vector<EmbeddingOverride> overrides = {}) {
-    ForwardBatch b;
-    b.token_ids = ids;
-    b.positions = pos;
-    const int64_t n = static_cast<int64_t>(ids.size());
-    for (int64_t i = 0; i < n; ++i) b.slot_mapping.push_back(len_ + i);
-    len_ += n;
-    b.sequences.push_back({0, n, len_, blocks_});
-    b.logits_rows = {n - 1};
-    b.embedding_overrides = std::move(overrides);
-    std::vector<float> logits;
-    const absl::Status s = model_.Forward(b, *kv_, &logits);
-    INFO(s.ToString());
-    REQUIRE(s.ok());
-    return logits;
-  }
-
- private:
-  static constexpr int64_t kBlock = 16;
-  Qwen2Model& model_;
-  std::unique_ptr<KvCache> kv_;
-  std::vector<int32_t> blocks_;
-  int64_t len_ = 0;
-};
-
 struct ChatResult {
   std::vector<float> last_logits;
   std::vector<int32_t> greedy;
@@ -133,7 +97,7 @@ ChatResult RunChat(Qwen2Model& model, const ModelConfig& cfg, const nlohmann::js
   for (const auto* row : {&pos->t, &pos->h, &pos->w}) {
     positions.insert(positions.end(), row->begin(), row->end());
   }
-  Sequence seq(model, static_cast<int64_t>(ids.size()) + 32);
+  GoldenSequence seq(model, static_cast<int64_t>(ids.size()) + 32);
   ChatResult r;
   std::vector<float> logits = seq.Step(ids, positions, overrides);
   r.last_logits = logits;
