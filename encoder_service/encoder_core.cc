@@ -85,7 +85,6 @@ void EncoderCore::StartStages() {
 
 absl::Status EncoderCore::Load() {
   ASSIGN_OR_RETURN(config_, model::LoadModelConfig(options_.model_dir));
-  RETURN_IF_ERROR(model::CheckServable(config_));
   if (!config_.vision || !config_.preprocessor) {
     return absl::InvalidArgumentError(absl::StrCat(
         options_.model_dir, " is not a vision model (no vision_config or preprocessor_config)"));

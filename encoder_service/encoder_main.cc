@@ -66,7 +66,6 @@ absl::StatusOr<std::unique_ptr<transfer::TransferEngine>> CreateTransfer(
     const std::string& id, transfer::TransportProfile profile) {
   ASSIGN_OR_RETURN(model::ModelConfig config,
                    model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir)));
-  RETURN_IF_ERROR(model::CheckServable(config));
   transfer::TransferEngineOptions topts;
   topts.instance_id = id;
   topts.profile = profile;

@@ -347,9 +347,6 @@ int Main() {
   if (!profile.ok()) return ExitWithError("language", profile.status());
   auto config = model::LoadModelConfig(absl::GetFlag(FLAGS_model_dir));
   if (!config.ok()) return ExitWithError("language", config.status());
-  if (absl::Status servable = model::CheckServable(*config); !servable.ok()) {
-    return ExitWithError("language", servable);
-  }
   const std::string id = absl::GetFlag(FLAGS_instance_id);
   transfer::TransferEngineOptions topts = TransferOptions(id, *profile, *config);
   // Seed 000: the receive buffer in memory the shard ranks inherit and map

@@ -460,14 +460,6 @@ int ModelConfig::VideoTimeStep(std::optional<double> fps) const {
   return static_cast<int>(seconds) * vision->tokens_per_second;
 }
 
-absl::Status CheckServable(const ModelConfig& cfg) {
-  if (cfg.model_type == "qwen3_vl_moe") {
-    return absl::FailedPreconditionError(
-        "model_type \"qwen3_vl_moe\" is not served yet: only Qwen3-VL's dense text model is");
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));

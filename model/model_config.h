@@ -168,11 +168,6 @@ struct ModelConfig {
 [[nodiscard]] absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& json,
                                                                          const std::string& origin);
 
-// OK when the serving services (encoder, language, router) compute this
-// model correctly; otherwise FailedPrecondition naming what is missing
-// (Qwen3-VL MoE: its text part is not served yet).
-[[nodiscard]] absl::Status CheckServable(const ModelConfig& cfg);
-
 // Reads config.json (required), generation_config.json and
 // preprocessor_config.json (optional) from a model directory.
 [[nodiscard]] absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);

@@ -162,7 +162,6 @@ absl::StatusOr<size_t> MaxPromptBytesFromFlags(const std::string& dir, int max_m
 absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
-  RETURN_IF_ERROR(model::CheckServable(config));
   if (config.vision && !config.preprocessor) {
     return absl::InvalidArgumentError(dir + ": vision model without preprocessor_config");
   }

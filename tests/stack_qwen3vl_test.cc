@@ -1,17 +1,18 @@
-// Qwen3-VL through the whole stack (router, encoder, language as separate
-// processes, real gRPC and UCX) against the in-process engine on the tiny
-// random checkpoint (model/testdata/models/qwen3vl-tiny, whose goldens the
-// model tests match). Each prompt holds two images of different sizes (the
-// elastic one the two again near its end); the in-process answer without
-// the DeepStack features differs, so a path that lost them fails. Every
-// image token's row carries its DeepStack features beside its embedding from
-// the encoder to the language model, which adds them after the first decoder
-// layers. Role both with prefill chunks that end inside an image, and with
+// Qwen3-VL and Qwen3-VL-MoE through the whole stack (router, encoder,
+// language as separate processes, real gRPC and UCX) against the in-process
+// engine on the tiny random checkpoints (model/testdata/models/qwen3vl-tiny
+// and qwen3vlmoe-tiny, whose goldens the model tests match). Each prompt holds two images of
+// different sizes (the elastic one the two again near its end); the in-process answer without the
+// DeepStack features differs, so a path that lost them fails. Every image token's row carries its
+// DeepStack features beside its embedding from the encoder to the language model, which adds them
+// after the first decoder layers. Role both with prefill chunks that end inside an image, and with
 // --tp=2 (the second rank reads rows and features in place); prefill +
 // decode --tp=2, the prefill instance's chunks again ending inside an image
 // (the features are in the KV the decode side receives); an elastic degree-2
 // group whose row split falls inside an image (each member adds the features
-// of its own rows). Over shm and tcp; every answer must be the engine's
+// of its own rows). The MoE checkpoint as role both and as prefill +
+// decode --tp=2 (each decode rank computes its share of every expert's
+// width). Over shm and tcp; every answer must be the engine's
 // tokens, and nothing may be left behind. A video is refused: Qwen3-VL shows
 // its frames after timestamps the serving path does not write yet.
 #include <algorithm>
@@ -38,7 +39,12 @@ namespace {
 constexpr char kImage[] = "<|vision_start|><|image_pad|><|vision_end|>";
 constexpr int kMaxTokens = 12;
 
-std::string ModelDir() { return RunfilesRoot() + "/model/testdata/models/qwen3vl-tiny"; }
+constexpr char kDense[] = "qwen3vl-tiny";
+constexpr char kMoe[] = "qwen3vlmoe-tiny";
+
+std::string ModelDir(const std::string& model) {
+  return RunfilesRoot() + "/model/testdata/models/" + model;
+}
 
 // `n` images: 84 x 84 (3 x 3 merged tokens here) and 64 x 48 (2 x 2) in
 // turn.
@@ -83,8 +89,8 @@ Prompt MakePrompt(int head, int middle, int tail, bool again = false) {
 
 // Each image's embedding rows as the encoder computes them: the main
 // embedding, then its DeepStack features.
-std::vector<worker::MediaEmbedding> Encode(int n) {
-  const std::string dir = ModelDir();
+std::vector<worker::MediaEmbedding> Encode(const std::string& model, int n) {
+  const std::string dir = ModelDir(model);
   const model::ModelConfig config = model::LoadModelConfig(dir).value();
   auto ckpt = model::SafetensorsCheckpoint::Open(dir).value();
   auto tower = model::VisionTower::Load(*ckpt, config).value();
@@ -107,9 +113,9 @@ std::vector<worker::MediaEmbedding> Encode(int n) {
 // expanded token row len / 2 (where a degree-2 group splits its rows) falls
 // inside the second image, not on its first row.
 Prompt SplitInsideImage(int words) {
-  const std::vector<worker::MediaEmbedding> images = Encode(2);
-  auto tok = model::Tokenizer::FromFile(ModelDir() + "/tokenizer.json").value();
-  const int32_t pad = model::LoadModelConfig(ModelDir()).value().tokens.image_pad;
+  const std::vector<worker::MediaEmbedding> images = Encode(kDense, 2);
+  auto tok = model::Tokenizer::FromFile(ModelDir(kDense) + "/tokenizer.json").value();
+  const int32_t pad = model::LoadModelConfig(ModelDir(kDense)).value().tokens.image_pad;
   for (int head = 10; head < words - 10; ++head) {
     const int middle = 10;
     const Prompt p = MakePrompt(head, middle, words - head - middle, /*again=*/true);
@@ -144,16 +150,18 @@ mmserve::v1::GenerateRequest Request(const Prompt& p) {
 
 // The in-process engine's tokens; with `deepstack` false, every DeepStack
 // feature zero (what a path that dropped them would answer).
-std::vector<int32_t> InProcess(const Prompt& p, bool deepstack = true) {
+std::vector<int32_t> InProcess(const std::string& model, const Prompt& p, bool deepstack = true) {
   worker::EngineRequest req;
   req.id = "reference";
   req.prompt = p.text;
-  req.image_embeddings = Encode(p.images);
+  req.image_embeddings = Encode(model, p.images);
   if (!deepstack) {
-    const int64_t hidden = model::LoadModelConfig(ModelDir()).value().text.hidden_size;
+    const model::ModelConfig config = model::LoadModelConfig(ModelDir(model)).value();
+    const int64_t hidden = config.text.hidden_size;
+    const int64_t width = config.EmbeddingRowWidth();
     for (worker::MediaEmbedding& e : req.image_embeddings) {
-      for (size_t r = 0; r < e.values.size(); r += 3 * hidden) {
-        std::fill(e.values.begin() + r + hidden, e.values.begin() + r + 3 * hidden, 0.0f);
+      for (size_t r = 0; r < e.values.size(); r += width) {
+        std::fill(e.values.begin() + r + hidden, e.values.begin() + r + width, 0.0f);
       }
     }
   }
@@ -161,7 +169,7 @@ std::vector<int32_t> InProcess(const Prompt& p, bool deepstack = true) {
   req.sampling.max_tokens = kMaxTokens;
   req.sampling.ignore_eos = true;
   worker::EngineOptions o;
-  o.model_dir = ModelDir();
+  o.model_dir = ModelDir(model);
   o.kv_cache_bytes = int64_t{64} << 20;
   auto engine = worker::LlmEngine::Create(o).value();
   std::vector<int32_t> ids;
@@ -179,6 +187,7 @@ std::vector<int32_t> InProcess(const Prompt& p, bool deepstack = true) {
 enum class Topology { kBoth, kBothTp, kPd, kElastic };
 
 struct Case {
+  const char* model;
   const char* name;
   Topology topology;
   const char* profile;
@@ -186,7 +195,7 @@ struct Case {
 
 launcher::StackOptions StackFor(const Case& c) {
   launcher::StackOptions o = TestStackOptions(1, c.profile);
-  o.model_dir = ModelDir();
+  o.model_dir = ModelDir(c.model);
   switch (c.topology) {
     case Topology::kBoth:
       // Chunks of 5 rows: both images (9 and 4 rows) span chunk boundaries.
@@ -212,24 +221,26 @@ launcher::StackOptions StackFor(const Case& c) {
   return o;
 }
 
-TEST_CASE("Qwen3-VL with DeepStack through the stack gives the engine's tokens") {
+TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the engine's tokens") {
   // Pools are 1 MiB: about 670 tokens of this checkpoint's KV, a group of
   // two 1340; 250 words are about 1000 tokens, so the elastic prompt needs
   // a group.
   const Prompt short_prompt = MakePrompt(20, 10, 10);
   const Prompt long_prompt = SplitInsideImage(250);
   const std::vector<Case> cases = {
-      {"role both", Topology::kBoth, "shm"},
-      {"role both --tp=2", Topology::kBothTp, "shm"},
-      {"prefill + decode --tp=2", Topology::kPd, "tcp"},
-      {"elastic degree-2 group", Topology::kElastic, "shm"},
+      {kDense, "role both", Topology::kBoth, "shm"},
+      {kDense, "role both --tp=2", Topology::kBothTp, "shm"},
+      {kDense, "prefill + decode --tp=2", Topology::kPd, "tcp"},
+      {kDense, "elastic degree-2 group", Topology::kElastic, "shm"},
+      {kMoe, "role both", Topology::kBoth, "tcp"},
+      {kMoe, "prefill + decode --tp=2", Topology::kPd, "shm"},
   };
   for (const Case& c : cases) {
-    INFO(c.name << ", " << c.profile);
+    INFO(c.model << ", " << c.name << ", " << c.profile);
     const Prompt& p = c.topology == Topology::kElastic ? long_prompt : short_prompt;
-    const std::vector<int32_t> want = InProcess(p);
+    const std::vector<int32_t> want = InProcess(c.model, p);
     // The features change the answer: a stack that lost them would fail.
-    REQUIRE(InProcess(p, /*deepstack=*/false) != want);
+    REQUIRE(InProcess(c.model, p, /*deepstack=*/false) != want);
     auto stack = launcher::LocalStack::Start(StackFor(c));
     INFO(stack.status().ToString());
     REQUIRE(stack.ok());

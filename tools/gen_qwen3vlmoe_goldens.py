@@ -3,7 +3,9 @@
 
 Writes model/testdata/models/qwen3vlmoe-tiny/ (config.json,
 generation_config.json and the weights in several shards with
-model.safetensors.index.json, as large checkpoints are saved) and
+model.safetensors.index.json, as large checkpoints are saved; the tiny
+tokenizer and qwen3vl-tiny's patch-16 preprocessor, so that the services
+serve it) and
 model/testdata/goldens/qwen3vlmoe-tiny/mm_golden.{json,safetensors}: the
 vision tower on one image (main embedding and one DeepStack feature per
 deepstack index), and two chats, text only and with that image (ids,
@@ -32,6 +34,7 @@ from transformers import (Qwen2TokenizerFast, Qwen3VLMoeConfig,
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_goldens import SEED, init_params  # noqa: E402
+from gen_qwen3vl_goldens import PREPROCESSOR_CONFIG  # noqa: E402
 from golden_util import generate_greedy, special_ids, write_json, write_safetensors  # noqa: E402
 
 NAME = "qwen3vlmoe-tiny"
@@ -51,7 +54,7 @@ def pattern_pixels():
     return (((i * 7919) % 2001 - 1000).float() / 1000.0).reshape(-1, PATCH_VALUES)
 
 
-def build(tok, models_dir):
+def build(tok, tok_dir, models_dir):
     ids = special_ids(tok)
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, head_dim=32,
                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -91,6 +94,9 @@ def build(tok, models_dir):
     if os.path.exists(out):
         shutil.rmtree(out)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="300KB")
+    write_json(os.path.join(out, "preprocessor_config.json"), PREPROCESSOR_CONFIG)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok_dir, f), os.path.join(out, f))
     return out
 
 
@@ -148,8 +154,9 @@ def main():
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
     testdata = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model", "testdata")
-    tok = Qwen2TokenizerFast.from_pretrained(os.path.join(testdata, "tokenizer"))
-    path = build(tok, os.path.join(testdata, "models"))
+    tok_dir = os.path.join(testdata, "tokenizer")
+    tok = Qwen2TokenizerFast.from_pretrained(tok_dir)
+    path = build(tok, tok_dir, os.path.join(testdata, "models"))
     os.makedirs(os.path.join(testdata, "goldens", NAME), exist_ok=True)
     goldens(path, tok, os.path.join(testdata, "goldens", NAME))
 

@@ -121,7 +121,6 @@ absl::Status LoadWeights(const EngineOptions& options, int threads,
 absl::Status Load(const EngineOptions& options, EngineModel& m) {
   RETURN_IF_ERROR(CheckOptions(options));
   ASSIGN_OR_RETURN(m.config, model::LoadModelConfig(options.model_dir));
-  RETURN_IF_ERROR(model::CheckServable(m.config));
   ASSIGN_OR_RETURN(m.tokenizer, model::Tokenizer::FromFile(options.model_dir + "/tokenizer.json"));
   if (m.tokenizer->vocab_size() > m.config.text.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", m.tokenizer->vocab_size(),
