@@ -156,6 +156,19 @@ void Flatten(const std::vector<RgbImage>& frames, const float (&lut)[3][256],
   }
 }
 
+// InvalidArgument for no frames or frames of different sizes.
+absl::Status CheckFrames(const std::vector<RgbImage>& frames) {
+  if (frames.empty()) return absl::InvalidArgumentError("video has no frames");
+  for (const RgbImage& f : frames) {
+    if (f.width != frames[0].width || f.height != frames[0].height) {
+      return absl::InvalidArgumentError(absl::StrCat("video frames differ in size: ", f.width, "x",
+                                                     f.height, " after ", frames[0].width, "x",
+                                                     frames[0].height));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> SampleFrameIndices(int64_t total_frames, double video_fps,
@@ -211,16 +224,16 @@ absl::StatusOr<MediaGrid> VideoGrid(int64_t num_frames, int64_t width, int64_t h
 
 absl::StatusOr<ImagePatches> PreprocessVideo(const std::vector<RgbImage>& frames,
                                              const PreprocessorConfig& config) {
-  if (frames.empty()) return absl::InvalidArgumentError("video has no frames");
-  for (const RgbImage& f : frames) {
-    if (f.width != frames[0].width || f.height != frames[0].height) {
-      return absl::InvalidArgumentError(absl::StrCat("video frames differ in size: ", f.width, "x",
-                                                     f.height, " after ", frames[0].width, "x",
-                                                     frames[0].height));
-    }
-  }
+  RETURN_IF_ERROR(CheckFrames(frames));
   ASSIGN_OR_RETURN(MediaGrid grid, VideoGrid(static_cast<int64_t>(frames.size()), frames[0].width,
                                              frames[0].height, config));
+  return PreprocessVideoToGrid(frames, grid, config);
+}
+
+absl::StatusOr<ImagePatches> PreprocessVideoToGrid(const std::vector<RgbImage>& frames,
+                                                   const MediaGrid& grid,
+                                                   const PreprocessorConfig& config) {
+  RETURN_IF_ERROR(CheckFrames(frames));
   std::vector<RgbImage> resized;
   resized.reserve(frames.size());
   for (const RgbImage& f : frames) {

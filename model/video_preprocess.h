@@ -63,6 +63,12 @@ RgbImage ResizeBicubicTorch(const RgbImage& in, int width, int height);
 [[nodiscard]] absl::StatusOr<ImagePatches> PreprocessVideo(const std::vector<RgbImage>& frames,
                                                            const PreprocessorConfig& config);
 
+// The same at a grid computed elsewhere (Qwen3-VL's own resize rule,
+// model/qwen3vl_video.h): every frame resized to grid's resized size, the
+// last one repeated to fill the final temporal patch.
+[[nodiscard]] absl::StatusOr<ImagePatches> PreprocessVideoToGrid(
+    const std::vector<RgbImage>& frames, const MediaGrid& grid, const PreprocessorConfig& config);
+
 }  // namespace mmserve::model
 
 #endif  // MMSERVE_MODEL_VIDEO_PREPROCESS_H_
