@@ -133,6 +133,7 @@ absl::StatusOr<std::unique_ptr<LiveRequest>> LanguageCore::MakeRequest(
   ASSIGN_OR_RETURN(model::ChatFamily family, model::ChatFamilyFor(config().model_type));
   ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(request, family, &slots));
   RETURN_IF_ERROR(CheckPromptMedia(slots, request));
+  ASSIGN_OR_RETURN(prompt, WithVideoTimestamps(std::move(prompt), request));
   if (request.images_size() > 0 && !config().vision) {
     return absl::InvalidArgumentError("this model does not accept images");
   }

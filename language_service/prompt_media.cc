@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/chat_proto.h"
 #include "model/chat_template.h"
+#include "model/qwen3vl_video.h"
 
 namespace mmserve::language {
 namespace {
@@ -71,6 +72,23 @@ absl::Status CheckPromptMedia(absl::Span<const model::MediaKind> slots,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> WithVideoTimestamps(std::string prompt,
+                                                const v1::PrefillRequest& request) {
+  std::vector<model::Qwen3VideoPrompt> videos;
+  size_t stamped = 0;
+  for (const v1::PromptImage& image : request.images()) {
+    if (image.kind() != v1::MEDIA_KIND_VIDEO) continue;
+    videos.push_back({{image.timestamps().begin(), image.timestamps().end()}, 1});
+    if (image.timestamps_size() > 0) ++stamped;
+  }
+  if (stamped == 0 || prompt.empty()) return prompt;
+  if (stamped != videos.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(stamped, " of the request's ", videos.size(),
+                                                   " videos carry their frames' timestamps"));
+  }
+  return model::ExpandQwen3VideoPrompt(prompt, videos);
 }
 
 absl::StatusOr<model::MediaKind> MediaKindFromProto(int kind) {

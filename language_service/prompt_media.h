@@ -39,6 +39,14 @@ namespace v1 = ::mmserve::internal::v1;
 [[nodiscard]] absl::Status CheckPromptMedia(absl::Span<const model::MediaKind> slots,
                                             const v1::PrefillRequest& request);
 
+// Qwen3-VL: the prompt with each video's placeholder replaced by its
+// temporal patches, each after its "<t seconds>" text and with one
+// <|video_pad|> (model/qwen3vl_video.h; the engine expands the pads), when
+// the request's videos carry timestamps; `prompt` unchanged when none does.
+// InvalidArgument when only some do, or the placeholders and videos differ.
+[[nodiscard]] absl::StatusOr<std::string> WithVideoTimestamps(std::string prompt,
+                                                              const v1::PrefillRequest& request);
+
 // InvalidArgument for a value outside the enum (a newer peer's kind).
 [[nodiscard]] absl::StatusOr<model::MediaKind> MediaKindFromProto(int kind);
 v1::MediaKind MediaKindToProto(model::MediaKind kind);

@@ -102,5 +102,24 @@ TEST_CASE("the chat's enable_thinking and reasoning_content reach the Qwen3 form
         "message 0: only assistant messages carry reasoning_content");
 }
 
+TEST_CASE("Qwen3-VL videos with timestamps get one run per temporal patch", "[prompt_media]") {
+  const std::string video = model::kQwen2VlVideoPlaceholder;
+  v1::PrefillRequest r = WithKinds({v1::MEDIA_KIND_IMAGE, v1::MEDIA_KIND_VIDEO});
+  r.mutable_images(1)->add_timestamps(0.35);
+  r.mutable_images(1)->add_timestamps(1.65);
+  auto text = WithVideoTimestamps("a" + video + "b", r);
+  REQUIRE(text.ok());
+  CHECK(*text ==
+        "a<0.3 seconds><|vision_start|><|video_pad|><|vision_end|>"
+        "<1.6 seconds><|vision_start|><|video_pad|><|vision_end|>b");
+  // Without timestamps (other families) the prompt is untouched.
+  CHECK(*WithVideoTimestamps("a" + video, WithKinds({v1::MEDIA_KIND_VIDEO})) == "a" + video);
+  // Some videos stamped and some not: refused.
+  v1::PrefillRequest mixed = WithKinds({v1::MEDIA_KIND_VIDEO, v1::MEDIA_KIND_VIDEO});
+  mixed.mutable_images(0)->add_timestamps(1.0);
+  CHECK(WithVideoTimestamps(video + video, mixed).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace mmserve::language

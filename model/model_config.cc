@@ -452,6 +452,28 @@ absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& te
   return p;
 }
 
+absl::StatusOr<std::optional<Qwen3VideoSettings>> ParseQwen3VideoSettings(
+    const std::string& text, const std::string& origin) {
+  ASSIGN_OR_RETURN(json root, ParseObject(text, origin));
+  const auto type = root.find("video_processor_type");
+  if (type == root.end() || *type != "Qwen3VLVideoProcessor") return std::nullopt;
+  ASSIGN_OR_RETURN(const PreprocessorConfig sizes, ParsePreprocessorConfig(text, origin));
+  Qwen3VideoSettings v;
+  v.min_pixels = sizes.min_pixels;
+  v.max_pixels = sizes.max_pixels;
+  Fields f(root, origin);
+  if (const auto fps = root.find("fps"); fps != root.end() && !fps->is_null()) {
+    if (!fps->is_number() || !(fps->get<double>() > 0)) return f.Error("fps must be positive");
+    v.fps = fps->get<double>();
+  }
+  RETURN_IF_ERROR(f.Int64("min_frames", &v.min_frames));
+  RETURN_IF_ERROR(f.Int64("max_frames", &v.max_frames));
+  if (v.min_frames < 1 || v.max_frames < v.min_frames) {
+    return f.Error("need 1 <= min_frames <= max_frames");
+  }
+  return v;
+}
+
 int ModelConfig::VideoTimeStep(std::optional<double> fps) const {
   if (!vision || vision->arch != VisionConfig::Arch::kQwen25Vl) return 1;
   const int patch = preprocessor ? preprocessor->temporal_patch_size : vision->temporal_patch_size;
@@ -471,6 +493,10 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   const std::string pre_path = dir + "/preprocessor_config.json";
   if (auto pre = ReadFileToString(pre_path); pre.ok()) {
     ASSIGN_OR_RETURN(cfg.preprocessor, ParsePreprocessorConfig(*pre, pre_path));
+    const std::string video_path = dir + "/video_preprocessor_config.json";
+    if (auto video = ReadFileToString(video_path); video.ok()) {
+      ASSIGN_OR_RETURN(cfg.preprocessor->qwen3_video, ParseQwen3VideoSettings(*video, video_path));
+    }
   }
   if (cfg.tokens.eos.empty()) cfg.tokens.eos = cfg.generation.eos_token_ids;
   return cfg;

@@ -121,6 +121,18 @@ struct GenerationDefaults {
 };
 
 // preprocessor_config.json of a Qwen2-VL image processor.
+// video_preprocessor_config.json of a Qwen3VLVideoProcessor (Qwen3-VL): frames
+// sampled at `fps` unless the request says otherwise, their count clamped to
+// [min_frames, max_frames], and a pixel budget (size.shortest_edge /
+// longest_edge) over all sampled frames together (model/qwen3vl_video.h).
+struct Qwen3VideoSettings {
+  double fps = 2.0;
+  int64_t min_frames = 4;
+  int64_t max_frames = 768;
+  int64_t min_pixels = 128 * 32 * 32;
+  int64_t max_pixels = 768 * 32 * 32;
+};
+
 struct PreprocessorConfig {
   int64_t min_pixels = 56 * 56;
   int64_t max_pixels = 28 * 28 * 1280;
@@ -130,6 +142,9 @@ struct PreprocessorConfig {
   std::array<float, 3> image_mean = {0.48145466f, 0.4578275f, 0.40821073f};
   std::array<float, 3> image_std = {0.26862954f, 0.26130258f, 0.27577711f};
   double rescale_factor = 1.0 / 255.0;
+  // Set when the checkpoint's video processor is Qwen3-VL's: videos are
+  // sampled and sized by its rules, their prompt shows timestamps.
+  std::optional<Qwen3VideoSettings> qwen3_video;
 };
 
 struct ModelConfig {
@@ -168,8 +183,15 @@ struct ModelConfig {
 [[nodiscard]] absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& json,
                                                                          const std::string& origin);
 
-// Reads config.json (required), generation_config.json and
-// preprocessor_config.json (optional) from a model directory.
+// video_preprocessor_config.json: its settings when video_processor_type is
+// Qwen3VLVideoProcessor, nullopt for another processor. InvalidArgument
+// naming `origin` and the field.
+[[nodiscard]] absl::StatusOr<std::optional<Qwen3VideoSettings>> ParseQwen3VideoSettings(
+    const std::string& json, const std::string& origin);
+
+// Reads config.json (required), generation_config.json,
+// preprocessor_config.json and video_preprocessor_config.json (optional)
+// from a model directory.
 [[nodiscard]] absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 
 }  // namespace mmserve::model

@@ -5,10 +5,8 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/file.h"
 #include "common/status_macros.h"
 #include "model/video_preprocess.h"
-#include "nlohmann/json.hpp"
 
 namespace mmserve::model {
 namespace {
@@ -19,10 +17,6 @@ constexpr char kBlock[] = "<|vision_start|><|video_pad|><|vision_end|>";
 // pads are not taken for the next video's placeholder.
 constexpr char kPlaceholder[] = "<|placeholder|>";
 
-absl::Status Invalid(const std::string& origin, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(origin, ": ", what));
-}
-
 void ReplaceAll(std::string& s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
     s.replace(at, from.size(), to);
@@ -31,36 +25,24 @@ void ReplaceAll(std::string& s, const std::string& from, const std::string& to) 
 
 }  // namespace
 
-absl::StatusOr<Qwen3VideoConfig> ParseQwen3VideoConfig(const std::string& json,
-                                                       const std::string& origin) {
+Qwen3VideoConfig Qwen3VideoConfigOf(const PreprocessorConfig& preprocessor) {
   Qwen3VideoConfig c;
-  ASSIGN_OR_RETURN(c.base, ParsePreprocessorConfig(json, origin));
-  const nlohmann::json root = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  const auto type = root.find("video_processor_type");
-  if (type == root.end() || *type != "Qwen3VLVideoProcessor") {
-    return Invalid(origin, "video_processor_type must be \"Qwen3VLVideoProcessor\"");
-  }
-  if (const auto fps = root.find("fps"); fps != root.end() && !fps->is_null()) {
-    if (!fps->is_number() || !(fps->get<double>() > 0)) return Invalid(origin, "fps must be > 0");
-    c.fps = fps->get<double>();
-  }
-  for (const auto& [key, dst] :
-       {std::pair{"min_frames", &c.min_frames}, std::pair{"max_frames", &c.max_frames}}) {
-    const auto it = root.find(key);
-    if (it == root.end() || it->is_null()) continue;
-    if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-      return Invalid(origin, absl::StrCat(key, " must be a positive integer"));
-    }
-    *dst = it->get<int64_t>();
-  }
-  if (c.max_frames < c.min_frames) return Invalid(origin, "need min_frames <= max_frames");
+  c.base = preprocessor;
+  const Qwen3VideoSettings v = preprocessor.qwen3_video.value_or(Qwen3VideoSettings());
+  c.base.min_pixels = v.min_pixels;
+  c.base.max_pixels = v.max_pixels;
+  c.fps = v.fps;
+  c.min_frames = v.min_frames;
+  c.max_frames = v.max_frames;
   return c;
 }
 
 absl::StatusOr<Qwen3VideoConfig> LoadQwen3VideoConfig(const std::string& dir) {
-  const std::string path = dir + "/video_preprocessor_config.json";
-  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
-  return ParseQwen3VideoConfig(text, path);
+  ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(dir));
+  if (!config.preprocessor || !config.preprocessor->qwen3_video) {
+    return absl::NotFoundError(dir + " has no Qwen3-VL video_preprocessor_config.json");
+  }
+  return Qwen3VideoConfigOf(*config.preprocessor);
 }
 
 absl::StatusOr<std::vector<int64_t>> Qwen3SampleFrameIndices(int64_t total_frames, double video_fps,

@@ -33,10 +33,10 @@
 
 namespace mmserve::model {
 
-// video_preprocessor_config.json of a Qwen3VLVideoProcessor. base carries
-// patch, merge and temporal sizes, mean and std, and the pixel budget over
-// all sampled frames (min_pixels = size.shortest_edge, max_pixels =
-// size.longest_edge).
+// A Qwen3VLVideoProcessor's settings in one place. base carries patch, merge
+// and temporal sizes, mean and std (the image processor's), and the pixel
+// budget over all sampled frames (min_pixels = size.shortest_edge,
+// max_pixels = size.longest_edge of video_preprocessor_config.json).
 struct Qwen3VideoConfig {
   PreprocessorConfig base;
   double fps = 2.0;
@@ -44,12 +44,12 @@ struct Qwen3VideoConfig {
   int64_t max_frames = 768;
 };
 
-// The config in `json` (video_processor_type must be Qwen3VLVideoProcessor).
-// InvalidArgument naming `origin` and the field otherwise.
-[[nodiscard]] absl::StatusOr<Qwen3VideoConfig> ParseQwen3VideoConfig(const std::string& json,
-                                                                     const std::string& origin);
+// The config of a preprocessor with Qwen3 video settings (its qwen3_video);
+// the defaults of Qwen3VLVideoProcessor without them.
+Qwen3VideoConfig Qwen3VideoConfigOf(const PreprocessorConfig& preprocessor);
 
-// Reads dir/video_preprocessor_config.json; NotFound when absent.
+// The model directory's (LoadModelConfig); NotFound without a Qwen3-VL
+// video_preprocessor_config.json.
 [[nodiscard]] absl::StatusOr<Qwen3VideoConfig> LoadQwen3VideoConfig(const std::string& dir);
 
 // A request's sampling: at most one of them (transformers refuses both).

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/qwen3vl_video.h"
 
 namespace mmserve::model {
 namespace {
@@ -79,7 +80,54 @@ absl::Status CheckSampled(int64_t frames, int64_t width, int64_t height,
   return absl::OkStatus();
 }
 
+// A Qwen3-VL video's plan from its header: the processor config with the
+// request's limits, the clip's header and the sampled frames.
+struct Qwen3Plan {
+  Qwen3VideoConfig config;
+  VideoHeader header;
+  std::vector<int64_t> indices;
+};
+
+absl::StatusOr<Qwen3Plan> PlanQwen3(const mmserve::v1::Video& video, const PreprocessorConfig& base,
+                                    const VideoLimits& limits) {
+  RETURN_IF_ERROR(VideoOptionsFor(video, base).status());  // the options' own checks
+  if (video.has_frames()) {
+    return Invalid("Qwen3-VL samples a video from its container file; send the clip, not frames");
+  }
+  Qwen3Plan p;
+  p.config = Qwen3VideoConfigOf(base);
+  if (video.has_min_frames()) p.config.min_frames = video.min_frames();
+  if (video.has_max_frames()) p.config.max_frames = video.max_frames();
+  if (video.has_min_pixels()) p.config.base.min_pixels = video.min_pixels();
+  if (video.has_max_pixels()) p.config.base.max_pixels = video.max_pixels();
+  ASSIGN_OR_RETURN(p.header, ProbeVideo(video.data(), limits));
+  Qwen3VideoSampling sampling;
+  if (video.has_fps()) sampling.fps = video.fps();
+  absl::StatusOr<std::vector<int64_t>> indices =
+      Qwen3SampleFrameIndices(p.header.frame_count, p.header.fps, sampling, p.config);
+  if (!indices.ok()) return Invalid(indices.status().message());
+  p.indices = *std::move(indices);
+  RETURN_IF_ERROR(CheckSampled(static_cast<int64_t>(p.indices.size()), p.header.width,
+                               p.header.height, limits));
+  return p;
+}
+
+absl::StatusOr<MediaGrid> Qwen3Grid(const Qwen3Plan& p) {
+  absl::StatusOr<MediaGrid> g = Qwen3VideoGrid(static_cast<int64_t>(p.indices.size()),
+                                               p.header.width, p.header.height, p.config);
+  if (!g.ok()) return Invalid(g.status().message());
+  return g;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<double>> VideoTimestampsFromHeaders(const mmserve::v1::Video& video,
+                                                               const PreprocessorConfig& base,
+                                                               const VideoLimits& video_limits) {
+  if (!base.qwen3_video) return std::vector<double>();
+  ASSIGN_OR_RETURN(const Qwen3Plan p, PlanQwen3(video, base, video_limits));
+  return Qwen3FrameTimestamps(p.indices, p.header.fps, p.config.base.merge_size);
+}
 
 absl::StatusOr<VideoOptions> VideoOptionsFor(const mmserve::v1::Video& video,
                                              const PreprocessorConfig& base) {
@@ -134,6 +182,10 @@ absl::StatusOr<MediaGrid> VideoGridFromHeaders(const mmserve::v1::Video& video,
                                                const PreprocessorConfig& base,
                                                const VideoLimits& video_limits,
                                                const DecodeLimits& image_limits) {
+  if (base.qwen3_video) {
+    ASSIGN_OR_RETURN(const Qwen3Plan p, PlanQwen3(video, base, video_limits));
+    return Qwen3Grid(p);
+  }
   ASSIGN_OR_RETURN(const VideoOptions o, VideoOptionsFor(video, base));
   if (video.has_frames()) {
     ASSIGN_OR_RETURN(const auto frames, FrameBytes(video.frames(), video_limits));
@@ -154,6 +206,13 @@ absl::StatusOr<ImagePatches> LoadVideo(const mmserve::v1::Video& video,
                                        const PreprocessorConfig& base,
                                        const VideoLimits& video_limits,
                                        const DecodeLimits& image_limits) {
+  if (base.qwen3_video) {
+    ASSIGN_OR_RETURN(const Qwen3Plan p, PlanQwen3(video, base, video_limits));
+    ASSIGN_OR_RETURN(const MediaGrid grid, Qwen3Grid(p));
+    ASSIGN_OR_RETURN(const std::vector<RgbImage> frames,
+                     DecodeVideoFrames(video.data(), p.indices, video_limits));
+    return PreprocessVideoToGrid(frames, grid, p.config.base);
+  }
   ASSIGN_OR_RETURN(const VideoOptions o, VideoOptionsFor(video, base));
   std::vector<RgbImage> frames;
   if (video.has_frames()) {

@@ -9,7 +9,9 @@
 //   ASSIGN_OR_RETURN(ImagePatches p, LoadVideo(video, cfg, vlimits, ilimits));
 //
 // A container file is probed and sampled as Qwen2VLVideoProcessor does (all
-// frames unless `fps` is set); a frame list is taken whole (transformers
+// frames unless `fps` is set), or as Qwen3VLVideoProcessor does when the
+// preprocessor has Qwen3 video settings (2 fps by default, a pixel budget
+// over all frames; Qwen3-VL takes container files only); a frame list is taken whole (transformers
 // refuses to sample one, and so does this: `fps` on a frame list is
 // InvalidArgument). Unset pixel limits take the model's preprocessor config
 // (transformers' video processor reads the same file when the checkpoint
@@ -17,6 +19,8 @@
 // with a reason. Thread-safe (pure functions).
 #ifndef MMSERVE_MODEL_VIDEO_REQUEST_H_
 #define MMSERVE_MODEL_VIDEO_REQUEST_H_
+
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/hash.h"
@@ -47,6 +51,13 @@ ContentHash VideoContentHash(const mmserve::v1::Video& video);
                                                              const PreprocessorConfig& base,
                                                              const VideoLimits& video_limits,
                                                              const DecodeLimits& image_limits);
+
+// Qwen3-VL (base.qwen3_video): each temporal patch's timestamp in seconds
+// (model/qwen3vl_video.h), from the container header; empty for the other
+// families. Its prompt shows them, so the language side needs them.
+[[nodiscard]] absl::StatusOr<std::vector<double>> VideoTimestampsFromHeaders(
+    const mmserve::v1::Video& video, const PreprocessorConfig& base,
+    const VideoLimits& video_limits);
 
 // pixel_values_videos and the grid.
 [[nodiscard]] absl::StatusOr<ImagePatches> LoadVideo(const mmserve::v1::Video& video,

@@ -30,6 +30,7 @@ EncoderDispatch::EncoderDispatch(const RouterContext& context,
     images_[k].hash = images[k].hash;
     images_[k].grid = images[k].grid;
     images_[k].video = images[k].video;
+    images_[k].timestamps = images[k].timestamps;
   }
 }
 
@@ -89,6 +90,7 @@ internal::v1::PromptImage EncoderDispatch::Describe(size_t k, const Instance& en
   pi.set_encoder_address(encoder.address);
   pi.set_transfer_id(im.transfer_id);
   if (im.video) pi.set_kind(internal::v1::MEDIA_KIND_VIDEO);
+  for (const double t : im.timestamps) pi.add_timestamps(t);
   return pi;
 }
 

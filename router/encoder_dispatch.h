@@ -111,7 +111,8 @@ class EncoderDispatch {
     ContentHash hash;
     std::optional<model::MediaGrid> grid;  // when pre-sized
     bool video = false;
-    std::string encoder_id;  // current source
+    std::vector<double> timestamps;  // a Qwen3-VL video's
+    std::string encoder_id;          // current source
     std::string transfer_id;
     int attempts = 0;
     std::set<std::string> failed_encoders;

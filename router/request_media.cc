@@ -106,10 +106,13 @@ absl::Status ValidateVideos(const RouterOptions& options,
     ++k;
   }
   if (videos > 0 && !options.config.vision) return Invalid("this model does not accept videos");
-  if (videos > 0 && options.config.DeepstackLevels() > 0) {
-    // Its prompts show each temporal patch after a timestamp, which the
-    // serving path does not write yet.
-    return Invalid("videos are not served for Qwen3-VL models yet; send images");
+  if (videos > 0 && options.config.DeepstackLevels() > 0 &&
+      !options.config.preprocessor->qwen3_video) {
+    // Its prompt shows each temporal patch's time, by its video processor's
+    // sampling: without that processor's config there is none to follow.
+    return Invalid(
+        "videos are not served for this Qwen3-VL model: it has no Qwen3-VL video "
+        "processor config");
   }
   if (videos > 0 && static_cast<int>(media.size()) > options.max_images) {
     return Invalid(absl::StrCat(media.size(), " images and videos; at most ", options.max_images,
@@ -123,6 +126,16 @@ absl::StatusOr<PreparedMedia> PrepareVideo(const RouterOptions& options,
   PreparedMedia out;
   out.video = true;
   out.hash = model::VideoContentHash(video);
+  if (options.config.preprocessor->qwen3_video) {
+    // Qwen3-VL's prompt shows each temporal patch's time: from the header.
+    absl::StatusOr<std::vector<double>> t = model::VideoTimestampsFromHeaders(
+        video, *options.config.preprocessor, options.video_limits);
+    if (!t.ok()) {
+      return Invalid(
+          absl::StrCat("video ", k, ": ", absl::StripPrefix(t.status().message(), "video: ")));
+    }
+    out.timestamps = *std::move(t);
+  }
   if (!options.presize) {
     // Still refuse bad options before the encoder is called.
     absl::Status s = model::VideoOptionsFor(video, *options.config.preprocessor).status();

@@ -120,15 +120,32 @@ TEST_CASE("hostile videos are refused with the reason before any decode") {
   CheckRefused(PrepareRequest(few, Chat()).status(), "2 images and videos; at most 1");
 }
 
-TEST_CASE("a Qwen3-VL model takes images but refuses videos for now") {
+TEST_CASE("a Qwen3-VL video gets its sampled frames' timestamps from the header") {
   RouterOptions qwen3vl = Options();
   qwen3vl.config.model_type = "qwen3_vl";
   qwen3vl.config.vision->deepstack_visual_indexes = {5, 11, 17};
-  CheckRefused(PrepareRequest(qwen3vl, Chat()).status(),
-               "videos are not served for Qwen3-VL models yet");
-  mmserve::v1::GenerateRequest image = Chat();
-  image.mutable_chat()->mutable_messages(0)->mutable_content()->DeleteSubrange(1, 1);
-  CHECK(PrepareRequest(qwen3vl, image).ok());
+  qwen3vl.config.preprocessor->patch_size = 16;
+  qwen3vl.config.preprocessor->qwen3_video = model::Qwen3VideoSettings{.max_pixels = 16384};
+  // 21 frames at 10 fps sampled at 2 fps: int(21 / 10 * 2) = 4 frames, 0 7
+  // 13 20 (linspace), two temporal patches at (0 + 0.7) / 2 and (1.3 + 2) / 2
+  // seconds; the budget of 16384 pixels over 4 frames of 96 x 64 shrinks
+  // each to 64 x 32.
+  auto prepared = PrepareRequest(qwen3vl, Chat());
+  INFO(prepared.status().ToString());
+  REQUIRE(prepared.ok());
+  const PreparedMedia& video = (*prepared)[1];
+  CHECK(video.timestamps == std::vector<double>{0.35, 1.65});
+  REQUIRE(video.grid.has_value());
+  CHECK(video.grid->grid_t == 2);
+  CHECK(video.grid->resized_width == 64);
+  CHECK(video.grid->resized_height == 32);
+  CHECK((*prepared)[0].timestamps.empty());  // the image
+  // A frame list has no frame rate to sample by: refused, naming why.
+  mmserve::v1::GenerateRequest frames = Chat();
+  auto* v = frames.mutable_chat()->mutable_messages(0)->mutable_content(1)->mutable_video();
+  v->clear_fps();
+  v->mutable_frames()->add_frames()->set_data(Clip("frames/png_45x30_x1_0.png"));
+  CheckRefused(PrepareRequest(qwen3vl, frames).status(), "send the clip, not frames");
 }
 
 TEST_CASE("the OpenAI video_url part takes a data: or http(s) URL and sampling options") {

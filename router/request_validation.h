@@ -69,6 +69,8 @@ struct PreparedMedia {
   // The exact grid from the image header and the encoder's smart resize;
   // empty when options.presize is off.
   std::optional<model::MediaGrid> grid;
+  // A Qwen3-VL video's temporal patches' timestamps (its prompt shows them).
+  std::vector<double> timestamps;
 };
 
 // ValidateRequest, then every image's and video's content hash (in

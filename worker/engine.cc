@@ -26,6 +26,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(
   rules.image_pad_id = m.image_pad_id;
   rules.video_pad_id = m.video_pad_id;
   rules.accepts_images = m.config.vision.has_value();
+  rules.video_frames_apart =
+      m.config.vision && m.config.vision->arch == model::VisionConfig::Arch::kQwen3Vl;
   rules.merge_size = m.config.vision ? m.config.vision->spatial_merge_size : 2;
   rules.max_model_len = m.sizing.max_model_len;
   rules.eos_ids = m.eos_ids;
@@ -55,11 +57,6 @@ absl::StatusOr<std::vector<MediaRows>> LlmEngine::MediaRowsOf(EngineRequest& req
     }
     if (!config.vision) return absl::InvalidArgumentError("this model does not accept images");
     for (MediaEmbedding& e : request.image_embeddings) {
-      if (e.grid.kind == model::MediaKind::kVideo && rules_.deepstack_levels > 0) {
-        // Qwen3-VL shows a video's temporal patches after timestamps that
-        // this path does not write.
-        return absl::InvalidArgumentError("videos are not served for Qwen3-VL models yet");
-      }
       RETURN_IF_ERROR(CheckImageEmbedding(e, rules_.image_row_width()));
       if (e.shared_values != nullptr) {
         const size_t n = static_cast<size_t>(e.grid.num_tokens()) * rules_.image_row_width();

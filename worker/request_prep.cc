@@ -38,9 +38,33 @@ absl::Status CheckImageEmbedding(const MediaEmbedding& e, int row_width) {
   return absl::OkStatus();
 }
 
+std::vector<MediaRows> SplitVideoRows(absl::Span<const MediaRows> media, int row_width) {
+  std::vector<MediaRows> out;
+  for (const MediaRows& m : media) {
+    if (m.grid.kind != model::MediaKind::kVideo || m.grid.grid_t <= 1) {
+      out.push_back(m);
+      continue;
+    }
+    model::MediaGrid frame = m.grid;
+    frame.grid_t = 1;
+    const size_t floats = static_cast<size_t>(frame.num_tokens()) * row_width;
+    for (int f = 0; f < m.grid.grid_t; ++f) {
+      MediaRows r{frame, m.rows.subspan(f * floats, floats), m.key};
+      // Each temporal patch its own prefix-cache key.
+      if (r.key) r.key->low ^= 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(f + 1);
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
-                                            absl::Span<const MediaRows> images,
+                                            absl::Span<const MediaRows> media,
                                             const PromptRules& rules) {
+  const std::vector<MediaRows> split = rules.video_frames_apart
+                                           ? SplitVideoRows(media, rules.image_row_width())
+                                           : std::vector<MediaRows>(media.begin(), media.end());
+  const absl::Span<const MediaRows> images = split;
   std::vector<model::MediaGrid> grids;
   for (const MediaRows& image : images) grids.push_back(image.grid);
   PreparedPrompt out;

@@ -44,7 +44,10 @@ struct PromptRules {
   int32_t image_pad_id = -1;
   int32_t video_pad_id = -1;    // -1: no video token (videos refused)
   bool accepts_images = false;  // the model has a vision config (images and videos)
-  int merge_size = 2;           // the vision config's spatial_merge_size
+  // Qwen3-VL: each temporal patch of a video is a run of its own (after its
+  // timestamp), with the M-RoPE positions of a one-patch video.
+  bool video_frames_apart = false;
+  int merge_size = 2;  // the vision config's spatial_merge_size
   int max_model_len = 0;
   std::vector<int32_t> eos_ids;  // the first is the scheduler's eos
 };
@@ -83,8 +86,13 @@ struct PreparedPrompt {
 // values).
 [[nodiscard]] absl::Status CheckImageEmbedding(const MediaEmbedding& e, int row_width);
 
+// Each video of grid_t temporal patches as grid_t one-patch videos (their
+// rows in order, each key distinct); images and one-patch videos as they are.
+std::vector<MediaRows> SplitVideoRows(absl::Span<const MediaRows> media, int row_width);
+
 // Expands the k-th image or video pad of `ids` into images[k]'s run (images
-// and videos in order of appearance; grid.kind picks the pad) and computes
+// and videos in order of appearance; grid.kind picks the pad; with
+// video_frames_apart, a pad per temporal patch: SplitVideoRows) and computes
 // the M-RoPE positions. InvalidArgument when pads and images disagree.
 [[nodiscard]] absl::StatusOr<PreparedPrompt> ExpandImages(absl::Span<const int32_t> ids,
                                                           absl::Span<const MediaRows> images,
