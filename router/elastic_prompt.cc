@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "model/chat_proto.h"
 #include "model/chat_template.h"
+#include "model/qwen3vl_video.h"
 
 namespace mmserve::router {
 namespace {
@@ -36,6 +37,15 @@ absl::StatusOr<ElasticLength> ElasticRequestLength(const RouterOptions& options,
       return absl::FailedPreconditionError("the elastic manager needs the model's tokenizer");
     }
     ASSIGN_OR_RETURN(std::string text, PromptText(options, request));
+    // Qwen3-VL videos: the language side writes each temporal patch's
+    // timestamp text (language_service/prompt_media.h).
+    std::vector<model::Qwen3VideoPrompt> videos;
+    for (const PreparedMedia& m : images) {
+      if (!m.timestamps.empty()) videos.push_back({m.timestamps, 1});
+    }
+    if (!videos.empty()) {
+      ASSIGN_OR_RETURN(text, model::ExpandQwen3VideoPrompt(text, videos));
+    }
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text));
     n.prompt_tokens = static_cast<int64_t>(ids.size());
   }
@@ -43,7 +53,10 @@ absl::StatusOr<ElasticLength> ElasticRequestLength(const RouterOptions& options,
     if (!image.grid) {
       return absl::FailedPreconditionError("the elastic manager needs images pre-sized");
     }
-    n.prompt_tokens += image.grid->num_tokens() - 1;  // the placeholder's pad expands
+    // Each pad expands: one per image, one per temporal patch of a
+    // timestamped video.
+    const int64_t pads = image.timestamps.empty() ? 1 : image.grid->grid_t;
+    n.prompt_tokens += image.grid->num_tokens() - pads;
   }
   const int64_t context = options.max_model_len;
   const mmserve::v1::SamplingParams& s = request.sampling();

@@ -14,8 +14,8 @@
 // falls inside an image (each member adds the features of its own rows).
 // The MoE checkpoint as role both and as prefill + decode --tp=2 (each
 // decode rank computes its share of every expert's width). A Qwen3-VL video
-// (a clip sampled at the processor's 2 fps) as role both and prefill +
-// decode: the router reads its frames' timestamps from the header, the
+// (a clip sampled at the processor's 2 fps) as role both, prefill + decode
+// and on an elastic instance: the router reads its frames' timestamps from the header, the
 // language side writes "<t seconds>" before each temporal patch, and the
 // answer is the engine's on the prompt and embeddings built here; the MoE
 // checkpoint, which has no Qwen3-VL video processor config, refuses videos
@@ -325,7 +325,7 @@ TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the e
       CHECK(ScrapeMetric((*stack)->router().metrics_port(), "mmserve_router_elastic_requests_total",
                          "degree=\"2\"") == 1);
     }
-    if (c.topology == Topology::kBoth || c.topology == Topology::kPd) {
+    if (c.topology != Topology::kBothTp) {
       const Answer v = AskGrpc(*stub, VideoRequest(), {});
       if (std::string(c.model) == kMoe) {
         // No Qwen3-VL video processor config: refused before any work.
