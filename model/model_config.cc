@@ -453,15 +453,34 @@ absl::StatusOr<PreprocessorConfig> ParsePreprocessorConfig(const std::string& te
 }
 
 absl::StatusOr<std::optional<Qwen3VideoSettings>> ParseQwen3VideoSettings(
-    const std::string& text, const std::string& origin) {
+    const std::string& text, const std::string& origin, const PreprocessorConfig& image) {
   ASSIGN_OR_RETURN(json root, ParseObject(text, origin));
   const auto type = root.find("video_processor_type");
   if (type == root.end() || *type != "Qwen3VLVideoProcessor") return std::nullopt;
-  ASSIGN_OR_RETURN(const PreprocessorConfig sizes, ParsePreprocessorConfig(text, origin));
-  Qwen3VideoSettings v;
-  v.min_pixels = sizes.min_pixels;
-  v.max_pixels = sizes.max_pixels;
   Fields f(root, origin);
+  if (const auto s = root.find("do_sample_frames"); s != root.end() && *s == false) {
+    return f.Error("do_sample_frames false is not supported");
+  }
+  ASSIGN_OR_RETURN(const PreprocessorConfig sizes, ParsePreprocessorConfig(text, origin));
+  const auto has = [&](const char* key, const char* size_key) {
+    const auto size = root.find("size");
+    return root.contains(key) || (size != root.end() && size->is_object() &&
+                                  (size->contains(size_key) || size->contains(key)));
+  };
+  // Absent bounds keep Qwen3VLVideoProcessor's defaults, not the image's.
+  Qwen3VideoSettings v;
+  if (has("min_pixels", "shortest_edge")) v.min_pixels = sizes.min_pixels;
+  if (has("max_pixels", "longest_edge")) v.max_pixels = sizes.max_pixels;
+  // The patches are the image processor's (the tower takes both alike).
+  const bool differs = (root.contains("patch_size") && sizes.patch_size != image.patch_size) ||
+                       (root.contains("merge_size") && sizes.merge_size != image.merge_size) ||
+                       (root.contains("temporal_patch_size") &&
+                        sizes.temporal_patch_size != image.temporal_patch_size) ||
+                       (root.contains("image_mean") && sizes.image_mean != image.image_mean) ||
+                       (root.contains("image_std") && sizes.image_std != image.image_std);
+  if (differs) {
+    return f.Error("patch, merge or temporal size, mean or std differ from the image processor's");
+  }
   if (const auto fps = root.find("fps"); fps != root.end() && !fps->is_null()) {
     if (!fps->is_number() || !(fps->get<double>() > 0)) return f.Error("fps must be positive");
     v.fps = fps->get<double>();
@@ -495,7 +514,8 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
     ASSIGN_OR_RETURN(cfg.preprocessor, ParsePreprocessorConfig(*pre, pre_path));
     const std::string video_path = dir + "/video_preprocessor_config.json";
     if (auto video = ReadFileToString(video_path); video.ok()) {
-      ASSIGN_OR_RETURN(cfg.preprocessor->qwen3_video, ParseQwen3VideoSettings(*video, video_path));
+      ASSIGN_OR_RETURN(cfg.preprocessor->qwen3_video,
+                       ParseQwen3VideoSettings(*video, video_path, *cfg.preprocessor));
     }
   }
   if (cfg.tokens.eos.empty()) cfg.tokens.eos = cfg.generation.eos_token_ids;

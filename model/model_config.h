@@ -185,9 +185,10 @@ struct ModelConfig {
 
 // video_preprocessor_config.json: its settings when video_processor_type is
 // Qwen3VLVideoProcessor, nullopt for another processor. InvalidArgument
-// naming `origin` and the field.
+// naming `origin` and the field, also for patch settings (sizes, mean, std)
+// that differ from `image`'s or do_sample_frames false.
 [[nodiscard]] absl::StatusOr<std::optional<Qwen3VideoSettings>> ParseQwen3VideoSettings(
-    const std::string& json, const std::string& origin);
+    const std::string& json, const std::string& origin, const PreprocessorConfig& image);
 
 // Reads config.json (required), generation_config.json,
 // preprocessor_config.json and video_preprocessor_config.json (optional)

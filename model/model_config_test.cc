@@ -374,5 +374,45 @@ TEST_CASE("preprocessor_config reads both pixel-bound spellings and rejects bad 
   CHECK_FALSE(ParsePreprocessorConfig(R"({"temporal_patch_size": -2})", "p").ok());
 }
 
+TEST_CASE(
+    "video_preprocessor_config.json: Qwen3-VL's video settings, checked against the image's") {
+  PreprocessorConfig image;
+  image.patch_size = 16;
+  const std::string origin = "video_preprocessor_config.json";
+  auto v = ParseQwen3VideoSettings(
+      R"({"video_processor_type": "Qwen3VLVideoProcessor", "fps": 1.5, "max_frames": 64,
+          "size": {"shortest_edge": 4096, "longest_edge": 25165824}, "patch_size": 16})",
+      origin, image);
+  REQUIRE(v.ok());
+  REQUIRE(v->has_value());
+  CHECK((*v)->fps == 1.5);
+  CHECK((*v)->min_frames == 4);
+  CHECK((*v)->max_frames == 64);
+  CHECK((*v)->min_pixels == 4096);
+  CHECK((*v)->max_pixels == 25165824);
+  // Absent bounds: Qwen3VLVideoProcessor's defaults.
+  auto d = ParseQwen3VideoSettings(R"({"video_processor_type": "Qwen3VLVideoProcessor"})", origin,
+                                   image);
+  REQUIRE(d.ok());
+  CHECK((*d)->min_pixels == 128 * 32 * 32);
+  CHECK((*d)->max_pixels == 768 * 32 * 32);
+  // Another processor's file: no Qwen3 settings.
+  auto other = ParseQwen3VideoSettings(R"({"video_processor_type": "Qwen2VLVideoProcessor"})",
+                                       origin, image);
+  REQUIRE(other.ok());
+  CHECK(!other->has_value());
+  for (const char* bad : {
+           R"({"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 14})",
+           R"({"video_processor_type": "Qwen3VLVideoProcessor", "do_sample_frames": false})",
+           R"({"video_processor_type": "Qwen3VLVideoProcessor", "fps": 0})",
+           R"({"video_processor_type": "Qwen3VLVideoProcessor", "min_frames": 8, "max_frames": 4})",
+       }) {
+    INFO(bad);
+    const absl::Status s = ParseQwen3VideoSettings(bad, origin, image).status();
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find(origin) != std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace mmserve::model
