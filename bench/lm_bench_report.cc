@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear_bf16dot.h"
+#include "model/cpu/linear_int4.h"
 #include "model/cpu/linear_int8.h"
 
 namespace mmserve::bench {
@@ -59,6 +60,11 @@ void PrintBaselines(const Options& o, const TextConfig& cfg, const Results& r, d
 // force (cpu_isa.h), and its measured peak in GFLOP/s (0 if not measured).
 std::pair<const char*, double> LinearIsaPeak(const Options& o, const Results& r) {
   const bool avx512 = cpu::ActiveCpuIsa() == cpu::CpuIsa::kAvx512;
+  if (o.quantize.rfind("int4", 0) == 0) {  // int4 layers always run int8 activations
+    return cpu::internal::Int4UsesVnni()
+               ? std::pair{"vpdpbusd zmm", r.isa_peaks.vnni_gops}
+               : std::pair{"vpmaddubsw ymm (vs the FMA peak)", r.fma_peak_gflops};
+  }
   if (!o.quantize.empty() && o.kernel == cpu::LinearKernel::kInt8Act &&
       cpu::internal::Int8ActUsesVnni512()) {
     return {"vpdpbusd zmm", r.isa_peaks.vnni_gops};

@@ -90,7 +90,10 @@ ABSL_FLAG(bool, enable_chunked_prefill, true,
           "one step; one larger than the budget runs as the step's only prefill)");
 ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, capped at 8192)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
-ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
+ABSL_FLAG(std::string, quantize, "",
+          "quantize language weights at load: int8, int8_g32, or 4-bit int4_g32, int4_g128, "
+          "int4_g32_zp, int4_g128_zp (groups of 32 or 128 columns, _zp with zero points; "
+          "int8 activations; a vision tower in this process stays as stored)");
 ABSL_FLAG(std::string, activation_dtype, "",
           "linear layers' activations: f32 (empty), bf16 (rounded to bf16 at each bf16 layer, "
           "fp32 accumulation; not with --quantize or --tp > 1) or int8 (int8 layers quantize "

@@ -131,7 +131,9 @@ TEST_CASE("int4 logits and greedy tokens match the unquantized model on the dequ
       LoadedModel m = Load(name, scheme);
       Qwen2Model model(m.cfg.text, *m.weights, pool);
       CHECK(m.weights->StepWeightBytes() * 5 < plain.weights->StepWeightBytes() * 2);
-      LoadedModel dequantized = LoadModelDir(WriteDequantized(name, ParseQuantize(scheme)->int4));
+      const std::string dir = WriteDequantized(name, ParseQuantize(scheme)->int4);
+      LoadedModel dequantized = LoadModelDir(dir);
+      REQUIRE(std::system(("rm -r " + dir).c_str()) == 0);  // the mapping stays
       Qwen2Model reference(dequantized.cfg.text, *dequantized.weights, pool);
       const bool g32 = std::string(scheme).rfind("int4_g32", 0) == 0;
       const nlohmann::json g = ReadJsonFile(std::string("model/testdata/int8_goldens/") + name +
