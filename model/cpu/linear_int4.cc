@@ -100,12 +100,15 @@ void Tile(const Int4Rows& x, int64_t i0, const Panel& w, int64_t blocks, const f
       const __m256i sum_x = _mm256_set1_epi32(x.sums[at]);
       const __m256 sx = _mm256_set1_ps(x.scale[at]);
       for (int h = 0; h < 2; ++h) {
-        const __m256i z =
+        // z * sum(x_q): one vpmaddwd (z and |sum| < 2^15 in the low halves).
+        const __m256i zx =
             w.zeros != nullptr
-                ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                      reinterpret_cast<const __m128i*>(w.zeros + g * kPanelRows + 8 * h)))
-                : _mm256_set1_epi32(kSymmetricZero);
-        const __m256i exact = _mm256_sub_epi32(s[i][h], _mm256_mullo_epi32(z, sum_x));
+                ? _mm256_madd_epi16(
+                      _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                          reinterpret_cast<const __m128i*>(w.zeros + g * kPanelRows + 8 * h))),
+                      sum_x)
+                : _mm256_set1_epi32(kSymmetricZero * x.sums[at]);
+        const __m256i exact = _mm256_sub_epi32(s[i][h], zx);
         const __m256 mult = _mm256_mul_ps(_mm256_loadu_ps(w.scales + g * kPanelRows + 8 * h), sx);
         acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), mult, acc[i][h]);
       }
@@ -166,12 +169,14 @@ void Tile(const Int4Rows& x, int64_t i0, const Panel& w, int64_t blocks, const f
     const __m512i z = w.zeros != nullptr
                           ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
                                 reinterpret_cast<const __m128i*>(w.zeros + g * kPanelRows)))
-                          : _mm512_set1_epi32(kSymmetricZero);
+                          : _mm512_setzero_si512();
     const __m512 scales = _mm512_loadu_ps(w.scales + g * kPanelRows);
     for (int i = 0; i < MR; ++i) {
       const int64_t at = (i0 + i) * x.blocks + b;
-      const __m512i exact = _mm512_sub_epi32(_mm512_add_epi32(s[i][0], s[i][1]),
-                                             _mm512_mullo_epi32(z, _mm512_set1_epi32(x.sums[at])));
+      // z * sum(x_q): one vpmaddwd (z and |sum| < 2^15 in the low halves).
+      const __m512i zx = w.zeros != nullptr ? _mm512_madd_epi16(z, _mm512_set1_epi32(x.sums[at]))
+                                            : _mm512_set1_epi32(kSymmetricZero * x.sums[at]);
+      const __m512i exact = _mm512_sub_epi32(_mm512_add_epi32(s[i][0], s[i][1]), zx);
       const __m512 mult = _mm512_mul_ps(scales, _mm512_set1_ps(x.scale[at]));
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), mult, acc[i]);
     }
