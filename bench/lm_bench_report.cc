@@ -178,10 +178,10 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       attn_flops / r.pp_attention_s / 1e9, 1e3 * r.pp_rest_s);
   if (compared) {
     std::printf(
-        "  vs the same weights in bf16, alternating 16-step chunks: int8 %.1f ms/step, bf16 %.1f "
+        "  vs the same weights in bf16, alternating 16-step chunks: %s %.1f ms/step, bf16 %.1f "
         "ms/step = %.2f x; bf16 pp%d %.1f GFLOP/s = %.3f of the FMA peak\n",
-        1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg, int8_vs_bf16_tg, o.pp,
-        bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops);
+        o.quantize.c_str(), 1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg,
+        int8_vs_bf16_tg, o.pp, bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops);
   }
   std::printf(
       "  %-28s %10.2f tok/s  (%.2f x batch 1; bound %.2f x at our kernel's %.1f GFLOP/s for %d "

@@ -19,6 +19,10 @@
 //    stays at one copy.
 //  - kPanels (int8): quantized once by Int8Weights::Quantize, symmetric int8
 //    with fp32 scales, in 16-row panels of k pairs (32 bytes per pair).
+//  - kPanels (int4): quantized once by Int4Weights::Quantize, group-wise
+//    4-bit with fp32 scales and optional zero points, 16-row panels of
+//    octets of columns (linear_int4.h: its layout, arithmetic and kernels;
+//    int4 layers always take int8 activations).
 //
 // Kernels (LinearKernel):
 //  - kDot (default), on kPanels: a 6-row x 16-column register tile of outer
@@ -105,7 +109,7 @@ namespace mmserve::model::cpu {
 
 enum class WeightLayout {
   kRows,    // [rows][cols], row-major (Hugging Face)
-  kPanels,  // bf16 panels of 16 rows, see PanelWeights
+  kPanels,  // panels of 16 rows: PanelWeights, Int8Weights, Int4Weights
 };
 
 // Rows of one panel of the kPanels layout.
