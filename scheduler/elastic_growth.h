@@ -50,6 +50,19 @@ struct DecodeStepModel {
   }
 };
 
+// One measured decode step (an instance's load report: its last step's
+// batch and step time; a master's step over a set of holders).
+struct DecodeStepSample {
+  int64_t rows = 0, kv_tokens = 0, holders = 0;
+  double seconds = 0;
+};
+// The non-negative least-squares model over the samples. A term whose
+// feature takes one value only in the samples cannot be told from the
+// intercept: it keeps `prior`'s coefficient (load reports give rows and
+// step times, not KV or holders). No samples: `prior`.
+DecodeStepModel FitDecodeStepModel(const std::vector<DecodeStepSample>& samples,
+                                   const DecodeStepModel& prior);
+
 struct ElasticGrowthInstance {
   int id = 0;
   int64_t free_blocks = 0;

@@ -274,5 +274,50 @@ TEST_CASE("random pools: reservations fit, ranges continue, out of KV only when 
   }
 }
 
+TEST_CASE("the decode step model is recovered from steps that vary every feature") {
+  const DecodeStepModel truth{.a = 3e-3, .per_row = 2e-4, .per_kv_token = 5e-8, .per_holder = 7e-4};
+  std::vector<DecodeStepSample> samples;
+  for (int64_t rows : {1, 4, 9})
+    for (int64_t kv : {0, 3000, 20000})
+      for (int64_t holders : {0, 1, 3}) {
+        samples.push_back({rows, kv, holders, truth.Predict(rows, kv, holders)});
+      }
+  const DecodeStepModel fit = FitDecodeStepModel(samples, DecodeStepModel{});
+  CHECK(fit.a == Approx(truth.a).epsilon(1e-6));
+  CHECK(fit.per_row == Approx(truth.per_row).epsilon(1e-6));
+  CHECK(fit.per_kv_token == Approx(truth.per_kv_token).epsilon(1e-6));
+  CHECK(fit.per_holder == Approx(truth.per_holder).epsilon(1e-6));
+}
+
+TEST_CASE("load reports fit the intercept and the per-row cost; the rest stays the prior's") {
+  const DecodeStepModel prior;  // the defaults
+  DecodeStepModel truth = prior;
+  truth.a = 5e-3;
+  truth.per_row = 3e-4;
+  std::vector<DecodeStepSample> samples;
+  for (int64_t rows : {1, 2, 5, 8})
+    samples.push_back({rows, 4000, 1, truth.Predict(rows, 4000, 1)});
+  const DecodeStepModel fit = FitDecodeStepModel(samples, prior);
+  CHECK(fit.a == Approx(truth.a).epsilon(1e-6));
+  CHECK(fit.per_row == Approx(truth.per_row).epsilon(1e-6));
+  CHECK(fit.per_kv_token == prior.per_kv_token);
+  CHECK(fit.per_holder == prior.per_holder);
+  // Nothing measured: the prior.
+  const DecodeStepModel none = FitDecodeStepModel({}, prior);
+  CHECK(none.a == prior.a);
+  CHECK(none.per_row == prior.per_row);
+}
+
+TEST_CASE("a fitted decode step model never gets cheaper with more work") {
+  // Noisy steps that take less time for more rows: the slope is held at 0.
+  const std::vector<DecodeStepSample> samples = {
+      {1, 0, 0, 9e-3}, {2, 0, 0, 8e-3}, {4, 0, 0, 6e-3}, {8, 0, 0, 5e-3}};
+  const DecodeStepModel fit = FitDecodeStepModel(samples, DecodeStepModel{});
+  CHECK(fit.per_row == 0);
+  CHECK(fit.a == Approx(7e-3));  // the mean
+  CHECK(fit.per_kv_token >= 0);
+  CHECK(fit.per_holder >= 0);
+}
+
 }  // namespace
 }  // namespace mmserve::scheduler
