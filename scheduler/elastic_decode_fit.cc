@@ -38,91 +38,97 @@ bool Solve(std::vector<std::vector<double>> m, std::vector<double> y, std::vecto
   return true;
 }
 
+// Feature f of a sample: 0 the intercept, 1 rows, 2 KV tokens, 3 holders.
+double Feature(const DecodeStepSample& s, int f) {
+  switch (f) {
+    case 1:
+      return static_cast<double>(s.rows);
+    case 2:
+      return static_cast<double>(s.kv_tokens);
+    case 3:
+      return static_cast<double>(s.holders);
+    default:
+      return 1.0;
+  }
+}
+
+// The least-squares coefficients of the features `use` (scaled by
+// `scale`) for the times `y`, and their squared error; false when
+// singular.
+bool FitSubset(const std::vector<DecodeStepSample>& samples, const std::vector<double>& y,
+               const std::vector<int>& use, const double* scale, std::vector<double>* x,
+               double* error) {
+  const size_t k = use.size();
+  auto at = [&](size_t i, size_t p) { return Feature(samples[i], use[p]) / scale[use[p]]; };
+  std::vector<std::vector<double>> m(k, std::vector<double>(k, 0.0));
+  std::vector<double> rhs(k, 0.0);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    for (size_t p = 0; p < k; ++p) {
+      rhs[p] += at(i, p) * y[i];
+      for (size_t q = 0; q < k; ++q) m[p][q] += at(i, p) * at(i, q);
+    }
+  }
+  if (!Solve(m, rhs, x)) return false;
+  *error = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    double t = 0;
+    for (size_t p = 0; p < k; ++p) t += (*x)[p] * at(i, p);
+    *error += (t - y[i]) * (t - y[i]);
+  }
+  return true;
+}
+
 }  // namespace
 
 DecodeStepModel FitDecodeStepModel(const std::vector<DecodeStepSample>& samples,
                                    const DecodeStepModel& prior) {
   if (samples.empty()) return prior;
-  // Features 1..3 (rows, kv, holders), each scaled to its largest value so
-  // the normal equations stay well conditioned; 0 is the intercept.
-  auto feature = [](const DecodeStepSample& s, int f) {
-    return f == 1   ? static_cast<double>(s.rows)
-           : f == 2 ? static_cast<double>(s.kv_tokens)
-                    : static_cast<double>(s.holders);
-  };
+  // Each feature scaled to its largest value so the normal equations stay
+  // well conditioned.
   const double priors[4] = {prior.a, prior.per_row, prior.per_kv_token, prior.per_holder};
   double scale[4] = {1, 1, 1, 1};
-  std::vector<int> varying;
+  std::vector<int> terms{0};  // the intercept and the features that vary
   for (int f = 1; f <= 3; ++f) {
     std::set<double> values;
     for (const DecodeStepSample& s : samples) {
-      values.insert(feature(s, f));
-      scale[f] = std::max(scale[f], std::fabs(feature(s, f)));
+      values.insert(Feature(s, f));
+      scale[f] = std::max(scale[f], std::fabs(Feature(s, f)));
     }
-    if (values.size() > 1) varying.push_back(f);
+    if (values.size() > 1) terms.push_back(f);
   }
+  auto fitted = [&](int f) { return std::find(terms.begin(), terms.end(), f) != terms.end(); };
   // The fixed terms' share of each sample's time comes off first.
   std::vector<double> y;
   for (const DecodeStepSample& s : samples) {
     double t = s.seconds;
     for (int f = 1; f <= 3; ++f) {
-      if (std::find(varying.begin(), varying.end(), f) == varying.end()) {
-        t -= priors[f] * feature(s, f);
-      }
+      if (!fitted(f)) t -= priors[f] * Feature(s, f);
     }
     y.push_back(t);
   }
   // The best non-negative fit is the unconstrained fit over some subset of
   // the terms (the others at 0): the feasible one with the least error.
-  std::vector<int> terms{0};
-  terms.insert(terms.end(), varying.begin(), varying.end());
   const int n = static_cast<int>(terms.size());
   double best_error = std::numeric_limits<double>::infinity();
   double coef[4] = {0, 0, 0, 0};
-  bool found = false;
   for (int mask = (1 << n) - 1; mask > 0; --mask) {
     std::vector<int> use;
     for (int t = 0; t < n; ++t) {
       if (mask & (1 << t)) use.push_back(terms[t]);
     }
-    const size_t k = use.size();
-    std::vector<std::vector<double>> m(k, std::vector<double>(k, 0.0));
-    std::vector<double> rhs(k, 0.0);
-    for (size_t i = 0; i < samples.size(); ++i) {
-      for (size_t p = 0; p < k; ++p) {
-        const double xp = use[p] == 0 ? 1.0 : feature(samples[i], use[p]) / scale[use[p]];
-        rhs[p] += xp * y[i];
-        for (size_t q = 0; q < k; ++q) {
-          const double xq = use[q] == 0 ? 1.0 : feature(samples[i], use[q]) / scale[use[q]];
-          m[p][q] += xp * xq;
-        }
-      }
-    }
     std::vector<double> x;
-    if (!Solve(m, rhs, &x)) continue;
-    if (std::any_of(x.begin(), x.end(), [](double c) { return c < 0; })) continue;
     double error = 0;
-    for (size_t i = 0; i < samples.size(); ++i) {
-      double t = 0;
-      for (size_t p = 0; p < k; ++p) {
-        t += x[p] * (use[p] == 0 ? 1.0 : feature(samples[i], use[p]) / scale[use[p]]);
-      }
-      error += (t - y[i]) * (t - y[i]);
-    }
-    if (error < best_error) {
-      best_error = error;
-      found = true;
-      std::fill(coef, coef + 4, 0.0);
-      for (size_t p = 0; p < k; ++p) coef[use[p]] = x[p] / scale[use[p]];
-    }
+    if (!FitSubset(samples, y, use, scale, &x, &error)) continue;
+    if (std::any_of(x.begin(), x.end(), [](double c) { return c < 0; })) continue;
+    if (error >= best_error) continue;
+    best_error = error;
+    std::fill(coef, coef + 4, 0.0);
+    for (size_t p = 0; p < use.size(); ++p) coef[use[p]] = x[p] / scale[use[p]];
   }
-  if (!found) return prior;
+  if (best_error == std::numeric_limits<double>::infinity()) return prior;
   DecodeStepModel model;
   double* out[4] = {&model.a, &model.per_row, &model.per_kv_token, &model.per_holder};
-  for (int f = 0; f <= 3; ++f) {
-    const bool fitted = std::find(terms.begin(), terms.end(), f) != terms.end();
-    *out[f] = fitted ? coef[f] : priors[f];
-  }
+  for (int f = 0; f <= 3; ++f) *out[f] = fitted(f) ? coef[f] : priors[f];
   return model;
 }
 

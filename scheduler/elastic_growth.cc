@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace mmserve::scheduler {
@@ -119,87 +120,102 @@ double SecondsPerToken(const ElasticGrowthState& state, int instance, uint64_t e
   return seconds;
 }
 
+namespace {
+
+// One iteration's free blocks and decisions, request by request.
+class Growth {
+ public:
+  Growth(const ElasticGrowthState& state, const ElasticGrowthConfig& config)
+      : state_(state), config_(config), bs_(config.block_size) {
+    for (const ElasticGrowthInstance& i : state.instances) free_[i.id] = i.free_blocks;
+  }
+  bool knows(int instance) const { return free_.count(instance) > 0; }
+
+  // Its window does not fit what it reserved: reserve on the master, else
+  // extend, else out of KV once nothing is left.
+  void Grow(const ElasticDecodingRequest& r, int64_t need_end) {
+    using Kind = ElasticGrowthAction::Kind;
+    const int64_t blocks = BlocksFor(need_end - r.reserved_end, bs_);
+    const int64_t end = r.reserved_end + blocks * bs_;
+    if (free_[r.master] >= blocks) {
+      free_[r.master] -= blocks;
+      actions_.push_back({Kind::kReserve, r.id, r.master, r.reserved_end, end});
+      return;
+    }
+    const Candidate c = BestNewMaster(state_, r, blocks, free_, {}, config_.decode);
+    if (c.instance >= 0) {
+      free_[c.instance] -= blocks;
+      gained_.insert(c.instance);
+      actions_.push_back({Kind::kExtend, r.id, c.instance, r.reserved_end, end});
+    } else if (r.reserved_end <= r.kv_tokens) {
+      actions_.push_back({Kind::kOutOfKv, r.id, r.master, 0, 0});
+    }
+    // Else it decodes what it reserved; blocks may free before it is full.
+  }
+
+  // Its window is reserved: a move when it pays. It takes effect at the
+  // master's next block boundary (a decode range begins on one).
+  void MaybeMove(const ElasticDecodingRequest& r, int64_t window) {
+    const int64_t boundary = r.reserved_end - (r.reserved_end - r.kv_tokens) / bs_ * bs_;
+    const int64_t left = r.remaining_tokens - (boundary - r.kv_tokens);
+    if (left <= 0) return;
+    const int64_t blocks = BlocksFor(std::min(window, left), bs_);
+    const Candidate c = BestNewMaster(state_, r, blocks, free_, gained_, config_.decode);
+    if (c.instance < 0) return;
+    const double now =
+        SecondsPerToken(state_, r.master, r.id, r.holders, r.master_kv_tokens, config_.decode);
+    const bool faster = c.seconds_per_token < (1.0 - config_.move_margin) * now;
+    const bool pays =
+        (now - c.seconds_per_token) * static_cast<double>(left) > config_.extend_seconds;
+    if (!faster || !pays) return;
+    free_[c.instance] -= blocks;
+    free_[r.master] += (r.reserved_end - boundary) / bs_;
+    gained_.insert(c.instance);
+    actions_.push_back(
+        {ElasticGrowthAction::Kind::kMove, r.id, c.instance, boundary, boundary + blocks * bs_});
+  }
+
+  std::vector<ElasticGrowthAction> Take() { return std::move(actions_); }
+
+ private:
+  const ElasticGrowthState& state_;
+  const ElasticGrowthConfig& config_;
+  const int64_t bs_;
+  std::map<int, int64_t> free_;
+  // Instances that gained a master this iteration take no move (the next
+  // iteration prices them with it).
+  std::set<int> gained_;
+  std::vector<ElasticGrowthAction> actions_;
+};
+
+}  // namespace
+
 std::vector<ElasticGrowthAction> PlanElasticGrowth(const ElasticGrowthState& state,
                                                    const ElasticGrowthConfig& config) {
-  using Kind = ElasticGrowthAction::Kind;
-  std::vector<ElasticGrowthAction> actions;
-  if (config.block_size <= 0) return actions;
-  const int64_t bs = config.block_size;
-  std::map<int, int64_t> free;
-  for (const ElasticGrowthInstance& i : state.instances) free[i.id] = i.free_blocks;
-
+  if (config.block_size <= 0) return {};
+  Growth growth(state, config);
   std::vector<const ElasticDecodingRequest*> order;
-  for (const ElasticDecodingRequest& r : state.requests) {
-    if (free.count(r.master) == 0) continue;  // its master left the pool: not ours to grow
-    order.push_back(&r);
-  }
   std::map<uint64_t, double> headroom;
-  for (const ElasticDecodingRequest* r : order) {
-    headroom[r->id] = SecondsOfHeadroom(state, *r, config.decode);
+  for (const ElasticDecodingRequest& r : state.requests) {
+    if (!growth.knows(r.master)) continue;  // its master left the pool: not ours to grow
+    order.push_back(&r);
+    headroom[r.id] = SecondsOfHeadroom(state, r, config.decode);
   }
   std::stable_sort(order.begin(), order.end(),
                    [&](const ElasticDecodingRequest* a, const ElasticDecodingRequest* b) {
                      return headroom[a->id] < headroom[b->id];
                    });
-
-  // Instances that gained a master this iteration take no move (the next
-  // iteration prices them with it).
-  std::set<int> gained;
-  for (const ElasticDecodingRequest* rp : order) {
-    const ElasticDecodingRequest& r = *rp;
-    const int64_t window = GrowthWindow(r, config);
-    if (window == 0 || r.next_master_ready) continue;
-    const int64_t need_end = r.kv_tokens + window;
-    if (r.reserved_end < need_end) {
-      const int64_t blocks = BlocksFor(need_end - r.reserved_end, bs);
-      if (free[r.master] >= blocks) {
-        free[r.master] -= blocks;
-        actions.push_back({.kind = Kind::kReserve,
-                           .id = r.id,
-                           .instance = r.master,
-                           .begin = r.reserved_end,
-                           .end = r.reserved_end + blocks * bs});
-        continue;
-      }
-      const Candidate c = BestNewMaster(state, r, blocks, free, {}, config.decode);
-      if (c.instance >= 0) {
-        free[c.instance] -= blocks;
-        gained.insert(c.instance);
-        actions.push_back({.kind = Kind::kExtend,
-                           .id = r.id,
-                           .instance = c.instance,
-                           .begin = r.reserved_end,
-                           .end = r.reserved_end + blocks * bs});
-      } else if (r.reserved_end <= r.kv_tokens) {
-        actions.push_back({.kind = Kind::kOutOfKv, .id = r.id, .instance = r.master});
-      }
-      // Else it decodes what it reserved; blocks may free before it is full.
-      continue;
+  for (const ElasticDecodingRequest* r : order) {
+    const int64_t window = GrowthWindow(*r, config);
+    if (window == 0 || r->next_master_ready) continue;
+    const int64_t need_end = r->kv_tokens + window;
+    if (r->reserved_end < need_end) {
+      growth.Grow(*r, need_end);
+    } else {
+      growth.MaybeMove(*r, window);
     }
-    // Reserved enough: a move only when it pays. It takes effect at the
-    // master's next block boundary (a decode range begins on one).
-    const int64_t boundary = r.reserved_end - (r.reserved_end - r.kv_tokens) / bs * bs;
-    const int64_t left = r.remaining_tokens - (boundary - r.kv_tokens);
-    if (left <= 0) continue;
-    const int64_t blocks = BlocksFor(std::min(window, left), bs);
-    const Candidate c = BestNewMaster(state, r, blocks, free, gained, config.decode);
-    if (c.instance < 0) continue;
-    const double now =
-        SecondsPerToken(state, r.master, r.id, r.holders, r.master_kv_tokens, config.decode);
-    const bool faster = c.seconds_per_token < (1.0 - config.move_margin) * now;
-    const bool pays =
-        (now - c.seconds_per_token) * static_cast<double>(left) > config.extend_seconds;
-    if (!faster || !pays) continue;
-    free[c.instance] -= blocks;
-    free[r.master] += (r.reserved_end - boundary) / bs;
-    gained.insert(c.instance);
-    actions.push_back({.kind = Kind::kMove,
-                       .id = r.id,
-                       .instance = c.instance,
-                       .begin = boundary,
-                       .end = boundary + blocks * bs});
   }
-  return actions;
+  return growth.Take();
 }
 
 }  // namespace mmserve::scheduler
