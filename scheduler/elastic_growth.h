@@ -5,8 +5,9 @@
 // master on an instance that can (the old master decodes to the end of what
 // it reserved, then hands over with a master move: its KV stays where it is
 // as a held span, none is copied); and a master moves when another instance
-// would decode the request faster by a margin. One pure decision, for the
-// router to carry out (docs/elastic.md, "Growing a decoding request").
+// would decode the request faster by a margin. One pure decision; the
+// router does not act on it yet: masters still reserve their whole decode
+// range at placement (docs/elastic.md, "Growing a decoding request").
 //
 //   ElasticGrowthState s;   // instances (free blocks, ordinary decode batch),
 //                           // decoding requests (master, holders, KV, reservation)
