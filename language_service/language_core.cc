@@ -153,6 +153,8 @@ absl::StatusOr<std::unique_ptr<LiveRequest>> LanguageCore::MakeRequest(
       r->engine_request.sampling,
       model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
                                &r->engine_request.max_tokens_to_context));
+  r->engine_request.resume_output_token_ids.assign(request.resume_output_token_ids().begin(),
+                                                   request.resume_output_token_ids().end());
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
   RETURN_IF_ERROR(role_->PreparePrefill(request, engine_->tokenizer(), r->engine_request));
   r->decode = request.decode();

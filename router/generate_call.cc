@@ -263,6 +263,7 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
     return;
   }
   if (first) Advance(CallEvent::kFirstToken);
+  relayed_tokens_.insert(relayed_tokens_.end(), batch.token_ids().begin(), batch.token_ids().end());
   deferred_.Defer(
       [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });
 }
@@ -336,11 +337,13 @@ void GenerateCall::OnInstanceDown(const std::string& instance_id) {
 
 void GenerateCall::LockedOnInstanceDown(const std::string& instance_id) {
   if (phase_ == CallPhase::kEnded) return;
-  for (const auto& instance : LanguageInstances()) {
-    if (instance->id == instance_id) {
-      End(absl::UnavailableError(absl::StrCat("language instance ", instance_id, " is down")));
-      return;
-    }
+  const std::vector<std::shared_ptr<Instance>>& instances = LanguageInstances();
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (instances[i]->id != instance_id || Abandoned(i)) continue;
+    const absl::Status down =
+        absl::UnavailableError(absl::StrCat("language instance ", instance_id, " is down"));
+    if (!MaybeMigrate(i, down)) End(down);
+    return;
   }
   std::vector<size_t> moving = encoders_.ImagesOn(instance_id);
   if (!moving.empty()) Redispatch(moving, instance_id, "the encoder is down");

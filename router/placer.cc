@@ -56,8 +56,14 @@ Placement FromElastic(ElasticPlacement elastic) {
 
 bool BothPlacer::CanPlace() const { return !table_.Healthy(Role::kLanguage).empty(); }
 
-void BothPlacer::Place(const PlaceRequest&, OnPlaced on_placed) {
-  const std::vector<std::shared_ptr<Instance>> both = table_.Healthy(Role::kLanguage);
+void BothPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
+  std::vector<std::shared_ptr<Instance>> both = table_.Healthy(Role::kLanguage);
+  both.erase(std::remove_if(both.begin(), both.end(),
+                            [&](const std::shared_ptr<Instance>& i) {
+                              return std::find(request.exclude.begin(), request.exclude.end(),
+                                               i->id) != request.exclude.end();
+                            }),
+             both.end());
   if (both.empty()) {
     on_placed(NoLanguageInstance());
     return;

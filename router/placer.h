@@ -86,6 +86,8 @@ struct PlaceRequest {
   const mmserve::v1::GenerateRequest* request = nullptr;
   const std::vector<PreparedMedia>* images = nullptr;
   std::chrono::system_clock::time_point deadline;
+  // Instance ids not to place on (a call moving off instances it lost).
+  std::vector<std::string> exclude;
 };
 
 class Placer {

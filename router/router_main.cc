@@ -8,6 +8,7 @@
 //
 // Reads only the model's configs (config.json, preprocessor_config.json,
 // generation_config.json): enough to validate requests and pre-size images.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -77,6 +78,9 @@ ABSL_FLAG(int, max_request_mb, 64, "largest HTTP body and gRPC request message, 
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "prompt text bytes refused before tokenizing (0: from tokenizer.json and the context; "
           "-1: off)");
+ABSL_FLAG(int, migration_limit, 1,
+          "times a request's stream moves to another role-both language instance after the one "
+          "generating it is lost (0: the request ends UNAVAILABLE)");
 ABSL_FLAG(bool, allow_remote_media, false,
           "fetch http(s) image_url / video_url (and Image.url / Video.url) media; off: such a URL "
           "is refused with 400 / INVALID_ARGUMENT (docs/calling.md#remote-media)");
@@ -178,6 +182,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   options.config = std::move(config);
   options.max_model_len = max_len;
   options.presize = absl::GetFlag(FLAGS_presize);
+  options.migration_limit = std::max(0, absl::GetFlag(FLAGS_migration_limit));
   options.max_images = absl::GetFlag(FLAGS_max_images);
   options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
   options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))} << 20;
