@@ -5,7 +5,6 @@
 namespace mmserve::router {
 namespace {
 
-constexpr char kMigrations[] = "mmserve_router_migrations_total";
 constexpr char kMigrationsHelp[] =
     "Language streams of calls whose instance was lost, by outcome: resumed on another "
     "instance, over_limit (--migration_limit), no_instance.";
@@ -28,12 +27,12 @@ CallMetrics::CallMetrics(metrics::Registry& registry)
           "mmserve_router_overhead_seconds",
           "Time in the router before dispatch (validation, hashing, pre-sizing).",
           metrics::LatencyBuckets())),
-      migrations_resumed(
-          registry.GetCounter(kMigrations, kMigrationsHelp, {{"outcome", "resumed"}})),
-      migrations_over_limit(
-          registry.GetCounter(kMigrations, kMigrationsHelp, {{"outcome", "over_limit"}})),
-      migrations_no_instance(
-          registry.GetCounter(kMigrations, kMigrationsHelp, {{"outcome", "no_instance"}})) {
+      migrations_resumed(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
+                                             {{"outcome", "resumed"}})),
+      migrations_over_limit(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
+                                                {{"outcome", "over_limit"}})),
+      migrations_no_instance(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
+                                                 {{"outcome", "no_instance"}})) {
   for (int c = 0; c < kNumCodes; ++c) {
     requests_[c] = &registry.GetCounter(
         "mmserve_router_requests_total", "Generate calls by final gRPC code.",

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/language.grpc.pb.h"
@@ -373,7 +374,12 @@ void GenerateCall::RecordEnd(const absl::Status& status) {
   const std::string summary = absl::StrCat(
       "request ", id_, ": ", status.ok() ? "OK" : status.ToString(), ", ", encoders_.size(),
       " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),
-      LanguageInstances().empty() ? "" : absl::StrCat(", on ", LanguageInstances()[0]->id));
+      LanguageInstances().empty() ? "" : absl::StrCat(", on ", LanguageInstances()[0]->id),
+      // A migrated call ran last on the instance it moved to.
+      lost_instances_.empty()
+          ? ""
+          : absl::StrCat(" then ", LanguageInstances().back()->id, " (moved off ",
+                         absl::StrJoin(lost_instances_, ", "), ")"));
   // A failure of the service is logged whole: the client sees only a
   // generic message with the request id (public_error.h).
   if (status.ok() || IsClientError(status.code())) {

@@ -305,4 +305,8 @@ TEST_CASE("a second kill past the limit ends the moved streams UNAVAILABLE with 
   while (ScrapeMetric(rp, "mmserve_router_calls_live") != 0 && !d.Expired()) {
     absl::SleepFor(absl::Milliseconds(100));
   }
-  CHECK(ScrapeMetric(rp, "
+  CHECK(ScrapeMetric(rp, "mmserve_router_calls_live") == 0);
+}
+
+}  // namespace
+}  // namespace mmserve::testing
