@@ -176,7 +176,9 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   scheduler::RequestParams p;
   ASSIGN_OR_RETURN(std::unique_ptr<Live> live,
                    Prepare(request, std::move(callback), plan, &p, rules_));
-  RETURN_IF_ERROR(Resume(request, *live, &p));
+  ASSIGN_OR_RETURN(live->completion_tokens,
+                   ReplayResumed(request.resume_output_token_ids, rules_.vocab_size, live->runner,
+                                 *live->streamer, live->draws, p));
   if (plan.remote_prompt) return Reserve(std::move(live), std::move(p), info, remote_kv);
   if (plan.prompt_only) {
     p.max_tokens = 1;  // the decode engine produces the rest
@@ -189,37 +191,35 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   return absl::OkStatus();
 }
 
-absl::Status LlmEngine::Resume(const EngineRequest& request, Live& live,
-                               scheduler::RequestParams* params) {
-  const std::vector<int32_t>& tokens = request.resume_output_token_ids;
-  if (tokens.empty()) return absl::OkStatus();
-  if (tokens.size() >= static_cast<size_t>(params->max_tokens)) {
+absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, int vocab_size,
+                                  RunnerRequestState& runner, model::TextStreamer& streamer,
+                                  uint64_t& draws, scheduler::RequestParams& params) {
+  if (tokens.empty()) return 0;
+  if (tokens.size() >= static_cast<size_t>(params.max_tokens)) {
     return absl::InvalidArgumentError(absl::StrCat("resume_output_token_ids: ", tokens.size(),
                                                    " tokens leave none below max_tokens ",
-                                                   params->max_tokens));
+                                                   params.max_tokens));
   }
-  RETURN_IF_ERROR(CheckTokenIds(tokens, rules_.vocab_size));
-  // The scheduler's finish rules (eos, stop ids) over the tokens, as if
-  // they were sampled here.
-  scheduler::Request finish_rules(*params, 0);
+  RETURN_IF_ERROR(CheckTokenIds(tokens, vocab_size));
+  // The scheduler's finish rules (eos, stop ids) over the tokens.
+  scheduler::Request finish_rules(params, 0);
   for (size_t k = 0; k < tokens.size(); ++k) {
     const int32_t token = tokens[k];
     const bool ends = finish_rules.AppendOutputToken(token) != FinishReason::kNone;
-    ASSIGN_OR_RETURN(const bool complete, AdvanceGrammar(live.runner, token));
+    ASSIGN_OR_RETURN(const bool complete, AdvanceGrammar(runner, token));
     ASSIGN_OR_RETURN(const model::TextStreamer::Step text,
-                     live.streamer->Push(token, static_cast<int>(k) + 1));
+                     streamer.Push(token, static_cast<int>(k) + 1));
     if (ends || complete || text.stopped) {
       return absl::InvalidArgumentError(
           absl::StrCat("resume_output_token_ids: token ", k, " ends the request already"));
     }
-    if (!live.runner.sampling.greedy()) {
-      live.sampler.Uniform();
-      ++live.draws;
+    if (!runner.sampling.greedy()) {
+      runner.sampler->Uniform();
+      ++draws;
     }
   }
-  live.completion_tokens = static_cast<int>(tokens.size());
-  params->resumed_output_token_ids = tokens;
-  return absl::OkStatus();
+  params.resumed_output_token_ids.assign(tokens.begin(), tokens.end());
+  return static_cast<int>(tokens.size());
 }
 
 absl::Status LlmEngine::Reserve(std::unique_ptr<Live> live, scheduler::RequestParams params,

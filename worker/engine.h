@@ -187,9 +187,6 @@ class LlmEngine {
   // grammars cached by content); InvalidArgument with the reason.
   absl::StatusOr<std::unique_ptr<RequestGrammar>> CompileGrammar(
       const grammar::ConstraintSpec& spec);
-  // Replays request.resume_output_token_ids into `live` (sampler, grammar,
-  // text stream) and `params`; InvalidArgument when they cannot continue it.
-  absl::Status Resume(const EngineRequest& request, Live& live, scheduler::RequestParams* params);
   absl::Status Reserve(std::unique_ptr<Live> live, scheduler::RequestParams params,
                        const KvRequestInfo& info, RemoteKvBlocks* remote_kv);
   void Finish(Live& live, FinishReason reason, StreamEvent& event);
