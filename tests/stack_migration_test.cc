@@ -27,7 +27,7 @@ namespace {
 
 using mmserve::v1::GenerateRequest;
 
-constexpr int kTokens = 120;
+constexpr int kTokens = 400;
 
 // The stack's role-both instance (language-0) and a second one started
 // beside it (language-1).
