@@ -12,10 +12,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -28,6 +30,8 @@ namespace {
 using mmserve::v1::GenerateRequest;
 
 constexpr int kTokens = 400;
+// Long enough to outlive starting another instance.
+constexpr int kLongTokens = 1500;
 
 // The stack's role-both instance (language-0) and a second one started
 // beside it (language-1).
@@ -37,14 +41,8 @@ struct TwoInstances {
   launcher::StackOptions options;
 };
 
-TwoInstances Start(const std::vector<std::string>& router_args) {
-  TwoInstances t;
-  t.options = TestStackOptions(1, "shm");
-  t.options.router_args.insert(t.options.router_args.end(), router_args.begin(), router_args.end());
-  auto stack = launcher::LocalStack::Start(t.options);
-  INFO(stack.status().ToString());
-  REQUIRE(stack.ok());
-  t.stack = std::move(*stack);
+// Starts language-1 and waits until the router sees both instances.
+absl::Status StartSecond(TwoInstances& t) {
   std::vector<std::string> args = {"--model_dir=" + t.options.model_dir,
                                    "--host=" + t.options.host,
                                    "--port=0",
@@ -56,14 +54,29 @@ TwoInstances Start(const std::vector<std::string>& router_args) {
   auto p =
       launcher::ChildProcess::Start({"language-1", t.options.bin_dir + "/language_service/language",
                                      args, t.options.log_dir + "/language-1.log"});
-  REQUIRE(p.ok());
+  if (!p.ok()) return p.status();
   auto ready = (*p)->WaitReady(t.options.ready_timeout);
-  INFO(ready.status().ToString());
-  REQUIRE(ready.ok());
+  if (!ready.ok()) return ready.status();
   t.second.id = ready->id;
   t.second.process = std::move(*p);
   t.second.ready = std::move(*ready);
-  REQUIRE(t.stack->WaitHealthy(1, 2, absl::Seconds(60)).ok());
+  return t.stack->WaitHealthy(1, 2, absl::Seconds(60));
+}
+
+// The stack with language-0, and language-1 unless `second` is false.
+TwoInstances Start(const std::vector<std::string>& router_args, bool second = true) {
+  TwoInstances t;
+  t.options = TestStackOptions(1, "shm");
+  t.options.router_args.insert(t.options.router_args.end(), router_args.begin(), router_args.end());
+  auto stack = launcher::LocalStack::Start(t.options);
+  INFO(stack.status().ToString());
+  REQUIRE(stack.ok());
+  t.stack = std::move(*stack);
+  if (second) {
+    const absl::Status started = StartSecond(t);
+    INFO(started.ToString());
+    REQUIRE(started.ok());
+  }
   return t;
 }
 
@@ -236,22 +249,40 @@ void CheckSurvivorHoldsNothing(TwoInstances& t) {
 TEST_CASE(
     "SIGKILL of a role-both instance mid-stream: every stream completes with the uninterrupted "
     "run's tokens, over gRPC and HTTP, greedy and seeded") {
-  TwoInstances t = Start({});
+  // Every stream starts on language-0; language-1 joins while they stream,
+  // then language-0 is killed: all of them move.
+  TwoInstances t = Start({}, /*second=*/false);
   constexpr int kHttp = 2;  // the last two, greedy
-  const std::vector<GenerateRequest> requests = Requests(8, kTokens, 8 - kHttp);
+  const std::vector<GenerateRequest> requests = Requests(8, kLongTokens, 8 - kHttp);
   const std::vector<Streamed> want = StreamAll(*t.stack, requests, kHttp, nullptr);
   for (const Streamed& w : want) REQUIRE(w.status.ok());
-  const std::vector<Streamed> got =
-      StreamAll(*t.stack, requests, kHttp, [&] { t.stack->language().process->Signal(SIGKILL); });
+  // language-1 starts from this thread: a child dies with the thread that
+  // started it.
+  absl::Notification streaming, killed;
+  std::vector<Streamed> got;
+  std::thread client([&] {
+    got = StreamAll(*t.stack, requests, kHttp, [&] {
+      streaming.Notify();
+      killed.WaitForNotification();
+    });
+  });
+  streaming.WaitForNotification();
+  const absl::Status second = StartSecond(t);
+  t.stack->language().process->Signal(SIGKILL);
+  killed.Notify();
+  client.join();
+  INFO(second.ToString());
+  REQUIRE(second.ok());
   for (size_t i = 0; i < got.size(); ++i) {
     INFO("stream " << i << ": " << got[i].status);
     CHECK(got[i].status.ok());
     CHECK(got[i].text == want[i].text);
     CHECK(got[i].tokens == want[i].tokens);
-    if (i < got.size() - kHttp) CHECK(got[i].tokens.size() == static_cast<size_t>(kTokens));
+    if (i < got.size() - kHttp) CHECK(got[i].tokens.size() == static_cast<size_t>(kLongTokens));
+    // Each stream was still going when the instance died.
+    CHECK(got[i].chunks > 3);
   }
-  // Some streams were on the killed instance and moved.
-  CHECK(Migrations(*t.stack, "resumed") >= 1);
+  CHECK(Migrations(*t.stack, "resumed") == static_cast<double>(got.size()));
   CHECK(Migrations(*t.stack, "over_limit") == 0);
   CheckSurvivorHoldsNothing(t);
 }
