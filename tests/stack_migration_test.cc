@@ -9,6 +9,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -107,9 +108,18 @@ struct Streamed {
   std::vector<int32_t> tokens;  // gRPC only
   std::string text;
   int chunks = 0;  // responses (gRPC) or content chunks (HTTP)
+  // The longest wait between two chunks, and when the last came.
+  int64_t max_gap_ns = 0;
+  int64_t last_ns = 0;
   std::string request_id;
   std::string retry_after;
 };
+
+void Gap(Streamed& s) {
+  const int64_t now = MonotonicNanos();
+  if (s.last_ns > 0) s.max_gap_ns = std::max(s.max_gap_ns, now - s.last_ns);
+  s.last_ns = now;
+}
 
 // One streamed chat completion over the OpenAI API: its content, or the
 // error event's code.
@@ -141,6 +151,7 @@ void StreamOpenAi(int port, const GenerateRequest& request, Streamed& out,
                  j["choices"][0]["delta"]["content"].is_string()) {
         out.text += j["choices"][0]["delta"]["content"].get<std::string>();
         ++out.chunks;
+        Gap(out);
         on_chunk();
       }
     }
@@ -194,6 +205,7 @@ std::vector<Streamed> StreamAll(launcher::LocalStack& stack,
         s.text += r.text();
         for (uint32_t t : r.token_ids()) s.tokens.push_back(static_cast<int32_t>(t));
         ++s.chunks;
+        Gap(s);
         on_chunk();
       }
       s.status = FromGrpcStatus(reader->Finish());
@@ -283,6 +295,13 @@ TEST_CASE(
     CHECK(got[i].chunks > 3);
   }
   CHECK(Migrations(*t.stack, "resumed") == static_cast<double>(got.size()));
+  int64_t gap = 0, gap_before = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    gap = std::max(gap, got[i].max_gap_ns);
+    gap_before = std::max(gap_before, want[i].max_gap_ns);
+  }
+  WARN("longest pause a client saw: " << gap / 1000000 << " ms with the kill and the move, "
+                                      << gap_before / 1000000 << " ms without");
   CHECK(Migrations(*t.stack, "over_limit") == 0);
   CheckSurvivorHoldsNothing(t);
 }
