@@ -38,7 +38,6 @@ void GenerateCall::OpenStream(size_t i, Request request) {
 void GenerateCall::StartLanguage(internal::v1::PrefillRequest prefill) {
   const std::vector<std::shared_ptr<Instance>>& instances = placement_.instances;
   cancels_.resize(instances.size());
-  abandoned_.assign(instances.size(), false);
   switch (placement_.flow) {
     case Placement::Flow::kColocated:
       PrepareMigration(prefill);
@@ -111,7 +110,9 @@ void GenerateCall::RetryImages(std::vector<internal::v1::PromptImage> images) {
     return;
   }
   if (placement_.flow != Placement::Flow::kElastic) {
-    SendRetryImages(placement_.instances[0], std::move(images));
+    // Colocated: the instance carrying the stream (a migration's new one).
+    const bool colocated = placement_.flow == Placement::Flow::kColocated;
+    SendRetryImages(placement_.instances[colocated ? chain_->carrier() : 0], std::move(images));
     return;
   }
   std::vector<size_t> indices;

@@ -203,8 +203,9 @@ void GenerateCall::LockedOnEncoded(EncoderDispatch::Encode* encode, const grpc::
 
 void GenerateCall::Redispatch(const std::vector<size_t>& images, const std::string& failed_encoder,
                               const std::string& why) {
-  // From the first token on, the language side has every image.
-  if (phase_ > CallPhase::kPrefilling) return;
+  // From the first token on, the language side has every image (a
+  // migration's new instance: from its first token).
+  if (phase_ > CallPhase::kPrefilling && !resuming_) return;
   LOG(WARNING) << "request " << id_ << ": " << images.size() << " image(s) leave encoder "
                << failed_encoder << ": " << why;
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
@@ -264,6 +265,7 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
     return;
   }
   if (first) Advance(CallEvent::kFirstToken);
+  if (batch.token_ids_size() > 0) resuming_ = false;
   relayed_tokens_.insert(relayed_tokens_.end(), batch.token_ids().begin(), batch.token_ids().end());
   deferred_.Defer(
       [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });

@@ -32,10 +32,10 @@
 // encoder left the call ends with UNAVAILABLE. A language instance that fails
 // (any of the call's streams failing, or an elastic master move refused)
 // ends the call with UNAVAILABLE, except that a colocated call's stream
-// (role both, no images, router not --elastic) migrates: the request is
-// placed again away from the lost instances and resumed there from the
-// tokens already relayed (PrefillRequest.resume_output_token_ids, the same
-// seed: the router draws one for a request without), up to
+// (role both, router not --elastic) migrates: the request is placed again
+// away from the lost instances and resumed there from the tokens already
+// relayed (PrefillRequest.resume_output_token_ids, the same seed: the
+// router draws one for a request without; its images copied), up to
 // RouterOptions::migration_limit times; the client's stream goes on
 // unbroken. Ending for any reason cancels every open
 // child call, which makes each process free what the request held. The sink's
@@ -149,11 +149,8 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   // The resumed stream opens on the new placement's instance.
   void OnMigrationPlaced(absl::StatusOr<Placement> placement) ABSL_LOCKS_EXCLUDED(mu_);
   // A stream a migration left behind.
-  bool Abandoned(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return i < abandoned_.size() && abandoned_[i];
-  }
-  // What the call opens its colocated stream with: the seed filled in when
-  // the call may migrate, and a copy kept for the resumed stream.
+  bool Abandoned(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return i < live_from_; }
+  // The colocated stream's request: its seed filled in, a copy kept.
   void PrepareMigration(internal::v1::PrefillRequest& prefill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Moves the lifecycle on (call_phase.h) and tells the placer; false, with
@@ -235,13 +232,14 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int critical_round_trips_ ABSL_GUARDED_BY(mu_) = 0;
-  // Migration: the colocated stream's request (when the call may migrate),
-  // the tokens relayed to the sink so far, the streams left behind and the
-  // instances lost.
+  // Migration: the kept request, the tokens relayed so far, the streams left
+  // behind, the instances lost, and whether the resumed stream has yet to
+  // relay a token (its images may move meanwhile).
   std::optional<internal::v1::PrefillRequest> language_request_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> relayed_tokens_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> abandoned_ ABSL_GUARDED_BY(mu_);
+  size_t live_from_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> lost_instances_ ABSL_GUARDED_BY(mu_);
+  bool resuming_ ABSL_GUARDED_BY(mu_) = false;
   const std::vector<PreparedMedia> no_media_;  // a migration's placement request
 };
 

@@ -9,14 +9,19 @@
 #include "router/generate_call.h"
 
 namespace mmserve::router {
+namespace {
+
+std::vector<size_t> ImageIndices(const internal::v1::PrefillRequest& request) {
+  std::vector<size_t> out;
+  for (const auto& image : request.images()) out.push_back(image.image_index());
+  return out;
+}
+
+}  // namespace
 
 void GenerateCall::PrepareMigration(internal::v1::PrefillRequest& prefill) {
-  // Images would have to reach the new instance again; an elastic pool
-  // keeps its own books of where requests run.
-  if (context_.options.migration_limit <= 0 || prefill.images_size() > 0 ||
-      context_.elastic != nullptr) {
-    return;
-  }
+  // An elastic pool keeps its own books of where requests run.
+  if (context_.options.migration_limit <= 0 || context_.elastic != nullptr) return;
   // The resumed stream must draw from the same random stream: a request
   // without a seed gets one here rather than on the instance.
   if (!prefill.sampling().has_seed()) {
@@ -39,7 +44,7 @@ bool GenerateCall::MaybeMigrate(size_t i, const absl::Status& why) {
   LOG(WARNING) << "request " << id_ << ": moving off language instance " << lost << " after "
                << relayed_tokens_.size() << " tokens: " << why;
   lost_instances_.push_back(lost);
-  abandoned_[i] = true;
+  live_from_ = placement_.instances.size();
   if (cancels_[i]) deferred_.Defer(std::move(cancels_[i]));
   cancels_[i] = nullptr;
   PlaceRequest again{.id = id_,
@@ -68,14 +73,20 @@ void GenerateCall::OnMigrationPlaced(absl::StatusOr<Placement> placement) {
           "language instance ", lost_instances_.back(),
           " failed and no other can resume the request: ",
           placement.ok() ? "not a colocated placement" : placement.status().message())));
+    } else if (absl::StatusOr<std::vector<internal::v1::PromptImage>> copies =
+                   CopyImages(ImageIndices(*language_request_));
+               !copies.ok()) {
+      End(copies.status());  // a transfer has one receiver: the new one gets copies
     } else {
       m.migrations_resumed.Increment();
+      language_request_->clear_images();
+      for (auto& c : *copies) *language_request_->add_images() = std::move(c);
+      resuming_ = language_request_->images_size() > 0;  // they may move until it streams
       const size_t k = placement_.instances.size();
       std::shared_ptr<Instance> instance = placement->instances[0];
       instance->inflight += placed_tokens_;
       placement_.instances.push_back(std::move(instance));
       cancels_.push_back(nullptr);
-      abandoned_.push_back(false);
       chain_.emplace(std::vector<Carrier>{{.instance = k}});
       internal::v1::PrefillRequest prefill = *language_request_;
       for (uint32_t t : relayed_tokens_) prefill.add_resume_output_token_ids(t);

@@ -2,7 +2,8 @@
 // the colocated and the disaggregated lifecycle, the held early decode
 // batches, a first token that is also the last, lost instances, encoder
 // failures, image copies (an elastic group's other members), migration off a
-// lost role-both instance and rejected requests. The fakes are scripted per test; the
+// lost role-both instance (images copied for the new one) and rejected
+// requests. The fakes are scripted per test; the
 // router side is the real InstanceTable and GenerateCall.
 #include "router/generate_call.h"
 
@@ -526,12 +527,29 @@ TEST_CASE(
   CHECK(stack.migrations("over_limit") == 1);
 }
 
-TEST_CASE(
-    "with migration_limit 0, an image, or no other instance, a lost stream ends UNAVAILABLE") {
-  for (const char* why : {"limit 0", "image", "one instance"}) {
+TEST_CASE("an image request moves with copies of its images for the new instance") {
+  Stack stack;
+  stack.both.prefill = LosesFreshStreams(stack.both, 2);
+  stack.both1.prefill = LosesFreshStreams(stack.both1, 2);
+  stack.Start({"e0", "l0", "l1"});
+  Outcome outcome;
+  Run(stack, outcome, ImageRequest());
+  INFO(outcome.status());
+  CHECK(outcome.status().ok());
+  CHECK(outcome.Text() == "abcd");
+  PrefillRequest first = LastPrefill(stack.both), resumed = LastPrefill(stack.both1);
+  if (first.resume_output_token_ids_size() > 0) std::swap(first, resumed);
+  REQUIRE(first.images_size() == 1);
+  REQUIRE(resumed.images_size() == 1);
+  CHECK(resumed.images(0).encoder_id() == "e0");
+  CHECK(resumed.images(0).transfer_id() != first.images(0).transfer_id());
+  CHECK(stack.e0.encodes == 2);  // the image's call and its copy's
+}
+
+TEST_CASE("with migration_limit 0 or no other instance, a lost stream ends UNAVAILABLE") {
+  for (const char* why : {"limit 0", "one instance"}) {
     INFO(why);
     Stack stack;
-    const bool image = std::string(why) == "image";
     if (std::string(why) == "limit 0") stack.set_migration_limit(0);
     stack.both.prefill = LosesFreshStreams(stack.both, 1);
     stack.both1.prefill = LosesFreshStreams(stack.both1, 1);
@@ -541,7 +559,7 @@ TEST_CASE(
       stack.Start({"e0", "l0", "l1"});
     }
     Outcome outcome;
-    Run(stack, outcome, image ? ImageRequest() : TextRequest());
+    Run(stack, outcome, TextRequest());
     CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
     CHECK(outcome.Text() == "a");
     CHECK(stack.both.prefills + stack.both1.prefills == 1);

@@ -1,8 +1,8 @@
 // Migration through the stack, with real processes: two role-both language
 // instances; SIGKILL of one while it streams. With the router's default
-// --migration_limit=1 every stream, over gRPC and the OpenAI HTTP API,
-// completes with exactly the tokens and text of an uninterrupted run (greedy
-// and seeded), nothing lost or repeated; with --migration_limit=0 the
+// --migration_limit=1 every stream, over gRPC and the OpenAI HTTP API, text
+// or with an image, completes with exactly the tokens and text of an
+// uninterrupted run (greedy and seeded), nothing lost or repeated; with --migration_limit=0 the
 // streams on the killed instance end UNAVAILABLE as before; a second kill
 // past the limit ends UNAVAILABLE with a public message. The survivor holds
 // nothing afterwards.
@@ -265,7 +265,12 @@ TEST_CASE(
   // then language-0 is killed: all of them move.
   TwoInstances t = Start({}, /*second=*/false);
   constexpr int kHttp = 2;  // the last two, greedy
-  const std::vector<GenerateRequest> requests = Requests(8, kLongTokens, 8 - kHttp);
+  std::vector<GenerateRequest> requests = Requests(8, kLongTokens, 8 - kHttp);
+  // One greedy request with its image (copied for the new instance).
+  AskOptions o;
+  o.max_tokens = kLongTokens;
+  o.ignore_eos = true;
+  requests[4] = DemoRequest(Demo(), Demo().items[4], o);
   const std::vector<Streamed> want = StreamAll(*t.stack, requests, kHttp, nullptr);
   for (const Streamed& w : want) REQUIRE(w.status.ok());
   // language-1 starts from this thread: a child dies with the thread that
