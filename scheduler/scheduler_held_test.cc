@@ -285,7 +285,7 @@ TEST_CASE("GrowSpan refuses what is not mastered, an empty pool (nothing changes
   CHECK(s->GrowSpan(RequestId{1}, 8).status().code() == absl::StatusCode::kNotFound);
   REQUIRE(s->HoldSpan(RequestId{1}, 4).ok());
   CHECK(s->GrowSpan(RequestId{1}, 8).status().code() == absl::StatusCode::kNotFound);  // held only
-  REQUIRE(s->HoldSpan(RequestId{2}, 8).ok());  // the pool's last 2 blocks
+  REQUIRE(s->HoldSpan(RequestId{2}, 12).ok());  // the pool's last 3 blocks
   RequestParams p = Req(1, 3);
   p.max_tokens = 20;
   REQUIRE(s->StartMastering(RequestId{1}, p, 0, {50}, 0).ok());
