@@ -77,21 +77,20 @@ void ElasticGroups::Step() {
 
 // Its span is full short of its range's end: it takes the next window
 // past its last block's slots. With no block for it in the pool the
-// request ends (its callback drops the records here).
+// engine ends the request RESOURCE_EXHAUSTED.
 void ElasticGroups::Grow(Decode& d) {
   const int64_t end = std::min(d.range_end, SlotsEnd(d) + std::max<int64_t>(d.window, 1));
-  absl::StatusOr<std::vector<kvpool::BlockId>> blocks = engine_.GrowMasterSpan(d.id, end);
+  const std::string id = d.id;  // `d` goes when its request ends
+  absl::StatusOr<std::vector<kvpool::BlockId>> blocks = engine_.GrowMasterSpan(id, end);
   if (blocks.ok()) {
     d.reserved_end = end;
     d.blocks.clear();
     for (kvpool::BlockId b : *blocks) d.blocks.push_back(b.value);
     return;
   }
-  LOG(WARNING) << "elastic decode of " << d.id << " cannot grow: " << blocks.status();
-  const std::string id = d.id;  // `d` goes with the final event
-  const absl::Status ended = engine_.EndMastering(
-      id, absl::ResourceExhaustedError("the KV cache has no room for the request's next tokens"));
-  if (!ended.ok()) LOG(WARNING) << "ending " << id << " failed: " << ended;
+  // Its callback ended it when no slot was left (the records here are
+  // gone then); else it decodes what it has and tries again when full.
+  LOG(WARNING) << "elastic decode of " << id << " cannot grow: " << blocks.status();
 }
 
 // Its range is full: its KV stays here as an ordinary held span (the next

@@ -255,10 +255,10 @@ TEST_CASE("a mastered span grows by blocks as it decodes, and its blocks go at t
   while (finished.empty()) {
     if (!s->HasDecodeSlot(RequestId{1})) {
       // The next window: one more block, as the master reserves it.
-      const int tokens = s->Find(RequestId{1})->num_computed_tokens() - 6 + 4;
-      absl::StatusOr<std::vector<kvpool::BlockId>> blocks = s->GrowSpan(RequestId{1}, tokens);
+      const int kv_end = s->Find(RequestId{1})->num_computed_tokens() + 4;
+      absl::StatusOr<std::vector<kvpool::BlockId>> blocks = s->GrowSpan(RequestId{1}, kv_end);
       REQUIRE(blocks.ok());
-      CHECK(static_cast<int>(blocks->size()) == (tokens + 3) / 4);
+      CHECK(static_cast<int>(blocks->size()) == (kv_end - 6 + 3) / 4);
       REQUIRE(s->CheckInvariants().ok());
     }
     const SchedulerOutput& out = s->Schedule();

@@ -124,18 +124,8 @@ class LlmEngine {
   // Whether request `id`, mastered here, has no slot left for its next
   // token (its range is done: StopMastering).
   bool MasterSpanFull(const std::string& id) const;
-  // The span of request `id`, mastered here, grows to reach KV index
-  // `kv_end` (exclusive) in whole blocks (Scheduler::GrowSpan): a master that
-  // reserves its decode KV a window at a time. Returns its blocks, in order.
-  // NotFound unless `id` is mastered here; ResourceExhausted (nothing
-  // changes) when the pool lacks the blocks; InvalidArgument when kv_end is
-  // not past the span's first token.
-  [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> GrowMasterSpan(const std::string& id,
-                                                                            int64_t kv_end);
-  // Ends request `id`, mastered here: its callback gets a final kAbort
-  // event carrying `why` (a master out of KV: RESOURCE_EXHAUSTED), its
-  // blocks are freed. NotFound unless `id` is mastered here.
-  [[nodiscard]] absl::Status EndMastering(const std::string& id, absl::Status why);
+  // Scheduler::GrowSpan for `id`; refused with no slot left, `id` ends RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::vector<kvpool::BlockId>> GrowMasterSpan(const std::string& id, int64_t end);
   // The span holders of the requests mastered here; must outlive the
   // engine's steps (null: none, and such requests fail their steps).
   void set_master_peers(MasterPeers* peers) { master_peers_ = peers; }

@@ -1,5 +1,5 @@
-// LlmEngine::PrepareElastic, StartMastering, StopMastering, GrowMasterSpan and
-// EndMastering, and ElasticRequest (engine_elastic.h).
+// LlmEngine::PrepareElastic, StartMastering, StopMastering and GrowMasterSpan,
+// and ElasticRequest (engine_elastic.h).
 #include "worker/engine_elastic.h"
 
 #include <algorithm>
@@ -11,6 +11,12 @@
 #include "worker/engine_live.h"
 
 namespace mmserve::worker {
+namespace {
+
+// A master's span that cannot grow (the client's reason: no internals).
+constexpr char kNoRoomToGrow[] = "the KV cache has no room for the request's next tokens";
+
+}  // namespace
 
 ElasticRequest::ElasticRequest(Parts parts)
     : id_(std::move(parts.id)),
@@ -202,33 +208,15 @@ bool LlmEngine::MasterSpanFull(const std::string& id) const {
 }
 
 absl::StatusOr<std::vector<kvpool::BlockId>> LlmEngine::GrowMasterSpan(const std::string& id,
-                                                                       int64_t kv_end) {
+                                                                       int64_t end) {
   auto it = requests_.find(id);
-  const scheduler::Request* r =
-      it == requests_.end() ? nullptr : scheduler_->Find(it->second->sched_id);
-  if (r == nullptr || r->status() != scheduler::RequestStatus::kMastering) {
-    return absl::NotFoundError("no request of that id is mastered here");
+  if (it == requests_.end()) return absl::NotFoundError("no request of that id is mastered here");
+  auto blocks = scheduler_->GrowSpan(it->second->sched_id, end);
+  if (absl::IsResourceExhausted(blocks.status()) &&
+      !scheduler_->HasDecodeSlot(it->second->sched_id)) {
+    RETURN_IF_ERROR(AbortUnrecomputable({{id, absl::ResourceExhaustedError(kNoRoomToGrow)}}));
   }
-  const int64_t tokens = kv_end - r->kv_offset();
-  if (tokens < 1 || tokens > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError("the span's end is not past its first token");
-  }
-  return scheduler_->GrowSpan(it->second->sched_id, static_cast<int>(tokens));
-}
-
-absl::Status LlmEngine::EndMastering(const std::string& id, absl::Status why) {
-  auto it = requests_.find(id);
-  const scheduler::Request* r =
-      it == requests_.end() ? nullptr : scheduler_->Find(it->second->sched_id);
-  if (r == nullptr || r->status() != scheduler::RequestStatus::kMastering) {
-    return absl::NotFoundError("no request of that id is mastered here");
-  }
-  RETURN_IF_ERROR(scheduler_->Abort(it->second->sched_id));
-  StreamEvent event;
-  event.request_id = id;
-  event.error = std::move(why);
-  Finish(*it->second, FinishReason::kAbort, event);
-  return absl::OkStatus();
+  return blocks;
 }
 
 }  // namespace mmserve::worker
