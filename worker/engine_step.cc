@@ -38,6 +38,26 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
   };
   absl::Status spread;
   model::SpanAttentionPeers* peers = PeersFor(out, &spread);
+  std::vector<KvLayersWritten::Prompt> ending;  // prompt-only, their last rows in this forward
+  if (connector_ != nullptr && connector_->WantsLayers()) {
+    for (const scheduler::ScheduledRequest& e : out.scheduled) {
+      auto it = by_scheduler_id_.find(e.request->id().value);
+      if (!e.samples || it == by_scheduler_id_.end() || !it->second->plan.prompt_only) continue;
+      KvLayersWritten::Prompt& p = ending.emplace_back();
+      p.id = it->second->id;
+      for (kvpool::BlockId b : scheduler_->kv_cache().block_table(e.request->block_table())) {
+        p.blocks.push_back(b.value);
+      }
+    }
+  }
+  if (!ending.empty()) {
+    runner_->set_layer_hook([this, &ending](int layers) {
+      connector_->OnLayersWritten(
+          {.prompts = &ending,
+           .layers_written = layers,
+           .num_layers = static_cast<int>(m_->config.text.num_hidden_layers)});
+    });
+  }
   ASSIGN_OR_RETURN(std::vector<model::SampleResult> results,
                    runner_->Step(out, scheduler_->kv_cache(), lookup, peers, &spread));
   std::vector<scheduler::TokenId> tokens(out.scheduled.size(), kvpool::kNoToken);
