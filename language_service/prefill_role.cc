@@ -259,6 +259,7 @@ void PrefillRole::Finished(const std::string& id, const absl::StatusOr<HandOffRe
   }
   LanguageMetrics& m = host_->metrics();
   m.kv_handoff_round_trips->Observe(done->round_trips);
+  m.kv_handoff_layer_groups->Increment(done->layer_groups);
   for (transfer::KvHandoffPath path : done->paths) {
     m.kv_handoffs[static_cast<int>(path)]->Increment();
   }

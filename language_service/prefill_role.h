@@ -65,6 +65,7 @@ struct HandOffResult {
   // copy is done when it returns), CommitKv.
   int round_trips = 0;
   std::vector<transfer::KvHandoffPath> paths;  // one per decode rank
+  int layer_groups = 0;                        // layer-wise: writes of one layer group to one rank
 };
 
 class PrefillRole final : public Role {

@@ -208,7 +208,7 @@ absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
         return absl::DeadlineExceededError("the prompt's layers were not computed in time");
       }
       if (s.cancelled) return absl::CancelledError("the request ended during its hand-off");
-      upto = s.layers_written;
+      upto = want;
       s.reading = true;
     }
     absl::Status st = SendGroup(s, ranks, sent, upto, deadline, crcs, result);
@@ -217,6 +217,11 @@ absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
       s.reading = false;
     }
     RETURN_IF_ERROR(st);
+    if (sent == 0 && upto < s.num_layers && options_.test_kv_handoff_delay > absl::ZeroDuration()) {
+      LOG(WARNING) << "request " << request.request_id << ": test-only hand-off delay of "
+                   << options_.test_kv_handoff_delay << " after its first layer group";
+      absl::SleepFor(options_.test_kv_handoff_delay);
+    }
     sent = upto;
   }
   v1::KvCommit commit;
@@ -248,6 +253,7 @@ absl::Status PrefillRole::SendGroup(LayerStream& s, const std::vector<RankPut>& 
     crcs[i] = from == 0 ? crc : Crc32cCombine(crcs[i], crc, bytes);
     result.paths[i] = path;
     bytes_.Sent(bytes);
+    ++result.layer_groups;
     if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
   }
   return absl::OkStatus();

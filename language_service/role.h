@@ -70,9 +70,9 @@ struct RoleOptions {
   // groups' extra round trips).
   int handoff_layerwise_min_tokens = 256;
   // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
-  // and the puts (on its hand-off thread, inside kv_handoff_timeout), so that
-  // fault tests kill a process mid-hand-off deterministically. Zero in
-  // production.
+  // and the puts (a layer-wise one: after its first layer group), on its
+  // hand-off thread, inside kv_handoff_timeout, so that fault tests kill a
+  // process mid-hand-off deterministically. Zero in production.
   absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
 };
 
