@@ -214,7 +214,7 @@ bool PrefillRole::TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::To
     std::shared_ptr<LayerStream> s = std::move(it->second);
     streams_.erase(it);
     handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch), .stream = s};
-    Committable(s, e.kv_blocks, r.last_token);
+    if (!Committable(s, e.kv_blocks, r.last_token)) Finished(r.id, RoleHost::ShuttingDown());
     return true;
   }
   handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch)};

@@ -158,11 +158,13 @@ class PrefillRole final : public Role {
   // The groups that are ready, [from, *to), to every rank.
   absl::Status SendGroup(LayerStream& s, const std::vector<RankPut>& ranks, int from, int to,
                          Deadline deadline, std::vector<uint32_t>& crcs, HandOffResult& result);
-  // Loop thread: posts the writes of `s` over the prompt's `blocks`.
-  void StartStream(const std::shared_ptr<LayerStream>& s, std::vector<int32_t> blocks);
+  // Loop thread: posts the writes of `s` over the prompt's `blocks`; false
+  // when shutting down.
+  bool StartStream(const std::shared_ptr<LayerStream>& s, std::vector<int32_t> blocks);
   // Loop thread: the first token is out (kHandoff); every layer is written
-  // here by now. Starts the writes if no layer hook did.
-  void Committable(const std::shared_ptr<LayerStream>& s, const std::vector<int32_t>& blocks,
+  // here by now. Starts the writes if no layer hook did; false when
+  // shutting down.
+  bool Committable(const std::shared_ptr<LayerStream>& s, const std::vector<int32_t>& blocks,
                    int32_t first_token);
   // Stops `s` (no more writes, no CommitKv); with await_reads, waits until
   // its thread no longer reads the blocks. Thread-safe.

@@ -56,7 +56,7 @@ struct PrefillRole::LayerStream {
   HandOffRequest request;  // kv_blocks and first_token: set under mu (StartStream, Committable)
   int num_layers = 0;
   int group = 1;
-  bool started = false;  // loop thread only: StreamLayers is posted
+  bool started = false;  // loop thread only: StreamLayers is posted (false: shutting down)
   absl::Mutex mu;
   bool allocated ABSL_GUARDED_BY(mu) = false;  // `alloc` holds AllocateKv's answer
   absl::StatusOr<v1::KvAllocation> alloc ABSL_GUARDED_BY(mu);
@@ -125,8 +125,7 @@ void PrefillRole::OnPromptEnded(const std::string& id, bool handed_off) {
   streams_.erase(it);
 }
 
-void PrefillRole::StartStream(const std::shared_ptr<LayerStream>& s, std::vector<int32_t> blocks) {
-  s->started = true;
+bool PrefillRole::StartStream(const std::shared_ptr<LayerStream>& s, std::vector<int32_t> blocks) {
   {
     absl::MutexLock lock(&s->mu);
     s->request.kv_blocks = std::move(blocks);
@@ -136,16 +135,18 @@ void PrefillRole::StartStream(const std::shared_ptr<LayerStream>& s, std::vector
     absl::StatusOr<HandOffResult> done = StreamLayers(*s);
     host_->RunOnLoop([this, id, done = std::move(done)](bool) { Finished(id, done); });
   });
-  if (!posted) Cancel(*s, /*await_reads=*/false);
+  s->started = posted;  // else shutting down
+  return posted;
 }
 
-void PrefillRole::Committable(const std::shared_ptr<LayerStream>& s,
+bool PrefillRole::Committable(const std::shared_ptr<LayerStream>& s,
                               const std::vector<int32_t>& blocks, int32_t first_token) {
-  if (!s->started) StartStream(s, blocks);
+  if (!s->started && !StartStream(s, blocks)) return false;
   absl::MutexLock lock(&s->mu);
   s->layers_written = s->num_layers;
   s->request.first_token = first_token;
   s->committable = true;
+  return true;
 }
 
 void PrefillRole::Allocate(LayerStream& s) {

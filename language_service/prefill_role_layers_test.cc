@@ -1,6 +1,6 @@
 // Role prefill's layer-wise hand-off against real decode instances (gRPC,
-// UCX over shm): the decode side ends up with the KV of a whole-prompt
-// hand-off byte for byte and role both's tokens; a decode process killed
+// UCX over shm): the decode side's cache ends up as after a whole-prompt
+// hand-off, byte for byte, and the tokens are role both's; a decode process killed
 // between two layer groups ends the request UNAVAILABLE with every block
 // freed; an abort between two groups ends it at once, sends no CommitKv,
 // and frees its blocks when the hand-off thread lets go of them.
@@ -15,8 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "language_service/kv_bytes_moved.h"
 #include "language_service/roles_testing.h"
+#include "transfer/kv_handoff.h"
+#include "transfer/ucx_context.h"
 
 extern char** environ;
 
@@ -42,8 +45,13 @@ InstanceOptions Layerwise(const std::string& id, absl::Duration delay = absl::Ze
           }};
 }
 
+// mmserve_language_kv_handoff_layer_groups_total, from the scrape.
 double LayerGroups(Instance& prefill) {
-  return prefill.core->metrics().kv_handoff_layer_groups->value();
+  const std::string name = "\nmmserve_language_kv_handoff_layer_groups_total ";
+  const std::string text = prefill.registry.Render();
+  const size_t at = text.find(name);
+  REQUIRE(at != std::string::npos);
+  return std::stod(text.substr(at + name.size()));
 }
 
 double SentBytes(Instance& prefill) {
@@ -54,13 +62,6 @@ bool AwaitSent(Instance& prefill) {
   const Deadline d = Deadline::After(absl::Seconds(20));
   while (SentBytes(prefill) == 0 && !d.Expired()) absl::SleepFor(absl::Milliseconds(1));
   return SentBytes(prefill) > 0;
-}
-
-// Every float of the decode instance's KV cache.
-std::vector<float> CacheFloats(Instance& decode) {
-  model::KvCache& kv = decode.core->engine().kv_cache();
-  const int64_t n = 2 * kv.shape().num_layers * kv.shape().LayerPlaneFloats();
-  return std::vector<float>(kv.Key(0), kv.Key(0) + n);
 }
 
 // A Decode stream opened as the router opens it, held until the request
@@ -107,31 +108,135 @@ struct PrefillStream {
   std::thread drainer;
 };
 
-TEST_CASE("a layer-wise hand-off gives the decode instance a whole one's KV, byte for byte",
+// The hand-off side of a decode instance alone, to read its KV back: its
+// cache in a KvHandoffReceiver (shm: the prefill side maps and copies into
+// it, as into a decode instance's); AllocateKv answers the first blocks of
+// it, CommitKv checks their CRC32C against the commit's, as role decode
+// does.
+class RecordingDecode final : public v1::Language::Service {
+ public:
+  RecordingDecode(const model::KvCacheShape& shape, const std::string& name) {
+    auto c = transfer::UcxContext::Create(transfer::TransportProfile::kShm);
+    REQUIRE(c.ok());
+    context_ = std::move(*c);
+    auto rx = transfer::KvHandoffReceiver::CreateWithCache(*context_, shape, {.name = name});
+    REQUIRE(rx.ok());
+    receiver_ = std::move(*rx);
+    auto s = StartGrpcServer("127.0.0.1:0", {this});
+    REQUIRE(s.ok());
+    server_ = std::move(*s);
+    server_->SetServing(true);
+    address = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  ~RecordingDecode() override { server_->Shutdown(absl::Seconds(1)); }
+
+  grpc::Status AllocateKv(grpc::ServerContext*, const v1::KvAllocateRequest* request,
+                          v1::KvAllocation* a) override {
+    const transfer::KvHandoffTarget& t = receiver_->target();
+    absl::MutexLock lock(&mu_);
+    blocks_.clear();
+    for (int64_t b = 0; b * t.shape.block_size < request->num_tokens(); ++b) {
+      blocks_.push_back(static_cast<int32_t>(b));
+    }
+    a->set_request_id(request->request_id());
+    a->set_num_tokens(request->num_tokens());
+    v1::KvRankTarget* rank = a->add_ranks();
+    rank->mutable_peer()->set_worker_address(t.worker_address);
+    rank->mutable_peer()->set_transport_profile("shm");
+    rank->mutable_peer()->set_host(transfer::HostIdentity());
+    v1::KvLayout* l = rank->mutable_layout();
+    l->set_num_layers(static_cast<uint32_t>(t.shape.num_layers));
+    l->set_num_kv_heads(static_cast<uint32_t>(t.shape.num_kv_heads));
+    l->set_head_dim(static_cast<uint32_t>(t.shape.head_dim));
+    l->set_block_size(static_cast<uint32_t>(t.shape.block_size));
+    l->set_num_blocks(static_cast<uint32_t>(t.shape.num_blocks));
+    l->set_dtype(v1::TENSOR_DTYPE_FLOAT32);
+    l->set_tp_rank(0);
+    l->set_tp_size(1);
+    rank->mutable_kv_region()->set_base_address(t.base_address);
+    rank->mutable_kv_region()->set_length(t.shape.TotalBytes());
+    rank->mutable_kv_region()->set_rkey(t.rkey);
+    for (int32_t b : blocks_) rank->add_block_ids(static_cast<uint32_t>(b));
+    return grpc::Status::OK;
+  }
+  grpc::Status CommitKv(grpc::ServerContext*, const v1::KvCommit* commit,
+                        v1::KvCommitAck* ack) override {
+    REQUIRE(receiver_->AwaitLandedWrites().ok());
+    absl::MutexLock lock(&mu_);
+    crc = transfer::KvBlocksCrc(*receiver_->owned_cache(), blocks_);
+    ack->set_accepted(commit->rank_crc32c_size() == 1 && commit->rank_crc32c(0) == crc);
+    return grpc::Status::OK;
+  }
+
+  // Every float of the cache.
+  std::vector<float> Floats() {
+    REQUIRE(receiver_->AwaitLandedWrites().ok());
+    const model::KvCache& kv = *receiver_->owned_cache();
+    const int64_t n = 2 * kv.shape().num_layers * kv.shape().LayerPlaneFloats();
+    return std::vector<float>(kv.Key(0), kv.Key(0) + n);
+  }
+
+  std::string address;
+  uint32_t crc = 0;  // of the last commit
+
+ private:
+  std::unique_ptr<transfer::UcxContext> context_;
+  std::unique_ptr<transfer::KvHandoffReceiver> receiver_;
+  std::unique_ptr<GrpcServer> server_;
+  absl::Mutex mu_;
+  std::vector<int32_t> blocks_ ABSL_GUARDED_BY(mu_);
+};
+
+Output PrefillInto(Instance& prefill, const std::string& decode_address, const std::string& id,
+                   const std::string& text) {
+  v1::PrefillRequest r = Request(id, text, Greedy(8));
+  r.mutable_decode()->set_instance_id("decode");
+  r.mutable_decode()->set_address(decode_address);
+  return RunBoth(prefill, r);  // the prefill stream alone
+}
+
+TEST_CASE("a layer-wise hand-off writes the decode cache byte for byte as a whole one",
           "[roles][layerwise]") {
-  Instance both(LanguageRole::kBoth);
   Instance layered(LanguageRole::kPrefill, absl::Seconds(10), 1, Layerwise("prefill-l"));
   Instance whole(
       LanguageRole::kPrefill, absl::Seconds(10), 1,
       {.id = "prefill-w", .adjust_role = [](RoleOptions& o) { o.handoff_layer_group = 0; }});
-  Instance decode_l(LanguageRole::kDecode, absl::Seconds(10), 1, {.id = "decode-l"});
-  Instance decode_w(LanguageRole::kDecode, absl::Seconds(10), 1, {.id = "decode-w"});
-  // The same requests in the same order: the decode instances allocate the
-  // same blocks (the second round hits their prefix caches).
-  SplitEqualsBoth(both, layered, decode_l, kPrompts, {.id_prefix = "lw"});
-  SplitEqualsBoth(both, whole, decode_w, kPrompts, {.id_prefix = "lw"});
-  REQUIRE(decode_l.Idle());
-  REQUIRE(decode_w.Idle());
-  CHECK(layered.Idle());
-  CHECK(whole.Idle());
-  // Every hand-off went layer by layer (2 layers, 1 rank: 2 groups each) on
-  // one side, whole on the other, with the same bytes.
-  CHECK(LayerGroups(layered) == 2 * 8);
+  const model::TextConfig& cfg = layered.core->config().text;
+  const model::KvCacheShape shape{cfg.num_hidden_layers, 64, 4, cfg.num_key_value_heads,
+                                  cfg.head_dim()};
+  RecordingDecode to_layered(shape, "rec-l"), to_whole(shape, "rec-w");
+  for (const std::string& text : kPrompts) {
+    INFO(text);
+    const Output a = PrefillInto(layered, to_layered.address, "bytes-l", text);
+    const Output b = PrefillInto(whole, to_whole.address, "bytes-w", text);
+    INFO(a.status.error_message() << " / " << b.status.error_message());
+    REQUIRE(a.status.ok());
+    REQUIRE(b.status.ok());
+    CHECK(a.handed_off);
+    CHECK(a.tokens == b.tokens);
+    CHECK(to_layered.crc == to_whole.crc);
+    const std::vector<float> got = to_layered.Floats(), want = to_whole.Floats();
+    REQUIRE(got.size() == want.size());
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  }
+  // 2 layers, 1 rank: 2 groups a prompt, and the same bytes either way.
+  CHECK(LayerGroups(layered) == 2 * kPrompts.size());
   CHECK(LayerGroups(whole) == 0);
   CHECK(SentBytes(layered) == SentBytes(whole));
-  const std::vector<float> got = CacheFloats(decode_l), want = CacheFloats(decode_w);
-  REQUIRE(got.size() == want.size());
-  CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  CHECK(layered.Idle());
+  CHECK(whole.Idle());
+}
+
+TEST_CASE("prefill + decode with layer-wise hand-offs give role both's tokens",
+          "[roles][layerwise]") {
+  Instance both(LanguageRole::kBoth);
+  Instance prefill(LanguageRole::kPrefill, absl::Seconds(10), 1, Layerwise("prefill-t"));
+  Instance decode(LanguageRole::kDecode, absl::Seconds(10), 1, {.id = "decode-t"});
+  SplitEqualsBoth(both, prefill, decode, kPrompts, {.id_prefix = "lw"});
+  // Every request: 2 layer groups (greedy and seeded, two rounds).
+  CHECK(LayerGroups(prefill) == 2 * 2 * 2 * kPrompts.size());
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
 }
 
 // A decode instance in a process of its own (decode_role_testing_main).
