@@ -82,9 +82,9 @@ PrefillRole::~PrefillRole() {
 void PrefillRole::Cancel(LayerStream& s, bool await_reads) {
   absl::MutexLock lock(&s.mu);
   s.cancelled = true;
-  if (await_reads)
-    s.mu.Await(absl::Condition(
-        +[](bool* reading) { return !*reading; }, &s.reading));
+  if (!await_reads) return;
+  auto idle = [&s]() ABSL_SHARED_LOCKS_REQUIRED(s.mu) { return !s.reading; };
+  s.mu.Await(absl::Condition(&idle));
 }
 
 void PrefillRole::OnPromptQueued(const std::string& id, const worker::HandoffPrompt& prompt) {

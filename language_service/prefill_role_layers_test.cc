@@ -3,7 +3,8 @@
 // hand-off, byte for byte, and the tokens are role both's; a decode process killed
 // between two layer groups ends the request UNAVAILABLE with every block
 // freed; an abort between two groups ends it at once, sends no CommitKv,
-// and frees its blocks when the hand-off thread lets go of them.
+// and frees its blocks when the hand-off thread lets go of them. A
+// tensor-parallel decode instance gets each rank's heads group by group.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -235,6 +236,18 @@ TEST_CASE("prefill + decode with layer-wise hand-offs give role both's tokens",
   SplitEqualsBoth(both, prefill, decode, kPrompts, {.id_prefix = "lw"});
   // Every request: 2 layer groups (greedy and seeded, two rounds).
   CHECK(LayerGroups(prefill) == 2 * 2 * 2 * kPrompts.size());
+  CHECK(prefill.Idle());
+  CHECK(decode.Idle());
+}
+
+TEST_CASE("layer-wise hand-offs to a tensor-parallel decode instance: each rank its heads",
+          "[roles][layerwise][tp]") {
+  Instance both(LanguageRole::kBoth);
+  Instance prefill(LanguageRole::kPrefill, absl::Seconds(10), 1, Layerwise("prefill-tp"));
+  Instance decode(LanguageRole::kDecode, absl::Seconds(10), 2, {.id = "decode-tp"});
+  SplitEqualsBoth(both, prefill, decode, kPrompts, {.id_prefix = "lwtp"});
+  // Every request: 2 layer groups to each of the 2 ranks.
+  CHECK(LayerGroups(prefill) == 2 * 2 * 2 * 2 * kPrompts.size());
   CHECK(prefill.Idle());
   CHECK(decode.Idle());
 }
