@@ -228,6 +228,30 @@ TEST_CASE("a layer-wise hand-off writes the decode cache byte for byte as a whol
   CHECK(whole.Idle());
 }
 
+TEST_CASE("a first token that ends the request stops its layer groups; nothing is committed",
+          "[roles][layerwise]") {
+  Instance both(LanguageRole::kBoth);
+  Instance prefill(LanguageRole::kPrefill, absl::Seconds(10), 1, Layerwise("prefill-s"));
+  const Output want = RunBoth(both, Request("stop-0", kPrompts[0], Greedy(8)));
+  REQUIRE(want.status.ok());
+  REQUIRE(!want.tokens.empty());
+  const model::TextConfig& cfg = prefill.core->config().text;
+  RecordingDecode decode({cfg.num_hidden_layers, 64, 4, cfg.num_key_value_heads, cfg.head_dim()},
+                         "rec-s");
+  mmserve::v1::SamplingParams s = Greedy(8);
+  s.add_stop_token_ids(want.tokens[0]);  // the first token ends it here
+  v1::PrefillRequest r = Request("stop-0", kPrompts[0], s);
+  r.mutable_decode()->set_instance_id("decode");
+  r.mutable_decode()->set_address(decode.address);
+  const Output out = RunBoth(prefill, r);
+  REQUIRE(out.status.ok());
+  CHECK_FALSE(out.handed_off);
+  CHECK(out.tokens == std::vector<uint32_t>{want.tokens[0]});
+  CHECK(out.finish == mmserve::v1::FINISH_REASON_STOP);
+  CHECK(decode.crc == 0);  // no CommitKv
+  CHECK(prefill.Idle());
+}
+
 TEST_CASE("prefill + decode with layer-wise hand-offs give role both's tokens",
           "[roles][layerwise]") {
   Instance both(LanguageRole::kBoth);
