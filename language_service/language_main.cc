@@ -47,7 +47,8 @@ ABSL_FLAG(int, handoff_layer_group, 4,
           "the whole prompt's KV is sent after its forward");
 ABSL_FLAG(int, handoff_layerwise_min_tokens, 256,
           "role prefill: prompts shorter than this many tokens hand their KV off whole after "
-          "their forward (too short for the overlap to pay for the per-group writes)");
+          "their forward (AllocateKv, the writes and CommitKv then, as with "
+          "--handoff_layer_group=0)");
 ABSL_FLAG(int, test_kv_handoff_delay_ms, 0,
           "TEST ONLY (fault tests): role prefill waits this long between AllocateKv and the "
           "KV puts of every hand-off (layer-wise: after its first layer group), so that a kill "

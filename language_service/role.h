@@ -66,8 +66,7 @@ struct RoleOptions {
   // whole after its forward.
   int handoff_layer_group = 4;
   // Role prefill: prompts shorter than this (tokens) go whole after their
-  // forward (their forward is too short for the overlap to pay for the
-  // groups' extra round trips).
+  // forward, as with handoff_layer_group 0.
   int handoff_layerwise_min_tokens = 256;
   // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
   // and the puts (a layer-wise one: after its first layer group), on its
