@@ -198,7 +198,6 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   DeferredActions deferred_;
 
   Stopwatch clock_;
-  int64_t placed_tokens_ = 0;  // charged to each language instance
   double router_seconds_ = 0;  // time spent in the router before dispatch
   CallPhase phase_ ABSL_GUARDED_BY(mu_) = CallPhase::kPlacing;
   CallSink sink_ ABSL_GUARDED_BY(mu_);
