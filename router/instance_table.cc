@@ -66,6 +66,7 @@ void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
     if (e.healthy) MarkDown(info.instance_id(), e);
     e.instance = std::move(inst);
     e.unreported.clear();
+    prefix_index_.Remove(info.instance_id());
     e.failures = 0;
     LOG(INFO) << "instance " << info.instance_id() << " at " << info.grpc_address() << " ("
               << iv1::InstanceRole_Name(info.role()) << ")";
@@ -79,6 +80,7 @@ bool InstanceTable::Report(const iv1::LoadReport& load) {
   it->second.load = load;
   it->second.load_at = absl::Now();
   CatchUp(it->second, it->second.load_at);
+  prefix_index_.Update(load.instance_id(), load, it->second.load_at);
   if (it->second.registered) it->second.heartbeat_due = absl::Now() + options_.heartbeat_timeout;
   return true;
 }
@@ -89,6 +91,7 @@ void InstanceTable::Remove(const std::string& id) {
   if (it == entries_.end()) return;
   if (it->second.healthy) MarkDown(id, it->second);
   entries_.erase(it);
+  prefix_index_.Remove(id);
   LOG(INFO) << "instance " << id << " deregistered";
 }
 
@@ -269,6 +272,7 @@ void InstanceTable::Apply(const PollRound& round) {
         e.load = p.load;
         e.load_at = absl::Now();
         CatchUp(e, round.asked);
+        prefix_index_.Update(inst->id, p.load, e.load_at);
         const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
         if (ok && !e.healthy) LOG(INFO) << "instance " << inst->id << " is healthy";
         if (!ok && e.healthy) MarkDown(inst->id, e);

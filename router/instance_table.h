@@ -49,6 +49,7 @@
 #include "proto/encoder.grpc.pb.h"
 #include "proto/language.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
+#include "router/prefix_index.h"
 
 namespace mmserve::router {
 
@@ -79,6 +80,8 @@ struct InstanceTableOptions {
   // How long after a placement a report is sure to count the request (its
   // Prefill or Decode call has reached the instance).
   absl::Duration report_catch_up = absl::Milliseconds(50);
+  // The prompts each instance holds (fed by the reports).
+  PrefixIndexOptions prefix;
 };
 
 // An instance's latest load report and when the router got it.
@@ -141,6 +144,8 @@ class InstanceTable {
   void Charge(const std::string& id, const std::string& call_id, uint64_t tokens);
   // Call `call_id` ended: its charge on `id`, if any is left, goes.
   void Discharge(const std::string& id, const std::string& call_id);
+  // The prompts each instance holds, from its reports.
+  PrefixIndex& prefix_index() { return prefix_index_; }
 
   void SetDownListener(std::function<void(const std::string& id)> listener);
   // Polls on `loop` until Stop; `loop` outlives the table (or is stopped
@@ -179,6 +184,7 @@ class InstanceTable {
   void CatchUp(Entry& e, absl::Time asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const InstanceTableOptions options_;
+  PrefixIndex prefix_index_{options_.prefix};
   absl::Mutex placement_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);

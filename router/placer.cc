@@ -8,18 +8,56 @@
 #include "router/elastic_prompt.h"
 #include "router/router_context.h"
 #include "scheduler/placement.h"
+#include "scheduler/prompt_prefix.h"
 
 namespace mmserve::router {
 namespace {
 
-// The instance of `candidates` with the least work: tokens to compute, and
-// kRequestTokens per request.
-std::shared_ptr<Instance> LeastLoaded(const std::vector<InstanceLoad>& candidates) {
-  std::vector<uint64_t> costs;
-  for (const InstanceLoad& c : candidates) {
-    costs.push_back(c.tokens() + kRequestTokens * c.requests());
+// The prompt as placement sees it.
+struct Prompt {
+  uint64_t tokens = 0;  // EstimatePromptTokens
+  scheduler::PrefixKeys prefix;
+};
+
+Prompt PromptOf(const PlaceRequest& request) {
+  Prompt p{.tokens = EstimatePromptTokens(request)};
+  std::vector<ContentHash> media;
+  if (request.images != nullptr) {
+    for (const PreparedMedia& m : *request.images) media.push_back(m.hash);
   }
-  return candidates[scheduler::LeastLoaded(costs)].instance;
+  const mmserve::v1::GenerateRequest& r = *request.request;
+  p.prefix = r.has_chat() ? scheduler::ChatPrefixKeys(r.chat(), media)
+                          : scheduler::RawPrefixKeys(r.raw(), media);
+  return p;
+}
+
+// The instance of `candidates` of the lowest cost (docs/routing.md):
+//   load + kv_short - weight * cached
+// load: tokens to compute and kRequestTokens per request (reported and
+// placed since); cached: the prompt's tokens the instance holds
+// (PrefixIndex); kv_short: the uncached tokens its free KV cannot hold.
+std::shared_ptr<Instance> Cheapest(const std::vector<InstanceLoad>& candidates,
+                                   const Prompt& prompt, const PrefixIndex& index) {
+  const double weight = index.options().weight;
+  const absl::Time now = absl::Now();
+  size_t best = 0;
+  double best_cost = 0;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const InstanceLoad& c = candidates[k];
+    const uint64_t cached =
+        weight > 0 ? index.CachedTokens(c.instance->id, prompt.prefix.keys, now) : 0;
+    const uint64_t uncached = prompt.tokens - std::min(prompt.tokens, cached);
+    const uint64_t free_slots = c.report.kv_token_slots_free() -
+                                std::min(c.report.kv_token_slots_free(), c.unreported.tokens);
+    const uint64_t kv_short = uncached - std::min(uncached, free_slots);
+    const double cost = static_cast<double>(c.tokens() + kRequestTokens * c.requests() + kv_short) -
+                        weight * static_cast<double>(cached);
+    if (k == 0 || cost < best_cost) {
+      best = k;
+      best_cost = cost;
+    }
+  }
+  return candidates[best].instance;
 }
 
 // The decode instance with the most free KV blocks, then the fewest
@@ -102,6 +140,13 @@ void TablePlacer::Charge(const PlaceRequest& request, uint64_t tokens,
   }
 }
 
+void TablePlacer::Computes(const std::string& instance, const scheduler::PrefixKeys& prefix,
+                           uint64_t tokens) {
+  if (prefix.keys.empty() || table_.prefix_index().options().weight <= 0) return;
+  table_.prefix_index().Insert(instance, prefix.keys.back(),
+                               static_cast<uint64_t>(prefix.covered * tokens), absl::Now());
+}
+
 void TablePlacer::Released(const std::string& id) {
   std::vector<std::string> charged;
   {
@@ -114,14 +159,15 @@ void TablePlacer::Released(const std::string& id) {
 bool BothPlacer::CanPlace() const { return !table_.Healthy(Role::kLanguage).empty(); }
 
 void BothPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
-  const uint64_t tokens = EstimatePromptTokens(request);
+  const Prompt prompt = PromptOf(request);
   std::shared_ptr<Instance> chosen;
   {
     absl::MutexLock hold(table_.placement_mutex());
     const std::vector<InstanceLoad> both = table_.Loads(Role::kLanguage);
     if (!both.empty()) {
-      chosen = LeastLoaded(both);
-      Charge(request, tokens, {chosen});
+      chosen = Cheapest(both, prompt, table_.prefix_index());
+      Charge(request, prompt.tokens, {chosen});
+      Computes(chosen->id, prompt.prefix, prompt.tokens);
     }
   }
   if (chosen == nullptr) {
@@ -136,15 +182,16 @@ bool PdPlacer::CanPlace() const {
 }
 
 void PdPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
-  const uint64_t tokens = EstimatePromptTokens(request);
+  const Prompt prompt = PromptOf(request);
   std::vector<std::shared_ptr<Instance>> pair;
   {
     absl::MutexLock hold(table_.placement_mutex());
     const std::vector<InstanceLoad> decoders = table_.Loads(Role::kDecode);
     const std::vector<InstanceLoad> prefills = table_.Loads(Role::kPrefill);
     if (!decoders.empty() && !prefills.empty()) {
-      pair = {LeastLoaded(prefills), MostFreeKv(decoders)};
-      Charge(request, tokens, pair);
+      pair = {Cheapest(prefills, prompt, table_.prefix_index()), MostFreeKv(decoders)};
+      Charge(request, prompt.tokens, pair);
+      Computes(pair[0]->id, prompt.prefix, prompt.tokens);
     }
   }
   if (pair.empty()) {

@@ -38,6 +38,7 @@
 #include "router/call_phase.h"
 #include "router/instance_table.h"
 #include "router/request_validation.h"
+#include "scheduler/prompt_prefix.h"
 
 namespace mmserve::router {
 
@@ -129,6 +130,9 @@ class TablePlacer : public Placer {
   // Charges `instances` with the request (under the table's placement mutex).
   void Charge(const PlaceRequest& request, uint64_t tokens,
               const std::vector<std::shared_ptr<Instance>>& instances);
+  // `instance` computes the prompt of `prefix` (`tokens` long): the prefix
+  // index counts it there until the instance's report lists it.
+  void Computes(const std::string& instance, const scheduler::PrefixKeys& prefix, uint64_t tokens);
   InstanceTable& table_;
 
  private:
@@ -136,8 +140,10 @@ class TablePlacer : public Placer {
   std::vector<std::string> charged_ ABSL_GUARDED_BY(mu_);  // instance ids
 };
 
-// Role both: the usable instance with the lowest cost (tokens to compute
-// plus kRequestTokens per request, running, waiting or placed).
+// Role both: the usable instance of the lowest cost: its load (tokens to
+// compute, kRequestTokens per request, reported or placed since), less the
+// prompt's tokens it holds cached (PrefixIndex, times its weight), plus
+// the uncached tokens its free KV cannot hold (docs/routing.md).
 class BothPlacer final : public TablePlacer {
  public:
   using TablePlacer::TablePlacer;
@@ -147,7 +153,7 @@ class BothPlacer final : public TablePlacer {
 
 // Roles prefill and decode: the decode instance with the most free KV
 // blocks (then the fewest sequences), both counting what the router placed
-// since its report; the prefill instance of the lowest cost.
+// since its report; the prefill instance of the lowest cost (as BothPlacer).
 class PdPlacer final : public TablePlacer {
  public:
   using TablePlacer::TablePlacer;

@@ -18,6 +18,7 @@
 #include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "router/call_testing.h"
+#include "scheduler/prompt_prefix.h"
 
 namespace mmserve::router {
 namespace {
@@ -48,6 +49,7 @@ class Reporting final : public iv1::Language::Service {
 iv1::LoadReport Free(uint32_t kv_blocks) {
   iv1::LoadReport load;
   load.set_kv_blocks_free(kv_blocks);
+  load.set_kv_token_slots_free(uint64_t{kv_blocks} * 16);
   return load;
 }
 
@@ -55,8 +57,10 @@ iv1::LoadReport Free(uint32_t kv_blocks) {
 class Pool {
  public:
   Pool(const std::vector<std::pair<std::string, iv1::InstanceRole>>& instances,
-       absl::Duration report_catch_up)
-      : table_({.poll_interval = absl::Milliseconds(10), .report_catch_up = report_catch_up}) {
+       absl::Duration report_catch_up, const PrefixIndexOptions& prefix = {})
+      : table_({.poll_interval = absl::Milliseconds(10),
+                .report_catch_up = report_catch_up,
+                .prefix = prefix}) {
     for (const auto& [id, role] : instances) {
       auto& service = services_.emplace_back(std::make_unique<Reporting>(id));
       service->Set(Free(1000));
@@ -98,14 +102,14 @@ mmserve::v1::GenerateRequest Chat(const std::string& text) {
   return r;
 }
 
-// Places `request` as call `id` with a new placer (one per call, as
-// ChoosePlacer makes them); the placement's instance ids.
+// Places `request` (with `images`) as call `id` with a new placer (one per
+// call, as ChoosePlacer makes them); the placement's instance ids.
 template <typename P>
 std::vector<std::string> PlaceOne(InstanceTable& table, std::unique_ptr<Placer>& placer,
                                   const std::string& id,
-                                  const mmserve::v1::GenerateRequest& request) {
+                                  const mmserve::v1::GenerateRequest& request,
+                                  std::vector<PreparedMedia> images = {}) {
   placer = std::make_unique<P>(table);
-  std::vector<PreparedMedia> images;
   std::vector<std::string> ids;
   placer->Place({.id = id, .request = &request, .images = &images},
                 [&](absl::StatusOr<Placement> p) {
@@ -214,6 +218,89 @@ TEST_CASE("a charge leaves once a report taken after it has come") {
   const InstanceLoad load = pool.table().Loads(Role::kLanguage).at(0);
   CHECK(load.requests() == 1);
   CHECK(load.unreported.tokens == 0);
+}
+
+const ContentHash kCat{1, 2};
+const ContentHash kDog{3, 4};
+
+// A chat about one picture: the first turn, or the second (the first, the
+// reply, a new question).
+mmserve::v1::GenerateRequest Turn(int turn) {
+  mmserve::v1::GenerateRequest r;
+  auto* user = r.mutable_chat()->add_messages();
+  user->set_role("user");
+  user->add_content()->mutable_image()->set_data("the picture's bytes");
+  user->add_content()->set_text("what is in this picture?");
+  if (turn == 1) return r;
+  auto* reply = r.mutable_chat()->add_messages();
+  reply->set_role("assistant");
+  reply->add_content()->set_text("a cat on a sofa");
+  auto* next = r.mutable_chat()->add_messages();
+  next->set_role("user");
+  next->add_content()->set_text("what colour is the cat?");
+  return r;
+}
+
+std::vector<PreparedMedia> Picture(const ContentHash& hash) {
+  PreparedMedia m;
+  m.hash = hash;
+  m.grid = model::MediaGrid{.grid_h = 16, .grid_w = 16};  // 64 rows
+  return {m};
+}
+
+// A report that lists the first turn about `hash` (`tokens` long) and
+// `outstanding` tokens of work.
+iv1::LoadReport Holding(const ContentHash& hash, uint32_t tokens, uint64_t outstanding) {
+  iv1::LoadReport load = Free(1000);
+  load.set_outstanding_tokens(outstanding);
+  load.set_prefix_epoch(7);
+  iv1::CachedPrefix* p = load.add_cached_prefixes();
+  p->set_key(scheduler::ChatPrefixKeys(Turn(1).chat(), {hash}).keys.back());
+  p->set_tokens(tokens);
+  return load;
+}
+
+TEST_CASE("a chat's second turn goes where its first was computed, though that is busier") {
+  Pool pool({{"a", iv1::INSTANCE_ROLE_BOTH}, {"b", iv1::INSTANCE_ROLE_BOTH}}, kNeverCaughtUp);
+  // "b" computed the first turn (90 tokens) and has 60 tokens more work.
+  pool.service(1).Set(Holding(kCat, 90, 60));
+  REQUIRE(WaitFor([&] { return pool.table().LastLoad("b").prefix_epoch() == 7; }));
+  std::vector<std::unique_ptr<Placer>> placers(3);
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[0], "r0", Turn(2), Picture(kCat)).at(0) == "b");
+  // The same chat about another picture shares nothing cached: by load.
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[1], "r1", Turn(2), Picture(kDog)).at(0) == "a");
+  // Much busier, the holder loses the next one.
+  pool.service(1).Set(Holding(kCat, 90, 5000));
+  REQUIRE(WaitFor([&] { return pool.table().LastLoad("b").outstanding_tokens() == 5000; }));
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[2], "r2", Turn(2), Picture(kCat)).at(0) == "a");
+}
+
+TEST_CASE("with --prefix_weight=0 the second turn goes by load") {
+  Pool pool({{"a", iv1::INSTANCE_ROLE_BOTH}, {"b", iv1::INSTANCE_ROLE_BOTH}}, kNeverCaughtUp,
+            {.weight = 0});
+  pool.service(1).Set(Holding(kCat, 90, 60));
+  REQUIRE(WaitFor([&] { return pool.table().LastLoad("b").prefix_epoch() == 7; }));
+  std::unique_ptr<Placer> placer;
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placer, "r0", Turn(2), Picture(kCat)).at(0) == "a");
+}
+
+TEST_CASE("a second turn sent before any report lists the first follows the router's placement") {
+  Pool pool({{"a", iv1::INSTANCE_ROLE_PREFILL},
+             {"b", iv1::INSTANCE_ROLE_PREFILL},
+             {"d", iv1::INSTANCE_ROLE_DECODE}},
+            kNeverCaughtUp);
+  std::vector<std::unique_ptr<Placer>> placers(3);
+  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[0], "r0", Turn(1), Picture(kCat)).at(0) == "a");
+  placers[0]->Released("r0");
+  // "a" is busier now, but holds the first turn.
+  pool.service(0).Set([] {
+    iv1::LoadReport l = Free(1000);
+    l.set_outstanding_tokens(40);
+    return l;
+  }());
+  REQUIRE(WaitFor([&] { return pool.table().LastLoad("a").outstanding_tokens() == 40; }));
+  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[1], "r1", Turn(2), Picture(kCat)).at(0) == "a");
+  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[2], "r2", Turn(2), Picture(kDog)).at(0) == "b");
 }
 
 TEST_CASE("an estimate counts text by bytes and images by their rows") {
