@@ -35,7 +35,7 @@
 ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
           "instance the router names) or decode (takes hand-offs and streams the rest) or elastic "
-          "(role both, registered for elastic sequence parallelism); "
+          "(role both, registered for elastic sequence parallelism; --tp=1); "
           "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
           "rank receives its own KV heads)");
 ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
@@ -141,7 +141,14 @@ absl::StatusOr<LanguageRole> RoleFromFlags() {
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "both") return LanguageRole::kBoth;
   if (role == "decode") return LanguageRole::kDecode;
-  if (role == "elastic") return LanguageRole::kElastic;
+  if (role == "elastic") {
+    if (absl::GetFlag(FLAGS_tp) != 1) {
+      return absl::InvalidArgumentError(
+          "--role=elastic needs --tp=1: a group's K/V exchange and span queries run between "
+          "single-rank instances (see docs/elastic.md)");
+    }
+    return LanguageRole::kElastic;
+  }
   if (role != "prefill") {
     return absl::InvalidArgumentError(
         absl::StrCat("--role must be both, prefill, decode or elastic, not ", role));
