@@ -54,9 +54,7 @@ GenerateCall::GenerateCall(Setup setup)
       placer_(std::move(setup.placer)),
       clock_(setup.clock),
       sink_(std::move(setup.sink)),
-      encoders_(context_, request_, deadline_, setup.images) {
-  placed_tokens_ = encoders_.PlacedTokens();
-}
+      encoders_(context_, request_, deadline_, setup.images) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -112,7 +110,6 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
 
 void GenerateCall::Run() {
   router_seconds_ = clock_.ElapsedSeconds();
-  for (const auto& instance : LanguageInstances()) instance->inflight += placed_tokens_;
   std::vector<size_t> all(encoders_.size());
   std::iota(all.begin(), all.end(), size_t{0});
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
@@ -360,7 +357,6 @@ void GenerateCall::End(absl::Status status) {
   if (placer_ != nullptr) {
     deferred_.Defer([placer = placer_.get(), id = id_] { placer->Released(id); });
   }
-  for (const auto& instance : LanguageInstances()) instance->inflight -= placed_tokens_;
   RecordEnd(status);  // the whole status, for the operator
   deferred_.Defer([sink = std::move(sink_), status = PublicStatus(status, id_)]() mutable {
     sink.on_end(std::move(status));

@@ -1,7 +1,7 @@
 // One Generate request as the router runs it (docs/lifecycle.md):
 // validate, hash and pre-size every image, place each image on an encoder by
-// rendezvous hashing of its content hash and the request on the language
-// instance with the least outstanding work, then call Encode on the encoders
+// rendezvous hashing of its content hash and the request's language side
+// by its placer (placer.h, docs/routing.md), then call Encode on the encoders
 // and Prefill on the language instance at the same time and relay the token
 // stream to the sink.
 //
@@ -215,7 +215,6 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   DeferredActions deferred_;
 
   Stopwatch clock_;
-  int64_t placed_tokens_ = 0;  // charged to each language instance
   double router_seconds_ = 0;  // time spent in the router before dispatch
   CallPhase phase_ ABSL_GUARDED_BY(mu_) = CallPhase::kPlacing;
   CallSink sink_ ABSL_GUARDED_BY(mu_);

@@ -66,6 +66,9 @@ ABSL_FLAG(int, poll_timeout_ms, 500, "one health poll's deadline");
 ABSL_FLAG(int, down_after, 2, "failed polls in a row that take an instance out of placement");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a registered instance whose heartbeats stop this long leaves placement");
+ABSL_FLAG(double, prefix_weight, 1.0,
+          "what a prompt token an instance holds cached weighs against a token of its load "
+          "when placing (docs/routing.md); 0: place by load only");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running calls may take");
 ABSL_FLAG(std::vector<std::string>, api_key, {},
           "API keys the public API requires (Authorization: Bearer); none: open");
@@ -229,11 +232,16 @@ absl::StatusOr<InstanceTableOptions> TableOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "--poll_ms, --poll_timeout_ms, --down_after and --heartbeat_timeout_ms must be >= 1");
   }
+  const double prefix_weight = absl::GetFlag(FLAGS_prefix_weight);
+  if (!(prefix_weight >= 0 && prefix_weight <= 100)) {
+    return absl::InvalidArgumentError("--prefix_weight must be between 0 and 100");
+  }
   return InstanceTableOptions{
       .poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms)),
       .poll_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_poll_timeout_ms)),
       .down_after = absl::GetFlag(FLAGS_down_after),
-      .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))};
+      .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+      .prefix = {.weight = prefix_weight}};
 }
 
 void AddGauges(metrics::Registry& registry, InstanceTable& table, CallTracker& tracker) {

@@ -6,8 +6,10 @@
 // it reserved, then hands over with a master move: its KV stays where it is
 // as a held span, none is copied); and a master moves when another instance
 // would decode the request faster by a margin. One pure decision; the
-// router does not act on it yet: masters still reserve their whole decode
-// range at placement (docs/elastic.md, "Growing a decoding request").
+// router does not act on it yet: it places masters that reserve their
+// whole decode range (a plan's decode_window makes a master grow its span
+// a window at a time instead; docs/elastic.md, "Growing a decoding
+// request").
 //
 //   ElasticGrowthState s;   // instances (free blocks, ordinary decode batch),
 //                           // decoding requests (master, holders, KV, reservation)

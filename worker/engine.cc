@@ -186,6 +186,7 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     p.hold_kv_when_finished = true;
   }
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
+  if (plan.prompt_only) connector_->OnPromptQueued(live->id, live->handoff);
   by_scheduler_id_[live->sched_id.value] = live.get();
   requests_[live->id] = std::move(live);
   return absl::OkStatus();
