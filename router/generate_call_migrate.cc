@@ -84,7 +84,6 @@ void GenerateCall::OnMigrationPlaced(absl::StatusOr<Placement> placement) {
       resuming_ = language_request_->images_size() > 0;  // they may move until it streams
       const size_t k = placement_.instances.size();
       std::shared_ptr<Instance> instance = placement->instances[0];
-      instance->inflight += placed_tokens_;
       placement_.instances.push_back(std::move(instance));
       cancels_.push_back(nullptr);
       chain_.emplace(std::vector<Carrier>{{.instance = k}});

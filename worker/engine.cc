@@ -170,15 +170,13 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   } else if (!request.handoff_images.empty()) {
     return absl::InvalidArgumentError("hand-off images are for remote prompts only");
   }
-  if (!request.resume_output_token_ids.empty() && (plan.remote_prompt || plan.prompt_only)) {
-    return absl::InvalidArgumentError("a resumed request is decoded where it is prefilled");
-  }
   scheduler::RequestParams p;
   ASSIGN_OR_RETURN(std::unique_ptr<Live> live,
                    Prepare(request, std::move(callback), plan, &p, rules_));
-  ASSIGN_OR_RETURN(live->completion_tokens,
-                   ReplayResumed(request.resume_output_token_ids, rules_.vocab_size, live->runner,
-                                 *live->streamer, live->draws, p));
+  ASSIGN_OR_RETURN(
+      live->completion_tokens,
+      ReplayResumed(request.resume_output_token_ids, !plan.remote_prompt && !plan.prompt_only,
+                    rules_.vocab_size, live->runner, *live->streamer, live->draws, p));
   if (plan.remote_prompt) return Reserve(std::move(live), std::move(p), info, remote_kv);
   if (plan.prompt_only) {
     p.max_tokens = 1;  // the decode engine produces the rest
@@ -192,10 +190,14 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, int vocab_size,
-                                  RunnerRequestState& runner, model::TextStreamer& streamer,
-                                  uint64_t& draws, scheduler::RequestParams& params) {
+absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, bool decoded_here,
+                                  int vocab_size, RunnerRequestState& runner,
+                                  model::TextStreamer& streamer, uint64_t& draws,
+                                  scheduler::RequestParams& params) {
   if (tokens.empty()) return 0;
+  if (!decoded_here) {
+    return absl::InvalidArgumentError("a resumed request is decoded where it is prefilled");
+  }
   if (tokens.size() >= static_cast<size_t>(params.max_tokens)) {
     return absl::InvalidArgumentError(absl::StrCat("resume_output_token_ids: ", tokens.size(),
                                                    " tokens leave none below max_tokens ",

@@ -66,19 +66,16 @@ class LlmEngine {
   // kAbort) and frees them. handoff_images on a local prompt: InvalidArgument.
   [[nodiscard]] absl::Status AddRequest(EngineRequest request, StreamCallback callback,
                                         RemoteKvBlocks* remote_kv = nullptr);
-  // Aborts a live request; its callback gets a final kAbort event. NotFound
-  // for unknown ids.
+  // Aborts a live request (final event kAbort); NotFound for unknown ids.
   [[nodiscard]] absl::Status Abort(const std::string& id);
   // Runs one scheduler step.
   [[nodiscard]] absl::Status Step();
 
-  // Role elastic: a span of `tokens` of request `id`'s KV that
-  // this engine keeps for a group prefill while another instance decodes
-  // the request: a request in the scheduler's kHoldingSpan
-  // (Scheduler::HoldSpan); the span's block ids, in order. It is never
-  // scheduled and is no unfinished work; Abort(id) or ReleaseSpan(id) frees
-  // it. AlreadyExists when `id` is live here or holds a span,
-  // ResourceExhausted when the pool has no room.
+  // Role elastic: a span of `tokens` of request `id`'s KV kept for a group
+  // prefill while another instance decodes it (kHoldingSpan: never
+  // scheduled, no unfinished work); its block ids in order. Abort(id) or
+  // ReleaseSpan(id) frees it. AlreadyExists when `id` is live here or holds
+  // a span, ResourceExhausted when the pool has no room.
   [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(const std::string& id,
                                                                       int tokens);
   // NotFound when `id` holds no span.
@@ -121,8 +118,7 @@ class LlmEngine {
   // HoldSpan's) and its state goes to the next master. NotFound unless
   // `id` is mastered here.
   [[nodiscard]] absl::StatusOr<ElasticRequest::MasterState> StopMastering(const std::string& id);
-  // Whether `id`, mastered here, has no slot for its next token (StopMastering).
-  bool MasterSpanFull(const std::string& id) const;
+  bool MasterSpanFull(const std::string& id) const;  // no slot for its next token
   // Scheduler::GrowSpan for `id`; refused with no slot left, `id` ends RESOURCE_EXHAUSTED.
   absl::StatusOr<std::vector<kvpool::BlockId>> GrowMasterSpan(const std::string& id, int64_t end);
   // The span holders of the requests mastered here (outlive the steps;

@@ -61,10 +61,12 @@ absl::StatusOr<FinishReason> TokenEvent(RunnerRequestState& runner, model::TextS
 // streamed there) and one draw of runner.sampler each unless greedy
 // (counted in `draws`); they become params' first outputs. Returns how many;
 // InvalidArgument when they leave no room below max_tokens, lie outside the
-// vocabulary or one of them ends the request.
-absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, int vocab_size,
-                                  RunnerRequestState& runner, model::TextStreamer& streamer,
-                                  uint64_t& draws, scheduler::RequestParams& params);
+// vocabulary or one of them ends the request, and when the request is not
+// decoded here (`decoded_here` false: a prompt handed off or received).
+absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, bool decoded_here,
+                                  int vocab_size, RunnerRequestState& runner,
+                                  model::TextStreamer& streamer, uint64_t& draws,
+                                  scheduler::RequestParams& params);
 
 }  // namespace mmserve::worker
 
