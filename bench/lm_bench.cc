@@ -48,10 +48,13 @@
 // pp_vs_fma_peak is that rate over the FMA peak (int8 layers' integer
 // multiply-adds are not FMAs and may run above it).
 //
-// --dtype=int8 / int8_g32 quantizes the random bf16 weights (or the
-// checkpoint) at load, as --quantize does. Then, after the run above, the
-// same weights in bf16 are loaded and decoded in chunks alternating with
-// the int8 model's (int8_vs_bf16_tg = bf16 step time / int8 step time under
+// --dtype=int8 / int8_g32 / int4_g32 / int4_g128 / int4_g32_zp / int4_g128_zp
+// quantizes the random bf16 weights (or the checkpoint) at load, as
+// --quantize does (int4 layers always take int8 activations; their step
+// bytes count nibbles, scales and zero points, so tg_bandwidth_ratio is the
+// 4-bit stream's fraction of the copy roofline). Then, after the run above,
+// the same weights in bf16 are loaded and decoded in chunks alternating with
+// the quantized model's (int8_vs_bf16_tg = bf16 step time / its step time under
 // the same load), and prefilled once (bf16_pp_vs_fma_peak). The peak RSS is
 // taken before the bf16 weights are loaded.
 //
@@ -88,6 +91,7 @@
 #include "model/cpu/cpu_isa_flag.h"
 #include "model/cpu/linear.h"
 #include "model/cpu/linear_bf16dot.h"
+#include "model/cpu/linear_int4.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
@@ -101,8 +105,9 @@ ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (overrides -
 ABSL_FLAG(std::string, dims, "qwen2-0.5b",
           "random weights at these text dimensions: qwen2-0.5b, qwen2-vl-2b, qwen3-0.6b, tiny");
 ABSL_FLAG(std::string, dtype, "bf16",
-          "weights: bf16 or fp32 (random weights' dtype), int8 or int8_g32 (quantized at load "
-          "from bf16 random weights or the checkpoint)");
+          "weights: bf16 or fp32 (random weights' dtype), int8, int8_g32, int4_g32, int4_g128, "
+          "int4_g32_zp or int4_g128_zp (quantized at load from bf16 random weights or the "
+          "checkpoint, as --quantize)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
 ABSL_FLAG(int, pp, 512, "prompt tokens of the prefill test");
 ABSL_FLAG(int, tg, 128, "decode steps of the generation tests");
@@ -185,8 +190,14 @@ double LinearGflops(cpu::ThreadPool& pool, int64_t m, int64_t n, int64_t k, mode
   // bf16 runs on panels, as Qwen2Weights holds it.
   std::optional<cpu::PanelWeights> packed;
   std::optional<cpu::Int8Weights> quantized;
-  if (!quantize.empty()) {
-    quantized = cpu::Int8Weights::Quantize(pool, w, quantize == "int8_g32" ? 32 : 0);
+  std::optional<cpu::Int4Weights> quantized4;
+  const auto scheme = model::ParseQuantize(quantize);
+  CHECK_OK(scheme.status());
+  if (scheme->quantize == model::Quantization::kInt4) {
+    quantized4 = cpu::Int4Weights::Quantize(pool, w, scheme->int4);
+    w = quantized4->matrix();
+  } else if (!quantize.empty()) {
+    quantized = cpu::Int8Weights::Quantize(pool, w, scheme->int8_group);
     w = quantized->matrix();
   } else if (dtype == model::DType::kBF16) {
     packed = cpu::PanelWeights::Pack(pool, w);
@@ -228,8 +239,14 @@ Options ReadFlags() {
   }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   o.dtype = dtype == "fp32" ? model::DType::kF32 : model::DType::kBF16;
-  if (dtype == "int8" || dtype == "int8_g32") o.quantize = dtype;
-  CHECK(dtype == "fp32" || dtype == "bf16" || !o.quantize.empty()) << "unknown --dtype " << dtype;
+  if (dtype != "fp32" && dtype != "bf16") {
+    CHECK(model::ParseQuantize(dtype).ok()) << "unknown --dtype " << dtype;
+    o.quantize = dtype;
+  }
+  if (o.quantize.rfind("int4", 0) == 0 && o.kernel == cpu::LinearKernel::kDot) {
+    o.kernel = cpu::LinearKernel::kInt8Act;  // what int4 layers run whatever the flag
+    o.kernel_name = "int8act";
+  }
   o.dtype_name = dtype;
   return o;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear_bf16dot.h"
+#include "model/cpu/linear_int4.h"
 #include "model/cpu/linear_int8.h"
 
 namespace mmserve::bench {
@@ -59,6 +60,11 @@ void PrintBaselines(const Options& o, const TextConfig& cfg, const Results& r, d
 // force (cpu_isa.h), and its measured peak in GFLOP/s (0 if not measured).
 std::pair<const char*, double> LinearIsaPeak(const Options& o, const Results& r) {
   const bool avx512 = cpu::ActiveCpuIsa() == cpu::CpuIsa::kAvx512;
+  if (o.quantize.rfind("int4", 0) == 0) {  // int4 layers always run int8 activations
+    return cpu::internal::Int4UsesVnni()
+               ? std::pair{"vpdpbusd zmm", r.isa_peaks.vnni_gops}
+               : std::pair{"vpmaddubsw ymm (vs the FMA peak)", r.fma_peak_gflops};
+  }
   if (!o.quantize.empty() && o.kernel == cpu::LinearKernel::kInt8Act &&
       cpu::internal::Int8ActUsesVnni512()) {
     return {"vpdpbusd zmm", r.isa_peaks.vnni_gops};
@@ -172,10 +178,10 @@ void Report(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& 
       attn_flops / r.pp_attention_s / 1e9, 1e3 * r.pp_rest_s);
   if (compared) {
     std::printf(
-        "  vs the same weights in bf16, alternating 16-step chunks: int8 %.1f ms/step, bf16 %.1f "
+        "  vs the same weights in bf16, alternating 16-step chunks: %s %.1f ms/step, bf16 %.1f "
         "ms/step = %.2f x; bf16 pp%d %.1f GFLOP/s = %.3f of the FMA peak\n",
-        1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg, int8_vs_bf16_tg, o.pp,
-        bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops);
+        o.quantize.c_str(), 1e3 * r.cmp_int8_tg_s / o.tg, 1e3 * r.cmp_bf16_tg_s / o.tg,
+        int8_vs_bf16_tg, o.pp, bf16_pp_gflops, bf16_pp_gflops / r.fma_peak_gflops);
   }
   std::printf(
       "  %-28s %10.2f tok/s  (%.2f x batch 1; bound %.2f x at our kernel's %.1f GFLOP/s for %d "

@@ -25,7 +25,7 @@ struct Options {
   std::string model_dir, model_name, kernel_name;
   cpu::LinearKernel kernel;
   model::DType dtype;           // of the random weights before quantization
-  std::string quantize;         // "", "int8", "int8_g32"
+  std::string quantize;         // "", "int8", "int8_g32", "int4_g32", ... (--quantize's names)
   std::string dtype_name;       // as reported
   std::string model_type;       // config.json's, with --model_dir
   bool random_weights = false;  // --model_dir without safetensors
@@ -37,7 +37,8 @@ struct Results {
   bench::IsaPeaks isa_peaks;  // the widest units' (fma_peak_gflops: 256-bit FMA)
   double peak_rss = 0, kv_mb = 0;
   bool rss_reset = false;
-  // --dtype=int8: the bf16 comparison (step times under the same load).
+  // --dtype=int8 or int4_*: the bf16 comparison (step times under the same
+  // load; cmp_int8_tg_s is the quantized model's, int8 or int4).
   double cmp_int8_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
   // Prefill parts timed alone right after each prefill step (PrefillParts):
   // medians over the reps of the linear layers, the attention and the rest

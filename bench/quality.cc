@@ -15,7 +15,9 @@
 // int8 weights (one scale per row, or per 32 columns) with int16 (one scale
 // per row) or int8 activations (one scale per 32 columns): int8_g32 weights
 // with int8 activations is llama.cpp's Q8_0 scheme, with fp32 scales where
-// Q8_0 stores fp16 ones. Quality does not depend on machine load, so the figures stand
+// Q8_0 stores fp16 ones; and 4-bit weights (--quantize=int4_*: groups of 32
+// or 128 columns, symmetric or with zero points), whose layers always take
+// int8 activations. Quality does not depend on machine load, so the figures stand
 // on a busy machine too. The corpus defaults to a license text every Debian
 // machine has; the tokens are the demo model's tokenizer's (their ids are
 // below every supported vocabulary size). Random weights' perplexity is
@@ -65,7 +67,7 @@ using model::cpu::LinearKernel;
 struct Mode {
   std::string name;
   DType dtype;           // of the weights before quantization (--dims)
-  std::string quantize;  // "", "int8", "int8_g32"
+  std::string quantize;  // "", "int8", "int8_g32", "int4_g32", ...
   LinearKernel kernel;
   bool bf16_weights;  // needs bf16 weights
 };
@@ -192,6 +194,11 @@ int Main() {
       {"int8 weights, int8 act", DType::kBF16, "int8", LinearKernel::kInt8Act, false},
       {"int8_g32 weights, int16 act", DType::kBF16, "int8_g32", LinearKernel::kDot, false},
       {"int8_g32 weights, int8 act", DType::kBF16, "int8_g32", LinearKernel::kInt8Act, false},
+      {"int4_g32 weights, int8 act", DType::kBF16, "int4_g32", LinearKernel::kInt8Act, false},
+      {"int4_g32_zp weights, int8 act", DType::kBF16, "int4_g32_zp", LinearKernel::kInt8Act, false},
+      {"int4_g128 weights, int8 act", DType::kBF16, "int4_g128", LinearKernel::kInt8Act, false},
+      {"int4_g128_zp weights, int8 act", DType::kBF16, "int4_g128_zp", LinearKernel::kInt8Act,
+       false},
   };
 
   std::vector<std::vector<float>> ref;

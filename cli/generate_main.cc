@@ -47,8 +47,9 @@ ABSL_FLAG(int, kv_cache_mb, 0,
           "memory)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, quantize, "",
-          "quantize the language model's weights at load: int8 (one scale per output row) or "
-          "int8_g32 (one per 32 columns)");
+          "quantize the language model's weights at load: int8 (one scale per output row), "
+          "int8_g32 (one per 32 columns), or 4-bit int4_g32, int4_g128, int4_g32_zp, int4_g128_zp "
+          "(groups of 32 or 128 columns, _zp with zero points; int8 activations)");
 ABSL_FLAG(std::string, activation_dtype, "",
           "linear layers' activations: f32 (empty) or bf16 (rounded to bf16 at each bf16 "
           "layer, fp32 accumulation); not with --quantize");

@@ -2,27 +2,29 @@
 // load every `interval`, registers again when the router forgot it (router
 // restart), and deregisters on Stop so the router drains it at once.
 //
+//   EventLoop loop({.name = "registry"});
 //   RegistryClient reg({.router = "localhost:50051", .instance = info,
-//                       .load = [&] { return core.Load(); }});
+//                       .load = [&] { return core.Load(); }}, &loop);
 //   reg.Start();
 //   ...
 //   reg.Stop();  // deregisters
 //
-// Failures to reach the router are logged once per outage and retried; the
-// instance serves regardless. A refusal (FAILED_PRECONDITION) is final: it
-// goes to `on_refused`. Thread-safe.
+// Every round is a timer on `loop` that sends one asynchronous RPC (gRPC's
+// callback API); its answer comes back to the loop, which schedules the next
+// round, so the loop never waits on the router. Failures to reach the router
+// are logged once per outage and retried; the instance serves regardless. A
+// refusal (FAILED_PRECONDITION) is final: it goes to `on_refused`, on the
+// loop thread. Start and Stop may be called from any thread but the loop's.
 #ifndef MMSERVE_COMMON_REGISTRY_CLIENT_H_
 #define MMSERVE_COMMON_REGISTRY_CLIENT_H_
 
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/event_loop.h"
 #include "proto/registry.grpc.pb.h"
 
 namespace mmserve {
@@ -30,8 +32,13 @@ namespace mmserve {
 struct RegistryClientOptions {
   std::string router;  // host:port of the router's gRPC server
   internal::v1::InstanceInfo instance;
+  // A snapshot of the instance's load; called on the loop thread.
   std::function<internal::v1::LoadReport()> load;
   absl::Duration interval = absl::Milliseconds(500);
+  // Between registration attempts while the router is unreachable.
+  absl::Duration retry = absl::Milliseconds(200);
+  // Each Register or Heartbeat call's deadline.
+  absl::Duration timeout = absl::Seconds(2);
   // Called once when the router refuses the registration for good
   // (FAILED_PRECONDITION, e.g. the shm profile across hosts); registering
   // stops then. May be empty.
@@ -40,23 +47,24 @@ struct RegistryClientOptions {
 
 class RegistryClient {
  public:
-  explicit RegistryClient(RegistryClientOptions options);
+  // `loop` must outlive Stop().
+  RegistryClient(RegistryClientOptions options, EventLoop* loop);
   ~RegistryClient();
   RegistryClient(const RegistryClient&) = delete;
   RegistryClient& operator=(const RegistryClient&) = delete;
 
   void Start();
-  // Deregisters (best effort, 1 s) and joins the heartbeat thread. Idempotent.
+  // Cancels the call in flight and waits for it, then deregisters (best
+  // effort, 1 s) so that no late Register can add the instance back.
+  // Idempotent.
   void Stop();
 
  private:
-  void Loop();
+  // What the loop's timers and gRPC's callbacks share; they hold it, so a
+  // timer that fires after Stop finds it stopped, not freed.
+  struct Session;
 
-  const RegistryClientOptions options_;
-  std::unique_ptr<internal::v1::Registry::Stub> stub_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::shared_ptr<Session> session_;
 };
 
 }  // namespace mmserve

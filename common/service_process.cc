@@ -43,11 +43,14 @@ void ServiceProcess::Register(const std::string& router, internal::v1::InstanceI
                               std::function<internal::v1::LoadReport()> load) {
   if (router.empty()) return;
   instance.set_grpc_address(advertise_);
-  registration_ = std::make_unique<RegistryClient>(RegistryClientOptions{
-      .router = router,
-      .instance = std::move(instance),
-      .load = std::move(load),
-      .on_refused = [this](const absl::Status& why) { refused_.Request(why); }});
+  registry_loop_ = std::make_unique<EventLoop>(EventLoopOptions{.name = "registry"});
+  registration_ = std::make_unique<RegistryClient>(
+      RegistryClientOptions{
+          .router = router,
+          .instance = std::move(instance),
+          .load = std::move(load),
+          .on_refused = [this](const absl::Status& why) { refused_.Request(why); }},
+      registry_loop_.get());
   registration_->Start();
 }
 

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/event_loop.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
@@ -104,6 +105,8 @@ class ServiceProcess {
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   StopRequest refused_;  // the router refused the registration for good
+  // The registration's timers and answers; outlives registration_.
+  std::unique_ptr<EventLoop> registry_loop_;
   std::unique_ptr<RegistryClient> registration_;
   std::string advertise_;
 };

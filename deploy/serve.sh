@@ -9,7 +9,7 @@
 #   ./deploy/serve.sh [--model_dir=DIR] [--model_id=NAME] [--encoders=N]
 #                     [--host=ADDR] [--port=50051] [--http_port=8000]
 #                     [--api_key_file=FILE] [--cluster_token_file=FILE]
-#                     [--quantize=int8|int8_g32]
+#                     [--quantize=int8|int8_g32|int4_g32|int4_g128|int4_g32_zp|int4_g128_zp]
 #                     [--max_model_len=N] [--kv_cache_mb=N]
 #                     [--profile=shm|tcp] [--tp=N] [--prefill=N --decode=N]
 #                     [--elastic=N] [--elastic_step_models=FILE]
@@ -26,7 +26,8 @@
 #   line), given to the router, the encoders and the language instances:
 #   an internal call without it is refused. Default: none.
 # --quantize=MODE: the language model's weights quantized at load (int8: one
-#   scale per output row, int8_g32: one per 32 columns).
+#   scale per output row, int8_g32: one per 32 columns; 4-bit int4_g32,
+#   int4_g128: one per 32 or 128 columns, _zp: with zero points).
 # --max_model_len=N: the context length clients are held to (router and
 #   language; 0: the model's). --kv_cache_mb=N: each language instance's KV
 #   cache in MiB (0: a share of free memory).
@@ -116,8 +117,8 @@ for spec in encoders:1 tp:1 prefill:0 decode:0 elastic:0 port:1 http_port:-1 \
 done
 ((port <= 65535 && http_port <= 65535)) || die "--port and --http_port must be <= 65535"
 [[ "$profile" == shm || "$profile" == tcp ]] || die "--profile=$profile: expected shm or tcp"
-[[ -z "$quantize" || "$quantize" == int8 || "$quantize" == int8_g32 ]] ||
-  die "--quantize=$quantize: expected int8 or int8_g32"
+[[ -z "$quantize" || "$quantize" =~ ^(int8|int8_g32|int4_g32|int4_g128|int4_g32_zp|int4_g128_zp)$ ]] ||
+  die "--quantize=$quantize: expected int8, int8_g32, int4_g32, int4_g128, int4_g32_zp or int4_g128_zp"
 [[ "$host" =~ ^[A-Za-z0-9.:-]+$ ]] || die "--host=$host: expected an address such as 127.0.0.1 or 0.0.0.0"
 [[ -z "$model_id" || "$model_id" =~ ^[A-Za-z0-9._:/-]+$ ]] ||
   die "--model_id=$model_id: letters, digits and . _ : / - only"

@@ -123,7 +123,7 @@ refused() {  # what the message must contain, serve.sh arguments...
 }
 refused "unknown option --no_such_option (./deploy/serve.sh --help" --no_such_option=1
 refused "cannot read the file /nonexistent/keys" --api_key_file=/nonexistent/keys
-refused "--quantize=int4: expected int8 or int8_g32" --quantize=int4
+refused "--quantize=int4: expected int8, int8_g32, int4_g32" --quantize=int4
 refused "--tp=0: expected a whole number >= 1" --tp=0
 refused "language_service/language has no flag --no_such_flag" --language_flags=--kv_cache_mb=64,--no_such_flag=1
 echo "serve_test: PASS ($first; pass-through: UNAUTHENTICATED without the key, 401 over HTTP, model shapes-int8 listed, language ran with --quantize=int8, every service with the cluster token; 5 bad options refused)"

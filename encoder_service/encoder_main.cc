@@ -42,7 +42,7 @@ ABSL_FLAG(int, cache_mb, 256, "embedding cache size in MiB (0: off)");
 ABSL_FLAG(int, decode_threads, 1, "image decode and preprocessing threads");
 ABSL_FLAG(std::string, quantize, "",
           "vision tower weights: as stored (empty), int8 (one scale per output row) or int8_g32 "
-          "(one per 32 columns), quantized at load");
+          "(one per 32 columns), quantized at load; the language model's int4 schemes are refused");
 ABSL_FLAG(std::string, activation_dtype, "",
           "vision tower activations: f32 (empty), bf16 (rounded to bf16 at each bf16 linear "
           "layer, fp32 accumulation; not with --quantize) or int8 (int8 layers quantize their "

@@ -39,8 +39,10 @@
 // mmserve_language_elastic_spans_orphaned_total). Waits on a peer end
 // UNAVAILABLE once it is gone, over shm too (ucx_notice_board.h). The
 // master holds its span plus room for the KV of max_tokens - 1 new tokens
-// (the manager plans the whole future KV) and frees it when the request
-// ends.
+// (the manager plans the whole future KV), or, with the plan's
+// decode_window, room for a window of them, taking the next window
+// whenever its span is full (Step: out of blocks, the request ends
+// RESOURCE_EXHAUSTED); it frees its span when the request ends.
 //
 // Master moves: a plan whose members have decode ranges (ElasticMember.decode)
 // names a chain of masters. Each holds its span plus its range; the first
@@ -194,6 +196,10 @@ class ElasticGroups : public worker::MasterPeers {
   worker::StreamCallback MasterCallback();
   // Hands request `id` on to its next master (its range is full).
   void MoveOn(const std::string& id);
+  // Grows the span of `d` by its window, or ends its request
+  // RESOURCE_EXHAUSTED when the pool has no room.
+  void Grow(Decode& d);
+  int64_t SlotsEnd(const Decode& d) const;
 
   const ElasticGroupsOptions options_;
   worker::LlmEngine& engine_;

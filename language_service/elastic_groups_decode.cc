@@ -1,8 +1,11 @@
 // ElasticGroups' part in the master's decode: the span client for the engine's
 // steps (MasterPeers), the engine's events of the requests mastered here,
 // and their moves to the next master (elastic_groups.h).
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -51,12 +54,43 @@ worker::StreamCallback ElasticGroups::MasterCallback() {
   };
 }
 
+// The KV index past its span's last slot.
+int64_t ElasticGroups::SlotsEnd(const Decode& d) const {
+  return d.keep_begin +
+         static_cast<int64_t>(d.blocks.size()) * engine_.scheduler().kv_cache().block_size();
+}
+
 void ElasticGroups::Step() {
   std::vector<std::string> full;
   for (const auto& [id, d] : decodes_) {
-    if (!d->last && engine_.MasterSpanFull(id)) full.push_back(id);
+    if (engine_.MasterSpanFull(id)) full.push_back(id);
   }
-  for (const std::string& id : full) MoveOn(id);
+  for (const std::string& id : full) {
+    Decode& d = *decodes_.at(id);
+    if (SlotsEnd(d) < d.range_end) {
+      Grow(d);
+    } else if (!d.last) {
+      MoveOn(id);
+    }
+  }
+}
+
+// Its span is full short of its range's end: it takes the next window
+// past its last block's slots. With no block for it in the pool the
+// engine ends the request RESOURCE_EXHAUSTED.
+void ElasticGroups::Grow(Decode& d) {
+  const int64_t end = std::min(d.range_end, SlotsEnd(d) + std::max<int64_t>(d.window, 1));
+  const std::string id = d.id;  // `d` goes when its request ends
+  absl::StatusOr<std::vector<kvpool::BlockId>> blocks = engine_.GrowMasterSpan(id, end);
+  if (blocks.ok()) {
+    d.reserved_end = end;
+    d.blocks.clear();
+    for (kvpool::BlockId b : *blocks) d.blocks.push_back(b.value);
+    return;
+  }
+  // Its callback ended it when no slot was left (the records here are
+  // gone then); else it decodes what it has and tries again when full.
+  LOG(WARNING) << "elastic decode of " << id << " cannot grow: " << blocks.status();
 }
 
 // Its range is full: its KV stays here as an ordinary held span (the next

@@ -33,11 +33,15 @@ struct ElasticGroups::Decode {
   std::vector<int32_t> blocks;  // its span, then room for the new tokens
   int64_t keep_begin = 0;       // the first token of its span
   int64_t first_index = 0;      // the first KV index it writes (its range's begin)
-  bool last = true;             // the chain's last master: no one to move on to
-  uint64_t holder_set = 0;      // equal for requests of the same holders (and lane)
-  int master = 0;               // its member index
-  std::vector<int> holders;     // member indices holding KV, member order
-  int self_holder = 0;          // the master's place among them
+  // Its span reaches KV index reserved_end (exclusive; its blocks may hold
+  // a few slots more) and grows by `window` tokens at a time up to
+  // range_end (window 0: it holds its whole range from the start).
+  int64_t reserved_end = 0, range_end = 0, window = 0;
+  bool last = true;          // the chain's last master: no one to move on to
+  uint64_t holder_set = 0;   // equal for requests of the same holders (and lane)
+  int master = 0;            // its member index
+  std::vector<int> holders;  // member indices holding KV, member order
+  int self_holder = 0;       // the master's place among them
   std::vector<transfer::NoticeBoardTarget> servers;  // span inboxes, member order
   std::vector<transfer::ProcessIdentity> masters;    // the chain's processes (its span's)
 };
@@ -58,6 +62,9 @@ struct ElasticGroups::Group {
   std::vector<int> chain;
   int chain_pos = -1;
   int64_t decode_begin = 0, decode_end = 0;
+  // Where its span ends at first: decode_end, or decode_begin plus the
+  // plan's decode window.
+  int64_t reserved_end = 0;
   bool lanes = false;  // lanes_ names it
   std::vector<int32_t> blocks;
   bool held = false;  // blocks are held in the engine under id

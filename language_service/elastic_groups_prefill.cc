@@ -116,6 +116,10 @@ void ElasticGroups::PlanChain(Group& g) {
     g.decode_end = std::max<int64_t>(g.decode_end, len + g.request->max_tokens() - 1);
   }
   if (g.keep_len == 0) g.keep_begin = g.decode_begin;
+  g.reserved_end = g.decode_end;
+  if (plan.decode_window() > 0) {
+    g.reserved_end = std::min<int64_t>(g.decode_end, g.decode_begin + plan.decode_window());
+  }
 }
 
 // Connects the exchange, holds the span, opens the lanes of the masters it
@@ -138,7 +142,7 @@ absl::Status ElasticGroups::Join(Group& g) {
   g.exchange->CountBytes(prefill_bytes_);
   // Connected first: a member that cannot hold its span tells the others.
   RETURN_IF_ERROR(g.exchange->Connect(targets));
-  const int64_t tokens = g.chain_pos >= 0 ? g.decode_end - g.keep_begin : g.keep_len;
+  const int64_t tokens = g.chain_pos >= 0 ? g.reserved_end - g.keep_begin : g.keep_len;
   if (tokens > 0) {
     ASSIGN_OR_RETURN(std::vector<kvpool::BlockId> blocks,
                      engine_.HoldSpan(g.id, static_cast<int>(tokens)));
@@ -307,6 +311,9 @@ absl::Status ElasticGroups::StartDecode(Group& g, bool waiting) {
   d->blocks = g.blocks;
   d->keep_begin = g.keep_begin;
   d->first_index = g.decode_begin;
+  d->reserved_end = g.reserved_end;
+  d->range_end = g.decode_end;
+  d->window = g.plan->decode_window();
   d->last = static_cast<size_t>(g.chain_pos) + 1 == g.chain.size();
   d->master = self;
   for (int m : g.chain) d->masters.push_back(g.endpoints[m].process);

@@ -59,6 +59,11 @@ absl::StatusOr<std::unique_ptr<LanguageCore>> LanguageCore::Create(
         "embedding buffer rows do not match the model's hidden size and DeepStack features");
   }
   RETURN_IF_ERROR(core->role_->Attach(*core));
+  const kvpool::KvCacheManager& kv = core->engine_->scheduler().kv_cache();
+  core->prefixes_ = std::make_unique<PrefixDigest>(
+      PrefixDigestOptions{.max_tokens = static_cast<uint64_t>(kv.num_blocks()) *
+                                        static_cast<uint64_t>(kv.block_size())},
+      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
   core->UpdateLoad();
   LanguageCore* c = core.get();
   core->images_ = std::make_unique<MediaGather>(
@@ -154,7 +159,10 @@ absl::StatusOr<std::unique_ptr<LiveRequest>> LanguageCore::MakeRequest(
       r->engine_request.sampling,
       model::SamplingFromProto(request.sampling(), config(), engine_->sizing().max_model_len,
                                &r->engine_request.max_tokens_to_context));
+  r->engine_request.resume_output_token_ids.assign(request.resume_output_token_ids().begin(),
+                                                   request.resume_output_token_ids().end());
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
+  r->prefix_key = RequestPrefixKey(request, &r->prefix_covered);
   RETURN_IF_ERROR(role_->PreparePrefill(request, engine_->tokenizer(), r->engine_request));
   r->decode = request.decode();
   for (const v1::PromptImage& image : request.images()) {
@@ -278,6 +286,11 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
       metrics_.itl_seconds->Observe(now - r.last_token_at_s);
     }
     r.last_token_at_s = now;
+  }
+  if (e.finish_reason != worker::FinishReason::kNone && r.prefix_key != 0 && e.prompt_tokens > 0) {
+    // The prompt's KV is computed and cached: the router may send its next turn here.
+    prefixes_->Record(r.prefix_key, static_cast<uint32_t>(e.prompt_tokens * r.prefix_covered));
+    r.prefix_key = 0;
   }
   v1::TokenBatch b = Batch(r, e);
   if (role_->TakeEvent(r, e, b)) return;
@@ -438,6 +451,7 @@ void LanguageCore::UpdateLoad() {
   load.set_batch_size(last_batch_);
   load.set_embedding_blocks_free(transfer_.allocator().free_blocks());
   load.set_accepting(true);
+  prefixes_->Fill(load);
   absl::MutexLock lock(&load_mu_);
   load_ = std::move(load);
 }

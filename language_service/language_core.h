@@ -37,6 +37,7 @@
 #include "language_service/elastic_groups.h"
 #include "language_service/language_metrics.h"
 #include "language_service/media_gather.h"
+#include "language_service/prefix_digest.h"
 #include "language_service/request_table.h"
 #include "language_service/role.h"
 #include "language_service/role_host.h"
@@ -168,6 +169,7 @@ class LanguageCore final : private RoleHost {
   std::unique_ptr<Role> role_;
   LanguageMetrics metrics_;
   RequestTable requests_;
+  std::unique_ptr<PrefixDigest> prefixes_;  // loop thread; set by Create
 
   mutable absl::Mutex load_mu_;
   v1::LoadReport load_ ABSL_GUARDED_BY(load_mu_);

@@ -35,14 +35,24 @@
 ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
           "instance the router names) or decode (takes hand-offs and streams the rest) or elastic "
-          "(role both, registered for elastic sequence parallelism); "
+          "(role both, registered for elastic sequence parallelism; --tp=1); "
           "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
           "rank receives its own KV heads)");
 ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
           "role decode: how long a KV reservation waits for the prefill side's commit");
+ABSL_FLAG(int, handoff_layer_group, 4,
+          "role prefill: layers per group of the layer-wise KV hand-off (the decode instance's "
+          "blocks are allocated when the prompt is queued, and each group is written to them as "
+          "soon as the prompt's last forward has computed it, while the next layers compute); 0: "
+          "the whole prompt's KV is sent after its forward");
+ABSL_FLAG(int, handoff_layerwise_min_tokens, 256,
+          "role prefill: prompts shorter than this many tokens hand their KV off whole after "
+          "their forward (AllocateKv, the writes and CommitKv then, as with "
+          "--handoff_layer_group=0)");
 ABSL_FLAG(int, test_kv_handoff_delay_ms, 0,
           "TEST ONLY (fault tests): role prefill waits this long between AllocateKv and the "
-          "KV puts of every hand-off, so that a kill lands mid-hand-off; 0 in production");
+          "KV puts of every hand-off (layer-wise: after its first layer group), so that a kill "
+          "lands mid-hand-off; 0 in production");
 ABSL_FLAG(int, elastic_span_idle_s, 30,
           "role elastic: a span kept for another instance's decode that no span query reached for "
           "this long is freed (mmserve_language_elastic_spans_expired_total counts them)");
@@ -90,7 +100,10 @@ ABSL_FLAG(bool, enable_chunked_prefill, true,
           "one step; one larger than the budget runs as the step's only prefill)");
 ABSL_FLAG(int, max_model_len, 0, "longest prompt + completion (0: the model's, capped at 8192)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
-ABSL_FLAG(std::string, quantize, "", "quantize language weights at load: int8 or int8_g32");
+ABSL_FLAG(std::string, quantize, "",
+          "quantize language weights at load: int8, int8_g32, or 4-bit int4_g32, int4_g128, "
+          "int4_g32_zp, int4_g128_zp (groups of 32 or 128 columns, _zp with zero points; "
+          "int8 activations; a vision tower in this process stays as stored)");
 ABSL_FLAG(std::string, activation_dtype, "",
           "linear layers' activations: f32 (empty), bf16 (rounded to bf16 at each bf16 layer, "
           "fp32 accumulation; not with --quantize or --tp > 1) or int8 (int8 layers quantize "
@@ -131,7 +144,14 @@ absl::StatusOr<LanguageRole> RoleFromFlags() {
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "both") return LanguageRole::kBoth;
   if (role == "decode") return LanguageRole::kDecode;
-  if (role == "elastic") return LanguageRole::kElastic;
+  if (role == "elastic") {
+    if (absl::GetFlag(FLAGS_tp) != 1) {
+      return absl::InvalidArgumentError(
+          "--role=elastic needs --tp=1: a group's K/V exchange and span queries run between "
+          "single-rank instances (see docs/elastic.md)");
+    }
+    return LanguageRole::kElastic;
+  }
   if (role != "prefill") {
     return absl::InvalidArgumentError(
         absl::StrCat("--role must be both, prefill, decode or elastic, not ", role));
@@ -236,6 +256,14 @@ absl::StatusOr<LanguageCoreOptions> CoreOptionsFromFlags(const std::string& id,
   }
   copts.role.test_kv_handoff_delay =
       absl::Milliseconds(absl::GetFlag(FLAGS_test_kv_handoff_delay_ms));
+  if (absl::GetFlag(FLAGS_handoff_layer_group) < 0) {
+    return absl::InvalidArgumentError("--handoff_layer_group must be >= 0 (0: whole hand-offs)");
+  }
+  if (absl::GetFlag(FLAGS_handoff_layerwise_min_tokens) < 0) {
+    return absl::InvalidArgumentError("--handoff_layerwise_min_tokens must be >= 0");
+  }
+  copts.role.handoff_layer_group = absl::GetFlag(FLAGS_handoff_layer_group);
+  copts.role.handoff_layerwise_min_tokens = absl::GetFlag(FLAGS_handoff_layerwise_min_tokens);
   ASSIGN_OR_RETURN(copts.engine, EngineOptionsFromFlags(id, shared_input));
   copts.mm_handoff =
       absl::GetFlag(FLAGS_mm_handoff) == "async" ? MmHandoff::kAsync : MmHandoff::kBlocking;

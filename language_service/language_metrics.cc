@@ -49,6 +49,11 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
         "by token).",
         {{"path", transfer::KvHandoffPathName(path)}});
   }
+  kv_handoff_layer_groups = &registry.GetCounter(
+      "mmserve_language_kv_handoff_layer_groups_total",
+      "Layer groups of layer-wise KV hand-offs written to decode ranks (role prefill; one per "
+      "rank and group of --handoff_layer_group layers), each sent while the prompt's next layers "
+      "computed.");
   handoff_blocked_seconds = &registry.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "

@@ -36,6 +36,7 @@ struct LanguageMetrics {
   // is handed off).
   metrics::Histogram* kv_handoff_round_trips;
   std::array<metrics::Counter*, 3> kv_handoffs{};  // by transfer::KvHandoffPath
+  metrics::Counter* kv_handoff_layer_groups;
   // Loop time moving image embeddings, image rows sent to tensor-parallel
   // ranks, structured-output masks.
   metrics::Counter* handoff_blocked_seconds;

@@ -14,7 +14,6 @@
 #include "language_service/prompt_media.h"
 
 namespace mmserve::language {
-namespace {
 
 v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
   const std::vector<int32_t>& ids = r.prompt.token_ids;
@@ -38,6 +37,8 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
   req.set_mrope_position_delta(r.prompt.mrope_position_delta);
   return req;
 }
+
+namespace {
 
 // Where decode rank `i` of `rank` wants its heads, checked against ours.
 absl::StatusOr<transfer::KvHandoffTarget> RankTarget(const v1::KvRankTarget& rank, int i, int tp,
@@ -101,9 +102,8 @@ v1::Language::Stub& PrefillRole::DecodeStub(const std::string& address) {
   return *stub;
 }
 
-absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
-                                     Deadline deadline, v1::KvCommit& commit,
-                                     HandOffResult& result) {
+absl::StatusOr<std::vector<PrefillRole::RankPut>> PrefillRole::RankPuts(
+    const HandOffRequest& request, const v1::KvAllocation& alloc) {
   // One put set per decode rank, each its slice of the KV heads.
   const int64_t heads = engine_->kv_cache().shape().num_kv_heads;
   const int tp = alloc.ranks_size();
@@ -115,26 +115,60 @@ absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::Kv
   const int64_t block_size = alloc.ranks(0).layout().block_size();
   const std::vector<int32_t>& blocks = request.kv_blocks;
   const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
+  std::vector<RankPut> puts;
   for (int i = 0; i < tp; ++i) {
     const v1::KvRankTarget& rank = alloc.ranks(i);
     RETURN_IF_ERROR(
         transfer::CheckSameHost(options_.kv_profile, rank.peer().host(), "the decode instance"));
-    ASSIGN_OR_RETURN(transfer::KvHandoffTarget target, RankTarget(rank, i, tp, heads));
+    RankPut& put = puts.emplace_back();
+    ASSIGN_OR_RETURN(put.target, RankTarget(rank, i, tp, heads));
     if (skip > blocks.size() ||
         blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
       return absl::InternalError(absl::StrCat("the decode instance allocated ",
                                               rank.block_ids_size(), " blocks after ", skip,
                                               " cached for a prompt of ", blocks.size()));
     }
-    std::vector<int32_t> src(blocks.begin() + skip, blocks.end());
-    std::vector<int32_t> dst(rank.block_ids().begin(), rank.block_ids().end());
+    put.src.assign(blocks.begin() + skip, blocks.end());
+    put.dst.assign(rank.block_ids().begin(), rank.block_ids().end());
+    put.first_head = i * put.target.shape.num_kv_heads;
+  }
+  return puts;
+}
+
+absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
+                                     Deadline deadline, v1::KvCommit& commit,
+                                     HandOffResult& result) {
+  ASSIGN_OR_RETURN(const std::vector<RankPut> puts, RankPuts(request, alloc));
+  for (const RankPut& put : puts) {
     transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
-    ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(target, src, dst, deadline,
-                                                    i * target.shape.num_kv_heads, &path));
+    ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(put.target, put.src, put.dst, deadline,
+                                                    put.first_head, &path));
     commit.add_rank_crc32c(crc);
     result.paths.push_back(path);
-    bytes_.Sent(src.size() * HandoffBlockBytes(target.shape));
+    bytes_.Sent(put.src.size() * HandoffBlockBytes(put.target.shape));
+    // AllocateKv and CommitKv come on top (Commit); one round trip for the
+    // landed reply or flush that Send waits for, unless it copied into a
+    // mapped cache.
+    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
   }
+  return absl::OkStatus();
+}
+
+absl::Status PrefillRole::Commit(const HandOffRequest& request, v1::KvCommit& commit,
+                                 std::chrono::system_clock::time_point deadline,
+                                 HandOffResult& result) {
+  commit.set_request_id(request.request_id);
+  for (int32_t t : request.prompt.token_ids) commit.add_prompt_token_ids(static_cast<uint32_t>(t));
+  commit.set_first_token_id(static_cast<uint32_t>(request.first_token));
+  commit.set_seed(request.seed);
+  commit.set_mrope_position_delta(request.prompt.mrope_position_delta);
+  v1::KvCommitAck ack;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(DecodeStub(request.decode.address()).CommitKv(&ctx, commit, &ack)));
+  if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
+  result.round_trips += 2;  // AllocateKv, CommitKv
   return absl::OkStatus();
 }
 
@@ -160,26 +194,10 @@ absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request
   v1::KvCommit commit;
   HandOffResult result;
   RETURN_IF_ERROR(PutToRanks(request, alloc, deadline, commit, result));
-  commit.set_request_id(request.request_id);
-  *commit.mutable_prompt_token_ids() = req.prompt_token_ids();
-  commit.set_first_token_id(static_cast<uint32_t>(request.first_token));
-  commit.set_seed(request.seed);
-  commit.set_mrope_position_delta(request.prompt.mrope_position_delta);
   // Its decode reservation is freed at its commit deadline (or when the
   // router cancels the decode stream).
   if (cancelled) return absl::CancelledError("the request ended during its hand-off");
-  v1::KvCommitAck ack;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(grpc_deadline);
-  RETURN_IF_ERROR(FromGrpcStatus(stub.CommitKv(&ctx, commit, &ack)));
-  if (!ack.accepted()) return absl::AbortedError(absl::StrCat("KvCommit refused: ", ack.error()));
-  // AllocateKv, CommitKv, and per rank in turn one round trip for the
-  // landed reply or flush that Send waits for, unless it copied into a
-  // mapped cache.
-  result.round_trips = 2;
-  for (transfer::KvHandoffPath path : result.paths) {
-    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
-  }
+  RETURN_IF_ERROR(Commit(request, commit, grpc_deadline, result));
   return result;
 }
 
@@ -191,6 +209,14 @@ bool PrefillRole::TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::To
   mmserve::v1::RequestTiming* t = batch.mutable_timing();
   t->set_queue_ms(std::max(0.0, r.admitted_at_s * 1e3));
   t->set_prefill_ms(std::max(0.0, (r.first_token_at_s - r.admitted_at_s) * 1e3));
+  if (auto it = streams_.find(r.id); it != streams_.end()) {
+    // Layer-wise: its groups are on their way; CommitKv may go now.
+    std::shared_ptr<LayerStream> s = std::move(it->second);
+    streams_.erase(it);
+    handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch), .stream = s};
+    if (!Committable(s, e.kv_blocks, r.last_token)) Finished(r.id, RoleHost::ShuttingDown());
+    return true;
+  }
   handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch)};
   HandOffRequest request{.request_id = r.id,
                          .decode = r.decode,
@@ -214,6 +240,7 @@ void PrefillRole::Release(const std::string& id, const absl::Status& /*status*/)
   if (it == handing_off_.end()) return;
   // The hand-off thread still reads the blocks: Finished frees them.
   it->second.cancelled->store(true);
+  if (it->second.stream != nullptr) Cancel(*it->second.stream, /*await_reads=*/false);
   it->second.ended = true;
 }
 
@@ -232,6 +259,7 @@ void PrefillRole::Finished(const std::string& id, const absl::StatusOr<HandOffRe
   }
   LanguageMetrics& m = host_->metrics();
   m.kv_handoff_round_trips->Observe(done->round_trips);
+  m.kv_handoff_layer_groups->Increment(done->layer_groups);
   for (transfer::KvHandoffPath path : done->paths) {
     m.kv_handoffs[static_cast<int>(path)]->Increment();
   }

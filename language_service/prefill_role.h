@@ -10,11 +10,21 @@
 // ends the request: its last batch (kv_handed_off) or the hand-off's error.
 // A request aborted meanwhile ends at once; its blocks are freed when the
 // hand-off thread is done with them (no CommitKv is sent after the abort).
+//
+// Layer-wise (RoleOptions::handoff_layer_group, prompts of at least
+// handoff_layerwise_min_tokens; prefill_role_layers.cc): AllocateKv goes
+// out when the prompt is queued, and during the forward that computes the
+// prompt's last rows each group of layers is written to every decode rank
+// (KvHandoffSender::SendLayers) on a hand-off thread as soon as the forward
+// is past it. The groups' CRC32Cs, joined per rank, are the whole prompt's
+// that CommitKv checks; CommitKv goes once the last group is written and
+// the first token is sampled, and that token is streamed only after it.
 // Methods are the loop thread's unless said otherwise.
 #ifndef MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
 #define MMSERVE_LANGUAGE_SERVICE_PREFILL_ROLE_H_
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,6 +55,9 @@ struct HandOffRequest {
   worker::HandoffPrompt prompt;
 };
 
+// The AllocateKv of a hand-off.
+v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r);
+
 // What a hand-off waited for and how its bytes moved.
 struct HandOffResult {
   // Control round trips, one after another: AllocateKv, each decode rank's
@@ -52,13 +65,16 @@ struct HandOffResult {
   // copy is done when it returns), CommitKv.
   int round_trips = 0;
   std::vector<transfer::KvHandoffPath> paths;  // one per decode rank
+  int layer_groups = 0;                        // layer-wise: writes of one layer group to one rank
 };
 
 class PrefillRole final : public Role {
  public:
   // `bytes` counts the KV handed off (sent).
   PrefillRole(const RoleOptions& options, std::string instance_id, transfer::WireBytes bytes)
-      : options_(options), instance_id_(std::move(instance_id)), bytes_(bytes) {}
+      : options_(options), instance_id_(std::move(instance_id)), bytes_(bytes), self_(this) {}
+  // Stops the layer-wise hand-offs under way (their threads finish).
+  ~PrefillRole() override;
 
   // Tensor parallelism is refused (one sender for now; decode takes --tp).
   absl::Status AdjustEngineOptions(worker::EngineOptions& options) const override {
@@ -67,9 +83,8 @@ class PrefillRole final : public Role {
     }
     return absl::OkStatus();
   }
-  std::unique_ptr<worker::KvConnector> MakeConnector() const override {
-    return std::make_unique<worker::PrefillKvConnector>();
-  }
+  // With layer groups, a connector that feeds the layer-wise hand-off.
+  std::unique_ptr<worker::KvConnector> MakeConnector() const override;
   absl::Status Attach(RoleHost& host) override;
   absl::Status CheckPrefill(const v1::PrefillRequest& request) const override;
   // Token ids now: they travel in AllocateKv and KvCommit.
@@ -93,12 +108,33 @@ class PrefillRole final : public Role {
   // Hand-offs that may be under way at once; more wait for a thread.
   static constexpr int kHandOffThreads = 8;
 
+  // The layer-wise hooks (the connector's, on the loop thread, which is the
+  // engine's; prefill_role_layers.cc). A prompt-only request is queued: its
+  // AllocateKv goes out when it takes the layer-wise path.
+  void OnPromptQueued(const std::string& id, const worker::HandoffPrompt& prompt);
+  // Inside the forward: starts or feeds the sends of those prompts.
+  void OnLayersWritten(const worker::KvLayersWritten& written);
+  // The request left the engine; unless it is handed off (TakeEvent comes
+  // next) its layer-wise hand-off stops, and this returns once the hand-off
+  // thread no longer reads its blocks (at most one group's write).
+  void OnPromptEnded(const std::string& id, bool handed_off);
+
  private:
+  // A layer-wise hand-off, shared by the loop thread and the hand-off
+  // thread that writes it (prefill_role_layers.cc).
+  struct LayerStream;
   // A hand-off under way, by request id.
   struct Pending {
     std::shared_ptr<std::atomic<bool>> cancelled;
-    bool ended = false;   // the request ended meanwhile (Release)
-    v1::TokenBatch last;  // the stream's last batch, sent on success
+    bool ended = false;                   // the request ended meanwhile (Release)
+    v1::TokenBatch last;                  // the stream's last batch, sent on success
+    std::shared_ptr<LayerStream> stream;  // layer-wise: its state
+  };
+  // Where each decode rank of an allocation takes the prompt's blocks.
+  struct RankPut {
+    transfer::KvHandoffTarget target;
+    std::vector<int32_t> src, dst;
+    int64_t first_head = 0;
   };
   // The hand-off of `id` is over: frees its blocks and ends the request
   // with `done` (the metrics mmserve_language_kv_handoff_round_trips and
@@ -109,6 +145,30 @@ class PrefillRole final : public Role {
   // `commit`, how each moved into result.paths.
   absl::Status PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
                           Deadline deadline, v1::KvCommit& commit, HandOffResult& result);
+  absl::StatusOr<std::vector<RankPut>> RankPuts(const HandOffRequest& request,
+                                                const v1::KvAllocation& alloc);
+  // CommitKv of `request` (its first_token) with each rank's CRC32C in
+  // `commit`; sets result.round_trips.
+  absl::Status Commit(const HandOffRequest& request, v1::KvCommit& commit,
+                      std::chrono::system_clock::time_point deadline, HandOffResult& result);
+  // prefill_role_layers.cc, on a hand-off thread: the AllocateKv of a
+  // layer-wise hand-off, and its layer groups and CommitKv.
+  void Allocate(LayerStream& s);
+  absl::StatusOr<HandOffResult> StreamLayers(LayerStream& s);
+  // The groups that are ready, [from, *to), to every rank.
+  absl::Status SendGroup(LayerStream& s, const std::vector<RankPut>& ranks, int from, int to,
+                         Deadline deadline, std::vector<uint32_t>& crcs, HandOffResult& result);
+  // Loop thread: posts the writes of `s` over the prompt's `blocks`; false
+  // when shutting down.
+  bool StartStream(const std::shared_ptr<LayerStream>& s, std::vector<int32_t> blocks);
+  // Loop thread: the first token is out (kHandoff); every layer is written
+  // here by now. Starts the writes if no layer hook did; false when
+  // shutting down.
+  bool Committable(const std::shared_ptr<LayerStream>& s, const std::vector<int32_t>& blocks,
+                   int32_t first_token);
+  // Stops `s` (no more writes, no CommitKv); with await_reads, waits until
+  // its thread no longer reads the blocks. Thread-safe.
+  static void Cancel(LayerStream& s, bool await_reads);
 
   const RoleOptions options_;
   const std::string instance_id_;
@@ -121,6 +181,10 @@ class PrefillRole final : public Role {
   std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_
       ABSL_GUARDED_BY(stubs_mu_);
   std::map<std::string, Pending> handing_off_;  // loop thread only
+  // Layer-wise hand-offs of requests still in the engine (loop thread only).
+  std::map<std::string, std::shared_ptr<LayerStream>> streams_;
+  // The connector calls back into the role (MakeConnector is const).
+  PrefillRole* const self_;
   // Last: its threads stop (running hand-offs finish) before what they use
   // goes.
   std::unique_ptr<WorkerPool> handoff_threads_;

@@ -104,6 +104,10 @@ struct LiveRequest {
   double last_token_at_s = -1;
   double first_token_at_s = -1;
   std::optional<Deadline> lost_deadline;
+  // The prompt's last prefix key and the share it covers (prefix_digest.h);
+  // 0 once recorded, or when the prompt has none.
+  uint64_t prefix_key = 0;
+  double prefix_covered = 0;
   // Role prefill: where the KV goes, and the last token sampled.
   v1::DecodeTarget decode;
   int32_t last_token = -1;

@@ -60,10 +60,18 @@ struct RoleOptions {
   absl::Duration kv_commit_timeout = absl::Seconds(10);
   // Role prefill: AllocateKv, the puts and CommitKv together.
   absl::Duration kv_handoff_timeout = absl::Seconds(10);
+  // Role prefill: the layer-wise hand-off. Layers per group, each written
+  // to the decode ranks as soon as the forward that ends the prompt has
+  // computed it, while the next layers compute; 0: the prompt's KV goes
+  // whole after its forward.
+  int handoff_layer_group = 4;
+  // Role prefill: prompts shorter than this (tokens) go whole after their
+  // forward, as with handoff_layer_group 0.
+  int handoff_layerwise_min_tokens = 256;
   // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
-  // and the puts (on its hand-off thread, inside kv_handoff_timeout), so that
-  // fault tests kill a process mid-hand-off deterministically. Zero in
-  // production.
+  // and the puts (a layer-wise one: after its first layer group), on its
+  // hand-off thread, inside kv_handoff_timeout, so that fault tests kill a
+  // process mid-hand-off deterministically. Zero in production.
   absl::Duration test_kv_handoff_delay = absl::ZeroDuration();
 };
 

@@ -36,6 +36,8 @@ struct InstanceOptions {
   std::string id;  // empty: the role's name
   transfer::TransportProfile profile = transfer::TransportProfile::kShm;
   int64_t kv_cache_bytes = 8 << 20;
+  // Changes to the role's options (the layer-wise hand-off's, test delays).
+  std::function<void(RoleOptions&)> adjust_role;
 };
 
 // A language instance of one role behind a gRPC server on a free port.
@@ -63,6 +65,7 @@ struct Instance {
     o.role.kind = role;
     o.role.kv_commit_timeout = commit_timeout;
     o.role.kv_profile = io.profile;
+    if (io.adjust_role) io.adjust_role(o.role);
     o.engine.model_dir = kModel;
     o.engine.block_size = 4;
     o.engine.kv_cache_bytes = io.kv_cache_bytes;

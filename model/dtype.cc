@@ -15,7 +15,7 @@ constexpr DTypeInfo kInfos[] = {
     {DType::kF32, "F32", 4},   {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},
     {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8},   {DType::kI32, "I32", 4},
     {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},     {DType::kU8, "U8", 1},
-    {DType::kBool, "BOOL", 1},
+    {DType::kBool, "BOOL", 1}, {DType::kI4, "I4", 0},
 };
 
 }  // namespace
@@ -26,7 +26,7 @@ absl::string_view DTypeName(DType dtype) { return kInfos[static_cast<int>(dtype)
 
 bool ParseDType(absl::string_view name, DType* out) {
   for (const DTypeInfo& info : kInfos) {
-    if (info.name == name) {
+    if (info.name == name && info.dtype != DType::kI4) {
       *out = info.dtype;
       return true;
     }

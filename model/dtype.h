@@ -12,7 +12,10 @@
 
 namespace mmserve::model {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+// kI4 is mmserve's own: 4-bit weights quantized at load (two a byte, so
+// DTypeSize is 0: cpu::WeightMatrix::bytes counts them). Checkpoints never
+// hold it: ParseDType does not read "I4".
+enum class DType : uint8_t { kF32, kBF16, kF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kI4 };
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);

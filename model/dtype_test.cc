@@ -20,6 +20,14 @@ TEST_CASE("dtype names and sizes round-trip for every dtype", "[dtype]") {
   CHECK_FALSE(ParseDType("f32", &unused));
 }
 
+TEST_CASE("the load-time int4 dtype has a name but is never read from a checkpoint", "[dtype]") {
+  CHECK(DTypeName(DType::kI4) == "I4");
+  CHECK(DTypeSize(DType::kI4) == 0);  // two a byte: WeightMatrix::bytes counts them
+  DType unused = DType::kF32;
+  CHECK_FALSE(ParseDType("I4", &unused));
+  CHECK(unused == DType::kF32);
+}
+
 TEST_CASE("bf16 conversion is exact one way and rounds to nearest even the other", "[dtype]") {
   CHECK(Bf16ToF32(0x3f80) == 1.0f);
   CHECK(Bf16ToF32(0xc000) == -2.0f);

@@ -19,6 +19,7 @@
 #define MMSERVE_MODEL_FORWARD_BATCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +51,12 @@ struct ForwardBatch {
   std::vector<SequenceChunk> sequences;
   std::vector<int64_t> logits_rows;  // rows whose logits the step returns, in this order
   std::vector<EmbeddingOverride> embedding_overrides;
+  // Called on the forward's thread after each decoder layer with how many
+  // layers' K/V rows of this batch are in the cache (1 .. num_layers), so
+  // that a caller can move finished layers while the next ones compute
+  // (role prefill's layer-wise KV hand-off). Empty: not called. It runs
+  // between layers: keep it cheap.
+  std::function<void(int)> on_layers_written;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };

@@ -82,6 +82,7 @@ absl::Status Qwen2Model::Run(const ForwardBatch& rows,
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     RETURN_IF_ERROR(Layer(l, t, [&] { return attention(l); }));
     AddDeepstack(rows, l, hidden_, h_.data());
+    if (rows.on_layers_written) rows.on_layers_written(l + 1);
   }
   return Logits(rows.logits_rows, logits);
 }

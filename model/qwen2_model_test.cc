@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/cpu/thread_pool.h"
+#include "model/forward_batch.h"
 #include "model/kv_cache.h"
 #include "model/qwen2_test_runner.h"
 #include "model/qwen2_weights.h"
@@ -64,6 +65,48 @@ TEST_CASE("prefill in chunks then decode gives bitwise the logits of one long pr
       INFO("dtype " << DTypeName(dtype) << " row " << i);
       CHECK(rows[i] == (*all)[0][i]);
     }
+  }
+}
+
+TEST_CASE("on_layers_written reports each layer once its K/V is in the cache, in order",
+          "[model]") {
+  TextConfig cfg = TinyConfig();
+  auto weights = Qwen2Weights::Random(cfg, DType::kF32, 3);
+  cpu::ThreadPool pool(2);
+  Qwen2Model model(cfg, *weights, pool);
+  const KvCacheShape shape = model.KvShape(/*num_blocks=*/2, /*block_size=*/4);
+  auto created = KvCache::Create(shape);  // zeroed
+  REQUIRE(created.ok());
+  KvCache& kv = **created;
+  ForwardBatch b;
+  b.token_ids = Prompt(8);
+  for (int c = 0; c < 3; ++c) {
+    for (int64_t i = 0; i < 8; ++i) b.positions.push_back(i);
+  }
+  for (int64_t i = 0; i < 8; ++i) b.slot_mapping.push_back(i);
+  b.sequences = {{0, 8, 8, {0, 1}}};
+  b.logits_rows = {7};
+  // At each report: the layers reported hold K/V, the next one nothing yet.
+  const int64_t plane = shape.LayerPlaneFloats();
+  auto written = [&](int64_t layer) {
+    for (int64_t i = 0; i < plane; ++i) {
+      if (kv.Key(layer)[i] != 0.0f || kv.Value(layer)[i] != 0.0f) return true;
+    }
+    return false;
+  };
+  std::vector<int> reports;
+  std::vector<std::vector<float>> at_report;  // the reported layer's keys then
+  b.on_layers_written = [&](int layers) {
+    reports.push_back(layers);
+    CHECK(written(layers - 1));
+    if (layers < cfg.num_hidden_layers) CHECK_FALSE(written(layers));
+    at_report.emplace_back(kv.Key(layers - 1), kv.Key(layers - 1) + plane);
+  };
+  std::vector<float> logits;
+  REQUIRE(model.Forward(b, kv, &logits).ok());
+  CHECK(reports == std::vector<int>{1, 2});
+  for (int l = 0; l < 2; ++l) {  // final when reported
+    CHECK(at_report[l] == std::vector<float>(kv.Key(l), kv.Key(l) + plane));
   }
 }
 

@@ -145,8 +145,18 @@ absl::StatusOr<Qwen2WeightsOptions> ParseQuantize(const std::string& name) {
     o.int8_group = 32;
     return o;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown quantization '", name, "': expected none, int8 or int8_g32"));
+  o.quantize = Quantization::kInt4;
+  for (int64_t group : {32, 128}) {
+    for (bool zero_point : {false, true}) {
+      if (name == absl::StrCat("int4_g", group, zero_point ? "_zp" : "")) {
+        o.int4 = {group, zero_point};
+        return o;
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--quantize: unknown scheme '", name,
+      "' (expected none, int8, int8_g32, int4_g32, int4_g128, int4_g32_zp or int4_g128_zp)"));
 }
 
 absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
@@ -155,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
   RETURN_IF_ERROR(CheckTensorParallel(cfg, options.shard));
   if (options.shard.size > 1 && options.quantize != Quantization::kNone) {
     return absl::InvalidArgumentError(
-        "int8 quantization is not supported with tensor parallelism (a column slice's per-row "
+        "quantization is not supported with tensor parallelism (a column slice's per-row "
         "scales would differ from the whole row's)");
   }
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
@@ -219,9 +229,9 @@ absl::StatusOr<std::unique_ptr<Qwen2Weights>> Qwen2Weights::Load(
     }
   };
   // F16 matrices are quantized from directly; unquantized, they become fp32.
-  if (options.quantize != Quantization::kInt8) w->WidenF16(release);
+  if (options.quantize == Quantization::kNone) w->WidenF16(release);
   if (w->shard_.size > 1) w->Shard(cfg, release);
-  if (options.quantize == Quantization::kInt8) w->QuantizeInt8(options.int8_group, release);
+  if (options.quantize != Quantization::kNone) w->Quantize(options, release);
   w->PackBf16(release);  // what is left: an untied BF16 embedding stays row-major
   return w;
 }
@@ -341,7 +351,18 @@ void Qwen2Weights::Shard(const TextConfig& cfg, const std::function<void(const v
   lm_head_ = RowSlice(lm_head_, vocab.begin, vocab.end - vocab.begin);
 }
 
-void Qwen2Weights::QuantizeInt8(int64_t group, const std::function<void(const void*)>& release) {
+cpu::WeightMatrix Qwen2Weights::QuantizeMatrix(cpu::ThreadPool& pool, const cpu::WeightMatrix& m,
+                                               const Qwen2WeightsOptions& options) {
+  if (options.quantize == Quantization::kInt4) {
+    quantized4_.push_back(cpu::Int4Weights::Quantize(pool, m, options.int4));
+    return quantized4_.back().matrix();
+  }
+  quantized_.push_back(cpu::Int8Weights::Quantize(pool, m, options.int8_group));
+  return quantized_.back().matrix();
+}
+
+void Qwen2Weights::Quantize(const Qwen2WeightsOptions& options,
+                            const std::function<void(const void*)>& release) {
   cpu::ThreadPool pool(cpu::ThreadPool::DefaultThreads());
   absl::flat_hash_map<const void*, cpu::WeightMatrix> done;
   auto quantize = [&](cpu::WeightMatrix* m) {
@@ -349,13 +370,12 @@ void Qwen2Weights::QuantizeInt8(int64_t group, const std::function<void(const vo
     const void* source = m->data;
     auto it = done.find(source);
     if (it == done.end()) {
-      quantized_.push_back(cpu::Int8Weights::Quantize(pool, *m, group));
-      it = done.emplace(source, quantized_.back().matrix()).first;
+      it = done.emplace(source, QuantizeMatrix(pool, *m, options)).first;
       release(source);
     }
     *m = it->second;
   };
-  // The router stays in its own precision: int8 logits could route a token
+  // The router stays in its own precision: quantized logits could route a token
   // to other experts.
   for (Qwen2LayerWeights& l : layers_) {
     for (cpu::WeightMatrix* m : l.Projections()) quantize(m);
@@ -432,26 +452,25 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
   CHECK_OK(CheckTensorParallel(cfg, options.shard));
   CHECK(dtype == DType::kF32 || dtype == DType::kBF16) << DTypeName(dtype);
   CHECK(options.shard.size == 1 || options.quantize == Quantization::kNone)
-      << "int8 with tensor parallelism";
+      << "quantization with tensor parallelism";
   std::unique_ptr<Qwen2Weights> w(new Qwen2Weights());
   w->shard_ = options.shard;
   RandomDraws next(seed);
-  const bool int8 = options.quantize == Quantization::kInt8;
+  const bool quantized = options.quantize != Quantization::kNone;
   std::unique_ptr<cpu::ThreadPool> pool;
-  if (int8) pool = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::DefaultThreads());
+  if (quantized) pool = std::make_unique<cpu::ThreadPool>(cpu::ThreadPool::DefaultThreads());
   // Draws a matrix; quantizes it right away when asked (so that the drawn
   // values of at most one matrix are held at a time) unless keep_rows.
   auto matrix = [&](int64_t rows, int64_t cols, bool keep_rows = false) {
     const size_t n = static_cast<size_t>(rows * cols);
-    if (int8 && !keep_rows) {
+    if (quantized && !keep_rows) {
       std::vector<uint16_t> b(dtype == DType::kBF16 ? n : 0);
       std::vector<float> f(dtype == DType::kF32 ? n : 0);
       for (uint16_t& x : b) x = F32ToBf16(next());
       for (float& x : f) x = next();
       const cpu::WeightMatrix drawn{
           dtype, dtype == DType::kBF16 ? static_cast<const void*>(b.data()) : f.data(), rows, cols};
-      w->quantized_.push_back(cpu::Int8Weights::Quantize(*pool, drawn, options.int8_group));
-      return w->quantized_.back().matrix();
+      return w->QuantizeMatrix(*pool, drawn, options);
     }
     if (dtype == DType::kF32) {
       auto v = std::make_unique<std::vector<float>>(n);
@@ -482,7 +501,7 @@ std::unique_ptr<Qwen2Weights> Qwen2Weights::Random(const TextConfig& cfg, DType 
   auto release = [&w](const void* data) { w->ReleaseOwned(data); };
   // The same draws as one rank, then this rank's slices of them.
   if (w->shard_.size > 1) w->Shard(cfg, release);
-  if (dtype == DType::kBF16 && !int8) {
+  if (dtype == DType::kBF16 && !quantized) {
     // The row-major originals are freed once packed, except an untied
     // embedding (see PackBf16).
     w->PackBf16(release);

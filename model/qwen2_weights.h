@@ -23,7 +23,8 @@
 // With Quantization::kInt8 every projection matrix and lm_head (so also a
 // tied embedding) is quantized at load to int8 panels (cpu::Int8Weights),
 // from F32, BF16 or F16, and the mapped pages it came from are dropped; an
-// untied embedding stays as stored. Without it, F16 matrices (which the
+// untied embedding stays as stored. Quantization::kInt4 does the same with
+// group-wise 4-bit panels (cpu::Int4Weights). Without either, F16 matrices (which the
 // kernels do not take) are widened to owned fp32 copies at load, except an
 // untied embedding, which stays F16 in the mapping.
 // Norm weights and biases (a few KiB) are widened to fp32 copies. A missing
@@ -41,13 +42,14 @@
 
 #include "absl/status/statusor.h"
 #include "model/cpu/linear.h"
+#include "model/cpu/linear_int4.h"
 #include "model/dtype.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 
 namespace mmserve::model {
 
-enum class Quantization { kNone, kInt8 };
+enum class Quantization { kNone, kInt8, kInt4 };
 
 // Which slices of the model one rank of a tensor-parallel instance holds
 // (Megatron's layout). With size n and rank r:
@@ -85,14 +87,20 @@ struct Qwen2WeightsOptions {
   Quantization quantize = Quantization::kNone;
   // kInt8: columns per scale; 0 = one scale per output row.
   int64_t int8_group = 0;
+  // kInt4: columns per scale and whether groups have zero points.
+  cpu::Int4Scheme int4;
   // size > 1: load only this rank's slices (see TensorParallelShard). Not
-  // with kInt8 (per-row scales of a column slice would differ from TP=1's).
+  // with quantization (per-row scales of a column slice would differ from
+  // TP=1's).
   TensorParallelShard shard;
 };
 
 // The --quantize flag of generate, the engine and the benchmarks: "" or
 // "none", "int8" (one scale per output row: the faster scheme, see
-// README), "int8_g32" (one scale per 32 columns). InvalidArgument otherwise.
+// README), "int8_g32" (one scale per 32 columns), and 4-bit weights
+// "int4_g32", "int4_g128" (symmetric, one scale per 32 or 128 columns) and
+// "int4_g32_zp", "int4_g128_zp" (with a zero point per group).
+// InvalidArgument otherwise, naming the flag and the accepted values.
 [[nodiscard]] absl::StatusOr<Qwen2WeightsOptions> ParseQuantize(const std::string& name);
 
 struct Qwen2LayerWeights {
@@ -129,7 +137,7 @@ class Qwen2Weights {
       const Qwen2WeightsOptions& options = {});
 
   // N(0, 0.02)-like uniform values in `dtype` (kF32 or kBF16), norms 1, for
-  // benchmarks at a model's dimensions without its checkpoint. With kInt8,
+  // benchmarks at a model's dimensions without its checkpoint. With kInt8 or kInt4,
   // each matrix is quantized from `dtype` as soon as it is drawn.
   static std::unique_ptr<Qwen2Weights> Random(const TextConfig& cfg, DType dtype, uint64_t seed,
                                               const Qwen2WeightsOptions& options = {});
@@ -166,8 +174,12 @@ class Qwen2Weights {
   // F16); release as for PackBf16.
   void WidenF16(const std::function<void(const void*)>& release);
   // Quantizes every projection and lm_head (and a tied embedding, the same
-  // matrix) to int8; release as for PackBf16.
-  void QuantizeInt8(int64_t group, const std::function<void(const void*)>& release);
+  // matrix) as options ask (int8 or int4); release as for PackBf16.
+  void Quantize(const Qwen2WeightsOptions& options,
+                const std::function<void(const void*)>& release);
+  // One kRows matrix quantized as options ask, owned by this object.
+  cpu::WeightMatrix QuantizeMatrix(cpu::ThreadPool& pool, const cpu::WeightMatrix& m,
+                                   const Qwen2WeightsOptions& options);
 
   cpu::WeightMatrix embed_;
   std::vector<Qwen2LayerWeights> layers_;
@@ -181,6 +193,7 @@ class Qwen2Weights {
   std::vector<std::unique_ptr<std::vector<uint16_t>>> owned_bf16_;
   std::vector<cpu::PanelWeights> packed_;
   std::vector<cpu::Int8Weights> quantized_;
+  std::vector<cpu::Int4Weights> quantized4_;
 };
 
 }  // namespace mmserve::model

@@ -288,6 +288,79 @@ TEST_CASE("--quantize=int8 quantizes every projection and lm_head from the check
   CHECK(ParseQuantize("int4").status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("--quantize=int4_* quantizes every projection and lm_head from the checkpoint values",
+          "[weights][int4]") {
+  for (const char* name : {"int4_g32", "int4_g128", "int4_g32_zp", "int4_g128_zp"}) {
+    auto options = ParseQuantize(name);
+    REQUIRE(options.ok());
+    REQUIRE(options->quantize == Quantization::kInt4);
+    cpu::ThreadPool pool(1);
+    for (const std::string& dir : {kTied, kUntied}) {
+      auto cfg = LoadModelConfig(dir);
+      REQUIRE(cfg.ok());
+      auto ckpt = SafetensorsCheckpoint::Open(dir);
+      REQUIRE(ckpt.ok());
+      auto w = Qwen2Weights::Load(**ckpt, cfg->text, *options);
+      INFO(name << " " << dir << ": " << w.status());
+      REQUIRE(w.ok());
+      for (const Qwen2LayerWeights& l : (*w)->layers()) {
+        for (const cpu::WeightMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+          CHECK(m->dtype == DType::kI4);
+          CHECK(m->group == options->int4.group);
+          CHECK((m->zeros != nullptr) == options->int4.zero_point);
+        }
+      }
+      CHECK((*w)->lm_head().dtype == DType::kI4);
+      // Values: exactly Int4Weights::Quantize of the tensor as stored.
+      const TensorView* down = (*ckpt)->Find("model.layers.1.mlp.down_proj.weight");
+      const cpu::WeightMatrix& m = (*w)->layers()[1].down;
+      const cpu::Int4Weights want = cpu::Int4Weights::Quantize(
+          pool, {down->dtype, down->data, m.rows, m.cols}, options->int4);
+      std::vector<float> a(m.cols), b(m.cols);
+      for (int64_t r = 0; r < m.rows; ++r) {
+        cpu::WeightRowToF32(m, r, a.data());
+        cpu::WeightRowToF32(want.matrix(), r, b.data());
+        REQUIRE(a == b);
+      }
+      if (cfg->text.tie_word_embeddings) {
+        CHECK((*w)->embed().data == (*w)->lm_head().data);  // gathered from the int4 table
+      } else {
+        CHECK((*w)->embed().dtype != DType::kI4);  // only gathered from: kept as stored
+      }
+    }
+  }
+  CHECK(ParseQuantize("int4_g128_zp")->int4.group == 128);
+  CHECK(ParseQuantize("int4_g128_zp")->int4.zero_point);
+  CHECK_FALSE(ParseQuantize("int4_g32")->int4.zero_point);
+  for (const char* bad : {"int4_g64", "int4_zp", "INT4_G32", "int4_g32_", "int4_g128zp"}) {
+    const absl::Status s = ParseQuantize(bad).status();
+    INFO(bad << ": " << s);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find("--quantize") != std::string::npos);
+    CHECK(s.message().find("int4_g128_zp") != std::string::npos);  // lists what is accepted
+  }
+}
+
+TEST_CASE("random int4 weights count nibbles, scales and zero points as their bytes",
+          "[weights][int4]") {
+  TextConfig cfg;
+  cfg.vocab_size = 100;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 48;
+  cfg.num_hidden_layers = 3;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 2;
+  cfg.tie_word_embeddings = true;
+  auto w = Qwen2Weights::Random(cfg, DType::kBF16, 1, *ParseQuantize("int4_g32_zp"));
+  CHECK(w->layers()[2].k.dtype == DType::kI4);
+  CHECK(w->lm_head().data == w->embed().data);
+  // Stored rows as for int8, k padded to 32 (32 and 64 columns: no padding
+  // but down's 48 -> 64), half a byte each, plus per row and group an fp32
+  // scale and a zero-point byte (one group of 32 columns; down two).
+  const size_t rows32 = 3 * (32 + 16 + 16 + 32 + 48 + 48) + 112, rows64 = 3 * 32;
+  CHECK(w->StepWeightBytes() == rows32 * (16 + 5) + rows64 * (32 + 2 * 5));
+}
+
 TEST_CASE("random int8 weights count values plus scales as their bytes", "[weights][int8]") {
   TextConfig cfg;
   cfg.vocab_size = 100;

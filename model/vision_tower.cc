@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
@@ -196,6 +197,12 @@ absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize) {
   if (quantize.empty() || quantize == "none") return -1;
   if (quantize == "int8") return 0;
   if (quantize == "int8_g32") return 32;
+  if (absl::StartsWith(quantize, "int4")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--quantize=", quantize,
+        ": the vision tower's linear layers take none, int8 or int8_g32 (4-bit weights are for "
+        "the language model)"));
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown --quantize \"", quantize, "\" (none, int8 or int8_g32)"));
 }

@@ -96,7 +96,8 @@ struct VisionTowerOptions {
 
 // VisionTowerOptions::int8_group for a --quantize flag as ParseQuantize
 // (qwen2_weights.h) reads it: "" or "none" -1, "int8" 0, "int8_g32" 32;
-// InvalidArgument otherwise.
+// InvalidArgument otherwise (the language model's int4 schemes with a
+// message saying the tower does not take them).
 [[nodiscard]] absl::StatusOr<int64_t> VisionInt8Group(const std::string& quantize);
 
 // The linear layers' activations an --activation_dtype flag asks for.

@@ -162,6 +162,11 @@ TEST_CASE("the vision --quantize names", "[vision]") {
     INFO(bad);
     CHECK(VisionInt8Group(bad).status().code() == absl::StatusCode::kInvalidArgument);
   }
+  // The language model's 4-bit schemes: refused with the reason.
+  const absl::Status int4 = VisionInt8Group("int4_g32").status();
+  CHECK(int4.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(int4.message().find("--quantize=int4_g32") != std::string::npos);
+  CHECK(int4.message().find("language model") != std::string::npos);
 }
 
 // A random two-block tower small enough for quick batching tests.

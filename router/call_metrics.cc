@@ -3,6 +3,13 @@
 #include <string>
 
 namespace mmserve::router {
+namespace {
+
+constexpr char kMigrationsHelp[] =
+    "Language streams of calls whose instance was lost, by outcome: resumed on another "
+    "instance, over_limit (--migration_limit), no_instance.";
+
+}  // namespace
 
 CallMetrics::CallMetrics(metrics::Registry& registry)
     : ttft(registry.GetHistogram("mmserve_router_ttft_seconds",
@@ -19,7 +26,13 @@ CallMetrics::CallMetrics(metrics::Registry& registry)
       overhead(registry.GetHistogram(
           "mmserve_router_overhead_seconds",
           "Time in the router before dispatch (validation, hashing, pre-sizing).",
-          metrics::LatencyBuckets())) {
+          metrics::LatencyBuckets())),
+      migrations_resumed(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
+                                             {{"outcome", "resumed"}})),
+      migrations_over_limit(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
+                                                {{"outcome", "over_limit"}})),
+      migrations_no_instance(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
+                                                 {{"outcome", "no_instance"}})) {
   for (int c = 0; c < kNumCodes; ++c) {
     requests_[c] = &registry.GetCounter(
         "mmserve_router_requests_total", "Generate calls by final gRPC code.",

@@ -30,6 +30,12 @@ struct CallMetrics {
   metrics::Histogram& itl;
   metrics::Histogram& e2e;
   metrics::Histogram& overhead;
+  // Language streams moved off a lost instance (mmserve_router_migrations_total):
+  // resumed on another instance; refused past --migration_limit; failed
+  // for want of an instance to resume on.
+  metrics::Counter& migrations_resumed;
+  metrics::Counter& migrations_over_limit;
+  metrics::Counter& migrations_no_instance;
 
  private:
   static constexpr int kNumCodes = 17;  // absl::StatusCode 0..16

@@ -2,6 +2,7 @@
 // carrier chain they relay, and their ends (generate_call.h).
 #include <utility>
 
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "router/generate_call.h"
 #include "router/token_stream.h"
@@ -39,6 +40,7 @@ void GenerateCall::StartLanguage(internal::v1::PrefillRequest prefill) {
   cancels_.resize(instances.size());
   switch (placement_.flow) {
     case Placement::Flow::kColocated:
+      PrepareMigration(prefill);
       Advance(CallEvent::kPrefillStarted);
       CountCriticalRoundTrip();
       OpenStream(0, std::move(prefill));
@@ -108,7 +110,9 @@ void GenerateCall::RetryImages(std::vector<internal::v1::PromptImage> images) {
     return;
   }
   if (placement_.flow != Placement::Flow::kElastic) {
-    SendRetryImages(placement_.instances[0], std::move(images));
+    // Colocated: the instance carrying the stream (a migration's new one).
+    const bool colocated = placement_.flow == Placement::Flow::kColocated;
+    SendRetryImages(placement_.instances[colocated ? chain_->carrier() : 0], std::move(images));
     return;
   }
   std::vector<size_t> indices;
@@ -155,7 +159,7 @@ void GenerateCall::OnStreamBatch(size_t i, const internal::v1::TokenBatch& batch
 }
 
 void GenerateCall::LockedOnStreamBatch(size_t i, const internal::v1::TokenBatch& batch) {
-  if (phase_ == CallPhase::kEnded) return;
+  if (phase_ == CallPhase::kEnded || Abandoned(i)) return;
   if (pending_prefill_ && i == 1) {
     StartPrefill();  // the first batch: the decode instance holds the request
     return;
@@ -236,8 +240,16 @@ void GenerateCall::OnStreamDone(size_t i, const grpc::Status& status) {
 }
 
 void GenerateCall::LockedOnStreamDone(size_t i, const grpc::Status& status) {
-  if (phase_ == CallPhase::kEnded) return;
+  if (phase_ == CallPhase::kEnded || Abandoned(i)) return;
   if (!status.ok()) {
+    // A stream the router did not cancel (the call has not ended) that
+    // ends CANCELLED was cancelled by its instance.
+    const grpc::StatusCode code = status.error_code();
+    if ((code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
+         code == grpc::StatusCode::CANCELLED) &&
+        MaybeMigrate(i, FromGrpcStatus(status))) {
+      return;
+    }
     LastStreamClosed(status, StreamRole(i), placement_.instances[i]->id);
     return;
   }
@@ -250,5 +262,9 @@ void GenerateCall::LockedOnStreamDone(size_t i, const grpc::Status& status) {
   }
   LastStreamClosed(status, StreamRole(i), placement_.instances[i]->id);
 }
+
+// A migration's resumed stream opens from generate_call_migrate.cc.
+template void GenerateCall::OpenStream<internal::v1::PrefillRequest>(size_t,
+                                                                     internal::v1::PrefillRequest);
 
 }  // namespace mmserve::router

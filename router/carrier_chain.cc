@@ -38,6 +38,15 @@ bool CarrierChain::HandsOver(const internal::v1::TokenBatch& batch) const {
   return false;
 }
 
+bool CarrierChain::Append(Carrier next) {
+  for (const Carrier& c : order_) {
+    if (c.instance == next.instance) return false;
+  }
+  order_.back().hand_over = HandOver::kMasterMoved;
+  order_.push_back(next);
+  return true;
+}
+
 CarrierChain::Held CarrierChain::Advance() {
   if (!HasNext()) return {};
   ++at_;

@@ -16,6 +16,9 @@
 //     CarrierChain::Held early = chain.Advance();  // replay early.batches
 //   }
 //
+// A chain may grow at its end mid-call (Append: a master joins an elastic
+// request that runs out of KV where it decodes).
+//
 // Not thread-safe: the call guards it with its lock.
 #ifndef MMSERVE_ROUTER_CARRIER_CHAIN_H_
 #define MMSERVE_ROUTER_CARRIER_CHAIN_H_
@@ -57,11 +60,19 @@ class CarrierChain {
   bool HasNext() const { return at_ + 1 < order_.size(); }
   Held Advance();
 
+  // Appends `next` as the last carrier (an elastic request's chain
+  // extended mid-call with a new master): the carrier last until now hands
+  // over when its master moves (HandOver::kMasterMoved); `next`'s own
+  // hand-over is as given. False (nothing changes) when `next`'s stream is
+  // in the chain already.
+  bool Append(Carrier next);
+
   size_t carrier() const { return order_[at_].instance; }
+  size_t size() const { return order_.size(); }
   size_t position() const { return at_; }
 
  private:
-  const std::vector<Carrier> order_;
+  std::vector<Carrier> order_;
   size_t at_ = 0;
   Held held_;
 };

@@ -93,5 +93,35 @@ TEST_CASE("a single stream carries everything and holds nothing") {
   CHECK_FALSE(chain.ClosingHandsOver());
 }
 
+TEST_CASE("a master appended mid-call carries after the last one's move; early batches held") {
+  // Member 0 samples, member 1 masters; member 2 joins as the next master.
+  CarrierChain chain({{.instance = 0, .hand_over = HandOver::kFirstToken}, {.instance = 1}});
+  CHECK(chain.HandsOver(Text("a")));
+  chain.Advance();
+  REQUIRE(chain.carrier() == 1);
+  TokenBatch moved;
+  moved.mutable_elastic_moved()->add_generated_token_ids(1);
+  CHECK_FALSE(chain.HasNext());
+  CHECK_FALSE(chain.HandsOver(moved));  // the last carrier before the append
+  CHECK(chain.OnBatch(2, Text("early")) == Route::kNone);
+  CHECK_FALSE(chain.Append({.instance = 1}));  // in the chain already
+  CHECK(chain.size() == 2);
+  REQUIRE(chain.Append({.instance = 2}));
+  CHECK(chain.size() == 3);
+  CHECK(chain.HasNext());
+  CHECK(chain.OnBatch(2, Text("c")) == Route::kHeld);
+  CHECK(chain.OnBatch(1, Text("b")) == Route::kCarry);
+  CHECK_FALSE(chain.HandsOver(Text("b")));
+  REQUIRE(chain.HandsOver(moved));
+  const CarrierChain::Held held = chain.Advance();
+  REQUIRE(held.batches.size() == 1);
+  CHECK(held.batches[0].text() == "c");
+  CHECK(chain.carrier() == 2);
+  CHECK_FALSE(chain.HasNext());
+  CHECK_FALSE(chain.HandsOver(moved));  // the new last carrier never hands over
+  CHECK(chain.OnBatch(1, Text("x")) == Route::kNone);
+  CHECK(chain.OnBatch(2, Text("d")) == Route::kCarry);
+}
+
 }  // namespace
 }  // namespace mmserve::router

@@ -36,12 +36,6 @@ EncoderDispatch::EncoderDispatch(const RouterContext& context,
 
 EncoderDispatch::~EncoderDispatch() = default;
 
-int64_t EncoderDispatch::PlacedTokens() const {
-  int64_t tokens = kUnsizedTokens;
-  for (const Image& im : images_) tokens += im.grid ? im.grid->num_tokens() : kUnsizedTokens;
-  return tokens;
-}
-
 absl::StatusOr<std::shared_ptr<Instance>> EncoderDispatch::PickEncoder(size_t k) {
   Image& im = images_[k];
   if (++im.attempts > kMaxAttempts) {

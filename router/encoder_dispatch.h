@@ -52,9 +52,6 @@ struct EncodeFailure {
 class EncoderDispatch {
  public:
   static constexpr int kMaxAttempts = 3;
-  // Tokens a language instance is charged per image of unknown size, and for
-  // the text.
-  static constexpr int64_t kUnsizedTokens = 64;
 
   struct Encode;  // one Encode call
   using OnEncoded = std::function<void(Encode*, const grpc::Status&)>;
@@ -68,9 +65,6 @@ class EncoderDispatch {
   EncoderDispatch& operator=(const EncoderDispatch&) = delete;
 
   size_t size() const { return images_.size(); }
-  // The work placed on a language instance: the text plus every image.
-  int64_t PlacedTokens() const;
-
   // Starts Encode calls for `images` (a new attempt each) and returns their
   // language-side descriptors; UNAVAILABLE when an image has no healthy
   // encoder or has been tried kMaxAttempts times.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/language.grpc.pb.h"
@@ -53,9 +54,7 @@ GenerateCall::GenerateCall(Setup setup)
       placer_(std::move(setup.placer)),
       clock_(setup.clock),
       sink_(std::move(setup.sink)),
-      encoders_(context_, request_, deadline_, setup.images) {
-  placed_tokens_ = encoders_.PlacedTokens();
-}
+      encoders_(context_, request_, deadline_, setup.images) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -111,7 +110,6 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
 
 void GenerateCall::Run() {
   router_seconds_ = clock_.ElapsedSeconds();
-  for (const auto& instance : LanguageInstances()) instance->inflight += placed_tokens_;
   std::vector<size_t> all(encoders_.size());
   std::iota(all.begin(), all.end(), size_t{0});
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
@@ -202,8 +200,9 @@ void GenerateCall::LockedOnEncoded(EncoderDispatch::Encode* encode, const grpc::
 
 void GenerateCall::Redispatch(const std::vector<size_t>& images, const std::string& failed_encoder,
                               const std::string& why) {
-  // From the first token on, the language side has every image.
-  if (phase_ > CallPhase::kPrefilling) return;
+  // From the first token on, the language side has every image (a
+  // migration's new instance: from its first token).
+  if (phase_ > CallPhase::kPrefilling && !resuming_) return;
   LOG(WARNING) << "request " << id_ << ": " << images.size() << " image(s) leave encoder "
                << failed_encoder << ": " << why;
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
@@ -263,6 +262,8 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
     return;
   }
   if (first) Advance(CallEvent::kFirstToken);
+  if (batch.token_ids_size() > 0) resuming_ = false;
+  relayed_tokens_.insert(relayed_tokens_.end(), batch.token_ids().begin(), batch.token_ids().end());
   deferred_.Defer(
       [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });
 }
@@ -336,11 +337,13 @@ void GenerateCall::OnInstanceDown(const std::string& instance_id) {
 
 void GenerateCall::LockedOnInstanceDown(const std::string& instance_id) {
   if (phase_ == CallPhase::kEnded) return;
-  for (const auto& instance : LanguageInstances()) {
-    if (instance->id == instance_id) {
-      End(absl::UnavailableError(absl::StrCat("language instance ", instance_id, " is down")));
-      return;
-    }
+  const std::vector<std::shared_ptr<Instance>>& instances = LanguageInstances();
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (instances[i]->id != instance_id || Abandoned(i)) continue;
+    const absl::Status down =
+        absl::UnavailableError(absl::StrCat("language instance ", instance_id, " is down"));
+    if (!MaybeMigrate(i, down)) End(down);
+    return;
   }
   std::vector<size_t> moving = encoders_.ImagesOn(instance_id);
   if (!moving.empty()) Redispatch(moving, instance_id, "the encoder is down");
@@ -354,7 +357,6 @@ void GenerateCall::End(absl::Status status) {
   if (placer_ != nullptr) {
     deferred_.Defer([placer = placer_.get(), id = id_] { placer->Released(id); });
   }
-  for (const auto& instance : LanguageInstances()) instance->inflight -= placed_tokens_;
   RecordEnd(status);  // the whole status, for the operator
   deferred_.Defer([sink = std::move(sink_), status = PublicStatus(status, id_)]() mutable {
     sink.on_end(std::move(status));
@@ -370,7 +372,12 @@ void GenerateCall::RecordEnd(const absl::Status& status) {
   const std::string summary = absl::StrCat(
       "request ", id_, ": ", status.ok() ? "OK" : status.ToString(), ", ", encoders_.size(),
       " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),
-      LanguageInstances().empty() ? "" : absl::StrCat(", on ", LanguageInstances()[0]->id));
+      LanguageInstances().empty() ? "" : absl::StrCat(", on ", LanguageInstances()[0]->id),
+      // A migrated call ran last on the instance it moved to.
+      lost_instances_.empty()
+          ? ""
+          : absl::StrCat(" then ", LanguageInstances().back()->id, " (moved off ",
+                         absl::StrJoin(lost_instances_, ", "), ")"));
   // A failure of the service is logged whole: the client sees only a
   // generic message with the request id (public_error.h).
   if (status.ok() || IsClientError(status.code())) {

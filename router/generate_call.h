@@ -1,7 +1,7 @@
 // One Generate request as the router runs it (docs/lifecycle.md):
 // validate, hash and pre-size every image, place each image on an encoder by
-// rendezvous hashing of its content hash and the request on the language
-// instance with the least outstanding work, then call Encode on the encoders
+// rendezvous hashing of its content hash and the request's language side
+// by its placer (placer.h, docs/routing.md), then call Encode on the encoders
 // and Prefill on the language instance at the same time and relay the token
 // stream to the sink.
 //
@@ -31,7 +31,13 @@
 // told the new sources (RetryImages), up to kMaxAttempts per image; with no
 // encoder left the call ends with UNAVAILABLE. A language instance that fails
 // (any of the call's streams failing, or an elastic master move refused)
-// ends the call with UNAVAILABLE. Ending for any reason cancels every open
+// ends the call with UNAVAILABLE, except that a colocated call's stream
+// (role both, router not --elastic) migrates: the request is placed again
+// away from the lost instances and resumed there from the tokens already
+// relayed (PrefillRequest.resume_output_token_ids, the same seed: the
+// router draws one for a request without; its images copied), up to
+// RouterOptions::migration_limit times; the client's stream goes on
+// unbroken. Ending for any reason cancels every open
 // child call, which makes each process free what the request held. The sink's
 // on_end runs exactly once, after the last on_response, with the status a
 // client may see (PublicStatus, public_error.h); the whole status goes to
@@ -136,6 +142,17 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   // The call is ending: cancel every open stream.
   void CancelStreams() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Migration (generate_call_migrate.cc). Whether the loss of stream `i`'s
+  // instance (`why`) moves the request on: then the stream is left behind
+  // (cancelled, its later events ignored) and the call is placed again.
+  bool MaybeMigrate(size_t i, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The resumed stream opens on the new placement's instance.
+  void OnMigrationPlaced(absl::StatusOr<Placement> placement) ABSL_LOCKS_EXCLUDED(mu_);
+  // A stream a migration left behind.
+  bool Abandoned(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return i < live_from_; }
+  // The colocated stream's request: its seed filled in, a copy kept.
+  void PrepareMigration(internal::v1::PrefillRequest& prefill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Moves the lifecycle on (call_phase.h) and tells the placer; false, with
   // a warning, when `event` cannot happen in the current phase (a peer
   // broke the protocol).
@@ -198,7 +215,6 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   DeferredActions deferred_;
 
   Stopwatch clock_;
-  int64_t placed_tokens_ = 0;  // charged to each language instance
   double router_seconds_ = 0;  // time spent in the router before dispatch
   CallPhase phase_ ABSL_GUARDED_BY(mu_) = CallPhase::kPlacing;
   CallSink sink_ ABSL_GUARDED_BY(mu_);
@@ -215,6 +231,15 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int critical_round_trips_ ABSL_GUARDED_BY(mu_) = 0;
+  // Migration: the kept request, the tokens relayed so far, the streams left
+  // behind, the instances lost, and whether the resumed stream has yet to
+  // relay a token (its images may move meanwhile).
+  std::optional<internal::v1::PrefillRequest> language_request_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> relayed_tokens_ ABSL_GUARDED_BY(mu_);
+  size_t live_from_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> lost_instances_ ABSL_GUARDED_BY(mu_);
+  bool resuming_ ABSL_GUARDED_BY(mu_) = false;
+  const std::vector<PreparedMedia> no_media_;  // a migration's placement request
 };
 
 }  // namespace mmserve::router

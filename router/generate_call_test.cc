@@ -1,7 +1,8 @@
 // GenerateCall against in-process fake encoder and language instances:
 // the colocated and the disaggregated lifecycle, the held early decode
 // batches, a first token that is also the last, lost instances, encoder
-// failures, image copies (an elastic group's other members) and rejected
+// failures, image copies (an elastic group's other members), migration off a
+// lost role-both instance (images copied for the new one) and rejected
 // requests. The fakes are scripted per test; the
 // router side is the real InstanceTable and GenerateCall.
 #include "router/generate_call.h"
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -121,6 +123,7 @@ class Stack {
       if (id == "e0") Add(id, internal::v1::INSTANCE_ROLE_ENCODER, &e0);
       if (id == "e1") Add(id, internal::v1::INSTANCE_ROLE_ENCODER, &e1);
       if (id == "l0") Add(id, internal::v1::INSTANCE_ROLE_BOTH, &both);
+      if (id == "l1") Add(id, internal::v1::INSTANCE_ROLE_BOTH, &both1);
       if (id == "p0") Add(id, internal::v1::INSTANCE_ROLE_PREFILL, &prefill);
       if (id == "d0") Add(id, internal::v1::INSTANCE_ROLE_DECODE, &decode);
     }
@@ -134,6 +137,12 @@ class Stack {
     }));
   }
   const RouterContext& context() const { return context_; }
+  void set_migration_limit(int n) { context_.options.migration_limit = n; }
+  double migrations(const std::string& outcome) const {
+    if (outcome == "resumed") return call_metrics_.migrations_resumed.value();
+    if (outcome == "over_limit") return call_metrics_.migrations_over_limit.value();
+    return call_metrics_.migrations_no_instance.value();
+  }
   int encode_calls() const { return encode_calls_.load(); }
 
  private:
@@ -141,7 +150,7 @@ class Stack {
 
  public:
   FakeEncoder e0, e1;
-  FakeLanguage both{"l0"}, prefill{"p0"}, decode{"d0"};
+  FakeLanguage both{"l0"}, both1{"l1"}, prefill{"p0"}, decode{"d0"};
 
  private:
   void Add(const std::string& id, internal::v1::InstanceRole role, grpc::Service* service) {
@@ -448,6 +457,114 @@ TEST_CASE("a cancel ends the call with CANCELLED and cancels the prefill stream"
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kCancelled);
   CHECK(WaitFor([&] { return cancelled.load(); }));
+}
+
+mmserve::v1::GenerateRequest TextRequest() {
+  mmserve::v1::GenerateRequest r;
+  r.mutable_raw()->set_text("tell me more");
+  r.mutable_sampling()->set_temperature(0.7f);
+  return r;
+}
+
+// A role-both instance: a fresh request gets `lost_after` tokens and then the
+// stream fails as a lost instance's does; a resumed one gets the rest.
+FakeLanguage::Script LosesFreshStreams(FakeLanguage& language, int lost_after) {
+  return [&language, lost_after](grpc::ServerContext*, Writer* w) {
+    const PrefillRequest request = LastPrefill(language);
+    if (request.resume_output_token_ids_size() > 0) {
+      w->Write(Tokens(3, "c"));
+      w->Write(Final(4, "d"));
+      return grpc::Status::OK;
+    }
+    for (int i = 1; i <= lost_after; ++i) w->Write(Tokens(i, i == 1 ? "a" : "b"));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed");
+  };
+}
+
+TEST_CASE(
+    "a colocated stream whose instance is lost resumes on the other instance from the relayed "
+    "tokens, with the same seed") {
+  Stack stack;
+  stack.both.prefill = LosesFreshStreams(stack.both, 2);
+  stack.both1.prefill = LosesFreshStreams(stack.both1, 2);
+  stack.Start({"l0", "l1"});
+  Outcome outcome;
+  Run(stack, outcome, TextRequest());
+  INFO(outcome.status());
+  CHECK(outcome.status().ok());
+  CHECK(outcome.Text() == "abcd");
+  CHECK(outcome.responses().back().finish_reason() == mmserve::v1::FINISH_REASON_LENGTH);
+  REQUIRE(stack.both.prefills == 1);
+  REQUIRE(stack.both1.prefills == 1);
+  PrefillRequest first = LastPrefill(stack.both), resumed = LastPrefill(stack.both1);
+  if (first.resume_output_token_ids_size() > 0) std::swap(first, resumed);
+  CHECK(first.resume_output_token_ids_size() == 0);
+  CHECK(std::vector<uint32_t>(resumed.resume_output_token_ids().begin(),
+                              resumed.resume_output_token_ids().end()) ==
+        std::vector<uint32_t>{1, 2});
+  // The request sent no seed: the router chose one, the same for both.
+  CHECK(first.sampling().has_seed());
+  CHECK(resumed.sampling().seed() == first.sampling().seed());
+  CHECK(stack.migrations("resumed") == 1);
+}
+
+TEST_CASE(
+    "a stream lost before its first token moves with no tokens; losing the second instance too "
+    "ends the call UNAVAILABLE past the limit") {
+  Stack stack;
+  stack.both.prefill = LosesFreshStreams(stack.both, 0);
+  stack.both1.prefill = LosesFreshStreams(stack.both1, 0);
+  stack.Start({"l0", "l1"});
+  Outcome outcome;
+  Run(stack, outcome, TextRequest());
+  INFO(outcome.status());
+  // Both instances lose fresh streams: the second one fails too, past the
+  // limit of one move.
+  CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(outcome.status().message(), "the model backend failed"));
+  CHECK(stack.both.prefills + stack.both1.prefills == 2);
+  CHECK(stack.migrations("resumed") == 1);
+  CHECK(stack.migrations("over_limit") == 1);
+}
+
+TEST_CASE("an image request moves with copies of its images for the new instance") {
+  Stack stack;
+  stack.both.prefill = LosesFreshStreams(stack.both, 2);
+  stack.both1.prefill = LosesFreshStreams(stack.both1, 2);
+  stack.Start({"e0", "l0", "l1"});
+  Outcome outcome;
+  Run(stack, outcome, ImageRequest());
+  INFO(outcome.status());
+  CHECK(outcome.status().ok());
+  CHECK(outcome.Text() == "abcd");
+  PrefillRequest first = LastPrefill(stack.both), resumed = LastPrefill(stack.both1);
+  if (first.resume_output_token_ids_size() > 0) std::swap(first, resumed);
+  REQUIRE(first.images_size() == 1);
+  REQUIRE(resumed.images_size() == 1);
+  CHECK(resumed.images(0).encoder_id() == "e0");
+  CHECK(resumed.images(0).transfer_id() != first.images(0).transfer_id());
+  CHECK(stack.e0.encodes == 2);  // the image's call and its copy's
+}
+
+TEST_CASE("with migration_limit 0 or no other instance, a lost stream ends UNAVAILABLE") {
+  for (const char* why : {"limit 0", "one instance"}) {
+    INFO(why);
+    Stack stack;
+    if (std::string(why) == "limit 0") stack.set_migration_limit(0);
+    stack.both.prefill = LosesFreshStreams(stack.both, 1);
+    stack.both1.prefill = LosesFreshStreams(stack.both1, 1);
+    if (std::string(why) == "one instance") {
+      stack.Start({"e0", "l0"});
+    } else {
+      stack.Start({"e0", "l0", "l1"});
+    }
+    Outcome outcome;
+    Run(stack, outcome, TextRequest());
+    CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(outcome.Text() == "a");
+    CHECK(stack.both.prefills + stack.both1.prefills == 1);
+    CHECK(stack.migrations("resumed") == 0);
+  }
 }
 
 }  // namespace

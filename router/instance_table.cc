@@ -1,5 +1,6 @@
 #include "router/instance_table.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,8 @@ void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
     }
     if (e.healthy) MarkDown(info.instance_id(), e);
     e.instance = std::move(inst);
+    e.unreported.clear();
+    prefix_index_.Remove(info.instance_id());
     e.failures = 0;
     LOG(INFO) << "instance " << info.instance_id() << " at " << info.grpc_address() << " ("
               << iv1::InstanceRole_Name(info.role()) << ")";
@@ -76,6 +79,8 @@ bool InstanceTable::Report(const iv1::LoadReport& load) {
   if (it == entries_.end()) return false;
   it->second.load = load;
   it->second.load_at = absl::Now();
+  CatchUp(it->second, it->second.load_at);
+  prefix_index_.Update(load.instance_id(), load, it->second.load_at);
   if (it->second.registered) it->second.heartbeat_due = absl::Now() + options_.heartbeat_timeout;
   return true;
 }
@@ -86,6 +91,7 @@ void InstanceTable::Remove(const std::string& id) {
   if (it == entries_.end()) return;
   if (it->second.healthy) MarkDown(id, it->second);
   entries_.erase(it);
+  prefix_index_.Remove(id);
   LOG(INFO) << "instance " << id << " deregistered";
 }
 
@@ -121,6 +127,44 @@ bool InstanceTable::IsHealthy(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   return it != entries_.end() && it->second.healthy;
+}
+
+std::vector<InstanceLoad> InstanceTable::Loads(Role role) const {
+  std::vector<InstanceLoad> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : entries_) {
+    if (!e.healthy || e.instance->role != role) continue;
+    InstanceLoad& l = out.emplace_back(InstanceLoad{.instance = e.instance, .report = e.load});
+    for (const Charged& c : e.unreported) {
+      ++l.unreported.requests;
+      l.unreported.tokens += c.tokens;
+    }
+  }
+  return out;
+}
+
+void InstanceTable::Charge(const std::string& id, const std::string& call_id, uint64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  it->second.unreported.push_back({.call_id = call_id, .tokens = tokens, .at = absl::Now()});
+}
+
+void InstanceTable::Discharge(const std::string& id, const std::string& call_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  std::vector<Charged>& u = it->second.unreported;
+  u.erase(
+      std::remove_if(u.begin(), u.end(), [&](const Charged& c) { return c.call_id == call_id; }),
+      u.end());
+}
+
+void InstanceTable::CatchUp(Entry& e, absl::Time asked) {
+  const absl::Time counted = asked - options_.report_catch_up;
+  std::vector<Charged>& u = e.unreported;
+  u.erase(u.begin(),
+          std::find_if(u.begin(), u.end(), [&](const Charged& c) { return c.at > counted; }));
 }
 
 void InstanceTable::SetDownListener(std::function<void(const std::string&)> listener) {
@@ -164,6 +208,7 @@ struct InstanceTable::PollRound {
   };
   std::vector<std::shared_ptr<Instance>> instances;
   std::vector<std::unique_ptr<Poll>> polls;  // one per instance
+  absl::Time asked = absl::Now();
   std::atomic<size_t> outstanding{0};
 };
 
@@ -226,6 +271,8 @@ void InstanceTable::Apply(const PollRound& round) {
         e.failures = 0;
         e.load = p.load;
         e.load_at = absl::Now();
+        CatchUp(e, round.asked);
+        prefix_index_.Update(inst->id, p.load, e.load_at);
         const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
         if (ok && !e.healthy) LOG(INFO) << "instance " << inst->id << " is healthy";
         if (!ok && e.healthy) MarkDown(inst->id, e);

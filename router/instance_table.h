@@ -15,7 +15,20 @@
 // another), the answers are applied on the loop, and the next round is
 // `poll_interval` after that. The down listener runs on the loop.
 //
-// Thread-safe.
+// A report lags the router's own placements (a burst placed in one poll
+// interval would all see the same report), so the table also remembers what
+// the router placed on each instance since: Loads adds those charges to the
+// last report, and a charge leaves once a report taken `report_catch_up`
+// after it has come (the instance counts the request by then) or the call
+// ends (Discharge). A placer holds placement_mutex() from Loads to Charge,
+// so that concurrent placements see each other.
+//
+//   absl::MutexLock hold(table.placement_mutex());
+//   std::vector<InstanceLoad> loads = table.Loads(Role::kLanguage);
+//   ...  // choose
+//   table.Charge(chosen->id, call_id, prompt_tokens);
+//
+// Thread-safe. Lock order: placement_mutex() before the table's own lock.
 #ifndef MMSERVE_ROUTER_INSTANCE_TABLE_H_
 #define MMSERVE_ROUTER_INSTANCE_TABLE_H_
 
@@ -36,6 +49,7 @@
 #include "proto/encoder.grpc.pb.h"
 #include "proto/language.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
+#include "router/prefix_index.h"
 
 namespace mmserve::router {
 
@@ -54,8 +68,6 @@ struct Instance {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<iv1::Encoder::Stub> encoder;    // role kEncoder
   std::unique_ptr<iv1::Language::Stub> language;  // the other roles
-  // Work the router has placed there and not yet seen finish (tokens).
-  std::atomic<int64_t> inflight{0};
 };
 
 struct InstanceTableOptions {
@@ -65,12 +77,36 @@ struct InstanceTableOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // Role elastic instances become kElastic (else kLanguage).
   bool pool_elastic = false;
+  // How long after a placement a report is sure to count the request (its
+  // Prefill or Decode call has reached the instance).
+  absl::Duration report_catch_up = absl::Milliseconds(50);
+  // The prompts each instance holds (fed by the reports).
+  PrefixIndexOptions prefix;
 };
 
 // An instance's latest load report and when the router got it.
 struct LoadSnapshot {
   iv1::LoadReport load;
   absl::Time at = absl::InfinitePast();
+};
+
+// What the router placed on an instance that its last report does not count yet.
+struct Unreported {
+  uint32_t requests = 0;
+  uint64_t tokens = 0;  // their prompt tokens (the router's estimate)
+};
+
+// A healthy instance's load as placement weighs it.
+struct InstanceLoad {
+  std::shared_ptr<Instance> instance;
+  iv1::LoadReport report;  // the last one
+  Unreported unreported;
+  // Running, waiting and placed since the report.
+  uint64_t requests() const {
+    return uint64_t{report.running()} + report.waiting() + unreported.requests;
+  }
+  // Prompt tokens not yet computed, reported and placed since.
+  uint64_t tokens() const { return report.outstanding_tokens() + unreported.tokens; }
 };
 
 class InstanceTable {
@@ -100,6 +136,17 @@ class InstanceTable {
   LoadSnapshot LastLoadSnapshot(const std::string& id) const;
   bool IsHealthy(const std::string& id) const;
 
+  // Healthy instances of a role with their load, in id order.
+  std::vector<InstanceLoad> Loads(Role role) const;
+  // Held by placers from Loads to Charge.
+  absl::Mutex* placement_mutex() ABSL_LOCK_RETURNED(placement_mu_) { return &placement_mu_; }
+  // Call `call_id` was placed on instance `id` with `tokens` prompt tokens.
+  void Charge(const std::string& id, const std::string& call_id, uint64_t tokens);
+  // Call `call_id` ended: its charge on `id`, if any is left, goes.
+  void Discharge(const std::string& id, const std::string& call_id);
+  // The prompts each instance holds, from its reports.
+  PrefixIndex& prefix_index() { return prefix_index_; }
+
   void SetDownListener(std::function<void(const std::string& id)> listener);
   // Polls on `loop` until Stop; `loop` outlives the table (or is stopped
   // after it).
@@ -109,8 +156,15 @@ class InstanceTable {
   void Stop();
 
  private:
+  struct Charged {
+    std::string call_id;
+    uint64_t tokens = 0;
+    absl::Time at;
+  };
   struct Entry {
     std::shared_ptr<Instance> instance;
+    // Placements no report counts yet, oldest first.
+    std::vector<Charged> unreported;
     iv1::LoadReport load;
     absl::Time load_at = absl::InfinitePast();
     bool healthy = false;
@@ -126,8 +180,12 @@ class InstanceTable {
   // Loop: the round's answers; tells the down listener.
   void Apply(const PollRound& round);
   void MarkDown(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A report asked for at `asked` came: the charges it counts go.
+  void CatchUp(Entry& e, absl::Time asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const InstanceTableOptions options_;
+  PrefixIndex prefix_index_{options_.prefix};
+  absl::Mutex placement_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_down_ ABSL_GUARDED_BY(mu_);

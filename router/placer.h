@@ -30,12 +30,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/inference.pb.h"
 #include "proto/language.pb.h"
 #include "router/call_phase.h"
 #include "router/instance_table.h"
 #include "router/request_validation.h"
+#include "scheduler/prompt_prefix.h"
 
 namespace mmserve::router {
 
@@ -86,6 +89,8 @@ struct PlaceRequest {
   const mmserve::v1::GenerateRequest* request = nullptr;
   const std::vector<PreparedMedia>* images = nullptr;
   std::chrono::system_clock::time_point deadline;
+  // Instance ids not to place on (a call moving off instances it lost).
+  std::vector<std::string> exclude;
 };
 
 class Placer {
@@ -105,27 +110,57 @@ class Placer {
   virtual void Released(const std::string& id) {}
 };
 
-// Role both: the usable instance with the least outstanding work.
-class BothPlacer final : public Placer {
+// The prompt tokens a request puts on a language instance, as the router
+// tells without tokenizing: a token per 4 bytes of text (or its token ids),
+// plus each image's or video's embedding rows (kUnsizedMediaTokens when not
+// pre-sized).
+inline constexpr uint64_t kUnsizedMediaTokens = 64;
+// What one request (running, waiting or just placed) weighs in a cost, in
+// prompt tokens.
+inline constexpr uint64_t kRequestTokens = 64;
+uint64_t EstimatePromptTokens(const PlaceRequest& request);
+
+// Placement over the instance table's load (report plus what the router
+// placed since, instance_table.h): the chosen instances are charged the
+// request's prompt tokens until their reports count it or the call ends.
+class TablePlacer : public Placer {
  public:
-  explicit BothPlacer(InstanceTable& table) : table_(table) {}
-  bool CanPlace() const override;
-  void Place(const PlaceRequest& request, OnPlaced on_placed) override;
+  explicit TablePlacer(InstanceTable& table) : table_(table) {}
+  void Released(const std::string& id) override;
+
+ protected:
+  // Charges `instances` with the request (under the table's placement mutex).
+  void Charge(const PlaceRequest& request, uint64_t tokens,
+              const std::vector<std::shared_ptr<Instance>>& instances);
+  // `instance` computes the prompt of `prefix` (`tokens` long): the prefix
+  // index counts it there until the instance's report lists it.
+  void Computes(const std::string& instance, const scheduler::PrefixKeys& prefix, uint64_t tokens);
+  InstanceTable& table_;
 
  private:
-  InstanceTable& table_;
+  absl::Mutex mu_;
+  std::vector<std::string> charged_ ABSL_GUARDED_BY(mu_);  // instance ids
+};
+
+// Role both: the usable instance of the lowest cost: its load (tokens to
+// compute, kRequestTokens per request, reported or placed since), less the
+// prompt's tokens it holds cached (PrefixIndex, times its weight), plus
+// the uncached tokens its free KV cannot hold (docs/routing.md).
+class BothPlacer final : public TablePlacer {
+ public:
+  using TablePlacer::TablePlacer;
+  bool CanPlace() const override;
+  void Place(const PlaceRequest& request, OnPlaced on_placed) override;
 };
 
 // Roles prefill and decode: the decode instance with the most free KV
-// blocks (then the fewest running sequences), the least loaded prefill one.
-class PdPlacer final : public Placer {
+// blocks (then the fewest sequences), both counting what the router placed
+// since its report; the prefill instance of the lowest cost (as BothPlacer).
+class PdPlacer final : public TablePlacer {
  public:
-  explicit PdPlacer(InstanceTable& table) : table_(table) {}
+  using TablePlacer::TablePlacer;
   bool CanPlace() const override;
   void Place(const PlaceRequest& request, OnPlaced on_placed) override;
-
- private:
-  InstanceTable& table_;
 };
 
 // router --elastic: the elastic pool (elastic_pool.h) places the request once it

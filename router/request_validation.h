@@ -49,6 +49,9 @@ struct RouterOptions {
   // Prompt text bytes refused before tokenizing (router/input_limits.h);
   // 0: no check.
   size_t max_prompt_bytes = 0;
+  // Times a call's language stream may move to another instance after the
+  // one generating it was lost (role both; 0: the call ends UNAVAILABLE).
+  int migration_limit = 1;
   // Deadline of calls that come without one.
   absl::Duration default_timeout = absl::Seconds(600);
 };

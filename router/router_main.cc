@@ -8,6 +8,7 @@
 //
 // Reads only the model's configs (config.json, preprocessor_config.json,
 // generation_config.json): enough to validate requests and pre-size images.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -65,6 +66,9 @@ ABSL_FLAG(int, poll_timeout_ms, 500, "one health poll's deadline");
 ABSL_FLAG(int, down_after, 2, "failed polls in a row that take an instance out of placement");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "a registered instance whose heartbeats stop this long leaves placement");
+ABSL_FLAG(double, prefix_weight, 1.0,
+          "what a prompt token an instance holds cached weighs against a token of its load "
+          "when placing (docs/routing.md); 0: place by load only");
 ABSL_FLAG(int, drain_seconds, 10, "on SIGTERM, how long running calls may take");
 ABSL_FLAG(std::vector<std::string>, api_key, {},
           "API keys the public API requires (Authorization: Bearer); none: open");
@@ -77,6 +81,9 @@ ABSL_FLAG(int, max_request_mb, 64, "largest HTTP body and gRPC request message, 
 ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "prompt text bytes refused before tokenizing (0: from tokenizer.json and the context; "
           "-1: off)");
+ABSL_FLAG(int, migration_limit, 1,
+          "times a request's stream moves to another role-both language instance after the one "
+          "generating it is lost (0: the request ends UNAVAILABLE)");
 ABSL_FLAG(bool, allow_remote_media, false,
           "fetch http(s) image_url / video_url (and Image.url / Video.url) media; off: such a URL "
           "is refused with 400 / INVALID_ARGUMENT (docs/calling.md#remote-media)");
@@ -177,6 +184,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   options.config = std::move(config);
   options.max_model_len = max_len;
   options.presize = absl::GetFlag(FLAGS_presize);
+  options.migration_limit = std::max(0, absl::GetFlag(FLAGS_migration_limit));
   options.max_images = absl::GetFlag(FLAGS_max_images);
   options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
   options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))} << 20;
@@ -223,11 +231,16 @@ absl::StatusOr<InstanceTableOptions> TableOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "--poll_ms, --poll_timeout_ms, --down_after and --heartbeat_timeout_ms must be >= 1");
   }
+  const double prefix_weight = absl::GetFlag(FLAGS_prefix_weight);
+  if (!(prefix_weight >= 0 && prefix_weight <= 100)) {
+    return absl::InvalidArgumentError("--prefix_weight must be between 0 and 100");
+  }
   return InstanceTableOptions{
       .poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_ms)),
       .poll_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_poll_timeout_ms)),
       .down_after = absl::GetFlag(FLAGS_down_after),
-      .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms))};
+      .heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)),
+      .prefix = {.weight = prefix_weight}};
 }
 
 void AddGauges(metrics::Registry& registry, InstanceTable& table, CallTracker& tracker) {

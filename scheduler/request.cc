@@ -54,6 +54,9 @@ Request::Request(RequestParams params, uint64_t arrival_seq)
   token_ids_ = std::move(params_.prompt_token_ids);
   params_.prompt_token_ids.clear();
   token_ids_.reserve(token_ids_.size() + std::max(params_.max_tokens, 0));
+  token_ids_.insert(token_ids_.end(), params_.resumed_output_token_ids.begin(),
+                    params_.resumed_output_token_ids.end());
+  params_.resumed_output_token_ids.clear();
 }
 
 FinishReason Request::AppendOutputToken(TokenId token) {

@@ -109,6 +109,11 @@ struct RequestParams {
   // their KV stay held under its id as a span (kHoldingSpan, as HoldSpan's)
   // until ReleaseSpan: a prompt another instance is still reading.
   bool hold_kv_when_finished = false;
+  // A request resumed after its instance was lost: the tokens it generated
+  // there, fewer than max_tokens. They follow the prompt as its first
+  // outputs (counted by max_tokens and the penalties) and are computed with
+  // it at admission, as a preempted request's are.
+  std::vector<TokenId> resumed_output_token_ids;
 };
 
 class Request {

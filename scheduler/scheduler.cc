@@ -32,6 +32,14 @@ absl::Status Scheduler::ValidateParams(const RequestParams& p, bool fresh) const
   for (TokenId t : p.prompt_token_ids) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
   }
+  if (p.resumed_output_token_ids.size() >= static_cast<size_t>(p.max_tokens)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p.resumed_output_token_ids.size(),
+                     " resumed tokens leave no room below max_tokens ", p.max_tokens));
+  }
+  for (TokenId t : p.resumed_output_token_ids) {
+    if (t < 0) return absl::InvalidArgumentError(absl::StrCat("negative token id ", t));
+  }
   const int64_t prompt_len = static_cast<int64_t>(p.prompt_token_ids.size());
   int64_t prev_end = 0;
   for (const kvpool::MultimodalSpan& s : p.mm_spans) {

@@ -162,6 +162,15 @@ class Scheduler {
   // Whether the span of kMastering request `id` has the slot of its next
   // token (false for any other id).
   bool HasDecodeSlot(RequestId id) const;
+  // The span of kMastering request `id` grows to reach KV index `kv_end`
+  // (exclusive), taking whole blocks from the pool as a running request's
+  // table takes them (a master that reserves its decode KV a window at a
+  // time instead of all of max_tokens at placement). A kv_end its blocks
+  // reach already changes nothing. Returns the span's blocks, in order.
+  // NotFound unless `id` is mastered here; ResourceExhausted (nothing
+  // changes) when the pool lacks the blocks; InvalidArgument for a kv_end
+  // not past the span's first token. Not while a step is pending.
+  [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> GrowSpan(RequestId id, int64_t kv_end);
   int num_mastering() const { return static_cast<int>(mastering_.size()); }
 
   // The live (not finished, not aborted) request with `id`, or null.

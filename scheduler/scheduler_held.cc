@@ -1,7 +1,8 @@
-// Scheduler::HoldSpan, ReleaseSpan and the kMastering requests: spans of a
+// Scheduler::HoldSpan, ReleaseSpan, GrowSpan and the kMastering requests: spans of a
 // request's KV kept on a member of an elastic-sequence-parallelism group
 // (role elastic), and the master's decode on its span.
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -97,6 +98,28 @@ absl::Status Scheduler::StopMastering(RequestId id) {
   it->second->set_status(RequestStatus::kHoldingSpan);
   ++num_holding_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<kvpool::BlockId>> Scheduler::GrowSpan(RequestId id, int64_t kv_end) {
+  if (step_pending_) return absl::FailedPreconditionError("a step is pending");
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->status() != RequestStatus::kMastering) {
+    return absl::NotFoundError(absl::StrCat(id.value, " is not mastered here"));
+  }
+  Request& r = *it->second;
+  const int64_t tokens = kv_end - r.kv_offset();
+  if (tokens < 1 || tokens > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("a span of ", tokens, " tokens"));
+  }
+  if (!kv_.AppendSlots(r.block_table(), static_cast<int>(tokens))) {
+    const int have = static_cast<int>(kv_.block_table(r.block_table()).size());
+    return absl::ResourceExhaustedError(absl::StrCat("no room for ", kv_.BlocksFor(tokens) - have,
+                                                     " more KV blocks (", kv_.num_free_blocks(),
+                                                     " free)"));
+  }
+  r.set_span_tokens(std::max(r.span_tokens(), static_cast<int>(tokens)));
+  absl::Span<const kvpool::BlockId> blocks = kv_.block_table(r.block_table());
+  return std::vector<kvpool::BlockId>(blocks.begin(), blocks.end());
 }
 
 bool Scheduler::HasDecodeSlot(RequestId id) const {

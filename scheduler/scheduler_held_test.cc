@@ -243,6 +243,73 @@ TEST_CASE("StartMastering refuses what is no span, no token, an ending token, no
   REQUIRE(s->CheckInvariants().ok());
 }
 
+TEST_CASE("a mastered span grows by blocks as it decodes, and its blocks go at the finish",
+          "[scheduler][held]") {
+  auto s = Make(6);
+  REQUIRE(s->HoldSpan(RequestId{1}, 5).ok());  // tokens [6, 11): 2 blocks of 4
+  RequestParams p = Req(1, 10);
+  p.max_tokens = 9;  // tokens 10..18 decode: its KV ends at index 17
+  REQUIRE(s->StartMastering(RequestId{1}, p, 6, {50}, 7).ok());
+  int decoded = 0;
+  std::vector<std::unique_ptr<Request>> finished;
+  while (finished.empty()) {
+    if (!s->HasDecodeSlot(RequestId{1})) {
+      // The next window: one more block, as the master reserves it.
+      const int kv_end = s->Find(RequestId{1})->num_computed_tokens() + 4;
+      absl::StatusOr<std::vector<kvpool::BlockId>> blocks = s->GrowSpan(RequestId{1}, kv_end);
+      REQUIRE(blocks.ok());
+      CHECK(static_cast<int>(blocks->size()) == (kv_end - 6 + 3) / 4);
+      REQUIRE(s->CheckInvariants().ok());
+    }
+    const SchedulerOutput& out = s->Schedule();
+    const ScheduledRequest* e = Entry(out, 1);
+    REQUIRE(e != nullptr);
+    CHECK(e->num_computed_tokens == 10 + decoded);
+    ++decoded;
+    REQUIRE(s->UpdateFromOutput({60}, &finished).ok());
+    REQUIRE(s->CheckInvariants().ok());
+  }
+  // max_tokens 9: the first came with StartMastering, 8 decoded here, past
+  // the 2 blocks it started with (slots for tokens 6..13).
+  CHECK(decoded == 8);
+  REQUIRE(finished.size() == 1);
+  CHECK(finished[0]->finish_reason() == FinishReason::kLength);
+  CHECK(finished[0]->num_output_tokens() == 9);
+  CHECK(s->kv_cache().num_free_blocks() == 6);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
+TEST_CASE("GrowSpan refuses what is not mastered, an empty pool (nothing changes), no tokens",
+          "[scheduler][held]") {
+  auto s = Make(4);
+  CHECK(s->GrowSpan(RequestId{1}, 8).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(s->HoldSpan(RequestId{1}, 4).ok());
+  CHECK(s->GrowSpan(RequestId{1}, 8).status().code() == absl::StatusCode::kNotFound);  // held only
+  REQUIRE(s->HoldSpan(RequestId{2}, 12).ok());  // the pool's last 3 blocks
+  RequestParams p = Req(1, 3);
+  p.max_tokens = 20;
+  REQUIRE(s->StartMastering(RequestId{1}, p, 0, {50}, 0).ok());
+  absl::StatusOr<std::vector<kvpool::BlockId>> grown = s->GrowSpan(RequestId{1}, 8);
+  CHECK(grown.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s->kv_cache().block_table(s->Find(RequestId{1})->block_table()).size() == 1);
+  CHECK(s->GrowSpan(RequestId{1}, 0).status().code() == absl::StatusCode::kInvalidArgument);
+  grown = s->GrowSpan(RequestId{1}, 3);  // within its block: nothing to take
+  REQUIRE(grown.ok());
+  CHECK(grown->size() == 1);
+  REQUIRE(s->ReleaseSpan(RequestId{2}).ok());
+  grown = s->GrowSpan(RequestId{1}, 8);
+  REQUIRE(grown.ok());
+  CHECK(grown->size() == 2);
+  CHECK(s->kv_cache().num_free_blocks() == 2);
+  s->Schedule();
+  CHECK(s->GrowSpan(RequestId{1}, 12).status().code() ==
+        absl::StatusCode::kFailedPrecondition);  // a step is pending
+  REQUIRE(s->UpdateFromOutput({60}, nullptr).ok());
+  REQUIRE(s->Abort(RequestId{1}).ok());
+  CHECK(s->kv_cache().num_free_blocks() == 4);
+  REQUIRE(s->CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace mmserve

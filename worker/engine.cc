@@ -170,6 +170,10 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
   scheduler::RequestParams p;
   ASSIGN_OR_RETURN(std::unique_ptr<Live> live,
                    Prepare(request, std::move(callback), plan, &p, rules_));
+  ASSIGN_OR_RETURN(
+      live->completion_tokens,
+      ReplayResumed(request.resume_output_token_ids, !plan.remote_prompt && !plan.prompt_only,
+                    rules_.vocab_size, live->runner, *live->streamer, live->draws, p));
   if (plan.remote_prompt) return Reserve(std::move(live), std::move(p), info, remote_kv);
   if (plan.prompt_only) {
     p.max_tokens = 1;  // the decode engine produces the rest
@@ -177,9 +181,45 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     p.hold_kv_when_finished = true;
   }
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
+  if (plan.prompt_only) connector_->OnPromptQueued(live->id, live->handoff);
   by_scheduler_id_[live->sched_id.value] = live.get();
   requests_[live->id] = std::move(live);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, bool decoded_here,
+                                  int vocab_size, RunnerRequestState& runner,
+                                  model::TextStreamer& streamer, uint64_t& draws,
+                                  scheduler::RequestParams& params) {
+  if (tokens.empty()) return 0;
+  if (!decoded_here) {
+    return absl::InvalidArgumentError("a resumed request is decoded where it is prefilled");
+  }
+  if (tokens.size() >= static_cast<size_t>(params.max_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat("resume_output_token_ids: ", tokens.size(),
+                                                   " tokens leave none below max_tokens ",
+                                                   params.max_tokens));
+  }
+  RETURN_IF_ERROR(CheckTokenIds(tokens, vocab_size));
+  // The scheduler's finish rules (eos, stop ids) over the tokens.
+  scheduler::Request finish_rules(params, 0);
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    const int32_t token = tokens[k];
+    const bool ends = finish_rules.AppendOutputToken(token) != FinishReason::kNone;
+    ASSIGN_OR_RETURN(const bool complete, AdvanceGrammar(runner, token));
+    ASSIGN_OR_RETURN(const model::TextStreamer::Step text,
+                     streamer.Push(token, static_cast<int>(k) + 1));
+    if (ends || complete || text.stopped) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_output_token_ids: token ", k, " ends the request already"));
+    }
+    if (!runner.sampling.greedy()) {
+      runner.sampler->Uniform();
+      ++draws;
+    }
+  }
+  params.resumed_output_token_ids.assign(tokens.begin(), tokens.end());
+  return static_cast<int>(tokens.size());
 }
 
 absl::Status LlmEngine::Reserve(std::unique_ptr<Live> live, scheduler::RequestParams params,

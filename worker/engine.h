@@ -66,19 +66,16 @@ class LlmEngine {
   // kAbort) and frees them. handoff_images on a local prompt: InvalidArgument.
   [[nodiscard]] absl::Status AddRequest(EngineRequest request, StreamCallback callback,
                                         RemoteKvBlocks* remote_kv = nullptr);
-  // Aborts a live request; its callback gets a final kAbort event. NotFound
-  // for unknown ids.
+  // Aborts a live request (final event kAbort); NotFound for unknown ids.
   [[nodiscard]] absl::Status Abort(const std::string& id);
   // Runs one scheduler step.
   [[nodiscard]] absl::Status Step();
 
-  // Role elastic: a span of `tokens` of request `id`'s KV that
-  // this engine keeps for a group prefill while another instance decodes
-  // the request: a request in the scheduler's kHoldingSpan
-  // (Scheduler::HoldSpan); the span's block ids, in order. It is never
-  // scheduled and is no unfinished work; Abort(id) or ReleaseSpan(id) frees
-  // it. AlreadyExists when `id` is live here or holds a span,
-  // ResourceExhausted when the pool has no room.
+  // Role elastic: a span of `tokens` of request `id`'s KV kept for a group
+  // prefill while another instance decodes it (kHoldingSpan: never
+  // scheduled, no unfinished work); its block ids in order. Abort(id) or
+  // ReleaseSpan(id) frees it. AlreadyExists when `id` is live here or holds
+  // a span, ResourceExhausted when the pool has no room.
   [[nodiscard]] absl::StatusOr<std::vector<kvpool::BlockId>> HoldSpan(const std::string& id,
                                                                       int tokens);
   // NotFound when `id` holds no span.
@@ -121,14 +118,13 @@ class LlmEngine {
   // HoldSpan's) and its state goes to the next master. NotFound unless
   // `id` is mastered here.
   [[nodiscard]] absl::StatusOr<ElasticRequest::MasterState> StopMastering(const std::string& id);
-  // Whether request `id`, mastered here, has no slot left for its next
-  // token (its range is done: StopMastering).
-  bool MasterSpanFull(const std::string& id) const;
-  // The span holders of the requests mastered here; must outlive the
-  // engine's steps (null: none, and such requests fail their steps).
+  bool MasterSpanFull(const std::string& id) const;  // no slot for its next token
+  // Scheduler::GrowSpan for `id`; refused with no slot left, `id` ends RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::vector<kvpool::BlockId>> GrowMasterSpan(const std::string& id, int64_t end);
+  // The span holders of the requests mastered here (outlive the steps;
+  // null: their steps fail).
   void set_master_peers(MasterPeers* peers) { master_peers_ = peers; }
-  // The model and its thread pool, for an elastic group's prefill on the
-  // engine's thread (Qwen2Model::ForwardElasticPrefill).
+  // For an elastic group's prefill on the engine's thread (ForwardElasticPrefill).
   model::Qwen2Model& model() { return *m_->model; }
   size_t num_held_spans() const { return scheduler_->num_held_spans(); }
 
@@ -145,8 +141,7 @@ class LlmEngine {
 
   // The KV storage (rank 0's with tensor parallelism), for KV hand-off.
   model::KvCache& kv_cache() { return *m_->kv; }
-  // The other ranks (tp_size > 1; else null): their step ring and
-  // communicator, for KV hand-off steps from the engine's thread.
+  // The other ranks' step ring and communicator (null with tp_size 1).
   TpGroup* tp_group() const { return m_->tp_group.get(); }
 
   // Requests to run (held spans are not).
@@ -155,16 +150,13 @@ class LlmEngine {
   const model::ModelConfig& config() const { return m_->config; }
   const EngineSizing& sizing() const { return m_->sizing; }
   const scheduler::Scheduler& scheduler() const { return *scheduler_; }
-  // Seed 000: seconds this engine's steps spent handing image rows to the
-  // other ranks (ModelRunner::embedding_handoff_seconds), in total; 0 with
-  // tp_size 1.
+  // Seconds this engine's steps spent handing image rows to the other ranks
+  // (ModelRunner::embedding_handoff_seconds); 0 with tp_size 1.
   double embedding_handoff_seconds() const { return runner_->embedding_handoff_seconds(); }
-  // Image rows those steps named by descriptor (in shared_input) and
-  // carried inline, in total.
+  // Image rows those steps named by descriptor (shared_input) and inline.
   int64_t embedding_rows_by_descriptor() const { return runner_->rows_by_descriptor(); }
   int64_t embedding_rows_inline() const { return runner_->rows_inline(); }
-  // Seconds spent computing structured-output masks (on a helper thread,
-  // during the forward), and seconds sampling waited for them, in total.
+  // Seconds computing structured-output masks (helper thread) and waiting for them.
   double grammar_mask_seconds() const { return runner_->grammar_mask_seconds(); }
   double grammar_mask_wait_seconds() const { return runner_->grammar_mask_wait_seconds(); }
 

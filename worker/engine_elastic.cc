@@ -1,5 +1,5 @@
-// LlmEngine::PrepareElastic, StartMastering and StopMastering, and ElasticRequest
-// (engine_elastic.h).
+// LlmEngine::PrepareElastic, StartMastering, StopMastering and GrowMasterSpan,
+// and ElasticRequest (engine_elastic.h).
 #include "worker/engine_elastic.h"
 
 #include <algorithm>
@@ -11,6 +11,12 @@
 #include "worker/engine_live.h"
 
 namespace mmserve::worker {
+namespace {
+
+// A master's span that cannot grow (the client's reason: no internals).
+constexpr char kNoRoomToGrow[] = "the KV cache has no room for the request's next tokens";
+
+}  // namespace
 
 ElasticRequest::ElasticRequest(Parts parts)
     : id_(std::move(parts.id)),
@@ -199,6 +205,18 @@ bool LlmEngine::MasterSpanFull(const std::string& id) const {
   const scheduler::Request* r = scheduler_->Find(it->second->sched_id);
   return r != nullptr && r->status() == scheduler::RequestStatus::kMastering &&
          !scheduler_->HasDecodeSlot(it->second->sched_id);
+}
+
+absl::StatusOr<std::vector<kvpool::BlockId>> LlmEngine::GrowMasterSpan(const std::string& id,
+                                                                       int64_t end) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError("no request of that id is mastered here");
+  auto blocks = scheduler_->GrowSpan(it->second->sched_id, end);
+  if (absl::IsResourceExhausted(blocks.status()) &&
+      !scheduler_->HasDecodeSlot(it->second->sched_id)) {
+    RETURN_IF_ERROR(AbortUnrecomputable({{id, absl::ResourceExhaustedError(kNoRoomToGrow)}}));
+  }
+  return blocks;
 }
 
 }  // namespace mmserve::worker

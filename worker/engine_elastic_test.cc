@@ -13,6 +13,7 @@
 //   path: the sampler's event is role both's (tokens, text, finish by
 //   max_tokens or a stop id), a member that takes it ends
 //   the same way with the same random stream.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
@@ -171,16 +172,20 @@ model::ElasticPrefillBatch Rows(const ElasticRequest& r, int64_t begin, int64_t 
 }
 
 // Prefills `request` over `holder` (tokens [0, split)) and `master` (the
-// rest, and the sampler), then hands it to the master's engine.
+// rest, and the sampler), then hands it to the master's engine. The
+// master's span holds room for `room` new tokens' KV (-1: all of
+// max_tokens - 1, the whole decode).
 std::unique_ptr<HolderPeers> StartGroup(LlmEngine& holder, LlmEngine& master,
-                                        const EngineRequest& request, int64_t split, Collected* c) {
+                                        const EngineRequest& request, int64_t split, Collected* c,
+                                        int64_t room = -1) {
   auto a = holder.PrepareElastic(request);
   auto b = master.PrepareElastic(request);
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   const int64_t len = (*b)->prompt_len();
   auto span_a = holder.HoldSpan(request.id, static_cast<int>(split));
-  auto span_b = master.HoldSpan(request.id, static_cast<int>(len - split + (*b)->max_tokens() - 1));
+  if (room < 0) room = (*b)->max_tokens() - 1;
+  auto span_b = master.HoldSpan(request.id, static_cast<int>(len - split + room));
   REQUIRE(span_a.ok());
   REQUIRE(span_b.ok());
   const model::TextConfig& cfg = master.config().text;
@@ -416,6 +421,89 @@ TEST_CASE("a holder that fails ends the group's request only", "[engine][elastic
     INFO("ordinary " << k);
     CHECK(beside[k].tokens == Alone(Ordinary(k, ids)).tokens);
   }
+}
+
+// The group's request whose master reserves one block of its decode at a
+// time (growing its span whenever it has no slot left), on a master pool
+// with `free_blocks` free once the group started (-1: all it has): its
+// tokens, how many times its span grew, and both engines' blocks all free
+// again at the end.
+struct Grown {
+  Collected group;
+  int grows = 0;
+};
+Grown RunGrowing(bool seeded, int free_blocks) {
+  const std::vector<int32_t> ids = ChatIds();
+  auto holder = MakeEngine();
+  auto master = MakeEngine();
+  const int free_holder = holder->scheduler().kv_cache().num_free_blocks();
+  const int free_master = master->scheduler().kv_cache().num_free_blocks();
+  Grown out;
+  const int64_t split = static_cast<int64_t>(ids.size()) / 2 / kBlock * kBlock;
+  const int64_t len = static_cast<int64_t>(ids.size());
+  // Room for the first decoded token's KV only (index len).
+  auto peers = StartGroup(*holder, *master, Request("group", ids, seeded, 12), split, &out.group,
+                          /*room=*/1);
+  if (free_blocks >= 0) {
+    const int filler = master->scheduler().kv_cache().num_free_blocks() - free_blocks;
+    REQUIRE(master->HoldSpan("filler", filler * kBlock).ok());
+  }
+  // A kv_end inside the span grows nothing: its blocks as they are.
+  auto blocks = master->GrowMasterSpan("group", split + 1);
+  REQUIRE(blocks.ok());
+  CHECK(static_cast<int64_t>(blocks->size()) == (len - split + 1 + kBlock - 1) / kBlock);
+  for (int steps = 0; master->has_unfinished(); ++steps) {
+    REQUIRE(steps < 5000);
+    if (master->MasterSpanFull("group")) {
+      const int64_t reserved_end = split + static_cast<int64_t>(blocks->size()) * kBlock;
+      blocks = master->GrowMasterSpan("group", reserved_end + kBlock);
+      if (!blocks.ok()) {
+        // Nothing reserved is left and the pool has no block: it ended.
+        REQUIRE(blocks.status().code() == absl::StatusCode::kResourceExhausted);
+        CHECK_FALSE(master->has_unfinished());
+        break;
+      }
+      ++out.grows;
+    }
+    REQUIRE(master->Step().ok());
+  }
+  CHECK_FALSE(master->has_unfinished());
+  CHECK(master->GrowMasterSpan("group", len + 20).status().code() == absl::StatusCode::kNotFound);
+  if (free_blocks >= 0) REQUIRE(master->ReleaseSpan("filler").ok());
+  CHECK(master->num_held_spans() == 0);
+  REQUIRE(holder->ReleaseSpan("group").ok());
+  CHECK(holder->scheduler().kv_cache().num_free_blocks() == free_holder);
+  CHECK(master->scheduler().kv_cache().num_free_blocks() == free_master);
+  return out;
+}
+
+TEST_CASE("a master that reserves a block at a time decodes past it as its span grows",
+          "[engine][elastic]") {
+  for (bool seeded : {false, true}) {
+    INFO((seeded ? "seeded" : "greedy"));
+    std::vector<Collected> none;
+    const Collected whole = RunGroup(seeded, 0, &none);  // the whole decode reserved
+    const Grown grown = RunGrowing(seeded, -1);
+    CHECK(grown.grows >= 2);
+    CHECK(grown.group.tokens == whole.tokens);
+    CHECK(grown.group.text == whole.text);
+    CHECK(grown.group.finish == FinishReason::kLength);
+    CHECK(grown.group.error.ok());
+  }
+}
+
+TEST_CASE("a master whose span cannot grow ends its request RESOURCE_EXHAUSTED, nothing leaks",
+          "[engine][elastic]") {
+  std::vector<Collected> none;
+  const Collected whole = RunGroup(false, 0, &none);
+  const Grown grown = RunGrowing(false, /*free_blocks=*/1);  // one block more, then none
+  CHECK(grown.grows == 1);
+  CHECK(grown.group.finish == FinishReason::kAbort);
+  CHECK(grown.group.error.code() == absl::StatusCode::kResourceExhausted);
+  // It decoded what it reserved, each token as with the whole decode reserved.
+  REQUIRE(grown.group.tokens.size() < whole.tokens.size());
+  CHECK(grown.group.tokens.size() > 1);
+  CHECK(std::equal(grown.group.tokens.begin(), grown.group.tokens.end(), whole.tokens.begin()));
 }
 
 }  // namespace

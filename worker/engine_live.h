@@ -55,6 +55,19 @@ absl::StatusOr<FinishReason> TokenEvent(RunnerRequestState& runner, model::TextS
                                         const model::SampleResult& s, int completion,
                                         FinishReason finished, StreamEvent* event);
 
+// The tokens a resumed request generated elsewhere
+// (EngineRequest::resume_output_token_ids) replayed as if sampled here: the
+// scheduler's finish rules, the grammar, the text stream (their text was
+// streamed there) and one draw of runner.sampler each unless greedy
+// (counted in `draws`); they become params' first outputs. Returns how many;
+// InvalidArgument when they leave no room below max_tokens, lie outside the
+// vocabulary or one of them ends the request, and when the request is not
+// decoded here (`decoded_here` false: a prompt handed off or received).
+absl::StatusOr<int> ReplayResumed(absl::Span<const int32_t> tokens, bool decoded_here,
+                                  int vocab_size, RunnerRequestState& runner,
+                                  model::TextStreamer& streamer, uint64_t& draws,
+                                  scheduler::RequestParams& params);
+
 }  // namespace mmserve::worker
 
 #endif  // MMSERVE_WORKER_ENGINE_LIVE_H_

@@ -101,7 +101,8 @@ absl::Status LoadWeights(const EngineOptions& options, int threads,
   if (m.config.vision && options.load_vision) {
     model::VisionTowerOptions vision_options;
     vision_options.pool = m.pool.get();
-    // --quantize covers the vision tower's linear layers too.
+    // --quantize covers the vision tower's linear layers too (int8 only: with
+    // the 4-bit schemes the tower stays as stored).
     if (weight_options.quantize == model::Quantization::kInt8) {
       vision_options.int8_group = weight_options.int8_group;
     }

@@ -62,6 +62,15 @@ struct EngineRequest {
   // prompt_token_ids, which is then the prefill engine's expanded prompt
   // (HandoffPrompt).
   std::vector<HandoffMedia> handoff_images;
+  // A request resumed after the instance generating it was lost: the tokens
+  // it generated there (and streamed), fewer than max_tokens, none of which
+  // ended it. The engine computes them with the prompt and goes on as if it
+  // had generated them: the sampler past their draws (one per token unless
+  // greedy: the draw of token i depends only on the seed and i), the
+  // grammar, text stream, min_tokens, max_tokens and penalties counted
+  // from the request's start; events carry only the tokens after them.
+  // Decoded here only (no connector plan).
+  std::vector<int32_t> resume_output_token_ids;
 };
 
 struct StreamEvent {

@@ -11,6 +11,30 @@
 #include "worker/engine_live.h"
 
 namespace mmserve::worker {
+namespace {
+
+// The prompt-only requests whose last prompt rows `out`'s forward computes
+// go into `ending` with their blocks, and the runner reports each layer of
+// that forward to the connector (KvConnector::OnLayersWritten).
+template <typename LiveById>
+void HookLayers(const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv,
+                const LiveById& live_by_id, int num_layers, KvConnector& connector,
+                ModelRunner& runner, std::vector<KvLayersWritten::Prompt>& ending) {
+  for (const scheduler::ScheduledRequest& e : out.scheduled) {
+    auto it = live_by_id.find(e.request->id().value);
+    if (!e.samples || it == live_by_id.end() || !it->second->plan.prompt_only) continue;
+    KvLayersWritten::Prompt& p = ending.emplace_back();
+    p.id = it->second->id;
+    for (kvpool::BlockId b : kv.block_table(e.request->block_table())) p.blocks.push_back(b.value);
+  }
+  if (ending.empty()) return;
+  runner.set_layer_hook([&connector, &ending, num_layers](int layers) {
+    connector.OnLayersWritten(
+        {.prompts = &ending, .layers_written = layers, .num_layers = num_layers});
+  });
+}
+
+}  // namespace
 
 absl::Status LlmEngine::Step() {
   if (connector_ != nullptr) {
@@ -38,6 +62,11 @@ absl::Status LlmEngine::StepScheduled(const scheduler::SchedulerOutput& out) {
   };
   absl::Status spread;
   model::SpanAttentionPeers* peers = PeersFor(out, &spread);
+  std::vector<KvLayersWritten::Prompt> ending;  // outlives the forward that reports on them
+  if (connector_ != nullptr && connector_->WantsLayers()) {
+    HookLayers(out, scheduler_->kv_cache(), by_scheduler_id_,
+               static_cast<int>(m_->config.text.num_hidden_layers), *connector_, *runner_, ending);
+  }
   ASSIGN_OR_RETURN(std::vector<model::SampleResult> results,
                    runner_->Step(out, scheduler_->kv_cache(), lookup, peers, &spread));
   std::vector<scheduler::TokenId> tokens(out.scheduled.size(), kvpool::kNoToken);

@@ -23,10 +23,16 @@
 //   TakeExpired     each Step, first: reservations to abort
 //   OnPreempted     the scheduler preempted a request: keep (recompute) or
 //                   abort with a status
+//   OnPromptQueued  a prompt-only request is queued (AddRequest): its
+//                   expanded prompt, so a hand-off can start before it runs
+//   OnLayersWritten during the forward that computes a prompt-only
+//                   request's last prompt rows, after each decoder layer
+//                   (only when WantsLayers): those layers' KV is final
 //   OnPromptDone    a prompt-only request sampled its first token: hand it
 //                   off (final event kHandoff) or let it finish here
 //   OnFinished      the request left the engine (any final event)
-// Not thread-safe: the engine's thread calls every hook.
+// Not thread-safe: the engine's thread calls every hook (OnLayersWritten
+// from inside the forward, so it must be cheap).
 #ifndef MMSERVE_WORKER_KV_CONNECTOR_H_
 #define MMSERVE_WORKER_KV_CONNECTOR_H_
 
@@ -114,6 +120,19 @@ struct KvPromptDone {
   const HandoffPrompt* prompt = nullptr;
 };
 
+// The prompt-only requests whose last prompt rows a forward computes, and
+// how many decoder layers of it are done: their KV of layers
+// [0, layers_written) is final.
+struct KvLayersWritten {
+  struct Prompt {
+    std::string id;
+    std::vector<int32_t> blocks;  // block ids of the engine's kv_cache(), prompt order
+  };
+  const std::vector<Prompt>* prompts = nullptr;
+  int layers_written = 0;
+  int num_layers = 0;
+};
+
 class KvConnector {
  public:
   virtual ~KvConnector() = default;
@@ -139,11 +158,17 @@ class KvConnector {
   // with `reason` and its blocks are freed.
   virtual bool OnPromptDone(const KvPromptDone& done) = 0;
   virtual void OnFinished(absl::string_view id) = 0;
+  // The layer-wise hooks; by default none.
+  virtual void OnPromptQueued(absl::string_view id, const HandoffPrompt& prompt) {}
+  virtual bool WantsLayers() const { return false; }
+  virtual void OnLayersWritten(const KvLayersWritten& written) {}
 };
 
 // Role prefill: every request is prompt-only and, unless its first token
 // ends it (stop token, eos, max_tokens 1), is handed off. Needs tp_size 1.
-class PrefillKvConnector final : public KvConnector {
+// A role that streams the KV while the prompt computes extends it with the
+// layer-wise hooks.
+class PrefillKvConnector : public KvConnector {
  public:
   absl::Status Attach(const KvConnectorContext& context) override;
   KvPlan PlanRequest(const KvRequestInfo&) override { return {.prompt_only = true}; }

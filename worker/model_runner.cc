@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/tp_step_loop.h"
@@ -54,6 +55,9 @@ model::EmbeddingOverride ImageOverride(const RunnerRequestState& st, size_t k, i
 absl::StatusOr<std::vector<model::SampleResult>> ModelRunner::Step(
     const scheduler::SchedulerOutput& out, const kvpool::KvCacheManager& kv_manager,
     const RunnerLookup& lookup, model::SpanAttentionPeers* peers, absl::Status* spread_status) {
+  batch_.on_layers_written = std::move(layer_hook_);
+  layer_hook_ = nullptr;
+  absl::Cleanup unhook = [this] { batch_.on_layers_written = nullptr; };
   RETURN_IF_ERROR(BuildBatch(out, kv_manager, lookup, /*with_spread=*/peers != nullptr));
   spread_.peers = peers;
   if (peers == nullptr && spread_status != nullptr && spread_status->ok()) {

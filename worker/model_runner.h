@@ -104,6 +104,10 @@ class ModelRunner {
       const RunnerLookup& lookup, model::SpanAttentionPeers* peers = nullptr,
       absl::Status* spread_status = nullptr);
 
+  // `hook` becomes the next Step's ForwardBatch::on_layers_written (that
+  // Step only; a Step that runs its forward twice calls it twice).
+  void set_layer_hook(std::function<void(int)> hook) { layer_hook_ = std::move(hook); }
+
   // CPU seconds spent putting image rows into steps for the other ranks
   // (their floats, or descriptors into shared_input): the scheduling loop's
   // time on embedding hand-off, in total. The ring's write of inline floats is not
@@ -143,8 +147,9 @@ class ModelRunner {
   model::ForwardBatch batch_;                // reused across steps
   model::ForwardBatch rows_;  // empty between steps (Step swaps image rows through it)
   std::vector<float> logits_;
-  std::vector<float> processed_;       // SampleNext's scratch row
-  std::unique_ptr<MaskWorker> masks_;  // from the first constrained step on
+  std::function<void(int)> layer_hook_;  // the next Step's (set_layer_hook)
+  std::vector<float> processed_;         // SampleNext's scratch row
+  std::unique_ptr<MaskWorker> masks_;    // from the first constrained step on
 };
 
 }  // namespace mmserve::worker

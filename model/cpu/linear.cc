@@ -14,6 +14,7 @@
 #include "model/cpu/linear_avx512.h"
 #include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_blas.h"
+#include "model/cpu/linear_int4.h"
 #include "model/cpu/linear_int8.h"
 #include "model/cpu/panel_output.h"
 #include "model/cpu/weight_memory.h"
@@ -435,12 +436,15 @@ void PanelTask(CpuIsa isa, const float* x, int64_t m, const LinearJob& job, int6
 void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<LinearJob>& jobs,
                int max_q) {
   // int8 layers take x quantized to int16 (kInt8Act: int8 in blocks of
-  // kInt8ActBlock columns), once for all of them.
+  // kInt8ActBlock columns, as int4 layers always are), once for all of them.
   internal::QuantizedRows xq;
+  internal::Int4Rows x4;
   for (const LinearJob& job : jobs) {
-    if (job.w->dtype == DType::kI8) {
+    const bool int4 = job.w->dtype == DType::kI4;
+    if (int4 || job.w->dtype == DType::kI8) {
       xq = internal::QuantizeRows(pool, x, m, job.w->cols, max_q,
                                   max_q <= 127 ? internal::kInt8ActBlock : 0);
+      if (int4) x4 = internal::PrepareInt4Rows(pool, xq, m, job.w->cols);
       break;
     }
   }
@@ -449,7 +453,7 @@ void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<Li
   // Panels per task: one row of int8 reads longer runs (fewer, longer
   // streams measured 15% faster; bf16's four-stream rows are best at 4).
   auto panels_per_task = [m](const WeightMatrix& w) {
-    return m == 1 && w.dtype == DType::kI8 ? internal::kRowPanelsPerTask : kPanelsPerTask;
+    return m == 1 && w.dtype != DType::kBF16 ? internal::kRowPanelsPerTask : kPanelsPerTask;
   };
   std::vector<int64_t> first_task(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -471,6 +475,8 @@ void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<Li
         const int64_t p0 = task * ppt, p1 = std::min(NumPanels(w), p0 + ppt);
         if (w.dtype == DType::kI8) {
           internal::Int8PanelColumns(xq, m, job, p0, p1);
+        } else if (w.dtype == DType::kI4) {
+          internal::Int4PanelColumns(x4, m, job, p0, p1);
         } else {
           PanelTask(isa, x, m, job, p0, p1);
         }
@@ -489,25 +495,6 @@ void DotLinear(ThreadPool& pool, const float* x, int64_t m, const std::vector<Li
 }
 
 }  // namespace
-
-namespace internal {
-
-// One vector add per 8 columns, in every path and at every level. Applied to
-// each tile right after its last k block, while its outputs are in L1.
-void AddBias(float* c, int64_t ldc, int rows, int64_t j0, int cols, const float* bias) {
-  if (bias == nullptr) return;
-  alignas(32) float b[kPanelRows] = {};
-  std::memcpy(b, bias + j0, cols * sizeof(float));
-  for (int i = 0; i < rows; ++i) {
-    alignas(32) float v[kPanelRows] = {};
-    std::memcpy(v, c + i * ldc, cols * sizeof(float));
-    _mm256_store_ps(v, _mm256_add_ps(_mm256_load_ps(v), _mm256_load_ps(b)));
-    _mm256_store_ps(v + 8, _mm256_add_ps(_mm256_load_ps(v + 8), _mm256_load_ps(b + 8)));
-    std::memcpy(c + i * ldc, v, cols * sizeof(float));
-  }
-}
-
-}  // namespace internal
 
 void PanelWeights::Free::operator()(uint16_t* p) const { std::free(p); }
 
@@ -545,8 +532,8 @@ PanelWeights PanelWeights::Pack(ThreadPool& pool, const WeightMatrix& w) {
 }
 
 void WeightRowToF32(const WeightMatrix& w, int64_t row, float* out) {
-  if (w.dtype == DType::kI8) {
-    internal::Int8RowToF32(w, row, out);
+  if (w.dtype == DType::kI8 || w.dtype == DType::kI4) {
+    (w.dtype == DType::kI8 ? internal::Int8RowToF32 : internal::Int4RowToF32)(w, row, out);
     return;
   }
   if (w.layout == WeightLayout::kRows) {
@@ -577,12 +564,15 @@ void LinearMany(ThreadPool& pool, const float* x, int64_t m, const std::vector<L
                 LinearKernel kernel) {
   for (const LinearJob& job : jobs) {
     CHECK(job.w->dtype == DType::kF32 || job.w->dtype == DType::kBF16 ||
-          (job.w->dtype == DType::kI8 && job.w->layout == WeightLayout::kPanels))
-        << "Linear supports F32 and BF16 weights and int8 panels, not " << DTypeName(job.w->dtype);
+          job.w->layout == WeightLayout::kPanels)
+        << "Linear supports F32 and BF16 weights and int8 or int4 panels, not "
+        << DTypeName(job.w->dtype);
     CHECK(job.w->layout == WeightLayout::kRows || job.w->dtype != DType::kF32);
     CHECK_EQ(job.w->cols, jobs[0].w->cols);
+    CHECK((job.w->dtype == DType::kI4) == (jobs[0].w->dtype == DType::kI4));  // one x quantization
   }
   if (m <= 0 || jobs.empty()) return;
+  if (jobs[0].w->dtype == DType::kI4) kernel = LinearKernel::kInt8Act;  // int4 takes int8 x
   if (kernel == LinearKernel::kBf16Dot) {
     internal::Bf16DotLinear(pool, x, m, jobs);
   } else if (kernel == LinearKernel::kOpenBlas) {

@@ -19,6 +19,10 @@
 //    stays at one copy.
 //  - kPanels (int8): quantized once by Int8Weights::Quantize, symmetric int8
 //    with fp32 scales, in 16-row panels of k pairs (32 bytes per pair).
+//  - kPanels (int4): quantized once by Int4Weights::Quantize, group-wise
+//    4-bit with fp32 scales and optional zero points, 16-row panels of
+//    octets of columns (linear_int4.h: its layout, arithmetic and kernels;
+//    int4 layers always take int8 activations).
 //
 // Kernels (LinearKernel):
 //  - kDot (default), on kPanels: a 6-row x 16-column register tile of outer
@@ -105,7 +109,7 @@ namespace mmserve::model::cpu {
 
 enum class WeightLayout {
   kRows,    // [rows][cols], row-major (Hugging Face)
-  kPanels,  // bf16 panels of 16 rows, see PanelWeights
+  kPanels,  // panels of 16 rows: PanelWeights, Int8Weights, Int4Weights
 };
 
 // Rows of one panel of the kPanels layout.
@@ -114,30 +118,36 @@ inline constexpr int64_t kPanelRows = 16;
 // A borrowed weight matrix (pointing into the mapped checkpoint, or into a
 // PanelWeights).
 struct WeightMatrix {
-  // kF32, kBF16, kI8 (kPanels only), or kF16 (kRows, only as the source of
+  // kF32, kBF16, kI8 or kI4 (kPanels only), or kF16 (kRows, only as the source of
   // Int8Weights::Quantize and of WeightRowToF32: Linear does not take it).
   DType dtype = DType::kF32;
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
   WeightLayout layout = WeightLayout::kRows;
-  // kI8 only: the fp32 scales (see Int8Weights) and their group along k
-  // (0: one scale per output row).
+  // kI8 and kI4 only: the fp32 scales (see Int8Weights, Int4Weights) and
+  // their group along k (0: one scale per output row; kI4: > 0).
   const float* scales = nullptr;
   int64_t group = 0;
+  // kI4 with zero points only: one byte per scale (see Int4Weights).
+  const uint8_t* zeros = nullptr;
 
   // Rows as stored: kPanels pads the last panel to 16 rows with zeros.
   int64_t stored_rows() const {
     return layout == WeightLayout::kRows ? rows : (rows + kPanelRows - 1) / kPanelRows * kPanelRows;
   }
-  // Scales stored for kI8: one per stored row and group.
+  // Scales stored for kI8 and kI4: one per stored row and group.
   int64_t num_scales() const {
-    if (dtype != DType::kI8) return 0;
+    if (dtype != DType::kI8 && dtype != DType::kI4) return 0;
     return stored_rows() * (group == 0 ? 1 : (cols + group - 1) / group);
   }
-  // Bytes a pass over the matrix reads: values (int8: k padded to pairs)
-  // plus scales.
+  // Bytes a pass over the matrix reads: values (int8: k padded to pairs;
+  // int4: two a byte, k padded to 32) plus scales (and zero points).
   size_t bytes() const {
+    if (dtype == DType::kI4) {
+      return static_cast<size_t>(stored_rows() * ((cols + 31) / 32 * 16)) +
+             static_cast<size_t>(num_scales()) * (sizeof(float) + (zeros != nullptr ? 1 : 0));
+    }
     const int64_t k = dtype == DType::kI8 ? (cols + 1) / 2 * 2 : cols;
     return static_cast<size_t>(stored_rows() * k) * DTypeSize(dtype) +
            static_cast<size_t>(num_scales()) * sizeof(float);

@@ -5,10 +5,28 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 
 #include "model/cpu/panel_output.h"
 
 namespace mmserve::model::cpu::internal {
+
+// One vector add per 8 columns, in every path and at every level (AVX2
+// code, outside the AVX-512 region below). Applied to each tile right
+// after its last k block, while its outputs are in L1.
+void AddBias(float* c, int64_t ldc, int rows, int64_t j0, int cols, const float* bias) {
+  if (bias == nullptr) return;
+  alignas(32) float b[kPanelRows] = {};
+  std::memcpy(b, bias + j0, cols * sizeof(float));
+  for (int i = 0; i < rows; ++i) {
+    alignas(32) float v[kPanelRows] = {};
+    std::memcpy(v, c + i * ldc, cols * sizeof(float));
+    _mm256_store_ps(v, _mm256_add_ps(_mm256_load_ps(v), _mm256_load_ps(b)));
+    _mm256_store_ps(v + 8, _mm256_add_ps(_mm256_load_ps(v + 8), _mm256_load_ps(b + 8)));
+    std::memcpy(c + i * ldc, v, cols * sizeof(float));
+  }
+}
+
 namespace {
 
 // Rows of x per tile and panels per tile: 6 x 4 accumulators, 4 panel
