@@ -7,35 +7,15 @@
 #include <vector>
 
 #include "scheduler/elastic_growth.h"
+#include "scheduler/linear_solve.h"
 
 namespace mmserve::scheduler {
 namespace {
 
-// Solves m x = y (n <= 4) by Gaussian elimination with partial pivoting;
-// false when singular.
-bool Solve(std::vector<std::vector<double>> m, std::vector<double> y, std::vector<double>* x) {
-  const size_t n = y.size();
-  for (size_t col = 0; col < n; ++col) {
-    size_t pivot = col;
-    for (size_t r = col + 1; r < n; ++r) {
-      if (std::fabs(m[r][col]) > std::fabs(m[pivot][col])) pivot = r;
-    }
-    if (std::fabs(m[pivot][col]) < 1e-12) return false;
-    std::swap(m[col], m[pivot]);
-    std::swap(y[col], y[pivot]);
-    for (size_t r = col + 1; r < n; ++r) {
-      const double f = m[r][col] / m[col][col];
-      for (size_t c = col; c < n; ++c) m[r][c] -= f * m[col][c];
-      y[r] -= f * y[col];
-    }
-  }
-  x->assign(n, 0.0);
-  for (size_t i = n; i-- > 0;) {
-    double v = y[i];
-    for (size_t c = i + 1; c < n; ++c) v -= m[i][c] * (*x)[c];
-    (*x)[i] = v / m[i][i];
-  }
-  return true;
+// m x = y (linear_solve.h); a pivot below 1e-12 counts as singular.
+bool Solve(const std::vector<std::vector<double>>& m, const std::vector<double>& y,
+           std::vector<double>* x) {
+  return SolveLinearSystem(m, y, 1e-12, x);
 }
 
 // Feature f of a sample: 0 the intercept, 1 rows, 2 KV tokens, 3 holders.
