@@ -24,6 +24,7 @@
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "model/image_decode.h"
 #include "tests/public_errors.h"
 #include "worker/engine.h"
@@ -37,6 +38,28 @@ std::string RunfilesRoot() {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   const std::string runfiles = absl::StrCat(std::string(self, n > 0 ? n : 0), ".runfiles/mmserve");
   return access(runfiles.c_str(), F_OK) == 0 ? runfiles : ".";
+}
+
+absl::StatusOr<std::vector<int32_t>> InProcessGreedy(const std::string& model_dir,
+                                                     worker::EngineRequest request,
+                                                     int max_tokens) {
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = max_tokens;
+  request.sampling.ignore_eos = true;
+  worker::EngineOptions o;
+  o.model_dir = model_dir;
+  o.kv_cache_bytes = int64_t{64} << 20;
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::LlmEngine> engine, worker::LlmEngine::Create(o));
+  std::vector<int32_t> ids;
+  RETURN_IF_ERROR(engine->AddRequest(std::move(request), [&ids](const worker::StreamEvent& e) {
+    ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
+  }));
+  while (engine->has_unfinished()) RETURN_IF_ERROR(engine->Step());
+  if (ids.size() != static_cast<size_t>(max_tokens)) {
+    return absl::InternalError(
+        absl::StrCat("the engine made ", ids.size(), " tokens, not ", max_tokens));
+  }
+  return ids;
 }
 
 const Reference& InProcess(const DemoSet& set, int n) {

@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/sanitizer.h"
 #include "deploy/launcher/local_stack.h"
 #include "proto/inference.grpc.pb.h"
+#include "worker/engine.h"
 
 namespace mmserve::testing {
 
@@ -61,6 +63,13 @@ struct Reference {
   std::vector<std::vector<int32_t>> ids;
 };
 const Reference& InProcess(const DemoSet& set, int n);
+
+// `request`'s greedy tokens on an in-process engine over `model_dir` (64 MiB
+// of KV), exactly `max_tokens` of them (the end-of-sequence ignored): the
+// reference a model family's stack test compares the services with; the
+// engine's error, or Internal when it made another number of tokens.
+absl::StatusOr<std::vector<int32_t>> InProcessGreedy(const std::string& model_dir,
+                                                     worker::EngineRequest request, int max_tokens);
 
 struct Answer {
   absl::Status status;

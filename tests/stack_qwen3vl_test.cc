@@ -175,23 +175,11 @@ std::vector<int32_t> InProcess(const std::string& model, const Prompt& p, bool d
       }
     }
   }
-  req.sampling.temperature = 0;
-  req.sampling.max_tokens = kMaxTokens;
-  req.sampling.ignore_eos = true;
-  worker::EngineOptions o;
-  o.model_dir = ModelDir(model);
-  o.kv_cache_bytes = int64_t{64} << 20;
-  auto engine = worker::LlmEngine::Create(o).value();
-  std::vector<int32_t> ids;
-  const absl::Status added =
-      engine->AddRequest(std::move(req), [&ids](const worker::StreamEvent& e) {
-        ids.insert(ids.end(), e.token_ids.begin(), e.token_ids.end());
-      });
-  INFO(added.ToString());
-  REQUIRE(added.ok());
-  while (engine->has_unfinished()) REQUIRE(engine->Step().ok());
-  REQUIRE(ids.size() == static_cast<size_t>(kMaxTokens));
-  return ids;
+  absl::StatusOr<std::vector<int32_t>> ids =
+      InProcessGreedy(ModelDir(model), std::move(req), kMaxTokens);
+  INFO(ids.status());
+  REQUIRE(ids.ok());
+  return *std::move(ids);
 }
 
 // An image then a video (the clip at the processor's default 2 fps).
@@ -232,23 +220,10 @@ std::vector<int32_t> InProcessVideo(const std::string& model) {
       tower->ForwardAll(patches.values, std::vector<model::MediaGrid>{patches.grid}).value(),
       config.text.hidden_size);
   req.image_embeddings.push_back(std::move(e));
-  req.sampling.temperature = 0;
-  req.sampling.max_tokens = kMaxTokens;
-  req.sampling.ignore_eos = true;
-  worker::EngineOptions o;
-  o.model_dir = dir;
-  o.kv_cache_bytes = int64_t{64} << 20;
-  auto engine = worker::LlmEngine::Create(o).value();
-  std::vector<int32_t> ids;
-  const absl::Status added =
-      engine->AddRequest(std::move(req), [&ids](const worker::StreamEvent& ev) {
-        ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
-      });
-  INFO(added.ToString());
-  REQUIRE(added.ok());
-  while (engine->has_unfinished()) REQUIRE(engine->Step().ok());
-  REQUIRE(ids.size() == static_cast<size_t>(kMaxTokens));
-  return ids;
+  absl::StatusOr<std::vector<int32_t>> ids = InProcessGreedy(dir, std::move(req), kMaxTokens);
+  INFO(ids.status());
+  REQUIRE(ids.ok());
+  return *std::move(ids);
 }
 
 enum class Topology { kBoth, kBothTp, kPd, kElastic };
