@@ -169,17 +169,27 @@ TEST_CASE("retries until the router comes up") {
   CHECK(registry.events().back() == "deregister lang-0");
 }
 
-TEST_CASE("Stop cancels a call in flight instead of waiting for its deadline") {
+// A client whose Register is stuck in the router's handler (60 s deadline).
+struct StalledRouter {
+  StalledRouter() {
+    registry.stall_register_ = true;
+    server = *StartGrpcServer("127.0.0.1:0", {&registry});
+    RegistryClientOptions o = Options(server->port());
+    o.timeout = absl::Seconds(60);
+    client = std::make_unique<RegistryClient>(std::move(o), &loop);
+    client->Start();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   RecordingRegistry registry;
-  registry.stall_register_ = true;
-  auto server = StartGrpcServer("127.0.0.1:0", {&registry});
-  REQUIRE(server.ok());
-  EventLoop loop({.name = "registry"});
-  RegistryClientOptions o = Options((*server)->port());
-  o.timeout = absl::Seconds(60);
-  RegistryClient client(std::move(o), &loop);
-  client.Start();
-  absl::SleepFor(absl::Milliseconds(100));  // the Register is stuck in the handler
+  std::unique_ptr<GrpcServer> server;
+  EventLoop loop{{.name = "registry"}};
+  std::unique_ptr<RegistryClient> client;
+};
+
+TEST_CASE("Stop cancels a call in flight instead of waiting for its deadline") {
+  StalledRouter stalled;
+  RegistryClient& client = *stalled.client;
+  RecordingRegistry& registry = stalled.registry;
   const absl::Time start = absl::Now();
   client.Stop();
   CHECK(absl::Now() - start < absl::Seconds(10));
@@ -188,20 +198,11 @@ TEST_CASE("Stop cancels a call in flight instead of waiting for its deadline") {
 }
 
 TEST_CASE("the loop stays free while the router is slow") {
-  RecordingRegistry registry;
-  registry.stall_register_ = true;
-  auto server = StartGrpcServer("127.0.0.1:0", {&registry});
-  REQUIRE(server.ok());
-  EventLoop loop({.name = "registry"});
-  RegistryClientOptions o = Options((*server)->port());
-  o.timeout = absl::Seconds(60);
-  RegistryClient client(std::move(o), &loop);
-  client.Start();
-  absl::SleepFor(absl::Milliseconds(50));
+  StalledRouter stalled;
   // Another task on the same loop runs although the Register has not answered.
-  const absl::Status ran = loop.RunAndWait([] { return absl::OkStatus(); });
+  const absl::Status ran = stalled.loop.RunAndWait([] { return absl::OkStatus(); });
   CHECK(ran.ok());
-  client.Stop();
+  stalled.client->Stop();
 }
 
 }  // namespace
