@@ -136,6 +136,10 @@ constexpr TileFn kTiles[kTileRows] = {&Tile<1>, &Tile<2>};
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+// GCC 12 takes the intrinsics' own `_mm512_undefined_*` (x = x) for a read
+// of an uninitialized value once they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 namespace vnni {
 
@@ -194,6 +198,7 @@ constexpr TileFn kTiles[kTileRows] = {&Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>, &T
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
