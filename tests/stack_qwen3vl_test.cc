@@ -115,7 +115,7 @@ std::vector<worker::MediaEmbedding> Encode(const std::string& model, int n) {
     e.values = model::TokenRows(std::move(all), config.text.hidden_size);
     out.push_back(std::move(e));
   }
-  REQUIRE(out[0].grid.num_tokens() != out[1].grid.num_tokens());
+  if (n >= 2) REQUIRE(out[0].grid.num_tokens() != out[1].grid.num_tokens());  // sizes differ
   return out;
 }
 
