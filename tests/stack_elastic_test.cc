@@ -189,9 +189,8 @@ const char* const kTcpOnly[] = {"tcp"};  // master moves: the kills over shm are
 absl::StatusOr<std::unique_ptr<launcher::LocalStack>> SmallElasticStack(
     const std::string& profile, const std::vector<std::string>& args) {
   launcher::StackOptions o = TestStackOptions(1, profile);
-  o.elastic = 2;
   o.language_args.push_back(kSmallPool);
-  if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
+  UseElasticPair(o);
   o.language_args.insert(o.language_args.end(), args.begin(), args.end());
   return launcher::LocalStack::Start(o);
 }

@@ -515,6 +515,11 @@ Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout) {
   return l;
 }
 
+void UseElasticPair(launcher::StackOptions& o) {
+  o.elastic = 2;
+  if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
+}
+
 launcher::StackOptions TestStackOptions(int encoders, const std::string& profile) {
   launcher::StackOptions o;
   o.bin_dir = RunfilesRoot();

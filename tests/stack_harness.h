@@ -191,6 +191,9 @@ Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout);
 // Options for a test stack: binaries from the runfiles, logs in the test's
 // output directory.
 launcher::StackOptions TestStackOptions(int encoders, const std::string& profile);
+// Makes `o` an elastic pool of two language instances (router --elastic);
+// under a sanitizer their layer waits get 10 s.
+void UseElasticPair(launcher::StackOptions& o);
 
 // TestStackOptions(1, "shm") with the router's pre-sizing off, 4-token
 // embedding blocks and a one-block default allocation: every embedding past

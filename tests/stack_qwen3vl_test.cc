@@ -255,9 +255,8 @@ launcher::StackOptions StackFor(const Case& c) {
       o.decode_args = {"--tp=2"};
       break;
     case Topology::kElastic:
-      o.elastic = 2;
       o.language_args = {"--kv_cache_mb=1", "--threads=1"};
-      if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
+      UseElasticPair(o);
       break;
   }
   return o;

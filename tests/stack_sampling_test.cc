@@ -471,9 +471,8 @@ TEST_CASE(
   std::vector<std::vector<int32_t>> want;
   for (const Params& p : Reference().cases) want.push_back(InProcessText(text, ToEngine(p)));
   launcher::StackOptions o = TestStackOptions(1, "tcp");
-  o.elastic = 2;
   o.language_args.push_back("--kv_cache_mb=3");  // about 2k tokens each
-  if (kSanitizerSlowdown > 1) o.language_args.push_back("--elastic_layer_timeout_ms=10000");
+  UseElasticPair(o);
   auto stack = launcher::LocalStack::Start(o);
   INFO(stack.status());
   REQUIRE(stack.ok());
