@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "language_service/elastic_plan.h"
 #include "language_service/elastic_serve_testing.h"
 #include "language_service/kv_bytes_moved.h"
@@ -59,7 +60,6 @@ void CheckBytesMoved(const std::vector<Instance*>& members, const std::vector<Sh
     const Moved p = BytesMoved(*members[m], "elastic_prefill");
     CHECK(p.sent - prefill_before[m].sent == layers * rows * kv_row * peers);
     CHECK(p.received - prefill_before[m].received == layers * (len - rows) * kv_row);
-    const Moved d = BytesMoved(*members[m], "elastic_decode");
     const bool holder = m != master && shares[m].keep_end > shares[m].keep_begin;
     const double sent = m == master ? per_holder * holders * query
                         : holder    ? per_holder * reply
@@ -67,6 +67,15 @@ void CheckBytesMoved(const std::vector<Instance*>& members, const std::vector<Sh
     const double received = m == master ? per_holder * holders * reply
                             : holder    ? per_holder * query
                                         : 0;
+    // A holder counts its last reply once the put returns, which may be
+    // after the master has finished the request: wait for it to land.
+    Moved d = BytesMoved(*members[m], "elastic_decode");
+    for (int i = 0; i < 500 && (d.sent - decode_before[m].sent != sent ||
+                                d.received - decode_before[m].received != received);
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+      d = BytesMoved(*members[m], "elastic_decode");
+    }
     CHECK(d.sent - decode_before[m].sent == sent);
     CHECK(d.received - decode_before[m].received == received);
   }
