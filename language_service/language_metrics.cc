@@ -54,6 +54,13 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
       "Layer groups of layer-wise KV hand-offs written to decode ranks (role prefill; one per "
       "rank and group of --handoff_layer_group layers), each sent while the prompt's next layers "
       "computed.");
+  kv_handoff_exposed_seconds = &registry.GetHistogram(
+      "mmserve_language_kv_handoff_exposed_seconds",
+      "Per KV hand-off (role prefill), from the first token sampled to the hand-off committed "
+      "(the first token goes out then): the hand-off time the prompt's forward did not hide. A "
+      "whole hand-off shows all of it; a layer-wise one its last group and CommitKv.",
+      {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+       10});
   handoff_blocked_seconds = &registry.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "

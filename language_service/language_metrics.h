@@ -37,6 +37,7 @@ struct LanguageMetrics {
   metrics::Histogram* kv_handoff_round_trips;
   std::array<metrics::Counter*, 3> kv_handoffs{};  // by transfer::KvHandoffPath
   metrics::Counter* kv_handoff_layer_groups;
+  metrics::Histogram* kv_handoff_exposed_seconds;
   // Loop time moving image embeddings, image rows sent to tensor-parallel
   // ranks, structured-output masks.
   metrics::Counter* handoff_blocked_seconds;

@@ -17,6 +17,7 @@ TEST_CASE("every language metric is shown once the struct is built", "[metrics]"
         "mmserve_language_itl_seconds", "mmserve_language_e2e_seconds",
         "mmserve_language_step_seconds", "mmserve_language_embedding_round_trips",
         "mmserve_language_kv_handoff_round_trips", "mmserve_language_kv_handoff_total",
+        "mmserve_language_kv_handoff_exposed_seconds",
         "mmserve_language_mm_handoff_blocked_seconds_total",
         "mmserve_language_grammar_mask_seconds_total",
         "mmserve_language_grammar_mask_wait_seconds_total", "mmserve_language_mm_rows_total"}) {

@@ -213,11 +213,15 @@ bool PrefillRole::TakeEvent(LiveRequest& r, const worker::StreamEvent& e, v1::To
     // Layer-wise: its groups are on their way; CommitKv may go now.
     std::shared_ptr<LayerStream> s = std::move(it->second);
     streams_.erase(it);
-    handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch), .stream = s};
+    handing_off_[r.id] = Pending{.cancelled = cancelled,
+                                 .last = std::move(batch),
+                                 .stream = s,
+                                 .first_token_at = absl::Now()};
     if (!Committable(s, e.kv_blocks, r.last_token)) Finished(r.id, RoleHost::ShuttingDown());
     return true;
   }
-  handing_off_[r.id] = Pending{.cancelled = cancelled, .last = std::move(batch)};
+  handing_off_[r.id] =
+      Pending{.cancelled = cancelled, .last = std::move(batch), .first_token_at = absl::Now()};
   HandOffRequest request{.request_id = r.id,
                          .decode = r.decode,
                          .max_tokens = r.engine_request.sampling.max_tokens,
@@ -260,6 +264,8 @@ void PrefillRole::Finished(const std::string& id, const absl::StatusOr<HandOffRe
   LanguageMetrics& m = host_->metrics();
   m.kv_handoff_round_trips->Observe(done->round_trips);
   m.kv_handoff_layer_groups->Increment(done->layer_groups);
+  m.kv_handoff_exposed_seconds->Observe(
+      absl::ToDoubleSeconds(absl::Now() - pending.first_token_at));
   for (transfer::KvHandoffPath path : done->paths) {
     m.kv_handoffs[static_cast<int>(path)]->Increment();
   }

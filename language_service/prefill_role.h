@@ -33,6 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/worker_pool.h"
 #include "language_service/role.h"
@@ -129,6 +130,7 @@ class PrefillRole final : public Role {
     bool ended = false;                   // the request ended meanwhile (Release)
     v1::TokenBatch last;                  // the stream's last batch, sent on success
     std::shared_ptr<LayerStream> stream;  // layer-wise: its state
+    absl::Time first_token_at;            // kHandoff came (the exposed time's start)
   };
   // Where each decode rank of an allocation takes the prompt's blocks.
   struct RankPut {
