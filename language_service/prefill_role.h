@@ -12,9 +12,9 @@
 // hand-off thread is done with them (no CommitKv is sent after the abort).
 //
 // Layer-wise (RoleOptions::handoff_layer_group, prompts of at least
-// handoff_layerwise_min_tokens; prefill_role_layers.cc): AllocateKv goes
-// out when the prompt is queued, and during the forward that computes the
-// prompt's last rows each group of layers is written to every decode rank
+// handoff_layerwise_min_tokens; prefill_role_layers.cc): during the
+// forward that computes the prompt's last rows, AllocateKv goes out after
+// its first layer and each group of layers is written to every decode rank
 // (KvHandoffSender::SendLayers) on a hand-off thread as soon as the forward
 // is past it. The groups' CRC32Cs, joined per rank, are the whole prompt's
 // that CommitKv checks; CommitKv goes once the last group is written and
@@ -110,8 +110,8 @@ class PrefillRole final : public Role {
   static constexpr int kHandOffThreads = 8;
 
   // The layer-wise hooks (the connector's, on the loop thread, which is the
-  // engine's; prefill_role_layers.cc). A prompt-only request is queued: its
-  // AllocateKv goes out when it takes the layer-wise path.
+  // engine's; prefill_role_layers.cc). A prompt-only request is queued: it
+  // takes the layer-wise path (AllocateKv once its last forward starts).
   void OnPromptQueued(const std::string& id, const worker::HandoffPrompt& prompt);
   // Inside the forward: starts or feeds the sends of those prompts.
   void OnLayersWritten(const worker::KvLayersWritten& written);

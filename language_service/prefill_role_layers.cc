@@ -1,6 +1,7 @@
 // Role prefill's layer-wise hand-off (prefill_role.h): AllocateKv when the
-// prompt is queued, each layer group written to the decode ranks while the
-// forward computes the next ones, CommitKv once the first token is out.
+// forward of the prompt's last rows is past its first layer, each layer
+// group written to the decode ranks while the forward computes the next
+// ones, CommitKv once the first token is out.
 //
 // Who touches a LayerStream: the loop thread (the hooks, TakeEvent,
 // Release) and one hand-off thread at a time (Allocate, then StreamLayers);
@@ -101,7 +102,9 @@ void PrefillRole::OnPromptQueued(const std::string& id, const worker::HandoffPro
                               .prompt = prompt};
   s->num_layers = static_cast<int>(engine_->config().text.num_hidden_layers);
   s->group = options_.handoff_layer_group;
-  if (!handoff_threads_->Post([this, s] { Allocate(*s); })) return;  // shutting down
+  // AllocateKv goes when the forward of its last rows starts (StartStream),
+  // not now: the decode reservation then need not outlast the prompt's wait
+  // in the queue and its earlier chunks (--kv_commit_timeout_ms).
   streams_[id] = std::move(s);
 }
 
@@ -131,10 +134,13 @@ bool PrefillRole::StartStream(const std::shared_ptr<LayerStream>& s, std::vector
     s->request.kv_blocks = std::move(blocks);
   }
   const std::string id = s->request.request_id;
-  const bool posted = handoff_threads_->Post([this, s, id] {
-    absl::StatusOr<HandOffResult> done = StreamLayers(*s);
-    host_->RunOnLoop([this, id, done = std::move(done)](bool) { Finished(id, done); });
-  });
+  // AllocateKv first: StreamLayers waits for its answer (the forward is at
+  // its first layer, the first group is still computing).
+  const bool posted =
+      handoff_threads_->Post([this, s] { Allocate(*s); }) && handoff_threads_->Post([this, s, id] {
+        absl::StatusOr<HandOffResult> done = StreamLayers(*s);
+        host_->RunOnLoop([this, id, done = std::move(done)](bool) { Finished(id, done); });
+      });
   s->started = posted;  // else shutting down
   return posted;
 }

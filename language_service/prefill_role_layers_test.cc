@@ -10,8 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,6 +135,7 @@ class RecordingDecode final : public v1::Language::Service {
 
   grpc::Status AllocateKv(grpc::ServerContext*, const v1::KvAllocateRequest* request,
                           v1::KvAllocation* a) override {
+    if (on_allocate) on_allocate();
     const transfer::KvHandoffTarget& t = receiver_->target();
     absl::MutexLock lock(&mu_);
     blocks_.clear();
@@ -178,7 +181,8 @@ class RecordingDecode final : public v1::Language::Service {
   }
 
   std::string address;
-  uint32_t crc = 0;  // of the last commit
+  uint32_t crc = 0;                   // of the last commit
+  std::function<void()> on_allocate;  // set before the first request
 
  private:
   std::unique_ptr<transfer::UcxContext> context_;
@@ -226,6 +230,42 @@ TEST_CASE("a layer-wise hand-off writes the decode cache byte for byte as a whol
   CHECK(SentBytes(layered) == SentBytes(whole));
   CHECK(layered.Idle());
   CHECK(whole.Idle());
+}
+
+// Engine steps the instance has finished (mmserve_language_step_seconds).
+double Steps(Instance& prefill) {
+  const std::string name = "\nmmserve_language_step_seconds_count ";
+  const std::string text = prefill.registry.Render();
+  const size_t at = text.find(name);
+  REQUIRE(at != std::string::npos);
+  return std::stod(text.substr(at + name.size()));
+}
+
+TEST_CASE(
+    "a layer-wise prompt asks for its decode blocks once its last chunk computes, not when "
+    "it is queued",
+    "[roles][layerwise]") {
+  Instance prefill(LanguageRole::kPrefill, absl::Seconds(10), 1, Layerwise("prefill-a"));
+  const model::TextConfig& cfg = prefill.core->config().text;
+  RecordingDecode decode({cfg.num_hidden_layers, 64, 4, cfg.num_key_value_heads, cfg.head_dim()},
+                         "rec-a");
+  // Two prompts' text: prefilled in several chunks of 64 tokens; the
+  // decode reservation starts during the last one, after the earlier
+  // chunks' steps.
+  std::atomic<double> steps_at_allocate{-1};
+  decode.on_allocate = [&] { steps_at_allocate = Steps(prefill); };
+  const double before = Steps(prefill);
+  const Output out =
+      PrefillInto(prefill, decode.address, "alloc-0", kPrompts[0] + " " + kPrompts[1]);
+  REQUIRE(out.status.ok());
+  CHECK(out.handed_off);
+  const double steps = Steps(prefill) - before;
+  INFO("steps before " << before << ", at AllocateKv " << steps_at_allocate.load() << ", in all "
+                       << steps);
+  REQUIRE(steps >= 2);  // chunked, or the check below says nothing
+  CHECK(steps_at_allocate.load() >= before + steps - 1);
+  CHECK(LayerGroups(prefill) > 0);
+  CHECK(prefill.Idle());
 }
 
 TEST_CASE("a first token that ends the request stops its layer groups; nothing is committed",
