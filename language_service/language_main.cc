@@ -38,8 +38,11 @@ ABSL_FLAG(std::string, role, "both",
           "(role both, registered for elastic sequence parallelism; --tp=1); "
           "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
           "rank receives its own KV heads)");
-ABSL_FLAG(int, kv_commit_timeout_ms, 10000,
-          "role decode: how long a KV reservation waits for the prefill side's commit");
+ABSL_FLAG(int, kv_commit_timeout_ms, 60000,
+          "role decode: how long a KV reservation waits for the prefill side's commit (a "
+          "layer-wise hand-off allocates when the forward of the prompt's last chunk starts, so "
+          "this must cover that forward: up to --max_num_batched_tokens rows); role prefill: how "
+          "long a layer-wise hand-off waits for the forward");
 ABSL_FLAG(int, handoff_layer_group, 4,
           "role prefill: layers per group of the layer-wise KV hand-off (the decode instance's "
           "blocks are allocated when the prompt is queued, and each group is written to them as "

@@ -180,10 +180,12 @@ void PrefillRole::Allocate(LayerStream& s) {
 }
 
 absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
-  const Deadline deadline = Deadline::After(options_.kv_handoff_timeout);
-  const absl::Time until = absl::Now() + options_.kv_handoff_timeout;
-  const auto grpc_deadline =
-      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout);
+  // Waiting for the forward (the layers, the first token) is bounded by
+  // the decode reservation, which lasts kv_commit_timeout from AllocateKv
+  // (a long prompt's last chunk may compute for longer than a hand-off's
+  // own steps take); each write, and CommitKv, by kv_handoff_timeout.
+  const absl::Time until =
+      absl::Now() + std::max(options_.kv_commit_timeout, options_.kv_handoff_timeout);
   HandOffRequest request;
   v1::KvAllocation alloc;
   {
@@ -218,7 +220,8 @@ absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
       upto = want;
       s.reading = true;
     }
-    absl::Status st = SendGroup(s, ranks, sent, upto, deadline, crcs, result);
+    absl::Status st =
+        SendGroup(s, ranks, sent, upto, Deadline::After(options_.kv_handoff_timeout), crcs, result);
     {
       absl::MutexLock lock(&s.mu);
       s.reading = false;
@@ -242,7 +245,10 @@ absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
     request = s.request;
   }
   for (uint32_t crc : crcs) commit.add_rank_crc32c(crc);
-  RETURN_IF_ERROR(Commit(request, commit, grpc_deadline, result));
+  RETURN_IF_ERROR(Commit(
+      request, commit,
+      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout),
+      result));
   return result;
 }
 

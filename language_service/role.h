@@ -56,8 +56,9 @@ struct RoleOptions {
   LanguageRole kind = LanguageRole::kBoth;
   // Roles prefill and decode: the UCX profile of the KV hand-off.
   transfer::TransportProfile kv_profile = transfer::TransportProfile::kShm;
-  // Role decode: how long a reservation waits for its CommitKv.
-  absl::Duration kv_commit_timeout = absl::Seconds(10);
+  // Role decode: how long a reservation waits for its CommitKv; role
+  // prefill: how long a layer-wise hand-off waits for the forward.
+  absl::Duration kv_commit_timeout = absl::Seconds(60);
   // Role prefill: AllocateKv, the puts and CommitKv together.
   absl::Duration kv_handoff_timeout = absl::Seconds(10);
   // Role prefill: the layer-wise hand-off. Layers per group, each written
