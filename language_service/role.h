@@ -68,7 +68,7 @@ struct RoleOptions {
   int handoff_layer_group = 4;
   // Role prefill: prompts shorter than this (tokens) go whole after their
   // forward, as with handoff_layer_group 0.
-  int handoff_layerwise_min_tokens = 256;
+  int handoff_layerwise_min_tokens = 8192;
   // TEST ONLY. Role prefill: how long each hand-off waits between AllocateKv
   // and the puts (a layer-wise one: after its first layer group), on its
   // hand-off thread, inside kv_handoff_timeout, so that fault tests kill a
