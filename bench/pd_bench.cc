@@ -154,6 +154,9 @@ class Arm {
     o.encoders = 0;
     o.http_port = -1;
     o.ready_timeout = absl::Seconds(300);
+    // A loaded machine's instance in a long forward may answer the router's
+    // health polls late; it must not drop out of placement mid-run.
+    o.router_args = {"--poll_timeout_ms=5000"};
     o.language_args = {absl::StrCat("--threads=", spec.threads),
                        absl::StrCat("--kv_cache_mb=", absl::GetFlag(FLAGS_kv_cache_mb))};
     if (spec.pd) {
