@@ -43,7 +43,8 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
         transfer::KvHandoffPath::kPut}) {
     kv_handoffs[static_cast<int>(path)] = &registry.GetCounter(
         "mmserve_language_kv_handoff_total",
-        "KV written to decode ranks (role prefill; one per rank of each hand-off), by path: mapped "
+        "KV written to decode ranks (role prefill; one per hand-off and pair of a rank here and a "
+        "decode rank that share KV heads), by path: mapped "
         "(copied into the rank's shared segment, mapped here: shm), rendezvous (active messages "
         "into its private cache: tcp, or shm across IPC namespaces), put (a head slice put token "
         "by token).",
@@ -52,8 +53,8 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
   kv_handoff_layer_groups = &registry.GetCounter(
       "mmserve_language_kv_handoff_layer_groups_total",
       "Layer groups of layer-wise KV hand-offs written to decode ranks (role prefill; one per "
-      "rank and group of --handoff_layer_group layers), each sent while the prompt's next layers "
-      "computed.");
+      "group of --handoff_layer_group layers and pair of a rank here and a decode rank that share "
+      "KV heads), each sent while the prompt's next layers computed.");
   handoff_blocked_seconds = &registry.GetCounter(
       "mmserve_language_mm_handoff_blocked_seconds_total",
       "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "

@@ -148,8 +148,9 @@ class PrefillRole final : public Role {
     int decode_rank = 0;
     transfer::KvHeadSlice heads;
   };
-  // One rank's writes (in `puts`, rank order) of `layers`; each decode
-  // rank's CRC32C of them into crcs (one per decode rank).
+  // The writes `puts` (RankPuts' order) of `layers`, one after another;
+  // each decode rank's CRC32C of what it received into crcs (one per
+  // decode rank).
   absl::Status SendPuts(const std::vector<RankPut>& puts, transfer::KvLayerRange layers,
                         Deadline deadline, std::vector<uint32_t>& crcs, HandOffResult& result);
   // UNAVAILABLE once a rank of this instance is gone (its KV is not all
@@ -200,12 +201,14 @@ class PrefillRole final : public Role {
   const transfer::WireBytes bytes_;
   RoleHost* host_ = nullptr;
   worker::LlmEngine* engine_ = nullptr;
+  // Before the senders: the shard ranks' caches are unmapped after the
+  // senders that registered them are gone.
+  const std::shared_ptr<ShardKv> shard_kv_ = std::make_shared<ShardKv>();
   std::unique_ptr<transfer::UcxContext> kv_context_;
   // One sender per rank of this instance, over its cache (rank 0's is the
   // engine's).
   std::vector<std::unique_ptr<transfer::KvHandoffSender>> kv_senders_;
   std::vector<const model::KvCache*> rank_caches_;
-  const std::shared_ptr<ShardKv> shard_kv_ = std::make_shared<ShardKv>();
   worker::TpGroup* tp_group_ = nullptr;
   absl::Mutex stubs_mu_;
   std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_
