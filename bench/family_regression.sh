@@ -30,7 +30,7 @@ done
 lm_args=(--dims=qwen2-vl-2b --pp=64 --tg=16 --batch=4 --reps=1)
 vision_args=(--sizes=448 --depth=8)
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.cpu"' EXIT
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((i = 1; i <= rounds; i++)); do
   for side in old new; do
@@ -39,8 +39,11 @@ for ((i = 1; i <= rounds; i++)); do
     for bin in ${BENCHES:-lm_bench vision_bench}; do
       args=("${lm_args[@]}")
       [[ $bin == vision_bench ]] && args=("${vision_args[@]}")
-      line=$(cd "$dir" && "bazel-out/k8-opt/bin/bench/$bin" "${args[@]}" 2>/dev/null | tail -n 1)
-      echo "$side $bin $line" >>"$out"
+      # The process's CPU seconds (user + system) beside its own figures:
+      # less moved by other processes' load than wall-clock times are.
+      line=$(cd "$dir" && /usr/bin/time -f "cpu_s %U %S" -o "$out.cpu" \
+        "bazel-out/k8-opt/bin/bench/$bin" "${args[@]}" 2>/dev/null | tail -n 1)
+      echo "$side $bin $(awk '/^cpu_s/ {print $2 + $3}' "$out.cpu") $line" >>"$out"
     done
   done
 done
@@ -52,9 +55,9 @@ import json, statistics, sys
 path, old_sha, new_sha, load0, load1 = sys.argv[1:]
 figures = {"old": {}, "new": {}}
 for line in open(path):
-    side, bin, text = line.split(" ", 2)
+    side, bin, cpu_s, text = line.split(" ", 3)
     row = json.loads(text)
-    got = {}
+    got = {bin + "_process_cpu_s": float(cpu_s)}
     if bin == "lm_bench":
         for k, v in row.items():
             if k.endswith("_tok_s") or k == "tg_step_ms":
