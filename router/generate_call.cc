@@ -101,6 +101,9 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
         End(placement.status());
       } else {
         placement_ = *std::move(placement);
+        const uint32_t held = std::min<uint32_t>(placement_.media_on_held_prefix, encoders_.size());
+        context_.metrics->media_on_held_prefix.Increment(held);
+        context_.metrics->media_not_on_held_prefix.Increment(encoders_.size() - held);
         chain_.emplace(placement_.carriers);
         Run();
       }
