@@ -110,6 +110,13 @@ TEST_CASE("a chat's next turns go to the prefill instance that computed its firs
   const int router = (*stack)->router().metrics_port();
   CHECK(ScrapeMetric(router, "mmserve_router_media_placed_total", "kv=\"held\"") == 4);
   CHECK(ScrapeMetric(router, "mmserve_router_media_placed_total", "kv=\"not_held\"") == 2);
+  // And each holder found the later turns' prompts in its prefix cache.
+  for (launcher::Service* p : {&p0, &p1}) {
+    CHECK(ScrapeMetric(p->metrics_port(), "mmserve_language_prompt_tokens_total", "kv=\"cached\"") >
+          0);
+    CHECK(ScrapeMetric(p->metrics_port(), "mmserve_language_prompt_tokens_total",
+                       "kv=\"computed\"") > 0);
+  }
 }
 
 }  // namespace
