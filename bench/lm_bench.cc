@@ -14,10 +14,10 @@
 //     chunk of decode steps, over a footprint of the bytes a decode step
 //     reads (so weights that fit in the L2 or L3 are measured there:
 //     bandwidth_level): the best read of any method (one stream, eight
-//     streams, non-temporal: bandwidth_method) in any sample is the
-//     reference. tg_bandwidth_ratio = (bytes of the matrices one decode step
-//     reads / step time) / that read bandwidth; copy_bandwidth_gbs (STREAM's
-//     read + written) is shown beside it;
+//     streams, non-temporal, eight streams on each thread's CPU-time clock:
+//     bandwidth_method) in any sample is the reference. tg_bandwidth_ratio = (bytes of the matrices
+//     one decode step reads / step time) / that read bandwidth; copy_bandwidth_gbs (STREAM's read +
+//     written) is shown beside it;
 //   - the GEMM library's throughput: OpenBLAS cblas_sgemm (fp32) at the MLP
 //     shape [pp x hidden] x [hidden x intermediate] before each prefill, and
 //     our kernel at the same shape in the benchmark dtype, and with `batch`

@@ -88,9 +88,9 @@ void PrintBaselines(const Options& o, const TextConfig& cfg, const Results& r, d
   const char* dname = o.dtype_name.c_str();
   const double rss_ratio = r.peak_rss / (weights_mb + r.kv_mb);
   std::printf(
-      "  read bandwidth %.2f GB/s (best of %zu samples x {sum, 8 streams, non-temporal} over "
-      "%.0f MiB, the step's weights, which live in %s: %s); copy %.2f GB/s (read+write, "
-      "median)\n",
+      "  read bandwidth %.2f GB/s (best of %zu samples x {sum, 8 streams, non-temporal, 8 streams "
+      "on CPU time} over %.0f MiB, the step's weights, which live in %s: %s); copy %.2f GB/s "
+      "(read+write, median)\n",
       bw.read / 1e9, r.bandwidth_samples.size(), r.bandwidth_footprint / 1048576.0, level.c_str(),
       bw.method, bw.median_copy / 1e9);
   std::printf(

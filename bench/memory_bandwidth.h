@@ -14,11 +14,16 @@
 //  - read_streams: the widest loads (512-bit where the CPU has them), eight
 //    streams per thread at once (eight prefetcher streams, eight lines in
 //    flight);
-//  - read_nt: the widest non-temporal loads (vmovntdqa), eight streams.
-// best_read() is the largest: the reference a reading kernel's rate is set
-// against. Best of `reps` runs after a warm-up that faults the pages in and
-// brings a cache-sized footprint into its cache. Wall-clock timed, with
-// every thread of the pool working at once. Not thread-safe (uses the pool).
+//  - read_nt: the widest non-temporal loads (vmovntdqa), eight streams;
+//  - read_cpu_time: read_streams with each thread timing its share on its
+//    CPU-time clock and the rates added up (time other processes hold a
+//    core left out, as bench/isa_peaks.h counts): on a loaded machine the
+//    largest, as a wall-clock rate of the same reads cannot pass it.
+// The others are wall-clock timed, every thread of the pool working at
+// once. best_read() is the largest: the reference a reading kernel's rate
+// is set against. Best of `reps` runs after a warm-up that faults the pages
+// in and brings a cache-sized footprint into its cache. Not thread-safe
+// (uses the pool).
 #ifndef MMSERVE_BENCH_MEMORY_BANDWIDTH_H_
 #define MMSERVE_BENCH_MEMORY_BANDWIDTH_H_
 
@@ -34,8 +39,9 @@ struct MemoryBandwidth {
   double read_sum_bytes_per_s = 0;
   double read_streams_bytes_per_s = 0;
   double read_nt_bytes_per_s = 0;
+  double read_cpu_time_bytes_per_s = 0;
   double best_read() const;
-  // "sum", "streams" or "nt": the method of best_read().
+  // "sum", "streams", "nt" or "streams_cpu_time": the method of best_read().
   const char* best_read_method() const;
 };
 
