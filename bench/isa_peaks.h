@@ -1,5 +1,6 @@
 // Compute rooflines of the CPU's widest units, on every thread of a pool:
-// what lm_bench and linear_bench set the kernels' rates against.
+// what lm_bench, linear_bench and vision_bench set the kernels' rates
+// against.
 //
 //   IsaPeaks peaks = MeasureIsaPeaks(pool, /*reps=*/3);
 //   double ratio = kernel_gflops / peaks.fma512_gflops;

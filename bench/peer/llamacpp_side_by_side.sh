@@ -76,9 +76,10 @@ models=$cache/models
 PYTHONPATH=$src/gguf-py "$py" "$root/tools/llamacpp_gguf.py" --dims=$dims \
   --types=bf16,f16,q8_0,q4_0 --out_dir="$models"
 if [[ ! -f $models/$dims-q4_k.gguf ]]; then
-  log "llama-quantize --pure Q4_K_M (its fallback types, if any, are listed here)"
+  log "llama-quantize --pure Q4_K_M (its log: $out/q4_k.quantize.log; fallbacks below)"
   "$build/bin/llama-quantize" --pure "$models/$dims-bf16.gguf" "$models/$dims-q4_k.gguf.tmp" \
-    Q4_K_M "$threads" 2>&1 | grep -iE "fallback|type|q4_k" | sort | uniq -c | head -20 >&2 || true
+    Q4_K_M "$threads" >"$out/q4_k.quantize.log" 2>&1
+  grep -i "fallback" "$out/q4_k.quantize.log" | sort | uniq -c | head -20 >&2 || true
   mv "$models/$dims-q4_k.gguf.tmp" "$models/$dims-q4_k.gguf"
 fi
 
