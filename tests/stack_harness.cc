@@ -534,8 +534,8 @@ launcher::StackOptions TestStackOptions(int encoders, const std::string& profile
   // Under a sanitizer on a loaded machine a busy instance can miss two
   // 500 ms health polls in a row and drop out of placement for seconds,
   // failing requests a test expects to succeed. A dead instance is still
-  // seen at once (its polls fail, they do not time out).
-  if (kSanitizerSlowdown > 1) o.router_args = {"--poll_timeout_ms=3000"};
+  // seen at once (its polls fail, they do not time out), after three.
+  if (kSanitizerSlowdown > 1) o.router_args = {"--poll_timeout_ms=3000", "--down_after=3"};
   return o;
 }
 
