@@ -16,7 +16,8 @@ Bazel reported it, listed as "LABEL //target"; with its TESTLOGS_DIR, its
 failed and flaky targets get their reasons too.
 Under each failed or flaky target come the lines of its log that say why
 (Catch2's failed assertions with their expansions and messages, sanitizer
-reports, Bazel's timeout line; else the log's last lines), and they are
+reports, Bazel's timeout line; else the log's last lines; for a stack test,
+the last warnings of each service log it left in test.outputs), and they are
 repeated at the end, just above the closing line, so that a CI view that
 shows only the tail still shows the reason.
 Property-test lines ("[property] ...") are echoed so their seeds and
@@ -41,6 +42,8 @@ REASON = re.compile(r"FAILED:|ERROR: (Address|Leak|Undefined)Sanitizer|runtime e
                     r"SUMMARY: |WARNING: ThreadSanitizer|Test timed out|unexpected exception|"
                     r"fatal error condition|terminate called|Check failed")
 MAX_REASON_LINES = 24
+SERVICE_WARNING = re.compile(r"^[WEF]\d{4} ")  # glog's warning, error and fatal lines
+SERVICE_LINES = 3  # per service log
 
 
 def failure_reason(testlogs, target, status):
@@ -72,7 +75,19 @@ def failure_reason(testlogs, target, status):
             i += 1
     if not picked:
         picked = [l for l in lines if l.strip()][-8:]
-    return [l[:240] for l in picked[:MAX_REASON_LINES]]
+    picked = picked[:MAX_REASON_LINES]
+    # A stack test's services log beside it: their last warnings and errors
+    # (an instance leaving placement, a backend's failure) say what the
+    # client's status does not.
+    outputs = os.path.join(os.path.dirname(log_path(testlogs, target)), "test.outputs")
+    if os.path.isdir(outputs):
+        for name in sorted(os.listdir(outputs)):
+            if not name.endswith(".log"):
+                continue
+            with open(os.path.join(outputs, name), errors="replace") as f:
+                warnings = [l.rstrip() for l in f if SERVICE_WARNING.match(l)]
+            picked += [f"{name}: {l}" for l in warnings[-SERVICE_LINES:]]
+    return [l[:240] for l in picked]
 
 
 def read_statuses(bazel_output):
