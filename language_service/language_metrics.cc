@@ -11,6 +11,13 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
                                      "Images whose encoder failed during the transfer.");
   images_received =
       &registry.GetCounter("mmserve_language_images_received_total", "Images fully received.");
+  const char* prompt_help =
+      "Prompt tokens of the requests this instance prefilled (role both or prefill), counted as "
+      "each finishes, by kv: cached (found in the prefix cache) or computed.";
+  prompt_tokens_cached =
+      &registry.GetCounter("mmserve_language_prompt_tokens_total", prompt_help, {{"kv", "cached"}});
+  prompt_tokens_computed = &registry.GetCounter("mmserve_language_prompt_tokens_total", prompt_help,
+                                                {{"kv", "computed"}});
   transfer_seconds = &registry.GetHistogram("mmserve_language_transfer_seconds",
                                             "From asking for an image to holding all of it.",
                                             metrics::LatencyBuckets());
