@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "model/cpu/cpu_isa.h"
 #include "model/cpu/linear_int8.h"
 
@@ -63,6 +65,20 @@ double Rate(model::cpu::ThreadPool& pool, int reps, double ops_per_instruction, 
     const int64_t kept = run(thread);
     return std::pair{ops, kept};
   });
+}
+
+int64_t Fma256(int seed) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c + seed));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < kIterations; ++i) {
+    _Pragma("GCC unroll 16") for (int c = 0; c < kChains; ++c) {
+      acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    }
+  }
+  __m256 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  return static_cast<int64_t>(_mm256_cvtss_f32(sum));
 }
 
 #if defined(__clang__)
@@ -150,9 +166,28 @@ int64_t VnniInt16(int seed) {
 
 }  // namespace
 
+double IsaPeaks::widest_fma_gflops() const { return std::max(fma256_gflops, fma512_gflops); }
+
+double IsaPeaks::top_gops() const {
+  return std::max({fma256_gflops, fma512_gflops, bf16dot_gflops, vnni_gops, vnni_int16_gops});
+}
+
+absl::StatusOr<double> PeakRatio(std::string_view what, double rate, double peak) {
+  if (!(peak > 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: no peak measured", what));
+  }
+  if (rate > peak) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s: %.2f is above its peak %.2f (ratio %.3f): the peak is measured wrong",
+                        what, rate, peak, rate / peak));
+  }
+  return rate / peak;
+}
+
 IsaPeaks MeasureIsaPeaks(model::cpu::ThreadPool& pool, int reps) {
   const model::cpu::CpuFeatures& f = model::cpu::DetectedCpuFeatures();
   IsaPeaks peaks;
+  if (f.avx2) peaks.fma256_gflops = Rate(pool, reps, 16, &Fma256);
   if (!f.avx512) return peaks;
   peaks.fma512_gflops = Rate(pool, reps, 32, &Fma512);
   if (f.avx512_bf16) peaks.bf16dot_gflops = Rate(pool, reps, 64, &Bf16Dot);

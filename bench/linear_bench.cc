@@ -106,9 +106,12 @@ double Time(cpu::ThreadPool& pool, const std::vector<float>& x, int64_t m,
 }
 
 // The widest units' peaks (bench/isa_peaks.h), measured now, and the best
-// 512-row rate of each kernel over the peak of the instruction it runs on:
-// prints them and returns their JSON fields (with a leading comma).
-std::string PeaksReport(cpu::ThreadPool& pool, const std::vector<Row>& rows) {
+// 512-row rate of each kernel over the peak of the instruction it runs on
+// (the bf16 panels over the widest FMA's): prints them and returns their
+// JSON fields (with a leading comma). A ratio above 1 (the peak measured
+// wrong) is added to *failures.
+std::string PeaksReport(cpu::ThreadPool& pool, const std::vector<Row>& rows,
+                        std::vector<std::string>* failures) {
   const bench::IsaPeaks p = bench::MeasureIsaPeaks(pool, 3);
   double bf16 = 0, bf16dot = 0, i8 = 0, i8_act = 0;
   for (const Row& r : rows) {
@@ -118,12 +121,21 @@ std::string PeaksReport(cpu::ThreadPool& pool, const std::vector<Row>& rows) {
     i8 = std::max(i8, r.i8);
     i8_act = std::max(i8_act, r.i8_act);
   }
-  auto ratio = [](double rate, double peak) { return peak > 0 ? rate / peak : 0.0; };
-  const double r_bf16 = ratio(bf16, p.fma512_gflops), r_dot = ratio(bf16dot, p.bf16dot_gflops);
-  const double r_i8 = ratio(i8, p.vnni_int16_gops), r_act = ratio(i8_act, p.vnni_gops);
+  auto ratio = [&](const char* what, double rate, double peak) {
+    const absl::StatusOr<double> r = bench::PeakRatio(what, rate, peak);
+    if (!r.ok() && r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      failures->emplace_back(r.status().message());
+    }
+    return peak > 0 ? rate / peak : 0.0;
+  };
+  const double r_bf16 = ratio("bf16_panels_vs_fma512_peak", bf16, p.widest_fma_gflops());
+  const double r_dot = ratio("bf16dot_vs_bf16dot_peak", bf16dot, p.bf16dot_gflops);
+  const double r_i8 = ratio("int8_vs_vnni_int16_peak", i8, p.vnni_int16_gops);
+  const double r_act = ratio("int8_act_vs_vnni_peak", i8_act, p.vnni_gops);
   std::printf(
       "  peaks (measured now): fma512 %.1f, bf16dot %.1f GFLOP/s, vnni %.1f, vnni int16 %.1f "
-      "GOP/s; best at 512 rows: bf16 panels %.3f of fma512, bf16 dot %.3f of bf16dot, int8 %.3f "
+      "GOP/s; best at 512 rows: bf16 panels %.3f of the widest FMA, bf16 dot %.3f of bf16dot, int8 "
+      "%.3f "
       "of vnni int16, int8 activations %.3f of vnni\n",
       p.fma512_gflops, p.bf16dot_gflops, p.vnni_gops, p.vnni_int16_gops, r_bf16, r_dot, r_i8,
       r_act);
@@ -137,8 +149,9 @@ std::string PeaksReport(cpu::ThreadPool& pool, const std::vector<Row>& rows) {
 }
 
 // The table, then the JSON line (with the peaks).
-void PrintReport(cpu::ThreadPool& pool, const std::vector<Row>& rows, int threads, int reps,
+bool PrintReport(cpu::ThreadPool& pool, const std::vector<Row>& rows, int threads, int reps,
                  const std::string& clock) {
+  std::vector<std::string> failures;
   std::printf("linear_bench: %s, %d threads, isa %s (GFLOP/s on the %s clock, best of %d)\n",
               absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(), clock.c_str(), reps);
   std::printf("  %-8s %5s %7s %6s %10s %9s %8s %8s %8s %8s %10s %9s %9s %9s %22s\n", "shape", "m",
@@ -174,7 +187,11 @@ void PrintReport(cpu::ThreadPool& pool, const std::vector<Row>& rows, int thread
       "\"rows\":[%s]%s}\n",
       absl::GetFlag(FLAGS_dims).c_str(), threads, cpu::IsaName(),
       cpu::internal::Int8UsesVnni() ? "true" : "false", absl::StrJoin(json, ",").c_str(),
-      PeaksReport(pool, rows).c_str());
+      PeaksReport(pool, rows, &failures).c_str());
+  std::fflush(stdout);
+  for (const std::string& f : failures)
+    std::fprintf(stderr, "linear_bench: FAILED: %s\n", f.c_str());
+  return failures.empty();
 }
 
 int Run() {
@@ -232,8 +249,7 @@ int Run() {
       rows.push_back(row);
     }
   }
-  PrintReport(pool, rows, threads, reps, clock);
-  return 0;
+  return PrintReport(pool, rows, threads, reps, clock) ? 0 : 1;
 }
 
 }  // namespace

@@ -6,22 +6,32 @@
 //
 // Baselines measured in the same run (the machines are shared and noisy, so
 // the ratios are what to compare, and baselines are interleaved with the
-// runs they normalize):
-//   - memory copy bandwidth (STREAM convention: bytes read + written) and
-//     read bandwidth over all threads, in a forked child (so its buffers stay
-//     out of the peak RSS) before each chunk of decode steps; the median is
-//     the baseline. tg_bandwidth_ratio = (bytes of the matrices one decode
-//     step reads / step time) / copy bandwidth;
+// runs they normalize). Every *_vs_*peak ratio and tg_bandwidth_ratio is at
+// most 1 by construction; one above 1 means its reference is wrong, and the
+// bench prints the JSON line, then FAILED on stderr, and exits 1:
+//   - memory bandwidth (bench/memory_bandwidth.h) over all threads, in a
+//     forked child (so its buffers stay out of the peak RSS) before each
+//     chunk of decode steps, over a footprint of the bytes a decode step
+//     reads (so weights that fit in the L2 or L3 are measured there:
+//     bandwidth_level): the best read of any method (one stream, eight
+//     streams, non-temporal, eight streams on each thread's CPU-time clock:
+//     bandwidth_method) in any sample is the reference. tg_bandwidth_ratio = (bytes of the matrices
+//     one decode step reads / step time) / that read bandwidth; copy_bandwidth_gbs (STREAM's read +
+//     written) is shown beside it;
 //   - the GEMM library's throughput: OpenBLAS cblas_sgemm (fp32) at the MLP
 //     shape [pp x hidden] x [hidden x intermediate] before each prefill, and
 //     our kernel at the same shape in the benchmark dtype, and with `batch`
-//     rows;
-//   - the compute roofline: fused multiply-add FLOP/s on every thread.
+//     rows after each chunk of batched decode steps and at the end (the
+//     best);
+//   - the peaks of the CPU's units (bench/isa_peaks.h, each thread on its
+//     CPU-time clock): fma_peak_gflops is the widest FMA (512-bit where the
+//     CPU has it), compute_peak_gflops the larger of that and the peak of the
+//     instruction the linear layers run on (pp_linear_isa_instruction).
 // A batched decode step is compute bound (2 FLOPs per parameter per
 // sequence) while a single one is bandwidth bound, so batch<B>_speedup can
 // be at most tg_step x FLOP rate / (2 x parameters): reported as
 // batch_gemm_ceiling (at our kernel's rate for `batch` rows) and
-// batch_peak_ceiling (at the FMA peak).
+// batch_peak_ceiling (at the compute peak).
 // Batch-1 and batched decode steps alternate in chunks of 16 steps so that
 // both see the same machine load; batch<B>_speedup is their throughput ratio.
 // Peak RSS is the process high-water mark from loading the weights on (the
@@ -38,25 +48,27 @@
 // token, 2 per lm_head parameter once (only the last row gets logits), and
 // the causal attention's 4 x N(N+1)/2 x heads x head_dim per layer.
 // isa is the kernels' level (model/cpu/cpu_isa.h; --cpu_isa forces one);
-// fma512_peak_gflops, bf16dot_peak_gflops and vnni_peak_gflops are the
-// widest units' peaks (bench/isa_peaks.h) beside the 256-bit
-// fma_peak_gflops, and pp_linear_vs_isa_peak the prefill's linear layers
-// over the peak of the instruction they run on (pp_linear_isa_instruction).
+// fma256_peak_gflops, fma512_peak_gflops, bf16dot_peak_gflops and
+// vnni_peak_gflops are the units' peaks, pp_vs_isa_peak the prefill's rate
+// over compute_peak_gflops and pp_linear_vs_isa_peak its linear layers over
+// the peak of their instruction. The prefill's parts are timed inside the
+// step (model::Qwen2StepTimes): pp_linear_ms (lm_head's last row included),
+// pp_attention_ms, and pp_other_ms, the step's time outside both (norms,
+// RoPE, activations, KV writes, thread hand-offs), never negative.
 // Row ops: RMSNorm, RoPE's rotation and SiLU*mul at pp rows, timed at
 // each level beside a copy of the same bytes (bench/row_ops_timing.h):
 // <op>_avx2_us, <op>_avx512_us, <op>_copy_us.
-// pp_vs_fma_peak is that rate over the FMA peak (int8 layers' integer
-// multiply-adds are not FMAs and may run above it).
 //
 // --dtype=int8 / int8_g32 / int4_g32 / int4_g128 / int4_g32_zp / int4_g128_zp
 // quantizes the random bf16 weights (or the checkpoint) at load, as
 // --quantize does (int4 layers always take int8 activations; their step
 // bytes count nibbles, scales and zero points, so tg_bandwidth_ratio is the
-// 4-bit stream's fraction of the copy roofline). Then, after the run above,
+// 4-bit stream's fraction of the read bandwidth). Then, after the run above,
 // the same weights in bf16 are loaded and decoded in chunks alternating with
-// the quantized model's (int8_vs_bf16_tg = bf16 step time / its step time under
-// the same load), and prefilled once (bf16_pp_vs_fma_peak). The peak RSS is
-// taken before the bf16 weights are loaded.
+// the quantized model's (int8_vs_bf16_tg, or int4_vs_bf16_tg for int4_* =
+// bf16 step time / its step time under the same load; cmp_int8_tg_step_ms or
+// cmp_int4_tg_step_ms), and prefilled once (bf16_pp_vs_isa_peak, over the
+// largest peak). The peak RSS is taken before the bf16 weights are loaded.
 //
 //   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=bf16
 //   bazel run --config=opt //bench:lm_bench -- --dims=qwen2-0.5b --dtype=int8
@@ -93,7 +105,6 @@
 #include "model/cpu/linear_bf16dot.h"
 #include "model/cpu/linear_int4.h"
 #include "model/cpu/linear_int8.h"
-#include "model/cpu/paged_attention.h"
 #include "model/cpu/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -297,106 +308,18 @@ BenchModel LoadBenchModel(Options& o, const std::string& quantize) {
   return m;
 }
 
-// Where a prefill's time goes: the decoder layers' linear layers (the same
-// LinearMany calls as Qwen2Model, on pp rows of stand-in activations) and
-// the paged attention of every layer (a full causal chunk of pp tokens),
-// each timed alone right after the prefill step they break down (so all
-// three see the same machine load); the rest of the step (norms, RoPE,
-// activations, KV writes, lm_head of the last row, thread hand-offs) is the
-// step minus both, per rep. A sparse layer's linear layers are its router
-// on pp rows and each expert on pp x top_k / experts rows (a balanced
-// router's share; the remainder to the first experts).
-class PrefillParts {
- public:
-  PrefillParts(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& w,
-               cpu::ThreadPool& pool)
-      : o_(o), cfg_(cfg), w_(w), pool_(pool) {
-    const int64_t t = o.pp, hidden = cfg.hidden_size;
-    const int64_t inter = std::max(cfg.intermediate_size, cfg.moe_intermediate_size);
-    const int64_t hd = cfg.head_dim(), heads = cfg.num_attention_heads;
-    const int64_t kv_heads = cfg.num_key_value_heads;
-    x_.assign(t * std::max(hidden, inter), 0.01f);
-    q_.assign(t * heads * hd, 0.02f);
-    k_.resize(t * kv_heads * hd);
-    v_.resize(t * kv_heads * hd);
-    y1_.resize(t * std::max<int64_t>({inter, heads * hd, cfg.num_experts}));
-    y2_.resize(t * inter);
-    for (size_t i = 0; i < k_.size(); ++i) {
-      k_[i] = 0.001f * static_cast<float>(i % 97);
-      v_[i] = 0.002f * static_cast<float>(i % 89);
-    }
-    const int64_t blocks = (t + o.block_size - 1) / o.block_size;
-    table_.resize(blocks);
-    for (int64_t b = 0; b < blocks; ++b) table_[b] = static_cast<int32_t>(b);
-  }
-
-  // Seconds of one pass over every layer's linear layers.
-  double TimeLinear() {
-    const int64_t t = o_.pp, kv_width = cfg_.num_key_value_heads * cfg_.head_dim();
-    Stopwatch sw;
-    for (const model::Qwen2LayerWeights& l : w_.layers()) {
-      cpu::LinearMany(pool_, x_.data(), t,
-                      {{&l.q, l.q_bias, y1_.data()},
-                       {&l.k, l.k_bias, y2_.data()},
-                       {&l.v, l.v_bias, y2_.data() + t * kv_width}},
-                      o_.kernel);
-      cpu::Linear(pool_, x_.data(), t, l.o, nullptr, y1_.data(), o_.kernel);
-      if (l.experts.empty()) {
-        Mlp(l.gate, l.up, l.down, t);
-        continue;
-      }
-      cpu::Linear(pool_, x_.data(), t, l.router, nullptr, y1_.data(), o_.kernel);
-      const int64_t n = static_cast<int64_t>(l.experts.size());
-      const int64_t routed = t * cfg_.num_experts_per_tok;
-      for (int64_t e = 0; e < n; ++e) {
-        const model::Qwen2LayerWeights::Expert& x = l.experts[e];
-        Mlp(x.gate, x.up, x.down, routed / n + (e < routed % n ? 1 : 0));
-      }
-    }
-    return sw.ElapsedSeconds();
-  }
-
-  // Seconds of every layer's attention over the whole chunk.
-  double TimeAttention() {
-    const int64_t t = o_.pp, hd = cfg_.head_dim();
-    const cpu::PagedKvLayer kv{k_.data(), v_.data(), o_.block_size, cfg_.num_key_value_heads, hd};
-    Stopwatch sw;
-    for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-      cpu::PagedAttention(pool_, q_.data(), cfg_.num_attention_heads, kv,
-                          {{0, t, t, table_.data()}}, 1.0f / std::sqrt(static_cast<float>(hd)),
-                          y1_.data());
-    }
-    return sw.ElapsedSeconds();
-  }
-
- private:
-  // A SwiGLU MLP's three linear layers on `rows` rows.
-  void Mlp(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
-           const cpu::WeightMatrix& down, int64_t rows) {
-    if (rows == 0) return;
-    cpu::LinearMany(pool_, x_.data(), rows,
-                    {{&gate, nullptr, y1_.data()}, {&up, nullptr, y2_.data()}}, o_.kernel);
-    cpu::Linear(pool_, x_.data(), rows, down, nullptr, y1_.data(), o_.kernel);
-  }
-
-  const Options& o_;
-  const TextConfig& cfg_;
-  const model::Qwen2Weights& w_;
-  cpu::ThreadPool& pool_;
-  std::vector<float> x_, q_, k_, v_, y1_, y2_;
-  std::vector<int32_t> table_;
-};
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// pp (each rep preceded by an sgemm baseline and followed by its
-// breakdown), then decode in chunks of single-sequence and batched steps,
-// each pair preceded by a bandwidth sample.
+// pp (each rep preceded by an sgemm baseline; the model times its linear
+// layers and attention inside the step, through `times`), then decode in
+// chunks of single-sequence and batched steps, each pair preceded by a
+// bandwidth sample over the bytes a decode step reads.
 void RunSteps(const Options& o, const TextConfig& cfg, const model::Qwen2Weights& weights,
-              model::Qwen2Model& qwen, cpu::ThreadPool& pool, Results* r) {
+              model::Qwen2Model& qwen, model::Qwen2StepTimes& times, cpu::ThreadPool& pool,
+              Results* r) {
   const int64_t per_seq_blocks = (std::max(o.pp, o.tg) + o.block_size - 1) / o.block_size;
   auto kv_or = model::KvCache::Create(qwen.KvShape(per_seq_blocks * o.batch, o.block_size));
   CHECK_OK(kv_or.status());
@@ -408,38 +331,32 @@ void RunSteps(const Options& o, const TextConfig& cfg, const model::Qwen2Weights
     CHECK_OK(qwen.Forward(b, kv, &logits));
   };
   step({{0, 0, 16}}, 0);  // warm-up: touches the weights once
-  // The breakdown's stand-in buffers stay out of the peak RSS: the mark is
-  // read before they exist and reset once they are freed.
   const double load_peak_rss = PeakRssMb();
   std::vector<double> step_s_all, linear_s, attention_s, rest_s;
-  {
-    PrefillParts parts(o, cfg, weights, pool);
-    parts.TimeLinear();  // warm-up of the breakdown's buffers
-    for (int rep = 0; rep < o.reps; ++rep) {
-      r->sgemm += LinearGflops(pool, o.pp, cfg.intermediate_size, cfg.hidden_size,
-                               model::DType::kF32, cpu::LinearKernel::kOpenBlas) /
-                  o.reps;
-      Stopwatch sw;
-      step({{0, 0, o.pp}}, rep + 1);
-      const double step_s = sw.ElapsedSeconds();
-      step_s_all.push_back(step_s);
-      linear_s.push_back(parts.TimeLinear());
-      attention_s.push_back(parts.TimeAttention());
-      rest_s.push_back(step_s - linear_s.back() - attention_s.back());
-    }
+  for (int rep = 0; rep < o.reps; ++rep) {
+    r->sgemm += LinearGflops(pool, o.pp, cfg.intermediate_size, cfg.hidden_size, model::DType::kF32,
+                             cpu::LinearKernel::kOpenBlas) /
+                o.reps;
+    times = {};
+    Stopwatch sw;
+    step({{0, 0, o.pp}}, rep + 1);
+    const double step_s = sw.ElapsedSeconds();
+    step_s_all.push_back(step_s);
+    linear_s.push_back(times.linear_seconds);
+    attention_s.push_back(times.attention_seconds);
+    // The parts are disjoint intervals inside the step: the rest is >= 0.
+    rest_s.push_back(step_s - times.linear_seconds - times.attention_seconds);
   }
-  if (r->rss_reset) ResetPeakRss();
   // Medians: one rep slowed by a neighbour's build does not move them.
   r->pp_s = Median(step_s_all);
   r->pp_linear_s = Median(linear_s);
   r->pp_attention_s = Median(attention_s);
   r->pp_rest_s = Median(rest_s);
+  r->bandwidth_footprint = static_cast<size_t>(weights.StepWeightBytes());
   constexpr int kChunk = 16;
   for (int i0 = 0; i0 < o.tg; i0 += kChunk) {
-    const bench::MemoryBandwidth bw =
-        bench::MeasureMemoryBandwidthInChild(o.threads, size_t{128} << 20, 3);
-    r->copy_samples.push_back(bw.copy_bytes_per_s);
-    r->read_samples.push_back(bw.read_bytes_per_s);
+    r->bandwidth_samples.push_back(
+        bench::MeasureMemoryBandwidthInChild(o.threads, r->bandwidth_footprint, 3));
     const int i1 = std::min(o.tg, i0 + kChunk);
     Stopwatch tg_watch;
     for (int i = i0; i < i1; ++i) step({{0, i, 1}}, 100 + i);
@@ -451,9 +368,11 @@ void RunSteps(const Options& o, const TextConfig& cfg, const model::Qwen2Weights
       step(work, 1000 + i);
     }
     r->batch_s += batch_watch.ElapsedSeconds();
+    // The batch ceiling's kernel rate under the same load as the chunk.
+    r->kernel_batch_gflops = std::max(
+        r->kernel_batch_gflops, LinearGflops(pool, o.batch, cfg.intermediate_size, cfg.hidden_size,
+                                             o.dtype, o.kernel, o.quantize));
   }
-  std::sort(r->copy_samples.begin(), r->copy_samples.end());
-  std::sort(r->read_samples.begin(), r->read_samples.end());
   r->peak_rss = std::max(load_peak_rss, PeakRssMb());
 }
 
@@ -487,7 +406,7 @@ void CompareWithBf16(Options o, model::Qwen2Model& int8_model, cpu::ThreadPool& 
     const int i1 = std::min(o.tg, i0 + kChunk);
     Stopwatch int8_watch;
     for (int i = i0; i < i1; ++i) step(int8_model, **kv_int8, {{0, i, 1}}, 100 + i);
-    r->cmp_int8_tg_s += int8_watch.ElapsedSeconds();
+    r->cmp_quant_tg_s += int8_watch.ElapsedSeconds();
     Stopwatch bf16_watch;
     for (int i = i0; i < i1; ++i) step(bf16_model, **kv_bf16, {{0, i, 1}}, 100 + i);
     r->cmp_bf16_tg_s += bf16_watch.ElapsedSeconds();
@@ -501,18 +420,18 @@ int Run() {
   Results r;
   r.rss_reset = ResetPeakRss();
   BenchModel m = LoadBenchModel(o, o.quantize);
-  model::Qwen2Model qwen(m.cfg, *m.weights, pool, {o.kernel});
-  RunSteps(o, m.cfg, *m.weights, qwen, pool, &r);
+  model::Qwen2StepTimes times;
+  model::Qwen2Model qwen(m.cfg, *m.weights, pool, {o.kernel, nullptr, &times});
+  RunSteps(o, m.cfg, *m.weights, qwen, times, pool, &r);
   if (!o.quantize.empty()) CompareWithBf16(o, qwen, pool, &r);
   r.kernel_gflops = LinearGflops(pool, o.pp, m.cfg.intermediate_size, m.cfg.hidden_size, o.dtype,
                                  o.kernel, o.quantize);
-  r.kernel_batch_gflops = LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size,
-                                       o.dtype, o.kernel, o.quantize);
-  r.fma_peak_gflops = bench::MeasureFmaPeakGflops(pool, 3);
+  r.kernel_batch_gflops = std::max(
+      r.kernel_batch_gflops, LinearGflops(pool, o.batch, m.cfg.intermediate_size, m.cfg.hidden_size,
+                                          o.dtype, o.kernel, o.quantize));
   r.isa_peaks = bench::MeasureIsaPeaks(pool, 3);
   r.row_ops = bench::TimeRowOps(pool, m.cfg, o.pp, 5);
-  Report(o, m.cfg, *m.weights, r);
-  return 0;
+  return Report(o, m.cfg, *m.weights, r) ? 0 : 1;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/isa_peaks.h"
+#include "bench/memory_bandwidth.h"
 #include "bench/row_ops_timing.h"
 #include "model/cpu/linear.h"
 #include "model/dtype.h"
@@ -33,26 +34,28 @@ struct Options {
 
 struct Results {
   double pp_s = 0, sgemm = 0, tg_s = 0, batch_s = 0, kernel_gflops = 0;
-  double kernel_batch_gflops = 0, fma_peak_gflops = 0;
-  bench::IsaPeaks isa_peaks;  // the widest units' (fma_peak_gflops: 256-bit FMA)
+  double kernel_batch_gflops = 0;
+  bench::IsaPeaks isa_peaks;  // the peaks every *_vs_*peak ratio is set against
   double peak_rss = 0, kv_mb = 0;
   bool rss_reset = false;
   // --dtype=int8 or int4_*: the bf16 comparison (step times under the same
-  // load; cmp_int8_tg_s is the quantized model's, int8 or int4).
-  double cmp_int8_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
-  // Prefill parts timed alone right after each prefill step (PrefillParts):
+  // load; cmp_quant_tg_s is the quantized model's).
+  double cmp_quant_tg_s = 0, cmp_bf16_tg_s = 0, bf16_pp_s = 0;
+  // Prefill parts timed inside each prefill step (model::Qwen2StepTimes):
   // medians over the reps of the linear layers, the attention and the rest
-  // of that rep's step (step - linear - attention).
+  // of that rep's step (step - linear - attention, never negative).
   double pp_linear_s = 0, pp_attention_s = 0, pp_rest_s = 0;
   // RMSNorm, RoPE and SiLU*mul at pp rows, each level beside a copy.
   std::vector<RowOpTiming> row_ops;
-  std::vector<double> copy_samples, read_samples;  // sorted
-  double copy() const { return copy_samples[copy_samples.size() / 2]; }
-  double read() const { return read_samples[read_samples.size() / 2]; }
+  // One sample before each chunk of decode steps, over bandwidth_footprint
+  // bytes (a decode step's weights).
+  std::vector<MemoryBandwidth> bandwidth_samples;
+  size_t bandwidth_footprint = 0;
 };
 
-// Prints the table and the closing JSON line of one run.
-void Report(const Options& o, const model::TextConfig& cfg, const model::Qwen2Weights& weights,
+// Prints the table and the closing JSON line of one run. False (and the
+// reasons on stderr) if a rate passed its peak or bandwidth reference.
+bool Report(const Options& o, const model::TextConfig& cfg, const model::Qwen2Weights& weights,
             const Results& r);
 
 }  // namespace mmserve::bench

@@ -1,9 +1,15 @@
 // Vision tower throughput and memory at Qwen2-VL-2B vision dimensions
 // (random weights, bf16 by default), for 448x448 and 1024x1024 inputs.
-// Baseline, measured in the same run right before each size: model/cpu's
-// bf16 panel kernel (linear_bench's kDot) on 512 rows of a tower-shaped
-// layer (fc1, 1280 -> 5120); tower_vs_kernel = tower GFLOP/s / kernel
-// GFLOP/s (every FLOP of the tower counted, attention included). Memory:
+// Baselines, measured in the same run right before each size: the kernel
+// the tower's linear layers run (bf16 panels with fp32 activations: kDot;
+// with --activation_dtype=bf16: kBf16Dot; fp32 weights: OpenBLAS) on the
+// tower's first MLP layer at that size's patch rows (embed_dim -> its MLP
+// width), best of three; tower_vs_kernel = tower GFLOP/s / kernel GFLOP/s
+// (every FLOP of the tower counted, attention included). And the peaks of
+// the CPU's units (bench/isa_peaks.h): tower_vs_isa_peak = tower GFLOP/s /
+// the larger of the widest FMA's peak and, with bf16 activations,
+// vdpbf16ps's: at most 1 by construction; above 1 the bench prints FAILED
+// on stderr and exits 1 (the peak is wrong, and is not clamped). Memory:
 // the tower's RSS = the growth from creating it (its weights) + the peak
 // growth during a forward (activations), over the bf16 weight bytes; freed
 // heap is handed back (malloc_trim) before each measurement so that the
@@ -51,6 +57,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/isa_peaks.h"
 #include "bench/row_ops_timing.h"
 #include "bench/torch_vision_peer.h"
 #include "common/clock.h"
@@ -153,19 +160,47 @@ double TowerFlops(const model::VisionConfig& c, double n) {
   return 2 * n * patch * e + blocks + merger * (1 + c.deepstack_visual_indexes.size());
 }
 
-// The panel kernel on 512 rows of fc1 (1280 -> 5120, bf16), GFLOP/s.
-double KernelGflops(cpu::ThreadPool& pool) {
-  const int64_t m = 512, k = 1280, n = 5120;
-  std::vector<uint16_t> w(n * k);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = model::F32ToBf16(((i * 7919) % 97) * 1e-3f - 0.05f);
-  const cpu::PanelWeights panels =
-      cpu::PanelWeights::Pack(pool, cpu::WeightMatrix{model::DType::kBF16, w.data(), n, k});
+// The tower's linear kernel on `rows` rows of its first MLP layer
+// (embed_dim -> MLP width) in the tower's dtype, best of three, GFLOP/s.
+double KernelGflops(const Args& args, const model::VisionConfig& cfg, cpu::ThreadPool& pool,
+                    int64_t rows) {
+  const int64_t m = rows, k = cfg.embed_dim;
+  const int64_t n = cfg.intermediate_size > 0 ? cfg.intermediate_size
+                                              : static_cast<int64_t>(cfg.embed_dim) * cfg.mlp_ratio;
+  std::vector<float> wf;
+  std::vector<uint16_t> wb;
+  std::optional<cpu::PanelWeights> panels;
+  cpu::WeightMatrix w{args.dtype, nullptr, n, k};
+  cpu::LinearKernel kernel = cpu::LinearKernel::kOpenBlas;
+  if (args.dtype == model::DType::kF32) {
+    wf.resize(n * k);
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] = ((i * 7919) % 97) * 1e-3f - 0.05f;
+    w.data = wf.data();
+  } else {
+    wb.resize(n * k);
+    for (size_t i = 0; i < wb.size(); ++i) {
+      wb[i] = model::F32ToBf16(((i * 7919) % 97) * 1e-3f - 0.05f);
+    }
+    w.data = wb.data();
+    panels = cpu::PanelWeights::Pack(pool, w);
+    w = panels->matrix();
+    kernel = args.bf16_activations ? cpu::LinearKernel::kBf16Dot : cpu::LinearKernel::kDot;
+  }
   std::vector<float> x(m * k, 0.25f), y(m * n);
-  cpu::Linear(pool, x.data(), m, panels.matrix(), nullptr, y.data());  // warm-up
-  const int reps = 5;
-  Stopwatch watch;
-  for (int r = 0; r < reps; ++r) cpu::Linear(pool, x.data(), m, panels.matrix(), nullptr, y.data());
-  return 2.0 * m * n * k * reps / watch.ElapsedSeconds() * 1e-9;
+  cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);  // warm-up
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    Stopwatch watch;
+    cpu::Linear(pool, x.data(), m, w, nullptr, y.data(), kernel);
+    best = std::max(best, 2.0 * m * n * k / watch.ElapsedSeconds() * 1e-9);
+  }
+  return best;
+}
+
+// The peak the whole tower is set against: the widest FMA's, or with bf16
+// activations the larger of that and vdpbf16ps's.
+double TowerPeak(const Args& args, const bench::IsaPeaks& p) {
+  return std::max(p.widest_fma_gflops(), args.bf16_activations ? p.bf16dot_gflops : 0.0);
 }
 
 int64_t ProcStatusBytes(const char* key) {
@@ -182,8 +217,11 @@ int64_t ProcStatusBytes(const char* key) {
 // and sets *tower_s (mean seconds) and *activations (peak growth, bytes).
 std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTower& tower,
                         const model::VisionConfig& cfg, int size, const model::ImagePatches& p,
-                        double pre_ms, double* tower_s, int64_t* activations) {
-  const double kernel = KernelGflops(pool);  // baseline next to each size
+                        double pre_ms, double* tower_s, int64_t* activations,
+                        std::vector<std::string>* failures) {
+  // Baselines next to each size.
+  const double kernel = KernelGflops(args, cfg, pool, p.grid.num_patches());
+  const double peak = TowerPeak(args, bench::MeasureIsaPeaks(pool, 2));
   malloc_trim(0);
   std::ofstream("/proc/self/clear_refs") << "5";  // reset the peak RSS (VmHWM)
   const int64_t rss_before = ProcStatusBytes("VmRSS:");
@@ -211,21 +249,25 @@ std::string MeasureSize(const Args& args, cpu::ThreadPool& pool, model::VisionTo
   *tower_s = t;
   const int64_t patches = p.grid.num_patches(), tokens = p.grid.num_tokens();
   const double gflops = TowerFlops(cfg, patches) / t * 1e-9;
+  const absl::StatusOr<double> vs_peak =
+      bench::PeakRatio(absl::StrFormat("tower_vs_isa_peak at %d", size), gflops, peak);
+  if (!vs_peak.ok()) failures->emplace_back(vs_peak.status().message());
   const double ips = 1.0 / (pre_ms * 1e-3 + t);
   std::printf(
       "%6d %8lld %7lld %10.1f %10.1f %10.3f %7.1f%% %7.1f%% %6.2f%% %6.2f%% %6.2f%% %11.1f %11.1f "
-      "%9.2f\n",
+      "%9.2f %8.3f\n",
       size, static_cast<long long>(patches), static_cast<long long>(tokens), pre_ms, t * 1e3, ips,
       100 * gemm_s / t, 100 * attn_s / t, 100 * norm_s / t, 100 * rope_s / t, 100 * elem_s / t,
-      gflops, kernel, gflops / kernel);
+      gflops, kernel, gflops / kernel, gflops / peak);
   return absl::StrFormat(
       "{\"size\":%d,\"patches\":%d,\"tokens\":%d,\"preprocess_ms\":%.1f,\"tower_ms\":%.1f,"
       "\"images_per_s\":%.4f,\"linear_share\":%.3f,\"attention_share\":%.3f,"
       "\"norm_ms\":%.1f,\"rope_ms\":%.1f,\"elementwise_ms\":%.1f,"
       "\"tower_gflops\":%.1f,\"kernel_gflops\":%.1f,\"tower_vs_kernel\":%.3f,"
-      "\"activation_peak_bytes\":%d}",
+      "\"isa_peak_gflops\":%.1f,\"tower_vs_isa_peak\":%.3f,\"activation_peak_bytes\":%d}",
       size, patches, tokens, pre_ms, t * 1e3, ips, gemm_s / t, attn_s / t, norm_s * 1e3,
-      rope_s * 1e3, elem_s * 1e3, gflops, kernel, gflops / kernel, *activations);
+      rope_s * 1e3, elem_s * 1e3, gflops, kernel, gflops / kernel, peak, gflops / peak,
+      *activations);
 }
 
 // The Qwen2-VL-2B vision tower's dimensions, at `depth` blocks.
@@ -365,7 +407,8 @@ int Main(int argc, char** argv) {
     if (!p.ok()) return 1;
     inputs.push_back(std::move(*p));
   }
-  const double kernel_first = KernelGflops(pool);
+  const double kernel_first = KernelGflops(args, cfg, pool, 512);
+  const bench::IsaPeaks peaks = bench::MeasureIsaPeaks(pool, 2);
 
   malloc_trim(0);
   const int64_t rss0 = ProcStatusBytes("VmRSS:");
@@ -395,19 +438,23 @@ int Main(int argc, char** argv) {
       std::string(model::DTypeName(args.dtype)).c_str(),
       ckpt != nullptr ? "from the checkpoint" : "random", weight_bytes * 1e-9);
   std::printf(
-      "baseline: panel kernel, 512 rows x 1280 -> 5120 bf16 = %.1f GFLOP/s (%d threads)\n\n",
-      kernel_first, pool.num_threads());
-  std::printf("%6s %8s %7s %10s %10s %10s %8s %8s %7s %7s %7s %11s %11s %9s\n", "input", "patches",
-              "tokens", "preproc_ms", "tower_ms", "images/s", "linear%", "attn%", "norm%", "rope%",
-              "elem%", "tower_GF/s", "kernel_GF/s", "vs_kernel");
+      "baselines: the tower's linear kernel, 512 rows of its first MLP layer = %.1f GFLOP/s; "
+      "peaks fma256 %.1f, fma512 %.1f, bf16dot %.1f GFLOP/s (%d threads); each again before "
+      "each size, at its patch rows\n\n",
+      kernel_first, peaks.fma256_gflops, peaks.fma512_gflops, peaks.bf16dot_gflops,
+      pool.num_threads());
+  std::printf("%6s %8s %7s %10s %10s %10s %8s %8s %7s %7s %7s %11s %11s %9s %8s\n", "input",
+              "patches", "tokens", "preproc_ms", "tower_ms", "images/s", "linear%", "attn%",
+              "norm%", "rope%", "elem%", "tower_GF/s", "kernel_GF/s", "vs_kernel", "vs_peak");
   std::vector<std::string> json_rows;
   std::vector<double> tower_s(sizes.size());
   int64_t activations_peak = 0;
   std::vector<bench::TorchVisionPeerResult> peers;
+  std::vector<std::string> failures;
   for (size_t si = 0; si < sizes.size(); ++si) {
     int64_t activations = 0;
     json_rows.push_back(MeasureSize(args, pool, *tower, cfg, sizes[si], inputs[si], pre_ms[si],
-                                    &tower_s[si], &activations));
+                                    &tower_s[si], &activations, &failures));
     activations_peak = std::max(activations_peak, activations);
     if (!args.peer.empty() && (peers.empty() || peers.back().ran)) {
       peers.push_back(PeerOnGrid(args, pool.num_threads(), inputs[si].grid));
@@ -430,7 +477,10 @@ int Main(int argc, char** argv) {
       std::string(model::DTypeName(args.dtype)).c_str(), cfg.depth, pool.num_threads(),
       weight_bytes, peak, peak / bf16_bytes, absl::StrJoin(json_rows, ",").c_str(),
       peer_json.c_str(), row_ops_json.c_str());
-  return 0;
+  std::fflush(stdout);
+  for (const std::string& f : failures)
+    std::fprintf(stderr, "vision_bench: FAILED: %s\n", f.c_str());
+  return failures.empty() ? 0 : 1;
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #                     [--api_key_file=FILE] [--cluster_token_file=FILE]
 #                     [--quantize=int8|int8_g32|int4_g32|int4_g128|int4_g32_zp|int4_g128_zp]
 #                     [--max_model_len=N] [--kv_cache_mb=N]
-#                     [--profile=shm|tcp] [--tp=N] [--prefill=N --decode=N]
+#                     [--profile=shm|tcp] [--tp=N] [--prefill=N --decode=N [--prefill_tp=N]]
 #                     [--elastic=N] [--elastic_step_models=FILE]
 #                     [--router_flags=F,...] [--encoder_flags=F,...]
 #                     [--language_flags=F,...]
@@ -34,7 +34,8 @@
 # --tp=N: the language instance runs as N tensor-parallel rank processes.
 # --prefill=N --decode=N: N prefill and N decode language instances (KV over
 #   UCX; text and image prompts) instead of one role-both instance; with
-#   --tp=N each decode instance has N ranks (prefill instances run one).
+#   --tp=N each decode instance has N ranks, with --prefill_tp=N each prefill
+#   instance.
 # --elastic=N: N elastic language instances (--role=elastic) pooled by the
 #   router's elastic manager (router --elastic; docs/elastic.md): a long prompt
 #   is prefilled by a group of them, its KV spread over their pools.
@@ -58,6 +59,7 @@ host=127.0.0.1
 port=50051
 http_port=8000
 tp=1
+prefill_tp=1
 prefill=0
 decode=0
 elastic=0
@@ -96,6 +98,7 @@ for arg in "$@"; do
     --max_model_len=*) max_model_len="${arg#*=}" ;;
     --kv_cache_mb=*) kv_cache_mb="${arg#*=}" ;;
     --tp=*) tp="${arg#*=}" ;;
+    --prefill_tp=*) prefill_tp="${arg#*=}" ;;
     --prefill=*) prefill="${arg#*=}" ;;
     --decode=*) decode="${arg#*=}" ;;
     --elastic=*) elastic="${arg#*=}" ;;
@@ -108,7 +111,7 @@ for arg in "$@"; do
   esac
 done
 # Whole numbers at or above a floor.
-for spec in encoders:1 tp:1 prefill:0 decode:0 elastic:0 port:1 http_port:-1 \
+for spec in encoders:1 tp:1 prefill_tp:1 prefill:0 decode:0 elastic:0 port:1 http_port:-1 \
             max_model_len:0 kv_cache_mb:0; do
   name=${spec%%:*} floor=${spec#*:} value=${!name}
   [[ -z "$value" && ( $name == max_model_len || $name == kv_cache_mb ) ]] && continue
@@ -203,7 +206,7 @@ out="$logs/launcher.out"
   --encoders="$encoders" --profile="$profile" --host="$host" --port="$port" --http_port="$http_port" \
   --api_key_file="$api_key_file" --router_flags="$router_flags" --encoder_flags="$encoder_flags" \
   --language_flags="$language_flags" \
-  --tp="$tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" ${elastic_args[@]+"${elastic_args[@]}"} \
+  --tp="$tp" --prefill_tp="$prefill_tp" --prefill="$prefill" --decode="$decode" --elastic="$elastic" ${elastic_args[@]+"${elastic_args[@]}"} \
   --log_dir="$logs" >"$out" 2>"$logs/launcher.log" &
 launcher=$!
 stop() {

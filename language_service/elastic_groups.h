@@ -13,8 +13,9 @@
 //   elastic->Release(id);     // Abort: frees its span and state
 //   elastic->ExpireIdle();    // the idle lease
 //
-// A member that fails tells the others (an abort word on their boards:
-// their calls end UNAVAILABLE at once); one that never comes leaves them to
+// A member that fails tells the others (an abort word on their boards,
+// carrying its error's code: their calls end with that code at once, a
+// refusal before its part began included); one that never comes leaves them to
 // their join or layer timeout. The router must not place an instance in two
 // groups at once: a second one waits (below), and its join notices may
 // land on the board the first still uses (that one may then end at its
@@ -142,6 +143,13 @@ class ElasticGroups : public worker::MasterPeers {
   [[nodiscard]] absl::StatusOr<Prefilled> Prefill(const v1::ElasticPlan& plan, int member,
                                                   std::unique_ptr<worker::ElasticRequest> request,
                                                   const std::function<void()>& on_joined = {});
+  // Member `member` of `plan` refuses request `id`'s group before its part
+  // began (its request failed its checks here): the others' waits for it
+  // end at once with `why`'s code instead of at their join timeout (best
+  // effort; a plan naming no such member tells nobody). Prefill does this
+  // itself for what it refuses.
+  void Refuse(const v1::ElasticPlan& plan, int member, const std::string& id,
+              const absl::Status& why);
 
   // Each request mastered here whose range is full and that has a next
   // master moves on: the engine stops decoding it, its span stays held for
@@ -179,6 +187,7 @@ class ElasticGroups : public worker::MasterPeers {
   absl::Status AnswerQuery(int layer, absl::Span<const uint64_t> tags, const float* q, int64_t rows,
                            float* out, float* lse);
   // Prefill's parts (elastic_groups_prefill.cc).
+  absl::Status Check(Group& g) const;
   static void PlanChain(Group& g);
   absl::Status Join(Group& g);
   absl::Status OpenLanes(Group& g);

@@ -67,14 +67,11 @@ absl::StatusOr<ElasticGroups::Prefilled> ElasticGroups::Prefill(
   g.id = request->id();
   g.tag = ElasticSpanTag(g.id);
   g.request = std::move(request);
-  const int64_t len = g.request->prompt_len();
-  RETURN_IF_ERROR(CheckElasticPlan(plan, static_cast<uint32_t>(len),
-                                   static_cast<uint32_t>(engine_.kv_cache().shape().block_size)));
-  if (member < 0 || member >= plan.members_size()) {
-    return absl::InvalidArgumentError("the receiver is not a member of the plan");
+  absl::Status checked = Check(g);
+  if (!checked.ok()) {
+    Refuse(plan, member, g.id, checked);  // the others end at once
+    return checked;
   }
-  ASSIGN_OR_RETURN(transfer::ElasticEndpoint mine, transfer::DecodeElasticEndpoint(endpoint()));
-  ASSIGN_OR_RETURN(g.endpoints, Endpoints(plan, len, mine));
   const v1::ElasticRowRange& keep = plan.members(member).keep();
   g.master = static_cast<uint32_t>(member) == plan.master();
   g.sampler = static_cast<uint32_t>(member) == plan.sampler();
@@ -86,13 +83,41 @@ absl::StatusOr<ElasticGroups::Prefilled> ElasticGroups::Prefill(
   if (s.ok()) s = RunRows(g);
   Prefilled out;
   if (s.ok()) s = Finish(g, &out);
-  if (!s.ok() && g.exchange != nullptr) g.exchange->Abort();  // the others end at once
+  if (!s.ok() && g.exchange != nullptr) g.exchange->Abort(s.code());  // the others end at once
   if (g.exchange != nullptr) g.exchange->Finish();
   if (!s.ok()) {
     Drop(g);
     return s;
   }
   return out;
+}
+
+// The plan and the members' endpoints, before any exchange exists.
+absl::Status ElasticGroups::Check(Group& g) const {
+  const v1::ElasticPlan& plan = *g.plan;
+  const int64_t len = g.request->prompt_len();
+  RETURN_IF_ERROR(CheckElasticPlan(plan, static_cast<uint32_t>(len),
+                                   static_cast<uint32_t>(engine_.kv_cache().shape().block_size)));
+  if (g.member < 0 || g.member >= plan.members_size()) {
+    return absl::InvalidArgumentError("the receiver is not a member of the plan");
+  }
+  ASSIGN_OR_RETURN(transfer::ElasticEndpoint mine, transfer::DecodeElasticEndpoint(endpoint()));
+  ASSIGN_OR_RETURN(g.endpoints, Endpoints(plan, len, mine));
+  return absl::OkStatus();
+}
+
+void ElasticGroups::Refuse(const v1::ElasticPlan& plan, int member, const std::string& id,
+                           const absl::Status& why) {
+  if (member < 0 || member >= plan.members_size()) return;  // no place to tell them from
+  std::vector<transfer::NoticeBoardTarget> targets(plan.members_size());
+  for (int m = 0; m < plan.members_size(); ++m) {
+    absl::StatusOr<transfer::ElasticEndpoint> e =
+        transfer::DecodeElasticEndpoint(plan.members(m).endpoint());
+    if (e.ok() && m != member) targets[m] = e->exchange;
+  }
+  transfer::UcxElasticExchange::Refuse(elastic_->exchange_board(), targets, member,
+                                       transfer::UcxElasticExchange::SeqBase(id, plan.group()),
+                                       why.code());
 }
 
 // The masters in decode order, and this member's place, range and span
@@ -135,10 +160,10 @@ absl::Status ElasticGroups::Join(Group& g) {
     xplan.rows.push_back(std::move(rows));
     targets.push_back(g.endpoints[m].exchange);
   }
-  ASSIGN_OR_RETURN(g.exchange,
-                   transfer::UcxElasticExchange::CreateOn(
-                       elastic_->exchange_board(), std::move(xplan), g.member,
-                       transfer::UcxElasticExchange::SeqBase(g.id), options_.layer_timeout));
+  ASSIGN_OR_RETURN(g.exchange, transfer::UcxElasticExchange::CreateOn(
+                                   elastic_->exchange_board(), std::move(xplan), g.member,
+                                   transfer::UcxElasticExchange::SeqBase(g.id, g.plan->group()),
+                                   options_.layer_timeout));
   g.exchange->CountBytes(prefill_bytes_);
   // Connected first: a member that cannot hold its span tells the others.
   RETURN_IF_ERROR(g.exchange->Connect(targets));

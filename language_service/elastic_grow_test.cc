@@ -86,7 +86,7 @@ TEST_CASE("a master whose pool has no block for its next window ends RESOURCE_EX
   std::vector<Stream> got = RunGroup(members, plan, [&](int) { return request; });
   INFO(got[0].out.status.error_message() << " / " << got[1].out.status.error_message());
   CHECK(got[1].out.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(got[0].out.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(got[0].out.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(elastic[0]->Idle());
   CHECK(elastic[1]->Idle());
   // A block at a time, it decodes until its pool is full, then ends.

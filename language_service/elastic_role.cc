@@ -30,11 +30,23 @@ absl::Status ElasticRole::ElasticPrefill(const v1::ElasticPrefillRequest& reques
   if (request.member() >= static_cast<uint32_t>(request.plan().members_size())) {
     return absl::InvalidArgumentError("the receiver is not a member of the plan");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<LiveRequest> r,
-                   host_->MakeRequest(request.request(), std::move(sink)));
-  r->elastic_plan = std::make_unique<v1::ElasticPlan>(request.plan());
-  r->elastic_member = static_cast<int>(request.member());
-  return host_->Install(std::move(r));
+  absl::StatusOr<std::unique_ptr<LiveRequest>> r =
+      host_->MakeRequest(request.request(), std::move(sink));
+  absl::Status s = r.status();
+  if (r.ok()) {
+    (*r)->elastic_plan = std::make_unique<v1::ElasticPlan>(request.plan());
+    (*r)->elastic_member = static_cast<int>(request.member());
+    s = host_->Install(*std::move(r));
+  }
+  // A request of that id lives here already (this very group's, perhaps):
+  // its group is left alone.
+  if (!s.ok() && !absl::IsAlreadyExists(s)) {
+    host_->RunOnLoop([this, plan = request.plan(), member = static_cast<int>(request.member()),
+                      id = request.request().request_id(), s](bool shutting_down) {
+      if (!shutting_down) groups_->Refuse(plan, member, id, s);
+    });
+  }
+  return s;
 }
 
 absl::Status ElasticRole::ElasticMoveMaster(const v1::ElasticMoveRequest& request) {
@@ -96,6 +108,7 @@ bool ElasticRole::Admit(LiveRequest& r) {
   absl::StatusOr<std::unique_ptr<worker::ElasticRequest>> prepared =
       host_->engine().PrepareElastic(std::move(r.engine_request));
   if (!prepared.ok()) {
+    groups_->Refuse(*r.elastic_plan, r.elastic_member, id, prepared.status());
     host_->End(id, prepared.status());
     return true;
   }

@@ -235,18 +235,61 @@ TEST_CASE("a prompt longer than one instance's KV pool is served by two", "[elas
   CHECK(alone.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CheckGroup(Ptrs(elastic, 2), EvenShares(len, 2), 1, 1, want, [&](int) { return request; });
   // A master that cannot hold the whole prompt fails RESOURCE_EXHAUSTED and
-  // tells the other member, whose call ends UNAVAILABLE long before the
+  // tells the other member, whose call ends with that code long before the
   // 10 s join timeout; neither holds anything.
   const uint32_t a = len / 2;
   const Stopwatch clock;
-  const std::vector<Stream> got = RunGroup(
-      Ptrs(elastic, 2), MakePlan(Ptrs(elastic, 2), {{0, a, 0, len}, {a, len, len, len}}, 1, 0),
-      [&](int) { return request; });
+  v1::ElasticPlan full = MakePlan(Ptrs(elastic, 2), {{0, a, 0, len}, {a, len, len, len}}, 1, 0);
+  full.set_group(7);
+  const std::vector<Stream> got = RunGroup(Ptrs(elastic, 2), full, [&](int) { return request; });
   CHECK(got[0].out.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(got[1].out.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(got[1].out.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(clock.ElapsedSeconds() < 5.0);
   CHECK(elastic[0]->Idle());
   CHECK(elastic[1]->Idle());
+  // The failed group's aborts may land on a board after its member left it:
+  // a retry under the same id (the router places it as a new group) is
+  // served all the same.
+  CheckGroup(Ptrs(elastic, 2), EvenShares(len, 2), 1, 1, want, [&](int) { return request; });
+}
+
+TEST_CASE("a member refusing before its part began ends the others at once with its code",
+          "[elastic]") {
+  Instance both(LanguageRole::kBoth);
+  auto elastic = Elastic(2, transfer::TransportProfile::kShm);
+  const std::vector<Instance*> members = Ptrs(elastic, 2);
+  const std::string text = "Tell me a long story about elastic sequence parallelism.";
+  const v1::PrefillRequest request = Request("refused", text, Greedy(6));
+  const Stream want = RunBothWithUsage(both, request);
+  REQUIRE(want.out.status.ok());
+  const uint32_t len = want.prompt_tokens;
+  v1::PrefillRequest bad_sampling = request;
+  bad_sampling.mutable_sampling()->set_temperature(-1);
+  v1::PrefillRequest other_prompt = request;
+  other_prompt.mutable_raw()->set_text(text + " And another one, longer, about the router.");
+  struct Refusal {
+    const char* what;
+    v1::PrefillRequest master_gets;
+  };
+  uint64_t group = 1;
+  for (const Refusal& r : {Refusal{"its request fails its checks", bad_sampling},
+                           Refusal{"its prompt does not fit the plan", other_prompt}}) {
+    INFO(r.what);
+    // The master refuses; the other member has joined and waits for it.
+    v1::ElasticPlan plan = MakePlan(members, EvenShares(len, 2), 1, 1);
+    plan.set_group(group++);
+    const Stopwatch clock;
+    const std::vector<Stream> got =
+        RunGroup(members, plan, [&](int m) { return m == 1 ? r.master_gets : request; });
+    INFO(got[0].out.status.error_message() << " / " << got[1].out.status.error_message());
+    CHECK(got[1].out.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(got[0].out.status.error_code() == got[1].out.status.error_code());
+    CHECK(clock.ElapsedSeconds() < 5.0);  // the join timeout is 10 s
+    CHECK(elastic[0]->Idle());
+    CHECK(elastic[1]->Idle());
+    // The same id again, as a new group: served.
+    CheckGroup(members, EvenShares(len, 2), 1, 1, want, [&](int) { return request; });
+  }
 }
 
 // One stream's batches, in order, and how the move it asked for went.

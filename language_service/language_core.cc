@@ -163,6 +163,7 @@ absl::StatusOr<std::unique_ptr<LiveRequest>> LanguageCore::MakeRequest(
                                                    request.resume_output_token_ids().end());
   r->include_usage = !request.stream().has_include_usage() || request.stream().include_usage();
   r->prefix_key = RequestPrefixKey(request, &r->prefix_covered);
+  r->prefills = true;
   RETURN_IF_ERROR(role_->PreparePrefill(request, engine_->tokenizer(), r->engine_request));
   r->decode = request.decode();
   for (const v1::PromptImage& image : request.images()) {
@@ -286,6 +287,12 @@ void LanguageCore::OnEvent(const worker::StreamEvent& e) {
       metrics_.itl_seconds->Observe(now - r.last_token_at_s);
     }
     r.last_token_at_s = now;
+  }
+  if (e.finish_reason != worker::FinishReason::kNone && r.prefills && r.elastic_plan == nullptr &&
+      e.prompt_tokens > 0) {
+    const int cached = std::min(e.cached_prompt_tokens, e.prompt_tokens);
+    metrics_.prompt_tokens_cached->Increment(cached);
+    metrics_.prompt_tokens_computed->Increment(e.prompt_tokens - cached);
   }
   if (e.finish_reason != worker::FinishReason::kNone && r.prefix_key != 0 && e.prompt_tokens > 0) {
     // The prompt's KV is computed and cached: the router may send its next turn here.

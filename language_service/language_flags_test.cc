@@ -21,7 +21,6 @@ struct Refusal {
 TEST_CASE("the language binary refuses flag combinations it cannot serve, exit status 2") {
   const std::vector<Refusal> cases = {
       {{"--role=router"}, "--role must be both, prefill, decode or elastic, not router"},
-      {{"--role=prefill", "--tp=2"}, "--role=prefill needs --tp=1"},
       {{"--role=elastic", "--tp=2"}, "--role=elastic needs --tp=1"},
       {{"--mm_handoff=sometimes"}, "--mm_handoff must be async or blocking"},
   };

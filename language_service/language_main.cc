@@ -36,8 +36,8 @@ ABSL_FLAG(std::string, role, "both",
           "both; or prefill (runs prompts to the first token and hands the KV to the decode "
           "instance the router names) or decode (takes hand-offs and streams the rest) or elastic "
           "(role both, registered for elastic sequence parallelism; --tp=1); "
-          "prefill and decode: text and image prompts; prefill --tp=1, decode any --tp (each "
-          "rank receives its own KV heads)");
+          "prefill and decode: text and image prompts, any --tp on either (each decode rank "
+          "receives its own KV heads from the prefill rank(s) holding them)");
 ABSL_FLAG(int, kv_commit_timeout_ms, 60000,
           "role decode: how long a KV reservation waits for the prefill side's commit (a "
           "layer-wise hand-off allocates when the forward of the prompt's last chunk starts, so "
@@ -162,9 +162,6 @@ absl::StatusOr<LanguageRole> RoleFromFlags() {
   if (role != "prefill") {
     return absl::InvalidArgumentError(
         absl::StrCat("--role must be both, prefill, decode or elastic, not ", role));
-  }
-  if (absl::GetFlag(FLAGS_tp) != 1) {
-    return absl::InvalidArgumentError("--role=prefill needs --tp=1 for now (decode takes --tp)");
   }
   return LanguageRole::kPrefill;
 }

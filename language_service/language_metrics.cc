@@ -11,6 +11,13 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
                                      "Images whose encoder failed during the transfer.");
   images_received =
       &registry.GetCounter("mmserve_language_images_received_total", "Images fully received.");
+  const char* prompt_help =
+      "Prompt tokens of the requests this instance prefilled (role both or prefill), counted as "
+      "each finishes, by kv: cached (found in the prefix cache) or computed.";
+  prompt_tokens_cached =
+      &registry.GetCounter("mmserve_language_prompt_tokens_total", prompt_help, {{"kv", "cached"}});
+  prompt_tokens_computed = &registry.GetCounter("mmserve_language_prompt_tokens_total", prompt_help,
+                                                {{"kv", "computed"}});
   transfer_seconds = &registry.GetHistogram("mmserve_language_transfer_seconds",
                                             "From asking for an image to holding all of it.",
                                             metrics::LatencyBuckets());
@@ -43,7 +50,8 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
         transfer::KvHandoffPath::kPut}) {
     kv_handoffs[static_cast<int>(path)] = &registry.GetCounter(
         "mmserve_language_kv_handoff_total",
-        "KV written to decode ranks (role prefill; one per rank of each hand-off), by path: mapped "
+        "KV written to decode ranks (role prefill; one per hand-off and pair of a rank here and a "
+        "decode rank that share KV heads), by path: mapped "
         "(copied into the rank's shared segment, mapped here: shm), rendezvous (active messages "
         "into its private cache: tcp, or shm across IPC namespaces), put (a head slice put token "
         "by token).",
@@ -52,8 +60,8 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
   kv_handoff_layer_groups = &registry.GetCounter(
       "mmserve_language_kv_handoff_layer_groups_total",
       "Layer groups of layer-wise KV hand-offs written to decode ranks (role prefill; one per "
-      "rank and group of --handoff_layer_group layers), each sent while the prompt's next layers "
-      "computed.");
+      "group of --handoff_layer_group layers and pair of a rank here and a decode rank that share "
+      "KV heads), each sent while the prompt's next layers computed.");
   kv_handoff_exposed_seconds = &registry.GetHistogram(
       "mmserve_language_kv_handoff_exposed_seconds",
       "Per KV hand-off (role prefill), from the first token sampled to the hand-off committed "

@@ -25,6 +25,11 @@ struct LanguageMetrics {
   metrics::Counter* transfer_bytes;
   metrics::Counter* lost_images;
   metrics::Counter* images_received;
+  // Prompt tokens of the requests prefilled here, as they finish
+  // (mmserve_language_prompt_tokens_total): found in the prefix cache, or
+  // computed.
+  metrics::Counter* prompt_tokens_cached;
+  metrics::Counter* prompt_tokens_computed;
   metrics::Histogram* transfer_seconds;
   metrics::Histogram* embedding_round_trips;
   // Requests and steps.

@@ -1,6 +1,7 @@
 // Roles prefill and decode, continued: a TP=2 decode instance (and the KV
-// bytes its hand-offs moved), refusals at Create, and the hand-off's
-// rejections with their codes and no leaks.
+// bytes its hand-offs moved), a core that cannot load, and the hand-off's
+// rejections with their codes and no leaks (TP prefill:
+// prefill_role_tp_test.cc).
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -91,19 +92,6 @@ std::unique_ptr<transfer::TransferEngine> SmallTransfer(const std::string& id) {
   auto t = transfer::TransferEngine::Create(topts);
   REQUIRE(t.ok());
   return *std::move(t);
-}
-
-TEST_CASE("role prefill refuses tensor parallelism with UNIMPLEMENTED", "[roles][tp]") {
-  metrics::Registry registry;
-  auto t = SmallTransfer("prefill-tp");
-  LanguageCoreOptions o;
-  o.instance_id = "prefill-tp";
-  o.role.kind = LanguageRole::kPrefill;
-  o.engine.model_dir = kModel;
-  o.engine.tp_size = 2;
-  o.engine.tp_shard_binary = "worker/tp_shard";
-  auto c = LanguageCore::Create(o, *t, registry);
-  CHECK(c.status().code() == absl::StatusCode::kUnimplemented);
 }
 
 TEST_CASE("a core whose engine cannot load fails Create cleanly, in every role", "[roles]") {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -40,16 +41,16 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r) {
 
 namespace {
 
-// Where decode rank `i` of `rank` wants its heads, checked against ours.
+// Where decode rank `i` of `tp`, holding `heads` KV heads, wants its own.
 absl::StatusOr<transfer::KvHandoffTarget> RankTarget(const v1::KvRankTarget& rank, int i, int tp,
                                                      int64_t heads) {
   if (rank.layout().tp_rank() != static_cast<uint32_t>(i) ||
       rank.layout().tp_size() != static_cast<uint32_t>(tp) ||
-      rank.layout().num_kv_heads() * tp != heads) {
-    return absl::InternalError(absl::StrCat("the decode instance's rank ", i, " holds ",
+      rank.layout().num_kv_heads() != heads) {
+    return absl::InternalError(absl::StrCat("the decode instance's rank ", i, " of ", tp, " holds ",
                                             rank.layout().num_kv_heads(), " KV heads as rank ",
                                             rank.layout().tp_rank(), " of ",
-                                            rank.layout().tp_size(), "; ", heads, " to split"));
+                                            rank.layout().tp_size(), "; its rank 0 ", heads));
   }
   transfer::KvHandoffTarget target;
   target.worker_address = rank.peer().worker_address();
@@ -65,16 +66,51 @@ absl::StatusOr<transfer::KvHandoffTarget> RankTarget(const v1::KvRankTarget& ran
 
 }  // namespace
 
+absl::Status PrefillRole::AdjustEngineOptions(worker::EngineOptions& options) const {
+  if (options.tp_size <= 1) return absl::OkStatus();
+  ASSIGN_OR_RETURN(shard_kv_->files, worker::TpKvFiles::Create(options.tp_size));
+  options.tp_shard_kv_fds = shard_kv_->files->fds();
+  return absl::OkStatus();
+}
+
 absl::Status PrefillRole::Attach(RoleHost& host) {
   host_ = &host;
   engine_ = &host.engine();
   worker::LlmEngine& engine = *engine_;
   ASSIGN_OR_RETURN(kv_context_, transfer::UcxContext::Create(options_.kv_profile));
-  const transfer::UcxWorkerOptions wo{.name = instance_id_ + "-kv"};
-  ASSIGN_OR_RETURN(kv_sender_,
-                   transfer::KvHandoffSender::Create(*kv_context_, engine.kv_cache(), wo));
+  std::vector<model::KvCache*> caches = {&engine.kv_cache()};
+  tp_group_ = engine.tp_group();
+  if (tp_group_ != nullptr) {
+    // Mapped before the first forward (mapping zeroes a cache).
+    const int tp = static_cast<int>(tp_group_->shard_pids().size()) + 1;
+    if (shard_kv_->files == nullptr ||
+        shard_kv_->files->fds().size() + 1 != static_cast<size_t>(tp)) {
+      return absl::InternalError("role prefill: the shard ranks' KV caches are not in files");
+    }
+    for (int rank = 1; rank < tp; ++rank) {
+      ASSIGN_OR_RETURN(std::unique_ptr<worker::TpKvView> view,
+                       shard_kv_->files->Map(rank, engine.kv_cache().shape()));
+      caches.push_back(&view->cache());
+      shard_kv_->views.push_back(std::move(view));
+    }
+  }
+  for (size_t rank = 0; rank < caches.size(); ++rank) {
+    const transfer::UcxWorkerOptions wo{
+        .name = rank == 0 ? instance_id_ + "-kv" : absl::StrCat(instance_id_, "-kv-rank", rank)};
+    ASSIGN_OR_RETURN(std::unique_ptr<transfer::KvHandoffSender> sender,
+                     transfer::KvHandoffSender::Create(*kv_context_, *caches[rank], wo));
+    kv_senders_.push_back(std::move(sender));
+    rank_caches_.push_back(caches[rank]);
+  }
   handoff_threads_ = std::make_unique<WorkerPool>(
       WorkerPoolOptions{.name = "kv-handoff", .threads = kHandOffThreads});
+  return absl::OkStatus();
+}
+
+absl::Status PrefillRole::RanksAlive() const {
+  if (tp_group_ != nullptr && tp_group_->lost_rank()) {
+    return absl::UnavailableError("a tensor-parallel rank of the prefill instance is gone");
+  }
   return absl::OkStatus();
 }
 
@@ -104,53 +140,88 @@ v1::Language::Stub& PrefillRole::DecodeStub(const std::string& address) {
 
 absl::StatusOr<std::vector<PrefillRole::RankPut>> PrefillRole::RankPuts(
     const HandOffRequest& request, const v1::KvAllocation& alloc) {
-  // One put set per decode rank, each its slice of the KV heads.
-  const int64_t heads = engine_->kv_cache().shape().num_kv_heads;
+  // Each pair of a rank here and a decode rank that share KV heads writes
+  // those heads (transfer/kv_handoff_pairs.h).
   const int tp = alloc.ranks_size();
-  if (tp < 1 || heads % tp != 0) {
-    return absl::InternalError(
-        absl::StrCat("the decode instance has ", tp, " ranks for ", heads, " KV heads"));
-  }
+  if (tp < 1) return absl::InternalError("the decode instance answered no ranks");
+  const int64_t decode_heads = alloc.ranks(0).layout().num_kv_heads();
+  ASSIGN_OR_RETURN(const std::vector<transfer::KvRankPair> pairs,
+                   transfer::PairKvRanks({.tp = static_cast<int>(rank_caches_.size()),
+                                          .rank_heads = rank_caches_[0]->shape().num_kv_heads},
+                                         {.tp = tp, .rank_heads = decode_heads}));
   // The decode side's block size (Send refuses one that differs from ours).
   const int64_t block_size = alloc.ranks(0).layout().block_size();
   const std::vector<int32_t>& blocks = request.kv_blocks;
   const size_t skip = alloc.num_cached_tokens() / std::max<int64_t>(1, block_size);
-  std::vector<RankPut> puts;
+  std::vector<transfer::KvHandoffTarget> targets;
   for (int i = 0; i < tp; ++i) {
     const v1::KvRankTarget& rank = alloc.ranks(i);
     RETURN_IF_ERROR(
         transfer::CheckSameHost(options_.kv_profile, rank.peer().host(), "the decode instance"));
-    RankPut& put = puts.emplace_back();
-    ASSIGN_OR_RETURN(put.target, RankTarget(rank, i, tp, heads));
+    ASSIGN_OR_RETURN(targets.emplace_back(), RankTarget(rank, i, tp, decode_heads));
     if (skip > blocks.size() ||
         blocks.size() - skip != static_cast<size_t>(rank.block_ids_size())) {
       return absl::InternalError(absl::StrCat("the decode instance allocated ",
                                               rank.block_ids_size(), " blocks after ", skip,
                                               " cached for a prompt of ", blocks.size()));
     }
+  }
+  std::vector<RankPut> puts;
+  for (const transfer::KvRankPair& pair : pairs) {
+    const v1::KvRankTarget& rank = alloc.ranks(pair.decode_rank);
+    RankPut& put = puts.emplace_back();
+    put.target = targets[pair.decode_rank];
     put.src.assign(blocks.begin() + skip, blocks.end());
     put.dst.assign(rank.block_ids().begin(), rank.block_ids().end());
-    put.first_head = i * put.target.shape.num_kv_heads;
+    put.prefill_rank = pair.prefill_rank;
+    put.decode_rank = pair.decode_rank;
+    put.heads = pair.heads;
   }
   return puts;
+}
+
+absl::Status PrefillRole::SendPuts(const std::vector<RankPut>& puts, transfer::KvLayerRange layers,
+                                   Deadline deadline, std::vector<uint32_t>& crcs,
+                                   HandOffResult& result) {
+  const int64_t num_layers = rank_caches_[0]->shape().num_layers;
+  const int64_t count = layers.count == 0 ? num_layers - layers.first : layers.count;
+  result.paths.resize(puts.size(), transfer::KvHandoffPath::kRendezvous);
+  // Per decode rank: the writes into it, in its head order (RankPuts).
+  std::map<int, std::vector<transfer::KvHeadSource>> sources;
+  std::map<int, uint32_t> only;  // the CRC32C of a decode rank's one write
+  for (size_t i = 0; i < puts.size(); ++i) {
+    const RankPut& put = puts[i];
+    transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
+    ASSIGN_OR_RETURN(const uint32_t crc,
+                     kv_senders_[put.prefill_rank]->SendLayers(put.target, put.src, put.dst,
+                                                               deadline, layers, put.heads, &path));
+    sources[put.decode_rank].push_back({rank_caches_[put.prefill_rank], put.heads});
+    only[put.decode_rank] = crc;
+    result.paths[i] = path;
+    model::KvCacheShape moved = put.target.shape;
+    moved.num_kv_heads = put.heads.count;
+    bytes_.Sent(transfer::KvHandoffBytes(moved, put.src.size(), count));
+    // AllocateKv and CommitKv come on top (Commit); one round trip for the
+    // landed reply or flush that a write waits for, unless it copied into a
+    // mapped cache.
+    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
+  }
+  crcs.assign(sources.size(), 0);
+  for (const auto& [rank, from] : sources) {
+    // Several ranks here wrote into this one: its CRC32C runs over their
+    // heads interleaved token by token, as it holds them.
+    crcs[rank] = from.size() == 1 ? only[rank] : transfer::KvGatheredCrc(from, puts[0].src, layers);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PrefillRole::PutToRanks(const HandOffRequest& request, const v1::KvAllocation& alloc,
                                      Deadline deadline, v1::KvCommit& commit,
                                      HandOffResult& result) {
   ASSIGN_OR_RETURN(const std::vector<RankPut> puts, RankPuts(request, alloc));
-  for (const RankPut& put : puts) {
-    transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
-    ASSIGN_OR_RETURN(uint32_t crc, kv_sender_->Send(put.target, put.src, put.dst, deadline,
-                                                    put.first_head, &path));
-    commit.add_rank_crc32c(crc);
-    result.paths.push_back(path);
-    bytes_.Sent(put.src.size() * HandoffBlockBytes(put.target.shape));
-    // AllocateKv and CommitKv come on top (Commit); one round trip for the
-    // landed reply or flush that Send waits for, unless it copied into a
-    // mapped cache.
-    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
-  }
+  std::vector<uint32_t> crcs;
+  RETURN_IF_ERROR(SendPuts(puts, transfer::KvLayerRange{}, deadline, crcs, result));
+  for (uint32_t crc : crcs) commit.add_rank_crc32c(crc);
   return absl::OkStatus();
 }
 
@@ -193,10 +264,12 @@ absl::StatusOr<HandOffResult> PrefillRole::HandOff(const HandOffRequest& request
   }
   v1::KvCommit commit;
   HandOffResult result;
+  RETURN_IF_ERROR(RanksAlive());
   RETURN_IF_ERROR(PutToRanks(request, alloc, deadline, commit, result));
   // Its decode reservation is freed at its commit deadline (or when the
   // router cancels the decode stream).
   if (cancelled) return absl::CancelledError("the request ended during its hand-off");
+  RETURN_IF_ERROR(RanksAlive());
   RETURN_IF_ERROR(Commit(request, commit, grpc_deadline, result));
   return result;
 }

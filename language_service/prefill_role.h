@@ -3,6 +3,15 @@
 // it, one set of UCX puts per decode rank (its slice of the KV heads,
 // transfer/kv_handoff), CommitKv with each rank's CRC32C.
 //
+// Tensor parallelism (--tp=N): each shard rank's KV cache lies in a file
+// this process maps (worker/tp_kv_files.h), and one sender per rank writes
+// that rank's heads to the decode rank(s) holding them
+// (transfer/kv_handoff_pairs.h): N -> N rank by rank, 2 -> 1 both ranks
+// into the one decode rank at their heads' offsets, 1 -> 2 as before. A
+// decode rank written by several prefill ranks gets the CRC32C of its heads
+// in its own order (KvGatheredCrc). CommitKv goes once every write landed,
+// and not at all once a rank of this instance is gone (UNAVAILABLE).
+//
 // A hand-off never blocks the loop: at the prompt's end the engine keeps
 // the request's blocks held (a span of its id) and the hand-off runs on a
 // hand-off thread; the loop steps other requests meanwhile. Its result
@@ -39,7 +48,9 @@
 #include "language_service/role.h"
 #include "proto/language.grpc.pb.h"
 #include "transfer/kv_handoff.h"
+#include "transfer/kv_handoff_pairs.h"
 #include "transfer/wire_bytes.h"
+#include "worker/tp_kv_files.h"
 
 namespace mmserve::language {
 
@@ -65,8 +76,10 @@ struct HandOffResult {
   // landed reply or flush (none for a rank whose cache is mapped here: the
   // copy is done when it returns), CommitKv.
   int round_trips = 0;
-  std::vector<transfer::KvHandoffPath> paths;  // one per decode rank
-  int layer_groups = 0;                        // layer-wise: writes of one layer group to one rank
+  // One per write: each pair of a rank here and a decode rank that share
+  // KV heads (one per decode rank without tensor parallelism here).
+  std::vector<transfer::KvHandoffPath> paths;
+  int layer_groups = 0;  // layer-wise: writes of one layer group by one rank to one rank
 };
 
 class PrefillRole final : public Role {
@@ -77,13 +90,9 @@ class PrefillRole final : public Role {
   // Stops the layer-wise hand-offs under way (their threads finish).
   ~PrefillRole() override;
 
-  // Tensor parallelism is refused (one sender for now; decode takes --tp).
-  absl::Status AdjustEngineOptions(worker::EngineOptions& options) const override {
-    if (options.tp_size > 1) {
-      return absl::UnimplementedError("role prefill needs tp_size 1 for now (decode takes --tp)");
-    }
-    return absl::OkStatus();
-  }
+  // With tp_size > 1, the shard ranks' KV caches in files this process
+  // maps (worker/tp_kv_files.h).
+  absl::Status AdjustEngineOptions(worker::EngineOptions& options) const override;
   // With layer groups, a connector that feeds the layer-wise hand-off.
   std::unique_ptr<worker::KvConnector> MakeConnector() const override;
   absl::Status Attach(RoleHost& host) override;
@@ -132,11 +141,28 @@ class PrefillRole final : public Role {
     std::shared_ptr<LayerStream> stream;  // layer-wise: its state
     absl::Time first_token_at;            // kHandoff came (the exposed time's start)
   };
-  // Where each decode rank of an allocation takes the prompt's blocks.
+  // What one rank of this instance writes into one decode rank of an
+  // allocation: the prompt's blocks, `heads` of each token.
   struct RankPut {
     transfer::KvHandoffTarget target;
     std::vector<int32_t> src, dst;
-    int64_t first_head = 0;
+    int prefill_rank = 0;
+    int decode_rank = 0;
+    transfer::KvHeadSlice heads;
+  };
+  // The writes `puts` (RankPuts' order) of `layers`, one after another;
+  // each decode rank's CRC32C of what it received into crcs (one per
+  // decode rank).
+  absl::Status SendPuts(const std::vector<RankPut>& puts, transfer::KvLayerRange layers,
+                        Deadline deadline, std::vector<uint32_t>& crcs, HandOffResult& result);
+  // UNAVAILABLE once a rank of this instance is gone (its KV is not all
+  // there). Thread-safe.
+  absl::Status RanksAlive() const;
+  // The shard ranks' caches (tp_size > 1): the files, made in
+  // AdjustEngineOptions, and their mappings, made in Attach.
+  struct ShardKv {
+    std::unique_ptr<worker::TpKvFiles> files;
+    std::vector<std::unique_ptr<worker::TpKvView>> views;
   };
   // The hand-off of `id` is over: frees its blocks and ends the request
   // with `done` (the metrics mmserve_language_kv_handoff_round_trips and
@@ -177,8 +203,15 @@ class PrefillRole final : public Role {
   const transfer::WireBytes bytes_;
   RoleHost* host_ = nullptr;
   worker::LlmEngine* engine_ = nullptr;
+  // Before the senders: the shard ranks' caches are unmapped after the
+  // senders that registered them are gone.
+  const std::shared_ptr<ShardKv> shard_kv_ = std::make_shared<ShardKv>();
   std::unique_ptr<transfer::UcxContext> kv_context_;
-  std::unique_ptr<transfer::KvHandoffSender> kv_sender_;
+  // One sender per rank of this instance, over its cache (rank 0's is the
+  // engine's).
+  std::vector<std::unique_ptr<transfer::KvHandoffSender>> kv_senders_;
+  std::vector<const model::KvCache*> rank_caches_;
+  worker::TpGroup* tp_group_ = nullptr;
   absl::Mutex stubs_mu_;
   std::map<std::string, std::unique_ptr<v1::Language::Stub>> decode_stubs_
       ABSL_GUARDED_BY(stubs_mu_);

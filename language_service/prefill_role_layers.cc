@@ -203,8 +203,7 @@ absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
   request.decode = s.request.decode;
   ASSIGN_OR_RETURN(const std::vector<RankPut> ranks, RankPuts(request, alloc));
   HandOffResult result;
-  result.paths.assign(ranks.size(), transfer::KvHandoffPath::kRendezvous);
-  std::vector<uint32_t> crcs(ranks.size(), 0);
+  std::vector<uint32_t> crcs;  // per decode rank
   for (int sent = 0; sent < s.num_layers;) {
     int upto = 0;
     {
@@ -245,6 +244,8 @@ absl::StatusOr<HandOffResult> PrefillRole::StreamLayers(LayerStream& s) {
     request = s.request;
   }
   for (uint32_t crc : crcs) commit.add_rank_crc32c(crc);
+  // A rank gone since: its last layers may not all be there.
+  RETURN_IF_ERROR(RanksAlive());
   RETURN_IF_ERROR(Commit(
       request, commit,
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options_.kv_handoff_timeout),
@@ -256,19 +257,19 @@ absl::Status PrefillRole::SendGroup(LayerStream& s, const std::vector<RankPut>& 
                                     int to, Deadline deadline, std::vector<uint32_t>& crcs,
                                     HandOffResult& result) {
   const transfer::KvLayerRange layers{.first = from, .count = to - from};
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const RankPut& put = ranks[i];
-    transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
-    ASSIGN_OR_RETURN(const uint32_t crc,
-                     kv_sender_->SendLayers(put.target, put.src, put.dst, deadline, layers,
-                                            put.first_head, &path));
-    const uint64_t bytes = transfer::KvHandoffBytes(put.target.shape, put.src.size(), to - from);
-    crcs[i] = from == 0 ? crc : Crc32cCombine(crcs[i], crc, bytes);
-    result.paths[i] = path;
-    bytes_.Sent(bytes);
-    ++result.layer_groups;
-    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
+  std::vector<uint32_t> group;
+  RETURN_IF_ERROR(SendPuts(ranks, layers, deadline, group, result));
+  if (from == 0) crcs.assign(group.size(), 0);
+  for (size_t d = 0; d < group.size(); ++d) {
+    // The decode rank's bytes of this group (the target of any write into it).
+    const auto into = std::find_if(ranks.begin(), ranks.end(), [d](const RankPut& p) {
+      return p.decode_rank == static_cast<int>(d);
+    });
+    const uint64_t bytes =
+        transfer::KvHandoffBytes(into->target.shape, into->src.size(), to - from);
+    crcs[d] = from == 0 ? group[d] : Crc32cCombine(crcs[d], group[d], bytes);
   }
+  result.layer_groups += static_cast<int>(ranks.size());
   return absl::OkStatus();
 }
 

@@ -108,6 +108,9 @@ struct LiveRequest {
   // 0 once recorded, or when the prompt has none.
   uint64_t prefix_key = 0;
   double prefix_covered = 0;
+  // Made from a Prefill call (role both or prefill; an elastic member's
+  // too): its prompt's KV is computed here or found in the prefix cache.
+  bool prefills = false;
   // Role prefill: where the KV goes, and the last token sampled.
   v1::DecodeTarget decode;
   int32_t last_token = -1;

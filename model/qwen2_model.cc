@@ -1,5 +1,6 @@
 #include "model/qwen2_model.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -34,13 +35,42 @@ Qwen2Model::Qwen2Model(const TextConfig& cfg, const Qwen2Weights& weights, cpu::
   }
 }
 
+namespace {
+
+// Adds its scope's wall time to *sum when sum is set (Qwen2StepTimes).
+class ScopedSeconds {
+ public:
+  explicit ScopedSeconds(double* sum) : sum_(sum) {
+    if (sum_ != nullptr) start_ = std::chrono::steady_clock::now();
+  }
+  ~ScopedSeconds() {
+    if (sum_ != nullptr) {
+      *sum_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+  }
+  ScopedSeconds(const ScopedSeconds&) = delete;
+  ScopedSeconds& operator=(const ScopedSeconds&) = delete;
+
+ private:
+  double* sum_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
 KvCacheShape Qwen2Model::KvShape(int64_t num_blocks, int64_t block_size) const {
   return {cfg_.num_hidden_layers, num_blocks, block_size, kv_heads_, head_dim_};
 }
 
 void Qwen2Model::Linear(const float* x, int64_t m, const cpu::WeightMatrix& w, const float* bias,
                         float* y) {
+  ScopedSeconds timed(options_.step_times ? &options_.step_times->linear_seconds : nullptr);
   cpu::Linear(pool_, x, m, w, bias, y, options_.linear_kernel);
+}
+
+void Qwen2Model::LinearMany(const float* x, int64_t m, const std::vector<cpu::LinearJob>& jobs) {
+  ScopedSeconds timed(options_.step_times ? &options_.step_times->linear_seconds : nullptr);
+  cpu::LinearMany(pool_, x, m, jobs, options_.linear_kernel);
 }
 
 absl::Status Qwen2Model::CheckKvShape(const KvCache& kv) const {
@@ -180,10 +210,9 @@ void Qwen2Model::ProjectQkv(int layer, int64_t t) {
   k_.resize(t * kv_width);
   v_.resize(t * kv_width);
   attn_.resize(t * q_width);
-  cpu::LinearMany(
-      pool_, x_.data(), t,
-      {{&w.q, w.q_bias, q_.data()}, {&w.k, w.k_bias, k_.data()}, {&w.v, w.v_bias, v_.data()}},
-      options_.linear_kernel);
+  LinearMany(
+      x_.data(), t,
+      {{&w.q, w.q_bias, q_.data()}, {&w.k, w.k_bias, k_.data()}, {&w.v, w.v_bias, v_.data()}});
   if (w.q_norm != nullptr) {  // Qwen3: each head normalized before the rotation
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     cpu::RmsNorm(pool_, q_.data(), t * heads_, head_dim_, w.q_norm, eps, q_.data());
@@ -219,6 +248,7 @@ void Qwen2Model::Attention(int layer, const ForwardBatch& batch, KvCache& kv) {
     seqs.push_back({s.query_start, s.query_len, s.context_len, s.block_table.data()});
   }
   const cpu::PagedKvLayer layer_kv{key, value, kv.shape().block_size, kv_heads_, head_dim_};
+  ScopedSeconds timed(options_.step_times ? &options_.step_times->attention_seconds : nullptr);
   cpu::PagedAttention(pool_, q_.data(), heads_, layer_kv, seqs, AttentionScale(), attn_.data());
 }
 
@@ -232,9 +262,8 @@ absl::Status Qwen2Model::Mlp(int layer, int64_t num_tokens) {
   }
   gate_.resize(num_tokens * inter_);
   up_.resize(num_tokens * inter_);
-  cpu::LinearMany(pool_, x_.data(), num_tokens,
-                  {{&w.gate, nullptr, gate_.data()}, {&w.up, nullptr, up_.data()}},
-                  options_.linear_kernel);
+  LinearMany(x_.data(), num_tokens,
+             {{&w.gate, nullptr, gate_.data()}, {&w.up, nullptr, up_.data()}});
   cpu::SiluMul(pool_, gate_.data(), up_.data(), num_tokens * inter_, gate_.data());
   o_.resize(num_tokens * hidden_);
   Linear(gate_.data(), num_tokens, w.down, nullptr, o_.data());

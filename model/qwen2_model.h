@@ -45,12 +45,23 @@
 
 namespace mmserve::model {
 
+// Wall time of a step's parts, summed over every Forward while
+// Qwen2ModelOptions::step_times points here (the benchmarks' breakdowns).
+// Each part is timed inside the step, so the step's time minus the parts is
+// never negative.
+struct Qwen2StepTimes {
+  double linear_seconds = 0;     // every linear layer: projections, MLPs, routers, lm_head
+  double attention_seconds = 0;  // the paged attention kernel of each layer
+};
+
 struct Qwen2ModelOptions {
   cpu::LinearKernel linear_kernel = cpu::LinearKernel::kDot;
   // Required when the weights are sharded (shard().size > 1): the ranks of
   // the instance, with this rank's rank and size. Borrowed; must outlive the
   // model.
   mmserve::Communicator* comm = nullptr;
+  // Optional, borrowed: Forward adds the seconds of its parts to it.
+  Qwen2StepTimes* step_times = nullptr;
 };
 
 class Qwen2Model {
@@ -128,6 +139,7 @@ class Qwen2Model {
   // lm_head on rows of x_: this rank's slice, gathered into *logits.
   absl::Status LmHead(int64_t rows, std::vector<float>* logits);
   void Linear(const float* x, int64_t m, const cpu::WeightMatrix& w, const float* bias, float* y);
+  void LinearMany(const float* x, int64_t m, const std::vector<cpu::LinearJob>& jobs);
 
   TextConfig cfg_;
   const Qwen2Weights& weights_;

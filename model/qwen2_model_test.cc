@@ -1,6 +1,7 @@
 #include "model/qwen2_model.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -207,6 +208,41 @@ TEST_CASE("the OpenBLAS kernel gives the same logits to rounding", "[model]") {
     REQUIRE(b.ok());
     for (int i = 0; i < 9; ++i) CHECK(MaxAbsDiff((*a)[0][i], (*b)[0][i]) < 1e-5f);
   }
+}
+
+}  // namespace
+}  // namespace mmserve::model
+
+namespace mmserve::model {
+namespace {
+
+TEST_CASE("step times count a step's linear layers and attention inside its wall time", "[model]") {
+  TextConfig cfg = TinyConfig();
+  auto weights = Qwen2Weights::Random(cfg, DType::kF32, 3);
+  cpu::ThreadPool pool(2);
+  Qwen2StepTimes times;
+  Qwen2Model timed(cfg, *weights, pool, {cpu::LinearKernel::kDot, nullptr, &times});
+  Qwen2Model plain(cfg, *weights, pool);
+  TestRunner with_times(timed, 32, 4), without(plain, 32, 4);
+  const int a = with_times.AddSequence(Prompt(13));
+  const int b = without.AddSequence(Prompt(13));
+  const auto start = std::chrono::steady_clock::now();
+  auto timed_out = with_times.Step({{a, 12}}, /*all_rows=*/true);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(timed_out.ok());
+  CHECK(times.linear_seconds > 0);
+  CHECK(times.attention_seconds > 0);
+  CHECK(times.linear_seconds + times.attention_seconds <= wall);
+  // Timing changes nothing computed.
+  auto plain_out = without.Step({{b, 12}}, true);
+  REQUIRE(plain_out.ok());
+  CHECK(*timed_out == *plain_out);
+  // Later steps (a decode of the 13th token) add to the sums.
+  const Qwen2StepTimes after_prefill = times;
+  REQUIRE(with_times.Step({{a, 1}}, true).ok());
+  CHECK(times.linear_seconds > after_prefill.linear_seconds);
+  CHECK(times.attention_seconds > after_prefill.attention_seconds);
 }
 
 }  // namespace

@@ -76,9 +76,8 @@ void Qwen2Model::SparseMlp(const Qwen2LayerWeights& w, int64_t num_tokens) {
     }
     gate_.resize(m * width);
     up_.resize(m * width);
-    cpu::LinearMany(pool_, expert_x_.data(), m,
-                    {{&x.gate, nullptr, gate_.data()}, {&x.up, nullptr, up_.data()}},
-                    options_.linear_kernel);
+    LinearMany(expert_x_.data(), m,
+               {{&x.gate, nullptr, gate_.data()}, {&x.up, nullptr, up_.data()}});
     cpu::SiluMul(pool_, gate_.data(), up_.data(), m * width, gate_.data());
     expert_y_.resize(m * hidden_);
     Linear(gate_.data(), m, x.down, nullptr, expert_y_.data());

@@ -1,10 +1,12 @@
-// Qwen3-VL videos against transformers 4.57.6 on qwen3vl-tiny
-// (tools/gen_qwen3vl_video_goldens.py): Qwen3VLVideoProcessor's sampled frame
-// indices, per-temporal-patch timestamps, grid and pixel values (to 1e-4) of
-// a 21-frame 10 fps clip whose pixels are a formula; Qwen3VLProcessor's
-// prompt with "<t seconds>" before each temporal patch; the M-RoPE positions
-// of get_rope_index; and 16 greedy tokens for a video chat and an
-// image-then-video chat, the pixels all preprocessed here.
+// Qwen3-VL videos against transformers 4.57.6 on qwen3vl-tiny and
+// qwen3vlmoe-tiny (tools/gen_qwen3vl_video_goldens.py): Qwen3VLVideoProcessor's
+// sampled frame indices, per-temporal-patch timestamps, grid and pixel values
+// (to 1e-4) of a 21-frame 10 fps clip whose pixels are a formula;
+// Qwen3VLProcessor's prompt with "<t seconds>" before each temporal patch;
+// the M-RoPE positions of get_rope_index; and 16 greedy tokens for a video
+// chat and an image-then-video chat, the pixels all preprocessed here. The
+// MoE checkpoint has no video processor of its own (the services refuse its
+// videos); its goldens carry the one they were made with.
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
@@ -15,6 +17,7 @@
 #include "model/forward_batch.h"
 #include "model/image_decode.h"
 #include "model/image_preprocess.h"
+#include "model/model_config.h"
 #include "model/mrope_positions.h"
 #include "model/qwen2_golden_testing.h"
 #include "model/qwen2_model.h"
@@ -27,8 +30,31 @@
 namespace mmserve::model {
 namespace {
 
-constexpr char kModel[] = "model/testdata/models/qwen3vl-tiny";
-constexpr char kGoldens[] = "model/testdata/goldens/qwen3vl-tiny/";
+constexpr char kDense[] = "qwen3vl-tiny";
+constexpr char kMoe[] = "qwen3vlmoe-tiny";
+
+std::string ModelDir(const std::string& model) { return "model/testdata/models/" + model; }
+std::string Goldens(const std::string& model) { return "model/testdata/goldens/" + model + "/"; }
+
+// The video processor the goldens of `model` were made with: the
+// checkpoint's, or for the MoE the one beside its goldens.
+Qwen3VideoConfig VideoConfigFor(const std::string& model) {
+  if (model != kMoe) {
+    auto cfg = LoadQwen3VideoConfig(ModelDir(model));
+    INFO(cfg.status().ToString());
+    REQUIRE(cfg.ok());
+    return *cfg;
+  }
+  REQUIRE(!LoadQwen3VideoConfig(ModelDir(model)).ok());
+  ModelConfig config = LoadModelConfig(ModelDir(model)).value();
+  const std::string path = Goldens(model) + "video_preprocessor_config.json";
+  auto video = ParseQwen3VideoSettings(ReadFileToString(path).value(), path, *config.preprocessor);
+  INFO(video.status().ToString());
+  REQUIRE(video.ok());
+  REQUIRE(video->has_value());
+  config.preprocessor->qwen3_video = **video;
+  return Qwen3VideoConfigOf(*config.preprocessor);
+}
 
 // Frame t of the clip, as the generator writes it.
 RgbImage ClipFrame(const nlohmann::json& clip, int64_t t) {
@@ -68,22 +94,23 @@ Video SampleAndPreprocess(const nlohmann::json& g, const Qwen3VideoConfig& cfg) 
   return v;
 }
 
-TEST_CASE("Qwen3-VL video: sampling, timestamps, grid and pixels match the processor",
-          "[qwen3vl]") {
-  const nlohmann::json g = ReadJsonFile(std::string(kGoldens) + "video_golden.json");
-  auto cfg = LoadQwen3VideoConfig(kModel);
-  INFO(cfg.status().ToString());
-  REQUIRE(cfg.ok());
-  CHECK(cfg->fps == 2.0);
-  CHECK(cfg->base.max_pixels == 16384);
-  const Video v = SampleAndPreprocess(g, *cfg);
+TEST_CASE(
+    "Qwen3-VL and Qwen3-VL-MoE video: sampling, timestamps, grid and pixels match the processor",
+    "[qwen3vl]") {
+  const std::string model = GENERATE(as<std::string>(), kDense, kMoe);
+  INFO(model);
+  const nlohmann::json g = ReadJsonFile(Goldens(model) + "video_golden.json");
+  const Qwen3VideoConfig cfg = VideoConfigFor(model);
+  CHECK(cfg.fps == 2.0);
+  CHECK(cfg.base.max_pixels == 16384);
+  const Video v = SampleAndPreprocess(g, cfg);
   CHECK(v.indices == g["indices"].get<std::vector<int64_t>>());
   CHECK(v.timestamps == g["timestamps"].get<std::vector<double>>());
   const std::vector<int> thw = g["video_grid_thw"];
   CHECK(v.patches.grid.grid_t == thw[0]);
   CHECK(v.patches.grid.grid_h == thw[1]);
   CHECK(v.patches.grid.grid_w == thw[2]);
-  auto f = SafetensorsFile::Open(std::string(kGoldens) + "video_golden.safetensors");
+  auto f = SafetensorsFile::Open(Goldens(model) + "video_golden.safetensors");
   REQUIRE(f.ok());
   const std::vector<float> want = F32Tensor(**f, "pixel_values_videos");
   REQUIRE(v.patches.values.size() == want.size());
@@ -140,13 +167,15 @@ TEST_CASE("Qwen3-VL video prompt: one timestamp per temporal patch, placeholders
         absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("Qwen3-VL video chats: ids, positions and greedy tokens match transformers",
-          "[qwen3vl]") {
-  const nlohmann::json g = ReadJsonFile(std::string(kGoldens) + "video_golden.json");
-  const LoadedModel m = LoadTestModel("qwen3vl-tiny");
-  const Qwen3VideoConfig cfg = LoadQwen3VideoConfig(kModel).value();
-  const Video video = SampleAndPreprocess(g, cfg);
-  auto tok = Tokenizer::FromFile(std::string(kModel) + "/tokenizer.json");
+TEST_CASE(
+    "Qwen3-VL and Qwen3-VL-MoE video chats: ids, positions and greedy tokens match transformers",
+    "[qwen3vl]") {
+  const std::string name = GENERATE(as<std::string>(), kDense, kMoe);
+  INFO(name);
+  const nlohmann::json g = ReadJsonFile(Goldens(name) + "video_golden.json");
+  const LoadedModel m = LoadTestModel(name);
+  const Video video = SampleAndPreprocess(g, VideoConfigFor(name));
+  auto tok = Tokenizer::FromFile(ModelDir(name) + "/tokenizer.json");
   REQUIRE(tok.ok());
   auto tower = VisionTower::Load(*m.ckpt, m.cfg);
   REQUIRE(tower.ok());

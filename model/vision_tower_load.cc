@@ -13,13 +13,19 @@
 namespace mmserve::model {
 namespace {
 
-// Finds `name` under "visual." or "model.visual." and checks its shape.
+// Finds `name` under "visual." or "model.visual." and checks its shape. A
+// missing tensor is NotFound, as the language model's are (qwen2_weights.h),
+// naming both spellings.
 absl::StatusOr<const TensorView*> FindTensor(const SafetensorsCheckpoint& ckpt,
                                              const std::string& name,
                                              const std::vector<int64_t>& shape) {
   const TensorView* t = ckpt.Find("visual." + name);
   if (t == nullptr) t = ckpt.Find("model.visual." + name);
-  if (t == nullptr) return absl::InvalidArgumentError("missing tensor visual." + name);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("missing tensor visual.", name, " (or model.visual.",
+                                            name, "), expected [", absl::StrJoin(shape, ", "),
+                                            "]"));
+  }
   if (t->shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat("tensor visual.", name, " is ", t->Describe(),
                                                    ", expected [", absl::StrJoin(shape, ", "),

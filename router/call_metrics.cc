@@ -8,6 +8,10 @@ namespace {
 constexpr char kMigrationsHelp[] =
     "Language streams of calls whose instance was lost, by outcome: resumed on another "
     "instance, over_limit (--migration_limit), no_instance.";
+constexpr char kMediaPlacedHelp[] =
+    "Images and videos of placed calls, by kv: held when the language instance placed on (P/D: "
+    "the prefill instance) holds the KV of the chat message they are in, by the router's prefix "
+    "index (--prefix_weight), else not_held. Each is sent to an encoder either way.";
 
 }  // namespace
 
@@ -32,7 +36,11 @@ CallMetrics::CallMetrics(metrics::Registry& registry)
       migrations_over_limit(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
                                                 {{"outcome", "over_limit"}})),
       migrations_no_instance(registry.GetCounter("mmserve_router_migrations_total", kMigrationsHelp,
-                                                 {{"outcome", "no_instance"}})) {
+                                                 {{"outcome", "no_instance"}})),
+      media_on_held_prefix(registry.GetCounter("mmserve_router_media_placed_total",
+                                               kMediaPlacedHelp, {{"kv", "held"}})),
+      media_not_on_held_prefix(registry.GetCounter("mmserve_router_media_placed_total",
+                                                   kMediaPlacedHelp, {{"kv", "not_held"}})) {
   for (int c = 0; c < kNumCodes; ++c) {
     requests_[c] = &registry.GetCounter(
         "mmserve_router_requests_total", "Generate calls by final gRPC code.",

@@ -36,6 +36,11 @@ struct CallMetrics {
   metrics::Counter& migrations_resumed;
   metrics::Counter& migrations_over_limit;
   metrics::Counter& migrations_no_instance;
+  // Images and videos of placed calls, by whether the instance placed on
+  // holds their message's KV (Placement::media_on_held_prefix)
+  // (mmserve_router_media_placed_total).
+  metrics::Counter& media_on_held_prefix;
+  metrics::Counter& media_not_on_held_prefix;
 
  private:
   static constexpr int kNumCodes = 17;  // absl::StatusCode 0..16

@@ -280,6 +280,15 @@ TEST_CASE("a prompt beyond one instance's pool runs on a group; every member get
   CHECK(WaitFor([&] { return stack.fakes[0]->AbortsOf("r2") == 1; }));
   CHECK(WaitFor([&] { return stack.fakes[1]->AbortsOf("r2") == 1; }));
   CHECK(WaitFor([&] { return PoolEmpty(stack); }));
+  // The same id again is a new group: the members' notices of the first
+  // never match the second's.
+  RunOk(stack, Prompt("r2", 3000, 8), "abc");
+  const auto again = stack.fakes[0]->ElasticRequests();
+  REQUIRE(again.size() == 2);
+  CHECK(plan.group() != 0);
+  CHECK(again[1].plan().group() != 0);
+  CHECK(again[1].plan().group() != plan.group());
+  CHECK(WaitFor([&] { return PoolEmpty(stack); }));
 }
 
 TEST_CASE("the pool refits degree 1's step-time model from its own prefills") {

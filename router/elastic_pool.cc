@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,10 @@ ElasticPool::ElasticPool(InstanceTable& table, metrics::Registry& metrics, Event
       options_(std::move(options)),
       step_fit_(options_.config.per_degree) {
   avg_decode_seconds_ = options_.config.avg_decode_latency;
+  // Placements of one router never share a group; another router's (or a
+  // restarted one's) start elsewhere.
+  std::random_device random;
+  last_group_ = (uint64_t{random()} << 32) | random();
   // Every degree the step models allow, exported from the start.
   const size_t max_degree = std::max<size_t>(1, options_.config.per_degree.size());
   for (size_t degree = 1; degree <= max_degree; ++degree) {
@@ -351,6 +356,8 @@ void ElasticPool::Plan(std::vector<Delivery>& out) {
               ->set_endpoint(live.members[m]->info.elastic_endpoint());
         }
         live.master = p->master();
+        if (++last_group_ == 0) ++last_group_;
+        p->set_group(last_group_);
         wire = *std::move(p);
       }
       Place(pending_[r.id], std::move(live), std::move(wire), out);

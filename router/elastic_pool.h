@@ -215,6 +215,8 @@ class ElasticPool {
   // Seconds a request decodes, on average (weight 0.2 for the newest).
   double avg_decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   ElasticStepFit step_fit_ ABSL_GUARDED_BY(mu_);
+  // The last group placed (ElasticPlan.group): each group's is new.
+  uint64_t last_group_ ABSL_GUARDED_BY(mu_) = 0;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // an iteration is posted
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // False from Stop on, set on the loop: the pool's tasks still queued

@@ -54,7 +54,8 @@ GenerateCall::GenerateCall(Setup setup)
       placer_(std::move(setup.placer)),
       clock_(setup.clock),
       sink_(std::move(setup.sink)),
-      encoders_(context_, request_, deadline_, setup.images) {}
+      encoders_(context_, request_, deadline_, setup.images),
+      migration_(context_.options.migration_limit) {}
 
 GenerateCall::~GenerateCall() = default;
 
@@ -100,6 +101,9 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
         End(placement.status());
       } else {
         placement_ = *std::move(placement);
+        const uint32_t held = std::min<uint32_t>(placement_.media_on_held_prefix, encoders_.size());
+        context_.metrics->media_on_held_prefix.Increment(held);
+        context_.metrics->media_not_on_held_prefix.Increment(encoders_.size() - held);
         chain_.emplace(placement_.carriers);
         Run();
       }
@@ -202,7 +206,7 @@ void GenerateCall::Redispatch(const std::vector<size_t>& images, const std::stri
                               const std::string& why) {
   // From the first token on, the language side has every image (a
   // migration's new instance: from its first token).
-  if (phase_ > CallPhase::kPrefilling && !resuming_) return;
+  if (phase_ > CallPhase::kPrefilling && !migration_.resuming()) return;
   LOG(WARNING) << "request " << id_ << ": " << images.size() << " image(s) leave encoder "
                << failed_encoder << ": " << why;
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
@@ -262,8 +266,7 @@ void GenerateCall::RelayBatch(const internal::v1::TokenBatch& batch) {
     return;
   }
   if (first) Advance(CallEvent::kFirstToken);
-  if (batch.token_ids_size() > 0) resuming_ = false;
-  relayed_tokens_.insert(relayed_tokens_.end(), batch.token_ids().begin(), batch.token_ids().end());
+  migration_.Relayed(batch);
   deferred_.Defer(
       [on_response = sink_.on_response, r = std::move(r)]() mutable { on_response(std::move(r)); });
 }
@@ -374,10 +377,10 @@ void GenerateCall::RecordEnd(const absl::Status& status) {
       " images, ", completion_tokens_, " tokens, ", absl::StrFormat("%.1f ms", e2e * 1e3),
       LanguageInstances().empty() ? "" : absl::StrCat(", on ", LanguageInstances()[0]->id),
       // A migrated call ran last on the instance it moved to.
-      lost_instances_.empty()
+      migration_.lost().empty()
           ? ""
           : absl::StrCat(" then ", LanguageInstances().back()->id, " (moved off ",
-                         absl::StrJoin(lost_instances_, ", "), ")"));
+                         absl::StrJoin(migration_.lost(), ", "), ")"));
   // A failure of the service is logged whole: the client sees only a
   // generic message with the request id (public_error.h).
   if (status.ok() || IsClientError(status.code())) {

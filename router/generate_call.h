@@ -64,6 +64,7 @@
 #include "common/clock.h"
 #include "proto/inference.pb.h"
 #include "proto/language.pb.h"
+#include "router/call_migration.h"
 #include "router/call_phase.h"
 #include "router/carrier_chain.h"
 #include "router/deferred_actions.h"
@@ -149,8 +150,10 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   // The resumed stream opens on the new placement's instance.
   void OnMigrationPlaced(absl::StatusOr<Placement> placement) ABSL_LOCKS_EXCLUDED(mu_);
   // A stream a migration left behind.
-  bool Abandoned(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return i < live_from_; }
-  // The colocated stream's request: its seed filled in, a copy kept.
+  bool Abandoned(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return migration_.Abandoned(i);
+  }
+  // The colocated stream's request kept for a migration (call_migration.h).
   void PrepareMigration(internal::v1::PrefillRequest& prefill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Moves the lifecycle on (call_phase.h) and tells the placer; false, with
@@ -231,14 +234,7 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   double first_token_s_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int critical_round_trips_ ABSL_GUARDED_BY(mu_) = 0;
-  // Migration: the kept request, the tokens relayed so far, the streams left
-  // behind, the instances lost, and whether the resumed stream has yet to
-  // relay a token (its images may move meanwhile).
-  std::optional<internal::v1::PrefillRequest> language_request_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> relayed_tokens_ ABSL_GUARDED_BY(mu_);
-  size_t live_from_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::string> lost_instances_ ABSL_GUARDED_BY(mu_);
-  bool resuming_ ABSL_GUARDED_BY(mu_) = false;
+  CallMigration migration_ ABSL_GUARDED_BY(mu_);
   const std::vector<PreparedMedia> no_media_;  // a migration's placement request
 };
 

@@ -63,7 +63,7 @@ void InstanceTable::Upsert(const iv1::InstanceInfo& info, bool registered) {
     } else {
       inst->language = iv1::Language::NewStub(inst->channel);
     }
-    if (e.healthy) MarkDown(info.instance_id(), e);
+    if (e.healthy) MarkDown(info.instance_id(), e, "registered again at a new address");
     e.instance = std::move(inst);
     e.unreported.clear();
     prefix_index_.Remove(info.instance_id());
@@ -89,7 +89,7 @@ void InstanceTable::Remove(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
-  if (it->second.healthy) MarkDown(id, it->second);
+  if (it->second.healthy) MarkDown(id, it->second, "deregistered");
   entries_.erase(it);
   prefix_index_.Remove(id);
   LOG(INFO) << "instance " << id << " deregistered";
@@ -192,10 +192,10 @@ void InstanceTable::Stop() {
       +[](int* n) { return *n == 0; }, &polls_in_flight_));
 }
 
-void InstanceTable::MarkDown(const std::string& id, Entry& e) {
+void InstanceTable::MarkDown(const std::string& id, Entry& e, absl::string_view why) {
   e.healthy = false;
   down_events_.push_back(id);
-  LOG(WARNING) << "instance " << id << " is unhealthy";
+  LOG(WARNING) << "instance " << id << " is unhealthy: " << why;
 }
 
 // One round of GetLoad calls, shared by their callbacks.
@@ -275,10 +275,15 @@ void InstanceTable::Apply(const PollRound& round) {
         prefix_index_.Update(inst->id, p.load, e.load_at);
         const bool ok = p.load.accepting() && absl::Now() < e.heartbeat_due;
         if (ok && !e.healthy) LOG(INFO) << "instance " << inst->id << " is healthy";
-        if (!ok && e.healthy) MarkDown(inst->id, e);
+        if (!ok && e.healthy) {
+          MarkDown(inst->id, e,
+                   p.load.accepting() ? "its heartbeats stopped" : "it stopped accepting work");
+        }
         e.healthy = ok;
       } else if (++e.failures >= options_.down_after && e.healthy) {
-        MarkDown(inst->id, e);
+        MarkDown(inst->id, e,
+                 absl::StrCat(e.failures, " load polls failed in a row, the last ",
+                              p.status.error_message()));
       }
     }
     down.swap(down_events_);

@@ -41,6 +41,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -179,7 +180,8 @@ class InstanceTable {
   void Poll();
   // Loop: the round's answers; tells the down listener.
   void Apply(const PollRound& round);
-  void MarkDown(const std::string& id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDown(const std::string& id, Entry& e, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A report asked for at `asked` came: the charges it counts go.
   void CatchUp(Entry& e, absl::Time asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -60,6 +60,22 @@ std::shared_ptr<Instance> Cheapest(const std::vector<InstanceLoad>& candidates,
   return candidates[best].instance;
 }
 
+// The images and videos of `request`'s chat in the messages whose KV
+// `instance` holds, by `index` (a raw prompt's: 0).
+uint32_t MediaOnHeldPrefix(const PlaceRequest& request, const Prompt& prompt,
+                           const Instance& instance, const PrefixIndex& index) {
+  const mmserve::v1::GenerateRequest& r = *request.request;
+  if (!r.has_chat()) return 0;
+  const size_t held = index.HeldPrefix(instance.id, prompt.prefix.keys, absl::Now()).keys;
+  uint32_t media = 0;
+  for (size_t m = 0; m < held && m < static_cast<size_t>(r.chat().messages_size()); ++m) {
+    for (const auto& part : r.chat().messages(static_cast<int>(m)).content()) {
+      media += part.has_image() || part.has_video();
+    }
+  }
+  return media;
+}
+
 // The decode instance with the most free KV blocks, then the fewest
 // sequences, both counting the requests placed since its report.
 std::shared_ptr<Instance> MostFreeKv(const std::vector<InstanceLoad>& decoders) {
@@ -161,6 +177,7 @@ bool BothPlacer::CanPlace() const { return !table_.Healthy(Role::kLanguage).empt
 void BothPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
   const Prompt prompt = PromptOf(request);
   std::shared_ptr<Instance> chosen;
+  uint32_t held_media = 0;
   {
     absl::MutexLock hold(table_.placement_mutex());
     std::vector<InstanceLoad> both = table_.Loads(Role::kLanguage);
@@ -173,6 +190,7 @@ void BothPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
                both.end());
     if (!both.empty()) {
       chosen = Cheapest(both, prompt, table_.prefix_index());
+      held_media = MediaOnHeldPrefix(request, prompt, *chosen, table_.prefix_index());
       Charge(request, prompt.tokens, {chosen});
       Computes(chosen->id, prompt.prefix, prompt.tokens);
     }
@@ -181,7 +199,9 @@ void BothPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
     on_placed(NoLanguageInstance());
     return;
   }
-  on_placed(Placement{.instances = {std::move(chosen)}, .carriers = {{.instance = 0}}});
+  on_placed(Placement{.instances = {std::move(chosen)},
+                      .carriers = {{.instance = 0}},
+                      .media_on_held_prefix = held_media});
 }
 
 bool PdPlacer::CanPlace() const {
@@ -191,12 +211,14 @@ bool PdPlacer::CanPlace() const {
 void PdPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
   const Prompt prompt = PromptOf(request);
   std::vector<std::shared_ptr<Instance>> pair;
+  uint32_t held_media = 0;
   {
     absl::MutexLock hold(table_.placement_mutex());
     const std::vector<InstanceLoad> decoders = table_.Loads(Role::kDecode);
     const std::vector<InstanceLoad> prefills = table_.Loads(Role::kPrefill);
     if (!decoders.empty() && !prefills.empty()) {
       pair = {Cheapest(prefills, prompt, table_.prefix_index()), MostFreeKv(decoders)};
+      held_media = MediaOnHeldPrefix(request, prompt, *pair[0], table_.prefix_index());
       Charge(request, prompt.tokens, pair);
       Computes(pair[0]->id, prompt.prefix, prompt.tokens);
     }
@@ -205,10 +227,11 @@ void PdPlacer::Place(const PlaceRequest& request, OnPlaced on_placed) {
     on_placed(NoLanguageInstance());
     return;
   }
-  on_placed(Placement{
-      .flow = Placement::Flow::kDisaggregated,
-      .instances = std::move(pair),
-      .carriers = {{.instance = 0, .hand_over = HandOver::kKvHandedOff}, {.instance = 1}}});
+  on_placed(
+      Placement{.flow = Placement::Flow::kDisaggregated,
+                .instances = std::move(pair),
+                .carriers = {{.instance = 0, .hand_over = HandOver::kKvHandedOff}, {.instance = 1}},
+                .media_on_held_prefix = held_media});
 }
 
 bool ElasticPlacer::CanPlace() const { return pool_.CanPlace(); }

@@ -81,6 +81,10 @@ struct Placement {
   std::optional<internal::v1::ElasticPlan> plan;
   // Non-empty; the last hands over kNever.
   std::vector<Carrier> carriers;
+  // Role both and P/D: the images and videos of a chat in the messages
+  // whose KV instances[0] holds, by the prefix index (what a repeat turn
+  // sends to an encoder again although the instance holds its KV).
+  uint32_t media_on_held_prefix = 0;
 };
 
 // What a placer knows of the request.

@@ -103,18 +103,21 @@ mmserve::v1::GenerateRequest Chat(const std::string& text) {
 }
 
 // Places `request` (with `images`) as call `id` with a new placer (one per
-// call, as ChoosePlacer makes them); the placement's instance ids.
+// call, as ChoosePlacer makes them); the placement's instance ids, and its
+// media_on_held_prefix in `held` when given.
 template <typename P>
 std::vector<std::string> PlaceOne(InstanceTable& table, std::unique_ptr<Placer>& placer,
                                   const std::string& id,
                                   const mmserve::v1::GenerateRequest& request,
-                                  std::vector<PreparedMedia> images = {}) {
+                                  std::vector<PreparedMedia> images = {},
+                                  uint32_t* held = nullptr) {
   placer = std::make_unique<P>(table);
   std::vector<std::string> ids;
   placer->Place({.id = id, .request = &request, .images = &images},
                 [&](absl::StatusOr<Placement> p) {
                   REQUIRE(p.ok());
                   for (const auto& i : p->instances) ids.push_back(i->id);
+                  if (held != nullptr) *held = p->media_on_held_prefix;
                 });
   return ids;
 }
@@ -266,9 +269,14 @@ TEST_CASE("a chat's second turn goes where its first was computed, though that i
   pool.service(1).Set(Holding(kCat, 90, 60));
   REQUIRE(WaitFor([&] { return pool.table().LastLoad("b").prefix_epoch() == 7; }));
   std::vector<std::unique_ptr<Placer>> placers(3);
-  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[0], "r0", Turn(2), Picture(kCat)).at(0) == "b");
+  uint32_t held = 9;
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[0], "r0", Turn(2), Picture(kCat), &held).at(0) ==
+        "b");
+  CHECK(held == 1);  // the picture is in the first message, whose KV "b" holds
   // The same chat about another picture shares nothing cached: by load.
-  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[1], "r1", Turn(2), Picture(kDog)).at(0) == "a");
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placers[1], "r1", Turn(2), Picture(kDog), &held).at(0) ==
+        "a");
+  CHECK(held == 0);
   // Much busier, the holder loses the next one.
   pool.service(1).Set(Holding(kCat, 90, 5000));
   REQUIRE(WaitFor([&] { return pool.table().LastLoad("b").outstanding_tokens() == 5000; }));
@@ -281,7 +289,10 @@ TEST_CASE("with --prefix_weight=0 the second turn goes by load") {
   pool.service(1).Set(Holding(kCat, 90, 60));
   REQUIRE(WaitFor([&] { return pool.table().LastLoad("b").prefix_epoch() == 7; }));
   std::unique_ptr<Placer> placer;
-  CHECK(PlaceOne<BothPlacer>(pool.table(), placer, "r0", Turn(2), Picture(kCat)).at(0) == "a");
+  uint32_t held = 9;
+  CHECK(PlaceOne<BothPlacer>(pool.table(), placer, "r0", Turn(2), Picture(kCat), &held).at(0) ==
+        "a");
+  CHECK(held == 0);
 }
 
 TEST_CASE("a second turn sent before any report lists the first follows the router's placement") {
@@ -299,8 +310,13 @@ TEST_CASE("a second turn sent before any report lists the first follows the rout
     return l;
   }());
   REQUIRE(WaitFor([&] { return pool.table().LastLoad("a").outstanding_tokens() == 40; }));
-  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[1], "r1", Turn(2), Picture(kCat)).at(0) == "a");
-  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[2], "r2", Turn(2), Picture(kDog)).at(0) == "b");
+  uint32_t held = 9;
+  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[1], "r1", Turn(2), Picture(kCat), &held).at(0) ==
+        "a");
+  CHECK(held == 1);  // by the router's own placement of the first turn
+  CHECK(PlaceOne<PdPlacer>(pool.table(), placers[2], "r2", Turn(2), Picture(kDog), &held).at(0) ==
+        "b");
+  CHECK(held == 0);
 }
 
 TEST_CASE("an estimate counts text by bytes and images by their rows") {

@@ -33,23 +33,25 @@ void PrefixIndex::Remove(const std::string& instance) {
   holders_.erase(instance);
 }
 
-uint64_t PrefixIndex::CachedTokens(const std::string& instance, absl::Span<const uint64_t> keys,
-                                   absl::Time now) const {
+PrefixIndex::Held PrefixIndex::HeldPrefix(const std::string& instance,
+                                          absl::Span<const uint64_t> keys, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = holders_.find(instance);
-  if (it == holders_.end()) return 0;
+  if (it == holders_.end()) return {};
   const Holder& h = it->second;
   const bool fresh = now - h.reported_at <= options_.max_age;
   for (size_t k = keys.size(); k-- > 0;) {
     if (fresh) {
-      if (auto r = h.reported.find(keys[k]); r != h.reported.end()) return r->second;
+      if (auto r = h.reported.find(keys[k]); r != h.reported.end()) {
+        return {.keys = k + 1, .tokens = r->second};
+      }
     }
     if (auto p = h.placed.find(keys[k]);
         p != h.placed.end() && now - p->second.at <= options_.placed_ttl) {
-      return p->second.tokens;
+      return {.keys = k + 1, .tokens = p->second.tokens};
     }
   }
-  return 0;
+  return {};
 }
 
 }  // namespace mmserve::router

@@ -55,10 +55,20 @@ class PrefixIndex {
   // The router placed a prompt of `tokens` whose last prefix key is `key`.
   void Insert(const std::string& instance, uint64_t key, uint64_t tokens, absl::Time at);
   void Remove(const std::string& instance);
-  // The tokens of the longest of `keys` (a prompt's prefix keys, shortest
-  // first) that `instance` holds as of `now`; 0 when none.
+  // What `instance` holds of a prompt as of `now`: the longest of its
+  // prefix keys (shortest first) the instance holds, as the number of keys
+  // through that one and the tokens it covers; zeros when none.
+  struct Held {
+    size_t keys = 0;
+    uint64_t tokens = 0;
+  };
+  Held HeldPrefix(const std::string& instance, absl::Span<const uint64_t> keys,
+                  absl::Time now) const;
+  // The tokens of HeldPrefix.
   uint64_t CachedTokens(const std::string& instance, absl::Span<const uint64_t> keys,
-                        absl::Time now) const;
+                        absl::Time now) const {
+    return HeldPrefix(instance, keys, now).tokens;
+  }
 
  private:
   struct Placed {

@@ -30,6 +30,11 @@ TEST_CASE("the longest reported prefix of the request counts, per instance") {
   CHECK(index.CachedTokens("b", keys, t0) == 200);
   CHECK(index.CachedTokens("c", keys, t0) == 0);
   CHECK(index.CachedTokens("a", {{21, 22}}, t0) == 0);
+  // How many of the keys the held one ends: the messages it covers.
+  CHECK(index.HeldPrefix("a", keys, t0).keys == 3);
+  CHECK(index.HeldPrefix("b", keys, t0).keys == 2);
+  CHECK(index.HeldPrefix("b", keys, t0).tokens == 200);
+  CHECK(index.HeldPrefix("c", keys, t0).keys == 0);
 }
 
 TEST_CASE("a report replaces the list before it unless its epoch is unchanged") {
@@ -56,6 +61,7 @@ TEST_CASE("a placement counts until a report lists it or it expires") {
   PrefixIndex index({.placed_ttl = absl::Seconds(30)});
   index.Insert("a", 11, 120, t0);
   CHECK(index.CachedTokens("a", {{11, 12}}, t0) == 120);
+  CHECK(index.HeldPrefix("a", {{11, 12}}, t0).keys == 1);
   // The report lists the prompt with its real length: that counts now.
   index.Update("a", Listing(1, {{11, 90}}), t0 + absl::Seconds(1));
   CHECK(index.CachedTokens("a", {{11}}, t0 + absl::Seconds(1)) == 90);

@@ -6,8 +6,8 @@
 // (its time positions scaled) and an image; Qwen3 and Qwen3-MoE on text.
 // Each runs as role both, as prefill + decode --tp=2 (the media spans and
 // their time step cross the hand-off) and as an elastic degree-2 group (a
-// prompt beyond one instance's pool), over shm or tcp; every answer must be
-// the engine's tokens, and nothing may be left behind.
+// prompt beyond one instance's pool), each family over shm and over tcp;
+// every answer must be the engine's tokens, and nothing may be left behind.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <optional>
@@ -137,13 +137,16 @@ struct Case {
   bool vision = false;
   Topology topology = Topology::kBoth;
   std::string profile;
+  // Words of an elastic prompt. Pools are 1 MiB: about 1000 tokens of these
+  // checkpoints' KV (2 layers of 2 KV heads of 32, fp32), 2000 of the
+  // MoE's (heads of 16); 380 words are about 1500 of the tiny tokenizer's
+  // tokens, 760 about 3000 (under a group's 4000).
+  int elastic_words = 380;
 };
 
 // The prompt a case asks: short, or for a group longer than one pool.
-// Pools are 1 MiB: about 1000 tokens of these checkpoints' KV (2 layers of
-// 2 KV heads, fp32); 380 words are about 1500 of the tiny tokenizer's tokens.
 Prompt PromptFor(const Case& c) {
-  return MakePrompt(c.topology == Topology::kElastic ? 380 : 40, c.vision);
+  return MakePrompt(c.topology == Topology::kElastic ? c.elastic_words : 40, c.vision);
 }
 
 launcher::StackOptions StackFor(const Case& c) {
@@ -174,7 +177,9 @@ TEST_CASE("Qwen2.5-VL, Qwen3 and Qwen3-MoE through the stack give the engine's t
       {"qwen3-tiny-qknorm", false, Topology::kBoth, "tcp"},
       {"qwen3-tiny-qknorm", false, Topology::kPd, "shm"},
       {"qwen3-tiny-qknorm", false, Topology::kElastic, "tcp"},
+      {"qwen3moe-tiny-top2", false, Topology::kBoth, "shm"},
       {"qwen3moe-tiny-top2", false, Topology::kPd, "tcp"},
+      {"qwen3moe-tiny-top2", false, Topology::kElastic, "shm", 760},
   };
   for (const Case& c : cases) {
     INFO(c.model << ", " << Name(c.topology) << ", " << c.profile);

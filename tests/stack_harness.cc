@@ -532,10 +532,13 @@ launcher::StackOptions TestStackOptions(int encoders, const std::string& profile
   o.language_args = {"--kv_cache_mb=64", "--threads=1"};
   o.encoder_args = {"--keep_for_seconds=5"};
   // Under a sanitizer on a loaded machine a busy instance can miss two
-  // 500 ms health polls in a row and drop out of placement for seconds,
-  // failing requests a test expects to succeed. A dead instance is still
-  // seen at once (its polls fail, they do not time out).
-  if (kSanitizerSlowdown > 1) o.router_args = {"--poll_timeout_ms=3000"};
+  // 500 ms health polls in a row, or send no heartbeat for 3 s, and drop
+  // out of placement for seconds, failing requests a test expects to
+  // succeed. A dead instance is still seen at once (its polls fail, they do
+  // not time out), after three.
+  if (kSanitizerSlowdown > 1) {
+    o.router_args = {"--poll_timeout_ms=3000", "--down_after=3", "--heartbeat_timeout_ms=10000"};
+  }
   return o;
 }
 

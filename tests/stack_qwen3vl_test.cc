@@ -15,9 +15,11 @@
 // The MoE checkpoint as role both and as prefill + decode --tp=2 (each
 // decode rank computes its share of every expert's width). A Qwen3-VL video
 // (a clip sampled at the processor's 2 fps) as role both, prefill + decode
-// and on an elastic instance: the router reads its frames' timestamps from the header, the
-// language side writes "<t seconds>" before each temporal patch, and the
-// answer is the engine's on the prompt and embeddings built here; the MoE
+// and in an elastic degree-2 group whose row split falls inside one of its
+// temporal patches: the router reads its frames' timestamps from the header
+// (and counts their text in the prompt's length), the language side writes
+// "<t seconds>" before each temporal patch, and the answer is the engine's
+// on the prompt and embeddings built here; the MoE
 // checkpoint, which has no Qwen3-VL video processor config, refuses videos
 // naming the reason. Over shm and tcp; every answer must be the engine's
 // tokens, and nothing may be left behind.
@@ -158,23 +160,27 @@ mmserve::v1::GenerateRequest Request(const Prompt& p) {
   return r;
 }
 
+// Every DeepStack feature of `media` zero: what a path that dropped them
+// would compute.
+void DropDeepstack(const std::string& model, std::vector<worker::MediaEmbedding>& media) {
+  const model::ModelConfig config = model::LoadModelConfig(ModelDir(model)).value();
+  const int64_t hidden = config.text.hidden_size;
+  const int64_t width = config.EmbeddingRowWidth();
+  for (worker::MediaEmbedding& e : media) {
+    for (size_t r = 0; r < e.values.size(); r += width) {
+      std::fill(e.values.begin() + r + hidden, e.values.begin() + r + width, 0.0f);
+    }
+  }
+}
+
 // The in-process engine's tokens; with `deepstack` false, every DeepStack
-// feature zero (what a path that dropped them would answer).
+// feature zero.
 std::vector<int32_t> InProcess(const std::string& model, const Prompt& p, bool deepstack = true) {
   worker::EngineRequest req;
   req.id = "reference";
   req.prompt = p.text;
   req.image_embeddings = Encode(model, p.images);
-  if (!deepstack) {
-    const model::ModelConfig config = model::LoadModelConfig(ModelDir(model)).value();
-    const int64_t hidden = config.text.hidden_size;
-    const int64_t width = config.EmbeddingRowWidth();
-    for (worker::MediaEmbedding& e : req.image_embeddings) {
-      for (size_t r = 0; r < e.values.size(); r += width) {
-        std::fill(e.values.begin() + r + hidden, e.values.begin() + r + width, 0.0f);
-      }
-    }
-  }
+  if (!deepstack) DropDeepstack(model, req.image_embeddings);
   absl::StatusOr<std::vector<int32_t>> ids =
       InProcessGreedy(ModelDir(model), std::move(req), kMaxTokens);
   INFO(ids.status());
@@ -182,48 +188,107 @@ std::vector<int32_t> InProcess(const std::string& model, const Prompt& p, bool d
   return *std::move(ids);
 }
 
-// An image then a video (the clip at the processor's default 2 fps).
-mmserve::v1::GenerateRequest VideoRequest() {
+// An image then a video (the clip at the processor's default 2 fps), with
+// `head` words before them and `tail` words after.
+mmserve::v1::GenerateRequest VideoRequest(int head = 0, int tail = 0) {
   Prompt p;
   p.images = 1;
   p.text = absl::StrCat(
-      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nLook", kImage,
-      " then", kVideo, " What moves?<|im_end|>\n<|im_start|>assistant\n");
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nLook",
+      Words(head, 0), kImage, " then", kVideo, Words(tail, head),
+      " What moves?<|im_end|>\n<|im_start|>assistant\n");
   mmserve::v1::GenerateRequest r = Request(p);
   r.mutable_raw()->add_videos()->set_data(ReadFileToString(RunfilesRoot() + kClip).value());
   return r;
 }
 
-// The in-process engine's tokens for VideoRequest: the prompt with each
-// temporal patch after its timestamp, the image's and the video's rows from
-// the checkpoint's tower.
-std::vector<int32_t> InProcessVideo(const std::string& model) {
-  const mmserve::v1::GenerateRequest r = VideoRequest();
-  const std::string dir = ModelDir(model);
-  const model::ModelConfig config = model::LoadModelConfig(dir).value();
+// The clip of `r` as the encoder samples it, and its temporal patches'
+// timestamps as the router reads them from the header.
+struct SampledVideo {
+  model::ImagePatches patches;
+  std::vector<double> stamps;
+};
+
+SampledVideo Sample(const mmserve::v1::GenerateRequest& r, const model::ModelConfig& config) {
   const mmserve::v1::Video& video = r.raw().videos(0);
-  const std::vector<double> stamps =
+  SampledVideo v;
+  v.stamps =
       model::VideoTimestampsFromHeaders(video, *config.preprocessor, model::VideoLimits()).value();
-  REQUIRE(stamps.size() == 2);
-  worker::EngineRequest req;
-  req.id = "reference";
-  req.prompt = model::ExpandQwen3VideoPrompt(r.raw().text(), {{stamps, 1}}).value();
-  req.image_embeddings = Encode(model, 1);
-  const model::ImagePatches patches =
+  v.patches =
       model::LoadVideo(video, *config.preprocessor, model::VideoLimits(), model::DecodeLimits())
           .value();
+  REQUIRE(static_cast<int64_t>(v.stamps.size()) == v.patches.grid.grid_t);
+  return v;
+}
+
+// The in-process engine's tokens for a VideoRequest: the prompt with each
+// temporal patch after its timestamp, the image's and the video's rows from
+// the checkpoint's tower; with `deepstack` false, every DeepStack feature
+// zero.
+std::vector<int32_t> InProcessVideo(const std::string& model, const mmserve::v1::GenerateRequest& r,
+                                    bool deepstack = true) {
+  const std::string dir = ModelDir(model);
+  const model::ModelConfig config = model::LoadModelConfig(dir).value();
+  const SampledVideo v = Sample(r, config);
+  worker::EngineRequest req;
+  req.id = "reference";
+  req.prompt = model::ExpandQwen3VideoPrompt(r.raw().text(), {{v.stamps, 1}}).value();
+  req.image_embeddings = Encode(model, 1);
   auto ckpt = model::SafetensorsCheckpoint::Open(dir).value();
   auto tower = model::VisionTower::Load(*ckpt, config).value();
   worker::MediaEmbedding e;
-  e.grid = patches.grid;
+  e.grid = v.patches.grid;
   e.values = model::TokenRows(
-      tower->ForwardAll(patches.values, std::vector<model::MediaGrid>{patches.grid}).value(),
+      tower->ForwardAll(v.patches.values, std::vector<model::MediaGrid>{v.patches.grid}).value(),
       config.text.hidden_size);
   req.image_embeddings.push_back(std::move(e));
+  if (!deepstack) DropDeepstack(model, req.image_embeddings);
   absl::StatusOr<std::vector<int32_t>> ids = InProcessGreedy(dir, std::move(req), kMaxTokens);
   INFO(ids.status());
   REQUIRE(ids.ok());
   return *std::move(ids);
+}
+
+// A VideoRequest of about `words` words whose expanded token row len / 2
+// (where a degree-2 group splits its rows) falls inside a temporal patch of
+// the video, not on its first row: the patches' timestamps and rows, with
+// their DeepStack features, lie on both members; and whose answer without
+// the features differs, so that a member that lost them would fail.
+mmserve::v1::GenerateRequest SplitInsideVideo(int words) {
+  const std::string dir = ModelDir(kDense);
+  const model::ModelConfig config = model::LoadModelConfig(dir).value();
+  auto tok = model::Tokenizer::FromFile(dir + "/tokenizer.json").value();
+  const int64_t image_rows = Encode(kDense, 1)[0].grid.num_tokens();
+  // A word is several of the tiny tokenizer's tokens, more than a patch's
+  // rows: vary where the video is and, by the tail, where the middle is.
+  for (int head = 10; head < words - 10; ++head) {
+    for (int tail = words - head; tail < words - head + 4; ++tail) {
+      mmserve::v1::GenerateRequest r = VideoRequest(head, tail);
+      // All 21 frames at full size: ten temporal patches of 3 x 2 rows.
+      r.mutable_raw()->mutable_videos(0)->set_fps(10);
+      r.mutable_raw()->mutable_videos(0)->set_max_pixels(96 * 64 * 22);
+      const SampledVideo v = Sample(r, config);
+      const int64_t patch_rows = v.patches.grid.num_tokens() / v.patches.grid.grid_t;
+      REQUIRE(patch_rows >= 2);
+      const std::vector<int32_t> ids =
+          tok->Encode(model::ExpandQwen3VideoPrompt(r.raw().text(), {{v.stamps, 1}}).value())
+              .value();
+      const int64_t len = static_cast<int64_t>(ids.size()) + (image_rows - 1) +
+                          v.patches.grid.grid_t * (patch_rows - 1);
+      int64_t row = 0;
+      for (int32_t id : ids) {
+        if (id == config.tokens.video_pad && row < len / 2 && len / 2 < row + patch_rows &&
+            InProcessVideo(kDense, r, /*deepstack=*/false) != InProcessVideo(kDense, r)) {
+          return r;
+        }
+        row += id == config.tokens.image_pad   ? image_rows
+               : id == config.tokens.video_pad ? patch_rows
+                                               : 1;
+      }
+    }
+  }
+  FAIL("no head length puts the split inside the video");
+  return {};
 }
 
 enum class Topology { kBoth, kBothTp, kPd, kElastic };
@@ -264,10 +329,11 @@ launcher::StackOptions StackFor(const Case& c) {
 
 TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the engine's tokens") {
   // Pools are 1 MiB: about 670 tokens of this checkpoint's KV, a group of
-  // two 1340; 250 words are about 1000 tokens, so the elastic prompt needs
-  // a group.
+  // two 1340; 250 words are about 1000 tokens, so the elastic prompts (two
+  // images, or an image and a video) need a group.
   const Prompt short_prompt = MakePrompt(20, 10, 10);
   const Prompt long_prompt = SplitInsideImage(250);
+  const mmserve::v1::GenerateRequest long_video = SplitInsideVideo(250);
   const std::vector<Case> cases = {
       {kDense, "role both", Topology::kBoth, "shm"},
       {kDense, "role both --tp=2", Topology::kBothTp, "shm"},
@@ -300,7 +366,10 @@ TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the e
                          "degree=\"2\"") == 1);
     }
     if (c.topology != Topology::kBothTp) {
-      const Answer v = AskGrpc(*stub, VideoRequest(), {});
+      // The elastic stack's video is long enough to need the group.
+      const mmserve::v1::GenerateRequest video =
+          c.topology == Topology::kElastic ? long_video : VideoRequest();
+      const Answer v = AskGrpc(*stub, video, {});
       if (std::string(c.model) == kMoe) {
         // No Qwen3-VL video processor config: refused before any work.
         CHECK(v.status.code() == absl::StatusCode::kInvalidArgument);
@@ -308,7 +377,11 @@ TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the e
       } else {
         INFO(v.status.ToString());
         REQUIRE(v.status.ok());
-        CHECK(v.token_ids == InProcessVideo(c.model));
+        CHECK(v.token_ids == InProcessVideo(c.model, video));
+        if (c.topology == Topology::kElastic) {
+          CHECK(ScrapeMetric((*stack)->router().metrics_port(),
+                             "mmserve_router_elastic_requests_total", "degree=\"2\"") == 2);
+        }
       }
     }
     const Leaks leaks = WaitForNoLeaks(**stack, absl::Seconds(5));

@@ -3,7 +3,8 @@
 // streams on a P/D stack with two decode instances spreads over both, and
 // the next turns of two chats about two pictures go back to the prefill
 // instance that computed each chat's first turn (by load alone, with
-// every instance idle, all would go to the first).
+// every instance idle, all would go to the first), and the router counts
+// their pictures as placed on the instance holding their KV.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
@@ -104,6 +105,18 @@ TEST_CASE("a chat's next turns go to the prefill instance that computed its firs
   }
   CHECK(Served(p0) == 3);
   CHECK(Served(p1) == 3);
+  // The router knew: each later turn's picture went to the instance holding
+  // its message's KV (and to an encoder all the same); the first turns' not.
+  const int router = (*stack)->router().metrics_port();
+  CHECK(ScrapeMetric(router, "mmserve_router_media_placed_total", "kv=\"held\"") == 4);
+  CHECK(ScrapeMetric(router, "mmserve_router_media_placed_total", "kv=\"not_held\"") == 2);
+  // And each holder found the later turns' prompts in its prefix cache.
+  for (launcher::Service* p : {&p0, &p1}) {
+    CHECK(ScrapeMetric(p->metrics_port(), "mmserve_language_prompt_tokens_total", "kv=\"cached\"") >
+          0);
+    CHECK(ScrapeMetric(p->metrics_port(), "mmserve_language_prompt_tokens_total",
+                       "kv=\"computed\"") > 0);
+  }
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Qwen3-VL videos as transformers 4.57.6 computes them, on qwen3vl-tiny.
+"""Qwen3-VL videos as transformers 4.57.6 computes them, on qwen3vl-tiny or
+(--model=qwen3vlmoe-tiny) Qwen3-VL-MoE.
 
-Writes model/testdata/models/qwen3vl-tiny/video_preprocessor_config.json
+Writes model/testdata/models/<model>/video_preprocessor_config.json
 (Qwen3VLVideoProcessor at patch 16 / merge 2, 2 fps, a budget of 16384
 pixels over all sampled frames, so that the clip below is downscaled) and
-model/testdata/goldens/qwen3vl-tiny/video_golden.{json,safetensors}:
+model/testdata/goldens/<model>/video_golden.{json,safetensors}. The MoE
+checkpoint is served without a video processor (the services refuse its
+videos, naming the reason), so for it the config goes beside its goldens,
+model/testdata/goldens/qwen3vlmoe-tiny/video_preprocessor_config.json:
 
 - a clip of 21 frames of 96 x 64 at 10 fps whose pixels are a formula
   (frame t, row y, column x, channel c: (3 (c + 1) x + 2 (3 - c) y + 11 t +
@@ -17,8 +21,10 @@ model/testdata/goldens/qwen3vl-tiny/video_golden.{json,safetensors}:
   rendered template, the prompt with "<t seconds>" before each temporal
   patch, ids, get_rope_index positions and delta, 16 greedy tokens.
 
-  /work/venv-ml/bin/python tools/gen_qwen3vl_video_goldens.py  # versions: tools/requirements.txt
+  /work/venv-ml/bin/python tools/gen_qwen3vl_video_goldens.py [--model=qwen3vlmoe-tiny]
+  # versions: tools/requirements.txt
 """
+import argparse
 import os
 import sys
 
@@ -26,12 +32,14 @@ import torch
 import transformers
 from PIL import Image
 from transformers import (BatchFeature, Qwen2TokenizerFast, Qwen2VLImageProcessor, Qwen3VLForConditionalGeneration,
-                          Qwen3VLProcessor, Qwen3VLVideoProcessor)
+                          Qwen3VLMoeForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor)
 from transformers.video_utils import VideoMetadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_qwen3vl_goldens import N_NEW, NAME, PREPROCESSOR_CONFIG  # noqa: E402
-from golden_util import generate_greedy, start_script, write_json, write_safetensors  # noqa: E402
+from golden_util import generate_greedy, write_json, write_safetensors  # noqa: E402
+
+MOE = "qwen3vlmoe-tiny"
 
 CLIP = {"frames": 21, "width": 96, "height": 64, "fps": 10.0}
 IMAGE = "square56"
@@ -59,10 +67,18 @@ def clip_frames():
 
 
 def main():
-    gdir, models_dir = start_script(__doc__, os.path.join("goldens", NAME))
-    testdata = os.path.join(models_dir, "..")
-    model_dir = os.path.join(models_dir, NAME)
-    write_json(os.path.join(model_dir, "video_preprocessor_config.json"), VIDEO_CONFIG)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=NAME, choices=[NAME, MOE])
+    name = ap.parse_args().model
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    testdata = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model", "testdata")
+    gdir = os.path.join(testdata, "goldens", name)
+    model_dir = os.path.join(testdata, "models", name)
+    write_json(os.path.join(gdir if name == MOE else model_dir, "video_preprocessor_config.json"),
+               VIDEO_CONFIG)
     tok = Qwen2TokenizerFast.from_pretrained(os.path.join(testdata, "tokenizer"))
     vproc = Qwen3VLVideoProcessor(**{k: v for k, v in VIDEO_CONFIG.items()
                                      if k != "video_processor_type"})
@@ -72,13 +88,13 @@ def main():
     frames = clip_frames()
     image = Image.open(os.path.join(testdata, "goldens", "images", IMAGE + ".png"))
     image.load()
-    model = Qwen3VLForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager")
+    cls = Qwen3VLMoeForConditionalGeneration if name == MOE else Qwen3VLForConditionalGeneration
+    model = cls.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     tensors, chats = {}, []
-    for name, messages in CHATS:
+    for chat, messages in CHATS:
         rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        images = [image] if name == "image_video" else None
+        images = [image] if chat == "image_video" else None
         meta = VideoMetadata(total_num_frames=CLIP["frames"], fps=CLIP["fps"],
                              width=CLIP["width"], height=CLIP["height"])
         # Qwen3VLProcessor needs the sampled metadata for the timestamps, which
@@ -97,16 +113,16 @@ def main():
                                                     inputs["attention_mask"])
         tensors["pixel_values_videos"] = inputs["pixel_values_videos"].float()
         new, chosen, margins = generate_greedy(model, tok, inputs, N_NEW)
-        print(f"  {NAME} {name}: {len(set(new))} distinct, min margin {min(margins):.4f}")
+        print(f"  {name} {chat}: {len(set(new))} distinct, min margin {min(margins):.4f}")
         ids = inputs["input_ids"][0].tolist()
-        chats.append({"name": name, "rendered": rendered, "images": [IMAGE] if images else [],
+        chats.append({"name": chat, "rendered": rendered, "images": [IMAGE] if images else [],
                       "expanded": tok.decode(ids, skip_special_tokens=False),
                       "input_ids": ids, "greedy_ids": new, "greedy_top2_margin": margins,
                       "image_grid_thw": inputs["image_grid_thw"].tolist() if images else [],
                       "video_grid_thw": inputs["video_grid_thw"].tolist(),
                       "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])})
     write_safetensors(os.path.join(gdir, "video_golden.safetensors"), tensors,
-                      {"model": NAME, "clip": CLIP})
+                      {"model": name, "clip": CLIP})
     write_json(os.path.join(gdir, "video_golden.json"), {
         "about": ("Qwen3VLVideoProcessor and Qwen3VLProcessor (transformers %s) on %s read by "
                   "load_video (pyav) with the processor's sample_frames, fp32 eager model; "

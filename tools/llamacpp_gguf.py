@@ -11,7 +11,7 @@ llama-bench and llama-batched-bench draw random token ids as lm_bench does.
 Uses the `gguf` package of the llama.cpp tree being benchmarked (put its
 gguf-py on PYTHONPATH) or the PyPI one.
 
-  python3 tools/llamacpp_gguf.py --dims=qwen2-0.5b --types=bf16,f16,q8_0 \
+  python3 tools/llamacpp_gguf.py --dims=qwen2-0.5b --types=bf16,f16,q8_0,q4_0 \
       --out_dir=$HOME/.cache/mmserve/llamacpp/models
 """
 
@@ -33,6 +33,7 @@ TYPES = {
     "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
 }
 BOUND = 0.034641  # 0.02 * sqrt(3), as RandomDraws
 

@@ -14,6 +14,13 @@ the ratios (mmserve / llama.cpp, same machine, same run):
                              default) / Q8_0
   tg_bf16_vs_llamacpp_bf16   tg128, bf16 weights, bf16 activations / bf16
   batch32_vs_llamacpp_best   decode of 32 sequences, best of each side
+  int4_tg_vs_q4_0            tg128, int4_g32 / Q4_0 (both symmetric, a scale
+                             per 32 weights)
+  int4_tg_vs_q4_k            tg128, int4_g32_zp / Q4_K (both a scale and an
+                             offset per 32 weights; Q4_K only where rows
+                             are a multiple of 256 wide, see the script)
+  int4_batch32_vs_q4_0       the same pairs, decode of 32 sequences
+  int4_batch32_vs_q4_k
 The table shows every mode, so the other pairings can be read from it.
 """
 
@@ -29,8 +36,12 @@ MM_MODES = {  # file tag -> label
     "bf16-bf16": "bf16 weights, bf16 act",
     "int8-f32": "int8 weights, int16 act",
     "int8-int8": "int8 weights, int8 act",
+    "int4_g32-int8": "int4 g32 weights, int8 act",
+    "int4_g128-int8": "int4 g128 weights, int8 act",
+    "int4_g32_zp-int8": "int4 g32 zp weights, int8 act",
+    "int4_g128_zp-int8": "int4 g128 zp weights, int8 act",
 }
-LC_TYPES = ["bf16", "f16", "q8_0"]
+LC_TYPES = ["bf16", "f16", "q8_0", "q4_0", "q4_k"]
 
 
 def median(xs):
@@ -81,6 +92,7 @@ def main():
     p.add_argument("--dir", required=True)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llamacpp", default="llama.cpp")
+    p.add_argument("--dims", default="qwen2-0.5b")
     args = p.parse_args()
     mm, lc = read_mm(args.dir), read_lc(args.dir)
 
@@ -88,16 +100,16 @@ def main():
         return median(side.get(key, {}).get(metric, []))
 
     rounds = max([len(v["pp"]) for v in mm.values()] + [0])
-    print(f"mmserve lm_bench vs {args.llamacpp}, qwen2-0.5b dims, random weights, "
+    print(f"mmserve lm_bench vs {args.llamacpp}, {args.dims} dims, random weights, "
           f"{args.threads} threads, medians of {rounds} interleaved rounds (tok/s)")
-    print(f"  {'side':<34}{'pp512':>10}{'tg128':>10}{'batch 8':>10}{'batch 32':>10}")
+    print(f"  {'side':<48}{'pp512':>10}{'tg128':>10}{'batch 8':>10}{'batch 32':>10}")
     for mode, label in MM_MODES.items():
         if mode in mm:
-            print(f"  {'mmserve ' + label + ' (' + mm[mode]['isa'] + ')':<34}"
+            print(f"  {'mmserve ' + label + ' (' + mm[mode]['isa'] + ')':<48}"
                   f"{med(mm, mode, 'pp'):>10.1f}{med(mm, mode, 'tg'):>10.2f}{'':>10}"
                   f"{med(mm, mode, 'b32'):>10.1f}")
     for t in LC_TYPES:
-        print(f"  {'llama.cpp ' + t:<34}{med(lc, t, 'pp'):>10.1f}{med(lc, t, 'tg'):>10.2f}"
+        print(f"  {'llama.cpp ' + t:<48}{med(lc, t, 'pp'):>10.1f}{med(lc, t, 'tg'):>10.2f}"
               f"{med(lc, t, 'b8'):>10.1f}{med(lc, t, 'b32'):>10.1f}")
 
     def best(side, keys, metric):
@@ -110,6 +122,7 @@ def main():
     out = {
         "bench": "llamacpp_side_by_side",
         "llamacpp": args.llamacpp,
+        "dims": args.dims,
         "threads": args.threads,
         "rounds": rounds,
         "pp_vs_llamacpp_best": ratio(best(mm, MM_MODES, "pp"), best(lc, LC_TYPES, "pp")),
@@ -118,6 +131,11 @@ def main():
         "tg_int8_vs_q8_0": ratio(med(mm, "int8-f32", "tg"), med(lc, "q8_0", "tg")),
         "tg_bf16_vs_llamacpp_bf16": ratio(med(mm, "bf16-bf16", "tg"), med(lc, "bf16", "tg")),
         "batch32_vs_llamacpp_best": ratio(best(mm, MM_MODES, "b32"), best(lc, LC_TYPES, "b32")),
+        "int4_tg_vs_q4_0": ratio(med(mm, "int4_g32-int8", "tg"), med(lc, "q4_0", "tg")),
+        "int4_tg_vs_q4_k": ratio(med(mm, "int4_g32_zp-int8", "tg"), med(lc, "q4_k", "tg")),
+        "int4_batch32_vs_q4_0": ratio(med(mm, "int4_g32-int8", "b32"), med(lc, "q4_0", "b32")),
+        "int4_batch32_vs_q4_k": ratio(med(mm, "int4_g32_zp-int8", "b32"),
+                                      med(lc, "q4_k", "b32")),
     }
     for mode in MM_MODES:
         for metric in ("pp", "tg", "b32"):

@@ -85,10 +85,29 @@ absl::StatusOr<std::unique_ptr<UcxElasticExchange>> UcxElasticExchange::CreateOn
   return ex;
 }
 
-uint32_t UcxElasticExchange::SeqBase(std::string_view request_id) {
+uint32_t UcxElasticExchange::SeqBase(std::string_view request_id, uint64_t group) {
   // Layers take base .. base + layers + 1 and the abort word base - 1: keep
   // all of them in [1, 2^31 + 2^16), far below kAbortSeq.
-  return 2 + Crc32c(request_id.data(), request_id.size()) % 0x7fffffffu;
+  uint32_t crc = Crc32c(request_id.data(), request_id.size());
+  if (group != 0) crc = Crc32cExtend(crc, &group, sizeof(group));
+  return 2 + crc % 0x7fffffffu;
+}
+
+void UcxElasticExchange::Refuse(UcxNoticeBoard& board,
+                                const std::vector<ElasticExchangeTarget>& targets, int self,
+                                uint32_t seq_base, absl::StatusCode code) {
+  const int members = static_cast<int>(targets.size());
+  if (self < 0 || self >= members || seq_base == 0) return;
+  if (!board.Connect(targets, self).ok()) return;
+  std::vector<int> peers;
+  for (int m = 0; m < members; ++m) {
+    if (m != self && !targets[m].worker_address.empty()) peers.push_back(m);
+  }
+  // Both slots: a peer waits on slot 1 to join and on slot layer % 2 after.
+  for (int slot = 0; slot < 2; ++slot) {
+    (void)board.Notify(peers, slot * members + self, AbortWord(seq_base - 1, code),
+                       Deadline::After(absl::Milliseconds(200)));
+  }
 }
 
 UcxElasticExchange::~UcxElasticExchange() = default;
@@ -174,12 +193,12 @@ absl::Status UcxElasticExchange::AllGather(int layer, absl::Span<const int64_t> 
   return absl::OkStatus();
 }
 
-void UcxElasticExchange::Abort() {
+void UcxElasticExchange::Abort(absl::StatusCode code) {
   aborted_ = true;
   if (abort_sent_.exchange(true)) return;
   // Best effort: an abort word in both slots of every peer, briefly.
   for (int slot = 0; slot < 2; ++slot) {
-    (void)board_->Notify(peers_, Notice(slot, self_), NoticeWord(abort_seq(), 0),
+    (void)board_->Notify(peers_, Notice(slot, self_), AbortWord(abort_seq(), code),
                          Deadline::After(absl::Milliseconds(200)));
   }
 }

@@ -32,10 +32,9 @@
 // an earlier group; Finish clears the board's notices for the next.
 //
 // Errors: every wait has the layer timeout (DEADLINE_EXCEEDED); a peer's
-// Abort() or a put that fails gives UNAVAILABLE, and so does a lost peer
-// (UCX's report over tcp; over shm its process gone, ucx_notice_board.h);
-// a CRC mismatch DATA_LOSS.
-// Thread-safety: one member thread calls AllGather; Abort from any thread.
+// Abort(code) gives its code (Abort(): UNAVAILABLE), a put that fails UNAVAILABLE, and so does a
+// lost peer (UCX's report over tcp; over shm its process gone, ucx_notice_board.h); a CRC mismatch
+// DATA_LOSS. Thread-safety: one member thread calls AllGather; Abort from any thread.
 #ifndef MMSERVE_TRANSFER_ELASTIC_KV_EXCHANGE_H_
 #define MMSERVE_TRANSFER_ELASTIC_KV_EXCHANGE_H_
 
@@ -81,9 +80,21 @@ class UcxElasticExchange : public model::KvExchange {
     return 4 * prompt_len * kv_width * sizeof(float);
   }
   static int BoardNotices(int members) { return 2 * members; }
-  // A group's sequence base from its request id: the same on every member,
-  // never 0 and with room for every layer below the abort words.
-  static uint32_t SeqBase(std::string_view request_id);
+  // A group's sequence base from its request id and the plan's group
+  // (ElasticPlan.group, set anew for each placement): the same on every
+  // member, never 0 and with room for every layer below the abort words.
+  // A later group of the same request id (a retry) with another `group`
+  // never matches a word an earlier one left on a board.
+  static uint32_t SeqBase(std::string_view request_id, uint64_t group = 0);
+  // A member that refuses its group before it has an exchange (a bad
+  // request or plan, a full queue): connects `board` to `targets` (member
+  // order; those without an address are skipped) and puts the group's abort
+  // word, carrying `code`, where each peer waits for this member (best
+  // effort, bounded): the peers end with `code` at once instead of at their
+  // join timeout. The board must be idle (the caller's loop runs one group
+  // at a time).
+  static void Refuse(UcxNoticeBoard& board, const std::vector<ElasticExchangeTarget>& targets,
+                     int self, uint32_t seq_base, absl::StatusCode code);
   ~UcxElasticExchange() override;
   UcxElasticExchange(const UcxElasticExchange&) = delete;
   UcxElasticExchange& operator=(const UcxElasticExchange&) = delete;
@@ -112,8 +123,10 @@ class UcxElasticExchange : public model::KvExchange {
   [[nodiscard]] absl::Status AllGather(int layer, absl::Span<const int64_t> rows, const float* k,
                                        const float* v, const float** k_all,
                                        const float** v_all) override;
-  // Tells every peer (best effort) and ends this member's waits.
-  void Abort() override;
+  // Tells every peer (best effort) and ends this member's waits; the peers'
+  // waits end with `code` (UNAVAILABLE for Abort()).
+  void Abort() override { Abort(absl::StatusCode::kUnavailable); }
+  void Abort(absl::StatusCode code);
 
  private:
   UcxElasticExchange(Plan plan, int self, absl::Duration timeout, uint32_t seq_base);

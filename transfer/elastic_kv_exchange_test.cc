@@ -67,7 +67,7 @@ TEST_CASE("every member gathers every row of every layer, over shm and tcp", "[e
   }
 }
 
-TEST_CASE("a member that fails aborts the others (UNAVAILABLE); one that never comes times out",
+TEST_CASE("a member that fails aborts the others with its code; one that never comes times out",
           "[elastic]") {
   auto ctx = UcxContext::Create(TransportProfile::kShm);
   REQUIRE(ctx.ok());
@@ -79,12 +79,33 @@ TEST_CASE("a member that fails aborts the others (UNAVAILABLE); one that never c
     CHECK(RunMember(*group[0], plan, 0, kLayers, &equal).code() == absl::StatusCode::kUnavailable);
   }
   {
+    auto group = Group(**ctx, plan, absl::Seconds(30));
+    group[1]->Abort(absl::StatusCode::kResourceExhausted);
+    CHECK(RunMember(*group[0], plan, 0, kLayers, &equal).code() ==
+          absl::StatusCode::kResourceExhausted);
+  }
+  {
     auto group = Group(**ctx, plan, absl::Milliseconds(200));
     CHECK(RunMember(*group[0], plan, 0, kLayers, &equal).code() ==
           absl::StatusCode::kDeadlineExceeded);
   }
   CHECK(!UcxElasticExchange::Create(**ctx, {{{0, 1}, {1, 2}}, 3, kWidth}, 0, {}, absl::Seconds(1))
              .ok());  // row 1 twice
+}
+
+TEST_CASE("a request id's groups have their own sequence bases", "[elastic]") {
+  CHECK(UcxElasticExchange::SeqBase("r1") == UcxElasticExchange::SeqBase("r1", 0));
+  CHECK(UcxElasticExchange::SeqBase("r1", 1) != UcxElasticExchange::SeqBase("r1", 2));
+  CHECK(UcxElasticExchange::SeqBase("r1", 1) != UcxElasticExchange::SeqBase("r1"));
+  for (uint64_t group : {uint64_t{0}, uint64_t{1}, ~uint64_t{0}}) {
+    const uint32_t base = UcxElasticExchange::SeqBase("r1", group);
+    CHECK(base >= 2);               // the abort word base - 1 is never 0
+    CHECK(base < 0x80000000u + 2);  // every layer stays far below kAbortSeq
+  }
+  CHECK(AbortCode(AbortWord(7, absl::StatusCode::kInvalidArgument)) ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(AbortCode(NoticeWord(7, 0)) == absl::StatusCode::kUnavailable);  // no code carried
+  CHECK(AbortCode(NoticeWord(7, 999)) == absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

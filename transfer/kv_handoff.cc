@@ -94,19 +94,55 @@ uint64_t KvHandoffBytes(const model::KvCacheShape& target, size_t num_blocks, in
          sizeof(float);
 }
 
+uint32_t KvGatheredCrc(const std::vector<KvHeadSource>& sources, const std::vector<int32_t>& blocks,
+                       KvLayerRange layers) {
+  if (sources.empty()) return 0;
+  const model::KvCacheShape& s0 = sources[0].cache->shape();
+  const int64_t end = layers.count == 0 ? s0.num_layers : layers.first + layers.count;
+  uint32_t crc = 0;
+  for (int64_t layer = layers.first; layer < end; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int32_t b : blocks) {
+        for (int64_t t = 0; t < s0.block_size; ++t) {
+          for (const KvHeadSource& src : sources) {
+            const model::KvCacheShape& s = src.cache->shape();
+            const size_t head_bytes = s.head_dim * sizeof(float);
+            const auto* base = reinterpret_cast<const uint8_t*>(src.cache->Key(0));
+            const uint8_t* token = base + BlockOffset(s, layer, kv, b) +
+                                   t * s.num_kv_heads * head_bytes +
+                                   src.heads.src_first * head_bytes;
+            crc = Crc32cExtend(crc, token, src.heads.count * head_bytes);
+          }
+        }
+      }
+    }
+  }
+  return crc;
+}
+
 absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
                                const std::vector<int32_t>& src,
                                const model::KvCacheShape& dst_shape,
                                const std::vector<int32_t>& dst, int64_t first_head) {
+  return ValidateKvHandoff(src_shape, src, dst_shape, dst,
+                           KvHeadSlice{.src_first = first_head, .count = dst_shape.num_kv_heads});
+}
+
+absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
+                               const std::vector<int32_t>& src,
+                               const model::KvCacheShape& dst_shape,
+                               const std::vector<int32_t>& dst, KvHeadSlice heads) {
   if (src_shape.num_layers != dst_shape.num_layers ||
-      src_shape.block_size != dst_shape.block_size || first_head < 0 ||
-      first_head + dst_shape.num_kv_heads > src_shape.num_kv_heads ||
+      src_shape.block_size != dst_shape.block_size || heads.src_first < 0 || heads.dst_first < 0 ||
+      heads.count < 1 || heads.src_first + heads.count > src_shape.num_kv_heads ||
+      heads.dst_first + heads.count > dst_shape.num_kv_heads ||
       src_shape.head_dim != dst_shape.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV hand-off: cache geometry differs (layers ", src_shape.num_layers, "/",
         dst_shape.num_layers, ", block_size ", src_shape.block_size, "/", dst_shape.block_size,
-        ", kv_heads ", src_shape.num_kv_heads, "/", dst_shape.num_kv_heads, " from head ",
-        first_head, ", head_dim ", src_shape.head_dim, "/", dst_shape.head_dim, ")"));
+        ", kv_heads ", src_shape.num_kv_heads, "/", dst_shape.num_kv_heads, ", ", heads.count,
+        " heads from head ", heads.src_first, " to head ", heads.dst_first, ", head_dim ",
+        src_shape.head_dim, "/", dst_shape.head_dim, ")"));
   }
   if (src.empty() || src.size() != dst.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -284,15 +320,24 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendLayers(const KvHandoffTarget& targ
                                                      const std::vector<int32_t>& dst,
                                                      Deadline deadline, KvLayerRange layers,
                                                      int64_t first_head, KvHandoffPath* path) {
+  return SendLayers(target, src, dst, deadline, layers,
+                    KvHeadSlice{.src_first = first_head, .count = target.shape.num_kv_heads}, path);
+}
+
+absl::StatusOr<uint32_t> KvHandoffSender::SendLayers(const KvHandoffTarget& target,
+                                                     const std::vector<int32_t>& src,
+                                                     const std::vector<int32_t>& dst,
+                                                     Deadline deadline, KvLayerRange layers,
+                                                     KvHeadSlice heads, KvHandoffPath* path) {
   const model::KvCacheShape& s = cache_.shape();
-  RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, first_head));
+  RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, heads));
   const int64_t count = layers.count == 0 ? s.num_layers - layers.first : layers.count;
   if (layers.first < 0 || count < 1 || layers.first + count > s.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("KV hand-off: layers ", layers.first, " + ",
                                                    layers.count, " of ", s.num_layers));
   }
   const std::vector<KvSegment> segments =
-      PlanKvSegments(s, target.shape, src, dst, first_head, layers.first, count);
+      PlanKvSegments(s, target.shape, src, dst, heads, layers.first, count);
   ++in_flight_;
   absl::StatusOr<uint32_t> crc = SendSegments(target, segments, deadline, path);
   --in_flight_;

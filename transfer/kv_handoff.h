@@ -111,6 +111,26 @@ absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
                                const std::vector<int32_t>& src,
                                const model::KvCacheShape& dst_shape,
                                const std::vector<int32_t>& dst, int64_t first_head = 0);
+// The same for `heads` of each token (source heads [src_first, src_first +
+// count) into target heads [dst_first, dst_first + count)).
+absl::Status ValidateKvHandoff(const model::KvCacheShape& src_shape,
+                               const std::vector<int32_t>& src,
+                               const model::KvCacheShape& dst_shape,
+                               const std::vector<int32_t>& dst, KvHeadSlice heads);
+
+// One source cache's part of a target's heads: its heads
+// [heads.src_first, + count) become the target's [heads.dst_first, + count).
+struct KvHeadSource {
+  const model::KvCache* cache = nullptr;
+  KvHeadSlice heads;
+};
+// The KvBlocksCrc a target of `target_heads` KV heads computes over its
+// blocks once every source wrote its part of `blocks` (the same block ids in
+// every source), over `layers` only: the sources' slices taken in the
+// target's order (for each layer, keys then values, block, token, source).
+// `sources` must be in target head order and cover its heads.
+uint32_t KvGatheredCrc(const std::vector<KvHeadSource>& sources, const std::vector<int32_t>& blocks,
+                       KvLayerRange layers);
 
 // Decode side: exposes a KvCache to remote writes and lands the hand-off
 // messages of senders that cannot map it. The progress thread keeps running
@@ -198,6 +218,15 @@ class KvHandoffSender {
                                                     const std::vector<int32_t>& dst,
                                                     Deadline deadline, KvLayerRange layers,
                                                     int64_t first_head = 0,
+                                                    KvHandoffPath* path = nullptr);
+  // The same for a head slice either way: a tensor-parallel prefill rank
+  // writes its heads into a target that holds more (or others) at
+  // heads.dst_first. The CRC is over the source bytes moved, in order.
+  [[nodiscard]] absl::StatusOr<uint32_t> SendLayers(const KvHandoffTarget& target,
+                                                    const std::vector<int32_t>& src,
+                                                    const std::vector<int32_t>& dst,
+                                                    Deadline deadline, KvLayerRange layers,
+                                                    KvHeadSlice heads,
                                                     KvHandoffPath* path = nullptr);
 
  private:

@@ -402,5 +402,76 @@ TEST_CASE("a landing message that would write outside the decode cache is refuse
   }
 }
 
+// Rank r's cache of a TP=2 prefill group: head r of every token of `whole`.
+std::unique_ptr<model::KvCache> HeadOf(const model::KvCache& whole, int64_t head) {
+  model::KvCacheShape s = whole.shape();
+  s.num_kv_heads = 1;
+  auto out = model::KvCache::Create(s);
+  REQUIRE(out.ok());
+  const int64_t tokens = s.num_blocks * s.block_size;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const float* from = kv == 0 ? whole.Key(l) : whole.Value(l);
+      float* to = kv == 0 ? (*out)->Key(l) : (*out)->Value(l);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::memcpy(to + t * s.head_dim, from + (t * 2 + head) * s.head_dim,
+                    s.head_dim * sizeof(float));
+      }
+    }
+  }
+  return *std::move(out);
+}
+
+TEST_CASE(
+    "the two ranks of a TP=2 prefill group fill one decode cache's heads, group by group, and "
+    "the gathered CRC is the decode side's",
+    "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    auto whole = model::KvCache::Create(Shape(8));
+    REQUIRE(whole.ok());
+    Fill(**whole, 21);
+    std::vector<std::unique_ptr<model::KvCache>> ranks;
+    ranks.push_back(HeadOf(**whole, 0));
+    ranks.push_back(HeadOf(**whole, 1));
+    auto rx = KvHandoffReceiver::CreateWithCache(**ctx, Shape(12), {.name = "decode-0"});
+    REQUIRE(rx.ok());
+    const model::KvCache& decode_kv = *(*rx)->owned_cache();
+    const std::vector<int32_t> src = {5, 1, 2, 6};
+    const std::vector<int32_t> dst = {0, 8, 9, 3};
+    std::vector<KvHeadSource> sources;
+    uint32_t gathered = 0;
+    const Deadline d = Deadline::After(absl::Seconds(10));
+    for (int r = 0; r < 2; ++r) {
+      auto tx = KvHandoffSender::Create(**ctx, *ranks[r], {.name = absl::StrCat("prefill-", r)});
+      REQUIRE(tx.ok());
+      const KvHeadSlice heads{.src_first = 0, .dst_first = r, .count = 1};
+      sources.push_back({ranks[r].get(), heads});
+      // Layer 0, then layers 1..2.
+      for (KvLayerRange layers : {KvLayerRange{0, 1}, KvLayerRange{1, 0}}) {
+        KvHandoffPath path = KvHandoffPath::kRendezvous;
+        auto crc = (*tx)->SendLayers((*rx)->target(), src, dst, d, layers, heads, &path);
+        REQUIRE(crc.ok());
+        CHECK(path == (p == 0 ? KvHandoffPath::kMapped : KvHandoffPath::kPut));
+      }
+      // A slice past the target's heads is refused.
+      const KvHeadSlice past{.src_first = 0, .dst_first = 2, .count = 1};
+      CHECK((*tx)->SendLayers((*rx)->target(), src, dst, d, {}, past).status().code() ==
+            absl::StatusCode::kInvalidArgument);
+    }
+    REQUIRE((*rx)->AwaitLandedWrites().ok());
+    for (size_t i = 0; i < src.size(); ++i) CHECK(SameBlock(**whole, src[i], decode_kv, dst[i]));
+    gathered = KvGatheredCrc(sources, src, {});
+    CHECK(gathered == KvBlocksCrc(decode_kv, dst));
+    CHECK(gathered == KvBlocksCrc(**whole, src));
+    // Per layer group, joined as a layer-wise hand-off joins them.
+    const uint32_t first = KvGatheredCrc(sources, src, {0, 1});
+    const uint32_t rest = KvGatheredCrc(sources, src, {1, 0});
+    CHECK(Crc32cCombine(first, rest, KvHandoffBytes(decode_kv.shape(), src.size(), 2)) == gathered);
+  }
+}
+
 }  // namespace
 }  // namespace mmserve::transfer

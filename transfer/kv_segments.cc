@@ -22,18 +22,22 @@ uint64_t BlockOffset(const model::KvCacheShape& s, int64_t layer, int kv, int64_
 
 // One plane's segments: runs of whole blocks, or per-token head slices.
 void PlanePlan(const model::KvCacheShape& s, const model::KvCacheShape& t,
-               const std::vector<int32_t>& src, const std::vector<int32_t>& dst, int64_t first_head,
-               int64_t layer, int kv, std::vector<KvSegment>* out) {
-  const bool sliced = t.num_kv_heads != s.num_kv_heads;
-  const uint64_t token_bytes = s.num_kv_heads * s.head_dim * sizeof(float);
-  const uint64_t slice_bytes = t.num_kv_heads * s.head_dim * sizeof(float);
-  const uint64_t skip = first_head * s.head_dim * sizeof(float);
+               const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
+               const KvHeadSlice& heads, int64_t layer, int kv, std::vector<KvSegment>* out) {
+  const bool sliced = heads.count != s.num_kv_heads || heads.count != t.num_kv_heads;
+  const uint64_t head_bytes = s.head_dim * sizeof(float);
+  const uint64_t src_token = s.num_kv_heads * head_bytes;
+  const uint64_t dst_token = t.num_kv_heads * head_bytes;
+  const uint64_t slice_bytes = heads.count * head_bytes;
+  const uint64_t src_skip = heads.src_first * head_bytes;
+  const uint64_t dst_skip = heads.dst_first * head_bytes;
   for (size_t i = 0; i < src.size(); ++i) {
     const uint64_t from = BlockOffset(s, layer, kv, src[i]);
     const uint64_t to = BlockOffset(t, layer, kv, dst[i]);
     if (sliced) {
       for (int64_t k = 0; k < s.block_size; ++k) {
-        out->push_back({from + k * token_bytes + skip, to + k * slice_bytes, slice_bytes});
+        out->push_back(
+            {from + k * src_token + src_skip, to + k * dst_token + dst_skip, slice_bytes});
       }
       continue;
     }
@@ -52,14 +56,24 @@ void PlanePlan(const model::KvCacheShape& s, const model::KvCacheShape& t,
 std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
                                       const model::KvCacheShape& target,
                                       const std::vector<int32_t>& src,
-                                      const std::vector<int32_t>& dst, int64_t first_head,
+                                      const std::vector<int32_t>& dst, KvHeadSlice heads,
                                       int64_t first_layer, int64_t num_layers) {
   std::vector<KvSegment> out;
   const int64_t end = num_layers < 0 ? source.num_layers : first_layer + num_layers;
   for (int64_t layer = first_layer; layer < end; ++layer) {
-    for (int kv = 0; kv < 2; ++kv) PlanePlan(source, target, src, dst, first_head, layer, kv, &out);
+    for (int kv = 0; kv < 2; ++kv) PlanePlan(source, target, src, dst, heads, layer, kv, &out);
   }
   return out;
+}
+
+std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
+                                      const model::KvCacheShape& target,
+                                      const std::vector<int32_t>& src,
+                                      const std::vector<int32_t>& dst, int64_t first_head,
+                                      int64_t first_layer, int64_t num_layers) {
+  return PlanKvSegments(source, target, src, dst,
+                        KvHeadSlice{.src_first = first_head, .count = target.num_kv_heads},
+                        first_layer, num_layers);
 }
 
 std::vector<std::vector<KvSegment>> ChunkKvSegments(const std::vector<KvSegment>& segments,

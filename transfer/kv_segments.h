@@ -8,7 +8,8 @@
 //
 // A run of blocks consecutive on both sides in one layer's K or V plane is one
 // segment (blocks of a plane are adjacent in memory); a head slice (a
-// tensor-parallel target with fewer KV heads) is one segment per token.
+// tensor-parallel target with fewer KV heads, or a tensor-parallel source
+// rank's heads into a target with more) is one segment per token.
 // Pure functions, thread-safe. Arguments must have passed ValidateKvHandoff.
 #ifndef MMSERVE_TRANSFER_KV_SEGMENTS_H_
 #define MMSERVE_TRANSFER_KV_SEGMENTS_H_
@@ -26,8 +27,24 @@ struct KvSegment {
   uint64_t bytes = 0;  // > 0
 };
 
+// Which KV heads of each token move: `count` heads from source head
+// `src_first` to target head `dst_first`. Both caches hold whole tokens of
+// their own heads; when both hold `count` heads whole blocks move.
+struct KvHeadSlice {
+  int64_t src_first = 0;
+  int64_t dst_first = 0;
+  int64_t count = 0;
+};
+
 // Layers [first_layer, first_layer + num_layers) only (num_layers < 0: to
 // the last layer).
+std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
+                                      const model::KvCacheShape& target,
+                                      const std::vector<int32_t>& src,
+                                      const std::vector<int32_t>& dst, KvHeadSlice heads,
+                                      int64_t first_layer = 0, int64_t num_layers = -1);
+// The target's heads, from source head `first_head` (a target with as many or
+// fewer heads than the source).
 std::vector<KvSegment> PlanKvSegments(const model::KvCacheShape& source,
                                       const model::KvCacheShape& target,
                                       const std::vector<int32_t>& src,

@@ -310,8 +310,11 @@ absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq
       Peek(indices, words);
     }
     size_t ready = 0, aborted = 0;
+    absl::StatusCode code = absl::StatusCode::kUnavailable;
     for (uint64_t word : *words) {
-      aborted += NoticeSeq(word) == kAbortSeq || NoticeSeq(word) == abort_seq;
+      const bool abort = NoticeSeq(word) == kAbortSeq || NoticeSeq(word) == abort_seq;
+      if (abort && aborted == 0) code = AbortCode(word);
+      aborted += abort;
       ready += NoticeSeq(word) == seq;
     }
     if (aborted > 0 || ready == indices.size()) {
@@ -319,7 +322,7 @@ absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq
         read = true;
         continue;
       }
-      if (aborted > 0) return absl::UnavailableError("a peer gave up");
+      if (aborted > 0) return absl::Status(code, "a peer gave up");
       return absl::OkStatus();
     }
     read = false;

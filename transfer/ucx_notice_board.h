@@ -16,7 +16,8 @@
 // once more on the progress thread, where UCX 1.13's emulated puts land, so
 // the data the peer put before them is visible to the caller afterwards (shm puts into the mapped
 // segment are plain memcpys by the peer, ordered by its flush). A word whose sequence is kAbortSeq
-// ends every Await on it with UNAVAILABLE.
+// (or the caller's abort sequence) ends every Await on it with the code it
+// carries (AbortWord; UNAVAILABLE when none).
 //
 // Dead peers: UCX tcp reports a lost peer (error mode PEER) and the board
 // marks it; UCX 1.13's shm transports report nothing. So every target also
@@ -71,6 +72,19 @@ inline constexpr uint32_t kAbortSeq = 0xffffffffu;
 inline uint64_t NoticeWord(uint32_t seq, uint32_t crc) { return (uint64_t{seq} << 32) | crc; }
 inline uint32_t NoticeSeq(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
 inline uint32_t NoticeCrc(uint64_t word) { return static_cast<uint32_t>(word); }
+// An abort word's low half may carry the status code its writer failed
+// with (the peers then end with that code); 0 or anything that is no error
+// code reads as UNAVAILABLE.
+inline uint64_t AbortWord(uint32_t abort_seq, absl::StatusCode code) {
+  return NoticeWord(abort_seq, static_cast<uint32_t>(code));
+}
+inline absl::StatusCode AbortCode(uint64_t word) {
+  const uint32_t c = NoticeCrc(word);
+  if (c == 0 || c > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::StatusCode::kUnavailable;
+  }
+  return static_cast<absl::StatusCode>(c);
+}
 
 class UcxNoticeBoard {
  public:
@@ -142,8 +156,9 @@ class UcxNoticeBoard {
   // Peek holds it while it expects queries.
   void HoldAwake(bool hold) { awake_holds_.fetch_add(hold ? 1 : -1, std::memory_order_relaxed); }
   // Waits until every notice in `indices` has sequence `seq` (*words gets
-  // them, in the order of indices; polled with Peek, then Read once). UNAVAILABLE on an abort word
-  // (kAbortSeq or `abort_seq`), once `cancelled` is set or a peer is lost (its process gone
+  // them, in the order of indices; polled with Peek, then Read once). An abort word (kAbortSeq
+  // or `abort_seq`) ends it with the code the word carries (AbortCode); UNAVAILABLE once
+  // `cancelled` is set or a peer is lost (its process gone
   // included); DEADLINE_EXCEEDED past the deadline.
   [[nodiscard]] absl::Status Await(const std::vector<int>& indices, uint32_t seq, Deadline deadline,
                                    const std::atomic<bool>& cancelled, std::vector<uint64_t>* words,

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -22,7 +24,19 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(UcxContext& context
   params.thread_mode = UCS_THREAD_MODE_SINGLE;
   params.name = options.name.c_str();
   ucp_worker_h worker = nullptr;
-  RETURN_IF_ERROR(UCX_CALL(ucp_worker_create(context.get(), &params, &worker)));
+  // Opening the tcp transport's interfaces can fail for a moment on a busy
+  // machine (UCS_ERR_NO_DEVICE: no interface could be opened); a few tries
+  // over about a second tell that from a machine that has none.
+  ucs_status_t created = UCS_ERR_NO_DEVICE;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (attempt > 0) {
+      LOG(WARNING) << "ucp_worker_create: " << ucs_status_string(created) << "; trying again";
+      absl::SleepFor(absl::Milliseconds(100 << attempt));
+    }
+    created = ucp_worker_create(context.get(), &params, &worker);
+    if (created != UCS_ERR_NO_DEVICE) break;
+  }
+  RETURN_IF_ERROR(UCX_CALL(created));
 
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;

@@ -77,6 +77,7 @@ absl::Status StartRanks(const EngineOptions& options, int threads,
   g.threads_per_rank = threads;
   g.ring_slot_bytes = StepSlotBytes(options, m.config.EmbeddingRowWidth(), m.sizing.max_model_len);
   g.extra_args = options.tp_shard_args;
+  g.kv_fds = options.tp_shard_kv_fds;
   if (options.shared_input != nullptr) {
     g.shared_input_fd = options.shared_input_fd;
     g.shared_input_bytes = options.shared_input_bytes;

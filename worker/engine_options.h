@@ -78,6 +78,9 @@ struct EngineOptions {
   std::string tp_instance_id;
   // More flags for the shard ranks (TpGroupOptions::extra_args).
   std::vector<std::string> tp_shard_args;
+  // Role prefill: the files the shard ranks' KV caches lie in, rank 1
+  // first (TpGroupOptions::kv_fds), or empty.
+  std::vector<int> tp_shard_kv_fds;
   // Seed 000: memory every rank maps (a worker::ShmFile: its descriptor,
   // and where it lies in this process), which must outlive the engine. With
   // tp_size > 1, a step's image rows whose values lie in it reach the other

@@ -1,17 +1,8 @@
 #include "worker/kv_connector.h"
 
-#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace mmserve::worker {
-
-absl::Status PrefillKvConnector::Attach(const KvConnectorContext& context) {
-  if (context.tp_size != 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("KV hand-off needs tp_size 1, not ", context.tp_size));
-  }
-  return absl::OkStatus();
-}
 
 bool PrefillKvConnector::OnPromptDone(const KvPromptDone& done) {
   // Its first token ended it (stop token, eos, or a max_tokens of 1): it

@@ -165,12 +165,13 @@ class KvConnector {
 };
 
 // Role prefill: every request is prompt-only and, unless its first token
-// ends it (stop token, eos, max_tokens 1), is handed off. Needs tp_size 1.
-// A role that streams the KV while the prompt computes extends it with the
+// ends it (stop token, eos, max_tokens 1), is handed off, whatever the
+// tp_size (a tensor-parallel prefill role hands off each rank's heads). A
+// role that streams the KV while the prompt computes extends it with the
 // layer-wise hooks.
 class PrefillKvConnector : public KvConnector {
  public:
-  absl::Status Attach(const KvConnectorContext& context) override;
+  absl::Status Attach(const KvConnectorContext&) override { return absl::OkStatus(); }
   KvPlan PlanRequest(const KvRequestInfo&) override { return {.prompt_only = true}; }
   void OnReserved(absl::string_view, const KvRequestInfo&) override {}
   void OnCommitted(absl::string_view) override {}

@@ -19,6 +19,8 @@ namespace {
 
 // Where a shard finds the shared input file's descriptor.
 constexpr int kSharedInputChildFd = 100;
+// Where a shard finds its KV cache file's descriptor.
+constexpr int kKvChildFd = 102;
 
 }  // namespace
 
@@ -31,6 +33,10 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
   if (o.shard_binary.empty() || access(o.shard_binary.c_str(), X_OK) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor-parallel shard binary '", o.shard_binary, "' is not executable"));
+  }
+  if (!o.kv_fds.empty() && o.kv_fds.size() != static_cast<size_t>(o.size - 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.kv_fds.size(), " KV cache files for ", o.size - 1, " shard ranks"));
   }
   std::unique_ptr<TpGroup> g(new TpGroup());
   g->options_ = o;
@@ -53,6 +59,12 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::Start(const TpGroupOptions& o)
       posix_spawn_file_actions_adddup2(&actions, o.shared_input_fd, child_fd);
       args.push_back(absl::StrCat("--shared_input_fd=", child_fd));
       args.push_back(absl::StrCat("--shared_input_bytes=", o.shared_input_bytes));
+    }
+    if (!o.kv_fds.empty()) {
+      const int fd = o.kv_fds[rank - 1];
+      const int child_fd = fd == kKvChildFd ? kKvChildFd + 1 : kKvChildFd;
+      posix_spawn_file_actions_adddup2(&actions, fd, child_fd);
+      args.push_back(absl::StrCat("--kv_fd=", child_fd));
     }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());

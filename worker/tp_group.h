@@ -55,6 +55,9 @@ struct TpGroupOptions {
   // shared_input_bytes read-only; steps name rows in it by offset.
   int shared_input_fd = -1;
   size_t shared_input_bytes = 0;
+  // Role prefill: one descriptor per shard rank (rank 1 first), each the
+  // file its KV cache lies in (worker/tp_kv_files.h), or empty.
+  std::vector<int> kv_fds;
 };
 
 class TpGroup {

@@ -3,7 +3,8 @@
 // its slices of the weights, and runs the steps rank 0 sends until kStop.
 // In a decode instance (--kv_handoff_profile) the rank also registers its KV
 // cache with UCX, so the prefill instance writes its KV heads straight into
-// it (worker/tp_kv_receiver.h).
+// it (worker/tp_kv_receiver.h); in a prefill instance (--kv_fd) its cache
+// lies in a file rank 0 maps and hands off from (worker/tp_kv_files.h).
 // Exit status 0 after kStop; 1 on any error (logged), e.g. UNAVAILABLE when
 // rank 0 died.
 #include <memory>
@@ -22,6 +23,7 @@
 #include "worker/shm_communicator.h"
 #include "worker/shm_file.h"
 #include "worker/step_ring.h"
+#include "worker/tp_kv_files.h"
 #include "worker/tp_kv_receiver.h"
 #include "worker/tp_step_loop.h"
 
@@ -38,6 +40,9 @@ ABSL_FLAG(int64_t, ring_slot_bytes, int64_t{1} << 20, "step ring slot size (as r
 ABSL_FLAG(std::string, kv_handoff_profile, "",
           "role decode: the UCX profile (shm or tcp) of the KV hand-off into this rank's "
           "cache; empty: none");
+ABSL_FLAG(int, kv_fd, -1,
+          "role prefill: inherited descriptor of the file this rank's KV cache lies in (rank 0 "
+          "hands its heads off from there), or -1");
 
 namespace mmserve::worker {
 namespace {
@@ -79,6 +84,10 @@ absl::Status Run() {
   absl::Span<const uint8_t> input;
   if (shared_input != nullptr) input = {shared_input->data(), shared_input->size()};
   const std::string profile = absl::GetFlag(FLAGS_kv_handoff_profile);
+  if (absl::GetFlag(FLAGS_kv_fd) >= 0) {
+    ShardKvFile kv_file(absl::GetFlag(FLAGS_kv_fd));
+    return RunShardSteps(*ring, qwen, input, &kv_file);
+  }
   if (profile.empty()) return RunShardSteps(*ring, qwen, input);
   ASSIGN_OR_RETURN(transfer::TransportProfile p, transfer::ParseTransportProfile(profile));
   ASSIGN_OR_RETURN(std::unique_ptr<transfer::UcxContext> ucx, transfer::UcxContext::Create(p));

@@ -13,6 +13,9 @@
 //   # synthetic multimodal: 2 images of 448x448, half of them repeats:
 //   ... --dataset=synthetic --images=2 --image_width=448 --image_height=448
 //       --prompt_tokens=64 --output_tokens=32 --repeat_share=0.5
+//   # multi-turn chats: 8 conversations of 4 turns over the same image, 1 s
+//   # of think time; the JSON adds the later turns' TTFT and goodput:
+//   ... --dataset=synthetic --turns=4 --think_time_s=1 --num_requests=32
 //   # the OpenAI HTTP API (streamed), or a language instance directly (text):
 //   ... --target=http --address=127.0.0.1:8000
 //   ... --target=language --address=127.0.0.1:50071 --dataset=synthetic --images=0
@@ -30,6 +33,7 @@
 //                      those 127.0.0.1 /metrics ports must settle at 0 (and,
 //                      with the encoder target, the sink's blocks and
 //                      transfers).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -67,6 +71,10 @@ ABSL_FLAG(std::vector<std::string>, prompt_tokens_mix, {},
           "replaces --prompt_tokens)");
 ABSL_FLAG(int, output_tokens, 16, "synthetic: tokens generated (EOS ignored)");
 ABSL_FLAG(double, repeat_share, 0, "synthetic: share of images repeating an earlier one");
+ABSL_FLAG(int, turns, 1,
+          "synthetic: > 1 sends conversations of this many turns over the same images "
+          "(--request_rate: conversations per second)");
+ABSL_FLAG(double, think_time_s, 0, "synthetic, --turns > 1: from a turn's end to the next turn");
 ABSL_FLAG(uint64_t, seed, 1, "arrivals and synthetic data");
 ABSL_FLAG(double, slo_ttft_ms, 1000, "goodput SLO on TTFT");
 ABSL_FLAG(double, slo_tpot_ms, 100, "goodput SLO on TPOT");
@@ -131,6 +139,10 @@ bool SpecFromFlags(WorkloadSpec& spec) {
   }
   spec.output_tokens = absl::GetFlag(FLAGS_output_tokens);
   spec.repeat_share = absl::GetFlag(FLAGS_repeat_share);
+  spec.turns = absl::GetFlag(FLAGS_turns);
+  spec.think_time_s = absl::GetFlag(FLAGS_think_time_s);
+  // A conversation's warm-up is its every turn.
+  spec.num_requests += absl::GetFlag(FLAGS_warmup) * (std::max(1, spec.turns) - 1);
   spec.seed = absl::GetFlag(FLAGS_seed);
   return true;
 }
@@ -197,8 +209,9 @@ int Main() {
     std::fprintf(stderr, "loadgen: %s (running anyway: the errors are counted)\n",
                  c.ToString().c_str());
   }
-  // Warm-up: the first items, one at a time, not counted.
-  const int warmup = absl::GetFlag(FLAGS_warmup);
+  // Warm-up: the first items (conversations), one at a time, not counted.
+  const int warmup = std::min<int>(absl::GetFlag(FLAGS_warmup) * workload->turns,
+                                   static_cast<int>(workload->items.size()));
   Workload warm;
   warm.items.assign(workload->items.begin(), workload->items.begin() + warmup);
   workload->items.erase(workload->items.begin(), workload->items.begin() + warmup);
@@ -214,7 +227,9 @@ int Main() {
   // Scripts that act during the load (fault tests) wait for this line.
   std::printf("loadgen: sending %zu requests\n", workload->items.size());
   std::fflush(stdout);
-  std::vector<Record> records = RunLoad(**target, *workload, ro, clock);
+  std::vector<Record> records = workload->turns > 1
+                                    ? RunConversations(**target, *workload, ro, clock)
+                                    : RunLoad(**target, *workload, ro, clock);
   for (Record& r : records) r.prompt_tokens = workload->items[r.item].prompt_tokens;
   const Slo slo{absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms),
                 absl::GetFlag(FLAGS_slo_ttft_ms_per_prompt_token)};
@@ -238,6 +253,30 @@ int Main() {
     extra.push_back({"output_tokens", absl::StrCat(spec.output_tokens)});
     extra.push_back({"repeat_share", absl::StrCat(spec.repeat_share)});
   }
+  if (workload->turns > 1) {
+    // The turns after a conversation's first: what a cache of its prefix helps.
+    std::vector<Record> later;
+    for (const Record& r : records) {
+      if (workload->items[r.item].turn > 0) later.push_back(r);
+    }
+    const Summary l = Summarize(later, slo);
+    extra.push_back({"turns", absl::StrCat(workload->turns)});
+    extra.push_back({"think_time_s", absl::StrCat(workload->think_time_s)});
+    extra.push_back({"later_turns", absl::StrCat(l.requests)});
+    extra.push_back({"later_ttft_p50_ms", absl::StrFormat("%.3f", l.ttft_ms.p50)});
+    extra.push_back({"later_ttft_p99_ms", absl::StrFormat("%.3f", l.ttft_ms.p99)});
+    extra.push_back({"later_slo_attainment", absl::StrFormat("%.4f", l.slo_attainment)});
+    extra.push_back({"later_goodput", absl::StrFormat("%.4f", l.goodput)});
+  }
+  // Prompt tokens computed (not found in a KV cache), from the usage.
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0;
+  for (const Record& r : records) {
+    if (r.usage_prompt_tokens < 0) continue;
+    prompt_tokens += r.usage_prompt_tokens;
+    cached_prompt_tokens += r.usage_cached_prompt_tokens;
+  }
+  extra.push_back({"usage_prompt_tokens", absl::StrCat(prompt_tokens)});
+  extra.push_back({"usage_cached_prompt_tokens", absl::StrCat(cached_prompt_tokens)});
   bool failed = summary.ok != summary.requests;
   std::string first_error;
   for (const Record& r : records) {

@@ -1,8 +1,12 @@
 #include "bench/loadgen/runner.h"
 
+#include <algorithm>
+#include <memory>
 #include <random>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 namespace mmserve::loadgen {
 namespace {
@@ -60,6 +64,49 @@ std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunO
   }
   records.resize(sent);
   return records;
+}
+
+std::vector<Record> RunConversations(Target& target, const Workload& workload,
+                                     const RunOptions& options, const Stopwatch& clock) {
+  std::vector<Record> records(workload.items.size());
+  const size_t turns = static_cast<size_t>(std::max(1, workload.turns));
+  std::mt19937_64 rng(options.seed);
+  std::exponential_distribution<double> gap(options.request_rate > 0 ? options.request_rate : 1);
+  const double limit_s = options.max_duration == absl::InfiniteDuration()
+                             ? 1e300
+                             : absl::ToDoubleSeconds(options.max_duration);
+  const double start_s = clock.ElapsedSeconds();
+  double next_s = start_s;
+  // One thread per conversation: it sends a turn, waits for its end, thinks.
+  std::vector<std::thread> conversations;
+  std::vector<bool> sent(records.size(), false);
+  for (size_t first = 0; first < workload.items.size(); first += turns) {
+    if (options.request_rate > 0) {
+      if (first > 0) next_s += options.poisson ? gap(rng) : 1.0 / options.request_rate;
+      const double wait = next_s - clock.ElapsedSeconds();
+      if (wait > 0) absl::SleepFor(absl::Seconds(wait));
+    }
+    if (clock.ElapsedSeconds() - start_s >= limit_s) break;
+    const size_t last = std::min(first + turns, workload.items.size());
+    for (size_t i = first; i < last; ++i) sent[i] = true;
+    conversations.emplace_back([&, first, last] {
+      for (size_t i = first; i < last; ++i) {
+        if (i > first) absl::SleepFor(absl::Seconds(workload.think_time_s));
+        Record& r = records[i];
+        r.item = static_cast<int>(i);
+        r.sent_s = clock.ElapsedSeconds();
+        absl::Notification done;
+        target.Send(workload.items[i], &r, [&done] { done.Notify(); });
+        done.WaitForNotification();
+      }
+    });
+  }
+  for (std::thread& t : conversations) t.join();
+  std::vector<Record> out;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (sent[i]) out.push_back(std::move(records[i]));
+  }
+  return out;
 }
 
 }  // namespace mmserve::loadgen

@@ -34,6 +34,14 @@ struct RunOptions {
 std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunOptions& options,
                             const Stopwatch& clock);
 
+// A workload of conversations (workload.turns > 1): conversations start as
+// RunLoad sends requests (request_rate is conversations per second), each
+// sends its turns one after another, a turn workload.think_time_s after the
+// turn before it ended (also when that one failed), and max_duration stops
+// new conversations only. One Record per turn sent, in workload order.
+std::vector<Record> RunConversations(Target& target, const Workload& workload,
+                                     const RunOptions& options, const Stopwatch& clock);
+
 }  // namespace mmserve::loadgen
 
 #endif  // MMSERVE_BENCH_LOADGEN_RUNNER_H_

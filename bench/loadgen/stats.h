@@ -38,6 +38,10 @@ struct Record {
   int output_tokens = 0;
   // The request's prompt tokens (synthetic items; 0: unknown).
   int prompt_tokens = 0;
+  // The final response's usage (gRPC targets; -1: none came): the prompt's
+  // tokens and those of them found in the KV cache.
+  int usage_prompt_tokens = -1;
+  int usage_cached_prompt_tokens = -1;
   absl::Status status;
   std::string text;
   std::vector<int32_t> token_ids;

@@ -64,6 +64,11 @@ class StreamCall final : public grpc::ClientReadReactor<Response> {
       }
     }
     record_->text += response_.text();
+    if (response_.has_usage()) {
+      record_->usage_prompt_tokens = static_cast<int>(response_.usage().prompt_tokens());
+      record_->usage_cached_prompt_tokens =
+          static_cast<int>(response_.usage().cached_prompt_tokens());
+    }
     this->StartRead(&response_);
   }
 

@@ -55,6 +55,23 @@ std::string RandomPng(int width, int height, std::mt19937_64& rng) {
   return out;
 }
 
+// `first`'s conversation: `turns` items over its images, each turn's text
+// a new question after the turns before it.
+void AddConversation(WorkItem first, int turns, int first_index, Workload& w) {
+  const int conversation = w.items.empty() ? 0 : w.items.back().conversation + 1;
+  first.conversation = conversation;
+  for (int t = 0; t < turns; ++t) {
+    WorkItem item = first;
+    item.turn = t;
+    if (t > 0) {
+      item.earlier_turns = w.items.back().earlier_turns;
+      item.earlier_turns.push_back(w.items.back().text);
+      item.text = absl::StrCat(first_index + t, " and now the next question about it");
+    }
+    w.items.push_back(std::move(item));
+  }
+}
+
 absl::Status BuildSynthetic(const WorkloadSpec& spec, Workload& w) {
   if (spec.images < 0 || spec.image_width <= 0 || spec.image_height <= 0 ||
       spec.image_width > 4096 || spec.image_height > 4096) {
@@ -69,6 +86,9 @@ absl::Status BuildSynthetic(const WorkloadSpec& spec, Workload& w) {
   }
   if (spec.repeat_share < 0 || spec.repeat_share > 1) {
     return absl::InvalidArgumentError("synthetic: repeat_share must be in [0, 1]");
+  }
+  if (spec.turns < 1 || spec.think_time_s < 0) {
+    return absl::InvalidArgumentError("synthetic: turns must be >= 1 and think_time_s >= 0");
   }
   std::mt19937_64 rng(spec.seed);
   std::uniform_real_distribution<double> coin(0, 1);
@@ -94,8 +114,15 @@ absl::Status BuildSynthetic(const WorkloadSpec& spec, Workload& w) {
     for (int t = 1; t < item.prompt_tokens; ++t) absl::StrAppend(&item.text, " ", kWords[t % 10]);
     item.max_tokens = spec.output_tokens;
     item.ignore_eos = true;
-    w.items.push_back(std::move(item));
+    if (spec.turns > 1) {
+      AddConversation(std::move(item), spec.turns, i, w);
+      i += spec.turns - 1;
+    } else {
+      w.items.push_back(std::move(item));
+    }
   }
+  w.turns = spec.turns;
+  w.think_time_s = spec.think_time_s;
   return absl::OkStatus();
 }
 
@@ -124,6 +151,14 @@ v1::GenerateRequest GrpcRequest(const WorkItem& item) {
   for (const std::string* image : item.images) {
     msg->add_content()->mutable_image()->set_data(*image);
   }
+  for (const std::string& earlier : item.earlier_turns) {
+    msg->add_content()->set_text(earlier);
+    msg = req.mutable_chat()->add_messages();
+    msg->set_role("assistant");
+    msg->add_content()->set_text(kAssistantReply);
+    msg = req.mutable_chat()->add_messages();
+    msg->set_role("user");
+  }
   msg->add_content()->set_text(item.text);
   req.mutable_sampling()->set_temperature(0);
   req.mutable_sampling()->set_max_tokens(item.max_tokens);
@@ -139,9 +174,17 @@ std::string HttpBody(const WorkItem& item) {
         {{"type", "image_url"},
          {"image_url", {{"url", "data:image/png;base64," + absl::Base64Escape(*image)}}}});
   }
+  nlohmann::json messages = nlohmann::json::array();
+  for (const std::string& earlier : item.earlier_turns) {
+    content.push_back({{"type", "text"}, {"text", earlier}});
+    messages.push_back({{"role", "user"}, {"content", content}});
+    messages.push_back({{"role", "assistant"}, {"content", kAssistantReply}});
+    content = nlohmann::json::array();
+  }
   content.push_back({{"type", "text"}, {"text", item.text}});
+  messages.push_back({{"role", "user"}, {"content", content}});
   nlohmann::json body;
-  body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", content}}});
+  body["messages"] = std::move(messages);
   body["temperature"] = 0;
   body["max_tokens"] = item.max_tokens;
   body["ignore_eos"] = item.ignore_eos;
@@ -155,6 +198,9 @@ absl::StatusOr<internal::v1::PrefillRequest> LanguageRequest(const WorkItem& ite
   if (!item.images.empty()) {
     return absl::InvalidArgumentError(
         "the language target takes text-only requests (--images=0): images need an encoder");
+  }
+  if (!item.earlier_turns.empty()) {
+    return absl::InvalidArgumentError("the language target takes single turns (--turns=1)");
   }
   internal::v1::PrefillRequest req;
   req.set_request_id(request_id);

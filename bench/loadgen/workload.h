@@ -11,7 +11,14 @@
 //              cache hits); `images` = 0 makes text-only requests;
 //              a non-empty `prompt_tokens_mix` draws each request's prompt
 //              length uniformly from its entries instead (a length-variance
-//              mix: `{32, 512, 1900}` gives a third of each on average).
+//              mix: `{32, 512, 1900}` gives a third of each on average);
+//              `turns` > 1 makes conversations instead: each of
+//              `num_requests` / `turns` conversations (rounded up) asks
+//              `turns` questions about the same images, each turn's prompt
+//              the whole chat so far (a fixed assistant reply stands for the
+//              answers, so a turn's prompt extends the one before it and the
+//              images lead every turn), sent `think_time_s` after the turn
+//              before it ended (RunConversations).
 //
 //   ASSIGN_OR_RETURN(Workload w, BuildWorkload(spec));
 //   v1::GenerateRequest r = GrpcRequest(w.items[0]);
@@ -42,6 +49,8 @@ struct WorkloadSpec {
   std::vector<int> prompt_tokens_mix;
   int output_tokens = 16;
   double repeat_share = 0.0;  // [0, 1]
+  int turns = 1;              // > 1: conversations of this many turns
+  double think_time_s = 0;    // between a turn's end and the next turn
   uint64_t seed = 1;
 };
 
@@ -49,6 +58,11 @@ struct WorkItem {
   // Image bytes, in prompt order, then the text of the user turn.
   std::vector<const std::string*> images;
   std::string text;
+  // A conversation's later turn: the user texts of the turns before it
+  // (the images lead the first), each answered by kAssistantReply.
+  std::vector<std::string> earlier_turns;
+  int conversation = -1;  // -1: a single request
+  int turn = 0;
   int max_tokens = 8;
   // synthetic: the prompt's words (about one token each); 0 for demo items.
   int prompt_tokens = 0;
@@ -58,8 +72,14 @@ struct WorkItem {
   int demo_index = -1;
 };
 
+// What a conversation's earlier turns were answered, in every later prompt.
+inline constexpr char kAssistantReply[] = "Noted.";
+
 struct Workload {
+  // A conversation's turns are consecutive, first turn first.
   std::vector<WorkItem> items;
+  int turns = 1;
+  double think_time_s = 0;
   // Owns every distinct image the items point to.
   std::vector<std::unique_ptr<std::string>> image_store;
   // demo: the expected answers (eval.json's), by demo_index.

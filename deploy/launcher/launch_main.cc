@@ -35,7 +35,10 @@ ABSL_FLAG(std::string, api_key_file, "",
 ABSL_FLAG(bool, restart, true, "restart a child that dies");
 ABSL_FLAG(int, tp, 1,
           "tensor-parallel ranks of the language instance (it starts its own shard ranks); with "
-          "--prefill/--decode, of each decode instance (prefill instances run one rank)");
+          "--prefill/--decode, of each decode instance (--prefill_tp sets the prefill instances')");
+ABSL_FLAG(int, prefill_tp, 1,
+          "with --prefill/--decode: tensor-parallel ranks of each prefill instance (each rank "
+          "hands its KV heads to the decode rank(s) holding them)");
 ABSL_FLAG(int, prefill, 0,
           "prefill/decode disaggregation: language instances of role prefill (with --decode; "
           "0: one role-both instance)");
@@ -100,10 +103,17 @@ absl::StatusOr<StackOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--elastic_step_models needs --elastic");
   }
   if (absl::GetFlag(FLAGS_tp) > 1) {
-    // Disaggregated: the decode instances are tensor-parallel, prefill runs
-    // one rank (role prefill needs --tp=1 for now).
+    // Disaggregated: --tp is the decode instances' (--prefill_tp the
+    // prefill instances').
     (o.prefill > 0 ? o.decode_args : o.language_args)
         .push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)));
+  }
+  if (absl::GetFlag(FLAGS_prefill_tp) < 1 ||
+      (absl::GetFlag(FLAGS_prefill_tp) > 1 && o.prefill == 0)) {
+    return absl::InvalidArgumentError("--prefill_tp needs --prefill and is at least 1");
+  }
+  if (absl::GetFlag(FLAGS_prefill_tp) > 1) {
+    o.prefill_args.push_back(absl::StrCat("--tp=", absl::GetFlag(FLAGS_prefill_tp)));
   }
   return o;
 }

@@ -174,6 +174,9 @@ absl::Status LocalStack::StartRole(const std::string& role, int i) {
   if (role == "decode") {
     args.insert(args.end(), options_.decode_args.begin(), options_.decode_args.end());
   }
+  if (role == "prefill") {
+    args.insert(args.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  }
   auto svc = Launch(id, options_.bin_dir + "/language_service/language", args);
   if (!svc.ok()) return svc.status();
   (role == "decode" ? decode_ : role == "elastic" ? elastic_ : prefill_)[i] = std::move(*svc);

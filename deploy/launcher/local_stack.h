@@ -60,6 +60,9 @@ struct StackOptions {
   // More flags for the decode instances only (after language_args), e.g.
   // --tp=2.
   std::vector<std::string> decode_args;
+  // More flags for the prefill instances only (after language_args), e.g.
+  // --tp=2.
+  std::vector<std::string> prefill_args;
   absl::Duration ready_timeout = absl::Seconds(120);
 };
 

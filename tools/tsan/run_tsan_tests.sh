@@ -35,6 +35,7 @@
 # descend into it. history_size=7 keeps the stacks of earlier accesses, which
 # suppressions need to match.
 #   tools/tsan/run_tsan_tests.sh [bazel flags] [targets]
+#   tools/tsan/run_tsan_tests.sh --testlogs   # prints the test log folder
 #   MMSERVE_BAZEL_CACHE=... (default ~/.cache/mmserve/bazel-disk)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -42,6 +43,10 @@ root="$(cd "$here/../.." && pwd)"
 out="${TMPDIR:-/tmp}/mmserve_tsan-$(id -un)-$(printf '%s' "$root" | md5sum | cut -c1-8)"
 cache="${MMSERVE_BAZEL_CACHE:-$HOME/.cache/mmserve/bazel-disk}"
 mkdir -p "$out" "$cache"
+if [[ "${1:-}" == "--testlogs" ]]; then
+  cd "$root" && exec bazel --output_base="$out/output_base" info --config=tsan --symlink_prefix=/ \
+    bazel-testlogs 2>/dev/null
+fi
 g++ -O1 -fPIC -shared -fsanitize=thread -o "$out/absl_sync_tsan_shim.so" \
   "$here/absl_sync_tsan_shim.cc" -ldl || exit 1
 reports="$out/reports/$(date +%Y%m%d-%H%M%S)-$$"

@@ -1,0 +1,125 @@
+// A tensor-parallel prefill instance (two rank processes, each holding 2 of
+// the model's 4 KV heads) hands its KV to decode instances of TP 2 (rank r
+// -> rank r), 1 (both ranks into the one rank) and 4 (each prefill rank into
+// two decode ranks): role both's tokens and text, whole and layer-wise, the
+// KV bytes the decode side received are the ones sent, nothing leaks. A
+// decode instance that splits another number of KV heads is refused with
+// FAILED_PRECONDITION naming both TP sizes, before any write.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "common/grpc_server.h"
+#include "language_service/kv_bytes_moved.h"
+#include "language_service/roles_testing.h"
+
+namespace mmserve::language {
+namespace {
+
+using namespace testing;  // NOLINT: the roles test support
+
+const std::vector<std::string>& Prompts() {
+  static const std::vector<std::string> prompts = {
+      "The quick brown fox jumps over the lazy dog",
+      "Hi",
+      "A much longer prompt that spans several KV blocks of four tokens each, so that the "
+      "hand-off moves more than a handful of blocks and every layer's keys and values",
+  };
+  return prompts;
+}
+
+// Into each decode TP size in turn: role both's tokens, and the bytes each
+// decode instance received are those the prefill instance sent it.
+void IntoEachDecodeTp(Instance& both, Instance& prefill, const std::string& name) {
+  for (int decode_tp : {2, 1, 4}) {
+    INFO(name << " -> decode TP " << decode_tp);
+    const transfer::WireBytes sent = KvBytesMoved(prefill.registry, "handoff");
+    const double before = sent.sent->value();
+    Instance decode(LanguageRole::kDecode, absl::Seconds(10), decode_tp,
+                    {.id = absl::StrCat("decode-tp", decode_tp)});
+    SplitEqualsBoth(both, prefill, decode, Prompts(),
+                    {.id_prefix = absl::StrCat(name, "-", decode_tp, "-"), .max_tokens = 8});
+    const transfer::WireBytes received = KvBytesMoved(decode.registry, "handoff");
+    CHECK(sent.sent->value() > before);
+    CHECK(received.received->value() == sent.sent->value() - before);
+    CHECK(decode.Idle());
+    CHECK(prefill.Idle());
+  }
+}
+
+TEST_CASE("a TP=2 prefill instance gives role both's tokens into decode TP 2, 1 and 4",
+          "[roles][tp]") {
+  Instance both(LanguageRole::kBoth);
+  {
+    Instance whole(
+        LanguageRole::kPrefill, absl::Seconds(10), 2,
+        {.id = "prefill-tp2", .adjust_role = [](RoleOptions& o) { o.handoff_layer_group = 0; }});
+    IntoEachDecodeTp(both, whole, "whole");
+  }
+  {
+    Instance layers(LanguageRole::kPrefill, absl::Seconds(10), 2,
+                    {.id = "prefill-tp2-layers", .adjust_role = [](RoleOptions& o) {
+                       o.handoff_layer_group = 1;
+                       o.handoff_layerwise_min_tokens = 0;
+                     }});
+    IntoEachDecodeTp(both, layers, "layers");
+  }
+  CHECK(both.Idle());
+}
+
+// A decode instance of 3 ranks x 1 KV head (not this model's 4): answers
+// AllocateKv only, and counts the calls that came after it.
+class ThreeHeadDecode final : public v1::Language::Service {
+ public:
+  grpc::Status AllocateKv(grpc::ServerContext*, const v1::KvAllocateRequest* request,
+                          v1::KvAllocation* a) override {
+    a->set_request_id(request->request_id());
+    a->set_num_tokens(static_cast<uint32_t>(request->prompt_token_ids_size()));
+    for (uint32_t r = 0; r < 3; ++r) {
+      v1::KvRankTarget* rank = a->add_ranks();
+      rank->mutable_peer()->set_worker_address("unused");
+      rank->mutable_layout()->set_tp_rank(r);
+      rank->mutable_layout()->set_tp_size(3);
+      rank->mutable_layout()->set_num_kv_heads(1);
+      rank->mutable_layout()->set_block_size(4);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status CommitKv(grpc::ServerContext*, const v1::KvCommit*, v1::KvCommitAck*) override {
+    ++commits;
+    return grpc::Status::OK;
+  }
+  std::atomic<int> commits{0};
+};
+
+TEST_CASE(
+    "a TP=2 prefill instance refuses a decode instance that splits other KV heads, naming both "
+    "TP sizes",
+    "[roles][tp]") {
+  Instance prefill(LanguageRole::kPrefill, absl::Seconds(10), 2,
+                   {.id = "prefill-tp2-refuse",
+                    .adjust_role = [](RoleOptions& o) { o.handoff_layer_group = 0; }});
+  ThreeHeadDecode decode;
+  auto server = StartGrpcServer("127.0.0.1:0", {&decode});
+  REQUIRE(server.ok());
+  (*server)->SetServing(true);
+  v1::PrefillRequest r = Request("refused", "The quick brown fox", Greedy(4));
+  r.mutable_decode()->set_instance_id("decode");
+  r.mutable_decode()->set_address("127.0.0.1:" + std::to_string((*server)->port()));
+  grpc::ClientContext ctx;
+  auto reader = prefill.stub->Prefill(&ctx, r);
+  Output out;
+  Drain(reader, &out);
+  INFO(out.status.error_message());
+  CHECK(out.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(out.status.error_message().find("tp=2") != std::string::npos);
+  CHECK(out.status.error_message().find("tp=3") != std::string::npos);
+  CHECK(out.tokens.empty());  // the first token goes only with a committed hand-off
+  CHECK(decode.commits == 0);
+  CHECK(prefill.Idle());
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+}  // namespace
+}  // namespace mmserve::language
