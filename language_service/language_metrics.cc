@@ -39,6 +39,31 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
       "for (images move concurrently): Connect to a new encoder, then init and each resume, each "
       "answered by a chunk.",
       {0, 1, 2, 3, 4, 6, 8, 16});
+  RegisterKvHandoff(registry);
+  handoff_blocked_seconds = &registry.GetCounter(
+      "mmserve_language_mm_handoff_blocked_seconds_total",
+      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
+      "putting image rows (their floats, or descriptors) into tensor-parallel steps.");
+  grammar_mask_seconds = &registry.GetCounter(
+      "mmserve_language_grammar_mask_seconds_total",
+      "Time spent computing structured-output token masks (on a helper thread, while the "
+      "forward pass runs).");
+  grammar_mask_wait_seconds = &registry.GetCounter(
+      "mmserve_language_grammar_mask_wait_seconds_total",
+      "Time sampling waited for structured-output token masks after the forward pass: the part "
+      "of the mask time the forward did not hide.");
+  const char* rows_help =
+      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
+      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
+      "step).";
+  rows_by_descriptor = &registry.GetCounter("mmserve_language_mm_rows_total", rows_help,
+                                            {{"placement", "descriptor"}});
+  rows_inline =
+      &registry.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
+}
+
+// The P/D hand-off's metrics (role prefill).
+void LanguageMetrics::RegisterKvHandoff(metrics::Registry& registry) {
   kv_handoff_round_trips = &registry.GetHistogram(
       "mmserve_language_kv_handoff_round_trips",
       "Per KV hand-off (role prefill), the round trips it waited for before the first token "
@@ -69,26 +94,6 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
       "whole hand-off shows all of it; a layer-wise one its last group and CommitKv.",
       {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
        10});
-  handoff_blocked_seconds = &registry.GetCounter(
-      "mmserve_language_mm_handoff_blocked_seconds_total",
-      "Loop CPU time spent moving image embeddings: copying them out of the receive buffer and "
-      "putting image rows (their floats, or descriptors) into tensor-parallel steps.");
-  grammar_mask_seconds = &registry.GetCounter(
-      "mmserve_language_grammar_mask_seconds_total",
-      "Time spent computing structured-output token masks (on a helper thread, while the "
-      "forward pass runs).");
-  grammar_mask_wait_seconds = &registry.GetCounter(
-      "mmserve_language_grammar_mask_wait_seconds_total",
-      "Time sampling waited for structured-output token masks after the forward pass: the part "
-      "of the mask time the forward did not hide.");
-  const char* rows_help =
-      "Image embedding rows rank 0 sent to the other tensor-parallel ranks, by placement "
-      "(descriptor: an offset into the receive buffer every rank maps; inline: the floats in the "
-      "step).";
-  rows_by_descriptor = &registry.GetCounter("mmserve_language_mm_rows_total", rows_help,
-                                            {{"placement", "descriptor"}});
-  rows_inline =
-      &registry.GetCounter("mmserve_language_mm_rows_total", rows_help, {{"placement", "inline"}});
 }
 
 }  // namespace mmserve::language

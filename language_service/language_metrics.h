@@ -50,6 +50,9 @@ struct LanguageMetrics {
   metrics::Counter* rows_inline;
   metrics::Counter* grammar_mask_seconds;
   metrics::Counter* grammar_mask_wait_seconds;
+
+ private:
+  void RegisterKvHandoff(metrics::Registry& registry);
 };
 
 }  // namespace mmserve::language
