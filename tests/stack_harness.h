@@ -9,6 +9,8 @@
 #ifndef MMSERVE_TESTS_STACK_HARNESS_H_
 #define MMSERVE_TESTS_STACK_HARNESS_H_
 
+#include <sys/types.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -187,6 +189,10 @@ struct Leaks {
   std::string ToString() const;
 };
 Leaks WaitForNoLeaks(launcher::LocalStack& stack, absl::Duration timeout);
+
+// Child processes of pid (a TP instance's shard ranks; any of its threads
+// may have started them).
+std::vector<pid_t> ChildrenOf(pid_t pid);
 
 // Options for a test stack: binaries from the runfiles, logs in the test's
 // output directory.

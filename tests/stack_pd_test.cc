@@ -69,19 +69,6 @@ launcher::StackOptions PdOptions(int decode_tp = 1) {
   return o;
 }
 
-// Child processes of pid (any of its threads may have started them).
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& task :
-       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
-    std::ifstream in(task.path() / "children");
-    pid_t child;
-    while (in >> child) out.push_back(child);
-  }
-  return out;
-}
-
 std::set<std::string> ShmEntries() {
   std::set<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {

@@ -139,19 +139,6 @@ TEST_CASE(
   }
 }
 
-// Child processes of pid (any of its threads may have started them).
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& task :
-       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
-    std::ifstream in(task.path() / "children");
-    pid_t child;
-    while (in >> child) out.push_back(child);
-  }
-  return out;
-}
-
 TEST_CASE(
     "SIGKILL of a TP=2 prefill instance's rank 1 mid-hand-off: a bounded UNAVAILABLE, the "
     "decode instance frees the reservations") {
