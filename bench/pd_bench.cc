@@ -125,7 +125,8 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / v.size();
 }
 
-double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+// a / b; NaN (null in the JSON line) when b is not positive.
+double Ratio(double a, double b) { return b > 0 ? a / b : std::nan(""); }
 
 // A timed Generate call.
 struct Timed {
@@ -336,8 +337,10 @@ int Fail(const absl::Status& s) {
 // What the JSON line collects, in order.
 class JsonLine {
  public:
+  // A value that is not finite (a ratio over nothing) is null.
   void Add(const std::string& key, double v) {
-    fields_.push_back(absl::StrFormat("\"%s\":%.4g", key, v));
+    fields_.push_back(std::isfinite(v) ? absl::StrFormat("\"%s\":%.4g", key, v)
+                                       : absl::StrFormat("\"%s\":null", key));
   }
   void AddRaw(const std::string& key, const std::string& v) {
     fields_.push_back(absl::StrFormat("\"%s\":%s", key, v));

@@ -4,7 +4,10 @@
 Runs every phase (TTFT per length, the hand-off alone and hidden, goodput,
 a two-value layer-group sweep) with one round, and checks the last line:
 it is JSON, every key the benchmark promises is there, and every ratio and
-time is a positive finite number (a hidden fraction is at most 1). The
+time is a positive finite number (a hidden fraction is at most 1), but
+for the goodput ratio: with four requests an arm may meet the SLO with
+none of them on a loaded machine, so it is null or positive and the two
+goodputs are finite and not negative. The
 tensor-parallel prefill keys are absent (not measured without
 --prefill_tp).
 """
@@ -39,7 +42,17 @@ def main():
         elif at_most is not None and value > at_most:
             errors.append(f"{key} = {value!r} > {at_most}")
 
-    keys = ["goodput_pd_vs_both", "throughput_pd_vs_both", "load_avg", "load_before"]
+    for key in ["goodput_pd_per_s", "goodput_both_per_s"]:
+        value = report.get(key)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            errors.append(f"{key} = {value!r}: not a finite number >= 0")
+    if "goodput_pd_vs_both" not in report:
+        errors.append("missing goodput_pd_vs_both")
+    elif report["goodput_pd_vs_both"] is not None:
+        positive("goodput_pd_vs_both", report["goodput_pd_vs_both"])
+    elif report.get("goodput_both_per_s") != 0:
+        errors.append("goodput_pd_vs_both is null although role both's goodput is not 0")
+    keys = ["throughput_pd_vs_both", "load_avg", "load_before"]
     for n in LENGTHS:
         k = f"{n // 1024}k" if n % 1024 == 0 else str(n)
         keys += [f"ttft_pd_vs_both_{k}", f"ttft_both_ms_{k}", f"handoff_alone_ms_{k}",
