@@ -58,7 +58,10 @@ absl::Duration AskAndCompare(mmserve::v1::Inference::Stub& stub, const std::vect
   ParallelFor(static_cast<int>(items.size()), threads, [&](int k) {
     const GenerateRequest req = DemoRequest(set, set.items[items[k]], {});
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    // A minute per request, three under a sanitizer (a loaded ASan run
+    // queues 8 requests behind slow -O0 forwards).
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60) * kSanitizerSlowdown);
     const int64_t start = MonotonicNanos();
     auto reader = stub.Generate(&ctx, req);
     mmserve::v1::GenerateResponse r;
@@ -461,8 +464,11 @@ TEST_CASE("a link cut mid-embedding-transfer and mid-KV-hand-off, then restored"
   o.router_args = kRouterArgs;
   o.encoder_args = {"--keep_for_seconds=5"};
   // Every hand-off waits between AllocateKv and its puts, so that a cut
-  // lands inside it; lost transfers and hand-offs give up after 5 s.
-  o.language_args = {"--transfer_timeout_ms=5000", "--kv_commit_timeout_ms=5000",
+  // lands inside it; lost transfers give up after 5 s, hand-offs after 5 s
+  // (15 s under a sanitizer, where a loaded -O0 run took longer than 5 s
+  // from AllocateKv to CommitKv with nothing cut).
+  o.language_args = {"--transfer_timeout_ms=5000",
+                     absl::StrCat("--kv_commit_timeout_ms=", 5000 * kSanitizerSlowdown),
                      "--test_kv_handoff_delay_ms=1500"};
   Running r = StartOnHosts(o);
   NetHosts& hosts = *r.hosts;
