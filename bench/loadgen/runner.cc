@@ -18,6 +18,42 @@ struct Gate {
   bool Empty() const { return *in_flight == 0; }
 };
 
+// When each request (or conversation) starts: at options.request_rate, in a
+// Poisson process or evenly spaced, at once when the rate is 0; none after
+// options.max_duration.
+class Arrivals {
+ public:
+  Arrivals(const RunOptions& options, const Stopwatch& clock)
+      : options_(options),
+        clock_(clock),
+        rng_(options.seed),
+        gap_(options.request_rate > 0 ? options.request_rate : 1),
+        start_s_(clock.ElapsedSeconds()),
+        next_s_(start_s_) {}
+
+  // Sleeps until arrival `n` is due (the first is due at once).
+  void Await(size_t n) {
+    if (options_.request_rate <= 0) return;
+    if (n > 0) next_s_ += options_.poisson ? gap_(rng_) : 1.0 / options_.request_rate;
+    const double wait = next_s_ - clock_.ElapsedSeconds();
+    if (wait > 0) absl::SleepFor(absl::Seconds(wait));
+  }
+
+  // Whether max_duration has passed since the first arrival.
+  bool Over() const {
+    return options_.max_duration != absl::InfiniteDuration() &&
+           clock_.ElapsedSeconds() - start_s_ >= absl::ToDoubleSeconds(options_.max_duration);
+  }
+
+ private:
+  const RunOptions& options_;
+  const Stopwatch& clock_;
+  std::mt19937_64 rng_;
+  std::exponential_distribution<double> gap_;
+  const double start_s_;
+  double next_s_;
+};
+
 }  // namespace
 
 std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunOptions& options,
@@ -27,25 +63,15 @@ std::vector<Record> RunLoad(Target& target, const Workload& workload, const RunO
   absl::Mutex mu;
   int in_flight = 0;  // guarded by mu
   const Gate gate{&in_flight, options.max_concurrency};
-  std::mt19937_64 rng(options.seed);
-  std::exponential_distribution<double> gap(options.request_rate > 0 ? options.request_rate : 1);
-  const double limit_s = options.max_duration == absl::InfiniteDuration()
-                             ? 1e300
-                             : absl::ToDoubleSeconds(options.max_duration);
-  const double start_s = clock.ElapsedSeconds();
-  double next_s = start_s;
+  Arrivals arrivals(options, clock);
   size_t sent = 0;
   for (; sent < workload.items.size(); ++sent) {
-    if (options.request_rate > 0) {
-      if (sent > 0) next_s += options.poisson ? gap(rng) : 1.0 / options.request_rate;
-      const double wait = next_s - clock.ElapsedSeconds();
-      if (wait > 0) absl::SleepFor(absl::Seconds(wait));
-    }
+    arrivals.Await(sent);
     if (options.max_concurrency > 0) {
       absl::MutexLock lock(&mu);
       mu.Await(absl::Condition(&gate, &Gate::Open));
     }
-    if (clock.ElapsedSeconds() - start_s >= limit_s) break;
+    if (arrivals.Over()) break;
     Record& r = records[sent];
     r.item = static_cast<int>(sent);
     r.sent_s = clock.ElapsedSeconds();
@@ -70,23 +96,13 @@ std::vector<Record> RunConversations(Target& target, const Workload& workload,
                                      const RunOptions& options, const Stopwatch& clock) {
   std::vector<Record> records(workload.items.size());
   const size_t turns = static_cast<size_t>(std::max(1, workload.turns));
-  std::mt19937_64 rng(options.seed);
-  std::exponential_distribution<double> gap(options.request_rate > 0 ? options.request_rate : 1);
-  const double limit_s = options.max_duration == absl::InfiniteDuration()
-                             ? 1e300
-                             : absl::ToDoubleSeconds(options.max_duration);
-  const double start_s = clock.ElapsedSeconds();
-  double next_s = start_s;
+  Arrivals arrivals(options, clock);
   // One thread per conversation: it sends a turn, waits for its end, thinks.
   std::vector<std::thread> conversations;
   std::vector<bool> sent(records.size(), false);
   for (size_t first = 0; first < workload.items.size(); first += turns) {
-    if (options.request_rate > 0) {
-      if (first > 0) next_s += options.poisson ? gap(rng) : 1.0 / options.request_rate;
-      const double wait = next_s - clock.ElapsedSeconds();
-      if (wait > 0) absl::SleepFor(absl::Seconds(wait));
-    }
-    if (clock.ElapsedSeconds() - start_s >= limit_s) break;
+    arrivals.Await(first / turns);
+    if (arrivals.Over()) break;
     const size_t last = std::min(first + turns, workload.items.size());
     for (size_t i = first; i < last; ++i) sent[i] = true;
     conversations.emplace_back([&, first, last] {
