@@ -48,13 +48,18 @@ InstanceOptions Layerwise(const std::string& id, absl::Duration delay = absl::Ze
           }};
 }
 
-// mmserve_language_kv_handoff_layer_groups_total, from the scrape.
-double LayerGroups(Instance& prefill) {
-  const std::string name = "\nmmserve_language_kv_handoff_layer_groups_total ";
+// An unlabelled metric's value, from the instance's scrape.
+double Scraped(Instance& prefill, const std::string& metric) {
+  const std::string name = "\n" + metric + " ";
   const std::string text = prefill.registry.Render();
   const size_t at = text.find(name);
   REQUIRE(at != std::string::npos);
   return std::stod(text.substr(at + name.size()));
+}
+
+// mmserve_language_kv_handoff_layer_groups_total.
+double LayerGroups(Instance& prefill) {
+  return Scraped(prefill, "mmserve_language_kv_handoff_layer_groups_total");
 }
 
 double SentBytes(Instance& prefill) {
@@ -233,13 +238,7 @@ TEST_CASE("a layer-wise hand-off writes the decode cache byte for byte as a whol
 }
 
 // Engine steps the instance has finished (mmserve_language_step_seconds).
-double Steps(Instance& prefill) {
-  const std::string name = "\nmmserve_language_step_seconds_count ";
-  const std::string text = prefill.registry.Render();
-  const size_t at = text.find(name);
-  REQUIRE(at != std::string::npos);
-  return std::stod(text.substr(at + name.size()));
-}
+double Steps(Instance& prefill) { return Scraped(prefill, "mmserve_language_step_seconds_count"); }
 
 TEST_CASE(
     "a layer-wise prompt asks for its decode blocks once its last chunk computes, not when "
