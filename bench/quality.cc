@@ -56,6 +56,13 @@ ABSL_FLAG(std::string, tokenizer, "models/shapes-demo/tokenizer.json", "with --d
 ABSL_FLAG(int, tokens, 1024, "corpus tokens to score");
 ABSL_FLAG(int, chunk, 256, "tokens per sequence");
 ABSL_FLAG(int, threads, 0, "compute threads (0: every core)");
+ABSL_FLAG(int, score_from, 0,
+          "score positions from this one of each chunk on (the ones before are context only); "
+          "llama-perplexity --kl-divergence scores from chunk/2");
+ABSL_FLAG(std::string, bf16_model_dir, "",
+          "with --model_dir: the same checkpoint with bf16 weight matrices, for the bf16 modes "
+          "(tools/llamacpp_gguf.py --bf16_dir writes one)");
+ABSL_FLAG(std::string, tokens_out, "", "write the scored corpus's token ids here, one a line");
 
 namespace mmserve {
 namespace {
@@ -72,10 +79,12 @@ struct Mode {
   bool bf16_weights;  // needs bf16 weights
 };
 
-// Every position's logits (chunk by chunk), under `mode`.
+// The logits of every scored position (chunk by chunk: positions score_from
+// to the chunk's last but one), under `kernel`.
 std::vector<std::vector<float>> Logits(const TextConfig& cfg, const model::Qwen2Weights& weights,
                                        const std::vector<int32_t>& tokens, int chunk,
-                                       LinearKernel kernel, model::cpu::ThreadPool& pool) {
+                                       int score_from, LinearKernel kernel,
+                                       model::cpu::ThreadPool& pool) {
   model::Qwen2Model m(cfg, weights, pool, {kernel});
   std::vector<std::vector<float>> out;
   for (size_t begin = 0; begin + 1 < tokens.size(); begin += chunk) {
@@ -85,7 +94,9 @@ std::vector<std::vector<float>> Logits(const TextConfig& cfg, const model::Qwen2
     auto step = runner.Step({{s, static_cast<int64_t>(end - begin)}}, /*all_rows=*/true);
     CHECK_OK(step.status());
     // Row i predicts token begin + i + 1; the chunk's last row has no target.
-    for (size_t i = 0; i + 1 < end - begin; ++i) out.push_back(std::move((*step)[0][i]));
+    for (size_t i = score_from; i + 1 < end - begin; ++i) {
+      out.push_back(std::move((*step)[0][i]));
+    }
   }
   return out;
 }
@@ -105,7 +116,7 @@ struct Quality {
 
 Quality Compare(const std::vector<std::vector<float>>& ref,
                 const std::vector<std::vector<float>>& got, const std::vector<int32_t>& tokens,
-                int chunk) {
+                int chunk, int score_from) {
   Quality q;
   std::vector<double> lp, lq;
   double nll = 0;
@@ -124,7 +135,8 @@ Quality Compare(const std::vector<std::vector<float>>& ref,
       q.max_dlogit = std::max(q.max_dlogit, static_cast<double>(std::fabs(ref[r][i] - got[r][i])));
     }
     // Row r is position i of chunk c: it predicts token c * chunk + i + 1.
-    const size_t c = r / (chunk - 1), i = r % (chunk - 1);
+    const size_t per_chunk = chunk - 1 - score_from;
+    const size_t c = r / per_chunk, i = score_from + r % per_chunk;
     nll -= lq[tokens[c * chunk + i + 1]];
     ++n;
   }
@@ -132,6 +144,13 @@ Quality Compare(const std::vector<std::vector<float>>& ref,
   q.top1 /= n;
   q.ppl = std::exp(nll / n);
   return q;
+}
+
+void WriteTokens(const std::string& path, const std::vector<int32_t>& tokens) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  CHECK(f != nullptr) << "--tokens_out: cannot write " << path;
+  for (int32_t t : tokens) std::fprintf(f, "%d\n", t);
+  CHECK(std::fclose(f) == 0) << "--tokens_out: cannot write " << path;
 }
 
 double LoadAverage() {
@@ -174,13 +193,26 @@ int Main() {
   std::vector<int32_t> tokens(
       ids->begin(), ids->begin() + std::min<size_t>(ids->size(), absl::GetFlag(FLAGS_tokens)));
   CHECK(tokens.size() >= 2) << "corpus too short";
+  const int score_from = absl::GetFlag(FLAGS_score_from);
+  CHECK(score_from >= 0 && score_from < chunk - 1)
+      << "--score_from=" << score_from << ": must be in [0, --chunk - 1)";
+  if (!absl::GetFlag(FLAGS_tokens_out).empty())
+    WriteTokens(absl::GetFlag(FLAGS_tokens_out), tokens);
+  std::unique_ptr<model::SafetensorsCheckpoint> bf16_ckpt;
+  if (!absl::GetFlag(FLAGS_bf16_model_dir).empty()) {
+    CHECK(ckpt != nullptr) << "--bf16_model_dir needs a checkpoint (not --dims)";
+    auto opened = model::SafetensorsCheckpoint::Open(absl::GetFlag(FLAGS_bf16_model_dir));
+    CHECK_OK(opened.status());
+    bf16_ckpt = std::move(opened).value();
+  }
 
-  // The checkpoint's weights when given; else random ones of `dtype`.
-  auto load = [&](DType dtype, const std::string& quantize) {
+  // The checkpoint's weights when given (its bf16 twin's for bf16 weights);
+  // else random ones of `dtype`.
+  auto load = [&](DType dtype, const std::string& quantize, bool bf16 = false) {
     auto options = model::ParseQuantize(quantize);
     CHECK_OK(options.status());
     if (ckpt == nullptr) return model::Qwen2Weights::Random(cfg, dtype, /*seed=*/7, *options);
-    auto w = model::Qwen2Weights::Load(*ckpt, cfg, *options);
+    auto w = model::Qwen2Weights::Load(bf16 ? *bf16_ckpt : *ckpt, cfg, *options);
     CHECK_OK(w.status());
     return std::move(w).value();
   };
@@ -204,9 +236,9 @@ int Main() {
   std::vector<std::vector<float>> ref;
   {
     auto w = load(DType::kF32, "");
-    ref = Logits(cfg, *w, tokens, chunk, LinearKernel::kDot, pool);
+    ref = Logits(cfg, *w, tokens, chunk, score_from, LinearKernel::kDot, pool);
   }
-  const Quality self = Compare(ref, ref, tokens, chunk);
+  const Quality self = Compare(ref, ref, tokens, chunk, score_from);
   std::printf("quality of the precision modes: %s, %zu positions of %s, chunks of %d\n\n",
               dims.empty() ? model_dir.c_str() : dims.c_str(), ref.size(),
               absl::GetFlag(FLAGS_corpus).c_str(), chunk);
@@ -215,16 +247,17 @@ int Main() {
   std::printf("%-28s %12.3g %7.2f%% %12.3f %12.3g\n", "fp32 (reference)", 0.0, 100.0, self.ppl,
               0.0);
   std::string json = absl::StrFormat(
-      "{\"bench\":\"quality\",\"model\":\"%s\",\"positions\":%zu,\"reference_perplexity\":%.4f,"
-      "\"modes\":[",
-      dims.empty() ? model_dir : dims, ref.size(), self.ppl);
+      "{\"bench\":\"quality\",\"model\":\"%s\",\"tokens\":%zu,\"chunk\":%d,\"score_from\":%d,"
+      "\"positions\":%zu,\"reference_perplexity\":%.4f,\"modes\":[",
+      dims.empty() ? model_dir : dims, tokens.size(), chunk, score_from, ref.size(), self.ppl);
   bool first = true;
   for (const Mode& mode : modes) {
-    // An fp32 checkpoint has no bf16 weights; its int8 modes quantize from fp32.
-    if (mode.bf16_weights && ckpt != nullptr) continue;
-    auto w = load(mode.dtype, mode.quantize);
-    const Quality q =
-        Compare(ref, Logits(cfg, *w, tokens, chunk, mode.kernel, pool), tokens, chunk);
+    // An fp32 checkpoint has no bf16 weights (unless --bf16_model_dir); its
+    // quantized modes quantize from fp32.
+    if (mode.bf16_weights && ckpt != nullptr && bf16_ckpt == nullptr) continue;
+    auto w = load(mode.dtype, mode.quantize, mode.bf16_weights);
+    const Quality q = Compare(ref, Logits(cfg, *w, tokens, chunk, score_from, mode.kernel, pool),
+                              tokens, chunk, score_from);
     std::printf("%-28s %12.3g %7.2f%% %12.3f %12.3g\n", mode.name.c_str(), q.kl, 100 * q.top1,
                 q.ppl, q.max_dlogit);
     absl::StrAppendFormat(&json,

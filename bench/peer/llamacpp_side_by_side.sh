@@ -7,9 +7,11 @@
 #   DIMS=qwen2-vl-2b bench/peer/llamacpp_side_by_side.sh   # rows K-quants take whole
 #
 # 1. llama.cpp from the PyPI llama-cpp-python sdist's vendored tree (the only
-#    download: `pip download --no-binary :all: --no-deps`), built with cmake
+#    download: tools/llamacpp_sdist.py, the file itself from pip's index,
+#    sha256 checked; `pip download` would build its metadata first), built with cmake
 #    -DGGML_NATIVE=ON (otherwise its defaults), targets llama-bench,
-#    llama-batched-bench and llama-quantize, into $CACHE (default
+#    llama-batched-bench, llama-quantize, llama-perplexity and llama-tokenize,
+#    into $CACHE (default
 #    $HOME/.cache/mmserve/llamacpp; kept between runs);
 # 2. random weights at DIMS (default qwen2-0.5b; lm_bench's --dims: the same
 #    shapes and value distribution) written as GGUF bf16, f16, Q8_0 and Q4_0
@@ -19,20 +21,31 @@
 #    896) llama-quantize gives the 896-wide matrices its fallback type
 #    instead (it prints which), so the Q4_K file is Q4_K only in part; at
 #    qwen2-vl-2b (1536, 8960) it is Q4_K throughout;
-# 3. ROUNDS rounds, each running every side once in turn (so that both see the
+# 3. quality on the same tokens: QUALITY_MODEL (default models/shapes-demo, a
+#    trained fp32 checkpoint: random weights' next-token distributions are
+#    near uniform, so every format's KL divergence would be noise-small) as
+#    GGUF f32, bf16, f16, Q8_0, Q4_0 (tools/llamacpp_gguf.py --checkpoint,
+#    with the checkpoint's tokenizer) and Q4_K (llama-quantize --pure from
+#    f32; the demo model's rows are 128 wide, so its Q4_K file is llama.cpp's
+#    fallback Q5_0: the report says so). llama-perplexity --kl-divergence-base
+#    on f32 then --kl-divergence per format, over QTOKENS tokens of CORPUS
+#    (default 1024 of /usr/share/common-licenses/GPL-3) in chunks of QCHUNK
+#    (256) scoring each chunk's second half, as llama-perplexity does; and
+#    bench:quality on the same checkpoint, tokens and positions (its bf16
+#    modes on the checkpoint rounded to bf16). The token ids of both sides
+#    are compared first (llama-tokenize against bench:quality --tokens_out);
+#    the run stops if they differ;
+# 4. ROUNDS rounds, each running every side once in turn (so that both see the
 #    same machine load): lm_bench (pp512, tg128, 32 sequences) with bf16
-#    weights and f32 or bf16 activations, int8 weights with int16 or int8
-#    activations, and int4 weights (int4_g32, int4_g128, int4_g32_zp,
+#    weights and f32 or bf16 activations, int8 weights (per row or per 32
+#    columns) with int16 or int8 activations, and int4 weights (int4_g32, int4_g128, int4_g32_zp,
 #    int4_g128_zp; always int8 activations); llama-bench (pp512, tg128) and
 #    llama-batched-bench (1, 8, 32 sequences of 128 decode steps) on each
 #    GGUF;
-# 4. tools/llamacpp_report.py: medians over rounds as a table, and the ratios
-#    as a last JSON line (int4_tg_vs_q4_0: int4_g32 against Q4_0, both
-#    symmetric in groups of 32; int4_tg_vs_q4_k: int4_g32_zp against Q4_K,
-#    both with a scale and an offset per 32 weights).
-# Quality is not compared here: the weights are random and the GGUFs carry
-# no tokenizer, so llama-perplexity --kl-divergence has no text to read.
-# bench:quality measures mmserve's modes' KL divergence on a real model.
+# 5. tools/llamacpp_report.py: medians over rounds as a table with each
+#    mode's KL divergence, and the ratios as a last JSON line: speed at real
+#    dims (random weights) joined with KL divergence on QUALITY_MODEL (see
+#    the report's docstring for the keys).
 #
 # Needs: python with numpy (PY, default the tools venv of tools/README.md if
 # present, else python3), pip, cmake, a C++ compiler, bazel (unless LM_BENCH
@@ -58,17 +71,18 @@ if [[ ! -d $src ]]; then
   sdist=$cache/llama_cpp_python-$version.tar.gz
   if [[ ! -f $sdist ]]; then
     log "downloading the llama-cpp-python $version sdist"
-    "$py" -m pip download --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$cache" >&2
+    python3 "$root/tools/llamacpp_sdist.py" --version="$version" --dest="$cache"
   fi
   tar -xzf "$sdist" -C "$cache"
 fi
-if [[ ! -x $build/bin/llama-bench || ! -x $build/bin/llama-batched-bench ||
-  ! -x $build/bin/llama-quantize ]]; then
+tools=(llama-bench llama-batched-bench llama-quantize llama-perplexity llama-tokenize)
+missing=0
+for t in "${tools[@]}"; do [[ -x $build/bin/$t ]] || missing=1; done
+if ((missing)); then
   log "building llama.cpp (GGML_NATIVE=ON) in $build"
   cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >&2
-  cmake --build "$build" --target llama-bench llama-batched-bench llama-quantize \
-    -j "$(nproc)" >&2
+  cmake --build "$build" --target "${tools[@]}" -j "$(nproc)" >&2
 fi
 
 # 2. GGUF weights.
@@ -83,15 +97,54 @@ if [[ ! -f $models/$dims-q4_k.gguf ]]; then
   mv "$models/$dims-q4_k.gguf.tmp" "$models/$dims-q4_k.gguf"
 fi
 
-# 3. Interleaved rounds.
 lm_bench=${LM_BENCH:-}
-if [[ -z $lm_bench ]]; then
+quality=${QUALITY:-}
+if [[ -z $lm_bench || -z $quality ]]; then
   (cd "$root" && bazel build --config=opt --disk_cache="$HOME/.cache/mmserve/bazel-disk" \
-    //bench:lm_bench >&2)
-  lm_bench=$root/bazel-out/k8-opt/bin/bench/lm_bench
+    //bench:lm_bench //bench:quality >&2)
+  lm_bench=${lm_bench:-$root/bazel-out/k8-opt/bin/bench/lm_bench}
+  quality=${quality:-$root/bazel-out/k8-opt/bin/bench/quality}
 fi
-mm_modes=("bf16 f32" "bf16 bf16" "int8 f32" "int8 int8" "int4_g32 int8" "int4_g128 int8"
-  "int4_g32_zp int8" "int4_g128_zp int8")
+
+# 3. Quality on the same tokens.
+qmodel=${QUALITY_MODEL:-models/shapes-demo}
+[[ $qmodel == /* ]] || qmodel=$root/$qmodel
+qstem=$(basename "$qmodel")
+corpus=${CORPUS:-/usr/share/common-licenses/GPL-3}
+qchunk=${QCHUNK:-256}
+qtokens=${QTOKENS:-1024}
+PYTHONPATH=$src/gguf-py "$py" "$root/tools/llamacpp_gguf.py" --checkpoint="$qmodel" \
+  --types=f32,bf16,f16,q8_0,q4_0 --out_dir="$models" --bf16_dir="$out/$qstem-bf16"
+if [[ ! -f $models/$qstem-q4_k.gguf ]]; then
+  "$build/bin/llama-quantize" --pure "$models/$qstem-f32.gguf" "$models/$qstem-q4_k.gguf.tmp" \
+    Q4_K_M "$threads" >"$out/quality.q4_k.quantize.log" 2>&1
+  mv "$models/$qstem-q4_k.gguf.tmp" "$models/$qstem-q4_k.gguf"
+fi
+log "bench:quality on $qstem ($qtokens tokens, chunks of $qchunk, second halves scored)"
+(cd "$root" && "$quality" --model_dir="$qmodel" --bf16_model_dir="$out/$qstem-bf16" \
+  --corpus="$corpus" --tokens="$qtokens" --chunk="$qchunk" --score_from=$((qchunk / 2)) \
+  --threads="$threads" --tokens_out="$out/quality.mmserve.tokens" | tee "$out/quality.txt" >&2)
+tail -n 1 "$out/quality.txt" >"$out/quality.json"
+"$build/bin/llama-tokenize" -m "$models/$qstem-f32.gguf" -f "$corpus" --ids --log-disable \
+  2>/dev/null | tr -d '[] ' | tr ',' '\n' | head -n "$qtokens" >"$out/quality.llamacpp.tokens"
+if ! cmp -s "$out/quality.mmserve.tokens" "$out/quality.llamacpp.tokens"; then
+  log "token ids differ between bench:quality and llama-tokenize (see $out/quality.*.tokens)"
+  exit 1
+fi
+log "the same $(wc -l <"$out/quality.mmserve.tokens") token ids on both sides"
+"$build/bin/llama-perplexity" -m "$models/$qstem-f32.gguf" -f "$corpus" -c "$qchunk" \
+  -b "$qchunk" --chunks $((qtokens / qchunk)) -t "$threads" \
+  --kl-divergence-base "$out/quality.base.kld" >"$out/quality.f32.log" 2>&1
+for t in bf16 f16 q8_0 q4_0 q4_k; do
+  log "llama-perplexity --kl-divergence, $t"
+  "$build/bin/llama-perplexity" -m "$models/$qstem-$t.gguf" -c "$qchunk" -b "$qchunk" \
+    -t "$threads" --kl-divergence-base "$out/quality.base.kld" --kl-divergence \
+    >"$out/quality.$t.log" 2>&1
+done
+
+# 4. Interleaved rounds.
+mm_modes=("bf16 f32" "bf16 bf16" "int8 f32" "int8 int8" "int8_g32 f32" "int8_g32 int8"
+  "int4_g32 int8" "int4_g128 int8" "int4_g32_zp int8" "int4_g128_zp int8")
 for ((i = 1; i <= rounds; i++)); do
   for mode in "${mm_modes[@]}"; do
     read -r dtype act <<<"$mode"
@@ -112,7 +165,7 @@ for ((i = 1; i <= rounds; i++)); do
   done
 done
 
-# 4. Report.
+# 5. Report.
 log "raw outputs in $out"
 "$py" "$root/tools/llamacpp_report.py" --dir="$out" --threads="$threads" --dims="$dims" \
-  --llamacpp="llama-cpp-python $version sdist"
+  --llamacpp="llama-cpp-python $version sdist" --quality_model="$qstem"
