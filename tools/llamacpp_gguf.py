@@ -145,9 +145,14 @@ def read_safetensors(path):
 
 def checkpoint_tensors(ckpt_dir):
     """(config, [(gguf name, fp32 array)]) of the language model, in file order."""
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not os.path.exists(os.path.join(ckpt_dir, name)):
+            sys.exit(f"llamacpp_gguf: --checkpoint: no {name} in {ckpt_dir} (one unsharded "
+                     "safetensors file, its config.json and tokenizer.json are read)")
     with open(os.path.join(ckpt_dir, "config.json")) as f:
         cfg = json.load(f)
-    raw = read_safetensors(os.path.join(ckpt_dir, "model.safetensors"))
+    path = os.path.join(ckpt_dir, "model.safetensors")
+    raw = read_safetensors(path)
     out = []
     for name, (dtype, shape, data) in raw.items():
         if dtype != "F32":
