@@ -214,6 +214,9 @@ def write_checkpoint(path, ckpt_dir, type_name):
     if n_vocab != cfg["vocab_size"]:
         sys.exit(f"llamacpp_gguf: tokenizer has {n_vocab} ids, config.json vocab_size "
                  f"{cfg['vocab_size']}")
+    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id)):
+        if isinstance(cfg.get(key), int):
+            add(cfg[key])
     w.add_file_type(ftype)
     for name, a in named:
         if a.ndim == 1:

@@ -5,6 +5,7 @@
 #   bench/peer/llamacpp_side_by_side.sh            # 3 rounds, 2 threads
 #   ROUNDS=1 THREADS=2 bench/peer/llamacpp_side_by_side.sh
 #   DIMS=qwen2-vl-2b bench/peer/llamacpp_side_by_side.sh   # rows K-quants take whole
+#   ROUNDS=0 bench/peer/llamacpp_side_by_side.sh   # quality only (minutes)
 #
 # 1. llama.cpp from the PyPI llama-cpp-python sdist's vendored tree (the only
 #    download: tools/llamacpp_sdist.py, the file itself from pip's index,
