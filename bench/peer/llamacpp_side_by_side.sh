@@ -6,6 +6,8 @@
 #   ROUNDS=1 THREADS=2 bench/peer/llamacpp_side_by_side.sh
 #   DIMS=qwen2-vl-2b bench/peer/llamacpp_side_by_side.sh   # rows K-quants take whole
 #   ROUNDS=0 bench/peer/llamacpp_side_by_side.sh   # quality only (minutes)
+#   REPACK=0 ...   # llama.cpp without its repacked layouts: on a Xeon whose OS
+#                  # does not grant AMX tiles, Q8_0 and Q4_0 fault with them
 #
 # 1. llama.cpp from the PyPI llama-cpp-python sdist's vendored tree (the only
 #    download: tools/llamacpp_sdist.py, the file itself from pip's index,
@@ -58,6 +60,7 @@ version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 rounds=${ROUNDS:-3}
 threads=${THREADS:-2}
 dims=${DIMS:-qwen2-0.5b}
+repack=${REPACK:-1}
 venv_py=$HOME/.cache/mmserve-tools-venv/bin/python
 [[ -x $venv_py ]] || venv_py=/root/.cache/mmserve-tools-venv/bin/python
 py=${PY:-$([[ -x $venv_py ]] && echo "$venv_py" || echo python3)}
@@ -118,29 +121,40 @@ PYTHONPATH=$src/gguf-py "$py" "$root/tools/llamacpp_gguf.py" --checkpoint="$qmod
   --types=f32,bf16,f16,q8_0,q4_0 --out_dir="$models" --bf16_dir="$out/$qstem-bf16"
 if [[ ! -f $models/$qstem-q4_k.gguf ]]; then
   "$build/bin/llama-quantize" --pure "$models/$qstem-f32.gguf" "$models/$qstem-q4_k.gguf.tmp" \
-    Q4_K_M "$threads" >"$out/quality.q4_k.quantize.log" 2>&1
+    Q4_K_M "$threads" >"$models/$qstem-q4_k.quantize.log" 2>&1
   mv "$models/$qstem-q4_k.gguf.tmp" "$models/$qstem-q4_k.gguf"
 fi
+cp "$models/$qstem-q4_k.quantize.log" "$out/quality.q4_k.quantize.log" 2>/dev/null || true
 log "bench:quality on $qstem ($qtokens tokens, chunks of $qchunk, second halves scored)"
 (cd "$root" && "$quality" --model_dir="$qmodel" --bf16_model_dir="$out/$qstem-bf16" \
   --corpus="$corpus" --tokens="$qtokens" --chunk="$qchunk" --score_from=$((qchunk / 2)) \
   --threads="$threads" --tokens_out="$out/quality.mmserve.tokens" | tee "$out/quality.txt" >&2)
 tail -n 1 "$out/quality.txt" >"$out/quality.json"
 "$build/bin/llama-tokenize" -m "$models/$qstem-f32.gguf" -f "$corpus" --ids --log-disable \
-  2>/dev/null | tr -d '[] ' | tr ',' '\n' | head -n "$qtokens" >"$out/quality.llamacpp.tokens"
+  2>/dev/null | tr -d '[] ' | tr ',' '\n' | awk -v n="$qtokens" 'NR <= n' \
+  >"$out/quality.llamacpp.tokens"
 if ! cmp -s "$out/quality.mmserve.tokens" "$out/quality.llamacpp.tokens"; then
   log "token ids differ between bench:quality and llama-tokenize (see $out/quality.*.tokens)"
   exit 1
 fi
 log "the same $(wc -l <"$out/quality.mmserve.tokens") token ids on both sides"
 "$build/bin/llama-perplexity" -m "$models/$qstem-f32.gguf" -f "$corpus" -c "$qchunk" \
-  -b "$qchunk" --chunks $((qtokens / qchunk)) -t "$threads" \
+  -b "$qchunk" --chunks $((qtokens / qchunk)) -t "$threads" --no-repack \
   --kl-divergence-base "$out/quality.base.kld" >"$out/quality.f32.log" 2>&1
+# llama.cpp's logger writes from a thread that can lose its last lines at
+# exit (the summary with the mean KL divergence): a run whose log lacks it is
+# repeated (seconds each). --no-repack: the same arithmetic without the
+# repacked (AMX on Xeons) layouts, which fault on machines whose OS does not
+# grant AMX tiles; quality does not depend on the layout.
 for t in bf16 f16 q8_0 q4_0 q4_k; do
   log "llama-perplexity --kl-divergence, $t"
-  "$build/bin/llama-perplexity" -m "$models/$qstem-$t.gguf" -c "$qchunk" -b "$qchunk" \
-    -t "$threads" --kl-divergence-base "$out/quality.base.kld" --kl-divergence \
-    >"$out/quality.$t.log" 2>&1
+  for attempt in 1 2 3 4 5; do
+    "$build/bin/llama-perplexity" -m "$models/$qstem-$t.gguf" -c "$qchunk" -b "$qchunk" \
+      -t "$threads" --no-repack --kl-divergence-base "$out/quality.base.kld" --kl-divergence \
+      --log-file "$out/quality.$t.log" >"$out/quality.$t.out" 2>&1
+    grep -q "Same top p:" "$out/quality.$t.log" && break
+    log "llama-perplexity $t: no summary in its log (attempt $attempt)"
+  done
 done
 
 # 4. Interleaved rounds.
@@ -159,10 +173,10 @@ for ((i = 1; i <= rounds; i++)); do
   for t in bf16 f16 q8_0 q4_0 q4_k; do
     log "round $i: llama-bench and llama-batched-bench, $t"
     "$build/bin/llama-bench" -m "$models/$dims-$t.gguf" -p 512 -n 128 -t "$threads" -r 3 \
-      -o json 2>/dev/null >"$out/r$i.llama-bench.$t.json"
+      --repack "$repack" -o json 2>/dev/null >"$out/r$i.llama-bench.$t.json" || true
     "$build/bin/llama-batched-bench" -m "$models/$dims-$t.gguf" -c 8192 -b 2048 -ub 512 \
       -npp 16 -ntg 128 -npl 1,8,32 -t "$threads" -tb "$threads" --output-format jsonl \
-      2>/dev/null | grep '^{' >"$out/r$i.batched.$t.jsonl"
+      $( ((repack)) || echo --no-repack) 2>/dev/null | grep '^{' >"$out/r$i.batched.$t.jsonl" || true
   done
 done
 
