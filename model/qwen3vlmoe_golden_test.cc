@@ -39,6 +39,7 @@ struct Goldens {
   }
 };
 
+// The images of a golden's [[t, h, w], ...] list.
 std::vector<MediaGrid> Grids(const nlohmann::json& thws) {
   std::vector<MediaGrid> grids;
   for (const auto& g : thws) grids.push_back(MediaGrid::FromThw(g[0], g[1], g[2], 2));
