@@ -136,7 +136,8 @@ def goldens(path, tok, images, gdir):
                   "(after the merger and the inverse window permutation), vision_patch_embed "
                   "and vision_block0 [patches, 64] in patch order (block0 un-permuted from "
                   "window order here). Chats as in the Qwen2-VL mm goldens, then a text chat; "
-                  "greedy %d tokens, eos masked." % (transformers.__version__, VISION_BATCH, N_NEW)),
+                  "greedy %d tokens, eos masked."
+                  % (transformers.__version__, VISION_BATCH, N_NEW)),
         "model": NAME,
         "vision_batch": VISION_BATCH,
         "vision_batch_grid_thw": feats["image_grid_thw"].tolist(),

@@ -100,7 +100,8 @@ def build(spec, tok, tok_dir, models_dir):
 
 
 def goldens(path, spec, tok, out_dir):
-    model = model_class(spec)[1].from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    model = model_class(spec)[1].from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="eager")
     model.eval()
     tensors, prompts = {}, []
     for pname, text in golden_corpus.lm_prompts():
