@@ -1,10 +1,11 @@
 // Qwen2.5-VL's language model at the model level against transformers
 // 4.57.6 on the tiny random checkpoint (tools/gen_qwen25vl_goldens.py): a
-// text chat and a one-image chat, their M-RoPE positions
-// (Qwen2_5_VLModel.get_rope_index), last logits and 16 greedy tokens. The
-// image chat's embedding rows are transformers' own tower output, so this
-// checks the decoder alone; //model:vision_tower_test checks the tower and
-// //worker:engine_test the chats from the image files.
+// text chat, a one-image chat and a chat with two images of different
+// sizes, their M-RoPE positions (Qwen2_5_VLModel.get_rope_index), last
+// logits and 16 greedy tokens. The image rows are transformers' own tower
+// output, so this checks the decoder alone; //model:vision_tower_test
+// checks the tower and //worker:engine_test the chats from the image files.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -30,34 +31,7 @@ struct Goldens {
     REQUIRE(f.ok());
     tensors = std::move(*f);
   }
-  const nlohmann::json& Chat(const std::string& name) const {
-    for (const auto& c : json["chats"]) {
-      if (c["name"] == name) return c;
-    }
-    FAIL("no chat " << name);
-    return json;
-  }
 };
-
-// The rows of `image` in transformers' tower output on the vision batch
-// (both images in one call, in patch order).
-std::vector<float> TowerRows(const Goldens& g, const std::string& image, int64_t hidden) {
-  const nlohmann::json& batch = g.json["vision_batch"];
-  std::string key = "vision_out.fp32";
-  for (size_t i = 0; i < batch.size(); ++i) key += (i ? "+" : ".") + batch[i].get<std::string>();
-  const std::vector<float> all = F32Tensor(*g.tensors, key);
-  int64_t row = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const auto& thw = g.json["vision_batch_grid_thw"][i];
-    const int64_t tokens = MediaGrid::FromThw(thw[0], thw[1], thw[2], 2).num_tokens();
-    if (batch[i] == image) {
-      return {all.begin() + row * hidden, all.begin() + (row + tokens) * hidden};
-    }
-    row += tokens;
-  }
-  FAIL("image " << image << " is not in the vision batch");
-  return {};
-}
 
 struct ChatResult {
   std::vector<float> last_logits;
@@ -117,23 +91,25 @@ TEST_CASE(
   REQUIRE(m.cfg.model_type == "qwen2_5_vl");
   cpu::ThreadPool pool(2);
   Qwen2Model model(m.cfg.text, *m.weights, pool);
-  const int64_t hidden = m.cfg.text.hidden_size;
-  struct Want {
-    const char* chat;
-    const char* image;  // nullptr: a text chat
-  };
-  for (const Want& w : {Want{"text", nullptr}, Want{"one_image", "rect300x200"}}) {
-    INFO(w.chat);
-    const nlohmann::json& chat = g.Chat(w.chat);
-    REQUIRE(chat["images"].size() == (w.image ? 1u : 0u));
-    const std::vector<float> rows = w.image ? TowerRows(g, w.image, hidden) : std::vector<float>{};
+  int text = 0, images = 0;
+  for (const auto& chat : g.json["chats"]) {
+    const std::string name = chat["name"];
+    INFO(name);
+    // Transformers' tower on the chat's images in one call: the rows its
+    // image pads get.
+    const bool has_images = !chat["images"].empty();
+    const std::vector<float> rows =
+        has_images ? F32Tensor(*g.tensors, "vision_out.fp32." + name) : std::vector<float>{};
     const ChatResult r = RunChat(model, m.cfg, chat, rows);
-    const std::vector<float> want =
-        F32Tensor(*g.tensors, std::string("logits_last.fp32.") + w.chat);
+    const std::vector<float> want = F32Tensor(*g.tensors, "logits_last.fp32." + name);
     REQUIRE(r.last_logits.size() == want.size());
     CHECK(MaxAbsDiff(r.last_logits, want.data()) < 1e-4f);
     CHECK(r.greedy == chat["greedy_ids"].get<std::vector<int32_t>>());
+    text += !has_images;
+    images = std::max(images, static_cast<int>(chat["images"].size()));
   }
+  CHECK(text == 1);
+  CHECK(images == 2);  // a chat with two images of different sizes
 }
 
 }  // namespace

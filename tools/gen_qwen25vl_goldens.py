@@ -117,6 +117,11 @@ def goldens(path, tok, images, gdir):
             pos, delta = model.model.get_rope_index(inputs["input_ids"], grid, None, None,
                                                     inputs["attention_mask"])
             logits = model(**inputs).logits[0].float()
+            if grid is not None:
+                # The tower on the chat's images in one call: the rows its
+                # image pads get.
+                tensors[f"vision_out.fp32.{chat_name}"] = visual(
+                    inputs["pixel_values"], grid_thw=grid).float()
         tensors[f"logits_last.fp32.{chat_name}"] = logits[-1]
         new, chosen, margins = generate_greedy(model, tok, inputs, N_NEW)
         print(f"  {NAME} {chat_name}: {len(set(new))} distinct, min margin {min(margins):.4f}")
@@ -135,7 +140,8 @@ def goldens(path, tok, images, gdir):
                   "tower on images %s in ONE call: vision_out [tokens, 128] in patch order "
                   "(after the merger and the inverse window permutation), vision_patch_embed "
                   "and vision_block0 [patches, 64] in patch order (block0 un-permuted from "
-                  "window order here). Chats as in the Qwen2-VL mm goldens, then a text chat; "
+                  "window order here); vision_out.fp32.<chat>: the tower on a chat's images. "
+                  "Chats as in the Qwen2-VL mm goldens, then a text chat; "
                   "greedy %d tokens, eos masked."
                   % (transformers.__version__, VISION_BATCH, N_NEW)),
         "model": NAME,
