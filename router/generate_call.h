@@ -191,8 +191,6 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
     bool stream_closed = false;                             // its carrier closed OK
   };
 
-  internal::v1::PrefillRequest MakePrefillRequest(
-      std::vector<internal::v1::PromptImage> images) const;
   EncoderDispatch::OnEncoded OnEncodedCallback();
   void OnEncoded(EncoderDispatch::Encode* encode, const grpc::Status& status)
       ABSL_LOCKS_EXCLUDED(mu_);

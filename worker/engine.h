@@ -43,6 +43,8 @@
 
 namespace mmserve::worker {
 
+class MediaAdmission;
+
 class LlmEngine {
  public:
   // `connector` is the role: null for `both` (every prompt computed here,
@@ -172,9 +174,6 @@ class LlmEngine {
                                                 const KvPlan& plan,
                                                 scheduler::RequestParams* params,
                                                 const PromptRules& rules);
-  // The image rows of `request`: its embeddings (kept in `live` unless
-  // shared), or its images through the vision tower.
-  absl::StatusOr<std::vector<MediaRows>> MediaRowsOf(EngineRequest& request, Live& live);
   // sampling.constraint compiled against this model's vocabulary (the
   // grammars cached by content); InvalidArgument with the reason.
   absl::StatusOr<std::unique_ptr<RequestGrammar>> CompileGrammar(
@@ -197,6 +196,7 @@ class LlmEngine {
   std::unique_ptr<EngineModel> m_;
   PromptRules rules_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<MediaAdmission> media_;  // the images' rows (engine_media.h)
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvConnector> connector_;  // null: role both
   MasterPeers* master_peers_ = nullptr;     // role elastic
