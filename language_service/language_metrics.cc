@@ -11,6 +11,14 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
                                      "Images whose encoder failed during the transfer.");
   images_received =
       &registry.GetCounter("mmserve_language_images_received_total", "Images fully received.");
+  const char* cached_help =
+      "Images the router sent without an encoder, expecting their KV in this instance's prefix "
+      "cache, by found: yes (admitted on the cached KV) or no (evicted: reported lost, then "
+      "encoded).";
+  images_found_cached = &registry.GetCounter("mmserve_language_expected_cached_images_total",
+                                             cached_help, {{"found", "yes"}});
+  images_not_cached = &registry.GetCounter("mmserve_language_expected_cached_images_total",
+                                           cached_help, {{"found", "no"}});
   const char* prompt_help =
       "Prompt tokens of the requests this instance prefilled (role both or prefill), counted as "
       "each finishes, by kv: cached (found in the prefix cache) or computed.";

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -96,14 +95,28 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
 
 void GenerateCall::Run() {
   router_seconds_ = clock_.ElapsedSeconds();
-  std::vector<size_t> all(encoders_.size());
-  std::iota(all.begin(), all.end(), size_t{0});
+  // The images of messages whose KV the instance holds (the first ones)
+  // need no encoder on a colocated call (docs/routing.md).
+  const size_t held = context_.options.skip_cached_images && context_.elastic == nullptr &&
+                              placement_.flow == Placement::Flow::kColocated
+                          ? std::min<size_t>(placement_.media_on_held_prefix, encoders_.size())
+                          : 0;
+  std::vector<internal::v1::PromptImage> cached;
+  std::vector<size_t> encode;
+  for (size_t k = 0; k < encoders_.size(); ++k) {
+    std::optional<internal::v1::PromptImage> d =
+        k < held ? encoders_.ExpectCached(k) : std::nullopt;
+    d ? cached.push_back(*std::move(d)) : encode.push_back(k);
+  }
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
-      encoders_.Dispatch(all, deferred_, OnEncodedCallback());
+      encoders_.Dispatch(encode, deferred_, OnEncodedCallback());
   if (!described.ok()) {
     End(described.status());
     return;
   }
+  described->insert(described->end(), cached.begin(), cached.end());
+  std::sort(described->begin(), described->end(),
+            [](const auto& a, const auto& b) { return a.image_index() < b.image_index(); });
   StartLanguage(PrefillRequestFor(request_, id_, context_.options.model_id, *std::move(described)));
 }
 

@@ -79,7 +79,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
                             rules);
   params->priority = request.priority;
   for (const PreparedMedia& image : prompt.images) {
-    if (image.rows == nullptr) continue;  // handed off: its KV is here, not its rows
+    if (image.rows == nullptr) {  // handed off, or expected cached: its KV, not its rows
+      live->cached_media_end = image.offset + image.length;
+      continue;
+    }
     live->runner.image_offsets.push_back(image.offset);
     live->runner.image_lengths.push_back(image.length);
     live->runner.image_embeddings.push_back(image.rows);
@@ -148,7 +151,13 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     // Its blocks outlive its finish while a hand-off may read them (Finish).
     p.hold_kv_when_finished = true;
   }
-  RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
+  if (live->cached_media_end > 0) {
+    ASSIGN_OR_RETURN(live->pin, scheduler_->PinCachedPrefix(p, live->cached_media_end));
+  }
+  if (absl::Status s = scheduler_->AddRequest(std::move(p)); !s.ok()) {
+    if (live->pin) scheduler_->Unpin(*live->pin);
+    return s;
+  }
   if (plan.prompt_only) connector_->OnPromptQueued(live->id, live->handoff);
   by_scheduler_id_[live->sched_id.value] = live.get();
   requests_[live->id] = std::move(live);
@@ -215,6 +224,7 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
   event.completion_tokens = live.completion_tokens;
   event.cached_prompt_tokens = live.cached_prompt_tokens;
   const std::string id = live.id;
+  if (live.pin) scheduler_->Unpin(*live.pin);
   if (connector_ != nullptr) connector_->OnFinished(id);
   by_scheduler_id_.erase(live.sched_id.value);
   StreamCallback cb = std::move(live.callback);

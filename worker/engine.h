@@ -66,6 +66,10 @@ class LlmEngine {
   // heads). It holds the blocks until CommitRemoteKv, Abort, or the Step
   // after the connector's commit deadline, which aborts it (final event
   // kAbort) and frees them. handoff_images on a local prompt: InvalidArgument.
+  // Images without rows (MediaEmbedding::cached): their prompt's blocks
+  // through the last of them must be in the prefix cache, else
+  // FailedPrecondition (nothing changes); they stay pinned until the
+  // request ends.
   [[nodiscard]] absl::Status AddRequest(EngineRequest request, StreamCallback callback,
                                         RemoteKvBlocks* remote_kv = nullptr);
   // Aborts a live request (final event kAbort); NotFound for unknown ids.

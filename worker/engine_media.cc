@@ -18,6 +18,10 @@ absl::StatusOr<std::vector<MediaRows>> MediaAdmission::RowsOf(
     if (!config.vision) return absl::InvalidArgumentError("this model does not accept images");
     for (MediaEmbedding& e : request.image_embeddings) {
       RETURN_IF_ERROR(CheckImageEmbedding(e, rules_.image_row_width()));
+      if (e.cached) {  // no rows: ExpandImages leaves it rowless (its KV is cached)
+        rows.push_back({e.grid, {}, e.key});
+        continue;
+      }
       if (e.shared_values != nullptr) {
         const size_t n = static_cast<size_t>(e.grid.num_tokens()) * rules_.image_row_width();
         rows.push_back({e.grid, absl::MakeConstSpan(e.shared_values, n), e.key});

@@ -27,8 +27,8 @@ class MediaAdmission {
 
   // The image rows of `request`: its embeddings (their values moved into
   // `owned` unless shared), or its images through the vision tower (rows in
-  // `owned`). InvalidArgument for both kinds at once, for images to a model
-  // without vision, or for an embedding whose size does not match its grid.
+  // `owned`); an image expected cached gets no rows. InvalidArgument for both kinds at once, for
+  // images to a model without vision, or for an embedding whose size does not match its grid.
   absl::StatusOr<std::vector<MediaRows>> RowsOf(EngineRequest& request,
                                                 std::vector<std::vector<float>>& owned) const;
 
