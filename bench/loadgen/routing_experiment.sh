@@ -19,6 +19,14 @@
 #
 #   bench/loadgen/routing_experiment.sh [CONVERSATIONS=16] [TURNS=4] [THINK_S=0.5] [RATE=2] [ROUNDS=1]
 #
+# TOPOLOGY=both runs one role-both instance instead: placement has no
+# choice there, so "load only" is the router without the repeat-turn
+# encoder skip (--prefix_weight=0 --skip_cached_images=false) and
+# "cache-aware" the default router, which sends a later turn's picture to
+# no encoder while the instance holds its KV; the JSON line adds
+# encoder_skipped_per_request and skip_fallbacks_per_request (the
+# router's mmserve_router_encoder_skip*_total).
+#
 # Uses the default configuration's binaries (bazel build them first:
 # //deploy/launcher:mmserve_launch //bench/loadgen:loadgen and the services),
 # or those under $BIN. SLO: $SLO_TTFT_MS (default 500) and $SLO_TPOT_MS
@@ -41,19 +49,27 @@ metric() {  # port name -> the sum of the family's samples
 
 run() {  # weight round -> one JSON line, with the encoder's work added
   local weight=$1 round=$2
-  stack_start "prefix_weight=$weight" --prefill=2 --decode=1 \
-    --router_flags="--prefix_weight=$weight"
+  if [[ "${TOPOLOGY:-pd}" == both ]]; then
+    local skip=true
+    [[ "$weight" == 0 ]] && skip=false
+    stack_start "prefix_weight=$weight" \
+      --router_flags="--prefix_weight=$weight,--skip_cached_images=$skip"
+  else
+    stack_start "prefix_weight=$weight" --prefill=2 --decode=1 \
+      --router_flags="--prefix_weight=$weight"
+  fi
   local enc router prefills
   enc=$(sed -n 's/^  encoder-0 at .*, metrics :\([0-9]*\)$/\1/p' "$out/launch.out")
   router=$(sed -n 's/^  router metrics :\([0-9]*\)$/\1/p' "$out/launch.out")
-  prefills=$(sed -n 's/^  prefill-[0-9]* at .*, metrics :\([0-9]*\)$/\1/p' "$out/launch.out")
+  prefills=$(sed -n 's/^  \(prefill\|language\)-[0-9]* at .*, metrics :\([0-9]*\)$/\2/p' \
+    "$out/launch.out")
   "$bin/bench/loadgen/loadgen" --target=router --address="$address" --dataset=synthetic \
     --images=1 --image_width=448 --image_height=448 --prompt_tokens=32 --output_tokens=16 \
     --turns="$turns" --think_time_s="$think" --num_requests=$((conversations * turns)) \
     --request_rate="$rate" --warmup=1 --seed=11 --slo_ttft_ms="${SLO_TTFT_MS:-500}" \
     --slo_tpot_ms="${SLO_TPOT_MS:-100}" --label="prefix_weight=$weight round $round" |
     tail -n 1 >"$out/line.json"
-  local calls hits misses held not_held computed=0 p
+  local calls hits misses held not_held computed=0 p skipped fallbacks
   held=$(curl -s "127.0.0.1:$router/metrics" |
     sed -n 's/^mmserve_router_media_placed_total{kv="held"} //p')
   not_held=$(curl -s "127.0.0.1:$router/metrics" |
@@ -63,6 +79,8 @@ run() {  # weight round -> one JSON line, with the encoder's work added
       "$computed" "$(curl -s "127.0.0.1:$p/metrics" |
         sed -n 's/^mmserve_language_prompt_tokens_total{kv="computed"} //p')")
   done
+  skipped=$(metric "$router" mmserve_router_encoder_skipped_total)
+  fallbacks=$(metric "$router" mmserve_router_encoder_skip_fallbacks_total)
   calls=$(metric "$enc" mmserve_encoder_requests_total)
   hits=$(metric "$enc" mmserve_encoder_cache_hits_total)
   misses=$(metric "$enc" mmserve_encoder_cache_misses_total)
@@ -78,7 +96,10 @@ j["encoder_images_computed_per_request"] = misses / n
 j["encoder_images_per_request"] = (hits + misses) / n
 j["media_on_held_kv_share"] = float(sys.argv[7] or 0) / max(1.0, float(sys.argv[7] or 0) + float(sys.argv[8] or 0))
 j["prefill_tokens_per_request"] = float(sys.argv[9]) / n
-print(json.dumps(j))' "$out/line.json" "$calls" "$hits" "$misses" "$weight" "$turns" "$held" "$not_held" "$computed"
+j["encoder_skipped_per_request"] = float(sys.argv[10]) / n
+j["skip_fallbacks_per_request"] = float(sys.argv[11]) / n
+print(json.dumps(j))' "$out/line.json" "$calls" "$hits" "$misses" "$weight" "$turns" "$held" \
+    "$not_held" "$computed" "$skipped" "$fallbacks"
 }
 
 for round in $(seq 1 "$rounds"); do
@@ -106,6 +127,8 @@ for k, name in rows:
 print(json.dumps({"bench": "routing_experiment", "conversations": runs[0]["requests"] // runs[0]["turns"],
                   "turns": runs[0]["turns"], "think_time_s": runs[0]["think_time_s"],
                   "rounds": len(aware), "errors": errors,
+                  "encoder_skipped_per_request": med(aware, "encoder_skipped_per_request"),
+                  "skip_fallbacks_per_request": med(aware, "skip_fallbacks_per_request"),
                   "media_on_held_kv_share": med(aware, "media_on_held_kv_share"),
                   "encoder_work_ratio": ratio("encoder_calls_per_request"),
                   "prefill_tokens_ratio": ratio("prefill_tokens_per_request"),
