@@ -201,9 +201,10 @@ bool LanguageCore::Retry(const v1::ImageRetry& retry) {
 void LanguageCore::Admit(LiveRequest& r) {
   if (role_->Admit(r)) return;
   const std::string id = r.id;
-  const bool expects_cached = std::any_of(r.images.begin(), r.images.end(), [](const auto& im) {
+  const auto expected = std::count_if(r.images.begin(), r.images.end(), [](const auto& im) {
     return im.meta.expect_cached() && im.state == LiveRequest::MediaState::kArrived;
   });
+  const bool expects_cached = expected > 0;
   // With images expected cached the request keeps its own: if their KV is
   // gone, it waits for them from an encoder with the others' rows.
   worker::EngineRequest request = expects_cached ? r.engine_request : std::move(r.engine_request);
@@ -213,10 +214,7 @@ void LanguageCore::Admit(LiveRequest& r) {
     metrics_.images_not_cached->Increment(images_->LoseCached(r, s));
     return;
   }
-  if (expects_cached && s.ok()) {
-    for (const auto& im : r.images)
-      metrics_.images_found_cached->Increment(im.meta.expect_cached());
-  }
+  if (expects_cached && s.ok()) metrics_.images_found_cached->Increment(expected);
   if (!s.ok()) {
     End(id, s);
     return;

@@ -11,8 +11,8 @@ constexpr char kMigrationsHelp[] =
 constexpr char kMediaPlacedHelp[] =
     "Images and videos of placed calls, by kv: held when the language instance placed on (P/D: "
     "the prefill instance) holds the KV of the chat message they are in, by the router's prefix "
-    "index (--prefix_weight), else not_held. A held image of a role-both call goes to no encoder "
-    "(mmserve_router_encoder_skipped_total).";
+    "index (--prefix_weight), else not_held. A held image goes to no encoder "
+    "(mmserve_router_encoder_skipped_total) unless the call is an elastic pool's.";
 
 }  // namespace
 
@@ -44,8 +44,8 @@ CallMetrics::CallMetrics(metrics::Registry& registry)
                                                    kMediaPlacedHelp, {{"kv", "not_held"}})),
       encoder_skipped(registry.GetCounter(
           "mmserve_router_encoder_skipped_total",
-          "Images of role-both calls sent to no encoder: the language instance placed on holds "
-          "their KV by the prefix index (--skip_cached_images).")),
+          "Images sent to no encoder: the language instance placed on (P/D: the prefill instance) "
+          "holds their KV by the prefix index (--skip_cached_images).")),
       encoder_skip_fallbacks(registry.GetCounter(
           "mmserve_router_encoder_skip_fallbacks_total",
           "Images sent to no encoder whose KV the language instance no longer had (evicted, or "

@@ -96,9 +96,9 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
 void GenerateCall::Run() {
   router_seconds_ = clock_.ElapsedSeconds();
   // The images of messages whose KV the instance holds (the first ones)
-  // need no encoder on a colocated call (docs/routing.md).
+  // need no encoder, except in an elastic pool (docs/routing.md).
   const size_t held = context_.options.skip_cached_images && context_.elastic == nullptr &&
-                              placement_.flow == Placement::Flow::kColocated
+                              placement_.flow != Placement::Flow::kElastic
                           ? std::min<size_t>(placement_.media_on_held_prefix, encoders_.size())
                           : 0;
   std::vector<internal::v1::PromptImage> cached;

@@ -85,9 +85,9 @@ ABSL_FLAG(int, migration_limit, 1,
           "times a request's stream moves to another role-both language instance after the one "
           "generating it is lost (0: the request ends UNAVAILABLE)");
 ABSL_FLAG(bool, skip_cached_images, true,
-          "send no encoder an image of a role-both call placed on the instance whose prefix index "
-          "entry holds the image's message; it falls back to an encoder when the KV was evicted "
-          "(docs/routing.md)");
+          "send no encoder an image of a call placed on a language instance (P/D: the prefill "
+          "instance) whose prefix index entry holds the image's message; it falls back to an "
+          "encoder when the KV was evicted (docs/routing.md)");
 ABSL_FLAG(bool, allow_remote_media, false,
           "fetch http(s) image_url / video_url (and Image.url / Video.url) media; off: such a URL "
           "is refused with 400 / INVALID_ARGUMENT (docs/calling.md#remote-media)");

@@ -4,8 +4,8 @@
 // the next turns of two chats about two pictures go back to the prefill
 // instance that computed each chat's first turn (by load alone, with
 // every instance idle, all would go to the first), and the router counts
-// their pictures as placed on the instance holding their KV. On role both,
-// a chat's later turns send their picture to no encoder: the instance
+// their pictures as placed on the instance holding their KV. A chat's later
+// turns send their picture to no encoder (P/D and role both): the instance
 // holding it finds its KV cached; after eviction the same turn falls back
 // to an encoder with the same tokens and no error.
 #include <algorithm>
@@ -27,6 +27,11 @@ using mmserve::v1::GenerateRequest;
 double Served(launcher::Service& s) {
   return std::max(0.0,
                   ScrapeMetric(s.metrics_port(), "mmserve_language_requests_total", "code=\"OK\""));
+}
+
+// A metric of a process, 0 when absent.
+double Count(launcher::Service& s, const std::string& name, const std::string& labels = "") {
+  return std::max(0.0, ScrapeMetric(s.metrics_port(), name, labels));
 }
 
 TEST_CASE("a burst of 8 streams on P/D spreads over the two decode instances") {
@@ -110,22 +115,22 @@ TEST_CASE("a chat's next turns go to the prefill instance that computed its firs
   CHECK(Served(p0) == 3);
   CHECK(Served(p1) == 3);
   // The router knew: each later turn's picture went to the instance holding
-  // its message's KV (and to an encoder all the same); the first turns' not.
+  // its message's KV; the first turns' not.
   const int router = (*stack)->router().metrics_port();
   CHECK(ScrapeMetric(router, "mmserve_router_media_placed_total", "kv=\"held\"") == 4);
   CHECK(ScrapeMetric(router, "mmserve_router_media_placed_total", "kv=\"not_held\"") == 2);
+  // Those pictures went to no encoder: each holder found their KV.
+  CHECK(ScrapeMetric(router, "mmserve_router_encoder_skipped_total") == 4);
+  CHECK(ScrapeMetric(router, "mmserve_router_encoder_skip_fallbacks_total") == 0);
+  CHECK(Count((*stack)->encoder(0), "mmserve_encoder_requests_total", "code=\"OK\"") == 2);
   // And each holder found the later turns' prompts in its prefix cache.
   for (launcher::Service* p : {&p0, &p1}) {
+    CHECK(Count(*p, "mmserve_language_expected_cached_images_total", "found=\"yes\"") == 2);
     CHECK(ScrapeMetric(p->metrics_port(), "mmserve_language_prompt_tokens_total", "kv=\"cached\"") >
           0);
     CHECK(ScrapeMetric(p->metrics_port(), "mmserve_language_prompt_tokens_total",
                        "kv=\"computed\"") > 0);
   }
-}
-
-// A metric of a process, 0 when absent.
-double Count(launcher::Service& s, const std::string& name, const std::string& labels = "") {
-  return std::max(0.0, ScrapeMetric(s.metrics_port(), name, labels));
 }
 
 // The first turn of a chat about `item`'s picture, with a question long

@@ -2,29 +2,28 @@
 # The multi-turn routing experiment: the same conversations (K turns over
 # the same image, think time between turns) through a P/D stack of two
 # prefill instances and one decode instance, placed by load alone
-# (router --prefix_weight=0) and cache-aware (the default weight), on the
-# same cores, alternated ROUNDS times so that machine noise hits both.
+# (router --prefix_weight=0 --skip_cached_images=false) and cache-aware (the
+# defaults: a later turn's picture goes to no encoder while the instance
+# placed on holds its KV), on the same cores, alternated ROUNDS times so
+# that machine noise hits both.
 # Per run: encoder work per request (Encode calls and images the encoder
 # computed, from its metrics), the share of images placed on an instance
-# holding their KV (the router's mmserve_router_media_placed_total: the
-# Encode calls a repeat turn could skip), prompt tokens the prefill
+# holding their KV (the router's mmserve_router_media_placed_total),
+# prompt tokens the prefill
 # instances computed per request (mmserve_language_prompt_tokens_total), TTFT
 # p50/p99 of the turns after the first, and goodput under the SLO. Prints
 # every loadgen JSON line with those added, then a summary JSON line (last)
 # with the ratios cache-aware / load-only: encoder_work_ratio (Encode calls
-# per request; 1 while every turn sends its images to an encoder, which
-# media_on_held_kv_share, the cache-aware share of images placed on an
-# instance holding their KV, would lower), prefill_tokens_ratio, ttft_p50_ratio_later_turns,
-# ttft_p99_ratio_later_turns, goodput_ratio.
+# per request; lowered by the later turns whose picture went to no
+# encoder, at most media_on_held_kv_share, the cache-aware share of images
+# placed on an instance holding their KV), prefill_tokens_ratio,
+# ttft_p50_ratio_later_turns, ttft_p99_ratio_later_turns, goodput_ratio.
 #
 #   bench/loadgen/routing_experiment.sh [CONVERSATIONS=16] [TURNS=4] [THINK_S=0.5] [RATE=2] [ROUNDS=1]
 #
 # TOPOLOGY=both runs one role-both instance instead: placement has no
-# choice there, so "load only" is the router without the repeat-turn
-# encoder skip (--prefix_weight=0 --skip_cached_images=false) and
-# "cache-aware" the default router, which sends a later turn's picture to
-# no encoder while the instance holds its KV; the JSON line adds
-# encoder_skipped_per_request and skip_fallbacks_per_request (the
+# choice there, so the ratios are the encoder skip's alone. Each JSON line
+# has encoder_skipped_per_request and skip_fallbacks_per_request (the
 # router's mmserve_router_encoder_skip*_total).
 #
 # Uses the default configuration's binaries (bazel build them first:
@@ -49,15 +48,12 @@ metric() {  # port name -> the sum of the family's samples
 
 run() {  # weight round -> one JSON line, with the encoder's work added
   local weight=$1 round=$2
-  if [[ "${TOPOLOGY:-pd}" == both ]]; then
-    local skip=true
-    [[ "$weight" == 0 ]] && skip=false
-    stack_start "prefix_weight=$weight" \
-      --router_flags="--prefix_weight=$weight,--skip_cached_images=$skip"
-  else
-    stack_start "prefix_weight=$weight" --prefill=2 --decode=1 \
-      --router_flags="--prefix_weight=$weight"
-  fi
+  # Load only: no repeat-turn encoder skip either.
+  local skip=true topology=(--prefill=2 --decode=1)
+  [[ "$weight" == 0 ]] && skip=false
+  [[ "${TOPOLOGY:-pd}" == both ]] && topology=()
+  stack_start "prefix_weight=$weight" "${topology[@]}" \
+    --router_flags="--prefix_weight=$weight,--skip_cached_images=$skip"
   local enc router prefills
   enc=$(sed -n 's/^  encoder-0 at .*, metrics :\([0-9]*\)$/\1/p' "$out/launch.out")
   router=$(sed -n 's/^  router metrics :\([0-9]*\)$/\1/p' "$out/launch.out")
