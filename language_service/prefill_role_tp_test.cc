@@ -4,7 +4,9 @@
 // two decode ranks): role both's tokens and text, whole and layer-wise, the
 // KV bytes the decode side received are the ones sent, nothing leaks. A
 // decode instance that splits another number of KV heads is refused with
-// FAILED_PRECONDITION naming both TP sizes, before any write.
+// FAILED_PRECONDITION naming both TP sizes, before any write. Over tcp the
+// writes of one hand-off are waited for together: three round trips
+// whatever the number of pairs.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <string>
@@ -64,6 +66,57 @@ TEST_CASE("a TP=2 prefill instance gives role both's tokens into decode TP 2, 1 
                        o.handoff_layerwise_min_tokens = 0;
                      }});
     IntoEachDecodeTp(both, layers, "layers");
+  }
+  CHECK(both.Idle());
+}
+
+// A metric's value from the instance's scrape: `series` is its name with
+// any labels, as rendered.
+double Scraped(Instance& instance, const std::string& series) {
+  const std::string name = "\n" + series + " ";
+  const std::string text = instance.registry.Render();
+  const size_t at = text.find(name);
+  REQUIRE(at != std::string::npos);
+  return std::stod(text.substr(at + name.size()));
+}
+
+// Over tcp nothing is mapped: every write waits for a landed reply (whole
+// heads, 2 -> 2) or a flush (head slices, 2 -> 1 and 2 -> 4). The writes of
+// a hand-off are all started before any is waited for, so the hand-off
+// waits one round trip for them together, not one per write: AllocateKv,
+// the writes, CommitKv = 3 whatever the number of pairs.
+TEST_CASE(
+    "over tcp, a TP=2 prefill instance waits for the writes of a hand-off together: three "
+    "round trips into decode TP 2, 1 and 4",
+    "[roles][tp]") {
+  Instance both(LanguageRole::kBoth);
+  Instance prefill(LanguageRole::kPrefill, absl::Seconds(10), 2,
+                   {.id = "prefill-tp2-tcp",
+                    .profile = transfer::TransportProfile::kTcp,
+                    .adjust_role = [](RoleOptions& o) { o.handoff_layer_group = 0; }});
+  struct Into {
+    int tp;
+    const char* path;  // how each write moved
+    int writes;        // pairs per hand-off
+  };
+  for (const Into into : {Into{2, "rendezvous", 2}, Into{1, "put", 2}, Into{4, "put", 4}}) {
+    INFO("decode TP " << into.tp);
+    const double handoffs = Scraped(prefill, "mmserve_language_kv_handoff_round_trips_count");
+    const double trips = Scraped(prefill, "mmserve_language_kv_handoff_round_trips_sum");
+    const std::string series =
+        absl::StrCat("mmserve_language_kv_handoff_total{path=\"", into.path, "\"}");
+    const double writes = Scraped(prefill, series);
+    Instance decode(LanguageRole::kDecode, absl::Seconds(10), into.tp,
+                    {.id = absl::StrCat("decode-tcp-tp", into.tp),
+                     .profile = transfer::TransportProfile::kTcp});
+    SplitEqualsBoth(both, prefill, decode, Prompts(),
+                    {.id_prefix = absl::StrCat("tcp-", into.tp, "-"), .max_tokens = 8});
+    const double n = Scraped(prefill, "mmserve_language_kv_handoff_round_trips_count") - handoffs;
+    CHECK(n == Prompts().size());
+    CHECK(Scraped(prefill, "mmserve_language_kv_handoff_round_trips_sum") - trips == 3 * n);
+    CHECK(Scraped(prefill, series) - writes == into.writes * n);
+    CHECK(decode.Idle());
+    CHECK(prefill.Idle());
   }
   CHECK(both.Idle());
 }
