@@ -32,9 +32,11 @@
 // ones, measured in the same run.
 //
 // --prefill_tp=N (> 1) adds a P/D arm whose prefill instance runs --tp=N
-// and a role-both arm with N x --threads; it prints tpN_prefill_vs_ceiling
-// (pd's TTFT over the TP prefill's, divided by parallel_ceiling, both's
-// TTFT over N x --threads' at the longest length) only when it ran.
+// (each rank on --threads threads) and a role-both arm with N x --threads,
+// each measured at the longest length beside its baseline (pd, both); it
+// prints tpN_prefill_vs_ceiling (pd's TTFT over the TP prefill's, divided
+// by parallel_ceiling, both's TTFT over N x --threads') and
+// parallel_ceiling, null when an arm did not run (the reason is printed).
 //
 //   python3 tools/make_random_qwen2.py --out /tmp/qwen2-0.5b-random
 //   bazel run --config=opt //bench:pd_bench -- --model_dir=/tmp/qwen2-0.5b-random
