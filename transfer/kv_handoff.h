@@ -43,8 +43,8 @@
 // Both caches must agree on layers, block size, KV heads and head dim (the
 // number of blocks may differ). The receiver's cache must outlive it, and no
 // one may write the target blocks while a hand-off into them is in flight.
-// Thread-safety: Send and target() are thread-safe; each object runs its own
-// UCX worker and progress thread (the sender also a copy thread).
+// Thread-safety: Send, Start and target() are thread-safe; each object runs
+// its own UCX worker and progress thread (the sender also a copy thread).
 #ifndef MMSERVE_TRANSFER_KV_HANDOFF_H_
 #define MMSERVE_TRANSFER_KV_HANDOFF_H_
 
