@@ -75,8 +75,9 @@ void LanguageMetrics::RegisterKvHandoff(metrics::Registry& registry) {
   kv_handoff_round_trips = &registry.GetHistogram(
       "mmserve_language_kv_handoff_round_trips",
       "Per KV hand-off (role prefill), the round trips it waited for before the first token "
-      "went out: AllocateKv, a landed reply or flush per decode rank whose cache is not mapped "
-      "here, CommitKv.",
+      "went out: AllocateKv, the landed replies or flushes of its writes, waited for together "
+      "(none when every write copied into a decode cache mapped here; layer-wise, one per layer "
+      "group), CommitKv.",
       {1, 2, 3, 4, 5, 6, 8, 16});
   for (transfer::KvHandoffPath path :
        {transfer::KvHandoffPath::kMapped, transfer::KvHandoffPath::kRendezvous,
