@@ -98,7 +98,8 @@ absl::Status Scheduler::CheckInvariants() const {
           num_holding_ + num_pins_) {
     return absl::InternalError(absl::StrCat(kv_.num_tables(), " block tables for ", running_.size(),
                                             " running requests, ", waiting_for_kv_.size(),
-                                            " waiting for KV, ", num_holding_, " held spans and ", num_pins_, " pins"));
+                                            " waiting for KV, ", num_holding_, " held spans and ",
+                                            num_pins_, " pins"));
   }
   return absl::OkStatus();
 }
