@@ -135,6 +135,7 @@ const char* MemoryBandwidth::best_read_method() const {
 }
 
 MemoryBandwidth MeasureMemoryBandwidth(model::cpu::ThreadPool& pool, size_t bytes, int reps) {
+  bytes = SampleBytes(bytes);
   const int64_t chunks = std::max<int64_t>(1, static_cast<int64_t>(bytes) / kChunk);
   const int64_t total = chunks * kChunk;
   const auto src = Buffer(total, 1), dst = Buffer(total, 0);
@@ -188,6 +189,13 @@ MemoryBandwidth MeasureMemoryBandwidth(model::cpu::ThreadPool& pool, size_t byte
   volatile int64_t sink = kept[0];
   (void)sink;
   return best;
+}
+
+size_t SampleBytes(size_t bytes) {
+  constexpr size_t kGiB = size_t{1} << 30;
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const size_t cap = std::max(kGiB, 8 * static_cast<size_t>(std::max(l3, 0L)));
+  return std::min(bytes, cap);
 }
 
 std::string FootprintLevel(size_t bytes, int threads) {

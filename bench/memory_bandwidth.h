@@ -47,6 +47,13 @@ struct MemoryBandwidth {
 
 MemoryBandwidth MeasureMemoryBandwidth(model::cpu::ThreadPool& pool, size_t bytes, int reps);
 
+// The bytes MeasureMemoryBandwidth really reads for a footprint of `bytes`:
+// `bytes`, up to 8 x the last-level cache (at least 1 GiB). Past every
+// cache the rate is the DRAM's whatever the size, and a model of several GB
+// would otherwise need its weights' size twice more (the copy's two
+// buffers) beside the weights themselves.
+size_t SampleBytes(size_t bytes);
+
 // The same in a forked child with its own pool of `threads`, so that the
 // buffers never count toward this process's peak RSS. Zeros if the child
 // fails. Call it while no other thread of this process is working.

@@ -32,9 +32,11 @@
 // ones, measured in the same run.
 //
 // --prefill_tp=N (> 1) adds a P/D arm whose prefill instance runs --tp=N
-// and a role-both arm with N x --threads; it prints tpN_prefill_vs_ceiling
-// (pd's TTFT over the TP prefill's, divided by parallel_ceiling, both's
-// TTFT over N x --threads' at the longest length) only when it ran.
+// (each rank on --threads threads) and a role-both arm with N x --threads,
+// each measured at the longest length beside its baseline (pd, both); it
+// prints tpN_prefill_vs_ceiling (pd's TTFT over the TP prefill's, divided
+// by parallel_ceiling, both's TTFT over N x --threads') and
+// parallel_ceiling, null when an arm did not run (the reason is printed).
 //
 //   python3 tools/make_random_qwen2.py --out /tmp/qwen2-0.5b-random
 //   bazel run --config=opt //bench:pd_bench -- --model_dir=/tmp/qwen2-0.5b-random
@@ -403,28 +405,41 @@ absl::Status Goodput(Arm& both, Arm& pd, const Stopwatch& clock, uint64_t& seed,
 }
 
 // --prefill_tp: TTFT at the longest length of a TP prefill against pd, and
-// of role both on as many threads against both (the ceiling).
+// of role both on as many threads against both (the ceiling). Both keys are
+// always in the JSON line with --prefill_tp > 1: null when a part did not
+// run (its arm failed to start or to answer; the reason is printed).
 absl::Status PrefillTp(Arm& both, Arm& pd, int longest, const Stopwatch& clock, uint64_t& seed,
                        JsonLine& json) {
   const int tp = absl::GetFlag(FLAGS_prefill_tp);
   if (tp == 1) return absl::OkStatus();
-  auto pd_tp = Arm::Start({.name = absl::StrCat("pd_tp", tp),
-                           .pd = true,
-                           .threads = absl::GetFlag(FLAGS_threads),
-                           .prefill_args = {absl::StrCat("--tp=", tp)}});
-  if (!pd_tp.ok()) {
-    absl::PrintF("\nprefill --tp=%d not measured: %s\n", tp, pd_tp.status().ToString());
-    return absl::OkStatus();
-  }
-  auto both_n = Arm::Start({.name = absl::StrCat("both_t", tp * absl::GetFlag(FLAGS_threads)),
-                            .threads = tp * absl::GetFlag(FLAGS_threads)});
-  if (!both_n.ok()) return both_n.status();
+  const int th = absl::GetFlag(FLAGS_threads);
   std::map<std::string, Samples> s;
-  RETURN_IF_ERROR(Measure({&both, both_n->get(), &pd, pd_tp->get()}, {longest}, clock, s, seed));
-  const double ceiling =
-      Ratio(Mean(s[both.name()].ttft[longest]), Mean(s[(*both_n)->name()].ttft[longest]));
-  const double speedup =
-      Ratio(Mean(s[pd.name()].ttft[longest]), Mean(s[(*pd_tp)->name()].ttft[longest]));
+  // Each arm alone beside its baseline, so one that fails leaves the other.
+  auto measure = [&](const Arm::Spec& spec, Arm& baseline) -> absl::Status {
+    auto arm = Arm::Start(spec);
+    if (!arm.ok()) return arm.status();
+    if (Timed t = (*arm)->Call(Request(64, 2, ++seed), clock); !t.status.ok()) {
+      return t.status;  // warm-up
+    }
+    return Measure({&baseline, arm->get()}, {longest}, clock, s, seed);
+  };
+  const std::string pd_tp = absl::StrCat("pd_tp", tp), both_n = absl::StrCat("both_t", tp * th);
+  if (absl::Status st = measure(
+          {.name = pd_tp, .pd = true, .threads = th, .prefill_args = {absl::StrCat("--tp=", tp)}},
+          pd);
+      !st.ok()) {
+    absl::PrintF("\nprefill --tp=%d not measured: %s\n", tp, st.ToString());
+  }
+  if (absl::Status st = measure({.name = both_n, .threads = tp * th}, both); !st.ok()) {
+    absl::PrintF("\nrole both on %d threads not measured: %s\n", tp * th, st.ToString());
+  }
+  // Mean of nothing is 0: a ratio over it is null, one of it 0 (made null).
+  auto mean = [&s](const std::string& arm, int n) {
+    const double m = Mean(s[arm].ttft[n]);
+    return m > 0 ? m : std::nan("");
+  };
+  const double ceiling = Ratio(mean(both.name(), longest), mean(both_n, longest));
+  const double speedup = Ratio(mean(pd.name(), longest), mean(pd_tp, longest));
   absl::PrintF("\nprefill --tp=%d at %d tokens: %.2fx pd's TTFT; role both on %dx threads %.2fx\n",
                tp, longest, speedup, tp, ceiling);
   json.Add(absl::StrCat("tp", tp, "_prefill_vs_ceiling"), Ratio(speedup, ceiling));

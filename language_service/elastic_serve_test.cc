@@ -21,6 +21,7 @@
 #include "language_service/elastic_plan.h"
 #include "language_service/elastic_serve_testing.h"
 #include "language_service/kv_bytes_moved.h"
+#include "transfer/elastic_echo.h"
 
 namespace mmserve::language::testing {
 namespace {
@@ -284,6 +285,9 @@ TEST_CASE("a member refusing before its part began ends the others at once with 
     INFO(got[0].out.status.error_message() << " / " << got[1].out.status.error_message());
     CHECK(got[1].out.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(got[0].out.status.error_code() == got[1].out.status.error_code());
+    // The other member's end is an echo (the router waits for the reason).
+    CHECK(transfer::IsElasticEcho(got[0].out.status.error_message()));
+    CHECK_FALSE(transfer::IsElasticEcho(got[1].out.status.error_message()));
     CHECK(clock.ElapsedSeconds() < 5.0);  // the join timeout is 10 s
     CHECK(elastic[0]->Idle());
     CHECK(elastic[1]->Idle());

@@ -167,10 +167,7 @@ absl::StatusOr<std::unique_ptr<LiveRequest>> LanguageCore::MakeRequest(
   RETURN_IF_ERROR(role_->PreparePrefill(request, engine_->tokenizer(), r->engine_request));
   r->decode = request.decode();
   for (const v1::PromptImage& image : request.images()) {
-    if (image.encoder_id().empty() || image.encoder_address().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("image ", image.image_index(), " names no encoder"));
-    }
+    RETURN_IF_ERROR(CheckImageSource(image, slots[r->images.size()]));
     LiveRequest::Image im;
     im.meta = image;
     im.embedding.grid.kind = slots[r->images.size()];  // the retries' meta may omit it
@@ -204,8 +201,20 @@ bool LanguageCore::Retry(const v1::ImageRetry& retry) {
 void LanguageCore::Admit(LiveRequest& r) {
   if (role_->Admit(r)) return;
   const std::string id = r.id;
-  absl::Status s = engine_->AddRequest(std::move(r.engine_request),
-                                       [this](const worker::StreamEvent& e) { OnEvent(e); });
+  const auto expected = std::count_if(r.images.begin(), r.images.end(), [](const auto& im) {
+    return im.meta.expect_cached() && im.state == LiveRequest::MediaState::kArrived;
+  });
+  const bool expects_cached = expected > 0;
+  // With images expected cached the request keeps its own: if their KV is
+  // gone, it waits for them from an encoder with the others' rows.
+  worker::EngineRequest request = expects_cached ? r.engine_request : std::move(r.engine_request);
+  absl::Status s =
+      engine_->AddRequest(std::move(request), [this](const worker::StreamEvent& e) { OnEvent(e); });
+  if (expects_cached && absl::IsFailedPrecondition(s)) {
+    metrics_.images_not_cached->Increment(images_->LoseCached(r, s));
+    return;
+  }
+  if (expects_cached && s.ok()) metrics_.images_found_cached->Increment(expected);
   if (!s.ok()) {
     End(id, s);
     return;

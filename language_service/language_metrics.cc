@@ -11,6 +11,14 @@ LanguageMetrics::LanguageMetrics(metrics::Registry& registry) {
                                      "Images whose encoder failed during the transfer.");
   images_received =
       &registry.GetCounter("mmserve_language_images_received_total", "Images fully received.");
+  const char* cached_help =
+      "Images the router sent without an encoder, expecting their KV in this instance's prefix "
+      "cache, by found: yes (admitted on the cached KV) or no (evicted: reported lost, then "
+      "encoded).";
+  images_found_cached = &registry.GetCounter("mmserve_language_expected_cached_images_total",
+                                             cached_help, {{"found", "yes"}});
+  images_not_cached = &registry.GetCounter("mmserve_language_expected_cached_images_total",
+                                           cached_help, {{"found", "no"}});
   const char* prompt_help =
       "Prompt tokens of the requests this instance prefilled (role both or prefill), counted as "
       "each finishes, by kv: cached (found in the prefix cache) or computed.";
@@ -67,8 +75,9 @@ void LanguageMetrics::RegisterKvHandoff(metrics::Registry& registry) {
   kv_handoff_round_trips = &registry.GetHistogram(
       "mmserve_language_kv_handoff_round_trips",
       "Per KV hand-off (role prefill), the round trips it waited for before the first token "
-      "went out: AllocateKv, a landed reply or flush per decode rank whose cache is not mapped "
-      "here, CommitKv.",
+      "went out: AllocateKv, the landed replies or flushes of its writes, waited for together "
+      "(none when every write copied into a decode cache mapped here; layer-wise, one per layer "
+      "group), CommitKv.",
       {1, 2, 3, 4, 5, 6, 8, 16});
   for (transfer::KvHandoffPath path :
        {transfer::KvHandoffPath::kMapped, transfer::KvHandoffPath::kRendezvous,

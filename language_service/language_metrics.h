@@ -25,6 +25,10 @@ struct LanguageMetrics {
   metrics::Counter* transfer_bytes;
   metrics::Counter* lost_images;
   metrics::Counter* images_received;
+  // Images expected in the prefix cache (PromptImage.expect_cached), by
+  // whether their KV was there.
+  metrics::Counter* images_found_cached;
+  metrics::Counter* images_not_cached;
   // Prompt tokens of the requests prefilled here, as they finish
   // (mmserve_language_prompt_tokens_total): found in the prefix cache, or
   // computed.

@@ -21,12 +21,12 @@ TEST_CASE("every language metric is shown once the struct is built", "[metrics]"
         "mmserve_language_mm_handoff_blocked_seconds_total",
         "mmserve_language_grammar_mask_seconds_total",
         "mmserve_language_grammar_mask_wait_seconds_total", "mmserve_language_mm_rows_total",
-        "mmserve_language_prompt_tokens_total"}) {
+        "mmserve_language_prompt_tokens_total", "mmserve_language_expected_cached_images_total"}) {
     INFO(name);
     CHECK(page.find(name) != std::string::npos);
   }
   for (const char* path : {"path=\"mapped\"", "path=\"rendezvous\"", "path=\"put\"",
-                           "kv=\"cached\"", "kv=\"computed\""}) {
+                           "kv=\"cached\"", "kv=\"computed\"", "found=\"yes\"", "found=\"no\""}) {
     INFO(path);
     CHECK(page.find(path) != std::string::npos);
   }

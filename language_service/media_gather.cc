@@ -104,6 +104,16 @@ void MediaGather::ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry) {
 
 void MediaGather::StartImage(LiveRequest& r, size_t k) {
   LiveRequest::Image& im = r.images[k];
+  if (im.meta.expect_cached()) {  // no rows: the engine finds its KV cached
+    worker::MediaEmbedding& e = im.embedding;
+    e.grid = model::MediaGrid::FromThw(im.meta.grid_t(), im.meta.grid_h(), im.meta.grid_w(),
+                                       options_.spatial_merge_size, model::MediaKind::kImage);
+    e.key = ContentHash{im.meta.content_hash().high(), im.meta.content_hash().low()};
+    e.cached = true;
+    im.state = LiveRequest::MediaState::kArrived;
+    r.image_tokens += static_cast<uint32_t>(e.grid.num_tokens());
+    return;
+  }
   im.state = LiveRequest::MediaState::kConnecting;
   auto& conn = connections_[im.meta.encoder_id()];
   if (conn == nullptr) conn = std::make_unique<Connection>();
@@ -238,6 +248,7 @@ void MediaGather::OnImage(const std::string& id, size_t k, const std::string& tr
   }
   const int merge = options_.spatial_merge_size;
   worker::MediaEmbedding& e = r.images[k].embedding;
+  e.cached = false;  // an image expected cached that was not arrives as any other
   // The kind was set from the prompt's slot when the request came in.
   e.grid = model::MediaGrid::FromThw(grid->t, grid->rows * merge, grid->cols * merge, merge,
                                      e.grid.kind);
@@ -270,6 +281,26 @@ void MediaGather::OnImage(const std::string& id, size_t k, const std::string& tr
   if (chunks > 1) metrics_.resumes->Increment(chunks - 1);
   r.images[k].round_trips += static_cast<int>(chunks);
   MaybeReady(r);
+}
+
+int MediaGather::LoseCached(LiveRequest& r, const absl::Status& why) {
+  std::vector<worker::MediaEmbedding>& given = r.engine_request.image_embeddings;
+  for (size_t k = 0; k < given.size() && k < r.images.size(); ++k) {
+    r.images[k].embedding = std::move(given[k]);
+  }
+  given.clear();
+  std::set<std::string> sources;
+  int lost = 0;
+  for (size_t k = 0; k < r.images.size(); ++k) {
+    LiveRequest::Image& im = r.images[k];
+    if (!im.meta.expect_cached() || im.state != LiveRequest::MediaState::kArrived) continue;
+    im.state = LiveRequest::MediaState::kReceiving;  // LoseImages takes it from here
+    r.image_tokens -= static_cast<uint32_t>(im.embedding.grid.num_tokens());
+    sources.insert(r.TransferId(k));
+    ++lost;
+  }
+  for (const std::string& t : sources) LoseImages(r, t, why);
+  return lost;
 }
 
 void MediaGather::LoseImages(LiveRequest& r, const std::string& transfer_id,

@@ -92,6 +92,12 @@ class MediaGather {
   void Start(LiveRequest& r);
   // New sources for images of `r` (lost ones, or ones the router moved).
   void ApplyRetry(LiveRequest& r, const v1::ImageRetry& retry);
+  // The engine did not find the KV of `r`'s images expected cached
+  // (PromptImage.expect_cached), `why`: their embeddings come from encoders
+  // after all. The rows already given to r.engine_request go back to their
+  // images and those images are reported lost (the router sends each to an
+  // encoder and retries). Returns how many.
+  int LoseCached(LiveRequest& r, const absl::Status& why);
   // Cancels `r`'s transfers under way (it ends with `why`).
   void Cancel(const LiveRequest& r, const absl::Status& why);
   // Stops the connector thread (before the owner's loop goes). Idempotent.

@@ -1,6 +1,7 @@
 // MediaGather over a real transfer engine (UCX within this machine) and no
 // encoder: what it does for a prompt without images, an encoder nobody
-// answers at, a retry that overtakes its request, and a cancel.
+// answers at, a retry that overtakes its request, a cancel, and images
+// expected in the prefix cache (found, or lost to an encoder).
 #include "language_service/media_gather.h"
 
 #include <catch2/catch.hpp>
@@ -135,6 +136,64 @@ TEST_CASE("a retry that overtakes its request is applied when the request starts
   CHECK(f.WaitFor([&] { return r.images[0].meta.encoder_id() == "encoder-1"; }));
   CHECK(f.WaitFor([&] { return r.images[0].state == LiveRequest::MediaState::kLost; }));
   CHECK(f.ready.empty());
+}
+
+TEST_CASE("images expected cached are ready at once, rowless, and lost when not found",
+          "[media_gather]") {
+  Fixture f;
+  auto r = std::make_unique<LiveRequest>();
+  r->id = "cached";
+  r->sink.on_batch = [&f](v1::TokenBatch b) { f.batches.push_back(std::move(b)); };
+  for (uint32_t k = 0; k < 2; ++k) {
+    LiveRequest::Image im;
+    im.meta.set_image_index(k);
+    im.meta.set_expect_cached(true);
+    im.meta.set_transfer_id("cached@kv");
+    im.meta.mutable_content_hash()->set_low(10 + k);
+    im.meta.set_grid_t(1);
+    im.meta.set_grid_h(4);
+    im.meta.set_grid_w(6);
+    r->images.push_back(std::move(im));
+  }
+  LiveRequest& ref = *r;
+  REQUIRE(f.loop
+              .RunAndWait([&] {
+                f.requests["cached"] = std::move(r);
+                f.images->Start(ref);
+                return absl::OkStatus();
+              })
+              .ok());
+  REQUIRE(f.WaitFor([&] { return f.ready == std::vector<std::string>{"cached"}; }));
+  REQUIRE(ref.engine_request.image_embeddings.size() == 2);
+  for (const worker::MediaEmbedding& e : ref.engine_request.image_embeddings) {
+    CHECK(e.cached);
+    CHECK(e.values.empty());
+    CHECK(e.shared_values == nullptr);
+    CHECK(e.grid.num_tokens() == 6);  // 4 x 6 patches, merged 2 x 2
+  }
+  CHECK(ref.engine_request.image_embeddings[1].key == ContentHash{0, 11});
+  CHECK(ref.image_tokens == 12);
+  CHECK(f.batches.empty());
+  // The engine did not find their KV: both are reported lost under their
+  // transfer id, and the request waits for them again.
+  int lost = 0;
+  REQUIRE(f.loop
+              .RunAndWait([&] {
+                lost = f.images->LoseCached(ref, absl::FailedPreconditionError("evicted"));
+                return absl::OkStatus();
+              })
+              .ok());
+  CHECK(lost == 2);
+  REQUIRE(f.WaitFor([&] { return f.batches.size() == 1; }));
+  CHECK(f.batches[0].lost_images_size() == 2);
+  CHECK(f.batches[0].lost_transfer_id() == "cached@kv");
+  CHECK(f.batches[0].lost_reason() == "evicted");
+  CHECK(f.WaitFor([&] { return ref.lost_deadline.has_value(); }));
+  CHECK(ref.engine_request.image_embeddings.empty());
+  CHECK(ref.image_tokens == 0);
+  for (const LiveRequest::Image& im : ref.images) {
+    CHECK(im.state == LiveRequest::MediaState::kLost);
+  }
 }
 
 }  // namespace

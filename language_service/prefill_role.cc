@@ -186,26 +186,49 @@ absl::Status PrefillRole::SendPuts(const std::vector<RankPut>& puts, transfer::K
   const int64_t num_layers = rank_caches_[0]->shape().num_layers;
   const int64_t count = layers.count == 0 ? num_layers - layers.first : layers.count;
   result.paths.resize(puts.size(), transfer::KvHandoffPath::kRendezvous);
+  // Every write set moving before any is waited for: the pairs' bytes fly
+  // together (each rank's sender its own progress and copy threads).
+  absl::Status status;
+  std::vector<std::unique_ptr<transfer::KvHandoffWrite>> writes(puts.size());
+  for (size_t i = 0; i < puts.size() && status.ok(); ++i) {
+    const RankPut& put = puts[i];
+    absl::StatusOr<std::unique_ptr<transfer::KvHandoffWrite>> w =
+        kv_senders_[put.prefill_rank]->Start(put.target, put.src, put.dst, deadline, layers,
+                                             put.heads);
+    if (w.ok()) {
+      writes[i] = std::move(*w);
+    } else {
+      status = w.status();
+    }
+  }
   // Per decode rank: the writes into it, in its head order (RankPuts).
   std::map<int, std::vector<transfer::KvHeadSource>> sources;
   std::map<int, uint32_t> only;  // the CRC32C of a decode rank's one write
+  bool waited = false;
+  // Each started write is finished (its source blocks are read until
+  // then), after a failed one too; the first error is the hand-off's.
   for (size_t i = 0; i < puts.size(); ++i) {
+    if (writes[i] == nullptr) continue;
     const RankPut& put = puts[i];
-    transfer::KvHandoffPath path = transfer::KvHandoffPath::kRendezvous;
-    ASSIGN_OR_RETURN(const uint32_t crc,
-                     kv_senders_[put.prefill_rank]->SendLayers(put.target, put.src, put.dst,
-                                                               deadline, layers, put.heads, &path));
+    const transfer::KvHandoffPath path = writes[i]->path();
+    absl::StatusOr<uint32_t> crc = writes[i]->Finish();
+    if (!crc.ok()) {
+      if (status.ok()) status = crc.status();
+      continue;
+    }
     sources[put.decode_rank].push_back({rank_caches_[put.prefill_rank], put.heads});
-    only[put.decode_rank] = crc;
+    only[put.decode_rank] = *crc;
     result.paths[i] = path;
     model::KvCacheShape moved = put.target.shape;
     moved.num_kv_heads = put.heads.count;
     bytes_.Sent(transfer::KvHandoffBytes(moved, put.src.size(), count));
-    // AllocateKv and CommitKv come on top (Commit); one round trip for the
-    // landed reply or flush that a write waits for, unless it copied into a
-    // mapped cache.
-    if (path != transfer::KvHandoffPath::kMapped) ++result.round_trips;
+    waited = waited || path != transfer::KvHandoffPath::kMapped;
   }
+  RETURN_IF_ERROR(status);
+  // AllocateKv and CommitKv come on top (Commit); one round trip for the
+  // landed replies or flushes the writes wait for together, unless every
+  // write copied into a mapped cache.
+  if (waited) ++result.round_trips;
   crcs.assign(sources.size(), 0);
   for (const auto& [rank, from] : sources) {
     // Several ranks here wrote into this one: its CRC32C runs over their

@@ -9,8 +9,11 @@
 // (transfer/kv_handoff_pairs.h): N -> N rank by rank, 2 -> 1 both ranks
 // into the one decode rank at their heads' offsets, 1 -> 2 as before. A
 // decode rank written by several prefill ranks gets the CRC32C of its heads
-// in its own order (KvGatheredCrc). CommitKv goes once every write landed,
-// and not at all once a rank of this instance is gone (UNAVAILABLE).
+// in its own order (KvGatheredCrc). The writes of one hand-off are all
+// started before any is waited for, so they move at once; one that fails
+// fails the hand-off (UNAVAILABLE when a peer is lost). CommitKv goes once
+// every write landed, and not at all once a rank of this instance is gone
+// (UNAVAILABLE).
 //
 // A hand-off never blocks the loop: at the prompt's end the engine keeps
 // the request's blocks held (a span of its id) and the hand-off runs on a
@@ -72,9 +75,10 @@ v1::KvAllocateRequest AllocateRequest(const HandOffRequest& r);
 
 // What a hand-off waited for and how its bytes moved.
 struct HandOffResult {
-  // Control round trips, one after another: AllocateKv, each decode rank's
-  // landed reply or flush (none for a rank whose cache is mapped here: the
-  // copy is done when it returns), CommitKv.
+  // Control round trips, one after another: AllocateKv, the writes' landed
+  // replies or flushes, waited for together (one; none when every write
+  // copied into a decode cache mapped here), CommitKv. Layer-wise, each
+  // group's writes are waited for in turn.
   int round_trips = 0;
   // One per write: each pair of a rank here and a decode rank that share
   // KV heads (one per decode rank without tensor parallelism here).
@@ -150,9 +154,10 @@ class PrefillRole final : public Role {
     int decode_rank = 0;
     transfer::KvHeadSlice heads;
   };
-  // The writes `puts` (RankPuts' order) of `layers`, one after another;
-  // each decode rank's CRC32C of what it received into crcs (one per
-  // decode rank).
+  // The writes `puts` (RankPuts' order) of `layers`, all started, then all
+  // waited for; each decode rank's CRC32C of what it received into crcs
+  // (one per decode rank). The first write's error fails them all (every
+  // started write is finished first).
   absl::Status SendPuts(const std::vector<RankPut>& puts, transfer::KvLayerRange layers,
                         Deadline deadline, std::vector<uint32_t>& crcs, HandOffResult& result);
   // UNAVAILABLE once a rank of this instance is gone (its KV is not all

@@ -106,4 +106,21 @@ v1::MediaKind MediaKindToProto(model::MediaKind kind) {
   return kind == model::MediaKind::kVideo ? v1::MEDIA_KIND_VIDEO : v1::MEDIA_KIND_IMAGE;
 }
 
+absl::Status CheckImageSource(const v1::PromptImage& image, model::MediaKind slot) {
+  if (!image.expect_cached()) {
+    if (image.encoder_id().empty() || image.encoder_address().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("image ", image.image_index(), " names no encoder"));
+    }
+    return absl::OkStatus();
+  }
+  if (slot != model::MediaKind::kImage || image.grid_t() == 0 || image.grid_h() == 0 ||
+      image.grid_w() == 0 || !image.encoder_id().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("image ", image.image_index(),
+                     ": expect_cached is for an image with its grid and no encoder"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace mmserve::language

@@ -39,6 +39,12 @@ namespace v1 = ::mmserve::internal::v1;
 [[nodiscard]] absl::Status CheckPromptMedia(absl::Span<const model::MediaKind> slots,
                                             const v1::PrefillRequest& request);
 
+// Where `image` (in a slot of kind `slot`) comes from: an encoder (its id
+// and address), or this instance's prefix cache (expect_cached: an image
+// slot, its grid given, no encoder). InvalidArgument naming the image
+// otherwise.
+[[nodiscard]] absl::Status CheckImageSource(const v1::PromptImage& image, model::MediaKind slot);
+
 // Qwen3-VL: the prompt with each video's placeholder replaced by its
 // temporal patches, each after its "<t seconds>" text and with one
 // <|video_pad|> (model/qwen3vl_video.h; the engine expands the pads), when

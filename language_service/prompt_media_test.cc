@@ -121,5 +121,35 @@ TEST_CASE("Qwen3-VL videos with timestamps get one run per temporal patch", "[pr
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("an image comes from an encoder or, with its grid, from the prefix cache",
+          "[prompt_media]") {
+  v1::PromptImage from_encoder;
+  from_encoder.set_encoder_id("encoder-0");
+  from_encoder.set_encoder_address("127.0.0.1:1");
+  CHECK(CheckImageSource(from_encoder, model::MediaKind::kImage).ok());
+  v1::PromptImage nowhere;
+  nowhere.set_image_index(3);
+  const absl::Status none = CheckImageSource(nowhere, model::MediaKind::kImage);
+  CHECK(none.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(none.message() == "image 3 names no encoder");
+  v1::PromptImage cached;
+  cached.set_expect_cached(true);
+  cached.set_grid_t(1);
+  cached.set_grid_h(4);
+  cached.set_grid_w(4);
+  CHECK(CheckImageSource(cached, model::MediaKind::kImage).ok());
+  // Not a video, not without its grid, not with an encoder as well.
+  CHECK(CheckImageSource(cached, model::MediaKind::kVideo).code() ==
+        absl::StatusCode::kInvalidArgument);
+  v1::PromptImage no_grid = cached;
+  no_grid.set_grid_w(0);
+  CHECK(CheckImageSource(no_grid, model::MediaKind::kImage).code() ==
+        absl::StatusCode::kInvalidArgument);
+  v1::PromptImage both = cached;
+  both.set_encoder_id("encoder-0");
+  CHECK(CheckImageSource(both, model::MediaKind::kImage).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace mmserve::language

@@ -39,6 +39,7 @@ const Family kFamilies[] = {
      "model.visual.blocks.1.attn.proj.weight"},
     {"qwen3vlmoe-tiny", "model.language_model.layers.1.self_attn.k_proj.weight",
      "model.visual.blocks.1.attn.qkv.weight"},
+    {"qwen25-tiny", "model.layers.1.self_attn.k_proj.weight", nullptr},
     {"qwen3-tiny-qknorm", "model.layers.1.self_attn.k_proj.weight", nullptr},
     {"qwen3moe-tiny-top2", "model.layers.1.self_attn.k_proj.weight", nullptr},
 };

@@ -191,6 +191,17 @@ TEST_CASE("Qwen3-MoE text models match transformers (top-k routing, dense layers
   CHECK_FALSE(Load("qwen3moe-tiny-top3-dense0").cfg.text.moe_layer(0));
 }
 
+// Qwen2.5's text checkpoints (model_type qwen2): Qwen2's decoder with q/k/v
+// biases and plain RoPE, no vision tower.
+TEST_CASE("Qwen2.5 text model matches transformers (q/k/v biases, plain RoPE)", "[parity]") {
+  LoadedModel m = Load("qwen25-tiny");
+  CHECK(m.cfg.model_type == "qwen2");
+  CHECK_FALSE(m.cfg.vision.has_value());
+  CHECK(m.weights->layers()[0].q_bias != nullptr);
+  CHECK(m.weights->layers()[0].q_norm == nullptr);
+  CheckFp32Golden("qwen25-tiny");
+}
+
 TEST_CASE("bf16 checkpoint against transformers computing in bf16, within the bf16 tolerance",
           "[parity]") {
   const std::string name = "qwen2vl-tiny-mqa-bf16";

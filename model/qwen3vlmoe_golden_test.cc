@@ -1,7 +1,8 @@
 // Qwen3-VL-MoE at the model level against transformers 4.57.6 on a tiny
 // random checkpoint saved in shards (tools/gen_qwen3vlmoe_goldens.py): the
-// vision tower's main embedding and DeepStack features on one image, and a
-// text chat and an image chat (M-RoPE positions, last logits, 16 greedy
+// vision tower's main embedding and DeepStack features on one image and on
+// two images of different sizes in one call, and a text chat, a one-image
+// chat and a two-image chat (M-RoPE positions, last logits, 16 greedy
 // tokens) through sparse layers whose experts are stored fused and
 // input-major, with a dense layer among them. Then the same experts
 // quantized to int8 and split over two tensor-parallel ranks.
@@ -9,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,16 +37,22 @@ struct Goldens {
     REQUIRE(f.ok());
     tensors = std::move(*f);
   }
-  MediaGrid grid() const {
-    const auto& g = json["image_grid_thw"];
-    return MediaGrid::FromThw(g[0], g[1], g[2], 2);
-  }
 };
 
-// The generator's pattern image: value i is ((i * 7919) % 2001 - 1000) /
-// 1000 in float32, bit for bit as torch computes it.
-std::vector<float> PatternPixels(const MediaGrid& grid) {
-  const int64_t n = grid.num_patches() * 3 * 2 * 16 * 16;
+// The images of a golden's [[t, h, w], ...] list.
+std::vector<MediaGrid> Grids(const nlohmann::json& thws) {
+  std::vector<MediaGrid> grids;
+  for (const auto& g : thws) grids.push_back(MediaGrid::FromThw(g[0], g[1], g[2], 2));
+  return grids;
+}
+
+// The generator's pattern images: value i of their pixels together is
+// ((i * 7919) % 2001 - 1000) / 1000 in float32, bit for bit as torch
+// computes it.
+std::vector<float> PatternPixels(const std::vector<MediaGrid>& grids) {
+  int64_t patches = 0;
+  for (const MediaGrid& g : grids) patches += g.num_patches();
+  const int64_t n = patches * 3 * 2 * 16 * 16;
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7919) % 2001 - 1000) / 1000.0f;
   return v;
@@ -56,16 +64,16 @@ struct ChatResult {
   std::vector<int32_t> greedy;
 };
 
-// A golden chat through `model`: its image's embedding and DeepStack
-// features (from `vision`) on the image pads, the prompt prefilled at its
-// M-RoPE positions, then greedy decoding.
+// A golden chat through `model`: its images' embeddings and DeepStack
+// features (from `vision`, the tower on all of them in one call) on the
+// image pads, the prompt prefilled at its M-RoPE positions, then greedy
+// decoding.
 ChatResult RunChat(Qwen2Model& model, const ModelConfig& cfg, const nlohmann::json& chat,
-                   const MediaGrid& grid, const VisionEmbeddings* vision) {
+                   const VisionEmbeddings* vision) {
   const std::vector<int32_t> ids = chat["input_ids"];
   const int64_t hidden = cfg.text.hidden_size;
   const MediaPadIds pads{.image = cfg.tokens.image_pad, .video = cfg.tokens.video_pad};
-  std::vector<MediaGrid> grids;
-  if (!chat["image_grid_thw"].empty()) grids.push_back(grid);
+  const std::vector<MediaGrid> grids = Grids(chat["image_grid_thw"]);
   std::vector<float> deepstack;
   std::vector<EmbeddingOverride> overrides;
   if (!grids.empty()) {
@@ -138,18 +146,38 @@ TEST_CASE("Qwen3-VL-MoE tower: main embedding and DeepStack features match trans
   const Goldens g;
   const LoadedModel m = OpenModelDir(kModel);
   const auto tower = LoadTower(m);
-  auto out = tower->ForwardAll(PatternPixels(g.grid()), {g.grid()});
+  const nlohmann::json one = {g.json["image_grid_thw"]};
+  const nlohmann::json two = {g.json["image_grid_thw"], g.json["second_image_grid_thw"]};
+  // One image, then two of different sizes in one call.
+  for (const auto& [thws, suffix] : {std::pair{one, ""}, std::pair{two, ".two_images"}}) {
+    INFO(thws.dump());
+    const std::vector<MediaGrid> grids = Grids(thws);
+    auto out = tower->ForwardAll(PatternPixels(grids), grids);
+    INFO(out.status().ToString());
+    REQUIRE(out.ok());
+    const std::vector<float> want = F32Tensor(*g.tensors, std::string("vision_out") + suffix);
+    REQUIRE(out->main.size() == want.size());
+    CHECK(MaxAbsDiff(out->main, want.data()) < 1e-4f);
+    REQUIRE(out->deepstack.size() == 2);
+    for (size_t k = 0; k < out->deepstack.size(); ++k) {
+      const std::vector<float> ds =
+          F32Tensor(*g.tensors, "vision_deepstack" + std::to_string(k) + suffix);
+      REQUIRE(out->deepstack[k].size() == ds.size());
+      CHECK(MaxAbsDiff(out->deepstack[k], ds.data()) < 1e-4f);
+    }
+  }
+  CHECK(Grids(two)[0].num_tokens() != Grids(two)[1].num_tokens());
+}
+
+// The tower's outputs on a chat's images, all in one call (none for a text
+// chat).
+std::optional<VisionEmbeddings> ChatVision(const VisionTower& tower, const nlohmann::json& chat) {
+  const std::vector<MediaGrid> grids = Grids(chat["image_grid_thw"]);
+  if (grids.empty()) return std::nullopt;
+  auto out = tower.ForwardAll(PatternPixels(grids), grids);
   INFO(out.status().ToString());
   REQUIRE(out.ok());
-  const std::vector<float> want = F32Tensor(*g.tensors, "vision_out");
-  REQUIRE(out->main.size() == want.size());
-  CHECK(MaxAbsDiff(out->main, want.data()) < 1e-4f);
-  REQUIRE(out->deepstack.size() == 2);
-  for (size_t k = 0; k < out->deepstack.size(); ++k) {
-    const std::vector<float> ds = F32Tensor(*g.tensors, "vision_deepstack" + std::to_string(k));
-    REQUIRE(out->deepstack[k].size() == ds.size());
-    CHECK(MaxAbsDiff(out->deepstack[k], ds.data()) < 1e-4f);
-  }
+  return std::move(*out);
 }
 
 TEST_CASE("Qwen3-VL-MoE chats: positions, last logits and greedy tokens match transformers",
@@ -163,15 +191,14 @@ TEST_CASE("Qwen3-VL-MoE chats: positions, last logits and greedy tokens match tr
   CHECK(sparse.experts[3].down.cols == 32);
   CHECK(m.weights->layers()[1].experts.empty());
   const auto tower = LoadTower(m);
-  auto vision = tower->ForwardAll(PatternPixels(g.grid()), {g.grid()});
-  REQUIRE(vision.ok());
   cpu::ThreadPool pool(2);
   Qwen2Model model(m.cfg.text, *m.weights, pool);
-  REQUIRE(g.json["chats"].size() == 2);
+  REQUIRE(g.json["chats"].size() == 3);
   for (const auto& chat : g.json["chats"]) {
     const std::string name = chat["name"];
     INFO(name);
-    const ChatResult r = RunChat(model, m.cfg, chat, g.grid(), &*vision);
+    const std::optional<VisionEmbeddings> vision = ChatVision(*tower, chat);
+    const ChatResult r = RunChat(model, m.cfg, chat, vision ? &*vision : nullptr);
     const std::vector<float> want = F32Tensor(*g.tensors, "logits_last." + name);
     REQUIRE(r.last_logits.size() == want.size());
     CHECK(MaxAbsDiff(r.last_logits, want.data()) < 1e-4f);
@@ -192,14 +219,13 @@ TEST_CASE("Qwen3-VL-MoE int8: the fused experts quantize and the chats stay clos
   }
   CHECK(sparse.router.dtype != DType::kI8);  // routing stays in its precision
   const auto tower = LoadTower(m);
-  auto vision = tower->ForwardAll(PatternPixels(g.grid()), {g.grid()});
-  REQUIRE(vision.ok());
   cpu::ThreadPool pool(2);
   Qwen2Model model(m.cfg.text, *m.weights, pool);
   for (const auto& chat : g.json["chats"]) {
     const std::string name = chat["name"];
     INFO(name);
-    const ChatResult r = RunChat(model, m.cfg, chat, g.grid(), &*vision);
+    const std::optional<VisionEmbeddings> vision = ChatVision(*tower, chat);
+    const ChatResult r = RunChat(model, m.cfg, chat, vision ? &*vision : nullptr);
     const std::vector<float> want = F32Tensor(*g.tensors, "logits_last." + name);
     float range = 0;
     for (float x : want) range = std::max(range, std::abs(x));

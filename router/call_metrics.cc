@@ -11,7 +11,8 @@ constexpr char kMigrationsHelp[] =
 constexpr char kMediaPlacedHelp[] =
     "Images and videos of placed calls, by kv: held when the language instance placed on (P/D: "
     "the prefill instance) holds the KV of the chat message they are in, by the router's prefix "
-    "index (--prefix_weight), else not_held. Each is sent to an encoder either way.";
+    "index (--prefix_weight), else not_held. A held image goes to no encoder "
+    "(mmserve_router_encoder_skipped_total) unless the call is an elastic pool's.";
 
 }  // namespace
 
@@ -40,7 +41,16 @@ CallMetrics::CallMetrics(metrics::Registry& registry)
       media_on_held_prefix(registry.GetCounter("mmserve_router_media_placed_total",
                                                kMediaPlacedHelp, {{"kv", "held"}})),
       media_not_on_held_prefix(registry.GetCounter("mmserve_router_media_placed_total",
-                                                   kMediaPlacedHelp, {{"kv", "not_held"}})) {
+                                                   kMediaPlacedHelp, {{"kv", "not_held"}})),
+      encoder_skipped(registry.GetCounter(
+          "mmserve_router_encoder_skipped_total",
+          "Images sent to no encoder: the language instance placed on (P/D: the prefill instance) "
+          "holds their KV by the prefix index (--skip_cached_images).")),
+      encoder_skip_fallbacks(registry.GetCounter(
+          "mmserve_router_encoder_skip_fallbacks_total",
+          "Images sent to no encoder whose KV the language instance no longer had (evicted, or "
+          "the index was stale), or whose call moved to another instance: sent to an encoder "
+          "after all.")) {
   for (int c = 0; c < kNumCodes; ++c) {
     requests_[c] = &registry.GetCounter(
         "mmserve_router_requests_total", "Generate calls by final gRPC code.",

@@ -41,6 +41,12 @@ struct CallMetrics {
   // (mmserve_router_media_placed_total).
   metrics::Counter& media_on_held_prefix;
   metrics::Counter& media_not_on_held_prefix;
+  // Images sent to no encoder, their KV expected on the instance
+  // (mmserve_router_encoder_skipped_total), and those of them the instance
+  // did not find cached, then sent to an encoder after all
+  // (mmserve_router_encoder_skip_fallbacks_total).
+  metrics::Counter& encoder_skipped;
+  metrics::Counter& encoder_skip_fallbacks;
 
  private:
   static constexpr int kNumCodes = 17;  // absl::StatusCode 0..16

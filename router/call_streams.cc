@@ -241,6 +241,18 @@ void GenerateCall::OnStreamDone(size_t i, const grpc::Status& status) {
 
 void GenerateCall::LockedOnStreamDone(size_t i, const grpc::Status& status) {
   if (phase_ == CallPhase::kEnded || Abandoned(i)) return;
+  if (placement_.flow == Placement::Flow::kElastic && phase_ == CallPhase::kPrefilling) {
+    switch (echoes_.OnClosed(i, status, cancels_)) {  // the member that gave up says why
+      case ElasticEchoHold::Next::kHold:
+        return;
+      case ElasticEchoHold::Next::kEndHeld:
+        LastStreamClosed(echoes_.held(), StreamRole(echoes_.held_member()),
+                         placement_.instances[echoes_.held_member()]->id);
+        return;
+      case ElasticEchoHold::Next::kAsUsual:
+        break;
+    }
+  }
   if (!status.ok()) {
     // A stream the router did not cancel (the call has not ended) that
     // ends CANCELLED was cancelled by its instance.

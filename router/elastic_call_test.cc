@@ -1,7 +1,8 @@
 // GenerateCall and ElasticPool (router --elastic) against in-process fake elastic
 // instances (Language ElasticPrefill, Prefill, Abort and GetLoad): degree 1
 // when a request fits one instance, a group when it does not, Abort to
-// every member on finish, cancel and a member's failure, refusals at once
+// every member on finish, cancel and a member's failure (whose reason wins
+// over the others' echoes), refusals at once
 // and after the queue wait, the step-time models refitted from the
 // pool's own prefills, and a property run: promised slots never exceed an
 // instance's capacity and each request has one master.
@@ -396,6 +397,35 @@ TEST_CASE("a member that fails ends the call UNAVAILABLE and every member gets A
   REQUIRE(outcome.WaitForEnd());
   CHECK(outcome.status().code() == absl::StatusCode::kUnavailable);
   CheckAllAborted(stack, "r6");
+}
+
+TEST_CASE("a member's echo of another's abort waits for its reason; only echoes: the first") {
+  const std::string echo = "elastic exchange: a peer gave up";
+  for (const std::string& last :
+       std::vector<std::string>{"temperature: must be >= 0",
+                                "elastic exchange: a member did not join: a peer gave up"}) {
+    INFO("the master ends with: " << last);
+    ElasticStack stack({2048, 2048});
+    auto echoed = std::make_shared<absl::Notification>();
+    SetElastic(stack, [echo, last, echoed](const ElasticPrefillRequest& r, grpc::ServerContext* ctx,
+                                           Writer*) {
+      if (r.member() != r.plan().master()) {  // stops at the master's abort word, first
+        echoed->Notify();
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, echo);
+      }
+      echoed->WaitForNotificationWithTimeout(absl::Seconds(10));
+      // The router must not end the call on the echo (cancelling this stream).
+      const absl::Time until = absl::Now() + absl::Seconds(1);
+      while (!ctx->IsCancelled() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, last);
+    });
+    Outcome outcome;
+    Start(stack, outcome, Prompt("r6e", 3000, 8));
+    REQUIRE(outcome.WaitForEnd());
+    CHECK(outcome.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(outcome.status().message() == (absl::StrContains(last, "gave up") ? echo : last));
+    CheckAllAborted(stack, "r6e");
+  }
 }
 
 TEST_CASE("a master lost mid-decode ends the call UNAVAILABLE after its tokens") {

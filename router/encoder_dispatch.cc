@@ -1,5 +1,6 @@
 #include "router/encoder_dispatch.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,18 @@ internal::v1::PromptImage EncoderDispatch::Describe(size_t k, const Instance& en
   return pi;
 }
 
+std::optional<internal::v1::PromptImage> EncoderDispatch::ExpectCached(size_t k) {
+  Image& im = images_[k];
+  if (im.video || !im.grid) return std::nullopt;
+  im.expected_cached = true;
+  im.encoder_id.clear();
+  im.transfer_id = absl::StrCat(request_.request_id(), "@kv");
+  context_.metrics->encoder_skipped.Increment();
+  internal::v1::PromptImage pi = Describe(k, Instance{});
+  pi.set_expect_cached(true);
+  return pi;
+}
+
 absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Dispatch(
     const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded) {
   std::vector<std::pair<size_t, std::shared_ptr<Instance>>> picks;
@@ -101,13 +114,26 @@ absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Dispatch
 absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::DispatchCopy(
     const std::vector<size_t>& images, DeferredActions& deferred, const OnEncoded& on_encoded) {
   std::vector<std::pair<size_t, std::shared_ptr<Instance>>> picks;
+  std::vector<size_t> never_encoded;  // expected cached where the call ran
   for (size_t k : images) {
+    if (k < images_.size() && images_[k].expected_cached) {
+      never_encoded.push_back(k);
+      continue;
+    }
     std::shared_ptr<Instance> enc =
         k < images_.size() ? context_.instances->Get(images_[k].encoder_id) : nullptr;
     if (enc == nullptr) return absl::UnavailableError(absl::StrCat("no encoder for image ", k));
     picks.push_back({k, std::move(enc)});
   }
-  return Start(picks, /*copy=*/true, deferred, on_encoded);
+  ASSIGN_OR_RETURN(std::vector<internal::v1::PromptImage> described,
+                   Start(picks, /*copy=*/true, deferred, on_encoded));
+  if (never_encoded.empty()) return described;
+  ASSIGN_OR_RETURN(std::vector<internal::v1::PromptImage> encoded,
+                   Move(never_encoded, "", deferred, on_encoded));
+  for (auto& d : encoded) described.push_back(std::move(d));
+  std::sort(described.begin(), described.end(),
+            [](const auto& a, const auto& b) { return a.image_index() < b.image_index(); });
+  return described;
 }
 
 absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Start(
@@ -160,7 +186,11 @@ absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Start(
 absl::StatusOr<std::vector<internal::v1::PromptImage>> EncoderDispatch::Move(
     const std::vector<size_t>& images, const std::string& failed_encoder, DeferredActions& deferred,
     const OnEncoded& on_encoded) {
-  for (size_t k : images) images_[k].failed_encoders.insert(failed_encoder);
+  for (size_t k : images) {
+    images_[k].failed_encoders.insert(failed_encoder);
+    if (images_[k].expected_cached) context_.metrics->encoder_skip_fallbacks.Increment();
+    images_[k].expected_cached = false;
+  }
   for (auto& e : encodes_) {
     if (!e->done && e->encoder_id == failed_encoder) {
       deferred.Defer([raw = e.get()] { raw->ctx.TryCancel(); });

@@ -84,6 +84,15 @@ class EncoderDispatch {
       const std::vector<size_t>& images, const std::string& failed_encoder,
       DeferredActions& deferred, const OnEncoded& on_encoded);
 
+  // Image `k` goes to no encoder: the language instance is expected to hold
+  // its KV (PromptImage.expect_cached, with transfer id "<request>@kv"). Its
+  // descriptor, or nullopt for a video or an image not pre-sized (the
+  // language side needs its grid), which must be dispatched. A lost report
+  // of it later (Lost, under its own encoder id "") moves it to an encoder
+  // (Move), as does a copy for a migration (DispatchCopy); each counts as a
+  // fallback.
+  std::optional<internal::v1::PromptImage> ExpectCached(size_t k);
+
   // Records the answer of `encode` (cache hits when OK); what moves if it
   // failed.
   EncodeFailure Answered(Encode* encode, const grpc::Status& status);
@@ -110,6 +119,7 @@ class EncoderDispatch {
     std::string transfer_id;
     int attempts = 0;
     std::set<std::string> failed_encoders;
+    bool expected_cached = false;  // ExpectCached, until it moves to an encoder
   };
 
   // The encoder for image `k`, or UNAVAILABLE.

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +11,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "proto/language.grpc.pb.h"
+#include "router/call_messages.h"
 #include "router/public_error.h"
 #include "router/tool_grammar.h"
 
@@ -23,25 +23,6 @@ std::atomic<uint64_t> next_request{1};
 std::string AssignId() {
   static const uint64_t salt = static_cast<uint64_t>(MonotonicNanos());
   return absl::StrFormat("req-%x-%d", salt & 0xffffff, next_request.fetch_add(1));
-}
-
-// The public response for a batch of the internal token stream. The one
-// place where the internal batch's finish (reason, matched stop, usage,
-// seed, timing) becomes the public response's.
-mmserve::v1::GenerateResponse ToResponse(const internal::v1::TokenBatch& batch,
-                                         const mmserve::v1::GenerateRequest& request) {
-  mmserve::v1::GenerateResponse r;
-  r.set_request_id(request.request_id());
-  r.set_text(batch.text());
-  if (request.stream().include_token_ids()) *r.mutable_token_ids() = batch.token_ids();
-  *r.mutable_logprobs() = batch.logprobs();
-  if (batch.finish_reason() == mmserve::v1::FINISH_REASON_UNSPECIFIED) return r;
-  r.set_finish_reason(batch.finish_reason());
-  r.set_matched_stop(batch.matched_stop());
-  if (batch.has_usage()) *r.mutable_usage() = batch.usage();
-  r.set_seed(batch.seed());
-  if (request.stream().include_timing()) *r.mutable_timing() = batch.timing();
-  return r;
 }
 
 }  // namespace
@@ -114,42 +95,33 @@ void GenerateCall::OnPlaced(absl::StatusOr<Placement> placement) {
 
 void GenerateCall::Run() {
   router_seconds_ = clock_.ElapsedSeconds();
-  std::vector<size_t> all(encoders_.size());
-  std::iota(all.begin(), all.end(), size_t{0});
+  // The images of messages whose KV the instance holds (the first ones)
+  // need no encoder, except in an elastic pool (docs/routing.md).
+  const size_t held = context_.options.skip_cached_images && context_.elastic == nullptr &&
+                              placement_.flow != Placement::Flow::kElastic
+                          ? std::min<size_t>(placement_.media_on_held_prefix, encoders_.size())
+                          : 0;
+  std::vector<internal::v1::PromptImage> cached;
+  std::vector<size_t> encode;
+  for (size_t k = 0; k < encoders_.size(); ++k) {
+    std::optional<internal::v1::PromptImage> d =
+        k < held ? encoders_.ExpectCached(k) : std::nullopt;
+    d ? cached.push_back(*std::move(d)) : encode.push_back(k);
+  }
   absl::StatusOr<std::vector<internal::v1::PromptImage>> described =
-      encoders_.Dispatch(all, deferred_, OnEncodedCallback());
+      encoders_.Dispatch(encode, deferred_, OnEncodedCallback());
   if (!described.ok()) {
     End(described.status());
     return;
   }
-  StartLanguage(MakePrefillRequest(*std::move(described)));
+  described->insert(described->end(), cached.begin(), cached.end());
+  std::sort(described->begin(), described->end(),
+            [](const auto& a, const auto& b) { return a.image_index() < b.image_index(); });
+  StartLanguage(PrefillRequestFor(request_, id_, context_.options.model_id, *std::move(described)));
 }
 
 const std::vector<std::shared_ptr<Instance>>& GenerateCall::LanguageInstances() const {
   return placement_.instances;
-}
-
-internal::v1::PrefillRequest GenerateCall::MakePrefillRequest(
-    std::vector<internal::v1::PromptImage> images) const {
-  internal::v1::PrefillRequest prefill;
-  prefill.set_request_id(id_);
-  prefill.set_model(context_.options.model_id);
-  if (request_.has_chat()) {
-    *prefill.mutable_chat() = request_.chat();
-    for (auto& m : *prefill.mutable_chat()->mutable_messages()) {
-      for (auto& p : *m.mutable_content()) {
-        if (p.has_image()) p.mutable_image()->clear_data();
-      }
-    }
-  } else {
-    *prefill.mutable_raw() = request_.raw();
-    for (auto& im : *prefill.mutable_raw()->mutable_images()) im.clear_data();
-  }
-  *prefill.mutable_sampling() = request_.sampling();
-  *prefill.mutable_stream() = request_.stream();
-  prefill.set_priority(request_.priority());
-  for (auto& d : images) *prefill.add_images() = std::move(d);
-  return prefill;
 }
 
 bool GenerateCall::Advance(CallEvent event) {

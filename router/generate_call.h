@@ -68,6 +68,7 @@
 #include "router/call_phase.h"
 #include "router/carrier_chain.h"
 #include "router/deferred_actions.h"
+#include "router/elastic_echo_hold.h"
 #include "router/encoder_dispatch.h"
 #include "router/instance_table.h"
 #include "router/placer.h"
@@ -191,8 +192,6 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
     bool stream_closed = false;                             // its carrier closed OK
   };
 
-  internal::v1::PrefillRequest MakePrefillRequest(
-      std::vector<internal::v1::PromptImage> images) const;
   EncoderDispatch::OnEncoded OnEncodedCallback();
   void OnEncoded(EncoderDispatch::Encode* encode, const grpc::Status& status)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -235,7 +234,8 @@ class GenerateCall final : public std::enable_shared_from_this<GenerateCall> {
   uint32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int critical_round_trips_ ABSL_GUARDED_BY(mu_) = 0;
   CallMigration migration_ ABSL_GUARDED_BY(mu_);
-  const std::vector<PreparedMedia> no_media_;  // a migration's placement request
+  ElasticEchoHold echoes_ ABSL_GUARDED_BY(mu_);  // an elastic group's members' ends
+  const std::vector<PreparedMedia> no_media_;    // a migration's placement request
 };
 
 }  // namespace mmserve::router

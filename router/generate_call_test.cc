@@ -12,6 +12,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -144,6 +145,7 @@ class Stack {
     return call_metrics_.migrations_no_instance.value();
   }
   int encode_calls() const { return encode_calls_.load(); }
+  const CallMetrics& metrics() const { return call_metrics_; }
 
  private:
   std::atomic<int> encode_calls_{0};
@@ -421,6 +423,88 @@ TEST_CASE("an image copy is a new Encode call and transfer id on the image's enc
   CHECK(stack.e0.encodes + stack.e1.encodes == 2);
   // The image's source is still the first's: a report on it is not stale.
   CHECK(dispatch.ImagesOn((*first)[0].encoder_id()) == std::vector<size_t>{0});
+}
+
+// A repeat turn on the instance that holds its image (generate_call.cc): the
+// image goes to no encoder until the language side reports it lost.
+TEST_CASE("an image expected cached goes to no encoder until it is lost, then to one") {
+  Stack stack(/*failing_encodes=*/0);
+  stack.Start({"e0"});
+  const mmserve::v1::GenerateRequest request = ImageRequest();
+  EncoderDispatch dispatch(
+      stack.context(), request, std::chrono::system_clock::now() + std::chrono::seconds(20),
+      {PreparedMedia{.hash = {1, 2}, .grid = model::MediaGrid::FromThw(1, 4, 4)},
+       PreparedMedia{.hash = {3, 4}}});
+  DeferredActions deferred;
+  absl::Mutex mu;
+  int answers = 0;
+  const EncoderDispatch::OnEncoded on_encoded = [&](EncoderDispatch::Encode* e,
+                                                    const grpc::Status& s) {
+    absl::MutexLock lock(&mu);
+    dispatch.Answered(e, s);
+    ++answers;
+  };
+  // Not pre-sized: the language side could not place it without rows.
+  CHECK_FALSE(dispatch.ExpectCached(1).has_value());
+  std::optional<internal::v1::PromptImage> held = dispatch.ExpectCached(0);
+  REQUIRE(held.has_value());
+  CHECK(held->expect_cached());
+  CHECK(held->encoder_id().empty());
+  CHECK(held->encoder_address().empty());
+  CHECK(held->num_tokens() == 4);
+  CHECK(held->grid_h() == 4);
+  CHECK_FALSE(held->transfer_id().empty());
+  CHECK(dispatch.AllAnswered());
+  CHECK(stack.metrics().encoder_skipped.value() == 1);
+  // A report about another source is stale; one about it moves it to an encoder.
+  TokenBatch stale;
+  stale.add_lost_images(0);
+  stale.set_lost_transfer_id("something else");
+  CHECK(dispatch.Lost(stale).empty());
+  TokenBatch lost;
+  lost.add_lost_images(0);
+  lost.set_lost_transfer_id(held->transfer_id());
+  const std::map<std::string, std::vector<size_t>> by_source = dispatch.Lost(lost);
+  REQUIRE(by_source.size() == 1);
+  CHECK(by_source.begin()->second == std::vector<size_t>{0});
+  auto moved =
+      dispatch.Move(by_source.begin()->second, by_source.begin()->first, deferred, on_encoded);
+  REQUIRE(moved.ok());
+  deferred.Run();
+  REQUIRE(moved->size() == 1);
+  CHECK((*moved)[0].encoder_id() == "e0");
+  CHECK_FALSE((*moved)[0].expect_cached());
+  CHECK(stack.metrics().encoder_skip_fallbacks.value() == 1);
+  REQUIRE(WaitFor([&] {
+    absl::MutexLock lock(&mu);
+    return answers == 1;
+  }));
+  CHECK(stack.e0.encodes == 1);
+}
+
+TEST_CASE("a copy of an image expected cached is its first dispatch to an encoder") {
+  Stack stack(/*failing_encodes=*/0);
+  stack.Start({"e0"});
+  const mmserve::v1::GenerateRequest request = ImageRequest();
+  EncoderDispatch dispatch(
+      stack.context(), request, std::chrono::system_clock::now() + std::chrono::seconds(20),
+      {PreparedMedia{.hash = {1, 2}, .grid = model::MediaGrid::FromThw(1, 4, 4)}});
+  DeferredActions deferred;
+  std::atomic<int> answers{0};
+  const EncoderDispatch::OnEncoded on_encoded = [&](EncoderDispatch::Encode*, const grpc::Status&) {
+    ++answers;
+  };
+  REQUIRE(dispatch.ExpectCached(0).has_value());
+  // A migration's new instance does not hold the image: it gets it encoded.
+  auto copy = dispatch.DispatchCopy({0}, deferred, on_encoded);
+  REQUIRE(copy.ok());
+  deferred.Run();
+  REQUIRE(copy->size() == 1);
+  CHECK((*copy)[0].encoder_id() == "e0");
+  CHECK_FALSE((*copy)[0].expect_cached());
+  CHECK(stack.metrics().encoder_skip_fallbacks.value() == 1);
+  REQUIRE(WaitFor([&] { return answers.load() == 1; }));
+  CHECK(dispatch.ImagesOn("e0") == std::vector<size_t>{0});
 }
 
 TEST_CASE("a bad request ends with INVALID_ARGUMENT before any backend is called") {

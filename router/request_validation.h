@@ -52,6 +52,10 @@ struct RouterOptions {
   // Times a call's language stream may move to another instance after the
   // one generating it was lost (role both; 0: the call ends UNAVAILABLE).
   int migration_limit = 1;
+  // Images of a call placed on an instance (P/D: the prefill instance)
+  // whose prefix index entry holds their message's KV go to no encoder
+  // (PromptImage.expect_cached); false: every image goes to an encoder.
+  bool skip_cached_images = true;
   // Deadline of calls that come without one.
   absl::Duration default_timeout = absl::Seconds(600);
 };

@@ -84,6 +84,10 @@ ABSL_FLAG(int64_t, max_prompt_bytes, 0,
 ABSL_FLAG(int, migration_limit, 1,
           "times a request's stream moves to another role-both language instance after the one "
           "generating it is lost (0: the request ends UNAVAILABLE)");
+ABSL_FLAG(bool, skip_cached_images, true,
+          "send no encoder an image of a call placed on a language instance (P/D: the prefill "
+          "instance) whose prefix index entry holds the image's message; it falls back to an "
+          "encoder when the KV was evicted (docs/routing.md)");
 ABSL_FLAG(bool, allow_remote_media, false,
           "fetch http(s) image_url / video_url (and Image.url / Video.url) media; off: such a URL "
           "is refused with 400 / INVALID_ARGUMENT (docs/calling.md#remote-media)");
@@ -185,6 +189,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromFlags() {
   options.max_model_len = max_len;
   options.presize = absl::GetFlag(FLAGS_presize);
   options.migration_limit = std::max(0, absl::GetFlag(FLAGS_migration_limit));
+  options.skip_cached_images = absl::GetFlag(FLAGS_skip_cached_images);
   options.max_images = absl::GetFlag(FLAGS_max_images);
   options.encoder_saturation = absl::GetFlag(FLAGS_encoder_saturation);
   options.max_image_bytes = size_t{static_cast<size_t>(absl::GetFlag(FLAGS_max_image_mb))} << 20;

@@ -139,6 +139,15 @@ class Scheduler {
   // Frees the span held under `id`: NotFound when none.
   [[nodiscard]] absl::Status ReleaseSpan(RequestId id);
   int num_held_spans() const { return num_holding_; }
+  // The cached prefix of `params`' prompt (its full blocks found by hash)
+  // kept from eviction: a block table of those blocks outside every
+  // request, for a request admitted without the rows of images whose KV it
+  // expects cached (preempted, it finds them again). FailedPrecondition
+  // (nothing changes) when fewer than `min_tokens` are cached. Unpin frees
+  // the table; its blocks stay cached.
+  [[nodiscard]] absl::StatusOr<kvpool::BlockTableId> PinCachedPrefix(const RequestParams& params,
+                                                                     int min_tokens);
+  void Unpin(kvpool::BlockTableId pin);
   // The span held under `id` becomes the request `params` (validated as
   // AddRequest's, but its id is `id`'s) mastered here: prompt then
   // `generated` (at least one token, the last not yet computed), its KV
@@ -246,6 +255,7 @@ class Scheduler {
   std::vector<Request*> waiting_for_kv_;
   // Requests in kHoldingSpan (role elastic), in requests_ only.
   int num_holding_ = 0;
+  int num_pins_ = 0;  // PinCachedPrefix's tables
   // kMastering requests (role elastic), in the order they started; the
   // decode group whose turn is next.
   std::vector<Request*> mastering_;

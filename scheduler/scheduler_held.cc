@@ -1,6 +1,7 @@
 // Scheduler::HoldSpan, ReleaseSpan, GrowSpan and the kMastering requests: spans of a
 // request's KV kept on a member of an elastic-sequence-parallelism group
-// (role elastic), and the master's decode on its span.
+// (role elastic), and the master's decode on its span; PinCachedPrefix and
+// Unpin, tables that keep a cached prefix from eviction.
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -53,6 +54,24 @@ absl::Status Scheduler::ReleaseSpan(RequestId id) {
   requests_.erase(it);
   --num_holding_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<kvpool::BlockTableId> Scheduler::PinCachedPrefix(const RequestParams& params,
+                                                                int min_tokens) {
+  const kvpool::SequenceView seq{params.prompt_token_ids, params.mm_spans};
+  const kvpool::PrefixHit hit = kv_.FindCachedPrefix(seq);
+  if (hit.num_tokens < min_tokens || !kv_.CanAllocate(hit, hit.num_tokens)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        hit.num_tokens, " tokens of the prompt are cached, not the first ", min_tokens));
+  }
+  ASSIGN_OR_RETURN(kvpool::BlockTableId pin, kv_.Allocate(seq, hit, hit.num_tokens));
+  ++num_pins_;
+  return pin;
+}
+
+void Scheduler::Unpin(kvpool::BlockTableId pin) {
+  kv_.Free(pin);
+  --num_pins_;
 }
 
 absl::Status Scheduler::StartMastering(RequestId id, RequestParams params, int kv_offset,

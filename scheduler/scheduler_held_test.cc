@@ -1,11 +1,13 @@
 // HoldSpan / ReleaseSpan (role elastic): a held span is a request in
-// kHoldingSpan, never scheduled, and Abort frees it.
+// kHoldingSpan, never scheduled, and Abort frees it. PinCachedPrefix keeps
+// a cached prefix from eviction until Unpin.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "common/hash.h"
 #include "scheduler/scheduler.h"
 
 namespace mmserve {
@@ -308,6 +310,52 @@ TEST_CASE("GrowSpan refuses what is not mastered, an empty pool (nothing changes
   REQUIRE(s->Abort(RequestId{1}).ok());
   CHECK(s->kv_cache().num_free_blocks() == 4);
   REQUIRE(s->CheckInvariants().ok());
+}
+
+// A prompt of 10 tokens whose first 8 are a picture of `image`.
+RequestParams Pictured(uint64_t id, const char* image) {
+  RequestParams p = Req(id, 10);
+  p.max_tokens = 1;
+  p.mm_spans = {{0, 8, HashBytes(image)}};
+  return p;
+}
+
+TEST_CASE("a pinned cached prefix survives a pool that fills, and Unpin lets it go",
+          "[scheduler][held]") {
+  auto s = Make(8);  // blocks of 4 tokens
+  REQUIRE(s->AddRequest(Pictured(1, "cat.png")).ok());
+  REQUIRE(s->Schedule().scheduled.size() == 1);
+  std::vector<std::unique_ptr<Request>> finished;
+  REQUIRE(s->UpdateFromOutput({42}, &finished).ok());
+  REQUIRE(finished.size() == 1);  // its two full blocks stay cached
+  // Not cached that far, or another picture: nothing is pinned.
+  CHECK(s->PinCachedPrefix(Pictured(2, "cat.png"), 9).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(s->PinCachedPrefix(Pictured(2, "dog.png"), 8).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(s->kv_cache().num_free_blocks() == 8);
+  absl::StatusOr<kvpool::BlockTableId> pin = s->PinCachedPrefix(Pictured(2, "cat.png"), 8);
+  REQUIRE(pin.ok());
+  CHECK(s->kv_cache().num_free_blocks() == 6);
+  REQUIRE(s->CheckInvariants().ok());
+  // The rest of the pool can be taken, not the pinned blocks.
+  CHECK(s->HoldSpan(RequestId{9}, 7 * 4).status().code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(s->HoldSpan(RequestId{9}, 6 * 4).ok());
+  REQUIRE(s->ReleaseSpan(RequestId{9}).ok());
+  // The pinned request finds its 8 tokens cached and computes the rest.
+  REQUIRE(s->AddRequest(Pictured(2, "cat.png")).ok());
+  const SchedulerOutput& out = s->Schedule();
+  REQUIRE(out.scheduled.size() == 1);
+  CHECK(out.scheduled[0].request->num_cached_tokens() == 8);
+  REQUIRE(s->UpdateFromOutput({42}, &finished).ok());
+  s->Unpin(*pin);
+  CHECK(s->kv_cache().num_free_blocks() == 8);
+  REQUIRE(s->CheckInvariants().ok());
+  // Unpinned, the blocks may go: a span of the whole pool takes them.
+  REQUIRE(s->HoldSpan(RequestId{9}, 8 * 4).ok());
+  REQUIRE(s->ReleaseSpan(RequestId{9}).ok());
+  CHECK(s->PinCachedPrefix(Pictured(3, "cat.png"), 8).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -95,10 +95,11 @@ absl::Status Scheduler::CheckInvariants() const {
   }
   if (kv_.num_tables() !=
       static_cast<int>(running_.size() + waiting_for_kv_.size() + mastering_.size()) +
-          num_holding_) {
+          num_holding_ + num_pins_) {
     return absl::InternalError(absl::StrCat(kv_.num_tables(), " block tables for ", running_.size(),
                                             " running requests, ", waiting_for_kv_.size(),
-                                            " waiting for KV and ", num_holding_, " held spans"));
+                                            " waiting for KV, ", num_holding_, " held spans and ",
+                                            num_pins_, " pins"));
   }
   return absl::OkStatus();
 }

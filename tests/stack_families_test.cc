@@ -3,7 +3,8 @@
 // against the in-process engine on the same checkpoint: the tiny random
 // checkpoints of model/testdata/models (written by transformers, whose
 // goldens the model tests match). Qwen2.5-VL with a video sampled at 1 fps
-// (its time positions scaled) and an image; Qwen3 and Qwen3-MoE on text.
+// (its time positions scaled) and an image; Qwen2.5 (model_type qwen2),
+// Qwen3 and Qwen3-MoE on text.
 // Each runs as role both, as prefill + decode --tp=2 (the media spans and
 // their time step cross the hand-off) and as an elastic degree-2 group (a
 // prompt beyond one instance's pool), each family over shm and over tcp;
@@ -139,7 +140,7 @@ struct Case {
   std::string profile;
   // Words of an elastic prompt. Pools are 1 MiB: about 1000 tokens of these
   // checkpoints' KV (2 layers of 2 KV heads of 32, fp32), 2000 of the
-  // MoE's (heads of 16); 380 words are about 1500 of the tiny tokenizer's
+  // MoE's and Qwen2.5's (heads of 16); 380 words are about 1500 of the tiny tokenizer's
   // tokens, 760 about 3000 (under a group's 4000).
   int elastic_words = 380;
 };
@@ -169,11 +170,14 @@ launcher::StackOptions StackFor(const Case& c) {
   return o;
 }
 
-TEST_CASE("Qwen2.5-VL, Qwen3 and Qwen3-MoE through the stack give the engine's tokens") {
+TEST_CASE("Qwen2.5-VL, Qwen2.5, Qwen3 and Qwen3-MoE through the stack give the engine's tokens") {
   const std::vector<Case> cases = {
       {"qwen25vl-tiny", true, Topology::kBoth, "shm"},
       {"qwen25vl-tiny", true, Topology::kPd, "tcp"},
       {"qwen25vl-tiny", true, Topology::kElastic, "shm"},
+      {"qwen25-tiny", false, Topology::kBoth, "tcp"},
+      {"qwen25-tiny", false, Topology::kPd, "shm"},
+      {"qwen25-tiny", false, Topology::kElastic, "tcp", 760},
       {"qwen3-tiny-qknorm", false, Topology::kBoth, "tcp"},
       {"qwen3-tiny-qknorm", false, Topology::kPd, "shm"},
       {"qwen3-tiny-qknorm", false, Topology::kElastic, "tcp"},

@@ -4,9 +4,11 @@
 // TP=1 one (both prefill ranks into the one decode rank, at their heads'
 // offsets, every prompt layer-wise) the token ids and text are role both's,
 // for text prompts and prompts with an image; every write copies into the
-// decode cache the prefill process maps; nothing leaks. SIGKILL of the
-// prefill instance's rank 1 mid-hand-off ends the requests UNAVAILABLE
-// within bounds and the decode instance frees their reservations.
+// decode cache the prefill process maps; nothing leaks. Over UCX tcp (2 ->
+// 2) the same tokens, each write by rendezvous, the writes of a hand-off
+// waited for together. SIGKILL of the prefill instance's rank 1
+// mid-hand-off ends the requests UNAVAILABLE within bounds and the decode
+// instance frees their reservations.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -75,8 +77,8 @@ void CheckSame(const Answers& want, const Answers& got) {
   }
 }
 
-launcher::StackOptions TpPrefillOptions(int decode_tp) {
-  launcher::StackOptions o = TestStackOptions(1, "shm");
+launcher::StackOptions TpPrefillOptions(int decode_tp, const char* profile = "shm") {
+  launcher::StackOptions o = TestStackOptions(1, profile);
   o.prefill = 1;
   o.decode = 1;
   o.prefill_args = {"--tp=2"};
@@ -98,9 +100,23 @@ void CheckMappedWrites(launcher::LocalStack& stack) {
   CHECK(ScrapeMetric(pp, "mmserve_language_kv_handoff_round_trips_sum") == 2 * handoffs);
 }
 
+// Over tcp nothing is mapped: each write (rank r -> decode rank r, whole
+// heads) lands by rendezvous, and the two are waited for together, so a
+// hand-off waits for three round trips (AllocateKv, the landed replies,
+// CommitKv), not one per write.
+void CheckTcpWrites(launcher::LocalStack& stack) {
+  const int pp = stack.prefill(0).metrics_port();
+  const double handoffs = ScrapeMetric(pp, "mmserve_language_kv_handoff_round_trips_count");
+  CHECK(handoffs == kText + kImages);
+  const char* total = "mmserve_language_kv_handoff_total";
+  CHECK(ScrapeMetric(pp, total, "path=\"rendezvous\"") == 2 * handoffs);
+  CHECK(ScrapeMetric(pp, total, "path=\"mapped\"") == 0);
+  CHECK(ScrapeMetric(pp, "mmserve_language_kv_handoff_round_trips_sum") == 3 * handoffs);
+}
+
 TEST_CASE(
     "a TP=2 prefill instance gives role both's token ids into a TP=2 and a TP=1 decode "
-    "instance, text and image prompts; nothing leaks") {
+    "instance, over shm and tcp, text and image prompts; nothing leaks") {
   Answers want;
   {
     auto both = launcher::LocalStack::Start(TestStackOptions(1, "shm"));
@@ -114,6 +130,17 @@ TEST_CASE(
     REQUIRE(stack.ok());
     CheckSame(want, AskAll(**stack));
     CheckMappedWrites(**stack);
+    const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
+    INFO(l.ToString());
+    CHECK(l.zero());
+  }
+  {
+    INFO("2 -> 2 over UCX tcp: each rank's write lands by rendezvous");
+    auto stack = launcher::LocalStack::Start(TpPrefillOptions(2, "tcp"));
+    INFO(stack.status());
+    REQUIRE(stack.ok());
+    CheckSame(want, AskAll(**stack));
+    CheckTcpWrites(**stack);
     const Leaks l = WaitForNoLeaks(**stack, absl::Seconds(10));
     INFO(l.ToString());
     CHECK(l.zero());

@@ -12,8 +12,10 @@
 // instance's chunks again ending inside an image (the features are in the
 // KV the decode side receives); an elastic degree-2 group whose row split
 // falls inside an image (each member adds the features of its own rows).
-// The MoE checkpoint as role both and as prefill + decode --tp=2 (each
-// decode rank computes its share of every expert's width). A Qwen3-VL video
+// The MoE checkpoint as role both, as prefill + decode --tp=2 (each
+// decode rank computes its share of every expert's width) and as an elastic
+// degree-2 group (each member routes its own rows' tokens to the experts
+// and adds their features). A Qwen3-VL video
 // (a clip sampled at the processor's 2 fps) as role both, prefill + decode
 // and in an elastic degree-2 group whose row split falls inside one of its
 // temporal patches: the router reads its frames' timestamps from the header
@@ -121,32 +123,6 @@ std::vector<worker::MediaEmbedding> Encode(const std::string& model, int n) {
   return out;
 }
 
-// A prompt of about `words` words (and two more images near its end) whose
-// expanded token row len / 2 (where a degree-2 group splits its rows) falls
-// inside the second image, not on its first row.
-Prompt SplitInsideImage(int words) {
-  const std::vector<worker::MediaEmbedding> images = Encode(kDense, 2);
-  auto tok = model::Tokenizer::FromFile(ModelDir(kDense) + "/tokenizer.json").value();
-  const int32_t pad = model::LoadModelConfig(ModelDir(kDense)).value().tokens.image_pad;
-  for (int head = 10; head < words - 10; ++head) {
-    const int middle = 10;
-    const Prompt p = MakePrompt(head, middle, words - head - middle, /*again=*/true);
-    const std::vector<int32_t> ids = tok->Encode(p.text).value();
-    std::vector<int> pads;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] == pad) pads.push_back(static_cast<int>(i));
-    }
-    REQUIRE(pads.size() == 4);
-    const int first = static_cast<int>(images[0].grid.num_tokens());
-    const int second = static_cast<int>(images[1].grid.num_tokens());
-    const int len = static_cast<int>(ids.size()) - 4 + 2 * (first + second);
-    const int begin = pads[1] - 1 + first;  // the second image's first row
-    if (begin < len / 2 && len / 2 < begin + second) return p;
-  }
-  FAIL("no head length puts the split inside the image");
-  return {};
-}
-
 mmserve::v1::GenerateRequest Request(const Prompt& p) {
   mmserve::v1::GenerateRequest r;
   r.mutable_raw()->set_text(p.text);
@@ -186,6 +162,37 @@ std::vector<int32_t> InProcess(const std::string& model, const Prompt& p, bool d
   INFO(ids.status());
   REQUIRE(ids.ok());
   return *std::move(ids);
+}
+
+// A prompt of about `words` words, `middle` of them between its two images
+// (and the two again near its end), whose expanded token row len / 2 (where
+// a degree-2 group splits its rows) falls inside the second image, not on
+// its first row, and whose answer on `model` without the DeepStack features
+// differs, so that a member that lost them would fail. Only the prompts
+// whose split falls inside the image are run.
+Prompt SplitInsideImage(const std::string& model, int words, int middle) {
+  const std::vector<worker::MediaEmbedding> images = Encode(model, 2);
+  auto tok = model::Tokenizer::FromFile(ModelDir(model) + "/tokenizer.json").value();
+  const int32_t pad = model::LoadModelConfig(ModelDir(model)).value().tokens.image_pad;
+  for (int head = 10; head < words - middle - 2; ++head) {
+    const Prompt p = MakePrompt(head, middle, words - head - middle, /*again=*/true);
+    const std::vector<int32_t> ids = tok->Encode(p.text).value();
+    std::vector<int> pads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] == pad) pads.push_back(static_cast<int>(i));
+    }
+    REQUIRE(pads.size() == 4);
+    const int first = static_cast<int>(images[0].grid.num_tokens());
+    const int second = static_cast<int>(images[1].grid.num_tokens());
+    const int len = static_cast<int>(ids.size()) - 4 + 2 * (first + second);
+    const int begin = pads[1] - 1 + first;  // the second image's first row
+    if (begin < len / 2 && len / 2 < begin + second &&
+        InProcess(model, p, /*deepstack=*/false) != InProcess(model, p)) {
+      return p;
+    }
+  }
+  FAIL("no head length puts the split inside the image with an answer the features change");
+  return {};
 }
 
 // An image then a video (the clip at the processor's default 2 fps), with
@@ -328,11 +335,15 @@ launcher::StackOptions StackFor(const Case& c) {
 }
 
 TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the engine's tokens") {
-  // Pools are 1 MiB: about 670 tokens of this checkpoint's KV, a group of
-  // two 1340; 250 words are about 1000 tokens, so the elastic prompts (two
-  // images, or an image and a video) need a group.
+  // Pools are 1 MiB: about 680 tokens of these checkpoints' KV (3 layers of
+  // 2 KV heads of 32, fp32), a group of two 1360; the elastic prompts (two
+  // images twice in about 720 and 800 tokens, or an image and a video) need
+  // a group.
   const Prompt short_prompt = MakePrompt(20, 10, 10);
-  const Prompt long_prompt = SplitInsideImage(250);
+  // With 250 words and 10 between the images the MoE's answer is the same
+  // without the features; 282 words and 16 give one they change.
+  const Prompt long_prompt = SplitInsideImage(kDense, 250, 10);
+  const Prompt long_moe_prompt = SplitInsideImage(kMoe, 282, 16);
   const mmserve::v1::GenerateRequest long_video = SplitInsideVideo(250);
   const std::vector<Case> cases = {
       {kDense, "role both", Topology::kBoth, "shm"},
@@ -341,10 +352,13 @@ TEST_CASE("Qwen3-VL and Qwen3-VL-MoE with DeepStack through the stack give the e
       {kDense, "elastic degree-2 group", Topology::kElastic, "shm"},
       {kMoe, "role both", Topology::kBoth, "tcp"},
       {kMoe, "prefill + decode --tp=2", Topology::kPd, "shm"},
+      {kMoe, "elastic degree-2 group", Topology::kElastic, "tcp"},
   };
   for (const Case& c : cases) {
     INFO(c.model << ", " << c.name << ", " << c.profile);
-    const Prompt& p = c.topology == Topology::kElastic ? long_prompt : short_prompt;
+    const Prompt& p = c.topology != Topology::kElastic ? short_prompt
+                      : std::string(c.model) == kMoe   ? long_moe_prompt
+                                                       : long_prompt;
     const std::vector<int32_t> want = InProcess(c.model, p);
     // The features change the answer: a stack that lost them would fail.
     REQUIRE(InProcess(c.model, p, /*deepstack=*/false) != want);

@@ -2,9 +2,11 @@
 // metrics (mmserve_router_critical_round_trips,
 // mmserve_language_embedding_round_trips,
 // mmserve_language_kv_handoff_round_trips), are the protocol's: text and
-// image prompts, role both and P/D, one chunk and default-then-resume.
+// image prompts, role both and P/D, one chunk and default-then-resume, one
+// request at a time and four at once.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <vector>
 
 #include "common/grpc_server.h"
 #include "tests/stack_harness.h"
@@ -91,6 +93,40 @@ TEST_CASE(
   REQUIRE(resume.ok());
   check(AskCounting(**resume, false, image), 1, 3, 0);  // Connect, init, resume
   check(AskCounting(**resume, false, image), 1, 2, 0);
+}
+
+// The same counts when requests overlap: 12 P/D text requests, 4 at a
+// time, over tcp. Each first token waited for 5 round trips (router 2:
+// Decode hold then Prefill; KV hand-off 3: AllocateKv, the landed reply,
+// CommitKv), none for embeddings; the client's own call makes 6. (An image
+// request adds the encoder's init: 7 with the client's call.) Requests
+// queued behind others wait longer, but for no extra round trip of their
+// own.
+TEST_CASE("at concurrency 4, a P/D text request's first token waits for five round trips") {
+  launcher::StackOptions so = TestStackOptions(1, "tcp");
+  so.prefill = so.decode = 1;
+  auto stack = launcher::LocalStack::Start(so);
+  INFO(stack.status());
+  REQUIRE(stack.ok());
+  const DemoSet& set = Demo();
+  auto stub = mmserve::v1::Inference::NewStub(InternalChannel((*stack)->router_address()));
+  constexpr int kRequests = 12;
+  const Trips before = ScrapeTrips(**stack, true);
+  std::vector<Answer> answers(kRequests);
+  ParallelFor(kRequests, 4, [&](int i) {
+    AskOptions o;
+    answers[i] = AskGrpc(*stub, DemoTextRequest(set.items[i], o), o);
+  });
+  for (int i = 0; i < kRequests; ++i) {
+    INFO(i << ": " << answers[i].status);
+    CHECK(answers[i].status.ok());
+  }
+  const Trips t = ScrapeTrips(**stack, true) - before;
+  CHECK(t.first_tokens == kRequests);
+  CHECK(t.router == 2 * kRequests);
+  CHECK(t.embedding == 0);
+  CHECK(t.kv_handoff == 3 * kRequests);
+  CHECK((t.router + t.kv_handoff) / t.first_tokens == 5);
 }
 
 }  // namespace

@@ -5,8 +5,9 @@ Writes model/testdata/models/qwen25vl-tiny/ (the tiny tokenizer and
 preprocessor of the Qwen2-VL tiny models) and
 model/testdata/goldens/qwen25vl-tiny/mm_golden.{json,safetensors} in the
 layout of vision_goldens.py: the vision tower on two images in one call
-(patch embedding, first block, merged output), and image chats (ids, M-RoPE
-positions, last logits, greedy tokens). The images are the committed ones
+(patch embedding, first block, merged output), and chats (ids, M-RoPE
+positions, last logits, greedy tokens): the image chats of the Qwen2-VL
+goldens and a text chat (the Qwen2 decoder with M-RoPE, no media). The images are the committed ones
 under model/testdata/goldens/images/ (written by gen_goldens.py).
 
 What the model exercises beyond Qwen2-VL's tower: RMSNorm in the blocks and
@@ -36,6 +37,10 @@ from vision_goldens import MM_CHATS, VISION_BATCH  # noqa: E402
 
 NAME = "qwen25vl-tiny"
 N_NEW = 16
+# The image chats of the Qwen2-VL goldens, then a text chat.
+CHATS = MM_CHATS + [
+    ("text", [], [{"role": "user", "content": [{"type": "text", "text": "Name three colors."}]}]),
+]
 
 
 def build(tok, tok_dir, models_dir):
@@ -95,19 +100,28 @@ def goldens(path, tok, images, gdir):
                f"vision_patch_embed.{key}": acts["patch_embed"].float(),
                f"vision_block0.{key}": b0.float()}
     chats = []
-    for chat_name, img_names, messages in MM_CHATS:
+    for chat_name, img_names, messages in CHATS:
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        imgs = [images[n] for n in img_names]
-        f = proc(images=imgs, return_tensors="pt")
-        # Expand each <|image_pad|> to its token count, as the processor does.
-        parts, counts = text.split("<|image_pad|>"), [int(g.prod()) // 4 for g in f["image_grid_thw"]]
-        expanded = parts[0] + "".join("<|image_pad|>" * c + p for c, p in zip(counts, parts[1:]))
-        enc = tok(expanded, return_tensors="pt")
-        inputs = dict(enc, pixel_values=f["pixel_values"], image_grid_thw=f["image_grid_thw"])
+        inputs = dict(tok(text, return_tensors="pt"))
+        grid = None
+        if img_names:
+            f = proc(images=[images[n] for n in img_names], return_tensors="pt")
+            # Expand each <|image_pad|> to its token count, as the processor does.
+            grid = f["image_grid_thw"]
+            parts, counts = text.split("<|image_pad|>"), [int(g.prod()) // 4 for g in grid]
+            expanded = parts[0] + "".join("<|image_pad|>" * c + p
+                                          for c, p in zip(counts, parts[1:]))
+            inputs = dict(tok(expanded, return_tensors="pt"), pixel_values=f["pixel_values"],
+                          image_grid_thw=grid)
         with torch.no_grad():
-            pos, delta = model.model.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"],
-                                                    None, None, inputs["attention_mask"])
+            pos, delta = model.model.get_rope_index(inputs["input_ids"], grid, None, None,
+                                                    inputs["attention_mask"])
             logits = model(**inputs).logits[0].float()
+            if grid is not None:
+                # The tower on the chat's images in one call: the rows its
+                # image pads get.
+                tensors[f"vision_out.fp32.{chat_name}"] = visual(
+                    inputs["pixel_values"], grid_thw=grid).float()
         tensors[f"logits_last.fp32.{chat_name}"] = logits[-1]
         new, chosen, margins = generate_greedy(model, tok, inputs, N_NEW)
         print(f"  {NAME} {chat_name}: {len(set(new))} distinct, min margin {min(margins):.4f}")
@@ -117,7 +131,7 @@ def goldens(path, tok, images, gdir):
                       "logits_last_argmax": int(logits[-1].argmax()), "images": img_names,
                       "messages": messages, "rendered": text,
                       "input_ids": inputs["input_ids"][0].tolist(),
-                      "image_grid_thw": inputs["image_grid_thw"].tolist(),
+                      "image_grid_thw": grid.tolist() if grid is not None else [],
                       "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])})
     write_safetensors(os.path.join(gdir, "mm_golden.safetensors"), tensors,
                       {"model": NAME, "seed": SEED})
@@ -126,8 +140,10 @@ def goldens(path, tok, images, gdir):
                   "tower on images %s in ONE call: vision_out [tokens, 128] in patch order "
                   "(after the merger and the inverse window permutation), vision_patch_embed "
                   "and vision_block0 [patches, 64] in patch order (block0 un-permuted from "
-                  "window order here). Chats as in the Qwen2-VL mm goldens; greedy %d tokens, "
-                  "eos masked." % (transformers.__version__, VISION_BATCH, N_NEW)),
+                  "window order here); vision_out.fp32.<chat>: the tower on a chat's images. "
+                  "Chats as in the Qwen2-VL mm goldens, then a text chat; "
+                  "greedy %d tokens, eos masked."
+                  % (transformers.__version__, VISION_BATCH, N_NEW)),
         "model": NAME,
         "vision_batch": VISION_BATCH,
         "vision_batch_grid_thw": feats["image_grid_thw"].tolist(),
@@ -144,7 +160,7 @@ def main():
     tok_dir = os.path.join(testdata, "tokenizer")
     tok = Qwen2TokenizerFast.from_pretrained(tok_dir)
     images = {}
-    for _, names, _ in MM_CHATS:
+    for _, names, _ in CHATS:
         for n in names + VISION_BATCH:
             img = Image.open(os.path.join(testdata, "goldens", "images", n + ".png"))
             img.load()

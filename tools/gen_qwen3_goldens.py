@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Tiny random Qwen3 and Qwen3-MoE text checkpoints and their transformers goldens.
+"""Tiny random Qwen3, Qwen3-MoE and Qwen2.5 text checkpoints and their transformers goldens.
 
 Writes model/testdata/models/<name>/ (config.json, model.safetensors, the tiny
 tokenizer of model/testdata/tokenizer) and model/testdata/goldens/<name>/
 lm_golden.{json,safetensors} in the layout of gen_goldens.py's text goldens
 (fp32 prompts: input ids, last-row logits, 32 greedy tokens with eos masked),
-computed by Qwen3ForCausalLM with eager attention. The models exercise what
-Qwen3 adds to Qwen2's decoder: head_dim given in config.json (and not
-hidden_size / num_attention_heads), no q/k/v biases (or biases with
-attention_bias), and an RMSNorm over each head of q and k before RoPE; the
-MoE ones add routed experts (top-k of a softmax, renormalized or not, dense
-layers among sparse ones).
+computed by Qwen3ForCausalLM (Qwen3MoeForCausalLM, Qwen2ForCausalLM) with
+eager attention. The models exercise what Qwen3 adds to Qwen2's decoder:
+head_dim given in config.json (and not hidden_size / num_attention_heads), no
+q/k/v biases (or biases with attention_bias), and an RMSNorm over each head
+of q and k before RoPE; the MoE ones add routed experts (top-k of a softmax,
+renormalized or not, dense layers among sparse ones). The Qwen2.5 one
+(model_type qwen2, as Qwen2.5's text checkpoints) is Qwen2's decoder with
+plain RoPE: q/k/v biases, no q/k norm, GQA.
 
   python3 tools/gen_qwen3_goldens.py [name ...]   # versions: tools/requirements.txt
 """
@@ -20,8 +22,8 @@ import sys
 
 import torch
 import transformers
-from transformers import (Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+from transformers import (Qwen2Config, Qwen2ForCausalLM, Qwen2TokenizerFast, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_corpus  # noqa: E402
@@ -52,22 +54,39 @@ SPECS = [
      "tie_word_embeddings": False, "intermediate_size": 96, "rope_theta": 1000000.0,
      "moe": {"num_experts": 6, "num_experts_per_tok": 3, "moe_intermediate_size": 48,
              "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [0]}},
+    # Qwen2.5 text (Qwen2ForCausalLM): q/k/v biases always, head_dim = hidden
+    # / heads, GQA 4:2, untied.
+    {"name": "qwen25-tiny", "qwen2": True, "hidden_size": 64, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True,
+     "tie_word_embeddings": False, "intermediate_size": 160, "rope_theta": 1000000.0},
 ]
+
+
+def model_class(spec):
+    if spec.get("qwen2"):
+        return Qwen2Config, Qwen2ForCausalLM
+    if spec.get("moe"):
+        return Qwen3MoeConfig, Qwen3MoeForCausalLM
+    return Qwen3Config, Qwen3ForCausalLM
 
 
 def build(spec, tok, tok_dir, models_dir):
     ids = special_ids(tok)
     moe = spec.get("moe")
-    config = (Qwen3MoeConfig if moe else Qwen3Config)(
+    config_class, model_cls = model_class(spec)
+    # Qwen2Config has no head_dim or attention_bias (Qwen2 always has biases).
+    extra = {} if spec.get("qwen2") else dict(head_dim=spec["head_dim"],
+                                              attention_bias=spec["attention_bias"])
+    config = config_class(
         vocab_size=len(tok), hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"], num_hidden_layers=2,
         num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"], head_dim=spec["head_dim"],
-        attention_bias=spec["attention_bias"], tie_word_embeddings=spec["tie_word_embeddings"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        tie_word_embeddings=spec["tie_word_embeddings"],
         rope_theta=spec["rope_theta"], rms_norm_eps=1e-6, max_position_embeddings=4096,
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"], **(moe or {}))
-    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
+        pad_token_id=ids["<|endoftext|>"], **extra, **(moe or {}))
+    model = model_cls(config)
     init_params(model, SEED)
     if spec["tie_word_embeddings"]:
         model.tie_weights()
@@ -81,8 +100,8 @@ def build(spec, tok, tok_dir, models_dir):
 
 
 def goldens(path, spec, tok, out_dir):
-    cls = Qwen3MoeForCausalLM if spec.get("moe") else Qwen3ForCausalLM
-    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    model = model_class(spec)[1].from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="eager")
     model.eval()
     tensors, prompts = {}, []
     for pname, text in golden_corpus.lm_prompts():

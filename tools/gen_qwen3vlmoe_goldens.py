@@ -7,9 +7,10 @@ model.safetensors.index.json, as large checkpoints are saved; the tiny
 tokenizer and qwen3vl-tiny's patch-16 preprocessor, so that the services
 serve it) and
 model/testdata/goldens/qwen3vlmoe-tiny/mm_golden.{json,safetensors}: the
-vision tower on one image (main embedding and one DeepStack feature per
-deepstack index), and two chats, text only and with that image (ids,
-M-RoPE positions, last logits, 16 greedy tokens with eos masked).
+vision tower on one image and on two images of different sizes in one call
+(main embedding and one DeepStack feature per deepstack index), and three
+chats, text only, with that image, and with both images (ids, M-RoPE
+positions, last logits, 16 greedy tokens with eos masked).
 
 What the model exercises beyond qwen3vl-tiny: the sparse layers of
 Qwen3VLMoeTextSparseMoeBlock (a softmax router, top 2 of 4 experts, always
@@ -17,9 +18,10 @@ renormalized) whose experts transformers stores fused and input-major
 (mlp.experts.gate_up_proj [experts, hidden, 2 x width], mlp.experts.down_proj
 [experts, width, hidden]), with a dense layer among them (mlp_only_layers).
 
-The image's pixel values are a fixed pattern, ((i * 7919) % 2001 - 1000) /
-1000 in float32 for the i-th value, that the C++ test computes bit for bit,
-so that the goldens stay a few KB.
+The images' pixel values are a fixed pattern, ((i * 7919) % 2001 - 1000) /
+1000 in float32 for the i-th value (the second image's continuing where
+the first's end), that the C++ test computes bit for bit, so that the
+goldens stay a few KB.
 
   /work/venv-ml/bin/python tools/gen_qwen3vlmoe_goldens.py  # versions: tools/requirements.txt
 """
@@ -40,16 +42,22 @@ from golden_util import generate_greedy, special_ids, write_json, write_safetens
 NAME = "qwen3vlmoe-tiny"
 N_NEW = 16
 IMAGE_GRID = [1, 4, 6]  # 24 patches of 16 x 16 pixels: 6 image tokens
+SECOND_GRID = [1, 8, 4]  # the two_images chat's second image: 32 patches, 8 tokens
 PATCH_VALUES = 3 * 2 * 16 * 16
 CHATS = [
     ("text", [{"role": "user", "content": [{"type": "text", "text": "Name three colors."}]}]),
     ("one_image", [{"role": "user", "content": [{"type": "image"},
                                                 {"type": "text", "text": "Describe this image."}]}]),
+    ("two_images", [{"role": "user", "content": [{"type": "text", "text": "Compare "},
+                                                 {"type": "image"},
+                                                 {"type": "text", "text": " and "},
+                                                 {"type": "image"},
+                                                 {"type": "text", "text": ". Which is taller?"}]}]),
 ]
 
 
-def pattern_pixels():
-    n = IMAGE_GRID[0] * IMAGE_GRID[1] * IMAGE_GRID[2] * PATCH_VALUES
+def pattern_pixels(grids):
+    n = sum(t * h * w for t, h, w in grids) * PATCH_VALUES
     i = torch.arange(n, dtype=torch.int64)
     return (((i * 7919) % 2001 - 1000).float() / 1000.0).reshape(-1, PATCH_VALUES)
 
@@ -104,26 +112,29 @@ def goldens(path, tok, gdir):
     model = Qwen3VLMoeForConditionalGeneration.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager")
     model.eval()
-    pixels = pattern_pixels()
-    grid = torch.tensor([IMAGE_GRID])
-    with torch.no_grad():
-        vout, deepstack = model.model.visual(pixels, grid_thw=grid)
-    tensors = {"vision_out": vout.float()}
-    for k, d in enumerate(deepstack):
-        tensors[f"vision_deepstack{k}"] = d.float()
+    tensors = {}
+    for suffix, grids in (("", [IMAGE_GRID]), (".two_images", [IMAGE_GRID, SECOND_GRID])):
+        with torch.no_grad():
+            vout, deepstack = model.model.visual(pattern_pixels(grids),
+                                                 grid_thw=torch.tensor(grids))
+        tensors["vision_out" + suffix] = vout.float()
+        for k, d in enumerate(deepstack):
+            tensors[f"vision_deepstack{k}{suffix}"] = d.float()
     chats = []
-    tokens = IMAGE_GRID[0] * IMAGE_GRID[1] * IMAGE_GRID[2] // 4
     for chat_name, messages in CHATS:
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        expanded = text.replace("<|image_pad|>", "<|image_pad|>" * tokens)
+        grids = [IMAGE_GRID, SECOND_GRID][:text.count("<|image_pad|>")]
+        # Expand each <|image_pad|> to its token count, as the processor does.
+        parts = text.split("<|image_pad|>")
+        expanded = parts[0] + "".join("<|image_pad|>" * (t * h * w // 4) + p
+                                      for (t, h, w), p in zip(grids, parts[1:]))
         enc = tok(expanded, return_tensors="pt")
         inputs = dict(enc)
-        image = "<|image_pad|>" in text
-        if image:
-            inputs.update(pixel_values=pixels, image_grid_thw=grid)
+        grid = torch.tensor(grids) if grids else None
+        if grids:
+            inputs.update(pixel_values=pattern_pixels(grids), image_grid_thw=grid)
         with torch.no_grad():
-            pos, delta = model.model.get_rope_index(inputs["input_ids"],
-                                                    grid if image else None, None,
+            pos, delta = model.model.get_rope_index(inputs["input_ids"], grid, None,
                                                     inputs["attention_mask"])
             logits = model(**inputs).logits[0].float()
         tensors[f"logits_last.{chat_name}"] = logits[-1]
@@ -132,18 +143,21 @@ def goldens(path, tok, gdir):
         chats.append({"name": chat_name, "greedy_ids": new, "greedy_text": tok.decode(new),
                       "greedy_top2_margin": margins, "rendered": expanded,
                       "input_ids": inputs["input_ids"][0].tolist(),
-                      "image_grid_thw": [IMAGE_GRID] if image else [],
+                      "image_grid_thw": grids,
                       "position_ids": pos[:, 0].tolist(), "rope_delta": int(delta.flatten()[0])})
     write_safetensors(os.path.join(gdir, "mm_golden.safetensors"), tensors,
                       {"model": NAME, "seed": SEED})
     write_json(os.path.join(gdir, "mm_golden.json"), {
         "about": ("Qwen3VLMoeForConditionalGeneration (transformers %s), fp32 from bf16 "
                   "weights, eager. Vision tower on the pattern image of grid %s: vision_out "
-                  "[tokens, 64] and vision_deepstack<k>. Chats: ids with image pads expanded, "
+                  "[tokens, 64] and vision_deepstack<k>; on it and a second image of grid %s "
+                  "in one call (the pattern continued): the same with the suffix .two_images. "
+                  "Chats: ids with image pads expanded, "
                   "get_rope_index positions and delta, last logits, greedy %d tokens with eos "
-                  "masked." % (transformers.__version__, IMAGE_GRID, N_NEW)),
+                  "masked." % (transformers.__version__, IMAGE_GRID, SECOND_GRID, N_NEW)),
         "model": NAME,
         "image_grid_thw": IMAGE_GRID,
+        "second_image_grid_thw": SECOND_GRID,
         "chats": chats,
     })
 

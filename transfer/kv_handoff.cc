@@ -329,6 +329,15 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendLayers(const KvHandoffTarget& targ
                                                      const std::vector<int32_t>& dst,
                                                      Deadline deadline, KvLayerRange layers,
                                                      KvHeadSlice heads, KvHandoffPath* path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<KvHandoffWrite> write,
+                   Start(target, src, dst, deadline, layers, heads));
+  if (path != nullptr) *path = write->path();
+  return write->Finish();
+}
+
+absl::StatusOr<std::unique_ptr<KvHandoffWrite>> KvHandoffSender::Start(
+    const KvHandoffTarget& target, const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
+    Deadline deadline, KvLayerRange layers, KvHeadSlice heads) {
   const model::KvCacheShape& s = cache_.shape();
   RETURN_IF_ERROR(ValidateKvHandoff(s, src, target.shape, dst, heads));
   const int64_t count = layers.count == 0 ? s.num_layers - layers.first : layers.count;
@@ -336,90 +345,117 @@ absl::StatusOr<uint32_t> KvHandoffSender::SendLayers(const KvHandoffTarget& targ
     return absl::InvalidArgumentError(absl::StrCat("KV hand-off: layers ", layers.first, " + ",
                                                    layers.count, " of ", s.num_layers));
   }
-  const std::vector<KvSegment> segments =
-      PlanKvSegments(s, target.shape, src, dst, heads, layers.first, count);
-  ++in_flight_;
-  absl::StatusOr<uint32_t> crc = SendSegments(target, segments, deadline, path);
-  --in_flight_;
-  if (crc.ok() || absl::IsDeadlineExceeded(crc.status())) return crc;
-  return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", crc.status().message()));
-}
-
-absl::StatusOr<uint32_t> KvHandoffSender::SendSegments(const KvHandoffTarget& target,
-                                                       const std::vector<KvSegment>& segments,
-                                                       Deadline deadline, KvHandoffPath* path) {
+  std::unique_ptr<KvHandoffWrite> write(new KvHandoffWrite(*this));
+  write->address_ = target.worker_address;
+  write->segments_ = PlanKvSegments(s, target.shape, src, dst, heads, layers.first, count);
+  write->deadline_ = deadline;
   const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
-  const std::string& address = target.worker_address;
   std::shared_ptr<Conn> conn;
+  ++in_flight_;  // until Finish (or a failed Start)
   absl::Status connected = worker_->RunSync([&]() -> absl::Status {
     ASSIGN_OR_RETURN(conn, Connection(target));
     return absl::OkStatus();
   });
   if (!connected.ok()) {
     (void)worker_->RunSync([&] {
-      DropConn(address);  // nothing was sent
+      DropConn(target.worker_address);  // nothing was sent
       return absl::OkStatus();
     });
-    return connected;
+    --in_flight_;
+    write->finished_ = true;
+    return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", connected.message()));
   }
   if (conn->mapped != nullptr) {
     // The target's segment is mapped here: copy into it on two cores,
     // checksumming as we copy; complete when the copy is (no UCX operation).
-    if (path != nullptr) *path = KvHandoffPath::kMapped;
-    const uint32_t crc =
-        CopyKvSegments(ChunkKvSegments(segments, kCopyJobBytes), base, conn->mapped, *copier_);
-    (void)worker_->RunSync([&] {
-      conn.reset();  // a Conn is destroyed on the progress thread
-      return absl::OkStatus();
-    });
-    return crc;
+    write->path_ = KvHandoffPath::kMapped;
+    write->copy_ = KvSegmentCopy::Start(ChunkKvSegments(write->segments_, kCopyJobBytes), base,
+                                        conn->mapped, *copier_);
+    write->conn_ = std::move(conn);
+    return write;
   }
   auto state = std::make_shared<KvSendState>();
-  uint64_t seq = 0;
   const bool sliced = target.shape.num_kv_heads != cache_.shape().num_kv_heads;
-  if (path != nullptr) *path = sliced ? KvHandoffPath::kPut : KvHandoffPath::kRendezvous;
+  write->path_ = sliced ? KvHandoffPath::kPut : KvHandoffPath::kRendezvous;
+  write->state_ = state;
   absl::Status started = worker_->RunSync([&]() -> absl::Status {
-    seq = ++next_seq_;
-    const KvSendPlan plan = {.segments = segments,
+    write->seq_ = ++next_seq_;
+    const KvSendPlan plan = {.segments = write->segments_,
                              .base = base,
                              .target_base = target.base_address,
                              .ep = conn->ep->get(),
                              .rkey = conn->rkey->get(),
                              .sender = id_,
-                             .seq = seq,
+                             .seq = write->seq_,
                              .in_flight = KvMessagesInFlight(tcp_)};
     if (sliced) {
       StartKvPuts(plan, state);
     } else {
-      pending_[seq] = state;
+      pending_[write->seq_] = state;
       StartKvMessages(plan, state);
     }
-    conn.reset();
+    conn.reset();  // a Conn is destroyed on the progress thread
     return absl::OkStatus();
   });
-  if (!started.ok()) return started;
+  if (!started.ok()) {  // the worker is stopping: nothing was posted
+    --in_flight_;
+    write->finished_ = true;
+    return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", started.message()));
+  }
+  return write;
+}
+
+absl::StatusOr<uint32_t> KvHandoffSender::FinishWrite(KvHandoffWrite& w) {
+  const auto* base = reinterpret_cast<const uint8_t*>(cache_.Key(0));
+  if (w.copy_ != nullptr) {
+    const uint32_t crc = w.copy_->Finish();
+    (void)worker_->RunSync([&] {
+      w.conn_.reset();  // a Conn is destroyed on the progress thread
+      return absl::OkStatus();
+    });
+    --in_flight_;
+    return crc;
+  }
   // The checksum of the source bytes (which the sends only read) while they
   // fly on the progress thread.
   uint32_t crc = 0;
-  for (const KvSegment& seg : segments) crc = Crc32cExtend(crc, base + seg.src, seg.bytes);
-  const bool in_time = state->done.WaitForNotificationWithTimeout(deadline.Remaining());
-  if (!in_time || !state->result.ok()) {
+  for (const KvSegment& seg : w.segments_) crc = Crc32cExtend(crc, base + seg.src, seg.bytes);
+  KvSendState& state = *w.state_;
+  const bool in_time = state.done.WaitForNotificationWithTimeout(w.deadline_.Remaining());
+  if (!in_time || !state.result.ok()) {
     // Force-close: pending operations fail on tcp; on shm (error mode none)
     // their callbacks may never run, hence the bound (the callbacks own
-    // `state`, so returning first is safe).
+    // the state, so returning first is safe).
     (void)worker_->RunSync([&] {
-      pending_.erase(seq);
-      DropConn(address);
+      pending_.erase(w.seq_);
+      DropConn(w.address_);
       return absl::OkStatus();
     });
-    (void)state->done.WaitForNotificationWithTimeout(absl::Milliseconds(500));
+    (void)state.done.WaitForNotificationWithTimeout(absl::Milliseconds(500));
   }
+  --in_flight_;
   if (!in_time) {
     return absl::DeadlineExceededError(
-        absl::StrCat("KV hand-off of ", segments.size(), " segments did not complete in time"));
+        absl::StrCat("KV hand-off of ", w.segments_.size(), " segments did not complete in time"));
   }
-  RETURN_IF_ERROR(state->result);
+  if (!state.result.ok()) {
+    return absl::UnavailableError(absl::StrCat("KV hand-off failed: ", state.result.message()));
+  }
   return crc;
+}
+
+bool KvHandoffWrite::settled() const {
+  return copy_ != nullptr ? copy_->helped() : state_->done.HasBeenNotified();
+}
+
+KvHandoffWrite::~KvHandoffWrite() {
+  if (!finished_) (void)Finish();
+}
+
+absl::StatusOr<uint32_t> KvHandoffWrite::Finish() {
+  if (finished_) return absl::FailedPreconditionError("KV hand-off: the write was finished");
+  finished_ = true;
+  return sender_.FinishWrite(*this);
 }
 
 absl::Status KvHandoffSender::RegisterLanded() {

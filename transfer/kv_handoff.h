@@ -31,6 +31,11 @@
 //   ASSIGN_OR_RETURN(auto tx, KvHandoffSender::Create(*ctx, prefill_cache, {.name = "prefill-0"}));
 //   KvHandoffPath path;  // optional: how the bytes moved
 //   ASSIGN_OR_RETURN(uint32_t crc, tx->Send(target, {3, 4}, {17, 9}, deadline, 0, &path));
+//   // several writes at once (the pairs of a tensor-parallel hand-off):
+//   // started one after another, every one moving before any is waited for
+//   ASSIGN_OR_RETURN(auto w0, tx0->Start(target0, src, dst0, deadline, {}, heads0));
+//   ASSIGN_OR_RETURN(auto w1, tx1->Start(target1, src, dst1, deadline, {}, heads1));
+//   absl::StatusOr<uint32_t> crc0 = w0->Finish(), crc1 = w1->Finish();
 //   // decode, on KvCommit
 //   RETURN_IF_ERROR(rx->AwaitLandedWrites());
 //   if (KvBlocksCrc(decode_cache, {17, 9}) != crc) ... DataLoss
@@ -38,8 +43,8 @@
 // Both caches must agree on layers, block size, KV heads and head dim (the
 // number of blocks may differ). The receiver's cache must outlive it, and no
 // one may write the target blocks while a hand-off into them is in flight.
-// Thread-safety: Send and target() are thread-safe; each object runs its own
-// UCX worker and progress thread (the sender also a copy thread).
+// Thread-safety: Send, Start and target() are thread-safe; each object runs
+// its own UCX worker and progress thread (the sender also a copy thread).
 #ifndef MMSERVE_TRANSFER_KV_HANDOFF_H_
 #define MMSERVE_TRANSFER_KV_HANDOFF_H_
 
@@ -177,6 +182,8 @@ class KvHandoffReceiver {
   KvHandoffTarget target_;
 };
 
+class KvHandoffWrite;
+
 // Prefill side: writes blocks of its KvCache into a receiver's.
 class KvHandoffSender {
  public:
@@ -228,8 +235,20 @@ class KvHandoffSender {
                                                     Deadline deadline, KvLayerRange layers,
                                                     KvHeadSlice heads,
                                                     KvHandoffPath* path = nullptr);
+  // SendLayers in two steps: Start validates, connects and sets the bytes
+  // moving (the operations posted on the progress thread, or a mapped
+  // target's copy begun on the copy thread) and returns without waiting;
+  // the write's Finish waits and returns what SendLayers would. Writes of
+  // several senders, or of one to several targets, overlap this way. A
+  // failed Start sent nothing; the source blocks are read until Finish.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<KvHandoffWrite>> Start(
+      const KvHandoffTarget& target, const std::vector<int32_t>& src,
+      const std::vector<int32_t>& dst, Deadline deadline, KvLayerRange layers, KvHeadSlice heads);
+  // Writes started and not yet finished. Thread-safe.
+  int writes_in_flight() const { return in_flight_.load(); }
 
  private:
+  friend class KvHandoffWrite;
   // An endpoint, the target's unpacked rkey and where it maps the target
   // here, kept across hand-offs to the same decode side (creating them maps
   // its segment anew on shm each time) until unused for a minute. Destroyed
@@ -237,9 +256,8 @@ class KvHandoffSender {
   struct Conn;
   KvHandoffSender(model::KvCache& cache, uint64_t id, bool tcp)
       : cache_(cache), id_(id), tcp_(tcp) {}
-  absl::StatusOr<uint32_t> SendSegments(const KvHandoffTarget& target,
-                                        const std::vector<KvSegment>& segments, Deadline deadline,
-                                        KvHandoffPath* path);
+  // KvHandoffWrite::Finish.
+  absl::StatusOr<uint32_t> FinishWrite(KvHandoffWrite& write);
   // Progress thread only: forgets the connection (closed once no Send
   // holds it).
   void DropConn(const std::string& address);
@@ -260,13 +278,53 @@ class KvHandoffSender {
   std::unique_ptr<UcxMemoryRegion> region_;
   std::unique_ptr<UcxWorker> worker_;
   std::unique_ptr<ChecksumWorker> copier_;  // the second core of a mapped copy
-  std::atomic<int> in_flight_{0};           // Sends under way: keep progressing
+  std::atomic<int> in_flight_{0};           // writes under way: keep progressing
   // Progress thread only: connections by worker address; hand-offs waiting
   // for their landed message, by seq.
   std::map<std::string, std::shared_ptr<Conn>> conns_;
   absl::Time next_sweep_ = absl::InfinitePast();
   uint64_t next_seq_ = 0;
   std::map<uint64_t, std::shared_ptr<KvSendState>> pending_;
+};
+
+// One write under way (KvHandoffSender::Start). Not thread-safe: one
+// thread finishes it. The sender must outlive it.
+class KvHandoffWrite {
+ public:
+  // Finishes the write if Finish was not called (its source blocks are
+  // read until then; bounded by its deadline).
+  ~KvHandoffWrite();
+  KvHandoffWrite(const KvHandoffWrite&) = delete;
+  KvHandoffWrite& operator=(const KvHandoffWrite&) = delete;
+
+  KvHandoffPath path() const { return path_; }
+  // Before Finish: every byte is written (remotely complete, or copied into
+  // the mapped target) or the write failed; Finish then returns at once.
+  // The bytes move without Finish; it only waits. Thread-safe.
+  bool settled() const;
+  // Waits until the write is remotely complete (a mapped target: helps
+  // copy) and returns as SendLayers: the CRC32C of the bytes moved,
+  // DeadlineExceeded past the deadline, Unavailable when the peer was lost.
+  // Once only (FailedPrecondition after).
+  [[nodiscard]] absl::StatusOr<uint32_t> Finish();
+
+ private:
+  friend class KvHandoffSender;
+  explicit KvHandoffWrite(KvHandoffSender& sender) : sender_(sender) {}
+
+  KvHandoffSender& sender_;
+  std::string address_;  // the target's worker
+  std::vector<KvSegment> segments_;
+  Deadline deadline_ = Deadline::After(absl::ZeroDuration());
+  KvHandoffPath path_ = KvHandoffPath::kRendezvous;
+  bool finished_ = false;
+  // Mapped: the copy under way and the connection whose mapping it writes
+  // (released on the progress thread).
+  std::shared_ptr<KvSegmentCopy> copy_;
+  std::shared_ptr<KvHandoffSender::Conn> conn_;
+  // Otherwise: the operations' outcome and the hand-off's sequence number.
+  std::shared_ptr<KvSendState> state_;
+  uint64_t seq_ = 0;
 };
 
 }  // namespace mmserve::transfer

@@ -473,5 +473,94 @@ TEST_CASE(
   }
 }
 
+// Two prefill ranks' writes into two decode ranks (a TP 2 -> 2 hand-off):
+// both started, then both land before either is finished (Finish only
+// waits), so the pairs move at once; the bytes and CRCs are each rank's.
+TEST_CASE("the writes of a TP 2 -> 2 hand-off move at once: each lands before either is finished",
+          "[kv_handoff]") {
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(TransportProfileName(Profile(p)));
+    auto ctx = UcxContext::Create(Profile(p));
+    REQUIRE(ctx.ok());
+    auto whole = model::KvCache::Create(Shape(8));
+    REQUIRE(whole.ok());
+    Fill(**whole, 33);
+    model::KvCacheShape one = Shape(6);
+    one.num_kv_heads = 1;
+    const std::vector<int32_t> src = {3, 0, 7}, dst = {5, 1, 2};
+    std::vector<std::unique_ptr<model::KvCache>> ranks;
+    std::vector<std::unique_ptr<KvHandoffSender>> senders;
+    std::vector<std::unique_ptr<KvHandoffReceiver>> receivers;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(HeadOf(**whole, r));
+      auto tx = KvHandoffSender::Create(**ctx, *ranks[r], {.name = absl::StrCat("prefill-", r)});
+      auto rx =
+          KvHandoffReceiver::CreateWithCache(**ctx, one, {.name = absl::StrCat("decode-", r)});
+      REQUIRE(tx.ok());
+      REQUIRE(rx.ok());
+      senders.push_back(std::move(*tx));
+      receivers.push_back(std::move(*rx));
+    }
+    const Deadline d = Deadline::After(absl::Seconds(60));
+    const KvHeadSlice heads{.src_first = 0, .dst_first = 0, .count = 1};
+    std::vector<std::unique_ptr<KvHandoffWrite>> writes;
+    for (int r = 0; r < 2; ++r) {
+      auto w = senders[r]->Start(receivers[r]->target(), src, dst, d, {}, heads);
+      REQUIRE(w.ok());
+      CHECK((*w)->path() == (p == 0 ? KvHandoffPath::kMapped : KvHandoffPath::kRendezvous));
+      writes.push_back(std::move(*w));
+    }
+    CHECK(senders[0]->writes_in_flight() == 1);
+    CHECK(senders[1]->writes_in_flight() == 1);
+    while (!(writes[0]->settled() && writes[1]->settled()) && !d.Expired()) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    REQUIRE(writes[0]->settled());
+    REQUIRE(writes[1]->settled());
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      auto crc = writes[r]->Finish();
+      REQUIRE(crc.ok());
+      CHECK(senders[r]->writes_in_flight() == 0);
+      REQUIRE(receivers[r]->AwaitLandedWrites().ok());
+      CHECK(*crc == KvBlocksCrc(*ranks[r], src));
+      CHECK(*crc == KvBlocksCrc(*receivers[r]->owned_cache(), dst));
+      CHECK(writes[r]->Finish().status().code() == absl::StatusCode::kFailedPrecondition);
+    }
+  }
+}
+
+// A refused pairing starts nothing (as SendLayers refuses it); a write the
+// caller drops without Finish is finished by its destructor, so nothing is
+// left in flight either way.
+TEST_CASE("a write refused at Start or dropped unfinished leaves nothing in flight",
+          "[kv_handoff]") {
+  auto ctx = UcxContext::Create(TransportProfile::kTcp);
+  REQUIRE(ctx.ok());
+  auto prefill_kv = model::KvCache::Create(Shape(8));
+  REQUIRE(prefill_kv.ok());
+  Fill(**prefill_kv, 5);
+  auto rx = KvHandoffReceiver::CreateWithCache(**ctx, Shape(8), {.name = "decode-0"});
+  REQUIRE(rx.ok());
+  auto tx = KvHandoffSender::Create(**ctx, **prefill_kv, {.name = "prefill-0"});
+  REQUIRE(tx.ok());
+  const Deadline d = Deadline::After(absl::Seconds(30));
+  const KvHeadSlice all{.src_first = 0, .dst_first = 0, .count = 2};
+  auto bad = (*tx)->Start((*rx)->target(), {0}, {1, 2}, d, {}, all);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  auto past = (*tx)->Start((*rx)->target(), {0}, {1}, d, {2, 2}, all);
+  CHECK(past.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*tx)->writes_in_flight() == 0);
+  {
+    auto w = (*tx)->Start((*rx)->target(), {4, 5}, {6, 7}, d, {}, all);
+    REQUIRE(w.ok());
+    CHECK((*tx)->writes_in_flight() == 1);
+  }  // dropped: its destructor waited for it
+  CHECK((*tx)->writes_in_flight() == 0);
+  REQUIRE((*rx)->AwaitLandedWrites().ok());
+  CHECK(SameBlock(**prefill_kv, 4, *(*rx)->owned_cache(), 6));
+  CHECK(SameBlock(**prefill_kv, 5, *(*rx)->owned_cache(), 7));
+}
+
 }  // namespace
 }  // namespace mmserve::transfer

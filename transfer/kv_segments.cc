@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
@@ -99,37 +101,57 @@ std::vector<std::vector<KvSegment>> ChunkKvSegments(const std::vector<KvSegment>
 
 uint32_t CopyKvSegments(const std::vector<std::vector<KvSegment>>& jobs, const uint8_t* src_base,
                         uint8_t* dst_base, ChecksumWorker& helper) {
-  std::vector<uint32_t> crcs(jobs.size());
-  std::vector<uint64_t> lengths(jobs.size());
-  std::atomic<size_t> next{0};
+  return KvSegmentCopy::Start(jobs, src_base, dst_base, helper)->Finish();
+}
+
+KvSegmentCopy::KvSegmentCopy(std::vector<std::vector<KvSegment>> jobs, const uint8_t* src_base,
+                             uint8_t* dst_base)
+    : jobs_(std::move(jobs)),
+      src_base_(src_base),
+      dst_base_(dst_base),
+      crcs_(jobs_.size()),
+      lengths_(jobs_.size()) {}
+
+std::shared_ptr<KvSegmentCopy> KvSegmentCopy::Start(std::vector<std::vector<KvSegment>> jobs,
+                                                    const uint8_t* src_base, uint8_t* dst_base,
+                                                    ChecksumWorker& helper) {
+  std::shared_ptr<KvSegmentCopy> copy(new KvSegmentCopy(std::move(jobs), src_base, dst_base));
+  helper.Run([copy] {
+    copy->Work();
+    absl::MutexLock lock(&copy->mu_);
+    copy->helped_ = true;
+  });
+  return copy;
+}
+
+void KvSegmentCopy::Work() {
   // Both threads take the next job until none is left (on a shared machine
   // one of them may stall; the other then does more).
-  auto work = [&] {
-    for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
-      uint32_t crc = 0;
-      uint64_t length = 0;
-      for (const KvSegment& s : jobs[j]) {
-        crc = Crc32cCopy(dst_base + s.dst, src_base + s.src, s.bytes, crc);
-        length += s.bytes;
-      }
-      crcs[j] = crc;
-      lengths[j] = length;
+  for (size_t j; (j = next_.fetch_add(1)) < jobs_.size();) {
+    uint32_t crc = 0;
+    uint64_t length = 0;
+    for (const KvSegment& s : jobs_[j]) {
+      crc = Crc32cCopy(dst_base_ + s.dst, src_base_ + s.src, s.bytes, crc);
+      length += s.bytes;
     }
-  };
-  absl::Mutex mu;
-  bool helped = false;
-  helper.Run([&] {
-    work();
-    absl::MutexLock lock(&mu);
-    helped = true;
-  });
-  work();
+    crcs_[j] = crc;
+    lengths_[j] = length;
+  }
+}
+
+bool KvSegmentCopy::helped() const {
+  absl::MutexLock lock(&mu_);
+  return helped_;
+}
+
+uint32_t KvSegmentCopy::Finish() {
+  Work();
   {
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&helped));
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&helped_));
   }
   uint32_t crc = 0;
-  for (size_t j = 0; j < jobs.size(); ++j) crc = Crc32cCombine(crc, crcs[j], lengths[j]);
+  for (size_t j = 0; j < jobs_.size(); ++j) crc = Crc32cCombine(crc, crcs_[j], lengths_[j]);
   return crc;
 }
 

@@ -14,9 +14,13 @@
 #ifndef MMSERVE_TRANSFER_KV_SEGMENTS_H_
 #define MMSERVE_TRANSFER_KV_SEGMENTS_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "model/kv_cache.h"
 
 namespace mmserve::transfer {
@@ -63,6 +67,37 @@ std::vector<std::vector<KvSegment>> ChunkKvSegments(const std::vector<KvSegment>
 class ChecksumWorker;
 uint32_t CopyKvSegments(const std::vector<std::vector<KvSegment>>& jobs, const uint8_t* src_base,
                         uint8_t* dst_base, ChecksumWorker& helper);
+
+// The same in two steps: Start hands the jobs to `helper`'s thread, which
+// begins at once (after the jobs queued on it before); Finish takes jobs on
+// the calling thread too until none is left, waits for the helper and
+// returns the CRC32C. Copies of several helpers overlap this way (one
+// thread each, and the caller's in Finish). Finish once, on one thread; the
+// bytes must stay valid until it returns.
+class KvSegmentCopy {
+ public:
+  static std::shared_ptr<KvSegmentCopy> Start(std::vector<std::vector<KvSegment>> jobs,
+                                              const uint8_t* src_base, uint8_t* dst_base,
+                                              ChecksumWorker& helper);
+  uint32_t Finish();
+  // Before Finish: the helper has copied every job (Finish returns at
+  // once). Thread-safe.
+  bool helped() const;
+
+ private:
+  KvSegmentCopy(std::vector<std::vector<KvSegment>> jobs, const uint8_t* src_base,
+                uint8_t* dst_base);
+  void Work();  // takes jobs until none is left (thread-safe)
+
+  const std::vector<std::vector<KvSegment>> jobs_;
+  const uint8_t* const src_base_;
+  uint8_t* const dst_base_;
+  std::vector<uint32_t> crcs_;     // by job, each written by the thread that took it
+  std::vector<uint64_t> lengths_;  // by job
+  std::atomic<size_t> next_{0};
+  mutable absl::Mutex mu_;
+  bool helped_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 }  // namespace mmserve::transfer
 

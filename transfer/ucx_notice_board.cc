@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
+#include "transfer/elastic_echo.h"
 #include "transfer/ucx_request.h"
 
 namespace mmserve::transfer {
@@ -322,7 +323,7 @@ absl::Status UcxNoticeBoard::Await(const std::vector<int>& indices, uint32_t seq
         read = true;
         continue;
       }
-      if (aborted > 0) return absl::Status(code, "a peer gave up");
+      if (aborted > 0) return absl::Status(code, kElasticEcho);
       return absl::OkStatus();
     }
     read = false;

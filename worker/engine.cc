@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "model/image_preprocess.h"
 #include "worker/engine_live.h"
+#include "worker/engine_media.h"
 
 namespace mmserve::worker {
 
@@ -45,40 +45,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(
       *m.model, *m.kv, m.tp_group != nullptr ? m.tp_group->ring() : nullptr,
       absl::Span<const uint8_t>(options.shared_input,
                                 options.shared_input != nullptr ? options.shared_input_bytes : 0));
+  e->media_ = std::make_unique<MediaAdmission>(*e->m_, e->rules_);
   return e;
-}
-
-absl::StatusOr<std::vector<MediaRows>> LlmEngine::MediaRowsOf(EngineRequest& request, Live& live) {
-  std::vector<MediaRows> rows;
-  const model::ModelConfig& config = m_->config;
-  if (!request.image_embeddings.empty()) {
-    if (!request.images.empty()) {
-      return absl::InvalidArgumentError("give images or image embeddings, not both");
-    }
-    if (!config.vision) return absl::InvalidArgumentError("this model does not accept images");
-    for (MediaEmbedding& e : request.image_embeddings) {
-      RETURN_IF_ERROR(CheckImageEmbedding(e, rules_.image_row_width()));
-      if (e.shared_values != nullptr) {
-        const size_t n = static_cast<size_t>(e.grid.num_tokens()) * rules_.image_row_width();
-        rows.push_back({e.grid, absl::MakeConstSpan(e.shared_values, n), e.key});
-        continue;
-      }
-      live.image_embeddings.push_back(std::move(e.values));
-      rows.push_back({e.grid, live.image_embeddings.back(), e.key});
-    }
-  } else if (!request.images.empty()) {
-    if (!m_->vision || !config.preprocessor) {
-      return absl::InvalidArgumentError("this model does not accept images");
-    }
-    for (const model::RgbImage& img : request.images) {
-      ASSIGN_OR_RETURN(model::ImagePatches p, model::PreprocessImage(img, *config.preprocessor));
-      std::vector<model::MediaGrid> one = {p.grid};
-      ASSIGN_OR_RETURN(model::VisionEmbeddings all, m_->vision->ForwardAll(p.values, one));
-      live.image_embeddings.push_back(model::TokenRows(std::move(all), rules_.hidden_size));
-      rows.push_back({p.grid, live.image_embeddings.back(), std::nullopt});
-    }
-  }
-  return rows;
 }
 
 absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
@@ -100,7 +68,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
   if (!request.handoff_images.empty()) {
     ASSIGN_OR_RETURN(prompt, PlaceHandoffImages(ids, request.handoff_images, rules));
   } else {
-    ASSIGN_OR_RETURN(std::vector<MediaRows> rows, MediaRowsOf(request, *live));
+    ASSIGN_OR_RETURN(std::vector<MediaRows> rows, media_->RowsOf(request, live->image_embeddings));
     ASSIGN_OR_RETURN(prompt, ExpandImages(ids, rows, rules));
   }
   ASSIGN_OR_RETURN(const int max_tokens,
@@ -111,7 +79,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Live>> LlmEngine::Prepare(
                             rules);
   params->priority = request.priority;
   for (const PreparedMedia& image : prompt.images) {
-    if (image.rows == nullptr) continue;  // handed off: its KV is here, not its rows
+    if (image.rows == nullptr) {  // handed off, or expected cached: its KV, not its rows
+      live->cached_media_end = image.offset + image.length;
+      continue;
+    }
     live->runner.image_offsets.push_back(image.offset);
     live->runner.image_lengths.push_back(image.length);
     live->runner.image_embeddings.push_back(image.rows);
@@ -180,7 +151,13 @@ absl::Status LlmEngine::AddRequest(EngineRequest request, StreamCallback callbac
     // Its blocks outlive its finish while a hand-off may read them (Finish).
     p.hold_kv_when_finished = true;
   }
-  RETURN_IF_ERROR(scheduler_->AddRequest(std::move(p)));
+  if (live->cached_media_end > 0) {
+    ASSIGN_OR_RETURN(live->pin, scheduler_->PinCachedPrefix(p, live->cached_media_end));
+  }
+  if (absl::Status s = scheduler_->AddRequest(std::move(p)); !s.ok()) {
+    if (live->pin) scheduler_->Unpin(*live->pin);
+    return s;
+  }
   if (plan.prompt_only) connector_->OnPromptQueued(live->id, live->handoff);
   by_scheduler_id_[live->sched_id.value] = live.get();
   requests_[live->id] = std::move(live);
@@ -247,6 +224,7 @@ void LlmEngine::Finish(Live& live, FinishReason reason, StreamEvent& event) {
   event.completion_tokens = live.completion_tokens;
   event.cached_prompt_tokens = live.cached_prompt_tokens;
   const std::string id = live.id;
+  if (live.pin) scheduler_->Unpin(*live.pin);
   if (connector_ != nullptr) connector_->OnFinished(id);
   by_scheduler_id_.erase(live.sched_id.value);
   StreamCallback cb = std::move(live.callback);

@@ -43,6 +43,8 @@
 
 namespace mmserve::worker {
 
+class MediaAdmission;
+
 class LlmEngine {
  public:
   // `connector` is the role: null for `both` (every prompt computed here,
@@ -64,6 +66,10 @@ class LlmEngine {
   // heads). It holds the blocks until CommitRemoteKv, Abort, or the Step
   // after the connector's commit deadline, which aborts it (final event
   // kAbort) and frees them. handoff_images on a local prompt: InvalidArgument.
+  // Images without rows (MediaEmbedding::cached): their prompt's blocks
+  // through the last of them must be in the prefix cache, else
+  // FailedPrecondition (nothing changes); they stay pinned until the
+  // request ends.
   [[nodiscard]] absl::Status AddRequest(EngineRequest request, StreamCallback callback,
                                         RemoteKvBlocks* remote_kv = nullptr);
   // Aborts a live request (final event kAbort); NotFound for unknown ids.
@@ -172,9 +178,6 @@ class LlmEngine {
                                                 const KvPlan& plan,
                                                 scheduler::RequestParams* params,
                                                 const PromptRules& rules);
-  // The image rows of `request`: its embeddings (kept in `live` unless
-  // shared), or its images through the vision tower.
-  absl::StatusOr<std::vector<MediaRows>> MediaRowsOf(EngineRequest& request, Live& live);
   // sampling.constraint compiled against this model's vocabulary (the
   // grammars cached by content); InvalidArgument with the reason.
   absl::StatusOr<std::unique_ptr<RequestGrammar>> CompileGrammar(
@@ -197,6 +200,7 @@ class LlmEngine {
   std::unique_ptr<EngineModel> m_;
   PromptRules rules_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<MediaAdmission> media_;  // the images' rows (engine_media.h)
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvConnector> connector_;  // null: role both
   MasterPeers* master_peers_ = nullptr;     // role elastic

@@ -4,6 +4,7 @@
 #define MMSERVE_WORKER_ENGINE_LIVE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct LlmEngine::Live {
   // A span of a group's KV kept for another instance's decode (HoldSpan):
   // only id and sched_id are set.
   bool holds_span = false;
+  // Images without rows (MediaEmbedding::cached) end by this prompt token;
+  // their blocks stay pinned (Scheduler::PinCachedPrefix) until it ends.
+  int cached_media_end = 0;
+  std::optional<kvpool::BlockTableId> pin;
   KvPlan plan;            // the connector's (none: local prompt, decoded here)
   HandoffPrompt handoff;  // plan.prompt_only: what a decode engine reserves
 };

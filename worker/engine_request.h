@@ -39,6 +39,12 @@ struct MediaEmbedding {
   // Prefix-cache key of the image's content (e.g. the hash of its encoded
   // bytes); unset: a hash of `values`.
   std::optional<ContentHash> key;
+  // Alternatively (no values, no shared_values) no rows at all: an image
+  // (not a video) whose KV the engine finds in its prefix cache under `key`
+  // at its place in the prompt. The engine keeps those blocks from eviction
+  // while the request lives; AddRequest fails FailedPrecondition when they
+  // are not cached (LlmEngine::AddRequest).
+  bool cached = false;
 };
 
 struct EngineRequest {

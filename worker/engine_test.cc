@@ -553,5 +553,51 @@ TEST_CASE("a video on an image placeholder, or the reverse, is refused", "[video
   CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);
 }
 
+TEST_CASE("an image without rows runs on its cached KV with the same tokens, or is refused",
+          "[video]") {
+  const VideoGoldens g = Load("qwen2vl-tiny-mha-tied");
+  const VideoChat& chat = g.chats[1];  // a video, then an image
+  REQUIRE(chat.items.size() == 2);
+  auto engine = MakeEngine("qwen2vl-tiny-mha-tied");
+  const ContentHash picture{7, 11};
+  // The chat with its image keyed by `picture`, its rows given or not.
+  auto request = [&](const std::string& id, bool rows) {
+    EngineRequest r = chat.Request(id);
+    MediaEmbedding& image = r.image_embeddings[1];
+    REQUIRE(image.grid.kind == model::MediaKind::kImage);
+    image.key = picture;
+    if (!rows) {
+      image.values.clear();
+      image.shared_values = nullptr;
+      image.cached = true;
+    }
+    return r;
+  };
+  // Before its KV is cached: refused, nothing held.
+  Collected c;
+  CHECK(engine->AddRequest(request("early", false), Collect(&c)).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK_FALSE(engine->has_unfinished());
+  CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);
+  REQUIRE(engine->scheduler().CheckInvariants().ok());
+  // Computed once from its rows, then again without them: the same tokens.
+  for (bool rows : {true, false}) {
+    INFO(rows);
+    Collected got;
+    REQUIRE(engine->AddRequest(request(rows ? "a" : "b", rows), Collect(&got)).ok());
+    REQUIRE(engine->scheduler().CheckInvariants().ok());
+    RunToEnd(*engine);
+    CHECK(got.tokens == chat.greedy_ids);
+    CHECK(engine->scheduler().kv_cache().stats().num_used_blocks == 0);  // the pin went too
+    REQUIRE(engine->scheduler().CheckInvariants().ok());
+  }
+  // A video cannot come without its rows.
+  EngineRequest video = request("v", true);
+  video.image_embeddings[0].values.clear();
+  video.image_embeddings[0].cached = true;
+  CHECK(engine->AddRequest(std::move(video), Collect(&c)).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace mmserve::worker

@@ -21,6 +21,14 @@ absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int vocab_size) {
 }
 
 absl::Status CheckImageEmbedding(const MediaEmbedding& e, int row_width) {
+  if (e.cached) {
+    if (e.grid.num_tokens() <= 0 || !e.values.empty() || e.shared_values != nullptr ||
+        !e.key.has_value() || e.grid.kind != model::MediaKind::kImage) {
+      return absl::InvalidArgumentError(
+          "an image expected in the prefix cache needs a grid and a key, and no rows");
+    }
+    return absl::OkStatus();
+  }
   if (e.shared_values != nullptr) {
     if (e.grid.num_tokens() <= 0 || !e.values.empty() || !e.key.has_value()) {
       return absl::InvalidArgumentError(

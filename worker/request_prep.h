@@ -83,7 +83,7 @@ struct PreparedPrompt {
 
 // InvalidArgument unless the embedding holds its grid's rows (values of
 // grid.num_tokens() * row_width floats, or shared_values with a key and no
-// values).
+// values) or is an image expected cached (a grid and a key, no rows).
 [[nodiscard]] absl::Status CheckImageEmbedding(const MediaEmbedding& e, int row_width);
 
 // Each video of grid_t temporal patches as grid_t one-patch videos (their
