@@ -45,7 +45,10 @@ TEST_CASE("with two encoders the same image always reaches the same encoder and 
   // Health polls that a busy machine answers in time: an encoder taken out
   // of placement for a late poll would send its images' second use to the
   // other one, which is not what this test is about.
-  so.router_args = {"--poll_timeout_ms=2000", "--down_after=3", "--heartbeat_timeout_ms=10000"};
+  // The repeats must reach an encoder: no skipping of images the language
+  // instance holds.
+  so.router_args = {"--poll_timeout_ms=2000", "--down_after=3", "--heartbeat_timeout_ms=10000",
+                    "--skip_cached_images=false"};
   auto stack = launcher::LocalStack::Start(so);
   REQUIRE(stack.ok());
   const DemoSet& set = Demo();

@@ -65,6 +65,9 @@ TEST_CASE(
   const DemoSet& set = Demo();
   const GenerateRequest text = DemoTextRequest(set.items[0], AskOptions());
   const GenerateRequest image = DemoRequest(set, set.items[1], AskOptions());
+  size_t k = 2;
+  while (set.items[k].image_file == set.items[1].image_file) ++k;
+  const GenerateRequest other = DemoRequest(set, set.items[k], AskOptions());
   auto check = [](const Trips& t, double router, double embedding, double kv) {
     CHECK(t.first_tokens == 1);
     CHECK(t.router == router);
@@ -81,18 +84,21 @@ TEST_CASE(
     const double router = pd ? 2 : 1, kv = pd ? 3 : 0;
     check(AskCounting(**stack, pd, text), router, 0, kv);
     check(AskCounting(**stack, pd, image), router, 2, kv);  // + Connect
-    check(AskCounting(**stack, pd, image), router, 1, kv);
+    check(AskCounting(**stack, pd, other), router, 1, kv);
+    // The same question again: the instance holds the image's KV, the
+    // router sends it to no encoder.
+    check(AskCounting(**stack, pd, image), router, 0, kv);
     if (pd) {
       const int pp = (*stack)->prefill(0).metrics_port();
       const char* total = "mmserve_language_kv_handoff_total";
-      CHECK(ScrapeMetric(pp, total, "path=\"rendezvous\"") == 3);
+      CHECK(ScrapeMetric(pp, total, "path=\"rendezvous\"") == 4);
       CHECK(ScrapeMetric(pp, total, "path=\"mapped\"") == 0);
     }
   }
   auto resume = launcher::LocalStack::Start(ResumeStackOptions());
   REQUIRE(resume.ok());
   check(AskCounting(**resume, false, image), 1, 3, 0);  // Connect, init, resume
-  check(AskCounting(**resume, false, image), 1, 2, 0);
+  check(AskCounting(**resume, false, other), 1, 2, 0);
 }
 
 // The same counts when requests overlap: 12 P/D text requests, 4 at a
